@@ -1,0 +1,71 @@
+"""Output shared by every CLI command: one rich table per result, or JSON with ``--json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and paths to plain JSON values; non-finite floats become None."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def dump_json(obj: Any, path: str | Path | None = None) -> None:
+    """Write ``obj`` as indented JSON to ``path``, or to standard output when ``path`` is None."""
+    text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
+    if path is None:
+        sys.stdout.write(text + "\n")
+    else:
+        Path(path).write_text(text + "\n")
+
+
+def format_value(value: Any, precision: int = 3) -> str:
+    """A cell's text: floats to ``precision`` significant digits, None as an em dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{precision}g}" if abs(value) < 1e6 else f"{value:.{precision}e}"
+    return str(value)
+
+
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    caption: str | None = None,
+    console: Console | None = None,
+) -> None:
+    """Print one table; every cell goes through :func:`format_value`."""
+    table = Table(title=title, caption=caption, show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(format_value(v) for v in row))
+    (console or Console()).print(table)

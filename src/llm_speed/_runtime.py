@@ -1,0 +1,38 @@
+"""Where a Triton kernel can run, decided without touching the GPU at import time.
+
+Triton's ``@triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *decorated*, i.e. when the module that
+defines it is imported. ``INTERPRETED`` captures that same moment, so the answer here always matches what
+the kernels really are: setting the variable after ``import llm_speed`` changes neither.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+
+INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_launches: collections.Counter[str] = collections.Counter()
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """True when a Triton kernel can run on tensors of ``device``.
+
+    CUDA tensors always run compiled kernels (or interpreted ones under ``TRITON_INTERPRET=1``); CPU tensors run
+    Triton kernels only through the interpreter.
+    """
+    if device.type == "cuda":
+        return True
+    return INTERPRETED and device.type == "cpu"
+
+
+def record_launch(kernel_name: str) -> None:
+    """Count one launch of ``kernel_name``; tests use the count to prove which implementation ran."""
+    _launches[kernel_name] += 1
+
+
+def launch_count(kernel_name: str) -> int:
+    """How many times ``kernel_name`` was launched in this process."""
+    return _launches[kernel_name]
