@@ -1,0 +1,185 @@
+"""Timing and peak-memory measurement shared by the benchmarks and the profiler.
+
+On a CUDA device every iteration is timed with its own pair of CUDA events, after a warm-up, with the L2
+cache flushed before each run (so every run reads its inputs from HBM, as in a real model where other layers
+ran in between). On the CPU the host clock (``time.perf_counter``) is used and the result says so.
+Nothing here touches the GPU until a function is called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+CUDA_TIMER = "cuda-events"
+HOST_TIMER = "host (CPU timer)"
+
+# Writing twice the L2's capacity evicts every line even though the replacement policy is not a strict LRU.
+L2_FLUSH_FACTOR = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Statistics of repeated runs of one function, in milliseconds."""
+
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    p20_ms: float
+    p80_ms: float
+    iterations: int
+    timer: str  # CUDA_TIMER or HOST_TIMER
+    times_ms: list[float]
+    # Bytes written to evict the L2 before each run; None when no flush happened (CPU, or flush_l2=False).
+    l2_flush_bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakMemory:
+    """Device memory during one call. Figures are None, with ``reason`` saying why, when not measurable."""
+
+    peak_bytes: int | None  # torch.cuda.max_memory_allocated during the call (inputs included)
+    above_baseline_bytes: int | None  # peak minus what was allocated just before the call
+    reason: str | None = None
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to time on: the given one, else the current CUDA device when there is one, else the CPU."""
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolated percentile of an already sorted list (``fraction`` in [0, 1])."""
+    position = fraction * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    weight = position - low
+    return sorted_values[low] * (1.0 - weight) + sorted_values[high] * weight
+
+
+def summarize(times_ms: Sequence[float], timer: str, l2_flush_bytes: int | None = None) -> Timing:
+    """Build a :class:`Timing` from per-iteration times in milliseconds."""
+    if not times_ms:
+        raise ValueError("times_ms: need at least one measured time")
+    ordered = sorted(times_ms)
+    return Timing(
+        median_ms=statistics.median(ordered),
+        mean_ms=statistics.fmean(ordered),
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        p20_ms=_percentile(ordered, 0.2),
+        p80_ms=_percentile(ordered, 0.8),
+        iterations=len(ordered),
+        timer=timer,
+        times_ms=list(times_ms),
+        l2_flush_bytes=l2_flush_bytes,
+    )
+
+
+def l2_cache_bytes(device: torch.device) -> int:
+    """The L2 cache size of a CUDA device, read from the live device properties."""
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+def _check_counts(warmup: int, iterations: int) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations: expected an integer >= 1, got {iterations!r}")
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 10,
+    iterations: int = 50,
+    device: torch.device | str | None = None,
+    flush_l2: bool = True,
+) -> Timing:
+    """Time ``fn()`` (called with no arguments) ``iterations`` times after ``warmup`` untimed calls.
+
+    ``device`` picks the timer: CUDA events on a CUDA device (the L2 cache is flushed before every timed run
+    when ``flush_l2``; the flush itself is not timed), the host clock on the CPU. ``None`` means the current
+    CUDA device when there is one, else the CPU.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    _check_counts(warmup, iterations)
+    device = resolve_device(device)
+    if device.type == "cuda":
+        return _measure_cuda(fn, warmup=warmup, iterations=iterations, device=device, flush_l2=flush_l2)
+    if device.type != "cpu":
+        raise ValueError(f"device: expected a cuda or cpu device, got {device}")
+    return _measure_host(fn, warmup=warmup, iterations=iterations)
+
+
+def _measure_host(fn: Callable[[], Any], *, warmup: int, iterations: int) -> Timing:
+    for _ in range(warmup):
+        fn()
+    times_ms = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        times_ms.append((time.perf_counter() - start) * 1e3)
+    return summarize(times_ms, HOST_TIMER)
+
+
+def _measure_cuda(
+    fn: Callable[[], Any], *, warmup: int, iterations: int, device: torch.device, flush_l2: bool
+) -> Timing:
+    with torch.cuda.device(device):
+        flush_buffer = None
+        if flush_l2:
+            flush_bytes = L2_FLUSH_FACTOR * l2_cache_bytes(device)
+            flush_buffer = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        for start, end in zip(starts, ends, strict=True):
+            if flush_buffer is not None:
+                flush_buffer.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(device)
+        times_ms = [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+    l2_flush_bytes = flush_buffer.numel() * flush_buffer.element_size() if flush_buffer is not None else None
+    return summarize(times_ms, CUDA_TIMER, l2_flush_bytes)
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = None) -> PeakMemory:
+    """Peak device memory allocated by PyTorch while ``fn()`` runs once.
+
+    Only CUDA devices have an allocator that records peaks; on the CPU both figures are None and ``reason``
+    says so.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    device = resolve_device(device)
+    if device.type != "cuda":
+        reason = f"peak memory is only measured on CUDA devices (ran on {device.type})"
+        return PeakMemory(None, None, reason=reason)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del result
+    return PeakMemory(peak_bytes=int(peak), above_baseline_bytes=int(peak - baseline))

@@ -1,0 +1,65 @@
+"""The timing module on the CPU (host clock), and its statistics."""
+
+import time
+
+import pytest
+import torch
+
+from llm_speed.bench.timing import HOST_TIMER, measure, peak_memory, summarize
+
+
+def test_host_timer_measures_a_sleep():
+    calls = []
+
+    def sleep_one_ms():
+        calls.append(1)
+        time.sleep(0.001)
+
+    timing = measure(sleep_one_ms, warmup=2, iterations=5, device="cpu")
+    assert len(calls) == 7  # warm-up runs are not timed but do run
+    assert timing.timer == HOST_TIMER
+    assert timing.iterations == 5 and len(timing.times_ms) == 5
+    assert timing.min_ms >= 1.0  # a 1 ms sleep cannot take less
+    assert timing.min_ms <= timing.p20_ms <= timing.median_ms <= timing.p80_ms <= timing.max_ms
+    assert timing.l2_flush_bytes is None
+
+
+def test_summary_statistics_are_exact_on_known_values():
+    timing = summarize([5.0, 1.0, 2.0, 4.0, 3.0], HOST_TIMER)
+    assert timing.median_ms == 3.0
+    assert timing.mean_ms == 3.0
+    assert (timing.min_ms, timing.max_ms) == (1.0, 5.0)
+    assert timing.p20_ms == pytest.approx(1.8)  # position 0.8 between 1 and 2
+    assert timing.p80_ms == pytest.approx(4.2)
+    assert timing.times_ms == [5.0, 1.0, 2.0, 4.0, 3.0]  # kept in run order
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"iterations": 0}, "iterations"), ({"warmup": -1}, "warmup"), ({"iterations": 2.5}, "iterations")],
+)
+def test_bad_counts_are_rejected_by_name(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        measure(lambda: None, device="cpu", **kwargs)
+
+
+def test_not_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="fn"):
+        measure(42, device="cpu")
+
+
+def test_peak_memory_on_cpu_is_none_with_a_reason():
+    result = peak_memory(lambda: torch.ones(4), device="cpu")
+    assert result.peak_bytes is None and result.above_baseline_bytes is None
+    assert "CUDA" in result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_timer_and_peak_memory():
+    a = torch.randn(1024, 1024, device="cuda")
+    timing = measure(lambda: a @ a, warmup=2, iterations=5, device="cuda")
+    assert timing.timer == "cuda-events" and timing.median_ms > 0
+    assert timing.l2_flush_bytes >= torch.cuda.get_device_properties(0).L2_cache_size
+    memory = peak_memory(lambda: torch.empty(256, 1024, 1024, dtype=torch.uint8, device="cuda"), "cuda")
+    assert memory.above_baseline_bytes >= 256 * 1024 * 1024
