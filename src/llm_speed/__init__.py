@@ -4,3 +4,18 @@ Importing the package never touches a GPU.
 """
 
 __version__ = "0.1.0"
+
+# --- attention kernels (llm_speed.attention) ---
+
+# --- GEMM kernels (llm_speed.matmul) ---
+
+# --- performance model (llm_speed.perf) ---
+from llm_speed.perf.memory import (  # noqa: E402
+    analyze_memory_hierarchy,  # noqa: F401
+    calculate_attention_vram,  # noqa: F401
+    calculate_flash_attention_vram,  # noqa: F401
+    estimate_attention_memory,  # noqa: F401
+    find_optimal_batch_size,  # noqa: F401
+)
+
+# --- seed-002 helpers (llm_speed.helpers) ---

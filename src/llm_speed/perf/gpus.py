@@ -1,0 +1,646 @@
+"""The one GPU spec table of llm-speed, with a source for every number.
+
+Conventions (read these before using a number):
+
+* ``peak_tflops`` holds **dense** peaks in TFLOP/s (TOP/s for ``int8``). NVIDIA datasheets print the
+  2:4-sparsity figure for tensor-core dtypes (marked with an asterisk); the table stores half of it, the dense
+  figure, and the source string says which printed number it came from.
+* ``fp32`` is the non-tensor-core (CUDA core) FP32 peak; ``tf32`` is the tensor-core TF32 peak; ``fp64`` is
+  the non-tensor-core FP64 peak (A100/H100/H200 have a faster FP64 tensor-core path, noted in ``sources``).
+* ``fp16``/``bf16``/``fp8`` are tensor-core peaks **with FP32 accumulation** (what ``torch.matmul`` and
+  Triton's ``tl.dot`` use). This only matters on GeForce cards (RTX 4090), whose FP32-accumulate rate is half
+  the FP16-accumulate rate that marketing quotes.
+* A dtype the GPU has no peak for is absent from ``peak_tflops``, never 0.
+* Bandwidths are decimal: GB/s = 1e9 bytes/s. ``nvlink_bandwidth_gbs`` and ``pcie_bandwidth_gbs`` are the
+  datasheet figures, which are **bidirectional totals** (both directions added); one direction carries half.
+  :meth:`GPUSpec.nvlink_unidirectional_bytes_per_s` gives that half.
+* ``hbm_capacity_gb`` is the datasheet capacity in decimal GB (the device reports slightly less, in GiB).
+* ``smem_per_sm_kb`` is the largest shared-memory carve-out one SM can give (the opt-in maximum per block is
+  1 KB less); ``register_file_per_sm_kb`` is 64K 32-bit registers = 256 KB on all of these.
+
+Nothing here touches the GPU at import time; :func:`detect_gpu` and :func:`live_device_properties` read the
+device only when called.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Bytes per element of every dtype name the performance model understands. int4/fp4 are packed two per byte.
+DTYPE_BYTES: dict[str, float] = {
+    "fp64": 8,
+    "fp32": 4,
+    "tf32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "fp4": 0.5,
+}
+
+# Spellings accepted for each canonical dtype name (torch dtypes arrive as "torch.float16" etc.).
+_DTYPE_ALIASES: dict[str, str] = {
+    "fp64": "fp64",
+    "float64": "fp64",
+    "double": "fp64",
+    "f64": "fp64",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
+    "tf32": "tf32",
+    "tensorfloat32": "tf32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp8": "fp8",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+    "int8": "int8",
+    "i8": "int8",
+    "uint8": "int8",
+    "int4": "int4",
+    "fp4": "fp4",
+}
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """Canonical dtype name ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4").
+
+    Accepts those names, their long spellings ("float16", "bfloat16", "half", ...) and ``torch.dtype``
+    objects (``torch.float32`` means plain FP32, not TF32). Raises ValueError for anything else.
+    """
+    text = dtype if isinstance(dtype, str) else str(dtype)  # torch.float16 -> "torch.float16"
+    key = text.strip().lower().removeprefix("torch.")
+    if key not in _DTYPE_ALIASES:
+        raise ValueError(
+            f"dtype {dtype!r} is not understood; accepted: {', '.join(DTYPE_BYTES)} "
+            "(or float64/float32/float16/bfloat16/float8_e4m3fn/int8 and the matching torch.dtype)"
+        )
+    return _DTYPE_ALIASES[key]
+
+
+def dtype_bytes(dtype: Any) -> float:
+    """Bytes per element of ``dtype`` (any spelling :func:`normalize_dtype` accepts); int4/fp4 give 0.5."""
+    return DTYPE_BYTES[normalize_dtype(dtype)]
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model's published specification. See the module docstring for the conventions."""
+
+    id: str
+    name: str
+    aliases: tuple[str, ...]
+    architecture: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    boost_clock_mhz: int
+    peak_tflops: dict[str, float]
+    hbm_capacity_gb: float
+    hbm_bandwidth_gbs: float
+    l2_cache_mb: float
+    smem_per_sm_kb: int
+    register_file_per_sm_kb: int
+    nvlink_bandwidth_gbs: float | None
+    pcie_bandwidth_gbs: float
+    sources: dict[str, str] = field(default_factory=dict)
+    memory_type: str = "HBM"
+
+    def peak_flops(self, dtype: Any) -> float:
+        """Dense peak in FLOP/s (OP/s for int8) for ``dtype``: ``peak_tflops[dtype] * 1e12``.
+
+        ``dtype`` is a name ("bf16", "float16", "fp32", "tf32", ...) or a ``torch.dtype``; ``torch.float32``
+        and "fp32" mean the non-tensor-core FP32 peak, "tf32" the tensor-core TF32 peak. Raises ValueError
+        naming this GPU's dtypes when it has no peak for ``dtype``.
+        """
+        name = normalize_dtype(dtype)
+        if name not in self.peak_tflops:
+            raise ValueError(
+                f"dtype {dtype!r} has no peak on {self.id}; accepted dtypes: {', '.join(self.peak_tflops)}"
+            )
+        return self.peak_tflops[name] * 1e12
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Peak DRAM (HBM or GDDR) bandwidth in bytes/s: ``hbm_bandwidth_gbs * 1e9``."""
+        return self.hbm_bandwidth_gbs * 1e9
+
+    @property
+    def memory_capacity_bytes(self) -> float:
+        """DRAM capacity in bytes: ``hbm_capacity_gb * 1e9``."""
+        return self.hbm_capacity_gb * 1e9
+
+    def ridge_point(self, dtype: Any) -> float:
+        """Roofline ridge point (machine balance) in FLOP/byte: ``peak_flops(dtype) / memory_bandwidth``.
+
+        A kernel whose arithmetic intensity is below this is memory-bound on this GPU (Williams, Waterman and
+        Patterson, "Roofline", CACM 2009).
+        """
+        return self.peak_flops(dtype) / self.memory_bandwidth
+
+    def nvlink_unidirectional_bytes_per_s(self) -> float | None:
+        """Bytes/s one GPU can send over NVLink in one direction: half the bidirectional datasheet figure."""
+        if self.nvlink_bandwidth_gbs is None:
+            return None
+        return self.nvlink_bandwidth_gbs * 1e9 / 2
+
+    def pcie_unidirectional_bytes_per_s(self) -> float:
+        """Bytes/s over PCIe in one direction: half the bidirectional datasheet figure."""
+        return self.pcie_bandwidth_gbs * 1e9 / 2
+
+
+# --- sources ---
+_A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4)"
+_A100_WHITEPAPER = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), Table 1/Table 3"
+_H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM and PCIe columns"
+_H100_WHITEPAPER = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (GTC22), Table 2/Table 3"
+_H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet / product page (H200 SXM column)"
+_HGX_B200 = "NVIDIA HGX B200 platform specification (8-GPU totals divided by 8), nvidia.com/data-center/hgx"
+_B200_DEVICE = "CUDA device properties read on a B200 (NVIDIA publishes no L2/SM/clock datasheet figure)"
+_BLACKWELL_TUNING = "NVIDIA Blackwell Tuning Guide (CUDA docs): 228 KB shared memory per SM, 64K registers"
+_L40S_DATASHEET = "NVIDIA L40S datasheet (2023)"
+_L4_DATASHEET = "NVIDIA L4 Tensor Core GPU datasheet (2023)"
+_ADA_WHITEPAPER = "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A (RTX 4090) and Table 1"
+_ADA_TUNING = "NVIDIA Ada Tuning Guide (CUDA docs): 100 KB shared memory per SM, 64K registers per SM"
+_HOPPER_TUNING = "NVIDIA Hopper Tuning Guide (CUDA docs): 228 KB shared memory per SM, 64K registers per SM"
+_AMPERE_TUNING = "NVIDIA Ampere Tuning Guide (CUDA docs): 164 KB shared memory per SM (A100), 64K registers"
+_ADA_FP64 = "Ada SMs run FP64 at 1/64 of the FP32 rate (CUDA Programming Guide, arithmetic throughput table)"
+
+
+def _sparse_halved(printed: str) -> str:
+    return f"{printed}; the datasheet's figure is with 2:4 sparsity, the table stores half (dense)"
+
+
+def _ampere_a100(
+    gpu_id: str, name: str, aliases: tuple[str, ...], form: str, capacity_gb: float, bandwidth_gbs: float
+) -> GPUSpec:
+    """A100 variants share the GA100 compute figures; they differ in memory and form factor."""
+    return GPUSpec(
+        id=gpu_id,
+        name=name,
+        aliases=aliases,
+        architecture="Ampere",
+        compute_capability=(8, 0),
+        sm_count=108,
+        boost_clock_mhz=1410,
+        peak_tflops={"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+        hbm_capacity_gb=capacity_gb,
+        hbm_bandwidth_gbs=bandwidth_gbs,
+        l2_cache_mb=40.0,
+        smem_per_sm_kb=164,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=600.0,
+        pcie_bandwidth_gbs=64.0,
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_A100_DATASHEET}: FP64 9.7 (FP64 Tensor Core 19.5), FP32 19.5, TF32 312*, BF16/FP16 624*, "
+                "INT8 1248*"
+            ),
+            "hbm_capacity_gb": f"{_A100_DATASHEET}, {form} column",
+            "hbm_bandwidth_gbs": f"{_A100_DATASHEET}, {form} column",
+            "sm_count": _A100_WHITEPAPER,
+            "boost_clock_mhz": _A100_WHITEPAPER,
+            "l2_cache_mb": _A100_WHITEPAPER,
+            "smem_per_sm_kb": _AMPERE_TUNING,
+            "register_file_per_sm_kb": _AMPERE_TUNING,
+            "nvlink_bandwidth_gbs": f"{_A100_DATASHEET}: NVLink 600 GB/s"
+            + (" (PCIe cards: with the 2-GPU NVLink bridge)" if form == "PCIe" else ""),
+            "pcie_bandwidth_gbs": f"{_A100_DATASHEET}: PCIe Gen4 64 GB/s",
+        },
+    )
+
+
+def _hopper_compute_sources(form: str) -> dict[str, str]:
+    return {
+        "sm_count": _H100_WHITEPAPER + f" ({form})",
+        "boost_clock_mhz": f"{_H100_DATASHEET} / nvidia-smi max SM clock ({form})",
+        "l2_cache_mb": _H100_WHITEPAPER,
+        "smem_per_sm_kb": _HOPPER_TUNING,
+        "register_file_per_sm_kb": _HOPPER_TUNING,
+    }
+
+
+_GPUS: tuple[GPUSpec, ...] = (
+    _ampere_a100(
+        "a100-sxm-80gb",
+        "NVIDIA A100 SXM4 80GB",
+        ("a100", "a100-80gb", "a100-sxm", "a100-sxm4-80gb", "a100-80gb-sxm", "a100-sxm4"),
+        "SXM4 80GB",
+        80.0,
+        2039.0,
+    ),
+    _ampere_a100(
+        "a100-sxm-40gb",
+        "NVIDIA A100 SXM4 40GB",
+        ("a100-40gb", "a100-sxm4-40gb", "a100-40gb-sxm"),
+        "SXM4 40GB",
+        40.0,
+        1555.0,
+    ),
+    _ampere_a100(
+        "a100-pcie-80gb",
+        "NVIDIA A100 PCIe 80GB",
+        ("a100-pcie", "a100-80gb-pcie", "a100-pcie-80g"),
+        "PCIe",
+        80.0,
+        1935.0,
+    ),
+    _ampere_a100(
+        "a100-pcie-40gb", "NVIDIA A100 PCIe 40GB", ("a100-40gb-pcie", "a100-pcie-40g"), "PCIe", 40.0, 1555.0
+    ),
+    GPUSpec(
+        id="h100-sxm",
+        name="NVIDIA H100 SXM5 80GB",
+        aliases=("h100", "h100-sxm5", "h100-80gb-hbm3", "h100-sxm5-80gb", "h100-80gb"),
+        architecture="Hopper",
+        compute_capability=(9, 0),
+        sm_count=132,
+        boost_clock_mhz=1980,
+        peak_tflops={
+            "fp64": 34.0,
+            "fp32": 67.0,
+            "tf32": 494.5,
+            "fp16": 989.5,
+            "bf16": 989.5,
+            "fp8": 1979.0,
+            "int8": 1979.0,
+        },
+        hbm_capacity_gb=80.0,
+        hbm_bandwidth_gbs=3350.0,
+        l2_cache_mb=50.0,
+        smem_per_sm_kb=228,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=900.0,
+        pcie_bandwidth_gbs=128.0,
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_H100_DATASHEET}, SXM: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
+                "BF16/FP16 1,979*, FP8 3,958*, INT8 3,958*"
+            ),
+            "hbm_capacity_gb": f"{_H100_DATASHEET}, SXM: 80 GB",
+            "hbm_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: 3.35 TB/s",
+            "nvlink_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: NVLink 900 GB/s",
+            "pcie_bandwidth_gbs": f"{_H100_DATASHEET}: PCIe Gen5 128 GB/s",
+            **_hopper_compute_sources("SXM5"),
+        },
+    ),
+    GPUSpec(
+        id="h100-pcie",
+        name="NVIDIA H100 PCIe 80GB",
+        aliases=("h100-pcie-80gb", "h100-80gb-pcie", "h100-pcie5"),
+        architecture="Hopper",
+        compute_capability=(9, 0),
+        sm_count=114,
+        boost_clock_mhz=1755,
+        peak_tflops={
+            "fp64": 26.0,
+            "fp32": 51.0,
+            "tf32": 378.0,
+            "fp16": 756.5,
+            "bf16": 756.5,
+            "fp8": 1513.0,
+            "int8": 1513.0,
+        },
+        hbm_capacity_gb=80.0,
+        hbm_bandwidth_gbs=2000.0,
+        l2_cache_mb=50.0,
+        smem_per_sm_kb=228,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=600.0,
+        pcie_bandwidth_gbs=128.0,
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_H100_DATASHEET}, PCIe: FP64 26 (FP64 Tensor Core 51), FP32 51, TF32 756*, "
+                "BF16/FP16 1,513*, FP8 3,026*, INT8 3,026*"
+            ),
+            "hbm_capacity_gb": f"{_H100_DATASHEET}, PCIe: 80 GB",
+            "hbm_bandwidth_gbs": f"{_H100_DATASHEET}, PCIe: 2 TB/s",
+            "nvlink_bandwidth_gbs": f"{_H100_DATASHEET}, PCIe: NVLink bridge 600 GB/s",
+            "pcie_bandwidth_gbs": f"{_H100_DATASHEET}: PCIe Gen5 128 GB/s",
+            **_hopper_compute_sources("PCIe"),
+        },
+    ),
+    GPUSpec(
+        id="h200",
+        name="NVIDIA H200 SXM 141GB",
+        aliases=("h200-sxm", "h200-sxm5", "h200-141gb", "h200-sxm-141gb"),
+        architecture="Hopper",
+        compute_capability=(9, 0),
+        sm_count=132,
+        boost_clock_mhz=1980,
+        peak_tflops={
+            "fp64": 34.0,
+            "fp32": 67.0,
+            "tf32": 494.5,
+            "fp16": 989.5,
+            "bf16": 989.5,
+            "fp8": 1979.0,
+            "int8": 1979.0,
+        },
+        hbm_capacity_gb=141.0,
+        hbm_bandwidth_gbs=4800.0,
+        l2_cache_mb=50.0,
+        smem_per_sm_kb=228,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=900.0,
+        pcie_bandwidth_gbs=128.0,
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_H200_DATASHEET}: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
+                "BF16/FP16 1,979*, FP8 3,958*, INT8 3,958*"
+            ),
+            "hbm_capacity_gb": f"{_H200_DATASHEET}: 141 GB HBM3e",
+            "hbm_bandwidth_gbs": f"{_H200_DATASHEET}: 4.8 TB/s",
+            "nvlink_bandwidth_gbs": f"{_H200_DATASHEET}: NVLink 900 GB/s",
+            "pcie_bandwidth_gbs": f"{_H200_DATASHEET}: PCIe Gen5 128 GB/s",
+            "sm_count": "H200 uses the GH100 die of H100 SXM5 (132 SMs); " + _H100_WHITEPAPER,
+            "boost_clock_mhz": "nvidia-smi max SM clock of H200 SXM (same as H100 SXM5)",
+            "l2_cache_mb": "GH100 L2, " + _H100_WHITEPAPER,
+            "smem_per_sm_kb": _HOPPER_TUNING,
+            "register_file_per_sm_kb": _HOPPER_TUNING,
+        },
+    ),
+    GPUSpec(
+        id="b200",
+        name="NVIDIA B200 (HGX B200)",
+        aliases=("b200-sxm", "b200-180gb", "hgx-b200", "dgx-b200"),
+        architecture="Blackwell",
+        compute_capability=(10, 0),
+        sm_count=148,
+        boost_clock_mhz=1965,
+        peak_tflops={
+            "fp64": 37.0,
+            "fp32": 75.0,
+            "tf32": 1125.0,
+            "fp16": 2250.0,
+            "bf16": 2250.0,
+            "fp8": 4500.0,
+            "int8": 4500.0,
+        },
+        hbm_capacity_gb=180.0,
+        hbm_bandwidth_gbs=8000.0,
+        l2_cache_mb=126.5,
+        smem_per_sm_kb=228,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=1800.0,
+        pcie_bandwidth_gbs=128.0,
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_HGX_B200}: FP64/FP64 Tensor Core 296 TFLOPS, FP32 600 TFLOPS, TF32 18 PFLOPS*, "
+                "FP16/BF16 36 PFLOPS*, FP8 72 PFLOPS*, INT8 72 POPS* for 8 GPUs"
+            ),
+            "hbm_capacity_gb": f"{_HGX_B200}: 1,440 GB total (marketing also quotes 192 GB per GPU)",
+            "hbm_bandwidth_gbs": f"{_HGX_B200}: 64 TB/s total",
+            "nvlink_bandwidth_gbs": f"{_HGX_B200}: NVLink 5, 1.8 TB/s per GPU",
+            "pcie_bandwidth_gbs": "HGX B200 host link PCIe Gen5 x16 (128 GB/s); DGX B200 datasheet",
+            "sm_count": _B200_DEVICE + ": multiProcessorCount 148",
+            "boost_clock_mhz": _B200_DEVICE + ": maximum SM clock 1,965 MHz",
+            "l2_cache_mb": _B200_DEVICE + ": l2CacheSize 132,644,864 bytes = 126.5 MiB",
+            "smem_per_sm_kb": _BLACKWELL_TUNING,
+            "register_file_per_sm_kb": _BLACKWELL_TUNING,
+        },
+    ),
+    GPUSpec(
+        id="l40s",
+        name="NVIDIA L40S",
+        aliases=("l40s-48gb",),
+        architecture="Ada Lovelace",
+        compute_capability=(8, 9),
+        sm_count=142,
+        boost_clock_mhz=2520,
+        peak_tflops={
+            "fp64": 1.43,
+            "fp32": 91.6,
+            "tf32": 183.0,
+            "fp16": 362.05,
+            "bf16": 362.05,
+            "fp8": 733.0,
+            "int8": 733.0,
+        },
+        hbm_capacity_gb=48.0,
+        hbm_bandwidth_gbs=864.0,
+        l2_cache_mb=96.0,
+        smem_per_sm_kb=100,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=None,
+        pcie_bandwidth_gbs=64.0,
+        memory_type="GDDR6",
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_L40S_DATASHEET}: FP32 91.6, TF32 366*, BF16/FP16 733*, FP8 1,466*, INT8 1,466*"
+            )
+            + f"; fp64 = FP32/64 ({_ADA_FP64})",
+            "hbm_capacity_gb": f"{_L40S_DATASHEET}: 48 GB GDDR6 with ECC",
+            "hbm_bandwidth_gbs": f"{_L40S_DATASHEET}: 864 GB/s",
+            "nvlink_bandwidth_gbs": f"{_L40S_DATASHEET}: NVLink not supported",
+            "pcie_bandwidth_gbs": f"{_L40S_DATASHEET}: PCIe Gen4 x16 64 GB/s bidirectional",
+            "sm_count": "AD102 with 142 SMs (18,176 CUDA cores / 128 per SM), " + _L40S_DATASHEET,
+            "boost_clock_mhz": "L40S max boost clock 2,520 MHz (NVIDIA L40S product brief)",
+            "l2_cache_mb": "AD102 L2 96 MB, " + _ADA_WHITEPAPER,
+            "smem_per_sm_kb": _ADA_TUNING,
+            "register_file_per_sm_kb": _ADA_TUNING,
+        },
+    ),
+    GPUSpec(
+        id="l4",
+        name="NVIDIA L4",
+        aliases=("l4-24gb",),
+        architecture="Ada Lovelace",
+        compute_capability=(8, 9),
+        sm_count=58,
+        boost_clock_mhz=2040,
+        peak_tflops={
+            "fp64": 0.47,
+            "fp32": 30.3,
+            "tf32": 60.0,
+            "fp16": 121.0,
+            "bf16": 121.0,
+            "fp8": 242.5,
+            "int8": 242.5,
+        },
+        hbm_capacity_gb=24.0,
+        hbm_bandwidth_gbs=300.0,
+        l2_cache_mb=48.0,
+        smem_per_sm_kb=100,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=None,
+        pcie_bandwidth_gbs=64.0,
+        memory_type="GDDR6",
+        sources={
+            "peak_tflops": _sparse_halved(
+                f"{_L4_DATASHEET}: FP32 30.3, TF32 120*, BF16/FP16 242*, FP8 485*, INT8 485*"
+            )
+            + f"; fp64 = FP32/64 ({_ADA_FP64})",
+            "hbm_capacity_gb": f"{_L4_DATASHEET}: 24 GB GDDR6",
+            "hbm_bandwidth_gbs": f"{_L4_DATASHEET}: 300 GB/s",
+            "nvlink_bandwidth_gbs": f"{_L4_DATASHEET}: no NVLink",
+            "pcie_bandwidth_gbs": f"{_L4_DATASHEET}: PCIe Gen4 x16 64 GB/s",
+            "sm_count": "AD104 in L4 with 58 SMs (7,424 CUDA cores / 128 per SM), " + _L4_DATASHEET,
+            "boost_clock_mhz": "L4 max boost clock 2,040 MHz (NVIDIA L4 product brief)",
+            "l2_cache_mb": "AD104 L2 48 MB, " + _ADA_WHITEPAPER,
+            "smem_per_sm_kb": _ADA_TUNING,
+            "register_file_per_sm_kb": _ADA_TUNING,
+        },
+    ),
+    GPUSpec(
+        id="rtx-4090",
+        name="NVIDIA GeForce RTX 4090",
+        aliases=("4090", "rtx4090", "geforce-rtx-4090"),
+        architecture="Ada Lovelace",
+        compute_capability=(8, 9),
+        sm_count=128,
+        boost_clock_mhz=2520,
+        peak_tflops={
+            "fp64": 1.29,
+            "fp32": 82.6,
+            "tf32": 82.6,
+            "fp16": 165.2,
+            "bf16": 165.2,
+            "fp8": 330.3,
+            "int8": 660.6,
+        },
+        hbm_capacity_gb=24.0,
+        hbm_bandwidth_gbs=1008.0,
+        l2_cache_mb=72.0,
+        smem_per_sm_kb=100,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=None,
+        pcie_bandwidth_gbs=64.0,
+        memory_type="GDDR6X",
+        sources={
+            "peak_tflops": (
+                f"{_ADA_WHITEPAPER}, dense columns: FP32 82.6, TF32 82.6, "
+                "FP16/BF16 with FP32 accumulate 165.2 (330.3 with FP16 accumulate), "
+                "FP8 with FP32 accumulate 330.3 (660.6 with FP16 accumulate), "
+                f"INT8 660.6; fp64 1.29 = FP32/64 ({_ADA_FP64})"
+            ),
+            "hbm_capacity_gb": f"{_ADA_WHITEPAPER}: 24 GB GDDR6X",
+            "hbm_bandwidth_gbs": f"{_ADA_WHITEPAPER}: 1,008 GB/s (21 Gbps, 384-bit)",
+            "nvlink_bandwidth_gbs": "RTX 4090 has no NVLink connector",
+            "pcie_bandwidth_gbs": "RTX 4090: PCIe Gen4 x16 (64 GB/s bidirectional)",
+            "sm_count": _ADA_WHITEPAPER + ": 128 SMs",
+            "boost_clock_mhz": _ADA_WHITEPAPER + ": boost clock 2,520 MHz",
+            "l2_cache_mb": _ADA_WHITEPAPER + ": 72 MB L2",
+            "smem_per_sm_kb": _ADA_TUNING,
+            "register_file_per_sm_kb": _ADA_TUNING,
+        },
+    ),
+)
+
+_BY_ID: dict[str, GPUSpec] = {gpu.id: gpu for gpu in _GPUS}
+
+
+def _normalize_name(name: str) -> str:
+    """Lower case, punctuation runs to '-', vendor words dropped ('NVIDIA H100 80GB' -> 'h100-80gb')."""
+    key = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    for prefix in ("nvidia-", "geforce-", "tesla-"):
+        key = key.removeprefix(prefix)
+    return key
+
+
+_ALIASES: dict[str, str] = {}
+for _gpu in _GPUS:
+    for _alias in (_gpu.id, _gpu.name, *_gpu.aliases):
+        _ALIASES[_normalize_name(_alias)] = _gpu.id
+
+# Names that torch.cuda.get_device_name() returns on these cards (as printed by nvidia-smi).
+_DEVICE_NAMES: dict[str, str] = {
+    "NVIDIA A100-SXM4-80GB": "a100-sxm-80gb",
+    "NVIDIA A100-SXM4-40GB": "a100-sxm-40gb",
+    "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
+    "NVIDIA A100-PCIE-40GB": "a100-pcie-40gb",
+    "NVIDIA H100 80GB HBM3": "h100-sxm",
+    "NVIDIA H100 PCIe": "h100-pcie",
+    "NVIDIA H200": "h200",
+    "NVIDIA B200": "b200",
+    "NVIDIA L40S": "l40s",
+    "NVIDIA L4": "l4",
+    "NVIDIA GeForce RTX 4090": "rtx-4090",
+}
+for _device_name, _gpu_id in _DEVICE_NAMES.items():
+    _ALIASES[_normalize_name(_device_name)] = _gpu_id
+
+
+def list_gpus() -> list[GPUSpec]:
+    """Every GPU in the table, in table order."""
+    return list(_GPUS)
+
+
+def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    """The spec for an id ("h100-sxm"), alias ("H100", "h100_sxm5") or device name ("NVIDIA H100 80GB HBM3").
+
+    Matching ignores case and punctuation. A :class:`GPUSpec` is returned unchanged. Raises ValueError listing
+    the valid ids for an unknown name.
+    """
+    if isinstance(name, GPUSpec):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"gpu must be a GPU id string or GPUSpec, got {type(name).__name__}")
+    gpu_id = _ALIASES.get(_normalize_name(name))
+    if gpu_id is None:
+        raise ValueError(f"unknown GPU {name!r}; valid ids: {', '.join(_BY_ID)}")
+    return _BY_ID[gpu_id]
+
+
+def detect_gpu() -> GPUSpec | None:
+    """The table entry for the current CUDA device (from ``torch.cuda.get_device_name()``).
+
+    Returns None when CUDA is unavailable or the device is not in the table.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return get_gpu(torch.cuda.get_device_name())
+    except ValueError:
+        return None
+
+
+def live_device_properties(device: int = 0) -> dict[str, Any] | None:
+    """What the current CUDA device reports about itself, or None without CUDA.
+
+    Keys: name, compute_capability, sm_count, l2_cache_mb (MiB), smem_per_sm_kb and smem_per_block_optin_kb
+    (KiB, when this torch exposes them), register_file_per_sm_kb (when exposed), memory_gb (decimal GB) and
+    table_id (the matching table entry, or None). Peaks are not reported by the device; use the table.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    result: dict[str, Any] = {
+        "name": props.name,
+        "compute_capability": (props.major, props.minor),
+        "sm_count": props.multi_processor_count,
+        "memory_gb": props.total_memory / 1e9,
+    }
+    l2_bytes = getattr(props, "L2_cache_size", None)
+    if l2_bytes is not None:
+        result["l2_cache_mb"] = l2_bytes / 2**20
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", None)
+    if smem_per_sm is not None:
+        result["smem_per_sm_kb"] = smem_per_sm / 1024
+    smem_optin = getattr(props, "shared_memory_per_block_optin", None)
+    if smem_optin is not None:
+        result["smem_per_block_optin_kb"] = smem_optin / 1024
+    registers = getattr(props, "regs_per_multiprocessor", None)
+    if registers is not None:
+        result["register_file_per_sm_kb"] = registers * 4 / 1024
+    try:
+        result["table_id"] = get_gpu(props.name).id
+    except ValueError:
+        result["table_id"] = None
+    return result

@@ -1,0 +1,180 @@
+"""FLOPs and minimum DRAM bytes of the kernels llm-speed benchmarks, so predictions sit next to measurements.
+
+Conventions (stated once, used everywhere):
+
+* FLOPs count multiply-adds as 2 FLOPs and only matrix products (the Tensor Core work); softmax, scaling and
+  masking are O(s^2) elementwise work that no published TFLOP/s figure counts (FlashAttention-2 paper, Sec. 4;
+  its benchmark script uses the same 4*b*h*s_q*s_kv*d forward count).
+* Bytes are the minimum DRAM traffic of the named algorithm: every tensor it must read is read once, every
+  tensor it must write is written once. Real kernels re-read K/V tiles (mostly from L2), so measured DRAM
+  traffic is at least this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llm_speed.perf.gpus import dtype_bytes
+
+ATTENTION_MODES = ("fwd", "bwd", "fwd+bwd")
+ATTENTION_IMPLS = ("flash", "tiled", "naive")
+
+# FlashAttention's backward runs 5 matmuls (recompute S = QK^T, dV = P^T dO, dP = dO V^T, dQ = dS K,
+# dK = dS^T Q) against the forward's 2 (S = QK^T, O = PV): 5/2 = 2.5x (FlashAttention-2 paper, Sec. 4).
+BACKWARD_TO_FORWARD_FLOPS = 2.5
+
+# LSE (log-sum-exp per query row) and the backward's delta = rowsum(dO * O) are kept in fp32.
+SOFTMAX_STATS_BYTES = 4
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Work and minimum DRAM traffic of one kernel call."""
+
+    flops: float
+    bytes_moved: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity ``flops / bytes_moved`` in FLOP/byte."""
+        return self.flops / self.bytes_moved if self.bytes_moved else float("inf")
+
+    def __add__(self, other: KernelCost) -> KernelCost:
+        return KernelCost(self.flops + other.flops, self.bytes_moved + other.bytes_moved)
+
+
+def _positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
+def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
+    """Number of (query, key) pairs attention computes, per batch element and query head.
+
+    Non-causal: ``seq_q * seq_kv``. Causal uses bottom-right alignment (FlashAttention >= 2.1, PyTorch's
+    ``causal_lower_right``): query ``i`` sees keys ``j <= i + seq_kv - seq_q``, i.e.
+    ``max(0, i + seq_kv - seq_q + 1)`` keys. Summing that arithmetic series over the rows that see at least
+    one key gives the closed form below; for a square ``s x s`` mask it is ``s (s + 1) / 2``, about half.
+    """
+    seq_q = _positive_int("seq_q", seq_q, allow_zero=True)
+    seq_kv = _positive_int("seq_kv", seq_kv, allow_zero=True)
+    if not causal:
+        return seq_q * seq_kv
+    offset = seq_kv - seq_q
+    first_row = max(0, -offset)  # rows before this see no key at all
+    rows = seq_q - first_row
+    if rows <= 0:
+        return 0
+    first_count = first_row + offset + 1
+    last_count = seq_kv  # the last query row sees every key
+    return rows * (first_count + last_count) // 2
+
+
+def attention_cost(
+    batch: int,
+    heads_q: int,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    *,
+    heads_kv: int | None = None,
+    dtype: Any = "fp16",
+    causal: bool = False,
+    mode: str = "fwd",
+    impl: str = "flash",
+) -> KernelCost:
+    """FLOPs and minimum DRAM bytes of scaled-dot-product attention.
+
+    FLOPs (all impls): forward = ``4 * batch * heads_q * head_dim * visible_pairs`` (QK^T and PV, 2 FLOPs per
+    multiply-add each); backward = 2.5x forward (5 matmuls vs 2, FlashAttention-2 convention; a naive backward
+    that keeps P executes only 4, i.e. 2x, but the model-FLOP convention stays 2.5x so TFLOP/s compare).
+    Causal counts only visible pairs (see :func:`visible_pairs`).
+
+    Bytes, with e = element size, Nq = batch*heads_q*seq_q*head_dim, Nk = batch*heads_kv*seq_kv*head_dim,
+    R = batch*heads_q*seq_q (softmax rows), M = batch*heads_q*seq_q*seq_kv (full score matrix, masked or not):
+
+    * forward, all impls: read Q, K, V, write O = ``e*(2*Nq + 2*Nk)``;
+      flash adds the fp32 LSE write ``4*R``; tiled (fused QK^T+softmax writing P once, then PV reading it)
+      adds ``2*e*M``; naive (S written, read by softmax, P written, read by PV) adds ``4*e*M``.
+    * backward, all impls: read Q, K, V, O, dO and write dQ, dK, dV = ``e*(4*Nq + 4*Nk)``;
+      flash adds LSE read + delta=rowsum(dO*O) write and read, ``3*4*R``; tiled (one kernel reads P, forms
+      dP and dS on chip, writes dS; dQ and dK each read dS) adds ``4*e*M``; naive (P read for dV, dP written
+      and read, P read again, dS written, dS read for dQ and for dK) adds ``7*e*M``.
+
+    ``heads_kv`` (GQA/MQA) defaults to ``heads_q`` and must divide it.
+    """
+    batch = _positive_int("batch", batch)
+    heads_q = _positive_int("heads_q", heads_q)
+    seq_q = _positive_int("seq_q", seq_q)
+    seq_kv = _positive_int("seq_kv", seq_kv)
+    head_dim = _positive_int("head_dim", head_dim)
+    heads_kv = heads_q if heads_kv is None else _positive_int("heads_kv", heads_kv)
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    element = dtype_bytes(dtype)
+
+    forward_flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, seq_kv, causal)
+    q_elems = batch * heads_q * seq_q * head_dim
+    kv_elems = batch * heads_kv * seq_kv * head_dim
+    rows = batch * heads_q * seq_q
+    score_elems = batch * heads_q * seq_q * seq_kv
+
+    forward_bytes = element * (2 * q_elems + 2 * kv_elems)
+    backward_bytes = element * (4 * q_elems + 4 * kv_elems)
+    if impl == "flash":
+        forward_bytes += SOFTMAX_STATS_BYTES * rows
+        backward_bytes += 3 * SOFTMAX_STATS_BYTES * rows
+    elif impl == "tiled":
+        forward_bytes += 2 * element * score_elems
+        backward_bytes += 4 * element * score_elems
+    else:
+        forward_bytes += 4 * element * score_elems
+        backward_bytes += 7 * element * score_elems
+
+    forward = KernelCost(float(forward_flops), float(forward_bytes))
+    backward = KernelCost(BACKWARD_TO_FORWARD_FLOPS * forward_flops, float(backward_bytes))
+    if mode == "fwd":
+        return forward
+    if mode == "bwd":
+        return backward
+    return forward + backward
+
+
+def gemm_cost(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    dtype: Any = "fp16",
+    batch: int = 1,
+    out_dtype: Any = None,
+    with_c: bool = False,
+    with_bias: bool = False,
+) -> KernelCost:
+    """FLOPs and minimum DRAM bytes of ``D = A @ B (+ C) (+ bias)`` with A [m, k], B [k, n], D [m, n].
+
+    FLOPs = ``2 * m * n * k * batch`` (the cuBLAS / Triton-tutorial convention; the O(mn) epilogue adds are
+    not counted). Bytes = ``batch * (m*k + k*n) * e_in + batch * m*n * e_out`` (+ ``batch*m*n*e_out`` to read
+    C, + ``n*e_out`` for one bias row shared by the batch). ``out_dtype`` defaults to ``dtype``.
+    """
+    m = _positive_int("m", m)
+    n = _positive_int("n", n)
+    k = _positive_int("k", k)
+    batch = _positive_int("batch", batch)
+    in_bytes = dtype_bytes(dtype)
+    out_bytes = in_bytes if out_dtype is None else dtype_bytes(out_dtype)
+    flops = 2 * m * n * k * batch
+    bytes_moved = batch * (m * k + k * n) * in_bytes + batch * m * n * out_bytes
+    if with_c:
+        bytes_moved += batch * m * n * out_bytes
+    if with_bias:
+        bytes_moved += n * out_bytes
+    return KernelCost(float(flops), float(bytes_moved))

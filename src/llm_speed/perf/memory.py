@@ -1,0 +1,314 @@
+"""Memory hierarchy and attention memory: the seeds' formulas, and a precise model beside them.
+
+* :func:`analyze_memory_hierarchy`, :func:`calculate_attention_vram`, :func:`calculate_flash_attention_vram`
+  reproduce seed 000 exactly, under its own assumptions (one sequence, one s x s score matrix shared by all
+  heads, two fp32 softmax statistics per row, decimal GB).
+* :func:`estimate_attention_memory` and :func:`find_optimal_batch_size` are seed 002's helpers with its
+  signatures; they follow the guide's formulas (where its printed example outputs disagree with those
+  formulas, the formulas win: see docs/performance-model.md).
+* :func:`attention_memory` is the precise model: batch, GQA, separate query/key lengths, standard vs
+  FlashAttention, inference vs training (tensors saved for backward and the backward's own peak), with an
+  itemised breakdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
+from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
+
+# Seed 000's bandwidth table (bytes/s), its own A100 figures; kept verbatim so its numbers reproduce.
+# The per-GPU figures of the project live in llm_speed.perf.gpus.
+SEED_MEMORY_BANDWIDTH: dict[str, float] = {
+    "shared_memory": 19e12,  # 19 TB/s (seed 000, seed 001 page 10: SRAM ~19 TB/s on A100)
+    "l2_cache": 1.5e12,  # seed 000's figure
+    "hbm": 1.5e12,  # seed 000: 1.5 TB/s (A100 40 GB datasheet: 1,555 GB/s)
+}
+
+
+def bytes_to_gb(bytes_val: float) -> float:
+    """Decimal gigabytes: ``bytes / 1e9`` (seed 000's unit)."""
+    return bytes_val / 1e9
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def analyze_memory_hierarchy() -> dict[str, dict[str, float]]:
+    """Seed 000: per memory level, bandwidth in TB/s and the time to stream 1 KB.
+
+    ``latency_ns = 1024 / bandwidth * 1e9`` for each level of :data:`SEED_MEMORY_BANDWIDTH`. This "latency" is
+    a transfer time at full bandwidth, not an access latency (real HBM latency is ~500-800 ns, L2 ~200 ns,
+    shared memory ~20-30 cycles; see docs/performance-model.md).
+    """
+    return {
+        level: {"bandwidth_tb_s": bandwidth / 1e12, "latency_ns": 1024 / bandwidth * 1e9}
+        for level, bandwidth in SEED_MEMORY_BANDWIDTH.items()
+    }
+
+
+def calculate_attention_vram(
+    seq_len: int, num_heads: int, head_dim: int, dtype_bytes: int = 2
+) -> dict[str, float]:
+    """Seed 000: standard attention memory in decimal GB for one sequence.
+
+    qkv = 3*s*h*d*e; attention_matrix = s*s*e (one matrix, as the seed writes it; the per-head matrices would
+    be h times more, see :func:`attention_memory`); output = s*h*d*e; total = their sum.
+    """
+    seq_len = _positive_int("seq_len", seq_len)
+    num_heads = _positive_int("num_heads", num_heads)
+    head_dim = _positive_int("head_dim", head_dim)
+    if not dtype_bytes > 0:
+        raise ValueError(f"dtype_bytes must be > 0, got {dtype_bytes}")
+    qkv = 3 * seq_len * num_heads * head_dim * dtype_bytes
+    attention_matrix = seq_len * seq_len * dtype_bytes
+    output = seq_len * num_heads * head_dim * dtype_bytes
+    return {
+        "qkv": bytes_to_gb(qkv),
+        "attention_matrix": bytes_to_gb(attention_matrix),
+        "output": bytes_to_gb(output),
+        "total": bytes_to_gb(qkv + attention_matrix + output),
+    }
+
+
+def calculate_flash_attention_vram(
+    seq_len: int, num_heads: int, head_dim: int, dtype_bytes: int = 2
+) -> dict[str, float]:
+    """Seed 000: FlashAttention memory in decimal GB for one sequence.
+
+    qkv = 3*s*h*d*e; online_softmax = s*h*2*4 (running max and sum, fp32, per row and head); output = s*h*d*e.
+    (FlashAttention-2 keeps max and sum in registers and stores one fp32 LSE per row: half the seed's figure.)
+    """
+    seq_len = _positive_int("seq_len", seq_len)
+    num_heads = _positive_int("num_heads", num_heads)
+    head_dim = _positive_int("head_dim", head_dim)
+    if not dtype_bytes > 0:
+        raise ValueError(f"dtype_bytes must be > 0, got {dtype_bytes}")
+    qkv = 3 * seq_len * num_heads * head_dim * dtype_bytes
+    online_softmax = seq_len * num_heads * 2 * 4
+    output = seq_len * num_heads * head_dim * dtype_bytes
+    return {
+        "qkv": bytes_to_gb(qkv),
+        "online_softmax": bytes_to_gb(online_softmax),
+        "output": bytes_to_gb(output),
+        "total": bytes_to_gb(qkv + online_softmax + output),
+    }
+
+
+def _guide_element_bytes(dtype: Any) -> int:
+    """Seed 002's rule: 2 bytes for float16, else 4 (the guide's ``2 if dtype == torch.float16 else 4``)."""
+    return 2 if normalize_dtype(dtype) == "fp16" else 4
+
+
+def estimate_attention_memory(
+    batch: int, heads: int, seq_len: int, head_dim: int, dtype: Any = "fp16"
+) -> float:
+    """Seed 002: FlashAttention memory estimate in MiB (the guide divides by 1024*1024).
+
+    inputs Q, K, V = 3*b*h*s*d*e; output = b*h*s*d*e; working memory = 0.1 * b*h*s*d*e (the guide's
+    allowance); e = 2 for float16, else 4 (bfloat16 counts 4 bytes, as in the guide). For (2, 16, 8192, 64)
+    this gives 131.2 MiB; the guide's comment says "~55 MB", which its own formula does not produce.
+    """
+    batch = _positive_int("batch", batch)
+    heads = _positive_int("heads", heads)
+    seq_len = _positive_int("seq_len", seq_len)
+    head_dim = _positive_int("head_dim", head_dim)
+    element = _guide_element_bytes(dtype)
+    tensor = batch * heads * seq_len * head_dim * element
+    input_mem = 3 * tensor
+    output_mem = tensor
+    working_mem = tensor * 0.1
+    return (input_mem + output_mem + working_mem) / (1024 * 1024)
+
+
+def find_optimal_batch_size(heads: int, seq_len: int, head_dim: int, max_memory_gb: float = 16) -> int:
+    """Seed 002: the largest power-of-two batch whose Q, K, V, O fit in ``max_memory_gb`` GiB with 20% slack.
+
+    per_sample = 4*h*s*d*2 bytes (fp16 Q, K, V, O);
+    max_batch = int(max_memory_gb * 1024^3 / per_sample / 1.2);
+    result = the largest power of two <= max_batch, at least 1. For (16, 2048, 64, 24) this gives 1024; the
+    guide's comment says "e.g. 8", which its own formula does not produce.
+    """
+    heads = _positive_int("heads", heads)
+    seq_len = _positive_int("seq_len", seq_len)
+    head_dim = _positive_int("head_dim", head_dim)
+    if (
+        isinstance(max_memory_gb, bool)
+        or not isinstance(max_memory_gb, (int, float))
+        or not max_memory_gb > 0
+    ):
+        raise ValueError(f"max_memory_gb must be a number > 0, got {max_memory_gb!r}")
+    max_memory_bytes = max_memory_gb * 1024**3
+    per_sample = 4 * heads * seq_len * head_dim * 2
+    max_batch = int(max_memory_bytes / per_sample / 1.2)
+    if max_batch < 1:
+        return 1
+    return 2 ** (max_batch.bit_length() - 1)
+
+
+ATTENTION_MEMORY_IMPLS = ("flash", "standard")
+
+
+@dataclass(frozen=True)
+class AttentionMemory:
+    """Itemised attention memory in bytes. ``peak_bytes`` is what must fit on the device at once.
+
+    Inference (``training=False``): ``peak_bytes = forward_peak_bytes``. Training: the larger of the forward
+    peak and the backward peak; ``saved_for_backward_bytes`` lists what stays alive between the two.
+    ``items`` names every tensor counted in ``peak_bytes``.
+    """
+
+    impl: str
+    training: bool
+    dtype: str
+    element_bytes: float
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    q_bytes: float
+    k_bytes: float
+    v_bytes: float
+    output_bytes: float
+    scores_bytes: float  # S = QK^T, standard only
+    probs_bytes: float  # P = softmax(S), standard only
+    softmax_stats_bytes: float  # fp32 LSE per query row, flash only
+    forward_peak_bytes: float
+    saved_for_backward_bytes: float | None  # training only (None for inference)
+    backward_peak_bytes: float | None  # training only (None for inference)
+    peak_bytes: float
+    items: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def peak_gb(self) -> float:
+        """``peak_bytes`` in decimal GB."""
+        return self.peak_bytes / 1e9
+
+
+def attention_memory(
+    batch: int,
+    heads_q: int,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    *,
+    heads_kv: int | None = None,
+    dtype: Any = "bf16",
+    training: bool = False,
+    impl: str = "flash",
+) -> AttentionMemory:
+    """Precise attention memory (bytes) for a batch, with GQA and separate query/key lengths.
+
+    With e = element size, Q = O = b*hq*sq*d*e, K = V = b*hkv*skv*d*e, S = P = b*hq*sq*skv*e, L = b*hq*sq*4:
+
+    * standard forward (matmul, softmax, matmul, as eager PyTorch runs it): S and P are both alive while
+      softmax runs, then S is freed and O is allocated while P is alive:
+      ``peak = Q + K + V + max(S + P, P + O)``.
+    * flash forward: ``peak = Q + K + V + O + L`` (one fp32 log-sum-exp per query row, as FlashAttention-2
+      stores; the running max and sum live in registers).
+    * training, standard: autograd saves Q, K (for QK^T), P (softmax output, PV input) and V:
+      ``saved = Q + K + V + P``; backward peak adds O, dO, dP and dS (both s^2, alive together while
+      dS = P * (dP - rowsum(dP * P)) is formed) and dQ, dK, dV:
+      ``backward = Q + K + V + P + O + dO + dP + dS + dQ + dK + dV``.
+    * training, flash: saved = Q + K + V + O + L; backward peak adds dO, the fp32 dQ accumulator
+      (b*hq*sq*d*4, FlashAttention-2), delta = rowsum(dO * O) in fp32 (L-sized) and dQ, dK, dV.
+
+    Inputs and the output are counted (they occupy memory during the call); the caller's other activations
+    are not. ``heads_kv`` defaults to ``heads_q`` and must divide it.
+    """
+    batch = _positive_int("batch", batch)
+    heads_q = _positive_int("heads_q", heads_q)
+    seq_q = _positive_int("seq_q", seq_q)
+    seq_kv = _positive_int("seq_kv", seq_kv)
+    head_dim = _positive_int("head_dim", head_dim)
+    heads_kv = heads_q if heads_kv is None else _positive_int("heads_kv", heads_kv)
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+    if impl not in ATTENTION_MEMORY_IMPLS:
+        raise ValueError(f"impl must be one of {ATTENTION_MEMORY_IMPLS}, got {impl!r}")
+    dtype_name = normalize_dtype(dtype)
+    element = dtype_bytes(dtype_name)
+
+    q = batch * heads_q * seq_q * head_dim * element
+    kv = batch * heads_kv * seq_kv * head_dim * element
+    out = q
+    score = batch * heads_q * seq_q * seq_kv * element
+    stats = batch * heads_q * seq_q * SOFTMAX_STATS_BYTES
+    inputs = {"q": q, "k": kv, "v": kv}
+
+    if impl == "standard":
+        scores_bytes, probs_bytes, stats_bytes = score, score, 0.0
+        forward_items = (
+            {**inputs, "scores": score, "probs": score}
+            if score >= out
+            else {**inputs, "probs": score, "output": out}
+        )
+        forward_peak = sum(forward_items.values())
+        saved = q + 2 * kv + score
+        backward_items = {
+            **inputs,
+            "probs": score,
+            "output": out,
+            "grad_output": out,
+            "grad_probs": score,
+            "grad_scores": score,
+            "grad_q": q,
+            "grad_k": kv,
+            "grad_v": kv,
+        }
+    else:
+        scores_bytes, probs_bytes, stats_bytes = 0.0, 0.0, float(stats)
+        forward_items = {**inputs, "output": out, "softmax_lse": stats}
+        forward_peak = sum(forward_items.values())
+        saved = q + 2 * kv + out + stats
+        dq_accum = batch * heads_q * seq_q * head_dim * 4
+        backward_items = {
+            **inputs,
+            "output": out,
+            "softmax_lse": stats,
+            "grad_output": out,
+            "grad_q_accum_fp32": dq_accum,
+            "delta_fp32": stats,
+            "grad_q": q,
+            "grad_k": kv,
+            "grad_v": kv,
+        }
+    backward_peak = sum(backward_items.values())
+
+    if training and backward_peak > forward_peak:
+        peak, items = backward_peak, backward_items
+    else:
+        peak, items = forward_peak, forward_items
+    return AttentionMemory(
+        impl=impl,
+        training=training,
+        dtype=dtype_name,
+        element_bytes=element,
+        batch=batch,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        seq_q=seq_q,
+        seq_kv=seq_kv,
+        head_dim=head_dim,
+        q_bytes=float(q),
+        k_bytes=float(kv),
+        v_bytes=float(kv),
+        output_bytes=float(out),
+        scores_bytes=float(scores_bytes),
+        probs_bytes=float(probs_bytes),
+        softmax_stats_bytes=stats_bytes,
+        forward_peak_bytes=float(forward_peak),
+        saved_for_backward_bytes=float(saved) if training else None,
+        backward_peak_bytes=float(backward_peak) if training else None,
+        peak_bytes=float(peak),
+        items={name: float(value) for name, value in items.items()},
+    )

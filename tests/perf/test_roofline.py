@@ -1,0 +1,53 @@
+"""Roofline placement against hand-computed figures (seed 003's H100 numbers)."""
+
+import pytest
+
+from llm_speed.perf.gpus import get_gpu
+from llm_speed.perf.roofline import arithmetic_intensity, roofline
+
+
+def test_seed_003_h100_memory_and_compute_bound_examples():
+    # Seed 003: H100 SXM, 989 TFLOP/s fp16, 3.35 TB/s, ridge ~295 FLOP/byte.
+    below = roofline(flops=100e9, bytes_moved=1e9, dtype="fp16", gpu="h100-sxm")  # I = 100 < 295
+    assert below.bound == "memory"
+    assert below.intensity == pytest.approx(100.0)
+    assert below.attainable_flops == pytest.approx(3.35e12 * 100)
+    assert below.time_floor_s == pytest.approx(1e9 / 3.35e12)
+    above = roofline(flops=1000e9, bytes_moved=1e9, dtype="fp16", gpu=get_gpu("H100"))  # I = 1000 > 295
+    assert above.bound == "compute"
+    assert above.attainable_flops == pytest.approx(989.5e12)
+    assert above.time_floor_s == pytest.approx(1000e9 / 989.5e12)
+    assert above.ridge_point == pytest.approx(295.37, abs=0.01)
+
+
+def test_square_gemm_4096_is_compute_bound_on_h100():
+    n = 4096
+    point = roofline(2 * n**3, 3 * n * n * 2, "bf16", "h100-sxm")  # read A, B, write C once in bf16
+    assert point.intensity == pytest.approx(2 * n / 6)
+    assert point.bound == "compute"
+    assert point.time_floor_s == pytest.approx(point.compute_time_s)
+    assert point.memory_time_s < point.compute_time_s
+
+
+def test_at_the_ridge_both_limits_agree():
+    gpu = get_gpu("a100-sxm-80gb")
+    ridge = gpu.ridge_point("bf16")
+    point = roofline(ridge * 1e9, 1e9, "bf16", gpu)
+    assert point.compute_time_s == pytest.approx(point.memory_time_s)
+    assert point.attainable_flops == pytest.approx(gpu.peak_flops("bf16"))
+
+
+def test_degenerate_and_bad_inputs():
+    assert arithmetic_intensity(0, 0) == 0.0
+    assert arithmetic_intensity(10, 0) == float("inf")
+    assert roofline(10, 0, "bf16", "h100").bound == "compute"
+    with pytest.raises(ValueError, match="flops"):
+        roofline(-1, 10, "bf16", "h100")
+    with pytest.raises(ValueError, match="bytes_moved"):
+        roofline(1, -10, "bf16", "h100")
+    with pytest.raises(ValueError, match="valid ids"):
+        roofline(1, 1, "bf16", "tpu-v5")
+    with pytest.raises(ValueError, match="dtype"):
+        roofline(1, 1, "fp7", "h100")
+    with pytest.raises(TypeError, match="flops"):
+        roofline("1", 1, "bf16", "h100")
