@@ -1,0 +1,124 @@
+"""Attention and GEMM FLOP/byte counts against brute force and torch's own FLOP counter."""
+
+import pytest
+import torch
+from torch.utils import flop_counter
+
+from llm_speed.perf.kernel_costs import KernelCost, attention_cost, gemm_cost, visible_pairs
+
+
+def _mask_pairs(seq_q: int, seq_kv: int) -> int:
+    """Brute-force count of the bottom-right causal mask (PyTorch's causal_lower_right convention)."""
+    rows = torch.arange(seq_q).unsqueeze(1)
+    cols = torch.arange(seq_kv).unsqueeze(0)
+    return int((cols <= rows + seq_kv - seq_q).sum())
+
+
+@pytest.mark.parametrize(
+    ("seq_q", "seq_kv"), [(1, 1), (5, 5), (17, 17), (3, 7), (7, 3), (1, 128), (128, 1), (2, 113)]
+)
+def test_causal_pairs_match_the_mask(seq_q, seq_kv):
+    assert visible_pairs(seq_q, seq_kv, causal=True) == _mask_pairs(seq_q, seq_kv)
+    assert visible_pairs(seq_q, seq_kv, causal=False) == seq_q * seq_kv
+
+
+def test_square_causal_is_about_half():
+    s = 4096
+    assert visible_pairs(s, s, causal=True) == s * (s + 1) // 2
+    full = attention_cost(1, 8, s, s, 128).flops
+    causal = attention_cost(1, 8, s, s, 128, causal=True).flops
+    assert causal / full == pytest.approx((s + 1) / (2 * s))
+
+
+@pytest.mark.parametrize(("seq_q", "seq_kv", "heads_kv"), [(16, 32, 4), (7, 7, 2), (1, 64, 1)])
+def test_flops_match_torch_flop_counter(seq_q, seq_kv, heads_kv):
+    batch, heads, dim = 2, 4, 8
+    q_shape, kv_shape = (batch, heads, seq_q, dim), (batch, heads, seq_kv, dim)
+    # torch counts GQA as if K/V were repeated to all query heads: FLOPs follow the query heads.
+    forward = flop_counter.sdpa_flop_count(q_shape, kv_shape, kv_shape)
+    backward = flop_counter.sdpa_backward_flop_count(q_shape, q_shape, kv_shape, kv_shape)
+    assert attention_cost(batch, heads, seq_q, seq_kv, dim, heads_kv=heads_kv).flops == forward
+    assert attention_cost(batch, heads, seq_q, seq_kv, dim, heads_kv=heads_kv, mode="bwd").flops == backward
+    both = attention_cost(batch, heads, seq_q, seq_kv, dim, heads_kv=heads_kv, mode="fwd+bwd")
+    assert both.flops == forward + backward
+
+
+def test_naive_forward_flops_match_an_executed_eager_attention():
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        out = (q @ k.transpose(-1, -2)).softmax(-1) @ v
+    assert counter.get_total_flops() == attention_cost(1, 2, 9, 9, 8, impl="naive").flops
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        out.sum().backward()
+    # An eager backward that kept P runs 4 matmuls (2x forward); the model-FLOP convention is 2.5x.
+    assert counter.get_total_flops() * 1.25 == attention_cost(1, 2, 9, 9, 8, mode="bwd", impl="naive").flops
+
+
+def test_bytes_by_implementation():
+    b, h, hkv, sq, skv, d = 2, 8, 2, 64, 128, 32
+    e = 2
+    q = b * h * sq * d
+    kv = b * hkv * skv * d
+    rows = b * h * sq
+    scores = b * h * sq * skv
+    flash = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16")
+    assert flash.bytes_moved == e * (2 * q + 2 * kv) + 4 * rows
+    tiled = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", impl="tiled")
+    naive = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", impl="naive")
+    assert tiled.bytes_moved == e * (2 * q + 2 * kv) + 2 * e * scores
+    assert naive.bytes_moved == e * (2 * q + 2 * kv) + 4 * e * scores
+    flash_bwd = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd")
+    assert flash_bwd.bytes_moved == e * (4 * q + 4 * kv) + 12 * rows
+    naive_bwd = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd", impl="naive")
+    assert naive_bwd.bytes_moved == e * (4 * q + 4 * kv) + 7 * e * scores
+    # fp32 doubles the tensor traffic but not the fp32 statistics.
+    flash32 = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype=torch.float32)
+    assert flash32.bytes_moved == 4 * (2 * q + 2 * kv) + 4 * rows
+
+
+def test_flash_is_compute_heavier_per_byte_than_naive():
+    flash = attention_cost(1, 16, 2048, 2048, 64)
+    naive = attention_cost(1, 16, 2048, 2048, 64, impl="naive")
+    assert flash.flops == naive.flops
+    assert flash.intensity > 10 * naive.intensity
+
+
+def test_gemm_cost():
+    cost = gemm_cost(128, 256, 64, dtype="bf16")
+    assert cost.flops == 2 * 128 * 256 * 64
+    assert cost.bytes_moved == (128 * 64 + 64 * 256 + 128 * 256) * 2
+    with_everything = gemm_cost(
+        128, 256, 64, dtype="fp8", out_dtype="bf16", batch=3, with_c=True, with_bias=True
+    )
+    assert with_everything.flops == 3 * 2 * 128 * 256 * 64
+    assert with_everything.bytes_moved == 3 * (128 * 64 + 64 * 256) + 3 * 128 * 256 * 2 * 2 + 256 * 2
+    a, b = torch.randn(12, 5), torch.randn(5, 7)
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        torch.mm(a, b)
+    assert counter.get_total_flops() == gemm_cost(12, 7, 5).flops
+    assert (KernelCost(1, 2) + KernelCost(3, 4)) == KernelCost(4, 6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch": 0}, ValueError, "batch"),
+        ({"seq_q": -1}, ValueError, "seq_q"),
+        ({"head_dim": 2.5}, TypeError, "head_dim"),
+        ({"heads_kv": 3}, ValueError, "heads_kv"),
+        ({"mode": "forward"}, ValueError, "mode"),
+        ({"impl": "fast"}, ValueError, "impl"),
+        ({"dtype": "fp12"}, ValueError, "dtype"),
+    ],
+)
+def test_attention_bad_inputs(kwargs, error, match):
+    args = {"batch": 1, "heads_q": 8, "seq_q": 16, "seq_kv": 16, "head_dim": 64, **kwargs}
+    with pytest.raises(error, match=match):
+        attention_cost(**args)
+
+
+def test_gemm_bad_inputs():
+    with pytest.raises(ValueError, match="k"):
+        gemm_cost(4, 4, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        gemm_cost(4, 4, 4, out_dtype="fp3")

@@ -1,0 +1,148 @@
+"""Seed 000's and seed 002's memory numbers under their own assumptions, and the precise attention model."""
+
+import pytest
+import torch
+
+import llm_speed
+from llm_speed.perf.memory import (
+    SEED_MEMORY_BANDWIDTH,
+    analyze_memory_hierarchy,
+    attention_memory,
+    calculate_attention_vram,
+    calculate_flash_attention_vram,
+    estimate_attention_memory,
+    find_optimal_batch_size,
+)
+
+
+def test_exported_from_the_package():
+    for name in (
+        "analyze_memory_hierarchy",
+        "calculate_attention_vram",
+        "calculate_flash_attention_vram",
+        "estimate_attention_memory",
+        "find_optimal_batch_size",
+    ):
+        assert callable(getattr(llm_speed, name))
+
+
+def test_seed_000_memory_hierarchy():
+    mem = analyze_memory_hierarchy()
+    assert set(mem) == set(SEED_MEMORY_BANDWIDTH) == {"shared_memory", "l2_cache", "hbm"}
+    assert mem["shared_memory"]["bandwidth_tb_s"] == pytest.approx(19.0)
+    assert mem["hbm"]["bandwidth_tb_s"] == pytest.approx(1.5)
+    # 1 KB at 19 TB/s and at 1.5 TB/s, as the seed prints them.
+    assert mem["shared_memory"]["latency_ns"] == pytest.approx(1024 / 19e12 * 1e9)
+    assert f"{mem['shared_memory']['latency_ns']:6.2f}" == "  0.05"
+    assert f"{mem['hbm']['latency_ns']:6.2f}" == "  0.68"
+    assert mem["shared_memory"]["bandwidth_tb_s"] > mem["hbm"]["bandwidth_tb_s"]  # the seed's own test
+
+
+def test_seed_000_attention_vram_numbers():
+    # 128K tokens, 32 heads, head_dim 128, fp16: the seed's "34.4 GB" attention matrix.
+    std = calculate_attention_vram(128 * 1024, 32, 128)
+    assert std["attention_matrix"] == pytest.approx(131072**2 * 2 / 1e9)
+    assert round(std["attention_matrix"], 1) == 34.4
+    assert std["qkv"] == pytest.approx(3 * 131072 * 32 * 128 * 2 / 1e9)
+    assert std["total"] == pytest.approx(std["qkv"] + std["attention_matrix"] + std["output"])
+    assert f"{std['total']:10.2f}" == "     38.65"
+    flash = calculate_flash_attention_vram(128 * 1024, 32, 128)
+    assert flash["online_softmax"] == pytest.approx(131072 * 32 * 8 / 1e9)
+    assert f"{flash['total']:10.2f}" == "      4.33"
+    # The seed's printed table for 512 and 4096 tokens.
+    assert f"{calculate_attention_vram(512, 32, 128)['total']:10.2f}" == "      0.02"
+    assert f"{calculate_attention_vram(4096, 32, 128)['total']:10.2f}" == "      0.17"
+
+
+def test_seed_000_tests_pass():
+    attn = calculate_attention_vram(512, 32, 128)
+    flash = calculate_flash_attention_vram(512, 32, 128)
+    assert attn["total"] > flash["total"]
+    assert attn["qkv"] > 0 and flash["online_softmax"] > 0
+    ratio = (
+        calculate_attention_vram(131072, 32, 128)["total"]
+        / calculate_flash_attention_vram(131072, 32, 128)["total"]
+    )
+    assert f"{ratio:8.0f}" == "       9"
+
+
+def test_seed_002_estimate_attention_memory_follows_its_formula():
+    # (2, 16, 8192, 64) fp16: tensor = 33,554,432 B; (3 + 1 + 0.1) * tensor / 2^20 = 131.2 MiB (not "~55 MB").
+    assert estimate_attention_memory(2, 16, 8192, 64) == pytest.approx(131.2)
+    assert estimate_attention_memory(2, 16, 8192, 64, dtype=torch.float16) == pytest.approx(131.2)
+    # The guide counts every non-float16 dtype as 4 bytes.
+    assert estimate_attention_memory(2, 16, 8192, 64, dtype=torch.float32) == pytest.approx(262.4)
+    assert estimate_attention_memory(2, 16, 8192, 64, dtype="bf16") == pytest.approx(262.4)
+
+
+def test_seed_002_find_optimal_batch_size_follows_its_formula():
+    # per sample 4*16*2048*64*2 = 16 MiB; 24 GiB / 16 MiB / 1.2 = 1280 -> 1024 (the guide says "e.g. 8").
+    assert find_optimal_batch_size(16, 2048, 64, max_memory_gb=24) == 1024
+    assert find_optimal_batch_size(16, 2048, 64) == 512  # 16 GiB: 853 -> 512
+    assert find_optimal_batch_size(64, 131072, 128, max_memory_gb=1) == 1  # nothing fits: at least 1
+
+
+def test_precise_model_matches_the_seed_where_assumptions_agree():
+    # One sequence, one head: the seed's single s x s matrix is then exact; the seed has no P/S split though.
+    s, d = 1024, 64
+    seed = calculate_attention_vram(s, 1, d)
+    precise = attention_memory(1, 1, s, s, d, dtype="fp16", impl="standard")
+    assert precise.scores_bytes == pytest.approx(seed["attention_matrix"] * 1e9)
+    assert precise.q_bytes + precise.k_bytes + precise.v_bytes == pytest.approx(seed["qkv"] * 1e9)
+    # Peak: S and P alive together while softmax runs.
+    assert precise.peak_bytes == pytest.approx((seed["qkv"] + 2 * seed["attention_matrix"]) * 1e9)
+    flash_seed = calculate_flash_attention_vram(s, 8, d)
+    flash = attention_memory(1, 8, s, s, d, dtype="fp16")
+    # One fp32 LSE per row instead of the seed's running max and sum: half the seed's softmax figure.
+    assert flash.softmax_stats_bytes == pytest.approx(flash_seed["online_softmax"] * 1e9 / 2)
+    assert flash.peak_bytes == pytest.approx((flash_seed["total"] - flash_seed["online_softmax"] / 2) * 1e9)
+
+
+def test_precise_model_heads_batch_and_gqa():
+    b, h, hkv, s, d = 2, 32, 8, 4096, 128
+    mem = attention_memory(b, h, s, s, d, heads_kv=hkv, dtype="bf16", impl="standard")
+    assert mem.scores_bytes == b * h * s * s * 2  # one matrix per head and sequence, unlike the seed
+    assert mem.k_bytes == b * hkv * s * d * 2
+    assert mem.peak_bytes == sum(mem.items.values())
+    assert set(mem.items) == {"q", "k", "v", "scores", "probs"}
+    assert mem.saved_for_backward_bytes is None and mem.backward_peak_bytes is None
+
+
+def test_standard_peak_switches_to_output_when_scores_are_small():
+    # seq_kv = 1 and head_dim = 256: P is smaller than O, so P + O beats S + P.
+    mem = attention_memory(1, 4, 64, 1, 256, impl="standard", dtype="fp16")
+    assert set(mem.items) == {"q", "k", "v", "probs", "output"}
+
+
+def test_training_adds_saved_tensors_and_backward_peak():
+    b, h, s, d = 1, 16, 2048, 64
+    e = 2
+    qkv = b * h * s * d * e
+    score = b * h * s * s * e
+    std = attention_memory(b, h, s, s, d, dtype="fp16", impl="standard", training=True)
+    assert std.saved_for_backward_bytes == 3 * qkv + score
+    assert std.backward_peak_bytes == 3 * qkv + score + qkv + qkv + 2 * score + 3 * qkv
+    assert std.peak_bytes == std.backward_peak_bytes > std.forward_peak_bytes
+    flash = attention_memory(b, h, s, s, d, dtype="fp16", training=True)
+    stats = b * h * s * 4
+    assert flash.saved_for_backward_bytes == 4 * qkv + stats
+    assert flash.backward_peak_bytes == 4 * qkv + stats + qkv + b * h * s * d * 4 + stats + 3 * qkv
+    assert flash.peak_bytes < std.peak_bytes / 10
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: calculate_attention_vram(-1, 32, 128), ValueError, "seq_len"),
+        (lambda: calculate_flash_attention_vram(512, 0, 128), ValueError, "num_heads"),
+        (lambda: calculate_attention_vram(512, 32, 128, dtype_bytes=0), ValueError, "dtype_bytes"),
+        (lambda: estimate_attention_memory(2, 16, 8192, 64, dtype="fp5"), ValueError, "dtype"),
+        (lambda: find_optimal_batch_size(16, 2048, 64, max_memory_gb=-1), ValueError, "max_memory_gb"),
+        (lambda: attention_memory(1, 8, 16, 16, 64, heads_kv=3), ValueError, "heads_kv"),
+        (lambda: attention_memory(1, 8, 16, 16, 64, impl="naive"), ValueError, "impl"),
+        (lambda: attention_memory(1, 8, 16, 16.0, 64), TypeError, "seq_kv"),
+    ],
+)
+def test_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
