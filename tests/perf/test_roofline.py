@@ -51,3 +51,20 @@ def test_degenerate_and_bad_inputs():
         roofline(1, 1, "fp7", "h100")
     with pytest.raises(TypeError, match="flops"):
         roofline("1", 1, "bf16", "h100")
+
+
+def test_plot_places_predicted_and_measured_points(tmp_path):
+    from llm_speed.perf.plot import PlotPoint, plot_roofline
+
+    points = [
+        PlotPoint("gemv", 2 * 4096 * 4096, 4096 * 4096 * 2),
+        PlotPoint("gemm", 2 * 4096**3, 6 * 4096**2, 5e14),
+    ]
+    path = plot_roofline("h200", points, tmp_path / "sub" / "roof.png", dtype="fp16", title="test")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="bytes_moved"):
+        plot_roofline("h200", [PlotPoint("empty", 1.0, 0.0)], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="achieved_flops_per_s"):
+        plot_roofline("h200", [PlotPoint("bad", 1.0, 1.0, -3.0)], tmp_path / "x.png")
+    with pytest.raises(TypeError, match="PlotPoint"):
+        plot_roofline("h200", [(1.0, 1.0)], tmp_path / "x.png")

@@ -1,0 +1,323 @@
+"""CLI: ``llm-speed gpus``, ``roofline``, ``vram``, ``mfu`` and ``waves`` (the hardware side of the model)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from llm_speed._output import dump_json, print_table
+from llm_speed.perf.gemm_shapes import wave_quantization
+from llm_speed.perf.gpus import get_gpu, list_gpus, normalize_dtype
+from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
+from llm_speed.perf.mfu import achieved_flops_per_s, mfu
+from llm_speed.perf.roofline import roofline
+
+GPU_HELP = "GPU id or alias (see `llm-speed gpus`)"
+
+
+def _gemm_dims(text: str) -> tuple[int, int, int]:
+    """Parse 'M,N,K' or 'MxNxK' into three ints."""
+    parts = text.lower().replace("x", ",").split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected M,N,K (or MxNxK), got {text!r}")
+    try:
+        return tuple(int(p) for p in parts)  # type: ignore[return-value]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected three integers M,N,K, got {text!r}") from error
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    gpus = list_gpus()
+    if args.json:
+        dump_json(gpus)
+        return 0
+    rows = []
+    for gpu in gpus:
+        rows.append(
+            [
+                gpu.id,
+                gpu.architecture,
+                gpu.sm_count,
+                gpu.hbm_capacity_gb,
+                gpu.hbm_bandwidth_gbs / 1000,
+                gpu.peak_tflops.get("fp32"),
+                gpu.peak_tflops.get("tf32"),
+                gpu.peak_tflops.get("bf16"),
+                gpu.peak_tflops.get("fp8"),
+                gpu.ridge_point("bf16"),
+                gpu.l2_cache_mb,
+                gpu.smem_per_sm_kb,
+                gpu.nvlink_bandwidth_gbs,
+            ]
+        )
+    print_table(
+        "GPU spec table (dense peaks)",
+        [
+            "id",
+            "arch",
+            "SMs",
+            "mem GB",
+            "TB/s",
+            "fp32 TF",
+            "tf32 TF",
+            "bf16 TF",
+            "fp8 TF",
+            "ridge bf16",
+            "L2 MB",
+            "smem/SM KB",
+            "NVLink GB/s",
+        ],
+        rows,
+        caption="TF = dense TFLOP/s (sparse datasheet figures halved); ridge in FLOP/byte; "
+        "NVLink bidirectional. Sources: `llm-speed gpus --json`.",
+    )
+    return 0
+
+
+def _roofline(args: argparse.Namespace) -> int:
+    spec = get_gpu(args.gpu)
+    dtype = normalize_dtype(args.dtype)
+    spec.peak_flops(dtype)  # a dtype this GPU has no peak for is an error, even without a kernel
+    flops, bytes_moved, label = args.flops, args.bytes, "kernel"
+    if args.gemm is not None:
+        if flops is not None or bytes_moved is not None:
+            raise ValueError("give either --gemm or --flops/--bytes, not both")
+        m, n, k = args.gemm
+        cost = gemm_cost(m, n, k, dtype=dtype)
+        flops, bytes_moved, label = cost.flops, cost.bytes_moved, f"gemm {m}x{n}x{k}"
+    if (flops is None) != (bytes_moved is None):
+        raise ValueError("--flops and --bytes go together")
+    point = None if flops is None else roofline(flops, bytes_moved, dtype, spec)
+    if args.plot:
+        from llm_speed.perf.plot import PlotPoint, plot_roofline
+
+        points = [] if point is None else [PlotPoint(label, point.flops, point.bytes_moved)]
+        written = plot_roofline(spec, points, args.plot, dtype=dtype)
+        if not args.json:
+            print(f"wrote {written}")
+    if args.json:
+        ridges = {name: spec.ridge_point(name) for name in spec.peak_tflops}
+        dump_json(
+            {
+                "gpu": spec.id,
+                "dtype": dtype,
+                "peak_flops": spec.peak_flops(dtype),
+                "memory_bandwidth": spec.memory_bandwidth,
+                "ridge_points": ridges,
+                "point": point,
+            }
+        )
+        return 0
+    print_table(
+        f"Roofline of {spec.name}",
+        ["dtype", "peak TFLOP/s", "TB/s", "ridge FLOP/byte"],
+        [
+            [name, spec.peak_tflops[name], spec.hbm_bandwidth_gbs / 1000, spec.ridge_point(name)]
+            for name in spec.peak_tflops
+        ],
+    )
+    if point is not None:
+        print_table(
+            f"{label} on {spec.id} ({dtype})",
+            ["FLOPs", "bytes", "FLOP/byte", "ridge", "bound", "attainable TFLOP/s", "time floor us"],
+            [
+                [
+                    point.flops,
+                    point.bytes_moved,
+                    point.intensity,
+                    point.ridge_point,
+                    point.bound,
+                    point.attainable_flops / 1e12,
+                    point.time_floor_s * 1e6,
+                ]
+            ],
+        )
+    return 0
+
+
+def _vram(args: argparse.Namespace) -> int:
+    common: dict[str, Any] = {"heads_kv": args.num_kv_heads, "dtype": args.dtype, "training": args.training}
+    shape = (args.batch_size, args.num_heads, args.seq_len, args.seq_len, args.head_dim)
+    standard = attention_memory(*shape, impl="standard", **common)
+    flash = attention_memory(*shape, impl="flash", **common)
+    seed_std = seed_flash = None
+    if args.batch_size == 1 and args.num_kv_heads in (None, args.num_heads):
+        element = int(standard.element_bytes) if standard.element_bytes >= 1 else None
+        if element is not None:
+            seed_std = calculate_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
+            seed_flash = calculate_flash_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
+    if args.json:
+        dump_json(
+            {
+                "standard": standard,
+                "flash": flash,
+                "seed_000_standard_gb": seed_std,
+                "seed_000_flash_gb": seed_flash,
+                "saving": standard.peak_bytes / flash.peak_bytes,
+            }
+        )
+        return 0
+    gb = 1e9
+    rows = [
+        [
+            "Q + K + V",
+            (standard.q_bytes + standard.k_bytes + standard.v_bytes) / gb,
+            (flash.q_bytes + flash.k_bytes + flash.v_bytes) / gb,
+        ],
+        ["output O", standard.output_bytes / gb, flash.output_bytes / gb],
+        ["scores S (all heads)", standard.scores_bytes / gb, flash.scores_bytes / gb],
+        ["probabilities P", standard.probs_bytes / gb, flash.probs_bytes / gb],
+        ["softmax stats (fp32 LSE)", standard.softmax_stats_bytes / gb, flash.softmax_stats_bytes / gb],
+    ]
+    if args.training:
+        rows += [
+            ["forward peak", standard.forward_peak_bytes / gb, flash.forward_peak_bytes / gb],
+            [
+                "saved for backward",
+                standard.saved_for_backward_bytes / gb,
+                flash.saved_for_backward_bytes / gb,
+            ],
+            ["backward peak", standard.backward_peak_bytes / gb, flash.backward_peak_bytes / gb],
+        ]
+    rows.append(["peak", standard.peak_bytes / gb, flash.peak_bytes / gb])
+    if seed_std is not None and seed_flash is not None:
+        rows.append(["seed 000 total (one s x s matrix)", seed_std["total"], seed_flash["total"]])
+    print_table(
+        f"Attention memory, GB: batch {args.batch_size}, {args.num_heads} heads"
+        f"{'' if args.num_kv_heads is None else f' ({args.num_kv_heads} KV)'}, seq {args.seq_len}, "
+        f"head_dim {args.head_dim}, {standard.dtype}, {'training' if args.training else 'inference'}",
+        ["item", "standard", "flash"],
+        rows,
+        caption=f"FlashAttention needs {standard.peak_bytes / flash.peak_bytes:.1f}x less at peak.",
+    )
+    return 0
+
+
+def _mfu(args: argparse.Namespace) -> int:
+    spec = get_gpu(args.gpu)
+    dtype = normalize_dtype(args.dtype)
+    flops, label = args.flops, "kernel"
+    if args.gemm is not None:
+        if flops is not None:
+            raise ValueError("give either --gemm or --flops, not both")
+        m, n, k = args.gemm
+        flops, label = gemm_cost(m, n, k).flops, f"gemm {m}x{n}x{k}"
+    elif args.attention is not None:
+        if flops is not None:
+            raise ValueError("give only one of --flops, --gemm, --attention")
+        batch, heads, seq, head_dim = args.attention
+        flops = attention_cost(batch, heads, seq, seq, head_dim, causal=args.causal, mode=args.mode).flops
+        label = (
+            f"attention b{batch} h{heads} s{seq} d{head_dim} {args.mode}{' causal' if args.causal else ''}"
+        )
+    if flops is None:
+        raise ValueError("give --flops, --gemm M,N,K or --attention B,H,S,D")
+    seconds = args.ms / 1e3
+    achieved = achieved_flops_per_s(flops, seconds)
+    utilisation = mfu(flops, seconds, spec, dtype)
+    result = {
+        "label": label,
+        "gpu": spec.id,
+        "dtype": dtype,
+        "flops": flops,
+        "seconds": seconds,
+        "achieved_flops_per_s": achieved,
+        "peak_flops": spec.peak_flops(dtype),
+        "mfu": utilisation,
+    }
+    if args.json:
+        dump_json(result)
+        return 0
+    print_table(
+        f"MFU of {label} on {spec.id}",
+        ["FLOPs", "time ms", "achieved TFLOP/s", f"peak {dtype} TFLOP/s", "MFU %"],
+        [[flops, args.ms, achieved / 1e12, spec.peak_flops(dtype) / 1e12, utilisation * 100]],
+    )
+    return 0
+
+
+def _waves(args: argparse.Namespace) -> int:
+    m, n, _k = args.gemm
+    spec = get_gpu(args.gpu)
+    result = wave_quantization(m, n, args.tile_m, args.tile_n, spec.sm_count, tiles_per_sm=args.tiles_per_sm)
+    if args.json:
+        dump_json({"gpu": spec.id, **vars(result)})
+        return 0
+    print_table(
+        f"Wave quantization of {m}x{n} output, {args.tile_m}x{args.tile_n} tiles, on {spec.id}",
+        ["tiles", "SMs", "tiles/SM", "waves", "tail tiles", "SM efficiency %", "tile padding efficiency %"],
+        [
+            [
+                result.tiles,
+                result.sm_count,
+                result.tiles_per_sm,
+                result.waves,
+                result.tail_tiles,
+                result.efficiency * 100,
+                result.padding_efficiency * 100,
+            ]
+        ],
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpus``, ``roofline``, ``vram``, ``mfu`` and ``waves`` to the ``llm-speed`` parser."""
+    parser = subparsers.add_parser("gpus", help="the GPU spec table (dense peaks, with sources in --json)")
+    parser.add_argument("--json", action="store_true", help="print JSON (every field and its source)")
+    parser.set_defaults(func=_gpus)
+
+    parser = subparsers.add_parser("roofline", help="a GPU's roofline, optionally with one kernel on it")
+    parser.add_argument("--gpu", required=True, help=GPU_HELP)
+    parser.add_argument("--dtype", default="bf16", help="fp64, fp32, tf32, fp16, bf16, fp8, int8")
+    parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
+    parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
+    parser.add_argument("--gemm", type=_gemm_dims, metavar="M,N,K", help="place a GEMM (minimum traffic)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline (and the kernel) to FILE")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=_roofline)
+
+    parser = subparsers.add_parser("vram", help="attention memory: standard vs FlashAttention")
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--num-heads", type=int, required=True)
+    parser.add_argument("--head-dim", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--num-kv-heads", type=int, default=None, help="GQA/MQA key-value heads")
+    parser.add_argument("--dtype", default="fp16")
+    parser.add_argument("--training", action="store_true", help="include saved tensors and the backward")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_vram)
+
+    parser = subparsers.add_parser("mfu", help="model FLOP utilisation from a measured time")
+    parser.add_argument("--gpu", required=True, help=GPU_HELP)
+    parser.add_argument("--ms", type=float, required=True, help="measured time in milliseconds")
+    parser.add_argument("--dtype", default="bf16", help="dtype whose dense peak is the denominator")
+    parser.add_argument("--flops", type=float, help="model FLOPs of the timed work")
+    parser.add_argument("--gemm", type=_gemm_dims, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
+    parser.add_argument("--attention", type=_attention_dims, metavar="B,H,S,D", help="attention FLOPs")
+    parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
+    parser.add_argument("--mode", default="fwd", choices=("fwd", "bwd", "fwd+bwd"), help="with --attention")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_mfu)
+
+    parser = subparsers.add_parser("waves", help="tiles and wave quantization of a GEMM on a GPU's SMs")
+    parser.add_argument("--gpu", required=True, help=GPU_HELP)
+    parser.add_argument("--gemm", type=_gemm_dims, required=True, metavar="M,N,K")
+    parser.add_argument("--tile-m", type=int, default=128)
+    parser.add_argument("--tile-n", type=int, default=128)
+    parser.add_argument("--tiles-per-sm", type=int, default=1, help="thread blocks resident per SM")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_waves)
+
+
+def _attention_dims(text: str) -> tuple[int, int, int, int]:
+    """Parse 'B,H,S,D' into four ints."""
+    parts = text.split(",")
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected four integers B,H,S,D, got {text!r}") from error
+    if len(values) != 4:
+        raise argparse.ArgumentTypeError(f"expected B,H,S,D, got {text!r}")
+    return values  # type: ignore[return-value]

@@ -1,0 +1,110 @@
+"""Draw a GPU's roofline with kernels placed on it (matplotlib, Agg backend, imported only when drawing)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.perf.roofline import roofline
+
+
+@dataclass(frozen=True)
+class PlotPoint:
+    """One kernel to place: predicted (on the roof) unless ``achieved_flops_per_s`` was measured."""
+
+    label: str
+    flops: float
+    bytes_moved: float
+    achieved_flops_per_s: float | None = None
+
+
+def plot_roofline(
+    gpu: str | GPUSpec,
+    points: Sequence[PlotPoint],
+    path: str | Path,
+    *,
+    dtype: Any = "bf16",
+    title: str | None = None,
+) -> Path:
+    """Write a log-log roofline of ``gpu`` for ``dtype`` to ``path`` (PNG, SVG or PDF by suffix).
+
+    The roof is ``min(peak, bandwidth * intensity)``; the ridge point is marked. Each point sits at its
+    intensity (``flops / bytes_moved``): predicted points on the roof (attainable FLOP/s, hollow markers),
+    measured ones at ``achieved_flops_per_s`` (filled markers). Returns the written path.
+    """
+    spec = get_gpu(gpu)
+    dtype_name = normalize_dtype(dtype)
+    peak = spec.peak_flops(dtype_name)
+    bandwidth = spec.memory_bandwidth
+    ridge = peak / bandwidth
+    placed = []
+    for point in points:
+        if not isinstance(point, PlotPoint):
+            raise TypeError(f"points must be PlotPoint instances, got {type(point).__name__}")
+        if point.bytes_moved <= 0:
+            raise ValueError(f"point {point.label!r}: bytes_moved must be > 0 to have an intensity")
+        if point.achieved_flops_per_s is not None and not point.achieved_flops_per_s > 0:
+            raise ValueError(f"point {point.label!r}: achieved_flops_per_s must be > 0")
+        placed.append((point, roofline(point.flops, point.bytes_moved, dtype_name, spec)))
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    intensities = [r.intensity for _, r in placed if r.intensity > 0] + [ridge]
+    low = 10 ** math.floor(math.log10(min(intensities) / 4))
+    high = 10 ** math.ceil(math.log10(max(intensities) * 4))
+    steps = 200
+    xs = [low * (high / low) ** (i / steps) for i in range(steps + 1)]
+    roof = [min(peak, bandwidth * x) for x in xs]
+
+    figure, axes = plt.subplots(figsize=(8, 5.5))
+    axes.loglog(
+        xs,
+        [y / 1e12 for y in roof],
+        color="black",
+        linewidth=2,
+        label=f"roof: {peak / 1e12:g} TFLOP/s, {bandwidth / 1e12:g} TB/s",
+    )
+    axes.axvline(ridge, color="gray", linestyle="--", linewidth=1)
+    axes.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, peak / 1e12),
+        textcoords="offset points",
+        xytext=(5, -15),
+        fontsize=8,
+        color="gray",
+    )
+    for index, (point, result) in enumerate(placed):
+        color = f"C{index % 10}"
+        if point.achieved_flops_per_s is None:
+            y, marker_face, kind = result.attainable_flops, "none", "predicted"
+        else:
+            y, marker_face, kind = point.achieved_flops_per_s, color, "measured"
+        x = max(result.intensity, low)
+        axes.plot(
+            [x],
+            [y / 1e12],
+            marker="o",
+            markersize=8,
+            markerfacecolor=marker_face,
+            color=color,
+            linestyle="none",
+            label=f"{point.label} ({kind}, {result.bound}-bound)",
+        )
+    axes.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
+    axes.set_ylabel("TFLOP/s")
+    axes.set_title(title or f"Roofline: {spec.name}, {dtype_name}")
+    axes.grid(True, which="both", linewidth=0.3)
+    axes.legend(fontsize=7, loc="lower right")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return out

@@ -1,0 +1,119 @@
+"""The hardware commands run in-process: tables, JSON, plots and one-line errors."""
+
+import json
+import re
+
+import pytest
+
+from llm_speed.cli import main
+from llm_speed.perf.gpus import list_gpus
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_gpus_table_and_json(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich folds a 13-column table on the 80-column default
+    assert main(["gpus"]) == 0
+    table = capsys.readouterr().out
+    assert "h100-sxm" in table and "rtx-4090" in table and "dense" in table
+    data = _json(capsys, ["gpus", "--json"])
+    assert [row["id"] for row in data] == [gpu.id for gpu in list_gpus()]
+    h100 = next(row for row in data if row["id"] == "h100-sxm")
+    assert h100["peak_tflops"]["bf16"] == 989.5
+    assert "sparsity" in h100["sources"]["peak_tflops"]
+
+
+def test_roofline_point_json(capsys):
+    data = _json(
+        capsys,
+        ["roofline", "--gpu", "H100", "--dtype", "fp16", "--flops", "1e11", "--bytes", "1e9", "--json"],
+    )
+    assert data["gpu"] == "h100-sxm"
+    assert data["ridge_points"]["fp16"] == pytest.approx(989.5 / 3.35)
+    point = data["point"]
+    assert point["bound"] == "memory" and point["intensity"] == pytest.approx(100)
+    assert point["time_floor_s"] == pytest.approx(1e9 / 3.35e12)
+
+
+def test_roofline_gemm_table_and_plot(capsys, tmp_path):
+    plot = tmp_path / "roof.png"
+    assert main(["roofline", "--gpu", "a100-sxm-80gb", "--gemm", "4096x4096x4096", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "compute" in out and "gemm 4096x4096x4096" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_vram_standard_vs_flash(capsys):
+    data = _json(capsys, ["vram", "--seq-len", "4096", "--num-heads", "32", "--head-dim", "128", "--json"])
+    standard, flash = data["standard"], data["flash"]
+    assert standard["scores_bytes"] == 32 * 4096 * 4096 * 2
+    assert flash["scores_bytes"] == 0 and flash["softmax_stats_bytes"] == 32 * 4096 * 4
+    assert data["saving"] == pytest.approx(standard["peak_bytes"] / flash["peak_bytes"])
+    assert data["seed_000_standard_gb"]["attention_matrix"] == pytest.approx(4096 * 4096 * 2 / 1e9)
+    assert (
+        main(
+            [
+                "vram",
+                "--seq-len",
+                "1024",
+                "--num-heads",
+                "16",
+                "--head-dim",
+                "64",
+                "--batch-size",
+                "2",
+                "--num-kv-heads",
+                "4",
+                "--training",
+                "--dtype",
+                "bf16",
+            ]
+        )
+        == 0
+    )
+    table = capsys.readouterr().out
+    assert "backward peak" in table and "(4 KV)" in table
+
+
+def test_mfu_seed_003_example(capsys):
+    data = _json(
+        capsys,
+        ["mfu", "--gpu", "h100-sxm", "--gemm", "4096,4096,4096", "--ms", "0.5", "--dtype", "fp16", "--json"],
+    )
+    assert round(data["mfu"] * 100, 1) == 27.8
+    assert round(data["achieved_flops_per_s"] / 1e12, 1) == 274.9
+    data = _json(
+        capsys, ["mfu", "--gpu", "h100", "--attention", "1,8,1024,64", "--causal", "--ms", "1", "--json"]
+    )
+    assert data["flops"] == 4 * 8 * 64 * (1024 * 1025 // 2)
+
+
+def test_waves_seed_001(capsys):
+    data = _json(capsys, ["waves", "--gpu", "a100", "--gemm", f"{109 * 128},128,64", "--json"])
+    assert (data["tiles"], data["waves"], data["sm_count"]) == (109, 2, 108)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["roofline", "--gpu", "v100"], "valid ids: a100-sxm-80gb"),
+        (["roofline", "--gpu", "h100", "--flops", "10"], "--flops and --bytes go together"),
+        (["roofline", "--gpu", "h100", "--flops", "-1", "--bytes", "2"], "flops must be"),
+        (["roofline", "--gpu", "a100", "--dtype", "fp8"], "accepted dtypes"),
+        (["vram", "--seq-len", "-5", "--num-heads", "8", "--head-dim", "64"], "batch|seq"),
+        (
+            ["vram", "--seq-len", "64", "--num-heads", "8", "--head-dim", "64", "--num-kv-heads", "3"],
+            "heads_kv",
+        ),
+        (["mfu", "--gpu", "h100", "--ms", "1"], "give --flops"),
+        (["mfu", "--gpu", "h100", "--ms", "0", "--flops", "1e9"], "seconds"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert re.search(message, err)
