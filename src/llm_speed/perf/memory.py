@@ -22,9 +22,9 @@ from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
 # Seed 000's bandwidth table (bytes/s), its own A100 figures; kept verbatim so its numbers reproduce.
 # The per-GPU figures of the project live in llm_speed.perf.gpus.
 SEED_MEMORY_BANDWIDTH: dict[str, float] = {
-    "shared_memory": 19e12,  # 19 TB/s (seed 000, seed 001 page 10: SRAM ~19 TB/s on A100)
-    "l2_cache": 1.5e12,  # seed 000's figure
-    "hbm": 1.5e12,  # seed 000: 1.5 TB/s (A100 40 GB datasheet: 1,555 GB/s)
+    "shared_memory": 19e12,  # seed 000; FlashAttention paper (Dao et al. 2022), Fig. 1: A100 SRAM 19 TB/s
+    "l2_cache": 1.5e12,  # seed 000 gives L2 the HBM figure (A100 whitepaper: L2 reads 5,120 B/clk, ~7 TB/s)
+    "hbm": 1.5e12,  # seed 000; A100 40 GB datasheet: 1,555 GB/s
 }
 
 
@@ -45,8 +45,9 @@ def analyze_memory_hierarchy() -> dict[str, dict[str, float]]:
     """Seed 000: per memory level, bandwidth in TB/s and the time to stream 1 KB.
 
     ``latency_ns = 1024 / bandwidth * 1e9`` for each level of :data:`SEED_MEMORY_BANDWIDTH`. This "latency" is
-    a transfer time at full bandwidth, not an access latency (real HBM latency is ~500-800 ns, L2 ~200 ns,
-    shared memory ~20-30 cycles; see docs/performance-model.md).
+    the time to stream 1 KB at full bandwidth, not an access latency: a single access costs tens of cycles
+    in shared memory and hundreds of cycles in L2 and HBM (Jia et al., "Dissecting the NVIDIA Volta GPU
+    Architecture via Microbenchmarking", 2018), whatever the bandwidth.
     """
     return {
         level: {"bandwidth_tb_s": bandwidth / 1e12, "latency_ns": 1024 / bandwidth * 1e9}
