@@ -1,0 +1,370 @@
+"""CLI commands on model configs: ``models``, ``kv-cache``, ``analyze`` and ``train-memory``.
+
+Tables go through :func:`llm_speed._output.print_table`, JSON through :func:`llm_speed._output.dump_json`.
+``--model`` takes a zoo id or a path to a Hugging Face config.json (or its directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from rich.console import Console
+
+from llm_speed._output import dump_json, print_table
+from llm_speed.perf.distributed import PIPELINE_SCHEDULES, ZERO_STAGES, train_memory
+from llm_speed.perf.inference import InferenceAnalysis, analyze_inference, decode_batch_sweep
+from llm_speed.perf.kv_cache import kv_cache_size
+from llm_speed.perf.models import get_model, list_models, param_count, resolve_model
+from llm_speed.perf.training import RECOMPUTE_MODES
+
+GB = 1e9  # decimal, like the GPU table's capacities
+MS = 1e3
+
+
+def _models(args: argparse.Namespace) -> int:
+    rows = []
+    for name in list_models():
+        config = get_model(name)
+        counts = param_count(config)
+        rows.append(
+            {
+                "id": name,
+                "attention": config.attention_type,
+                "layers": config.num_layers,
+                "hidden_size": config.hidden_size,
+                "heads": config.num_attention_heads,
+                "kv_heads": config.num_kv_heads,
+                "head_dim": config.head_dim,
+                "intermediate_size": config.intermediate_size,
+                "vocab_size": config.vocab_size,
+                "experts": f"{config.experts_per_token}/{config.num_experts}" if config.is_moe else None,
+                "sliding_window": config.sliding_window,
+                "params_total": counts.total,
+                "params_active": counts.active,
+                "source": config.source,
+            }
+        )
+    if args.json:
+        dump_json(rows)
+        return 0
+    print_table(
+        "Model zoo",
+        ["id", "attn q/kv", "layers", "hidden", "k/E", "params B", "active B"],
+        [
+            [
+                r["id"],
+                f"{r['attention']} {r['heads']}/{r['kv_heads']}",
+                r["layers"],
+                r["hidden_size"],
+                r["experts"],
+                r["params_total"] / 1e9,
+                r["params_active"] / 1e9,
+            ]
+            for r in rows
+        ],
+        caption="k/E: experts per token / experts. --json has every field and its config.json source.",
+    )
+    return 0
+
+
+def _kv_cache(args: argparse.Namespace) -> int:
+    size = kv_cache_size(args.model, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype)
+    if args.json:
+        dump_json(size)
+        return 0
+    print_table(
+        f"KV cache of {size.model} ({size.attention_type}), {size.dtype}",
+        [
+            "seq_len",
+            "batch",
+            "cached tokens/seq",
+            "elements/token/layer",
+            "bytes/token/layer",
+            "bytes/token",
+            "per sequence (GB)",
+            "total (GB)",
+        ],
+        [
+            [
+                size.seq_len,
+                size.batch_size,
+                size.cached_tokens,
+                size.elements_per_token_per_layer,
+                size.bytes_per_token_per_layer,
+                size.bytes_per_token,
+                size.bytes_per_sequence / GB,
+                size.total_bytes / GB,
+            ]
+        ],
+        caption="Quantized caches exclude their scale factors; a sliding window caps the cached tokens.",
+    )
+    return 0
+
+
+def print_inference_analysis(analysis: InferenceAnalysis, console: Console | None = None) -> None:
+    """Render an :class:`InferenceAnalysis`: one op table per phase, then totals and speed bounds."""
+    console = console or Console()
+    for phase in ("prefill", "decode"):
+        ops = [op for op in analysis.ops if op.phase == phase]
+        if phase == "prefill":
+            what = f"{analysis.batch_size} x {analysis.seq_len} prompt tokens"
+        else:
+            what = f"one step, batch {analysis.batch_size}, context {analysis.decode_context}"
+        print_table(
+            f"{analysis.model} on {analysis.gpu} ({analysis.dtype}): {phase}, {what}",
+            ["op", "count", "GFLOP", "MB", "FLOP/B", "bound", "floor (ms)"],
+            [
+                [
+                    op.name,
+                    op.count,
+                    op.flops / 1e9,
+                    op.bytes_moved / 1e6,
+                    op.intensity,
+                    op.bound,
+                    op.time_floor_s * MS,
+                ]
+                for op in ops
+            ],
+            console=console,
+        )
+    totals = [(name, getattr(analysis, name)) for name in ("prefill", "decode")]
+    print_table(
+        "Totals",
+        ["phase", "GFLOP", "MB", "FLOP/B", "compute-bound ms", "memory-bound ms", "floor (ms)", "bound"],
+        [
+            [
+                name,
+                t.flops / 1e9,
+                t.bytes_moved / 1e6,
+                t.intensity,
+                t.compute_bound_time_s * MS,
+                t.memory_bound_time_s * MS,
+                t.time_floor_s * MS,
+                t.bound,
+            ]
+            for name, t in totals
+        ],
+        console=console,
+    )
+    print_table(
+        "Speed bounds (time floors: real runs are slower)",
+        [
+            "TTFT (ms)",
+            "decode step (ms)",
+            "tokens/s (batch)",
+            "total (s)",
+            "weights (GB)",
+            "KV cache (GB)",
+            "needs (GB)",
+            "GPU (GB)",
+            "fits",
+        ],
+        [
+            [
+                analysis.ttft_s * MS,
+                analysis.decode_step_s * MS,
+                analysis.decode_tokens_per_s,
+                analysis.total_time_s,
+                analysis.weights_bytes / GB,
+                analysis.kv_cache_bytes / GB,
+                analysis.memory_required_bytes / GB,
+                analysis.gpu_memory_bytes / GB,
+                analysis.fits_in_memory,
+            ]
+        ],
+        caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}.",
+        console=console,
+    )
+
+
+def _plot_analysis(analysis: InferenceAnalysis, path: str) -> None:
+    from llm_speed.perf.plot import PlotPoint, plot_roofline
+
+    points = [
+        PlotPoint(f"{op.phase}:{op.name}", op.flops, op.bytes_moved) for op in analysis.ops if op.flops > 0
+    ]
+    plot_roofline(
+        analysis.gpu,
+        points,
+        path,
+        dtype=analysis.dtype,
+        title=f"{analysis.model} on {analysis.gpu}: batch {analysis.batch_size}, seq {analysis.seq_len}",
+    )
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    analysis = analyze_inference(
+        args.model,
+        args.gpu,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        decode_tokens=args.decode_tokens,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+    )
+    sweep = None
+    if args.sweep:
+        sweep = decode_batch_sweep(
+            args.model, args.gpu, seq_len=args.seq_len, dtype=args.dtype, kv_dtype=args.kv_dtype
+        )
+    if args.plot:
+        _plot_analysis(analysis, args.plot)
+    if args.json:
+        payload = asdict(analysis)
+        if sweep is not None:
+            payload["decode_batch_sweep"] = [asdict(row) for row in sweep]
+        dump_json(payload)
+        return 0
+    console = Console()
+    print_inference_analysis(analysis, console)
+    if sweep is not None:
+        print_table(
+            f"Decode step vs batch size (context {args.seq_len})",
+            ["batch", "FLOP/B", "GEMM FLOP/B", "bound", "step (ms)", "tokens/s", "needs (GB)", "fits"],
+            [
+                [
+                    r.batch_size,
+                    r.intensity,
+                    r.gemm_intensity,
+                    r.bound,
+                    r.step_time_s * MS,
+                    r.tokens_per_s,
+                    r.memory_required_bytes / GB,
+                    r.fits_in_memory,
+                ]
+                for r in sweep
+            ],
+            caption="Weight GEMMs' intensity grows with batch; attention over each own cache does not.",
+            console=console,
+        )
+    if args.plot:
+        console.print(f"roofline plot written to {args.plot}")
+    return 0
+
+
+def _train_memory(args: argparse.Namespace) -> int:
+    config = resolve_model(args.model)
+    result = train_memory(
+        config,
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        ep=args.ep,
+        cp=args.cp,
+        zero=args.zero,
+        micro_batch_size=args.micro_batch_size,
+        seq_len=args.seq_len,
+        num_microbatches=args.num_microbatches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        recompute=args.recompute,
+        gpu=args.gpu,
+    )
+    if args.json:
+        dump_json(result)
+        return 0
+    print_table(
+        f"Training memory per GPU: {result.model} on {result.gpus} GPUs "
+        f"(TP {result.tp}, PP {result.pp}, DP {result.dp}, EP {result.ep}, CP {result.cp}, "
+        f"ZeRO {result.zero_stage})",
+        [
+            "stage",
+            "params/GPU (B)",
+            "weights (GB)",
+            "grads (GB)",
+            "optimizer (GB)",
+            "activations (GB)",
+            "total (GB)",
+            "GPU (GB)",
+            "fits",
+        ],
+        [
+            [
+                result.stage,
+                result.params_per_gpu / 1e9,
+                result.params_bytes / GB,
+                result.grads_bytes / GB,
+                result.optimizer_bytes / GB,
+                result.activation_bytes / GB,
+                result.total_bytes / GB,
+                None if result.gpu_memory_bytes is None else result.gpu_memory_bytes / GB,
+                result.fits,
+            ]
+        ],
+        caption=(
+            f"micro-batch {result.micro_batch_size} x {result.seq_len} tokens, {result.num_microbatches} "
+            f"micro-batches, {result.schedule}, recompute {result.recompute}, sequence parallel "
+            f"{'on' if result.sequence_parallel else 'off'}; mixed-precision Adam (16 bytes/param)."
+        ),
+    )
+    print_table(
+        "Communication and bubble",
+        [
+            "pipeline bubble",
+            "TP bytes/layer/micro-batch (MB)",
+            "DP grad sync/step (GB)",
+            "MoE all-to-all/layer (MB)",
+        ],
+        [
+            [
+                result.bubble_fraction,
+                result.tp_bytes_per_layer / 1e6,
+                result.dp_grad_sync_bytes / GB,
+                result.moe_all_to_all_bytes_per_layer / 1e6,
+            ]
+        ],
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``models``, ``kv-cache``, ``analyze`` and ``train-memory``."""
+    model_help = "zoo id (see `llm-speed models`) or path to a Hugging Face config.json"
+
+    parser = subparsers.add_parser("models", help="list the built-in model configs")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_models)
+
+    parser = subparsers.add_parser(
+        "kv-cache", help="KV-cache size (MHA/MQA/GQA/MLA, sliding window)"
+    )
+    parser.add_argument("--model", required=True, help=model_help)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--dtype", default="bf16", help="cache dtype: fp32, bf16, fp16, fp8, int8, int4")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_kv_cache)
+
+    parser = subparsers.add_parser("analyze", help="prefill and decode of a model on a GPU, op by op")
+    parser.add_argument("--model", required=True, help=model_help)
+    parser.add_argument("--gpu", required=True, help="GPU id (see `llm-speed gpus`)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=2048, help="prompt length")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--dtype", default="bf16", help="weights/activations/compute dtype")
+    parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: --dtype)")
+    parser.add_argument("--sweep", action="store_true", help="also sweep the decode batch size")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline with the ops on it")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=_analyze)
+
+    parser = subparsers.add_parser("train-memory", help="per-GPU training memory for a TP/PP/DP/EP/CP layout")
+    parser.add_argument("--model", required=True, help=model_help)
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--num-microbatches", type=int, default=None, help="default: pp")
+    parser.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES)
+    parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--recompute", default="none", choices=RECOMPUTE_MODES)
+    parser.add_argument("--gpu", default=None, help="GPU id to check the total against its memory")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=_train_memory)

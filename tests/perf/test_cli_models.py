@@ -1,0 +1,168 @@
+"""The models, kv-cache, analyze and train-memory commands, run in-process."""
+
+import json
+
+import pytest
+
+from llm_speed.cli import main
+from llm_speed.perf.kv_cache import kv_cache_size
+from llm_speed.perf.models import list_models
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_models(capsys):
+    rows = _json(capsys, ["models", "--json"])
+    assert [row["id"] for row in rows] == list_models()
+    llama = next(row for row in rows if row["id"] == "llama-3-8b")
+    assert llama["params_total"] == 8_030_261_248 and llama["attention"] == "GQA"
+    assert main(["models"]) == 0
+    assert "deepseek-v3" in capsys.readouterr().out
+
+
+def test_kv_cache(capsys):
+    payload = _json(
+        capsys,
+        [
+            "kv-cache",
+            "--model",
+            "llama-2-7b",
+            "--seq-len",
+            "4096",
+            "--batch-size",
+            "2",
+            "--dtype",
+            "fp8",
+            "--json",
+        ],
+    )
+    expected = kv_cache_size("llama-2-7b", seq_len=4096, batch_size=2, dtype="fp8")
+    assert payload["total_bytes"] == expected.total_bytes == 2 * 1024**3
+    assert main(["kv-cache", "--model", "deepseek-v3", "--seq-len", "128"]) == 0
+    assert "MLA" in capsys.readouterr().out
+
+
+def test_kv_cache_from_config_path(tmp_path, capsys):
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    payload = _json(capsys, ["kv-cache", "--model", str(tmp_path), "--seq-len", "10", "--json"])
+    assert payload["bytes_per_token"] == 2 * 2 * 64 * 2 * 2
+
+
+def test_analyze(capsys):
+    payload = _json(
+        capsys,
+        [
+            "analyze",
+            "--model",
+            "llama-3-8b",
+            "--gpu",
+            "h100",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "512",
+            "--decode-tokens",
+            "32",
+            "--sweep",
+            "--json",
+        ],
+    )
+    assert payload["gpu"] == "h100-sxm" and payload["batch_size"] == 4
+    assert {op["phase"] for op in payload["ops"]} == {"prefill", "decode"}
+    assert payload["decode_tokens_per_s"] == pytest.approx(4 / payload["decode_step_s"])
+    assert len(payload["decode_batch_sweep"]) > 3
+    assert main(["analyze", "--model", "mixtral-8x7b", "--gpu", "h200", "--seq-len", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "expert_gate_up" in out and "TTFT" in out
+
+
+def test_analyze_plot(tmp_path, capsys):
+    pytest.importorskip("llm_speed.perf.plot")
+    path = tmp_path / "roofline.png"
+    assert (
+        main(["analyze", "--model", "llama-3-8b", "--gpu", "h100", "--seq-len", "256", "--plot", str(path)])
+        == 0
+    )
+    assert path.stat().st_size > 1000
+
+
+def test_train_memory(capsys):
+    payload = _json(
+        capsys,
+        [
+            "train-memory",
+            "--model",
+            "llama-3-70b",
+            "--gpus",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "2",
+            "--dp",
+            "4",
+            "--zero",
+            "1",
+            "--micro-batch-size",
+            "1",
+            "--seq-len",
+            "4096",
+            "--gpu",
+            "h100",
+            "--json",
+        ],
+    )
+    assert (payload["tp"], payload["pp"], payload["dp"], payload["zero_stage"]) == (8, 2, 4, 1)
+    assert payload["total_bytes"] == pytest.approx(
+        payload["params_bytes"]
+        + payload["grads_bytes"]
+        + payload["optimizer_bytes"]
+        + payload["activation_bytes"]
+    )
+    assert (
+        main(
+            [
+                "train-memory",
+                "--model",
+                "deepseek-v3",
+                "--gpus",
+                "64",
+                "--tp",
+                "8",
+                "--ep",
+                "8",
+                "--recompute",
+                "full",
+            ]
+        )
+        == 0
+    )
+    assert "Training memory per GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["kv-cache", "--model", "gpt-9", "--seq-len", "8"], "valid ids: llama-2-7b"),
+        (["kv-cache", "--model", "llama-3-8b", "--seq-len", "0"], "seq_len must be a positive int"),
+        (["analyze", "--model", "llama-3-8b", "--gpu", "v100x"], "h100"),
+        (["train-memory", "--model", "llama-3-70b", "--gpus", "64", "--tp", "3"], "valid tp: 1, 2, 4, 8"),
+    ],
+)
+def test_errors_are_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,250 @@
+"""Model zoo, Hugging Face config loading, parameter counts and GEMM shapes."""
+
+import dataclasses
+import json
+
+import pytest
+
+from llm_speed.perf.models import (
+    GemmShape,
+    ModelConfig,
+    gemm_shapes,
+    get_model,
+    list_models,
+    load_hf_config,
+    param_count,
+    resolve_model,
+)
+from llm_speed.perf.training import forward_layer_flops
+
+# Totals published on each model's Hugging Face page (safetensors parameter count) or paper.
+PUBLISHED_TOTALS = {
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-72b": 72_706_203_648,
+}
+
+
+def test_zoo_has_the_required_models():
+    required = {
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3-8b",
+        "llama-3-70b",
+        "llama-3.1-405b",
+        "mistral-7b",
+        "mixtral-8x7b",
+        "qwen2.5-7b",
+        "qwen2.5-72b",
+        "deepseek-v3",
+    }
+    assert required <= set(list_models())
+    for name in list_models():
+        assert get_model(name).source.startswith("https://huggingface.co/")
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
+def test_param_count_matches_published_totals(name):
+    assert param_count(get_model(name)).total == PUBLISHED_TOTALS[name]
+
+
+def test_llama3_8b_count_by_hand():
+    # Independent arithmetic: embeddings and head 2*V*h; per layer q/o 2h^2, k/v 2*h*1024,
+    # MLP 3*h*14336, 2 norms.
+    h, v, layers = 4096, 128256, 32
+    per_layer = 2 * h * h + 2 * h * 1024 + 3 * h * 14336 + 2 * h
+    assert param_count(get_model("llama-3-8b")).total == 2 * v * h + layers * per_layer + h
+
+
+def test_moe_totals_and_active():
+    mixtral = param_count(get_model("mixtral-8x7b"))
+    assert mixtral.active == 12_879_925_248  # 12.9B active (Mixtral paper: 13B)
+    assert mixtral.routed_experts == 8 * 3 * 4096 * 14336 * 32
+    deepseek = param_count(get_model("deepseek-v3"))
+    assert deepseek.total == pytest.approx(671e9, rel=0.005)  # DeepSeek-V3 report: 671B total
+    assert deepseek.active == pytest.approx(37e9, rel=0.02)  # and 37B activated
+    assert param_count(get_model("llama-3-8b")).active == param_count(get_model("llama-3-8b")).total
+
+
+def test_attention_types():
+    assert get_model("llama-2-7b").attention_type == "MHA"
+    assert get_model("llama-3-8b").attention_type == "GQA"
+    assert get_model("deepseek-v3").attention_type == "MLA"
+    mqa = dataclasses.replace(get_model("llama-2-7b"), num_kv_heads=1)
+    assert mqa.attention_type == "MQA"
+
+
+@pytest.mark.parametrize(
+    "alias,expected",
+    [
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
+        ("Llama_2_7b_HF", "llama-2-7b"),
+        ("MIXTRAL", "mixtral-8x7b"),
+        ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ],
+)
+def test_aliases(alias, expected):
+    assert get_model(alias).name == expected
+
+
+def test_unknown_model_lists_valid_ids():
+    with pytest.raises(ValueError, match="llama-3-8b.*deepseek-v3"):
+        get_model("gpt-5")
+    with pytest.raises(TypeError):
+        get_model(7)
+
+
+def test_model_config_validation():
+    base = get_model("llama-3-8b")
+    with pytest.raises(ValueError, match="divisible"):
+        dataclasses.replace(base, num_kv_heads=5)
+    with pytest.raises(ValueError, match="hidden_size"):
+        dataclasses.replace(base, hidden_size=-1)
+    with pytest.raises(ValueError, match="experts_per_token"):
+        dataclasses.replace(base, num_experts=4, experts_per_token=5, moe_intermediate_size=8)
+    with pytest.raises(ValueError, match="MLA"):
+        dataclasses.replace(base, kv_lora_rank=512)
+
+
+def _write(tmp_path, name, data):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(data))
+    return directory
+
+
+def _same_shape(loaded: ModelConfig, zoo: ModelConfig) -> bool:
+    return dataclasses.replace(loaded, name=zoo.name, source=zoo.source) == zoo
+
+
+def test_load_hf_llama_mixtral_qwen(tmp_path):
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "_name_or_path": "meta-llama/Meta-Llama-3-8B",
+    }
+    loaded = load_hf_config(_write(tmp_path, "llama", llama))
+    assert _same_shape(loaded, get_model("llama-3-8b"))
+    assert loaded.name == "meta-llama/Meta-Llama-3-8B"
+
+    mixtral = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+        "hidden_act": "silu",
+    }
+    assert _same_shape(
+        load_hf_config(_write(tmp_path, "mixtral", mixtral) / "config.json"), get_model("mixtral-8x7b")
+    )
+
+    qwen = {
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "sliding_window": 131072,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    }
+    assert _same_shape(load_hf_config(_write(tmp_path, "qwen", qwen)), get_model("qwen2.5-7b"))
+
+
+def test_load_hf_deepseek_v3(tmp_path):
+    deepseek = {
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+        "max_position_embeddings": 163840,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+    path = _write(tmp_path, "dsv3", deepseek)
+    assert _same_shape(load_hf_config(path), get_model("deepseek-v3"))
+    assert resolve_model(str(path)).attention_type == "MLA"
+
+
+def test_load_hf_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="no such"):
+        load_hf_config(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_hf_config(bad)
+    with pytest.raises(ValueError, match="supported: llama, mistral"):
+        load_hf_config(_write(tmp_path, "gpt2", {"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="lacks the key 'intermediate_size'"):
+        load_hf_config(
+            _write(
+                tmp_path,
+                "partial",
+                {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2},
+            )
+        )
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "qwen2.5-7b", "deepseek-v3"])
+def test_gemm_shapes_agree_with_forward_flops(name):
+    # 4096 tokens: DeepSeek's 256 experts get exactly 4096*8/256 = 128 tokens each, so balanced m is exact.
+    config = get_model(name)
+    shapes = gemm_shapes(config, 4096)
+    layers = forward_layer_flops(config, batch_size=1, seq_len=4096)
+    weight_flops = sum(layer.count * (layer.attention_projections + layer.mlp) for layer in layers)
+    lm_head = 2 * 4096 * config.hidden_size * config.vocab_size
+    assert sum(shape.flops for shape in shapes) == weight_flops + lm_head
+
+
+def test_gemm_shapes_of_llama():
+    shapes = {s.name: s for s in gemm_shapes(get_model("llama-3-8b"), 16, lm_head_tokens=2)}
+    assert shapes["qkv"] == GemmShape("qkv", 16, (32 + 2 * 8) * 128, 4096, 32)
+    assert shapes["gate_up"] == GemmShape("gate_up", 16, 2 * 14336, 4096, 32)
+    assert shapes["down"] == GemmShape("down", 16, 4096, 14336, 32)
+    assert shapes["lm_head"] == GemmShape("lm_head", 2, 128256, 4096, 1)
+    moe = {s.name: s for s in gemm_shapes(get_model("mixtral-8x7b"), 1)}
+    assert moe["expert_gate_up"].count == 2 * 32 and moe["expert_gate_up"].m == 1  # top-2 experts, 1 token
+    with pytest.raises(ValueError, match="num_tokens"):
+        gemm_shapes(get_model("llama-3-8b"), 0)
