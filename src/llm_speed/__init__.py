@@ -19,3 +19,10 @@ from llm_speed.perf.memory import (  # noqa: E402
 )
 
 # --- seed-002 helpers (llm_speed.helpers) ---
+from llm_speed import profiler  # noqa: E402, F401  (CUDAProfiler, KernelMetrics, Bottleneck)
+from llm_speed.helpers import (  # noqa: E402
+    AttentionMemoryPool,  # noqa: F401
+    optimal_attention,  # noqa: F401
+    pad_to_alignment,  # noqa: F401
+    safe_flash_attention,  # noqa: F401
+)

@@ -1,0 +1,195 @@
+"""Seed 002's helpers, working: kernel choice by sequence length, an out-of-memory fallback, a buffer pool.
+
+The memory and alignment helpers of the same guide live in :mod:`llm_speed.perf` and are re-exported here:
+:func:`estimate_attention_memory`, :func:`find_optimal_batch_size`, :func:`pad_to_alignment`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from llm_speed import profiler
+from llm_speed.attention.flash import flash_attention
+from llm_speed.attention.naive import naive_attention
+from llm_speed.attention.reference import causal_visible
+from llm_speed.attention.tiled import tiled_attention
+from llm_speed.attention.validation import validate_attention_inputs
+from llm_speed.perf.gemm_shapes import pad_to_alignment
+from llm_speed.perf.memory import estimate_attention_memory, find_optimal_batch_size
+
+__all__ = [
+    "AttentionMemoryPool",
+    "estimate_attention_memory",
+    "find_optimal_batch_size",
+    "optimal_attention",
+    "pad_to_alignment",
+    "safe_flash_attention",
+]
+
+# Seed 002's kernel-choice thresholds ("1. 内核选择指南"): FlashAttention from 512 tokens on, tiled attention
+# from 128, and the naive kernel, cheapest to launch, below that.
+FLASH_MIN_SEQ_LEN = 512
+TILED_MIN_SEQ_LEN = 128
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def optimal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, scale: float | None = None
+) -> torch.Tensor:
+    """Attention through the implementation seed 002 recommends for the sequence length.
+
+    The longer of seq_q and seq_kv decides (equal lengths: q's, as in the seed): >= 512 flash, >= 128 tiled,
+    else naive. Unlike the seed's code, ``is_causal`` and ``scale`` reach every implementation (the seed
+    dropped ``is_causal`` for tiled and naive). All three give the same result within rounding, with
+    llm_speed's semantics (bottom-right causal mask, GQA/MQA).
+    """
+    validate_attention_inputs(q, k, v)
+    _check_bool("is_causal", is_causal)
+    seq_len = max(q.shape[2], k.shape[2])
+    if seq_len >= FLASH_MIN_SEQ_LEN:
+        impl, attention = "flash", flash_attention
+    elif seq_len >= TILED_MIN_SEQ_LEN:
+        impl, attention = "tiled", tiled_attention
+    else:
+        impl, attention = "naive", naive_attention
+    out = attention(q, k, v, is_causal=is_causal, scale=scale)
+    profiler.record_attention_call(f"optimal_attention ({impl})", q, k, is_causal=is_causal, impl=impl)
+    return out
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` with llm_speed's semantics.
+
+    SDPA aligns its causal mask top-left; this passes a bottom-right mask when seq_q != seq_kv and sets the
+    rows that see no key to 0, as :func:`llm_speed.flash_attention` does. GQA uses SDPA's ``enable_gqa``.
+    """
+    validate_attention_inputs(q, k, v)
+    seq_q, seq_kv = q.shape[2], k.shape[2]
+    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if not is_causal or seq_q == seq_kv:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, scale=scale, **extra
+        )
+    visible = causal_visible(seq_q, seq_kv, q.device)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, **extra)
+    blind_rows = ~visible.any(dim=-1)  # queries before the first key when seq_q > seq_kv
+    return out.masked_fill(blind_rows[:, None], 0.0)
+
+
+def safe_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fallback_to_torch: bool = True,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """:func:`llm_speed.flash_attention`, falling back to PyTorch SDPA when it runs out of memory.
+
+    Seed 002's production pattern. Only out-of-memory errors (``torch.cuda.OutOfMemoryError`` or a
+    RuntimeError saying "out of memory") fall back, and a RuntimeWarning says so; every other error, and
+    out-of-memory with ``fallback_to_torch=False``, propagates. The fallback keeps llm_speed's semantics
+    (see :func:`sdpa_attention`).
+    """
+    _check_bool("fallback_to_torch", fallback_to_torch)
+    _check_bool("is_causal", is_causal)
+    try:
+        out = flash_attention(q, k, v, is_causal=is_causal, scale=scale)
+        impl = "flash"
+    except RuntimeError as error:
+        if not fallback_to_torch or not _is_out_of_memory(error):
+            raise
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        warnings.warn(
+            f"safe_flash_attention: flash_attention ran out of memory ({first_line}); "
+            "falling back to torch scaled_dot_product_attention",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        out = sdpa_attention(q, k, v, is_causal=is_causal, scale=scale)
+        impl = "naive"  # cost model of a materialising fallback; SDPA's real traffic depends on its backend
+    profiler.record_attention_call(f"safe_flash_attention ({impl})", q, k, is_causal=is_causal, impl=impl)
+    return out
+
+
+def _pool_size(name: str, value: object, limit: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1 or (limit is not None and value > limit):
+        accepted = f"1 to {limit}" if limit is not None else ">= 1"
+        raise ValueError(f"{name} must be {accepted}, got {value}")
+    return value
+
+
+class AttentionMemoryPool:
+    """Buffers for Q, K, V and the output, allocated once and handed out as views (seed 002, section 5).
+
+    The four ``[max_batch, heads, max_seq_len, head_dim]`` buffers are made at construction (uninitialised,
+    like ``torch.empty``); :meth:`get_tensors` returns ``[batch_size, heads, seq_len, head_dim]`` views of
+    them, so repeated calls allocate nothing. The views share the pool's memory: writing into them changes
+    the pool, and the next ``get_tensors`` call returns the same memory again. For ``seq_len <
+    max_seq_len`` the views are strided (not contiguous); llm_speed's kernels read them in place.
+
+    ``device`` defaults to the current CUDA device when there is one (the seed hard-coded 'cuda'), else
+    the CPU; ``dtype`` defaults to float16, as in the seed.
+    """
+
+    def __init__(
+        self,
+        max_batch: int,
+        heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.max_batch = _pool_size("max_batch", max_batch)
+        self.heads = _pool_size("heads", heads)
+        self.max_seq_len = _pool_size("max_seq_len", max_seq_len)
+        self.head_dim = _pool_size("head_dim", head_dim)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        shape = (self.max_batch, self.heads, self.max_seq_len, self.head_dim)
+        self.q = torch.empty(shape, device=device, dtype=dtype)
+        self.k = torch.empty_like(self.q)
+        self.v = torch.empty_like(self.q)
+        self.output = torch.empty_like(self.q)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the four buffers."""
+        return 4 * self.q.numel() * self.q.element_size()
+
+    def get_tensors(
+        self, batch_size: int, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views ``(q, k, v, output)`` of shape ``[batch_size, heads, seq_len, head_dim]`` into the pool.
+
+        Raises ValueError when ``batch_size`` exceeds ``max_batch`` or ``seq_len`` exceeds ``max_seq_len``
+        (the seed's slicing silently returned smaller tensors then).
+        """
+        batch_size = _pool_size("batch_size", batch_size, self.max_batch)
+        seq_len = _pool_size("seq_len", seq_len, self.max_seq_len)
+        return (
+            self.q[:batch_size, :, :seq_len, :],
+            self.k[:batch_size, :, :seq_len, :],
+            self.v[:batch_size, :, :seq_len, :],
+            self.output[:batch_size, :, :seq_len, :],
+        )

@@ -1,0 +1,249 @@
+"""llm_speed.profiler: real figures where measurable, None with a reason where not, roofline bottlenecks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import cuda_llm_ops
+from llm_speed import profiler as prof
+from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER
+from llm_speed.perf.gpus import get_gpu
+from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+
+H100 = get_gpu("h100-sxm")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def sleeper(ms: float):
+    def run(*args, **kwargs):
+        time.sleep(ms / 1e3)
+
+    return run
+
+
+def test_profile_block_with_recorded_calls_on_cpu():
+    q = torch.randn(1, 2, 16, 16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("two calls"):
+        cuda_llm_ops.flash_attention(q, k, v, 0.0, True)
+        cuda_llm_ops.naive_attention(q, k, v)
+    metrics = profiler.get_metrics()
+    causal = attention_cost(1, 2, 16, 16, 16, dtype=torch.float32, causal=True, impl="flash")
+    full = attention_cost(1, 2, 16, 16, 16, dtype=torch.float32, causal=False, impl="naive")
+    assert metrics.name == "two calls" and metrics.timer == HOST_TIMER and metrics.iterations == 1
+    assert metrics.flops == causal.flops + full.flops
+    assert metrics.bytes_moved == causal.bytes_moved + full.bytes_moved
+    assert metrics.elapsed_ms > 0
+    assert metrics.tflops == pytest.approx(metrics.flops / (metrics.elapsed_ms * 1e-3) / 1e12)
+    assert metrics.memory_bandwidth_gb == pytest.approx(
+        metrics.bytes_moved / (metrics.elapsed_ms * 1e-3) / 1e9
+    )
+    assert metrics.arithmetic_intensity == pytest.approx(metrics.flops / metrics.bytes_moved)
+    assert metrics.dtype == "fp32" and metrics.device == "cpu"
+    # No GPU peaks on a CPU: None, each with the reason; never a 0.
+    for field in ("compute_utilization", "bandwidth_utilization", "roofline_fraction", "bottleneck", "gpu"):
+        assert getattr(metrics, field) is None
+        assert "cpu" in metrics.unavailable[field]
+    for field in ("sm_occupancy", "l2_hit_rate"):
+        assert getattr(metrics, field) is None and "Nsight Compute" in metrics.unavailable[field]
+    assert any("host clock" in note for note in metrics.notes)
+
+
+def test_profile_block_without_cost_and_with_explicit_cost():
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("opaque"):
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    opaque = profiler.get_metrics("opaque")
+    assert opaque.elapsed_ms > 0 and opaque.tflops is None and opaque.flops is None
+    assert opaque.unavailable["tflops"] == prof.NO_COST_REASON
+    with profiler.profile("declared", flops=2 * 64**3, bytes_moved=3 * 64 * 64 * 4, dtype=torch.float32):
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    declared = profiler.get_metrics()
+    assert declared.name == "declared" and declared.flops == 2 * 64**3 and declared.tflops > 0
+    assert profiler.get_metrics("opaque") is opaque
+    assert [m.name for m in profiler.history] == ["opaque", "declared"]
+
+
+def test_profile_blocks_nest_and_failed_blocks_record_nothing():
+    q = torch.randn(1, 1, 8, 16)
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("outer"):
+        cuda_llm_ops.naive_attention(q, q, q)
+        with profiler.profile("inner"):
+            cuda_llm_ops.naive_attention(q, q, q)
+    single = attention_cost(1, 1, 8, 8, 16, dtype=torch.float32, impl="naive").flops
+    assert profiler.get_metrics("inner").flops == single
+    assert profiler.get_metrics("outer").flops == 2 * single
+    with pytest.raises(ZeroDivisionError):
+        with profiler.profile("broken"):
+            raise ZeroDivisionError
+    assert not prof.is_recording()
+    with pytest.raises(ValueError, match="no metrics called 'broken'"):
+        profiler.get_metrics("broken")
+    with pytest.raises(ValueError, match="nothing profiled yet"):
+        prof.CUDAProfiler("cpu").get_metrics()
+    # Outside any block, calls report nothing and cost nothing.
+    cuda_llm_ops.naive_attention(q, q, q)
+
+
+def test_gemm_calls_report_their_cost():
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("gemm"):
+        cuda_llm_ops.gemm(a, b)
+        cuda_llm_ops.tensor_core_gemm(a.half(), b.half())
+    expected = gemm_cost(16, 8, 32, dtype="fp32").bytes_moved
+    expected += gemm_cost(16, 8, 32, dtype="fp16", out_dtype="fp32").bytes_moved
+    metrics = profiler.get_metrics()
+    assert metrics.flops == 2 * 2 * 16 * 8 * 32 and metrics.bytes_moved == expected
+    assert metrics.dtype is None  # an fp32 and an fp16 call: no single peak would apply
+
+
+def test_kernel_metrics_against_gpu_peaks(monkeypatch):
+    monkeypatch.setattr(prof, "_gpu_spec", lambda device: (H100, None))
+    device = torch.device("cuda")
+    # A GEMM-like problem far right of the ridge, running at half the roofline speed: compute-bound.
+    flops, bytes_moved = 2 * 4096.0**3, 3 * 4096 * 4096 * 2.0
+    floor_s = max(flops / H100.peak_flops("fp16"), bytes_moved / H100.memory_bandwidth)
+    metrics = prof.kernel_metrics(
+        2 * floor_s * 1e3,
+        flops=flops,
+        bytes_moved=bytes_moved,
+        dtype=torch.float16,
+        device=device,
+        timer=CUDA_TIMER,
+        iterations=10,
+        name="gemm",
+    )
+    assert metrics.bottleneck is prof.Bottleneck.COMPUTE_BOUND and metrics.gpu == "h100-sxm"
+    assert metrics.roofline_fraction == pytest.approx(0.5)
+    assert metrics.compute_utilization == pytest.approx(0.5)
+    assert metrics.bandwidth_utilization == pytest.approx(bytes_moved / (2 * floor_s) / H100.memory_bandwidth)
+    # A copy-like problem (intensity 0.25) at 80% of its floor: memory-bound.
+    flops, bytes_moved = 1e9, 4e9
+    floor_ms = bytes_moved / H100.memory_bandwidth * 1e3
+    metrics = prof.kernel_metrics(
+        floor_ms / 0.8,
+        flops=flops,
+        bytes_moved=bytes_moved,
+        dtype="bf16",
+        device=device,
+        timer=CUDA_TIMER,
+        iterations=10,
+    )
+    assert metrics.bottleneck is prof.Bottleneck.MEMORY_BOUND
+    assert metrics.bandwidth_utilization == pytest.approx(0.8)
+    # The same work taking 20x its floor keeps neither unit busy: latency-bound.
+    metrics = prof.kernel_metrics(
+        20 * floor_ms,
+        flops=flops,
+        bytes_moved=bytes_moved,
+        dtype="bf16",
+        device=device,
+        timer=CUDA_TIMER,
+        iterations=10,
+    )
+    assert metrics.bottleneck is prof.Bottleneck.LATENCY_BOUND
+    assert metrics.roofline_fraction == pytest.approx(0.05)
+    # A dtype without a peak on this GPU, or mixed dtypes: utilisation None with the reason.
+    metrics = prof.kernel_metrics(
+        1.0, flops=flops, bytes_moved=bytes_moved, dtype="int4", device=device, timer=CUDA_TIMER, iterations=1
+    )
+    assert (
+        metrics.compute_utilization is None
+        and "no peak for int4" in metrics.unavailable["compute_utilization"]
+    )
+    assert metrics.bandwidth_utilization is not None and metrics.bottleneck is None
+    metrics = prof.kernel_metrics(
+        1.0, flops=flops, bytes_moved=bytes_moved, dtype=None, device=device, timer=CUDA_TIMER, iterations=1
+    )
+    assert "several dtypes" in metrics.unavailable["compute_utilization"]
+
+
+def test_zero_time_gives_no_rates():
+    metrics = prof.kernel_metrics(
+        0.0,
+        flops=1e6,
+        bytes_moved=1e6,
+        dtype="fp16",
+        device=torch.device("cpu"),
+        timer=HOST_TIMER,
+        iterations=1,
+    )
+    assert metrics.tflops is None and "0.0 ms" in metrics.unavailable["tflops"]
+
+
+def test_profile_attention_and_gemm_on_cpu():
+    profiler = prof.CUDAProfiler("cpu")
+    metrics = profiler.profile_attention(
+        cuda_llm_ops.naive_attention, 1, 2, 16, 16, torch.float32, 1, 3, is_causal=True, impl="naive"
+    )
+    cost = attention_cost(1, 2, 16, 16, 16, dtype="fp32", causal=True, impl="naive")
+    assert metrics.name == "naive_attention" and metrics.flops == cost.flops and metrics.iterations == 3
+    assert metrics.elapsed_ms == profiler.last_timing.median_ms and metrics.tflops > 0
+    metrics = profiler.profile_gemm(cuda_llm_ops.tensor_core_gemm, 16, 8, 32, torch.float16, 1, 3)
+    assert metrics.bytes_moved == gemm_cost(16, 8, 32, dtype="fp16", out_dtype="fp32").bytes_moved
+    metrics = profiler.profile_gemm(cuda_llm_ops.tensor_core_gemm_int8, 16, 8, 32, torch.int8, 1, 2)
+    assert metrics.dtype == "int8" and metrics.tflops > 0
+    assert metrics.bytes_moved == 16 * 32 + 32 * 8 + 16 * 8 * 4  # int8 in, int32 out
+    assert profiler.get_metrics() is metrics
+    with pytest.raises(ValueError, match="seq_len: expected an integer >= 1"):
+        profiler.profile_attention(cuda_llm_ops.naive_attention, 1, 2, 0, 16)
+    with pytest.raises(ValueError, match="iterations"):
+        profiler.measure_time(sleeper(0), iterations=0)
+    with pytest.raises(TypeError, match="func"):
+        profiler.measure_time("not callable")
+
+
+def test_measure_time_and_compare_with_reference():
+    profiler = prof.CUDAProfiler()
+    assert profiler.measure_time(sleeper(2), warmup=0, iterations=3) >= 2
+    assert profiler.last_timing.iterations == 3 and profiler.last_timing.timer == HOST_TIMER
+    result = profiler.compare_with_reference(sleeper(1), sleeper(10), torch.zeros(1), warmup=0, iterations=3)
+    assert result["reference_ms"] >= 10 and result["custom_ms"] >= 1
+    assert result["speedup"] == pytest.approx(result["reference_ms"] / result["custom_ms"])
+    assert result["relative_perf"] == pytest.approx(1 / result["speedup"])
+    assert result["speedup"] > 1 and result["timer"] == HOST_TIMER
+
+
+def test_old_benchmark_functions_and_printout(capsys):
+    from cuda_llm_ops.profiler import benchmark_attention, benchmark_gemm, print_benchmark_results
+
+    rows = benchmark_attention([16], 1, 1, 16, torch.float32, warmup=0, iterations=2, device="cpu")
+    assert list(rows[0]) == [
+        "seq_len",
+        "custom_ms",
+        "custom_tflops",
+        "reference_ms",
+        "reference_tflops",
+        "speedup",
+        "bottleneck",
+    ]
+    assert rows[0]["bottleneck"] is None and rows[0]["custom_tflops"] > 0
+    gemm_rows = benchmark_gemm([(16, 16, 16)], torch.float32, warmup=0, iterations=2, device="cpu")
+    assert gemm_rows[0]["relative_perf"] > 0
+    print_benchmark_results(rows + gemm_rows, title="CPU")
+    printed = capsys.readouterr().out
+    assert "CPU".center(60) in printed and "Speedup: " in printed and "% of cuBLAS" in printed
+    assert "Bottleneck: unknown" in printed
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_profile_block_on_gpu_has_every_figure():
+    q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16)
+    cuda_llm_ops.flash_attention(q, q, q)
+    profiler = prof.CUDAProfiler()
+    with profiler.profile("flash"):
+        cuda_llm_ops.flash_attention(q, q, q)
+    metrics = profiler.get_metrics()
+    assert metrics.timer == CUDA_TIMER and metrics.elapsed_ms > 0
+    if metrics.gpu is not None:
+        assert 0 < metrics.compute_utilization < 1 and 0 < metrics.bandwidth_utilization < 1.5
+        assert isinstance(metrics.bottleneck, prof.Bottleneck)
+    metrics = profiler.profile_attention(cuda_llm_ops.flash_attention, 2, 8, 1024, 64)
+    assert metrics.timer == CUDA_TIMER and metrics.tflops > 0
