@@ -8,7 +8,7 @@ import sys
 
 # Each module defines ``register(subparsers)`` which adds its commands with ``set_defaults(func=...)``;
 # ``func(args)`` returns the process exit code.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("llm_speed.bench.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:

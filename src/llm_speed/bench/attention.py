@@ -1,0 +1,318 @@
+"""The attention benchmark: llm-speed's flash, tiled and naive kernels against torch SDPA (each backend on its
+own) and the ``flash_attn`` package, on one device, with the performance model's prediction beside each row.
+
+SDPA's ``is_causal`` aligns the mask top-left and llm-speed's bottom-right; the two agree when
+seq_q == seq_kv, which is the only case benchmarked here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from llm_speed._output import print_table
+from llm_speed.bench import report
+from llm_speed.bench.report import Measurement
+
+LLM_SPEED_IMPLS = ("flash", "tiled", "naive")
+SDPA_BACKENDS = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-math": "MATH",
+}
+# "sdpa" lets torch pick the backend, as a user calling F.scaled_dot_product_attention gets.
+IMPLS = (*LLM_SPEED_IMPLS, "sdpa", *SDPA_BACKENDS, "flash_attn")
+MODES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = ("fp16", "bf16", "fp32")
+
+# The performance model's traffic class for each implementation (kernel_costs.attention_cost's ``impl``):
+# fused kernels keep scores on chip like flash; the math backend materialises them like naive.
+COST_CLASS = {
+    "flash": "flash",
+    "tiled": "tiled",
+    "naive": "naive",
+    "sdpa": "flash",
+    "sdpa-flash": "flash",
+    "sdpa-efficient": "flash",
+    "sdpa-cudnn": "flash",
+    "sdpa-math": "naive",
+    "flash_attn": "flash",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSettings:
+    """One attention benchmark run: shapes, dtype, what to time and how often."""
+
+    seq_lengths: tuple[int, ...]
+    batch_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    mode: str
+    impls: tuple[str, ...]
+    warmup: int
+    iterations: int
+    device: str
+
+
+# Defaults: seed 002's configuration on a GPU; shapes small enough for a CPU (and Triton's interpreter).
+GPU_DEFAULTS = {
+    "seq_lengths": (512, 1024, 2048, 4096, 8192),
+    "batch_size": 2,
+    "num_heads": 8,
+    "head_dim": 64,
+    "dtype": "fp16",
+    "warmup": 10,
+    "iterations": 50,
+}
+CPU_DEFAULTS = {
+    "seq_lengths": (64, 128),
+    "batch_size": 1,
+    "num_heads": 2,
+    "head_dim": 32,
+    "dtype": "fp32",
+    "warmup": 1,
+    "iterations": 3,
+}
+
+
+@dataclasses.dataclass(kw_only=True)
+class AttentionMeasurement(Measurement):
+    """A :class:`Measurement` of one attention implementation at one sequence length."""
+
+    seq_len: int
+    memory_saved_vs_naive_bytes: int | None = None  # naive's peak minus this one's (CUDA, when naive ran)
+
+
+def check_settings(settings: AttentionSettings) -> None:
+    """ValueError naming the setting when a value is out of range."""
+    for name in ("batch_size", "num_heads", "num_kv_heads", "head_dim", "iterations"):
+        if getattr(settings, name) < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {getattr(settings, name)}")
+    if settings.warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
+    if not settings.seq_lengths or min(settings.seq_lengths) < 1:
+        raise ValueError(f"seq_lengths: expected integers >= 1, got {list(settings.seq_lengths)}")
+    if settings.num_heads % settings.num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads: must divide num_heads ({settings.num_heads}), got {settings.num_kv_heads}"
+        )
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    if settings.mode not in MODES:
+        raise ValueError(f"mode: {settings.mode!r} is not supported; accepted: {', '.join(MODES)}")
+    unknown = [impl for impl in settings.impls if impl not in IMPLS]
+    if unknown or not settings.impls:
+        raise ValueError(f"impl: unknown {unknown or 'empty list'}; accepted: {', '.join(IMPLS)}")
+
+
+def _forward(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], Any]:
+    """A no-argument function computing attention with ``impl`` on [B, H, S, D] inputs."""
+    if impl in LLM_SPEED_IMPLS:
+        import llm_speed
+
+        function = getattr(llm_speed, f"{impl}_attention")
+        return lambda: function(q, k, v, is_causal=causal)
+    if impl == "sdpa" or impl in SDPA_BACKENDS:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if k.shape[1] != q.shape[1]:
+            return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+        return lambda: sdpa(q, k, v, is_causal=causal)
+    if impl == "flash_attn":
+        from flash_attn import flash_attn_func
+
+        # flash_attn takes [B, S, H, D]; the transposed views keep the last dim contiguous, as it requires.
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        return lambda: flash_attn_func(q_t, k_t, v_t, causal=causal)
+    raise ValueError(f"impl: unknown {impl!r}; accepted: {', '.join(IMPLS)}")
+
+
+def _backend_context(impl: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """The SDPA backend restriction for ``impl`` (none for the others)."""
+    if impl not in SDPA_BACKENDS:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+    return lambda: sdpa_kernel(backend)
+
+
+def _workload_builder(impl: str, settings: AttentionSettings, seq_len: int, device: torch.device):
+    """A function that makes the inputs and returns the no-argument function to time for ``settings.mode``."""
+
+    def build() -> Callable[[], Any]:
+        dtype = report.TORCH_DTYPES[settings.dtype]
+        needs_grad = settings.mode != "fwd"
+        shape_q = (settings.batch_size, settings.num_heads, seq_len, settings.head_dim)
+        shape_kv = (settings.batch_size, settings.num_kv_heads, seq_len, settings.head_dim)
+        q = torch.randn(shape_q, device=device, dtype=dtype, requires_grad=needs_grad)
+        k = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=needs_grad)
+        v = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=needs_grad)
+        forward = _forward(impl, q, k, v, settings.causal)
+        if settings.mode == "fwd":
+            return forward
+        inputs = (q, k, v)
+        if settings.mode == "bwd":
+            # Time the backward alone: one forward now, its graph kept for every timed backward.
+            out = forward()
+            grad_out = torch.randn_like(out)
+            return lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+        with torch.no_grad():
+            grad_out = torch.randn_like(forward())
+        return lambda: torch.autograd.grad(forward(), inputs, grad_out)
+
+    return build
+
+
+def _unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
+    """Why ``impl`` cannot run here at all (before trying), or None."""
+    if impl == "flash_attn":
+        if importlib.util.find_spec("flash_attn") is None:
+            return "the flash_attn package is not installed"
+        if device.type != "cuda":
+            return "flash_attn runs on CUDA devices only"
+        if settings.dtype == "fp32":
+            return "flash_attn supports fp16 and bf16 only"
+    return None
+
+
+def fill_memory_saved(case_rows: Sequence[AttentionMeasurement]) -> None:
+    """Memory saved vs naive for the rows of one case: naive's peak minus each row's, where both were
+    measured (CUDA only; on a CPU, or when naive did not run, it stays None)."""
+    naive = next((r for r in case_rows if r.impl == "naive" and r.peak_memory_bytes is not None), None)
+    if naive is None:
+        return
+    for row in case_rows:
+        if row.peak_memory_bytes is not None:
+            row.memory_saved_vs_naive_bytes = naive.peak_memory_bytes - row.peak_memory_bytes
+
+
+def run_attention(settings: AttentionSettings, *, show_progress: bool = True) -> list[AttentionMeasurement]:
+    """Measure every implementation in ``settings.impls`` at every sequence length."""
+    from llm_speed.perf.kernel_costs import attention_cost
+
+    check_settings(settings)
+    device = torch.device(settings.device)
+    rows: list[AttentionMeasurement] = []
+    total = len(settings.seq_lengths) * len(settings.impls)
+    progress = report.progress(total, "attention") if show_progress else contextlib.nullcontext(None)
+    with progress as advance:
+        for seq_len in settings.seq_lengths:
+            case_rows = []
+            for impl in settings.impls:
+                cost = attention_cost(
+                    settings.batch_size,
+                    settings.num_heads,
+                    seq_len,
+                    seq_len,
+                    settings.head_dim,
+                    heads_kv=settings.num_kv_heads,
+                    dtype=settings.dtype,
+                    causal=settings.causal,
+                    mode=settings.mode,
+                    impl=COST_CLASS[impl],
+                )
+                row = AttentionMeasurement(
+                    case=f"seq={seq_len}",
+                    impl=impl,
+                    available=False,
+                    seq_len=seq_len,
+                    flops=cost.flops,
+                    bytes_moved=cost.bytes_moved,
+                )
+                reason = _unavailable_reason(impl, device, settings)
+                if reason is not None:
+                    row.reason = reason
+                else:
+                    report.run_measurement(
+                        row,
+                        _workload_builder(impl, settings, seq_len, device),
+                        device=device,
+                        warmup=settings.warmup,
+                        iterations=settings.iterations,
+                        context=_backend_context(impl),
+                    )
+                case_rows.append(row)
+                if advance is not None:
+                    advance(f"seq={seq_len} {impl}")
+            fill_memory_saved(case_rows)
+            rows.extend(case_rows)
+    gpu, reason = report.prediction_gpu(device)
+    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    return rows
+
+
+def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasurement]) -> dict[str, Any]:
+    """The JSON document: provenance, settings, notes and every row (with seed 002's field names too)."""
+    device = torch.device(settings.device)
+    records = []
+    for row in rows:
+        record = report.to_record(row)
+        # The field names of seed 002's benchmark script, for users of the old project.
+        record["config"] = f"{settings.batch_size}x{settings.num_heads}x{row.seq_len}x{settings.head_dim}"
+        records.append(record)
+    return {
+        "benchmark": "attention",
+        "environment": report.environment(device),
+        "settings": dataclasses.asdict(settings),
+        "notes": report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")]),
+        "results": records,
+    }
+
+
+def print_attention(
+    settings: AttentionSettings, rows: Sequence[AttentionMeasurement], console: Console
+) -> None:
+    """Seed 002's summary table (when PyTorch SDPA and flash both ran), then the full table."""
+    device = torch.device(settings.device)
+    config = (
+        f"Config: batch={settings.batch_size}, heads={settings.num_heads}, kv_heads={settings.num_kv_heads}, "
+        f"head_dim={settings.head_dim}, dtype={report.TORCH_DTYPES[settings.dtype]}, "
+        f"causal={settings.causal}, mode={settings.mode}, device={report.environment_device_name(device)}"
+    )
+    by_key = {(r.seq_len, r.impl): r for r in rows}
+    seed_rows = []
+    for seq_len in settings.seq_lengths:
+        torch_row, flash_row = by_key.get((seq_len, "sdpa")), by_key.get((seq_len, "flash"))
+        if torch_row is None or flash_row is None or None in (torch_row.median_ms, flash_row.median_ms):
+            continue
+        saved = None
+        if torch_row.peak_memory_bytes is not None and flash_row.peak_memory_bytes is not None:
+            saved = f"{(torch_row.peak_memory_bytes - flash_row.peak_memory_bytes) / report.MIB:.1f}MB"
+        speedup = f"{torch_row.median_ms / flash_row.median_ms:.2f}x"
+        seed_rows.append([seq_len, torch_row.median_ms, flash_row.median_ms, speedup, saved])
+    if seed_rows:
+        print_table(
+            "ATTENTION BENCHMARK RESULTS",
+            ["Seq len", "PyTorch(ms)", "Flash(ms)", "Speedup", "Memory saved"],
+            seed_rows,
+            caption=config,
+            console=console,
+        )
+    full_rows = [
+        [row.seq_len, row.impl, *report.common_cells(row), report.mib(row.memory_saved_vs_naive_bytes)]
+        for row in rows
+        if row.available
+    ]
+    report.print_rows(
+        "Attention: every implementation",
+        ["seq", "impl", *report.COMMON_COLUMNS, "saved vs naive MiB"],
+        full_rows,
+        caption=config,
+        console=console,
+    )
+    report.print_unavailable(rows, console)
+    for note in report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")]):
+        console.print(f"note: {note}", highlight=False, markup=False)
+    if rows and rows[0].prediction_reason:
+        console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

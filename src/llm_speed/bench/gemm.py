@@ -1,0 +1,348 @@
+"""The GEMM benchmark: ``llm_speed.gemm`` (fused epilogue) against ``torch.matmul`` (cuBLAS on a GPU)
+followed by separate bias and activation ops, and ``tensor_core_gemm_int8`` against ``torch._int_mm`` for
+int8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from llm_speed._output import print_table
+from llm_speed.bench import report
+from llm_speed.bench.report import Measurement
+
+DTYPES = ("fp16", "bf16", "fp32", "int8")
+LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
+EPILOGUES = ("none", "bias", *(f"bias+{name}" for name in ACTIVATION_NAMES))
+IMPLS = ("llm-speed", "torch", "torch-int-mm")
+FLOAT_IMPLS = ("llm-speed", "torch")
+INT8_IMPLS = ("llm-speed", "torch-int-mm")
+
+GPU_DEFAULTS = {
+    "sizes": ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)),
+    "dtype": "fp16",
+    "warmup": 10,
+    "iterations": 50,
+    "tokens": 4096,
+}
+CPU_DEFAULTS = {
+    "sizes": ((64, 64, 64), (128, 128, 128)),
+    "dtype": "fp32",
+    "warmup": 1,
+    "iterations": 3,
+    "tokens": 16,
+}
+
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCase:
+    """One GEMM shape: out[m, n] = A[m, k] @ B[k, n], ``count`` times per forward pass (model shapes)."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmSettings:
+    """One GEMM benchmark run."""
+
+    cases: tuple[GemmCase, ...]
+    dtype: str
+    layout: str
+    epilogue: str
+    impls: tuple[str, ...]
+    warmup: int
+    iterations: int
+    device: str
+    model: str | None = None
+    tokens: int | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class GemmMeasurement(Measurement):
+    """A :class:`Measurement` of one GEMM implementation on one shape."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int
+    percent_of_baseline: float | None = None  # baseline median / this median * 100 (torch.matmul or _int_mm)
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """'MxNxK' -> (M, N, K); ValueError naming --sizes and the accepted form otherwise."""
+    match = _SIZE_PATTERN.match(text)
+    if match is None:
+        raise ValueError(
+            f"--sizes: {text!r} is not of the form MxNxK with positive integers (e.g. 1024x1024x1024)"
+        )
+    m, n, k = (int(part) for part in match.groups())
+    if min(m, n, k) < 1:
+        raise ValueError(f"--sizes: {text!r} has a zero dimension; M, N and K must be >= 1")
+    return m, n, k
+
+
+def model_cases(model_id: str, tokens: int) -> tuple[GemmCase, ...]:
+    """The weight GEMMs of one forward pass of a zoo model over ``tokens`` tokens."""
+    from llm_speed.perf.models import gemm_shapes, get_model
+
+    return tuple(GemmCase(s.name, s.m, s.n, s.k, s.count) for s in gemm_shapes(get_model(model_id), tokens))
+
+
+def baseline_impl(dtype: str) -> str:
+    """The implementation the others are compared with: torch._int_mm for int8, torch.matmul otherwise."""
+    return "torch-int-mm" if dtype == "int8" else "torch"
+
+
+def check_settings(settings: GemmSettings) -> None:
+    """ValueError naming the setting when a value is out of range or a combination is not supported."""
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    if settings.layout not in LAYOUTS:
+        raise ValueError(f"layout: {settings.layout!r} is not supported; accepted: {', '.join(LAYOUTS)}")
+    if settings.epilogue not in EPILOGUES:
+        raise ValueError(
+            f"epilogue: {settings.epilogue!r} is not supported; accepted: {', '.join(EPILOGUES)}"
+        )
+    if settings.dtype == "int8" and settings.epilogue != "none":
+        raise ValueError("epilogue: int8 GEMMs (tensor_core_gemm_int8) have no epilogue; use --epilogue none")
+    accepted = INT8_IMPLS if settings.dtype == "int8" else FLOAT_IMPLS
+    wrong = [impl for impl in settings.impls if impl not in accepted]
+    if wrong or not settings.impls:
+        raise ValueError(
+            f"impl: {wrong or 'empty list'} not available for dtype {settings.dtype}; "
+            f"accepted: {', '.join(accepted)}"
+        )
+    if not settings.cases:
+        raise ValueError("sizes: no GEMM shape to benchmark")
+    if settings.warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
+    if settings.iterations < 1:
+        raise ValueError(f"iterations: expected an integer >= 1, got {settings.iterations}")
+
+
+def _operands(case: GemmCase, settings: GemmSettings, device: torch.device):
+    """A and B stored as the layout says, plus the bias; returns (a, b, trans_a, trans_b, bias)."""
+    dtype = report.TORCH_DTYPES[settings.dtype]
+    trans_a, trans_b = settings.layout[0] == "T", settings.layout[1] == "T"
+    shape_a = (case.k, case.m) if trans_a else (case.m, case.k)
+    shape_b = (case.n, case.k) if trans_b else (case.k, case.n)
+    if dtype == torch.int8:
+        a = torch.randint(-128, 128, shape_a, dtype=dtype, device=device)
+        b = torch.randint(-128, 128, shape_b, dtype=dtype, device=device)
+    else:
+        a = torch.randn(shape_a, dtype=dtype, device=device)
+        b = torch.randn(shape_b, dtype=dtype, device=device)
+    bias = torch.randn(case.n, dtype=dtype, device=device) if settings.epilogue != "none" else None
+    return a, b, trans_a, trans_b, bias
+
+
+def _torch_activation(name: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    functional = torch.nn.functional
+    return {
+        None: None,
+        "relu": torch.relu,
+        "gelu": functional.gelu,
+        "gelu_tanh": lambda x: functional.gelu(x, approximate="tanh"),
+        "silu": functional.silu,
+    }[name]
+
+
+def _workload_builder(impl: str, case: GemmCase, settings: GemmSettings, device: torch.device):
+    def build() -> Callable[[], Any]:
+        a, b, trans_a, trans_b, bias = _operands(case, settings, device)
+        activation = settings.epilogue.split("+")[1] if "+" in settings.epilogue else None
+        # The transposed views are what torch.matmul / _int_mm see: no copy, cuBLAS reads them in place.
+        op_a = a.t() if trans_a else a
+        op_b = b.t() if trans_b else b
+        if impl == "llm-speed":
+            import llm_speed
+
+            if settings.dtype == "int8":
+                return lambda: llm_speed.tensor_core_gemm_int8(op_a, op_b)
+            return lambda: llm_speed.gemm(
+                a, b, trans_a=trans_a, trans_b=trans_b, bias=bias, activation=activation
+            )
+        if impl == "torch-int-mm":
+            return lambda: torch._int_mm(op_a, op_b)
+        act = _torch_activation(activation)
+        if bias is None:
+            return lambda: torch.matmul(op_a, op_b)
+        if act is None:
+            return lambda: torch.matmul(op_a, op_b) + bias
+        return lambda: act(torch.matmul(op_a, op_b) + bias)
+
+    return build
+
+
+def run_gemm(settings: GemmSettings, *, show_progress: bool = True) -> list[GemmMeasurement]:
+    """Measure every implementation in ``settings.impls`` on every case."""
+    from llm_speed.perf.kernel_costs import gemm_cost
+
+    check_settings(settings)
+    device = torch.device(settings.device)
+    out_dtype = "int32" if settings.dtype == "int8" else None
+    rows: list[GemmMeasurement] = []
+    total = len(settings.cases) * len(settings.impls)
+    progress = report.progress(total, "gemm") if show_progress else contextlib.nullcontext(None)
+    with progress as advance:
+        for case in settings.cases:
+            cost = gemm_cost(
+                case.m,
+                case.n,
+                case.k,
+                dtype=settings.dtype,
+                out_dtype="fp32" if out_dtype else None,  # int32 output: 4 bytes, the same as fp32
+                with_bias=settings.epilogue != "none",
+            )
+            label = f"{case.name} {case.m}x{case.n}x{case.k}" if case.name else f"{case.m}x{case.n}x{case.k}"
+            case_rows = []
+            for impl in settings.impls:
+                row = GemmMeasurement(
+                    case=label,
+                    impl=impl,
+                    available=False,
+                    name=case.name,
+                    m=case.m,
+                    n=case.n,
+                    k=case.k,
+                    count=case.count,
+                    flops=cost.flops,
+                    bytes_moved=cost.bytes_moved,
+                )
+                report.run_measurement(
+                    row,
+                    _workload_builder(impl, case, settings, device),
+                    device=device,
+                    warmup=settings.warmup,
+                    iterations=settings.iterations,
+                )
+                case_rows.append(row)
+                if advance is not None:
+                    advance(f"{label} {impl}")
+            baseline = next((r for r in case_rows if r.impl == baseline_impl(settings.dtype)), None)
+            for row in case_rows:
+                if baseline is not None and baseline.median_ms is not None and row.median_ms is not None:
+                    row.percent_of_baseline = 100.0 * baseline.median_ms / row.median_ms
+            rows.extend(case_rows)
+    gpu, reason = report.prediction_gpu(device)
+    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    return rows
+
+
+def summary(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> dict[str, Any]:
+    """Per implementation: geometric mean of % of the baseline over the shapes, and the total time of all
+    shapes weighted by their count (one forward pass's weight GEMMs for ``--model``)."""
+    result: dict[str, Any] = {"baseline": baseline_impl(settings.dtype), "per_impl": {}}
+    for impl in settings.impls:
+        mine = [r for r in rows if r.impl == impl]
+        percents = [r.percent_of_baseline for r in mine if r.percent_of_baseline is not None]
+        measured = [r for r in mine if r.median_ms is not None]
+        complete = len(measured) == len(mine)
+        result["per_impl"][impl] = {
+            "shapes_measured": len(measured),
+            "shapes_total": len(mine),
+            "geomean_percent_of_baseline": (
+                math.exp(sum(math.log(p) for p in percents) / len(percents)) if percents else None
+            ),
+            # Only meaningful when every shape ran; None otherwise rather than a partial sum.
+            "weighted_total_ms": sum(r.median_ms * r.count for r in measured)
+            if complete and measured
+            else None,
+        }
+    return result
+
+
+def results_payload(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> dict[str, Any]:
+    """The JSON document: provenance, settings, notes, every row and the summary."""
+    device = torch.device(settings.device)
+    records = []
+    for row in rows:
+        record = report.to_record(row)
+        record["config"] = f"{row.m}x{row.n}x{row.k}"  # seed 002's field name
+        records.append(record)
+    return {
+        "benchmark": "gemm",
+        "environment": report.environment(device),
+        "settings": dataclasses.asdict(settings),
+        "notes": report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else []),
+        "results": records,
+        "summary": summary(settings, rows),
+    }
+
+
+def baseline_label(settings: GemmSettings) -> str:
+    """How the baseline is called in tables: cuBLAS on a GPU, the torch op name on a CPU."""
+    on_gpu = torch.device(settings.device).type == "cuda"
+    if settings.dtype == "int8":
+        return "torch._int_mm" + (" (cuBLAS)" if on_gpu else "")
+    return "cuBLAS" if on_gpu else "torch.matmul"
+
+
+def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console: Console) -> None:
+    """Seed 002's size / cuBLAS / ours table, the full table, and the summary."""
+    device = torch.device(settings.device)
+    base = baseline_label(settings)
+    config = (
+        f"dtype={settings.dtype}, layout={settings.layout}, epilogue={settings.epilogue}, "
+        f"device={report.environment_device_name(device)}"
+        + (f", model={settings.model}, tokens={settings.tokens}" if settings.model else "")
+    )
+    baseline_name = baseline_impl(settings.dtype)
+    by_key = {(r.case, r.impl): r for r in rows}
+    cases = list(dict.fromkeys(r.case for r in rows))
+    seed_rows = []
+    for case in cases:
+        ours, theirs = by_key.get((case, "llm-speed")), by_key.get((case, baseline_name))
+        if ours is None or theirs is None or ours.percent_of_baseline is None:
+            continue
+        seed_rows.append([case, theirs.median_ms, ours.median_ms, f"{ours.percent_of_baseline:.1f}%"])
+    if seed_rows:
+        print_table(
+            "GEMM BENCHMARK RESULTS",
+            ["Size", f"{base} (ms)", "llm-speed (ms)", f"% of {base}"],
+            seed_rows,
+            caption=config,
+            console=console,
+        )
+    columns = ["shape", "count per pass", "impl", *report.COMMON_COLUMNS, f"% of {base}"]
+    full_rows = [
+        [
+            row.case,
+            row.count if settings.model else None,
+            row.impl,
+            *report.common_cells(row),
+            f"{row.percent_of_baseline:.1f}%" if row.percent_of_baseline is not None else None,
+        ]
+        for row in rows
+        if row.available
+    ]
+    report.print_rows("GEMM: every implementation", columns, full_rows, caption=config, console=console)
+    report.print_unavailable(rows, console)
+    totals = summary(settings, rows)["per_impl"]
+    for impl, figures in totals.items():
+        parts = [f"{figures['shapes_measured']}/{figures['shapes_total']} shapes ran"]
+        if figures["geomean_percent_of_baseline"] is not None:
+            parts.append(f"geometric mean {figures['geomean_percent_of_baseline']:.1f}% of {base}")
+        if figures["weighted_total_ms"] is not None and settings.model:
+            parts.append(f"{figures['weighted_total_ms']:.3g} ms for one forward pass's weight GEMMs")
+        console.print(f"summary {impl}: " + ", ".join(parts), highlight=False, markup=False)
+    for note in report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else []):
+        console.print(f"note: {note}", highlight=False, markup=False)
+    if rows and rows[0].prediction_reason:
+        console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

@@ -1,0 +1,357 @@
+"""What every benchmark shares: the result row, provenance of a run, the model's prediction and the output.
+
+A benchmark produces :class:`Measurement` rows (one per implementation and case); this module fills in the
+figures that compare rows with each other (speedup vs the fastest other implementation) and with the
+performance model (roofline time floor on the detected GPU), and writes the table and the JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import platform
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from llm_speed import __version__
+from llm_speed._runtime import INTERPRETED
+from llm_speed.bench.timing import PeakMemory, Timing, measure, peak_memory
+
+# Names accepted by --dtype, and the torch dtype each one means.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "int8": torch.int8,
+}
+MIB = 2**20
+# Table width when standard output is a file or pipe (logs), so rows are not folded.
+LOG_WIDTH = 200
+
+
+def torch_dtype(name: str, accepted: Sequence[str]) -> torch.dtype:
+    """The torch dtype for a --dtype name; ValueError naming the accepted names otherwise."""
+    if name not in accepted:
+        raise ValueError(f"dtype: {name!r} is not supported here; accepted: {', '.join(accepted)}")
+    return TORCH_DTYPES[name]
+
+
+@dataclasses.dataclass(kw_only=True)
+class Measurement:
+    """One implementation on one case. A figure that could not be obtained is None, with a reason field."""
+
+    case: str  # short label of the shape, e.g. "seq=512" or "qkv 4096x6144x4096"
+    impl: str
+    available: bool
+    reason: str | None = None  # why the implementation did not run (unavailable, refused the shape, OOM)
+    flops: float
+    bytes_moved: float  # the performance model's minimum DRAM traffic for this implementation
+    timing: Timing | None = None
+    tflops: float | None = None
+    bandwidth_gb_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_reason: str | None = None
+    fastest_other: str | None = None
+    speedup_vs_fastest_other: float | None = None  # fastest other's median / this median (>1: this is faster)
+    predicted_ms: float | None = None  # roofline time floor on the detected GPU
+    predicted_bound: str | None = None
+    prediction_reason: str | None = None
+    measured_over_predicted: float | None = None  # how many times the floor the measurement took
+
+    @property
+    def median_ms(self) -> float | None:
+        """Median time, or None when the implementation did not run."""
+        return self.timing.median_ms if self.timing is not None else None
+
+
+def git_commit(source_dir: str | Path | None = None) -> tuple[str | None, str | None]:
+    """(commit hash, None) when ``source_dir`` (default: llm_speed's own directory) is in a git checkout, else
+    (None, reason). Uncommitted changes to tracked files add "+uncommitted-changes" to the hash."""
+    source_dir = Path(__file__).resolve().parent if source_dir is None else Path(source_dir)
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=source_dir,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"git could not be run: {error}"
+    if result.returncode != 0:
+        return None, "llm_speed is not running from a git checkout"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=source_dir,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    commit = result.stdout.strip()
+    return (commit + "+uncommitted-changes" if dirty.stdout.strip() else commit), None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Provenance of a run: device, versions, interpreter mode, git commit and a UTC timestamp."""
+    import triton
+
+    from llm_speed.perf.gpus import detect_gpu
+
+    commit, commit_reason = git_commit()
+    info: dict[str, Any] = {
+        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device_type": device.type,
+        "llm_speed_version": __version__,
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "triton_version": triton.__version__,
+        "python_version": platform.python_version(),
+        "triton_interpret": INTERPRETED,
+        "git_commit": commit,
+        "git_commit_reason": commit_reason,
+    }
+    info["device_name"] = environment_device_name(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = detect_gpu()
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+        info["gpu_spec_id"] = gpu.id if gpu is not None else None
+    else:
+        info["compute_capability"] = None
+        info["gpu_spec_id"] = None
+    return info
+
+
+def environment_device_name(device: torch.device) -> str:
+    """The GPU's name, or a description of the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} torch threads)"
+
+
+def timing_notes(device: torch.device, triton_ops: Sequence[str]) -> list[str]:
+    """Plain statements about what the timings mean on this device (printed and stored in the JSON)."""
+    notes = []
+    if device.type == "cpu":
+        notes.append("CPU timings (host clock, CPU tensors): they say nothing about GPU performance.")
+        if INTERPRETED and triton_ops:
+            notes.append(
+                f"TRITON_INTERPRET=1: {', '.join(triton_ops)} run in Triton's interpreter, so their times "
+                "measure the interpreter, not a compiled kernel."
+            )
+        elif triton_ops:
+            notes.append(
+                f"Without TRITON_INTERPRET, {', '.join(triton_ops)} run llm-speed's PyTorch fallback on CPU "
+                "tensors: these times are of that fallback, not of the Triton kernels."
+            )
+        notes.append("Peak memory is only measured on CUDA devices; the predictions are for GPUs only.")
+    elif INTERPRETED:
+        notes.append("TRITON_INTERPRET=1 on a GPU: Triton kernels are interpreted; their times mean nothing.")
+    return notes
+
+
+def prediction_gpu(device: torch.device):
+    """The GPU whose roofline predicts the times: the detected one on CUDA, else None with the reason."""
+    from llm_speed.perf.gpus import detect_gpu
+
+    if device.type != "cuda":
+        return None, "no prediction for CPU runs: the performance model describes GPUs"
+    gpu = detect_gpu()
+    if gpu is None:
+        name = torch.cuda.get_device_name(device)
+        return None, f"{name} is not in the GPU spec table (llm_speed.perf.gpus)"
+    return gpu, None
+
+
+def run_measurement(
+    row: Measurement,
+    build: Callable[[], Callable[[], Any]],
+    *,
+    device: torch.device,
+    warmup: int,
+    iterations: int,
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Measurement:
+    """Time the workload that ``build()`` returns; a failure marks ``row`` unavailable with the reason.
+
+    ``build`` prepares the workload (e.g. runs the forward once for a backward timing) and returns the
+    no-argument function to time. ``context`` is entered around everything (e.g. an SDPA backend choice), so
+    its own cost is not timed. The first call of the workload doubles as the availability check; warnings
+    raised by a refusal (SDPA explains why a backend cannot run through warnings) join the reason.
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with context(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            workload = build()
+            workload()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row.timing = measure(workload, warmup=warmup, iterations=iterations, device=device)
+            memory: PeakMemory = peak_memory(workload, device)
+    except Exception as error:  # any refusal (shape, dtype, OOM, missing backward) is reported, not raised
+        row.available = False
+        row.timing = None
+        row.reason = _reason(error, caught)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return row
+    row.available = True
+    row.peak_memory_bytes = memory.peak_bytes
+    row.peak_memory_reason = memory.reason
+    seconds = row.timing.median_ms * 1e-3
+    row.tflops = row.flops / seconds / 1e12 if seconds > 0 else None
+    row.bandwidth_gb_s = row.bytes_moved / seconds / 1e9 if seconds > 0 else None
+    return row
+
+
+def _reason(error: BaseException, caught: Sequence[warnings.WarningMessage]) -> str:
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        text = "out of memory"
+    details = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
+    if details:
+        text += " (" + "; ".join(dict.fromkeys(details)) + ")"
+    return text
+
+
+def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_reason: str | None) -> None:
+    """Fill speedup vs the fastest other implementation of the same case, and the model's prediction."""
+    from llm_speed.perf.roofline import roofline
+
+    for row in rows:
+        if gpu is None:
+            row.prediction_reason = prediction_reason
+        else:
+            point = roofline(row.flops, row.bytes_moved, dtype, gpu)
+            row.predicted_ms = point.time_floor_s * 1e3
+            row.predicted_bound = point.bound
+            if row.median_ms:
+                row.measured_over_predicted = row.median_ms / row.predicted_ms
+        others = [o for o in rows if o is not row and o.case == row.case and o.median_ms is not None]
+        if row.median_ms is not None and others:
+            fastest = min(others, key=lambda o: o.median_ms)
+            row.fastest_other = fastest.impl
+            row.speedup_vs_fastest_other = fastest.median_ms / row.median_ms
+
+
+def to_record(row: Measurement) -> dict[str, Any]:
+    """One row as JSON values, with seed 002's ``latency_ms`` and ``throughput_tflops`` keys added."""
+    from llm_speed._output import to_jsonable
+
+    record = to_jsonable(row)
+    record["latency_ms"] = row.median_ms
+    record["throughput_tflops"] = row.tflops
+    return record
+
+
+def mib(value: int | None) -> float | None:
+    """Bytes to MiB, keeping None."""
+    return None if value is None else value / MIB
+
+
+def spread(timing: Timing | None) -> str | None:
+    """The p20–p80 interval of a timing as text."""
+    if timing is None:
+        return None
+    return f"{timing.p20_ms:.3g}–{timing.p80_ms:.3g}"
+
+
+def common_cells(row: Measurement) -> list[Any]:
+    """The cells every benchmark table shows, in the order of :data:`COMMON_COLUMNS`."""
+    model = None
+    if row.predicted_ms is not None:
+        model = f"{row.predicted_ms:.3g} ({row.predicted_bound})"
+    median = None
+    if row.timing is not None:
+        median = f"{row.timing.median_ms:.3g} [{spread(row.timing)}]"
+    return [
+        median,
+        row.tflops,
+        row.bandwidth_gb_s,
+        mib(row.peak_memory_bytes),
+        f"{row.speedup_vs_fastest_other:.2f}x {row.fastest_other}" if row.speedup_vs_fastest_other else None,
+        model,
+        f"{row.measured_over_predicted:.2f}x" if row.measured_over_predicted is not None else None,
+    ]
+
+
+COMMON_COLUMNS = (
+    "median ms [p20–p80]",
+    "TFLOP/s",
+    "GB/s",
+    "peak MiB",
+    "vs fastest other",
+    "model ms (bound)",
+    "measured/model",
+)
+
+
+def print_rows(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str, console: Console
+) -> None:
+    """A table without the columns that are empty in every row (peak memory and the model on a CPU run)."""
+    from llm_speed._output import print_table
+
+    keep = [i for i in range(len(columns)) if any(row[i] is not None for row in rows)] if rows else []
+    print_table(
+        title, [columns[i] for i in keep], [[row[i] for i in keep] for row in rows], caption=caption,
+        console=console,
+    )
+
+
+def output_console() -> Console:
+    """The console for result tables: the terminal's width, or wide enough for logs when not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+
+
+def print_unavailable(rows: Sequence[Measurement], console: Console) -> None:
+    """List the implementations that did not run, with the reason (one line per implementation and reason)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        if not row.available:
+            grouped.setdefault((row.impl, row.reason or "unknown"), []).append(row.case)
+    for (impl, reason), cases in grouped.items():
+        console.print(f"  not run: {impl} [{', '.join(cases)}] — {reason}", highlight=False, markup=False)
+
+
+def write_results(payload: dict[str, Any], path: str | Path | None, console: Console) -> None:
+    """Write the JSON results file when a path was given."""
+    from llm_speed._output import dump_json
+
+    if path is None:
+        return
+    dump_json(payload, path)
+    console.print(f"results written to {path}", highlight=False)
+
+
+@contextlib.contextmanager
+def progress(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A progress bar on standard error; yields ``advance(label)`` to call after each measurement."""
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(label: str) -> None:
+            bar.update(task, advance=1, description=f"{description}: {label}")
+
+        yield advance

@@ -1,0 +1,236 @@
+"""``llm-speed demo`` (what ``make demo`` runs): the performance model's view of a model on a GPU, a short
+attention and GEMM benchmark on the device at hand, and a roofline plot with the measured kernels on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from llm_speed._output import dump_json
+from llm_speed.bench import attention as attention_bench
+from llm_speed.bench import gemm as gemm_bench
+from llm_speed.bench import report
+
+DEFAULT_MODEL = "llama-3-8b"
+FALLBACK_GPU = "h100-sxm"  # analysed when no GPU is detected
+DEFAULT_OUTPUT_DIR = "llm-speed-demo"
+# Inference scenario of the analysis: one request, a 2048-token prompt, 256 generated tokens.
+ANALYSIS = {"batch_size": 1, "seq_len": 2048, "decode_tokens": 256, "dtype": "bf16"}
+GPU_GEMM_TOKENS = 2048
+# Tiny CPU kernels take well under a millisecond: ten runs give a steadier median at almost no cost.
+CPU_WARMUP = 2
+CPU_ITERATIONS = 10
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``llm-speed demo``."""
+    parser = subparsers.add_parser("demo", help="model analysis, a short benchmark and a roofline plot")
+    parser.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        help=f"where roofline.png and demo.json go (default: ./{DEFAULT_OUTPUT_DIR})",
+    )
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"zoo model to analyse (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    parser.set_defaults(func=run_demo_command)
+
+
+def attention_settings(device: torch.device, model_id: str) -> attention_bench.AttentionSettings:
+    """The model's own attention shape on a GPU (heads, kv heads, head dim); a small GQA shape on a CPU."""
+    from llm_speed.perf.models import get_model
+
+    if device.type == "cuda":
+        config = get_model(model_id)
+        return attention_bench.AttentionSettings(
+            seq_lengths=(1024, 4096),
+            batch_size=1,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            dtype="bf16",
+            causal=True,
+            mode="fwd",
+            impls=("flash", "tiled", "naive", "sdpa"),
+            warmup=5,
+            iterations=20,
+            device=str(device),
+        )
+    return attention_bench.AttentionSettings(
+        seq_lengths=(128,),
+        batch_size=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype="fp32",
+        causal=True,
+        mode="fwd",
+        impls=("flash", "tiled", "naive", "sdpa"),
+        warmup=CPU_WARMUP,
+        iterations=CPU_ITERATIONS,
+        device=str(device),
+    )
+
+
+def gemm_settings(device: torch.device, model_id: str) -> gemm_bench.GemmSettings:
+    """The model's weight GEMMs (nn.Linear layout, NT) on a GPU; two small square GEMMs on a CPU."""
+    if device.type == "cuda":
+        return gemm_bench.GemmSettings(
+            cases=gemm_bench.model_cases(model_id, GPU_GEMM_TOKENS),
+            dtype="bf16",
+            layout="NT",
+            epilogue="none",
+            impls=("llm-speed", "torch"),
+            warmup=5,
+            iterations=20,
+            device=str(device),
+            model=model_id,
+            tokens=GPU_GEMM_TOKENS,
+        )
+    cases = (gemm_bench.GemmCase("", 128, 128, 128), gemm_bench.GemmCase("", 256, 256, 256))
+    return gemm_bench.GemmSettings(
+        cases=cases,
+        dtype="fp32",
+        layout="NT",
+        epilogue="none",
+        impls=("llm-speed", "torch"),
+        warmup=CPU_WARMUP,
+        iterations=CPU_ITERATIONS,
+        device=str(device),
+    )
+
+
+def _compact_table(
+    title: str, rows: Sequence[report.Measurement], device: torch.device, console: Console
+) -> None:
+    columns = [
+        "shape",
+        "impl",
+        "median ms",
+        "TFLOP/s",
+        "GB/s",
+        "vs fastest other",
+        "model floor ms",
+        "measured/model",
+    ]
+    cells = []
+    for row in rows:
+        if not row.available:
+            cells.append([row.case, row.impl, f"not run: {row.reason}", None, None, None, None, None])
+            continue
+        cells.append(
+            [
+                row.case,
+                row.impl,
+                row.median_ms,
+                row.tflops,
+                row.bandwidth_gb_s,
+                f"{row.speedup_vs_fastest_other:.2f}x {row.fastest_other}"
+                if row.speedup_vs_fastest_other
+                else None,
+                row.predicted_ms,
+                f"{row.measured_over_predicted:.1f}x" if row.measured_over_predicted is not None else None,
+            ]
+        )
+    report.print_rows(title, columns, cells, caption=report.environment_device_name(device), console=console)
+
+
+def _takeaways(attention_rows, gemm_rows, device: torch.device) -> list[str]:
+    """Two or three sentences computed from the measurements."""
+    lines = []
+    measured = [r for r in attention_rows if r.median_ms is not None]
+    if measured:
+        longest = max(r.seq_len for r in measured)
+        at_longest = sorted((r for r in measured if r.seq_len == longest), key=lambda r: r.median_ms)
+        ranking = ", ".join(f"{r.impl} {r.median_ms:.3g} ms" for r in at_longest)
+        lines.append(f"Attention at seq={longest}, fastest first: {ranking}.")
+    percents = [r.percent_of_baseline for r in gemm_rows if r.impl == "llm-speed" and r.percent_of_baseline]
+    if percents:
+        base = "cuBLAS" if device.type == "cuda" else "torch.matmul"
+        lines.append(
+            f"llm_speed.gemm ran at {min(percents):.0f}–{max(percents):.0f}% of {base}'s speed here."
+        )
+    if device.type != "cuda":
+        lines.append(
+            "These are CPU timings of tiny shapes: they show the harness works, not GPU performance."
+        )
+    return lines
+
+
+def run_demo(output_dir: str | Path, model_id: str, device: torch.device, console: Console) -> dict[str, Any]:
+    """Run the four demo steps, print them, write ``roofline.png`` and ``demo.json``; returns the JSON."""
+    from llm_speed.bench.cli import plot_rows
+    from llm_speed.perf.cli_models import print_inference_analysis
+    from llm_speed.perf.gpus import detect_gpu
+    from llm_speed.perf.inference import analyze_inference
+
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    detected = detect_gpu() if device.type == "cuda" else None
+    gpu_id = detected.id if detected is not None else FALLBACK_GPU
+    why_gpu = "the GPU in this machine" if detected is not None else "no GPU in the spec table detected here"
+
+    console.rule(f"1/4  Performance model: {model_id} on {gpu_id}")
+    scenario = f"prompt {ANALYSIS['seq_len']} tokens, batch {ANALYSIS['batch_size']}"
+    console.print(f"{gpu_id}: {why_gpu}; {scenario}.", highlight=False)
+    analysis = analyze_inference(model_id, gpu_id, **ANALYSIS)
+    print_inference_analysis(analysis, console=console)
+
+    console.rule("2/4  Attention measured on this device")
+    attention = attention_settings(device, model_id)
+    attention_rows = attention_bench.run_attention(attention)
+    _compact_table(
+        f"causal attention, batch {attention.batch_size}, "
+        f"heads {attention.num_heads}/{attention.num_kv_heads} "
+        f"(q/kv), head_dim {attention.head_dim}, {attention.dtype}",
+        attention_rows,
+        device,
+        console,
+    )
+
+    console.rule("3/4  GEMM measured on this device")
+    gemm = gemm_settings(device, model_id)
+    gemm_rows = gemm_bench.run_gemm(gemm)
+    shapes = f"{model_id} weight GEMMs, {gemm.tokens} tokens" if gemm.model else "square GEMMs"
+    _compact_table(f"{shapes}, {gemm.dtype}, layout {gemm.layout}", gemm_rows, device, console)
+
+    console.rule("4/4  Roofline")
+    plot_path = output_dir / "roofline.png"
+    plotted = plot_rows(
+        [*attention_rows, *gemm_rows],
+        plot_path,
+        device=device,
+        dtype=attention.dtype,
+        title="llm-speed demo: kernels measured on this machine",
+        console=console,
+    )
+    notes = report.timing_notes(device, ["flash", "tiled", "llm-speed gemm"])
+    for line in [*_takeaways(attention_rows, gemm_rows, device), *notes]:
+        console.print(f"• {line}", highlight=False, markup=False)
+    payload = {
+        "analysis": analysis,
+        "attention": attention_bench.results_payload(attention, attention_rows),
+        "gemm": gemm_bench.results_payload(gemm, gemm_rows),
+        "roofline_png": str(plot_path) if plotted else None,
+        "elapsed_s": time.perf_counter() - started,
+    }
+    dump_json(payload, output_dir / "demo.json")
+    console.print(f"Wrote {output_dir / 'demo.json'} in {payload['elapsed_s']:.1f} s.", highlight=False)
+    return payload
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    """``llm-speed demo``."""
+    from llm_speed.bench.cli import resolve_device
+
+    run_demo(args.output_dir, args.model, resolve_device(args.device), report.output_console())
+    return 0

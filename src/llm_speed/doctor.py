@@ -1,0 +1,236 @@
+"""``llm-speed doctor``: what this machine has and what llm-speed will run on it.
+
+Every answer comes from trying: the SDPA backends are each run once on a tiny input, and each llm-speed op is
+called once on a tiny input while the Triton launch counters (``llm_speed._runtime``) show whether a Triton
+kernel ran or a PyTorch fallback did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import platform
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from llm_speed import __version__, _runtime
+
+# Tiny shapes: enough to launch every kernel once, cheap even in Triton's interpreter.
+_PROBE_SEQ = 16
+_PROBE_HEAD_DIM = 16
+_PROBE_GEMM = 32
+# Ops written in plain PyTorch on purpose (the textbook baseline), never a Triton kernel.
+PLAIN_PYTORCH_OPS = ("naive_attention",)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``llm-speed doctor``."""
+    parser = subparsers.add_parser(
+        "doctor", help="GPU, versions, SDPA backends and what llm-speed dispatches to"
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--output", metavar="FILE.json", help="also write the report as JSON to this file")
+    parser.set_defaults(func=run_doctor_command)
+
+
+def gpu_info() -> dict[str, Any]:
+    """The visible GPU (name, compute capability, memory, spec-table entry), or why there is none."""
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "no CUDA device visible to torch " + _cuda_build_note()}
+    from llm_speed.perf.gpus import detect_gpu, live_device_properties
+
+    props = live_device_properties() or {}
+    spec = detect_gpu()
+    return {
+        "available": True,
+        "name": props.get("name"),
+        "compute_capability": ".".join(str(part) for part in props.get("compute_capability", ())),
+        "sm_count": props.get("sm_count"),
+        "memory_gb": props.get("memory_gb"),
+        "l2_cache_mb": props.get("l2_cache_mb"),
+        "device_count": torch.cuda.device_count(),
+        "spec_table_id": spec.id if spec is not None else None,
+    }
+
+
+def _cuda_build_note() -> str:
+    if torch.version.cuda is None:
+        return "(this torch is a CPU-only build)"
+    return f"(torch built with CUDA {torch.version.cuda})"
+
+
+def sdpa_backends(device: torch.device) -> dict[str, dict[str, Any]]:
+    """Each SDPA backend run once on a tiny causal input: usable, or the reason it refused."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    q = torch.randn(1, 2, _PROBE_SEQ, _PROBE_HEAD_DIM, device=device, dtype=dtype)
+    result = {}
+    for label, backend in (
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("math", SDPBackend.MATH),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel(backend):
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                result[label] = {"usable": True, "reason": None}
+            except RuntimeError as error:
+                details = [str(w.message).splitlines()[0] for w in caught if str(w.message).strip()]
+                reason = str(error).splitlines()[0]
+                if details:
+                    reason += " (" + "; ".join(dict.fromkeys(details)) + ")"
+                result[label] = {"usable": False, "reason": reason}
+    return result
+
+
+def _probes(device: torch.device) -> dict[str, Callable[[], Any]]:
+    """One tiny call per public op, on ``device``."""
+    import llm_speed
+
+    float_dtype = torch.float16 if device.type == "cuda" else torch.float32
+
+    def qkv(requires_grad: bool = False):
+        shape = (1, 2, _PROBE_SEQ, _PROBE_HEAD_DIM)
+        return [
+            torch.randn(shape, device=device, dtype=float_dtype, requires_grad=requires_grad)
+            for _ in range(3)
+        ]
+
+    def flash_backward():
+        q, k, v = qkv(requires_grad=True)
+        llm_speed.flash_attention(q, k, v, is_causal=True).sum().backward()
+
+    matrix = (_PROBE_GEMM, _PROBE_GEMM)
+    a, b = (torch.randn(matrix, device=device, dtype=float_dtype) for _ in range(2))
+    a8, b8 = (torch.randint(-128, 128, matrix, device=device, dtype=torch.int8) for _ in range(2))
+    half = torch.float16
+    return {
+        "flash_attention (forward)": lambda: llm_speed.flash_attention(*qkv(), is_causal=True),
+        "flash_attention (backward)": flash_backward,
+        "tiled_attention": lambda: llm_speed.tiled_attention(*qkv(), is_causal=True),
+        "naive_attention": lambda: llm_speed.naive_attention(*qkv(), is_causal=True),
+        "gemm": lambda: llm_speed.gemm(a, b, activation="relu", bias=torch.zeros_like(a[0])),
+        "tensor_core_gemm": lambda: llm_speed.tensor_core_gemm(a.to(half), b.to(half)),
+        "tensor_core_gemm_int8": lambda: llm_speed.tensor_core_gemm_int8(a8, b8),
+    }
+
+
+def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
+    """For each op, what actually ran on ``device``: which Triton kernels (compiled or interpreted), or a
+    PyTorch implementation when no Triton kernel was launched."""
+    result = {}
+    for op, probe in _probes(device).items():
+        # The launch counter is private to _runtime; copying it is the one way to see every kernel name.
+        before = collections.Counter(_runtime._launches)
+        try:
+            probe()
+        except Exception as error:  # a failing op is reported, and the others still checked
+            result[op] = {
+                "runs": f"fails: {type(error).__name__}: {str(error).splitlines()[0]}",
+                "kernels": [],
+            }
+            continue
+        launched = sorted((collections.Counter(_runtime._launches) - before).keys())
+        if not launched and op in PLAIN_PYTORCH_OPS:
+            runs = "PyTorch (plain ops, by design)"
+        elif not launched:
+            runs = "PyTorch fallback (no Triton kernel launched)"
+        elif _runtime.INTERPRETED:
+            runs = "Triton interpreter"
+        else:
+            runs = "Triton compiled"
+        result[op] = {"runs": runs, "kernels": launched}
+    return result
+
+
+def doctor_report(device: torch.device) -> dict[str, Any]:
+    """Everything ``llm-speed doctor`` shows, as plain values."""
+    import triton
+
+    return {
+        "llm_speed_version": __version__,
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "triton_version": triton.__version__,
+        "triton_interpret": _runtime.INTERPRETED,
+        "device": str(device),
+        "gpu": gpu_info(),
+        "sdpa_backends": sdpa_backends(device),
+        "flash_attn_installed": _flash_attn_installed(),
+        "dispatch": dispatch(device),
+    }
+
+
+def _flash_attn_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def print_doctor(info: dict[str, Any], console: Console | None = None) -> None:
+    """The report as three short tables."""
+    from llm_speed._output import print_table
+
+    console = console or Console()
+    gpu = info["gpu"]
+    if gpu["available"]:
+        gpu_text = f"{gpu['name']} (compute capability {gpu['compute_capability']}, {gpu['sm_count']} SMs)"
+        spec_text = gpu["spec_table_id"] or "not in the spec table: no roofline predictions"
+    else:
+        gpu_text, spec_text = f"none — {gpu['reason']}", "—"
+    mode = "on (Triton kernels run in the interpreter)" if info["triton_interpret"] else "off"
+    print_table(
+        "llm-speed doctor",
+        ["item", "value"],
+        [
+            ["llm-speed", info["llm_speed_version"]],
+            ["python", info["python_version"]],
+            ["torch", f"{info['torch_version']} (CUDA {info['torch_cuda_version'] or 'none'})"],
+            ["triton", info["triton_version"]],
+            ["GPU", gpu_text],
+            ["GPU spec entry", spec_text],
+            ["TRITON_INTERPRET", mode],
+            ["flash_attn package", "installed" if info["flash_attn_installed"] else "not installed"],
+            ["probed on", info["device"]],
+        ],
+        console=console,
+    )
+    print_table(
+        "torch SDPA backends",
+        ["backend", "usable", "why not"],
+        [[name, entry["usable"], entry["reason"]] for name, entry in info["sdpa_backends"].items()],
+        console=console,
+    )
+    print_table(
+        "What llm-speed runs here",
+        ["op", "runs", "Triton kernels launched"],
+        [[op, entry["runs"], ", ".join(entry["kernels"]) or None] for op, entry in info["dispatch"].items()],
+        console=console,
+    )
+
+
+def run_doctor_command(args: argparse.Namespace) -> int:
+    """``llm-speed doctor``."""
+    from llm_speed._output import dump_json
+    from llm_speed.bench.cli import resolve_device
+
+    info = doctor_report(resolve_device(args.device))
+    if args.output:
+        dump_json(info, args.output)
+    if args.json:
+        dump_json(info)
+    else:
+        from llm_speed.bench.report import output_console
+
+        print_doctor(info, output_console())
+    return 0

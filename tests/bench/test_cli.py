@@ -1,0 +1,328 @@
+"""The ``bench``, ``doctor`` and ``demo`` commands: flags (seed 002's included), bad input, outputs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_speed._runtime import INTERPRETED
+from llm_speed.bench.cli import attention_settings, gemm_settings
+from llm_speed.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[2]
+NO_GPU = not torch.cuda.is_available()
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def fast_env() -> dict[str, str]:
+    """Subprocess environment: llm-speed's CPU fallbacks instead of the (slow) Triton interpreter."""
+    return {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO / "src")}
+
+
+def test_seed_002_attention_flags():
+    args = parse(
+        "bench",
+        "attention",
+        "--seq-lengths",
+        "512",
+        "1024",
+        "2048",
+        "4096",
+        "8192",
+        "--batch-size",
+        "4",
+        "--num-heads",
+        "16",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--warmup",
+        "50",
+        "--iterations",
+        "200",
+        "--output",
+        "results.json",
+        "--device",
+        "cpu",
+    )
+    settings = attention_settings(args)
+    assert settings.seq_lengths == (512, 1024, 2048, 4096, 8192)
+    assert (settings.batch_size, settings.num_heads, settings.num_kv_heads, settings.head_dim) == (
+        4,
+        16,
+        16,
+        64,
+    )
+    assert (settings.dtype, settings.warmup, settings.iterations) == ("fp16", 50, 200)
+    assert args.output == "results.json"
+    assert settings.mode == "fwd" and not settings.causal
+
+
+def test_new_attention_flags():
+    args = parse(
+        "bench",
+        "attention",
+        "--causal",
+        "--num-heads",
+        "8",
+        "--num-kv-heads",
+        "2",
+        "--mode",
+        "fwd+bwd",
+        "--impl",
+        "flash",
+        "sdpa-flash",
+        "--plot",
+        "x.png",
+        "--device",
+        "cpu",
+    )
+    settings = attention_settings(args)
+    assert settings.causal and settings.num_kv_heads == 2 and settings.mode == "fwd+bwd"
+    assert settings.impls == ("flash", "sdpa-flash") and args.plot == "x.png"
+
+
+def test_cpu_defaults_are_small():
+    settings = attention_settings(parse("bench", "attention", "--device", "cpu"))
+    assert max(settings.seq_lengths) <= 128 and settings.dtype == "fp32"
+    gemm = gemm_settings(parse("bench", "gemm", "--device", "cpu"))
+    assert max(case.m for case in gemm.cases) <= 128
+
+
+def test_seed_002_gemm_flags_and_model_shapes():
+    args = parse(
+        "bench",
+        "gemm",
+        "--sizes",
+        "512x512x512",
+        "1024x1024x1024",
+        "--dtype",
+        "fp16",
+        "--output",
+        "g.json",
+        "--device",
+        "cpu",
+    )
+    settings = gemm_settings(args)
+    assert [(c.m, c.n, c.k) for c in settings.cases] == [(512, 512, 512), (1024, 1024, 1024)]
+    model = gemm_settings(parse("bench", "gemm", "--model", "llama-3-8b", "--tokens", "8", "--device", "cpu"))
+    assert {case.name for case in model.cases} >= {"qkv", "o", "down", "lm_head"}
+    assert all(case.m == 8 for case in model.cases)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "gemm", "--sizes", "12x34"], "MxNxK"),
+        (["bench", "gemm", "--dtype", "fp64"], "--dtype"),
+        (["bench", "gemm", "--impl", "cutlass"], "--impl"),
+        (["bench", "attention", "--impl", "xformers"], "--impl"),
+        (["bench", "attention", "--dtype", "int8"], "--dtype"),
+        (["bench", "attention", "--batch-size", "0"], "--batch-size"),
+        (
+            ["bench", "attention", "--device", "cpu", "--num-heads", "4", "--num-kv-heads", "3"],
+            "num_kv_heads",
+        ),
+        (["bench", "gemm", "--device", "cpu", "--tokens", "4"], "--model"),
+        (["bench", "gemm", "--device", "cpu", "--dtype", "int8", "--epilogue", "bias"], "epilogue"),
+        (["bench", "gemm", "--device", "cpu", "--model", "no-such-model"], "no-such-model"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as parse_exit:
+        code = main(argv)
+        raise SystemExit(code)
+    assert parse_exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the message given when no GPU is there")
+def test_cuda_requested_without_a_gpu(capsys):
+    assert main(["bench", "gemm", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_gemm_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "g.json", tmp_path / "g.png"
+    code = main(
+        [
+            "bench",
+            "gemm",
+            "--device",
+            "cpu",
+            "--sizes",
+            "16x16x16",
+            "--warmup",
+            "0",
+            "--iterations",
+            "1",
+            "--output",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "GEMM BENCHMARK RESULTS" in text and "CPU timings" in text
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == "gemm" and len(payload["results"]) == 2
+    assert png.stat().st_size > 0
+
+
+def test_bench_attention_json_to_stdout(capsys):
+    code = main(
+        [
+            "bench",
+            "attention",
+            "--device",
+            "cpu",
+            "--seq-lengths",
+            "16",
+            "--num-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--impl",
+            "naive",
+            "sdpa",
+            "--warmup",
+            "0",
+            "--iterations",
+            "1",
+            "--json",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [r["impl"] for r in payload["results"]] == ["naive", "sdpa"]
+    assert payload["settings"]["seq_lengths"] == [16]
+
+
+def test_nothing_runnable_exits_1(capsys):
+    code = main(
+        [
+            "bench",
+            "attention",
+            "--device",
+            "cpu",
+            "--seq-lengths",
+            "16",
+            "--impl",
+            "flash_attn",
+            "--no-progress",
+        ]
+    )
+    assert code == 1
+    assert "not run: flash_attn" in capsys.readouterr().out
+
+
+def test_doctor_reports_dispatch_and_backends(capsys):
+    assert main(["doctor", "--device", "cpu", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["torch_version"] == torch.__version__ and info["triton_interpret"] == INTERPRETED
+    assert info["sdpa_backends"]["math"]["usable"] is True
+    flash = info["dispatch"]["flash_attention (forward)"]
+    if INTERPRETED:
+        assert flash["runs"] == "Triton interpreter" and flash["kernels"]
+    else:
+        assert flash["runs"].startswith("PyTorch fallback")
+    assert info["dispatch"]["naive_attention"]["runs"] == "PyTorch (plain ops, by design)"
+    if NO_GPU:
+        assert info["gpu"]["available"] is False and info["gpu"]["reason"]
+
+
+def test_doctor_table(capsys):
+    assert main(["doctor", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    for expected in (
+        "llm-speed doctor",
+        "TRITON_INTERPRET",
+        "torch SDPA backends",
+        "What llm-speed runs here",
+    ):
+        assert expected in text
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "llm_speed.cli", "demo", "--device", "cpu", "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=fast_env(),
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for expected in ("1/4", "llama-3-8b", "h100-sxm", "2/4", "3/4", "4/4", "CPU timings"):
+        assert expected in result.stdout
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    payload = json.loads((tmp_path / "demo.json").read_text())
+    assert payload["attention"]["results"] and payload["gemm"]["results"]
+
+
+def test_seed_wrapper_script_accepts_seed_flags(tmp_path):
+    out = tmp_path / "gemm_results.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark_gemm.py"),
+            "--sizes",
+            "16x16x16",
+            "--dtype",
+            "fp32",
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=fast_env(),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(out.read_text())["benchmark"] == "gemm"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_suite_script_dry_run_and_no_gpu_refusal(tmp_path):
+    script = REPO / "benchmarks" / "run_gpu_suite.sh"
+    dry = subprocess.run(
+        ["bash", str(script), "--dry-run", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr
+    for step in ("doctor", "pytest", "attention_fwd", "gemm_fp16", "gemm_int8", "demo"):
+        assert f"[{step}]" in dry.stdout
+    assert str(tmp_path / "out" / "attention_fwd.json") in dry.stdout
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    if NO_GPU:
+        real = subprocess.run(
+            ["bash", str(script), str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHON": sys.executable},
+            timeout=60,
+            check=False,
+        )
+        assert real.returncode == 2 and "no CUDA GPU" in real.stderr
