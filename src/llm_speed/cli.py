@@ -8,7 +8,11 @@ import sys
 
 # Each module defines ``register(subparsers)`` which adds its commands with ``set_defaults(func=...)``;
 # ``func(args)`` returns the process exit code.
-COMMAND_MODULES: tuple[str, ...] = ("llm_speed.bench.cli",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "llm_speed.bench.cli",
+    "llm_speed.perf.cli_models",
+    "llm_speed.perf.cli_hardware",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

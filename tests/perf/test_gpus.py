@@ -125,3 +125,5 @@ def test_live_device_matches_the_table_when_a_gpu_is_present():
         assert live["table_id"] == spec.id
         assert live["sm_count"] == spec.sm_count
         assert math.isclose(live["l2_cache_mb"], spec.l2_cache_mb, rel_tol=0.05)
+        if "memory_bandwidth_gbs" in live:
+            assert math.isclose(live["memory_bandwidth_gbs"], spec.hbm_bandwidth_gbs, rel_tol=0.05)

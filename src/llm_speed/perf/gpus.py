@@ -225,7 +225,8 @@ def _ampere_a100(
 def _hopper_compute_sources(form: str) -> dict[str, str]:
     return {
         "sm_count": _H100_WHITEPAPER + f" ({form})",
-        "boost_clock_mhz": f"{_H100_DATASHEET} / nvidia-smi max SM clock ({form})",
+        "boost_clock_mhz": f"maximum SM clock nvidia-smi reports on H100 {form}; the dense tensor peaks "
+        "imply a lower sustained clock (SXM: 989.5 TFLOP/s = 132 SMs x 4,096 FLOP/clk x 1.83 GHz)",
         "l2_cache_mb": _H100_WHITEPAPER,
         "smem_per_sm_kb": _HOPPER_TUNING,
         "register_file_per_sm_kb": _HOPPER_TUNING,
@@ -612,9 +613,10 @@ def detect_gpu() -> GPUSpec | None:
 def live_device_properties(device: int = 0) -> dict[str, Any] | None:
     """What the current CUDA device reports about itself, or None without CUDA.
 
-    Keys: name, compute_capability, sm_count, l2_cache_mb (MiB), smem_per_sm_kb and smem_per_block_optin_kb
-    (KiB, when this torch exposes them), register_file_per_sm_kb (when exposed), memory_gb (decimal GB) and
-    table_id (the matching table entry, or None). Peaks are not reported by the device; use the table.
+    Keys: name, compute_capability, sm_count, memory_gb (decimal GB), table_id (the matching table entry, or
+    None) and, when this torch exposes them: l2_cache_mb (MiB), smem_per_sm_kb and smem_per_block_optin_kb
+    (KiB), register_file_per_sm_kb, sm_clock_mhz, and memory_bandwidth_gbs = 2 x memory clock x bus width / 8
+    (double data rate). Peaks are not reported by the device; use the table.
     """
     import torch
 
@@ -639,6 +641,14 @@ def live_device_properties(device: int = 0) -> dict[str, Any] | None:
     registers = getattr(props, "regs_per_multiprocessor", None)
     if registers is not None:
         result["register_file_per_sm_kb"] = registers * 4 / 1024
+    clock_khz = getattr(props, "clock_rate", None)
+    if clock_khz:
+        result["sm_clock_mhz"] = clock_khz / 1000
+    memory_clock_khz = getattr(props, "memory_clock_rate", None)
+    bus_bits = getattr(props, "memory_bus_width", None)
+    if memory_clock_khz and bus_bits:
+        # Double data rate: two transfers per memory clock over the whole bus (CUDA bandwidthTest's formula).
+        result["memory_bandwidth_gbs"] = 2 * memory_clock_khz * 1e3 * bus_bits / 8 / 1e9
     try:
         result["table_id"] = get_gpu(props.name).id
     except ValueError:
