@@ -376,7 +376,6 @@ class CUDAProfiler:
         else:
             elapsed_ms, timer = host_ms, HOST_TIMER
 
-        cost_reason = NO_COST_REASON
         if flops is None and calls:
             flops = sum(call.flops for call in calls)
         if bytes_moved is None and calls:
@@ -386,7 +385,7 @@ class CUDAProfiler:
             dtype = dtypes.pop() if len(dtypes) == 1 else None
         metrics = kernel_metrics(
             elapsed_ms, flops=flops, bytes_moved=bytes_moved, dtype=dtype, device=device, timer=timer,
-            iterations=1, name=name, cost_reason=cost_reason,
+            iterations=1, name=name,
         )
         metrics.notes.append(
             "one un-warmed run of the block"
