@@ -60,6 +60,7 @@ def test_mla_decode_reads_the_latent_cache_once():
     assert decode.bytes_moved == pytest.approx(cache + 61 * (4 * 128 * 1088 * 2 + 4 * 4 * 128))
     # absorbed form: 128 heads score over 576 latent+rope dims and sum 512 latent dims per cached token
     assert decode.flops == 61 * 2 * 4 * 128 * a.decode_context * (576 + 512)
+    assert _op(a, "decode", "latent_rmsnorm").flops == 61 * 4 * 4 * (1536 + 512)
 
 
 def test_sliding_window_limits_attention():
@@ -134,3 +135,14 @@ def test_bad_input(kwargs, match):
         analyze_inference(kwargs.pop("model"), kwargs.pop("gpu"), **kwargs)
     with pytest.raises(ValueError, match="batch_sizes"):
         decode_batch_sweep("llama-3-8b", "h100-sxm", batch_sizes=())
+
+
+def test_sliding_window_prefill_reads_every_key_once():
+    window = generalized_attention_cost(
+        1, 4, 100, 100, 8, 8, heads_kv=4, dtype="bf16", causal=True, sliding_window=10
+    )
+    full = generalized_attention_cost(1, 4, 100, 100, 8, 8, heads_kv=4, dtype="bf16", causal=True)
+    assert window.bytes_moved == full.bytes_moved  # every key is inside some query's window
+    assert window.flops == 2 * 4 * (55 + 90 * 10) * 16
+    with pytest.raises(ValueError, match="seq_q == seq_kv"):
+        generalized_attention_cost(1, 4, 10, 100, 8, 8, heads_kv=4, causal=True, sliding_window=10)

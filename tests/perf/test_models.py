@@ -244,6 +244,8 @@ def test_gemm_shapes_of_llama():
     assert shapes["gate_up"] == GemmShape("gate_up", 16, 2 * 14336, 4096, 32)
     assert shapes["down"] == GemmShape("down", 16, 4096, 14336, 32)
     assert shapes["lm_head"] == GemmShape("lm_head", 2, 128256, 4096, 1)
+    assert gemm_shapes("llama-3-8b", 16, lm_head_tokens=2) == list(shapes.values())
+    assert param_count("llama-3-8b") == param_count(get_model("llama-3-8b"))
     moe = {s.name: s for s in gemm_shapes(get_model("mixtral-8x7b"), 1)}
     assert moe["expert_gate_up"].count == 2 * 32 and moe["expert_gate_up"].m == 1  # top-2 experts, 1 token
     with pytest.raises(ValueError, match="num_tokens"):

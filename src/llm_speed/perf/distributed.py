@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
+from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
 from llm_speed.perf.training import PIPELINE_SCHEDULES, activation_bytes_per_layer
 
@@ -300,8 +301,6 @@ def context_parallel_kv_bytes_per_layer(
     s = _positive_int("seq_len", seq_len)
     if s % c:
         raise ValueError(f"cp ({c}) must divide seq_len ({s})")
-    from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
-
     per_token = kv_elements_per_token_per_layer(config) * dtype_bytes(dtype)
     return (c - 1) * _positive_int("micro_batch_size", micro_batch_size) * (s // c) * per_token
 

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
-from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES, KernelCost, attention_cost, gemm_cost
+from llm_speed.perf.kernel_costs import (
+    SOFTMAX_STATS_BYTES,
+    KernelCost,
+    attention_cost,
+    gemm_cost,
+    visible_pairs,
+)
 from llm_speed.perf.kv_cache import kv_cache_size
 from llm_speed.perf.models import ModelConfig, gemm_shapes, param_count, resolve_model
 from llm_speed.perf.roofline import roofline
@@ -127,23 +133,30 @@ def generalized_attention_cost(
 ) -> KernelCost:
     """FlashAttention forward with separate query/key and value widths and an optional sliding window.
 
-    FLOPs = 2 * B * Hq * pairs * (d_qk + d_v) (QK^T and PV); pairs per :func:`training.attention_pairs` for a
-    square causal mask, seq_q * min(seq_kv, window) otherwise. Bytes = e*B*Hq*seq_q*(d_qk + d_v) (read Q,
-    write O) + the K/V read (B * seq_kv' * kv_bytes_per_token, default e * Hkv * (d_qk + d_v) per token, with
-    seq_kv' = min(seq_kv, window)) + fp32 LSE 4 * B * Hq * seq_q. With d_qk = d_v and no window it equals
-    :func:`kernel_costs.attention_cost` (tested).
+    FLOPs = 2 * B * Hq * pairs * (d_qk + d_v) (QK^T and PV). pairs: causal without a window per
+    :func:`kernel_costs.visible_pairs` (bottom-right aligned); causal square with window w per
+    :func:`training.attention_pairs`; non-causal seq_q * min(seq_kv, w). Bytes = e*B*Hq*seq_q*(d_qk + d_v)
+    (read Q, write O) + the K/V read, B * n_kv * kv_bytes_per_token (default e*Hkv*(d_qk + d_v) per token),
+    where n_kv = min(seq_kv, w + seq_q - 1) keys are visible to some query, + fp32 LSE 4 * B * Hq * seq_q.
+    With d_qk = d_v and no window it equals :func:`kernel_costs.attention_cost` (tested).
     """
     element = dtype_bytes(dtype)
-    kv_len = min(seq_kv, sliding_window) if sliding_window else seq_kv
-    if causal and seq_q == seq_kv:
+    if sliding_window is None:
+        kv_read = seq_kv
+        pairs = visible_pairs(seq_q, seq_kv, causal)
+    elif not causal:
+        kv_read = min(seq_kv, sliding_window + seq_q - 1)
+        pairs = seq_q * min(seq_kv, sliding_window)
+    elif seq_q == seq_kv:
+        kv_read = seq_kv
         pairs = attention_pairs(seq_q, causal=True, sliding_window=sliding_window)
     else:
-        pairs = seq_q * kv_len
+        raise ValueError("causal sliding-window attention needs seq_q == seq_kv (prefill) or causal=False")
     flops = 2.0 * batch * heads_q * pairs * (qk_dim + v_dim)
     per_token = element * heads_kv * (qk_dim + v_dim) if kv_bytes_per_token is None else kv_bytes_per_token
     bytes_moved = (
         element * batch * heads_q * seq_q * (qk_dim + v_dim)
-        + batch * kv_len * per_token
+        + batch * kv_read * per_token
         + SOFTMAX_STATS_BYTES * batch * heads_q * seq_q
     )
     return KernelCost(flops, float(bytes_moved))
@@ -190,6 +203,10 @@ def _phase_ops(
     builder.add("embedding", elementwise(tokens * h, tokens * h, 0.0), 1)
     norm = KernelCost(NORM_FLOPS_PER_ELEMENT * tokens * h, (2 * tokens * h + h) * e)
     builder.add("rmsnorm", norm, 2 * layers + 1)
+    if config.uses_mla:  # MLA normalises its query and KV latents too
+        latent = config.q_lora_rank + config.kv_lora_rank
+        latent_norm = KernelCost(NORM_FLOPS_PER_ELEMENT * tokens * latent, (2 * tokens * latent + latent) * e)
+        builder.add("latent_rmsnorm", latent_norm, layers)
 
     # Weight GEMMs of the attention block and dense MLPs, from the model's GEMM list.
     moe_gemms = ("router", "expert_gate_up", "expert_up", "expert_down")
@@ -250,17 +267,17 @@ def _phase_ops(
 
     up_width = config.intermediate_size
     if config.num_dense_layers:
-        act = _activation(config, tokens, up_width)
-        builder.add("mlp_activation", KernelCost(act.flops, act.bytes_moved * e), config.num_dense_layers)
+        builder.add("mlp_activation", _activation(config, tokens, up_width, e), config.num_dense_layers)
     if config.is_moe:
         _moe_ops(builder, config, tokens, e)
     return builder.ops
 
 
-def _activation(config: ModelConfig, tokens: float, width: int) -> KernelCost:
-    """Elements read/written (bytes = these * e) and FLOPs of the MLP activation (SwiGLU reads gate, up)."""
+def _activation(config: ModelConfig, tokens: float, width: int, element_bytes: float) -> KernelCost:
+    """The MLP activation as its own kernel: SwiGLU reads gate and up (2*T*I) and writes T*I, a plain
+    activation reads T*I and writes T*I; ~5 FLOPs per output element."""
     reads = (2 if config.gated_mlp else 1) * tokens * width
-    return KernelCost(SWIGLU_FLOPS_PER_ELEMENT * tokens * width, reads + tokens * width)
+    return KernelCost(SWIGLU_FLOPS_PER_ELEMENT * tokens * width, (reads + tokens * width) * element_bytes)
 
 
 def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) -> None:
@@ -282,12 +299,11 @@ def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) ->
         KernelCost(2.0 * routed * h * up, gemm_bytes_up),
         moe_layers,
     )
-    act = _activation(config, routed, width)
-    builder.add("expert_activation", KernelCost(act.flops, act.bytes_moved * e), moe_layers)
+    builder.add("expert_activation", _activation(config, routed, width, e), moe_layers)
     builder.add("expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers)
     if config.num_shared_experts:
-        act = _activation(config, tokens, width * config.num_shared_experts)
-        builder.add("shared_expert_activation", KernelCost(act.flops, act.bytes_moved * e), moe_layers)
+        shared = _activation(config, tokens, width * config.num_shared_experts, e)
+        builder.add("shared_expert_activation", shared, moe_layers)
     builder.add("moe_combine", KernelCost(2.0 * routed * h, (routed * h + tokens * h) * e), moe_layers)
 
 

@@ -507,15 +507,16 @@ def mlp_params(hidden_size: int, intermediate_size: int, gated: bool) -> int:
     return (3 if gated else 2) * hidden_size * intermediate_size
 
 
-def param_count(config: ModelConfig) -> ParamCount:
+def param_count(config: ModelConfig | str) -> ParamCount:
     """Count parameters from the shapes (see :func:`attention_params_per_layer` and :func:`mlp_params`).
 
     Per layer: attention + two RMSNorm weights (h each) + MLP; dense layers use ``intermediate_size``; MoE
     layers hold ``num_experts`` routed and ``num_shared_experts`` shared experts of ``moe_intermediate_size``
     plus a router [h, E] (DeepSeek adds an E-sized score-correction bias). Plus embeddings V*h, a final norm h
     and an LM head V*h unless tied. Matches the published totals, e.g. Llama-3-8B 8,030,261,248; Mixtral-8x7B
-    46.7B total / 12.9B active; DeepSeek-V3 671B / 37B.
+    46.7B total / 12.9B active; DeepSeek-V3 671B / 37B. ``config`` may also be a zoo id or config.json path.
     """
+    config = resolve_model(config)
     h, layers = config.hidden_size, config.num_layers
     attention = attention_params_per_layer(config) * layers
     norms = 2 * h * layers + h  # the MLA latent norms are counted inside attention_params_per_layer
@@ -571,7 +572,7 @@ def routed_tokens_per_expert(config: ModelConfig, num_tokens: int) -> tuple[int,
 
 
 def gemm_shapes(
-    config: ModelConfig, num_tokens: int, *, lm_head_tokens: int | None = None
+    config: ModelConfig | str, num_tokens: int, *, lm_head_tokens: int | None = None
 ) -> list[GemmShape]:
     """The weight GEMMs of one forward pass over ``num_tokens`` tokens (batch * sequence).
 
@@ -579,8 +580,9 @@ def gemm_shapes(
     ``lm_head_tokens`` (default: every token; inference needs only the last token of each sequence). MLA: q_a,
     q_b (or q), kv_a, kv_b, o. MoE layers: the router GEMM, shared experts (m = num_tokens) and routed experts
     with balanced routing (:func:`routed_tokens_per_expert`). Attention score/value products are not weight
-    GEMMs and are not listed.
+    GEMMs and are not listed. ``config`` may also be a zoo id or config.json path.
     """
+    config = resolve_model(config)
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
         raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
     lm_tokens = num_tokens if lm_head_tokens is None else lm_head_tokens
