@@ -360,9 +360,9 @@ def activation_memory(
 ) -> ActivationMemory:
     """Peak activation bytes on the first pipeline stage (Korthikanti et al. 2022, section 4.2.3).
 
-    Each stage holds ceil(L/p) layers. GPipe keeps all m micro-batches in flight; 1F1B at most p (so the first
-    stage holds L layers' worth, independent of p); the interleaved schedule multiplies 1F1B by
-    (1 + (p-1)/(p*v)) for v virtual stages per GPU. Embedding and logit activations are not included.
+    Each stage holds L/p layers (pp must divide L). GPipe keeps all m micro-batches in flight; 1F1B at most
+    p (so the first stage holds L layers' worth, independent of p); the interleaved schedule multiplies 1F1B
+    by (1 + (p-1)/(p*v)) for v virtual stages per GPU. Embedding and logit activations are not included.
     """
     config = resolve_model(config)
     p = _positive_int("pp", pp)
