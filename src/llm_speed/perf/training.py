@@ -250,7 +250,8 @@ def korthikanti_activation_bytes_per_layer(
     * no recomputation, TP without SP: sbh(10 + 24/t + 5as/(ht)); with SP: sbh(34/t + 5as/(ht))
       (t = 1 gives sbh(34 + 5as/h));
     * selective recomputation (attention core recomputed): sbh(10 + 24/t), with SP sbh(34/t);
-    * full recomputation (only the layer input kept): 2sbh, with SP 2sbh/t.
+    * full recomputation (only the layer input kept): 2sbh (Table 2); with SP that stored input is itself
+      sequence-sharded, so 2sbh/t (our reading: Megatron checkpoints the SP-sharded layer input).
     """
     s, b, h, a, t = (
         _positive_int(n, x)
