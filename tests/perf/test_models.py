@@ -198,6 +198,7 @@ def test_load_hf_deepseek_v3(tmp_path):
         "qk_rope_head_dim": 64,
         "qk_nope_head_dim": 128,
         "v_head_dim": 128,
+        "topk_method": "noaux_tc",
         "vocab_size": 129280,
         "max_position_embeddings": 163840,
         "hidden_act": "silu",

@@ -50,6 +50,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    router_bias: bool = False  # a per-expert router score bias (DeepSeek-V3's e_score_correction_bias)
     # Multi-head latent attention (0: not MLA). q_lora_rank 0 with MLA means an uncompressed query projection.
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
@@ -313,6 +314,7 @@ _ZOO: tuple[ModelConfig, ...] = (
         moe_intermediate_size=2048,
         num_shared_experts=1,
         first_dense_layers=3,
+        router_bias=True,
         kv_lora_rank=512,
         q_lora_rank=1536,
         qk_rope_head_dim=64,
@@ -445,6 +447,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             moe_intermediate_size=raw.get("moe_intermediate_size") or 0,
             num_shared_experts=raw.get("n_shared_experts") or 0,
             first_dense_layers=raw.get("first_k_dense_replace") or 0,
+            router_bias=raw.get("topk_method") == "noaux_tc",
             kv_lora_rank=need("kv_lora_rank"),
             q_lora_rank=raw.get("q_lora_rank") or 0,
             qk_rope_head_dim=need("qk_rope_head_dim"),
@@ -512,9 +515,10 @@ def param_count(config: ModelConfig | str) -> ParamCount:
 
     Per layer: attention + two RMSNorm weights (h each) + MLP; dense layers use ``intermediate_size``; MoE
     layers hold ``num_experts`` routed and ``num_shared_experts`` shared experts of ``moe_intermediate_size``
-    plus a router [h, E] (DeepSeek adds an E-sized score-correction bias). Plus embeddings V*h, a final norm h
-    and an LM head V*h unless tied. Matches the published totals, e.g. Llama-3-8B 8,030,261,248; Mixtral-8x7B
-    46.7B total / 12.9B active; DeepSeek-V3 671B / 37B. ``config`` may also be a zoo id or config.json path.
+    plus a router [h, E] (+ E biases when ``router_bias``, as in DeepSeek-V3). Plus embeddings V*h, a final
+    norm h and an LM head V*h unless tied. Matches the published totals, e.g. Llama-3-8B 8,030,261,248;
+    Mixtral-8x7B 46.7B total / 12.9B active; DeepSeek-V3 671B / 37B. ``config`` may also be a zoo id or a
+    config.json path.
     """
     config = resolve_model(config)
     h, layers = config.hidden_size, config.num_layers
@@ -524,7 +528,7 @@ def param_count(config: ModelConfig | str) -> ParamCount:
     expert = mlp_params(h, config.moe_intermediate_size, config.gated_mlp) if config.is_moe else 0
     routed = expert * config.num_experts * config.num_moe_layers
     shared = expert * config.num_shared_experts * config.num_moe_layers
-    router_bias = config.num_experts if config.uses_mla else 0  # DeepSeek's e_score_correction_bias
+    router_bias = config.num_experts if config.router_bias else 0
     router = (h * config.num_experts + router_bias) * config.num_moe_layers
     embedding = config.vocab_size * h
     lm_head = 0 if config.tie_embeddings else config.vocab_size * h
