@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils import flop_counter
 
 from llm_speed.perf.kernel_costs import KernelCost, attention_cost, gemm_cost, visible_pairs
@@ -126,3 +128,10 @@ def test_gemm_bad_inputs():
         gemm_cost(4, 4, 0)
     with pytest.raises(ValueError, match="dtype"):
         gemm_cost(4, 4, 4, out_dtype="fp3")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq_q=st.integers(1, 300), seq_kv=st.integers(1, 300))
+def test_causal_pairs_property(seq_q, seq_kv):
+    by_row = sum(max(0, min(seq_kv, i + seq_kv - seq_q + 1)) for i in range(seq_q))
+    assert visible_pairs(seq_q, seq_kv, causal=True) == by_row <= seq_q * seq_kv

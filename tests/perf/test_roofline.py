@@ -1,8 +1,10 @@
 """Roofline placement against hand-computed figures (seed 003's H100 numbers)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llm_speed.perf.gpus import get_gpu
+from llm_speed.perf.gpus import get_gpu, list_gpus
 from llm_speed.perf.roofline import arithmetic_intensity, roofline
 
 
@@ -68,3 +70,18 @@ def test_plot_places_predicted_and_measured_points(tmp_path):
         plot_roofline("h200", [PlotPoint("bad", 1.0, 1.0, -3.0)], tmp_path / "x.png")
     with pytest.raises(TypeError, match="PlotPoint"):
         plot_roofline("h200", [(1.0, 1.0)], tmp_path / "x.png")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    flops=st.floats(1.0, 1e18),
+    bytes_moved=st.floats(1.0, 1e15),
+    gpu=st.sampled_from([gpu.id for gpu in list_gpus()]),
+)
+def test_roofline_invariants(flops, bytes_moved, gpu):
+    point = roofline(flops, bytes_moved, "bf16", gpu)
+    assert point.attainable_flops <= point.peak_flops * (1 + 1e-12)
+    assert point.time_floor_s >= max(point.compute_time_s, point.memory_time_s) * (1 - 1e-12)
+    # The time floor is the work done at the attainable rate.
+    assert point.time_floor_s == pytest.approx(flops / point.attainable_flops)
+    assert (point.bound == "memory") == (point.intensity < point.ridge_point)

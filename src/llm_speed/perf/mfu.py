@@ -24,7 +24,7 @@ def achieved_flops_per_s(flops: float, seconds: float) -> float:
     return flops / seconds
 
 
-def mfu(flops: float, seconds: float, gpu: str | GPUSpec = "h100-sxm", dtype: Any = "bf16") -> float:
+def mfu(flops: float, seconds: float, gpu: str | GPUSpec, dtype: Any) -> float:
     """Model FLOP utilisation in [0, 1] (can exceed 1 only if the inputs are wrong): achieved / dense peak.
 
     ``flops`` are the model's useful FLOPs, ``seconds`` the measured wall time, the peak is
@@ -33,6 +33,6 @@ def mfu(flops: float, seconds: float, gpu: str | GPUSpec = "h100-sxm", dtype: An
     return achieved_flops_per_s(flops, seconds) / get_gpu(gpu).peak_flops(dtype)
 
 
-def hfu(hardware_flops: float, seconds: float, gpu: str | GPUSpec = "h100-sxm", dtype: Any = "bf16") -> float:
+def hfu(hardware_flops: float, seconds: float, gpu: str | GPUSpec, dtype: Any) -> float:
     """Hardware FLOP utilisation: executed FLOPs (incl. recomputation) / seconds / dense peak; HFU >= MFU."""
     return achieved_flops_per_s(hardware_flops, seconds) / get_gpu(gpu).peak_flops(dtype)

@@ -57,10 +57,8 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     return flops / bytes_moved
 
 
-def roofline(
-    flops: float, bytes_moved: float, dtype: Any = "bf16", gpu: str | GPUSpec = "h100-sxm"
-) -> RooflinePoint:
-    """Place a kernel on ``gpu``'s roofline for ``dtype``.
+def roofline(flops: float, bytes_moved: float, dtype: Any, gpu: str | GPUSpec) -> RooflinePoint:
+    """Place a kernel on ``gpu``'s roofline for ``dtype`` (both required: there is no default GPU).
 
     intensity I = flops / bytes_moved; ridge R = peak / bandwidth; attainable = min(peak, bandwidth * I);
     bound = "memory" if I < R else "compute"; time floor = max(flops / peak, bytes_moved / bandwidth)
