@@ -354,8 +354,9 @@ class TrainMemory:
 
 def _stage_params(config: ModelConfig, stage: int, pp: int, tp: int, ep: int) -> tuple[float, float]:
     """(non-expert params, routed-expert params) one GPU of pipeline ``stage`` holds. Attention, MLP, shared
-    experts, router, embedding and LM head are split by TP (norms replicated); routed experts by EP x TP. The
-    first stage holds the embedding, the last the LM head (both when pp = 1, once when tied)."""
+    experts, embedding and LM head are split by TP (norms and the router replicated); routed experts by
+    EP x TP (Megatron's expert tensor parallelism defaults to TP). The first stage holds the embedding, the
+    last the LM head (both when pp = 1, once when tied)."""
     per_stage = config.num_layers // pp
     first = stage * per_stage
     dense = max(0, min(config.num_dense_layers, first + per_stage) - first)
@@ -367,7 +368,7 @@ def _stage_params(config: ModelConfig, stage: int, pp: int, tp: int, ep: int) ->
     experts = 0.0
     if moe:
         expert = mlp_params(h, config.moe_intermediate_size, config.gated_mlp)
-        params += moe * (expert * config.num_shared_experts + h * config.num_experts) / tp
+        params += moe * (expert * config.num_shared_experts / tp + h * config.num_experts)
         experts = moe * expert * config.num_experts / (ep * tp)
     embedding = config.vocab_size * h / tp
     if stage == 0:
