@@ -217,9 +217,9 @@ def attention_memory(
     * flash forward: ``peak = Q + K + V + O + L`` (one fp32 log-sum-exp per query row, as FlashAttention-2
       stores; the running max and sum live in registers).
     * training, standard: autograd saves Q, K (for QK^T), P (softmax output, PV input) and V:
-      ``saved = Q + K + V + P``; backward peak adds O, dO, dP and dS (both s^2, alive together while
-      dS = P * (dP - rowsum(dP * P)) is formed) and dQ, dK, dV:
-      ``backward = Q + K + V + P + O + dO + dP + dS + dQ + dK + dV``.
+      ``saved = Q + K + V + P``. The backward runs PV's backward (dP, dV), softmax's (dS = P * (dP -
+      rowsum(dP * P)); P and dP die after it), then QK^T's (dQ, dK), with O and dO alive throughout:
+      ``backward = Q + K + V + O + dO + dV + max(P + dP + dS, dS + dQ + dK)`` (three s^2 tensors at once).
     * training, flash: saved = Q + K + V + O + L; backward peak adds dO, the fp32 dQ accumulator
       (b*hq*sq*d*4, FlashAttention-2), delta = rowsum(dO * O) in fp32 (L-sized) and dQ, dK, dV.
 
@@ -255,17 +255,11 @@ def attention_memory(
         )
         forward_peak = sum(forward_items.values())
         saved = q + 2 * kv + score
-        backward_items = {
-            **inputs,
-            "probs": score,
-            "output": out,
-            "grad_output": out,
-            "grad_probs": score,
-            "grad_scores": score,
-            "grad_q": q,
-            "grad_k": kv,
-            "grad_v": kv,
-        }
+        # Autograd runs PV's backward (dP, dV), softmax's (dS; P and dP die after it), then QK^T's (dQ, dK).
+        alive = {**inputs, "output": out, "grad_output": out, "grad_v": kv}
+        softmax_step = {**alive, "probs": score, "grad_probs": score, "grad_scores": score}
+        qk_step = {**alive, "grad_scores": score, "grad_q": q, "grad_k": kv}
+        backward_items = max(softmax_step, qk_step, key=lambda step: sum(step.values()))
     else:
         scores_bytes, probs_bytes, stats_bytes = 0.0, 0.0, float(stats)
         forward_items = {**inputs, "output": out, "softmax_lse": stats}
