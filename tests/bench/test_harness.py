@@ -286,3 +286,31 @@ def test_parse_size_rejects_malformed_sizes(text):
 def test_parse_size_accepts_the_seed_form():
     assert gemm_bench.parse_size("512x256X128") == (512, 256, 128)
     assert math.prod(gemm_bench.parse_size(" 2x3x4 ")) == 24
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_attention_and_gemm_on_the_gpu():
+    from llm_speed.perf.gpus import detect_gpu
+
+    settings = tiny_attention(
+        seq_lengths=(256,),
+        head_dim=64,
+        dtype="fp16",
+        impls=("flash", "naive", "sdpa"),
+        iterations=5,
+        device="cuda",
+    )
+    rows = attention_bench.run_attention(settings, show_progress=False)
+    assert all(row.available for row in rows), [row.reason for row in rows]
+    for row in rows:
+        assert row.timing.timer == "cuda-events" and row.timing.l2_flush_bytes > 0
+        assert row.peak_memory_bytes > 0 and row.memory_saved_vs_naive_bytes is not None
+        if detect_gpu() is not None:
+            assert row.predicted_ms > 0 and row.measured_over_predicted > 0
+    gemm_rows = gemm_bench.run_gemm(
+        tiny_gemm(cases=(gemm_bench.GemmCase("", 256, 256, 256),), dtype="fp16", device="cuda"),
+        show_progress=False,
+    )
+    assert all(row.available for row in gemm_rows), [row.reason for row in gemm_rows]
+    assert gemm_rows[0].percent_of_baseline > 0
