@@ -33,17 +33,36 @@ def test_roofline_point_json(capsys):
     )
     assert data["gpu"] == "h100-sxm"
     assert data["ridge_points"]["fp16"] == pytest.approx(989.5 / 3.35)
-    point = data["point"]
+    (point,) = data["points"]
+    assert point["label"] == "kernel"
     assert point["bound"] == "memory" and point["intensity"] == pytest.approx(100)
     assert point["time_floor_s"] == pytest.approx(1e9 / 3.35e12)
 
 
-def test_roofline_gemm_table_and_plot(capsys, tmp_path):
+def test_roofline_gemm_table_and_plot(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     plot = tmp_path / "roof.png"
     assert main(["roofline", "--gpu", "a100-sxm-80gb", "--gemm", "4096x4096x4096", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "compute" in out and "gemm 4096x4096x4096" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_roofline_attention_places_three_implementations(capsys):
+    data = _json(capsys, ["roofline", "--gpu", "h100", "--attention", "1,32,4096,128", "--causal", "--json"])
+    by_impl = {point["label"].split()[1]: point for point in data["points"]}
+    assert set(by_impl) == {"flash", "tiled", "naive"}
+    assert by_impl["flash"]["flops"] == by_impl["naive"]["flops"] == 4 * 32 * 128 * (4096 * 4097 // 2)
+    assert by_impl["flash"]["bound"] == "compute" and by_impl["naive"]["bound"] == "memory"
+    assert by_impl["flash"]["intensity"] > by_impl["tiled"]["intensity"] > by_impl["naive"]["intensity"]
+
+
+def test_gpus_show_lists_every_field_with_its_source(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["gpus", "--show", "NVIDIA H100 80GB HBM3"]) == 0
+    out = capsys.readouterr().out
+    assert "h100-sxm" in out and "peak_tflops bf16" in out and "sparsity" in out and "HBM3" in out
+    assert _json(capsys, ["gpus", "--show", "h200", "--json"])["hbm_bandwidth_gbs"] == 4800.0
 
 
 def test_vram_standard_vs_flash(capsys):
@@ -101,6 +120,8 @@ def test_waves_seed_001(capsys):
     [
         (["roofline", "--gpu", "v100"], "valid ids: a100-sxm-80gb"),
         (["roofline", "--gpu", "h100", "--flops", "10"], "--flops and --bytes go together"),
+        (["roofline", "--gpu", "h100", "--gemm", "8,8,8", "--attention", "1,1,8,8"], "only one of"),
+        (["gpus", "--show", "tpu"], "valid ids"),
         (["roofline", "--gpu", "h100", "--flops", "-1", "--bytes", "2"], "flops must be"),
         (["roofline", "--gpu", "a100", "--dtype", "fp8"], "accepted dtypes"),
         (["vram", "--seq-len", "-5", "--num-heads", "8", "--head-dim", "64"], "batch|seq"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from llm_speed._output import dump_json, print_table
@@ -27,7 +28,27 @@ def _gemm_dims(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(f"expected three integers M,N,K, got {text!r}") from error
 
 
+def _gpu_detail(gpu_name: str, as_json: bool) -> int:
+    spec = get_gpu(gpu_name)
+    if as_json:
+        dump_json(spec)
+        return 0
+    rows = [
+        [field.name, getattr(spec, field.name), spec.sources.get(field.name, "")]
+        for field in dataclasses.fields(spec)
+        if field.name not in ("sources", "peak_tflops")
+    ]
+    rows += [
+        [f"peak_tflops {name}", value, spec.sources["peak_tflops"] if i == 0 else "(same)"]
+        for i, (name, value) in enumerate(spec.peak_tflops.items())
+    ]
+    print_table(f"{spec.name} ({spec.id})", ["field", "value", "source"], rows)
+    return 0
+
+
 def _gpus(args: argparse.Namespace) -> int:
+    if args.show is not None:
+        return _gpu_detail(args.show, args.json)
     gpus = list_gpus()
     if args.json:
         dump_json(gpus)
@@ -75,25 +96,51 @@ def _gpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, float, float]]:
+    """(label, FLOPs, bytes) of the kernels the roofline command should place."""
+    given = [
+        args.flops is not None or args.bytes is not None,
+        args.gemm is not None,
+        args.attention is not None,
+    ]
+    if sum(given) > 1:
+        raise ValueError("give only one of --flops/--bytes, --gemm, --attention")
+    if args.gemm is not None:
+        m, n, k = args.gemm
+        cost = gemm_cost(m, n, k, dtype=dtype)
+        return [(f"gemm {m}x{n}x{k}", cost.flops, cost.bytes_moved)]
+    if args.attention is not None:
+        batch, heads, seq, head_dim = args.attention
+        kernels = []
+        for impl in ("flash", "tiled", "naive"):
+            cost = attention_cost(
+                batch, heads, seq, seq, head_dim, dtype=dtype, causal=args.causal, mode=args.mode, impl=impl
+            )
+            kernels.append(
+                (
+                    f"attention {impl} {args.mode}{' causal' if args.causal else ''}",
+                    cost.flops,
+                    cost.bytes_moved,
+                )
+            )
+        return kernels
+    if (args.flops is None) != (args.bytes is None):
+        raise ValueError("--flops and --bytes go together")
+    return [] if args.flops is None else [("kernel", args.flops, args.bytes)]
+
+
 def _roofline(args: argparse.Namespace) -> int:
     spec = get_gpu(args.gpu)
     dtype = normalize_dtype(args.dtype)
     spec.peak_flops(dtype)  # a dtype this GPU has no peak for is an error, even without a kernel
-    flops, bytes_moved, label = args.flops, args.bytes, "kernel"
-    if args.gemm is not None:
-        if flops is not None or bytes_moved is not None:
-            raise ValueError("give either --gemm or --flops/--bytes, not both")
-        m, n, k = args.gemm
-        cost = gemm_cost(m, n, k, dtype=dtype)
-        flops, bytes_moved, label = cost.flops, cost.bytes_moved, f"gemm {m}x{n}x{k}"
-    if (flops is None) != (bytes_moved is None):
-        raise ValueError("--flops and --bytes go together")
-    point = None if flops is None else roofline(flops, bytes_moved, dtype, spec)
+    kernels = _roofline_kernels(args, dtype)
+    points = [(label, roofline(flops, bytes_moved, dtype, spec)) for label, flops, bytes_moved in kernels]
     if args.plot:
         from llm_speed.perf.plot import PlotPoint, plot_roofline
 
-        points = [] if point is None else [PlotPoint(label, point.flops, point.bytes_moved)]
-        written = plot_roofline(spec, points, args.plot, dtype=dtype)
+        written = plot_roofline(
+            spec, [PlotPoint(label, p.flops, p.bytes_moved) for label, p in points], args.plot, dtype=dtype
+        )
         if not args.json:
             print(f"wrote {written}")
     if args.json:
@@ -105,7 +152,7 @@ def _roofline(args: argparse.Namespace) -> int:
                 "peak_flops": spec.peak_flops(dtype),
                 "memory_bandwidth": spec.memory_bandwidth,
                 "ridge_points": ridges,
-                "point": point,
+                "points": [{"label": label, **vars(point)} for label, point in points],
             }
         )
         return 0
@@ -117,21 +164,23 @@ def _roofline(args: argparse.Namespace) -> int:
             for name in spec.peak_tflops
         ],
     )
-    if point is not None:
+    if points:
         print_table(
-            f"{label} on {spec.id} ({dtype})",
-            ["FLOPs", "bytes", "FLOP/byte", "ridge", "bound", "attainable TFLOP/s", "time floor us"],
+            f"Kernels on {spec.id} ({dtype})",
+            ["kernel", "FLOPs", "bytes", "FLOP/byte", "bound", "attainable TFLOP/s", "time floor us"],
             [
                 [
-                    point.flops,
-                    point.bytes_moved,
-                    point.intensity,
-                    point.ridge_point,
-                    point.bound,
-                    point.attainable_flops / 1e12,
-                    point.time_floor_s * 1e6,
+                    label,
+                    p.flops,
+                    p.bytes_moved,
+                    p.intensity,
+                    p.bound,
+                    p.attainable_flops / 1e12,
+                    p.time_floor_s * 1e6,
                 ]
+                for label, p in points
             ],
+            caption=f"ridge point {spec.ridge_point(dtype):.0f} FLOP/byte; bytes are minimum DRAM traffic",
         )
     return 0
 
@@ -265,6 +314,7 @@ def _waves(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``gpus``, ``roofline``, ``vram``, ``mfu`` and ``waves`` to the ``llm-speed`` parser."""
     parser = subparsers.add_parser("gpus", help="the GPU spec table (dense peaks, with sources in --json)")
+    parser.add_argument("--show", metavar="ID", help="one GPU, every field with its source")
     parser.add_argument("--json", action="store_true", help="print JSON (every field and its source)")
     parser.set_defaults(func=_gpus)
 
@@ -274,7 +324,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
     parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
     parser.add_argument("--gemm", type=_gemm_dims, metavar="M,N,K", help="place a GEMM (minimum traffic)")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline (and the kernel) to FILE")
+    parser.add_argument(
+        "--attention",
+        type=_attention_dims,
+        metavar="B,H,S,D",
+        help="place attention's flash, tiled and naive implementations",
+    )
+    parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
+    parser.add_argument("--mode", default="fwd", choices=("fwd", "bwd", "fwd+bwd"), help="with --attention")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline (and the kernels) to FILE")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=_roofline)
 

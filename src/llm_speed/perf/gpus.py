@@ -115,8 +115,8 @@ class GPUSpec:
     register_file_per_sm_kb: int
     nvlink_bandwidth_gbs: float | None
     pcie_bandwidth_gbs: float
+    memory_type: str  # DRAM kind: HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X
     sources: dict[str, str] = field(default_factory=dict)
-    memory_type: str = "HBM"
 
     def peak_flops(self, dtype: Any) -> float:
         """Dense peak in FLOP/s (OP/s for int8) for ``dtype``: ``peak_tflops[dtype] * 1e12``.
@@ -203,6 +203,7 @@ def _ampere_a100(
         register_file_per_sm_kb=256,
         nvlink_bandwidth_gbs=600.0,
         pcie_bandwidth_gbs=64.0,
+        memory_type="HBM2e" if capacity_gb == 80 else "HBM2",
         sources={
             "peak_tflops": _sparse_halved(
                 f"{_A100_DATASHEET}: FP64 9.7 (FP64 Tensor Core 19.5), FP32 19.5, TF32 312*, BF16/FP16 624*, "
@@ -285,6 +286,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         register_file_per_sm_kb=256,
         nvlink_bandwidth_gbs=900.0,
         pcie_bandwidth_gbs=128.0,
+        memory_type="HBM3",
         sources={
             "peak_tflops": _sparse_halved(
                 f"{_H100_DATASHEET}, SXM: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
@@ -321,6 +323,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         register_file_per_sm_kb=256,
         nvlink_bandwidth_gbs=600.0,
         pcie_bandwidth_gbs=128.0,
+        memory_type="HBM2e",
         sources={
             "peak_tflops": _sparse_halved(
                 f"{_H100_DATASHEET}, PCIe: FP64 26 (FP64 Tensor Core 51), FP32 51, TF32 756*, "
@@ -357,6 +360,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         register_file_per_sm_kb=256,
         nvlink_bandwidth_gbs=900.0,
         pcie_bandwidth_gbs=128.0,
+        memory_type="HBM3e",
         sources={
             "peak_tflops": _sparse_halved(
                 f"{_H200_DATASHEET}: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
@@ -397,6 +401,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         register_file_per_sm_kb=256,
         nvlink_bandwidth_gbs=1800.0,
         pcie_bandwidth_gbs=128.0,
+        memory_type="HBM3e",
         sources={
             "peak_tflops": _sparse_halved(
                 f"{_HGX_B200}: FP64/FP64 Tensor Core 296 TFLOPS, FP32 600 TFLOPS, TF32 18 PFLOPS*, "
