@@ -158,3 +158,32 @@ def test_training_adds_saved_tensors_and_backward_peak():
 def test_bad_inputs(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl", ["standard", "flash"])
+def test_forward_peak_matches_the_cuda_allocator(impl):
+    """What the caching allocator holds above Q, K, V at the forward's peak, against the model's items."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 1, 8, 2048, 64
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+
+    def run():
+        if impl == "standard":  # scale folded into q beforehand, as the model assumes
+            return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    run()  # warm-up: cuBLAS workspaces and other one-time buffers are allocated outside the measurement
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = run()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    model = attention_memory(b, h, s, s, d, dtype="fp16", impl=impl)
+    predicted = model.peak_bytes - model.q_bytes - model.k_bytes - model.v_bytes
+    assert out.shape == (b, h, s, d)
+    assert measured == pytest.approx(predicted, rel=0.02, abs=256 * 1024)
