@@ -221,7 +221,9 @@ def _reason(error: BaseException, caught: Sequence[warnings.WarningMessage]) -> 
     text = f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
     if isinstance(error, torch.cuda.OutOfMemoryError):
         text = "out of memory"
-    details = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
+    # SDPA explains a refused backend in UserWarnings; other categories (deprecations) are noise here.
+    explanations = [w for w in caught if issubclass(w.category, UserWarning) and str(w.message).strip()]
+    details = [str(w.message).strip().splitlines()[0] for w in explanations]
     if details:
         text += " (" + "; ".join(dict.fromkeys(details)) + ")"
     return text
