@@ -104,7 +104,12 @@ def test_precise_model_heads_batch_and_gqa():
     assert mem.scores_bytes == b * h * s * s * 2  # one matrix per head and sequence, unlike the seed
     assert mem.k_bytes == b * hkv * s * d * 2
     assert mem.peak_bytes == sum(mem.items.values())
-    assert set(mem.items) == {"q", "k", "v", "scores", "probs"}
+    # Eager GQA repeats K and V to all 32 query heads before the matmuls.
+    assert set(mem.items) == {"q", "k", "v", "k_repeated", "v_repeated", "scores", "probs"}
+    assert mem.items["k_repeated"] == b * h * s * d * 2
+    assert mem.kv_repeated_bytes == 2 * b * h * s * d * 2
+    flash = attention_memory(b, h, s, s, d, heads_kv=hkv, dtype="bf16")
+    assert "k_repeated" not in flash.items and flash.k_bytes == mem.k_bytes
     assert mem.saved_for_backward_bytes is None and mem.backward_peak_bytes is None
 
 

@@ -214,6 +214,11 @@ def _vram(args: argparse.Namespace) -> int:
             (standard.q_bytes + standard.k_bytes + standard.v_bytes) / gb,
             (flash.q_bytes + flash.k_bytes + flash.v_bytes) / gb,
         ],
+        [
+            "K, V repeated per query head (eager GQA)",
+            standard.kv_repeated_bytes / gb,
+            flash.kv_repeated_bytes / gb,
+        ],
         ["output O", standard.output_bytes / gb, flash.output_bytes / gb],
         ["scores S (all heads)", standard.scores_bytes / gb, flash.scores_bytes / gb],
         ["probabilities P", standard.probs_bytes / gb, flash.probs_bytes / gb],

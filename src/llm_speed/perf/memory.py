@@ -180,6 +180,7 @@ class AttentionMemory:
     k_bytes: float
     v_bytes: float
     output_bytes: float
+    kv_repeated_bytes: float  # K and V repeated to every query head (standard with GQA/MQA only), together
     scores_bytes: float  # S = QK^T, standard only
     probs_bytes: float  # P = softmax(S), standard only
     softmax_stats_bytes: float  # fp32 LSE per query row, flash only
@@ -220,6 +221,9 @@ def attention_memory(
       ``saved = Q + K + V + P``. The backward runs PV's backward (dP, dV), softmax's (dS = P * (dP -
       rowsum(dP * P)); P and dP die after it), then QK^T's (dQ, dK), with O and dO alive throughout:
       ``backward = Q + K + V + O + dO + dV + max(P + dP + dS, dS + dQ + dK)`` (three s^2 tensors at once).
+    * GQA/MQA, standard: eager attention repeats K and V to all ``heads_q`` heads first (``k_repeated``,
+      ``v_repeated``, each b*hq*skv*d*e), alive through the forward and saved for the backward, whose dK and
+      dV then have the repeated size too. FlashAttention reads the shared K/V heads directly.
     * training, flash: saved = Q + K + V + O + L; backward peak adds dO, the fp32 dQ accumulator
       (b*hq*sq*d*4, FlashAttention-2), delta = rowsum(dO * O) in fp32 (L-sized) and dQ, dK, dV.
 
@@ -248,20 +252,27 @@ def attention_memory(
 
     if impl == "standard":
         scores_bytes, probs_bytes, stats_bytes = score, score, 0.0
+        # Eager GQA/MQA repeats K and V to every query head (repeat_interleave) before the matmuls.
+        repeated = {}
+        if heads_kv < heads_q:
+            kv_repeated = batch * heads_q * seq_kv * head_dim * element
+            repeated = {"k_repeated": kv_repeated, "v_repeated": kv_repeated}
+        kv_used = repeated.get("k_repeated", kv)  # size of the K/V the matmuls (and their gradients) see
         forward_items = (
-            {**inputs, "scores": score, "probs": score}
+            {**inputs, **repeated, "scores": score, "probs": score}
             if score >= out
-            else {**inputs, "probs": score, "output": out}
+            else {**inputs, **repeated, "probs": score, "output": out}
         )
         forward_peak = sum(forward_items.values())
-        saved = q + 2 * kv + score
+        saved = q + 2 * kv + sum(repeated.values()) + score
         # Autograd runs PV's backward (dP, dV), softmax's (dS; P and dP die after it), then QK^T's (dQ, dK).
-        alive = {**inputs, "output": out, "grad_output": out, "grad_v": kv}
+        alive = {**inputs, **repeated, "output": out, "grad_output": out, "grad_v": kv_used}
         softmax_step = {**alive, "probs": score, "grad_probs": score, "grad_scores": score}
-        qk_step = {**alive, "grad_scores": score, "grad_q": q, "grad_k": kv}
+        qk_step = {**alive, "grad_scores": score, "grad_q": q, "grad_k": kv_used}
         backward_items = max(softmax_step, qk_step, key=lambda step: sum(step.values()))
     else:
         scores_bytes, probs_bytes, stats_bytes = 0.0, 0.0, float(stats)
+        repeated = {}
         forward_items = {**inputs, "output": out, "softmax_lse": stats}
         forward_peak = sum(forward_items.values())
         saved = q + 2 * kv + out + stats
@@ -298,6 +309,7 @@ def attention_memory(
         k_bytes=float(kv),
         v_bytes=float(kv),
         output_bytes=float(out),
+        kv_repeated_bytes=float(sum(repeated.values())),
         scores_bytes=float(scores_bytes),
         probs_bytes=float(probs_bytes),
         softmax_stats_bytes=stats_bytes,
