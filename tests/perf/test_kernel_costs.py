@@ -74,8 +74,14 @@ def test_bytes_by_implementation():
     assert flash.bytes_moved == e * (2 * q + 2 * kv) + 4 * rows
     tiled = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", impl="tiled")
     naive = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", impl="naive")
-    assert tiled.bytes_moved == e * (2 * q + 2 * kv) + 2 * e * scores
+    assert tiled.bytes_moved == e * (2 * q + 3 * kv) + 4 * rows  # K read in both passes
     assert naive.bytes_moved == e * (2 * q + 2 * kv) + 4 * e * scores
+    naive_fp32_scores = attention_cost(
+        b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", impl="naive", score_dtype="fp32"
+    )
+    assert naive_fp32_scores.bytes_moved == e * (2 * q + 2 * kv) + 4 * 4 * scores
+    tiled_bwd = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd", impl="tiled")
+    assert tiled_bwd == attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd")
     flash_bwd = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd")
     assert flash_bwd.bytes_moved == e * (4 * q + 4 * kv) + 12 * rows
     naive_bwd = attention_cost(b, h, sq, skv, d, heads_kv=hkv, dtype="bf16", mode="bwd", impl="naive")
@@ -115,6 +121,7 @@ def test_gemm_cost():
         ({"mode": "forward"}, ValueError, "mode"),
         ({"impl": "fast"}, ValueError, "impl"),
         ({"dtype": "fp12"}, ValueError, "dtype"),
+        ({"score_dtype": "fp12"}, ValueError, "dtype"),
     ],
 )
 def test_attention_bad_inputs(kwargs, error, match):

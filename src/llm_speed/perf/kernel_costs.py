@@ -86,6 +86,7 @@ def attention_cost(
     causal: bool = False,
     mode: str = "fwd",
     impl: str = "flash",
+    score_dtype: Any = None,
 ) -> KernelCost:
     """FLOPs and minimum DRAM bytes of scaled-dot-product attention.
 
@@ -95,15 +96,20 @@ def attention_cost(
     Causal counts only visible pairs (see :func:`visible_pairs`).
 
     Bytes, with e = element size, Nq = batch*heads_q*seq_q*head_dim, Nk = batch*heads_kv*seq_kv*head_dim,
-    R = batch*heads_q*seq_q (softmax rows), M = batch*heads_q*seq_q*seq_kv (full score matrix, masked or not):
+    R = batch*heads_q*seq_q (softmax rows), M = batch*heads_q*seq_q*seq_kv (full score matrix, masked or not),
+    e_s = element size of the naive score matrices (``score_dtype``, default ``dtype``; the project's
+    ``naive_attention`` keeps them in fp32):
 
-    * forward, all impls: read Q, K, V, write O = ``e*(2*Nq + 2*Nk)``;
-      flash adds the fp32 LSE write ``4*R``; tiled (fused QK^T+softmax writing P once, then PV reading it)
-      adds ``2*e*M``; naive (S written, read by softmax, P written, read by PV) adds ``4*e*M``.
-    * backward, all impls: read Q, K, V, O, dO and write dQ, dK, dV = ``e*(4*Nq + 4*Nk)``;
-      flash adds LSE read + delta=rowsum(dO*O) write and read, ``3*4*R``; tiled (one kernel reads P, forms
-      dP and dS on chip, writes dS; dQ and dK each read dS) adds ``4*e*M``; naive (P read for dV, dP written
-      and read, P read again, dS written, dS read for dQ and for dK) adds ``7*e*M``.
+    * flash (FlashAttention-2, ``llm_speed.flash_attention``): forward reads Q, K, V, writes O and the fp32
+      LSE: ``e*(2*Nq + 2*Nk) + 4*R``. Backward reads Q, K, V, O, dO and the LSE, writes and reads
+      delta = rowsum(dO*O) (fp32), writes dQ, dK, dV: ``e*(4*Nq + 4*Nk) + 3*4*R``.
+    * tiled (two-pass safe softmax, ``llm_speed.tiled_attention``): pass 1 reads K for the row maxima, pass 2
+      reads K again and V, so K is read twice: ``e*(2*Nq + 3*Nk) + 4*R``; its backward is flash's.
+      (It also computes QK^T twice: executed FLOPs are 1.5x the forward's model FLOPs.)
+    * naive (textbook: S written, read by softmax, P written, read by PV): forward
+      ``e*(2*Nq + 2*Nk) + 4*e_s*M``; backward (P read for dV, dP written and read, P read again, dS written,
+      dS read for dQ and for dK) ``e*(4*Nq + 4*Nk) + 7*e_s*M``. Eager PyTorch makes more passes than this
+      (scale, max, subtract, exp, sum, divide each read and write M elements), so it lands above this floor.
 
     ``heads_kv`` (GQA/MQA) defaults to ``heads_q`` and must divide it.
     """
@@ -120,6 +126,7 @@ def attention_cost(
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
     element = dtype_bytes(dtype)
+    score_element = element if score_dtype is None else dtype_bytes(score_dtype)
 
     forward_flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, seq_kv, causal)
     q_elems = batch * heads_q * seq_q * head_dim
@@ -129,15 +136,14 @@ def attention_cost(
 
     forward_bytes = element * (2 * q_elems + 2 * kv_elems)
     backward_bytes = element * (4 * q_elems + 4 * kv_elems)
-    if impl == "flash":
+    if impl == "naive":
+        forward_bytes += 4 * score_element * score_elems
+        backward_bytes += 7 * score_element * score_elems
+    else:  # flash, and tiled whose backward is flash's
         forward_bytes += SOFTMAX_STATS_BYTES * rows
         backward_bytes += 3 * SOFTMAX_STATS_BYTES * rows
-    elif impl == "tiled":
-        forward_bytes += 2 * element * score_elems
-        backward_bytes += 4 * element * score_elems
-    else:
-        forward_bytes += 4 * element * score_elems
-        backward_bytes += 7 * element * score_elems
+        if impl == "tiled":
+            forward_bytes += element * kv_elems  # the second pass reads K again
 
     forward = KernelCost(float(forward_flops), float(forward_bytes))
     backward = KernelCost(BACKWARD_TO_FORWARD_FLOPS * forward_flops, float(backward_bytes))
