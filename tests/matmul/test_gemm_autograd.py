@@ -1,0 +1,157 @@
+"""Gradients of gemm (vs float64 autograd), torch.library opcheck, and torch.compile(fullgraph=True)."""
+
+import pytest
+import torch
+from matmul_helpers import FLOAT32_EPS, torch_same_precision
+
+import llm_speed
+from llm_speed import _runtime
+from llm_speed.matmul import gemm_reference, ops
+from llm_speed.matmul.reference import ACTIVATIONS
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+
+def leaf(x: torch.Tensor, dtype=None) -> torch.Tensor:
+    return x.detach().to(dtype or x.dtype).requires_grad_(True)
+
+
+def check_gradients(a, b, *, c=None, bias=None, factor=3.0, **kwargs):
+    """Kernel gradients vs float64: at most ``factor`` x PyTorch's same-precision gradient error + a cap."""
+    named = {"a": a, "b": b, "c": c, "bias": bias}
+    present = {name: x for name, x in named.items() if x is not None}
+
+    kernel_in = {name: leaf(x) for name, x in present.items()}
+    out = llm_speed.gemm(
+        kernel_in["a"], kernel_in["b"], c=kernel_in.get("c"), bias=kernel_in.get("bias"), **kwargs
+    )
+    grad_out = torch.randn_like(out, dtype=torch.float32).to(out.dtype)
+    out.backward(grad_out)
+
+    ref_in = {name: leaf(x, torch.float64) for name, x in present.items()}
+    ref_kwargs = {key: v for key, v in kwargs.items() if key != "out_dtype"}
+    expected = gemm_reference(ref_in["a"], ref_in["b"], c=ref_in.get("c"), bias=ref_in.get("bias"),
+                              out_dtype=torch.float64, **ref_kwargs)  # fmt: skip
+    expected.backward(grad_out.double())
+
+    same_in = {name: leaf(x) for name, x in present.items()}
+    same = torch_same_precision(
+        same_in["a"], same_in["b"], c=same_in.get("c"), bias=same_in.get("bias"), **kwargs
+    )
+    same.backward(grad_out)
+
+    reduction = max(max(a.shape), max(b.shape)) * (a.shape[0] if a.dim() == 3 else 1)
+    for name in present:
+        if name == "c" and kwargs.get("beta", 0.0) == 0:
+            continue
+        got, want, torch_grad = kernel_in[name].grad, ref_in[name].grad, same_in[name].grad
+        assert got is not None and got.dtype == present[name].dtype and got.shape == present[name].shape, name
+        assert got.isfinite().all(), name
+        kernel_error = (got.double() - want).abs().max().item()
+        torch_error = (torch_grad.double() - want).abs().max().item()
+        cap = torch.finfo(got.dtype).eps * want.abs().max().item() + reduction * FLOAT32_EPS
+        assert kernel_error <= factor * torch_error + cap, (
+            f"grad {name}: kernel error {kernel_error:.3e} > {factor} x torch {torch_error:.3e} "
+            f"+ cap {cap:.3e}"
+        )
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gradients_all_layouts(device, trans_a, trans_b):
+    m, n, k = 21, 18, 35
+    a = torch.randn(*((k, m) if trans_a else (m, k)), device=device)
+    b = torch.randn(*((n, k) if trans_b else (k, n)), device=device)
+    c, bias = torch.randn(m, n, device=device), torch.randn(n, device=device)
+    check_gradients(a, b, c=c, bias=bias, alpha=0.75, beta=-1.5, trans_a=trans_a, trans_b=trans_b,
+                    activation="gelu")  # fmt: skip
+
+
+@pytest.mark.parametrize("activation", (None,) + ACTIVATIONS)
+def test_gradients_each_activation(device, activation):
+    a, b = torch.randn(19, 26, device=device) * 2, torch.randn(26, 23, device=device)
+    check_gradients(a, b, bias=torch.randn(23, device=device), activation=activation)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, c_shape",
+    [
+        ((3, 12, 20), (20, 14), (14,)),
+        ((1, 12, 20), (3, 20, 14), (3, 1, 14)),
+        ((12, 20), (2, 20, 14), (12, 14)),
+    ],
+)
+def test_gradients_batched_broadcast(device, a_shape, b_shape, c_shape):
+    a, b = torch.randn(*a_shape, device=device), torch.randn(*b_shape, device=device)
+    c, bias = torch.randn(*c_shape, device=device), torch.randn(14, device=device)
+    check_gradients(a, b, c=c, beta=0.5, bias=bias, activation="silu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gradients_half_precision(device, dtype):
+    a, b = torch.randn(24, 40, device=device).to(dtype), torch.randn(40, 17, device=device).to(dtype)
+    bias = torch.randn(17, device=device).to(dtype)
+    check_gradients(a, b, bias=bias, activation="relu", trans_b=False)
+
+
+def test_gradients_with_fp32_output_of_half_inputs(device):
+    a, b = torch.randn(16, 30, device=device).half(), torch.randn(30, 12, device=device).half()
+    check_gradients(
+        a, b, out_dtype=torch.float32, activation="gelu_tanh", bias=torch.randn(12, device=device)
+    )
+
+
+def test_backward_runs_the_kernel(device):
+    a = torch.randn(10, 12, device=device, requires_grad=True)
+    b = torch.randn(12, 8, device=device, requires_grad=True)
+    out = llm_speed.gemm(a, b, activation="relu", bias=torch.randn(8, device=device))
+    before = _runtime.launch_count(ops.TILED_KERNEL)
+    out.sum().backward()
+    # one recomputation of the pre-activation, one GEMM for each of grad a and grad b
+    assert _runtime.launch_count(ops.TILED_KERNEL) == before + 3
+
+
+def test_beta_zero_gives_c_no_gradient(device):
+    a, b = torch.randn(6, 7, device=device, requires_grad=True), torch.randn(7, 5, device=device)
+    c = torch.randn(6, 5, device=device, requires_grad=True)
+    llm_speed.gemm(a, b, beta=0.0, c=c).sum().backward()
+    assert c.grad is None and a.grad is not None
+
+
+def test_opcheck(device):
+    a = torch.randn(9, 12, device=device, requires_grad=True)
+    b = torch.randn(5, 12, device=device, requires_grad=True)  # used transposed
+    c = torch.randn(9, 5, device=device, requires_grad=True)
+    bias = torch.randn(5, device=device, requires_grad=True)
+    args = (a, b, c, bias, 1.5, 0.5, False, True, "silu", torch.float32)
+    torch.library.opcheck(torch.ops.llm_speed.gemm.default, args)
+    a8, b8 = (
+        torch.randint(-128, 128, (7, 20), dtype=torch.int8),
+        torch.randint(-128, 128, (20, 6), dtype=torch.int8),
+    )
+    torch.library.opcheck(torch.ops.llm_speed.gemm_int8.default, (a8.to(device), b8.to(device)))
+
+
+def test_torch_compile_fullgraph(device):
+    def layer(x, weight, bias):
+        return llm_speed.gemm(x, weight, trans_b=True, bias=bias, activation="gelu_tanh")
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 8, 16, device=device, requires_grad=True)
+    weight = torch.randn(12, 16, device=device, requires_grad=True)
+    bias = torch.randn(12, device=device, requires_grad=True)
+    before = _runtime.launch_count(ops.TILED_KERNEL)
+    out = compiled(x, weight, bias)
+    assert _runtime.launch_count(ops.TILED_KERNEL) > before  # the graph called the Triton op
+    torch.testing.assert_close(out, layer(x, weight, bias), rtol=0, atol=0)
+    out.sum().backward()
+    assert x.grad is not None and weight.grad is not None and bias.grad is not None
+
+
+def test_torch_compile_inductor_forward(device):
+    """The default backend (Inductor) captures the op in one graph too; forward only, to keep it short."""
+    compiled = torch.compile(lambda x, w: llm_speed.gemm(x, w, alpha=2.0, activation="relu"), fullgraph=True)
+    x, w = torch.randn(8, 16, device=device), torch.randn(16, 12, device=device)
+    torch.testing.assert_close(
+        compiled(x, w), llm_speed.gemm(x, w, alpha=2.0, activation="relu"), rtol=0, atol=0
+    )

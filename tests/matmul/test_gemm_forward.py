@@ -1,0 +1,302 @@
+"""Forward GEMM through the Triton kernels (the interpreter on CPU): values, layouts, batching, epilogue."""
+
+import pytest
+import torch
+from matmul_helpers import assert_gemm_accurate
+
+import llm_speed
+from llm_speed import _runtime
+from llm_speed.matmul import configs, kernels, ops
+from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def nan_poisoned_outputs():
+    """Every torch.empty (the kernels' output buffers) is filled with NaN: an unwritten element fails."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(previous)
+
+
+def rand(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, dtype",
+    [
+        (1, 1, 32, torch.float32),
+        (1, 1, 32, torch.float16),
+        (1, 1, 32, torch.bfloat16),
+        (17, 3, 113, torch.float32),
+        (15, 160, 1024, torch.float32),
+        (495, 533, 71, torch.float16),
+        (129, 65, 257, torch.bfloat16),
+    ],
+)
+def test_shapes_and_dtypes(device, m, n, k, dtype):
+    a, b = rand(m, k, dtype=dtype, device=device), rand(k, n, dtype=dtype, device=device)
+    out = llm_speed.gemm(a, b)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert_gemm_accurate(out, a, b)
+
+
+def test_uninitialised_output_is_really_poisoned():
+    # Guards the fixture above: if torch stopped filling empty tensors, the NaN tests would test nothing.
+    assert torch.empty(8).isnan().all()
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_four_layouts_through_flags(device, trans_a, trans_b, dtype):
+    m, n, k = 33, 47, 70
+    a = rand(*((k, m) if trans_a else (m, k)), dtype=dtype, device=device)
+    b = rand(*((n, k) if trans_b else (k, n)), dtype=dtype, device=device)
+    out = llm_speed.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    assert out.shape == (m, n)
+    assert_gemm_accurate(out, a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+class _RecordingKernel:
+    """Stands in for the tiled kernel and records the tensors it is launched with."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append([x for x in args if isinstance(x, torch.Tensor)])
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_strided_operands_are_read_in_place(device, monkeypatch):
+    """Column-major, transposed-view and stride-0 operands reach the kernel as the same memory, not copies."""
+    recorder = _RecordingKernel(kernels.gemm_tiled_kernel)
+    monkeypatch.setattr(kernels, "gemm_tiled_kernel", recorder)
+    m, n, k = 40, 36, 50
+    cases = [
+        (rand(k, m, device=device).mT, rand(n, k, device=device).mT),  # both column-major
+        (rand(1, k, device=device).expand(m, k), rand(k, 1, device=device).expand(k, n)),  # stride 0
+        (rand(m, 2 * k, device=device)[:, ::2], rand(k, n + 5, device=device)[:, 2 : n + 2]),  # sliced
+    ]
+    for a, b in cases:
+        out = llm_speed.gemm(a, b)
+        assert_gemm_accurate(out, a, b)
+        launched_a, launched_b = recorder.launches[-1][:2]
+        assert launched_a.data_ptr() == a.data_ptr() and launched_a.stride()[1:] == a.stride()
+        assert launched_b.data_ptr() == b.data_ptr() and launched_b.stride()[1:] == b.stride()
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, out_shape",
+    [
+        ((3, 20, 30), (3, 30, 25), (3, 20, 25)),
+        ((3, 20, 30), (30, 25), (3, 20, 25)),  # 2-D b broadcast over a's batch
+        ((20, 30), (2, 30, 25), (2, 20, 25)),  # 2-D a broadcast over b's batch
+        ((1, 20, 30), (3, 30, 25), (3, 20, 25)),  # batch of 1 broadcasts
+    ],
+)
+def test_batched_and_broadcast(device, a_shape, b_shape, out_shape):
+    a, b = rand(*a_shape, device=device), rand(*b_shape, device=device)
+    out = llm_speed.gemm(a, b)
+    assert out.shape == out_shape
+    assert_gemm_accurate(out, a, b)
+
+
+def test_batched_transposed_with_epilogue(device):
+    a = rand(2, 30, 20, dtype=torch.float16, device=device)  # op(a) = a^T per batch: [2, 20, 30]
+    b = rand(25, 30, dtype=torch.float16, device=device)  # op(b) = b^T: [30, 25]
+    c = rand(25, device=device)  # broadcasts over batch and rows
+    bias = rand(25, device=device)
+    kwargs = dict(alpha=0.75, beta=-1.25, c=c, trans_a=True, trans_b=True, bias=bias, activation="gelu")
+    out = llm_speed.gemm(a, b, **kwargs)
+    assert out.shape == (2, 20, 25)
+    assert_gemm_accurate(out, a, b, **kwargs)
+
+
+@pytest.mark.parametrize("c_shape", [(31, 45), (45,), (31, 1)])
+def test_alpha_beta_with_c(device, c_shape):
+    a, b = rand(31, 52, device=device), rand(52, 45, device=device)
+    c = rand(*c_shape, device=device)
+    out = llm_speed.gemm(a, b, alpha=0.5, beta=-1.5, c=c)
+    assert_gemm_accurate(out, a, b, alpha=0.5, beta=-1.5, c=c)
+
+
+def test_c_of_other_dtype(device):
+    a, b = rand(31, 52, dtype=torch.float16, device=device), rand(52, 45, dtype=torch.float16, device=device)
+    c = rand(31, 45, device=device)  # fp32 c with fp16 operands is read in fp32
+    out = llm_speed.gemm(a, b, beta=2.0, c=c)
+    assert_gemm_accurate(out, a, b, beta=2.0, c=c)
+
+
+def test_nan_in_c_does_not_leak_when_beta_is_zero(device):
+    a, b = rand(20, 33, device=device), rand(33, 17, device=device)
+    c = torch.full((20, 17), float("nan"), device=device)
+    out = llm_speed.gemm(a, b, beta=0.0, c=c, alpha=2.0)
+    assert out.isfinite().all()
+    assert_gemm_accurate(out, a, b, alpha=2.0)
+
+
+@pytest.mark.parametrize("activation", (None,) + ACTIVATIONS)
+def test_each_activation_with_bias(device, activation):
+    a, b = rand(37, 41, device=device) * 2, rand(41, 29, device=device)
+    bias = rand(29, device=device)
+    out = llm_speed.gemm(a, b, bias=bias, activation=activation)
+    assert_gemm_accurate(out, a, b, bias=bias, activation=activation)
+
+
+def test_bf16_epilogue_and_bias(device):
+    a, b = (
+        rand(45, 70, dtype=torch.bfloat16, device=device),
+        rand(70, 38, dtype=torch.bfloat16, device=device),
+    )
+    bias = rand(38, dtype=torch.bfloat16, device=device)
+    out = llm_speed.gemm(a, b, bias=bias, activation="silu", alpha=1.5)
+    assert out.dtype == torch.bfloat16
+    assert_gemm_accurate(out, a, b, bias=bias, activation="silu", alpha=1.5)
+
+
+def test_bf16_really_exercised():
+    # Integers up to 2**8 are exact in bf16 and so are their products and fp32 sums: any result differing from
+    # the integer product means the bf16 dot went wrong (the interpreter's raw-bits bug, if not avoided).
+    a = torch.randint(-16, 17, (40, 64)).to(torch.bfloat16)
+    b = torch.randint(-16, 17, (64, 24)).to(torch.bfloat16)
+    out = llm_speed.gemm(a, b, out_dtype=torch.float32)
+    assert torch.equal(out, (a.double() @ b.double()).float())
+
+
+def test_out_dtype(device):
+    a, b = rand(26, 40, dtype=torch.float16, device=device), rand(40, 22, dtype=torch.float16, device=device)
+    out = llm_speed.gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert_gemm_accurate(out, a, b, out_dtype=torch.float32)
+    a32, b32 = a.float(), b.float()
+    out_bf16 = llm_speed.gemm(a32, b32, out_dtype=torch.bfloat16)
+    assert out_bf16.dtype == torch.bfloat16
+    assert_gemm_accurate(out_bf16, a32, b32, out_dtype=torch.bfloat16)
+
+
+def test_fp16_near_its_largest_value(device):
+    # 100 * 9 * 64 = 57600 is exact in fp16 (max 65504): the fp32 accumulator must not overflow or round.
+    a = torch.full((16, 64), 100.0, dtype=torch.float16, device=device)
+    b = torch.full((64, 8), 9.0, dtype=torch.float16, device=device)
+    assert (llm_speed.gemm(a, b) == 57600).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_gemm_returns_fp32(device, dtype):
+    a, b = rand(2, 23, 48, dtype=dtype, device=device), rand(48, 19, dtype=dtype, device=device)
+    c = rand(2, 23, 19, device=device)
+    out = llm_speed.tensor_core_gemm(a, b, alpha=2.0, beta=0.5, c=c)
+    assert out.dtype == torch.float32 and out.shape == (2, 23, 19)
+    assert_gemm_accurate(out, a, b, alpha=2.0, beta=0.5, c=c, out_dtype=torch.float32)
+
+
+def test_zero_sizes(device):
+    """M or N of 0: an empty output, no launch. K of 0: the product is 0, so out = act(beta*c + bias)."""
+    before = _runtime.launch_count(ops.TILED_KERNEL)
+    assert llm_speed.gemm(rand(0, 5, device=device), rand(5, 7, device=device)).shape == (0, 7)
+    assert llm_speed.gemm(rand(4, 5, device=device), rand(5, 0, device=device)).shape == (4, 0)
+    assert llm_speed.gemm(rand(0, 4, 5, device=device), rand(5, 7, device=device)).shape == (0, 4, 7)
+    assert _runtime.launch_count(ops.TILED_KERNEL) == before
+    c, bias = rand(4, 7, device=device), rand(7, device=device)
+    out = llm_speed.gemm(rand(4, 0, device=device), rand(0, 7, device=device), beta=2.0, c=c, bias=bias,
+                         activation="relu")  # fmt: skip
+    torch.testing.assert_close(out, torch.relu(2.0 * c + bias))
+    assert _runtime.launch_count(ops.TILED_KERNEL) == before + 1
+
+
+def test_inputs_are_not_modified(device):
+    a, b = rand(20, 30, device=device), rand(30, 10, device=device)
+    c, bias = rand(20, 10, device=device), rand(10, device=device)
+    copies = [x.clone() for x in (a, b, c, bias)]
+    llm_speed.gemm(a, b, beta=1.0, c=c, bias=bias, activation="relu")
+    for original, copy in zip((a, b, c, bias), copies, strict=True):
+        assert torch.equal(original, copy)
+
+
+def test_repeated_calls_are_bitwise_identical(device):
+    a, b = rand(70, 90, device=device), rand(90, 66, device=device)
+    assert torch.equal(llm_speed.gemm(a, b), llm_speed.gemm(a, b))
+
+
+def test_dispatch_runs_the_triton_kernel(device):
+    assert _runtime.triton_runs_on(device)
+    before = _runtime.launch_count(ops.TILED_KERNEL)
+    llm_speed.gemm(rand(8, 8, device=device), rand(8, 8, device=device))
+    llm_speed.tensor_core_gemm_int8(torch.ones(8, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8))
+    assert _runtime.launch_count(ops.TILED_KERNEL) == before + 2
+
+
+def test_cpu_fallback_without_triton(monkeypatch):
+    """Where Triton cannot run (CPU without the interpreter), the PyTorch path computes the same function."""
+    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    before = _runtime.launch_count(ops.TILED_KERNEL)
+    a, b, bias = rand(12, 20), rand(20, 9), rand(9)
+    out = llm_speed.gemm(a, b, bias=bias, activation="gelu_tanh")
+    assert _runtime.launch_count(ops.TILED_KERNEL) == before
+    assert_gemm_accurate(out, a, b, bias=bias, activation="gelu_tanh")
+    a8, b8 = (
+        torch.randint(-128, 128, (5, 40), dtype=torch.int8),
+        torch.randint(-128, 128, (40, 6), dtype=torch.int8),
+    )
+    assert torch.equal(llm_speed.tensor_core_gemm_int8(a8, b8), (a8.long() @ b8.long()).int())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b_k_major", [False, True])
+def test_persistent_tma_kernel(device, dtype, b_k_major):
+    """The Hopper kernel (tensor descriptors, persistent loop), run directly; programs walk several tiles."""
+    m, n, k = 150, 72, 136  # 3 x 2 tiles of 64 for 3 programs; K and M not multiples of the block
+    a = rand(m, k, dtype=dtype, device=device)
+    b = rand(n, k, dtype=dtype, device=device).mT if b_k_major else rand(k, n, dtype=dtype, device=device)
+    c, bias = rand(m, n, device=device), rand(n, device=device)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu_tanh")
+    ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
+    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert_gemm_accurate(out, a, b, **kwargs)
+
+
+def test_path_choice_without_a_gpu():
+    a, b = rand(64, 64, dtype=torch.float16), rand(64, 64, dtype=torch.float16)
+    assert ops._choose_path(a, b) == "tiled"
+    assert ops._tma_layout(a, b) is False
+    assert ops._tma_layout(a, b.T.contiguous().mT) is True
+    assert ops._tma_layout(a.mT, b) is None  # A must be row-major
+    unaligned_a = rand(64, 71, dtype=torch.float16)[:, :64]  # rows of 71 fp16 values: not 16-byte aligned
+    assert ops._tma_layout(unaligned_a, b) is None
+
+
+def test_configs_per_architecture():
+    assert configs.tiled_configs((9, 0)) is configs.HOPPER_TILED
+    assert configs.tiled_configs((8, 0)) is configs.AMPERE_TILED
+    assert configs.tiled_configs((8, 9)) is configs.GENERIC_TILED
+    assert configs.has_tma((9, 0)) and not configs.has_tma((8, 0)) and not configs.has_tma((10, 0))
+    for cfg in configs.HOPPER_TILED + configs.AMPERE_TILED + configs.GENERIC_TILED + (configs.INTERPRETER,):
+        assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16  # tl.dot's smallest tile
+
+
+def test_fp32_precision_follows_torch_switch():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert ops.fp32_input_precision() == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert ops.fp32_input_precision() == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def test_reference_matches_torch_matmul():
+    a, b = torch.randn(5, 7, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    assert torch.equal(gemm_reference(a, b), a @ b)

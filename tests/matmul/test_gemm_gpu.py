@@ -1,0 +1,106 @@
+"""GPU-only: the compiled kernels at sizes 512-8192, vs float64 and vs torch.matmul's own error."""
+
+import pytest
+import torch
+
+import llm_speed
+from llm_speed import _runtime
+from llm_speed.matmul import gemm_int8_reference, ops
+from llm_speed.matmul.reference import gemm_reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SIZES = [512, 1024, 2048, 4096, 8192]
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def assert_as_accurate_as_torch(out, expected, torch_out, k):
+    kernel_error = (out.double() - expected).abs().max().item()
+    torch_error = (torch_out.double() - expected).abs().max().item()
+    cap = torch.finfo(out.dtype).eps * expected.abs().max().item() + k * EPS32
+    assert kernel_error <= 2 * torch_error + cap, f"kernel {kernel_error:.3e} vs torch {torch_error:.3e}"
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_square_sizes(size, dtype):
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    out = llm_speed.gemm(a, b)
+    assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), size)
+
+
+@pytest.mark.parametrize("m, n, k", [(512, 8192, 1024), (8192, 512, 4096), (1000, 3000, 777)])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_rectangular_linear_layer(m, n, k, trans_b):
+    """x @ W^T + bias, GELU: the layout of a linear layer (B K-major), which takes the TMA path on Hopper."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    w_op = w if trans_b else w.T.contiguous()
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    out = llm_speed.gemm(x, w_op, trans_b=trans_b, bias=bias, activation="gelu")
+    expected = gemm_reference(x, w_op, trans_b=trans_b, bias=bias, activation="gelu", out_dtype=torch.float64)
+    torch_out = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias).float()).half()
+    assert_as_accurate_as_torch(out, expected, torch_out, k)
+
+
+@pytest.mark.parametrize("path", ops.PATHS)
+def test_both_paths_agree_with_float64(path):
+    if path == "persistent_tma" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the TMA kernel is used on Hopper only")
+    a = torch.randn(2048, 1536, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1536, 2560, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(2048, 2560, device="cuda", dtype=torch.bfloat16)
+    name = ops.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else ops.TILED_KERNEL
+    before = _runtime.launch_count(name)
+    ops.launch_gemm(a, b, out, path=path)
+    assert _runtime.launch_count(name) == before + 1
+    assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), 1536)
+
+
+def test_batched_broadcast():
+    a = torch.randn(8, 1024, 512, device="cuda", dtype=torch.float16)
+    b = torch.randn(512, 768, device="cuda", dtype=torch.float16)
+    out = llm_speed.gemm(a, b)
+    assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), 512)
+
+
+@pytest.mark.parametrize("size", [512, 4096])
+def test_int8_exact(size):
+    a = torch.randint(-128, 128, (size, size), device="cuda", dtype=torch.int8)
+    b = torch.randint(-128, 128, (size, size), device="cuda", dtype=torch.int8)
+    # float64 products and sums of int8 values are exact far beyond this K (|sum| < 2**53)
+    expected = (a.double() @ b.double()).to(torch.int32)
+    assert torch.equal(llm_speed.tensor_core_gemm_int8(a, b), expected)
+    small_a, small_b = a[:100, :300], b[:300, :50]
+    assert torch.equal(llm_speed.tensor_core_gemm_int8(small_a, small_b).cpu(),
+                       gemm_int8_reference(small_a.cpu(), small_b.cpu()))  # fmt: skip
+
+
+def test_forward_is_deterministic():
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    first = llm_speed.gemm(a, b)
+    for _ in range(50):
+        assert torch.equal(llm_speed.gemm(a, b), first)
+
+
+def test_gradients_at_1024():
+    a = torch.randn(1024, 1024, device="cuda")
+    b = torch.randn(1024, 1024, device="cuda")
+    grads = {}
+    for name, dtype, fn in [
+        ("kernel", torch.float32, lambda x, y: llm_speed.gemm(x, y, activation="silu")),
+        ("torch", torch.float32, lambda x, y: torch.nn.functional.silu(x @ y)),
+        ("float64", torch.float64, lambda x, y: torch.nn.functional.silu(x @ y)),
+    ]:
+        x, y = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+        fn(x, y).sum().backward()
+        grads[name] = (x.grad.double(), y.grad.double())
+    for i in range(2):
+        kernel_error = (grads["kernel"][i] - grads["float64"][i]).abs().max().item()
+        torch_error = (grads["torch"][i] - grads["float64"][i]).abs().max().item()
+        assert kernel_error <= 3 * torch_error + 1024 * EPS32
