@@ -8,6 +8,12 @@ __version__ = "0.1.0"
 # --- attention kernels (llm_speed.attention) ---
 
 # --- GEMM kernels (llm_speed.matmul) ---
+from llm_speed.matmul import (  # noqa: E402
+    gemm,  # noqa: F401
+    tensor_core_gemm,  # noqa: F401
+    tensor_core_gemm_int8,  # noqa: F401
+    validate_gemm_inputs,  # noqa: F401
+)
 
 # --- performance model (llm_speed.perf) ---
 from llm_speed.perf.memory import (  # noqa: E402
