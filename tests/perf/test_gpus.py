@@ -103,6 +103,7 @@ def test_unknown_gpu_lists_valid_ids():
         get_gpu(100)
     spec = get_gpu("h200")
     assert get_gpu(spec) is spec and isinstance(spec, GPUSpec)
+    assert {spec: 1}[get_gpu("H200")] == 1  # hashable, usable as a cache key
 
 
 def test_units_and_link_directions():

@@ -118,6 +118,10 @@ class GPUSpec:
     memory_type: str  # DRAM kind: HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X
     sources: dict[str, str] = field(default_factory=dict)
 
+    def __hash__(self) -> int:
+        # The generated hash would fail on the dict fields; equal specs have equal ids.
+        return hash(self.id)
+
     def peak_flops(self, dtype: Any) -> float:
         """Dense peak in FLOP/s (OP/s for int8) for ``dtype``: ``peak_tflops[dtype] * 1e12``.
 
