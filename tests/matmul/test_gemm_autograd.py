@@ -16,7 +16,7 @@ def leaf(x: torch.Tensor, dtype=None) -> torch.Tensor:
     return x.detach().to(dtype or x.dtype).requires_grad_(True)
 
 
-def check_gradients(a, b, *, c=None, bias=None, factor=3.0, **kwargs):
+def check_gradients(a, b, *, c=None, bias=None, factor=3.0, transposed_grad=False, **kwargs):
     """Kernel gradients vs float64: at most ``factor`` x PyTorch's same-precision gradient error + a cap."""
     named = {"a": a, "b": b, "c": c, "bias": bias}
     present = {name: x for name, x in named.items() if x is not None}
@@ -26,6 +26,8 @@ def check_gradients(a, b, *, c=None, bias=None, factor=3.0, **kwargs):
         kernel_in["a"], kernel_in["b"], c=kernel_in.get("c"), bias=kernel_in.get("bias"), **kwargs
     )
     grad_out = torch.randn_like(out, dtype=torch.float32).to(out.dtype)
+    if transposed_grad:  # a non-contiguous output gradient (a column-major view)
+        grad_out = grad_out.mT.contiguous().mT
     out.backward(grad_out)
 
     ref_in = {name: leaf(x, torch.float64) for name, x in present.items()}
@@ -87,6 +89,11 @@ def test_gradients_batched_broadcast(device, a_shape, b_shape, c_shape):
     check_gradients(a, b, c=c, beta=0.5, bias=bias, activation="silu")
 
 
+def test_gradients_with_non_contiguous_output_gradient(device):
+    a, b = torch.randn(22, 31, device=device), torch.randn(31, 27, device=device)
+    check_gradients(a, b, bias=torch.randn(27, device=device), activation="gelu", transposed_grad=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gradients_half_precision(device, dtype):
     a, b = torch.randn(24, 40, device=device).to(dtype), torch.randn(40, 17, device=device).to(dtype)
@@ -99,6 +106,19 @@ def test_gradients_with_fp32_output_of_half_inputs(device):
     check_gradients(
         a, b, out_dtype=torch.float32, activation="gelu_tanh", bias=torch.randn(12, device=device)
     )
+
+
+@pytest.mark.parametrize("m, n, k", [(0, 5, 6), (4, 0, 6), (4, 5, 0)])
+def test_gradients_of_empty_problems(device, m, n, k):
+    """Zero-size problems have zero-size or all-zero gradients (K == 0: the product is 0 for any a, b)."""
+    a = torch.randn(m, k, device=device, requires_grad=True)
+    b = torch.randn(k, n, device=device, requires_grad=True)
+    bias = torch.randn(n, device=device, requires_grad=True)
+    llm_speed.gemm(a, b, bias=bias).sum().backward()
+    assert a.grad.shape == (m, k) and b.grad.shape == (k, n)
+    assert (a.grad == 0).all() or k == 0 or n == 0
+    assert (b.grad == 0).all() or k == 0 or m == 0
+    torch.testing.assert_close(bias.grad, torch.full((n,), float(m), device=device))
 
 
 def test_backward_runs_the_kernel(device):

@@ -184,6 +184,22 @@ def test_out_dtype(device):
     assert_gemm_accurate(out_bf16, a32, b32, out_dtype=torch.bfloat16)
 
 
+def test_large_magnitudes_fp16(device):
+    a = rand(64, 96, dtype=torch.float16, device=device) * 5
+    b = rand(96, 40, dtype=torch.float16, device=device) * 3
+    bias = rand(40, device=device) * 10
+    out = llm_speed.gemm(a, b, bias=bias, activation="gelu")
+    assert_gemm_accurate(out, a, b, bias=bias, activation="gelu")
+
+
+def test_batch_entries_are_independent(device):
+    """A batched call gives, bit for bit, what each entry alone gives."""
+    a, b, bias = rand(3, 20, 30, device=device), rand(3, 30, 25, device=device), rand(25, device=device)
+    out = llm_speed.gemm(a, b, bias=bias, activation="silu")
+    for i in range(3):
+        assert torch.equal(out[i], llm_speed.gemm(a[i], b[i], bias=bias, activation="silu"))
+
+
 def test_fp16_near_its_largest_value(device):
     # 100 * 9 * 64 = 57600 is exact in fp16 (max 65504): the fp32 accumulator must not overflow or round.
     a = torch.full((16, 64), 100.0, dtype=torch.float16, device=device)

@@ -103,13 +103,27 @@ def _tma_layout(op_a: torch.Tensor, op_b: torch.Tensor) -> bool | None:
     return None
 
 
+@functools.cache
+def _has_host_tensor_descriptors() -> bool:
+    """Whether this Triton has host-side tensor descriptors (``triton.tools.tensor_descriptor``, 3.4+)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _choose_path(op_a: torch.Tensor, op_b: torch.Tensor) -> str:
     """The kernel for a problem Triton runs: persistent TMA on Hopper if the operands suit it, else tiled."""
     if _runtime.INTERPRETED or op_a.device.type != "cuda":
         return "tiled"
     if op_a.dim() != 2 or op_b.dim() != 2 or op_a.dtype not in TENSOR_CORE_DTYPES:
         return "tiled"
-    if not configs.has_tma(_capability(op_a.device)) or _tma_layout(op_a, op_b) is None:
+    if op_a.shape[1] == 0:  # K == 0: a tensor descriptor needs every dimension positive
+        return "tiled"
+    if not configs.has_tma(_capability(op_a.device)) or not _has_host_tensor_descriptors():
+        return "tiled"
+    if _tma_layout(op_a, op_b) is None:
         return "tiled"
     return "persistent_tma"
 
@@ -315,7 +329,7 @@ def _gemm_backward(ctx, grad_out):
     if need_c and c is not None:
         grad_c = _sum_to_shape(beta * grad_z, c.shape).to(c.dtype)
     if need_bias and bias is not None:
-        grad_bias = grad_z.reshape(-1, grad_z.shape[-1]).sum(0).to(bias.dtype)
+        grad_bias = grad_z.sum(dim=tuple(range(grad_z.dim() - 1))).to(bias.dtype)
     return grad_a, grad_b, grad_c, grad_bias, None, None, None, None, None, None
 
 
