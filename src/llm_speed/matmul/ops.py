@@ -40,7 +40,7 @@ _TMA_ALIGN_BYTES = 16
 
 
 def fp32_input_precision() -> str:
-    """ "tf32" when PyTorch allows TF32 for CUDA matmuls, else "ieee" (full fp32, PyTorch's default)."""
+    """The fp32 dot precision: "tf32" when PyTorch allows TF32 for CUDA matmuls, else "ieee" (the default)."""
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
