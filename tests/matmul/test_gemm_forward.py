@@ -296,6 +296,41 @@ def test_path_choice_without_a_gpu():
     assert ops._tma_layout(unaligned_a, b) is None
 
 
+def test_tma_path_rules():
+    """Which problems the Hopper kernel would take (decided without a GPU from the capability)."""
+    hopper, ampere = (9, 0), (8, 0)
+    a, b = rand(64, 48, dtype=torch.float16), rand(48, 32, dtype=torch.float16)
+    assert ops._tma_suits(a, b, hopper) and ops._tma_suits(a, rand(32, 48, dtype=torch.float16).mT, hopper)
+    assert not ops._tma_suits(a, b, ampere)
+    assert not ops._tma_suits(a.float(), b.float(), hopper)  # fp32 takes the tiled kernel
+    assert not ops._tma_suits(a.unsqueeze(0), b, hopper)  # batched
+    assert not ops._tma_suits(a[:, :0], b[:0], hopper)  # K == 0
+    assert not ops._tma_suits(rand(48, 64, dtype=torch.float16).mT, b, hopper)  # column-major A
+
+
+def test_autotuners_build_from_the_config_lists():
+    tiled = ops._autotuned_tiled((9, 0))
+    assert len(tiled.configs) == len(configs.HOPPER_TILED)
+    assert {"M", "N", "K"} <= set(tiled.keys)
+    persistent = ops._autotuned_persistent_tma()
+    assert len(persistent.configs) == len(configs.HOPPER_PERSISTENT_TMA)
+    assert all(cfg.pre_hook is ops._set_descriptor_blocks for cfg in persistent.configs)
+
+
+def test_descriptor_pre_hook_sets_block_shapes():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a, b_t = rand(64, 48, dtype=torch.float16), rand(32, 48, dtype=torch.float16)
+    nargs = {
+        "a_desc": TensorDescriptor.from_tensor(a, [1, 1]),
+        "b_desc": TensorDescriptor.from_tensor(b_t, [1, 1]),
+        "B_K_MAJOR": True,
+        **configs.HOPPER_PERSISTENT_TMA[0].meta(),
+    }
+    ops._set_descriptor_blocks(nargs)
+    assert nargs["a_desc"].block_shape == [128, 64] and nargs["b_desc"].block_shape == [256, 64]
+
+
 def test_configs_per_architecture():
     assert configs.tiled_configs((9, 0)) is configs.HOPPER_TILED
     assert configs.tiled_configs((8, 0)) is configs.AMPERE_TILED

@@ -113,19 +113,22 @@ def _has_host_tensor_descriptors() -> bool:
     return True
 
 
+def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, capability: tuple[int, int]) -> bool:
+    """Whether the persistent TMA kernel takes this problem on a GPU of ``capability`` (no device access)."""
+    if not configs.has_tma(capability) or not _has_host_tensor_descriptors():
+        return False
+    if op_a.dim() != 2 or op_b.dim() != 2 or op_a.dtype not in TENSOR_CORE_DTYPES:
+        return False
+    if op_a.shape[1] == 0:  # K == 0: a tensor descriptor needs every dimension positive
+        return False
+    return _tma_layout(op_a, op_b) is not None
+
+
 def _choose_path(op_a: torch.Tensor, op_b: torch.Tensor) -> str:
     """The kernel for a problem Triton runs: persistent TMA on Hopper if the operands suit it, else tiled."""
     if _runtime.INTERPRETED or op_a.device.type != "cuda":
         return "tiled"
-    if op_a.dim() != 2 or op_b.dim() != 2 or op_a.dtype not in TENSOR_CORE_DTYPES:
-        return "tiled"
-    if op_a.shape[1] == 0:  # K == 0: a tensor descriptor needs every dimension positive
-        return "tiled"
-    if not configs.has_tma(_capability(op_a.device)) or not _has_host_tensor_descriptors():
-        return "tiled"
-    if _tma_layout(op_a, op_b) is None:
-        return "tiled"
-    return "persistent_tma"
+    return "persistent_tma" if _tma_suits(op_a, op_b, _capability(op_a.device)) else "tiled"
 
 
 def launch_gemm(
