@@ -14,6 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+# Columns used when standard output is not a terminal; wide enough for the widest table (the GPU table).
+NON_TERMINAL_WIDTH = 200
+
 
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, enums, tuples and paths to plain JSON values; non-finite floats become None."""
@@ -42,7 +45,8 @@ def dump_json(obj: Any, path: str | Path | None = None) -> None:
 
 
 def format_value(value: Any, precision: int = 3) -> str:
-    """A cell's text: floats to ``precision`` significant digits, None as an em dash."""
+    """A cell's text: floats to ``precision`` significant digits (whole numbers up to 1e9 in full, with
+    thousands separators, never in exponent form), None as an em dash."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -50,7 +54,11 @@ def format_value(value: Any, precision: int = 3) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        return f"{value:.{precision}g}" if abs(value) < 1e6 else f"{value:.{precision}e}"
+        if 10**precision <= abs(value) < 1e9:
+            return f"{value:,.0f}"
+        return f"{value:.{precision}g}"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
     return str(value)
 
 
@@ -62,10 +70,18 @@ def print_table(
     caption: str | None = None,
     console: Console | None = None,
 ) -> None:
-    """Print one table; every cell goes through :func:`format_value`."""
+    """Print one table; every cell goes through :func:`format_value`.
+
+    Output that is not a terminal (a pipe, a log file, CI) gets a wide console so that tables are not folded
+    into unreadable slivers at rich's default 80 columns.
+    """
     table = Table(title=title, caption=caption, show_lines=False)
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(format_value(v) for v in row))
-    (console or Console()).print(table)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=NON_TERMINAL_WIDTH)
+    console.print(table)
