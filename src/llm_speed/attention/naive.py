@@ -1,0 +1,47 @@
+"""Naive attention: the full score matrix in memory, as a textbook writes it. The first step of the lesson."""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import causal_visible, softmax_times_values
+from .validation import prepare_attention_inputs
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
+    """Attention with the ``[batch, heads_q, seq_q, seq_kv]`` score matrix materialised, in plain PyTorch ops.
+
+    Same signature and semantics as :func:`llm_speed.flash_attention` (bottom-right causal mask, rows that see
+    no key give 0 and LSE -inf, GQA/MQA by broadcasting K/V over each query group without copying them).
+    Scores, softmax and accumulation are float32; the output has q's dtype; the LSE is float32.
+    Differentiable through autograd (plain torch ops).
+
+    Cost per (batch, head): memory O(seq_q * seq_kv) for the scores and again for the probabilities;
+    HBM traffic O(seq * head_dim) for Q, K, V, O plus O(seq_q * seq_kv) for writing and re-reading the score
+    and probability matrices several times (matmul, max, exp, sum,
+    matmul). That quadratic traffic is what tiling removes.
+    Runs on any device; on CPU it is ordinary PyTorch.
+    """
+    q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
+    batch, heads_q, seq_q, head_dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    # [B, Hkv, G, Sq, D] against [B, Hkv, 1, Skv, D]: the group dim broadcasts, K/V are not repeated.
+    q32 = q.float().reshape(batch, heads_kv, group, seq_q, head_dim)
+    k32 = k.float().unsqueeze(2)
+    v32 = v.float().unsqueeze(2)
+    scores = (q32 @ k32.transpose(-1, -2)) * scale
+    if is_causal:
+        scores = scores.masked_fill(~causal_visible(seq_q, seq_kv, q.device), float("-inf"))
+    out, lse = softmax_times_values(scores, v32)
+    out = out.reshape(batch, heads_q, seq_q, head_dim).to(q.dtype)
+    lse = lse.reshape(batch, heads_q, seq_q)
+    return (out, lse) if return_lse else out

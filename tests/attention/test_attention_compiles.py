@@ -1,0 +1,36 @@
+"""The GPU path cannot run here, but it can be compiled: every kernel, at the block sizes the launchers pick,
+must compile for an H100 (sm_90) and fit its shared memory. Catches API misuse the interpreter tolerates and
+tiles too big for the chip."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from llm_speed.perf.gpus import get_gpu
+
+SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
+
+
+def test_kernels_compile_for_h100_and_fit_shared_memory(tmp_path):
+    pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
+    h100 = get_gpu("h100-sxm")
+    major, minor = h100.compute_capability
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from a cache
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(major * 10 + minor)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 * 3 * 4  # dtypes x head dims x kernels
+    limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block: 1 KB less than the SM's carve-out
+    too_big = [row for row in rows if row["shared_bytes"] > limit]
+    assert not too_big, too_big

@@ -1,0 +1,37 @@
+"""torch.library registration: opcheck (schema, fake tensors, autograd registration) and torch.compile."""
+
+import pytest
+import torch
+from attention_testing import make_qkv
+
+import llm_speed  # noqa: F401  (registers the llm_speed:: operators)
+from llm_speed import flash_attention
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_opcheck_forward_and_backward_ops(is_causal, device):
+    q, k, v = make_qkv(1, 2, 1, 9, 13, 16, torch.float32, device)
+    for t in (q, k, v):
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.llm_speed.flash_attention_forward.default, (q, k, v, is_causal, 0.3))
+    out, lse = torch.ops.llm_speed.flash_attention_forward(q.detach(), k.detach(), v.detach(), is_causal, 0.3)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    args = (dout, q.detach(), k.detach(), v.detach(), out, lse, dlse, is_causal, 0.3)
+    torch.library.opcheck(torch.ops.llm_speed.flash_attention_backward.default, args)
+
+
+def test_torch_compile_fullgraph_forward_and_backward(device):
+    torch._dynamo.reset()
+
+    def attention_loss(q, k, v):
+        out, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+        return out.float().square().sum() + lse[torch.isfinite(lse)].sum()
+
+    compiled = torch.compile(attention_loss, fullgraph=True, backend="aot_eager")
+    q, k, v = make_qkv(1, 2, 2, 7, 5, 16, torch.float16, device)
+    eager_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attention_loss(*eager_leaves).backward()
+    compiled(*compiled_leaves).backward()
+    for a, b in zip(eager_leaves, compiled_leaves, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
