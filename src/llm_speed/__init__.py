@@ -6,6 +6,12 @@ Importing the package never touches a GPU.
 __version__ = "0.1.0"
 
 # --- attention kernels (llm_speed.attention) ---
+from llm_speed.attention import (  # noqa: E402
+    flash_attention,  # noqa: F401
+    naive_attention,  # noqa: F401
+    tiled_attention,  # noqa: F401
+    validate_attention_inputs,  # noqa: F401
+)
 
 # --- GEMM kernels (llm_speed.matmul) ---
 from llm_speed.matmul import (  # noqa: E402
