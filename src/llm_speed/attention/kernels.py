@@ -40,7 +40,8 @@ def _load_rows(
     p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
 ):
     """Load a [rows, BD] tile; rows past ``n_rows`` and columns past ``head_dim`` are not read (0)."""
-    p = p_base + o_rows[:, None] * stride_row + o_d[None, :]
+    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
     if EVEN_ROWS and EVEN_D:
         return tl.load(p)
     elif EVEN_ROWS:
@@ -56,7 +57,8 @@ def _store_rows(
     p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
 ):
     """Store a [rows, BD] tile, skipping rows past ``n_rows`` and columns past ``head_dim``."""
-    p = p_base + o_rows[:, None] * stride_row + o_d[None, :]
+    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
     if EVEN_ROWS and EVEN_D:
         tl.store(p, value)
     elif EVEN_ROWS:

@@ -20,7 +20,7 @@ def naive_attention(
     """Attention with the ``[batch, heads_q, seq_q, seq_kv]`` score matrix materialised, in plain PyTorch ops.
 
     Same signature and semantics as :func:`llm_speed.flash_attention` (bottom-right causal mask, rows that see
-    no key give 0 and LSE -inf, GQA/MQA by broadcasting K/V over each query group without copying them).
+    no key give 0 and LSE -inf, GQA/MQA by folding each query group into the rows, so K/V are not repeated).
     Scores, softmax and accumulation are float32; the output has q's dtype; the LSE is float32.
     Differentiable through autograd (plain torch ops).
 
@@ -34,13 +34,14 @@ def naive_attention(
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
-    # [B, Hkv, G, Sq, D] against [B, Hkv, 1, Skv, D]: the group dim broadcasts, K/V are not repeated.
-    q32 = q.float().reshape(batch, heads_kv, group, seq_q, head_dim)
-    k32 = k.float().unsqueeze(2)
-    v32 = v.float().unsqueeze(2)
+    # Fold each group's query heads into the rows: [B, Hkv, G * Sq, D] against [B, Hkv, Skv, D], so K and V
+    # are used as they are (a broadcast batch dim would make matmul copy them G times).
+    q32 = q.float().reshape(batch, heads_kv, group * seq_q, head_dim)
+    k32, v32 = k.float(), v.float()
     scores = (q32 @ k32.transpose(-1, -2)) * scale
     if is_causal:
-        scores = scores.masked_fill(~causal_visible(seq_q, seq_kv, q.device), float("-inf"))
+        visible = causal_visible(seq_q, seq_kv, q.device).repeat(group, 1)
+        scores = scores.masked_fill(~visible, float("-inf"))
     out, lse = softmax_times_values(scores, v32)
     out = out.reshape(batch, heads_q, seq_q, head_dim).to(q.dtype)
     lse = lse.reshape(batch, heads_q, seq_q)
