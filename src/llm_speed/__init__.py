@@ -6,7 +6,7 @@ Importing the package never touches a GPU.
 __version__ = "0.1.0"
 
 # --- attention kernels (llm_speed.attention) ---
-from llm_speed.attention import (  # noqa: E402
+from llm_speed.attention import (  # noqa: E402, I001  (sections are ordered by area, not sorted)
     flash_attention,  # noqa: F401
     naive_attention,  # noqa: F401
     tiled_attention,  # noqa: F401

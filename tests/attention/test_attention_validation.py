@@ -79,3 +79,11 @@ def test_boundary_inputs_are_accepted(case):
     for fn in ALL_FUNCTIONS:
         out = fn(q, k, v, is_causal=True, scale=0.0 if case[0] == "seq-1" else None)
         assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("scale", [0.5, 2, -1.0, 0.0], ids=["float", "int", "negative", "zero"])
+def test_any_finite_real_scale_is_accepted(scale):
+    q, k, v = _qkv()
+    expected = naive_attention(q, k, v, scale=float(scale))
+    for fn in (flash_attention, tiled_attention):
+        torch.testing.assert_close(fn(q, k, v, scale=scale), expected, rtol=1e-5, atol=1e-6)

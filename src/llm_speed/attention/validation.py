@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -68,7 +69,7 @@ def prepare_attention_inputs(
     validate_attention_inputs(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     elif not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
