@@ -111,7 +111,7 @@ def flash_attention(
             >= 2.1 and KV-cache prefill do). PyTorch SDPA aligns top-left (j <= i); they differ when
             seq_q != seq_kv. A row that sees no key outputs 0 with LSE -inf and gets zero gradients.
             Fully masked key blocks are skipped, not computed.
-        scale: score scale, default ``1 / sqrt(head_dim)``; any finite float.
+        scale: score scale, default ``1 / sqrt(head_dim)``; any finite real number.
         return_lse: also return the log-sum-exp of each row's scaled scores, ``[batch, heads_q, seq_q]`` fp32.
 
     dtypes float16, bfloat16, float32 (all three alike); statistics and accumulation in float32; the output
