@@ -20,8 +20,8 @@ _launches: collections.Counter[str] = collections.Counter()
 def triton_runs_on(device: torch.device) -> bool:
     """True when a Triton kernel can run on tensors of ``device``.
 
-    CUDA tensors always run compiled kernels (or interpreted ones under ``TRITON_INTERPRET=1``); CPU tensors run
-    Triton kernels only through the interpreter.
+    CUDA tensors always run compiled kernels (or interpreted ones under ``TRITON_INTERPRET=1``);
+    CPU tensors run Triton kernels only through the interpreter.
     """
     if device.type == "cuda":
         return True
