@@ -22,7 +22,7 @@ def test_gpus_table_and_json(capsys, monkeypatch):
     data = _json(capsys, ["gpus", "--json"])
     assert [row["id"] for row in data] == [gpu.id for gpu in list_gpus()]
     h100 = next(row for row in data if row["id"] == "h100-sxm")
-    assert h100["peak_tflops"]["bf16"] == 989.5
+    assert h100["peak_tflops"]["bf16"] == 989.4
     assert "sparsity" in h100["sources"]["peak_tflops"]
 
 
@@ -32,7 +32,7 @@ def test_roofline_point_json(capsys):
         ["roofline", "--gpu", "H100", "--dtype", "fp16", "--flops", "1e11", "--bytes", "1e9", "--json"],
     )
     assert data["gpu"] == "h100-sxm"
-    assert data["ridge_points"]["fp16"] == pytest.approx(989.5 / 3.35)
+    assert data["ridge_points"]["fp16"] == pytest.approx(989.4 / 3.35)
     (point,) = data["points"]
     assert point["label"] == "kernel"
     assert point["bound"] == "memory" and point["intensity"] == pytest.approx(100)

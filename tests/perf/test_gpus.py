@@ -30,14 +30,16 @@ def test_table_covers_required_gpus_with_sources():
 @pytest.mark.parametrize(
     ("gpu_id", "dtype", "dense_tflops"),
     [
-        # Dense = datasheet sparse figure / 2 (A100: 624*, H100 SXM: 1979*, H100 PCIe: 1513*, B200 4.5 PF*).
+        # Dense = datasheet sparse figure / 2 (A100: 624*, H100 PCIe: 1513*, B200 4.5 PF*); H100 SXM/H200: the
+        # H100 whitepaper's exact dense figures (989.4 / 1978.9; the datasheets round them to 989 / 1,979).
         ("a100-sxm-80gb", "bf16", 312.0),
         ("a100-pcie-40gb", "tf32", 156.0),
         ("a100-sxm-80gb", "int8", 624.0),
-        ("h100-sxm", "fp16", 989.5),
-        ("h100-sxm", "fp8", 1979.0),
+        ("h100-sxm", "fp16", 989.4),
+        ("h100-sxm", "fp8", 1978.9),
         ("h100-pcie", "bf16", 756.5),
-        ("h200", "bf16", 989.5),
+        ("h200", "bf16", 989.4),
+        ("h200", "fp8", 1978.9),
         ("b200", "bf16", 2250.0),
         ("l40s", "fp16", 362.05),
         ("l4", "bf16", 121.0),
@@ -54,8 +56,8 @@ def test_dense_peaks_are_half_the_sparse_marketing_figures(gpu_id, dtype, dense_
         # Independently computed from the datasheets: peak / bandwidth.
         ("a100-sxm-80gb", 312e12 / 2039e9),  # ~153 FLOP/byte
         ("a100-sxm-40gb", 312e12 / 1555e9),  # ~201 FLOP/byte
-        ("h100-sxm", 989.5e12 / 3.35e12),  # ~295 FLOP/byte (seed 003: 989 / 3.35 = 295)
-        ("h200", 989.5e12 / 4.8e12),  # ~206 FLOP/byte
+        ("h100-sxm", 989.4e12 / 3.35e12),  # ~295 FLOP/byte (seed 003: 989 / 3.35 = 295)
+        ("h200", 989.4e12 / 4.8e12),  # ~206 FLOP/byte
     ],
 )
 def test_ridge_points(gpu_id, ridge):
@@ -68,8 +70,8 @@ def test_seed_003_h100_ridge_point_is_295():
 
 def test_fp32_is_the_cuda_core_peak_and_tf32_its_own_key():
     h100 = get_gpu("h100-sxm")
-    assert h100.peak_flops(torch.float32) == h100.peak_flops("fp32") == 67e12
-    assert h100.peak_flops("tf32") == 494.5e12
+    assert h100.peak_flops(torch.float32) == h100.peak_flops("fp32") == pytest.approx(66.9e12)
+    assert h100.peak_flops("tf32") == 494.7e12
     assert h100.peak_flops(torch.bfloat16) == h100.peak_flops("bfloat16")
     assert h100.peak_flops(torch.float16) == h100.peak_flops("half")
 

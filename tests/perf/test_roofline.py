@@ -17,9 +17,9 @@ def test_seed_003_h100_memory_and_compute_bound_examples():
     assert below.time_floor_s == pytest.approx(1e9 / 3.35e12)
     above = roofline(flops=1000e9, bytes_moved=1e9, dtype="fp16", gpu=get_gpu("H100"))  # I = 1000 > 295
     assert above.bound == "compute"
-    assert above.attainable_flops == pytest.approx(989.5e12)
-    assert above.time_floor_s == pytest.approx(1000e9 / 989.5e12)
-    assert above.ridge_point == pytest.approx(295.37, abs=0.01)
+    assert above.attainable_flops == pytest.approx(989.4e12)
+    assert above.time_floor_s == pytest.approx(1000e9 / 989.4e12)
+    assert above.ridge_point == pytest.approx(989.4 / 3.35)  # 295.34
 
 
 def test_square_gemm_4096_is_compute_bound_on_h100():

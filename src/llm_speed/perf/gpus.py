@@ -231,12 +231,29 @@ def _hopper_compute_sources(form: str) -> dict[str, str]:
     return {
         "sm_count": _H100_WHITEPAPER + f" ({form})",
         "boost_clock_mhz": f"maximum SM clock nvidia-smi reports on H100 {form}; the dense tensor peaks "
-        "imply a lower sustained clock (SXM: 989.5 TFLOP/s = 132 SMs x 4,096 FLOP/clk x 1.83 GHz)",
+        "imply a lower sustained clock (SXM: 989.4 TFLOP/s = 132 SMs x 4,096 FLOP/clk x 1.83 GHz)",
         "l2_cache_mb": _H100_WHITEPAPER,
         "smem_per_sm_kb": _HOPPER_TUNING,
         "register_file_per_sm_kb": _HOPPER_TUNING,
     }
 
+
+# H100 SXM5 and H200 share these: the whitepaper's exact dense figures (boost clock 1.83 GHz for the peaks);
+# the datasheets round them (989 / 1,979* / 3,958*).
+_GH100_SXM_PEAKS = {
+    "fp64": 33.5,
+    "fp32": 66.9,
+    "tf32": 494.7,
+    "fp16": 989.4,
+    "bf16": 989.4,
+    "fp8": 1978.9,
+    "int8": 1978.9,
+}
+_GH100_SXM_PEAK_SOURCE = (
+    f"{_H100_WHITEPAPER}, H100 SXM5 column, dense / 2:4-sparsity pairs: FP64 33.5 (FP64 Tensor Core "
+    "66.9), FP32 66.9, TF32 494.7/989.4, BF16/FP16 989.4/1978.9, FP8 1978.9/3957.8, INT8 1978.9/3957.8; "
+    "the table stores the dense figure"
+)
 
 _GPUS: tuple[GPUSpec, ...] = (
     _ampere_a100(
@@ -274,15 +291,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         compute_capability=(9, 0),
         sm_count=132,
         boost_clock_mhz=1980,
-        peak_tflops={
-            "fp64": 34.0,
-            "fp32": 67.0,
-            "tf32": 494.5,
-            "fp16": 989.5,
-            "bf16": 989.5,
-            "fp8": 1979.0,
-            "int8": 1979.0,
-        },
+        peak_tflops=_GH100_SXM_PEAKS,
         hbm_capacity_gb=80.0,
         hbm_bandwidth_gbs=3350.0,
         l2_cache_mb=50.0,
@@ -292,10 +301,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         pcie_bandwidth_gbs=128.0,
         memory_type="HBM3",
         sources={
-            "peak_tflops": _sparse_halved(
-                f"{_H100_DATASHEET}, SXM: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
-                "BF16/FP16 1,979*, FP8 3,958*, INT8 3,958*"
-            ),
+            "peak_tflops": _GH100_SXM_PEAK_SOURCE,
             "hbm_capacity_gb": f"{_H100_DATASHEET}, SXM: 80 GB",
             "hbm_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: 3.35 TB/s",
             "nvlink_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: NVLink 900 GB/s",
@@ -348,15 +354,7 @@ _GPUS: tuple[GPUSpec, ...] = (
         compute_capability=(9, 0),
         sm_count=132,
         boost_clock_mhz=1980,
-        peak_tflops={
-            "fp64": 34.0,
-            "fp32": 67.0,
-            "tf32": 494.5,
-            "fp16": 989.5,
-            "bf16": 989.5,
-            "fp8": 1979.0,
-            "int8": 1979.0,
-        },
+        peak_tflops=_GH100_SXM_PEAKS,
         hbm_capacity_gb=141.0,
         hbm_bandwidth_gbs=4800.0,
         l2_cache_mb=50.0,
@@ -366,10 +364,10 @@ _GPUS: tuple[GPUSpec, ...] = (
         pcie_bandwidth_gbs=128.0,
         memory_type="HBM3e",
         sources={
-            "peak_tflops": _sparse_halved(
-                f"{_H200_DATASHEET}: FP64 34 (FP64 Tensor Core 67), FP32 67, TF32 989*, "
-                "BF16/FP16 1,979*, FP8 3,958*, INT8 3,958*"
-            ),
+            "peak_tflops": "H200 runs the GH100 SXM5 die of H100 SXM at the same clocks; "
+            + _GH100_SXM_PEAK_SOURCE
+            + f". {_H200_DATASHEET} prints the same figures rounded: FP64 34, FP32 67, TF32 989*, BF16/FP16 "
+            "1,979*, FP8 3,958*",
             "hbm_capacity_gb": f"{_H200_DATASHEET}: 141 GB HBM3e",
             "hbm_bandwidth_gbs": f"{_H200_DATASHEET}: 4.8 TB/s",
             "nvlink_bandwidth_gbs": f"{_H200_DATASHEET}: NVLink 900 GB/s",
