@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,3 +38,22 @@ def record_launch(kernel_name: str) -> None:
 def launch_count(kernel_name: str) -> int:
     """How many times ``kernel_name`` was launched in this process."""
     return _launches[kernel_name]
+
+
+# Who wants to hear about the work each Triton launcher is asked to do (the profiler registers one, see
+# llm_speed.profiler); launchers call report_work once per call, which costs a loop over an empty list
+# when nobody listens.
+_work_observers: list[Callable[[str, dict[str, Any]], None]] = []
+
+
+def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
+    """Call ``observer(op, problem)`` for every :func:`report_work` from now on (added once at most)."""
+    if observer not in _work_observers:
+        _work_observers.append(observer)
+
+
+def report_work(op: str, **problem: Any) -> None:
+    """Tell the observers that a launcher runs ``op`` ("attention_fwd", "attention_bwd", "gemm") on
+    ``problem`` (its tensors and flags), so a profiler can count FLOPs and bytes of calls made directly."""
+    for observer in _work_observers:
+        observer(op, problem)

@@ -121,7 +121,7 @@ def safe_flash_attention(
             stacklevel=2,
         )
         out = sdpa_attention(q, k, v, is_causal=is_causal, scale=scale)
-        impl = "naive"  # cost model of a materialising fallback; SDPA's real traffic depends on its backend
+        impl = "sdpa"  # costed as materialising (naive traffic); SDPA's real traffic depends on its backend
     profiler.record_attention_call(f"safe_flash_attention ({impl})", q, k, is_causal=is_causal, impl=impl)
     return out
 

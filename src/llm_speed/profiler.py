@@ -11,9 +11,13 @@ the CPU). A figure that cannot be known is None, and ``KernelMetrics.unavailable
 reported as 0 because it was not measured.
 
 A ``profile`` block does not see inside arbitrary code: its FLOPs and bytes come from ``flops=`` /
-``bytes_moved=`` when given, else from the calls made in the block through :mod:`cuda_llm_ops` and
-:mod:`llm_speed.helpers`, which report their analytic cost here (:func:`record_attention_call`,
-:func:`record_gemm_call`). Nothing touches the GPU at import time.
+``bytes_moved=`` when given, else from the llm-speed kernels run inside the block. The Triton launchers of
+flash/tiled attention (forward and backward) and of every GEMM report their problem through
+:func:`llm_speed._runtime.report_work`, however they were called (``llm_speed.flash_attention``,
+``llm_speed.gemm``, ``cuda_llm_ops``, autograd); work that launches no Triton kernel (naive attention, the
+SDPA fallback of ``safe_flash_attention``, the PyTorch fallbacks on a CPU without the interpreter) is
+reported by :mod:`cuda_llm_ops` and :mod:`llm_speed.helpers` (:func:`record_attention_call`,
+:func:`record_gemm_call`), so no call is counted twice. Nothing touches the GPU at import time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 
+from llm_speed import _runtime
 from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure, resolve_device
 from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
@@ -41,8 +46,8 @@ HARDWARE_COUNTER_REASON = (
     "a hardware counter: read it with Nsight Compute (ncu); this profiler times kernels and reads no counters"
 )
 NO_COST_REASON = (
-    "no FLOP/byte count for this block: pass flops= and bytes_moved= to profile(), or call the kernels "
-    "through cuda_llm_ops / llm_speed.helpers, which report their cost"
+    "no FLOP/byte count for this block: no llm-speed kernel ran in it (other code is not seen); pass flops= "
+    "and bytes_moved= to profile()"
 )
 
 
@@ -134,19 +139,33 @@ def record_call(name: str, flops: float, bytes_moved: float, dtype: Any, device:
         calls.append(call)
 
 
-def record_attention_call(name: str, q: torch.Tensor, k: torch.Tensor, *, is_causal: bool, impl: str) -> None:
-    """Report a forward attention call on ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Skv, D]`` (no-op outside blocks).
+# The traffic class of each attention implementation: naive_attention keeps its scores in fp32, and SDPA
+# (the fallback of safe_flash_attention, reported as "sdpa") is costed as a materialising kernel in q's dtype.
+_SCORE_DTYPES = {"naive": "fp32"}
 
-    Empty problems (a zero dimension) cost nothing and are not reported.
-    """
-    if not is_recording() or q.numel() == 0 or k.numel() == 0:
+
+def _record_attention(
+    name: str, q: torch.Tensor, k: torch.Tensor, *, is_causal: bool, impl: str, mode: str
+) -> None:
+    if q.numel() == 0 or k.numel() == 0:
         return
     batch, heads_q, seq_q, head_dim = q.shape
     cost = attention_cost(
         batch, heads_q, seq_q, k.shape[2], head_dim,
-        heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode="fwd", impl=impl,
+        heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode=mode,
+        impl="naive" if impl == "sdpa" else impl, score_dtype=_SCORE_DTYPES.get(impl),
     )
     record_call(name, cost.flops, cost.bytes_moved, q.dtype, q.device)
+
+
+def record_attention_call(name: str, q: torch.Tensor, k: torch.Tensor, *, is_causal: bool, impl: str) -> None:
+    """Report a forward attention call on ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Skv, D]`` that no Triton
+    launcher reports: ``impl`` "naive" or "sdpa" always, "flash"/"tiled" only where their kernels do not run
+    (a CPU without the interpreter). No-op outside blocks; empty problems cost nothing and are not reported.
+    """
+    if not is_recording() or (impl in ("flash", "tiled") and _runtime.triton_runs_on(q.device)):
+        return
+    _record_attention(name, q, k, is_causal=is_causal, impl=impl, mode="fwd")
 
 
 def _output_width(dtype: Any) -> Any:
@@ -154,14 +173,42 @@ def _output_width(dtype: Any) -> Any:
     return "fp32" if dtype == torch.int32 else dtype
 
 
-def record_gemm_call(
-    name: str, m: int, n: int, k: int, *, dtype: Any, out_dtype: Any, device: torch.device, batch: int = 1
-) -> None:
-    """Report ``batch`` products ``[m, k] @ [k, n]`` (no-op outside blocks or for an empty product)."""
-    if not is_recording() or 0 in (m, n, k, batch):
+def _record_gemm(name: str, m: int, n: int, k: int, *, dtype: Any, out_dtype: Any, device: torch.device,
+                 batch: int) -> None:
+    if 0 in (m, n, k, batch):
         return
     cost = gemm_cost(m, n, k, dtype=dtype, out_dtype=_output_width(out_dtype), batch=batch)
     record_call(name, cost.flops, cost.bytes_moved, dtype, device)
+
+
+def record_gemm_call(
+    name: str, m: int, n: int, k: int, *, dtype: Any, out_dtype: Any, device: torch.device, batch: int = 1
+) -> None:
+    """Report ``batch`` products ``[m, k] @ [k, n]`` that no Triton launcher reports (the PyTorch fallback
+    on a CPU without the interpreter). No-op outside blocks, where the Triton GEMM runs, or when empty."""
+    if not is_recording() or _runtime.triton_runs_on(torch.device(device)):
+        return
+    _record_gemm(name, m, n, k, dtype=dtype, out_dtype=out_dtype, device=device, batch=batch)
+
+
+def _observe_launcher_work(op: str, problem: dict[str, Any]) -> None:
+    """The :func:`llm_speed._runtime.report_work` observer: costs of the Triton launches made in a block."""
+    if not is_recording():
+        return
+    if op in ("attention_fwd", "attention_bwd"):
+        q, k = problem["q"], problem["k"]
+        impl = "tiled" if problem.get("two_pass") else "flash"
+        mode = "fwd" if op == "attention_fwd" else "bwd"
+        _record_attention(f"{impl}_attention {mode}", q, k, is_causal=problem["is_causal"], impl=impl,
+                          mode=mode)
+    elif op == "gemm":
+        op_a, out = problem["op_a"], problem["out"]
+        batch = out[..., 0, 0].numel()  # product of the leading (batch) dims, 1 for a plain matrix
+        _record_gemm("gemm", out.shape[-2], out.shape[-1], op_a.shape[-1], dtype=op_a.dtype,
+                     out_dtype=out.dtype, device=out.device, batch=batch)
+
+
+_runtime.add_work_observer(_observe_launcher_work)
 
 
 # --- turning a time into metrics ----------------------------------------------------------------------------
@@ -344,9 +391,9 @@ class CUDAProfiler:
         One un-warmed run: a first call may include Triton compilation, so warm up before the block or use
         ``profile_attention`` / ``profile_gemm`` / ``measure_time`` for steady-state figures. FLOPs and bytes
         come from ``flops`` / ``bytes_moved`` (and ``dtype`` for the peak) when given, else from the calls
-        made in the block through ``cuda_llm_ops`` and ``llm_speed.helpers``. On a GPU the block is bounded
-        by CUDA events (work queued before it is finished first); when every reported call ran on the CPU,
-        or there is no GPU, the host clock is used.
+        made in the block (llm-speed's kernels report their cost, see the module docstring). On a GPU the
+        block is bounded by CUDA events (work queued before it is finished first); when every reported call
+        ran on the CPU, or there is no GPU, the host clock is used.
         """
         if not isinstance(name, str):
             raise TypeError(f"name: expected a str, got {type(name).__name__}")
@@ -442,7 +489,8 @@ class CUDAProfiler:
 
         With ``is_causal`` the call is ``func(q, k, v, is_causal=True)`` and only visible pairs count as
         FLOPs. ``num_kv_heads`` gives k and v fewer heads (GQA). ``impl`` ("flash", "tiled" or "naive") picks
-        the DRAM-traffic model of :func:`llm_speed.perf.kernel_costs.attention_cost`.
+        the DRAM-traffic model of :func:`llm_speed.perf.kernel_costs.attention_cost` ("naive" is
+        ``llm_speed.naive_attention``, whose score matrices are fp32).
         """
         for arg, value in (("batch_size", batch_size), ("num_heads", num_heads), ("seq_len", seq_len),
                            ("head_dim", head_dim)):
@@ -451,6 +499,7 @@ class CUDAProfiler:
         cost = attention_cost(
             batch_size, num_heads, seq_len, seq_len, head_dim,
             heads_kv=num_kv_heads, dtype=dtype, causal=bool(is_causal), mode="fwd", impl=impl,
+            score_dtype=_SCORE_DTYPES.get(impl),
         )
         device = self.device
         q = torch.randn(batch_size, num_heads, seq_len, head_dim, device=device, dtype=dtype)

@@ -103,6 +103,88 @@ def test_gemm_calls_report_their_cost():
     assert metrics.dtype is None  # an fp32 and an fp16 call: no single peak would apply
 
 
+def test_direct_calls_are_counted_once_through_the_launchers():
+    """llm_speed's own functions report their cost from the Triton launchers; cuda_llm_ops adds nothing."""
+    import llm_speed
+    from llm_speed import _runtime
+
+    if not _runtime.triton_runs_on(torch.device("cpu")):
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
+    q = torch.randn(1, 2, 16, 16)
+    k, v = torch.randn(1, 1, 16, 16), torch.randn(1, 1, 16, 16)
+    a, b = torch.randn(2, 16, 32), torch.randn(32, 8)
+    a8, b8 = torch.randint(-8, 8, (16, 32), dtype=torch.int8), torch.randint(-8, 8, (32, 8), dtype=torch.int8)
+    flash = attention_cost(1, 2, 16, 16, 16, heads_kv=1, dtype=torch.float32, causal=True, impl="flash")
+    tiled = attention_cost(1, 2, 16, 16, 16, heads_kv=1, dtype=torch.float32, impl="tiled")
+    batched = gemm_cost(16, 8, 32, dtype="fp32", batch=2)
+    int8 = gemm_cost(16, 8, 32, dtype="int8", out_dtype="fp32")
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("direct"):
+        llm_speed.flash_attention(q, k, v, is_causal=True)
+        llm_speed.tiled_attention(q, k, v)
+        llm_speed.gemm(a, b)
+        llm_speed.tensor_core_gemm_int8(a8, b8)
+    with profiler.profile("old api"):
+        cuda_llm_ops.flash_attention(q, k, v, 0.0, True)
+        cuda_llm_ops.tiled_attention(q, k, v)
+        cuda_llm_ops.gemm(a, b)
+        cuda_llm_ops.tensor_core_gemm_int8(a8, b8)
+    for name in ("direct", "old api"):
+        metrics = profiler.get_metrics(name)
+        assert metrics.flops == flash.flops + tiled.flops + batched.flops + int8.flops, name
+        assert metrics.bytes_moved == (
+            flash.bytes_moved + tiled.bytes_moved + batched.bytes_moved + int8.bytes_moved
+        ), name
+        assert metrics.tflops is not None and metrics.memory_bandwidth_gb is not None
+
+
+def test_backward_launches_add_the_backward_cost():
+    import llm_speed
+    from llm_speed import _runtime
+
+    if not _runtime.triton_runs_on(torch.device("cpu")):
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
+    q, k, v = (torch.randn(1, 1, 16, 16, requires_grad=True) for _ in range(3))
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("train step"):
+        llm_speed.flash_attention(q, k, v).sum().backward()
+    forward = attention_cost(1, 1, 16, 16, 16, dtype=torch.float32, mode="fwd", impl="flash")
+    backward = attention_cost(1, 1, 16, 16, 16, dtype=torch.float32, mode="bwd", impl="flash")
+    metrics = profiler.get_metrics()
+    assert metrics.flops == forward.flops + backward.flops
+    assert metrics.bytes_moved == forward.bytes_moved + backward.bytes_moved
+
+
+def test_fallback_paths_are_reported_by_the_wrappers(monkeypatch):
+    """Where no Triton kernel runs (a CPU without the interpreter), cuda_llm_ops reports the cost itself."""
+    from llm_speed import _runtime
+
+    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    q = torch.randn(1, 2, 16, 16)
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("fallbacks"):
+        cuda_llm_ops.flash_attention(q, q, q)
+        cuda_llm_ops.gemm(a, b)
+    expected = attention_cost(1, 2, 16, 16, 16, dtype=torch.float32, impl="flash")
+    metrics = profiler.get_metrics()
+    assert metrics.flops == expected.flops + gemm_cost(16, 8, 32, dtype="fp32").flops
+
+
+def test_naive_attention_is_costed_with_fp32_scores():
+    q = torch.randn(1, 2, 16, 16, dtype=torch.float16)
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("naive"):
+        cuda_llm_ops.naive_attention(q, q, q)
+    expected = attention_cost(1, 2, 16, 16, 16, dtype="fp16", impl="naive", score_dtype="fp32")
+    assert expected.bytes_moved > attention_cost(1, 2, 16, 16, 16, dtype="fp16", impl="naive").bytes_moved
+    assert profiler.get_metrics().bytes_moved == expected.bytes_moved
+    metrics = profiler.profile_attention(
+        cuda_llm_ops.naive_attention, 1, 2, 16, 16, dtype=torch.float16, warmup=0, iterations=1, impl="naive"
+    )
+    assert metrics.bytes_moved == expected.bytes_moved
+
+
 def test_kernel_metrics_against_gpu_peaks(monkeypatch):
     monkeypatch.setattr(prof, "_gpu_spec", lambda device: (H100, None))
     device = torch.device("cuda")

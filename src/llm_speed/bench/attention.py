@@ -33,7 +33,9 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("fp16", "bf16", "fp32")
 
 # The performance model's traffic class for each implementation (kernel_costs.attention_cost's ``impl``):
-# fused kernels keep scores on chip like flash; the math backend materialises them like naive.
+# fused kernels keep scores on chip like flash; the math backend materialises them like naive. Plain "sdpa" is
+# costed as fused because torch picks a fused backend whenever one accepts the inputs; when it falls back to
+# math (e.g. fp32 on some GPUs) the measured/model column shows a large gap.
 COST_CLASS = {
     "flash": "flash",
     "tiled": "tiled",
@@ -45,6 +47,8 @@ COST_CLASS = {
     "sdpa-math": "naive",
     "flash_attn": "flash",
 }
+# llm-speed's naive_attention keeps its score matrices in fp32 (SDPA's math backend: in the input dtype).
+SCORE_DTYPES = {"naive": "fp32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +225,7 @@ def run_attention(settings: AttentionSettings, *, show_progress: bool = True) ->
                     causal=settings.causal,
                     mode=settings.mode,
                     impl=COST_CLASS[impl],
+                    score_dtype=SCORE_DTYPES.get(impl),
                 )
                 row = AttentionMeasurement(
                     case=f"seq={seq_len}",

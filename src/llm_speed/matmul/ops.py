@@ -37,6 +37,8 @@ PATHS = ("tiled", "persistent_tma")
 _MAX_GRID_Y = 65535
 # Tensor descriptors need 16-byte aligned base addresses and row strides.
 _TMA_ALIGN_BYTES = 16
+# The smallest autotuning bucket of a size: tl.dot's smallest tile side.
+_SMALLEST_BUCKET = 16
 
 
 def fp32_input_precision() -> str:
@@ -58,12 +60,40 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def size_bucket(size: int) -> int:
+    """The autotuning bucket of a problem size: the next power of two, at least 16 (tl.dot's smallest tile).
+
+    Shapes in one bucket share one tuning run; without buckets every new M (tokens in a batch) would pay
+    a benchmark of every configuration.
+    """
+    return triton.next_power_of_2(max(size, _SMALLEST_BUCKET))
+
+
+def _drop_oversized_tiles(candidates, named_args, **kwargs):
+    """Autotuner pruning: skip tiles larger than the problem's bucket in M or N (mostly masked work).
+
+    When every tile is too large (a small problem), the ones of the smallest area remain.
+    """
+    fitting = [
+        cfg
+        for cfg in candidates
+        if cfg.kwargs["BLOCK_M"] <= named_args["M_BUCKET"] and cfg.kwargs["BLOCK_N"] <= named_args["N_BUCKET"]
+    ]
+    if fitting:
+        return fitting
+    smallest = min(cfg.kwargs["BLOCK_M"] * cfg.kwargs["BLOCK_N"] for cfg in candidates)
+    return [cfg for cfg in candidates if cfg.kwargs["BLOCK_M"] * cfg.kwargs["BLOCK_N"] == smallest]
+
+
+_PRUNING = {"early_config_prune": _drop_oversized_tiles}
+
+
 @functools.cache
 def _autotuned_tiled(capability: tuple[int, int]):
     tuned = [cfg.to_triton() for cfg in configs.tiled_configs(capability)]
-    return triton.autotune(tuned, key=["M", "N", "K", "stride_ak", "stride_bn", "stride_am", "stride_bk"])(
-        kernels.gemm_tiled_kernel
-    )
+    # The unit strides tell the layout (the autotuner adds the dtypes to the key).
+    key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "stride_ak", "stride_bn"]
+    return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_tiled_kernel)
 
 
 def _set_descriptor_blocks(nargs) -> None:
@@ -76,7 +106,8 @@ def _set_descriptor_blocks(nargs) -> None:
 @functools.cache
 def _autotuned_persistent_tma():
     tuned = [cfg.to_triton(pre_hook=_set_descriptor_blocks) for cfg in configs.HOPPER_PERSISTENT_TMA]
-    return triton.autotune(tuned, key=["M", "N", "K", "B_K_MAJOR"])(kernels.gemm_persistent_tma_kernel)
+    key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "B_K_MAJOR"]
+    return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_persistent_tma_kernel)
 
 
 def _tma_layout(op_a: torch.Tensor, op_b: torch.Tensor) -> bool | None:
@@ -152,6 +183,7 @@ def launch_gemm(
     """
     if out.numel() == 0:
         return out
+    _runtime.report_work("gemm", op_a=op_a, op_b=op_b, out=out)
     path = path or _choose_path(op_a, op_b)
     if path not in PATHS:
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
@@ -167,8 +199,13 @@ def launch_gemm(
     }
     # Pointer arguments that are not read (HAS_C / HAS_BIAS False) still need a tensor: out stands in.
     bias_arg = bias if bias is not None else out
+    scalars = {
+        "M": M, "N": N, "K": K,
+        "stride_bias": bias_arg.stride(-1), "alpha": alpha, "beta": beta,
+        "M_BUCKET": size_bucket(M), "N_BUCKET": size_bucket(N), "K_BUCKET": size_bucket(K),
+    }  # fmt: skip
     if path == "persistent_tma":
-        _launch_persistent_tma(op_a, op_b, out, c, bias_arg, alpha, beta, M, N, K, epilogue)
+        _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue)
         return out
 
     out3 = _as_batched(out)
@@ -191,13 +228,12 @@ def launch_gemm(
             return (triton.cdiv(M, meta_args["BLOCK_M"]) * triton.cdiv(N, meta_args["BLOCK_N"]), count)
 
         kernel[grid](
-            a_part, b_part, c_part, bias_arg, out_part,
-            M, N, K,
-            _batch_stride(a_part), a_part.stride(1), a_part.stride(2),
-            _batch_stride(b_part), b_part.stride(1), b_part.stride(2),
-            _batch_stride(c_part), c_part.stride(1), c_part.stride(2),
-            out_part.stride(0), out_part.stride(1), out_part.stride(2),
-            alpha, beta,
+            a_ptr=a_part, b_ptr=b_part, c_ptr=c_part, bias_ptr=bias_arg, out_ptr=out_part,
+            stride_ab=_batch_stride(a_part), stride_am=a_part.stride(1), stride_ak=a_part.stride(2),
+            stride_bb=_batch_stride(b_part), stride_bk=b_part.stride(1), stride_bn=b_part.stride(2),
+            stride_cb=_batch_stride(c_part), stride_cm=c_part.stride(1), stride_cn=c_part.stride(2),
+            stride_ob=out_part.stride(0), stride_om=out_part.stride(1), stride_on=out_part.stride(2),
+            **scalars,
             ACC_DTYPE=tl.int32 if integer else tl.float32,
             INPUT_PRECISION=input_precision,
             **epilogue,
@@ -207,7 +243,7 @@ def launch_gemm(
     return out
 
 
-def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, alpha, beta, M, N, K, epilogue) -> None:
+def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     b_k_major = _tma_layout(op_a, op_b)
@@ -230,14 +266,13 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, alpha, beta, M, N, K, e
     c_arg = c.expand(out.shape) if c is not None else out
 
     def grid(meta_args):
-        tiles = triton.cdiv(M, meta_args["BLOCK_M"]) * triton.cdiv(N, meta_args["BLOCK_N"])
+        tiles = triton.cdiv(scalars["M"], meta_args["BLOCK_M"]) * triton.cdiv(scalars["N"], meta_args["BLOCK_N"])
         return (min(num_programs, tiles),)
 
     kernel[grid](
-        a_desc, b_desc, c_arg, bias_arg, out,
-        M, N, K,
-        c_arg.stride(0), c_arg.stride(1), out.stride(0), out.stride(1),
-        alpha, beta,
+        a_desc=a_desc, b_desc=b_desc, c_ptr=c_arg, bias_ptr=bias_arg, out_ptr=out,
+        stride_cm=c_arg.stride(0), stride_cn=c_arg.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+        **scalars,
         B_K_MAJOR=b_k_major, NUM_PROGRAMS=num_programs,
         **epilogue,
         **meta,
