@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -11,7 +12,10 @@ import cuda_llm_ops
 import llm_speed
 from llm_speed import helpers
 from llm_speed.attention.reference import reference_attention
-from llm_speed.perf import gemm_shapes, memory
+
+# The modules themselves (llm_speed.perf may export functions of the same names).
+gemm_shapes = importlib.import_module("llm_speed.perf.gemm_shapes")
+memory = importlib.import_module("llm_speed.perf.memory")
 
 
 def qkv(device, seq_q=16, seq_kv=None, heads_q=2, heads_kv=None, dtype=torch.float32):
