@@ -70,9 +70,9 @@ class _RecordingKernel:
         self.launches = []
 
     def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append([x for x in args if isinstance(x, torch.Tensor)])
-            return self.kernel[grid](*args, **kwargs)
+        def launch(**kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](**kwargs)
 
         return launch
 
@@ -90,7 +90,7 @@ def test_strided_operands_are_read_in_place(device, monkeypatch):
     for a, b in cases:
         out = llm_speed.gemm(a, b)
         assert_gemm_accurate(out, a, b)
-        launched_a, launched_b = recorder.launches[-1][:2]
+        launched_a, launched_b = recorder.launches[-1]["a_ptr"], recorder.launches[-1]["b_ptr"]
         assert launched_a.data_ptr() == a.data_ptr() and launched_a.stride()[1:] == a.stride()
         assert launched_b.data_ptr() == b.data_ptr() and launched_b.stride()[1:] == b.stride()
 
@@ -143,6 +143,23 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero(device):
     out = llm_speed.gemm(a, b, beta=0.0, c=c, alpha=2.0)
     assert out.isfinite().all()
     assert_gemm_accurate(out, a, b, alpha=2.0)
+
+
+@pytest.mark.parametrize("path", ops.PATHS)
+def test_strided_bias_and_c(device, path):
+    """A bias view with a stride (a column of a matrix) and a transposed c are read through their strides."""
+    if path == "persistent_tma" and device.type == "cuda" and not configs.has_tma(
+        torch.cuda.get_device_capability(device)
+    ):
+        pytest.skip("the TMA kernel runs on Hopper only")
+    m, n, k = 70, 40, 48
+    a, b = rand(m, k, dtype=torch.float16, device=device), rand(k, n, dtype=torch.float16, device=device)
+    bias = rand(n, 3, device=device)[:, 1]  # stride 3
+    c = rand(n, m, device=device).mT  # column-major
+    kwargs = dict(beta=0.5, c=c, bias=bias, activation="relu")
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+    ops.launch_gemm(a, b, out, path=path, **kwargs)
+    assert_gemm_accurate(out, a, b, **kwargs)
 
 
 @pytest.mark.parametrize("activation", (None,) + ACTIVATIONS)
@@ -311,10 +328,25 @@ def test_tma_path_rules():
 def test_autotuners_build_from_the_config_lists():
     tiled = ops._autotuned_tiled((9, 0))
     assert len(tiled.configs) == len(configs.HOPPER_TILED)
-    assert {"M", "N", "K"} <= set(tiled.keys)
+    # keyed on size buckets, not on exact sizes: a new M of the same bucket reuses the tuning
+    assert {"M_BUCKET", "N_BUCKET", "K_BUCKET"} <= set(tiled.keys) and not {"M", "N", "K"} & set(tiled.keys)
     persistent = ops._autotuned_persistent_tma()
     assert len(persistent.configs) == len(configs.HOPPER_PERSISTENT_TMA)
     assert all(cfg.pre_hook is ops._set_descriptor_blocks for cfg in persistent.configs)
+
+
+def test_size_buckets():
+    sizes = (0, 1, 16, 17, 100, 128, 129, 4096)
+    assert [ops.size_bucket(x) for x in sizes] == [16, 16, 16, 32, 128, 128, 256, 4096]
+
+
+def test_autotuner_prunes_tiles_larger_than_the_problem():
+    tuned = ops._autotuned_tiled((9, 0)).configs
+    small = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 64, "N_BUCKET": 1024})
+    assert small and all(cfg.kwargs["BLOCK_M"] <= 64 for cfg in small) and len(small) < len(tuned)
+    assert ops._drop_oversized_tiles(tuned, {"M_BUCKET": 8192, "N_BUCKET": 8192}) == tuned
+    tiny = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 16, "N_BUCKET": 16})  # no tile fits: the smallest
+    assert tiny and {(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]) for cfg in tiny} == {(64, 32)}
 
 
 def test_descriptor_pre_hook_sets_block_shapes():

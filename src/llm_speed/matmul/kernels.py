@@ -53,7 +53,7 @@ def _activation(x, ACTIVATION: tl.constexpr):
 @triton.jit
 def _epilogue(
     acc, offs_m, offs_n, M, N,
-    c_ptr, stride_cm, stride_cn, bias_ptr, out_ptr, stride_om, stride_on,
+    c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, out_ptr, stride_om, stride_on,
     alpha, beta,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, INTEGER: tl.constexpr,
 ):  # fmt: skip
@@ -76,7 +76,8 @@ def _epilogue(
             b_c = tl.load(c_ptrs, mask=mask_mn, other=0.0).to(tl.float32)
             result += beta * b_c
         if HAS_BIAS:
-            b_bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            bias_ptrs = bias_ptr + offs_n.to(tl.int64) * stride_bias
+            b_bias = tl.load(bias_ptrs, mask=mask_n, other=0.0).to(tl.float32)
             result += b_bias[None, :]
         result = _activation(result, ACTIVATION)
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :].to(tl.int64) * stride_on
@@ -91,7 +92,8 @@ def gemm_tiled_kernel(
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
     stride_ob, stride_om, stride_on,
-    alpha, beta,
+    stride_bias, alpha, beta,
+    M_BUCKET, N_BUCKET, K_BUCKET,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     ACC_DTYPE: tl.constexpr, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -107,7 +109,9 @@ def gemm_tiled_kernel(
     integer; int32 arithmetic wraps, so the result is exact whenever it fits in int32). DOT_IN_FP32 upcasts
     the tiles before ``tl.dot``; the launcher sets it only for bf16 under the interpreter, whose bf16 dot is
     wrong (the products of bf16 values are exact in fp32, so the result is what the GPU computes).
-    INPUT_PRECISION ("ieee" or "tf32") matters for fp32 inputs only.
+    INPUT_PRECISION ("ieee" or "tf32") matters for fp32 inputs only. M_BUCKET, N_BUCKET and K_BUCKET are not
+    read: they are the GPU autotuner's key (the sizes rounded up to powers of two), so one tuning run serves
+    every shape of a bucket instead of one run per distinct M, N, K.
 
     FLOPs: 2 * batch * M * N * K (plus O(M * N) in the epilogue).
     Minimum bytes: each operand read once and ``out`` written once:
@@ -123,11 +127,15 @@ def gemm_tiled_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_k64 = offs_k.to(tl.int64)
     # Edge rows/columns re-read a valid row/column; their results are never stored.
     offs_am = (offs_m % M).to(tl.int64)
     offs_bn = (offs_n % N).to(tl.int64)
-    a_ptrs = a_ptr + batch * stride_ab + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    a_ptrs = a_ptr + batch * stride_ab + offs_am[:, None] * stride_am + offs_k64[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k64[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    # The K step in int64: BLOCK_K * a column stride above 2**31 / BLOCK_K would overflow int32.
+    a_step = tl.full((), BLOCK_K, tl.int64) * stride_ak
+    b_step = tl.full((), BLOCK_K, tl.int64) * stride_bk
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     for k_tile in range(0, tl.cdiv(K, BLOCK_K)):
@@ -138,13 +146,13 @@ def gemm_tiled_kernel(
             b_a = b_a.to(tl.float32)
             b_b = b_b.to(tl.float32)
         acc = tl.dot(b_a, b_b, acc, input_precision=INPUT_PRECISION, out_dtype=ACC_DTYPE)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        a_ptrs += a_step
+        b_ptrs += b_step
 
     _epilogue(
         acc, offs_m, offs_n, M, N,
         c_ptr + batch * stride_cb, stride_cm, stride_cn,
-        bias_ptr, out_ptr + batch * stride_ob, stride_om, stride_on,
+        bias_ptr, stride_bias, out_ptr + batch * stride_ob, stride_om, stride_on,
         alpha, beta, HAS_C, HAS_BIAS, ACTIVATION, ACC_DTYPE == tl.int32,
     )  # fmt: skip
 
@@ -154,7 +162,8 @@ def gemm_persistent_tma_kernel(
     a_desc, b_desc, c_ptr, bias_ptr, out_ptr,
     M, N, K,
     stride_cm, stride_cn, stride_om, stride_on,
-    alpha, beta,
+    stride_bias, alpha, beta,
+    M_BUCKET, N_BUCKET, K_BUCKET,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     B_K_MAJOR: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -165,7 +174,8 @@ def gemm_persistent_tma_kernel(
     grouped order, so the launch cost is paid once and the next tile's loads start while the SM is still busy.
     ``a_desc`` describes A [M, K] (row-major); ``b_desc`` describes B [K, N] row-major, or, when B_K_MAJOR,
     B^T [N, K] row-major (the ``x @ W^T`` layout). Descriptor loads past the edges return zeros, so no masks
-    are needed in the K loop; the epilogue is the tiled kernel's.
+    are needed in the K loop; the epilogue is the tiled kernel's. M_BUCKET, N_BUCKET, K_BUCKET: the
+    autotuner's key, as in the tiled kernel.
 
     FLOPs: 2 * M * N * K. Minimum bytes: (M*K + K*N) * in_bytes + M*N*out_bytes (+ M*N*c_bytes when HAS_C,
     + N*bias_bytes).
@@ -195,6 +205,6 @@ def gemm_persistent_tma_kernel(
         offs_n = off_n + tl.arange(0, BLOCK_N)
         _epilogue(
             acc, offs_m, offs_n, M, N,
-            c_ptr, stride_cm, stride_cn, bias_ptr, out_ptr, stride_om, stride_on,
+            c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, out_ptr, stride_om, stride_on,
             alpha, beta, HAS_C, HAS_BIAS, ACTIVATION, False,
         )  # fmt: skip

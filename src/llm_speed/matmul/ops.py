@@ -266,12 +266,14 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> N
     c_arg = c.expand(out.shape) if c is not None else out
 
     def grid(meta_args):
-        tiles = triton.cdiv(scalars["M"], meta_args["BLOCK_M"]) * triton.cdiv(scalars["N"], meta_args["BLOCK_N"])
-        return (min(num_programs, tiles),)
+        tile_rows = triton.cdiv(scalars["M"], meta_args["BLOCK_M"])
+        tile_cols = triton.cdiv(scalars["N"], meta_args["BLOCK_N"])
+        return (min(num_programs, tile_rows * tile_cols),)
 
     kernel[grid](
         a_desc=a_desc, b_desc=b_desc, c_ptr=c_arg, bias_ptr=bias_arg, out_ptr=out,
-        stride_cm=c_arg.stride(0), stride_cn=c_arg.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+        stride_cm=c_arg.stride(0), stride_cn=c_arg.stride(1),
+        stride_om=out.stride(0), stride_on=out.stride(1),
         **scalars,
         B_K_MAJOR=b_k_major, NUM_PROGRAMS=num_programs,
         **epilogue,
