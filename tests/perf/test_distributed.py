@@ -4,6 +4,7 @@ import pytest
 
 from llm_speed.perf.distributed import (
     MIXED_PRECISION_ADAM_BYTES_PER_PARAM,
+    _stage_params,
     collective_cost,
     context_parallel_kv_bytes_per_layer,
     gradient_accumulation_steps,
@@ -187,12 +188,27 @@ def test_train_memory_moe():
 
 
 @pytest.mark.parametrize(
+    ("model", "pp", "heaviest_stage"),
+    [("deepseek-v3", 16, 1), ("llama-3.1-405b", 16, 0), ("llama-3-8b", 5, 0)],
+)
+def test_uneven_pipeline_stages_hold_every_parameter_once(model, pp, heaviest_stage):
+    # 61 and 126 layers do not split evenly over 16 stages; the stages together still hold the whole model.
+    config = get_model(model)
+    held = sum(sum(_stage_params(config, stage, pp, 1, 1)) for stage in range(pp))
+    assert held == param_count(config).total
+    result = train_memory(model, gpus=pp, pp=pp, seq_len=1024)
+    # Dense: the first stage (most layers, the embedding, most stashed micro-batches). DeepSeek-V3: stage 1,
+    # whose 4 MoE layers outweigh stage 0's 3 dense + 1 MoE layers.
+    assert result.stage == heaviest_stage
+
+
+@pytest.mark.parametrize(
     "kwargs,match",
     [
         (dict(model="llama-3-70b", gpus=64, tp=3), "valid tp: 1, 2, 4, 8"),
         (dict(model="llama-3-8b", gpus=8, tp=2, pp=2, dp=3), "must equal gpus"),
         (dict(model="llama-3-8b", gpus=10, tp=4), "multiple of tp"),
-        (dict(model="llama-3-8b", gpus=3, pp=3), "valid pp: 1, 2, 4, 8, 16, 32"),
+        (dict(model="llama-3-8b", gpus=64, pp=64), r"pp \(64\) must be at most num_layers \(32\)"),
         (dict(model="llama-3-8b", gpus=2, ep=2), "needs an MoE model"),
         (dict(model="mixtral-8x7b", gpus=6, ep=3), "ep"),
         (dict(model="llama-3-8b", gpus=1, zero=4), "zero must be one of"),

@@ -13,6 +13,8 @@ from llm_speed.perf.training import (
     forward_layer_flops,
     korthikanti_activation_bytes_per_layer,
     megatron_training_flops,
+    pipeline_stage_layers,
+    stage_layer_mix,
     training_flops,
     training_flops_6nd,
 )
@@ -167,8 +169,26 @@ def test_pipeline_activation_memory():
         virtual_stages=2,
     )
     assert interleaved.total_bytes == pytest.approx(four.total_bytes * (1 + 3 / 8))
-    with pytest.raises(ValueError, match="must divide num_layers"):
-        activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=5)
+    with pytest.raises(ValueError, match=r"pp \(33\) must be at most num_layers \(32\)"):
+        activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=33)
+
+
+def test_uneven_pipeline_stages():
+    # 61 layers (DeepSeek-V3) on 16 stages: 13 stages of 4, 3 of 3; the extra layers go to the first stages.
+    assert pipeline_stage_layers(61, 16) == (4,) * 13 + (3,) * 3
+    assert pipeline_stage_layers(126, 16) == (8,) * 14 + (7,) * 2  # Llama-3.1-405B
+    assert pipeline_stage_layers(32, 4) == (8, 8, 8, 8)
+    assert sum(pipeline_stage_layers(37, 5)) == 37
+    deepseek = get_model("deepseek-v3")
+    assert stage_layer_mix(deepseek, 0, 16) == (3, 1)  # the 3 leading dense layers + 1 MoE layer
+    assert stage_layer_mix(deepseek, 15, 16) == (0, 3)
+    # pp = 5 on 32 layers: the first stage holds 7 layers, 5 micro-batches of them under 1F1B.
+    five = activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=5, num_microbatches=8)
+    per_layer = activation_bytes_per_layer("llama-3-8b", seq_len=2048, micro_batch_size=1)
+    assert five.layers_per_stage == 7
+    assert five.total_bytes == pytest.approx(7 * 5 * per_layer)
+    with pytest.raises(ValueError, match="pp"):
+        pipeline_stage_layers(4, 0)
     with pytest.raises(ValueError, match="schedule must be one of"):
         activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, schedule="zb")
 

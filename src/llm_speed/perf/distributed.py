@@ -20,7 +20,7 @@ from typing import Any
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
-from llm_speed.perf.training import PIPELINE_SCHEDULES, activation_bytes_per_layer
+from llm_speed.perf.training import PIPELINE_SCHEDULES, activation_bytes_per_layer, stage_layer_mix
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -357,10 +357,8 @@ def _stage_params(config: ModelConfig, stage: int, pp: int, tp: int, ep: int) ->
     experts, embedding and LM head are split by TP (norms and the router replicated); routed experts by
     EP x TP (Megatron's expert tensor parallelism defaults to TP). The first stage holds the embedding, the
     last the LM head (both when pp = 1, once when tied)."""
-    per_stage = config.num_layers // pp
-    first = stage * per_stage
-    dense = max(0, min(config.num_dense_layers, first + per_stage) - first)
-    moe = per_stage - dense
+    dense, moe = stage_layer_mix(config, stage, pp)
+    per_stage = dense + moe
     h = config.hidden_size
     layer_common = attention_params_per_layer(config) / tp + 2 * h
     params = per_stage * layer_common
@@ -368,7 +366,8 @@ def _stage_params(config: ModelConfig, stage: int, pp: int, tp: int, ep: int) ->
     experts = 0.0
     if moe:
         expert = mlp_params(h, config.moe_intermediate_size, config.gated_mlp)
-        params += moe * (expert * config.num_shared_experts / tp + h * config.num_experts)
+        router = h * config.num_experts + (config.num_experts if config.router_bias else 0)
+        params += moe * (expert * config.num_shared_experts / tp + router)
         experts = moe * expert * config.num_experts / (ep * tp)
     embedding = config.vocab_size * h / tp
     if stage == 0:
@@ -408,7 +407,8 @@ def train_memory(
     interleaved: 1F1B x (1 + (p-1)/(p*v)) on stage 0). Reported for the stage with the largest total. Also the
     bubble (:func:`pipeline_bubble`), TP bytes per layer, DP gradient-sync bytes and MoE all-to-all bytes.
 
-    Constraints (ValueError): tp*pp*dp*cp = gpus; tp divides heads and KV heads; pp divides layers; ep divides
+    Layers are split over the stages as evenly as possible (:func:`training.pipeline_stage_layers`).
+    Constraints (ValueError): tp*pp*dp*cp = gpus; tp divides heads and KV heads; pp <= layers; ep divides
     dp*cp and the expert count; cp divides seq_len. ``dp`` defaults to gpus / (tp*pp*cp);
     ``num_microbatches`` to pp (the fewest that fill 1F1B); ``sequence_parallel`` to tp > 1.
     """
@@ -429,11 +429,8 @@ def train_memory(
     d = _positive_int("dp", dp)
     if t * p * d * c != n:
         raise ValueError(f"tp*pp*dp*cp = {t}*{p}*{d}*{c} = {t * p * d * c} must equal gpus ({n})")
-    if config.num_layers % p:
-        raise ValueError(
-            f"pp ({p}) must divide num_layers ({config.num_layers}) of {config.name}; valid pp: "
-            f"{', '.join(str(x) for x in _divisors(config.num_layers))}"
-        )
+    if p > config.num_layers:
+        raise ValueError(f"pp ({p}) must be at most num_layers ({config.num_layers}) of {config.name}")
     if e > 1 and not config.is_moe:
         raise ValueError(f"ep ({e}) > 1 needs an MoE model; {config.name} is dense")
     if (d * c) % e or (config.is_moe and config.num_experts % e):
@@ -462,15 +459,13 @@ def train_memory(
 
     dense_act = layer_activation(False)
     moe_act = layer_activation(True) if config.is_moe else 0.0
-    per_stage = config.num_layers // p
     best = None
     for stage in range(p):
         dense_params, expert_params = _stage_params(config, stage, p, t, e)
         states = model_state_memory(dense_params, dp=d * c, zero_stage=zero)
         expert_states = model_state_memory(expert_params, dp=d * c // e, zero_stage=zero)
-        first = stage * per_stage
-        dense_layers = max(0, min(config.num_dense_layers, first + per_stage) - first)
-        stage_act = dense_layers * dense_act + (per_stage - dense_layers) * moe_act
+        dense_layers, moe_layers = stage_layer_mix(config, stage, p)
+        stage_act = dense_layers * dense_act + moe_layers * moe_act
         if schedule == "gpipe":
             in_flight = float(m)
         else:

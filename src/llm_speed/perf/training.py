@@ -344,6 +344,27 @@ def activation_bytes_per_layer(
     return split / t + replicated
 
 
+def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers on each of ``pp`` pipeline stages, as even as possible: every stage gets floor(L/p) layers and
+    the first L mod p stages one more (the last stage also carries the LM head, so it is the one to lighten).
+    L = 61 (DeepSeek-V3) on 16 stages: 13 stages of 4 and 3 of 3. Raises ValueError if pp > L."""
+    layers = _positive_int("num_layers", num_layers)
+    p = _positive_int("pp", pp)
+    if p > layers:
+        raise ValueError(f"pp ({p}) must be at most num_layers ({layers}): every stage needs a layer")
+    base, extra = divmod(layers, p)
+    return tuple(base + (1 if stage < extra else 0) for stage in range(p))
+
+
+def stage_layer_mix(config: ModelConfig, stage: int, pp: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) on pipeline ``stage`` of ``pp`` (:func:`pipeline_stage_layers`); an MoE
+    model's leading ``first_dense_layers`` dense layers sit on the first stages."""
+    counts = pipeline_stage_layers(config.num_layers, pp)
+    first = sum(counts[:stage])
+    dense = max(0, min(config.num_dense_layers, first + counts[stage]) - first)
+    return dense, counts[stage] - dense
+
+
 def activation_memory(
     config: ModelConfig | str,
     *,
@@ -361,8 +382,9 @@ def activation_memory(
 ) -> ActivationMemory:
     """Peak activation bytes on the first pipeline stage (Korthikanti et al. 2022, section 4.2.3).
 
-    Each stage holds L/p layers (pp must divide L). GPipe keeps all m micro-batches in flight; 1F1B at most
-    p (so the first stage holds L layers' worth, independent of p); the interleaved schedule multiplies 1F1B
+    Each stage holds L/p layers (the first L mod p stages one more, :func:`pipeline_stage_layers`). GPipe
+    keeps all m micro-batches in flight; 1F1B at most p (so the first stage holds L layers' worth, independent
+    of p, when p divides L); the interleaved schedule multiplies 1F1B
     by (1 + (p-1)/(p*v)) for v virtual stages per GPU. Embedding and logit activations are not included.
     """
     config = resolve_model(config)
@@ -371,8 +393,6 @@ def activation_memory(
     v = _positive_int("virtual_stages", virtual_stages)
     if schedule not in PIPELINE_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {schedule!r}")
-    if config.num_layers % p:
-        raise ValueError(f"pp ({p}) must divide num_layers ({config.num_layers}) of {config.name}")
 
     def layer_bytes(is_moe: bool) -> float:
         return activation_bytes_per_layer(
@@ -387,12 +407,12 @@ def activation_memory(
             moe=is_moe,
         )
 
-    layers_per_stage = config.num_layers // p
     # The first stage holds the first layers: for MoE models with leading dense layers, its real mix.
-    dense_here = min(config.num_dense_layers, layers_per_stage)
+    dense_here, moe_here = stage_layer_mix(config, 0, p)
+    layers_per_stage = dense_here + moe_here
     stage_bytes = dense_here * layer_bytes(False) if dense_here else 0.0
-    if layers_per_stage > dense_here:
-        stage_bytes += (layers_per_stage - dense_here) * layer_bytes(True)
+    if moe_here:
+        stage_bytes += moe_here * layer_bytes(True)
     if schedule == "gpipe":
         in_flight = float(m)
     else:
