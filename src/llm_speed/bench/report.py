@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import os
 import platform
 import subprocess
 import sys
@@ -75,7 +76,12 @@ class Measurement:
 
 def git_commit(source_dir: str | Path | None = None) -> tuple[str | None, str | None]:
     """(commit hash, None) when ``source_dir`` (default: llm_speed's own directory) is in a git checkout, else
-    (None, reason). Uncommitted changes to tracked files add "+uncommitted-changes" to the hash."""
+    (None, reason). Uncommitted changes to tracked files add "+uncommitted-changes" to the hash.
+
+    ``LLM_SPEED_GIT_COMMIT`` in the environment wins: a working tree copied to another machine has no .git,
+    so whoever copied it says which commit it is (benchmarks/run_gpu_suite.sh passes it on)."""
+    if os.environ.get("LLM_SPEED_GIT_COMMIT"):
+        return os.environ["LLM_SPEED_GIT_COMMIT"], None
     source_dir = Path(__file__).resolve().parent if source_dir is None else Path(source_dir)
     try:
         result = subprocess.run(

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Summaries of a run_gpu_suite.sh run: RAW_DIR's step table and results -> OUT_DIR/summary.{json,txt}.
+
+Standard library only, so the summary is written even when torch or llm_speed is broken on the machine.
+
+    python benchmarks/suite_summary.py RAW_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+TIMED_OUT = {"124", "137"}  # timeout's exit code, and SIGKILL's after the grace period
+PYTEST_LOG_TAIL_LINES = 40
+
+
+def read_steps(raw: Path) -> list[dict]:
+    """The rows of summary.tsv with a status word: passed, failed, timed out or skipped."""
+    lines = (raw / "summary.tsv").read_text().splitlines()[1:]
+    steps = []
+    for line in lines:
+        name, code, seconds, cap = line.split("\t")
+        if code == "skipped":
+            status = "skipped (budget spent)"
+        elif code == "0":
+            status = "passed"
+        elif code in TIMED_OUT:
+            status = f"timed out after {cap} s"
+        else:
+            status = "failed"
+        steps.append({"step": name, "status": status, "exit_code": code, "seconds": int(seconds),
+                      "cap_s": int(cap), "log": f"{name}.log"})
+    return steps
+
+
+def pytest_counts(raw: Path) -> dict | None:
+    """Test counts from the junit XML, or None when pytest wrote none (not run, or killed)."""
+    path = raw / "pytest.xml"
+    if not path.exists():
+        return None
+    root = ElementTree.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return None
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    counts["failed_tests"] = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return counts
+
+
+def benchmark_files(raw: Path) -> dict:
+    """Per benchmark JSON: how many rows ran and which implementations did not (with the first reason)."""
+    found = {}
+    for path in sorted(raw.glob("*.json")):
+        if path.name in ("versions.json", "doctor.json"):
+            continue
+        try:
+            results = json.loads(path.read_text()).get("results", [])
+        except (OSError, ValueError) as error:
+            found[path.name] = {"error": f"unreadable: {error}"}
+            continue
+        not_run = {}
+        for row in results:
+            if not row.get("available", True):
+                not_run.setdefault(row.get("impl"), row.get("reason"))
+        found[path.name] = {"rows": len(results), "rows_run": sum(1 for r in results if r.get("available")),
+                            "not_run": not_run}
+    return found
+
+
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def main(raw_dir: str, out_dir: str) -> int:
+    raw, out = Path(raw_dir), Path(out_dir)
+    environment = (raw / "environment.txt").read_text() if (raw / "environment.txt").exists() else ""
+    header = dict(line.split(": ", 1) for line in environment.splitlines()[:2] if ": " in line)
+    try:
+        versions = json.loads((raw / "versions.json").read_text())
+    except (OSError, ValueError):
+        versions = {"error": "versions.json missing or unreadable (see it in results.tar.gz)"}
+    steps = read_steps(raw)
+    summary = {
+        "date_utc": header.get("date_utc"),
+        "git_commit": header.get("git_commit"),
+        "versions": versions,
+        "steps": steps,
+        "pytest": pytest_counts(raw),
+        "benchmarks": benchmark_files(raw),
+        "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest.xml, demo/, environment.txt)",
+    }
+    write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+
+    lines = [f"llm-speed GPU suite, {summary['date_utc']}, commit {summary['git_commit']}"]
+    lines.append("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
+    lines.append("")
+    for s in steps:
+        lines.append(f"  {s['step']:<28} {s['status']:<26} {s['seconds']:>4} s (cap {s['cap_s']} s)")
+    if summary["pytest"] is not None:
+        counts = summary["pytest"]
+        lines.append("")
+        lines.append(f"pytest: {counts['passed']} passed, {counts['failures']} failed, "
+                     f"{counts['errors']} errors, {counts['skipped']} skipped")
+        lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
+    for name, info in summary["benchmarks"].items():
+        if "rows" in info:
+            not_run = "".join(f"; not run: {impl} ({reason})" for impl, reason in info["not_run"].items())
+            lines.append(f"{name}: {info['rows_run']}/{info['rows']} rows ran{not_run}")
+    pytest_log = raw / "pytest.log"
+    if pytest_log.exists():
+        lines.append("")
+        lines.append(f"--- last {PYTEST_LOG_TAIL_LINES} lines of pytest.log ---")
+        lines.extend(pytest_log.read_text(errors="replace").splitlines()[-PYTEST_LOG_TAIL_LINES:])
+    write_atomically(out / "summary.txt", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1], sys.argv[2]))
