@@ -101,6 +101,15 @@ def test_gradients_half_precision(device, dtype):
     check_gradients(a, b, bias=bias, activation="relu", trans_b=False)
 
 
+@pytest.mark.parametrize("a_shape, b_shape", [((12, 40), (6, 40, 17)), ((6, 40, 12), (1, 40, 17))])
+def test_gradients_half_precision_broadcast(device, a_shape, b_shape):
+    """The broadcast operand's gradient is a sum over the batch (done on fp32 products, rounded once)."""
+    a = torch.randn(*a_shape, device=device).bfloat16()
+    b = torch.randn(*b_shape, device=device).bfloat16()
+    check_gradients(a, b, trans_a=len(a_shape) == 3, bias=torch.randn(17, device=device).bfloat16(),
+                    activation="silu")  # fmt: skip
+
+
 def test_gradients_with_fp32_output_of_half_inputs(device):
     a, b = torch.randn(16, 30, device=device).half(), torch.randn(30, 12, device=device).half()
     check_gradients(

@@ -22,11 +22,11 @@ import triton.language as tl
 from llm_speed import _runtime
 from llm_speed.matmul import configs, kernels, reference
 from llm_speed.matmul.validation import (
+    FLOAT_DTYPES,
     INT8_DTYPES,
     TENSOR_CORE_DTYPES,
     check_epilogue,
     check_operands,
-    validate_gemm_inputs,
 )
 
 TILED_KERNEL = "matmul.gemm_tiled"
@@ -352,20 +352,27 @@ def _gemm_backward(ctx, grad_out):
         z = _gemm_op(a, b, c, bias, alpha, beta, trans_a, trans_b, None, torch.float32)
         grad_z = grad_z * reference.activation_derivative(z, activation)
     grad_z_in = grad_z.to(a.dtype)  # the kernel's operands share one dtype
+
+    def operand_grad(x, y, trans_x, trans_y, like):
+        """alpha * op(x) @ op(y), summed to like's shape; a sum over the batch (like was broadcast) is done on
+        fp32 products, so the gradient is rounded to like's dtype once."""
+        summed = _output_shape(x, y, trans_x, trans_y) != tuple(like.shape)
+        grad = _gemm_op(x, y, None, None, alpha, 0.0, trans_x, trans_y, None,
+                        torch.float32 if summed else like.dtype)  # fmt: skip
+        return _sum_to_shape(grad, like.shape).to(like.dtype)
+
     need_a, need_b, need_c, need_bias = ctx.needs_input_grad[:4]
     grad_a = grad_b = grad_c = grad_bias = None
     if need_a:
         if trans_a:  # a holds op(a)^T: grad = op(b) @ grad_z^T
-            grad_a = _gemm_op(b, grad_z_in, None, None, alpha, 0.0, trans_b, True, None, a.dtype)
+            grad_a = operand_grad(b, grad_z_in, trans_b, True, a)
         else:  # grad = grad_z @ op(b)^T
-            grad_a = _gemm_op(grad_z_in, b, None, None, alpha, 0.0, False, not trans_b, None, a.dtype)
-        grad_a = _sum_to_shape(grad_a, a.shape)
+            grad_a = operand_grad(grad_z_in, b, False, not trans_b, a)
     if need_b:
         if trans_b:  # b holds op(b)^T: grad = grad_z^T @ op(a)
-            grad_b = _gemm_op(grad_z_in, a, None, None, alpha, 0.0, True, trans_a, None, b.dtype)
+            grad_b = operand_grad(grad_z_in, a, True, trans_a, b)
         else:  # grad = op(a)^T @ grad_z
-            grad_b = _gemm_op(a, grad_z_in, None, None, alpha, 0.0, not trans_a, False, None, b.dtype)
-        grad_b = _sum_to_shape(grad_b, b.shape)
+            grad_b = operand_grad(a, grad_z_in, not trans_a, False, b)
     if need_c and c is not None:
         grad_c = _sum_to_shape(beta * grad_z, c.shape).to(c.dtype)
     if need_bias and bias is not None:
@@ -387,6 +394,17 @@ def _gemm_int8_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @_gemm_int8_op.register_fake
 def _gemm_int8_fake(a, b):
     return a.new_empty(_output_shape(a, b, False, False), dtype=torch.int32)
+
+
+def _checked_gemm(a, b, dtypes, *, alpha, beta, c, trans_a, trans_b, bias, activation, out_dtype):
+    """Validate the arguments of a float GEMM (operand dtypes in ``dtypes``) and run the op."""
+    shape = check_operands(a, b, trans_a, trans_b, dtypes)
+    check_epilogue(
+        shape, a, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, out_dtype=out_dtype
+    )
+    alpha, beta = float(alpha), float(beta)
+    c_used = c if beta != 0 else None  # with beta == 0, c is not an input: never read, no gradient
+    return _gemm_op(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
 
 
 def gemm(
@@ -413,13 +431,10 @@ def gemm(
     "gelu_tanh" or "silu". The output has ``out_dtype`` (default: the dtype of a). M, N or K of 0 is allowed:
     an empty output, or with K == 0 the epilogue applied to a zero product.
     """
-    shape = validate_gemm_inputs(a, b, trans_a, trans_b)
-    check_epilogue(
-        shape, a, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, out_dtype=out_dtype
-    )
-    alpha, beta = float(alpha), float(beta)
-    c_used = c if beta != 0 else None
-    return _gemm_op(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
+    return _checked_gemm(
+        a, b, FLOAT_DTYPES, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
+        activation=activation, out_dtype=out_dtype,
+    )  # fmt: skip
 
 
 def tensor_core_gemm(
@@ -434,11 +449,10 @@ def tensor_core_gemm(
 
     Same shapes, strides, batching and c rules as :func:`gemm`; differentiable.
     """
-    shape = check_operands(a, b, False, False, TENSOR_CORE_DTYPES)
-    check_epilogue(shape, a, alpha=alpha, beta=beta, c=c, bias=None, activation=None, out_dtype=torch.float32)
-    alpha, beta = float(alpha), float(beta)
-    c_used = c if beta != 0 else None
-    return _gemm_op(a, b, c_used, None, alpha, beta, False, False, None, torch.float32)
+    return _checked_gemm(
+        a, b, TENSOR_CORE_DTYPES, alpha=alpha, beta=beta, c=c, trans_a=False, trans_b=False, bias=None,
+        activation=None, out_dtype=torch.float32,
+    )  # fmt: skip
 
 
 def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,16 @@ def check_scalar(name: str, value) -> float:
     return float(value)
 
 
+def _check_float_tensor(name: str, x, device: torch.device) -> None:
+    """c or bias: a float tensor on the device of a."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype in ({_names(FLOAT_DTYPES)}), got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on the device of a ({device}), got {x.device}")
+
+
 def check_epilogue(
     shape: GemmShape,
     a: torch.Tensor,
@@ -105,12 +115,7 @@ def check_epilogue(
     if beta != 0 and c is None:
         raise ValueError(f"c is required when beta != 0 (got beta={beta} and c=None)")
     if c is not None:
-        if not isinstance(c, torch.Tensor):
-            raise TypeError(f"c must be a torch.Tensor or None, got {type(c).__name__}")
-        if c.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"c must have dtype in ({_names(FLOAT_DTYPES)}), got {c.dtype}")
-        if c.device != a.device:
-            raise ValueError(f"c must be on the device of a ({a.device}), got {c.device}")
+        _check_float_tensor("c", c, a.device)
         try:
             broadcasts = torch.broadcast_shapes(tuple(c.shape), shape.out_shape) == torch.Size(
                 shape.out_shape
@@ -122,12 +127,7 @@ def check_epilogue(
                 f"c must have the output shape {shape.out_shape} or broadcast to it, got {tuple(c.shape)}"
             )
     if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
-        if bias.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"bias must have dtype in ({_names(FLOAT_DTYPES)}), got {bias.dtype}")
-        if bias.device != a.device:
-            raise ValueError(f"bias must be on the device of a ({a.device}), got {bias.device}")
+        _check_float_tensor("bias", bias, a.device)
         if tuple(bias.shape) != (shape.n,):
             raise ValueError(f"bias must have shape (N,) = ({shape.n},), got {tuple(bias.shape)}")
     if activation is not None and activation not in ACTIVATIONS:
