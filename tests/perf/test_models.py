@@ -228,6 +228,45 @@ def test_load_hf_bad_input(tmp_path):
         )
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("num_attention_heads", 0), ("hidden_size", "4096"), ("num_hidden_layers", 2.5)]
+)
+def test_load_hf_rejects_non_positive_int_fields(tmp_path, field, value):
+    raw = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+    }
+    with pytest.raises(ValueError, match=f"{field} must be a positive integer"):
+        load_hf_config(_write(tmp_path, "bad_field", {**raw, field: value}))
+
+
+def test_load_hf_qwen2_sliding_window_layers(tmp_path):
+    raw = {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 4,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+        "use_sliding_window": True,
+        "sliding_window": 16,
+    }
+    # Layers from index max_window_layers on are windowed: 0 windows all, >= num_layers none.
+    assert load_hf_config(_write(tmp_path, "all", {**raw, "max_window_layers": 0})).sliding_window == 16
+    assert load_hf_config(_write(tmp_path, "none", {**raw, "max_window_layers": 4})).sliding_window is None
+    off = {**raw, "use_sliding_window": False, "max_window_layers": 0}
+    assert load_hf_config(_write(tmp_path, "off", off)).sliding_window is None
+    with pytest.raises(ValueError, match="max_window_layers"):
+        load_hf_config(_write(tmp_path, "mixed", {**raw, "max_window_layers": 2}))
+
+
 @pytest.mark.parametrize("name", ["llama-3-8b", "qwen2.5-7b", "deepseek-v3"])
 def test_gemm_shapes_agree_with_forward_flops(name):
     # 4096 tokens: DeepSeek's 256 experts get exactly 4096*8/256 = 128 tokens each, so balanced m is exact.

@@ -385,8 +385,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
 
     Understands the keys of the model types in ``SUPPORTED_HF_MODEL_TYPES``: ``num_key_value_heads`` (default:
     the head count), ``head_dim`` (default hidden/heads), Mixtral's ``num_local_experts``, Qwen2's always-on
-    QKV bias and ``use_sliding_window``, DeepSeek's ``n_routed_experts``, ``n_shared_experts``,
-    ``first_k_dense_replace`` and MLA ranks.
+    QKV bias and ``use_sliding_window`` (with ``max_window_layers``: all layers windowed or none), DeepSeek's
+    ``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace`` and MLA ranks. Required size keys
+    must be positive integers (ValueError naming the key otherwise).
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -408,15 +409,19 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     def need(key: str) -> int:
         if key not in raw:
             raise ValueError(f"config {str(file)!r} ({model_type}) lacks the key {key!r}")
-        return raw[key]
+        value = raw[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"config {str(file)!r}: {key} must be a positive integer, got {value!r}")
+        return value
 
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
+    layers = need("num_hidden_layers")
     activation = raw.get("hidden_act", "silu")
     fields: dict = dict(
         name=str(raw.get("_name_or_path") or file.parent.name or file.stem),
         hidden_size=hidden,
-        num_layers=need("num_hidden_layers"),
+        num_layers=layers,
         num_attention_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads") or heads,
         head_dim=raw.get("head_dim") or hidden // heads,
@@ -429,8 +434,19 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         attention_bias=bool(raw.get("attention_bias", False)) or model_type == "qwen2",
         source=str(file),
     )
-    if model_type == "mistral" or (model_type == "qwen2" and raw.get("use_sliding_window")):
+    if model_type == "mistral":
         fields["sliding_window"] = raw.get("sliding_window") or None
+    if model_type == "qwen2" and raw.get("use_sliding_window") and raw.get("sliding_window"):
+        # Qwen2 windows the layers from index max_window_layers on (transformers' Qwen2Config; default 28).
+        full_layers = raw.get("max_window_layers", 28)
+        if full_layers <= 0:
+            fields["sliding_window"] = raw["sliding_window"]
+        elif full_layers < layers:
+            raise ValueError(
+                f"config {str(file)!r}: {full_layers} full-attention layers then {layers - full_layers} "
+                "sliding-window layers (max_window_layers) is not supported; ModelConfig windows all layers "
+                "or none"
+            )
     if model_type == "mixtral":
         fields.update(
             num_experts=need("num_local_experts"),
