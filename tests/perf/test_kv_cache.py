@@ -70,16 +70,17 @@ def test_max_batch_for_memory():
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "kwargs,error,match",
     [
-        (dict(seq_len=0), "seq_len"),
-        (dict(seq_len=10, batch_size=0), "batch_size"),
-        (dict(seq_len=10, dtype="fp7"), "accepted"),
-        (dict(seq_len=1.5), "seq_len"),
+        (dict(seq_len=0), ValueError, "seq_len must be a positive int"),
+        (dict(seq_len=10, batch_size=0), ValueError, "batch_size"),
+        (dict(seq_len=10, dtype="fp7"), ValueError, "accepted"),
+        (dict(seq_len=1.5), TypeError, "seq_len must be an int"),
+        (dict(seq_len=True), TypeError, "seq_len must be an int"),
     ],
 )
-def test_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
         kv_cache_size("llama-3-8b", **kwargs)
 
 

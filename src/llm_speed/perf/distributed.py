@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.perf._checks import non_negative_number, positive_int
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
@@ -26,18 +27,6 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ZERO_STAGES = (0, 1, 2, 3)
 MIXED_PRECISION_ADAM_BYTES_PER_PARAM = 16  # fp16/bf16 params 2 + grads 2 + fp32 master params, m and v 12
 LINKS = ("nvlink", "pcie")
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _non_negative(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    return float(value)
 
 
 # --- collectives ---
@@ -85,12 +74,12 @@ def collective_cost(
     """
     if op not in COLLECTIVES:
         raise ValueError(f"op must be one of {', '.join(COLLECTIVES)}, got {op!r}")
-    size = _non_negative("size_bytes", size_bytes)
-    n = _positive_int("num_gpus", num_gpus)
-    bandwidth = _non_negative("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    size = non_negative_number("size_bytes", size_bytes)
+    n = positive_int("num_gpus", num_gpus)
+    bandwidth = non_negative_number("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
     if bandwidth == 0:
         raise ValueError("bandwidth_bytes_per_s must be > 0")
-    latency = _non_negative("latency_s", latency_s)
+    latency = non_negative_number("latency_s", latency_s)
     steps = (2 if op == "all_reduce" else 1) * (n - 1)
     per_step = size / n
     return CollectiveCost(
@@ -140,8 +129,8 @@ def model_state_memory(
     (2+2+K/N), stage 2 also gradients (2 + (2+K)/N), stage 3 also parameters ((2+2+K)/N).
     Example (the paper's): 7.5e9 params, N = 64: 120, 31.4, 16.6 and 1.9 GB for stages 0..3.
     """
-    params = _non_negative("num_params", num_params)
-    n = _positive_int("dp", dp)
+    params = non_negative_number("num_params", num_params)
+    n = positive_int("dp", dp)
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
     p = params * param_bytes / (n if zero_stage >= 3 else 1)
@@ -154,8 +143,8 @@ def zero_communication_bytes(num_params: float, *, dp: int, zero_stage: int, par
     """Bytes each GPU sends per step for gradient sync (Rajbhandari et al. 2020, section 7, ring algorithms):
     stages 0-2: reduce-scatter + all-gather = an all-reduce, 2(N-1)/N * Psi * e (~2 Psi); stage 3 adds an
     all-gather of parameters for forward and one for backward: 3(N-1)/N * Psi * e (~3 Psi, 1.5x; seed 003)."""
-    params = _non_negative("num_params", num_params)
-    n = _positive_int("dp", dp)
+    params = non_negative_number("num_params", num_params)
+    n = positive_int("dp", dp)
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
     volumes = 3 if zero_stage == 3 else 2
@@ -191,10 +180,10 @@ def tp_communication_per_layer(
     section 3). Sequence parallelism replaces each with a reduce-scatter + all-gather of the same total volume
     (Korthikanti et al. 2022, section 4.2.2), so the bytes are the same."""
     config = resolve_model(config)
-    t = _positive_int("tp", tp)
+    t = positive_int("tp", tp)
     message = (
-        _positive_int("seq_len", seq_len)
-        * _positive_int("micro_batch_size", micro_batch_size)
+        positive_int("seq_len", seq_len)
+        * positive_int("micro_batch_size", micro_batch_size)
         * config.hidden_size
         * dtype_bytes(dtype)
     )
@@ -230,9 +219,9 @@ def pipeline_bubble(
     all m micro-batches, 1F1B at most p. Interleaved 1F1B with v virtual stages per GPU: (p-1)/(m*v+p-1)
     ((p-1)/(v*m) of ideal), and needs m to be a multiple of p (Narayanan et al. 2021, section 2.2).
     """
-    p = _positive_int("pp", pp)
-    m = _positive_int("num_microbatches", num_microbatches)
-    v = _positive_int("virtual_stages", virtual_stages)
+    p = positive_int("pp", pp)
+    m = positive_int("num_microbatches", num_microbatches)
+    v = positive_int("virtual_stages", virtual_stages)
     if schedule not in PIPELINE_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {schedule!r}")
     if schedule != "interleaved" and v != 1:
@@ -279,10 +268,10 @@ def moe_all_to_all(
     a layer needs two in forward (dispatch + combine) and two in backward.
     Seed example: B = 4096, top_k = 2, d = 4096, fp16: 64 MiB per all-to-all, 128 MiB per layer,
     8 GiB (the seed's "8.2 GB" = 8192 MB) over 64 MoE layers. The time uses the remote share on a ring."""
-    b = _positive_int("tokens_per_gpu", tokens_per_gpu)
-    d = _positive_int("hidden_size", hidden_size)
-    k = _positive_int("experts_per_token", experts_per_token)
-    n = _positive_int("ep", ep)
+    b = positive_int("tokens_per_gpu", tokens_per_gpu)
+    d = positive_int("hidden_size", hidden_size)
+    k = positive_int("experts_per_token", experts_per_token)
+    n = positive_int("ep", ep)
     one = b * k * d * dtype_bytes(dtype)
     remote = one * (n - 1) / n
     time = None
@@ -297,19 +286,19 @@ def context_parallel_kv_bytes_per_layer(
     """Ring attention (context parallelism): each GPU holds seq/cp tokens and receives the other cp-1 chunks
     of K and V in forward: (cp-1) * b * (s/cp) * 2 * Hkv * d * e bytes per layer (MLA: the latent instead)."""
     config = resolve_model(config)
-    c = _positive_int("cp", cp)
-    s = _positive_int("seq_len", seq_len)
+    c = positive_int("cp", cp)
+    s = positive_int("seq_len", seq_len)
     if s % c:
         raise ValueError(f"cp ({c}) must divide seq_len ({s})")
     per_token = kv_elements_per_token_per_layer(config) * dtype_bytes(dtype)
-    return (c - 1) * _positive_int("micro_batch_size", micro_batch_size) * (s // c) * per_token
+    return (c - 1) * positive_int("micro_batch_size", micro_batch_size) * (s // c) * per_token
 
 
 def gradient_accumulation_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
     """K = global_batch / (micro_batch * dp): micro-batches each DP rank runs before one optimizer step (one
     gradient all-reduce per K micro-batches; seed 003: mathematically the same gradient as the big batch)."""
-    g = _positive_int("global_batch_size", global_batch_size)
-    per_step = _positive_int("micro_batch_size", micro_batch_size) * _positive_int("dp", dp)
+    g = positive_int("global_batch_size", global_batch_size)
+    per_step = positive_int("micro_batch_size", micro_batch_size) * positive_int("dp", dp)
     if g % per_step:
         raise ValueError(f"global_batch_size ({g}) must be a multiple of micro_batch_size * dp ({per_step})")
     return g // per_step
@@ -413,8 +402,8 @@ def train_memory(
     ``num_microbatches`` to pp (the fewest that fill 1F1B); ``sequence_parallel`` to tp > 1.
     """
     config = resolve_model(model)
-    n = _positive_int("gpus", gpus)
-    t, p, e, c = (_positive_int(k, v) for k, v in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp)))
+    n = positive_int("gpus", gpus)
+    t, p, e, c = (positive_int(k, v) for k, v in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp)))
     split_heads = config.num_attention_heads if config.uses_mla else config.num_kv_heads
     if config.num_attention_heads % t or split_heads % t:
         raise ValueError(
@@ -426,7 +415,7 @@ def train_memory(
         if n % (t * p * c):
             raise ValueError(f"gpus ({n}) must be a multiple of tp*pp*cp ({t * p * c})")
         dp = n // (t * p * c)
-    d = _positive_int("dp", dp)
+    d = positive_int("dp", dp)
     if t * p * d * c != n:
         raise ValueError(f"tp*pp*dp*cp = {t}*{p}*{d}*{c} = {t * p * d * c} must equal gpus ({n})")
     if p > config.num_layers:
@@ -439,7 +428,7 @@ def train_memory(
         raise ValueError(f"cp ({c}) must divide seq_len ({seq_len})")
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero must be one of {ZERO_STAGES}, got {zero!r}")
-    m = p if num_microbatches is None else _positive_int("num_microbatches", num_microbatches)
+    m = p if num_microbatches is None else positive_int("num_microbatches", num_microbatches)
     bubble = pipeline_bubble(p, m, schedule=schedule, virtual_stages=virtual_stages)
     sp = t > 1 if sequence_parallel is None else bool(sequence_parallel)
     dtype_name = normalize_dtype(dtype)

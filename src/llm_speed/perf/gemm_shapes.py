@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.perf._checks import positive_int
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu
 
 # Tensor Core kernels (cuBLAS, CUTLASS) need every leading dimension to span a multiple of 16 bytes
@@ -20,18 +21,10 @@ from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu
 TENSOR_CORE_ALIGNMENT_BYTES = 16
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return value
-
-
 def tile_count(m: int, n: int, tile_m: int, tile_n: int) -> int:
     """Output tiles (thread blocks) a GEMM launches: ``ceil(m / tile_m) * ceil(n / tile_n)``."""
-    m, n = _positive_int("m", m), _positive_int("n", n)
-    tile_m, tile_n = _positive_int("tile_m", tile_m), _positive_int("tile_n", tile_n)
+    m, n = positive_int("m", m), positive_int("n", n)
+    tile_m, tile_n = positive_int("tile_m", tile_m), positive_int("tile_n", tile_n)
     return math.ceil(m / tile_m) * math.ceil(n / tile_n)
 
 
@@ -59,8 +52,8 @@ def wave_quantization(
     """
     if isinstance(sm_count, (str, GPUSpec)):
         sm_count = get_gpu(sm_count).sm_count
-    sm_count = _positive_int("sm_count", sm_count)
-    tiles_per_sm = _positive_int("tiles_per_sm", tiles_per_sm)
+    sm_count = positive_int("sm_count", sm_count)
+    tiles_per_sm = positive_int("tiles_per_sm", tiles_per_sm)
     tiles = tile_count(m, n, tile_m, tile_n)
     slots = sm_count * tiles_per_sm
     waves = math.ceil(tiles / slots)
@@ -101,8 +94,8 @@ def gemm_hbm_traffic(
     tiled = ``(m*k*ceil(n/tile_n) + k*n*ceil(m/tile_m))*e + m*n*e_o`` (A re-read once per column of tiles, B
     once per row of tiles: a ~tile-size reduction); minimum = ``(m*k + k*n)*e + m*n*e_o``.
     """
-    m, n, k = _positive_int("m", m), _positive_int("n", n), _positive_int("k", k)
-    tile_m, tile_n = _positive_int("tile_m", tile_m), _positive_int("tile_n", tile_n)
+    m, n, k = positive_int("m", m), positive_int("n", n), positive_int("k", k)
+    tile_m, tile_n = positive_int("tile_m", tile_m), positive_int("tile_n", tile_n)
     e_in = dtype_bytes(dtype)
     e_out = e_in if out_dtype is None else dtype_bytes(out_dtype)
     output = m * n * e_out
@@ -139,8 +132,8 @@ def check_alignment(
 
     ``alignment`` defaults to :func:`tensor_core_alignment` of ``dtype``; pass 16 for seed 002's rule.
     """
-    dims = {"m": _positive_int("m", m), "n": _positive_int("n", n), "k": _positive_int("k", k)}
-    step = tensor_core_alignment(dtype) if alignment is None else _positive_int("alignment", alignment)
+    dims = {"m": positive_int("m", m), "n": positive_int("n", n), "k": positive_int("k", k)}
+    step = tensor_core_alignment(dtype) if alignment is None else positive_int("alignment", alignment)
     padded = {name: pad_to_alignment(size, step) for name, size in dims.items()}
     return AlignmentAdvice(
         dtype=str(dtype),
@@ -161,7 +154,7 @@ def pad_to_alignment(tensor_or_size: Any, alignment: int = 16) -> Any:
       values in the leading corner; the input itself is returned when nothing needs padding. A 1-D tensor has
       its only dim padded (seed 002's code leaves 1-D tensors alone; padding them is the useful reading).
     """
-    alignment = _positive_int("alignment", alignment)
+    alignment = positive_int("alignment", alignment)
     if isinstance(tensor_or_size, bool):
         raise TypeError("tensor_or_size must be an int, a shape or a tensor, got bool")
     if isinstance(tensor_or_size, int):

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.perf._checks import positive_int
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import (
     SOFTMAX_STATS_BYTES,
@@ -103,12 +104,6 @@ class InferenceAnalysis:
     memory_required_bytes: float  # weights + final KV cache (activations are comparatively small)
     gpu_memory_bytes: float
     fits_in_memory: bool
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
@@ -346,9 +341,9 @@ def analyze_inference(
     """
     config = resolve_model(model)
     spec = get_gpu(gpu)
-    _positive_int("batch_size", batch_size)
-    _positive_int("seq_len", seq_len)
-    _positive_int("decode_tokens", decode_tokens)
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
+    positive_int("decode_tokens", decode_tokens)
     dtype_name = normalize_dtype(dtype)
     kv_name = dtype_name if kv_dtype is None else normalize_dtype(kv_dtype)
     spec.peak_flops(dtype_name)  # a dtype this GPU has no peak for fails here, naming the accepted ones
@@ -437,7 +432,7 @@ def decode_batch_sweep(
     """
     config = resolve_model(model)
     spec = get_gpu(gpu)
-    _positive_int("seq_len", seq_len)
+    positive_int("seq_len", seq_len)
     if not batch_sizes:
         raise ValueError("batch_sizes must not be empty")
     dtype_name = normalize_dtype(dtype)
@@ -451,7 +446,7 @@ def decode_batch_sweep(
     }
     rows = []
     for batch in batch_sizes:
-        _positive_int("batch_sizes entry", batch)
+        positive_int("batch_sizes entry", batch)
         ops = _phase_ops(
             config, spec, dtype_name, kv_name, phase="decode", batch=batch, new_tokens=1, context=seq_len
         )

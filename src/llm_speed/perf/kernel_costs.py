@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.perf._checks import attention_shape, positive_int
 from llm_speed.perf.gpus import dtype_bytes
 
 ATTENTION_MODES = ("fwd", "bwd", "fwd+bwd")
@@ -44,14 +45,6 @@ class KernelCost:
         return KernelCost(self.flops + other.flops, self.bytes_moved + other.bytes_moved)
 
 
-def _positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    return value
-
-
 def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
     """Number of (query, key) pairs attention computes, per batch element and query head.
 
@@ -60,8 +53,8 @@ def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
     ``max(0, i + seq_kv - seq_q + 1)`` keys. Summing that arithmetic series over the rows that see at least
     one key gives the closed form below; for a square ``s x s`` mask it is ``s (s + 1) / 2``, about half.
     """
-    seq_q = _positive_int("seq_q", seq_q, allow_zero=True)
-    seq_kv = _positive_int("seq_kv", seq_kv, allow_zero=True)
+    seq_q = positive_int("seq_q", seq_q, allow_zero=True)
+    seq_kv = positive_int("seq_kv", seq_kv, allow_zero=True)
     if not causal:
         return seq_q * seq_kv
     offset = seq_kv - seq_q
@@ -113,14 +106,9 @@ def attention_cost(
 
     ``heads_kv`` (GQA/MQA) defaults to ``heads_q`` and must divide it.
     """
-    batch = _positive_int("batch", batch)
-    heads_q = _positive_int("heads_q", heads_q)
-    seq_q = _positive_int("seq_q", seq_q)
-    seq_kv = _positive_int("seq_kv", seq_kv)
-    head_dim = _positive_int("head_dim", head_dim)
-    heads_kv = heads_q if heads_kv is None else _positive_int("heads_kv", heads_kv)
-    if heads_q % heads_kv:
-        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+    batch, heads_q, seq_q, seq_kv, head_dim, heads_kv = attention_shape(
+        batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
+    )
     if mode not in ATTENTION_MODES:
         raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
     if impl not in ATTENTION_IMPLS:
@@ -171,10 +159,10 @@ def gemm_cost(
     not counted). Bytes = ``batch * (m*k + k*n) * e_in + batch * m*n * e_out`` (+ ``batch*m*n*e_out`` to read
     C, + ``n*e_out`` for one bias row shared by the batch). ``out_dtype`` defaults to ``dtype``.
     """
-    m = _positive_int("m", m)
-    n = _positive_int("n", n)
-    k = _positive_int("k", k)
-    batch = _positive_int("batch", batch)
+    m = positive_int("m", m)
+    n = positive_int("n", n)
+    k = positive_int("k", k)
+    batch = positive_int("batch", batch)
     in_bytes = dtype_bytes(dtype)
     out_bytes = in_bytes if out_dtype is None else dtype_bytes(out_dtype)
     flops = 2 * m * n * k * batch

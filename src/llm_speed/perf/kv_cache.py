@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_speed.perf._checks import positive_int
 from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf.models import ModelConfig, resolve_model
 
@@ -47,12 +48,6 @@ def kv_elements_per_token_per_layer(config: ModelConfig) -> int:
     return 2 * config.num_kv_heads * config.head_dim
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def kv_cache_size(
     config: ModelConfig | str, *, seq_len: int, batch_size: int = 1, dtype: str = "bf16"
 ) -> KVCacheSize:
@@ -63,8 +58,8 @@ def kv_cache_size(
     :func:`llm_speed.perf.gpus.normalize_dtype` accepts (bf16, fp16, fp32, fp8, int8, int4, ...).
     """
     config = resolve_model(config)
-    _positive_int("seq_len", seq_len)
-    _positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
+    positive_int("batch_size", batch_size)
     dtype_name = normalize_dtype(dtype)
     elements = kv_elements_per_token_per_layer(config)
     per_token_layer = elements * dtype_bytes(dtype_name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_speed.perf._checks import attention_shape, positive_int
 from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
 
@@ -33,14 +34,6 @@ def bytes_to_gb(bytes_val: float) -> float:
     return bytes_val / 1e9
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return value
-
-
 def analyze_memory_hierarchy() -> dict[str, dict[str, float]]:
     """Seed 000: per memory level, bandwidth in TB/s and the time to stream 1 KB.
 
@@ -55,6 +48,19 @@ def analyze_memory_hierarchy() -> dict[str, dict[str, float]]:
     }
 
 
+def _seed_000_qkv_and_output(
+    seq_len: int, num_heads: int, head_dim: int, dtype_bytes: float
+) -> tuple[float, float]:
+    """Checked sizes, then seed 000's bytes of Q, K, V together (3*s*h*d*e) and of the output (s*h*d*e)."""
+    seq_len = positive_int("seq_len", seq_len)
+    num_heads = positive_int("num_heads", num_heads)
+    head_dim = positive_int("head_dim", head_dim)
+    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, (int, float)) or not dtype_bytes > 0:
+        raise ValueError(f"dtype_bytes must be a number > 0, got {dtype_bytes!r}")
+    tensor = seq_len * num_heads * head_dim * dtype_bytes
+    return 3 * tensor, tensor
+
+
 def calculate_attention_vram(
     seq_len: int, num_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> dict[str, float]:
@@ -63,14 +69,8 @@ def calculate_attention_vram(
     qkv = 3*s*h*d*e; attention_matrix = s*s*e (one matrix, as the seed writes it; the per-head matrices would
     be h times more, see :func:`attention_memory`); output = s*h*d*e; total = their sum.
     """
-    seq_len = _positive_int("seq_len", seq_len)
-    num_heads = _positive_int("num_heads", num_heads)
-    head_dim = _positive_int("head_dim", head_dim)
-    if not dtype_bytes > 0:
-        raise ValueError(f"dtype_bytes must be > 0, got {dtype_bytes}")
-    qkv = 3 * seq_len * num_heads * head_dim * dtype_bytes
+    qkv, output = _seed_000_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
     attention_matrix = seq_len * seq_len * dtype_bytes
-    output = seq_len * num_heads * head_dim * dtype_bytes
     return {
         "qkv": bytes_to_gb(qkv),
         "attention_matrix": bytes_to_gb(attention_matrix),
@@ -87,14 +87,8 @@ def calculate_flash_attention_vram(
     qkv = 3*s*h*d*e; online_softmax = s*h*2*4 (running max and sum, fp32, per row and head); output = s*h*d*e.
     (FlashAttention-2 keeps max and sum in registers and stores one fp32 LSE per row: half the seed's figure.)
     """
-    seq_len = _positive_int("seq_len", seq_len)
-    num_heads = _positive_int("num_heads", num_heads)
-    head_dim = _positive_int("head_dim", head_dim)
-    if not dtype_bytes > 0:
-        raise ValueError(f"dtype_bytes must be > 0, got {dtype_bytes}")
-    qkv = 3 * seq_len * num_heads * head_dim * dtype_bytes
+    qkv, output = _seed_000_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
     online_softmax = seq_len * num_heads * 2 * 4
-    output = seq_len * num_heads * head_dim * dtype_bytes
     return {
         "qkv": bytes_to_gb(qkv),
         "online_softmax": bytes_to_gb(online_softmax),
@@ -117,10 +111,10 @@ def estimate_attention_memory(
     allowance); e = 2 for float16, else 4 (bfloat16 counts 4 bytes, as in the guide). For (2, 16, 8192, 64)
     this gives 131.2 MiB; the guide's comment says "~55 MB", which its own formula does not produce.
     """
-    batch = _positive_int("batch", batch)
-    heads = _positive_int("heads", heads)
-    seq_len = _positive_int("seq_len", seq_len)
-    head_dim = _positive_int("head_dim", head_dim)
+    batch = positive_int("batch", batch)
+    heads = positive_int("heads", heads)
+    seq_len = positive_int("seq_len", seq_len)
+    head_dim = positive_int("head_dim", head_dim)
     element = _guide_element_bytes(dtype)
     tensor = batch * heads * seq_len * head_dim * element
     input_mem = 3 * tensor
@@ -137,9 +131,9 @@ def find_optimal_batch_size(heads: int, seq_len: int, head_dim: int, max_memory_
     result = the largest power of two <= max_batch, at least 1. For (16, 2048, 64, 24) this gives 1024; the
     guide's comment says "e.g. 8", which its own formula does not produce.
     """
-    heads = _positive_int("heads", heads)
-    seq_len = _positive_int("seq_len", seq_len)
-    head_dim = _positive_int("head_dim", head_dim)
+    heads = positive_int("heads", heads)
+    seq_len = positive_int("seq_len", seq_len)
+    head_dim = positive_int("head_dim", head_dim)
     if (
         isinstance(max_memory_gb, bool)
         or not isinstance(max_memory_gb, (int, float))
@@ -230,14 +224,9 @@ def attention_memory(
     Inputs and the output are counted (they occupy memory during the call); the caller's other activations
     are not. ``heads_kv`` defaults to ``heads_q`` and must divide it.
     """
-    batch = _positive_int("batch", batch)
-    heads_q = _positive_int("heads_q", heads_q)
-    seq_q = _positive_int("seq_q", seq_q)
-    seq_kv = _positive_int("seq_kv", seq_kv)
-    head_dim = _positive_int("head_dim", head_dim)
-    heads_kv = heads_q if heads_kv is None else _positive_int("heads_kv", heads_kv)
-    if heads_q % heads_kv:
-        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+    batch, heads_q, seq_q, seq_kv, head_dim, heads_kv = attention_shape(
+        batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
+    )
     if impl not in ATTENTION_MEMORY_IMPLS:
         raise ValueError(f"impl must be one of {ATTENTION_MEMORY_IMPLS}, got {impl!r}")
     dtype_name = normalize_dtype(dtype)

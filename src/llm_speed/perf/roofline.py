@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.perf._checks import non_negative_number
 from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
 
 
@@ -40,18 +41,10 @@ class RooflinePoint:
         return self.bytes_moved / self.memory_bandwidth
 
 
-def _check_non_negative(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return float(value)
-
-
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """``flops / bytes_moved`` in FLOP/byte (infinite when no bytes move and work is done, 0 for no work)."""
-    flops = _check_non_negative("flops", flops)
-    bytes_moved = _check_non_negative("bytes_moved", bytes_moved)
+    flops = non_negative_number("flops", flops)
+    bytes_moved = non_negative_number("bytes_moved", bytes_moved)
     if bytes_moved == 0:
         return float("inf") if flops > 0 else 0.0
     return flops / bytes_moved

@@ -15,17 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_speed.perf._checks import positive_int
 from llm_speed.perf.models import ModelConfig, param_count, resolve_model
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 _BACKWARD_TO_FORWARD = 2  # dX and dW: two GEMMs of the forward's size for every forward GEMM
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _check_recompute(recompute: str) -> str:
@@ -60,7 +55,7 @@ def megatron_training_flops(
     Assumes MHA, a 4h non-gated MLP and counts the full s x s attention (no causal halving).
     """
     b, s, l, h, v = (
-        _positive_int(n, x)
+        positive_int(n, x)
         for n, x in (
             ("batch_size", batch_size),
             ("seq_len", seq_len),
@@ -154,8 +149,8 @@ def forward_layer_flops(
     2T x k x 3hI_moe. Norms, RoPE and softmax are elementwise and left out, as Megatron does.
     """
     config = resolve_model(config)
-    _positive_int("batch_size", batch_size)
-    _positive_int("seq_len", seq_len)
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
     tokens = batch_size * seq_len
     h, heads = config.hidden_size, config.num_attention_heads
     pairs = attention_pairs(seq_len, causal=causal, sliding_window=config.sliding_window)
@@ -254,7 +249,7 @@ def korthikanti_activation_bytes_per_layer(
       sequence-sharded, so 2sbh/t (our reading: Megatron checkpoints the SP-sharded layer input).
     """
     s, b, h, a, t = (
-        _positive_int(n, x)
+        positive_int(n, x)
         for n, x in (
             ("seq_len", seq_len),
             ("micro_batch_size", micro_batch_size),
@@ -310,9 +305,9 @@ def activation_bytes_per_layer(
     Selective recomputation drops the s^2 items; full recompute keeps only the layer input (2sbh, /t with SP).
     """
     config = resolve_model(config)
-    s = _positive_int("seq_len", seq_len)
-    b = _positive_int("micro_batch_size", micro_batch_size)
-    t = _positive_int("tp", tp)
+    s = positive_int("seq_len", seq_len)
+    b = positive_int("micro_batch_size", micro_batch_size)
+    t = positive_int("tp", tp)
     _check_recompute(recompute)
     e = activation_bytes
     tokens, h = s * b, config.hidden_size
@@ -348,8 +343,8 @@ def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
     """Layers on each of ``pp`` pipeline stages, as even as possible: every stage gets floor(L/p) layers and
     the first L mod p stages one more (the last stage also carries the LM head, so it is the one to lighten).
     L = 61 (DeepSeek-V3) on 16 stages: 13 stages of 4 and 3 of 3. Raises ValueError if pp > L."""
-    layers = _positive_int("num_layers", num_layers)
-    p = _positive_int("pp", pp)
+    layers = positive_int("num_layers", num_layers)
+    p = positive_int("pp", pp)
     if p > layers:
         raise ValueError(f"pp ({p}) must be at most num_layers ({layers}): every stage needs a layer")
     base, extra = divmod(layers, p)
@@ -388,9 +383,9 @@ def activation_memory(
     by (1 + (p-1)/(p*v)) for v virtual stages per GPU. Embedding and logit activations are not included.
     """
     config = resolve_model(config)
-    p = _positive_int("pp", pp)
-    m = _positive_int("num_microbatches", num_microbatches)
-    v = _positive_int("virtual_stages", virtual_stages)
+    p = positive_int("pp", pp)
+    m = positive_int("num_microbatches", num_microbatches)
+    v = positive_int("virtual_stages", virtual_stages)
     if schedule not in PIPELINE_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {schedule!r}")
 

@@ -1,0 +1,41 @@
+"""Argument checks shared by the performance model: one wording for every module's errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
+    """``value`` if it is an int > 0 (>= 0 with ``allow_zero``); TypeError for a non-int (bool included),
+    ValueError for a value out of range, both naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'an int >= 0' if allow_zero else 'a positive int'}, got {value}")
+    return value
+
+
+def non_negative_number(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite real number >= 0; TypeError for a non-number, ValueError for a
+    negative, NaN or infinite one, both naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def attention_shape(
+    batch: Any, heads_q: Any, seq_q: Any, seq_kv: Any, head_dim: Any, heads_kv: Any
+) -> tuple[int, int, int, int, int, int]:
+    """Checked (batch, heads_q, seq_q, seq_kv, head_dim, heads_kv): all positive ints, ``heads_kv``
+    defaulting (None) to ``heads_q`` and dividing it (GQA/MQA)."""
+    batch = positive_int("batch", batch)
+    heads_q = positive_int("heads_q", heads_q)
+    seq_q = positive_int("seq_q", seq_q)
+    seq_kv = positive_int("seq_kv", seq_kv)
+    head_dim = positive_int("head_dim", head_dim)
+    heads_kv = heads_q if heads_kv is None else positive_int("heads_kv", heads_kv)
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+    return batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
