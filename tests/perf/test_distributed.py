@@ -89,6 +89,9 @@ def test_pipeline_bubbles_seed_003():
     assert (gpipe.microbatches_in_flight, one_f_one_b.microbatches_in_flight) == (8, 4)
     interleaved = pipeline_bubble(p, m, schedule="interleaved", virtual_stages=2)
     assert interleaved.bubble_fraction == pytest.approx(3 / 19)  # (p-1)/(m*v+p-1)
+    assert interleaved.bubble_to_ideal == pytest.approx(3 / 16)  # Megatron's (p-1)/(v*m)
+    # Interleaving stashes more on the first stage: 4 * (1 + 3/8) (Korthikanti et al. 2022, section 4.2.3).
+    assert interleaved.microbatches_in_flight == pytest.approx(4 * (1 + 3 / 8))
     with pytest.raises(ValueError, match="multiple of pp"):
         pipeline_bubble(4, 6, schedule="interleaved", virtual_stages=2)
     with pytest.raises(ValueError, match="needs schedule='interleaved'"):

@@ -290,3 +290,11 @@ def test_gemm_shapes_of_llama():
     assert moe["expert_gate_up"].count == 2 * 32 and moe["expert_gate_up"].m == 1  # top-2 experts, 1 token
     with pytest.raises(ValueError, match="num_tokens"):
         gemm_shapes(get_model("llama-3-8b"), 0)
+
+
+def test_perf_package_exports_every_area():
+    import llm_speed.perf as perf
+
+    for name in ("analyze_inference", "kv_cache_size", "train_memory", "training_flops", "load_hf_config"):
+        assert name in perf.__all__
+    assert all(hasattr(perf, name) for name in perf.__all__)

@@ -13,6 +13,7 @@ from llm_speed.perf.training import (
     forward_layer_flops,
     korthikanti_activation_bytes_per_layer,
     megatron_training_flops,
+    microbatches_in_flight,
     pipeline_stage_layers,
     stage_layer_mix,
     training_flops,
@@ -171,6 +172,16 @@ def test_pipeline_activation_memory():
     assert interleaved.total_bytes == pytest.approx(four.total_bytes * (1 + 3 / 8))
     with pytest.raises(ValueError, match=r"pp \(33\) must be at most num_layers \(32\)"):
         activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=33)
+
+
+def test_microbatches_in_flight_by_stage():
+    # 1F1B: stage s runs p - s forwards before its first backward; GPipe keeps every micro-batch.
+    assert [microbatches_in_flight("1f1b", 4, 8, stage=s) for s in range(4)] == [4, 3, 2, 1]
+    assert microbatches_in_flight("1f1b", 4, 2) == 2  # fewer micro-batches than stages
+    assert microbatches_in_flight("gpipe", 4, 8, stage=3) == 8
+    assert microbatches_in_flight("interleaved", 4, 8, virtual_stages=2) == pytest.approx(4 * 11 / 8)
+    with pytest.raises(ValueError, match="stage must be in 0..3"):
+        microbatches_in_flight("1f1b", 4, 8, stage=4)
 
 
 def test_uneven_pipeline_stages():

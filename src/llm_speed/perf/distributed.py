@@ -21,7 +21,12 @@ from llm_speed.perf._checks import non_negative_number, positive_int
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
-from llm_speed.perf.training import PIPELINE_SCHEDULES, activation_bytes_per_layer, stage_layer_mix
+from llm_speed.perf.training import (
+    PIPELINE_SCHEDULES,
+    activation_bytes_per_layer,
+    microbatches_in_flight,
+    stage_layer_mix,
+)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -207,7 +212,7 @@ class PipelineBubble:
     virtual_stages: int
     bubble_fraction: float
     bubble_to_ideal: float
-    microbatches_in_flight: int  # activations the first stage stashes at peak
+    microbatches_in_flight: float  # micro-batches the first stage stashes at peak (training.py)
 
 
 def pipeline_bubble(
@@ -231,7 +236,7 @@ def pipeline_bubble(
             f"the interleaved schedule needs num_microbatches ({m}) to be a multiple of pp ({p})"
         )
     work = m * v if schedule == "interleaved" else m
-    in_flight = m if schedule == "gpipe" else min(m, p)
+    in_flight = microbatches_in_flight(schedule, p, m, virtual_stages=v)
     return PipelineBubble(schedule, p, m, v, (p - 1) / (work + p - 1), (p - 1) / work, in_flight)
 
 
@@ -455,12 +460,7 @@ def train_memory(
         expert_states = model_state_memory(expert_params, dp=d * c // e, zero_stage=zero)
         dense_layers, moe_layers = stage_layer_mix(config, stage, p)
         stage_act = dense_layers * dense_act + moe_layers * moe_act
-        if schedule == "gpipe":
-            in_flight = float(m)
-        else:
-            in_flight = float(min(m, p - stage))
-            if schedule == "interleaved":
-                in_flight = min(m, p) * (1 + (p - 1) / (p * virtual_stages)) if stage == 0 else in_flight
+        in_flight = microbatches_in_flight(schedule, p, m, virtual_stages=virtual_stages, stage=stage)
         activations = stage_act * in_flight
         total = states.total_bytes + expert_states.total_bytes + activations
         if best is None or total > best[0]:

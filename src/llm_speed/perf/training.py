@@ -360,6 +360,28 @@ def stage_layer_mix(config: ModelConfig, stage: int, pp: int) -> tuple[int, int]
     return dense, counts[stage] - dense
 
 
+def microbatches_in_flight(
+    schedule: str, pp: int, num_microbatches: int, *, virtual_stages: int = 1, stage: int = 0
+) -> float:
+    """Micro-batches whose activations pipeline ``stage`` (0-based) holds at its peak, in units of that
+    stage's layers. GPipe: all m (every forward runs before any backward; Huang et al. 2019). 1F1B:
+    min(m, p - stage), the forwards a stage runs before its first backward (Narayanan et al. 2021, section
+    2.2). Interleaved with v virtual stages: stage 0 holds min(m, p) * (1 + (p-1)/(p*v)) (Korthikanti et al.
+    2022, section 4.2.3); later stages are counted as under 1F1B."""
+    p = positive_int("pp", pp)
+    m = positive_int("num_microbatches", num_microbatches)
+    v = positive_int("virtual_stages", virtual_stages)
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {schedule!r}")
+    if not 0 <= stage < p:
+        raise ValueError(f"stage must be in 0..{p - 1} for pp = {p}, got {stage!r}")
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and stage == 0:
+        return min(m, p) * (1 + (p - 1) / (p * v))
+    return float(min(m, p - stage))
+
+
 def activation_memory(
     config: ModelConfig | str,
     *,
@@ -408,12 +430,7 @@ def activation_memory(
     stage_bytes = dense_here * layer_bytes(False) if dense_here else 0.0
     if moe_here:
         stage_bytes += moe_here * layer_bytes(True)
-    if schedule == "gpipe":
-        in_flight = float(m)
-    else:
-        in_flight = float(min(m, p))
-        if schedule == "interleaved":
-            in_flight *= 1 + (p - 1) / (p * v)
+    in_flight = microbatches_in_flight(schedule, p, m, virtual_stages=v)
     per_layer = stage_bytes / layers_per_stage
     return ActivationMemory(
         per_layer_bytes=per_layer,
