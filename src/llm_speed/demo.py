@@ -24,6 +24,8 @@ DEFAULT_OUTPUT_DIR = "llm-speed-demo"
 # Inference scenario of the analysis: one request, a 2048-token prompt, 256 generated tokens.
 ANALYSIS = {"batch_size": 1, "seq_len": 2048, "decode_tokens": 256, "dtype": "bf16"}
 GPU_GEMM_TOKENS = 2048
+GPU_WARMUP = 5
+GPU_ITERATIONS = 20
 # Tiny CPU kernels take well under a millisecond: ten runs give a steadier median at almost no cost.
 CPU_WARMUP = 2
 CPU_ITERATIONS = 10
@@ -50,61 +52,33 @@ def attention_settings(device: torch.device, model_id: str) -> attention_bench.A
 
     if device.type == "cuda":
         config = get_model(model_id)
-        return attention_bench.AttentionSettings(
-            seq_lengths=(1024, 4096),
-            batch_size=1,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            dtype="bf16",
-            causal=True,
-            mode="fwd",
-            impls=("flash", "tiled", "naive", "sdpa"),
-            warmup=5,
-            iterations=20,
-            device=str(device),
-        )
+        shape = {"seq_lengths": (1024, 4096), "num_heads": config.num_attention_heads,
+                 "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim, "dtype": "bf16"}
+    else:
+        shape = {"seq_lengths": (128,), "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "dtype": "fp32"}
     return attention_bench.AttentionSettings(
-        seq_lengths=(128,),
-        batch_size=1,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        dtype="fp32",
-        causal=True,
-        mode="fwd",
-        impls=("flash", "tiled", "naive", "sdpa"),
-        warmup=CPU_WARMUP,
-        iterations=CPU_ITERATIONS,
-        device=str(device),
+        **shape, batch_size=1, causal=True, mode="fwd", impls=("flash", "tiled", "naive", "sdpa"),
+        device=str(device), **_repetitions(device),
     )
+
+
+def _repetitions(device: torch.device) -> dict[str, int]:
+    if device.type == "cuda":
+        return {"warmup": GPU_WARMUP, "iterations": GPU_ITERATIONS}
+    return {"warmup": CPU_WARMUP, "iterations": CPU_ITERATIONS}
 
 
 def gemm_settings(device: torch.device, model_id: str) -> gemm_bench.GemmSettings:
     """The model's weight GEMMs (nn.Linear layout, NT) on a GPU; two small square GEMMs on a CPU."""
     if device.type == "cuda":
-        return gemm_bench.GemmSettings(
-            cases=gemm_bench.model_cases(model_id, GPU_GEMM_TOKENS),
-            dtype="bf16",
-            layout="NT",
-            epilogue="none",
-            impls=("llm-speed", "torch"),
-            warmup=5,
-            iterations=20,
-            device=str(device),
-            model=model_id,
-            tokens=GPU_GEMM_TOKENS,
-        )
-    cases = (gemm_bench.GemmCase("", 128, 128, 128), gemm_bench.GemmCase("", 256, 256, 256))
+        cases = gemm_bench.model_cases(model_id, GPU_GEMM_TOKENS)
+        workload = {"cases": cases, "dtype": "bf16", "model": model_id, "tokens": GPU_GEMM_TOKENS}
+    else:
+        cases = (gemm_bench.GemmCase("", 128, 128, 128), gemm_bench.GemmCase("", 256, 256, 256))
+        workload = {"cases": cases, "dtype": "fp32"}
     return gemm_bench.GemmSettings(
-        cases=cases,
-        dtype="fp32",
-        layout="NT",
-        epilogue="none",
-        impls=("llm-speed", "torch"),
-        warmup=CPU_WARMUP,
-        iterations=CPU_ITERATIONS,
-        device=str(device),
+        **workload, layout="NT", epilogue="none", impls=("llm-speed", "torch"), device=str(device),
+        **_repetitions(device),
     )
 
 
@@ -133,9 +107,7 @@ def _compact_table(
                 row.median_ms,
                 row.tflops,
                 row.bandwidth_gb_s,
-                f"{row.speedup_vs_fastest_other:.2f}x {row.fastest_other}"
-                if row.speedup_vs_fastest_other
-                else None,
+                report.speedup_cell(row),
                 row.predicted_ms,
                 f"{row.measured_over_predicted:.1f}x" if row.measured_over_predicted is not None else None,
             ]
@@ -159,9 +131,7 @@ def _takeaways(attention_rows, gemm_rows, device: torch.device) -> list[str]:
             f"llm_speed.gemm ran at {min(percents):.0f}–{max(percents):.0f}% of {base}'s speed here."
         )
     if device.type != "cuda":
-        lines.append(
-            "These are CPU timings of tiny shapes: they show the harness works, not GPU performance."
-        )
+        lines.append("The shapes are tiny: on a CPU the demo shows that the harness works, nothing more.")
     return lines
 
 
@@ -177,11 +147,19 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
     output_dir.mkdir(parents=True, exist_ok=True)
     detected = detect_gpu() if device.type == "cuda" else None
     gpu_id = detected.id if detected is not None else FALLBACK_GPU
-    why_gpu = "the GPU in this machine" if detected is not None else "no GPU in the spec table detected here"
+    if detected is not None:
+        why_gpu = "the GPU in this machine"
+    elif device.type == "cuda":
+        why_gpu = f"{torch.cuda.get_device_name(device)} is not in the GPU spec table, so the default"
+    else:
+        why_gpu = "no GPU here, so the default"
 
     console.rule(f"1/4  Performance model: {model_id} on {gpu_id}")
-    scenario = f"prompt {ANALYSIS['seq_len']} tokens, batch {ANALYSIS['batch_size']}"
-    console.print(f"{gpu_id}: {why_gpu}; {scenario}.", highlight=False)
+    scenario = (
+        f"one request of {ANALYSIS['seq_len']} prompt tokens and {ANALYSIS['decode_tokens']} generated "
+        f"tokens, {ANALYSIS['dtype']}"
+    )
+    console.print(f"The model's time floors on {gpu_id} ({why_gpu}); {scenario}.", highlight=False)
     analysis = analyze_inference(model_id, gpu_id, **ANALYSIS)
     print_inference_analysis(analysis, console=console)
 

@@ -88,6 +88,9 @@ def sdpa_backends(device: torch.device) -> dict[str, dict[str, Any]]:
                 reason = str(error).splitlines()[0]
                 if details:
                     reason += " (" + "; ".join(dict.fromkeys(details)) + ")"
+                elif device.type == "cpu":
+                    # torch refuses CUDA-only backends on CPU tensors without saying why.
+                    reason = f"torch has no CPU kernel for this backend (it said: {reason})"
                 result[label] = {"usable": False, "reason": reason}
     return result
 

@@ -233,6 +233,8 @@ def test_doctor_reports_dispatch_and_backends(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["torch_version"] == torch.__version__ and info["triton_interpret"] == INTERPRETED
     assert info["sdpa_backends"]["math"]["usable"] is True
+    # CUDA-only backends on CPU tensors: the reason says so (torch's own message blames "turning off").
+    assert "no CPU kernel" in info["sdpa_backends"]["efficient"]["reason"]
     flash = info["dispatch"]["flash_attention (forward)"]
     if INTERPRETED:
         assert flash["runs"] == "Triton interpreter" and flash["kernels"]

@@ -290,10 +290,18 @@ def common_cells(row: Measurement) -> list[Any]:
         row.tflops,
         row.bandwidth_gb_s,
         mib(row.peak_memory_bytes),
-        f"{row.speedup_vs_fastest_other:.2f}x {row.fastest_other}" if row.speedup_vs_fastest_other else None,
+        speedup_cell(row),
         model,
         f"{row.measured_over_predicted:.2f}x" if row.measured_over_predicted is not None else None,
     ]
+
+
+def speedup_cell(row: Measurement) -> str | None:
+    """"1.35x sdpa": this row's speedup over the fastest other implementation (3 significant digits, so
+    a much slower row reads 0.0123x, not 0.00x)."""
+    if row.speedup_vs_fastest_other is None:
+        return None
+    return f"{row.speedup_vs_fastest_other:.3g}x {row.fastest_other}"
 
 
 COMMON_COLUMNS = (
