@@ -1,9 +1,9 @@
 """Ahead-of-time compilation of the GEMM kernels for Hopper (sm90), no GPU needed.
 
 The interpreter never compiles; this checks that the installed Triton turns both kernels into real Hopper
-code: wgmma tensor-core instructions, a cp.async software pipeline sized by num_stages (tiled kernel), and
-TMA bulk-tensor loads (persistent kernel). Runs in a subprocess because the test session's kernels are
-interpreted.
+code: wgmma tensor-core instructions (fp16, int8 with int32 accumulation, fp32 with TF32), a cp.async
+software pipeline sized by num_stages (tiled kernel), and TMA bulk-tensor loads (persistent kernel). Runs
+in a subprocess because the test session's kernels are interpreted.
 """
 
 import json
@@ -47,6 +47,13 @@ tiled = dict(epilogue, ACC_DTYPE=tl.float32, INPUT_PRECISION="ieee", stride_ak=1
 aligned = ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "out_ptr", "M", "N", "K", "stride_ab", "stride_am",
            "stride_bb", "stride_bk", "stride_cb", "stride_cm", "stride_ob", "stride_om"]
 result = {"tiled": compile_sm90(kernels.gemm_tiled_kernel, tiled_types, tiled, aligned, 8, 3)}
+# int8 with int32 accumulation, and fp32 with TF32 allowed: both must reach the tensor cores too.
+plain = dict(tiled, HAS_C=False, HAS_BIAS=False, ACTIVATION=None)
+for name, operand, output, acc, precision in (("int8", "*i8", "*i32", tl.int32, "ieee"),
+                                              ("tf32", "*fp32", "*fp32", tl.float32, "tf32")):
+    types = dict(tiled_types, a_ptr=operand, b_ptr=operand, out_ptr=output)
+    consts = dict(plain, ACC_DTYPE=acc, INPUT_PRECISION=precision)
+    result[name] = compile_sm90(kernels.gemm_tiled_kernel, types, consts, aligned, 8, 3)
 tma_types = dict(a_desc="tensordesc<fp16[128, 64]>", b_desc="tensordesc<fp16[128, 64]>", c_ptr="*fp32",
                  bias_ptr="*fp32", out_ptr="*fp16", alpha="fp32", beta="fp32")
 tma = dict(epilogue, B_K_MAJOR=True, NUM_PROGRAMS=132)
@@ -67,3 +74,4 @@ def test_kernels_compile_to_hopper_code():
     # 3 pipeline stages of a 128x64 A tile and a 64x128 B tile in fp16
     assert tiled["shared"] >= 3 * (128 * 64 + 64 * 128) * 2, tiled
     assert tma["wgmma"] > 0 and tma["tma"] > 0, tma
+    assert result["int8"]["wgmma"] > 0 and result["tf32"]["wgmma"] > 0, result

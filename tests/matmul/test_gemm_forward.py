@@ -1,5 +1,7 @@
 """Forward GEMM through the Triton kernels (the interpreter on CPU): values, layouts, batching, epilogue."""
 
+import functools
+
 import pytest
 import torch
 from matmul_helpers import assert_gemm_accurate
@@ -347,6 +349,61 @@ def test_autotuner_prunes_tiles_larger_than_the_problem():
     assert ops._drop_oversized_tiles(tuned, {"M_BUCKET": 8192, "N_BUCKET": 8192}) == tuned
     tiny = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 16, "N_BUCKET": 16})  # no tile fits: the smallest
     assert tiny and {(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]) for cfg in tiny} == {(64, 32)}
+
+
+@pytest.fixture
+def gpu_launch_code_on_the_cpu(monkeypatch):
+    """Run the launchers' GPU branch (autotuners, keys, pruning, descriptor pre-hook) through the interpreter.
+
+    The launchers are told they run compiled on a Hopper GPU with 4 SMs; the autotuners are fresh ones whose
+    benchmark runs each configuration once and times them all equal (the interpreter cannot time).
+    """
+    monkeypatch.setattr(_runtime, "INTERPRETED", False)
+    monkeypatch.setattr(ops, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(ops, "_multiprocessors", lambda device: 4)
+    ran = []
+
+    def bench_once(kernel_call, quantiles):
+        kernel_call()
+        ran.append(1)
+        return [1.0, 1.0, 1.0]
+
+    tuners = []
+    for builder in (ops._autotuned_tiled, ops._autotuned_persistent_tma):
+        original = builder.__wrapped__
+
+        @functools.cache
+        def fresh(*args, original=original):
+            tuner = original(*args)
+            tuner.do_bench = bench_once
+            tuners.append(tuner)
+            return tuner
+
+        monkeypatch.setattr(ops, builder.__name__, fresh)
+    yield tuners, ran
+
+
+@pytest.mark.parametrize("path", ops.PATHS)
+def test_gpu_launch_code_through_the_interpreter(gpu_launch_code_on_the_cpu, path):
+    tuners, ran = gpu_launch_code_on_the_cpu
+    m, n, k = 50, 40, 72  # buckets 64 x 64 x 128: the pruning leaves two configurations to time
+    a = rand(m, k, dtype=torch.float16)
+    b = rand(n, k, dtype=torch.float16).mT  # the x @ W^T layout (K-major B)
+    c, bias = rand(m, n), rand(n)
+    kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu")
+    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    assert ops._tma_suits(a, b, (9, 0))  # on a Hopper GPU this problem would take the TMA kernel
+    ops.launch_gemm(a, b, out, path=path, **kwargs)
+    assert_gemm_accurate(out, a, b, **kwargs)
+    assert len(ran) == 2  # pruned to two configurations, each run once to be timed
+    tuner = tuners[-1]
+    assert len(tuner.cache) == 1
+    # another M of the same bucket reuses the tuning: no more timing runs, still right
+    a2 = rand(m + 9, k, dtype=torch.float16)
+    out2 = torch.full((m + 9, n), float("nan"), dtype=torch.float16)
+    ops.launch_gemm(a2, b, out2, path=path, **dict(kwargs, c=rand(m + 9, n)))
+    assert len(ran) == 2 and len(tuner.cache) == 1
+    assert not out2.isnan().any()
 
 
 def test_descriptor_pre_hook_sets_block_shapes():

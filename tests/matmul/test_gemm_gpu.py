@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from matmul_helpers import torch_same_precision
 
 import llm_speed
 from llm_speed import _runtime
@@ -59,6 +60,53 @@ def test_both_paths_agree_with_float64(path):
     ops.launch_gemm(a, b, out, path=path)
     assert _runtime.launch_count(name) == before + 1
     assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), 1536)
+
+
+def is_hopper():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b_k_major", [False, True])
+def test_persistent_tma_with_edges_and_epilogue(dtype, b_k_major):
+    """The TMA kernel where descriptor loads cross every edge (M, N, K not multiples of any block)."""
+    if not is_hopper():
+        pytest.skip("the TMA kernel is used on Hopper only")
+    m, n, k = 1000, 3000, 776  # K a multiple of 8 (16-byte rows), not of 32 or 64
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype).mT if b_k_major else torch.randn(k, n, device="cuda",
+                                                                                          dtype=dtype)
+    c, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda", dtype=dtype)
+    kwargs = dict(alpha=0.5, beta=-1.5, c=c, bias=bias, activation="gelu_tanh")
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
+    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    expected = gemm_reference(a, b, out_dtype=torch.float64, **kwargs)
+    torch_out = torch_same_precision(a, b, **kwargs)
+    assert not out.isnan().any()
+    assert_as_accurate_as_torch(out, expected, torch_out, k)
+
+
+def test_linear_layer_layout_takes_the_tma_kernel_on_hopper():
+    if not is_hopper():
+        pytest.skip("the TMA kernel is used on Hopper only")
+    x = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    out = llm_speed.gemm(x, w, trans_b=True)
+    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
+
+
+def test_one_tuning_per_size_bucket():
+    """Two M of one power-of-two bucket share the autotuner's entry (no second benchmark)."""
+    tuner = ops._autotuned_tiled(torch.cuda.get_device_capability())
+    b = torch.randn(512, 640, device="cuda", dtype=torch.float32)
+    llm_speed.gemm(torch.randn(1500, 512, device="cuda"), b)
+    entries = len(tuner.cache)
+    llm_speed.gemm(torch.randn(1900, 512, device="cuda"), b)
+    assert len(tuner.cache) == entries
 
 
 def test_batched_broadcast():

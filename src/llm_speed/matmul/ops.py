@@ -60,6 +60,10 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def size_bucket(size: int) -> int:
     """The autotuning bucket of a problem size: the next power of two, at least 16 (tl.dot's smallest tile).
 
@@ -72,12 +76,14 @@ def size_bucket(size: int) -> int:
 def _drop_oversized_tiles(candidates, named_args, **kwargs):
     """Autotuner pruning: skip tiles larger than the problem's bucket in M or N (mostly masked work).
 
-    When every tile is too large (a small problem), the ones of the smallest area remain.
+    When every tile is too large (a small problem), the ones of the smallest area remain. The launchers pass
+    every argument by keyword, so the buckets arrive in ``kwargs`` (``named_args`` holds positional ones).
     """
+    args = {**named_args, **kwargs}
     fitting = [
         cfg
         for cfg in candidates
-        if cfg.kwargs["BLOCK_M"] <= named_args["M_BUCKET"] and cfg.kwargs["BLOCK_N"] <= named_args["N_BUCKET"]
+        if cfg.kwargs["BLOCK_M"] <= args["M_BUCKET"] and cfg.kwargs["BLOCK_N"] <= args["N_BUCKET"]
     ]
     if fitting:
         return fitting
@@ -258,7 +264,7 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> N
         a_block = [cfg.block_m, cfg.block_k]
         b_block = [cfg.block_n, cfg.block_k] if b_k_major else [cfg.block_k, cfg.block_n]
     else:
-        num_programs = torch.cuda.get_device_properties(out.device).multi_processor_count
+        num_programs = _multiprocessors(out.device)
         kernel, meta = _autotuned_persistent_tma(), {}
         a_block = b_block = [1, 1]  # placeholders: the autotuner's pre-hook sets each configuration's blocks
     a_desc = TensorDescriptor.from_tensor(op_a, a_block)
