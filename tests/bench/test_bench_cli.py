@@ -328,3 +328,24 @@ def test_gpu_suite_script_dry_run_and_no_gpu_refusal(tmp_path):
             check=False,
         )
         assert real.returncode == 2 and "no CUDA GPU" in real.stderr
+
+
+def test_attention_wrapper_script_runs_seed_flags(tmp_path, monkeypatch, capsys):
+    """benchmarks/benchmark_attention.py with seed 002's custom-configuration flags (small sizes, CPU)."""
+    import runpy
+
+    out = tmp_path / "results.json"
+    monkeypatch.setattr(sys, "argv", [
+        "benchmark_attention.py", "--seq-lengths", "16", "32", "--batch-size", "1", "--num-heads", "2",
+        "--head-dim", "16", "--dtype", "fp32", "--warmup", "0", "--iterations", "1", "--output", str(out),
+        "--device", "cpu", "--impl", "flash", "sdpa", "--no-progress",
+    ])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "benchmarks" / "benchmark_attention.py"), run_name="__main__")
+    assert exit_info.value.code == 0
+    assert "ATTENTION BENCHMARK RESULTS" in capsys.readouterr().out  # seed 002's table
+    results = json.loads(out.read_text())["results"]
+    assert [(r["config"], r["impl"]) for r in results] == [
+        ("1x2x16x16", "flash"), ("1x2x16x16", "sdpa"), ("1x2x32x16", "flash"), ("1x2x32x16", "sdpa")
+    ]
+    assert all(r["latency_ms"] > 0 and r["throughput_tflops"] > 0 for r in results)

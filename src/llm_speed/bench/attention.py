@@ -259,20 +259,13 @@ def run_attention(settings: AttentionSettings, *, show_progress: bool = True) ->
 
 def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasurement]) -> dict[str, Any]:
     """The JSON document: provenance, settings, notes and every row (with seed 002's field names too)."""
-    device = torch.device(settings.device)
-    records = []
-    for row in rows:
-        record = report.to_record(row)
-        # The field names of seed 002's benchmark script, for users of the old project.
-        record["config"] = f"{settings.batch_size}x{settings.num_heads}x{row.seq_len}x{settings.head_dim}"
-        records.append(record)
-    return {
-        "benchmark": "attention",
-        "environment": report.environment(device),
-        "settings": dataclasses.asdict(settings),
-        "notes": report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")]),
-        "results": records,
-    }
+    return report.results_document(
+        "attention",
+        settings,
+        rows,
+        lambda row: f"{settings.batch_size}x{settings.num_heads}x{row.seq_len}x{settings.head_dim}",
+        [i for i in settings.impls if i in ("flash", "tiled")],
+    )
 
 
 def print_attention(

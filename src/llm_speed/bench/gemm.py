@@ -270,20 +270,14 @@ def summary(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> dict[str
 
 def results_payload(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> dict[str, Any]:
     """The JSON document: provenance, settings, notes, every row and the summary."""
-    device = torch.device(settings.device)
-    records = []
-    for row in rows:
-        record = report.to_record(row)
-        record["config"] = f"{row.m}x{row.n}x{row.k}"  # seed 002's field name
-        records.append(record)
-    return {
-        "benchmark": "gemm",
-        "environment": report.environment(device),
-        "settings": dataclasses.asdict(settings),
-        "notes": report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else []),
-        "results": records,
-        "summary": summary(settings, rows),
-    }
+    return report.results_document(
+        "gemm",
+        settings,
+        rows,
+        lambda row: f"{row.m}x{row.n}x{row.k}",  # seed 002's field name
+        ["llm-speed"] if "llm-speed" in settings.impls else [],
+        summary=summary(settings, rows),
+    )
 
 
 def baseline_label(settings: GemmSettings) -> str:

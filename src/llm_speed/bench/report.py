@@ -265,6 +265,27 @@ def to_record(row: Measurement) -> dict[str, Any]:
     return record
 
 
+def results_document(
+    benchmark: str,
+    settings: Any,
+    rows: Sequence[Measurement],
+    config: Callable[[Any], str],
+    triton_ops: Sequence[str],
+    **extra: Any,
+) -> dict[str, Any]:
+    """A benchmark's JSON: provenance, settings, notes and every row, each with seed 002's ``config`` label
+    (``config(row)``) besides its own fields; ``extra`` adds top-level entries (e.g. a summary)."""
+    device = torch.device(settings.device)
+    return {
+        "benchmark": benchmark,
+        "environment": environment(device),
+        "settings": dataclasses.asdict(settings),
+        "notes": timing_notes(device, triton_ops),
+        "results": [{**to_record(row), "config": config(row)} for row in rows],
+        **extra,
+    }
+
+
 def mib(value: int | None) -> float | None:
     """Bytes to MiB, keeping None."""
     return None if value is None else value / MIB
