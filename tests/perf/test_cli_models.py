@@ -43,6 +43,12 @@ def test_kv_cache(capsys):
     assert payload["total_bytes"] == expected.total_bytes == 2 * 1024**3
     assert main(["kv-cache", "--model", "deepseek-v3", "--seq-len", "128"]) == 0
     assert "MLA" in capsys.readouterr().out
+    argv = ["kv-cache", "--model", "llama-3-8b", "--seq-len", "16", "--dtype", "int4"]
+    argv += ["--quant-group-size", "32"]
+    grouped = _json(capsys, [*argv, "--json"])
+    assert grouped["bytes_per_token_per_layer"] == 1024 + 64 * 2  # int4 values + one fp16 scale per 32
+    assert main(argv) == 0
+    assert "Scales: 128 bytes/token/layer" in capsys.readouterr().out
 
 
 def test_kv_cache_from_config_path(tmp_path, capsys):

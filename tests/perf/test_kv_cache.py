@@ -87,3 +87,24 @@ def test_bad_input(kwargs, error, match):
 def test_unknown_model():
     with pytest.raises(ValueError, match="valid ids"):
         kv_cache_size("nope", seq_len=10)
+
+
+def test_quantization_scales():
+    # llama-3-8b: 2 * 8 * 128 = 2048 elements per token and layer. int4 with one fp16 scale per 32 elements:
+    # 1024 bytes of values + 64 scales * 2 bytes = 1152 bytes (12.5% over the bare int4 figure).
+    bare = kv_cache_size("llama-3-8b", seq_len=1024, dtype="int4")
+    grouped = kv_cache_size("llama-3-8b", seq_len=1024, dtype="int4", quant_group_size=32)
+    assert bare.scale_bytes_per_token_per_layer == 0 and bare.bytes_per_token_per_layer == 1024
+    assert grouped.scale_bytes_per_token_per_layer == 128
+    assert grouped.bytes_per_token_per_layer == 1152
+    assert grouped.total_bytes == 1152 * 32 * 1024
+    # Asymmetric int8 with a scale and a zero point per token and head (group = head_dim = 128).
+    int8 = kv_cache_size("llama-3-8b", seq_len=8, dtype="int8", quant_group_size=128, scale_bytes=4)
+    assert int8.bytes_per_token_per_layer == 2048 + 16 * 4
+    # MLA: 576 latent elements do not divide into groups of 128; the last partial group has its own scale.
+    mla = kv_cache_size("deepseek-v3", seq_len=8, dtype="fp8", quant_group_size=128)
+    assert mla.scale_bytes_per_token_per_layer == 5 * 2
+    with pytest.raises(ValueError, match="quant_group_size"):
+        kv_cache_size("llama-3-8b", seq_len=8, dtype="int4", quant_group_size=0)
+    with pytest.raises(ValueError, match="scale_bytes"):
+        kv_cache_size("llama-3-8b", seq_len=8, dtype="int4", quant_group_size=32, scale_bytes=-1)

@@ -69,7 +69,14 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _kv_cache(args: argparse.Namespace) -> int:
-    size = kv_cache_size(args.model, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype)
+    size = kv_cache_size(
+        args.model,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        quant_group_size=args.quant_group_size,
+        scale_bytes=args.scale_bytes,
+    )
     if args.json:
         dump_json(size)
         return 0
@@ -97,7 +104,13 @@ def _kv_cache(args: argparse.Namespace) -> int:
                 size.total_bytes / GB,
             ]
         ],
-        caption="Quantized caches exclude their scale factors; a sliding window caps the cached tokens.",
+        caption=(
+            f"Scales: {size.scale_bytes_per_token_per_layer:g} bytes/token/layer "
+            f"(--quant-group-size {args.quant_group_size}, --scale-bytes {args.scale_bytes:g})"
+            if args.quant_group_size
+            else "No quantization scales counted (see --quant-group-size)"
+        )
+        + "; a sliding window caps the cached tokens.",
     )
     return 0
 
@@ -334,6 +347,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--dtype", default="bf16", help="cache dtype: fp32, bf16, fp16, fp8, int8, int4")
+    parser.add_argument(
+        "--quant-group-size", type=int, default=None, help="elements sharing one quantization scale"
+    )
+    parser.add_argument(
+        "--scale-bytes", type=float, default=2.0, help="bytes per group (2: fp16 scale; 4: + zero point)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_kv_cache)
 

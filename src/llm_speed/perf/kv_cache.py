@@ -10,15 +10,19 @@ Per token and layer the cache holds (elements):
 * Sliding window (Mistral 7B, arXiv:2310.06825, "rolling buffer cache"): at most ``sliding_window`` tokens
   per sequence are kept, so the cache stops growing at the window.
 
-Quantized caches (fp8/int8: 1 byte, int4: 0.5 byte per element) are counted without their scale factors,
-which add a per-group overhead that depends on the quantization scheme.
+Quantized caches (fp8/int8: 1 byte, int4: 0.5 byte per element) also store scale factors, whose overhead
+depends on the scheme: pass ``quant_group_size`` (elements sharing one scale, e.g. 32 or 64 for group-wise
+int4, ``head_dim`` for one scale per token and head) and ``scale_bytes`` (2 for one fp16 scale; 4 for an
+fp16 scale plus an fp16 zero point). Per-tensor scales (vLLM's default fp8 cache) are negligible: leave
+``quant_group_size`` unset.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from llm_speed.perf._checks import positive_int
+from llm_speed.perf._checks import non_negative_number, positive_int
 from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf.models import ModelConfig, resolve_model
 
@@ -35,7 +39,8 @@ class KVCacheSize:
     batch_size: int
     cached_tokens: int
     elements_per_token_per_layer: int
-    bytes_per_token_per_layer: float
+    scale_bytes_per_token_per_layer: float  # ceil(elements / quant_group_size) * scale_bytes
+    bytes_per_token_per_layer: float  # elements * element size + the scales
     bytes_per_token: float
     bytes_per_sequence: float
     total_bytes: float
@@ -49,20 +54,32 @@ def kv_elements_per_token_per_layer(config: ModelConfig) -> int:
 
 
 def kv_cache_size(
-    config: ModelConfig | str, *, seq_len: int, batch_size: int = 1, dtype: str = "bf16"
+    config: ModelConfig | str,
+    *,
+    seq_len: int,
+    batch_size: int = 1,
+    dtype: str = "bf16",
+    quant_group_size: int | None = None,
+    scale_bytes: float = 2,
 ) -> KVCacheSize:
     """Bytes of the KV cache: per token per layer, per token (all layers), per sequence and in total.
 
-    total = batch_size * min(seq_len, sliding_window) * num_layers * elements_per_token_per_layer * bytes.
-    ``config`` may be a ModelConfig, a zoo id or a config.json path; ``dtype`` any name
-    :func:`llm_speed.perf.gpus.normalize_dtype` accepts (bf16, fp16, fp32, fp8, int8, int4, ...).
+    total = batch_size * min(seq_len, sliding_window) * num_layers * per_token_layer, with per_token_layer =
+    elements * bytes(dtype) + ceil(elements / quant_group_size) * scale_bytes (no scales when
+    ``quant_group_size`` is None; see the module docstring). ``config`` may be a ModelConfig, a zoo id or a
+    config.json path; ``dtype`` any name :func:`llm_speed.perf.gpus.normalize_dtype` accepts (bf16, fp16,
+    fp32, fp8, int8, int4, ...).
     """
     config = resolve_model(config)
     positive_int("seq_len", seq_len)
     positive_int("batch_size", batch_size)
     dtype_name = normalize_dtype(dtype)
     elements = kv_elements_per_token_per_layer(config)
-    per_token_layer = elements * dtype_bytes(dtype_name)
+    scales = 0.0
+    if quant_group_size is not None:
+        group = positive_int("quant_group_size", quant_group_size)
+        scales = math.ceil(elements / group) * non_negative_number("scale_bytes", scale_bytes)
+    per_token_layer = elements * dtype_bytes(dtype_name) + scales
     per_token = per_token_layer * config.num_layers
     cached = min(seq_len, config.sliding_window) if config.sliding_window else seq_len
     per_sequence = per_token * cached
@@ -74,6 +91,7 @@ def kv_cache_size(
         batch_size=batch_size,
         cached_tokens=cached,
         elements_per_token_per_layer=elements,
+        scale_bytes_per_token_per_layer=scales,
         bytes_per_token_per_layer=per_token_layer,
         bytes_per_token=per_token,
         bytes_per_sequence=per_sequence,
