@@ -324,6 +324,8 @@ def test_profile_block_on_gpu_has_every_figure():
         cuda_llm_ops.flash_attention(q, q, q)
     metrics = profiler.get_metrics()
     assert metrics.timer == CUDA_TIMER and metrics.elapsed_ms > 0
+    # Counted once (by the launcher), not again by the cuda_llm_ops wrapper.
+    assert metrics.flops == attention_cost(2, 8, 1024, 1024, 64, dtype="fp16").flops
     if metrics.gpu is not None:
         assert 0 < metrics.compute_utilization < 1 and 0 < metrics.bandwidth_utilization < 1.5
         assert isinstance(metrics.bottleneck, prof.Bottleneck)
