@@ -34,7 +34,8 @@ def compile_sm90(fn, types, consts, divisible_by_16, num_warps, num_stages):
     ptx = compiled.asm["ptx"]
     return {"wgmma": ptx.count("wgmma.mma_async"),
             "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
-            "tma": ptx.count("cp.async.bulk.tensor"), "shared": compiled.metadata.shared}
+            "tma": ptx.count("cp.async.bulk.tensor"), "shared": compiled.metadata.shared,
+            "scratch": [compiled.metadata.global_scratch_size, compiled.metadata.profile_scratch_size]}
 
 tiled_types = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp32", bias_ptr="*fp32", out_ptr="*fp16",
                    alpha="fp32", beta="fp32")
@@ -75,3 +76,6 @@ def test_kernels_compile_to_hopper_code():
     assert tiled["shared"] >= 3 * (128 * 64 + 64 * 128) * 2, tiled
     assert tma["wgmma"] > 0 and tma["tma"] > 0, tma
     assert result["int8"]["wgmma"] > 0 and result["tf32"]["wgmma"] > 0, result
+    # Host-side descriptors: the kernels need no global scratch memory, so no triton.set_allocator is needed
+    # (device-side tl.make_tensor_descriptor would need one).
+    assert all(compiled["scratch"] == [0, 0] for compiled in result.values()), result
