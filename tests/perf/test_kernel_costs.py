@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils import flop_counter
 
-from llm_speed.perf.kernel_costs import KernelCost, attention_cost, gemm_cost, visible_pairs
+from llm_speed.perf.kernel_costs import (
+    KernelCost,
+    attention_cost,
+    attention_hardware_flops,
+    gemm_cost,
+    visible_pairs,
+)
 
 
 def _mask_pairs(seq_q: int, seq_kv: int) -> int:
@@ -142,3 +148,21 @@ def test_gemm_bad_inputs():
 def test_causal_pairs_property(seq_q, seq_kv):
     by_row = sum(max(0, min(seq_kv, i + seq_kv - seq_q + 1)) for i in range(seq_q))
     assert visible_pairs(seq_q, seq_kv, causal=True) == by_row <= seq_q * seq_kv
+
+
+def test_hardware_flops_by_implementation():
+    shape = dict(batch=2, heads_q=4, seq_q=64, seq_kv=64, head_dim=32, causal=True)
+    model_fwd = attention_cost(**shape).flops
+    model_bwd = attention_cost(**shape, mode="bwd").flops
+    # Flash executes exactly the model count; tiled recomputes QK^T in its second forward pass (1.5x);
+    # naive keeps P, so its backward runs 4 matmuls (2x forward) rather than the convention's 5 (2.5x).
+    assert attention_hardware_flops(**shape) == model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd") == model_bwd
+    assert attention_hardware_flops(**shape, impl="tiled") == 1.5 * model_fwd
+    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd") == model_bwd
+    assert attention_hardware_flops(**shape, impl="naive", mode="bwd") == 2 * model_fwd
+    assert attention_hardware_flops(**shape, impl="naive", mode="fwd+bwd") == 3 * model_fwd
+    with pytest.raises(ValueError, match="impl must be one of"):
+        attention_hardware_flops(**shape, impl="cudnn")
+    with pytest.raises(TypeError, match="seq_q"):
+        attention_hardware_flops(1, 1, 2.0, 2, 8)

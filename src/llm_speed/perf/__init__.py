@@ -48,7 +48,13 @@ from llm_speed.perf.inference import (
     decode_batch_sweep,
     expected_experts_hit,
 )
-from llm_speed.perf.kernel_costs import KernelCost, attention_cost, gemm_cost, visible_pairs
+from llm_speed.perf.kernel_costs import (
+    KernelCost,
+    attention_cost,
+    attention_hardware_flops,
+    gemm_cost,
+    visible_pairs,
+)
 from llm_speed.perf.kv_cache import KVCacheSize, kv_cache_size, max_batch_for_memory
 from llm_speed.perf.memory import (
     AttentionMemory,
@@ -115,6 +121,7 @@ __all__ = [
     "analyze_memory_hierarchy",
     "arithmetic_intensity",
     "attention_cost",
+    "attention_hardware_flops",
     "attention_memory",
     "calculate_attention_vram",
     "calculate_flash_attention_vram",

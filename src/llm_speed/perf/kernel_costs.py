@@ -45,6 +45,13 @@ class KernelCost:
         return KernelCost(self.flops + other.flops, self.bytes_moved + other.bytes_moved)
 
 
+def _check_mode_and_impl(mode: str, impl: str) -> None:
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+
+
 def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
     """Number of (query, key) pairs attention computes, per batch element and query head.
 
@@ -109,10 +116,7 @@ def attention_cost(
     batch, heads_q, seq_q, seq_kv, head_dim, heads_kv = attention_shape(
         batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
     )
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    _check_mode_and_impl(mode, impl)
     element = dtype_bytes(dtype)
     score_element = element if score_dtype is None else dtype_bytes(score_dtype)
 
@@ -140,6 +144,38 @@ def attention_cost(
     if mode == "bwd":
         return backward
     return forward + backward
+
+
+# Matmuls each implementation executes, as multiples of the forward's two (QK^T, PV).
+_EXECUTED_FORWARD_MATMULS = {"flash": 2, "tiled": 3, "naive": 2}  # tiled: QK^T in both passes
+_EXECUTED_BACKWARD_MATMULS = {"flash": 5, "tiled": 5, "naive": 4}  # naive keeps P: no QK^T recompute
+
+
+def attention_hardware_flops(
+    batch: int,
+    heads_q: int,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    *,
+    causal: bool = False,
+    mode: str = "fwd",
+    impl: str = "flash",
+) -> float:
+    """Matmul FLOPs an implementation actually executes (for HFU), against :func:`attention_cost`'s model
+    FLOPs (for MFU). Each (Q, K) or (P, V) matmul over the visible pairs costs 2 * batch * heads_q * head_dim
+    * visible_pairs. Forward: flash and naive run 2 matmuls, tiled 3 (its second pass recomputes QK^T: 1.5x).
+    Backward: flash and tiled run 5 (S = QK^T recomputed, dV, dP, dQ, dK: the model count), naive 4 (P was
+    kept: 2x the forward instead of 2.5x). Masked-out work inside partially visible tiles is not counted; it
+    depends on the tile size."""
+    batch, heads_q, seq_q, seq_kv, head_dim, _ = attention_shape(
+        batch, heads_q, seq_q, seq_kv, head_dim, None
+    )
+    _check_mode_and_impl(mode, impl)
+    one_matmul = 2.0 * batch * heads_q * head_dim * visible_pairs(seq_q, seq_kv, causal)
+    forward = _EXECUTED_FORWARD_MATMULS[impl] * one_matmul
+    backward = _EXECUTED_BACKWARD_MATMULS[impl] * one_matmul
+    return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[mode]
 
 
 def gemm_cost(
