@@ -26,6 +26,37 @@ def test_gpus_table_and_json(capsys, monkeypatch):
     assert "sparsity" in h100["sources"]["peak_tflops"]
 
 
+def test_gpus_live(capsys, monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["gpus", "--live"]) == 2
+        assert "--live needs a CUDA device" in capsys.readouterr().err
+    # What an H100 SXM reports (torch.cuda.get_device_properties), beside its table entry.
+    fake = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "compute_capability": (9, 0),
+        "sm_count": 132,
+        "memory_gb": 85.0,
+        "l2_cache_mb": 50.0,
+        "smem_per_sm_kb": 228.0,
+        "memory_bandwidth_gbs": 3352.3,
+        "table_id": "h100-sxm",
+    }
+    monkeypatch.setattr("llm_speed.perf.cli_hardware.live_device_properties", lambda: fake)
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["gpus", "--live"]) == 0
+    table = capsys.readouterr().out
+    assert "NVIDIA H100 80GB HBM3" in table and "table (h100-sxm)" in table and "3,352" in table
+    data = _json(capsys, ["gpus", "--live", "--json"])
+    assert data["live"]["sm_count"] == data["table"]["sm_count"] == 132
+    monkeypatch.setattr(
+        "llm_speed.perf.cli_hardware.live_device_properties", lambda: {**fake, "table_id": None}
+    )
+    assert main(["gpus", "--live"]) == 0
+    assert "not in it" in capsys.readouterr().out
+
+
 def test_roofline_point_json(capsys):
     data = _json(
         capsys,

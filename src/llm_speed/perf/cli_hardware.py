@@ -1,4 +1,5 @@
-"""CLI: ``llm-speed gpus``, ``roofline``, ``vram``, ``mfu`` and ``waves`` (the hardware side of the model)."""
+"""CLI: ``llm-speed gpus`` (``--show ID``, ``--live``), ``roofline``, ``vram``, ``mfu`` and ``waves``
+(the hardware side of the model)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from llm_speed._output import dump_json, print_table
 from llm_speed.perf.gemm_shapes import wave_quantization
-from llm_speed.perf.gpus import get_gpu, list_gpus, normalize_dtype
+from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
 from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
 from llm_speed.perf.mfu import achieved_flops_per_s, mfu
@@ -46,7 +47,50 @@ def _gpu_detail(gpu_name: str, as_json: bool) -> int:
     return 0
 
 
+# (live_device_properties key, GPUSpec attribute) pairs that the live-device table compares.
+_LIVE_VS_TABLE = (
+    ("name", "name"),
+    ("compute_capability", "compute_capability"),
+    ("sm_count", "sm_count"),
+    ("memory_gb", "hbm_capacity_gb"),
+    ("memory_bandwidth_gbs", "hbm_bandwidth_gbs"),
+    ("l2_cache_mb", "l2_cache_mb"),
+    ("smem_per_sm_kb", "smem_per_sm_kb"),
+    ("smem_per_block_optin_kb", None),
+    ("register_file_per_sm_kb", "register_file_per_sm_kb"),
+    ("sm_clock_mhz", "boost_clock_mhz"),
+)
+
+
+def _live_gpu(as_json: bool) -> int:
+    """The current CUDA device's own properties next to its table entry (peaks come from the table)."""
+    live = live_device_properties()
+    if live is None:
+        raise ValueError("--live needs a CUDA device; none is available (the table: `llm-speed gpus`)")
+    spec = get_gpu(live["table_id"]) if live["table_id"] else None
+    if as_json:
+        dump_json({"live": live, "table": spec})
+        return 0
+    rows = [
+        [key, live.get(key), getattr(spec, attribute) if spec and attribute else None]
+        for key, attribute in _LIVE_VS_TABLE
+        if key in live
+    ]
+    if spec:
+        rows += [[f"peak {dtype} TFLOP/s", None, value] for dtype, value in spec.peak_tflops.items()]
+    print_table(
+        f"Live device: {live['name']}",
+        ["property", "device reports", f"table ({spec.id})" if spec else "table (not in it)"],
+        rows,
+        caption="memory_gb: usable memory the device reports, decimal GB (the datasheet capacity is "
+        "nominal); L2 in MiB; bandwidth from the memory clock and bus width; peaks only from the table.",
+    )
+    return 0
+
+
 def _gpus(args: argparse.Namespace) -> int:
+    if args.live:
+        return _live_gpu(args.json)
     if args.show is not None:
         return _gpu_detail(args.show, args.json)
     gpus = list_gpus()
@@ -320,6 +364,9 @@ def register(subparsers: Any) -> None:
     """Add ``gpus``, ``roofline``, ``vram``, ``mfu`` and ``waves`` to the ``llm-speed`` parser."""
     parser = subparsers.add_parser("gpus", help="the GPU spec table (dense peaks, with sources in --json)")
     parser.add_argument("--show", metavar="ID", help="one GPU, every field with its source")
+    parser.add_argument(
+        "--live", action="store_true", help="the current CUDA device's properties next to its table entry"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (every field and its source)")
     parser.set_defaults(func=_gpus)
 
