@@ -153,13 +153,13 @@ def timing_notes(device: torch.device, triton_ops: Sequence[str]) -> list[str]:
         notes.append("CPU timings (host clock, CPU tensors): they say nothing about GPU performance.")
         if INTERPRETED and triton_ops:
             notes.append(
-                f"TRITON_INTERPRET=1: {', '.join(triton_ops)} run in Triton's interpreter, so their times "
-                "measure the interpreter, not a compiled kernel."
+                f"TRITON_INTERPRET=1: the times of {', '.join(triton_ops)} are of Triton's interpreter, "
+                "not of a compiled kernel."
             )
         elif triton_ops:
             notes.append(
-                f"Without TRITON_INTERPRET, {', '.join(triton_ops)} run llm-speed's PyTorch fallback on CPU "
-                "tensors: these times are of that fallback, not of the Triton kernels."
+                f"Without TRITON_INTERPRET, the times of {', '.join(triton_ops)} are of llm-speed's PyTorch "
+                "fallback for CPU tensors, not of the Triton kernels."
             )
         notes.append("Peak memory is only measured on CUDA devices; the predictions are for GPUs only.")
     elif INTERPRETED:
