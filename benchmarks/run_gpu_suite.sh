@@ -161,7 +161,7 @@ step gemm_int8 30 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype int8 \
     --sizes 2048x2048x2048 4096x4096x4096 --output "$R/gemm_int8.json"
 step gemm_epilogue 30 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype fp16 --epilogue bias+gelu \
     --sizes 4096x4096x4096 --output "$R/gemm_epilogue.json"
-step demo 45 "${CLI[@]}" demo --output-dir "$R/demo"
+step demo 60 "${CLI[@]}" demo --output-dir "$R/demo"
 
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 pack
