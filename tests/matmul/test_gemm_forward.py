@@ -430,14 +430,23 @@ def test_configs_per_architecture():
 
 
 def test_fp32_precision_follows_torch_switch():
-    previous = torch.backends.cuda.matmul.allow_tf32
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        assert ops.fp32_input_precision() == "ieee"
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert ops.fp32_input_precision() == "tf32"
+        for setting, expected in [
+            (lambda: setattr(matmul, "allow_tf32", False), "ieee"),
+            (lambda: setattr(matmul, "allow_tf32", True), "tf32"),
+            (lambda: torch.set_float32_matmul_precision("highest"), "ieee"),
+            (lambda: torch.set_float32_matmul_precision("high"), "tf32"),
+            (lambda: setattr(matmul, "fp32_precision", "ieee"), "ieee"),
+            # the new API: reading allow_tf32 now raises, so it must not be read
+            (lambda: setattr(matmul, "fp32_precision", "tf32"), "tf32"),
+            (lambda: setattr(matmul, "fp32_precision", "none"), "ieee"),  # PyTorch's default
+        ]:
+            setting()
+            assert ops.fp32_input_precision() == expected
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+        matmul.fp32_precision = previous
 
 
 def test_reference_matches_torch_matmul():

@@ -6,9 +6,9 @@ Dispatch (see docs/gemm.md):
   else takes the tiled kernel.
 - CPU tensors without the interpreter: ``reference.gemm_reference`` in float32, the same function.
 
-fp32 inputs use TF32 tensor cores only when ``torch.backends.cuda.matmul.allow_tf32`` is True (PyTorch's own
-switch for ``torch.matmul``, also set by ``torch.set_float32_matmul_precision("high")``); by default they are
-computed in full fp32 ("ieee").
+fp32 inputs use TF32 tensor cores only when PyTorch allows TF32 for ``torch.matmul``
+(``torch.backends.cuda.matmul.fp32_precision = "tf32"``, or the legacy ``allow_tf32 = True``, or
+``torch.set_float32_matmul_precision("high")``); by default they are computed in full fp32 ("ieee").
 """
 
 from __future__ import annotations
@@ -42,8 +42,17 @@ _SMALLEST_BUCKET = 16
 
 
 def fp32_input_precision() -> str:
-    """The fp32 dot precision: "tf32" when PyTorch allows TF32 for CUDA matmuls, else "ieee" (the default)."""
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """The fp32 dot precision: "tf32" when PyTorch allows TF32 for CUDA matmuls, else "ieee" (the default).
+
+    Reads ``torch.backends.cuda.matmul.fp32_precision`` where it exists (torch >= 2.9; it reflects the legacy
+    ``allow_tf32`` and ``torch.set_float32_matmul_precision`` too, whereas reading ``allow_tf32`` raises once
+    the new API has set TF32), else ``allow_tf32``.
+    """
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    return "tf32" if precision == "tf32" else "ieee"
 
 
 def _as_batched(x: torch.Tensor) -> torch.Tensor:
@@ -432,10 +441,11 @@ def gemm(
     ``torch.matmul``);
     op(x) is x, or its transpose over the last two dims when ``trans_x``. Any strides are read in place.
     dtypes float16, bfloat16, float32 (a and b equal), accumulated in fp32; fp32 uses TF32 only when
-    ``torch.backends.cuda.matmul.allow_tf32`` is True. ``c`` (broadcastable to the output) is required when
-    beta != 0 and never read when beta == 0. ``bias`` has shape [N]; ``activation`` is None, "relu", "gelu",
-    "gelu_tanh" or "silu". The output has ``out_dtype`` (default: the dtype of a). M, N or K of 0 is allowed:
-    an empty output, or with K == 0 the epilogue applied to a zero product.
+    PyTorch allows it for CUDA matmuls (:func:`fp32_input_precision`). ``c`` (broadcastable to the output)
+    is required when beta != 0 and never read when beta == 0. ``bias`` has shape [N] (any stride);
+    ``activation`` is None, "relu", "gelu", "gelu_tanh" or "silu". The output has ``out_dtype`` (default:
+    the dtype of a). M, N or K of 0 is allowed: an empty output, or with K == 0 the epilogue applied to a
+    zero product.
     """
     return _checked_gemm(
         a, b, FLOAT_DTYPES, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
