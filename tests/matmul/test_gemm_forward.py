@@ -313,6 +313,9 @@ def test_path_choice_without_a_gpu():
     assert ops._tma_layout(a.mT, b) is None  # A must be row-major
     unaligned_a = rand(64, 71, dtype=torch.float16)[:, :64]  # rows of 71 fp16 values: not 16-byte aligned
     assert ops._tma_layout(unaligned_a, b) is None
+    overlapping_rows = rand(64 * 8 + 64, dtype=torch.float16).as_strided((64, 64), (8, 1))
+    assert ops._tma_layout(overlapping_rows, b) is None
+    assert ops._tma_layout(a, overlapping_rows) is None and ops._tma_layout(a, overlapping_rows.mT) is None
 
 
 def test_tma_path_rules():

@@ -109,6 +109,16 @@ def test_one_tuning_per_size_bucket():
     assert len(tuner.cache) == entries
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_device_that_is_not_current():
+    a = torch.randn(300, 200, device="cuda:1", dtype=torch.float16)
+    b = torch.randn(200, 100, device="cuda:1", dtype=torch.float16)
+    with torch.cuda.device(0):
+        out = llm_speed.gemm(a, b)
+    assert out.device == a.device
+    assert_as_accurate_as_torch(out, a.double() @ b.double(), a @ b, 200)
+
+
 def test_batched_broadcast():
     a = torch.randn(8, 1024, 512, device="cuda", dtype=torch.float16)
     b = torch.randn(512, 768, device="cuda", dtype=torch.float16)

@@ -13,6 +13,7 @@ fp32 inputs use TF32 tensor cores only when PyTorch allows TF32 for ``torch.matm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -129,22 +130,23 @@ def _tma_layout(op_a: torch.Tensor, op_b: torch.Tensor) -> bool | None:
     """For 2-D op(a), op(b): None if the TMA kernel cannot read them, else whether B is K-major.
 
     A must be row-major; B row-major [K, N] or K-major (the ``x @ W^T`` layout). Strides and base addresses
-    must be 16-byte aligned, as tensor descriptors require.
+    must be 16-byte aligned, as tensor descriptors require, and rows must not overlap (kept conservative:
+    anything unusual takes the tiled kernel).
     """
     item = op_a.element_size()
 
-    def aligned(x: torch.Tensor, row_stride: int) -> bool:
+    def rows_fit(x: torch.Tensor, row_stride: int, row_length: int) -> bool:
         return (
-            row_stride > 0
+            row_stride >= max(row_length, 1)
             and (row_stride * item) % _TMA_ALIGN_BYTES == 0
             and x.data_ptr() % _TMA_ALIGN_BYTES == 0
         )
 
-    if op_a.stride(1) != 1 or not aligned(op_a, op_a.stride(0)):
+    if op_a.stride(1) != 1 or not rows_fit(op_a, op_a.stride(0), op_a.shape[1]):
         return None
-    if op_b.stride(1) == 1 and aligned(op_b, op_b.stride(0)):
+    if op_b.stride(1) == 1 and rows_fit(op_b, op_b.stride(0), op_b.shape[1]):
         return False
-    if op_b.stride(0) == 1 and aligned(op_b, op_b.stride(1)):
+    if op_b.stride(0) == 1 and rows_fit(op_b, op_b.stride(1), op_b.shape[0]):
         return True
     return None
 
@@ -202,6 +204,15 @@ def launch_gemm(
     path = path or _choose_path(op_a, op_b)
     if path not in PATHS:
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
+    # Triton launches on the current CUDA device: make it the tensors' (e.g. cuda:1 while cuda:0 is current).
+    on_device = torch.cuda.device(out.device) if out.device.type == "cuda" else contextlib.nullcontext()
+    with on_device:
+        _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path)
+    return out
+
+
+def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -> None:
+    """The body of :func:`launch_gemm` (arguments already checked), on the tensors' device."""
     M, N = out.shape[-2], out.shape[-1]
     K = op_a.shape[-1]
     integer = op_a.dtype == torch.int8
@@ -221,7 +232,7 @@ def launch_gemm(
     }  # fmt: skip
     if path == "persistent_tma":
         _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue)
-        return out
+        return
 
     out3 = _as_batched(out)
     a3, b3 = _as_batched(op_a), _as_batched(op_b)
@@ -255,7 +266,6 @@ def launch_gemm(
             **meta,
         )  # fmt: skip
         _runtime.record_launch(TILED_KERNEL)
-    return out
 
 
 def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> None:
