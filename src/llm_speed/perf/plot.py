@@ -80,8 +80,10 @@ def plot_roofline(
         fontsize=8,
         color="gray",
     )
+    markers = "osD^v"  # matplotlib cycles 10 colours; a new marker shape for every 10 points keeps them apart
     for index, (point, result) in enumerate(placed):
         color = f"C{index % 10}"
+        marker = markers[(index // 10) % len(markers)]
         if point.achieved_flops_per_s is None:
             y, marker_face, kind = result.attainable_flops, "none", "predicted"
         else:
@@ -90,7 +92,7 @@ def plot_roofline(
         axes.plot(
             [x],
             [y / 1e12],
-            marker="o",
+            marker=marker,
             markersize=8,
             markerfacecolor=marker_face,
             color=color,
