@@ -74,8 +74,8 @@ def test_persistent_tma_with_edges_and_epilogue(dtype, b_k_major):
         pytest.skip("the TMA kernel is used on Hopper only")
     m, n, k = 1000, 3000, 776  # K a multiple of 8 (16-byte rows), not of 32 or 64
     a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(n, k, device="cuda", dtype=dtype).mT if b_k_major else torch.randn(k, n, device="cuda",
-                                                                                          dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype)
+    b = b.mT if b_k_major else b.reshape(k, n)
     c, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda", dtype=dtype)
     kwargs = dict(alpha=0.5, beta=-1.5, c=c, bias=bias, activation="gelu_tanh")
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
