@@ -158,7 +158,7 @@ def test_waves_seed_001(capsys):
         (["vram", "--seq-len", "-5", "--num-heads", "8", "--head-dim", "64"], "batch|seq"),
         (
             ["vram", "--seq-len", "64", "--num-heads", "8", "--head-dim", "64", "--num-kv-heads", "3"],
-            "heads_kv",
+            "valid heads_kv: 1, 2, 4, 8",
         ),
         (["mfu", "--gpu", "h100", "--ms", "1"], "give --flops"),
         (["mfu", "--gpu", "h100", "--ms", "0", "--flops", "1e9"], "seconds"),

@@ -123,7 +123,7 @@ def test_gemm_cost():
         ({"batch": 0}, ValueError, "batch"),
         ({"seq_q": -1}, ValueError, "seq_q"),
         ({"head_dim": 2.5}, TypeError, "head_dim"),
-        ({"heads_kv": 3}, ValueError, "heads_kv"),
+        ({"heads_kv": 3}, ValueError, r"must divide heads_q \(8\); valid heads_kv: 1, 2, 4, 8"),
         ({"mode": "forward"}, ValueError, "mode"),
         ({"impl": "fast"}, ValueError, "impl"),
         ({"dtype": "fp12"}, ValueError, "dtype"),

@@ -105,7 +105,7 @@ def test_unknown_model_lists_valid_ids():
 
 def test_model_config_validation():
     base = get_model("llama-3-8b")
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match="valid num_kv_heads: 1, 2, 4, 8, 16, 32"):
         dataclasses.replace(base, num_kv_heads=5)
     with pytest.raises(ValueError, match="hidden_size"):
         dataclasses.replace(base, hidden_size=-1)

@@ -37,5 +37,12 @@ def attention_shape(
     head_dim = positive_int("head_dim", head_dim)
     heads_kv = heads_q if heads_kv is None else positive_int("heads_kv", heads_kv)
     if heads_q % heads_kv:
-        raise ValueError(f"heads_kv ({heads_kv}) must divide heads_q ({heads_q})")
+        raise ValueError(
+            f"heads_kv ({heads_kv}) must divide heads_q ({heads_q}); valid heads_kv: {divisors_text(heads_q)}"
+        )
     return batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
+
+
+def divisors_text(value: int) -> str:
+    """The divisors of ``value`` as "1, 2, 4, 8" (for error messages that list the valid choices)."""
+    return ", ".join(str(x) for x in range(1, value + 1) if value % x == 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number, positive_int
+from llm_speed.perf._checks import divisors_text, non_negative_number, positive_int
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
@@ -414,7 +414,7 @@ def train_memory(
         raise ValueError(
             f"tp ({t}) must divide num_attention_heads ({config.num_attention_heads}) and num_kv_heads "
             f"({config.num_kv_heads}) of {config.name}; "
-            f"valid tp: {', '.join(map(str, _divisors(split_heads)))}"
+            f"valid tp: {divisors_text(split_heads)}"
         )
     if dp is None:
         if n % (t * p * c):
@@ -518,7 +518,3 @@ def train_memory(
         dp_grad_sync_bytes=dp_sync,
         moe_all_to_all_bytes_per_layer=a2a,
     )
-
-
-def _divisors(value: int) -> list[int]:
-    return [x for x in range(1, value + 1) if value % x == 0]

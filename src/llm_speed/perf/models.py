@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_speed.perf._checks import divisors_text
+
 ATTENTION_TYPES = ("MHA", "MQA", "GQA", "MLA")
 
 
@@ -92,9 +94,9 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig {self.name!r}: {name} must be an int >= 0, got {value!r}")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(
-                f"ModelConfig {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be "
-                "divisible "
-                f"by num_kv_heads ({self.num_kv_heads})"
+                f"ModelConfig {self.name!r}: num_kv_heads ({self.num_kv_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads}); valid num_kv_heads: "
+                f"{divisors_text(self.num_attention_heads)}"
             )
         if self.num_experts:
             if not 0 < self.experts_per_token <= self.num_experts:
