@@ -94,11 +94,12 @@ def test_gradients_with_non_contiguous_output_gradient(device):
     check_gradients(a, b, bias=torch.randn(27, device=device), activation="gelu", transposed_grad=True)
 
 
+@pytest.mark.parametrize("activation", [None, "relu"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gradients_half_precision(device, dtype):
+def test_gradients_half_precision(device, dtype, activation):
     a, b = torch.randn(24, 40, device=device).to(dtype), torch.randn(40, 17, device=device).to(dtype)
-    bias = torch.randn(17, device=device).to(dtype)
-    check_gradients(a, b, bias=bias, activation="relu", trans_b=False)
+    c, bias = torch.randn(24, 17, device=device).to(dtype), torch.randn(17, device=device).to(dtype)
+    check_gradients(a, b, c=c, beta=0.75, bias=bias, activation=activation)
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((12, 40), (6, 40, 17)), ((6, 40, 12), (1, 40, 17))])

@@ -372,10 +372,10 @@ def _gemm_backward(ctx, grad_out):
     """
     a, b, c, bias = ctx.saved_tensors
     alpha, beta, trans_a, trans_b, activation = ctx.alpha, ctx.beta, ctx.trans_a, ctx.trans_b, ctx.activation
-    grad_z = grad_out.float()
+    grad_z = grad_out  # without an activation, used as is: no copy when it has the operands' dtype
     if activation is not None:
         z = _gemm_op(a, b, c, bias, alpha, beta, trans_a, trans_b, None, torch.float32)
-        grad_z = grad_z * reference.activation_derivative(z, activation)
+        grad_z = grad_out.float() * reference.activation_derivative(z, activation)
     grad_z_in = grad_z.to(a.dtype)  # the kernel's operands share one dtype
 
     def operand_grad(x, y, trans_x, trans_y, like):
@@ -399,9 +399,9 @@ def _gemm_backward(ctx, grad_out):
         else:  # grad = op(a)^T @ grad_z
             grad_b = operand_grad(a, grad_z_in, not trans_a, False, b)
     if need_c and c is not None:
-        grad_c = _sum_to_shape(beta * grad_z, c.shape).to(c.dtype)
+        grad_c = _sum_to_shape(beta * grad_z.float(), c.shape).to(c.dtype)
     if need_bias and bias is not None:
-        grad_bias = grad_z.sum(dim=tuple(range(grad_z.dim() - 1))).to(bias.dtype)
+        grad_bias = grad_z.sum(dim=tuple(range(grad_z.dim() - 1)), dtype=torch.float32).to(bias.dtype)
     return grad_a, grad_b, grad_c, grad_bias, None, None, None, None, None, None
 
 
