@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 
 def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
-    """``value`` if it is an int > 0 (>= 0 with ``allow_zero``); TypeError for a non-int (bool included),
-    ValueError for a value out of range, both naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an int if it is an integer > 0 (>= 0 with ``allow_zero``; NumPy integers accepted);
+    TypeError for a non-integer (bool and float included), ValueError for a value out of range, both naming
+    ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'an int >= 0' if allow_zero else 'a positive int'}, got {value}")
     return value
 
 
 def non_negative_number(name: str, value: Any) -> float:
-    """``value`` as a float if it is a finite real number >= 0; TypeError for a non-number, ValueError for a
-    negative, NaN or infinite one, both naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float if it is a finite real number >= 0 (NumPy scalars accepted); TypeError for a
+    non-number, ValueError for a negative, NaN or infinite one, both naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not 0 <= value < float("inf"):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

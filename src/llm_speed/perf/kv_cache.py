@@ -103,7 +103,6 @@ def max_batch_for_memory(
     config: ModelConfig | str, *, seq_len: int, free_bytes: float, dtype: str = "bf16"
 ) -> int:
     """The largest batch whose KV cache at ``seq_len`` fits in ``free_bytes``: floor(free / per sequence)."""
-    if free_bytes < 0:
-        raise ValueError(f"free_bytes must be >= 0, got {free_bytes!r}")
+    free_bytes = non_negative_number("free_bytes", free_bytes)
     per_sequence = kv_cache_size(config, seq_len=seq_len, batch_size=1, dtype=dtype).bytes_per_sequence
     return int(free_bytes // per_sequence)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_speed.perf._checks import positive_int
+from llm_speed.perf._checks import non_negative_number, positive_int
 from llm_speed.perf.models import ModelConfig, param_count, resolve_model
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -34,9 +34,7 @@ def training_flops_6nd(num_params: float, num_tokens: float) -> float:
 
     Example: Chinchilla, 70e9 parameters on 1.4e12 tokens, 5.88e23 FLOPs.
     """
-    if num_params < 0 or num_tokens < 0:
-        raise ValueError(f"num_params and num_tokens must be >= 0, got {num_params!r}, {num_tokens!r}")
-    return 6.0 * num_params * num_tokens
+    return 6.0 * non_negative_number("num_params", num_params) * non_negative_number("num_tokens", num_tokens)
 
 
 def megatron_training_flops(
