@@ -157,6 +157,13 @@ def test_train_memory(capsys):
         == 0
     )
     assert "Training memory per GPU" in capsys.readouterr().out
+    # 61 layers on 16 stages: uneven stages; the heaviest (stage 1: 4 MoE layers) is reported.
+    uneven = ["train-memory", "--model", "deepseek-v3", "--gpus", "16", "--pp", "16", "--json"]
+    payload = _json(capsys, uneven)
+    assert (payload["stage"], payload["stage_layers"]) == (1, 4)
+    tp_sp = ["train-memory", "--model", "llama-3-8b", "--gpus", "2", "--tp", "2", "--json"]
+    assert _json(capsys, tp_sp)["sequence_parallel"] is True
+    assert _json(capsys, [*tp_sp, "--no-sequence-parallel"])["sequence_parallel"] is False
 
 
 @pytest.mark.parametrize(

@@ -273,6 +273,7 @@ def _train_memory(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         virtual_stages=args.virtual_stages,
         recompute=args.recompute,
+        sequence_parallel=False if args.no_sequence_parallel else None,
         gpu=args.gpu,
     )
     if args.json:
@@ -283,7 +284,7 @@ def _train_memory(args: argparse.Namespace) -> int:
         f"(TP {result.tp}, PP {result.pp}, DP {result.dp}, EP {result.ep}, CP {result.cp}, "
         f"ZeRO {result.zero_stage})",
         [
-            "stage",
+            "heaviest stage (layers)",
             "params/GPU (B)",
             "weights (GB)",
             "grads (GB)",
@@ -295,7 +296,7 @@ def _train_memory(args: argparse.Namespace) -> int:
         ],
         [
             [
-                result.stage,
+                f"{result.stage} ({result.stage_layers})",
                 result.params_per_gpu / 1e9,
                 result.params_bytes / GB,
                 result.grads_bytes / GB,
@@ -384,6 +385,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES)
     parser.add_argument("--virtual-stages", type=int, default=1)
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE_MODES)
+    parser.add_argument(
+        "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (default: on)"
+    )
     parser.add_argument("--gpu", default=None, help="GPU id to check the total against its memory")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=_train_memory)

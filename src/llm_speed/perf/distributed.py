@@ -331,6 +331,7 @@ class TrainMemory:
     recompute: str
     sequence_parallel: bool
     stage: int  # pipeline stage of the most loaded GPU
+    stage_layers: int  # transformer layers on that stage (stages differ by one when pp does not divide L)
     params_per_gpu: float
     params_bytes: float
     grads_bytes: float
@@ -504,6 +505,7 @@ def train_memory(
         recompute=recompute,
         sequence_parallel=sp,
         stage=stage,
+        stage_layers=sum(stage_layer_mix(config, stage, p)),
         params_per_gpu=params,
         params_bytes=states.params_bytes + expert_states.params_bytes,
         grads_bytes=states.grads_bytes + expert_states.grads_bytes,
