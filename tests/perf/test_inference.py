@@ -97,6 +97,10 @@ def test_totals_and_speed_bounds():
     non_embedding = (param_count(get_model("llama-3-8b")).total - 128256 * 4096) * 2
     assert single.decode_step_s > non_embedding / get_gpu("h100-sxm").memory_bandwidth
     assert single.fits_in_memory
+    assert not single.exceeds_max_position and single.max_position_embeddings == 8192
+    for decode_tokens, exceeds in ((96, False), (97, True)):  # llama-2: 4096 positions
+        longer = analyze_inference("llama-2-7b", "h100-sxm", seq_len=4000, decode_tokens=decode_tokens)
+        assert longer.exceeds_max_position is exceeds
     assert not analyze_inference("llama-3.1-405b", "h100-sxm").fits_in_memory
 
 

@@ -186,7 +186,13 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
                 analysis.fits_in_memory,
             ]
         ],
-        caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}.",
+        caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}."
+        + (
+            f" Warning: {analysis.seq_len} + {analysis.decode_tokens} tokens exceed the model's "
+            f"{analysis.max_position_embeddings}-token context (max_position_embeddings)."
+            if analysis.exceeds_max_position
+            else ""
+        ),
         console=console,
     )
 

@@ -104,6 +104,8 @@ class InferenceAnalysis:
     memory_required_bytes: float  # weights + final KV cache (activations are comparatively small)
     gpu_memory_bytes: float
     fits_in_memory: bool
+    max_position_embeddings: int  # the model's trained context length
+    exceeds_max_position: bool  # seq_len + decode_tokens > max_position_embeddings (costs still computed)
 
 
 def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
@@ -396,6 +398,8 @@ def analyze_inference(
         memory_required_bytes=required,
         gpu_memory_bytes=spec.memory_capacity_bytes,
         fits_in_memory=required <= spec.memory_capacity_bytes,
+        max_position_embeddings=config.max_position_embeddings,
+        exceeds_max_position=seq_len + decode_tokens > config.max_position_embeddings,
     )
 
 
