@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import warnings
 
 import pytest
@@ -12,10 +11,7 @@ import cuda_llm_ops
 import llm_speed
 from llm_speed import helpers
 from llm_speed.attention.reference import reference_attention
-
-# The modules themselves (llm_speed.perf may export functions of the same names).
-gemm_shapes = importlib.import_module("llm_speed.perf.gemm_shapes")
-memory = importlib.import_module("llm_speed.perf.memory")
+from llm_speed.perf import gemm_tiling, memory
 
 
 def qkv(device, seq_q=16, seq_kv=None, heads_q=2, heads_kv=None, dtype=torch.float32):
@@ -30,7 +26,7 @@ def test_reexports_are_the_perf_functions():
     for module in (llm_speed, helpers):
         assert module.estimate_attention_memory is memory.estimate_attention_memory
         assert module.find_optimal_batch_size is memory.find_optimal_batch_size
-        assert module.pad_to_alignment is gemm_shapes.pad_to_alignment
+        assert module.pad_to_alignment is gemm_tiling.pad_to_alignment
     for name in ("AttentionMemoryPool", "optimal_attention", "safe_flash_attention"):
         assert getattr(llm_speed, name) is getattr(helpers, name)
         assert hasattr(cuda_llm_ops, name)

@@ -268,7 +268,7 @@ def test_load_hf_qwen2_sliding_window_layers(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "qwen2.5-7b", "deepseek-v3"])
-def test_gemm_shapes_agree_with_forward_flops(name):
+def test_gemm_tiling_agree_with_forward_flops(name):
     # 4096 tokens: DeepSeek's 256 experts get exactly 4096*8/256 = 128 tokens each, so balanced m is exact.
     config = get_model(name)
     shapes = gemm_shapes(config, 4096)
@@ -278,7 +278,7 @@ def test_gemm_shapes_agree_with_forward_flops(name):
     assert sum(shape.flops for shape in shapes) == weight_flops + lm_head
 
 
-def test_gemm_shapes_of_llama():
+def test_gemm_tiling_of_llama():
     shapes = {s.name: s for s in gemm_shapes(get_model("llama-3-8b"), 16, lm_head_tokens=2)}
     assert shapes["qkv"] == GemmShape("qkv", 16, (32 + 2 * 8) * 128, 4096, 32)
     assert shapes["gate_up"] == GemmShape("gate_up", 16, 2 * 14336, 4096, 32)

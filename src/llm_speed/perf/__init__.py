@@ -22,7 +22,7 @@ from llm_speed.perf.distributed import (
     train_memory,
     zero_communication_bytes,
 )
-from llm_speed.perf.gemm_shapes import (
+from llm_speed.perf.gemm_tiling import (
     check_alignment,
     gemm_hbm_traffic,
     pad_to_alignment,

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from llm_speed._output import dump_json, print_table
-from llm_speed.perf.gemm_shapes import wave_quantization
+from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
 from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram

@@ -63,7 +63,8 @@ def plot_roofline(
     xs = [low * (high / low) ** (i / steps) for i in range(steps + 1)]
     roof = [min(peak, bandwidth * x) for x in xs]
 
-    figure, axes = plt.subplots(figsize=(8, 5.5))
+    # The legend sits right of the axes so it never hides a point.
+    figure, axes = plt.subplots(figsize=(11, 5.5))
     axes.loglog(
         xs,
         [y / 1e12 for y in roof],
@@ -103,10 +104,10 @@ def plot_roofline(
     axes.set_ylabel("TFLOP/s")
     axes.set_title(title or f"Roofline: {spec.name}, {dtype_name}")
     axes.grid(True, which="both", linewidth=0.3)
-    axes.legend(fontsize=7, loc="lower right")
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(out, dpi=120)
+    figure.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return out

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from llm_speed.perf.gemm_shapes import (
+from llm_speed.perf.gemm_tiling import (
     check_alignment,
     gemm_hbm_traffic,
     pad_to_alignment,
