@@ -16,7 +16,7 @@ from llm_speed.attention.naive import naive_attention
 from llm_speed.attention.reference import causal_visible
 from llm_speed.attention.tiled import tiled_attention
 from llm_speed.attention.validation import validate_attention_inputs
-from llm_speed.perf.gemm_shapes import pad_to_alignment
+from llm_speed.perf.gemm_tiling import pad_to_alignment
 from llm_speed.perf.memory import estimate_attention_memory, find_optimal_batch_size
 
 __all__ = [
