@@ -2,12 +2,17 @@
 
 Run as a script (without TRITON_INTERPRET) by test_attention_compiles.py. For each dtype and padded head_dim
 it compiles the launchers' block configurations and prints one JSON line per kernel with the shared memory
-the compiled kernel needs, so the test can compare it with the GPU's limit.
+the compiled kernel needs, so the test can compare it with the GPU's limit, and the registers and per-thread
+stack (register spills) that ``cuobjdump -res-usage`` reports for the cubin.
 """
 
 import inspect
 import json
+import pathlib
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
@@ -34,6 +39,17 @@ def _signature(kernel, element, constexprs):
     return signature
 
 
+def _resource_usage(cubin: bytes) -> dict:
+    """Registers and stack bytes per thread of a cubin, read with the cuobjdump that ships with Triton."""
+    cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        report = subprocess.run([str(cuobjdump), "-res-usage", file.name], capture_output=True, text=True)
+    usage = dict(re.findall(r"\b(REG|STACK):(\d+)", report.stdout))
+    return {"registers": int(usage["REG"]), "stack_bytes": int(usage["STACK"])}
+
+
 def main(arch: int) -> None:
     target = GPUTarget("cuda", arch, 32)
     for dtype, element in POINTER_TYPES.items():
@@ -49,13 +65,13 @@ def main(arch: int) -> None:
             )
             fwd, bwd = launch.forward_config(block_d, dtype), launch.backward_config(block_d, dtype)
             jobs = [
-                (kernels._flash_fwd_kernel, fwd.block_m, fwd.block_n, fwd),
-                (kernels._tiled_fwd_kernel, fwd.block_m, fwd.block_n, fwd),
-                (kernels._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd),
-                (kernels._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd),
+                (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": False}),
+                (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True}),
+                (kernels._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd, {}),
+                (kernels._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd, {}),
             ]
-            for kernel, block_m, block_n, config in jobs:
-                constexprs = dict(common, BLOCK_M=block_m, BLOCK_N=block_n)
+            for kernel, block_m, block_n, config, switches in jobs:
+                constexprs = dict(common, **switches, BLOCK_M=block_m, BLOCK_N=block_n)
                 source = ASTSource(
                     fn=kernel, signature=_signature(kernel, element, constexprs), constexprs=constexprs
                 )
@@ -64,10 +80,11 @@ def main(arch: int) -> None:
                 print(
                     json.dumps(
                         {
-                            "kernel": kernel.fn.__name__,
+                            "kernel": kernel.fn.__name__ + ("_two_pass" if switches.get("TWO_PASS") else ""),
                             "dtype": element,
                             "block_d": block_d,
                             "shared_bytes": compiled.metadata.shared,
+                            **_resource_usage(compiled.asm["cubin"]),
                         }
                     ),
                     flush=True,

@@ -89,3 +89,26 @@ def test_naive_forward_backward_matches_float64(case, device):
     b, hq, hkv, sq, skv, d, causal, dtype = case
     q, k, v = make_qkv(b, hq, hkv, sq, skv, d, dtype, device)
     check_against_reference(naive_attention, q, k, v, is_causal=causal, dlse=True)
+
+
+# Small pinned blocks: many key and query blocks per head, so every split the kernels make is exercised —
+# skipped causal blocks, unmasked interior blocks, masked diagonal blocks, ragged last blocks — in the
+# forward, the dQ kernel (key blocks) and the dK/dV kernel (query blocks), with GQA.
+SMALL_BLOCK_CASES = [
+    (113, 129, True, F32),  # seq_q < seq_kv: the diagonal starts 16 keys in
+    (129, 47, True, F16),  # seq_q > seq_kv: 82 rows see no key
+    (80, 80, True, BF16),  # every block even, causal
+    (50, 77, False, F16),  # ragged both ways, not causal: only the last key block is masked
+]
+
+
+@pytest.mark.parametrize("seq_q, seq_kv, causal, dtype", SMALL_BLOCK_CASES)
+def test_masked_and_unmasked_blocks_with_small_blocks(seq_q, seq_kv, causal, dtype, device, monkeypatch):
+    small = launch.BlockConfig(16, 16, 4, 1)
+    monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: small)
+    monkeypatch.setattr(launch, "backward_config", lambda block_d, dtype: small)
+    q, k, v = make_qkv(1, 4, 2, seq_q, seq_kv, 40, dtype, device)
+    with expect_launches(*FORWARD_KERNELS, *BACKWARD_KERNELS, device=device):
+        check_against_reference(flash_attention, q, k, v, is_causal=causal, dlse=True)
+    with expect_launches(launch.KERNEL_TILED, device=device):
+        check_against_reference(tiled_attention, q, k, v, is_causal=causal, grads=False)

@@ -227,3 +227,40 @@ def test_zero_sizes(fn, batch, seq_q, seq_kv, device):
         assert (out == 0).all() and (lse == float("-inf")).all()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
+
+
+def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
+    # CUDA caps grid axis 1 at 65535: batch * heads must not live there (large-batch decode passes it).
+    grids = []
+    real_grid = launch._grid
+    monkeypatch.setattr(launch, "_grid", lambda *args: grids.append(args) or real_grid(*args))
+    q, k, v = make_qkv(3, 4, 2, 37, 21, 16, torch.float16, device)
+    run_with_grads(flash_attention, q, k, v, torch.randn(q.shape, dtype=q.dtype, device=device))
+    if not _runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    assert len(grids) == 4  # forward, backward preprocess, dK/dV, dQ
+    for n_rows, block, batch_heads in grids:
+        assert batch_heads in (3 * 4, 3 * 2) and n_rows in (37, 21)
+        assert real_grid(n_rows, block, batch_heads) == (-(-n_rows // block) * batch_heads,)
+
+
+@pytest.mark.parametrize("seq_q, seq_kv", [(70, 150), (150, 70), (64, 64)])
+def test_blockwise_builds_causal_masks_per_tile_only(seq_q, seq_kv, monkeypatch):
+    # The CPU path must not build the seq_q x seq_kv mask: each tile's mask equals its slice of the full one.
+    full = causal_visible(seq_q, seq_kv)
+    shapes = []
+    real = blockwise.tile_visible
+
+    def recorded(*args, **kwargs):
+        mask = real(*args, **kwargs)
+        shapes.append(mask.shape)
+        return mask
+
+    monkeypatch.setattr(blockwise, "tile_visible", recorded)
+    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    q, k, v = make_qkv(1, 2, 1, seq_q, seq_kv, 16, torch.float32, "cpu")
+    run_with_grads(flash_attention, q, k, v, torch.randn(q.shape), is_causal=True)
+    assert shapes and all(rows <= blockwise.BLOCK and cols <= blockwise.BLOCK for rows, cols in shapes)
+    for m0 in range(0, seq_q, 50):
+        rows, cols = slice(m0, min(m0 + 50, seq_q)), slice(3, min(90, seq_kv))
+        assert torch.equal(real(rows, cols, seq_q, seq_kv), full[rows, cols])

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from .reference import causal_visible
-
 BLOCK = 64  # rows per query or key block
 
 
@@ -20,12 +18,18 @@ def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
     return x.float().reshape(batch, heads_kv, heads // heads_kv, seq, dim)
 
 
+def tile_visible(rows: slice, cols: slice, seq_q: int, seq_kv: int, device=None) -> torch.Tensor:
+    """``causal_visible(seq_q, seq_kv)[rows, cols]`` built for the tile alone, never the whole matrix."""
+    row_ids = torch.arange(rows.start, rows.stop, device=device)[:, None]
+    col_ids = torch.arange(cols.start, cols.stop, device=device)[None, :]
+    return col_ids <= row_ids + (seq_kv - seq_q)
+
+
 def _scores(q_blk, k_blk, rows: slice, cols: slice, seq_q, seq_kv, is_causal, scale):
     """Scaled scores of one [rows, cols] tile, -inf where causally masked."""
     s = (q_blk @ k_blk.transpose(-1, -2)) * scale
     if is_causal:
-        visible = causal_visible(seq_q, seq_kv, q_blk.device)[rows, cols]
-        s = s.masked_fill(~visible, float("-inf"))
+        s = s.masked_fill(~tile_visible(rows, cols, seq_q, seq_kv, q_blk.device), float("-inf"))
     return s
 
 

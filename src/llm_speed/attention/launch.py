@@ -43,30 +43,35 @@ def _padded_head_dim(head_dim: int) -> int:
     return max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
 
 
+# Per padded head_dim (64 stands for 16..64): (block_m, block_n, num_warps, num_stages). 16-bit tiles use
+# tensor cores. float32 uses an IEEE product (no TF32), which Triton runs on FMA units with both operands in
+# registers: smaller tiles and 8 warps. Compiled for sm_90 with Triton 3.6, the 16-bit configurations and
+# float32 at head_dim <= 64 spill at most a few hundred bytes per thread; the earlier float32 head_dim-64
+# tiles (128 x 64, 4 warps) spilled 11-17 KB per thread.
+_FORWARD = {
+    torch.float16: {64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)},
+    torch.float32: {64: (64, 32, 8, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)},
+}
+_BACKWARD = {
+    torch.float16: {64: (64, 64, 4, 2), 128: (32, 64, 8, 2), 256: (32, 32, 8, 1)},
+    torch.float32: {64: (32, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 16, 8, 1)},
+}
+
+
+def _lookup(table: dict, block_d: int, dtype: torch.dtype) -> BlockConfig:
+    # bfloat16 tiles have the sizes of float16 ones.
+    by_dim = table[torch.float32 if dtype == torch.float32 else torch.float16]
+    return BlockConfig(*by_dim[max(64, block_d)])
+
+
 def forward_config(block_d: int, dtype: torch.dtype) -> BlockConfig:
     """Forward/dQ blocks: Q [BM, BD] stays on chip, K and V [BN, BD] tiles stream through."""
-    if block_d <= 64:
-        config = BlockConfig(128, 64, 4, 3)
-    elif block_d <= 128:
-        config = BlockConfig(128, 32, 8, 2)
-    else:  # 256: keep tiles small so Q + pipelined K/V fit shared memory
-        config = BlockConfig(64, 32, 8, 1)
-    if dtype == torch.float32 and block_d >= 128:  # 4-byte tiles: halve the query block
-        config = BlockConfig(config.block_m // 2, config.block_n, config.num_warps, 1)
-    return config
+    return _lookup(_FORWARD, block_d, dtype)
 
 
 def backward_config(block_d: int, dtype: torch.dtype) -> BlockConfig:
     """dK/dV blocks: K, V and the fp32 dK, dV accumulators [BN, BD] stay on chip; Q, dO [BM, BD] stream."""
-    if block_d <= 64:
-        config = BlockConfig(64, 64, 4, 2)
-    elif block_d <= 128:
-        config = BlockConfig(32, 64, 8, 2)
-    else:
-        config = BlockConfig(32, 32, 8, 1)
-    if dtype == torch.float32 and block_d >= 128:
-        config = BlockConfig(config.block_m, max(MIN_DOT_DIM, config.block_n // 2), config.num_warps, 1)
-    return config
+    return _lookup(_BACKWARD, block_d, dtype)
 
 
 def _dot_switches(dtype: torch.dtype) -> dict:
@@ -86,6 +91,12 @@ def _qk_scale_log2(scale: float) -> float:
     return scale * math.log2(math.e)
 
 
+def _grid(n_rows: int, block: int, batch_heads: int) -> tuple[int]:
+    """1-D grid: one program per block of rows of each (batch, head). The kernels split the program id back
+    (``kernels._block_and_head``); a second grid axis would cap batch * heads at 65535 on CUDA."""
+    return (triton.cdiv(n_rows, block) * batch_heads,)
+
+
 def forward(q, k, v, is_causal: bool, scale: float, two_pass: bool = False):
     """Launch the flash (or, with ``two_pass``, the tiled) forward. Returns (out contiguous, lse float32)."""
     _runtime.report_work("attention_fwd", q=q, k=k, is_causal=is_causal, two_pass=two_pass)
@@ -95,12 +106,11 @@ def forward(q, k, v, is_causal: bool, scale: float, two_pass: bool = False):
     lse = new_output((batch, heads_q, seq_q), torch.float32, q.device)
     block_d = _padded_head_dim(head_dim)
     config = forward_config(block_d, q.dtype)
-    grid = (triton.cdiv(seq_q, config.block_m), batch * heads_q)
-    kernel = kernels._tiled_fwd_kernel if two_pass else kernels._flash_fwd_kernel
-    kernel[grid](
+    kernels._attention_fwd_kernel[_grid(seq_q, config.block_m, batch * heads_q)](
         q, k, v, out, lse,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
         heads_q, heads_q // heads_kv, seq_q, seq_kv, head_dim, _qk_scale_log2(scale),
+        TWO_PASS=two_pass,
         IS_CAUSAL=is_causal,
         EVEN_M=seq_q % config.block_m == 0,
         EVEN_N=seq_kv % config.block_n == 0,
@@ -130,7 +140,7 @@ def backward(dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float):
 
     fwd_cfg = forward_config(block_d, q.dtype)
     delta = new_output((batch, heads_q, seq_q), torch.float32, q.device)
-    kernels._flash_bwd_preprocess_kernel[(triton.cdiv(seq_q, fwd_cfg.block_m), batch * heads_q)](
+    kernels._flash_bwd_preprocess_kernel[_grid(seq_q, fwd_cfg.block_m, batch * heads_q)](
         out, dout, dlse if dlse is not None else delta, delta,
         *_strides3(out), *_strides3(dout),
         heads_q, seq_q, head_dim,
@@ -142,7 +152,7 @@ def backward(dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float):
     dk = new_output((batch, heads_kv, seq_kv, head_dim), k.dtype, k.device)
     dv = new_output((batch, heads_kv, seq_kv, head_dim), v.dtype, v.device)
     cfg = backward_config(block_d, q.dtype)
-    kernels._flash_bwd_dkdv_kernel[(triton.cdiv(seq_kv, cfg.block_n), batch * heads_kv)](
+    kernels._flash_bwd_dkdv_kernel[_grid(seq_kv, cfg.block_n, batch * heads_kv)](
         q, k, v, dout, lse, delta, dk, dv,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
         heads_q, heads_kv, group, seq_q, seq_kv, head_dim, qk_scale_log2, scale,
@@ -155,7 +165,7 @@ def backward(dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float):
 
     dq = new_output((batch, heads_q, seq_q, head_dim), q.dtype, q.device)
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
-    kernels._flash_bwd_dq_kernel[(triton.cdiv(seq_q, cfg.block_n), batch * heads_q)](
+    kernels._flash_bwd_dq_kernel[_grid(seq_q, cfg.block_n, batch * heads_q)](
         q, k, v, dout, lse, delta, dq,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
         heads_q, group, seq_q, seq_kv, head_dim, qk_scale_log2, scale,
