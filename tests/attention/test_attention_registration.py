@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from attention_testing import make_qkv
+from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, expect_launches, make_qkv
 
 import llm_speed  # noqa: F401  (registers the llm_speed:: operators)
 from llm_speed import flash_attention
@@ -20,18 +20,21 @@ def test_opcheck_forward_and_backward_ops(is_causal, device):
     torch.library.opcheck(torch.ops.llm_speed.flash_attention_backward.default, args)
 
 
-def test_torch_compile_fullgraph_forward_and_backward(device):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_forward_and_backward(backend, device):
+    # aot_eager checks the capture alone; Inductor (the default backend) also plans the ops around ours.
     torch._dynamo.reset()
 
     def attention_loss(q, k, v):
         out, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
         return out.float().square().sum() + lse[torch.isfinite(lse)].sum()
 
-    compiled = torch.compile(attention_loss, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(attention_loss, fullgraph=True, backend=backend)
     q, k, v = make_qkv(1, 2, 2, 7, 5, 16, torch.float16, device)
     eager_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     compiled_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     attention_loss(*eager_leaves).backward()
-    compiled(*compiled_leaves).backward()
+    with expect_launches(*FORWARD_KERNELS, *BACKWARD_KERNELS, device=device):
+        compiled(*compiled_leaves).backward()
     for a, b in zip(eager_leaves, compiled_leaves, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

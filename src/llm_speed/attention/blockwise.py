@@ -1,7 +1,8 @@
 """The algorithms of kernels.py written blockwise in PyTorch, for CPU tensors without the interpreter.
 
-Same blocks, same skipping of fully masked causal blocks, same float32 statistics and the same rule for rows
-that see no key; vectorised over batch and heads, looping over query and key blocks. Memory stays
+Blocks of BLOCK rows (the kernels' sizes vary with head_dim; the results agree to rounding), the same
+skipping of fully masked causal blocks, float32 statistics and the same rule for rows that see no key;
+vectorised over batch and heads, looping over query and key blocks. Memory, causal masks included, stays
 O(block * block) per head, never O(seq_q * seq_kv).
 """
 
