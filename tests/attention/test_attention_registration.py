@@ -1,11 +1,13 @@
-"""torch.library registration: opcheck (schema, fake tensors, autograd registration) and torch.compile."""
+"""torch.library registration: opcheck (schema, fake tensors, autograd registration) and torch.compile,
+for the flash operators and the tiled forward operator."""
 
 import pytest
 import torch
 from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, expect_launches, make_qkv
 
 import llm_speed  # noqa: F401  (registers the llm_speed:: operators)
-from llm_speed import flash_attention
+from llm_speed import flash_attention, tiled_attention
+from llm_speed.attention import launch
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -14,6 +16,7 @@ def test_opcheck_forward_and_backward_ops(is_causal, device):
     for t in (q, k, v):
         t.requires_grad_()
     torch.library.opcheck(torch.ops.llm_speed.flash_attention_forward.default, (q, k, v, is_causal, 0.3))
+    torch.library.opcheck(torch.ops.llm_speed.tiled_attention_forward.default, (q, k, v, is_causal, 0.3))
     out, lse = torch.ops.llm_speed.flash_attention_forward(q.detach(), k.detach(), v.detach(), is_causal, 0.3)
     dout, dlse = torch.randn_like(out), torch.randn_like(lse)
     args = (dout, q.detach(), k.detach(), v.detach(), out, lse, dlse, is_causal, 0.3)
@@ -35,6 +38,23 @@ def test_torch_compile_fullgraph_forward_and_backward(backend, device):
     compiled_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     attention_loss(*eager_leaves).backward()
     with expect_launches(*FORWARD_KERNELS, *BACKWARD_KERNELS, device=device):
+        compiled(*compiled_leaves).backward()
+    for a, b in zip(eager_leaves, compiled_leaves, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_torch_compile_fullgraph_tiled_attention(device):
+    torch._dynamo.reset()
+
+    def attention_loss(q, k, v):
+        return tiled_attention(q, k, v, is_causal=True).float().square().sum()
+
+    compiled = torch.compile(attention_loss, fullgraph=True, backend="aot_eager")
+    q, k, v = make_qkv(1, 2, 1, 9, 6, 16, torch.bfloat16, device)
+    eager_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attention_loss(*eager_leaves).backward()
+    with expect_launches(launch.KERNEL_TILED, *BACKWARD_KERNELS, device=device):
         compiled(*compiled_leaves).backward()
     for a, b in zip(eager_leaves, compiled_leaves, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

@@ -3,6 +3,7 @@
 The operators ``llm_speed::flash_attention_forward`` and ``llm_speed::flash_attention_backward`` are
 registered with ``torch.library.custom_op``, each with a fake (meta) implementation, and the forward with
 ``register_autograd``: ``torch.compile(fullgraph=True)`` captures them and ``torch.library.opcheck`` passes.
+``tiled.py`` registers its forward the same way, reusing the fake, the autograd and the backward here.
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-@torch.library.custom_op("llm_speed::flash_attention_forward", mutates_args=())
-def _forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_impl(q, k, v, is_causal: bool, scale: float, two_pass: bool = False):
+    """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, on whatever runs on q's device."""
     batch, heads_q, seq_q, head_dim = q.shape
     seq_kv = k.shape[2]
     if batch == 0 or seq_q == 0 or seq_kv == 0:
@@ -34,13 +33,21 @@ def _forward_op(
         lse = torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
         return out, lse
     if _runtime.triton_runs_on(q.device):
-        return launch.forward(q, k, v, is_causal, scale)
-    out, lse = blockwise.flash_forward_blockwise(q, k, v, is_causal, scale)
+        return launch.forward(q, k, v, is_causal, scale, two_pass=two_pass)
+    out, lse = blockwise.flash_forward_blockwise(q, k, v, is_causal, scale, two_pass=two_pass)
     return out.contiguous(), lse.contiguous()
 
 
+@torch.library.custom_op("llm_speed::flash_attention_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(q, k, v, is_causal, scale)
+
+
 @_forward_op.register_fake
-def _forward_fake(q, k, v, is_causal, scale):
+def forward_fake(q, k, v, is_causal, scale):
+    """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
     batch, heads_q, seq_q, _ = q.shape
     return _empty_like_shape(q, q.shape), _empty_like_shape(q, (batch, heads_q, seq_q), torch.float32)
 
@@ -73,7 +80,8 @@ def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale):
     return (_empty_like_shape(q, q.shape), _empty_like_shape(k, k.shape), _empty_like_shape(v, v.shape))
 
 
-def _setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output):
+    """Save what the backward recomputes from; shared with the tiled forward operator."""
     q, k, v, is_causal, scale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
@@ -81,7 +89,8 @@ def _setup_context(ctx, inputs, output):
     ctx.scale = scale
 
 
-def _backward(ctx, dout, dlse):
+def backward(ctx, dout, dlse):
+    """Gradients for (q, k, v) through the flash backward operator; shared with the tiled forward operator."""
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
@@ -89,7 +98,7 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_forward_op.register_autograd(backward, setup_context=setup_context)
 
 
 def flash_attention(

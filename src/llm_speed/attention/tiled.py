@@ -4,38 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from . import blockwise, launch
+from . import flash
 from .validation import prepare_attention_inputs
 
 
-def _tiled_forward(q, k, v, is_causal: bool, scale: float):
-    batch, heads_q, seq_q, head_dim = q.shape
-    if batch == 0 or seq_q == 0 or k.shape[2] == 0:
-        out = torch.zeros((batch, heads_q, seq_q, head_dim), dtype=q.dtype, device=q.device)
-        return out, torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
-    if _runtime.triton_runs_on(q.device):
-        return launch.forward(q, k, v, is_causal, scale, two_pass=True)
-    return blockwise.flash_forward_blockwise(q, k, v, is_causal, scale, two_pass=True)
+@torch.library.custom_op("llm_speed::tiled_attention_forward", mutates_args=())
+def _tiled_forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash.forward_impl(q, k, v, is_causal, scale, two_pass=True)
 
 
-class _TiledAttention(torch.autograd.Function):
-    """Tiled forward; the backward is FlashAttention's (it needs only Q, K, V, O and the LSE)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        out, lse = _tiled_forward(q, k, v, is_causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.ops.llm_speed.flash_attention_backward(
-            dout, q, k, v, out, lse, dlse, ctx.is_causal, ctx.scale
-        )
-        return dq, dk, dv, None, None
+# Same outputs as the flash forward, and the same backward: it needs only Q, K, V, O and the LSE.
+_tiled_forward_op.register_fake(flash.forward_fake)
+_tiled_forward_op.register_autograd(flash.backward, setup_context=flash.setup_context)
 
 
 def tiled_attention(
@@ -61,8 +43,9 @@ def tiled_attention(
 
     Autograd: the backward is FlashAttention's backward kernels (they recompute from Q, K, V, O, LSE).
     CPU tensors run the Triton kernel under the interpreter, otherwise the same two-pass algorithm blockwise
-    in PyTorch. Not registered as a torch.library op: torch.compile treats it as an autograd.Function.
+    in PyTorch. Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
+    implementation and autograd included), so ``torch.compile(fullgraph=True)`` captures it.
     """
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _TiledAttention.apply(q, k, v, bool(is_causal), scale)
+    out, lse = _tiled_forward_op(q, k, v, bool(is_causal), scale)
     return (out, lse) if return_lse else out
