@@ -17,6 +17,7 @@ from attention_testing import (
 from llm_speed import _runtime, flash_attention, naive_attention, tiled_attention
 from llm_speed.attention import blockwise, launch
 from llm_speed.attention.reference import causal_visible, reference_attention
+from llm_speed.attention.validation import prepare_attention_inputs
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
 
@@ -264,3 +265,17 @@ def test_blockwise_builds_causal_masks_per_tile_only(seq_q, seq_kv, monkeypatch)
     for m0 in range(0, seq_q, 50):
         rows, cols = slice(m0, min(m0 + 50, seq_q)), slice(3, min(90, seq_kv))
         assert torch.equal(real(rows, cols, seq_q, seq_kv), full[rows, cols])
+
+
+def test_strided_views_are_read_in_place_without_a_copy():
+    # A [B, S, H, D] tensor viewed as [B, H, S, D], and K/V sliced from a packed buffer, reach the kernels as
+    # they are (same memory, same strides); only a non-contiguous last dim is copied.
+    bshd = torch.randn(2, 9, 4, 16)
+    packed = torch.randn(2, 9, 3, 2, 16)
+    q, k, v = bshd.transpose(1, 2), packed[:, :, 1].transpose(1, 2), packed[:, :, 2].transpose(1, 2)
+    prepared = prepare_attention_inputs(q, k, v, None)[:3]
+    for original, ready in zip((q, k, v), prepared, strict=True):
+        assert ready.data_ptr() == original.data_ptr() and ready.stride() == original.stride()
+    strided_last = torch.randn(1, 2, 5, 32)[..., ::2]
+    copied = prepare_attention_inputs(strided_last, strided_last, strided_last, None)[0]
+    assert copied.stride(-1) == 1 and torch.equal(copied, strided_last)
