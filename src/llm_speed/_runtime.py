@@ -8,6 +8,7 @@ the kernels really are: setting the variable after ``import llm_speed`` changes 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,14 @@ def triton_runs_on(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return INTERPRETED and device.type == "cpu"
+
+
+def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches on the *current* CUDA device: make it ``tensor``'s for the launch (a tensor on cuda:1
+    while cuda:0 is current would otherwise be read by a kernel on the wrong GPU). No-op off CUDA."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
 
 
 def record_launch(kernel_name: str) -> None:

@@ -33,7 +33,8 @@ def forward_impl(q, k, v, is_causal: bool, scale: float, two_pass: bool = False)
         lse = torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
         return out, lse
     if _runtime.triton_runs_on(q.device):
-        return launch.forward(q, k, v, is_causal, scale, two_pass=two_pass)
+        with _runtime.on_device_of(q):
+            return launch.forward(q, k, v, is_causal, scale, two_pass=two_pass)
     out, lse = blockwise.flash_forward_blockwise(q, k, v, is_causal, scale, two_pass=two_pass)
     return out.contiguous(), lse.contiguous()
 
@@ -70,7 +71,8 @@ def _backward_op(
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if _runtime.triton_runs_on(q.device):
-        return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, is_causal, scale)
+        with _runtime.on_device_of(q):
+            return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, is_causal, scale)
     dq, dk, dv = blockwise.flash_backward_blockwise(dout, q, k, v, out, lse, dlse, is_causal, scale)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 

@@ -13,7 +13,6 @@ fp32 inputs use TF32 tensor cores only when PyTorch allows TF32 for ``torch.matm
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -204,9 +203,7 @@ def launch_gemm(
     path = path or _choose_path(op_a, op_b)
     if path not in PATHS:
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
-    # Triton launches on the current CUDA device: make it the tensors' (e.g. cuda:1 while cuda:0 is current).
-    on_device = torch.cuda.device(out.device) if out.device.type == "cuda" else contextlib.nullcontext()
-    with on_device:
+    with _runtime.on_device_of(out):
         _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path)
     return out
 

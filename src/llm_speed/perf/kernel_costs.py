@@ -148,7 +148,9 @@ def attention_cost(
 
 # Matmuls each implementation executes, as multiples of the forward's two (QK^T, PV).
 _EXECUTED_FORWARD_MATMULS = {"flash": 2, "tiled": 3, "naive": 2}  # tiled: QK^T in both passes
-_EXECUTED_BACKWARD_MATMULS = {"flash": 5, "tiled": 5, "naive": 4}  # naive keeps P: no QK^T recompute
+# flash/tiled: the dK/dV kernel runs S, dP, dV, dK and the separate dQ kernel recomputes S and dP before dQ
+# (the price of a backward without atomics); naive keeps P, so no QK^T recompute.
+_EXECUTED_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
 
 
 def attention_hardware_flops(
@@ -165,8 +167,9 @@ def attention_hardware_flops(
     """Matmul FLOPs an implementation actually executes (for HFU), against :func:`attention_cost`'s model
     FLOPs (for MFU). Each (Q, K) or (P, V) matmul over the visible pairs costs 2 * batch * heads_q * head_dim
     * visible_pairs. Forward: flash and naive run 2 matmuls, tiled 3 (its second pass recomputes QK^T: 1.5x).
-    Backward: flash and tiled run 5 (S = QK^T recomputed, dV, dP, dQ, dK: the model count), naive 4 (P was
-    kept: 2x the forward instead of 2.5x). Masked-out work inside partially visible tiles is not counted; it
+    Backward: flash and tiled run 7 (the model counts 5: S, dP, dV, dK, dQ; llm-speed's atomic-free backward
+    recomputes S and dP once more in its separate dQ kernel: 3.5x the forward), naive 4 (P was kept: 2x the
+    forward instead of 2.5x). Masked-out work inside partially visible tiles is not counted; it
     depends on the tile size."""
     batch, heads_q, seq_q, seq_kv, head_dim, _ = attention_shape(
         batch, heads_q, seq_q, seq_kv, head_dim, None
