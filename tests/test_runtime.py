@@ -26,3 +26,11 @@ def test_launch_counts_accumulate_per_kernel_name():
     _runtime.record_launch("test-kernel")
     assert _runtime.launch_count("test-kernel") == before + 2
     assert _runtime.launch_count("never-launched") == 0
+
+
+def test_launch_counts_is_a_copy_whose_difference_shows_what_ran():
+    before = _runtime.launch_counts()
+    _runtime.record_launch("test-kernel-2")
+    assert _runtime.launch_counts() - before == {"test-kernel-2": 1}
+    before["test-kernel-2"] += 5  # changing the copy leaves the real counts alone
+    assert _runtime.launch_count("test-kernel-2") == 1

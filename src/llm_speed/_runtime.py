@@ -49,6 +49,11 @@ def launch_count(kernel_name: str) -> int:
     return _launches[kernel_name]
 
 
+def launch_counts() -> collections.Counter[str]:
+    """A copy of every kernel's launch count; subtract two copies to see what ran in between."""
+    return collections.Counter(_launches)
+
+
 # Who wants to hear about the work each Triton launcher is asked to do (the profiler registers one, see
 # llm_speed.profiler); launchers call report_work once per call, which costs a loop over an empty list
 # when nobody listens.

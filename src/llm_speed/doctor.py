@@ -8,7 +8,6 @@ kernel ran or a PyTorch fallback did.
 from __future__ import annotations
 
 import argparse
-import collections
 import platform
 import warnings
 from collections.abc import Callable
@@ -132,8 +131,7 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
     PyTorch implementation when no Triton kernel was launched."""
     result = {}
     for op, probe in _probes(device).items():
-        # The launch counter is private to _runtime; copying it is the one way to see every kernel name.
-        before = collections.Counter(_runtime._launches)
+        before = _runtime.launch_counts()
         try:
             probe()
         except Exception as error:  # a failing op is reported, and the others still checked
@@ -142,7 +140,7 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
                 "kernels": [],
             }
             continue
-        launched = sorted((collections.Counter(_runtime._launches) - before).keys())
+        launched = sorted((_runtime.launch_counts() - before).keys())
         if not launched and op in PLAIN_PYTORCH_OPS:
             runs = "PyTorch (plain ops, by design)"
         elif not launched:
