@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -85,3 +86,30 @@ def print_table(
         if not console.is_terminal:
             console = Console(width=NON_TERMINAL_WIDTH)
     console.print(table)
+
+
+def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool = False) -> Path:
+    """Check an output path before any work starts, so a long run never ends by losing its results.
+
+    One rule for every file a command writes: a missing parent folder is created only when it lies inside
+    the current working directory (or ``create_parents`` asks for it); anywhere else it is an error naming
+    ``argument``. A path that is an existing folder, or whose folder cannot be written, is an error too.
+    Returns the path, resolved.
+    """
+    out = Path(path).expanduser().resolve()
+    if out.is_dir():
+        raise ValueError(f"{argument}: {path} is a folder; give a file name")
+    parent = out.parent
+    if not parent.exists():
+        cwd = Path.cwd().resolve()
+        if not (create_parents or parent.is_relative_to(cwd)):
+            raise ValueError(
+                f"{argument}: folder {parent} does not exist (folders are created only inside the current "
+                "directory); create it first or choose another path"
+            )
+        parent.mkdir(parents=True, exist_ok=True)
+    elif not parent.is_dir():
+        raise ValueError(f"{argument}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{argument}: folder {parent} is not writable")
+    return out
