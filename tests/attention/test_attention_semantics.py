@@ -1,6 +1,7 @@
 """Semantics beyond accuracy: masks, rows with no key, strides, padding, magnitudes, metamorphic properties,
 determinism, dispatch, zero sizes. Shapes are small: the kernels run through the Triton interpreter on CPU."""
 
+import numpy as np
 import pytest
 import torch
 from attention_testing import (
@@ -279,3 +280,33 @@ def test_strided_views_are_read_in_place_without_a_copy():
     strided_last = torch.randn(1, 2, 5, 32)[..., ::2]
     copied = prepare_attention_inputs(strided_last, strided_last, strided_last, None)[0]
     assert copied.stride(-1) == 1 and torch.equal(copied, strided_last)
+
+
+def test_window_mask_is_bottom_right_aligned_and_causal_forces_right_zero():
+    from llm_speed.attention.reference import visible
+
+    # seq_q 2, seq_kv 5: query 0 sits at key position 3, query 1 at 4.
+    mask = visible(2, 5, window=(1, 0))
+    assert mask.tolist() == [[False, False, True, True, False], [False, False, False, True, True]]
+    assert torch.equal(visible(2, 5, is_causal=True, window=(None, 3)), causal_visible(2, 5))
+    assert torch.equal(visible(2, 5, is_causal=True, window=(1, 7)), mask)
+    assert visible(3, 3, window=(None, None)).all()
+    assert visible(3, 3, window=(0, 0)).equal(torch.eye(3, dtype=torch.bool))
+
+
+def test_window_and_softcap_checks_name_the_argument():
+    from llm_speed.attention.validation import check_softcap, check_window
+
+    assert check_window([np.int64(3), None]) == (3, None)
+    for bad, error in (
+        ((1,), TypeError),
+        ((-1, 0), ValueError),
+        ((1.5, 0), TypeError),
+        ((True, 0), TypeError),
+    ):
+        with pytest.raises(error, match="window"):
+            check_window(bad)
+    assert check_softcap(30) == 30.0
+    for bad, error in ((0.0, ValueError), (float("inf"), ValueError), ("30", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="softcap"):
+            check_softcap(bad)

@@ -75,3 +75,36 @@ def prepare_attention_inputs(
         raise ValueError(f"scale must be finite, got {scale}")
     q, k, v = (t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in (q, k, v))
     return q, k, v, float(scale)
+
+
+def check_window(window) -> tuple[int | None, int | None] | None:
+    """``window``: None, or ``(left, right)`` with each an int >= 0 or None (unbounded on that side).
+
+    Returns it as a tuple of plain ints / None (NumPy integers accepted); anything else is a clear error.
+    """
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right), got {window!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window, strict=True):
+        if side is None:
+            sides.append(None)
+            continue
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window {name} must be an int >= 0 or None, got {type(side).__name__}")
+        if side < 0:
+            raise ValueError(f"window {name} must be >= 0 or None, got {side}")
+        sides.append(int(side))
+    return sides[0], sides[1]
+
+
+def check_softcap(softcap) -> float | None:
+    """``softcap``: None or a finite real number > 0; returned as a float."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap}")
+    return float(softcap)
