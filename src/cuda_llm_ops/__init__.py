@@ -17,7 +17,6 @@ import torch
 
 import llm_speed
 from llm_speed import helpers as _helpers
-from llm_speed import profiler as _profiler
 from llm_speed.attention import flash as _flash
 from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
@@ -91,9 +90,7 @@ def _scale_or_default(scale: Any) -> Any:
 def _attention(kernel: Callable, impl: str, q, k, v, scale, is_causal) -> torch.Tensor:
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    out = kernel(q, k, v, is_causal=is_causal, scale=_scale_or_default(scale))
-    _profiler.record_attention_call(f"{impl}_attention", q, k, is_causal=is_causal, impl=impl)
-    return out
+    return kernel(q, k, v, is_causal=is_causal, scale=_scale_or_default(scale))
 
 
 @_old_errors
@@ -132,13 +129,6 @@ def _no_beta(beta: Any, function_name: str) -> None:
         )
 
 
-def _record_gemm(name: str, shape, a: torch.Tensor, out: torch.Tensor) -> None:
-    _profiler.record_gemm_call(
-        name, shape.m, shape.n, shape.k, dtype=a.dtype, out_dtype=out.dtype, device=a.device,
-        batch=shape.batch or 1,
-    )
-
-
 @_old_errors
 def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
          trans_b: bool = False) -> torch.Tensor:
@@ -148,33 +138,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
     "currently unused"); for ``beta * c`` call ``llm_speed.gemm`` with ``c=``.
     """
     _no_beta(beta, "gemm")
-    shape = _validate_gemm_inputs(a, b, trans_a, trans_b)
-    out = _gemm_ops.gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
-    _record_gemm("gemm", shape, a, out)
-    return out
+    _validate_gemm_inputs(a, b, trans_a, trans_b)
+    return _gemm_ops.gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
 
 
 @_old_errors
 def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
     """``alpha * a @ b`` for float16 (or bfloat16) a and b, returned in float32; ``beta`` must be 0."""
     _no_beta(beta, "tensor_core_gemm")
-    out = _gemm_ops.tensor_core_gemm(a, b, alpha=alpha)
-    _record_gemm("tensor_core_gemm", _validate_gemm_inputs(a, b), a, out)
-    return out
+    return _gemm_ops.tensor_core_gemm(a, b, alpha=alpha)
 
 
 @_old_errors
 def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for int8 a and b, exact, returned in int32 (:func:`llm_speed.tensor_core_gemm_int8`)."""
-    out = _gemm_ops.tensor_core_gemm_int8(a, b)
-    if out.numel():
-        k = a.shape[-1]
-        batch = out.shape[0] if out.dim() == 3 else 1
-        _profiler.record_gemm_call(
-            "tensor_core_gemm_int8", out.shape[-2], out.shape[-1], k, dtype=a.dtype, out_dtype=out.dtype,
-            device=a.device, batch=batch,
-        )
-    return out
+    return _gemm_ops.tensor_core_gemm_int8(a, b)
 
 
 @_old_errors

@@ -1,44 +1,57 @@
 """llm-speed: fast LLM kernels in Triton, a performance model that explains them, and benchmarks.
 
-Importing the package never touches a GPU.
+Importing the package never touches a GPU, and imports nothing heavy: each public name is loaded from its
+module on first use (PEP 562 ``__getattr__``), so ``llm-speed gpus`` and the other model commands start
+without importing torch. ``from llm_speed import flash_attention`` works as usual.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from llm_speed import profiler
-from llm_speed.attention import flash_attention, naive_attention, tiled_attention, validate_attention_inputs
-from llm_speed.helpers import AttentionMemoryPool, optimal_attention, pad_to_alignment, safe_flash_attention
-from llm_speed.matmul import gemm, tensor_core_gemm, tensor_core_gemm_int8, validate_gemm_inputs
-from llm_speed.perf.memory import (
-    analyze_memory_hierarchy,
-    calculate_attention_vram,
-    calculate_flash_attention_vram,
-    estimate_attention_memory,
-    find_optimal_batch_size,
-)
+# Public name -> the module that defines it.
+_EXPORTS = {
+    # attention kernels
+    "flash_attention": "llm_speed.attention",
+    "naive_attention": "llm_speed.attention",
+    "tiled_attention": "llm_speed.attention",
+    "validate_attention_inputs": "llm_speed.attention",
+    # GEMM kernels
+    "gemm": "llm_speed.matmul",
+    "tensor_core_gemm": "llm_speed.matmul",
+    "tensor_core_gemm_int8": "llm_speed.matmul",
+    "validate_gemm_inputs": "llm_speed.matmul",
+    # memory helpers of the analytic model
+    "analyze_memory_hierarchy": "llm_speed.perf.memory",
+    "calculate_attention_vram": "llm_speed.perf.memory",
+    "calculate_flash_attention_vram": "llm_speed.perf.memory",
+    "estimate_attention_memory": "llm_speed.perf.memory",
+    "find_optimal_batch_size": "llm_speed.perf.memory",
+    # kernel choice, out-of-memory fallback, buffer pool
+    "AttentionMemoryPool": "llm_speed.helpers",
+    "optimal_attention": "llm_speed.helpers",
+    "pad_to_alignment": "llm_speed.helpers",
+    "safe_flash_attention": "llm_speed.helpers",
+}
+# Sub-modules reachable as attributes without an explicit import (``llm_speed.profiler.CUDAProfiler``).
+_SUBMODULES = ("profiler", "ops")
 
-__all__ = [
-    "__version__",
-    # attention kernels (llm_speed.attention)
-    "flash_attention",
-    "naive_attention",
-    "tiled_attention",
-    "validate_attention_inputs",
-    # GEMM kernels (llm_speed.matmul)
-    "gemm",
-    "tensor_core_gemm",
-    "tensor_core_gemm_int8",
-    "validate_gemm_inputs",
-    # seed 000 / 002 memory helpers (llm_speed.perf.memory)
-    "analyze_memory_hierarchy",
-    "calculate_attention_vram",
-    "calculate_flash_attention_vram",
-    "estimate_attention_memory",
-    "find_optimal_batch_size",
-    # seed 002 helpers (llm_speed.helpers) and the profiler
-    "AttentionMemoryPool",
-    "optimal_attention",
-    "pad_to_alignment",
-    "safe_flash_attention",
-    "profiler",
-]
+__all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"llm_speed.{name}")
+    else:
+        raise AttributeError(f"module 'llm_speed' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -71,3 +71,24 @@ def report_work(op: str, **problem: Any) -> None:
     ``problem`` (its tensors and flags), so a profiler can count FLOPs and bytes of calls made directly."""
     for observer in _work_observers:
         observer(op, problem)
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to run on: the given one, else the current CUDA device when there is one, else the CPU.
+
+    ``cuda`` without an index is pinned to the current CUDA device (what Triton launches on). Asking for
+    CUDA where none is visible raises ValueError naming the device argument.
+    """
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "device: cuda was requested but no CUDA device is visible; use cpu (--device cpu)"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -1,40 +1,98 @@
-"""The ``llm-speed`` command. Each area registers its own sub-commands; this file only assembles them."""
+"""The ``llm-speed`` command: a switchboard. Each command module registers its own sub-commands with
+``register(subparsers)`` (``set_defaults(func=...)``; ``func(args)`` returns the exit code); this file only
+imports them and assembles the parser. Shared pieces (``--device``, argument types, the console) live in
+:mod:`llm_speed._cli`, below every command module.
+
+Command modules import torch only inside the commands that run kernels, so the model commands (``gpus``,
+``models``, ``analyze``, ...) start without it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import difflib
+import re
 import sys
 
-# Each module defines ``register(subparsers)`` which adds its commands with ``set_defaults(func=...)``;
-# ``func(args)`` returns the process exit code.
-COMMAND_MODULES: tuple[str, ...] = (
-    "llm_speed.bench.cli",
-    "llm_speed.perf.cli_models",
-    "llm_speed.perf.cli_hardware",
+from llm_speed import __version__, doctor
+from llm_speed.bench import cli as bench_cli
+from llm_speed.demo import register as register_demo
+from llm_speed.perf import cli_hardware, cli_models
+
+# In the order they appear in ``llm-speed --help``.
+REGISTRARS = (
+    bench_cli.register,
+    doctor.register,
+    register_demo,
+    cli_models.register,
+    cli_hardware.register,
 )
+
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors suggest the closest option or sub-command for a typo
+    (``--casual`` -> "did you mean --causal?")."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if "did you mean" not in message and "maybe you meant" not in message:
+            message += _suggestion(self, message)
+        super().error(message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of ``parser`` and of all its sub-commands, recursively."""
+    found: list[str] = []
+    for action in parser._actions:
+        found.extend(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_option_strings(sub))
+    return found
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """`` (did you mean X?)`` for the first unknown word close to a known one, else ''."""
+    unknown = _UNRECOGNIZED.search(message)
+    if unknown:
+        options = sorted(set(_option_strings(parser)))
+        for word in unknown.group(1).split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+    invalid = _INVALID_CHOICE.search(message)
+    if invalid:
+        choices = [choice.strip().strip("'") for choice in invalid.group(2).split(",")]
+        close = difflib.get_close_matches(invalid.group(1), choices, n=1)
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="llm-speed",
         description="Fast LLM kernels in Triton, the performance model that explains them, and benchmarks.",
     )
+    parser.add_argument("--version", action="version", version=f"llm-speed {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    for register in REGISTRARS:
+        register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, KeyError) as error:
-        # Bad input reaches the user as one readable line, not a traceback.
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"llm-speed {args.command}: error: {message}", file=sys.stderr)
+    except ValueError as error:
+        # Bad input, rejected where it is validated (always a ValueError naming the argument), reaches the
+        # user as one readable line; any other exception is a bug and keeps its traceback.
+        print(f"llm-speed {args.command}: error: {error}", file=sys.stderr)
         return 2
 
 

@@ -8,15 +8,18 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from rich.console import Console
-
+from llm_speed import _cli
 from llm_speed._output import dump_json
-from llm_speed.bench import attention as attention_bench
-from llm_speed.bench import gemm as gemm_bench
-from llm_speed.bench import report
+
+if TYPE_CHECKING:  # torch and the benchmarks are imported when the demo runs, not when the parser is built
+    import torch
+    from rich.console import Console
+
+    from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import gemm as gemm_bench
+    from llm_speed.bench import report
 
 DEFAULT_MODEL = "llama-3-8b"
 FALLBACK_GPU = "h100-sxm"  # analysed when no GPU is detected
@@ -31,7 +34,7 @@ CPU_WARMUP = 2
 CPU_ITERATIONS = 10
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Register ``llm-speed demo``."""
     parser = subparsers.add_parser("demo", help="model analysis, a short benchmark and a roofline plot")
     parser.add_argument(
@@ -42,12 +45,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"zoo model to analyse (default {DEFAULT_MODEL})"
     )
-    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    _cli.add_device_argument(parser)
     parser.set_defaults(func=run_demo_command)
 
 
 def attention_settings(device: torch.device, model_id: str) -> attention_bench.AttentionSettings:
     """The model's own attention shape on a GPU (heads, kv heads, head dim); a small GQA shape on a CPU."""
+    from llm_speed.bench import attention as attention_bench
     from llm_speed.perf.models import get_model
 
     if device.type == "cuda":
@@ -70,6 +74,8 @@ def _repetitions(device: torch.device) -> dict[str, int]:
 
 def gemm_settings(device: torch.device, model_id: str) -> gemm_bench.GemmSettings:
     """The model's weight GEMMs (nn.Linear layout, NT) on a GPU; two small square GEMMs on a CPU."""
+    from llm_speed.bench import gemm as gemm_bench
+
     if device.type == "cuda":
         cases = gemm_bench.model_cases(model_id, GPU_GEMM_TOKENS)
         workload = {"cases": cases, "dtype": "bf16", "model": model_id, "tokens": GPU_GEMM_TOKENS}
@@ -85,6 +91,8 @@ def gemm_settings(device: torch.device, model_id: str) -> gemm_bench.GemmSetting
 def _compact_table(
     title: str, rows: Sequence[report.Measurement], device: torch.device, console: Console
 ) -> None:
+    from llm_speed.bench import report
+
     columns = [
         "shape",
         "impl",
@@ -137,6 +145,11 @@ def _takeaways(attention_rows, gemm_rows, device: torch.device) -> list[str]:
 
 def run_demo(output_dir: str | Path, model_id: str, device: torch.device, console: Console) -> dict[str, Any]:
     """Run the four demo steps, print them, write ``roofline.png`` and ``demo.json``; returns the JSON."""
+    import torch
+
+    from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import gemm as gemm_bench
+    from llm_speed.bench import report
     from llm_speed.bench.cli import plot_rows
     from llm_speed.perf.cli_models import print_inference_analysis
     from llm_speed.perf.gpus import detect_gpu
@@ -208,7 +221,5 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """``llm-speed demo``."""
-    from llm_speed.bench.cli import resolve_device
-
-    run_demo(args.output_dir, args.model, resolve_device(args.device), report.output_console())
+    run_demo(args.output_dir, args.model, _cli.resolve_device(args.device), _cli.console())
     return 0

@@ -1,37 +1,37 @@
 """``llm-speed doctor``: what this machine has and what llm-speed will run on it.
 
-Every answer comes from trying: the SDPA backends are each run once on a tiny input, and each llm-speed op is
-called once on a tiny input while the Triton launch counters (``llm_speed._runtime``) show whether a Triton
-kernel ran or a PyTorch fallback did.
+Every answer comes from trying: the SDPA backends are each run once on a tiny input, and each op of the op
+table (:mod:`llm_speed.ops`) that has a probe is called once on a tiny input while the Triton launch counters
+(``llm_speed._runtime``) show whether a Triton kernel ran or a PyTorch fallback did. The command exits 1 when
+any probe fails, so a CI job can run it as a smoke test.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import warnings
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from rich.console import Console
+from llm_speed import _cli, ops
 
-from llm_speed import __version__, _runtime
+if TYPE_CHECKING:  # torch is imported when the command runs, not when the parser is built
+    import torch
+    from rich.console import Console
 
-# Tiny shapes: enough to launch every kernel once, cheap even in Triton's interpreter.
-_PROBE_SEQ = 16
-_PROBE_HEAD_DIM = 16
-_PROBE_GEMM = 32
-# Ops written in plain PyTorch on purpose (the textbook baseline), never a Triton kernel.
-PLAIN_PYTORCH_OPS = ("naive_attention",)
+# Tiny SDPA probe: enough to try every backend once.
+_PROBE_SEQ = ops.PROBE_SEQ
+_PROBE_HEAD_DIM = ops.PROBE_HEAD_DIM
+FAILS = "fails"  # how a failing probe's "runs" entry starts
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Register ``llm-speed doctor``."""
     parser = subparsers.add_parser(
         "doctor", help="GPU, versions, SDPA backends and what llm-speed dispatches to"
     )
-    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    _cli.add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--output", metavar="FILE.json", help="also write the report as JSON to this file")
     parser.set_defaults(func=run_doctor_command)
@@ -39,6 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def gpu_info() -> dict[str, Any]:
     """The visible GPU (name, compute capability, memory, spec-table entry), or why there is none."""
+    import torch
+
     if not torch.cuda.is_available():
         return {"available": False, "reason": "no CUDA device visible to torch " + _cuda_build_note()}
     from llm_speed.perf.gpus import detect_gpu, live_device_properties
@@ -58,6 +60,8 @@ def gpu_info() -> dict[str, Any]:
 
 
 def _cuda_build_note() -> str:
+    import torch
+
     if torch.version.cuda is None:
         return "(this torch is a CPU-only build)"
     return f"(torch built with CUDA {torch.version.cuda})"
@@ -65,6 +69,7 @@ def _cuda_build_note() -> str:
 
 def sdpa_backends(device: torch.device) -> dict[str, dict[str, Any]]:
     """Each SDPA backend run once on a tiny causal input: usable, or the reason it refused."""
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -94,54 +99,24 @@ def sdpa_backends(device: torch.device) -> dict[str, dict[str, Any]]:
     return result
 
 
-def _probes(device: torch.device) -> dict[str, Callable[[], Any]]:
-    """One tiny call per public op, on ``device``."""
-    import llm_speed
-
-    float_dtype = torch.float16 if device.type == "cuda" else torch.float32
-
-    def qkv(requires_grad: bool = False):
-        shape = (1, 2, _PROBE_SEQ, _PROBE_HEAD_DIM)
-        return [
-            torch.randn(shape, device=device, dtype=float_dtype, requires_grad=requires_grad)
-            for _ in range(3)
-        ]
-
-    def flash_backward():
-        q, k, v = qkv(requires_grad=True)
-        llm_speed.flash_attention(q, k, v, is_causal=True).sum().backward()
-
-    matrix = (_PROBE_GEMM, _PROBE_GEMM)
-    a, b = (torch.randn(matrix, device=device, dtype=float_dtype) for _ in range(2))
-    a8, b8 = (torch.randint(-128, 128, matrix, device=device, dtype=torch.int8) for _ in range(2))
-    half = torch.float16
-    return {
-        "flash_attention (forward)": lambda: llm_speed.flash_attention(*qkv(), is_causal=True),
-        "flash_attention (backward)": flash_backward,
-        "tiled_attention": lambda: llm_speed.tiled_attention(*qkv(), is_causal=True),
-        "naive_attention": lambda: llm_speed.naive_attention(*qkv(), is_causal=True),
-        "gemm": lambda: llm_speed.gemm(a, b, activation="relu", bias=torch.zeros_like(a[0])),
-        "tensor_core_gemm": lambda: llm_speed.tensor_core_gemm(a.to(half), b.to(half)),
-        "tensor_core_gemm_int8": lambda: llm_speed.tensor_core_gemm_int8(a8, b8),
-    }
-
-
 def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
-    """For each op, what actually ran on ``device``: which Triton kernels (compiled or interpreted), or a
-    PyTorch implementation when no Triton kernel was launched."""
+    """For each probed op of the table, what actually ran on ``device``: which Triton kernels (compiled or
+    interpreted), or a PyTorch implementation when no Triton kernel was launched."""
+    from llm_speed import _runtime
+
     result = {}
-    for op, probe in _probes(device).items():
+    for op in ops.probes():
         before = _runtime.launch_counts()
         try:
-            probe()
+            op.probe(device)
         except Exception as error:  # a failing op is reported, and the others still checked
-            result[op] = {
-                "runs": f"fails: {type(error).__name__}: {str(error).splitlines()[0]}",
+            result[op.title] = {
+                "runs": f"{FAILS}: {type(error).__name__}: {str(error).splitlines()[0]}",
                 "kernels": [],
             }
             continue
         launched = sorted((_runtime.launch_counts() - before).keys())
-        if not launched and op in PLAIN_PYTORCH_OPS:
+        if not launched and op.plain_pytorch:
             runs = "PyTorch (plain ops, by design)"
         elif not launched:
             runs = "PyTorch fallback (no Triton kernel launched)"
@@ -149,13 +124,21 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
             runs = "Triton interpreter"
         else:
             runs = "Triton compiled"
-        result[op] = {"runs": runs, "kernels": launched}
+        result[op.title] = {"runs": runs, "kernels": launched}
     return result
+
+
+def failed_probes(info: dict[str, Any]) -> list[str]:
+    """The ops whose probe failed in a :func:`doctor_report`."""
+    return [name for name, entry in info["dispatch"].items() if entry["runs"].startswith(FAILS)]
 
 
 def doctor_report(device: torch.device) -> dict[str, Any]:
     """Everything ``llm-speed doctor`` shows, as plain values."""
+    import torch
     import triton
+
+    from llm_speed import __version__, _runtime
 
     return {
         "llm_speed_version": __version__,
@@ -182,7 +165,7 @@ def print_doctor(info: dict[str, Any], console: Console | None = None) -> None:
     """The report as three short tables."""
     from llm_speed._output import print_table
 
-    console = console or Console()
+    console = console or _cli.console()
     gpu = info["gpu"]
     if gpu["available"]:
         gpu_text = f"{gpu['name']} (compute capability {gpu['compute_capability']}, {gpu['sm_count']} SMs)"
@@ -221,17 +204,19 @@ def print_doctor(info: dict[str, Any], console: Console | None = None) -> None:
 
 
 def run_doctor_command(args: argparse.Namespace) -> int:
-    """``llm-speed doctor``."""
-    from llm_speed._output import dump_json
-    from llm_speed.bench.cli import resolve_device
+    """``llm-speed doctor``: exit 0, or 1 when any op's probe failed."""
+    from llm_speed._output import dump_json, prepare_output_path
 
-    info = doctor_report(resolve_device(args.device))
+    if args.output:
+        prepare_output_path(args.output, argument="--output")
+    info = doctor_report(_cli.resolve_device(args.device))
     if args.output:
         dump_json(info, args.output)
     if args.json:
         dump_json(info)
     else:
-        from llm_speed.bench.report import output_console
-
-        print_doctor(info, output_console())
-    return 0
+        print_doctor(info, _cli.console())
+    failed = failed_probes(info)
+    if failed:
+        print(f"llm-speed doctor: failing ops: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

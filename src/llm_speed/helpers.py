@@ -1,6 +1,7 @@
-"""Seed 002's helpers, working: kernel choice by sequence length, an out-of-memory fallback, a buffer pool.
+"""Helpers of the old CUDA project's API (``cuda_llm_ops``, see docs/compat.md), working: kernel choice by
+sequence length, an out-of-memory fallback, a buffer pool.
 
-The memory and alignment helpers of the same guide live in :mod:`llm_speed.perf` and are re-exported here:
+The memory and alignment helpers of the same API live in :mod:`llm_speed.perf` and are re-exported here:
 :func:`estimate_attention_memory`, :func:`find_optimal_batch_size`, :func:`pad_to_alignment`.
 """
 
@@ -10,7 +11,7 @@ import warnings
 
 import torch
 
-from llm_speed import profiler
+from llm_speed import _runtime
 from llm_speed.attention.flash import flash_attention
 from llm_speed.attention.naive import naive_attention
 from llm_speed.attention.reference import causal_visible
@@ -28,25 +29,28 @@ __all__ = [
     "safe_flash_attention",
 ]
 
-# Seed 002's kernel-choice thresholds ("1. 内核选择指南"): FlashAttention from 512 tokens on, tiled attention
-# from 128, and the naive kernel, cheapest to launch, below that.
+# The old project's kernel-choice thresholds: FlashAttention from 512 tokens on, tiled attention from 128, and
+# the naive kernel, cheapest to launch, below that.
 FLASH_MIN_SEQ_LEN = 512
 TILED_MIN_SEQ_LEN = 128
 
 
 def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    """A real bool (numpy's ``bool_`` too): a string or int flag would silently mean True."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (or numpy.bool_), got {type(value).__name__}")
 
 
 def optimal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, scale: float | None = None
 ) -> torch.Tensor:
-    """Attention through the implementation seed 002 recommends for the sequence length.
+    """Attention through the implementation the old project recommended for the sequence length.
 
-    The longer of seq_q and seq_kv decides (equal lengths: q's, as in the seed): >= 512 flash, >= 128 tiled,
-    else naive. Unlike the seed's code, ``is_causal`` and ``scale`` reach every implementation (the seed
+    The longer of seq_q and seq_kv decides (equal lengths: q's, as before): >= 512 flash, >= 128 tiled,
+    else naive. Unlike the old code, ``is_causal`` and ``scale`` reach every implementation (it
     dropped ``is_causal`` for tiled and naive). All three give the same result within rounding, with
     llm_speed's semantics (bottom-right causal mask, GQA/MQA).
     """
@@ -54,14 +58,12 @@ def optimal_attention(
     _check_bool("is_causal", is_causal)
     seq_len = max(q.shape[2], k.shape[2])
     if seq_len >= FLASH_MIN_SEQ_LEN:
-        impl, attention = "flash", flash_attention
+        attention = flash_attention
     elif seq_len >= TILED_MIN_SEQ_LEN:
-        impl, attention = "tiled", tiled_attention
+        attention = tiled_attention
     else:
-        impl, attention = "naive", naive_attention
-    out = attention(q, k, v, is_causal=is_causal, scale=scale)
-    profiler.record_attention_call(f"optimal_attention ({impl})", q, k, is_causal=is_causal, impl=impl)
-    return out
+        attention = naive_attention
+    return attention(q, k, v, is_causal=is_causal, scale=scale)
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -77,6 +79,7 @@ def sdpa_attention(
     rows that see no key to 0, as :func:`llm_speed.flash_attention` does. GQA uses SDPA's ``enable_gqa``.
     """
     validate_attention_inputs(q, k, v)
+    _runtime.report_work("sdpa_attention", q=q, k=k, is_causal=is_causal)  # for the profiler (llm_speed.ops)
     seq_q, seq_kv = q.shape[2], k.shape[2]
     extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if not is_causal or seq_q == seq_kv:
@@ -100,7 +103,7 @@ def safe_flash_attention(
 ) -> torch.Tensor:
     """:func:`llm_speed.flash_attention`, falling back to PyTorch SDPA when it runs out of memory.
 
-    Seed 002's production pattern. Only out-of-memory errors (``torch.cuda.OutOfMemoryError`` or a
+    The old project's production pattern. Only out-of-memory errors (``torch.cuda.OutOfMemoryError`` or a
     RuntimeError saying "out of memory") fall back, and a RuntimeWarning says so; every other error, and
     out-of-memory with ``fallback_to_torch=False``, propagates. The fallback keeps llm_speed's semantics
     (see :func:`sdpa_attention`).
@@ -108,8 +111,7 @@ def safe_flash_attention(
     _check_bool("fallback_to_torch", fallback_to_torch)
     _check_bool("is_causal", is_causal)
     try:
-        out = flash_attention(q, k, v, is_causal=is_causal, scale=scale)
-        impl = "flash"
+        return flash_attention(q, k, v, is_causal=is_causal, scale=scale)
     except RuntimeError as error:
         if not fallback_to_torch or not _is_out_of_memory(error):
             raise
@@ -120,10 +122,7 @@ def safe_flash_attention(
             RuntimeWarning,
             stacklevel=2,
         )
-        out = sdpa_attention(q, k, v, is_causal=is_causal, scale=scale)
-        impl = "sdpa"  # costed as materialising (naive traffic); SDPA's real traffic depends on its backend
-    profiler.record_attention_call(f"safe_flash_attention ({impl})", q, k, is_causal=is_causal, impl=impl)
-    return out
+        return sdpa_attention(q, k, v, is_causal=is_causal, scale=scale)
 
 
 def _pool_size(name: str, value: object, limit: int | None = None) -> int:
@@ -136,7 +135,7 @@ def _pool_size(name: str, value: object, limit: int | None = None) -> int:
 
 
 class AttentionMemoryPool:
-    """Buffers for Q, K, V and the output, allocated once and handed out as views (seed 002, section 5).
+    """Buffers for Q, K, V and the output, allocated once and handed out as views (the old project's pattern).
 
     The four ``[max_batch, heads, max_seq_len, head_dim]`` buffers are made at construction (uninitialised,
     like ``torch.empty``); :meth:`get_tensors` returns ``[batch_size, heads, seq_len, head_dim]`` views of
@@ -144,8 +143,8 @@ class AttentionMemoryPool:
     the pool, and the next ``get_tensors`` call returns the same memory again. For ``seq_len <
     max_seq_len`` the views are strided (not contiguous); llm_speed's kernels read them in place.
 
-    ``device`` defaults to the current CUDA device when there is one (the seed hard-coded 'cuda'), else
-    the CPU; ``dtype`` defaults to float16, as in the seed.
+    ``device`` defaults to the current CUDA device when there is one (the old code hard-coded 'cuda'), else
+    the CPU; ``dtype`` defaults to float16, as before.
     """
 
     def __init__(
@@ -183,7 +182,7 @@ class AttentionMemoryPool:
         """Views ``(q, k, v, output)`` of shape ``[batch_size, heads, seq_len, head_dim]`` into the pool.
 
         Raises ValueError when ``batch_size`` exceeds ``max_batch`` or ``seq_len`` exceeds ``max_seq_len``
-        (the seed's slicing silently returned smaller tensors then).
+        (the old slicing silently returned smaller tensors then).
         """
         batch_size = _pool_size("batch_size", batch_size, self.max_batch)
         seq_len = _pool_size("seq_len", seq_len, self.max_seq_len)

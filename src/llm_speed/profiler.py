@@ -1,4 +1,5 @@
-"""Kernel profiler with the API of seed 002's ``cuda_llm_ops.profiler``, explained by the roofline model.
+"""Kernel profiler with the API of ``cuda_llm_ops.profiler`` (the CUDA project LLM-Speed), explained by the
+roofline model.
 
 ``CUDAProfiler`` times a function (``measure_time``), a whole block (``with profiler.profile(name):``), a
 freshly made attention or GEMM problem (``profile_attention`` / ``profile_gemm``) or a kernel against a
@@ -11,13 +12,12 @@ the CPU). A figure that cannot be known is None, and ``KernelMetrics.unavailable
 reported as 0 because it was not measured.
 
 A ``profile`` block does not see inside arbitrary code: its FLOPs and bytes come from ``flops=`` /
-``bytes_moved=`` when given, else from the llm-speed kernels run inside the block. The Triton launchers of
-flash/tiled attention (forward and backward) and of every GEMM report their problem through
-:func:`llm_speed._runtime.report_work`, however they were called (``llm_speed.flash_attention``,
-``llm_speed.gemm``, ``cuda_llm_ops``, autograd); work that launches no Triton kernel (naive attention, the
-SDPA fallback of ``safe_flash_attention``, the PyTorch fallbacks on a CPU without the interpreter) is
-reported by :mod:`cuda_llm_ops` and :mod:`llm_speed.helpers` (:func:`record_attention_call`,
-:func:`record_gemm_call`), so no call is counted twice. Nothing touches the GPU at import time.
+``bytes_moved=`` when given, else from the llm-speed ops run inside the block. Every path that computes an
+op of the op table (:mod:`llm_speed.ops`), the Triton launchers and the plain-PyTorch paths alike (naive
+attention, the SDPA fallback of ``safe_flash_attention``, the fallbacks on a CPU without the interpreter),
+reports its problem once per call through :func:`llm_speed._runtime.report_work`, however it was called
+(``llm_speed.flash_attention``, ``cuda_llm_ops``, autograd); the profiler costs it with the row's cost
+function. Nothing touches the GPU at import time.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
-from llm_speed import _runtime
-from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure, resolve_device
+from llm_speed import _runtime, ops
+from llm_speed._runtime import resolve_device
+from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure
 from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
-from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+from llm_speed.perf.kernel_costs import attention_cost
 from llm_speed.perf.roofline import roofline
 
 # A kernel reaching less than this fraction of the speed its roofline allows keeps neither the arithmetic
@@ -52,7 +53,7 @@ NO_COST_REASON = (
 
 
 class Bottleneck(enum.Enum):
-    """What limits a kernel (seed 002's names and values)."""
+    """What limits a kernel (the names and values of ``cuda_llm_ops.profiler``)."""
 
     COMPUTE_BOUND = "compute_bound"
     MEMORY_BOUND = "memory_bound"
@@ -63,8 +64,9 @@ class Bottleneck(enum.Enum):
 class KernelMetrics:
     """Measured figures of one kernel or block. None means "not measurable here"; ``unavailable`` says why.
 
-    The first six fields keep seed 002's order. Rates use the analytic FLOPs and bytes of the operation
-    (:mod:`llm_speed.perf.kernel_costs`; causal attention counts only the visible half), not counters.
+    The first six fields keep ``cuda_llm_ops.profiler``'s order. Rates use the analytic FLOPs and bytes of
+    the operation (:mod:`llm_speed.perf.kernel_costs`; causal attention counts only the visible half), not
+    counters.
     """
 
     elapsed_ms: float  # median of the timed runs (one run for a ``profile`` block)
@@ -139,76 +141,18 @@ def record_call(name: str, flops: float, bytes_moved: float, dtype: Any, device:
         calls.append(call)
 
 
-# The traffic class of each attention implementation: naive_attention keeps its scores in fp32, and SDPA
-# (the fallback of safe_flash_attention, reported as "sdpa") is costed as a materialising kernel in q's dtype.
-_SCORE_DTYPES = {"naive": "fp32"}
-
-
-def _record_attention(
-    name: str, q: torch.Tensor, k: torch.Tensor, *, is_causal: bool, impl: str, mode: str
-) -> None:
-    if q.numel() == 0 or k.numel() == 0:
-        return
-    batch, heads_q, seq_q, head_dim = q.shape
-    cost = attention_cost(
-        batch, heads_q, seq_q, k.shape[2], head_dim,
-        heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode=mode,
-        impl="naive" if impl == "sdpa" else impl, score_dtype=_SCORE_DTYPES.get(impl),
-    )
-    record_call(name, cost.flops, cost.bytes_moved, q.dtype, q.device)
-
-
-def record_attention_call(name: str, q: torch.Tensor, k: torch.Tensor, *, is_causal: bool, impl: str) -> None:
-    """Report a forward attention call on ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Skv, D]`` that no Triton
-    launcher reports: ``impl`` "naive" or "sdpa" always, "flash"/"tiled" only where their kernels do not run
-    (a CPU without the interpreter). No-op outside blocks; empty problems cost nothing and are not reported.
-    """
-    if not is_recording() or (impl in ("flash", "tiled") and _runtime.triton_runs_on(q.device)):
-        return
-    _record_attention(name, q, k, is_causal=is_causal, impl=impl, mode="fwd")
-
-
-def _output_width(dtype: Any) -> Any:
-    """The cost model sizes outputs by dtype name; int32 (int8 GEMM results) has fp32's 4-byte width."""
-    return "fp32" if dtype == torch.int32 else dtype
-
-
-def _record_gemm(name: str, m: int, n: int, k: int, *, dtype: Any, out_dtype: Any, device: torch.device,
-                 batch: int) -> None:
-    if 0 in (m, n, k, batch):
-        return
-    cost = gemm_cost(m, n, k, dtype=dtype, out_dtype=_output_width(out_dtype), batch=batch)
-    record_call(name, cost.flops, cost.bytes_moved, dtype, device)
-
-
-def record_gemm_call(
-    name: str, m: int, n: int, k: int, *, dtype: Any, out_dtype: Any, device: torch.device, batch: int = 1
-) -> None:
-    """Report ``batch`` products ``[m, k] @ [k, n]`` that no Triton launcher reports (the PyTorch fallback
-    on a CPU without the interpreter). No-op outside blocks, where the Triton GEMM runs, or when empty."""
-    if not is_recording() or _runtime.triton_runs_on(torch.device(device)):
-        return
-    _record_gemm(name, m, n, k, dtype=dtype, out_dtype=out_dtype, device=device, batch=batch)
-
-
-def _observe_launcher_work(op: str, problem: dict[str, Any]) -> None:
-    """The :func:`llm_speed._runtime.report_work` observer: costs of the Triton launches made in a block."""
+def _observe_work(op: str, problem: dict[str, Any]) -> None:
+    """The :func:`llm_speed._runtime.report_work` observer: the op table's cost of each call made while a
+    ``profile`` block is open (no work at all otherwise)."""
     if not is_recording():
         return
-    if op in ("attention_fwd", "attention_bwd"):
-        q, k = problem["q"], problem["k"]
-        impl = "tiled" if problem.get("two_pass") else "flash"
-        mode = "fwd" if op == "attention_fwd" else "bwd"
-        _record_attention(f"{impl}_attention {mode}", q, k, is_causal=problem["is_causal"], impl=impl,
-                          mode=mode)
-    elif op == "gemm":
-        op_a, out = problem["op_a"], problem["out"]
-        batch = out[..., 0, 0].numel()  # product of the leading (batch) dims, 1 for a plain matrix
-        _record_gemm("gemm", out.shape[-2], out.shape[-1], op_a.shape[-1], dtype=op_a.dtype,
-                     out_dtype=out.dtype, device=out.device, batch=batch)
+    row = ops.get(op)
+    work = row.cost(**problem)
+    if work is not None:
+        record_call(row.title, work.flops, work.bytes_moved, work.dtype, work.device)
 
 
-_runtime.add_work_observer(_observe_launcher_work)
+_runtime.add_work_observer(_observe_work)
 
 
 # --- turning a time into metrics ----------------------------------------------------------------------------
@@ -345,7 +289,7 @@ def _first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 class CUDAProfiler:
-    """Seed 002's profiler: time kernels and explain the time with the roofline of the detected GPU.
+    """The profiler of ``cuda_llm_ops``: time kernels, explain the time with the detected GPU's roofline.
 
     ``device`` (default: the current CUDA device when there is one, else the CPU) is where ``profile_*``
     create their inputs and which clock ``profile`` blocks use; ``measure_time`` and
@@ -499,7 +443,7 @@ class CUDAProfiler:
         cost = attention_cost(
             batch_size, num_heads, seq_len, seq_len, head_dim,
             heads_kv=num_kv_heads, dtype=dtype, causal=bool(is_causal), mode="fwd", impl=impl,
-            score_dtype=_SCORE_DTYPES.get(impl),
+            score_dtype=ops.ATTENTION_SCORE_DTYPES.get(impl),
         )
         device = self.device
         q = torch.randn(batch_size, num_heads, seq_len, head_dim, device=device, dtype=dtype)
@@ -539,7 +483,7 @@ class CUDAProfiler:
             b = torch.randn(K, N, device=device, dtype=dtype)
         if out_dtype is None:
             out_dtype = func(a, b).dtype
-        cost = gemm_cost(M, N, K, dtype=dtype, out_dtype=_output_width(out_dtype))
+        cost = ops.gemm_work(op_a=a, op_b=b, out=torch.empty((M, N), dtype=out_dtype, device="meta"))
         return self._timed_metrics(
             func, (a, b), {}, warmup=warmup, iterations=iterations, flops=cost.flops,
             bytes_moved=cost.bytes_moved, dtype=dtype, name=name or getattr(func, "__name__", "gemm"),
@@ -557,7 +501,7 @@ class CUDAProfiler:
         """Time both functions on the same arguments; ``speedup`` = reference time / custom time.
 
         Returns ``custom_ms``, ``reference_ms`` (medians), ``speedup``, ``relative_perf`` (custom / reference
-        time, seed 002's key) and ``timer``.
+        time, ``cuda_llm_ops.profiler``'s key) and ``timer``.
         """
         custom_ms = self.measure_time(custom_func, *args, warmup=warmup, iterations=iterations, **kwargs)
         reference_ms = self.measure_time(

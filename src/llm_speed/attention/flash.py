@@ -32,6 +32,8 @@ def forward_impl(q, k, v, is_causal: bool, scale: float, two_pass: bool = False)
         out = torch.zeros((batch, heads_q, seq_q, head_dim), dtype=q.dtype, device=q.device)
         lse = torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
         return out, lse
+    # Every path reports its work to the op table (llm_speed.ops), for the profiler.
+    _runtime.report_work("tiled_attention" if two_pass else "flash_attention", q=q, k=k, is_causal=is_causal)
     if _runtime.triton_runs_on(q.device):
         with _runtime.on_device_of(q):
             return launch.forward(q, k, v, is_causal, scale, two_pass=two_pass)
@@ -70,6 +72,7 @@ def _backward_op(
     if q.numel() == 0 or k.numel() == 0:
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    _runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal)
     if _runtime.triton_runs_on(q.device):
         with _runtime.on_device_of(q):
             return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, is_causal, scale)

@@ -99,7 +99,6 @@ def _grid(n_rows: int, block: int, batch_heads: int) -> tuple[int]:
 
 def forward(q, k, v, is_causal: bool, scale: float, two_pass: bool = False):
     """Launch the flash (or, with ``two_pass``, the tiled) forward. Returns (out contiguous, lse float32)."""
-    _runtime.report_work("attention_fwd", q=q, k=k, is_causal=is_causal, two_pass=two_pass)
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     out = new_output((batch, heads_q, seq_q, head_dim), q.dtype, q.device)
@@ -129,7 +128,6 @@ def backward(dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float):
     dK/dV and dQ come from separate kernels so every output element has exactly one writer: no atomics, and
     the result is bitwise repeatable.
     """
-    _runtime.report_work("attention_bwd", q=q, k=k, is_causal=is_causal)
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv

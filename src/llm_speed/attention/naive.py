@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _runtime
 from .reference import causal_visible, softmax_times_values
 from .validation import prepare_attention_inputs
 
@@ -31,6 +32,7 @@ def naive_attention(
     Runs on any device; on CPU it is ordinary PyTorch.
     """
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
+    _runtime.report_work("naive_attention", q=q, k=k, is_causal=is_causal)  # for the profiler (llm_speed.ops)
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv

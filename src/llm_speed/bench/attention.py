@@ -18,19 +18,21 @@ from rich.console import Console
 
 from llm_speed._output import print_table
 from llm_speed.bench import report
+from llm_speed.bench.options import ATTENTION_DTYPES as DTYPES
+from llm_speed.bench.options import ATTENTION_IMPLS as IMPLS
+from llm_speed.bench.options import ATTENTION_LLM_SPEED_IMPLS as LLM_SPEED_IMPLS
+from llm_speed.bench.options import ATTENTION_MODES as MODES
 from llm_speed.bench.report import Measurement
+from llm_speed.ops import ATTENTION_SCORE_DTYPES as SCORE_DTYPES
 
-LLM_SPEED_IMPLS = ("flash", "tiled", "naive")
 SDPA_BACKENDS = {
     "sdpa-flash": "FLASH_ATTENTION",
     "sdpa-efficient": "EFFICIENT_ATTENTION",
     "sdpa-cudnn": "CUDNN_ATTENTION",
     "sdpa-math": "MATH",
 }
-# "sdpa" lets torch pick the backend, as a user calling F.scaled_dot_product_attention gets.
-IMPLS = (*LLM_SPEED_IMPLS, "sdpa", *SDPA_BACKENDS, "flash_attn")
-MODES = ("fwd", "bwd", "fwd+bwd")
-DTYPES = ("fp16", "bf16", "fp32")
+# "sdpa" (in IMPLS, from the op table) lets torch pick the backend, as a user calling
+# F.scaled_dot_product_attention gets.
 
 # The performance model's traffic class for each implementation (kernel_costs.attention_cost's ``impl``):
 # fused kernels keep scores on chip like flash; the math backend materialises them like naive. Plain "sdpa" is
@@ -47,8 +49,6 @@ COST_CLASS = {
     "sdpa-math": "naive",
     "flash_attn": "flash",
 }
-# llm-speed's naive_attention keeps its score matrices in fp32 (SDPA's math backend: in the input dtype).
-SCORE_DTYPES = {"naive": "fp32"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""``llm-speed bench attention|gemm``, ``llm-speed doctor`` and ``llm-speed demo``.
+"""``llm-speed bench attention|gemm``.
 
-Flags follow seed 002's benchmark scripts (``--seq-lengths``, ``--batch-size``, ``--num-heads``,
-``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``). Unset sizes take the
-GPU defaults on a CUDA device and small CPU defaults otherwise.
+The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``--batch-size``,
+``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
+Unset sizes take the GPU defaults on a CUDA device and small CPU defaults otherwise. The parser is built from
+the torch-free vocabulary in :mod:`llm_speed.bench.options`; the benchmarks (and torch) are imported when a
+command runs.
 """
 
 from __future__ import annotations
@@ -10,66 +12,33 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from rich.console import Console
+from llm_speed import _cli
+from llm_speed._cli import non_negative_int, positive_int
+from llm_speed.bench import options
 
-from llm_speed.bench import attention as attention_bench
-from llm_speed.bench import gemm as gemm_bench
-from llm_speed.bench import report
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _size(text: str) -> tuple[int, int, int]:
-    try:
-        return gemm_bench.parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--sizes: ")) from None
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """--device: the GPU when there is one (default), or the CPU; asking for cuda without one is an error."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: cuda was requested but no CUDA device is visible; use --device cpu")
-    return torch.device(name)
+    from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import gemm as gemm_bench
+    from llm_speed.bench import report
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--warmup", type=_non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
-    parser.add_argument("--iterations", type=_positive_int, help="timed runs (GPU 50, CPU 3)")
+    parser.add_argument("--warmup", type=non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
+    parser.add_argument("--iterations", type=positive_int, help="timed runs (GPU 50, CPU 3)")
     parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="roofline plot with the measured kernels on it")
-    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    _cli.add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench`` (with ``attention`` and ``gemm``), ``doctor`` and ``demo``."""
-    from llm_speed import demo, doctor
-
+    """Add ``bench`` with its ``attention`` and ``gemm`` benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmark llm-speed's kernels against PyTorch and others")
     kinds = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
 
@@ -79,20 +48,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time attention implementations at several sequence lengths (seq_q == seq_kv).",
     )
     attention.add_argument(
-        "--seq-lengths", type=_positive_int, nargs="+", help="GPU: 512 ... 8192; CPU: 64 128"
+        "--seq-lengths", type=positive_int, nargs="+", help="GPU: 512 ... 8192; CPU: 64 128"
     )
-    attention.add_argument("--batch-size", type=_positive_int, help="GPU 2, CPU 1")
-    attention.add_argument("--num-heads", type=_positive_int, help="query heads (GPU 8, CPU 2)")
-    attention.add_argument(
-        "--num-kv-heads", type=_positive_int, help="key/value heads (default: --num-heads)"
-    )
-    attention.add_argument("--head-dim", type=_positive_int, help="GPU 64, CPU 32")
-    attention.add_argument("--dtype", choices=attention_bench.DTYPES, help="GPU fp16, CPU fp32")
+    attention.add_argument("--batch-size", type=positive_int, help="GPU 2, CPU 1")
+    attention.add_argument("--num-heads", type=positive_int, help="query heads (GPU 8, CPU 2)")
+    attention.add_argument("--num-kv-heads", type=positive_int, help="key/value heads (default: --num-heads)")
+    attention.add_argument("--head-dim", type=positive_int, help="GPU 64, CPU 32")
+    attention.add_argument("--dtype", choices=options.ATTENTION_DTYPES, help="GPU fp16, CPU fp32")
     attention.add_argument(
         "--causal", action="store_true", help="causal mask (FLOPs count visible pairs only)"
     )
-    attention.add_argument("--mode", choices=attention_bench.MODES, default="fwd", help="what is timed")
-    attention.add_argument("--impl", nargs="+", choices=attention_bench.IMPLS, help="default: all of them")
+    attention.add_argument("--mode", choices=options.ATTENTION_MODES, default="fwd", help="what is timed")
+    attention.add_argument("--impl", nargs="+", choices=options.ATTENTION_IMPLS, help="default: all of them")
     _add_common(attention)
     attention.set_defaults(func=run_attention_command)
 
@@ -102,33 +69,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time GEMMs of given sizes, or of a zoo model's weight GEMMs (--model).",
     )
     shapes = gemm.add_mutually_exclusive_group()
-    shapes.add_argument("--sizes", type=_size, nargs="+", metavar="MxNxK", help="GPU: 512^3 ... 4096^3")
+    shapes.add_argument(
+        "--sizes", type=_cli.gemm_size, nargs="+", metavar="MxNxK", help="GPU: 512^3 ... 4096^3"
+    )
     shapes.add_argument("--model", help="benchmark this zoo model's weight GEMM shapes (e.g. llama-3-8b)")
-    gemm.add_argument("--tokens", type=_positive_int, help="tokens (M) for --model: GPU 4096, CPU 16")
-    gemm.add_argument("--dtype", choices=gemm_bench.DTYPES, help="GPU fp16, CPU fp32")
+    gemm.add_argument("--tokens", type=positive_int, help="tokens (M) for --model: GPU 4096, CPU 16")
+    gemm.add_argument("--dtype", choices=options.GEMM_DTYPES, help="GPU fp16, CPU fp32")
     gemm.add_argument(
         "--layout",
-        choices=gemm_bench.LAYOUTS,
+        choices=options.GEMM_LAYOUTS,
         default="NN",
         help="operand storage: T = stored transposed (NT: B is [N, K] like nn.Linear)",
     )
     gemm.add_argument(
         "--epilogue",
-        choices=gemm_bench.EPILOGUES,
+        choices=options.GEMM_EPILOGUES,
         default="none",
         help="fused in llm-speed; separate ops after torch.matmul",
     )
     gemm.add_argument(
         "--impl",
         nargs="+",
-        choices=gemm_bench.IMPLS,
+        choices=options.GEMM_IMPLS,
         help="default: llm-speed and torch (int8: llm-speed and torch-int-mm)",
     )
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
-
-    doctor.add_parser(subparsers)
-    demo.add_parser(subparsers)
 
 
 def _pick(value: Any, device: torch.device, key: str, gpu: dict, cpu: dict) -> Any:
@@ -139,7 +105,9 @@ def _pick(value: Any, device: torch.device, key: str, gpu: dict, cpu: dict) -> A
 
 def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSettings:
     """Settings from parsed flags, defaults filled for the device."""
-    device = resolve_device(args.device)
+    from llm_speed.bench import attention as attention_bench
+
+    device = _cli.resolve_device(args.device)
     gpu, cpu = attention_bench.GPU_DEFAULTS, attention_bench.CPU_DEFAULTS
     num_heads = _pick(args.num_heads, device, "num_heads", gpu, cpu)
     settings = attention_bench.AttentionSettings(
@@ -162,7 +130,9 @@ def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSet
 
 def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
     """Settings from parsed flags, defaults filled for the device."""
-    device = resolve_device(args.device)
+    from llm_speed.bench import gemm as gemm_bench
+
+    device = _cli.resolve_device(args.device)
     gpu, cpu = gemm_bench.GPU_DEFAULTS, gemm_bench.CPU_DEFAULTS
     dtype = _pick(args.dtype, device, "dtype", gpu, cpu)
     tokens = None
@@ -171,7 +141,7 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
         cases = gemm_bench.model_cases(args.model, tokens)
     else:
         if args.tokens is not None:
-            raise ValueError("tokens: --tokens only applies with --model")
+            raise _cli.CommandError("tokens: --tokens only applies with --model")
         sizes = _pick(args.sizes, device, "sizes", gpu, cpu)
         cases = tuple(gemm_bench.GemmCase("", m, n, k) for m, n, k in sizes)
     default_impls = gemm_bench.INT8_IMPLS if dtype == "int8" else gemm_bench.FLOAT_IMPLS
@@ -204,6 +174,8 @@ def plot_rows(
 
     Returns False, saying why, when there is nothing to plot on.
     """
+    import torch
+
     from llm_speed.perf.gpus import detect_gpu, get_gpu
     from llm_speed.perf.plot import PlotPoint, plot_roofline
 
@@ -233,6 +205,8 @@ def plot_rows(
 
 def run_attention_command(args: argparse.Namespace) -> int:
     """``llm-speed bench attention``."""
+    from llm_speed.bench import attention as attention_bench
+
     settings = attention_settings(args)
     rows = attention_bench.run_attention(settings, show_progress=not args.no_progress)
     return _finish(
@@ -247,6 +221,8 @@ def run_attention_command(args: argparse.Namespace) -> int:
 
 def run_gemm_command(args: argparse.Namespace) -> int:
     """``llm-speed bench gemm``."""
+    from llm_speed.bench import gemm as gemm_bench
+
     settings = gemm_settings(args)
     rows = gemm_bench.run_gemm(settings, show_progress=not args.no_progress)
     return _finish(
@@ -260,16 +236,19 @@ def run_gemm_command(args: argparse.Namespace) -> int:
 
 
 def _finish(args, settings, rows, payload_fn, print_fn, title: str) -> int:
+    import torch
+
     from llm_speed._output import dump_json
+    from llm_speed.bench import report
 
     payload = payload_fn(settings, rows)
-    console = report.output_console()
+    console = _cli.console()
     if args.json:
         dump_json(payload)
     else:
         print_fn(settings, rows, console)
     # Messages about written files go to stderr when stdout carries the JSON.
-    side = Console(stderr=True) if args.json else console
+    side = _cli.console(stderr=True) if args.json else console
     report.write_results(payload, args.output, side)
     if args.plot:
         plot_rows(

@@ -8,24 +8,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from rich.console import Console
 
+from llm_speed._cli import parse_gemm_size
 from llm_speed._output import print_table
 from llm_speed.bench import report
+from llm_speed.bench.options import GEMM_DTYPES as DTYPES
+from llm_speed.bench.options import GEMM_EPILOGUES as EPILOGUES
+from llm_speed.bench.options import GEMM_FLOAT_IMPLS as FLOAT_IMPLS
+from llm_speed.bench.options import GEMM_IMPLS as IMPLS  # noqa: F401  (part of this module's API)
+from llm_speed.bench.options import GEMM_INT8_IMPLS as INT8_IMPLS
+from llm_speed.bench.options import GEMM_LAYOUTS as LAYOUTS
 from llm_speed.bench.report import Measurement
-
-DTYPES = ("fp16", "bf16", "fp32", "int8")
-LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B
-ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
-EPILOGUES = ("none", "bias", *(f"bias+{name}" for name in ACTIVATION_NAMES))
-IMPLS = ("llm-speed", "torch", "torch-int-mm")
-FLOAT_IMPLS = ("llm-speed", "torch")
-INT8_IMPLS = ("llm-speed", "torch-int-mm")
 
 GPU_DEFAULTS = {
     "sizes": ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)),
@@ -41,8 +39,6 @@ CPU_DEFAULTS = {
     "iterations": 3,
     "tokens": 16,
 }
-
-_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +82,7 @@ class GemmMeasurement(Measurement):
 
 def parse_size(text: str) -> tuple[int, int, int]:
     """'MxNxK' -> (M, N, K); ValueError naming --sizes and the accepted form otherwise."""
-    match = _SIZE_PATTERN.match(text)
-    if match is None:
-        raise ValueError(
-            f"--sizes: {text!r} is not of the form MxNxK with positive integers (e.g. 1024x1024x1024)"
-        )
-    m, n, k = (int(part) for part in match.groups())
-    if min(m, n, k) < 1:
-        raise ValueError(f"--sizes: {text!r} has a zero dimension; M, N and K must be >= 1")
-    return m, n, k
+    return parse_gemm_size(text, argument="--sizes")
 
 
 def model_cases(model_id: str, tokens: int) -> tuple[GemmCase, ...]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from llm_speed._runtime import resolve_device
+
 CUDA_TIMER = "cuda-events"
 HOST_TIMER = "host (CPU timer)"
 
@@ -48,18 +50,6 @@ class PeakMemory:
     peak_bytes: int | None  # torch.cuda.max_memory_allocated during the call (inputs included)
     above_baseline_bytes: int | None  # peak minus what was allocated just before the call
     reason: str | None = None
-
-
-def resolve_device(device: torch.device | str | None) -> torch.device:
-    """The device to time on: the given one, else the current CUDA device when there is one, else the CPU."""
-    if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _percentile(sorted_values: Sequence[float], fraction: float) -> float:

@@ -199,7 +199,7 @@ def launch_gemm(
     """
     if out.numel() == 0:
         return out
-    _runtime.report_work("gemm", op_a=op_a, op_b=op_b, out=out)
+    _report_gemm(op_a, op_b, out)
     path = path or _choose_path(op_a, op_b)
     if path not in PATHS:
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
@@ -314,15 +314,23 @@ def _output_shape(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
     return (batch_b if batch_a == 1 else batch_a, m, n)
 
 
+def _report_gemm(op_a: torch.Tensor, op_b: torch.Tensor, out: torch.Tensor) -> None:
+    """Report one GEMM to the op table (llm_speed.ops) for the profiler, whichever path computes it."""
+    name = "tensor_core_gemm_int8" if op_a.dtype == torch.int8 else "gemm"
+    _runtime.report_work(name, op_a=op_a, op_b=op_b, out=out)
+
+
 def gemm_forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm`` op (Triton, or the PyTorch fallback)."""
     op_a = a.mT if trans_a else a
     op_b = b.mT if trans_b else b
     if not _runtime.triton_runs_on(a.device):
-        return reference.gemm_reference(
+        out = reference.gemm_reference(
             a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
             activation=activation, out_dtype=out_dtype, compute_dtype=torch.float32,
         )  # fmt: skip
+        _report_gemm(op_a, op_b, out)
+        return out
     out = torch.empty(_output_shape(a, b, trans_a, trans_b), dtype=out_dtype, device=a.device)
     return launch_gemm(op_a, op_b, out, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
 
@@ -408,7 +416,9 @@ _gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
 @torch.library.custom_op("llm_speed::gemm_int8", mutates_args=())
 def _gemm_int8_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not _runtime.triton_runs_on(a.device):
-        return reference.gemm_int8_reference(a, b)
+        out = reference.gemm_int8_reference(a, b)
+        _report_gemm(a, b, out)
+        return out
     out = torch.empty(_output_shape(a, b, False, False), dtype=torch.int32, device=a.device)
     return launch_gemm(a, b, out)
 

@@ -1,0 +1,96 @@
+"""Pieces shared by every ``llm-speed`` command, below all of them: ``--device`` and its resolution, integer
+and ``MxNxK`` argument types, the console, and the error class for bad command-line input.
+
+Nothing here imports torch at module level (commands that need no kernel start without it), and nothing
+here imports a command module: every command imports down to this file, never across or up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: torch is imported when a device is resolved
+    import torch
+    from rich.console import Console
+
+# Columns used when standard output is not a terminal (a pipe, a log file, CI): wide enough for the widest
+# table, so rich does not fold tables into slivers at its default 80 columns.
+NON_TERMINAL_WIDTH = 200
+DEVICE_CHOICES = ("cuda", "cpu")
+
+_GEMM_SIZE = re.compile(r"^\s*(\d+)\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*$")
+
+
+class CommandError(ValueError):
+    """Bad command-line input found after parsing: ``llm-speed`` prints the message and exits with 2.
+
+    A ValueError, so library-level validation (which raises ValueError naming the argument) reaches the
+    user the same way; any other exception is a bug and keeps its traceback.
+    """
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """The one ``--device`` option of every command that runs kernels."""
+    parser.add_argument("--device", choices=DEVICE_CHOICES, help="default: cuda when available, else cpu")
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """:func:`llm_speed._runtime.resolve_device` (the one rule, shared with the profiler and the timer)."""
+    from llm_speed._runtime import resolve_device as resolve
+
+    return resolve(device)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _integer(text, minimum=1, expected="a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _integer(text, minimum=0, expected="an integer >= 0")
+
+
+def _integer(text: str, *, minimum: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def parse_gemm_size(text: str, *, argument: str = "size") -> tuple[int, int, int]:
+    """``'MxNxK'`` (or ``'M,N,K'``) -> ``(M, N, K)``, each >= 1; ValueError naming ``argument`` otherwise."""
+    match = _GEMM_SIZE.match(text)
+    if match is None:
+        raise ValueError(
+            f"{argument}: {text!r} is not of the form MxNxK with positive integers (e.g. 1024x1024x1024)"
+        )
+    m, n, k = (int(part) for part in match.groups())
+    if min(m, n, k) < 1:
+        raise ValueError(f"{argument}: {text!r} has a zero dimension; M, N and K must be >= 1")
+    return m, n, k
+
+
+def gemm_size(text: str) -> tuple[int, int, int]:
+    """argparse type for a GEMM problem size, ``MxNxK`` or ``M,N,K``."""
+    try:
+        return parse_gemm_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("size: ")) from None
+
+
+def console(*, stderr: bool = False) -> Console:
+    """The console every command prints through: the terminal's width, or :data:`NON_TERMINAL_WIDTH`
+    columns when the stream is not a terminal."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=NON_TERMINAL_WIDTH)

@@ -1,0 +1,27 @@
+"""The vocabulary of ``llm-speed bench``: implementations, modes, dtypes, layouts and epilogues.
+
+Torch-free, so the command-line parser is built without importing torch. The implementations come from the
+op table (:mod:`llm_speed.ops`): llm-speed's own (``bench_name`` of each row) and what each is compared with
+(its ``alternatives``).
+"""
+
+from __future__ import annotations
+
+from llm_speed import ops
+from llm_speed.perf.kernel_costs import ATTENTION_MODES
+
+# --- bench attention ---
+ATTENTION_LLM_SPEED_IMPLS = ops.bench_names("attention")  # flash, tiled, naive
+ATTENTION_IMPLS = ops.bench_impls("attention")  # ... then sdpa (each backend) and flash_attn
+ATTENTION_DTYPES = ("fp16", "bf16", "fp32")
+ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
+
+# --- bench gemm ---
+GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")
+GEMM_LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
+GEMM_EPILOGUES = ("none", "bias", *(f"bias+{name}" for name in ACTIVATION_NAMES))
+GEMM_IMPLS = ops.bench_impls("gemm")  # llm-speed, torch, torch-int-mm
+_FLOAT_ROW, _INT8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8")
+GEMM_FLOAT_IMPLS = (_FLOAT_ROW.bench_name, *_FLOAT_ROW.alternatives)  # llm-speed, torch
+GEMM_INT8_IMPLS = (_INT8_ROW.bench_name, *_INT8_ROW.alternatives)  # llm-speed, torch-int-mm

@@ -1,0 +1,270 @@
+"""The table of llm-speed's ops: one :class:`Op` row per op, read by the profiler, ``llm-speed doctor`` and
+``llm-speed bench``. Adding an op is one file (kernel, launcher, public function) plus one row here.
+
+How the row is used:
+
+- **Work reports.** Whatever path computes an op (a Triton launcher, or the plain-PyTorch fallback on a CPU
+  without the interpreter) calls ``llm_speed._runtime.report_work(row.name, **problem)`` once per call. The
+  profiler looks the row up with :func:`get` and turns ``row.cost(**problem)`` into FLOPs and bytes for the
+  ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
+- **Probes.** ``llm-speed doctor`` runs ``row.probe(device)`` (a tiny call of the public function) for every
+  row that has one, and reports what ran under ``row.label``; any failing probe makes it exit 1.
+- **Benchmarks.** ``llm-speed bench <row.bench>`` times the row under ``--impl row.bench_name`` against
+  ``row.alternatives`` (the ``--impl`` names of other libraries' implementations); :func:`bench_impls` gives
+  the accepted ``--impl`` values.
+
+The module imports neither torch nor any kernel: cost functions use the torch-free analytic model
+(:mod:`llm_speed.perf.kernel_costs`) and read only shapes, dtypes and devices of the reported tensors; probes
+and public functions are imported when first used. Row format: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+
+# Score-matrix dtype of the attention implementations that materialise scores, when it differs from the
+# inputs' (``attention_cost(score_dtype=...)``): llm-speed's naive_attention computes its scores in fp32.
+ATTENTION_SCORE_DTYPES = {"naive": "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one reported call cost: analytic FLOPs and minimum DRAM bytes, the dtype whose peak applies
+    (a name or torch.dtype) and the device it ran on."""
+
+    flops: float
+    bytes_moved: float
+    dtype: Any
+    device: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One row of the op table.
+
+    ``name``: the key the op's work is reported under (``report_work(name, ...)``) and the row's id.
+    ``function``: ``"module:attribute"`` of the public function (imported on first :meth:`load`).
+    ``cost``: ``cost(**problem) -> Work | None`` for the keyword arguments its ``report_work`` passes; None
+    for an empty problem (it costs nothing and is not recorded).
+    ``probe``: ``probe(device)`` makes tiny inputs on ``device`` and calls the public function once; None for
+    rows doctor does not probe separately. ``label``: doctor's name for it (default ``name``).
+    ``bench``: the benchmark that times it ("attention", "gemm") or None; ``bench_name`` its ``--impl`` name
+    there; ``alternatives``: the ``--impl`` names it is compared with there.
+    ``plain_pytorch``: written in plain PyTorch on purpose (no Triton kernel is expected to launch).
+    """
+
+    name: str
+    function: str
+    cost: Callable[..., Work | None]
+    probe: Callable[[Any], Any] | None = None
+    label: str | None = None
+    bench: str | None = None
+    bench_name: str | None = None
+    alternatives: tuple[str, ...] = ()
+    plain_pytorch: bool = False
+
+    @property
+    def title(self) -> str:
+        """How doctor and the profiler name the row."""
+        return self.label or self.name
+
+    def load(self) -> Callable[..., Any]:
+        """The public function."""
+        module, attribute = self.function.split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+# --- cost functions: the problem a path reports -> Work --------------------------------------------------
+
+
+def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
+    """Cost of an attention call reported as ``(q=[B, Hq, Sq, D], k=[B, Hkv, Skv, D], is_causal=bool)``,
+    with the DRAM-traffic model of ``impl`` (see :func:`llm_speed.perf.kernel_costs.attention_cost`)."""
+
+    def cost(*, q: Any, k: Any, is_causal: bool, **_: Any) -> Work | None:
+        if q.numel() == 0 or k.numel() == 0:
+            return None
+        batch, heads_q, seq_q, head_dim = q.shape
+        total = attention_cost(
+            batch, heads_q, seq_q, k.shape[2], head_dim,
+            heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode=mode, impl=impl,
+            score_dtype=ATTENTION_SCORE_DTYPES.get(impl),
+        )  # fmt: skip
+        return Work(total.flops, total.bytes_moved, q.dtype, q.device)
+
+    return cost
+
+
+def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
+    """Cost of a GEMM reported as ``(op_a [.., M, K], op_b [.., K, N], out [.., M, N])`` (batch dims lead)."""
+    if out.numel() == 0 or op_a.shape[-1] == 0:
+        return None
+    batch = out.numel() // (out.shape[-2] * out.shape[-1])  # product of the leading (batch) dims
+    # The cost model sizes outputs by dtype name; int32 (int8 GEMM results) has fp32's 4-byte width.
+    out_dtype = "fp32" if str(out.dtype) == "torch.int32" else out.dtype
+    total = gemm_cost(
+        out.shape[-2], out.shape[-1], op_a.shape[-1], dtype=op_a.dtype, out_dtype=out_dtype, batch=batch
+    )
+    return Work(total.flops, total.bytes_moved, op_a.dtype, out.device)
+
+
+# --- probes: one tiny call of each public op ---------------------------------------------------------------
+
+# Tiny shapes: enough to launch every kernel once, cheap even in Triton's interpreter.
+PROBE_SEQ = 16
+PROBE_HEAD_DIM = 16
+PROBE_GEMM = 32
+
+
+def _probe_float_dtype(device: Any) -> Any:
+    import torch
+
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def _qkv(device: Any, *, requires_grad: bool = False) -> list[Any]:
+    import torch
+
+    shape = (1, 2, PROBE_SEQ, PROBE_HEAD_DIM)
+    dtype = _probe_float_dtype(device)
+    return [torch.randn(shape, device=device, dtype=dtype, requires_grad=requires_grad) for _ in range(3)]
+
+
+def attention_probe(function: str) -> Callable[[Any], Any]:
+    """Probe: the public attention function ``function`` ("module:attribute"), causal, forward only."""
+
+    def probe(device: Any) -> Any:
+        module, attribute = function.split(":")
+        return getattr(importlib.import_module(module), attribute)(*_qkv(device), is_causal=True)
+
+    return probe
+
+
+def _flash_backward_probe(device: Any) -> None:
+    from llm_speed.attention.flash import flash_attention
+
+    q, k, v = _qkv(device, requires_grad=True)
+    flash_attention(q, k, v, is_causal=True).sum().backward()
+
+
+def _matrices(device: Any, dtype: Any) -> list[Any]:
+    import torch
+
+    shape = (PROBE_GEMM, PROBE_GEMM)
+    if dtype == torch.int8:
+        return [torch.randint(-128, 128, shape, device=device, dtype=dtype) for _ in range(2)]
+    return [torch.randn(shape, device=device, dtype=dtype) for _ in range(2)]
+
+
+def _gemm_probe(device: Any) -> Any:
+    import torch
+
+    from llm_speed.matmul.ops import gemm
+
+    a, b = _matrices(device, _probe_float_dtype(device))
+    return gemm(a, b, activation="relu", bias=torch.zeros_like(a[0]))
+
+
+def _tensor_core_gemm_probe(device: Any) -> Any:
+    import torch
+
+    from llm_speed.matmul.ops import tensor_core_gemm
+
+    return tensor_core_gemm(*_matrices(device, torch.float16))
+
+
+def _int8_gemm_probe(device: Any) -> Any:
+    import torch
+
+    from llm_speed.matmul.ops import tensor_core_gemm_int8
+
+    return tensor_core_gemm_int8(*_matrices(device, torch.int8))
+
+
+# --- the table ---------------------------------------------------------------------------------------------
+
+_SDPA_ALTERNATIVES = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attn")
+
+OPS: tuple[Op, ...] = (
+    Op(
+        "flash_attention", "llm_speed.attention.flash:flash_attention", attention_work("flash", "fwd"),
+        probe=attention_probe("llm_speed.attention.flash:flash_attention"),
+        label="flash_attention (forward)", bench="attention", bench_name="flash",
+        alternatives=_SDPA_ALTERNATIVES,
+    ),
+    # Also tiled_attention's backward: it runs the same kernels.
+    Op(
+        "flash_attention_backward", "llm_speed.attention.flash:flash_attention",
+        attention_work("flash", "bwd"), probe=_flash_backward_probe, label="flash_attention (backward)",
+    ),
+    Op(
+        "tiled_attention", "llm_speed.attention.tiled:tiled_attention", attention_work("tiled", "fwd"),
+        probe=attention_probe("llm_speed.attention.tiled:tiled_attention"), bench="attention",
+        bench_name="tiled",
+    ),
+    Op(
+        "naive_attention", "llm_speed.attention.naive:naive_attention", attention_work("naive", "fwd"),
+        probe=attention_probe("llm_speed.attention.naive:naive_attention"), bench="attention",
+        bench_name="naive", plain_pytorch=True,
+    ),
+    # The out-of-memory fallback of safe_flash_attention, costed as a materialising kernel in q's dtype
+    # (SDPA's real traffic depends on the backend torch picks).
+    Op(
+        "sdpa_attention", "llm_speed.helpers:sdpa_attention", attention_work("naive", "fwd"),
+        plain_pytorch=True,
+    ),
+    # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".
+    Op(
+        "gemm", "llm_speed.matmul.ops:gemm", gemm_work, probe=_gemm_probe, bench="gemm",
+        bench_name="llm-speed", alternatives=("torch",),
+    ),
+    Op("tensor_core_gemm", "llm_speed.matmul.ops:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe),
+    Op(
+        "tensor_core_gemm_int8", "llm_speed.matmul.ops:tensor_core_gemm_int8", gemm_work,
+        probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),
+    ),
+)  # fmt: skip
+
+_BY_NAME = {op.name: op for op in OPS}
+if len(_BY_NAME) != len(OPS):
+    raise ValueError(f"ops.OPS: duplicate op names in {[op.name for op in OPS]}")
+
+
+def get(name: str) -> Op:
+    """The row called ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        known = ", ".join(_BY_NAME)
+        raise ValueError(f"op: no row called {name!r} in llm_speed.ops.OPS; known: {known}") from None
+
+
+def names() -> tuple[str, ...]:
+    """Every row's name, in table order."""
+    return tuple(_BY_NAME)
+
+
+def bench_rows(bench: str) -> tuple[Op, ...]:
+    """The rows timed by ``llm-speed bench <bench>``, in table order."""
+    return tuple(op for op in OPS if op.bench == bench)
+
+
+def bench_names(bench: str) -> tuple[str, ...]:
+    """The ``--impl`` names of llm-speed's own implementations in ``bench`` (each once, table order)."""
+    return tuple(dict.fromkeys(op.bench_name for op in bench_rows(bench)))
+
+
+def bench_impls(bench: str) -> tuple[str, ...]:
+    """Every ``--impl`` value ``bench`` accepts: llm-speed's implementations, then their alternatives."""
+    alternatives = (name for op in bench_rows(bench) for name in op.alternatives)
+    return tuple(dict.fromkeys((*bench_names(bench), *alternatives)))
+
+
+def probes() -> tuple[Op, ...]:
+    """The rows doctor probes, in table order."""
+    return tuple(op for op in OPS if op.probe is not None)
