@@ -12,13 +12,12 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from llm_speed._output import NON_TERMINAL_WIDTH
+
 if TYPE_CHECKING:  # annotations only: torch is imported when a device is resolved
     import torch
     from rich.console import Console
 
-# Columns used when standard output is not a terminal (a pipe, a log file, CI): wide enough for the widest
-# table, so rich does not fold tables into slivers at its default 80 columns.
-NON_TERMINAL_WIDTH = 200
 DEVICE_CHOICES = ("cuda", "cpu")
 
 _GEMM_SIZE = re.compile(r"^\s*(\d+)\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*$")
@@ -69,7 +68,8 @@ def parse_gemm_size(text: str, *, argument: str = "size") -> tuple[int, int, int
     match = _GEMM_SIZE.match(text)
     if match is None:
         raise ValueError(
-            f"{argument}: {text!r} is not of the form MxNxK with positive integers (e.g. 1024x1024x1024)"
+            f"{argument}: {text!r} is not of the form MxNxK (or M,N,K) with positive integers "
+            "(e.g. 1024x1024x1024)"
         )
     m, n, k = (int(part) for part in match.groups())
     if min(m, n, k) < 1:
@@ -86,8 +86,9 @@ def gemm_size(text: str) -> tuple[int, int, int]:
 
 
 def console(*, stderr: bool = False) -> Console:
-    """The console every command prints through: the terminal's width, or :data:`NON_TERMINAL_WIDTH`
-    columns when the stream is not a terminal."""
+    """The console every command prints through: the terminal's width, or
+    :data:`llm_speed._output.NON_TERMINAL_WIDTH` columns when the stream is not a terminal (a pipe, a log
+    file, CI), so rich does not fold tables into slivers at its default 80 columns."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout

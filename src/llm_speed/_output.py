@@ -82,9 +82,9 @@ def print_table(
     for row in rows:
         table.add_row(*(format_value(v) for v in row))
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=NON_TERMINAL_WIDTH)
+        from llm_speed._cli import console as new_console
+
+        console = new_console()
     console.print(table)
 
 

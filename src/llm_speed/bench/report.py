@@ -36,7 +36,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 MIB = 2**20
 # Table width when standard output is a file or pipe (logs), so rows are not folded.
-LOG_WIDTH = 200
 
 
 def torch_dtype(name: str, accepted: Sequence[str]) -> torch.dtype:
@@ -351,7 +350,9 @@ def print_rows(
 
 def output_console() -> Console:
     """The console for result tables: the terminal's width, or wide enough for logs when not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+    from llm_speed._cli import console
+
+    return console()
 
 
 def print_unavailable(rows: Sequence[Measurement], console: Console) -> None:

@@ -316,8 +316,8 @@ def _output_shape(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
 
 def _report_gemm(op_a: torch.Tensor, op_b: torch.Tensor, out: torch.Tensor) -> None:
     """Report one GEMM to the op table (llm_speed.ops) for the profiler, whichever path computes it."""
-    name = "tensor_core_gemm_int8" if op_a.dtype == torch.int8 else "gemm"
-    _runtime.report_work(name, op_a=op_a, op_b=op_b, out=out)
+    row = "tensor_core_gemm_int8" if op_a.dtype == torch.int8 else "gemm"  # tensor_core_gemm reports as gemm
+    _runtime.report_work(row, op_a=op_a, op_b=op_b, out=out)
 
 
 def gemm_forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype) -> torch.Tensor:

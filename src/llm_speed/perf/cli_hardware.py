@@ -7,26 +7,16 @@ import argparse
 import dataclasses
 from typing import Any
 
+from llm_speed._cli import gemm_size
 from llm_speed._output import dump_json, print_table
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
-from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+from llm_speed.perf.kernel_costs import ATTENTION_MODES, attention_cost, gemm_cost
 from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
 from llm_speed.perf.mfu import achieved_flops_per_s, mfu
 from llm_speed.perf.roofline import roofline
 
 GPU_HELP = "GPU id or alias (see `llm-speed gpus`)"
-
-
-def _gemm_dims(text: str) -> tuple[int, int, int]:
-    """Parse 'M,N,K' or 'MxNxK' into three ints."""
-    parts = text.lower().replace("x", ",").split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"expected M,N,K (or MxNxK), got {text!r}")
-    try:
-        return tuple(int(p) for p in parts)  # type: ignore[return-value]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected three integers M,N,K, got {text!r}") from error
 
 
 def _gpu_detail(gpu_name: str, as_json: bool) -> int:
@@ -375,7 +365,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dtype", default="bf16", help="fp64, fp32, tf32, fp16, bf16, fp8, int8")
     parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
     parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
-    parser.add_argument("--gemm", type=_gemm_dims, metavar="M,N,K", help="place a GEMM (minimum traffic)")
+    parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="place a GEMM (minimum traffic)")
     parser.add_argument(
         "--attention",
         type=_attention_dims,
@@ -383,7 +373,7 @@ def register(subparsers: Any) -> None:
         help="place attention's flash, tiled and naive implementations",
     )
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
-    parser.add_argument("--mode", default="fwd", choices=("fwd", "bwd", "fwd+bwd"), help="with --attention")
+    parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline (and the kernels) to FILE")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=_roofline)
@@ -404,16 +394,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ms", type=float, required=True, help="measured time in milliseconds")
     parser.add_argument("--dtype", default="bf16", help="dtype whose dense peak is the denominator")
     parser.add_argument("--flops", type=float, help="model FLOPs of the timed work")
-    parser.add_argument("--gemm", type=_gemm_dims, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
+    parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
     parser.add_argument("--attention", type=_attention_dims, metavar="B,H,S,D", help="attention FLOPs")
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
-    parser.add_argument("--mode", default="fwd", choices=("fwd", "bwd", "fwd+bwd"), help="with --attention")
+    parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_mfu)
 
     parser = subparsers.add_parser("waves", help="tiles and wave quantization of a GEMM on a GPU's SMs")
     parser.add_argument("--gpu", required=True, help=GPU_HELP)
-    parser.add_argument("--gemm", type=_gemm_dims, required=True, metavar="M,N,K")
+    parser.add_argument("--gemm", type=gemm_size, required=True, metavar="M,N,K")
     parser.add_argument("--tile-m", type=int, default=128)
     parser.add_argument("--tile-n", type=int, default=128)
     parser.add_argument("--tiles-per-sm", type=int, default=1, help="thread blocks resident per SM")

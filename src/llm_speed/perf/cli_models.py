@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from rich.console import Console
 
+from llm_speed._cli import console as new_console
 from llm_speed._output import dump_json, print_table
 from llm_speed.perf.distributed import PIPELINE_SCHEDULES, ZERO_STAGES, train_memory
 from llm_speed.perf.inference import InferenceAnalysis, analyze_inference, decode_batch_sweep
@@ -117,7 +118,7 @@ def _kv_cache(args: argparse.Namespace) -> int:
 
 def print_inference_analysis(analysis: InferenceAnalysis, console: Console | None = None) -> None:
     """Render an :class:`InferenceAnalysis`: one op table per phase, then totals and speed bounds."""
-    console = console or Console()
+    console = console or new_console()
     for phase in ("prefill", "decode"):
         ops = [op for op in analysis.ops if op.phase == phase]
         if phase == "prefill":
@@ -235,7 +236,7 @@ def _analyze(args: argparse.Namespace) -> int:
             payload["decode_batch_sweep"] = [asdict(row) for row in sweep]
         dump_json(payload)
         return 0
-    console = Console()
+    console = new_console()
     print_inference_analysis(analysis, console)
     if sweep is not None:
         print_table(

@@ -1,0 +1,107 @@
+"""The op table (llm_speed.ops): well-formed rows, every work report names a row, and doctor/bench read it."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from llm_speed import cli, doctor, ops
+from llm_speed.bench import options
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def test_rows_are_well_formed():
+    assert len(set(ops.names())) == len(ops.OPS)
+    for row in ops.OPS:
+        assert callable(row.load()), row.name
+        assert callable(row.cost), row.name
+        assert (row.bench is None) == (row.bench_name is None), row.name
+        assert not row.alternatives or row.bench, row.name
+    assert ops.get("gemm").load().__name__ == "gemm"
+
+
+def test_unknown_op_is_a_clear_error():
+    with pytest.raises(ValueError, match="no row called 'nope'.*flash_attention"):
+        ops.get("nope")
+
+
+def _assigns(node: ast.AST, variable: str) -> bool:
+    return isinstance(node, ast.Assign) and any(getattr(t, "id", None) == variable for t in node.targets)
+
+
+def _reported_names() -> set[str]:
+    """Every op name passed to ``report_work`` anywhere in src/ (string constants, incl. conditionals)."""
+    found: set[str] = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_call = isinstance(node, ast.Call)
+            func = node.func if is_call else None
+            name = getattr(func, "attr", None) or getattr(func, "id", None)
+            if is_call and name == "report_work" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Name):  # a variable: the names assigned to it in this file
+                    first = ast.Tuple(
+                        [a.value for a in ast.walk(ast.parse(path.read_text())) if _assigns(a, first.id)]
+                    )
+                found.update(
+                    sub.value
+                    for sub in ast.walk(first)
+                    if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
+                )
+    return found
+
+
+def test_every_reported_op_has_a_row():
+    reported = _reported_names()
+    assert {"flash_attention", "flash_attention_backward", "tiled_attention", "naive_attention"} <= reported
+    assert {"gemm", "tensor_core_gemm_int8", "sdpa_attention"} <= reported
+    assert reported <= set(ops.names()), reported - set(ops.names())
+
+
+def test_bench_reads_its_implementations_from_the_table():
+    assert options.ATTENTION_IMPLS == (
+        "flash", "tiled", "naive", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math",
+        "flash_attn",
+    )  # fmt: skip
+    assert options.ATTENTION_LLM_SPEED_IMPLS == ("flash", "tiled", "naive")
+    assert options.GEMM_IMPLS == ("llm-speed", "torch", "torch-int-mm")
+    assert options.GEMM_FLOAT_IMPLS == ("llm-speed", "torch")
+    assert options.GEMM_INT8_IMPLS == ("llm-speed", "torch-int-mm")
+    from llm_speed.bench import attention, gemm
+
+    assert attention.IMPLS == options.ATTENTION_IMPLS and gemm.IMPLS == options.GEMM_IMPLS
+
+
+def _failing_probe(device):
+    raise RuntimeError("probe broke\nsecond line")
+
+
+def test_doctor_probes_come_from_the_table_and_a_failure_exits_1(monkeypatch, capsys):
+    naive = ops.get("naive_attention")
+    broken = dataclasses.replace(naive, name="broken_op", label="broken op", probe=_failing_probe)
+    monkeypatch.setattr(ops, "probes", lambda: (naive, broken))
+    assert cli.main(["doctor", "--device", "cpu", "--json"]) == 1
+    captured = capsys.readouterr()
+    info = json.loads(captured.out)
+    assert list(info["dispatch"]) == ["naive_attention", "broken op"]
+    assert info["dispatch"]["broken op"]["runs"] == "fails: RuntimeError: probe broke"
+    assert info["dispatch"]["naive_attention"]["runs"] == "PyTorch (plain ops, by design)"
+    assert doctor.failed_probes(info) == ["broken op"]
+    assert "failing ops: broken op" in captured.err
+
+
+def test_doctor_probes_every_probed_row():
+    assert [row.title for row in ops.probes()] == [
+        "flash_attention (forward)",
+        "flash_attention (backward)",
+        "tiled_attention",
+        "naive_attention",
+        "gemm",
+        "tensor_core_gemm",
+        "tensor_core_gemm_int8",
+    ]
