@@ -108,7 +108,7 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
     for op in ops.probes():
         before = _runtime.launch_counts()
         try:
-            op.probe(device)
+            op.run_probe(device)
         except Exception as error:  # a failing op is reported, and the others still checked
             result[op.title] = {
                 "runs": f"{FAILS}: {type(error).__name__}: {str(error).splitlines()[0]}",

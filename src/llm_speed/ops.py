@@ -9,9 +9,11 @@ How the row is used:
   ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
 - **Probes.** ``llm-speed doctor`` runs ``row.probe(device)`` (a tiny call of the public function) for every
   row that has one, and reports what ran under ``row.label``; any failing probe makes it exit 1.
-- **Benchmarks.** ``llm-speed bench <row.bench>`` times the row under ``--impl row.bench_name`` against
-  ``row.alternatives`` (the ``--impl`` names of other libraries' implementations); :func:`bench_impls` gives
-  the accepted ``--impl`` values.
+- **Benchmarks.** ``llm-speed bench op NAME`` times any row with an ``example`` problem against its
+  ``baseline`` (the PyTorch function with the same signature), with FLOPs and bytes from the row's cost.
+  The attention and GEMM families also have their own benchmarks: ``llm-speed bench <row.bench>`` times the
+  row under ``--impl row.bench_name`` against ``row.alternatives`` (the ``--impl`` names of other libraries'
+  implementations); :func:`bench_impls` gives the accepted ``--impl`` values.
 
 The module imports neither torch nor any kernel: cost functions use the torch-free analytic model
 (:mod:`llm_speed.perf.kernel_costs`) and read only shapes, dtypes and devices of the reported tensors; probes
@@ -51,8 +53,12 @@ class Op:
     ``function``: ``"module:attribute"`` of the public function (imported on first :meth:`load`).
     ``cost``: ``cost(**problem) -> Work | None`` for the keyword arguments its ``report_work`` passes; None
     for an empty problem (it costs nothing and is not recorded).
-    ``probe``: ``probe(device)`` makes tiny inputs on ``device`` and calls the public function once; None for
-    rows doctor does not probe separately. ``label``: doctor's name for it (default ``name``).
+    ``probe``: ``probe(device)`` makes tiny inputs on ``device`` and calls the public function once; when
+    None, doctor calls the function on ``example(device, None, PROBE_SIZE)``; rows with neither are not
+    probed. ``label``: doctor's name for it (default ``name``).
+    ``example``: ``example(device, dtype, size) -> (args, kwargs)``, a problem of the given scale for the
+    public function (``dtype`` None: the device's default, fp16 on a GPU and fp32 on a CPU).
+    ``baseline``: ``"module:attribute"`` of the PyTorch function ``bench op`` compares with (same call).
     ``bench``: the benchmark that times it ("attention", "gemm") or None; ``bench_name`` its ``--impl`` name
     there; ``alternatives``: the ``--impl`` names it is compared with there.
     ``plain_pytorch``: written in plain PyTorch on purpose (no Triton kernel is expected to launch).
@@ -67,6 +73,8 @@ class Op:
     bench_name: str | None = None
     alternatives: tuple[str, ...] = ()
     plain_pytorch: bool = False
+    example: Callable[[Any, Any, int], tuple[tuple, dict]] | None = None
+    baseline: str | None = None
 
     @property
     def title(self) -> str:
@@ -75,8 +83,25 @@ class Op:
 
     def load(self) -> Callable[..., Any]:
         """The public function."""
-        module, attribute = self.function.split(":")
-        return getattr(importlib.import_module(module), attribute)
+        return _load(self.function)
+
+    def load_baseline(self) -> Callable[..., Any] | None:
+        """The baseline function ``bench op`` compares with, or None."""
+        return _load(self.baseline) if self.baseline else None
+
+    def run_probe(self, device: Any) -> Any:
+        """One tiny call: ``probe(device)``, or the function on its example at :data:`PROBE_SIZE`."""
+        if self.probe is not None:
+            return self.probe(device)
+        if self.example is None:
+            raise ValueError(f"op {self.name}: no probe and no example to probe with")
+        args, kwargs = self.example(device, None, PROBE_SIZE)
+        return self.load()(*args, **kwargs)
+
+
+def _load(path: str) -> Callable[..., Any]:
+    module, attribute = path.split(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 # --- cost functions: the problem a path reports -> Work --------------------------------------------------
@@ -119,12 +144,46 @@ def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
 PROBE_SEQ = 16
 PROBE_HEAD_DIM = 16
 PROBE_GEMM = 32
+PROBE_SIZE = 32  # the ``size`` doctor gives a row's ``example`` when it has no ``probe``
 
 
 def _probe_float_dtype(device: Any) -> Any:
     import torch
 
     return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def default_dtype(device: Any, dtype: Any = None) -> Any:
+    """``dtype`` as a torch.dtype (names like "bf16" accepted), or fp16 on a GPU and fp32 on a CPU."""
+    import torch
+
+    if dtype is None:
+        return _probe_float_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from llm_speed.perf.gpus import normalize_dtype
+
+    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "int8": torch.int8}
+    canonical = normalize_dtype(dtype)
+    if canonical not in names:
+        raise ValueError(f"dtype: {dtype!r} is not supported here; accepted: {', '.join(names)}")
+    return names[canonical]
+
+
+def attention_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """q, k, v ``[1, 8, size, 64]`` (``size`` = sequence length), causal."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    q, k, v = (torch.randn(1, 8, size, 64, device=device, dtype=dtype) for _ in range(3))
+    return (q, k, v), {"is_causal": True}
+
+
+def gemm_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """a, b ``[size, size]``."""
+
+    dtype = default_dtype(device, dtype)
+    return tuple(_matrices(device, dtype, size)), {}
 
 
 def _qkv(device: Any, *, requires_grad: bool = False) -> list[Any]:
@@ -152,10 +211,10 @@ def _flash_backward_probe(device: Any) -> None:
     flash_attention(q, k, v, is_causal=True).sum().backward()
 
 
-def _matrices(device: Any, dtype: Any) -> list[Any]:
+def _matrices(device: Any, dtype: Any, size: int = PROBE_GEMM) -> list[Any]:
     import torch
 
-    shape = (PROBE_GEMM, PROBE_GEMM)
+    shape = (size, size)
     if dtype == torch.int8:
         return [torch.randint(-128, 128, shape, device=device, dtype=dtype) for _ in range(2)]
     return [torch.randn(shape, device=device, dtype=dtype) for _ in range(2)]
@@ -188,6 +247,7 @@ def _int8_gemm_probe(device: Any) -> Any:
 
 # --- the table ---------------------------------------------------------------------------------------------
 
+_SDPA = "torch.nn.functional:scaled_dot_product_attention"
 _SDPA_ALTERNATIVES = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attn")
 
 OPS: tuple[Op, ...] = (
@@ -195,7 +255,7 @@ OPS: tuple[Op, ...] = (
         "flash_attention", "llm_speed.attention.flash:flash_attention", attention_work("flash", "fwd"),
         probe=attention_probe("llm_speed.attention.flash:flash_attention"),
         label="flash_attention (forward)", bench="attention", bench_name="flash",
-        alternatives=_SDPA_ALTERNATIVES,
+        alternatives=_SDPA_ALTERNATIVES, example=attention_example, baseline=_SDPA,
     ),
     # Also tiled_attention's backward: it runs the same kernels.
     Op(
@@ -205,12 +265,12 @@ OPS: tuple[Op, ...] = (
     Op(
         "tiled_attention", "llm_speed.attention.tiled:tiled_attention", attention_work("tiled", "fwd"),
         probe=attention_probe("llm_speed.attention.tiled:tiled_attention"), bench="attention",
-        bench_name="tiled",
+        bench_name="tiled", example=attention_example, baseline=_SDPA,
     ),
     Op(
         "naive_attention", "llm_speed.attention.naive:naive_attention", attention_work("naive", "fwd"),
         probe=attention_probe("llm_speed.attention.naive:naive_attention"), bench="attention",
-        bench_name="naive", plain_pytorch=True,
+        bench_name="naive", plain_pytorch=True, example=attention_example, baseline=_SDPA,
     ),
     # The out-of-memory fallback of safe_flash_attention, costed as a materialising kernel in q's dtype
     # (SDPA's real traffic depends on the backend torch picks).
@@ -221,7 +281,7 @@ OPS: tuple[Op, ...] = (
     # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".
     Op(
         "gemm", "llm_speed.matmul.ops:gemm", gemm_work, probe=_gemm_probe, bench="gemm",
-        bench_name="llm-speed", alternatives=("torch",),
+        bench_name="llm-speed", alternatives=("torch",), example=gemm_example, baseline="torch:matmul",
     ),
     Op("tensor_core_gemm", "llm_speed.matmul.ops:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe),
     Op(
@@ -230,23 +290,18 @@ OPS: tuple[Op, ...] = (
     ),
 )  # fmt: skip
 
-_BY_NAME = {op.name: op for op in OPS}
-if len(_BY_NAME) != len(OPS):
-    raise ValueError(f"ops.OPS: duplicate op names in {[op.name for op in OPS]}")
-
 
 def get(name: str) -> Op:
     """The row called ``name``; ValueError listing the known names otherwise."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        known = ", ".join(_BY_NAME)
-        raise ValueError(f"op: no row called {name!r} in llm_speed.ops.OPS; known: {known}") from None
+    for op in OPS:
+        if op.name == name:
+            return op
+    raise ValueError(f"op: no row called {name!r} in llm_speed.ops.OPS; known: {', '.join(names())}")
 
 
 def names() -> tuple[str, ...]:
     """Every row's name, in table order."""
-    return tuple(_BY_NAME)
+    return tuple(op.name for op in OPS)
 
 
 def bench_rows(bench: str) -> tuple[Op, ...]:
@@ -266,5 +321,5 @@ def bench_impls(bench: str) -> tuple[str, ...]:
 
 
 def probes() -> tuple[Op, ...]:
-    """The rows doctor probes, in table order."""
-    return tuple(op for op in OPS if op.probe is not None)
+    """The rows doctor probes (a ``probe`` or an ``example``), in table order."""
+    return tuple(op for op in OPS if op.probe is not None or op.example is not None)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llm_speed import _cli
+from llm_speed import _cli, ops
 from llm_speed._cli import non_negative_int, positive_int
 from llm_speed.bench import options
 
@@ -95,6 +95,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
+
+    op = kinds.add_parser(
+        "op",
+        help="any op of the table with an example problem, against its PyTorch baseline",
+        description="Time one op of llm_speed.ops on its example problem against its baseline.",
+    )
+    op.add_argument("name", choices=[row.name for row in ops.OPS if row.example is not None], help="the op")
+    op.add_argument("--size", type=positive_int, default=None, help="the example's scale (GPU 4096, CPU 64)")
+    op.add_argument("--dtype", choices=options.ATTENTION_DTYPES, help="GPU fp16, CPU fp32")
+    op.add_argument("--warmup", type=non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
+    op.add_argument("--iterations", type=positive_int, help="timed runs (GPU 50, CPU 3)")
+    _cli.add_device_argument(op)
+    op.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    op.set_defaults(func=run_op_command)
 
 
 def _pick(value: Any, device: torch.device, key: str, gpu: dict, cpu: dict) -> Any:
@@ -261,3 +275,27 @@ def _finish(args, settings, rows, payload_fn, print_fn, title: str) -> int:
         )
     # Exit 1 when nothing at all could run: a benchmark with no figure is a failure, not a result.
     return 0 if any(row.available for row in rows) else 1
+
+
+# bench op defaults: (GPU, CPU)
+_OP_DEFAULTS = {"size": (4096, 64), "warmup": (10, 1), "iterations": (50, 3)}
+
+
+def run_op_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench op NAME``."""
+    from llm_speed._output import dump_json
+    from llm_speed.bench import op as op_bench
+
+    device = _cli.resolve_device(args.device)
+    on_gpu = device.type == "cuda"
+    chosen = {key: getattr(args, key) for key in _OP_DEFAULTS}
+    chosen = {
+        key: value if value is not None else _OP_DEFAULTS[key][0 if on_gpu else 1]
+        for key, value in chosen.items()
+    }
+    rows = op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
+    if args.json:
+        dump_json(op_bench.results_payload(rows))
+    else:
+        op_bench.print_op(rows, _cli.console())
+    return 0
