@@ -8,6 +8,8 @@ The "one file" is the block between the markers below (docs/architecture.md show
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +46,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"x must be a float16/bfloat16/float32 tensor, got {getattr(x, 'dtype', type(x))}")
     x = x.contiguous()
     _runtime.report_work("silu", x=x)  # every path reports its work once, for the profiler
-    if not _runtime.triton_runs_on(x.device):
+    if x.numel() == 0 or not _runtime.triton_runs_on(x.device):
         return silu_reference(x)
     out = torch.empty_like(x)
     with _runtime.on_device_of(x):
@@ -68,8 +70,14 @@ def silu_example(device, dtype, size: int):
 
 # --- end of the file --------------------------------------------------------------------------------------
 
-# The one row (in src/llm_speed/ops.py: function="llm_speed.silu:silu", baseline="torch.nn.functional:silu").
-ROW = ops.Op("silu", f"{__name__}:silu", silu_work, example=silu_example, baseline="torch.nn.functional:silu")
+# The one row; in src/llm_speed/ops.py the module is "llm_speed.silu" instead of this test module.
+ROW = ops.Op(
+    "silu",
+    f"{__name__}:silu",
+    cost=f"{__name__}:silu_work",
+    example=f"{__name__}:silu_example",
+    baseline="torch.nn.functional:silu",
+)
 
 
 @pytest.fixture
@@ -110,3 +118,19 @@ def test_bench_op_times_it_against_its_baseline(with_row, capsys):
     results = json.loads(capsys.readouterr().out)["results"]
     assert [row["impl"] for row in results] == ["llm-speed", "torch.nn.functional:silu"]
     assert all(row["flops"] == 4 * 32 * 32 and row["median_ms"] > 0 for row in results)
+
+
+def test_bad_and_empty_input():
+    with pytest.raises(TypeError, match="x must be"):
+        silu(torch.zeros(3, dtype=torch.int32))
+    assert silu(torch.empty(0, 5)).shape == (0, 5)
+
+
+def test_docs_show_this_code():
+    """docs/architecture.md's walkthrough shows the code tested here, line for line."""
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "architecture.md").read_text()
+    shown = re.findall(r"```python\n(import torch\n.*?)```", docs, flags=re.S)[0]
+    tested = Path(__file__).read_text()
+    tested = tested[tested.index('KERNEL = "silu"') : tested.index("# --- end of the file")]
+    assert shown[shown.index('KERNEL = "silu"') :].strip() == tested.strip()

@@ -19,7 +19,7 @@ def test_rows_are_well_formed():
     assert len(set(ops.names())) == len(ops.OPS)
     for row in ops.OPS:
         assert callable(row.load()), row.name
-        assert callable(row.cost), row.name
+        assert callable(row.cost) or isinstance(row.cost, str), row.name
         assert (row.bench is None) == (row.bench_name is None), row.name
         assert not row.alternatives or row.bench, row.name
     assert ops.get("gemm").load().__name__ == "gemm"

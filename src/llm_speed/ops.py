@@ -5,7 +5,7 @@ How the row is used:
 
 - **Work reports.** Whatever path computes an op (a Triton launcher, or the plain-PyTorch fallback on a CPU
   without the interpreter) calls ``llm_speed._runtime.report_work(row.name, **problem)`` once per call. The
-  profiler looks the row up with :func:`get` and turns ``row.cost(**problem)`` into FLOPs and bytes for the
+  profiler looks the row up with :func:`get` and turns ``row.work(**problem)`` into FLOPs and bytes for the
   ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
 - **Probes.** ``llm-speed doctor`` runs ``row.probe(device)`` (a tiny call of the public function) for every
   row that has one, and reports what ran under ``row.label``; any failing probe makes it exit 1.
@@ -53,6 +53,8 @@ class Op:
     ``function``: ``"module:attribute"`` of the public function (imported on first :meth:`load`).
     ``cost``: ``cost(**problem) -> Work | None`` for the keyword arguments its ``report_work`` passes; None
     for an empty problem (it costs nothing and is not recorded).
+    ``cost``, ``probe`` and ``example`` are functions or ``"module:attribute"`` strings naming one (loaded on
+    first use, so a row can point into its op's own file without this module importing it).
     ``probe``: ``probe(device)`` makes tiny inputs on ``device`` and calls the public function once; when
     None, doctor calls the function on ``example(device, None, PROBE_SIZE)``; rows with neither are not
     probed. ``label``: doctor's name for it (default ``name``).
@@ -66,14 +68,14 @@ class Op:
 
     name: str
     function: str
-    cost: Callable[..., Work | None]
-    probe: Callable[[Any], Any] | None = None
+    cost: Callable[..., Work | None] | str
+    probe: Callable[[Any], Any] | str | None = None
     label: str | None = None
     bench: str | None = None
     bench_name: str | None = None
     alternatives: tuple[str, ...] = ()
     plain_pytorch: bool = False
-    example: Callable[[Any, Any, int], tuple[tuple, dict]] | None = None
+    example: Callable[[Any, Any, int], tuple[tuple, dict]] | str | None = None
     baseline: str | None = None
 
     @property
@@ -89,19 +91,31 @@ class Op:
         """The baseline function ``bench op`` compares with, or None."""
         return _load(self.baseline) if self.baseline else None
 
+    def work(self, **problem: Any) -> Work | None:
+        """The cost of one reported call (``problem``: what the op passed to ``report_work``)."""
+        return _function(self.cost)(**problem)
+
+    def example_problem(self, device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of the example problem of scale ``size``; ValueError when there is none."""
+        if self.example is None:
+            raise ValueError(f"op {self.name}: no example problem")
+        return _function(self.example)(device, dtype, size)
+
     def run_probe(self, device: Any) -> Any:
         """One tiny call: ``probe(device)``, or the function on its example at :data:`PROBE_SIZE`."""
         if self.probe is not None:
-            return self.probe(device)
-        if self.example is None:
-            raise ValueError(f"op {self.name}: no probe and no example to probe with")
-        args, kwargs = self.example(device, None, PROBE_SIZE)
+            return _function(self.probe)(device)
+        args, kwargs = self.example_problem(device, None, PROBE_SIZE)
         return self.load()(*args, **kwargs)
 
 
 def _load(path: str) -> Callable[..., Any]:
     module, attribute = path.split(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def _function(value: Callable[..., Any] | str) -> Callable[..., Any]:
+    return _load(value) if isinstance(value, str) else value
 
 
 # --- cost functions: the problem a path reports -> Work --------------------------------------------------

@@ -147,7 +147,7 @@ def _observe_work(op: str, problem: dict[str, Any]) -> None:
     if not is_recording():
         return
     row = ops.get(op)
-    work = row.cost(**problem)
+    work = row.work(**problem)
     if work is not None:
         record_call(row.title, work.flops, work.bytes_moved, work.dtype, work.device)
 

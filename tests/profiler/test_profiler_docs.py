@@ -56,7 +56,7 @@ def _attention_inputs(requires_grad: bool = False):
 
 def _expected(row: str, *problem: torch.Tensor, **flags) -> float:
     names = ("op_a", "op_b", "out") if "gemm" in row else ("q", "k")
-    return ops.get(row).cost(**dict(zip(names, problem, strict=True)), **flags).flops
+    return ops.get(row).work(**dict(zip(names, problem, strict=True)), **flags).flops
 
 
 @pytest.mark.parametrize("triton_path", [True, False], ids=["triton", "pytorch-fallback"])

@@ -64,7 +64,7 @@ def run_op(
     if row.example is None:
         raise ValueError(f"op: {name} has no example problem to benchmark; ops that have one: {examples()}")
     torch_dtype = ops.default_dtype(device, dtype)
-    args, kwargs = row.example(device, torch_dtype, size)
+    args, kwargs = row.example_problem(device, torch_dtype, size)
     function = row.load()
     profiler = CUDAProfiler(device)
     function(*args, **kwargs)  # warm up (compilation) before the costed run
