@@ -1,8 +1,9 @@
 """Where a Triton kernel can run, decided without touching the GPU at import time.
 
 Triton's ``@triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *decorated*, i.e. when the module that
-defines it is imported. ``INTERPRETED`` captures that same moment, so the answer here always matches what
-the kernels really are: setting the variable after ``import llm_speed`` changes neither.
+defines it is imported. ``INTERPRETED`` is read when this module is first imported, which happens together
+with the kernels on the first use of an llm-speed op (``import llm_speed`` itself loads neither): set the
+variable before using any op, and the answer here matches what the kernels really are.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def launch_counts() -> collections.Counter[str]:
     return collections.Counter(_launches)
 
 
-# Who wants to hear about the work each Triton launcher is asked to do (the profiler registers one, see
-# llm_speed.profiler); launchers call report_work once per call, which costs a loop over an empty list
-# when nobody listens.
+# Who wants to hear about the work each op is asked to do (the profiler registers one, see
+# llm_speed.profiler); ops call report_work once per call, which costs a loop over an empty list when nobody
+# listens.
 _work_observers: list[Callable[[str, dict[str, Any]], None]] = []
 
 
@@ -67,8 +68,9 @@ def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
 
 
 def report_work(op: str, **problem: Any) -> None:
-    """Tell the observers that a launcher runs ``op`` ("attention_fwd", "attention_bwd", "gemm") on
-    ``problem`` (its tensors and flags), so a profiler can count FLOPs and bytes of calls made directly."""
+    """Tell the observers that the op ``op`` (a row name of :mod:`llm_speed.ops`, e.g. "flash_attention",
+    "gemm") runs on ``problem`` (its tensors and flags, as the row's cost function reads them), so a profiler
+    can count FLOPs and bytes. Every path of an op (Triton or plain PyTorch) calls it once per call."""
     for observer in _work_observers:
         observer(op, problem)
 

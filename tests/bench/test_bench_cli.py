@@ -1,4 +1,4 @@
-"""The ``bench``, ``doctor`` and ``demo`` commands: flags (seed 002's included), bad input, outputs."""
+"""The ``bench``, ``doctor`` and ``demo`` commands: flags (the old project's included), bad input, outputs."""
 
 import json
 import os
@@ -27,7 +27,7 @@ def fast_env() -> dict[str, str]:
     return {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO / "src")}
 
 
-def test_seed_002_attention_flags():
+def test_old_project_attention_flags():
     args = parse(
         "bench",
         "attention",
@@ -98,7 +98,7 @@ def test_cpu_defaults_are_small():
     assert max(case.m for case in gemm.cases) <= 128
 
 
-def test_seed_002_gemm_flags_and_model_shapes():
+def test_old_project_gemm_flags_and_model_shapes():
     args = parse(
         "bench",
         "gemm",
@@ -274,7 +274,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert payload["attention"]["results"] and payload["gemm"]["results"]
 
 
-def test_seed_wrapper_script_accepts_seed_flags(tmp_path):
+def test_wrapper_script_accepts_the_old_flags(tmp_path):
     out = tmp_path / "gemm_results.json"
     result = subprocess.run(
         [
@@ -330,8 +330,8 @@ def test_gpu_suite_script_dry_run_and_no_gpu_refusal(tmp_path):
         assert real.returncode == 2 and "no CUDA GPU" in real.stderr
 
 
-def test_attention_wrapper_script_runs_seed_flags(tmp_path, monkeypatch, capsys):
-    """benchmarks/benchmark_attention.py with seed 002's custom-configuration flags (small sizes, CPU)."""
+def test_attention_wrapper_script_runs_the_old_flags(tmp_path, monkeypatch, capsys):
+    """benchmarks/benchmark_attention.py with the old project's custom-configuration flags (small, CPU)."""
     import runpy
 
     out = tmp_path / "results.json"
@@ -343,7 +343,7 @@ def test_attention_wrapper_script_runs_seed_flags(tmp_path, monkeypatch, capsys)
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "benchmarks" / "benchmark_attention.py"), run_name="__main__")
     assert exit_info.value.code == 0
-    assert "ATTENTION BENCHMARK RESULTS" in capsys.readouterr().out  # seed 002's table
+    assert "ATTENTION BENCHMARK RESULTS" in capsys.readouterr().out  # the old project's table
     results = json.loads(out.read_text())["results"]
     assert [(r["config"], r["impl"]) for r in results] == [
         ("1x2x16x16", "flash"), ("1x2x16x16", "sdpa"), ("1x2x32x16", "flash"), ("1x2x32x16", "sdpa")
