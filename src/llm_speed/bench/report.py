@@ -35,7 +35,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,
 }
 MIB = 2**20
-# Table width when standard output is a file or pipe (logs), so rows are not folded.
 
 
 def torch_dtype(name: str, accepted: Sequence[str]) -> torch.dtype:
