@@ -7,8 +7,9 @@ How the row is used:
   without the interpreter) calls ``llm_speed._runtime.report_work(row.name, **problem)`` once per call. The
   profiler looks the row up with :func:`get` and turns ``row.work(**problem)`` into FLOPs and bytes for the
   ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
-- **Probes.** ``llm-speed doctor`` runs ``row.probe(device)`` (a tiny call of the public function) for every
-  row that has one, and reports what ran under ``row.label``; any failing probe makes it exit 1.
+- **Probes.** ``llm-speed doctor`` runs :meth:`Op.run_probe` (a tiny call of the public function: the row's
+  ``probe``, else its ``example`` at :data:`PROBE_SIZE`) for every row with either, and reports what ran under
+  ``row.title``; any failing probe makes it exit 1.
 - **Benchmarks.** ``llm-speed bench op NAME`` times any row with an ``example`` problem against its
   ``baseline`` (the PyTorch function with the same signature), with FLOPs and bytes from the row's cost.
   The attention and GEMM families also have their own benchmarks: ``llm-speed bench <row.bench>`` times the
@@ -53,8 +54,6 @@ class Op:
     ``function``: ``"module:attribute"`` of the public function (imported on first :meth:`load`).
     ``cost``: ``cost(**problem) -> Work | None`` for the keyword arguments its ``report_work`` passes; None
     for an empty problem (it costs nothing and is not recorded).
-    ``cost``, ``probe`` and ``example`` are functions or ``"module:attribute"`` strings naming one (loaded on
-    first use, so a row can point into its op's own file without this module importing it).
     ``probe``: ``probe(device)`` makes tiny inputs on ``device`` and calls the public function once; when
     None, doctor calls the function on ``example(device, None, PROBE_SIZE)``; rows with neither are not
     probed. ``label``: doctor's name for it (default ``name``).
@@ -64,6 +63,9 @@ class Op:
     ``bench``: the benchmark that times it ("attention", "gemm") or None; ``bench_name`` its ``--impl`` name
     there; ``alternatives``: the ``--impl`` names it is compared with there.
     ``plain_pytorch``: written in plain PyTorch on purpose (no Triton kernel is expected to launch).
+
+    ``cost``, ``probe`` and ``example`` are functions or ``"module:attribute"`` strings naming one (loaded on
+    first use, so a row can point into its op's own file without this module importing it).
     """
 
     name: str
