@@ -1,4 +1,7 @@
-"""Shared tools for the attention tests: inputs, the float64 reference, the 2x/3x error rule, launch proof."""
+"""Shared tools for the attention tests: inputs, the float64 reference, the 2x/3x rule applied, launch proof.
+
+The rule itself and the NaN poisoning live in ``tests/accuracy_rule.py``, shared with the GEMM tests.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,17 @@ import contextlib
 
 import torch
 
+from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests import them from here)
+    ERROR_CAP,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+    assert_error_rule,
+    max_error,
+    nan_poisoned_outputs,
+)
 from llm_speed import _runtime
 from llm_speed.attention import launch
 from llm_speed.attention.reference import reference_attention
-
-# Fixed error cap added to the 2x/3x rule: about one unit of rounding at 1.0 in the kernel's dtype, so a
-# reference that happens to be almost exact does not demand more than the dtype can hold.
-ERROR_CAP = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-OUTPUT_FACTOR = 2.0
-GRAD_FACTOR = 3.0
 
 FORWARD_KERNELS = (launch.KERNEL_FORWARD,)
 BACKWARD_KERNELS = (launch.KERNEL_BACKWARD_PREPROCESS, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ)
@@ -50,25 +55,6 @@ def reference_with_grads(q, k, v, dout, dlse=None, dtype=torch.float64, **kwargs
     return run_with_grads(reference_attention, *cast, dout, dlse, **kwargs)
 
 
-def max_error(x: torch.Tensor, truth: torch.Tensor) -> float:
-    x, truth = x.detach().cpu().double(), truth.detach().cpu().double()
-    assert x.shape == truth.shape, (x.shape, truth.shape)
-    assert torch.equal(torch.isinf(truth), torch.isinf(x) & (x == truth)), "inf pattern differs"
-    finite = torch.isfinite(truth)
-    assert torch.isfinite(x[finite]).all(), "non-finite value where the reference is finite"
-    return (x[finite] - truth[finite]).abs().max().item() if finite.any() else 0.0
-
-
-def assert_error_rule(name, kernel, same_precision, truth, factor, dtype):
-    """kernel error <= factor * (same-precision PyTorch error) + cap, all against the float64 truth."""
-    err_kernel = max_error(kernel, truth)
-    err_torch = max_error(same_precision, truth)
-    bound = factor * err_torch + ERROR_CAP[dtype]
-    assert err_kernel <= bound, (
-        f"{name}: error {err_kernel:.3e} > {factor} x {err_torch:.3e} + {ERROR_CAP[dtype]}"
-    )
-
-
 def check_against_reference(fn, q, k, v, *, is_causal, scale=None, grads=True, dlse=False):
     """Run ``fn`` (forward, and backward when ``grads``) and apply the 2x/3x rule to out, lse, dq, dk, dv."""
     dtype = q.dtype
@@ -88,15 +74,6 @@ def check_against_reference(fn, q, k, v, *, is_causal, scale=None, grads=True, d
         factor = OUTPUT_FACTOR if i < 2 else GRAD_FACTOR
         assert_error_rule(name, value, same[i], truth[i], factor, dtype)
     return got
-
-
-def nan_poisoned_outputs(monkeypatch):
-    """Make every kernel output start as NaN, so an element a kernel forgets to write shows."""
-
-    def poisoned(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(launch, "new_output", poisoned)
 
 
 @contextlib.contextmanager
