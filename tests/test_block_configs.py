@@ -93,3 +93,15 @@ def test_one_config_type_for_both_families():
     assert gemm.to_triton().num_warps == 8 and gemm.name() == "128x256x64_g8_w8_s3"
     with pytest.raises(TypeError):
         BlockConfig(64, 64, 4, 2, 32)  # block_k and group_m are keyword-only
+
+
+def test_compact_attention_tiles_never_need_more_than_full_ones():
+    """COMPACT is compiled only as a sample (tests/attention/compile_for_gpu.py): its tiles and stages are
+    each at most FULL's, so its shared memory is at most FULL's measured 98 KiB."""
+    for direction, by_dtype in attention_configs.COMPACT.table.items():
+        for dtype, row in by_dtype.items():
+            for block_d, compact in row.items():
+                full = attention_configs.FULL.table[direction][dtype][block_d]
+                assert compact.block_m <= full.block_m and compact.block_n <= full.block_n
+                assert compact.num_stages <= full.num_stages
+    assert attention_configs.COMPACT.table != attention_configs.FULL.table
