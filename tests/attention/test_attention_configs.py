@@ -48,7 +48,7 @@ def test_each_shipped_config_directly(monkeypatch, device, entry):
         seq_q, seq_kv = per_head * blocks + 3, per_head * blocks + 11
     else:
         batch, heads_q, heads_kv = 1, 2, 1
-        seq_q, seq_kv = blocks + 3, 2 * blocks + 5
+        seq_q, seq_kv = blocks + 3, blocks + 21  # ragged: a partial last block of queries and of keys
     q = torch.randn(batch, heads_q, seq_q, head_dim, device=device, dtype=dtype)
     k = torch.randn(batch, heads_kv, seq_kv, head_dim, device=device, dtype=dtype)
     v = torch.randn(batch, heads_kv, seq_kv, head_dim, device=device, dtype=dtype)

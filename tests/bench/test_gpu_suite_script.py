@@ -139,3 +139,21 @@ def test_git_commit_from_the_environment_wins(monkeypatch):
     monkeypatch.delenv("LLM_SPEED_GIT_COMMIT")
     commit, reason = git_commit(Path("/"))
     assert commit is None and "git" in reason
+
+
+def test_plan_lists_each_command_with_a_timeout_that_fits():
+    """docs/notes/gpu-speed-plan.md gives each step's device command and timeout_s: each timeout covers the
+    step's budget with margin, and the sequence with three cold starts fits 25 of the 30 device minutes."""
+    plan = (REPO / "docs" / "notes" / "gpu-speed-plan.md").read_text()
+    script = SCRIPT.read_text()
+    start_s, overhead_s = 90, 30  # a cold machine's start; versions, kill grace and packing
+    total = 0
+    for step in STEPS:
+        row = re.search(rf"run_gpu_suite\.sh {step} \$OUT` \| (\d+) \|", plan)
+        budget = re.search(rf"{step}\) BUDGET=(\d+);", script)
+        assert row and budget, step
+        timeout_s, budget_s = int(row.group(1)), int(budget.group(1))
+        assert budget_s + overhead_s + 30 <= timeout_s <= 600, step
+        assert start_s + budget_s + overhead_s <= DEVICE_COMMAND_LIMIT_S, step
+        total += start_s + budget_s + overhead_s
+    assert total <= 25 * 60
