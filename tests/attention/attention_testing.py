@@ -47,22 +47,27 @@ def run_with_grads(fn, q, k, v, dout, dlse=None, **kwargs):
     return (out.detach(), lse.detach(), *(t.grad for t in leaves))
 
 
-def reference_with_grads(q, k, v, dout, dlse=None, dtype=torch.float64, **kwargs):
-    """The PyTorch reference on CPU in ``dtype`` (float64: the truth; q's dtype: the same-precision run)."""
-    cast = [t.detach().cpu().to(dtype) for t in (q, k, v)]
-    dout = dout.detach().cpu().to(dtype)
-    dlse = dlse.detach().cpu().to(dtype) if dlse is not None else None
+def reference_with_grads(q, k, v, dout, dlse=None, dtype=torch.float64, device="cpu", **kwargs):
+    """The PyTorch reference on ``device`` in ``dtype`` (float64: the truth; q's dtype: the same-precision
+    run). The CPU by default; GPU-scale tests use the GPU, where float64 at seq 2048 takes milliseconds."""
+    cast = [t.detach().to(device=device, dtype=dtype) for t in (q, k, v)]
+    dout = dout.detach().to(device=device, dtype=dtype)
+    dlse = dlse.detach().to(device=device, dtype=dtype) if dlse is not None else None
     return run_with_grads(reference_attention, *cast, dout, dlse, **kwargs)
 
 
-def check_against_reference(fn, q, k, v, *, is_causal, scale=None, grads=True, dlse=False):
-    """Run ``fn`` (forward, and backward when ``grads``) and apply the 2x/3x rule to out, lse, dq, dk, dv."""
+def check_against_reference(
+    fn, q, k, v, *, is_causal, scale=None, grads=True, dlse=False, reference_device="cpu"
+):
+    """Run ``fn`` (forward, and backward when ``grads``) and apply the 2x/3x rule to out, lse, dq, dk, dv.
+
+    The references run on ``reference_device``."""
     dtype = q.dtype
     dout = torch.randn(q.shape, dtype=dtype).to(q.device)
     dlse_t = torch.randn(q.shape[:3], dtype=torch.float32).to(q.device) if dlse else None
     kwargs = dict(is_causal=is_causal, scale=scale)
-    truth = reference_with_grads(q, k, v, dout, dlse_t, torch.float64, **kwargs)
-    same = reference_with_grads(q, k, v, dout, dlse_t, dtype, **kwargs)
+    truth = reference_with_grads(q, k, v, dout, dlse_t, torch.float64, reference_device, **kwargs)
+    same = reference_with_grads(q, k, v, dout, dlse_t, dtype, reference_device, **kwargs)
     if grads:
         got = run_with_grads(fn, q, k, v, dout, dlse_t, **kwargs)
     else:

@@ -54,4 +54,6 @@ def test_each_shipped_config_directly(monkeypatch, device, entry):
     v = torch.randn(batch, heads_kv, seq_kv, head_dim, device=device, dtype=dtype)
     grads = entry.direction == "backward"
     with expect_launches(*(BACKWARD_KERNELS if grads else FORWARD_KERNELS), device=device):
-        check_against_reference(flash_attention, q, k, v, is_causal=True, grads=grads)
+        check_against_reference(
+            flash_attention, q, k, v, is_causal=True, grads=grads, reference_device=device
+        )
