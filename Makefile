@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Two workers match CI's two cores; the Triton interpreter is single-threaded.
 TEST_WORKERS ?= 2
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test demo lint clean gpu-quick
 
 setup: $(STAMP)
 
@@ -25,6 +25,12 @@ test: setup
 
 demo: setup
 	$(BIN)/llm-speed demo
+
+# The quick GPU proof (< 2 minutes on a cold H100): versions, doctor and ~30 GPU tests, results in GPU_OUT.
+# Uses $(PYTHON) as is (the GPU machine's own torch), not the CPU venv.
+GPU_OUT ?= gpu-quick-out
+gpu-quick:
+	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh quick $(GPU_OUT)
 
 lint: setup
 	$(BIN)/ruff check .

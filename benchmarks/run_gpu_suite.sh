@@ -1,57 +1,70 @@
 #!/usr/bin/env bash
-# One command for a short GPU lease: doctor, the GPU test suite, the standard benchmark set and the demo.
-# Everything ends up in OUTDIR as three files (few files travel back from a leased machine more easily):
-#   OUTDIR/summary.json    device, versions, git commit, every step with its exit code and seconds
-#   OUTDIR/summary.txt     the same for a person, plus the tail of the pytest log
-#   OUTDIR/results.tar.gz  every log, benchmark JSON, plot, the pytest junit XML and the demo's files
-# Both summaries and the archive are rewritten after every step, so a run cut short still leaves results.
+# The GPU run, as device commands that each fit one 10-minute command with margin (docs/notes/gpu-speed-plan.md
+# lists them in order with their timeout_s). Each STEP is one command:
+#   quick   versions, `llm-speed doctor` (non-zero when an op fails) and ~30 GPU tests over every kernel
+#           family, 8 workers: the proof that the kernels run (< 2 minutes on a cold H100)
+#   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
+#           own junit XML, so a chunk cut by its cap costs only that chunk
+#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured) and demo
+# OUTDIR then holds three files, flat (a device command sends back at most 8):
+#   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
+#                               pytest counts and failed test names, the benchmark rows
+#   results.tar.gz              every log (pytest -v -rfE), junit XML, benchmark JSON and plot
+# The summaries and archive are rewritten after every sub-step; sub-step caps sum to the step's budget, so a
+# cut sub-step is stopped by its cap (SIGINT: pytest still writes its junit) and the rest still runs.
 #
-#   benchmarks/run_gpu_suite.sh OUTDIR            # run everything (needs a CUDA GPU)
-#   benchmarks/run_gpu_suite.sh --dry-run OUTDIR  # print the steps and their time caps, run nothing
+#   benchmarks/run_gpu_suite.sh STEP OUTDIR             run (needs a CUDA GPU)
+#   benchmarks/run_gpu_suite.sh --check STEP OUTDIR     CPU dry run: doctor and versions for real, every
+#                                                       pytest command collected (--collect-only), every
+#                                                       benchmark line parsed by the real CLI parser
+#   benchmarks/run_gpu_suite.sh --dry-run STEP          print the sub-steps and their caps, run nothing
 #
-# Environment:
-#   PYTHON (default python3)    the interpreter with torch/triton; llm_speed is imported from this checkout's src/
-#   SUITE_BUDGET_S (default 500) total seconds for the steps; each step has its own cap and never gets more
-#                               than the budget left, so the whole run fits a 10-minute command limit
-#   SUITE_STEPS                 space-separated step names to run (default: all; see --dry-run)
-#   PYTEST_WORKERS (default 8)  pytest-xdist workers for the test step (1: no xdist)
-#   LLM_SPEED_GIT_COMMIT        the commit to record when the checkout has no .git (a copied working tree)
-#   SUITE_ALLOW_CPU=1           run without a GPU (only to test this script; the results mean nothing)
-# Exit code: 0 when every step passed, 1 when one failed, timed out (exit code 124) or was skipped, 2 on bad use.
+# Environment: PYTHON (default python3); LLM_SPEED_GIT_COMMIT (the commit to record: the device machine's
+# copy has no .git); PYTEST_WORKERS (default: quick 8, tests 12); SUITE_ALLOW_CPU=1 runs for real without a
+# GPU (tests of this script only).
+# Exit code: 0 when every sub-step passed, 1 when one failed, timed out or was skipped, 2 on bad use.
 set -u
 
-DRY_RUN=0
-if [ "${1:-}" = "--dry-run" ]; then
-    DRY_RUN=1
-    shift
-fi
-if [ $# -ne 1 ]; then
-    echo "usage: $0 [--dry-run] OUTDIR" >&2
+MODE=run
+case "${1:-}" in
+--check) MODE=check; shift ;;
+--dry-run) MODE=dry; shift ;;
+esac
+STEP=${1:-}
+case "$STEP" in
+quick) BUDGET=100; DEFAULT_WORKERS=8 ;;
+tests) BUDGET=360; DEFAULT_WORKERS=12 ;;
+bench) BUDGET=350; DEFAULT_WORKERS=1 ;;
+*) echo "usage: $0 [--check|--dry-run] quick|tests|bench OUTDIR" >&2; exit 2 ;;
+esac
+if [ "$MODE" = dry ]; then OUT=OUTDIR; elif [ $# -ne 2 ]; then
+    echo "usage: $0 [--check|--dry-run] quick|tests|bench OUTDIR" >&2
     exit 2
+else
+    OUT=$2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=$1
-if [ "$DRY_RUN" = 0 ]; then
+PY=${PYTHON:-python3}
+WORKERS=${PYTEST_WORKERS:-$DEFAULT_WORKERS}
+KILL_GRACE_S=15  # after its cap a sub-step gets SIGINT (pytest writes its junit), and SIGKILL this much later
+MIN_STEP_S=10    # a sub-step with less time than this left is skipped rather than started
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# One CPU thread pool per pytest worker: workers x all cores oversubscribed the 16-core machine.
+CORES=$(nproc 2>/dev/null || echo 16)
+export OMP_NUM_THREADS=$((CORES / WORKERS > 0 ? CORES / WORKERS : 1))
+if [ "$MODE" = run ]; then
+    export TRITON_INTERPRET=0  # benchmarks and GPU tests run compiled Triton kernels, never the interpreter
+fi
+cd "$ROOT" || exit 2
+
+if [ "$MODE" != dry ]; then
     if ! mkdir -p "$OUT" || [ ! -w "$OUT" ]; then
         echo "run_gpu_suite.sh: cannot write to OUTDIR $OUT" >&2
         exit 2
     fi
-    OUT=$(cd "$OUT" && pwd)  # absolute, before the cd below
-fi
-PY=${PYTHON:-python3}
-BUDGET=${SUITE_BUDGET_S:-500}
-WORKERS=${PYTEST_WORKERS:-8}
-ONLY=${SUITE_STEPS:-}
-MIN_STEP_S=15    # a step with less time than this left is skipped rather than started
-KILL_GRACE_S=10  # after its cap a step gets SIGTERM, and SIGKILL this much later
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-# Benchmarks and tests must run compiled Triton kernels, never the interpreter.
-export TRITON_INTERPRET=0
-cd "$ROOT" || exit 2
-
-if [ "$DRY_RUN" = 0 ]; then
-    if [ "${SUITE_ALLOW_CPU:-0}" != 1 ] \
+    OUT=$(cd "$OUT" && pwd)
+    if [ "$MODE" = run ] && [ "${SUITE_ALLOW_CPU:-0}" != 1 ] \
         && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         echo "run_gpu_suite.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is False)" >&2
         exit 2
@@ -68,8 +81,11 @@ if [ "$DRY_RUN" = 0 ]; then
     {
         echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "git_commit: $COMMIT"
+        echo "suite_step: $STEP ($MODE)"
         nvidia-smi 2>&1 || echo "nvidia-smi: not available"
     } > "$RAW/environment.txt"
+else
+    RAW=OUTDIR
 fi
 
 START=$SECONDS
@@ -80,92 +96,117 @@ pack() {
     "$PY" "$ROOT/benchmarks/suite_summary.py" "$RAW" "$OUT" > /dev/null 2>> "$RAW/pack_errors.log" \
         || echo "run_gpu_suite.sh: writing the summaries failed (see pack_errors.log in the archive)" >&2
     if [ ! -s "$RAW/pack_errors.log" ]; then rm -f "$RAW/pack_errors.log"; fi
-    tar -czf "$OUT/.results.tar.gz.tmp" -C "$RAW" . && mv -f "$OUT/.results.tar.gz.tmp" "$OUT/results.tar.gz"
+    local tmp="$OUT/.results.tar.gz.$BASHPID.tmp"  # one per process: a background sub-step packs too
+    tar -czf "$tmp" -C "$RAW" . && mv -f "$tmp" "$OUT/results.tar.gz"
 }
 
-# step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in NAME.log, at most CAP_SECONDS.
-step() {
+# sub NAME CAP_SECONDS COMMAND...: run COMMAND with its output in NAME.log (and on stdout), at most CAP s.
+# Returns 1 when the sub-step failed (for one run in the background: `sub ... &`, then `wait $! || FAILED=1`).
+sub() {
     local name=$1 cap=$2
     shift 2
-    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
     local left=$((BUDGET - (SECONDS - START)))
     if [ "$cap" -gt "$left" ]; then cap=$left; fi
-    if [ "$DRY_RUN" = 1 ]; then
-        echo "[$name] cap ${cap}s: $*"
+    if [ "$MODE" = dry ]; then
+        printf "[%s/%s] cap %ss:" "$STEP" "$name" "$cap"
+        printf " %q" "$@"
+        echo
         return
     fi
     if [ "$cap" -lt "$MIN_STEP_S" ]; then
-        echo "[$name] skipped: only ${left}s of the ${BUDGET}s budget left"
+        echo "[$STEP/$name] skipped: only ${left}s of the ${BUDGET}s budget left"
         printf "%s\tskipped\t0\t%s\n" "$name" "$cap" >> "$RAW/summary.tsv"
         FAILED=1
-        return
+        return 1
     fi
-    echo "[$name] (cap ${cap}s) $*"
+    echo "[$STEP/$name] (cap ${cap}s) $*"
     local began=$SECONDS
-    # timeout signals the whole process group, so pytest-xdist workers stop with their parent.
-    timeout --kill-after="$KILL_GRACE_S" "$cap" "$@" > "$RAW/$name.log" 2>&1
-    local rc=$?
+    # SIGINT first: pytest and gpu_bench.py stop cleanly and keep what they finished.
+    timeout -s INT --kill-after="$KILL_GRACE_S" "$cap" "$@" 2>&1 | tee "$RAW/$name.log"
+    local rc=${PIPESTATUS[0]}
     printf "%s\t%s\t%s\t%s\n" "$name" "$rc" "$((SECONDS - began))" "$cap" >> "$RAW/summary.tsv"
-    echo "[$name] exit $rc after $((SECONDS - began))s"
-    if [ "$rc" -ne 0 ]; then FAILED=1; fi
+    echo "[$STEP/$name] exit $rc after $((SECONDS - began))s"
     pack
+    if [ "$rc" -ne 0 ]; then
+        FAILED=1
+        return 1
+    fi
 }
 
-CLI=("$PY" -m llm_speed.cli)
-QUICK=(--warmup 5 --iterations 20 --no-progress)
-R=${RAW:-OUTDIR}  # where the steps write (shown as OUTDIR in a dry run)
+# pytest_args NAME: the common flags; junit NAME.xml in RAW. --check only collects.
+PYTEST_COMMON=(-p no:cacheprovider -v -rfE --durations=15)
+if [ "$MODE" = check ]; then PYTEST_COMMON+=(--collect-only -q); fi
+if [ "$MODE" = run ] && "$PY" -c "import pytest_timeout" 2>/dev/null; then
+    PYTEST_COMMON+=(--timeout=150)  # one hanging test cannot take the whole sub-step
+fi
+xdist() {
+    if [ "$MODE" != check ] && [ "$WORKERS" -gt 1 ] && { [ "$MODE" = dry ] || "$PY" -c "import xdist" 2>/dev/null; }; then
+        echo "-n $WORKERS"
+    else
+        echo "-p no:xdist"
+    fi
+}
 
-if [ "$DRY_RUN" = 0 ]; then
-    "$PY" - > "$RAW/versions.json" 2>&1 <<'EOF'
+if [ "$MODE" != dry ]; then
+    "$PY" - > "$RAW/versions.json" 2> "$RAW/versions.log" <<'EOF'
 import json, platform, torch, triton
+import llm_speed
 info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "triton": triton.__version__, "cuda_available": torch.cuda.is_available()}
+        "triton": triton.__version__, "llm_speed": getattr(llm_speed, "__version__", "?"),
+        "cuda_available": torch.cuda.is_available()}
 if torch.cuda.is_available():
     props = torch.cuda.get_device_properties(0)
     info.update(device=props.name, compute_capability=f"{props.major}.{props.minor}",
                 memory_gib=round(props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count)
 print(json.dumps(info, indent=1))
 EOF
+    echo "versions: $(tr -d '\n ' < "$RAW/versions.json")"
     pack
 fi
 
-# doctor compiles the kernels once on tiny inputs; Triton's disk cache serves later steps that reuse them.
-step doctor 60 "${CLI[@]}" doctor --output "$R/doctor.json"
+# The ~30 GPU tests of the quick proof: attention forward (fp16, bf16, causal or not, GQA, seq 1024) and
+# backward against float64, 50-run backward determinism, the tiled forward; GEMM in every dtype, the TMA
+# kernel across every edge, int8 exact, the linear-layer layout, both paths. `--check` counts them.
+QUICK_FILES=(tests/attention/test_attention_gpu.py tests/attention/test_attention_accuracy.py
+    tests/matmul/test_gemm_gpu.py)
+QUICK_K="(sampled_rows and 128-1024) or (backward_at_scale and 128-1024) or deterministic_over_50 \
+or rectangular_causal_prefill or tiled_backward_matches or (square_sizes and 1024) \
+or persistent_tma_with_edges or int8_exact or (rectangular_linear_layer and 1000) or both_paths_agree \
+or gradients_at_1024 or forward_is_deterministic or one_tuning_per_size_bucket"
 
-# Per-test limit where pytest-timeout is installed, so one hanging test cannot take the whole step.
-PYTEST_EXTRA=()
-if [ "$DRY_RUN" = 0 ] && "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_EXTRA+=(--timeout=120); fi
-if [ "$WORKERS" -gt 1 ] && { [ "$DRY_RUN" = 1 ] || "$PY" -c "import xdist" 2>/dev/null; }; then
-    PYTEST_EXTRA+=(-n "$WORKERS")
-else
-    PYTEST_EXTRA+=(-p no:xdist)
-fi
-step pytest 200 "$PY" -m pytest tests -q -ra -p no:cacheprovider "${PYTEST_EXTRA[@]}" --durations=25 \
-    --junitxml="$R/pytest.xml"
+case "$STEP" in
+quick)
+    # doctor compiles its probes while the tests compile theirs: 16 cores, so side by side.
+    sub doctor 60 "$PY" -m llm_speed.cli doctor --output "$RAW/doctor.json" &
+    DOCTOR=$!
+    # shellcheck disable=SC2046
+    sub pytest_quick 85 "$PY" -m pytest "${QUICK_FILES[@]}" -k "$QUICK_K" $(xdist) "${PYTEST_COMMON[@]}" \
+        --junitxml="$RAW/pytest_quick.xml"
+    wait "$DOCTOR" || FAILED=1
+    ;;
+tests)
+    # shellcheck disable=SC2046
+    sub pytest_attention 160 "$PY" -m pytest tests/attention $(xdist) "${PYTEST_COMMON[@]}" \
+        --junitxml="$RAW/pytest_attention.xml"
+    # shellcheck disable=SC2046
+    sub pytest_matmul 120 "$PY" -m pytest tests/matmul $(xdist) "${PYTEST_COMMON[@]}" \
+        --junitxml="$RAW/pytest_matmul.xml"
+    # shellcheck disable=SC2046
+    sub pytest_rest 80 "$PY" -m pytest tests --ignore=tests/attention --ignore=tests/matmul $(xdist) \
+        "${PYTEST_COMMON[@]}" --junitxml="$RAW/pytest_rest.xml"
+    ;;
+bench)
+    CHECK=()
+    if [ "$MODE" = check ]; then CHECK=(--check); fi
+    sub bench_attention 150 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
+    sub bench_gemm 150 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
+    sub demo 50 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
+    ;;
+esac
 
-# Benchmarks: each writes its JSON only when done, so the caps leave room for Triton's compilation and the
-# GEMM autotuner (one tuning run per shape bucket) before the timed runs.
-step attention_fwd 45 "${CLI[@]}" bench attention "${QUICK[@]}" --dtype fp16 --seq-lengths 1024 2048 4096 8192 \
-    --output "$R/attention_fwd.json" --plot "$R/attention_fwd.png"
-step gemm_llama3_8b_bf16 60 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype bf16 --layout NT \
-    --model llama-3-8b --tokens 4096 --output "$R/gemm_llama3_8b_bf16.json" --plot "$R/gemm_llama3_8b_bf16.png"
-step attention_gqa_causal_bf16 40 "${CLI[@]}" bench attention "${QUICK[@]}" --dtype bf16 --causal \
-    --batch-size 1 --num-heads 32 --num-kv-heads 8 --head-dim 128 --seq-lengths 2048 4096 8192 \
-    --output "$R/attention_gqa_causal_bf16.json" --plot "$R/attention_gqa_causal_bf16.png"
-step gemm_fp16 45 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype fp16 \
-    --sizes 1024x1024x1024 2048x2048x2048 4096x4096x4096 8192x8192x8192 \
-    --output "$R/gemm_fp16.json" --plot "$R/gemm_fp16.png"
-step attention_fwd_bwd 45 "${CLI[@]}" bench attention "${QUICK[@]}" --dtype fp16 --mode fwd+bwd \
-    --seq-lengths 1024 4096 --output "$R/attention_fwd_bwd.json" --plot "$R/attention_fwd_bwd.png"
-step gemm_int8 30 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype int8 \
-    --sizes 2048x2048x2048 4096x4096x4096 --output "$R/gemm_int8.json"
-step gemm_epilogue 30 "${CLI[@]}" bench gemm "${QUICK[@]}" --dtype fp16 --epilogue bias+gelu \
-    --sizes 4096x4096x4096 --output "$R/gemm_epilogue.json"
-step demo 60 "${CLI[@]}" demo --output-dir "$R/demo"
-
-if [ "$DRY_RUN" = 1 ]; then exit 0; fi
+if [ "$MODE" = dry ]; then exit 0; fi
 pack
 rm -rf "$RAW"
-echo "total $((SECONDS - START))s; results in $OUT: summary.txt, summary.json, results.tar.gz"
+echo "step $STEP ($MODE): $((SECONDS - START))s; results in $OUT: summary.txt, summary.json, results.tar.gz"
 cat "$OUT/summary.txt" 2>/dev/null
 exit "$FAILED"

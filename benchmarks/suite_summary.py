@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 TIMED_OUT = {"124", "137"}  # timeout's exit code, and SIGKILL's after the grace period
-PYTEST_LOG_TAIL_LINES = 40
+PYTEST_LOG_TAIL_LINES = 25
 
 
 def read_steps(raw: Path) -> list[dict]:
@@ -32,27 +32,43 @@ def read_steps(raw: Path) -> list[dict]:
             status = f"timed out after {cap} s"
         else:
             status = "failed"
-        steps.append({"step": name, "status": status, "exit_code": code, "seconds": int(seconds),
-                      "cap_s": int(cap), "log": f"{name}.log"})
+        steps.append(
+            {
+                "step": name,
+                "status": status,
+                "exit_code": code,
+                "seconds": int(seconds),
+                "cap_s": int(cap),
+                "log": f"{name}.log",
+            }
+        )
     return steps
 
 
 def pytest_counts(raw: Path) -> dict | None:
-    """Test counts from the junit XML, or None when pytest wrote none (not run, or killed)."""
-    path = raw / "pytest.xml"
-    if not path.exists():
+    """Test counts summed over every pytest*.xml junit file, or None when pytest wrote none (not run)."""
+    paths = sorted(raw.glob("pytest*.xml"))
+    if not paths:
         return None
-    root = ElementTree.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    if suite is None:
-        return None
-    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed_tests": [], "files": []}
+    for path in paths:
+        try:
+            root = ElementTree.parse(path).getroot()
+        except ElementTree.ParseError:
+            counts["files"].append(f"{path.name} (unreadable)")
+            continue
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+        if suite is None:
+            continue
+        counts["files"].append(path.name)
+        for key in ("tests", "failures", "errors", "skipped"):
+            counts[key] += int(suite.get(key, 0))
+        counts["failed_tests"] += [
+            f"{case.get('classname')}::{case.get('name')}"
+            for case in suite.iter("testcase")
+            if case.find("failure") is not None or case.find("error") is not None
+        ]
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    counts["failed_tests"] = [
-        f"{case.get('classname')}::{case.get('name')}"
-        for case in suite.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
     return counts
 
 
@@ -71,8 +87,11 @@ def benchmark_files(raw: Path) -> dict:
         for row in results:
             if not row.get("available", True):
                 not_run.setdefault(row.get("impl"), row.get("reason"))
-        found[path.name] = {"rows": len(results), "rows_run": sum(1 for r in results if r.get("available")),
-                            "not_run": not_run}
+        found[path.name] = {
+            "rows": len(results),
+            "rows_run": sum(1 for r in results if r.get("available")),
+            "not_run": not_run,
+        }
     return found
 
 
@@ -98,7 +117,7 @@ def main(raw_dir: str, out_dir: str) -> int:
         "steps": steps,
         "pytest": pytest_counts(raw),
         "benchmarks": benchmark_files(raw),
-        "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest.xml, demo/, environment.txt)",
+        "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest*.xml, demo/, environment.txt)",
     }
     write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
 
@@ -110,17 +129,18 @@ def main(raw_dir: str, out_dir: str) -> int:
     if summary["pytest"] is not None:
         counts = summary["pytest"]
         lines.append("")
-        lines.append(f"pytest: {counts['passed']} passed, {counts['failures']} failed, "
-                     f"{counts['errors']} errors, {counts['skipped']} skipped")
+        lines.append(
+            f"pytest: {counts['passed']} passed, {counts['failures']} failed, "
+            f"{counts['errors']} errors, {counts['skipped']} skipped"
+        )
         lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
     for name, info in summary["benchmarks"].items():
         if "rows" in info:
             not_run = "".join(f"; not run: {impl} ({reason})" for impl, reason in info["not_run"].items())
             lines.append(f"{name}: {info['rows_run']}/{info['rows']} rows ran{not_run}")
-    pytest_log = raw / "pytest.log"
-    if pytest_log.exists():
+    for pytest_log in sorted(raw.glob("pytest*.log")):
         lines.append("")
-        lines.append(f"--- last {PYTEST_LOG_TAIL_LINES} lines of pytest.log ---")
+        lines.append(f"--- last {PYTEST_LOG_TAIL_LINES} lines of {pytest_log.name} ---")
         lines.extend(pytest_log.read_text(errors="replace").splitlines()[-PYTEST_LOG_TAIL_LINES:])
     write_atomically(out / "summary.txt", "\n".join(lines) + "\n")
     return 0

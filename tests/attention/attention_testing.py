@@ -1,4 +1,7 @@
-"""Shared tools for the attention tests: inputs, the float64 reference, the 2x/3x error rule, launch proof."""
+"""Shared tools for the attention tests: inputs, the float64 reference, the 2x/3x rule applied, launch proof.
+
+The rule itself and the NaN poisoning live in ``tests/accuracy_rule.py``, shared with the GEMM tests.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,17 @@ import contextlib
 
 import torch
 
+from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests import them from here)
+    ERROR_CAP,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+    assert_error_rule,
+    max_error,
+    nan_poisoned_outputs,
+)
 from llm_speed import _runtime
 from llm_speed.attention import launch
 from llm_speed.attention.reference import reference_attention
-
-# Fixed error cap added to the 2x/3x rule: about one unit of rounding at 1.0 in the kernel's dtype, so a
-# reference that happens to be almost exact does not demand more than the dtype can hold.
-ERROR_CAP = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-OUTPUT_FACTOR = 2.0
-GRAD_FACTOR = 3.0
 
 FORWARD_KERNELS = (launch.KERNEL_FORWARD,)
 BACKWARD_KERNELS = (launch.KERNEL_BACKWARD_PREPROCESS, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ)
@@ -42,41 +47,27 @@ def run_with_grads(fn, q, k, v, dout, dlse=None, **kwargs):
     return (out.detach(), lse.detach(), *(t.grad for t in leaves))
 
 
-def reference_with_grads(q, k, v, dout, dlse=None, dtype=torch.float64, **kwargs):
-    """The PyTorch reference on CPU in ``dtype`` (float64: the truth; q's dtype: the same-precision run)."""
-    cast = [t.detach().cpu().to(dtype) for t in (q, k, v)]
-    dout = dout.detach().cpu().to(dtype)
-    dlse = dlse.detach().cpu().to(dtype) if dlse is not None else None
+def reference_with_grads(q, k, v, dout, dlse=None, dtype=torch.float64, device="cpu", **kwargs):
+    """The PyTorch reference on ``device`` in ``dtype`` (float64: the truth; q's dtype: the same-precision
+    run). The CPU by default; GPU-scale tests use the GPU, where float64 at seq 2048 takes milliseconds."""
+    cast = [t.detach().to(device=device, dtype=dtype) for t in (q, k, v)]
+    dout = dout.detach().to(device=device, dtype=dtype)
+    dlse = dlse.detach().to(device=device, dtype=dtype) if dlse is not None else None
     return run_with_grads(reference_attention, *cast, dout, dlse, **kwargs)
 
 
-def max_error(x: torch.Tensor, truth: torch.Tensor) -> float:
-    x, truth = x.detach().cpu().double(), truth.detach().cpu().double()
-    assert x.shape == truth.shape, (x.shape, truth.shape)
-    assert torch.equal(torch.isinf(truth), torch.isinf(x) & (x == truth)), "inf pattern differs"
-    finite = torch.isfinite(truth)
-    assert torch.isfinite(x[finite]).all(), "non-finite value where the reference is finite"
-    return (x[finite] - truth[finite]).abs().max().item() if finite.any() else 0.0
+def check_against_reference(
+    fn, q, k, v, *, is_causal, scale=None, grads=True, dlse=False, reference_device="cpu"
+):
+    """Run ``fn`` (forward, and backward when ``grads``) and apply the 2x/3x rule to out, lse, dq, dk, dv.
 
-
-def assert_error_rule(name, kernel, same_precision, truth, factor, dtype):
-    """kernel error <= factor * (same-precision PyTorch error) + cap, all against the float64 truth."""
-    err_kernel = max_error(kernel, truth)
-    err_torch = max_error(same_precision, truth)
-    bound = factor * err_torch + ERROR_CAP[dtype]
-    assert err_kernel <= bound, (
-        f"{name}: error {err_kernel:.3e} > {factor} x {err_torch:.3e} + {ERROR_CAP[dtype]}"
-    )
-
-
-def check_against_reference(fn, q, k, v, *, is_causal, scale=None, grads=True, dlse=False):
-    """Run ``fn`` (forward, and backward when ``grads``) and apply the 2x/3x rule to out, lse, dq, dk, dv."""
+    The references run on ``reference_device``."""
     dtype = q.dtype
     dout = torch.randn(q.shape, dtype=dtype).to(q.device)
     dlse_t = torch.randn(q.shape[:3], dtype=torch.float32).to(q.device) if dlse else None
     kwargs = dict(is_causal=is_causal, scale=scale)
-    truth = reference_with_grads(q, k, v, dout, dlse_t, torch.float64, **kwargs)
-    same = reference_with_grads(q, k, v, dout, dlse_t, dtype, **kwargs)
+    truth = reference_with_grads(q, k, v, dout, dlse_t, torch.float64, reference_device, **kwargs)
+    same = reference_with_grads(q, k, v, dout, dlse_t, dtype, reference_device, **kwargs)
     if grads:
         got = run_with_grads(fn, q, k, v, dout, dlse_t, **kwargs)
     else:
@@ -88,15 +79,6 @@ def check_against_reference(fn, q, k, v, *, is_causal, scale=None, grads=True, d
         factor = OUTPUT_FACTOR if i < 2 else GRAD_FACTOR
         assert_error_rule(name, value, same[i], truth[i], factor, dtype)
     return got
-
-
-def nan_poisoned_outputs(monkeypatch):
-    """Make every kernel output start as NaN, so an element a kernel forgets to write shows."""
-
-    def poisoned(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(launch, "new_output", poisoned)
 
 
 @contextlib.contextmanager

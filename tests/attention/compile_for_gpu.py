@@ -1,9 +1,10 @@
 """Compile every attention kernel ahead of time for a GPU architecture, with no GPU present.
 
-Run as a script (without TRITON_INTERPRET) by test_attention_compiles.py. For each dtype and padded head_dim
-it compiles the launchers' block configurations and prints one JSON line per kernel with the shared memory
-the compiled kernel needs, so the test can compare it with the GPU's limit, and the registers and per-thread
-stack (register spills) that ``cuobjdump -res-usage`` reports for the cubin.
+Run as a script (without TRITON_INTERPRET) by test_attention_compiles.py. It compiles every configuration
+of the FULL tier (``attention/configs.py``: every kernel, each (dtype class, head dim) row in one of the
+variants fp16/bf16/fp32 x causal/non-causal) and a sample row of COMPACT, and prints one JSON line per kernel
+with the shared memory the compiled kernel needs, so the test can compare it with the GPU's limit, and the
+registers and per-thread stack (register spills) that ``cuobjdump -res-usage`` reports for the cubin.
 """
 
 import inspect
@@ -19,10 +20,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from llm_speed.attention import kernels, launch
+from llm_speed.attention import configs, kernels
 
-# bfloat16 tiles have the same sizes as float16 ones; float32 ones are twice as big.
-POINTER_TYPES = {torch.float16: "fp16", torch.float32: "fp32"}
 FP32_POINTERS = ("LSE", "DELTA", "DLSE")
 FLOAT_ARGS = ("qk_scale_log2", "scale")
 
@@ -50,45 +49,70 @@ def _resource_usage(cubin: bytes) -> dict:
     return {"registers": int(usage["REG"]), "stack_bytes": int(usage["STACK"])}
 
 
-def main(arch: int) -> None:
-    target = GPUTarget("cuda", arch, 32)
-    for dtype, element in POINTER_TYPES.items():
-        for block_d in (64, 128, 256):
-            common = dict(
-                IS_CAUSAL=True,
-                EVEN_M=False,
-                EVEN_N=False,
-                EVEN_D=False,
-                DOT_IN_FP32=False,
-                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                BLOCK_D=block_d,
-            )
-            fwd, bwd = launch.forward_config(block_d, dtype), launch.backward_config(block_d, dtype)
-            jobs = [
+# The variant compiled per (dtype class, padded head dim) of the FULL tier, so that bf16, fp16, fp32, causal
+# and non-causal are all compiled without compiling every combination: (pointer element, is_causal).
+FULL_VARIANTS = {
+    (torch.float16, 64): ("fp16", True),
+    (torch.float16, 128): ("bf16", False),
+    (torch.float16, 256): ("bf16", True),
+    (torch.float32, 64): ("fp32", False),
+    (torch.float32, 128): ("fp32", True),
+    (torch.float32, 256): ("fp32", False),
+}
+# COMPACT (devices under 99 KB per block) has FULL's tiles with fewer key rows and one stage, so it needs
+# no more shared memory (tests/test_block_configs.py); one row is compiled as a sample.
+COMPACT_SAMPLE = {(torch.float16, 128): ("fp16", True)}
+
+
+def jobs():
+    """(tier, element, is_causal, block_d, kernel, block_m, block_n, config, switches) for each compile."""
+    for tier, variants in ((configs.FULL, FULL_VARIANTS), (configs.COMPACT, COMPACT_SAMPLE)):
+        for (dtype, block_d), (element, is_causal) in variants.items():
+            fwd = tier.table["forward"][dtype][block_d]
+            bwd = tier.table["backward"][dtype][block_d]
+            kernel_jobs = [
                 (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": False}),
-                (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True}),
                 (kernels._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd, {}),
                 (kernels._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd, {}),
             ]
-            for kernel, block_m, block_n, config, switches in jobs:
-                constexprs = dict(common, **switches, BLOCK_M=block_m, BLOCK_N=block_n)
-                source = ASTSource(
-                    fn=kernel, signature=_signature(kernel, element, constexprs), constexprs=constexprs
+            if tier is configs.FULL:  # the tiled (two-pass) forward: FULL only
+                kernel_jobs.insert(
+                    1, (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True})
                 )
-                options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-                compiled = triton.compile(source, target=target, options=options)
-                print(
-                    json.dumps(
-                        {
-                            "kernel": kernel.fn.__name__ + ("_two_pass" if switches.get("TWO_PASS") else ""),
-                            "dtype": element,
-                            "block_d": block_d,
-                            "shared_bytes": compiled.metadata.shared,
-                            **_resource_usage(compiled.asm["cubin"]),
-                        }
-                    ),
-                    flush=True,
-                )
+            for job in kernel_jobs:
+                yield (tier.name, element, is_causal, block_d, *job)
+
+
+def main(arch: int) -> None:
+    target = GPUTarget("cuda", arch, 32)
+    for tier, element, is_causal, block_d, kernel, block_m, block_n, config, switches in jobs():
+        constexprs = dict(
+            IS_CAUSAL=is_causal,
+            EVEN_M=False,
+            EVEN_N=False,
+            EVEN_D=False,
+            DOT_IN_FP32=False,
+            DOT_PRECISION="ieee" if element == "fp32" else "tf32",
+            BLOCK_D=block_d,
+            **switches,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+        )
+        source = ASTSource(
+            fn=kernel, signature=_signature(kernel, element, constexprs), constexprs=constexprs
+        )
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        compiled = triton.compile(source, target=target, options=options)
+        row = {
+            "tier": tier,
+            "kernel": kernel.fn.__name__ + ("_two_pass" if switches.get("TWO_PASS") else ""),
+            "dtype": element,
+            "causal": is_causal,
+            "block_d": block_d,
+            "shared_bytes": compiled.metadata.shared,
+            **_resource_usage(compiled.asm["cubin"]),
+        }
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """Every attention test starts from kernel outputs poisoned with NaN: an unwritten element fails the test."""
 
 import pytest
-from attention_testing import nan_poisoned_outputs
 
 
 @pytest.fixture(autouse=True)
-def _poison_outputs(monkeypatch):
-    nan_poisoned_outputs(monkeypatch)
+def _poison_outputs(nan_poisoned):
+    """The shared fixture of tests/conftest.py, made automatic here."""

@@ -1,6 +1,7 @@
-"""The GPU path cannot run here, but it can be compiled: every kernel, at the block sizes the launchers pick,
-must compile for an H100 (sm_90), fit its shared memory and not spill registers wholesale. Catches API misuse
-the interpreter tolerates and tiles too big for the chip."""
+"""The GPU path cannot run here, but it can be compiled: every kernel, at every block configuration an H100
+gets (and a sample of the smaller tier), in fp16, bf16 and fp32, causal and not, must compile for sm_90, fit
+its shared memory and not spill registers wholesale. Catches API misuse the interpreter tolerates and tiles
+too big for the chip."""
 
 import json
 import os
@@ -33,7 +34,10 @@ def test_kernels_compile_for_h100_and_fit_shared_memory(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 2 * 3 * 4  # dtypes x head dims x kernels
+    # FULL: dtype classes x head dims x 4 kernels; the COMPACT sample: 3 kernels
+    assert len(rows) == 2 * 3 * 4 + 3
+    assert {row["dtype"] for row in rows} == {"fp16", "bf16", "fp32"}
+    assert {row["causal"] for row in rows} == {True, False}
     limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block: 1 KB less than the SM's carve-out
     too_big = [row for row in rows if row["shared_bytes"] > limit]
     assert not too_big, too_big

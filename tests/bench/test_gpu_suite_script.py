@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,31 +15,69 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "run_gpu_suite.sh"
-needs_bash = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils timeout")
+needs_bash = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils timeout"
+)
+
+
+STEPS = ("quick", "tests", "bench")
+DEVICE_COMMAND_LIMIT_S = 480  # 8 of the device's 10 minutes per command: the margin the plan keeps
+
+
+def _suite(tmp_path, *args):
+    env = {**os.environ, "PYTHON": sys.executable, "LLM_SPEED_GIT_COMMIT": "0123abc", "TMPDIR": str(tmp_path)}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)  # fmt: skip
 
 
 @needs_bash
-def test_suite_leaves_three_files_with_summaries_and_archive(tmp_path):
+@pytest.mark.parametrize("step", STEPS)
+def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
+    """The CPU dry run of each device command: doctor and versions run, every pytest command collects, every
+    benchmark line parses with the real CLI; the output is three flat files, as a device command returns."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "SUITE_ALLOW_CPU": "1", "SUITE_STEPS": "doctor",
-           "LLM_SPEED_GIT_COMMIT": "0123abc", "TMPDIR": str(tmp_path)}
-    result = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env,
-                            timeout=120, check=False)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    # Few files at the top (a leased machine sends back at most 8), none of them deeper.
+    result = _suite(tmp_path, "--check", step, str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz", "summary.json", "summary.txt"]
+    assert all(
+        p.stat().st_size < 16 * 2**20 for p in out.iterdir()
+    )  # a device command returns <= 16 MiB each
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["git_commit"] == "0123abc"
-    assert summary["versions"]["torch"] and "cuda_available" in summary["versions"]
-    assert [(s["step"], s["status"]) for s in summary["steps"]] == [("doctor", "passed")]
-    with tarfile.open(out / "results.tar.gz") as archive:
-        names = {Path(n).name for n in archive.getnames()}
-        doctor = json.load(archive.extractfile("./doctor.json"))
-    assert {"doctor.json", "doctor.log", "environment.txt", "versions.json", "summary.tsv"} <= names
-    assert doctor  # the step's own output travelled
-    assert "doctor" in (out / "summary.txt").read_text()
+    assert summary["git_commit"] == "0123abc" and summary["versions"]["torch"]
+    assert summary["steps"] and all(s["status"] == "passed" for s in summary["steps"]), summary["steps"]
     assert not list(tmp_path.glob("llm-speed-suite.*"))  # the raw folder is removed once packed
+    with tarfile.open(out / "results.tar.gz") as archive:
+        logs = {
+            Path(n).name: archive.extractfile(n).read().decode()
+            for n in archive.getnames()
+            if n.endswith(".log")
+        }
+    assert {f"{s['step']}.log" for s in summary["steps"]} <= set(logs)
+    if step == "quick":
+        assert {s["step"] for s in summary["steps"]} == {"doctor", "pytest_quick"}
+        collected = re.search(r"(\d+)/\d+ tests collected", logs["pytest_quick.log"])
+        assert collected and 25 <= int(collected.group(1)) <= 40, logs["pytest_quick.log"][-500:]
+    elif step == "tests":
+        for name in ("pytest_attention", "pytest_matmul", "pytest_rest"):
+            assert (
+                re.search(r"\d+ tests collected", logs[f"{name}.log"]) and "ERROR" not in logs[f"{name}.log"]
+            )
+    else:
+        assert "does not parse" not in result.stdout and result.stdout.count("parses: llm-speed") >= 15
+
+
+@needs_bash
+def test_sub_step_caps_fit_each_device_command(tmp_path):
+    """Each step's caps (dry run) sum to at most its budget, which leaves start-up room in 8 minutes."""
+    for step in STEPS:
+        result = _suite(tmp_path, "--dry-run", step)
+        assert result.returncode == 0, result.stderr
+        caps = [int(cap) for cap in re.findall(r"\] cap (\d+)s:", result.stdout)]
+        assert caps, result.stdout
+        background = 60 if step == "quick" else 0  # quick's doctor runs beside its tests
+        # + the kill grace and the versions/packing around them; the machine's start takes about 90 s
+        assert sum(caps) - background + 30 <= DEVICE_COMMAND_LIMIT_S - 90, (step, caps)
+    assert _suite(tmp_path, "--dry-run", "everything").returncode == 2
 
 
 def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
@@ -58,20 +97,35 @@ def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
         '<testcase classname="tests.a" name="test_skip"><skipped/></testcase>'
         "</testsuite></testsuites>"
     )
-    (raw / "gemm_int8.json").write_text(json.dumps({"results": [
-        {"impl": "llm-speed", "available": True},
-        {"impl": "torch._int_mm", "available": False, "reason": "not on this GPU"},
-    ]}))
+    (raw / "gemm_int8.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"impl": "llm-speed", "available": True},
+                    {"impl": "torch._int_mm", "available": False, "reason": "not on this GPU"},
+                ]
+            }
+        )
+    )
     (raw / "pytest.log").write_text("FAILED tests/a.py::test_bad\n1 failed, 1 passed, 1 skipped\n")
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
-                   check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
+        check=True,
+        timeout=60,
+    )
     summary = json.loads((out / "summary.json").read_text())
     statuses = {s["step"]: s["status"] for s in summary["steps"]}
-    assert statuses == {"doctor": "passed", "pytest": "failed", "attention_fwd": "timed out after 45 s",
-                        "demo": "skipped (budget spent)"}
+    assert statuses == {
+        "doctor": "passed",
+        "pytest": "failed",
+        "attention_fwd": "timed out after 45 s",
+        "demo": "skipped (budget spent)",
+    }
     assert summary["pytest"]["passed"] == 1 and summary["pytest"]["failed_tests"] == ["tests.a::test_bad"]
     assert summary["benchmarks"]["gemm_int8.json"] == {
-        "rows": 2, "rows_run": 1, "not_run": {"torch._int_mm": "not on this GPU"}
+        "rows": 2,
+        "rows_run": 1,
+        "not_run": {"torch._int_mm": "not on this GPU"},
     }
     text = (out / "summary.txt").read_text()
     assert "FAILED tests.a::test_bad" in text and "timed out" in text and "1 failed, 1 passed" in text
@@ -85,3 +139,21 @@ def test_git_commit_from_the_environment_wins(monkeypatch):
     monkeypatch.delenv("LLM_SPEED_GIT_COMMIT")
     commit, reason = git_commit(Path("/"))
     assert commit is None and "git" in reason
+
+
+def test_plan_lists_each_command_with_a_timeout_that_fits():
+    """docs/notes/gpu-speed-plan.md gives each step's device command and timeout_s: each timeout covers the
+    step's budget with margin, and the sequence with three cold starts fits 25 of the 30 device minutes."""
+    plan = (REPO / "docs" / "notes" / "gpu-speed-plan.md").read_text()
+    script = SCRIPT.read_text()
+    start_s, overhead_s = 90, 30  # a cold machine's start; versions, kill grace and packing
+    total = 0
+    for step in STEPS:
+        row = re.search(rf"run_gpu_suite\.sh {step} \$OUT` \| (\d+) \|", plan)
+        budget = re.search(rf"{step}\) BUDGET=(\d+);", script)
+        assert row and budget, step
+        timeout_s, budget_s = int(row.group(1)), int(budget.group(1))
+        assert budget_s + overhead_s + 30 <= timeout_s <= 600, step
+        assert start_s + budget_s + overhead_s <= DEVICE_COMMAND_LIMIT_S, step
+        total += start_s + budget_s + overhead_s
+    assert total <= 25 * 60

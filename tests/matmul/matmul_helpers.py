@@ -1,12 +1,11 @@
-"""Shared helpers of the GEMM tests: the accuracy rule of TESTING.md for matrix products."""
+"""Shared helpers of the GEMM tests: the accuracy rule (``tests/accuracy_rule.py``) for matrix products."""
 
 from __future__ import annotations
 
 import torch
 
+from accuracy_rule import FLOAT32_EPS, OUTPUT_FACTOR, assert_error_rule, matmul_cap  # noqa: F401
 from llm_speed.matmul.reference import apply_activation, gemm_reference
-
-FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
 def torch_same_precision(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False, bias=None,
@@ -22,11 +21,9 @@ def torch_same_precision(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, tr
     return apply_activation(z, activation).to(out_dtype or a.dtype)
 
 
-def assert_gemm_accurate(out: torch.Tensor, a, b, *, factor: float = 2.0, **kwargs) -> None:
-    """The kernel's error vs float64 is at most ``factor`` x PyTorch's same-precision error plus a cap.
-
-    The cap is one output ulp at the result's magnitude plus K fp32 ulps (the accumulation over K).
-    """
+def assert_gemm_accurate(out: torch.Tensor, a, b, *, factor: float = OUTPUT_FACTOR, **kwargs) -> None:
+    """The kernel's error vs float64 is at most ``factor`` x PyTorch's same-precision error plus
+    :func:`accuracy_rule.matmul_cap` (one output ulp at the result's magnitude plus K fp32 ulps)."""
     assert not out.isnan().any(), "output has NaN (an element was not written, or NaN leaked in)"
     cpu_args = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
     a, b = a.cpu(), b.cpu()
@@ -34,10 +31,5 @@ def assert_gemm_accurate(out: torch.Tensor, a, b, *, factor: float = 2.0, **kwar
     expected = gemm_reference(a, b, out_dtype=torch.float64, **expected_args)
     same_precision = torch_same_precision(a, b, **cpu_args)
     k = a.shape[-2] if kwargs.get("trans_a") else a.shape[-1]
-    kernel_error = (out.cpu().double() - expected).abs().max().item() if out.numel() else 0.0
-    torch_error = (same_precision.double() - expected).abs().max().item() if out.numel() else 0.0
-    magnitude = expected.abs().max().item() if out.numel() else 0.0
-    cap = torch.finfo(out.dtype).eps * magnitude + k * FLOAT32_EPS
-    assert kernel_error <= factor * torch_error + cap, (
-        f"kernel error {kernel_error:.3e} > {factor} x torch error {torch_error:.3e} + cap {cap:.3e}"
-    )
+    cap = matmul_cap(out.dtype, expected, k)
+    assert_error_rule("gemm", out, same_precision, expected, factor, cap=cap)

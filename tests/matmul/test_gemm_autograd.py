@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from matmul_helpers import FLOAT32_EPS, torch_same_precision
+from matmul_helpers import assert_error_rule, matmul_cap, torch_same_precision
 
 import llm_speed
 from llm_speed import _runtime
@@ -49,13 +49,8 @@ def check_gradients(a, b, *, c=None, bias=None, factor=3.0, transposed_grad=Fals
         got, want, torch_grad = kernel_in[name].grad, ref_in[name].grad, same_in[name].grad
         assert got is not None and got.dtype == present[name].dtype and got.shape == present[name].shape, name
         assert got.isfinite().all(), name
-        kernel_error = (got.double() - want).abs().max().item()
-        torch_error = (torch_grad.double() - want).abs().max().item()
-        cap = torch.finfo(got.dtype).eps * want.abs().max().item() + reduction * FLOAT32_EPS
-        assert kernel_error <= factor * torch_error + cap, (
-            f"grad {name}: kernel error {kernel_error:.3e} > {factor} x torch {torch_error:.3e} "
-            f"+ cap {cap:.3e}"
-        )
+        cap = matmul_cap(got.dtype, want, reduction)
+        assert_error_rule(f"grad {name}", got, torch_grad, want, factor, cap=cap)
 
 
 @pytest.mark.parametrize("trans_a", [False, True])

@@ -1,5 +1,6 @@
 """Forward GEMM through the Triton kernels (the interpreter on CPU): values, layouts, batching, epilogue."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -8,20 +9,14 @@ from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
 from llm_speed import _runtime
+from llm_speed._block_config import Hardware, hardware_of
 from llm_speed.matmul import configs, kernels, ops
 from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 
-@pytest.fixture(autouse=True)
-def nan_poisoned_outputs():
-    """Every torch.empty (the kernels' output buffers) is filled with NaN: an unwritten element fails."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(previous)
+HOPPER = Hardware.from_spec("h100-sxm")
 
 
 def rand(*shape, dtype=torch.float32, device="cpu"):
@@ -47,9 +42,12 @@ def test_shapes_and_dtypes(device, m, n, k, dtype):
     assert_gemm_accurate(out, a, b)
 
 
-def test_uninitialised_output_is_really_poisoned():
-    # Guards the fixture above: if torch stopped filling empty tensors, the NaN tests would test nothing.
-    assert torch.empty(8).isnan().all()
+def test_outputs_are_really_poisoned(device):
+    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through ops.new_output.
+    out = llm_speed.gemm(rand(0, 5, device=device), rand(5, 4, device=device))
+    assert out.shape == (0, 4)
+    assert ops.new_output((3, 4), torch.float16, device).isnan().all()
+    assert (ops.new_output((3,), torch.int32, device) == torch.iinfo(torch.int32).min).all()
 
 
 @pytest.mark.parametrize("trans_a", [False, True])
@@ -150,10 +148,8 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero(device):
 @pytest.mark.parametrize("path", ops.PATHS)
 def test_strided_bias_and_c(device, path):
     """A bias view with a stride (a column of a matrix) and a transposed c are read through their strides."""
-    if path == "persistent_tma" and device.type == "cuda" and not configs.has_tma(
-        torch.cuda.get_device_capability(device)
-    ):
-        pytest.skip("the TMA kernel runs on Hopper only")
+    if path == "persistent_tma" and device.type == "cuda" and not configs.has_tma(hardware_of(device)):
+        pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 70, 40, 48
     a, b = rand(m, k, dtype=torch.float16, device=device), rand(k, n, dtype=torch.float16, device=device)
     bias = rand(n, 3, device=device)[:, 1]  # stride 3
@@ -291,8 +287,8 @@ def test_cpu_fallback_without_triton(monkeypatch):
 @pytest.mark.parametrize("b_k_major", [False, True])
 def test_persistent_tma_kernel(device, dtype, b_k_major):
     """The Hopper kernel (tensor descriptors, persistent loop), run directly; programs walk several tiles."""
-    if device.type == "cuda" and not configs.has_tma(torch.cuda.get_device_capability(device)):
-        pytest.skip("the TMA kernel runs on Hopper only")
+    if device.type == "cuda" and not configs.has_tma(hardware_of(device)):
+        pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 150, 72, 136  # 3 x 2 tiles of 64 for 3 programs; K and M not multiples of the block
     a = rand(m, k, dtype=dtype, device=device)
     b = rand(n, k, dtype=dtype, device=device).mT if b_k_major else rand(k, n, dtype=dtype, device=device)
@@ -319,8 +315,8 @@ def test_path_choice_without_a_gpu():
 
 
 def test_tma_path_rules():
-    """Which problems the Hopper kernel would take (decided without a GPU from the capability)."""
-    hopper, ampere = (9, 0), (8, 0)
+    """Which problems the TMA kernel would take (decided without a GPU from the hardware description)."""
+    hopper, ampere = HOPPER, Hardware.from_spec("a100-sxm-80gb")
     a, b = rand(64, 48, dtype=torch.float16), rand(48, 32, dtype=torch.float16)
     assert ops._tma_suits(a, b, hopper) and ops._tma_suits(a, rand(32, 48, dtype=torch.float16).mT, hopper)
     assert not ops._tma_suits(a, b, ampere)
@@ -331,12 +327,12 @@ def test_tma_path_rules():
 
 
 def test_autotuners_build_from_the_config_lists():
-    tiled = ops._autotuned_tiled((9, 0))
-    assert len(tiled.configs) == len(configs.HOPPER_TILED)
+    tiled = ops._autotuned_tiled(HOPPER)
+    assert len(tiled.configs) == len(configs.LARGE.tiled)
     # keyed on size buckets, not on exact sizes: a new M of the same bucket reuses the tuning
     assert {"M_BUCKET", "N_BUCKET", "K_BUCKET"} <= set(tiled.keys) and not {"M", "N", "K"} & set(tiled.keys)
-    persistent = ops._autotuned_persistent_tma()
-    assert len(persistent.configs) == len(configs.HOPPER_PERSISTENT_TMA)
+    persistent = ops._autotuned_persistent_tma(HOPPER)
+    assert len(persistent.configs) == len(configs.LARGE.persistent_tma)
     assert all(cfg.pre_hook is ops._set_descriptor_blocks for cfg in persistent.configs)
 
 
@@ -346,7 +342,7 @@ def test_size_buckets():
 
 
 def test_autotuner_prunes_tiles_larger_than_the_problem():
-    tuned = ops._autotuned_tiled((9, 0)).configs
+    tuned = ops._autotuned_tiled(HOPPER).configs
     small = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 64, "N_BUCKET": 1024})
     assert small and all(cfg.kwargs["BLOCK_M"] <= 64 for cfg in small) and len(small) < len(tuned)
     assert ops._drop_oversized_tiles(tuned, {"M_BUCKET": 8192, "N_BUCKET": 8192}) == tuned
@@ -358,12 +354,14 @@ def test_autotuner_prunes_tiles_larger_than_the_problem():
 def gpu_launch_code_on_the_cpu(monkeypatch):
     """Run the launchers' GPU branch (autotuners, keys, pruning, descriptor pre-hook) through the interpreter.
 
-    The launchers are told they run compiled on a Hopper GPU with 4 SMs; the autotuners are fresh ones whose
-    benchmark runs each configuration once and times them all equal (the interpreter cannot time).
+    The launchers are told they run compiled on an H100 with 4 SMs; the autotuners are fresh ones whose
+    benchmark runs each configuration once and times them all equal (the interpreter cannot time). Needs
+    the interpreter: the kernels run on CPU tensors.
     """
+    if not _runtime.INTERPRETED:
+        pytest.skip("runs kernels on CPU tensors: needs the Triton interpreter (TRITON_INTERPRET=1)")
     monkeypatch.setattr(_runtime, "INTERPRETED", False)
-    monkeypatch.setattr(ops, "_capability", lambda device: (9, 0))
-    monkeypatch.setattr(ops, "_multiprocessors", lambda device: 4)
+    monkeypatch.setattr(ops, "_hardware", lambda device: dataclasses.replace(HOPPER, sm_count=4))
     ran = []
 
     def bench_once(kernel_call, quantiles):
@@ -395,7 +393,7 @@ def test_gpu_launch_code_through_the_interpreter(gpu_launch_code_on_the_cpu, pat
     c, bias = rand(m, n), rand(n)
     kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu")
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
-    assert ops._tma_suits(a, b, (9, 0))  # on a Hopper GPU this problem would take the TMA kernel
+    assert ops._tma_suits(a, b, HOPPER)  # on an H100 this problem would take the TMA kernel
     ops.launch_gemm(a, b, out, path=path, **kwargs)
     assert_gemm_accurate(out, a, b, **kwargs)
     assert len(ran) == 2  # pruned to two configurations, each run once to be timed
@@ -417,19 +415,10 @@ def test_descriptor_pre_hook_sets_block_shapes():
         "a_desc": TensorDescriptor.from_tensor(a, [1, 1]),
         "b_desc": TensorDescriptor.from_tensor(b_t, [1, 1]),
         "B_K_MAJOR": True,
-        **configs.HOPPER_PERSISTENT_TMA[0].meta(),
+        **configs.LARGE.persistent_tma[0].meta(),
     }
     ops._set_descriptor_blocks(nargs)
     assert nargs["a_desc"].block_shape == [128, 64] and nargs["b_desc"].block_shape == [256, 64]
-
-
-def test_configs_per_architecture():
-    assert configs.tiled_configs((9, 0)) is configs.HOPPER_TILED
-    assert configs.tiled_configs((8, 0)) is configs.AMPERE_TILED
-    assert configs.tiled_configs((8, 9)) is configs.GENERIC_TILED
-    assert configs.has_tma((9, 0)) and not configs.has_tma((8, 0)) and not configs.has_tma((10, 0))
-    for cfg in configs.HOPPER_TILED + configs.AMPERE_TILED + configs.GENERIC_TILED + (configs.INTERPRETER,):
-        assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16  # tl.dot's smallest tile
 
 
 def test_fp32_precision_follows_torch_switch():

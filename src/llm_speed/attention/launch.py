@@ -1,21 +1,19 @@
 """Launchers: pick block sizes, allocate outputs, set the constexpr switches and start the Triton kernels.
 
-Block sizes are chosen per padded head_dim so that the tiles fit shared memory on an H100 (228 KiB per SM)
-with room for pipelining: big query blocks for small heads, smaller key blocks and fewer stages as head_dim
-grows. They are sane starting points, not tuned ones (tuning is a later issue). Under the interpreter the
-same table is used; num_warps and num_stages are ignored there.
+Block sizes come from ``configs.py`` (chosen by the device's shared memory per block). Under the interpreter
+the same table is used; num_warps and num_stages are ignored there.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
 
 from .. import _runtime
 from . import kernels
+from .configs import BlockConfig, backward_config, forward_config  # noqa: F401  (BlockConfig: tests use it)
 
 KERNEL_FORWARD = "flash_attention_fwd"
 KERNEL_TILED = "tiled_attention_fwd"
@@ -26,14 +24,6 @@ KERNEL_BACKWARD_DQ = "flash_attention_bwd_dq"
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
 
 
-@dataclass(frozen=True)
-class BlockConfig:
-    block_m: int  # query rows per block
-    block_n: int  # key rows per block
-    num_warps: int
-    num_stages: int
-
-
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate a kernel output (uninitialised). One function so tests can poison every output with NaN."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -41,37 +31,6 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def _padded_head_dim(head_dim: int) -> int:
     return max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
-
-
-# Per padded head_dim (64 stands for 16..64): (block_m, block_n, num_warps, num_stages). 16-bit tiles use
-# tensor cores. float32 uses an IEEE product (no TF32), which Triton runs on FMA units with both operands in
-# registers: smaller tiles and 8 warps. Compiled for sm_90 with Triton 3.6, the 16-bit configurations and
-# float32 at head_dim <= 64 spill at most a few hundred bytes per thread; the earlier float32 head_dim-64
-# tiles (128 x 64, 4 warps) spilled 11-17 KB per thread.
-_FORWARD = {
-    torch.float16: {64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)},
-    torch.float32: {64: (64, 32, 8, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)},
-}
-_BACKWARD = {
-    torch.float16: {64: (64, 64, 4, 2), 128: (32, 64, 8, 2), 256: (32, 32, 8, 1)},
-    torch.float32: {64: (32, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 16, 8, 1)},
-}
-
-
-def _lookup(table: dict, block_d: int, dtype: torch.dtype) -> BlockConfig:
-    # bfloat16 tiles have the sizes of float16 ones.
-    by_dim = table[torch.float32 if dtype == torch.float32 else torch.float16]
-    return BlockConfig(*by_dim[max(64, block_d)])
-
-
-def forward_config(block_d: int, dtype: torch.dtype) -> BlockConfig:
-    """Forward/dQ blocks: Q [BM, BD] stays on chip, K and V [BN, BD] tiles stream through."""
-    return _lookup(_FORWARD, block_d, dtype)
-
-
-def backward_config(block_d: int, dtype: torch.dtype) -> BlockConfig:
-    """dK/dV blocks: K, V and the fp32 dK, dV accumulators [BN, BD] stay on chip; Q, dO [BM, BD] stream."""
-    return _lookup(_BACKWARD, block_d, dtype)
 
 
 def _dot_switches(dtype: torch.dtype) -> dict:

@@ -1,7 +1,8 @@
 """GEMM launchers, ``torch.library`` registration, autograd, and the public functions.
 
 Dispatch (see docs/gemm.md):
-- tensors Triton can run on (CUDA; CPU under ``TRITON_INTERPRET=1``): the Triton kernels. On a Hopper GPU,
+- tensors Triton can run on (CUDA; CPU under ``TRITON_INTERPRET=1``): the Triton kernels. On a GPU with tensor
+  descriptors (TMA) and the shared memory for its tiles (H100, H200, B200; ``configs.tier_for``),
   2-D fp16/bf16 problems whose operands suit tensor descriptors take the persistent TMA kernel; everything
   else takes the tiled kernel.
 - CPU tensors without the interpreter: ``reference.gemm_reference`` in float32, the same function.
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from llm_speed import _runtime
+from llm_speed._block_config import Hardware, hardware_of
 from llm_speed.matmul import configs, kernels, reference
 from llm_speed.matmul.validation import (
     FLOAT_DTYPES,
@@ -65,12 +67,14 @@ def _batch_stride(x3: torch.Tensor) -> int:
     return 0 if x3.shape[0] == 1 else x3.stride(0)
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+def _hardware(device: torch.device) -> Hardware:
+    """Shared memory per block, SMs and capability of the device: they choose the configurations."""
+    return hardware_of(device)
 
 
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a kernel output (uninitialised). One function so tests can poison every output with NaN."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def size_bucket(size: int) -> int:
@@ -104,8 +108,8 @@ _PRUNING = {"early_config_prune": _drop_oversized_tiles}
 
 
 @functools.cache
-def _autotuned_tiled(capability: tuple[int, int]):
-    tuned = [cfg.to_triton() for cfg in configs.tiled_configs(capability)]
+def _autotuned_tiled(hardware: Hardware):
+    tuned = [cfg.to_triton() for cfg in configs.tiled_configs(hardware)]
     # The unit strides tell the layout (the autotuner adds the dtypes to the key).
     key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "stride_ak", "stride_bn"]
     return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_tiled_kernel)
@@ -119,8 +123,10 @@ def _set_descriptor_blocks(nargs) -> None:
 
 
 @functools.cache
-def _autotuned_persistent_tma():
-    tuned = [cfg.to_triton(pre_hook=_set_descriptor_blocks) for cfg in configs.HOPPER_PERSISTENT_TMA]
+def _autotuned_persistent_tma(hardware: Hardware):
+    tuned = [
+        cfg.to_triton(pre_hook=_set_descriptor_blocks) for cfg in configs.persistent_tma_configs(hardware)
+    ]
     key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "B_K_MAJOR"]
     return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_persistent_tma_kernel)
 
@@ -160,9 +166,9 @@ def _has_host_tensor_descriptors() -> bool:
     return True
 
 
-def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, capability: tuple[int, int]) -> bool:
-    """Whether the persistent TMA kernel takes this problem on a GPU of ``capability`` (no device access)."""
-    if not configs.has_tma(capability) or not _has_host_tensor_descriptors():
+def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, hardware: Hardware) -> bool:
+    """Whether the persistent TMA kernel takes this problem on ``hardware`` (no device access)."""
+    if not configs.has_tma(hardware) or not _has_host_tensor_descriptors():
         return False
     if op_a.dim() != 2 or op_b.dim() != 2 or op_a.dtype not in TENSOR_CORE_DTYPES:
         return False
@@ -172,10 +178,11 @@ def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, capability: tuple[int, in
 
 
 def _choose_path(op_a: torch.Tensor, op_b: torch.Tensor) -> str:
-    """The kernel for a problem Triton runs: persistent TMA on Hopper if the operands suit it, else tiled."""
+    """The kernel for a problem Triton runs: persistent TMA where the device has it and the operands suit
+    it, else tiled."""
     if _runtime.INTERPRETED or op_a.device.type != "cuda":
         return "tiled"
-    return "persistent_tma" if _tma_suits(op_a, op_b, _capability(op_a.device)) else "tiled"
+    return "persistent_tma" if _tma_suits(op_a, op_b, _hardware(op_a.device)) else "tiled"
 
 
 def launch_gemm(
@@ -240,7 +247,7 @@ def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -
     if _runtime.INTERPRETED:
         kernel, meta = kernels.gemm_tiled_kernel, configs.INTERPRETER.meta()
     else:
-        kernel, meta = _autotuned_tiled(_capability(out.device)), {}
+        kernel, meta = _autotuned_tiled(_hardware(out.device)), {}
     batch = out3.shape[0]
     for start in range(0, batch, _MAX_GRID_Y):
         stop = min(start + _MAX_GRID_Y, batch)
@@ -280,8 +287,11 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> N
         a_block = [cfg.block_m, cfg.block_k]
         b_block = [cfg.block_n, cfg.block_k] if b_k_major else [cfg.block_k, cfg.block_n]
     else:
-        num_programs = _multiprocessors(out.device)
-        kernel, meta = _autotuned_persistent_tma(), {}
+        hardware = _hardware(out.device)
+        if not configs.has_tma(hardware):
+            raise ValueError(f"the persistent TMA kernel is not used on {hardware.name} (matmul/configs.py)")
+        num_programs = hardware.sm_count
+        kernel, meta = _autotuned_persistent_tma(hardware), {}
         a_block = b_block = [1, 1]  # placeholders: the autotuner's pre-hook sets each configuration's blocks
     a_desc = TensorDescriptor.from_tensor(op_a, a_block)
     b_desc = TensorDescriptor.from_tensor(op_b.mT if b_k_major else op_b, b_block)
@@ -331,7 +341,7 @@ def gemm_forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_d
         )  # fmt: skip
         _report_gemm(op_a, op_b, out)
         return out
-    out = torch.empty(_output_shape(a, b, trans_a, trans_b), dtype=out_dtype, device=a.device)
+    out = new_output(_output_shape(a, b, trans_a, trans_b), out_dtype, a.device)
     return launch_gemm(op_a, op_b, out, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
 
 
@@ -419,7 +429,7 @@ def _gemm_int8_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out = reference.gemm_int8_reference(a, b)
         _report_gemm(a, b, out)
         return out
-    out = torch.empty(_output_shape(a, b, False, False), dtype=torch.int32, device=a.device)
+    out = new_output(_output_shape(a, b, False, False), torch.int32, a.device)
     return launch_gemm(a, b, out)
 
 

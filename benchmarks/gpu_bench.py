@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The benchmark sets of run_gpu_suite.sh, run in one process, one shape per ``llm-speed`` call.
+
+Each call writes its own JSON as soon as its shape is measured, so a step cut by its time cap still returns
+every shape it finished; one process pays the torch import and CUDA start once. With ``--check`` every
+line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
+
+    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm or demo
+    python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+import traceback
+
+QUICK = "--warmup 5 --iterations 20 --no-progress"
+
+
+def command_lines(name: str, out: str) -> list[str]:
+    """The ``llm-speed`` argument lines of one set; each writes ``out/<label>.json``."""
+    lines = []
+    attention, gemm = f"bench attention {QUICK}", f"bench gemm {QUICK}"
+    if name == "attention":
+        for seq in (1024, 2048, 4096, 8192):
+            lines.append(
+                f"{attention} --dtype fp16 --seq-lengths {seq} --output {out}/attn_fwd_fp16_s{seq}.json"
+            )
+        for seq in (2048, 4096, 8192):
+            lines.append(
+                f"{attention} --dtype bf16 --causal --batch-size 1 --num-heads 32 --num-kv-heads 8 "
+                f"--head-dim 128 --seq-lengths {seq} --output {out}/attn_gqa_causal_bf16_s{seq}.json"
+            )
+        for seq in (1024, 4096):
+            lines.append(
+                f"{attention} --dtype fp16 --mode fwd+bwd --seq-lengths {seq} "
+                f"--output {out}/attn_fwd_bwd_fp16_s{seq}.json"
+            )
+    elif name == "gemm":
+        lines.append(
+            f"{gemm} --dtype bf16 --layout NT --model llama-3-8b --tokens 4096 "
+            f"--output {out}/gemm_llama3_8b_bf16.json"
+        )
+        for size in (1024, 2048, 4096, 8192):
+            lines.append(
+                f"{gemm} --dtype fp16 --sizes {size}x{size}x{size} --output {out}/gemm_fp16_{size}.json"
+            )
+        for size in (2048, 4096):
+            lines.append(
+                f"{gemm} --dtype int8 --sizes {size}x{size}x{size} --output {out}/gemm_int8_{size}.json"
+            )
+        lines.append(
+            f"{gemm} --dtype fp16 --epilogue bias+gelu --sizes 4096x4096x4096 "
+            f"--output {out}/gemm_epilogue_4096.json"
+        )
+    elif name == "demo":
+        lines.append(f"demo --output-dir {out}/demo")
+    else:
+        raise ValueError(f"unknown set {name!r}; expected attention, gemm or demo")
+    return lines
+
+
+def check(lines: list[str]) -> int:
+    """Parse every line with the real parser; run nothing. Returns the number of lines that do not parse."""
+    from llm_speed.cli import build_parser
+
+    parser = build_parser()
+    bad = 0
+    for line in lines:
+        try:
+            parser.parse_args(shlex.split(line))
+        except SystemExit:
+            bad += 1
+            print(f"does not parse: llm-speed {line}", flush=True)
+        else:
+            print(f"parses: llm-speed {line}", flush=True)
+    return bad
+
+
+def run(lines: list[str]) -> int:
+    """Run each line in this process; a failing line is reported and the next one still runs."""
+    from llm_speed.cli import main
+
+    failed = 0
+    for i, line in enumerate(lines, 1):
+        began = time.monotonic()
+        try:
+            code = main(shlex.split(line))
+        except KeyboardInterrupt:  # the step's time cap (timeout -s INT): what finished is already on disk
+            print(f"[{i}/{len(lines)}] interrupted: llm-speed {line}", flush=True)
+            return 124
+        except Exception:  # noqa: BLE001 - one broken shape must not cost the others
+            traceback.print_exc()
+            code = 1
+        failed += code != 0
+        print(
+            f"[{i}/{len(lines)}] exit {code} after {time.monotonic() - began:.1f} s: llm-speed {line}",
+            flush=True,
+        )
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("set", choices=("attention", "gemm", "demo"))
+    parser.add_argument("outdir")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="only parse every line (CPU dry run)")
+    mode.add_argument("--list", action="store_true", help="print the lines")
+    args = parser.parse_args(argv)
+    lines = command_lines(args.set, args.outdir)
+    if args.list:
+        print("\n".join(lines))
+        return 0
+    if args.check:
+        return 1 if check(lines) else 0
+    return run(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
