@@ -110,7 +110,7 @@ def _gpus(args: argparse.Namespace) -> int:
                 gpu.peak_tflops.get("tf32"),
                 gpu.peak_tflops.get("bf16"),
                 gpu.peak_tflops.get("fp8"),
-                gpu.ridge_point("bf16"),
+                gpu.ridge_point("bf16") if "bf16" in gpu.peak_tflops else None,
                 gpu.l2_cache_mb,
                 gpu.smem_per_sm_kb,
                 gpu.nvlink_bandwidth_gbs,
