@@ -874,3 +874,133 @@ def live_device_properties(device: int = 0) -> dict[str, Any] | None:
     except ValueError:
         result["table_id"] = None
     return result
+
+
+# --- user-described GPUs ---
+
+_INLINE_KEYS = {
+    "memory_gb": "hbm_capacity_gb",
+    "bandwidth_gbs": "hbm_bandwidth_gbs",
+    "nvlink_gbs": "nvlink_bandwidth_gbs",
+    "pcie_gbs": "pcie_bandwidth_gbs",
+    "sm_count": "sm_count",
+}
+
+
+def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
+    """A :class:`GPUSpec` from a dict of GPUSpec field names (``peak_tflops`` a dict of dense TFLOP/s per
+    dtype). ``based_on`` (a table id) fills every field not given from that entry; without it ``id``,
+    ``peak_tflops``, ``hbm_capacity_gb`` and ``hbm_bandwidth_gbs`` are required and the rest defaults to
+    unknown (0, None). Every value given is recorded in ``sources`` as ``origin``. ValueError names a bad key.
+    """
+    if not isinstance(fields, dict):
+        raise ValueError(f"{origin}: expected a JSON object of GPUSpec fields, got {type(fields).__name__}")
+    fields = dict(fields)
+    base_name = fields.pop("based_on", None)
+    known = {f for f in GPUSpec.__dataclass_fields__ if f != "sources"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"{origin}: unknown keys {', '.join(unknown)}; accepted: based_on, {', '.join(sorted(known))}"
+        )
+    if base_name is not None:
+        base = get_gpu(base_name)
+        merged: dict[str, Any] = {f: getattr(base, f) for f in known}
+        merged["id"] = f"{base.id}-custom"
+        merged["name"] = f"{base.name} (user-modified)"
+        merged["aliases"] = ()
+        sources = dict(base.sources)
+        if "peak_tflops" in fields:  # dtypes given replace the base's, the others are kept
+            fields["peak_tflops"] = {**base.peak_tflops, **fields["peak_tflops"]}
+    else:
+        missing = [
+            k for k in ("id", "peak_tflops", "hbm_capacity_gb", "hbm_bandwidth_gbs") if k not in fields
+        ]
+        if missing:
+            raise ValueError(f"{origin}: missing {', '.join(missing)} (or give based_on: a table id)")
+        merged = dict(
+            name=str(fields["id"]),
+            aliases=(),
+            architecture="unknown",
+            compute_capability=(0, 0),
+            sm_count=0,
+            boost_clock_mhz=0,
+            l2_cache_mb=0.0,
+            smem_per_sm_kb=0,
+            register_file_per_sm_kb=0,
+            nvlink_bandwidth_gbs=None,
+            pcie_bandwidth_gbs=64.0,
+            memory_type="unknown",
+        )
+        sources = {}
+    peaks = fields.get("peak_tflops", merged.get("peak_tflops"))
+    if not isinstance(peaks, dict) or not peaks:
+        raise ValueError(f"{origin}: peak_tflops must be a non-empty object of dtype -> dense TFLOP/s")
+    checked: dict[str, float] = {}
+    for dtype, value in peaks.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"{origin}: peak_tflops[{dtype!r}] must be a number > 0, got {value!r}")
+        checked[normalize_dtype(dtype)] = float(value)
+    fields["peak_tflops"] = checked
+    for key in ("hbm_capacity_gb", "hbm_bandwidth_gbs", "pcie_bandwidth_gbs", "nvlink_bandwidth_gbs"):
+        value = fields.get(key)
+        if value is None and key == "nvlink_bandwidth_gbs":
+            continue
+        if key in fields and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+        ):
+            raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
+    if "compute_capability" in fields:
+        fields["compute_capability"] = tuple(fields["compute_capability"])
+    merged.update(fields)
+    merged["aliases"] = tuple(merged.get("aliases", ()))
+    sources.update({key: origin for key in fields})
+    return GPUSpec(**merged, sources=sources)
+
+
+def load_gpu_spec(spec: str) -> GPUSpec:
+    """A user GPU from a JSON file of GPUSpec fields (see :func:`custom_gpu`), or from an inline list
+    ``"based_on=h100-sxm,bf16=800,bandwidth_gbs=3000,memory_gb=96"``: dtype names set dense TFLOP/s;
+    memory_gb, bandwidth_gbs, nvlink_gbs, pcie_gbs, sm_count, id and based_on set those fields."""
+    from pathlib import Path
+
+    if not isinstance(spec, str):
+        raise TypeError(f"gpu spec must be a str (a JSON path or key=value list), got {type(spec).__name__}")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        import json
+
+        try:
+            fields = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"gpu spec {spec!r} is not valid JSON: {error}") from error
+        return custom_gpu(fields, origin=f"user GPU spec {path}")
+    if "=" not in spec:
+        raise ValueError(
+            f"gpu spec {spec!r}: file not found, and not a key=value list (e.g. bf16=800,memory_gb=96)"
+        )
+    fields: dict[str, Any] = {}
+    peaks: dict[str, float] = {}
+    for item in spec.split(","):
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if key in ("id", "based_on"):
+            fields[key] = text.strip()
+            continue
+        try:
+            value = float(text)
+        except ValueError as error:
+            raise ValueError(f"gpu spec item {item!r}: {key} needs a number") from error
+        if key in _INLINE_KEYS:
+            fields[_INLINE_KEYS[key]] = int(value) if key == "sm_count" else value
+        elif key.lower().removeprefix("torch.") in _DTYPE_ALIASES:
+            peaks[key] = value
+        else:
+            raise ValueError(
+                f"gpu spec item {item!r}: unknown key {key!r}; accepted: id, based_on, "
+                f"{', '.join(_INLINE_KEYS)} and dtype names ({', '.join(DTYPE_BYTES)}) in TFLOP/s"
+            )
+    if peaks:
+        fields["peak_tflops"] = peaks
+    fields.setdefault("id", "user-gpu")
+    return custom_gpu(fields, origin="user GPU spec (inline)")

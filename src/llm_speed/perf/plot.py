@@ -20,6 +20,7 @@ class PlotPoint:
     flops: float
     bytes_moved: float
     achieved_flops_per_s: float | None = None
+    group: str | None = None  # points of one group share a colour; each point is then labelled in place
 
 
 def plot_roofline(
@@ -34,8 +35,14 @@ def plot_roofline(
 
     The roof is ``min(peak, bandwidth * intensity)``; the ridge point is marked. Each point sits at its
     intensity (``flops / bytes_moved``): predicted points on the roof (attainable FLOP/s, hollow markers),
-    measured ones at ``achieved_flops_per_s`` (filled markers). Returns the written path.
+    measured ones at ``achieved_flops_per_s`` (filled markers). Points with a ``group`` (e.g. "prefill",
+    "decode") get one colour per group and their label written beside them, so twenty ops stay readable;
+    the legend then lists the groups. Returns the written path, checked first with
+    :func:`llm_speed._output.prepare_output_path`.
     """
+    from llm_speed._output import prepare_output_path
+
+    out = prepare_output_path(path, argument="path")
     spec = get_gpu(gpu)
     dtype_name = normalize_dtype(dtype)
     peak = spec.peak_flops(dtype_name)
@@ -82,14 +89,26 @@ def plot_roofline(
         color="gray",
     )
     markers = "osD^v"  # matplotlib cycles 10 colours; a new marker shape for every 10 points keeps them apart
+    groups = list(dict.fromkeys(point.group for point, _ in placed if point.group is not None))
+    legend_done: set[str] = set()
     for index, (point, result) in enumerate(placed):
-        color = f"C{index % 10}"
-        marker = markers[(index // 10) % len(markers)]
+        if point.group is not None:
+            slot = groups.index(point.group)
+            color, marker = f"C{slot % 10}", markers[slot % len(markers)]
+        else:
+            color, marker = f"C{index % 10}", markers[(index // 10) % len(markers)]
         if point.achieved_flops_per_s is None:
             y, marker_face, kind = result.attainable_flops, "none", "predicted"
         else:
             y, marker_face, kind = point.achieved_flops_per_s, color, "measured"
         x = max(result.intensity, low)
+        if point.group is None:
+            label = f"{point.label} ({kind}, {result.bound}-bound)"
+        elif point.group not in legend_done:
+            legend_done.add(point.group)
+            label = f"{point.group} ({kind})"
+        else:
+            label = None
         axes.plot(
             [x],
             [y / 1e12],
@@ -98,15 +117,23 @@ def plot_roofline(
             markerfacecolor=marker_face,
             color=color,
             linestyle="none",
-            label=f"{point.label} ({kind}, {result.bound}-bound)",
+            label=label,
         )
+        if point.group is not None:
+            # Alternate label sides so neighbouring points' labels do not print over each other.
+            axes.annotate(
+                point.label,
+                (x, y / 1e12),
+                textcoords="offset points",
+                xytext=(6, 4) if index % 2 == 0 else (6, -10),
+                fontsize=7,
+                color=color,
+            )
     axes.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
     axes.set_ylabel("TFLOP/s")
     axes.set_title(title or f"Roofline: {spec.name}, {dtype_name}")
     axes.grid(True, which="both", linewidth=0.3)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(figure)
