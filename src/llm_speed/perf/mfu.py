@@ -5,7 +5,8 @@ needs (e.g. 2mnk for a GEMM, causal attention's visible pairs). HFU uses the FLO
 executed, including recomputation (activation checkpointing, FlashAttention's backward recomputing QK^T)
 and any masked work done anyway. Definitions: Chowdhery et al., "PaLM" (2022), Appendix B; Korthikanti et
 al., "Reducing Activation Recomputation in Large Transformer Models" (2022). Worked example: a 4096^3 GEMM
-in 0.5 ms on H100 SXM: 137.4 TFLOP/s achieved, MFU 13.9% of the 989.4 TFLOP/s dense bf16 peak.
+(137.4 GFLOP) in 0.5 ms on H100 SXM: 274.9 TFLOP/s achieved, MFU 27.8% of the 989.4 TFLOP/s dense bf16
+peak.
 
 Training MFU from a throughput depends on how the FLOPs per token are counted; published figures use
 different conventions (:data:`MFU_CONVENTIONS`, :func:`training_flops_per_token`):
