@@ -13,7 +13,7 @@ from llm_speed.perf._cli_common import add_gpu_arguments, gpu_from_args
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
-from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
+from llm_speed.perf.memory import attention_memory
 from llm_speed.perf.mfu import (
     MFU_CONVENTIONS,
     achieved_flops_per_s,
@@ -242,19 +242,11 @@ def _vram(args: argparse.Namespace) -> int:
     shape = (args.batch_size, args.num_heads, args.seq_len, args.seq_len, args.head_dim)
     standard = attention_memory(*shape, impl="standard", **common)
     flash = attention_memory(*shape, impl="flash", **common)
-    seed_std = seed_flash = None
-    if args.batch_size == 1 and args.num_kv_heads in (None, args.num_heads):
-        element = int(standard.element_bytes) if standard.element_bytes >= 1 else None
-        if element is not None:
-            seed_std = calculate_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
-            seed_flash = calculate_flash_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
     if args.json:
         dump_json(
             {
                 "standard": standard,
                 "flash": flash,
-                "seed_000_standard_gb": seed_std,
-                "seed_000_flash_gb": seed_flash,
                 "saving": standard.peak_bytes / flash.peak_bytes,
             }
         )
@@ -287,8 +279,6 @@ def _vram(args: argparse.Namespace) -> int:
             ["backward peak", standard.backward_peak_bytes / gb, flash.backward_peak_bytes / gb],
         ]
     rows.append(["peak", standard.peak_bytes / gb, flash.peak_bytes / gb])
-    if seed_std is not None and seed_flash is not None:
-        rows.append(["seed 000 total (one s x s matrix)", seed_std["total"], seed_flash["total"]])
     print_table(
         f"Attention memory, GB: batch {args.batch_size}, {args.num_heads} heads"
         f"{'' if args.num_kv_heads is None else f' ({args.num_kv_heads} KV)'}, seq {args.seq_len}, "
