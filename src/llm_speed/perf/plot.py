@@ -91,6 +91,7 @@ def plot_roofline(
     markers = "osD^v"  # matplotlib cycles 10 colours; a new marker shape for every 10 points keeps them apart
     groups = list(dict.fromkeys(point.group for point, _ in placed if point.group is not None))
     legend_done: set[str] = set()
+    labelled: dict[str, list[tuple[float, float, str, str]]] = {}
     for index, (point, result) in enumerate(placed):
         if point.group is not None:
             slot = groups.index(point.group)
@@ -120,15 +121,11 @@ def plot_roofline(
             label=label,
         )
         if point.group is not None:
-            # Alternate label sides so neighbouring points' labels do not print over each other.
-            axes.annotate(
-                point.label,
-                (x, y / 1e12),
-                textcoords="offset points",
-                xytext=(6, 4) if index % 2 == 0 else (6, -10),
-                fontsize=7,
-                color=color,
-            )
+            labelled.setdefault(point.group, []).append((x, y / 1e12, point.label, color))
+    for slot, group in enumerate(groups):
+        _label_clusters(axes, labelled.get(group, []), above=slot % 2 == 0)
+    if groups:  # headroom for the labels written above the points on the flat roof
+        axes.set_ylim(top=peak / 1e12 * 6)
     axes.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
     axes.set_ylabel("TFLOP/s")
     axes.set_title(title or f"Roofline: {spec.name}, {dtype_name}")
@@ -138,3 +135,29 @@ def plot_roofline(
     figure.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return out
+
+
+def _label_clusters(axes: Any, points: list[tuple[float, float, str, str]], *, above: bool) -> None:
+    """Write the labels of one group's points: points within 2x of each other in intensity share one label
+    ("qkv, o, gate_up"), three names per line; one group's labels go above the points, the next's below."""
+    clusters: list[list[tuple[float, float, str, str]]] = []
+    for point in sorted(points):
+        if clusters and point[0] <= clusters[-1][0][0] * 2:
+            clusters[-1].append(point)
+        else:
+            clusters.append([point])
+    for cluster in clusters:
+        names = list(dict.fromkeys(name for _, _, name, _ in cluster))
+        lines = [", ".join(names[i : i + 3]) for i in range(0, len(names), 3)]
+        x = math.exp(sum(math.log(p[0]) for p in cluster) / len(cluster))
+        y = math.exp(sum(math.log(p[1]) for p in cluster) / len(cluster))
+        axes.annotate(
+            "\n".join(lines),
+            (x, y),
+            textcoords="offset points",
+            xytext=(-8, 10) if above else (8, -10),
+            ha="right" if above else "left",
+            va="bottom" if above else "top",
+            fontsize=7,
+            color=cluster[0][3],
+        )
