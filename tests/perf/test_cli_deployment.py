@@ -175,3 +175,22 @@ def test_load_gemma2_qwen3_phi3(tmp_path):
     }
     config = load_hf_config(_config(tmp_path, "phi3", phi3))
     assert config.sliding_window == 2047 and param_count(config).total == pytest.approx(3.82e9, rel=0.01)
+
+
+def test_analyze_calibrated_from_bench_json(tmp_path, capsys):
+    bandwidth = get_gpu("h100-sxm").memory_bandwidth
+    gemv_bytes = 2.0 * 8192 * 8192
+    row = {"case": "gemv", "flops": 2.0 * 8192**2, "bytes_moved": gemv_bytes}
+    bench = {
+        "environment": {"gpu_spec_id": "h100-sxm"},
+        "settings": {"dtype": "bf16"},
+        "results": [{**row, "latency_ms": 1e3 * gemv_bytes / (0.9 * bandwidth)}],
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    argv = ["analyze", "--model", "llama-3-8b", "--gpu", "h100", "--seq-len", "64", "--json"]
+    default = _json(capsys, argv)
+    calibrated = _json(capsys, [*argv, "--calibrate", str(path)])
+    assert "calibrated from bench on h100-sxm" in calibrated["efficiency_source"]
+    ratio = calibrated["decode_tokens_per_s_realistic"] / default["decode_tokens_per_s_realistic"]
+    assert ratio == pytest.approx(0.9 / 0.7, rel=0.02)  # decode is memory-bound: 0.9 instead of 0.7
