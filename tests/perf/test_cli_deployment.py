@@ -194,3 +194,33 @@ def test_analyze_calibrated_from_bench_json(tmp_path, capsys):
     assert "calibrated from bench on h100-sxm" in calibrated["efficiency_source"]
     ratio = calibrated["decode_tokens_per_s_realistic"] / default["decode_tokens_per_s_realistic"]
     assert ratio == pytest.approx(0.9 / 0.7, rel=0.02)  # decode is memory-bound: 0.9 instead of 0.7
+
+
+def test_docs_deployment_example(capsys):
+    # docs/performance-model.md, "Answering deployment questions": the command and the figures it quotes.
+    argv = ["analyze", "--model", "llama-3.1-70b", "--gpu", "h100", "--seq-len", "32768", "--batch-size", "8"]
+    payload = _json(capsys, [*argv, "--decode-tokens", "1024", "--kv-dtype", "fp8", "--tp", "8", "--json"])
+    gb, ms = 1e9, 1e3
+    assert payload["fits_in_memory"]
+    assert payload["weights_bytes"] / gb == pytest.approx(141, abs=0.5)
+    assert payload["weights_bytes_per_gpu"] / gb == pytest.approx(17.6, abs=0.05)
+    assert payload["kv_cache_bytes"] / gb == pytest.approx(44.3, abs=0.05)
+    assert payload["kv_cache_bytes_per_gpu"] / gb == pytest.approx(5.54, abs=0.01)
+    assert payload["memory_per_gpu_bytes"] / gb == pytest.approx(23.2, abs=0.05)
+    assert payload["decode_step_s"] * ms == pytest.approx(6.96, abs=0.05)
+    assert payload["decode_step_realistic_s"] * ms == pytest.approx(14.4, abs=0.1)
+    assert payload["decode_communication"]["realistic_s"] * ms == pytest.approx(4.6, abs=0.05)
+    assert payload["decode_tokens_per_s"] == pytest.approx(1150, rel=0.01)
+    assert payload["decode_tokens_per_s_realistic"] == pytest.approx(554, rel=0.01)
+    assert payload["ttft_s"] == pytest.approx(9.8, abs=0.05)
+    assert payload["ttft_realistic_s"] == pytest.approx(13.6, abs=0.05)
+    one_gpu = _json(capsys, [*argv, "--decode-tokens", "1024", "--kv-dtype", "fp8", "--json"])
+    assert not one_gpu["fits_in_memory"] and one_gpu["memory_per_gpu_bytes"] / gb == pytest.approx(
+        185, abs=0.5
+    )
+    assert main([*argv, "--tp", "8", "--collective", "nvls"]) == 0
+    capsys.readouterr()
+    assert (
+        main(["analyze", "--model", "llama-3-8b", "--gpu", "a100", "--tp", "2", "--collective", "nvls"]) == 2
+    )
+    assert "NVSwitch" in capsys.readouterr().err

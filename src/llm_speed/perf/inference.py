@@ -514,6 +514,16 @@ def _communication(
     return Communication(reduces, message, logits, sends, message, time(FLOOR), time(efficiency))
 
 
+def _has_nvlink_sharp(spec: GPUSpec, link: str) -> bool:
+    """NVLink SHARP runs in third-generation NVSwitch chips (Hopper HGX/DGX and later), not over PCIe or the
+    two-GPU NVLink bridges of H100 PCIe / NVL cards."""
+    return (
+        link == "nvlink"
+        and spec.architecture in ("Hopper", "Blackwell")
+        and not spec.id.startswith(("h100-pcie", "h100-nvl"))
+    )
+
+
 def analyze_inference(
     model: ModelConfig | str,
     gpu: GPUSpec | str,
@@ -566,6 +576,11 @@ def analyze_inference(
         )
     shard = tp_shard(config, tp)
     link_speed = link_bandwidth(spec, link) if tp * pp > 1 else None
+    if collective_algorithm == "nvls" and not _has_nvlink_sharp(spec, link):
+        raise ValueError(
+            "collective_algorithm 'nvls' (NVLink SHARP) needs third-generation NVSwitch (H100/H200/H800/"
+            f"GH200/B200 SXM systems) and link='nvlink'; {spec.id} over {link} has none: use 'ring' or 'tree'"
+        )
     decode_context = seq_len + decode_tokens // 2
     common = dict(weights=storage, efficiency=eff)
     prefill_ops = _phase_ops(
