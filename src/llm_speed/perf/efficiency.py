@@ -23,9 +23,10 @@ except where said):
 * ``nvls = 0.61``: NVLink SHARP (NCCL's default all-reduce on H100 NVSwitch systems, NCCL >= 2.17) reduces in
   the switch, so each GPU sends and receives the buffer once; its peak algorithm bandwidth on 8 H100s is
   ~275 GB/s of the 450 GB/s line rate (busBw ~480 GB/s; nccl-tests issue #212): 0.61.
-* ``collective_latency_s = 20e-6``: a fixed cost per collective call (kernel launch, synchronisation) that
+* ``collective_latency_s = 28e-6``: a fixed cost per collective call (kernel launch, synchronisation) that
   dominates the small all-reduces of tensor-parallel decode. Fitted to one row, gpt-fast's Llama-2-7B on 8
-  A100s (328 tokens/s, 64 all-reduces per token); every other tensor-parallel row is held out.
+  A100s (328 tokens/s, 64 all-reduces and one logits all-gather per token); every other tensor-parallel row
+  is held out.
 """
 
 from __future__ import annotations
