@@ -15,8 +15,8 @@ except where said):
   with ``llm-speed bench gemm --output FILE`` and :func:`calibrate_from_bench`.
 * ``weight_dequant``: weight-only quantized GEMV kernels stream their (fewer) bytes more slowly than bf16 ones
   because they dequantize on the fly. gpt-fast's Llama-2-7B rows: int8 1,069 GB/s, int4 (group 32) 863 GB/s
-  against 1,397 GB/s bf16: 0.77 and 0.62 of the bf16 rate. fp8 weights are read by fp8 tensor cores with
-  no dequantization: 1.0.
+  against 1,397 GB/s bf16: 0.77 and 0.62 of the bf16 rate. fp8: 1.0, for want of a published figure
+  (with ``dtype="fp8"`` the fp8 tensor cores read the weights directly and no factor applies).
 * ``collective = 0.8``: NCCL's ring protocol carries a 128-byte payload per NVLink packet, so the effective
   bus bandwidth is about 80% of the line rate: ~240 of 300 GB/s on A100 (~230 measured) and ~370 of 450 GB/s
   on H100 (NCCL maintainer S. Jeaugey in NVIDIA/nccl-tests issues #149 and #212).
