@@ -102,7 +102,7 @@ def test_vram_standard_vs_flash(capsys):
     assert standard["scores_bytes"] == 32 * 4096 * 4096 * 2
     assert flash["scores_bytes"] == 0 and flash["softmax_stats_bytes"] == 32 * 4096 * 4
     assert data["saving"] == pytest.approx(standard["peak_bytes"] / flash["peak_bytes"])
-    assert data["seed_000_standard_gb"]["attention_matrix"] == pytest.approx(4096 * 4096 * 2 / 1e9)
+    assert set(data) == {"standard", "flash", "saving"}  # no more one-matrix formulas (issue 14)
     assert (
         main(
             [

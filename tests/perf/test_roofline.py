@@ -55,8 +55,10 @@ def test_degenerate_and_bad_inputs():
         roofline("1", 1, "bf16", "h100")
 
 
-def test_plot_places_predicted_and_measured_points(tmp_path):
+def test_plot_places_predicted_and_measured_points(tmp_path, monkeypatch):
     from llm_speed.perf.plot import PlotPoint, plot_roofline
+
+    monkeypatch.chdir(tmp_path)  # a missing folder is created only inside the working directory
 
     points = [
         PlotPoint("gemv", 2 * 4096 * 4096, 4096 * 4096 * 2),
@@ -70,13 +72,19 @@ def test_plot_places_predicted_and_measured_points(tmp_path):
         plot_roofline("h200", [PlotPoint("bad", 1.0, 1.0, -3.0)], tmp_path / "x.png")
     with pytest.raises(TypeError, match="PlotPoint"):
         plot_roofline("h200", [(1.0, 1.0)], tmp_path / "x.png")
+    grouped = [PlotPoint(f"op{i}", 2e9 * (i + 1), 1e9, group=("prefill", "decode")[i % 2]) for i in range(20)]
+    assert plot_roofline("h200", grouped, tmp_path / "grouped.png").stat().st_size > 0
+    outside = tmp_path.parent / "llm-speed-no-such-folder" / "x.png"
+    with pytest.raises(ValueError, match="does not exist"):
+        plot_roofline("h200", points, outside)
+    assert not outside.parent.exists()
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     flops=st.floats(1.0, 1e18),
     bytes_moved=st.floats(1.0, 1e15),
-    gpu=st.sampled_from([gpu.id for gpu in list_gpus()]),
+    gpu=st.sampled_from([gpu.id for gpu in list_gpus() if "bf16" in gpu.peak_tflops]),  # T4 has no bf16
 )
 def test_roofline_invariants(flops, bytes_moved, gpu):
     point = roofline(flops, bytes_moved, "bf16", gpu)

@@ -22,6 +22,14 @@ from llm_speed.perf.distributed import (
     train_memory,
     zero_communication_bytes,
 )
+from llm_speed.perf.efficiency import (
+    FLOOR,
+    AllReduceEstimate,
+    Calibration,
+    Efficiency,
+    all_reduce_time,
+    calibrate_from_bench,
+)
 from llm_speed.perf.gemm_tiling import (
     check_alignment,
     gemm_hbm_traffic,
@@ -32,21 +40,27 @@ from llm_speed.perf.gemm_tiling import (
 )
 from llm_speed.perf.gpus import (
     GPUSpec,
+    custom_gpu,
     detect_gpu,
     dtype_bytes,
     get_gpu,
     list_gpus,
     live_device_properties,
+    load_gpu_spec,
     normalize_dtype,
 )
 from llm_speed.perf.inference import (
+    Communication,
     DecodeSweepRow,
     InferenceAnalysis,
     InferenceOp,
     PhaseTotals,
+    WeightStorage,
     analyze_inference,
     decode_batch_sweep,
     expected_experts_hit,
+    tp_shard,
+    weight_storage,
 )
 from llm_speed.perf.kernel_costs import (
     KernelCost,
@@ -65,7 +79,14 @@ from llm_speed.perf.memory import (
     estimate_attention_memory,
     find_optimal_batch_size,
 )
-from llm_speed.perf.mfu import achieved_flops_per_s, hfu, mfu
+from llm_speed.perf.mfu import (
+    MFU_CONVENTIONS,
+    achieved_flops_per_s,
+    hfu,
+    mfu,
+    throughput_mfu,
+    training_flops_per_token,
+)
 from llm_speed.perf.models import (
     GemmShape,
     ModelConfig,
@@ -95,15 +116,21 @@ from llm_speed.perf.training import (
 
 __all__ = [
     "ActivationMemory",
+    "AllReduceEstimate",
     "AttentionMemory",
+    "Calibration",
     "CollectiveCost",
+    "Communication",
     "DecodeSweepRow",
+    "Efficiency",
+    "FLOOR",
     "GPUSpec",
     "GemmShape",
     "InferenceAnalysis",
     "InferenceOp",
     "KVCacheSize",
     "KernelCost",
+    "MFU_CONVENTIONS",
     "MoEAllToAll",
     "ModelConfig",
     "ModelStateMemory",
@@ -114,9 +141,11 @@ __all__ = [
     "TPCommunication",
     "TrainMemory",
     "TrainingFlops",
+    "WeightStorage",
     "achieved_flops_per_s",
     "activation_bytes_per_layer",
     "activation_memory",
+    "all_reduce_time",
     "analyze_inference",
     "analyze_memory_hierarchy",
     "arithmetic_intensity",
@@ -125,9 +154,11 @@ __all__ = [
     "attention_memory",
     "calculate_attention_vram",
     "calculate_flash_attention_vram",
+    "calibrate_from_bench",
     "check_alignment",
     "collective_cost",
     "context_parallel_kv_bytes_per_layer",
+    "custom_gpu",
     "decode_batch_sweep",
     "detect_gpu",
     "dtype_bytes",
@@ -148,6 +179,7 @@ __all__ = [
     "list_gpus",
     "list_models",
     "live_device_properties",
+    "load_gpu_spec",
     "load_hf_config",
     "max_batch_for_memory",
     "megatron_training_flops",
@@ -164,12 +196,16 @@ __all__ = [
     "roofline",
     "stage_layer_mix",
     "tensor_core_alignment",
+    "throughput_mfu",
     "tile_count",
     "tp_communication_per_layer",
+    "tp_shard",
     "train_memory",
     "training_flops",
     "training_flops_6nd",
+    "training_flops_per_token",
     "visible_pairs",
     "wave_quantization",
+    "weight_storage",
     "zero_communication_bytes",
 ]

@@ -49,3 +49,26 @@ def attention_shape(
 def divisors_text(value: int) -> str:
     """The divisors of ``value`` as "1, 2, 4, 8" (for error messages that list the valid choices)."""
     return ", ".join(str(x) for x in range(1, value + 1) if value % x == 0)
+
+
+# The longest context any published model claims: Llama 4 Scout, 10M tokens (Meta, "The Llama 4 herd", 2025).
+LONGEST_PUBLISHED_CONTEXT = 10_000_000
+
+
+def size_warnings(
+    tokens: int, *, max_position_embeddings: int | None = None, what: str = "tokens"
+) -> list[str]:
+    """Warnings for a sequence of ``tokens``: past the model's trained context (max_position_embeddings), and
+    past any published model's context (the figures are then arithmetic, not a deployment)."""
+    notes = []
+    if max_position_embeddings is not None and tokens > max_position_embeddings:
+        notes.append(
+            f"Warning: {tokens:,} {what} exceed the model's {max_position_embeddings:,}-token context "
+            "(max_position_embeddings); costs are still computed."
+        )
+    if tokens > LONGEST_PUBLISHED_CONTEXT:
+        notes.append(
+            f"Warning: {tokens:,} {what} is beyond any published model's context "
+            f"({LONGEST_PUBLISHED_CONTEXT:,}); the figures are arithmetic, not a deployment."
+        )
+    return notes

@@ -8,12 +8,21 @@ import dataclasses
 from typing import Any
 
 from llm_speed._cli import gemm_size
-from llm_speed._output import dump_json, print_table
+from llm_speed._output import dump_json, prepare_output_path, print_table
+from llm_speed.perf._checks import size_warnings
+from llm_speed.perf._cli_common import add_gpu_arguments, gpu_from_args
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import ATTENTION_MODES, attention_cost, gemm_cost
-from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
-from llm_speed.perf.mfu import achieved_flops_per_s, mfu
+from llm_speed.perf.memory import attention_memory
+from llm_speed.perf.mfu import (
+    MFU_CONVENTIONS,
+    achieved_flops_per_s,
+    mfu,
+    throughput_mfu,
+    training_flops_per_token,
+)
+from llm_speed.perf.models import resolve_model
 from llm_speed.perf.roofline import roofline
 
 GPU_HELP = "GPU id or alias (see `llm-speed gpus`)"
@@ -100,7 +109,7 @@ def _gpus(args: argparse.Namespace) -> int:
                 gpu.peak_tflops.get("tf32"),
                 gpu.peak_tflops.get("bf16"),
                 gpu.peak_tflops.get("fp8"),
-                gpu.ridge_point("bf16"),
+                gpu.ridge_point("bf16") if "bf16" in gpu.peak_tflops else None,
                 gpu.l2_cache_mb,
                 gpu.smem_per_sm_kb,
                 gpu.nvlink_bandwidth_gbs,
@@ -144,15 +153,13 @@ def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, f
         cost = gemm_cost(m, n, k, dtype=dtype)
         return [(f"gemm {m}x{n}x{k}", cost.flops, cost.bytes_moved)]
     if args.attention is not None:
-        batch, heads, seq, head_dim = args.attention
+        spec = args.attention
         kernels = []
         for impl in ("flash", "tiled", "naive"):
-            cost = attention_cost(
-                batch, heads, seq, seq, head_dim, dtype=dtype, causal=args.causal, mode=args.mode, impl=impl
-            )
+            cost = _attention_spec_cost(spec, dtype=dtype, causal=args.causal, mode=args.mode, impl=impl)
             kernels.append(
                 (
-                    f"attention {impl} {args.mode}{' causal' if args.causal else ''}",
+                    f"attention {impl} {spec.text} {args.mode}{' causal' if args.causal else ''}",
                     cost.flops,
                     cost.bytes_moved,
                 )
@@ -164,16 +171,17 @@ def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, f
 
 
 def _roofline(args: argparse.Namespace) -> int:
-    spec = get_gpu(args.gpu)
+    plot_path = prepare_output_path(args.plot, argument="--plot") if args.plot else None
+    spec = gpu_from_args(args)
     dtype = normalize_dtype(args.dtype)
     spec.peak_flops(dtype)  # a dtype this GPU has no peak for is an error, even without a kernel
     kernels = _roofline_kernels(args, dtype)
     points = [(label, roofline(flops, bytes_moved, dtype, spec)) for label, flops, bytes_moved in kernels]
-    if args.plot:
+    if plot_path is not None:
         from llm_speed.perf.plot import PlotPoint, plot_roofline
 
         written = plot_roofline(
-            spec, [PlotPoint(label, p.flops, p.bytes_moved) for label, p in points], args.plot, dtype=dtype
+            spec, [PlotPoint(label, p.flops, p.bytes_moved) for label, p in points], plot_path, dtype=dtype
         )
         if not args.json:
             print(f"wrote {written}")
@@ -224,19 +232,11 @@ def _vram(args: argparse.Namespace) -> int:
     shape = (args.batch_size, args.num_heads, args.seq_len, args.seq_len, args.head_dim)
     standard = attention_memory(*shape, impl="standard", **common)
     flash = attention_memory(*shape, impl="flash", **common)
-    seed_std = seed_flash = None
-    if args.batch_size == 1 and args.num_kv_heads in (None, args.num_heads):
-        element = int(standard.element_bytes) if standard.element_bytes >= 1 else None
-        if element is not None:
-            seed_std = calculate_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
-            seed_flash = calculate_flash_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
     if args.json:
         dump_json(
             {
                 "standard": standard,
                 "flash": flash,
-                "seed_000_standard_gb": seed_std,
-                "seed_000_flash_gb": seed_flash,
                 "saving": standard.peak_bytes / flash.peak_bytes,
             }
         )
@@ -269,22 +269,25 @@ def _vram(args: argparse.Namespace) -> int:
             ["backward peak", standard.backward_peak_bytes / gb, flash.backward_peak_bytes / gb],
         ]
     rows.append(["peak", standard.peak_bytes / gb, flash.peak_bytes / gb])
-    if seed_std is not None and seed_flash is not None:
-        rows.append(["seed 000 total (one s x s matrix)", seed_std["total"], seed_flash["total"]])
     print_table(
         f"Attention memory, GB: batch {args.batch_size}, {args.num_heads} heads"
         f"{'' if args.num_kv_heads is None else f' ({args.num_kv_heads} KV)'}, seq {args.seq_len}, "
         f"head_dim {args.head_dim}, {standard.dtype}, {'training' if args.training else 'inference'}",
         ["item", "standard", "flash"],
         rows,
-        caption=f"FlashAttention needs {standard.peak_bytes / flash.peak_bytes:.1f}x less at peak.",
+        caption=f"FlashAttention needs {standard.peak_bytes / flash.peak_bytes:.1f}x less at peak."
+        + "".join(f" {note}" for note in size_warnings(args.seq_len)),
     )
     return 0
 
 
 def _mfu(args: argparse.Namespace) -> int:
-    spec = get_gpu(args.gpu)
+    spec = gpu_from_args(args)
     dtype = normalize_dtype(args.dtype)
+    if args.model is not None or args.tokens_per_second is not None:
+        return _training_mfu(args, spec, dtype)
+    if args.ms is None:
+        raise ValueError("give --ms with --flops/--gemm/--attention, or --model with --tokens-per-second")
     flops, label = args.flops, "kernel"
     if args.gemm is not None:
         if flops is not None:
@@ -294,11 +297,8 @@ def _mfu(args: argparse.Namespace) -> int:
     elif args.attention is not None:
         if flops is not None:
             raise ValueError("give only one of --flops, --gemm, --attention")
-        batch, heads, seq, head_dim = args.attention
-        flops = attention_cost(batch, heads, seq, seq, head_dim, causal=args.causal, mode=args.mode).flops
-        label = (
-            f"attention b{batch} h{heads} s{seq} d{head_dim} {args.mode}{' causal' if args.causal else ''}"
-        )
+        flops = _attention_spec_cost(args.attention, dtype=dtype, causal=args.causal, mode=args.mode).flops
+        label = f"attention {args.attention.text} {args.mode}{' causal' if args.causal else ''}"
     if flops is None:
         raise ValueError("give --flops, --gemm M,N,K or --attention B,H,S,D")
     seconds = args.ms / 1e3
@@ -321,6 +321,54 @@ def _mfu(args: argparse.Namespace) -> int:
         f"MFU of {label} on {spec.id}",
         ["FLOPs", "time ms", "achieved TFLOP/s", f"peak {dtype} TFLOP/s", "MFU %"],
         [[flops, args.ms, achieved / 1e12, spec.peak_flops(dtype) / 1e12, utilisation * 100]],
+    )
+    return 0
+
+
+def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
+    """Training MFU of --model at --tokens-per-second under every counting convention."""
+    if args.model is None or args.tokens_per_second is None:
+        raise ValueError("--model and --tokens-per-second go together")
+    if args.ms is not None or args.flops is not None or args.gemm is not None or args.attention is not None:
+        raise ValueError("--model/--tokens-per-second replace --ms/--flops/--gemm/--attention; give one set")
+    config = resolve_model(args.model)
+    rows = []
+    for convention in MFU_CONVENTIONS:
+        rows.append(
+            {
+                "convention": convention,
+                "flops_per_token": training_flops_per_token(config, args.seq_len, convention),
+                "utilisation": throughput_mfu(
+                    config,
+                    args.tokens_per_second,
+                    spec,
+                    seq_len=args.seq_len,
+                    num_gpus=args.gpus,
+                    dtype=dtype,
+                    convention=convention,
+                ),
+            }
+        )
+    if args.json:
+        dump_json(
+            {
+                "model": config.name,
+                "gpu": spec.id,
+                "dtype": dtype,
+                "gpus": args.gpus,
+                "seq_len": args.seq_len,
+                "tokens_per_second": args.tokens_per_second,
+                "conventions": rows,
+            }
+        )
+        return 0
+    print_table(
+        f"Training MFU of {config.name}: {args.tokens_per_second:g} tokens/s on {args.gpus} x {spec.id} "
+        f"({dtype}), sequences of {args.seq_len}",
+        ["convention", "GFLOP/token", "MFU/HFU %"],
+        [[r["convention"], r["flops_per_token"] / 1e9, r["utilisation"] * 100] for r in rows],
+        caption="causal counts only the attention pairs a causal kernel computes; Megatron, MosaicML and "
+        "most papers count all s x s pairs (non_causal). *_hfu*: hardware FLOPs with recomputation.",
     )
     return 0
 
@@ -361,7 +409,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_gpus)
 
     parser = subparsers.add_parser("roofline", help="a GPU's roofline, optionally with one kernel on it")
-    parser.add_argument("--gpu", required=True, help=GPU_HELP)
+    add_gpu_arguments(parser, gpu_help=GPU_HELP)
     parser.add_argument("--dtype", default="bf16", help="fp64, fp32, tf32, fp16, bf16, fp8, int8")
     parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
     parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
@@ -369,8 +417,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--attention",
         type=_attention_dims,
-        metavar="B,H,S,D",
-        help="place attention's flash, tiled and naive implementations",
+        metavar=ATTENTION_SPEC,
+        help="place attention's flash, tiled and naive implementations; " + ATTENTION_HELP,
     )
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
     parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
@@ -389,13 +437,21 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_vram)
 
-    parser = subparsers.add_parser("mfu", help="model FLOP utilisation from a measured time")
-    parser.add_argument("--gpu", required=True, help=GPU_HELP)
-    parser.add_argument("--ms", type=float, required=True, help="measured time in milliseconds")
+    parser = subparsers.add_parser(
+        "mfu", help="model FLOP utilisation from a measured time, or of a model's training throughput"
+    )
+    add_gpu_arguments(parser, gpu_help=GPU_HELP)
+    parser.add_argument("--ms", type=float, default=None, help="measured time in milliseconds")
+    parser.add_argument("--model", default=None, help="training MFU of this model (zoo id or config.json)")
+    parser.add_argument(
+        "--tokens-per-second", type=float, default=None, help="with --model: measured, all GPUs"
+    )
+    parser.add_argument("--gpus", type=int, default=1, help="with --model: GPUs sharing the throughput")
+    parser.add_argument("--seq-len", type=int, default=2048, help="with --model: training sequence length")
     parser.add_argument("--dtype", default="bf16", help="dtype whose dense peak is the denominator")
     parser.add_argument("--flops", type=float, help="model FLOPs of the timed work")
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
-    parser.add_argument("--attention", type=_attention_dims, metavar="B,H,S,D", help="attention FLOPs")
+    parser.add_argument("--attention", type=_attention_dims, metavar=ATTENTION_SPEC, help=ATTENTION_HELP)
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
     parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -411,13 +467,55 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_waves)
 
 
-def _attention_dims(text: str) -> tuple[int, int, int, int]:
-    """Parse 'B,H,S,D' into four ints."""
-    parts = text.split(",")
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """An --attention argument: batch, query heads, KV length, head dim, KV heads (GQA/MQA) and query length
+    (1 for one decode step; default: the KV length)."""
+
+    batch: int
+    heads: int
+    seq_kv: int
+    head_dim: int
+    heads_kv: int
+    seq_q: int
+    text: str
+
+
+ATTENTION_SPEC = "B,H,S,D[,kv=HKV][,q=SQ]"
+ATTENTION_HELP = (
+    "attention shape B,H,S,D: batch, query heads, sequence (keys) and head dim; add kv=N for GQA/MQA "
+    "key-value heads and q=1 for one decode step against S cached keys (e.g. 8,64,32768,128,kv=8,q=1)"
+)
+
+
+def _attention_dims(text: str) -> AttentionSpec:
+    """Parse 'B,H,S,D' with optional 'kv=HKV' and 'q=SQ' items (GQA and decode)."""
+    parts = [part.strip() for part in text.split(",")]
+    positional = [part for part in parts if "=" not in part]
+    named = dict(part.split("=", 1) for part in parts if "=" in part)
+    unknown = sorted(set(named) - {"kv", "q"})
+    if len(positional) != 4 or unknown:
+        raise argparse.ArgumentTypeError(f"expected {ATTENTION_SPEC}, got {text!r}")
     try:
-        values = tuple(int(p) for p in parts)
+        batch, heads, seq, head_dim = (int(p) for p in positional)
+        heads_kv = int(named.get("kv", heads))
+        seq_q = int(named.get("q", seq))
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected four integers B,H,S,D, got {text!r}") from error
-    if len(values) != 4:
-        raise argparse.ArgumentTypeError(f"expected B,H,S,D, got {text!r}")
-    return values  # type: ignore[return-value]
+        raise argparse.ArgumentTypeError(f"expected integers in {ATTENTION_SPEC}, got {text!r}") from error
+    return AttentionSpec(batch, heads, seq, head_dim, heads_kv, seq_q, text)
+
+
+def _attention_spec_cost(spec: AttentionSpec, *, dtype: str, causal: bool, mode: str, impl: str = "flash"):
+    """attention_cost for a parsed --attention (its argument checks name what is wrong)."""
+    return attention_cost(
+        spec.batch,
+        spec.heads,
+        spec.seq_q,
+        spec.seq_kv,
+        spec.head_dim,
+        heads_kv=spec.heads_kv,
+        dtype=dtype,
+        causal=causal,
+        mode=mode,
+        impl=impl,
+    )

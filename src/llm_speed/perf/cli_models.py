@@ -12,8 +12,16 @@ from dataclasses import asdict
 from rich.console import Console
 
 from llm_speed._cli import console as new_console
-from llm_speed._output import dump_json, print_table
-from llm_speed.perf.distributed import PIPELINE_SCHEDULES, ZERO_STAGES, train_memory
+from llm_speed._output import dump_json, prepare_output_path, print_table
+from llm_speed.perf._checks import size_warnings
+from llm_speed.perf._cli_common import (
+    add_efficiency_arguments,
+    add_gpu_arguments,
+    efficiency_from_args,
+    gpu_from_args,
+)
+from llm_speed.perf.distributed import LINKS, PIPELINE_SCHEDULES, ZERO_STAGES, train_memory
+from llm_speed.perf.efficiency import ALGORITHMS
 from llm_speed.perf.inference import InferenceAnalysis, analyze_inference, decode_batch_sweep
 from llm_speed.perf.kv_cache import kv_cache_size
 from llm_speed.perf.models import get_model, list_models, param_count, resolve_model
@@ -70,16 +78,18 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _kv_cache(args: argparse.Namespace) -> int:
+    config = resolve_model(args.model)
     size = kv_cache_size(
-        args.model,
+        config,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         dtype=args.dtype,
         quant_group_size=args.quant_group_size,
         scale_bytes=args.scale_bytes,
     )
+    warnings = size_warnings(args.seq_len, max_position_embeddings=config.max_position_embeddings)
     if args.json:
-        dump_json(size)
+        dump_json({**asdict(size), "warnings": warnings})
         return 0
     print_table(
         f"KV cache of {size.model} ({size.attention_type}), {size.dtype}",
@@ -111,7 +121,8 @@ def _kv_cache(args: argparse.Namespace) -> int:
             if args.quant_group_size
             else "No quantization scales counted (see --quant-group-size)"
         )
-        + "; a sliding window caps the cached tokens.",
+        + "; a sliding window caps the cached tokens."
+        + "".join(f" {note}" for note in warnings),
     )
     return 0
 
@@ -161,51 +172,71 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
         ],
         console=console,
     )
+    per_gpu = analysis.tp * analysis.pp
+    layout = f"TP {analysis.tp} x PP {analysis.pp} = {per_gpu} GPUs, " if per_gpu > 1 else ""
     print_table(
-        "Speed bounds (time floors: real runs are slower)",
+        f"Speed: floor (datasheet peaks, line rates) and realistic estimate ({layout}weights "
+        f"{analysis.weight_dtype})",
         [
+            "estimate",
             "TTFT (ms)",
             "decode step (ms)",
             "tokens/s (batch)",
+            "collectives/step (ms)",
             "total (s)",
-            "weights (GB)",
-            "KV cache (GB)",
-            "needs (GB)",
-            "GPU (GB)",
-            "fits",
         ],
         [
             [
+                "floor",
                 analysis.ttft_s * MS,
                 analysis.decode_step_s * MS,
                 analysis.decode_tokens_per_s,
+                analysis.decode_communication.floor_s * MS if analysis.decode_communication else 0.0,
                 analysis.total_time_s,
-                analysis.weights_bytes / GB,
-                analysis.kv_cache_bytes / GB,
-                analysis.memory_required_bytes / GB,
+            ],
+            [
+                "realistic",
+                analysis.ttft_realistic_s * MS,
+                analysis.decode_step_realistic_s * MS,
+                analysis.decode_tokens_per_s_realistic,
+                analysis.decode_communication.realistic_s * MS if analysis.decode_communication else 0.0,
+                analysis.total_time_realistic_s,
+            ],
+        ],
+        caption=f"Realistic: {analysis.efficiency_source}; collectives: {analysis.collective_algorithm}.",
+        console=console,
+    )
+    notes = size_warnings(
+        analysis.seq_len + analysis.decode_tokens, max_position_embeddings=analysis.max_position_embeddings
+    )
+    print_table(
+        "Memory per GPU (the busiest pipeline stage)",
+        ["weights (GB)", "KV cache (GB)", "needs (GB)", "GPU (GB)", "fits", "all GPUs (GB)"],
+        [
+            [
+                analysis.weights_bytes_per_gpu / GB,
+                analysis.kv_cache_bytes_per_gpu / GB,
+                analysis.memory_per_gpu_bytes / GB,
                 analysis.gpu_memory_bytes / GB,
                 analysis.fits_in_memory,
+                analysis.memory_required_bytes / GB,
             ]
         ],
-        caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}."
-        + (
-            f" Warning: {analysis.seq_len} + {analysis.decode_tokens} tokens exceed the model's "
-            f"{analysis.max_position_embeddings}-token context (max_position_embeddings)."
-            if analysis.exceeds_max_position
-            else ""
-        ),
+        caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}; weights "
+        f"{analysis.weight_dtype} ({analysis.weight_bytes_per_element:g} bytes each with scales)."
+        + "".join(f" {note}" for note in notes),
         console=console,
     )
 
 
-def _plot_analysis(analysis: InferenceAnalysis, path: str) -> None:
+def _plot_analysis(analysis: InferenceAnalysis, gpu, path) -> None:
     from llm_speed.perf.plot import PlotPoint, plot_roofline
 
     points = [
-        PlotPoint(f"{op.phase}:{op.name}", op.flops, op.bytes_moved) for op in analysis.ops if op.flops > 0
+        PlotPoint(op.name, op.flops, op.bytes_moved, group=op.phase) for op in analysis.ops if op.flops > 0
     ]
     plot_roofline(
-        analysis.gpu,
+        gpu,
         points,
         path,
         dtype=analysis.dtype,
@@ -214,22 +245,35 @@ def _plot_analysis(analysis: InferenceAnalysis, path: str) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    plot_path = prepare_output_path(args.plot, argument="--plot") if args.plot else None
+    gpu = gpu_from_args(args)
+    config = resolve_model(args.model)
     analysis = analyze_inference(
-        args.model,
-        args.gpu,
+        config,
+        gpu,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         decode_tokens=args.decode_tokens,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
+        weight_dtype=args.weight_dtype,
+        weight_group_size=args.weight_group_size,
+        weight_scale_bytes=args.weight_scale_bytes,
+        tp=args.tp,
+        pp=args.pp,
+        link=args.link,
+        collective_algorithm=args.collective,
+        efficiency=efficiency_from_args(args),
     )
     sweep = None
     if args.sweep:
+        if args.tp * args.pp > 1 or args.weight_dtype:
+            raise ValueError("--sweep models one GPU with unquantized weights; drop --tp/--pp/--weight-dtype")
         sweep = decode_batch_sweep(
-            args.model, args.gpu, seq_len=args.seq_len, dtype=args.dtype, kv_dtype=args.kv_dtype
+            config, gpu, seq_len=args.seq_len, dtype=args.dtype, kv_dtype=args.kv_dtype
         )
-    if args.plot:
-        _plot_analysis(analysis, args.plot)
+    if plot_path is not None:
+        _plot_analysis(analysis, gpu, plot_path)
     if args.json:
         payload = asdict(analysis)
         if sweep is not None:
@@ -258,8 +302,8 @@ def _analyze(args: argparse.Namespace) -> int:
             caption="Weight GEMMs' intensity grows with batch; attention over each own cache does not.",
             console=console,
         )
-    if args.plot:
-        console.print(f"roofline plot written to {args.plot}")
+    if plot_path is not None:
+        console.print(f"roofline plot written to {plot_path}")
     return 0
 
 
@@ -348,9 +392,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_models)
 
-    parser = subparsers.add_parser(
-        "kv-cache", help="KV-cache size (MHA/MQA/GQA/MLA, sliding window)"
-    )
+    parser = subparsers.add_parser("kv-cache", help="KV-cache size (MHA/MQA/GQA/MLA, sliding window)")
     parser.add_argument("--model", required=True, help=model_help)
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--batch-size", type=int, default=1)
@@ -364,14 +406,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_kv_cache)
 
-    parser = subparsers.add_parser("analyze", help="prefill and decode of a model on a GPU, op by op")
+    parser = subparsers.add_parser(
+        "analyze", help="prefill and decode of a model on one or more GPUs, op by op: floors and estimates"
+    )
     parser.add_argument("--model", required=True, help=model_help)
-    parser.add_argument("--gpu", required=True, help="GPU id (see `llm-speed gpus`)")
+    add_gpu_arguments(parser, gpu_help="GPU id (see `llm-speed gpus`)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048, help="prompt length")
     parser.add_argument("--decode-tokens", type=int, default=256)
-    parser.add_argument("--dtype", default="bf16", help="weights/activations/compute dtype")
+    parser.add_argument("--dtype", default="bf16", help="activations/compute dtype (and weights by default)")
     parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: --dtype)")
+    parser.add_argument(
+        "--weight-dtype", default=None, help="weight storage: int8, int4, fp8 (weight-only quantization)"
+    )
+    parser.add_argument(
+        "--weight-group-size", type=int, default=None, help="weights sharing one scale (default: per channel)"
+    )
+    parser.add_argument(
+        "--weight-scale-bytes",
+        type=float,
+        default=2.0,
+        help="bytes per group (2: fp16 scale; 4: + zero point)",
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (2 all-reduces per layer)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--link", default="nvlink", choices=LINKS, help="GPU-to-GPU link for --tp/--pp")
+    parser.add_argument(
+        "--collective", default="ring", choices=ALGORITHMS, help="all-reduce algorithm (nvls: NVLink SHARP)"
+    )
+    add_efficiency_arguments(parser)
     parser.add_argument("--sweep", action="store_true", help="also sweep the decode batch size")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline with the ops on it")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")

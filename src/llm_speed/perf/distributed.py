@@ -3,13 +3,14 @@ MoE all-to-all, and a per-GPU memory breakdown (:func:`train_memory`).
 
 Sources: ring collectives — Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations" (JPDC 2009) and NCCL's "Performance" notes (bus bandwidth = algorithm bandwidth x 2(n-1)/n for
-all-reduce, (n-1)/n for all-gather/reduce-scatter); seed 003 ("2*(N-1)*(latency + D/(N*bandwidth))").
+all-reduce, (n-1)/n for all-gather/reduce-scatter): time 2(N-1)(latency + D/(N bandwidth)).
 ZeRO — Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
 (arXiv:1910.02054), sections 3 and 5 (16 bytes/param, 120/31.4/16.6/1.9 GB for 7.5B params on 64 GPUs) and
 section 7 (communication 2x vs 3x the parameters). Tensor parallelism — Shoeybi et al., Megatron-LM
 (arXiv:1909.08053), section 3: two all-reduces per layer in forward, two in backward. Pipeline bubbles — Huang
 et al., GPipe (arXiv:1811.06965); Narayanan et al. (arXiv:2104.04473), section 2.2: (p-1)/m of ideal time for
-1F1B, (p-1)/(v*m) interleaved. MoE all-to-all — seed 003's worked example (B*top_k*d*bytes per all-to-all).
+1F1B, (p-1)/(v*m) interleaved. MoE all-to-all — Lepikhin et al., GShard (arXiv:2006.16668), section 2:
+each token's top-k copies of d elements are dispatched and combined (B*top_k*d*bytes per all-to-all).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def collective_cost(
     """Ring algorithm cost, per GPU, for a buffer of D bytes among N GPUs, link bandwidth B, step latency a:
 
     * all_reduce: 2(N-1) steps of D/N (reduce-scatter then all-gather); sends 2(N-1)D/N, which tends to 2D
-      and is independent of N (seed 003); time 2(N-1)(a + D/(N B)).
+      and is independent of N; time 2(N-1)(a + D/(N B)).
     * reduce_scatter / all_gather: N-1 steps of D/N; sends (N-1)D/N; time (N-1)(a + D/(N B)).
     * all_to_all (pairwise exchange): N-1 steps, each sending the D/N destined for one peer; same as above.
 
@@ -147,7 +148,7 @@ def model_state_memory(
 def zero_communication_bytes(num_params: float, *, dp: int, zero_stage: int, param_bytes: float = 2) -> float:
     """Bytes each GPU sends per step for gradient sync (Rajbhandari et al. 2020, section 7, ring algorithms):
     stages 0-2: reduce-scatter + all-gather = an all-reduce, 2(N-1)/N * Psi * e (~2 Psi); stage 3 adds an
-    all-gather of parameters for forward and one for backward: 3(N-1)/N * Psi * e (~3 Psi, 1.5x; seed 003)."""
+    all-gather of parameters for forward and one for backward: 3(N-1)/N * Psi * e (~3 Psi, 1.5x)."""
     params = non_negative_number("num_params", num_params)
     n = positive_int("dp", dp)
     if zero_stage not in ZERO_STAGES:
@@ -203,7 +204,7 @@ def tp_communication_per_layer(
 
 @dataclass(frozen=True)
 class PipelineBubble:
-    """Idle share of a pipeline step. ``bubble_fraction`` = bubble / (ideal + bubble) (seed 003's form);
+    """Idle share of a pipeline step. ``bubble_fraction`` = bubble / (ideal + bubble) (share of the step);
     ``bubble_to_ideal`` = bubble / ideal (Megatron's form, (p-1)/m)."""
 
     schedule: str
@@ -244,7 +245,7 @@ def pipeline_bubble(
 class MoEAllToAll:
     """Expert-parallel all-to-all traffic of one MoE layer, per GPU.
 
-    ``bytes_per_all_to_all`` = tokens * top_k * d * e (seed 003: every routed copy counted); of that,
+    ``bytes_per_all_to_all`` = tokens * top_k * d * e (every routed copy counted); of that,
     (EP-1)/EP leaves the GPU on average under uniform routing (``remote_bytes_per_all_to_all``). Forward runs
     two all-to-alls (dispatch, combine); backward two more.
     """
@@ -269,10 +270,10 @@ def moe_all_to_all(
     dtype: Any = "bf16",
     bandwidth_bytes_per_s: float | None = None,
 ) -> MoEAllToAll:
-    """All-to-all volume of one MoE layer (seed 003): one all-to-all sends B * top_k * d * e bytes per GPU;
-    a layer needs two in forward (dispatch + combine) and two in backward.
-    Seed example: B = 4096, top_k = 2, d = 4096, fp16: 64 MiB per all-to-all, 128 MiB per layer,
-    8 GiB (the seed's "8.2 GB" = 8192 MB) over 64 MoE layers. The time uses the remote share on a ring."""
+    """All-to-all volume of one MoE layer (GShard, section 2): one all-to-all sends B * top_k * d * e bytes
+    per GPU; a layer needs two in forward (dispatch + combine) and two in backward.
+    Example: B = 4096, top_k = 2, d = 4096, fp16: 64 MiB per all-to-all, 128 MiB per layer,
+    8 GiB over 64 MoE layers. The time uses the remote share on a ring."""
     b = positive_int("tokens_per_gpu", tokens_per_gpu)
     d = positive_int("hidden_size", hidden_size)
     k = positive_int("experts_per_token", experts_per_token)
@@ -301,7 +302,7 @@ def context_parallel_kv_bytes_per_layer(
 
 def gradient_accumulation_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
     """K = global_batch / (micro_batch * dp): micro-batches each DP rank runs before one optimizer step (one
-    gradient all-reduce per K micro-batches; seed 003: mathematically the same gradient as the big batch)."""
+    gradient all-reduce per K micro-batches; mathematically the same gradient as the big batch)."""
     g = positive_int("global_batch_size", global_batch_size)
     per_step = positive_int("micro_batch_size", micro_batch_size) * positive_int("dp", dp)
     if g % per_step:

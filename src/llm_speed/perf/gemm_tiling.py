@@ -1,9 +1,9 @@
 """How a GEMM's shape changes its speed: tile counts, wave quantization, HBM traffic, Tensor Core alignment.
 
-Sources: seed 001 (Stanford CS336 lecture 5: tiling cuts HBM reads by the tile size; wave quantization on a
+Sources: Stanford CS336 (2025), lecture 5 (tiling cuts HBM reads by the tile size; wave quantization on a
 108-SM A100: 108 tiles take one wave, 109 take two); NVIDIA "Matrix Multiplication Background User's Guide"
-(Deep Learning Performance docs: tile and wave quantization, Tensor Core alignment of 16 bytes); seed 002's
-``pad_to_alignment``; seed 003 (dimensions a multiple of 8 for FP16, 16 for INT8).
+(Deep Learning Performance docs: tile and wave quantization, Tensor Core alignment of 16 bytes: dimensions a
+multiple of 8 for FP16, 16 for INT8); ``pad_to_alignment`` keeps the old cuda_llm_ops helper's signature.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def wave_quantization(
     """Waves and SM utilisation of an ``m x n`` output split into ``tile_m x tile_n`` tiles.
 
     tiles = ceil(m/tile_m) * ceil(n/tile_n); slots = sm_count * tiles_per_sm; waves = ceil(tiles / slots);
-    efficiency = tiles / (waves * slots). Seed 001: on 108 SMs, 108 tiles run in 1 wave (100%), 109 tiles need
-    2 waves (109/216 = 50.5%). ``sm_count`` may also be a GPU id or :class:`GPUSpec`.
+    efficiency = tiles / (waves * slots). CS336 lecture 5: on 108 SMs, 108 tiles run in 1 wave (100%), 109
+    tiles need 2 waves (109/216 = 50.5%). ``sm_count`` may also be a GPU id or :class:`GPUSpec`.
     """
     if isinstance(sm_count, (str, GPUSpec)):
         sm_count = get_gpu(sm_count).sm_count
@@ -90,7 +90,8 @@ def gemm_hbm_traffic(
 ) -> GemmTraffic:
     """DRAM traffic with and without tiling (caches ignored), e = input element size, e_o = output's.
 
-    untiled = ``2*m*n*k*e + m*n*e_o`` (seed 001: each element of A and B re-read for every output it feeds);
+    untiled = ``2*m*n*k*e + m*n*e_o`` (CS336 lecture 5: each element of A and B re-read for every output it
+    feeds);
     tiled = ``(m*k*ceil(n/tile_n) + k*n*ceil(m/tile_m))*e + m*n*e_o`` (A re-read once per column of tiles, B
     once per row of tiles: a ~tile-size reduction); minimum = ``(m*k + k*n)*e + m*n*e_o``.
     """
@@ -108,7 +109,7 @@ def gemm_hbm_traffic(
 def tensor_core_alignment(dtype: Any) -> int:
     """Element multiple every GEMM dimension needs for Tensor Core kernels: 16 bytes / element size.
 
-    fp16/bf16: 8, fp8/int8: 16, tf32/fp32: 4 (seed 003: "8 for FP16, 16 for INT8").
+    fp16/bf16: 8, fp8/int8: 16, tf32/fp32: 4 (NVIDIA's GEMM guide: "8 for FP16, 16 for INT8").
     """
     return int(TENSOR_CORE_ALIGNMENT_BYTES // dtype_bytes(dtype))
 
@@ -128,9 +129,10 @@ class AlignmentAdvice:
 def check_alignment(
     m: int, n: int, k: int, dtype: Any = "fp16", alignment: int | None = None
 ) -> AlignmentAdvice:
-    """Alignment advice for a GEMM (seed 002: "ensure dimensions are multiples of 16").
+    """Alignment advice for a GEMM (Tensor Core kernels want every dimension a multiple of 16 bytes).
 
-    ``alignment`` defaults to :func:`tensor_core_alignment` of ``dtype``; pass 16 for seed 002's rule.
+    ``alignment`` defaults to :func:`tensor_core_alignment` of ``dtype``; pass 16 for "multiples of 16"
+    elements whatever the dtype (the old cuda_llm_ops advice).
     """
     dims = {"m": positive_int("m", m), "n": positive_int("n", n), "k": positive_int("k", k)}
     step = tensor_core_alignment(dtype) if alignment is None else positive_int("alignment", alignment)
@@ -146,13 +148,14 @@ def check_alignment(
 
 
 def pad_to_alignment(tensor_or_size: Any, alignment: int = 16) -> Any:
-    """Round sizes up to a multiple of ``alignment`` (seed 002's Tensor Core advice).
+    """Round sizes up to a multiple of ``alignment`` (Tensor Core alignment).
 
     * an int: the smallest multiple of ``alignment`` >= it (0 stays 0);
     * a shape (tuple/list of ints): the last two dims rounded up (the only dim for a 1-D shape);
-    * a tensor: as seed 002, a new zero-filled tensor with its last two dims rounded up and the original
-      values in the leading corner; the input itself is returned when nothing needs padding. A 1-D tensor has
-      its only dim padded (seed 002's code leaves 1-D tensors alone; padding them is the useful reading).
+    * a tensor: as the old cuda_llm_ops helper, a new zero-filled tensor with its last two dims rounded up
+      and the original values in the leading corner; the input itself is returned when nothing needs
+      padding. A 1-D tensor has its only dim padded (the old helper left 1-D tensors alone; padding them is
+      the useful reading).
     """
     alignment = positive_int("alignment", alignment)
     if isinstance(tensor_or_size, bool):

@@ -181,6 +181,14 @@ _ADA_TUNING = "NVIDIA Ada Tuning Guide (CUDA docs): 100 KB shared memory per SM,
 _HOPPER_TUNING = "NVIDIA Hopper Tuning Guide (CUDA docs): 228 KB shared memory per SM, 64K registers per SM"
 _AMPERE_TUNING = "NVIDIA Ampere Tuning Guide (CUDA docs): 164 KB shared memory per SM (A100), 64K registers"
 _ADA_FP64 = "Ada SMs run FP64 at 1/64 of the FP32 rate (CUDA Programming Guide, arithmetic throughput table)"
+_H800_DATASHEET = "NVIDIA H800 Tensor Core GPU datasheet (H800 SXM5 column)"
+_H100_NVL = "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL column (per GPU of the NVL pair)"
+_GH200_DATASHEET = "NVIDIA GH200 Grace Hopper Superchip datasheet (2023/2024), GPU figures"
+_T4_DATASHEET = "NVIDIA T4 Tensor Core GPU datasheet (T4-datasheet-951643)"
+_TURING_TUNING = "NVIDIA Turing Tuning Guide (CUDA docs): 64 KB shared memory per SM, 64K registers per SM"
+_TURING_WHITEPAPER = "NVIDIA Turing GPU Architecture whitepaper (TU104: 4 MB L2; T4 uses 40 of its SMs)"
+_MI300X_DATASHEET = "AMD Instinct MI300X accelerator data sheet / product page (amd.com), OAM module"
+_CDNA3_WHITEPAPER = "AMD CDNA 3 Instruction Set Architecture / CDNA 3 white paper (2023)"
 
 
 def _sparse_halved(printed: str) -> str:
@@ -547,6 +555,206 @@ _GPUS: tuple[GPUSpec, ...] = (
     ),
 )
 
+
+def _gh100_variant(
+    gpu_id: str,
+    name: str,
+    aliases: tuple[str, ...],
+    *,
+    peaks: dict[str, float],
+    peak_source: str,
+    capacity_gb: float,
+    bandwidth_gbs: float,
+    nvlink_gbs: float,
+    memory_type: str,
+    datasheet: str,
+    extra_sources: dict[str, str] | None = None,
+) -> GPUSpec:
+    """H100 variants (H800, H100 NVL, GH200) share the GH100 die's SMs, L2 and shared memory."""
+    return GPUSpec(
+        id=gpu_id,
+        name=name,
+        aliases=aliases,
+        architecture="Hopper",
+        compute_capability=(9, 0),
+        sm_count=132,
+        boost_clock_mhz=1980,
+        peak_tflops=peaks,
+        hbm_capacity_gb=capacity_gb,
+        hbm_bandwidth_gbs=bandwidth_gbs,
+        l2_cache_mb=50.0,
+        smem_per_sm_kb=228,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=nvlink_gbs,
+        pcie_bandwidth_gbs=128.0,
+        memory_type=memory_type,
+        sources={
+            "peak_tflops": peak_source,
+            "hbm_capacity_gb": f"{datasheet}: {capacity_gb:g} GB {memory_type}",
+            "hbm_bandwidth_gbs": f"{datasheet}: {bandwidth_gbs / 1000:g} TB/s",
+            "nvlink_bandwidth_gbs": f"{datasheet}: NVLink {nvlink_gbs:g} GB/s",
+            "pcie_bandwidth_gbs": f"{datasheet}: PCIe Gen5 128 GB/s",
+            "sm_count": "GH100 with 132 SMs enabled (as H100 SXM5), " + _H100_WHITEPAPER,
+            "boost_clock_mhz": "as H100 SXM5 (maximum SM clock nvidia-smi reports)",
+            "l2_cache_mb": "GH100 L2, " + _H100_WHITEPAPER,
+            "smem_per_sm_kb": _HOPPER_TUNING,
+            "register_file_per_sm_kb": _HOPPER_TUNING,
+            **(extra_sources or {}),
+        },
+    )
+
+
+_H800_PEAKS = dict(_GH100_SXM_PEAKS, fp64=1.0)
+_H100_NVL_PEAKS = {
+    "fp64": 30.0,
+    "fp32": 60.0,
+    "tf32": 417.5,
+    "fp16": 835.5,
+    "bf16": 835.5,
+    "fp8": 1670.5,
+    "int8": 1670.5,
+}
+
+_EXTRA_GPUS: tuple[GPUSpec, ...] = (
+    _gh100_variant(
+        "h800",
+        "NVIDIA H800 SXM5 80GB",
+        ("h800-sxm", "h800-sxm5", "h800-80gb", "h800-80gb-hbm3"),
+        peaks=_H800_PEAKS,
+        peak_source=_sparse_halved(
+            f"{_H800_DATASHEET}: FP64 1, FP64 Tensor Core 1, FP32 67, TF32 989*, BF16/FP16 1,979*, "
+            "FP8 3,958*, INT8 3,958* (the H100 SXM figures except FP64)"
+        ),
+        capacity_gb=80.0,
+        bandwidth_gbs=3350.0,
+        nvlink_gbs=400.0,
+        memory_type="HBM3",
+        datasheet=_H800_DATASHEET,
+    ),
+    _gh100_variant(
+        "h100-nvl",
+        "NVIDIA H100 NVL 94GB",
+        ("h100nvl", "h100-nvl-94gb", "h100-94gb"),
+        peaks=_H100_NVL_PEAKS,
+        peak_source=_sparse_halved(
+            f"{_H100_NVL}: FP64 30, FP64 Tensor Core 60, FP32 60, TF32 835*, BF16/FP16 1,671*, "
+            "FP8 3,341*, INT8 3,341*"
+        ),
+        capacity_gb=94.0,
+        bandwidth_gbs=3900.0,
+        nvlink_gbs=600.0,
+        memory_type="HBM3",
+        datasheet=_H100_NVL,
+    ),
+    _gh100_variant(
+        "gh200",
+        "NVIDIA GH200 Grace Hopper Superchip (96GB HBM3)",
+        ("gh200-96gb", "gh200-480gb", "grace-hopper"),
+        peaks=_GH100_SXM_PEAKS,
+        peak_source=f"{_GH200_DATASHEET}: FP64 34, FP32 67, TF32 989*, BF16/FP16 1,979*, FP8 3,958*, INT8 "
+        "3,958* (2:4 sparsity figures; the H100 SXM5 die and clocks), stored dense as "
+        + _GH100_SXM_PEAK_SOURCE,
+        capacity_gb=96.0,
+        bandwidth_gbs=4000.0,
+        nvlink_gbs=900.0,
+        memory_type="HBM3",
+        datasheet=_GH200_DATASHEET,
+        extra_sources={
+            "nvlink_bandwidth_gbs": f"{_GH200_DATASHEET}: NVLink 900 GB/s GPU-GPU (NVLink-C2C to the "
+            "Grace CPU is also 900 GB/s)",
+            "pcie_bandwidth_gbs": f"{_GH200_DATASHEET}: PCIe Gen5 x16 lanes (128 GB/s) on the Grace side",
+        },
+    ),
+    _gh100_variant(
+        "gh200-144gb",
+        "NVIDIA GH200 Grace Hopper Superchip (144GB HBM3e)",
+        ("gh200-hbm3e", "gh200-624gb"),
+        peaks=_GH100_SXM_PEAKS,
+        peak_source=f"{_GH200_DATASHEET}: same GPU compute as the 96 GB version; {_GH100_SXM_PEAK_SOURCE}",
+        capacity_gb=144.0,
+        bandwidth_gbs=4900.0,
+        nvlink_gbs=900.0,
+        memory_type="HBM3e",
+        datasheet=_GH200_DATASHEET,
+    ),
+    GPUSpec(
+        id="t4",
+        name="NVIDIA T4",
+        aliases=("tesla-t4", "t4-16gb"),
+        architecture="Turing",
+        compute_capability=(7, 5),
+        sm_count=40,
+        boost_clock_mhz=1590,
+        peak_tflops={"fp64": 0.25, "fp32": 8.1, "fp16": 65.0, "int8": 130.0},
+        hbm_capacity_gb=16.0,
+        hbm_bandwidth_gbs=320.0,
+        l2_cache_mb=4.0,
+        smem_per_sm_kb=64,
+        register_file_per_sm_kb=256,
+        nvlink_bandwidth_gbs=None,
+        pcie_bandwidth_gbs=32.0,
+        memory_type="GDDR6",
+        sources={
+            "peak_tflops": f"{_T4_DATASHEET}: FP32 8.1, mixed precision FP16/FP32 65, INT8 130 TOPS "
+            "(INT4 260 TOPS, not stored); dense: Turing has no sparsity, no bf16, no tf32; fp64 = FP32/32 "
+            "(CUDA Programming Guide, arithmetic throughput table, compute capability 7.5)",
+            "hbm_capacity_gb": f"{_T4_DATASHEET}: 16 GB GDDR6",
+            "hbm_bandwidth_gbs": f"{_T4_DATASHEET}: 320+ GB/s",
+            "nvlink_bandwidth_gbs": f"{_T4_DATASHEET}: no NVLink",
+            "pcie_bandwidth_gbs": f"{_T4_DATASHEET}: PCIe Gen3 x16 (32 GB/s bidirectional)",
+            "sm_count": f"{_T4_DATASHEET}: 2,560 CUDA cores / 64 per Turing SM = 40 SMs",
+            "boost_clock_mhz": "T4 maximum boost clock 1,590 MHz (nvidia-smi)",
+            "l2_cache_mb": _TURING_WHITEPAPER,
+            "smem_per_sm_kb": _TURING_TUNING,
+            "register_file_per_sm_kb": _TURING_TUNING,
+        },
+    ),
+    GPUSpec(
+        id="mi300x",
+        name="AMD Instinct MI300X",
+        aliases=("amd-mi300x", "instinct-mi300x", "mi300x-192gb", "amd-instinct-mi300x"),
+        architecture="CDNA 3",
+        compute_capability=(9, 4),
+        sm_count=304,
+        boost_clock_mhz=2100,
+        peak_tflops={
+            "fp64": 81.7,
+            "fp32": 163.4,
+            "tf32": 653.7,
+            "fp16": 1307.4,
+            "bf16": 1307.4,
+            "fp8": 2614.9,
+            "int8": 2614.9,
+        },
+        hbm_capacity_gb=192.0,
+        hbm_bandwidth_gbs=5300.0,
+        l2_cache_mb=32.0,
+        smem_per_sm_kb=64,
+        register_file_per_sm_kb=512,
+        nvlink_bandwidth_gbs=896.0,
+        pcie_bandwidth_gbs=128.0,
+        memory_type="HBM3",
+        sources={
+            "peak_tflops": f"{_MI300X_DATASHEET}: dense peaks FP64 vector 81.7 (matrix 163.4), FP32 vector "
+            "163.4, TF32 653.7, FP16/BF16 1,307.4, FP8 2,614.9, INT8 2,614.9 TOPS (with sparsity: twice "
+            "these)",
+            "hbm_capacity_gb": f"{_MI300X_DATASHEET}: 192 GB HBM3",
+            "hbm_bandwidth_gbs": f"{_MI300X_DATASHEET}: 5.3 TB/s peak memory bandwidth",
+            "nvlink_bandwidth_gbs": f"{_MI300X_DATASHEET}: AMD Infinity Fabric, 7 links, 896 GB/s peak "
+            "aggregate (stored in the NVLink field: the GPU-to-GPU fabric)",
+            "pcie_bandwidth_gbs": f"{_MI300X_DATASHEET}: PCIe Gen5 x16 128 GB/s",
+            "sm_count": f"{_MI300X_DATASHEET}: 304 compute units (the table's 'SM' column)",
+            "boost_clock_mhz": f"{_MI300X_DATASHEET}: peak engine clock 2,100 MHz",
+            "l2_cache_mb": f"{_CDNA3_WHITEPAPER}: 4 MB L2 per XCD x 8 XCDs (plus 256 MB Infinity Cache)",
+            "smem_per_sm_kb": f"{_CDNA3_WHITEPAPER}: 64 KB LDS per compute unit",
+            "register_file_per_sm_kb": f"{_CDNA3_WHITEPAPER}: 512 KB vector registers per compute unit",
+            "compute_capability": "gfx942, which torch.cuda.get_device_capability reports as (9, 4) on ROCm",
+        },
+    ),
+)
+
+_GPUS = _GPUS + _EXTRA_GPUS
+
 _BY_ID: dict[str, GPUSpec] = {gpu.id: gpu for gpu in _GPUS}
 
 
@@ -576,6 +784,11 @@ _DEVICE_NAMES: dict[str, str] = {
     "NVIDIA L40S": "l40s",
     "NVIDIA L4": "l4",
     "NVIDIA GeForce RTX 4090": "rtx-4090",
+    "NVIDIA H800": "h800",
+    "NVIDIA H100 NVL": "h100-nvl",
+    "NVIDIA GH200 480GB": "gh200",
+    "Tesla T4": "t4",
+    "AMD Instinct MI300X": "mi300x",
 }
 for _device_name, _gpu_id in _DEVICE_NAMES.items():
     _ALIASES[_normalize_name(_device_name)] = _gpu_id
@@ -661,3 +874,133 @@ def live_device_properties(device: int = 0) -> dict[str, Any] | None:
     except ValueError:
         result["table_id"] = None
     return result
+
+
+# --- user-described GPUs ---
+
+_INLINE_KEYS = {
+    "memory_gb": "hbm_capacity_gb",
+    "bandwidth_gbs": "hbm_bandwidth_gbs",
+    "nvlink_gbs": "nvlink_bandwidth_gbs",
+    "pcie_gbs": "pcie_bandwidth_gbs",
+    "sm_count": "sm_count",
+}
+
+
+def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
+    """A :class:`GPUSpec` from a dict of GPUSpec field names (``peak_tflops`` a dict of dense TFLOP/s per
+    dtype). ``based_on`` (a table id) fills every field not given from that entry; without it ``id``,
+    ``peak_tflops``, ``hbm_capacity_gb`` and ``hbm_bandwidth_gbs`` are required and the rest defaults to
+    unknown (0, None). Every value given is recorded in ``sources`` as ``origin``. ValueError names a bad key.
+    """
+    if not isinstance(fields, dict):
+        raise ValueError(f"{origin}: expected a JSON object of GPUSpec fields, got {type(fields).__name__}")
+    fields = dict(fields)
+    base_name = fields.pop("based_on", None)
+    known = {f for f in GPUSpec.__dataclass_fields__ if f != "sources"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"{origin}: unknown keys {', '.join(unknown)}; accepted: based_on, {', '.join(sorted(known))}"
+        )
+    if base_name is not None:
+        base = get_gpu(base_name)
+        merged: dict[str, Any] = {f: getattr(base, f) for f in known}
+        merged["id"] = f"{base.id}-custom"
+        merged["name"] = f"{base.name} (user-modified)"
+        merged["aliases"] = ()
+        sources = dict(base.sources)
+        if "peak_tflops" in fields:  # dtypes given replace the base's, the others are kept
+            fields["peak_tflops"] = {**base.peak_tflops, **fields["peak_tflops"]}
+    else:
+        missing = [
+            k for k in ("id", "peak_tflops", "hbm_capacity_gb", "hbm_bandwidth_gbs") if k not in fields
+        ]
+        if missing:
+            raise ValueError(f"{origin}: missing {', '.join(missing)} (or give based_on: a table id)")
+        merged = dict(
+            name=str(fields["id"]),
+            aliases=(),
+            architecture="unknown",
+            compute_capability=(0, 0),
+            sm_count=0,
+            boost_clock_mhz=0,
+            l2_cache_mb=0.0,
+            smem_per_sm_kb=0,
+            register_file_per_sm_kb=0,
+            nvlink_bandwidth_gbs=None,
+            pcie_bandwidth_gbs=64.0,
+            memory_type="unknown",
+        )
+        sources = {}
+    peaks = fields.get("peak_tflops", merged.get("peak_tflops"))
+    if not isinstance(peaks, dict) or not peaks:
+        raise ValueError(f"{origin}: peak_tflops must be a non-empty object of dtype -> dense TFLOP/s")
+    checked: dict[str, float] = {}
+    for dtype, value in peaks.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"{origin}: peak_tflops[{dtype!r}] must be a number > 0, got {value!r}")
+        checked[normalize_dtype(dtype)] = float(value)
+    fields["peak_tflops"] = checked
+    for key in ("hbm_capacity_gb", "hbm_bandwidth_gbs", "pcie_bandwidth_gbs", "nvlink_bandwidth_gbs"):
+        value = fields.get(key)
+        if value is None and key == "nvlink_bandwidth_gbs":
+            continue
+        if key in fields and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+        ):
+            raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
+    if "compute_capability" in fields:
+        fields["compute_capability"] = tuple(fields["compute_capability"])
+    merged.update(fields)
+    merged["aliases"] = tuple(merged.get("aliases", ()))
+    sources.update({key: origin for key in fields})
+    return GPUSpec(**merged, sources=sources)
+
+
+def load_gpu_spec(spec: str) -> GPUSpec:
+    """A user GPU from a JSON file of GPUSpec fields (see :func:`custom_gpu`), or from an inline list
+    ``"based_on=h100-sxm,bf16=800,bandwidth_gbs=3000,memory_gb=96"``: dtype names set dense TFLOP/s;
+    memory_gb, bandwidth_gbs, nvlink_gbs, pcie_gbs, sm_count, id and based_on set those fields."""
+    from pathlib import Path
+
+    if not isinstance(spec, str):
+        raise TypeError(f"gpu spec must be a str (a JSON path or key=value list), got {type(spec).__name__}")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        import json
+
+        try:
+            fields = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"gpu spec {spec!r} is not valid JSON: {error}") from error
+        return custom_gpu(fields, origin=f"user GPU spec {path}")
+    if "=" not in spec:
+        raise ValueError(
+            f"gpu spec {spec!r}: file not found, and not a key=value list (e.g. bf16=800,memory_gb=96)"
+        )
+    fields: dict[str, Any] = {}
+    peaks: dict[str, float] = {}
+    for item in spec.split(","):
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if key in ("id", "based_on"):
+            fields[key] = text.strip()
+            continue
+        try:
+            value = float(text)
+        except ValueError as error:
+            raise ValueError(f"gpu spec item {item!r}: {key} needs a number") from error
+        if key in _INLINE_KEYS:
+            fields[_INLINE_KEYS[key]] = int(value) if key == "sm_count" else value
+        elif key.lower().removeprefix("torch.") in _DTYPE_ALIASES:
+            peaks[key] = value
+        else:
+            raise ValueError(
+                f"gpu spec item {item!r}: unknown key {key!r}; accepted: id, based_on, "
+                f"{', '.join(_INLINE_KEYS)} and dtype names ({', '.join(DTYPE_BYTES)}) in TFLOP/s"
+            )
+    if peaks:
+        fields["peak_tflops"] = peaks
+    fields.setdefault("id", "user-gpu")
+    return custom_gpu(fields, origin="user GPU spec (inline)")

@@ -20,16 +20,32 @@ Model (stated once):
 * Elementwise FLOP counts (norms 4/element, RoPE 3, SwiGLU 5, softmax 5) are approximate; those ops are
   memory-bound by orders of magnitude, so their bytes set their time.
 
-Seed 003's prefill/decode example (batch 1, L=2048, d=4096): prefill GEMMs have intensity ~ L when the
-weights dominate the traffic, decode GEMMs ~1 (a GEMV) — which is why batching decode matters.
+* Weight-only quantization: weights stored in ``weight_dtype`` (int8, int4, fp8) with one ``scale_bytes``
+  scale per ``weight_group_size`` elements are read at those bytes; the GEMMs still compute in ``dtype``.
+  The embedding table stays in ``dtype`` (gpt-fast and most weight-only schemes quantize linear layers only).
+* Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, section 3): every GPU holds 1/tp of the heads, the
+  MLP width and the vocabulary (KV heads replicated when there are fewer than tp); each layer ends its
+  attention and its MLP with an all-reduce of the layer's activations (2 per layer), and the logits are
+  all-gathered once. Ops are per GPU; the GPUs of a TP group run in lock step.
+* Pipeline parallelism: each of the pp stages holds ceil(layers/pp) layers; a token still passes every
+  stage in turn, so a step's time is the sum of the stages plus pp-1 point-to-point activation sends
+  (latency view: no micro-batch overlap between stages). pp divides the memory, not the step time.
+* Floors use the datasheet peaks and line rates; realistic times use :class:`~llm_speed.perf.efficiency.
+  Efficiency` (compute, memory, dequantization, collective efficiency and latency).
+
+At batch 1 and a short context, prefill GEMMs have intensity ~ L when the weights dominate the traffic,
+decode GEMMs ~1 (a GEMV): which is why batching decode matters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
-from llm_speed.perf._checks import positive_int
+from llm_speed.perf._checks import non_negative_number, positive_int
+from llm_speed.perf.distributed import link_bandwidth
+from llm_speed.perf.efficiency import FLOOR, Efficiency, all_reduce_time, realistic_time
 from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import (
     SOFTMAX_STATS_BYTES,
@@ -63,6 +79,7 @@ class InferenceOp:
     intensity: float
     bound: str
     time_floor_s: float
+    realistic_time_s: float  # with the analysis' Efficiency (compute, memory, dequantization)
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,20 @@ class PhaseTotals:
     compute_bound_time_s: float
     memory_bound_time_s: float
     bound: str
+    realistic_time_s: float = 0.0  # sum of the ops' realistic times (collectives not included)
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Collectives of one forward pass per GPU: TP all-reduces and logits all-gather, PP sends."""
+
+    all_reduces: int
+    all_reduce_bytes: float  # each
+    logits_all_gather_bytes: float
+    pipeline_sends: int
+    pipeline_send_bytes: float  # each
+    floor_s: float  # line rate, no latency
+    realistic_s: float  # Efficiency.collective / nvls and collective_latency_s
 
 
 @dataclass(frozen=True)
@@ -99,13 +130,28 @@ class InferenceAnalysis:
     time_per_output_token_s: float  # per sequence: = decode_step_s
     decode_tokens_per_s: float  # whole batch: batch_size / decode_step_s
     total_time_s: float  # ttft + decode_tokens * decode_step_s
-    weights_bytes: float
-    kv_cache_bytes: float  # at seq_len + decode_tokens
+    weights_bytes: float  # all GPUs together
+    kv_cache_bytes: float  # at seq_len + decode_tokens, all GPUs together
     memory_required_bytes: float  # weights + final KV cache (activations are comparatively small)
     gpu_memory_bytes: float
-    fits_in_memory: bool
+    fits_in_memory: bool  # the busiest GPU's share fits in its memory
     max_position_embeddings: int  # the model's trained context length
     exceeds_max_position: bool  # seq_len + decode_tokens > max_position_embeddings (costs still computed)
+    weight_dtype: str = ""
+    weight_bytes_per_element: float = 0.0  # storage incl. group scales
+    tp: int = 1
+    pp: int = 1
+    collective_algorithm: str = "ring"
+    efficiency_source: str = ""
+    weights_bytes_per_gpu: float = 0.0  # the heaviest pipeline stage's TP shard
+    kv_cache_bytes_per_gpu: float = 0.0
+    memory_per_gpu_bytes: float = 0.0
+    prefill_communication: Communication | None = None
+    decode_communication: Communication | None = None
+    ttft_realistic_s: float = 0.0
+    decode_step_realistic_s: float = 0.0
+    decode_tokens_per_s_realistic: float = 0.0
+    total_time_realistic_s: float = 0.0
 
 
 def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
@@ -159,21 +205,104 @@ def generalized_attention_cost(
     return KernelCost(flops, float(bytes_moved))
 
 
+@dataclass(frozen=True)
+class WeightStorage:
+    """How weights are stored: ``dtype`` plus one ``scale_bytes`` scale per ``group_size`` elements (None:
+    per output channel, negligible). ``bytes_per_element`` includes the scales."""
+
+    dtype: str
+    group_size: int | None
+    scale_bytes: float
+    bytes_per_element: float
+
+
+def weight_storage(
+    weight_dtype: Any, compute_dtype: str, *, group_size: int | None = None, scale_bytes: float = 2.0
+) -> WeightStorage:
+    """Checked :class:`WeightStorage`; weights in the compute dtype carry no scales. int4 with group 32 and an
+    fp16 scale + zero point (gpt-fast's int4, ``scale_bytes=4``): 0.5 + 4/32 = 0.625 bytes per weight."""
+    name = compute_dtype if weight_dtype is None else normalize_dtype(weight_dtype)
+    if name not in ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"):
+        raise ValueError(
+            f"weight_dtype {weight_dtype!r} is not a storage dtype; accepted: bf16, fp16, fp32, "
+            "fp8, int8, int4, fp4"
+        )
+    scales = non_negative_number("weight_scale_bytes", scale_bytes)
+    group = None if group_size is None else positive_int("weight_group_size", group_size)
+    per_element = dtype_bytes(name)
+    if name != compute_dtype and group is not None:
+        per_element += scales / group
+    return WeightStorage(name, group, scales, per_element)
+
+
+def tp_shard(config: ModelConfig, tp: int) -> ModelConfig:
+    """The part of ``config`` one GPU of a ``tp``-way tensor-parallel group holds (Megatron-LM sharding):
+    query heads, MLP and expert widths and the vocabulary divided by tp; KV heads divided by tp, or one
+    replicated KV head per GPU when tp exceeds them. Raises ValueError naming the valid tp."""
+    tp = positive_int("tp", tp)
+    if tp == 1:
+        return config
+    heads, kv_heads = config.num_attention_heads, config.num_kv_heads
+    widths = [heads, config.intermediate_size] + ([config.moe_intermediate_size] if config.is_moe else [])
+    valid = [t for t in range(1, heads + 1) if all(w % t == 0 for w in widths)]
+    if tp not in valid or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(
+            f"tp ({tp}) must divide the heads ({heads}) and MLP widths of {config.name} and divide or be a "
+            f"multiple of its KV heads ({kv_heads}); valid tp: {', '.join(map(str, valid))}"
+        )
+    return replace(
+        config,
+        num_attention_heads=heads // tp,
+        num_kv_heads=max(1, kv_heads // tp),
+        intermediate_size=config.intermediate_size // tp,
+        moe_intermediate_size=config.moe_intermediate_size // tp,
+        vocab_size=math.ceil(config.vocab_size / tp),
+    )
+
+
 class _OpBuilder:
     """Collects ops of one phase and places each on the roofline."""
 
-    def __init__(self, phase: str, gpu: GPUSpec, dtype: str) -> None:
+    def __init__(
+        self, phase: str, gpu: GPUSpec, dtype: str, weights: WeightStorage, efficiency: Efficiency
+    ) -> None:
         self.phase, self.gpu, self.dtype = phase, gpu, dtype
+        self.weights, self.efficiency = weights, efficiency
         self.ops: list[InferenceOp] = []
 
-    def add(self, name: str, cost: KernelCost, count: int) -> None:
+    def add(self, name: str, cost: KernelCost, count: int, *, reads_weights: bool = False) -> None:
         flops, bytes_moved = cost.flops * count, cost.bytes_moved * count
         point = roofline(flops, bytes_moved, self.dtype, self.gpu)
+        memory = self.efficiency.memory
+        if reads_weights:
+            memory *= self.efficiency.dequant(self.weights.dtype, self.dtype)
+        realistic = realistic_time(
+            flops,
+            bytes_moved,
+            point.peak_flops,
+            point.memory_bandwidth,
+            compute=self.efficiency.compute,
+            memory=memory,
+        )
         self.ops.append(
             InferenceOp(
-                name, self.phase, count, flops, bytes_moved, point.intensity, point.bound, point.time_floor_s
+                name,
+                self.phase,
+                count,
+                flops,
+                bytes_moved,
+                point.intensity,
+                point.bound,
+                point.time_floor_s,
+                realistic,
             )
         )
+
+    def weight_gemm(self, name: str, m: float, n: int, k: int, count: int) -> None:
+        """out[m, n] = A[m, k] @ W[k, n]: activations in the compute dtype, W at the stored bytes."""
+        e = dtype_bytes(self.dtype)
+        cost = KernelCost(2.0 * m * n * k, (m * k + m * n) * e + k * n * self.weights.bytes_per_element)
+        self.add(name, cost, count, reads_weights=True)
 
 
 def _phase_ops(
@@ -186,9 +315,12 @@ def _phase_ops(
     batch: int,
     new_tokens: int,
     context: int,
+    weights: WeightStorage | None = None,
+    efficiency: Efficiency = FLOOR,
 ) -> list[InferenceOp]:
     """Ops of one forward pass: ``batch`` sequences, ``new_tokens`` each, attending to ``context`` keys."""
-    builder = _OpBuilder(phase, gpu, dtype)
+    weights = weight_storage(None, dtype) if weights is None else weights
+    builder = _OpBuilder(phase, gpu, dtype, weights, efficiency)
     e = dtype_bytes(dtype)
     h, layers = config.hidden_size, config.num_layers
     heads, kv_heads = config.num_attention_heads, config.num_kv_heads
@@ -210,7 +342,7 @@ def _phase_ops(
     for shape in gemm_shapes(config, tokens, lm_head_tokens=batch):
         if shape.name in moe_gemms:
             continue
-        builder.add(shape.name, gemm_cost(shape.m, shape.n, shape.k, dtype=dtype), shape.count)
+        builder.weight_gemm(shape.name, shape.m, shape.n, shape.k, shape.count)
 
     rotated_heads = heads + (1 if config.uses_mla else kv_heads)
     rope_elements = tokens * rotated_heads * config.rope_dim
@@ -289,15 +421,19 @@ def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) ->
     builder.add("moe_dispatch", KernelCost(0.0, (tokens * h + routed * h) * e), moe_layers)
     up = (2 if config.gated_mlp else 1) * width
     hit = expected_experts_hit(experts, k, tokens)
-    gemm_bytes_up = (hit * h * up + routed * (h + up)) * e
-    gemm_bytes_down = (hit * width * h + routed * (width + h)) * e
+    w = builder.weights.bytes_per_element
+    gemm_bytes_up = hit * h * up * w + routed * (h + up) * e
+    gemm_bytes_down = hit * width * h * w + routed * (width + h) * e
     builder.add(
         "expert_gate_up" if config.gated_mlp else "expert_up",
         KernelCost(2.0 * routed * h * up, gemm_bytes_up),
         moe_layers,
+        reads_weights=True,
     )
     builder.add("expert_activation", _activation(config, routed, width, e), moe_layers)
-    builder.add("expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers)
+    builder.add(
+        "expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers, reads_weights=True
+    )
     if config.num_shared_experts:
         shared = _activation(config, tokens, width * config.num_shared_experts, e)
         builder.add("shared_expert_activation", shared, moe_layers)
@@ -317,12 +453,75 @@ def _totals(ops: list[InferenceOp]) -> PhaseTotals:
         compute_time,
         memory_time,
         "compute" if compute_time > memory_time else "memory",
+        sum(op.realistic_time_s for op in ops),
     )
 
 
-def weights_bytes(config: ModelConfig, dtype: str) -> float:
-    """Bytes of all weights stored in ``dtype``: param_count(config).total * bytes(dtype)."""
-    return param_count(config).total * dtype_bytes(dtype)
+def weights_bytes(config: ModelConfig, dtype: str, storage: WeightStorage | None = None) -> float:
+    """Bytes of all weights: the GEMM weights at ``storage`` (default: ``dtype``, no scales), the embedding
+    table (and the norms) in ``dtype``. Without ``storage``: param_count(config).total * bytes(dtype)."""
+    counts = param_count(config)
+    if storage is None:
+        return counts.total * dtype_bytes(dtype)
+    kept = counts.embedding + counts.norms
+    return kept * dtype_bytes(dtype) + (counts.total - kept) * storage.bytes_per_element
+
+
+def _stage_weights_bytes(shard: ModelConfig, dtype: str, storage: WeightStorage, pp: int) -> float:
+    """Weights of the heaviest pipeline stage of one TP shard: ceil(layers/pp) layers' share of the layer
+    weights, plus the larger of the embedding (first stage) and the LM head (last stage)."""
+    counts = param_count(shard)
+    total = weights_bytes(shard, dtype, storage)
+    if pp == 1:
+        return total
+    ends = counts.embedding * dtype_bytes(dtype) + counts.lm_head * storage.bytes_per_element
+    layers = total - ends
+    heaviest_end = max(counts.embedding * dtype_bytes(dtype), counts.lm_head * storage.bytes_per_element)
+    return layers * math.ceil(shard.num_layers / pp) / shard.num_layers + heaviest_end
+
+
+def _communication(
+    config: ModelConfig,
+    *,
+    tp: int,
+    pp: int,
+    tokens: int,
+    lm_tokens: int,
+    dtype: str,
+    link_bytes_per_s: float | None,
+    algorithm: str,
+    efficiency: Efficiency,
+) -> Communication:
+    """Per-GPU collectives of one forward pass (see the module docstring)."""
+    e = dtype_bytes(dtype)
+    message = tokens * config.hidden_size * e
+    reduces = 2 * config.num_layers if tp > 1 else 0
+    logits = lm_tokens * config.vocab_size * e if tp > 1 else 0.0
+    sends = pp - 1
+    if link_bytes_per_s is None:
+        return Communication(reduces, message, logits, sends, message, 0.0, 0.0)
+
+    def time(eff: Efficiency) -> float:
+        total = 0.0
+        if tp > 1:
+            once = all_reduce_time(message, tp, link_bytes_per_s, algorithm=algorithm, efficiency=eff)
+            total += reduces * once.time_s
+            # Ring all-gather: (tp-1)/tp of the gathered logits cross each link.
+            total += eff.collective_latency_s + (tp - 1) / tp * logits / (link_bytes_per_s * eff.collective)
+        total += sends * (eff.collective_latency_s + message / (link_bytes_per_s * eff.collective))
+        return total
+
+    return Communication(reduces, message, logits, sends, message, time(FLOOR), time(efficiency))
+
+
+def _has_nvlink_sharp(spec: GPUSpec, link: str) -> bool:
+    """NVLink SHARP runs in third-generation NVSwitch chips (Hopper HGX/DGX and later), not over PCIe or the
+    two-GPU NVLink bridges of H100 PCIe / NVL cards."""
+    return (
+        link == "nvlink"
+        and spec.architecture in ("Hopper", "Blackwell")
+        and not spec.id.startswith(("h100-pcie", "h100-nvl"))
+    )
 
 
 def analyze_inference(
@@ -334,24 +533,58 @@ def analyze_inference(
     decode_tokens: int = 256,
     dtype: str = "bf16",
     kv_dtype: str | None = None,
+    weight_dtype: str | None = None,
+    weight_group_size: int | None = None,
+    weight_scale_bytes: float = 2.0,
+    tp: int = 1,
+    pp: int = 1,
+    link: str = "nvlink",
+    collective_algorithm: str = "ring",
+    efficiency: Efficiency | None = None,
 ) -> InferenceAnalysis:
-    """Per-op FLOPs, bytes, intensity, bound and time floor of prefill and of one decode step, with totals,
-    TTFT and decode tokens/s upper bounds and the memory needed (see the module docstring for the model).
+    """Per-op FLOPs, bytes, intensity, bound, time floor and realistic time of prefill and of one decode
+    step, with totals, TTFT and decode tokens/s (floors and realistic estimates) and the memory per GPU (see
+    the module docstring for the model).
 
-    ``model``: ModelConfig, zoo id or config.json path; ``gpu``: GPUSpec or id; ``dtype``: weights,
-    activations and compute; ``kv_dtype``: the KV cache (default ``dtype``; e.g. "fp8" or "int4").
+    ``model``: ModelConfig, zoo id or config.json path; ``gpu``: GPUSpec or id; ``dtype``: activations and
+    compute; ``kv_dtype``: the KV cache (default ``dtype``; e.g. "fp8" or "int4"); ``weight_dtype``: weight
+    storage (default ``dtype``; "int8", "int4", "fp8") with one ``weight_scale_bytes`` scale per
+    ``weight_group_size`` weights (None: per channel, negligible). ``tp``/``pp``: tensor/pipeline-parallel
+    degrees, communicating over ``link`` ("nvlink" or "pcie") with ``collective_algorithm`` ("ring", "tree",
+    "nvls"). ``efficiency``: the factors of the realistic estimate (default :class:`Efficiency`).
     """
     config = resolve_model(model)
     spec = get_gpu(gpu)
     positive_int("batch_size", batch_size)
     positive_int("seq_len", seq_len)
     positive_int("decode_tokens", decode_tokens)
+    tp, pp = positive_int("tp", tp), positive_int("pp", pp)
+    if pp > config.num_layers:
+        raise ValueError(f"pp ({pp}) must be <= the number of layers of {config.name} ({config.num_layers})")
     dtype_name = normalize_dtype(dtype)
     kv_name = dtype_name if kv_dtype is None else normalize_dtype(kv_dtype)
     spec.peak_flops(dtype_name)  # a dtype this GPU has no peak for fails here, naming the accepted ones
+    storage = weight_storage(
+        weight_dtype, dtype_name, group_size=weight_group_size, scale_bytes=weight_scale_bytes
+    )
+    eff = Efficiency() if efficiency is None else efficiency
+    if not isinstance(eff, Efficiency):
+        raise TypeError(f"efficiency must be an Efficiency, got {type(eff).__name__}")
+    if collective_algorithm not in ("ring", "tree", "nvls"):
+        raise ValueError(
+            f"collective_algorithm must be one of ring, tree, nvls, got {collective_algorithm!r}"
+        )
+    shard = tp_shard(config, tp)
+    link_speed = link_bandwidth(spec, link) if tp * pp > 1 else None
+    if collective_algorithm == "nvls" and not _has_nvlink_sharp(spec, link):
+        raise ValueError(
+            "collective_algorithm 'nvls' (NVLink SHARP) needs third-generation NVSwitch (H100/H200/H800/"
+            f"GH200/B200 SXM systems) and link='nvlink'; {spec.id} over {link} has none: use 'ring' or 'tree'"
+        )
     decode_context = seq_len + decode_tokens // 2
+    common = dict(weights=storage, efficiency=eff)
     prefill_ops = _phase_ops(
-        config,
+        shard,
         spec,
         dtype_name,
         kv_name,
@@ -359,9 +592,10 @@ def analyze_inference(
         batch=batch_size,
         new_tokens=seq_len,
         context=seq_len,
+        **common,
     )
     decode_ops = _phase_ops(
-        config,
+        shard,
         spec,
         dtype_name,
         kv_name,
@@ -369,13 +603,34 @@ def analyze_inference(
         batch=batch_size,
         new_tokens=1,
         context=decode_context,
+        **common,
     )
+    comm_args = dict(
+        tp=tp,
+        pp=pp,
+        dtype=dtype_name,
+        link_bytes_per_s=link_speed,
+        algorithm=collective_algorithm,
+        efficiency=eff,
+    )
+    prefill_comm = _communication(config, tokens=batch_size * seq_len, lm_tokens=batch_size, **comm_args)
+    decode_comm = _communication(config, tokens=batch_size, lm_tokens=batch_size, **comm_args)
     prefill, decode = _totals(prefill_ops), _totals(decode_ops)
-    weights = weights_bytes(config, dtype_name)
-    kv_bytes = kv_cache_size(
+    ttft = prefill.time_floor_s + prefill_comm.floor_s
+    step = decode.time_floor_s + decode_comm.floor_s
+    ttft_real = prefill.realistic_time_s + prefill_comm.realistic_s
+    step_real = decode.realistic_time_s + decode_comm.realistic_s
+
+    weights = weights_bytes(config, dtype_name, storage)
+    kv_total = kv_cache_size(
         config, seq_len=seq_len + decode_tokens, batch_size=batch_size, dtype=kv_name
     ).total_bytes
-    required = weights + kv_bytes
+    # KV heads split over tp (replicated beyond them; MLA's shared latent is replicated), layers over pp.
+    kv_split = 1 if config.uses_mla else min(tp, config.num_kv_heads)
+    kv_per_gpu = kv_total / kv_split * math.ceil(config.num_layers / pp) / config.num_layers
+    weights_per_gpu = _stage_weights_bytes(shard, dtype_name, storage, pp)
+    per_gpu = weights_per_gpu + kv_per_gpu
+    required = weights + kv_total
     return InferenceAnalysis(
         model=config.name,
         gpu=spec.id,
@@ -388,18 +643,33 @@ def analyze_inference(
         ops=tuple(prefill_ops + decode_ops),
         prefill=prefill,
         decode=decode,
-        ttft_s=prefill.time_floor_s,
-        decode_step_s=decode.time_floor_s,
-        time_per_output_token_s=decode.time_floor_s,
-        decode_tokens_per_s=batch_size / decode.time_floor_s,
-        total_time_s=prefill.time_floor_s + decode_tokens * decode.time_floor_s,
+        ttft_s=ttft,
+        decode_step_s=step,
+        time_per_output_token_s=step,
+        decode_tokens_per_s=batch_size / step,
+        total_time_s=ttft + decode_tokens * step,
         weights_bytes=weights,
-        kv_cache_bytes=kv_bytes,
+        kv_cache_bytes=kv_total,
         memory_required_bytes=required,
         gpu_memory_bytes=spec.memory_capacity_bytes,
-        fits_in_memory=required <= spec.memory_capacity_bytes,
+        fits_in_memory=per_gpu <= spec.memory_capacity_bytes,
         max_position_embeddings=config.max_position_embeddings,
         exceeds_max_position=seq_len + decode_tokens > config.max_position_embeddings,
+        weight_dtype=storage.dtype,
+        weight_bytes_per_element=storage.bytes_per_element,
+        tp=tp,
+        pp=pp,
+        collective_algorithm=collective_algorithm,
+        efficiency_source=eff.source,
+        weights_bytes_per_gpu=weights_per_gpu,
+        kv_cache_bytes_per_gpu=kv_per_gpu,
+        memory_per_gpu_bytes=per_gpu,
+        prefill_communication=prefill_comm,
+        decode_communication=decode_comm,
+        ttft_realistic_s=ttft_real,
+        decode_step_realistic_s=step_real,
+        decode_tokens_per_s_realistic=batch_size / step_real,
+        total_time_realistic_s=ttft_real + decode_tokens * step_real,
     )
 
 

@@ -3,8 +3,8 @@
 Per token and layer the cache holds (elements):
 
 * MHA / MQA / GQA: ``2 * num_kv_heads * head_dim`` (one K and one V vector per KV head). MHA has
-  num_kv_heads = num_heads; MQA 1 (1/num_heads of MHA); GQA g groups (g/num_heads of MHA). Seed 003:
-  "KV Cache = 2 * n_heads * d_k * seq_len * batch_size" per layer for MHA.
+  num_kv_heads = num_heads; MQA 1 (1/num_heads of MHA); GQA g groups (g/num_heads of MHA): per layer,
+  KV cache = 2 * n_heads * d_k * seq_len * batch_size elements for MHA (Ainslie et al., "GQA", 2023).
 * MLA (DeepSeek-V2 paper, arXiv:2405.04434, Table 1): ``kv_lora_rank + qk_rope_head_dim`` — the compressed
   latent c_KV and the decoupled RoPE key shared by all heads (DeepSeek-V3: 512 + 64 = 576).
 * Sliding window (Mistral 7B, arXiv:2310.06825, "rolling buffer cache"): at most ``sliding_window`` tokens

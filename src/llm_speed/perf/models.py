@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llm_speed.perf._checks import divisors_text
@@ -161,6 +161,35 @@ def _hf(repo: str) -> str:
     return f"https://huggingface.co/{repo}/blob/main/config.json"
 
 
+_LLAMA_3_8B = ModelConfig(
+    name="llama-3-8b",
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    source=_hf("meta-llama/Meta-Llama-3-8B"),
+    aliases=("llama3-8b", "meta-llama-3-8b"),
+)
+
+_LLAMA_3_70B = ModelConfig(
+    name="llama-3-70b",
+    hidden_size=8192,
+    num_layers=80,
+    num_attention_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=28672,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    source=_hf("meta-llama/Meta-Llama-3-70B"),
+    aliases=("llama3-70b", "meta-llama-3-70b"),
+)
+
+
 _ZOO: tuple[ModelConfig, ...] = (
     ModelConfig(
         name="llama-2-7b",
@@ -201,31 +230,22 @@ _ZOO: tuple[ModelConfig, ...] = (
         source=_hf("meta-llama/Llama-2-70b-hf"),
         aliases=("llama2-70b",),
     ),
-    ModelConfig(
-        name="llama-3-8b",
-        hidden_size=4096,
-        num_layers=32,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        source=_hf("meta-llama/Meta-Llama-3-8B"),
-        aliases=("llama3-8b", "meta-llama-3-8b"),
+    _LLAMA_3_8B,
+    _LLAMA_3_70B,
+    # Llama 3.1: the Llama 3 shapes with a 128k context (RoPE scaling changes no cost counted here).
+    replace(
+        _LLAMA_3_8B,
+        name="llama-3.1-8b",
+        max_position_embeddings=131072,
+        source=_hf("meta-llama/Llama-3.1-8B"),
+        aliases=("llama3.1-8b", "meta-llama-3.1-8b"),
     ),
-    ModelConfig(
-        name="llama-3-70b",
-        hidden_size=8192,
-        num_layers=80,
-        num_attention_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=28672,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        source=_hf("meta-llama/Meta-Llama-3-70B"),
-        aliases=("llama3-70b", "meta-llama-3-70b"),
+    replace(
+        _LLAMA_3_70B,
+        name="llama-3.1-70b",
+        max_position_embeddings=131072,
+        source=_hf("meta-llama/Llama-3.1-70B"),
+        aliases=("llama3.1-70b", "meta-llama-3.1-70b"),
     ),
     ModelConfig(
         name="llama-3.1-405b",
@@ -369,6 +389,13 @@ def resolve_model(model: ModelConfig | str) -> ModelConfig:
         return model
     if isinstance(model, (str, Path)) and Path(model).exists():
         return load_hf_config(model)
+    if isinstance(model, Path) or (
+        isinstance(model, str) and (model.endswith(".json") or model.startswith(("/", "./", "../", "~")))
+    ):
+        raise ValueError(
+            f"model config {str(model)!r}: file not found (--model takes a zoo id or an existing config.json "
+            "path or directory)"
+        )
     if isinstance(model, str):
         return get_model(model)
     raise TypeError(
@@ -378,7 +405,17 @@ def resolve_model(model: ModelConfig | str) -> ModelConfig:
 
 # --- Hugging Face config.json ---
 
-SUPPORTED_HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v2", "deepseek_v3")
+SUPPORTED_HF_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "phi3",
+    "deepseek_v2",
+    "deepseek_v3",
+)
 _GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh")
 
 
@@ -387,9 +424,15 @@ def load_hf_config(path: str | Path) -> ModelConfig:
 
     Understands the keys of the model types in ``SUPPORTED_HF_MODEL_TYPES``: ``num_key_value_heads`` (default:
     the head count), ``head_dim`` (default hidden/heads), Mixtral's ``num_local_experts``, Qwen2's always-on
-    QKV bias and ``use_sliding_window`` (with ``max_window_layers``: all layers windowed or none), DeepSeek's
-    ``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace`` and MLA ranks. Required size keys
-    must be positive integers (ValueError naming the key otherwise).
+    QKV bias and ``use_sliding_window`` (with ``max_window_layers``: all layers windowed or none), Qwen3
+    (explicit ``head_dim``, no QKV bias), Phi-3 (``sliding_window`` on every layer, like Mistral), Gemma-2
+    (``hidden_activation``, tied embeddings by default), DeepSeek's ``n_routed_experts``,
+    ``n_shared_experts``, ``first_k_dense_replace`` and MLA ranks. Required size keys must be positive
+    integers (ValueError naming the key otherwise).
+
+    Gemma-2 alternates sliding-window (4,096) and global layers; ModelConfig windows all layers or none, so
+    its layers are all counted as global: KV cache and attention costs past the window are overestimated (at
+    its 8,192-token context, the cache by 25%). Its logit soft-capping and extra norms cost no modelled bytes.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -419,7 +462,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
     layers = need("num_hidden_layers")
-    activation = raw.get("hidden_act", "silu")
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     fields: dict = dict(
         name=str(raw.get("_name_or_path") or file.parent.name or file.stem),
         hidden_size=hidden,
@@ -430,15 +473,15 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         intermediate_size=need("intermediate_size"),
         vocab_size=need("vocab_size"),
         max_position_embeddings=need("max_position_embeddings"),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type == "gemma2")),
         gated_mlp=activation in _GATED_ACTIVATIONS,
         activation=activation,
         attention_bias=bool(raw.get("attention_bias", False)) or model_type == "qwen2",
         source=str(file),
     )
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
         fields["sliding_window"] = raw.get("sliding_window") or None
-    if model_type == "qwen2" and raw.get("use_sliding_window") and raw.get("sliding_window"):
+    if model_type in ("qwen2", "qwen3") and raw.get("use_sliding_window") and raw.get("sliding_window"):
         # Qwen2 windows the layers from index max_window_layers on (transformers' Qwen2Config; default 28).
         full_layers = raw.get("max_window_layers", 28)
         if full_layers <= 0:

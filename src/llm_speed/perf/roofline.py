@@ -1,8 +1,8 @@
 """The roofline model: attainable FLOP/s = min(peak, bandwidth x arithmetic intensity).
 
 Source: S. Williams, A. Waterman, D. Patterson, "Roofline: An Insightful Visual Performance Model for
-Multicore Architectures", CACM 52(4), 2009; seed 003 ("Performance = min(Peak Compute, Bandwidth * AI)") and
-seed 001 (memory- vs compute-bound regions).
+Multicore Architectures", CACM 52(4), 2009 (Performance = min(Peak Compute, Bandwidth * AI); memory- and
+compute-bound regions either side of the ridge point).
 """
 
 from __future__ import annotations
