@@ -12,6 +12,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "llm_speed.bench.cli",
     "llm_speed.perf.cli_models",
     "llm_speed.perf.cli_hardware",
+    "llm_speed.distributed.cli",
 )
 
 

@@ -19,13 +19,14 @@ from collections.abc import Sequence
 
 import torch
 
-LAYOUTS = ("zigzag", "contiguous")
-
-
-def check_layout(layout) -> str:
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
-    return layout
+# One definition of the split, shared with the analytic model that prices it.
+from llm_speed.perf.context_parallel import (  # noqa: F401 (LAYOUTS: re-exported by the package)
+    LAYOUTS,
+    check_layout,
+    rank_chunks,
+    shard_lengths,
+)
+from llm_speed.perf.context_parallel import sequence_chunk_lengths as chunk_lengths
 
 
 def check_flag(name: str, value) -> bool:
@@ -33,33 +34,6 @@ def check_flag(name: str, value) -> bool:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def num_chunks(world: int, layout: str) -> int:
-    return 2 * world if layout == "zigzag" else world
-
-
-def chunk_lengths(seq_len: int, world: int, layout: str) -> list[int]:
-    """Lengths of the 2W (zigzag) or W (contiguous) chunks of a ``seq_len`` sequence, tensor_split style."""
-    chunks = num_chunks(world, layout)
-    if seq_len < chunks:
-        raise ValueError(
-            f"the sequence ({seq_len} tokens) must have at least {chunks} tokens: layout {layout!r} on "
-            f"{world} ranks cuts it into {chunks} chunks of at least one token"
-        )
-    base, extra = divmod(seq_len, chunks)
-    return [base + 1 if i < extra else base for i in range(chunks)]
-
-
-def rank_chunks(rank: int, world: int, layout: str) -> tuple[int, ...]:
-    """Indices of the chunks rank ``rank`` holds, in the order they are stored in its shard."""
-    return (rank, 2 * world - 1 - rank) if layout == "zigzag" else (rank,)
-
-
-def local_lengths(seq_len: int, world: int, layout: str) -> list[int]:
-    """Tokens each rank holds when a ``seq_len`` sequence is sharded with ``layout``."""
-    lengths = chunk_lengths(seq_len, world, layout)
-    return [sum(lengths[c] for c in rank_chunks(r, world, layout)) for r in range(world)]
 
 
 def chunk_starts(lengths: Sequence[int]) -> list[int]:
@@ -194,7 +168,7 @@ def gather_sequence(x: torch.Tensor, *, group=None, layout: str = "zigzag", dim:
                 f"gather_sequence: rank {r}'s shard (dims, dtype or shape outside dim {dim}) differs from "
                 f"rank {rank}'s; every rank must pass a shard of the same tensor"
             )
-    expected = local_lengths(sum(lengths_held), world, layout)
+    expected = shard_lengths(sum(lengths_held), world, layout)
     if lengths_held != expected:
         raise ValueError(
             f"gather_sequence: shard lengths {lengths_held} along dim {dim} are not a {layout!r} split of "

@@ -289,7 +289,7 @@ def ring_attention(
             )
     shard_lengths = [int(n) for n in table[:, 3]]
     total = sum(shard_lengths)
-    expected = _layout.local_lengths(total, world, layout)
+    expected = _layout.shard_lengths(total, world, layout)
     if shard_lengths != expected:
         raise ValueError(
             f"ring_attention: the ranks hold {shard_lengths} tokens, which is not how layout {layout!r} "
