@@ -158,16 +158,14 @@ def gather_sequence(x: torch.Tensor, *, group=None, layout: str = "zigzag", dim:
     except (TypeError, ValueError) as caught:
         error = caught
     table = agree(group, world, rank, values, error, 3 + MAX_GATHER_DIMS)
-    mine = table[rank]
-    lengths_held = [int(v) for v in table[:, 3 + dim]]
-    others = torch.cat([mine[: 3 + dim], mine[4 + dim :]])
-    for r in range(world):
-        row = table[r]
-        if not torch.equal(torch.cat([row[: 3 + dim], row[4 + dim :]]), others):
+    outside = torch.cat([table[:, : 3 + dim], table[:, 4 + dim :]], dim=1)
+    for r in range(1, world):  # every rank compares with rank 0, so all raise the same error
+        if not torch.equal(outside[r], outside[0]):
             raise ValueError(
                 f"gather_sequence: rank {r}'s shard (dims, dtype or shape outside dim {dim}) differs from "
-                f"rank {rank}'s; every rank must pass a shard of the same tensor"
+                "rank 0's; every rank must pass a shard of the same tensor"
             )
+    lengths_held = [int(v) for v in table[:, 3 + dim]]
     expected = shard_lengths(sum(lengths_held), world, layout)
     if lengths_held != expected:
         raise ValueError(

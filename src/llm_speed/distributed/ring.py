@@ -280,10 +280,10 @@ def ring_attention(
         error = caught
     table = _layout.agree(group, world, rank, values, error, 10)
     shared = torch.cat([table[:, :3], table[:, 4:]], dim=1)
-    for r in range(world):
-        if not torch.equal(shared[r], shared[rank]):
+    for r in range(1, world):  # every rank compares with rank 0, so all raise the same error
+        if not torch.equal(shared[r], shared[0]):
             raise ValueError(
-                f"ring_attention: rank {r}'s call differs from rank {rank}'s in batch, heads, head_dim, "
+                f"ring_attention: rank {r}'s call differs from rank 0's in batch, heads, head_dim, "
                 "dtype, is_causal, layout, scale or device type; every rank must pass its shard of the same "
                 "problem"
             )
