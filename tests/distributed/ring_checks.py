@@ -191,3 +191,63 @@ def bad_input(rank: int, world: int) -> None:
     full = [torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     out = ring_attention(*(shard_sequence(t) for t in full), is_causal=True)
     torch.testing.assert_close(gather_sequence(out), flash_attention(*full, is_causal=True))
+
+
+def _record_order(events: list[str]):
+    """Patch the p2p start, the flash ops and the waits so that their order lands in ``events``."""
+    from llm_speed.attention import flash
+
+    start, forward, backward = dist.batch_isend_irecv, flash._forward_op, flash._backward_op
+
+    class Waited:
+        def __init__(self, work, name):
+            self.work, self.name = work, name
+
+        def wait(self):
+            events.append(f"wait {self.name}")
+            return self.work.wait()
+
+    def started(ops):
+        name = f"t{len([e for e in events if e.startswith('start')])}"
+        events.append(f"start {name}")
+        return [Waited(work, name) for work in start(ops)]
+
+    def kernel(op, label):
+        def run(*args):
+            events.append(label)
+            return op(*args)
+
+        return run
+
+    dist.batch_isend_irecv = started
+    flash._forward_op, flash._backward_op = kernel(forward, "fwd"), kernel(backward, "bwd")
+
+    def restore():
+        dist.batch_isend_irecv = start
+        flash._forward_op, flash._backward_op = forward, backward
+
+    return restore
+
+
+def _check_overlap(rank: int) -> None:
+    """Each transfer is started before a flash kernel runs and waited on only after it (the compute it can
+    hide under), in forward and in backward."""
+    events: list[str] = []
+    restore = _record_order(events)
+    try:
+        q, k, v = (torch.randn(1, 2, 8, 16, requires_grad=True) for _ in range(3))
+        ring_attention(q, k, v, is_causal=False).sum().backward()
+    finally:
+        restore()
+    starts = [e.split()[1] for e in events if e.startswith("start")]
+    assert len(starts) == 1 + 1 + 2, events  # forward K/V; backward K/V and two dK/dV
+    for name in starts:
+        begin, end = events.index(f"start {name}"), events.index(f"wait {name}")
+        assert begin < end, events
+        if name != starts[-1]:  # the last dK/dV goes home after the last block: nothing left to hide under
+            assert any(e in ("fwd", "bwd") for e in events[begin:end]), (name, events)
+
+
+def bad_input_then_overlap(rank: int, world: int) -> None:
+    bad_input(rank, world)
+    _check_overlap(rank)

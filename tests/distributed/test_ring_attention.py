@@ -7,7 +7,7 @@ split evenly and lengths that do not (13 over 4 zigzag chunks, 19 over 8), gradi
 
 import pytest
 import torch
-from ring_checks import Case, accuracy, bad_input
+from ring_checks import Case, accuracy, bad_input_then_overlap
 from ring_workers import run_ranks
 
 from llm_speed.distributed import gather_sequence, ring_attention, shard_sequence
@@ -30,8 +30,8 @@ def test_ring_attention_four_ranks():
     run_ranks(accuracy, 4, cases)
 
 
-def test_bad_input_raises_on_every_rank_without_hanging():
-    run_ranks(bad_input, 2)
+def test_bad_input_raises_on_every_rank_without_hanging_and_transfers_overlap_kernels():
+    run_ranks(bad_input_then_overlap, 2)
 
 
 @pytest.mark.parametrize(
