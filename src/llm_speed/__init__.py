@@ -5,7 +5,7 @@ Importing the package never touches a GPU.
 
 __version__ = "0.1.0"
 
-from llm_speed import profiler
+from llm_speed import distributed, profiler
 from llm_speed.attention import flash_attention, naive_attention, tiled_attention, validate_attention_inputs
 from llm_speed.helpers import AttentionMemoryPool, optimal_attention, pad_to_alignment, safe_flash_attention
 from llm_speed.matmul import gemm, tensor_core_gemm, tensor_core_gemm_int8, validate_gemm_inputs
@@ -41,4 +41,6 @@ __all__ = [
     "pad_to_alignment",
     "safe_flash_attention",
     "profiler",
+    # context parallelism: ring attention, shard/gather (llm_speed.distributed)
+    "distributed",
 ]

@@ -136,6 +136,11 @@ def test_one_rank_is_flash_exactly(one_rank_group, device):
     for got, t in zip(ring_grads, (q, k, v), strict=True):
         assert torch.equal(got, t.grad)
     assert sent_messages() == []  # nothing to send on one rank
+    numpy = pytest.importorskip("numpy")
+    again = ring_attention(q, k[:, :2], v[:, :2], is_causal=numpy.bool_(True), return_lse=numpy.bool_(False))
+    assert torch.equal(again, out)
+    empty = ring_attention(q[:0], k[:0], v[:0], is_causal=True)
+    assert empty.shape == (0, 4, 11, 16)
     x = torch.randn(2, 3, 9, 4)
     assert torch.equal(gather_sequence(shard_sequence(x, dim=2), dim=-2), x)
     with pytest.raises(TypeError, match="group must be"):

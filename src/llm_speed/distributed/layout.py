@@ -31,7 +31,8 @@ from llm_speed.perf.context_parallel import sequence_chunk_lengths as chunk_leng
 
 def check_flag(name: str, value) -> bool:
     """A real bool (numpy bools too), never a tensor, int or string."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 

@@ -295,6 +295,8 @@ def ring_attention(
             f"ring_attention: the ranks hold {shard_lengths} tokens, which is not how layout {layout!r} "
             f"splits {total} tokens over {world} ranks ({expected}); cut the sequence with shard_sequence"
         )
+    if q.shape[0] == 0:  # empty batch on every rank (the ranks agree on it): nothing to compute or send
+        return _flash.flash_attention(q, k, v, is_causal=causal, scale=scale, return_lse=return_lse)
     plan = _Plan(
         group=group,
         rank=rank,
