@@ -80,6 +80,8 @@ def test_plan_bad_input():
         ring_attention_plan("llama-3-8b", seq_len=4096, cp=2, gpu="l40s")
     with pytest.raises(TypeError, match="cp must be an int"):
         ring_attention_plan("llama-3-8b", seq_len=4096, cp=2.0, gpu="h100-sxm")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        ring_attention_plan("llama-3-8b", seq_len=4096, cp=2, gpu="h100-sxm", causal=1)
     with pytest.raises(ValueError, match="latency_s"):
         ring_attention_plan("llama-3-8b", seq_len=4096, cp=2, gpu="h100-sxm", latency_s=-1)
 

@@ -22,19 +22,12 @@ import torch
 # One definition of the split, shared with the analytic model that prices it.
 from llm_speed.perf.context_parallel import (  # noqa: F401 (LAYOUTS: re-exported by the package)
     LAYOUTS,
+    check_flag,
     check_layout,
     rank_chunks,
     shard_lengths,
 )
 from llm_speed.perf.context_parallel import sequence_chunk_lengths as chunk_lengths
-
-
-def check_flag(name: str, value) -> bool:
-    """A real bool (numpy bools too), never a tensor, int or string."""
-    kind = type(value)
-    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def chunk_starts(lengths: Sequence[int]) -> list[int]:

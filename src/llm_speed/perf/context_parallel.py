@@ -36,6 +36,14 @@ def check_layout(layout: Any) -> str:
     return layout
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """A real bool (NumPy bools too); TypeError naming ``name`` for anything else (ints, tensors, strings)."""
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {kind.__name__}")
+
+
 def sequence_chunk_lengths(seq_len: int, world: int, layout: str) -> list[int]:
     """The W (contiguous) or 2W (zigzag) chunk lengths of a ``seq_len`` sequence, ``torch.tensor_split``
     style: the first ``seq_len mod chunks`` chunks are one token longer. Every chunk needs a token."""
@@ -162,7 +170,7 @@ def ring_attention_plan(
     latency = non_negative_number("latency_s", latency_s)
     spec = get_gpu(gpu)
     bandwidth = link_bandwidth(spec, link)
-    causal = bool(causal)
+    causal = check_flag("causal", causal)
     sends = ring_bytes_per_rank(
         batch=b,
         heads_kv=config.num_kv_heads,
