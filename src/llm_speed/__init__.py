@@ -37,7 +37,7 @@ _EXPORTS = {
     "safe_flash_attention": "llm_speed.helpers",
 }
 # Sub-modules reachable as attributes without an explicit import (``llm_speed.profiler.CUDAProfiler``).
-_SUBMODULES = ("profiler", "ops")
+_SUBMODULES = ("profiler", "ops", "distributed")
 
 __all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
 

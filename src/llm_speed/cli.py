@@ -17,6 +17,7 @@ import sys
 from llm_speed import __version__, doctor
 from llm_speed.bench import cli as bench_cli
 from llm_speed.demo import register as register_demo
+from llm_speed.distributed import cli as distributed_cli
 from llm_speed.perf import cli_hardware, cli_models
 
 # In the order they appear in ``llm-speed --help``.
@@ -26,6 +27,7 @@ REGISTRARS = (
     register_demo,
     cli_models.register,
     cli_hardware.register,
+    distributed_cli.register,
 )
 
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
