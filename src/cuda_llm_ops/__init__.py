@@ -1,10 +1,10 @@
-"""``cuda_llm_ops``: the module of the old CUDA project (seed 002), running on llm-speed's kernels.
+"""``cuda_llm_ops``: the module of the old CUDA project, running on llm-speed's kernels.
 
 Code written for the old project runs unchanged: same names, same positional signatures
 (``flash_attention(q, k, v, scale=0.0, is_causal=False)`` with scale 0 meaning ``1/sqrt(head_dim)``;
 ``gemm(a, b, alpha=1.0, beta=0.0, trans_a=False, trans_b=False)``), errors that are ``RuntimeError`` as the
 old project raised (and also the ``ValueError`` / ``TypeError`` llm_speed raises, so either ``except`` works),
-plus seed 002's helpers and :mod:`cuda_llm_ops.profiler`. docs/compat.md lists what differs.
+plus its helpers and :mod:`cuda_llm_ops.profiler`. docs/compat.md lists what differs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 import llm_speed
+from cuda_llm_ops import memory as _memory
 from llm_speed import helpers as _helpers
 from llm_speed import profiler as _profiler
 from llm_speed.attention import flash as _flash
@@ -33,6 +34,8 @@ __all__ = [
     "CudaLlmOpsError",
     "InvalidInputError",
     "InvalidTypeError",
+    "analyze_memory_hierarchy",
+    "calculate_attention_vram",
     "estimate_attention_memory",
     "find_optimal_batch_size",
     "flash_attention",
@@ -190,9 +193,12 @@ def validate_gemm_inputs(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False
     _validate_gemm_inputs(a, b, trans_a, trans_b)
 
 
-# --- seed 002's helpers, with this module's errors and scale convention ---
+# --- the old helpers, with this module's errors and scale convention ---
 
-estimate_attention_memory = _old_errors(_helpers.estimate_attention_memory)
+# The old formulas literally (bfloat16 counted as 4 bytes, ...): llm_speed's functions correct them.
+estimate_attention_memory = _old_errors(_memory.estimate_attention_memory)
+analyze_memory_hierarchy = _memory.analyze_memory_hierarchy
+calculate_attention_vram = _old_errors(_memory.calculate_attention_vram)
 find_optimal_batch_size = _old_errors(_helpers.find_optimal_batch_size)
 pad_to_alignment = _old_errors(_helpers.pad_to_alignment)
 

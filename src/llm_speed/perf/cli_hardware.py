@@ -11,7 +11,7 @@ from llm_speed._output import dump_json, print_table
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
-from llm_speed.perf.memory import attention_memory, calculate_attention_vram, calculate_flash_attention_vram
+from llm_speed.perf.memory import attention_memory, calculate_flash_attention_vram
 from llm_speed.perf.mfu import achieved_flops_per_s, mfu
 from llm_speed.perf.roofline import roofline
 
@@ -238,6 +238,9 @@ def _vram(args: argparse.Namespace) -> int:
     if args.batch_size == 1 and args.num_kv_heads in (None, args.num_heads):
         element = int(standard.element_bytes) if standard.element_bytes >= 1 else None
         if element is not None:
+            # The old project's figure as it printed it (one score matrix for all heads), for comparison.
+            from cuda_llm_ops.memory import calculate_attention_vram
+
             seed_std = calculate_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
             seed_flash = calculate_flash_attention_vram(args.seq_len, args.num_heads, args.head_dim, element)
     if args.json:
