@@ -24,6 +24,7 @@ from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
 from llm_speed.attention.validation import validate_attention_inputs as _validate_attention_inputs
 from llm_speed.matmul import ops as _gemm_ops
+from llm_speed.matmul.validation import check_flag as _check_flag
 from llm_speed.matmul.validation import check_scalar as _check_scalar
 from llm_speed.matmul.validation import validate_gemm_inputs as _validate_gemm_inputs
 
@@ -91,9 +92,51 @@ def _scale_or_default(scale: Any) -> Any:
     return scale
 
 
+# The old module's error phrases: code that matched them keeps working (our messages contain them).
+OLD_RANK_PHRASE = "must be 4D"
+OLD_DTYPE_PHRASE = "Only float32 and float16 supported"
+OLD_INNER_PHRASE = "Inner dimensions must match"
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _old_dtype_check(name: str, x: Any) -> None:
+    if isinstance(x, torch.Tensor) and x.dtype not in _FLOAT_DTYPES:
+        raise InvalidTypeError(
+            f"{name} has dtype {x.dtype}; accepted: float16, bfloat16, float32 "
+            f"(the old module's words: {OLD_DTYPE_PHRASE})"
+        )
+
+
+def _old_attention_checks(q: Any, k: Any, v: Any) -> None:
+    """Rank and dtype errors worded as before (with the old phrases); the rest is llm_speed's check."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if isinstance(x, torch.Tensor) and x.dim() != 4:
+            raise InvalidInputError(
+                f"{name} must have 4 dims [batch, heads, seq_len, head_dim] ({name} {OLD_RANK_PHRASE}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        _old_dtype_check(name, x)
+
+
+def _old_gemm_checks(a: Any, b: Any, trans_a: Any, trans_b: Any) -> None:
+    """The float dtype and inner-dimension errors worded as before; the rest is llm_speed's check."""
+    for name, x in (("a", a), ("b", b)):
+        _old_dtype_check(name, x)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or min(a.dim(), b.dim()) < 2:
+        return
+    trans_a, trans_b = _check_flag("trans_a", trans_a), _check_flag("trans_b", trans_b)
+    inner_a = a.shape[-2] if trans_a else a.shape[-1]
+    inner_b = b.shape[-1] if trans_b else b.shape[-2]
+    if inner_a != inner_b:
+        raise InvalidInputError(
+            f"{OLD_INNER_PHRASE}: op(a) has {inner_a} columns and op(b) has {inner_b} rows "
+            f"(a {tuple(a.shape)}, b {tuple(b.shape)}, trans_a={trans_a}, trans_b={trans_b})"
+        )
+
+
 def _attention(kernel: Callable, impl: str, q, k, v, scale, is_causal) -> torch.Tensor:
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     out = kernel(q, k, v, is_causal=is_causal, scale=_scale_or_default(scale))
     _profiler.record_attention_call(f"{impl}_attention", q, k, is_causal=is_causal, impl=impl)
     return out
@@ -151,6 +194,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
     "currently unused"); for ``beta * c`` call ``llm_speed.gemm`` with ``c=``.
     """
     _no_beta(beta, "gemm")
+    _old_gemm_checks(a, b, trans_a, trans_b)
     shape = _validate_gemm_inputs(a, b, trans_a, trans_b)
     out = _gemm_ops.gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
     _record_gemm("gemm", shape, a, out)
@@ -161,6 +205,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
 def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
     """``alpha * a @ b`` for float16 (or bfloat16) a and b, returned in float32; ``beta`` must be 0."""
     _no_beta(beta, "tensor_core_gemm")
+    _old_gemm_checks(a, b, False, False)
     out = _gemm_ops.tensor_core_gemm(a, b, alpha=alpha)
     _record_gemm("tensor_core_gemm", _validate_gemm_inputs(a, b), a, out)
     return out
@@ -183,6 +228,7 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @_old_errors
 def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise :class:`CudaLlmOpsError` (RuntimeError and ValueError/TypeError) unless q, k, v are valid."""
+    _old_attention_checks(q, k, v)
     _validate_attention_inputs(q, k, v)
 
 
@@ -190,6 +236,7 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
 def validate_gemm_inputs(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
                          trans_b: bool = False) -> None:
     """Raise :class:`CudaLlmOpsError` (RuntimeError and ValueError/TypeError) unless a, b are valid."""
+    _old_gemm_checks(a, b, trans_a, trans_b)
     _validate_gemm_inputs(a, b, trans_a, trans_b)
 
 
@@ -207,6 +254,8 @@ pad_to_alignment = _old_errors(_helpers.pad_to_alignment)
 def optimal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *,
                       scale: float = 0.0) -> torch.Tensor:
     """:func:`llm_speed.helpers.optimal_attention` (flash / tiled / naive by sequence length)."""
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     return _helpers.optimal_attention(q, k, v, is_causal, scale=_scale_or_default(scale))
 
 
@@ -214,6 +263,9 @@ def optimal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
 def safe_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fallback_to_torch: bool = True, *,
                          is_causal: bool = False, scale: float = 0.0) -> torch.Tensor:
     """:func:`llm_speed.helpers.safe_flash_attention`: FlashAttention, SDPA when out of memory."""
+    fallback_to_torch = _check_flag("fallback_to_torch", fallback_to_torch)
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     return _helpers.safe_flash_attention(
         q, k, v, fallback_to_torch, is_causal=is_causal, scale=_scale_or_default(scale)
     )
