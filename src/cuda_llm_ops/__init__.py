@@ -1,10 +1,10 @@
-"""``cuda_llm_ops``: the module of the old CUDA project (seed 002), running on llm-speed's kernels.
+"""``cuda_llm_ops``: the module of the old CUDA project, running on llm-speed's kernels.
 
 Code written for the old project runs unchanged: same names, same positional signatures
 (``flash_attention(q, k, v, scale=0.0, is_causal=False)`` with scale 0 meaning ``1/sqrt(head_dim)``;
 ``gemm(a, b, alpha=1.0, beta=0.0, trans_a=False, trans_b=False)``), errors that are ``RuntimeError`` as the
 old project raised (and also the ``ValueError`` / ``TypeError`` llm_speed raises, so either ``except`` works),
-plus seed 002's helpers and :mod:`cuda_llm_ops.profiler`. docs/compat.md lists what differs.
+plus its helpers and :mod:`cuda_llm_ops.profiler`. docs/compat.md lists what differs.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any, TypeVar
 import torch
 
 import llm_speed
+from cuda_llm_ops import memory as _memory
 from llm_speed import helpers as _helpers
 from llm_speed.attention import flash as _flash
 from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
 from llm_speed.attention.validation import validate_attention_inputs as _validate_attention_inputs
 from llm_speed.matmul import ops as _gemm_ops
+from llm_speed.matmul.validation import check_flag as _check_flag
 from llm_speed.matmul.validation import check_scalar as _check_scalar
 from llm_speed.matmul.validation import validate_gemm_inputs as _validate_gemm_inputs
 
@@ -32,6 +34,8 @@ __all__ = [
     "CudaLlmOpsError",
     "InvalidInputError",
     "InvalidTypeError",
+    "analyze_memory_hierarchy",
+    "calculate_attention_vram",
     "estimate_attention_memory",
     "find_optimal_batch_size",
     "flash_attention",
@@ -87,9 +91,51 @@ def _scale_or_default(scale: Any) -> Any:
     return scale
 
 
+# The old module's error phrases: code that matched them keeps working (our messages contain them).
+OLD_RANK_PHRASE = "must be 4D"
+OLD_DTYPE_PHRASE = "Only float32 and float16 supported"
+OLD_INNER_PHRASE = "Inner dimensions must match"
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _old_dtype_check(name: str, x: Any) -> None:
+    if isinstance(x, torch.Tensor) and x.dtype not in _FLOAT_DTYPES:
+        raise InvalidTypeError(
+            f"{name} has dtype {x.dtype}; accepted: float16, bfloat16, float32 "
+            f"(the old module's words: {OLD_DTYPE_PHRASE})"
+        )
+
+
+def _old_attention_checks(q: Any, k: Any, v: Any) -> None:
+    """Rank and dtype errors worded as before (with the old phrases); the rest is llm_speed's check."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if isinstance(x, torch.Tensor) and x.dim() != 4:
+            raise InvalidInputError(
+                f"{name} must have 4 dims [batch, heads, seq_len, head_dim] ({name} {OLD_RANK_PHRASE}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        _old_dtype_check(name, x)
+
+
+def _old_gemm_checks(a: Any, b: Any, trans_a: Any, trans_b: Any) -> None:
+    """The float dtype and inner-dimension errors worded as before; the rest is llm_speed's check."""
+    for name, x in (("a", a), ("b", b)):
+        _old_dtype_check(name, x)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or min(a.dim(), b.dim()) < 2:
+        return
+    trans_a, trans_b = _check_flag("trans_a", trans_a), _check_flag("trans_b", trans_b)
+    inner_a = a.shape[-2] if trans_a else a.shape[-1]
+    inner_b = b.shape[-1] if trans_b else b.shape[-2]
+    if inner_a != inner_b:
+        raise InvalidInputError(
+            f"{OLD_INNER_PHRASE}: op(a) has {inner_a} columns and op(b) has {inner_b} rows "
+            f"(a {tuple(a.shape)}, b {tuple(b.shape)}, trans_a={trans_a}, trans_b={trans_b})"
+        )
+
+
 def _attention(kernel: Callable, impl: str, q, k, v, scale, is_causal) -> torch.Tensor:
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     return kernel(q, k, v, is_causal=is_causal, scale=_scale_or_default(scale))
 
 
@@ -138,6 +184,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
     "currently unused"); for ``beta * c`` call ``llm_speed.gemm`` with ``c=``.
     """
     _no_beta(beta, "gemm")
+    _old_gemm_checks(a, b, trans_a, trans_b)
     _validate_gemm_inputs(a, b, trans_a, trans_b)
     return _gemm_ops.gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
 
@@ -146,6 +193,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
 def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
     """``alpha * a @ b`` for float16 (or bfloat16) a and b, returned in float32; ``beta`` must be 0."""
     _no_beta(beta, "tensor_core_gemm")
+    _old_gemm_checks(a, b, False, False)
     return _gemm_ops.tensor_core_gemm(a, b, alpha=alpha)
 
 
@@ -158,6 +206,7 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @_old_errors
 def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise :class:`CudaLlmOpsError` (RuntimeError and ValueError/TypeError) unless q, k, v are valid."""
+    _old_attention_checks(q, k, v)
     _validate_attention_inputs(q, k, v)
 
 
@@ -165,12 +214,16 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
 def validate_gemm_inputs(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
                          trans_b: bool = False) -> None:
     """Raise :class:`CudaLlmOpsError` (RuntimeError and ValueError/TypeError) unless a, b are valid."""
+    _old_gemm_checks(a, b, trans_a, trans_b)
     _validate_gemm_inputs(a, b, trans_a, trans_b)
 
 
-# --- seed 002's helpers, with this module's errors and scale convention ---
+# --- the old helpers, with this module's errors and scale convention ---
 
-estimate_attention_memory = _old_errors(_helpers.estimate_attention_memory)
+# The old formulas literally (bfloat16 counted as 4 bytes, ...): llm_speed's functions correct them.
+estimate_attention_memory = _old_errors(_memory.estimate_attention_memory)
+analyze_memory_hierarchy = _memory.analyze_memory_hierarchy
+calculate_attention_vram = _old_errors(_memory.calculate_attention_vram)
 find_optimal_batch_size = _old_errors(_helpers.find_optimal_batch_size)
 pad_to_alignment = _old_errors(_helpers.pad_to_alignment)
 
@@ -179,6 +232,8 @@ pad_to_alignment = _old_errors(_helpers.pad_to_alignment)
 def optimal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *,
                       scale: float = 0.0) -> torch.Tensor:
     """:func:`llm_speed.helpers.optimal_attention` (flash / tiled / naive by sequence length)."""
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     return _helpers.optimal_attention(q, k, v, is_causal, scale=_scale_or_default(scale))
 
 
@@ -186,6 +241,9 @@ def optimal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
 def safe_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fallback_to_torch: bool = True, *,
                          is_causal: bool = False, scale: float = 0.0) -> torch.Tensor:
     """:func:`llm_speed.helpers.safe_flash_attention`: FlashAttention, SDPA when out of memory."""
+    fallback_to_torch = _check_flag("fallback_to_torch", fallback_to_torch)
+    is_causal = _check_flag("is_causal", is_causal)
+    _old_attention_checks(q, k, v)
     return _helpers.safe_flash_attention(
         q, k, v, fallback_to_torch, is_causal=is_causal, scale=_scale_or_default(scale)
     )

@@ -1,6 +1,6 @@
 """``cuda_llm_ops.profiler``: the old project's profiler module, backed by :mod:`llm_speed.profiler`.
 
-``Bottleneck``, ``KernelMetrics`` and ``CUDAProfiler`` are llm_speed's (seed 002's API, with None and a
+``Bottleneck``, ``KernelMetrics`` and ``CUDAProfiler`` are llm_speed's (the old API, with None and a
 reason where the old module reported a constant 0). ``benchmark_attention``, ``benchmark_gemm`` and
 ``print_benchmark_results`` keep the old module's result dictionaries and printout.
 """

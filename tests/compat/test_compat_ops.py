@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,3 +173,44 @@ def test_out_of_memory_passes_through_unchanged(device, monkeypatch):
 def test_empty_batch_gives_empty_output(device):
     q, k, v = qkv(device, shape=(0, 2, 8, 16))
     assert cuda_llm_ops.flash_attention(q, k, v).shape == (0, 2, 8, 16)
+
+
+def test_messages_contain_the_old_phrases(device):
+    # Code written for the old module matched these phrases; our clearer words come with them.
+    q, k, v = qkv(device)
+    a, b = torch.randn(4, 8, device=device), torch.randn(8, 4, device=device)
+    cases = [
+        (lambda: cuda_llm_ops.flash_attention(q[0], k, v), "must be 4D"),
+        (lambda: cuda_llm_ops.validate_attention_inputs(q, k, v[0]), "must be 4D"),
+        (lambda: cuda_llm_ops.naive_attention(q.double(), k, v), "Only float32 and float16"),
+        (lambda: cuda_llm_ops.gemm(a.double(), b.double()), "Only float32 and float16 supported"),
+        (lambda: cuda_llm_ops.gemm(a, a), "Inner dimensions must match"),
+        (lambda: cuda_llm_ops.validate_gemm_inputs(a, b, True, False), "Inner dimensions must match"),
+        (lambda: cuda_llm_ops.tensor_core_gemm(a.half(), a.half()), "Inner dimensions must match"),
+    ]
+    for call, phrase in cases:
+        with pytest.raises(RuntimeError, match=phrase) as info:
+            call()
+        assert isinstance(info.value, (ValueError, TypeError))
+    with pytest.raises(ValueError, match=r"q must have 4 dims .*\(q must be 4D\), got shape \("):
+        cuda_llm_ops.tiled_attention(q[0], k, v)
+
+
+def test_numpy_bools_are_flags_and_messages_name_the_real_type(device):
+    q, k, v = qkv(device)
+    expected = cuda_llm_ops.flash_attention(q, k, v, 0.0, True)
+    assert torch.equal(cuda_llm_ops.flash_attention(q, k, v, 0.0, np.bool_(True)), expected)
+    # (a short sequence: optimal_attention takes the naive kernel, equal up to rounding)
+    torch.testing.assert_close(cuda_llm_ops.optimal_attention(q, k, v, np.bool_(True)), expected)
+    a, b = torch.randn(4, 8, device=device), torch.randn(4, 8, device=device)
+    out = cuda_llm_ops.gemm(a, b, 1.0, 0.0, np.bool_(False), np.bool_(True))
+    torch.testing.assert_close(out, cuda_llm_ops.gemm(a, b, 1.0, 0.0, False, True))
+    assert cuda_llm_ops.validate_gemm_inputs(a, b, np.bool_(False), np.bool_(True)) is None
+    for call, name, shown in (
+        (lambda: cuda_llm_ops.flash_attention(q, k, v, 0.0, "no"), "is_causal", "str"),
+        (lambda: cuda_llm_ops.flash_attention(q, k, v, 0.0, np.int64(1)), "is_causal", "numpy.int64"),
+        (lambda: cuda_llm_ops.gemm(a, b, 1.0, 0.0, False, 1), "trans_b", "int"),
+    ):
+        with pytest.raises(TypeError, match=rf"{name} must be a bool.*got {shown}\b") as info:
+            call()
+        assert isinstance(info.value, RuntimeError)

@@ -85,6 +85,12 @@ def test_estimate_attention_memory_snippet_and_ours_agree():
         assert llm_speed.estimate_attention_memory(*args, dtype=dtype) == pytest.approx(
             seed_fn(*args, dtype=dtype)
         )
+    # bfloat16: the old formula counts 4 bytes, cuda_llm_ops keeps that; llm_speed counts 2.
+    old = seed_fn(2, 16, 8192, 64, dtype=torch.bfloat16)
+    assert cuda_llm_ops.estimate_attention_memory(2, 16, 8192, 64, dtype=torch.bfloat16) == pytest.approx(old)
+    assert llm_speed.estimate_attention_memory(2, 16, 8192, 64, dtype=torch.bfloat16) == pytest.approx(
+        old / 2
+    )
 
 
 # --- 1. 内核选择指南: optimal_attention ---

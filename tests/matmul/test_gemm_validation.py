@@ -1,5 +1,6 @@
 """Bad input: each error is a ValueError/TypeError naming the argument; a passing case at each boundary."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,8 @@ BAD_GEMM_CALLS = [
     ("inner dims after trans_b", (A, B), {"trans_b": True}, ValueError, "op(b) has shape (5, 6)"),
     ("batch mismatch", (f32(2, 4, 6), f32(3, 6, 5)), {}, ValueError, "batch dimensions of a and b"),
     ("trans flag not bool", (A, B), {"trans_a": 1}, TypeError, "trans_a must be a bool"),
+    ("trans flag a string", (A, B), {"trans_b": "no"}, TypeError, "trans_b must be a bool (True or False)"),
+    ("trans flag numpy int", (A, B), {"trans_a": np.int64(0)}, TypeError, "got numpy.int64"),
     ("beta without c", (A, B), {"beta": 0.5}, ValueError, "c is required when beta != 0"),
     (
         "c wrong shape",
@@ -88,6 +91,7 @@ BOUNDARY_CALLS = [
     ("bias of length N in bf16", (A, B), {"bias": f32(5).bfloat16()}),
     ("every activation name", (A, B), {"activation": "gelu_tanh"}),
     ("out_dtype bf16", (A, B), {"out_dtype": torch.bfloat16}),
+    ("numpy bool flags", (A, B.mT), {"trans_a": np.bool_(False), "trans_b": np.bool_(True)}),
 ]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from llm_speed._triton_cast import cast
+
 # Constants of the activation formulas (not tuning knobs).
 _SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2), for the erf form of GELU
 _SQRT_TWO_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi), for the tanh form of GELU
@@ -56,11 +58,13 @@ def _epilogue(
     c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, out_ptr, stride_om, stride_on,
     alpha, beta,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, INTEGER: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     """Scale, add beta*C and bias, activate, and store the [BLOCK_M, BLOCK_N] tile: the one write of ``out``.
 
     ``c_ptr`` and ``out_ptr`` already point at this batch entry. C is loaded only when HAS_C: with beta == 0
-    it is never read, so NaN there cannot leak.
+    it is never read, so NaN there cannot leak. The fp32 -> ``out`` cast rounds to nearest even (RNE_BY_HAND:
+    by hand under the interpreter, which truncates to bfloat16).
     """
     mask_m = offs_m < M
     mask_n = offs_n < N
@@ -79,9 +83,10 @@ def _epilogue(
             bias_ptrs = bias_ptr + offs_n.to(tl.int64) * stride_bias
             b_bias = tl.load(bias_ptrs, mask=mask_n, other=0.0).to(tl.float32)
             result += b_bias[None, :]
-        result = _activation(result, ACTIVATION)
+        result = _activation(result, ACTIVATION=ACTIVATION)
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :].to(tl.int64) * stride_on
-    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=mask_mn)
+    out = cast(result, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    tl.store(out_ptrs, out, mask=mask_mn)
 
 
 @triton.jit
@@ -96,6 +101,7 @@ def gemm_tiled_kernel(
     M_BUCKET, N_BUCKET, K_BUCKET,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     ACC_DTYPE: tl.constexpr, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Batched tiled GEMM with fused epilogue; grid = (tiles of one [M, N] output, batch).
@@ -122,7 +128,7 @@ def gemm_tiled_kernel(
     batch = tl.program_id(1).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -153,7 +159,9 @@ def gemm_tiled_kernel(
         acc, offs_m, offs_n, M, N,
         c_ptr + batch * stride_cb, stride_cm, stride_cn,
         bias_ptr, stride_bias, out_ptr + batch * stride_ob, stride_om, stride_on,
-        alpha, beta, HAS_C, HAS_BIAS, ACTIVATION, ACC_DTYPE == tl.int32,
+        alpha, beta,
+        HAS_C=HAS_C, HAS_BIAS=HAS_BIAS, ACTIVATION=ACTIVATION, INTEGER=ACC_DTYPE == tl.int32,
+        RNE_BY_HAND=RNE_BY_HAND,
     )  # fmt: skip
 
 
@@ -165,7 +173,7 @@ def gemm_persistent_tma_kernel(
     stride_bias, alpha, beta,
     M_BUCKET, N_BUCKET, K_BUCKET,
     HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    B_K_MAJOR: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    B_K_MAJOR: tl.constexpr, DOT_IN_FP32: tl.constexpr, RNE_BY_HAND: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Persistent 2-D GEMM fed by tensor descriptors (TMA on Hopper); fp16/bf16 in, fp32 accumulation.
@@ -186,7 +194,7 @@ def gemm_persistent_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS):
-        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -206,5 +214,6 @@ def gemm_persistent_tma_kernel(
         _epilogue(
             acc, offs_m, offs_n, M, N,
             c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, out_ptr, stride_om, stride_on,
-            alpha, beta, HAS_C, HAS_BIAS, ACTIVATION, False,
+            alpha, beta,
+            HAS_C=HAS_C, HAS_BIAS=HAS_BIAS, ACTIVATION=ACTIVATION, INTEGER=False, RNE_BY_HAND=RNE_BY_HAND,
         )  # fmt: skip

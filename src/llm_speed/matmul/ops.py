@@ -22,6 +22,7 @@ import triton.language as tl
 
 from llm_speed import _runtime
 from llm_speed._block_config import Hardware, hardware_of
+from llm_speed._triton_cast import rne_by_hand
 from llm_speed.matmul import configs, kernels, reference
 from llm_speed.matmul.validation import (
     FLOAT_DTYPES,
@@ -226,6 +227,8 @@ def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -
         "ACTIVATION": activation,
         # The interpreter's tl.dot gets bf16 wrong; fp32 tiles give the GPU's exact bf16 products.
         "DOT_IN_FP32": _runtime.INTERPRETED and op_a.dtype == torch.bfloat16,
+        # The interpreter truncates fp32 -> bf16; round the output to nearest even by hand there.
+        "RNE_BY_HAND": rne_by_hand(out.dtype),
     }
     # Pointer arguments that are not read (HAS_C / HAS_BIAS False) still need a tensor: out stands in.
     bias_arg = bias if bias is not None else out
@@ -445,6 +448,7 @@ def _checked_gemm(a, b, dtypes, *, alpha, beta, c, trans_a, trans_b, bias, activ
         shape, a, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, out_dtype=out_dtype
     )
     alpha, beta = float(alpha), float(beta)
+    trans_a, trans_b = bool(trans_a), bool(trans_b)  # numpy bools: the op's schema takes Python bools
     c_used = c if beta != 0 else None  # with beta == 0, c is not an input: never read, no gradient
     return _gemm_op(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from llm_speed.matmul.reference import ACTIVATIONS
@@ -31,6 +32,22 @@ def _names(dtypes) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+def type_name(x) -> str:
+    """The type of ``x`` as a user would write it: ``int``, ``str``, ``numpy.int64`` (not just ``int64``)."""
+    kind = type(x)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_flag(name: str, value) -> bool:
+    """A flag: a real ``bool`` or a numpy bool (returned as ``bool``); anything else is a TypeError.
+
+    Truthiness is not enough: ``trans_b="no"`` or ``trans_b=0.0`` are almost always mistakes.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {type_name(value)} {value!r}")
+    return bool(value)
+
+
 def check_operands(
     a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, dtypes: tuple[torch.dtype, ...]
 ) -> GemmShape:
@@ -44,9 +61,8 @@ def check_operands(
             )
         if x.dtype not in dtypes:
             raise TypeError(f"{name} must have dtype in ({_names(dtypes)}), got {x.dtype}")
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    trans_a = check_flag("trans_a", trans_a)
+    trans_b = check_flag("trans_b", trans_b)
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
     if a.device != b.device:

@@ -1,14 +1,16 @@
-"""Memory hierarchy and attention memory: the seeds' formulas, and a precise model beside them.
+"""Memory hierarchy and attention memory: quick formulas, and a precise model beside them.
 
 * :func:`analyze_memory_hierarchy`, :func:`calculate_attention_vram`, :func:`calculate_flash_attention_vram`
-  reproduce seed 000 exactly, under its own assumptions (one sequence, one s x s score matrix shared by all
-  heads, two fp32 softmax statistics per row, decimal GB).
-* :func:`estimate_attention_memory` and :func:`find_optimal_batch_size` are seed 002's helpers with its
-  signatures; they follow the guide's formulas (where its printed example outputs disagree with those
-  formulas, the formulas win: see docs/performance-model.md).
+  are the old projects' quick estimates for one sequence (decimal GB), with their errors corrected: the
+  standard score matrix is counted per head, and the 1 KB figure is named a streaming time, not a latency.
+* :func:`estimate_attention_memory` and :func:`find_optimal_batch_size` are the ``cuda_llm_ops`` helpers'
+  formulas with their signatures, counting each dtype's real size (bfloat16 is 2 bytes).
 * :func:`attention_memory` is the precise model: batch, GQA, separate query/key lengths, standard vs
   FlashAttention, inference vs training (tensors saved for backward and the backward's own peak), with an
   itemised breakdown.
+
+The old projects' literal formulas (bfloat16 as 4 bytes, one score matrix for all heads, a 1 KB "latency")
+live on, for code that depends on their numbers, in :mod:`cuda_llm_ops.memory` only.
 """
 
 from __future__ import annotations
@@ -20,38 +22,38 @@ from llm_speed.perf._checks import attention_shape, positive_int
 from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
 
-# Seed 000's bandwidth table (bytes/s), its own A100 figures; kept verbatim so its numbers reproduce.
-# The per-GPU figures of the project live in llm_speed.perf.gpus.
-SEED_MEMORY_BANDWIDTH: dict[str, float] = {
-    "shared_memory": 19e12,  # seed 000; FlashAttention paper (Dao et al. 2022), Fig. 1: A100 SRAM 19 TB/s
-    "l2_cache": 1.5e12,  # seed 000 gives L2 the HBM figure (A100 whitepaper: L2 reads 5,120 B/clk, ~7 TB/s)
-    "hbm": 1.5e12,  # seed 000; A100 40 GB datasheet: 1,555 GB/s
+# Peak bandwidth of each level of an A100's memory hierarchy (bytes/s). The per-GPU figures of the project
+# live in llm_speed.perf.gpus; this small table serves the quick one-GPU overview below.
+MEMORY_BANDWIDTH: dict[str, float] = {
+    "shared_memory": 19e12,  # FlashAttention paper (Dao et al. 2022), Fig. 1: A100 SRAM 19 TB/s
+    "l2_cache": 5120 * 1.41e9,  # A100 whitepaper: L2 reads 5,120 bytes/clock at the 1,410 MHz boost clock
+    "hbm": 1.555e12,  # A100 40 GB datasheet: 1,555 GB/s
 }
 
 
 def bytes_to_gb(bytes_val: float) -> float:
-    """Decimal gigabytes: ``bytes / 1e9`` (seed 000's unit)."""
+    """Decimal gigabytes: ``bytes / 1e9``."""
     return bytes_val / 1e9
 
 
 def analyze_memory_hierarchy() -> dict[str, dict[str, float]]:
-    """Seed 000: per memory level, bandwidth in TB/s and the time to stream 1 KB.
+    """Per level of an A100's memory hierarchy: peak bandwidth in TB/s and the time to stream 1 KB at it.
 
-    ``latency_ns = 1024 / bandwidth * 1e9`` for each level of :data:`SEED_MEMORY_BANDWIDTH`. This "latency" is
-    the time to stream 1 KB at full bandwidth, not an access latency: a single access costs tens of cycles
-    in shared memory and hundreds of cycles in L2 and HBM (Jia et al., "Dissecting the NVIDIA Volta GPU
-    Architecture via Microbenchmarking", 2018), whatever the bandwidth.
+    ``stream_1kb_ns = 1024 / bandwidth * 1e9`` for each level of :data:`MEMORY_BANDWIDTH`. This is a
+    throughput figure, not an access latency: a single access costs tens of cycles in shared memory and
+    hundreds of cycles in L2 and HBM (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+    Microbenchmarking", 2018), whatever the bandwidth.
     """
     return {
-        level: {"bandwidth_tb_s": bandwidth / 1e12, "latency_ns": 1024 / bandwidth * 1e9}
-        for level, bandwidth in SEED_MEMORY_BANDWIDTH.items()
+        level: {"bandwidth_tb_s": bandwidth / 1e12, "stream_1kb_ns": 1024 / bandwidth * 1e9}
+        for level, bandwidth in MEMORY_BANDWIDTH.items()
     }
 
 
-def _seed_000_qkv_and_output(
+def checked_qkv_and_output(
     seq_len: int, num_heads: int, head_dim: int, dtype_bytes: float
 ) -> tuple[float, float]:
-    """Checked sizes, then seed 000's bytes of Q, K, V together (3*s*h*d*e) and of the output (s*h*d*e)."""
+    """Checked sizes, then the bytes of Q, K, V together (3*s*h*d*e) and of the output (s*h*d*e)."""
     seq_len = positive_int("seq_len", seq_len)
     num_heads = positive_int("num_heads", num_heads)
     head_dim = positive_int("head_dim", head_dim)
@@ -61,61 +63,56 @@ def _seed_000_qkv_and_output(
     return 3 * tensor, tensor
 
 
+def gb_breakdown(**parts: float) -> dict[str, float]:
+    """Each part (bytes) in decimal GB, in order, then their ``total``."""
+    return {
+        **{name: bytes_to_gb(value) for name, value in parts.items()},
+        "total": bytes_to_gb(sum(parts.values())),
+    }
+
+
 def calculate_attention_vram(
     seq_len: int, num_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> dict[str, float]:
-    """Seed 000: standard attention memory in decimal GB for one sequence.
+    """Standard attention memory in decimal GB for one sequence.
 
-    qkv = 3*s*h*d*e; attention_matrix = s*s*e (one matrix, as the seed writes it; the per-head matrices would
-    be h times more, see :func:`attention_memory`); output = s*h*d*e; total = their sum.
+    qkv = 3*s*h*d*e; attention_matrix = h*s*s*e (one s x s score matrix per head); output = s*h*d*e;
+    total = their sum. (The softmax output P doubles the matrix while softmax runs, and training saves more:
+    :func:`attention_memory` counts those.)
     """
-    qkv, output = _seed_000_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
-    attention_matrix = seq_len * seq_len * dtype_bytes
-    return {
-        "qkv": bytes_to_gb(qkv),
-        "attention_matrix": bytes_to_gb(attention_matrix),
-        "output": bytes_to_gb(output),
-        "total": bytes_to_gb(qkv + attention_matrix + output),
-    }
+    qkv, output = checked_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
+    attention_matrix = num_heads * seq_len * seq_len * dtype_bytes
+    return gb_breakdown(qkv=qkv, attention_matrix=attention_matrix, output=output)
 
 
 def calculate_flash_attention_vram(
     seq_len: int, num_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> dict[str, float]:
-    """Seed 000: FlashAttention memory in decimal GB for one sequence.
+    """FlashAttention memory in decimal GB for one sequence (the old projects' formula).
 
     qkv = 3*s*h*d*e; online_softmax = s*h*2*4 (running max and sum, fp32, per row and head); output = s*h*d*e.
-    (FlashAttention-2 keeps max and sum in registers and stores one fp32 LSE per row: half the seed's figure.)
+    (FlashAttention-2 keeps max and sum in registers and stores one fp32 LSE per row: half this figure.)
     """
-    qkv, output = _seed_000_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
+    qkv, output = checked_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
     online_softmax = seq_len * num_heads * 2 * 4
-    return {
-        "qkv": bytes_to_gb(qkv),
-        "online_softmax": bytes_to_gb(online_softmax),
-        "output": bytes_to_gb(output),
-        "total": bytes_to_gb(qkv + online_softmax + output),
-    }
-
-
-def _guide_element_bytes(dtype: Any) -> int:
-    """Seed 002's rule: 2 bytes for float16, else 4 (the guide's ``2 if dtype == torch.float16 else 4``)."""
-    return 2 if normalize_dtype(dtype) == "fp16" else 4
+    return gb_breakdown(qkv=qkv, online_softmax=online_softmax, output=output)
 
 
 def estimate_attention_memory(
     batch: int, heads: int, seq_len: int, head_dim: int, dtype: Any = "fp16"
 ) -> float:
-    """Seed 002: FlashAttention memory estimate in MiB (the guide divides by 1024*1024).
+    """FlashAttention memory estimate in MiB (bytes / 1024^2), with ``cuda_llm_ops``'s signature.
 
-    inputs Q, K, V = 3*b*h*s*d*e; output = b*h*s*d*e; working memory = 0.1 * b*h*s*d*e (the guide's
-    allowance); e = 2 for float16, else 4 (bfloat16 counts 4 bytes, as in the guide). For (2, 16, 8192, 64)
-    this gives 131.2 MiB; the guide's comment says "~55 MB", which its own formula does not produce.
+    inputs Q, K, V = 3*b*h*s*d*e; output = b*h*s*d*e; working memory = 0.1 * b*h*s*d*e (a 10% allowance);
+    e = the dtype's size (2 for float16 and bfloat16, 4 for float32, 1 for fp8). For (2, 16, 8192, 64) this
+    gives 131.2 MiB. (``cuda_llm_ops.estimate_attention_memory`` keeps the old rule: every dtype but float16
+    counts 4 bytes.)
     """
     batch = positive_int("batch", batch)
     heads = positive_int("heads", heads)
     seq_len = positive_int("seq_len", seq_len)
     head_dim = positive_int("head_dim", head_dim)
-    element = _guide_element_bytes(dtype)
+    element = dtype_bytes(normalize_dtype(dtype))
     tensor = batch * heads * seq_len * head_dim * element
     input_mem = 3 * tensor
     output_mem = tensor
@@ -124,12 +121,12 @@ def estimate_attention_memory(
 
 
 def find_optimal_batch_size(heads: int, seq_len: int, head_dim: int, max_memory_gb: float = 16) -> int:
-    """Seed 002: the largest power-of-two batch whose Q, K, V, O fit in ``max_memory_gb`` GiB with 20% slack.
+    """The largest power-of-two batch whose Q, K, V, O fit in ``max_memory_gb`` GiB with 20% slack.
 
     per_sample = 4*h*s*d*2 bytes (fp16 Q, K, V, O);
     max_batch = int(max_memory_gb * 1024^3 / per_sample / 1.2);
-    result = the largest power of two <= max_batch, at least 1. For (16, 2048, 64, 24) this gives 1024; the
-    guide's comment says "e.g. 8", which its own formula does not produce.
+    result = the largest power of two <= max_batch, at least 1. For (16, 2048, 64, 24) this gives 1024 (the
+    old project's docs said "e.g. 8", which this formula does not produce).
     """
     heads = positive_int("heads", heads)
     seq_len = positive_int("seq_len", seq_len)

@@ -1,0 +1,28 @@
+"""bf16 GEMM outputs round to nearest even, under the interpreter as compiled on a GPU.
+
+On positive inputs every product is positive, so an output rounded by truncation (the interpreter's
+float32 -> bfloat16 conversion) is low by half a bf16 ulp on average: a bias the 2x rule alone misses.
+"""
+
+import torch
+from matmul_helpers import assert_gemm_accurate
+
+from llm_speed import _runtime, gemm
+
+
+def test_bf16_output_rounds_to_nearest_even_on_positive_inputs(device):
+    a = torch.rand(64, 96, device=device).to(torch.bfloat16)
+    b = torch.rand(96, 80, device=device).to(torch.bfloat16)
+    before = _runtime.launch_counts().get("matmul.gemm_tiled", 0)
+    out = gemm(a, b)
+    assert _runtime.launch_counts()["matmul.gemm_tiled"] == before + 1
+    assert_gemm_accurate(out, a, b)
+    exact = a.double() @ b.double()
+    # Rounded to nearest, almost every element equals float64's product rounded once (the fp32
+    # accumulation can move a value that sits on a rounding boundary); truncation gets about half.
+    same = (out.cpu() == exact.cpu().to(torch.bfloat16)).float().mean().item()
+    assert same > 0.95, f"only {same:.0%} of the outputs are the float64 product rounded to nearest"
+    # And no bias: the mean signed error is a small fraction of an ulp (truncation: about -1/2 ulp).
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs().mean().item()
+    bias = (out.cpu().double() - exact.cpu()).mean().item()
+    assert abs(bias) < 0.1 * ulp, f"mean error {bias:.3g} is {bias / ulp:.2f} ulp"
