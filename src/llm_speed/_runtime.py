@@ -70,7 +70,13 @@ def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
 def report_work(op: str, **problem: Any) -> None:
     """Tell the observers that the op ``op`` (a row name of :mod:`llm_speed.ops`, e.g. "flash_attention",
     "gemm") runs on ``problem`` (its tensors and flags, as the row's cost function reads them), so a profiler
-    can count FLOPs and bytes. Every path of an op (Triton or plain PyTorch) calls it once per call."""
+    can count FLOPs and bytes. Every path of an op (Triton or plain PyTorch) calls it once per call.
+
+    Skipped while ``torch.compile`` traces (a constant there, so the graph holds no report and no break):
+    compiled code is opaque to the profiler, apart from the ops registered with ``torch.library``, whose
+    bodies run (and report) eagerly."""
+    if torch.compiler.is_compiling():
+        return
     for observer in _work_observers:
         observer(op, problem)
 

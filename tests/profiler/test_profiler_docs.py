@@ -100,3 +100,14 @@ def test_plain_pytorch_ops_and_wrappers_report_once():
 def test_empty_problems_cost_nothing():
     empty = torch.randn(1, 2, 0, 16)
     assert _flops_in_block(lambda: llm_speed.naive_attention(empty, empty, empty)) is None
+
+
+def test_work_reports_do_not_break_torch_compile_fullgraph():
+    # naive_attention reports from plain Python: while torch.compile traces, the report is skipped (no
+    # graph break); flash_attention's report runs in its torch.library op body, so it still counts.
+    q, k, v = _attention_inputs()
+    naive = torch.compile(llm_speed.naive_attention, fullgraph=True, backend="eager")
+    torch.testing.assert_close(naive(q, k, v), llm_speed.naive_attention(q, k, v))
+    flash = torch.compile(llm_speed.flash_attention, fullgraph=True, backend="eager")
+    flash(q, k, v)
+    assert _flops_in_block(lambda: flash(q, k, v)) == _expected("flash_attention", q, k, is_causal=False)
