@@ -248,6 +248,8 @@ def _check_overlap(rank: int) -> None:
             assert any(e in ("fwd", "bwd") for e in events[begin:end]), (name, events)
 
 
-def bad_input_then_overlap(rank: int, world: int) -> None:
+def accuracy_bad_input_overlap(rank: int, world: int, cases: tuple[Case, ...]) -> None:
+    """All three checks in one set of processes (starting a rank costs seconds)."""
+    accuracy(rank, world, cases)
     bad_input(rank, world)
     _check_overlap(rank)
