@@ -29,13 +29,13 @@ __all__ = [
     "tensor_core_gemm",
     "tensor_core_gemm_int8",
     "validate_gemm_inputs",
-    # seed 000 / 002 memory helpers (llm_speed.perf.memory)
+    # attention memory helpers (llm_speed.perf.memory)
     "analyze_memory_hierarchy",
     "calculate_attention_vram",
     "calculate_flash_attention_vram",
     "estimate_attention_memory",
     "find_optimal_batch_size",
-    # seed 002 helpers (llm_speed.helpers) and the profiler
+    # attention helpers (llm_speed.helpers) and the profiler
     "AttentionMemoryPool",
     "optimal_attention",
     "pad_to_alignment",
