@@ -7,7 +7,7 @@ split evenly and lengths that do not (13 over 4 zigzag chunks, 19 over 8), gradi
 
 import pytest
 import torch
-from ring_checks import Case, accuracy, accuracy_bad_input_overlap
+from ring_checks import Case, accuracy_and_subgroups, accuracy_bad_input_overlap
 from ring_workers import run_ranks
 
 from llm_speed.distributed import gather_sequence, ring_attention, shard_sequence
@@ -24,12 +24,12 @@ def test_ring_attention_two_ranks_then_bad_input_and_overlap():
     run_ranks(accuracy_bad_input_overlap, 2, cases)
 
 
-def test_ring_attention_four_ranks():
+def test_ring_attention_four_ranks_then_two_subgroup_rings():
     cases = (
         Case("zigzag", True, torch.bfloat16, heads_q=4, heads_kv=1, seq=19),
         Case("contiguous", True, torch.float32, heads_q=4, heads_kv=2, seq=16),
     )
-    run_ranks(accuracy, 4, cases)
+    run_ranks(accuracy_and_subgroups, 4, cases)
 
 
 @pytest.mark.parametrize(
