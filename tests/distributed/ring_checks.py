@@ -248,6 +248,31 @@ def _check_overlap(rank: int) -> None:
             assert any(e in ("fwd", "bwd") for e in events[begin:end]), (name, events)
 
 
-def bad_input_then_overlap(rank: int, world: int) -> None:
+def accuracy_bad_input_overlap(rank: int, world: int, cases: tuple[Case, ...]) -> None:
+    """All three checks in one set of processes (starting a rank costs seconds)."""
+    accuracy(rank, world, cases)
     bad_input(rank, world)
     _check_overlap(rank)
+
+
+def _check_subgroups(rank: int, world: int) -> None:
+    """Rings over sub-groups {0, 2} and {1, 3} at once: group ranks differ from global ranks, so the
+    neighbours must be translated; each ring agrees with flash_attention on its own problem."""
+    groups = [dist.new_group([r for r in range(world) if r % 2 == parity]) for parity in (0, 1)]
+    group = groups[rank % 2]
+    generator = torch.Generator().manual_seed(rank % 2)
+    full = [torch.randn(1, 2, 9, 16, generator=generator) for _ in range(3)]
+    leaves = [shard_sequence(t, group=group).requires_grad_() for t in full]
+    out = ring_attention(*leaves, group=group, is_causal=True)
+    out.sum().backward()
+    got = [gather_sequence(t, group=group) for t in (out.detach(), *(x.grad for x in leaves))]
+    expected_leaves = [t.clone().requires_grad_() for t in full]
+    expected = flash_attention(*expected_leaves, is_causal=True)
+    expected.sum().backward()
+    for a, b in zip(got, (expected.detach(), *(x.grad for x in expected_leaves)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def accuracy_and_subgroups(rank: int, world: int, cases: tuple[Case, ...]) -> None:
+    accuracy(rank, world, cases)
+    _check_subgroups(rank, world)

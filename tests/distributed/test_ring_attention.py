@@ -7,31 +7,29 @@ split evenly and lengths that do not (13 over 4 zigzag chunks, 19 over 8), gradi
 
 import pytest
 import torch
-from ring_checks import Case, accuracy, bad_input_then_overlap
+from ring_checks import Case, accuracy_and_subgroups, accuracy_bad_input_overlap
 from ring_workers import run_ranks
 
 from llm_speed.distributed import gather_sequence, ring_attention, shard_sequence
 
 
-def test_ring_attention_two_ranks():
+def test_ring_attention_two_ranks_then_bad_input_and_overlap():
+    """Accuracy, then bad input raising on every rank without a hang (a good call still works after it),
+    then each transfer started before a kernel and waited on after it."""
     cases = (
         Case("zigzag", True, torch.float32, heads_q=4, heads_kv=2, seq=13),
         Case("contiguous", False, torch.bfloat16, heads_q=2, heads_kv=2, seq=16),
         Case("zigzag", False, torch.float16, heads_q=2, heads_kv=1, seq=8),
     )
-    run_ranks(accuracy, 2, cases)
+    run_ranks(accuracy_bad_input_overlap, 2, cases)
 
 
-def test_ring_attention_four_ranks():
+def test_ring_attention_four_ranks_then_two_subgroup_rings():
     cases = (
         Case("zigzag", True, torch.bfloat16, heads_q=4, heads_kv=1, seq=19),
         Case("contiguous", True, torch.float32, heads_q=4, heads_kv=2, seq=16),
     )
-    run_ranks(accuracy, 4, cases)
-
-
-def test_bad_input_raises_on_every_rank_without_hanging_and_transfers_overlap_kernels():
-    run_ranks(bad_input_then_overlap, 2)
+    run_ranks(accuracy_and_subgroups, 4, cases)
 
 
 @pytest.mark.parametrize(
