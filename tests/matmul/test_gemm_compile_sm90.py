@@ -52,7 +52,7 @@ h100 = Hardware.from_spec("h100-sxm")
 # launcher does for real tensors.
 aligned = ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "out_ptr", "M", "N", "K", "stride_ab", "stride_am",
            "stride_bb", "stride_bk", "stride_cb", "stride_cm", "stride_ob", "stride_om"]
-units = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_on=1, DOT_IN_FP32=False)
+units = dict(stride_ak=1, stride_bn=1, stride_cn=1, stride_on=1, DOT_IN_FP32=False, RNE_BY_HAND=False)
 # (name, operand, output, accumulator, precision, epilogue): the tiled kernel's variants, in rotation.
 variants = [("fp16", "*fp16", "*fp16", tl.float32, "ieee", True),
             ("bf16", "*bf16", "*bf16", tl.float32, "ieee", False),
@@ -73,7 +73,8 @@ for i, config in enumerate(configs.persistent_tma_configs(h100)):
     types = dict(a_desc=f"tensordesc<{element}[{config.block_m}, {config.block_k}]>",
                  b_desc=f"tensordesc<{element}[{b_block[0]}, {b_block[1]}]>", c_ptr="*fp32",
                  bias_ptr="*fp32", out_ptr=f"*{element}", alpha="fp32", beta="fp32")
-    consts = dict(HAS_C=True, HAS_BIAS=True, ACTIVATION="gelu_tanh", DOT_IN_FP32=False, B_K_MAJOR=b_k_major,
+    consts = dict(HAS_C=True, HAS_BIAS=True, ACTIVATION="gelu_tanh", DOT_IN_FP32=False, RNE_BY_HAND=False,
+                  B_K_MAJOR=b_k_major,
                   NUM_PROGRAMS=h100.sm_count)
     rows.append(dict(compile_sm90(kernels.gemm_persistent_tma_kernel, types, consts,
                                   ["c_ptr", "bias_ptr", "out_ptr", "stride_cm", "stride_om"], config),
