@@ -2,8 +2,8 @@
 all-reduce bus bandwidth (nccl-tests), MFU/HFU conventions (Megatron-LM, MosaicML llm-foundry).
 
 Sources, each quoted where it is used:
-* pytorch-labs/gpt-fast README.md, "Benchmarks", "Tensor Parallelism" and "Tensor Parallelism + Quantization"
-  tables: batch 1, 5-token prompt, 8x A100-80GB power-limited to 330 W.
+* pytorch-labs/gpt-fast README.md, "Benchmarks", "Tensor Parallelism", "Tensor Parallelism + Quantization"
+  and "Mixtral 8x7B" tables: batch 1, 5-token prompt, 8x A100-80GB power-limited to 330 W.
 * NVIDIA/nccl-tests issues #149 (A100: "should reach 230 GB/s" bus bandwidth, line rate 300 GB/s) and #212
   (H100: "NCCL can get an effective NVLink bandwidth of 370GB/s ... when running with NCCL_ALGO=RING";
   NVLink SHARP peak busBw ~480 GB/s, algbw ~275 GB/s on 8 GPUs), both answered by NCCL's S. Jeaugey.
@@ -25,7 +25,7 @@ from llm_speed.perf.models import ModelConfig, get_model
 
 # (model, tp, weight dtype, group size, published tokens/s). Efficiency's memory and dequantization defaults
 # come from the three Llama-2-7B single-GPU rows; the collective latency from the Llama-2-7B TP 8 row. The
-# other seven rows are held out.
+# other fourteen rows are held out.
 GPT_FAST = [
     ("llama-2-7b", 1, None, None, 104.9),
     ("llama-2-7b", 1, "int8", None, 155.58),
@@ -40,6 +40,14 @@ GPT_FAST = [
     ("llama-2-70b", 8, None, None, 62.50),
     ("llama-2-70b", 8, "int8", None, 80.44),
     ("llama-2-70b", 8, "int4", 32, 90.77),
+    # The README's "Mixtral 8x7B" table (same machine, batch 1): an MoE, every row held out.
+    ("mixtral-8x7b", 2, None, None, 96.67),
+    ("mixtral-8x7b", 4, None, None, 155.35),
+    ("mixtral-8x7b", 8, None, None, 227.82),
+    ("mixtral-8x7b", 1, "int8", None, 97.92),
+    ("mixtral-8x7b", 2, "int8", None, 155.03),
+    ("mixtral-8x7b", 4, "int8", None, 216.87),
+    ("mixtral-8x7b", 8, "int8", None, 279.35),
 ]
 
 
