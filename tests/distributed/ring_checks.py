@@ -213,9 +213,9 @@ def _record_order(events: list[str]):
         return [Waited(work, name) for work in start(ops)]
 
     def kernel(op, label):
-        def run(*args):
+        def run(*args, **kwargs):
             events.append(label)
-            return op(*args)
+            return op(*args, **kwargs)
 
         return run
 

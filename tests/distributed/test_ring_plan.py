@@ -141,6 +141,11 @@ def test_one_rank_is_flash_exactly(one_rank_group, device):
     numpy = pytest.importorskip("numpy")
     again = ring_attention(q, k[:, :2], v[:, :2], is_causal=numpy.bool_(True), return_lse=numpy.bool_(False))
     assert torch.equal(again, out)
+    # A [batch, seq, heads, dim] tensor viewed as [batch, heads, seq, dim] is read in place.
+    packed = torch.randn(1, 11, 4, 16, device=device).transpose(1, 2)
+    torch.testing.assert_close(
+        ring_attention(packed, packed, packed), flash_attention(packed, packed, packed)
+    )
     empty = ring_attention(q[:0], k[:0], v[:0], is_causal=True)
     assert empty.shape == (0, 4, 11, 16)
     x = torch.randn(2, 3, 9, 4)

@@ -146,7 +146,7 @@ def _ring_forward(q, k, v, plan: _Plan):
         if block is not None:
             rows, cols, causal = block
             block_out, block_lse = _flash._forward_op(
-                q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal, plan.scale
+                q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], is_causal=causal, scale=plan.scale
             )
             _merge(out, lse, rows, block_out, block_lse)
         if pending is not None:
@@ -177,8 +177,8 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, plan: _Plan):
                 out[:, :, rows],
                 lse[:, :, rows],
                 None if dlse is None else dlse[:, :, rows],
-                causal,
-                plan.scale,
+                is_causal=causal,
+                scale=plan.scale,
             )
             dq[:, :, rows] += grads[0].float()
         # The accumulator of this K/V block arrives from the previous rank (who worked on it last step).

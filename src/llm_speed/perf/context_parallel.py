@@ -5,7 +5,7 @@ the next rank (``2 * Hkv * d`` elements per token) while the flash kernel works 
 total is :func:`llm_speed.perf.distributed.context_parallel_kv_bytes_per_layer`. Backward: W-1 K/V sends plus
 W sends of the float32 dK/dV accumulators that travel with them. A transfer hides under the compute when it
 takes no longer than the block's kernel (Liu et al., "Ring Attention with Blockwise Transformers",
-arXiv:2310.01889, section 3: the block size must make compute >= communication).
+arXiv:2310.01889, derive the smallest block size for which compute covers communication).
 
 Compute per step is the busiest rank's: a full ``s/W x s/W`` block when not causal; causal with the zigzag
 layout half of one (each rank meets either the past half of a K/V shard or the future half of its queries;
