@@ -6,7 +6,13 @@ Importing the package never touches a GPU.
 __version__ = "0.1.0"
 
 from llm_speed import profiler
-from llm_speed.attention import flash_attention, naive_attention, tiled_attention, validate_attention_inputs
+from llm_speed.attention import (
+    flash_attention,
+    flash_attention_with_kvcache,
+    naive_attention,
+    tiled_attention,
+    validate_attention_inputs,
+)
 from llm_speed.helpers import AttentionMemoryPool, optimal_attention, pad_to_alignment, safe_flash_attention
 from llm_speed.matmul import gemm, tensor_core_gemm, tensor_core_gemm_int8, validate_gemm_inputs
 from llm_speed.perf.memory import (
@@ -21,6 +27,7 @@ __all__ = [
     "__version__",
     # attention kernels (llm_speed.attention)
     "flash_attention",
+    "flash_attention_with_kvcache",
     "naive_attention",
     "tiled_attention",
     "validate_attention_inputs",
