@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 
 from llm_speed.bench import attention as attention_bench
+from llm_speed.bench import decode as decode_bench
 from llm_speed.bench import gemm as gemm_bench
 from llm_speed.bench import report
 
@@ -126,6 +127,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
+    decode_bench.add_parser(
+        kinds,
+        add_common=_add_common,
+        positive_int=_positive_int,
+        resolve_device=resolve_device,
+        finish=_finish,
+    )
 
     doctor.add_parser(subparsers)
     demo.add_parser(subparsers)
