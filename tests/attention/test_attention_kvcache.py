@@ -225,6 +225,6 @@ def test_boundaries_accepted():
 def test_operator_registration():
     """The custom op (caches declared mutated) passes torch.library.opcheck."""
     call = _good_call()
-    args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], call["k"], call["v"],
+    args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], 3, call["k"], call["v"],
             call["block_table"], 0.25, None, 0, None, 0)  # fmt: skip
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))

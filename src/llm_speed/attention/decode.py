@@ -342,8 +342,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
 # Operator
 
 
-def forward_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right,
-                 softcap, num_splits):  # fmt: skip
+def forward_impl(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
+                 window_right, softcap, num_splits):  # fmt: skip
     """Append k/v (if given), then attend; on whatever runs on q's device. Returns (out, lse)."""
     seq_new = 0
     if k is not None:
@@ -359,7 +359,7 @@ def forward_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, w
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
-    max_seqlen_k = int(cache_seqlens.max().item()) + seq_new
+    max_seqlen_k = max_cache_seqlen + seq_new
     with _runtime.on_device_of(q):
         return forward(
             q, k_cache, v_cache, cache_seqlens, block_table, seq_new, max_seqlen_k, scale,
@@ -373,6 +373,7 @@ def _kvcache_op(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
+    max_cache_seqlen: int,
     k: torch.Tensor | None,
     v: torch.Tensor | None,
     block_table: torch.Tensor | None,
@@ -383,14 +384,14 @@ def _kvcache_op(
     num_splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward_impl(
-        q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
-        num_splits,
+        q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
+        window_right, softcap, num_splits,
     )  # fmt: skip
 
 
 @_kvcache_op.register_fake
-def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right,
-                  softcap, num_splits):  # fmt: skip
+def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
+                  window_right, softcap, num_splits):  # fmt: skip
     batch, seq_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seq_q), dtype=torch.float32)
 
@@ -495,7 +496,8 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
     return block_table.shape[1] * page_size
 
 
-def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> torch.Tensor:
+def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(cache_seqlens as a contiguous int32 [batch] tensor, its maximum); one host read of its extremes."""
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.dtype != torch.int32:
             raise TypeError(f"cache_seqlens must be int32 (or an int), got {cache_seqlens.dtype}")
@@ -503,18 +505,23 @@ def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tor
             raise ValueError(f"cache_seqlens must be [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
         if cache_seqlens.device != device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
-        if batch and bool((cache_seqlens < 0).any()):
-            raise ValueError("cache_seqlens must be >= 0")
-        return cache_seqlens.contiguous()
+        if batch == 0:
+            return cache_seqlens.contiguous(), 0
+        smallest, largest = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()
+        if smallest < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {smallest}")
+        return cache_seqlens.contiguous(), largest
     value = _check_int("cache_seqlens", cache_seqlens, 0)
-    return torch.full((batch,), value, dtype=torch.int32, device=device)
+    return torch.full((batch,), value, dtype=torch.int32, device=device), value
 
 
-def _check_cache_ranges(cache_seqlens, seq_new: int, capacity: int, k_cache, block_table) -> None:
-    """Capacity, the block table entries in use, and distinct slots for the appended tokens."""
+def _check_cache_ranges(
+    cache_seqlens, longest: int, seq_new: int, capacity: int, k_cache, block_table
+) -> None:
+    """Capacity (``longest`` = max cache_seqlens + seq_new), the block table entries in use, and distinct
+    slots for the appended tokens."""
     if cache_seqlens.numel() == 0:
         return
-    longest = int(cache_seqlens.max().item()) + seq_new
     if longest > capacity:
         raise ValueError(
             f"cache too small: cache_seqlens + seq_new reaches {longest} tokens, the cache holds {capacity} "
@@ -589,8 +596,9 @@ def flash_attention_with_kvcache(
     sees no key (an empty cache, or a causal row before the first key) outputs 0 with LSE -inf.
 
     Every argument is checked before the cache is touched, so a refused call changes nothing; the checks read
-    ``cache_seqlens`` and the block table entries in use (one host synchronisation). Forward only (no
-    autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``.
+    ``cache_seqlens`` on the host (one synchronisation; up to two more when paged, for the block table).
+    Forward only (no autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under
+    ``TRITON_INTERPRET=1``.
     """
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = _check_flag("is_causal", is_causal)
@@ -600,9 +608,9 @@ def flash_attention_with_kvcache(
     softcap = check_softcap(softcap)
     scale = _check_scale(scale, q.shape[-1])
     capacity = _check_shapes(q, k_cache, v_cache, k, v, block_table)
-    cache_seqlens = _check_cache_seqlens(cache_seqlens, q.shape[0], q.device)
+    cache_seqlens, max_cache_seqlen = _check_cache_seqlens(cache_seqlens, q.shape[0], q.device)
     seq_new = k.shape[1] if k is not None else 0
-    _check_cache_ranges(cache_seqlens, seq_new, capacity, k_cache, block_table)
+    _check_cache_ranges(cache_seqlens, max_cache_seqlen + seq_new, seq_new, capacity, k_cache, block_table)
 
     left, right = window if window is not None else (None, None)
     if is_causal:
@@ -612,6 +620,18 @@ def flash_attention_with_kvcache(
     if block_table is not None:
         block_table = block_table.contiguous()
     out, lse = _kvcache_op(
-        q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        max_cache_seqlen,
+        k,
+        v,
+        block_table,
+        scale,
+        left,
+        right,
+        softcap,
+        num_splits,
     )
     return (out, lse) if return_lse else out

@@ -107,7 +107,7 @@ def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: 
         heads, heads_kv, dim = settings.num_heads, settings.num_kv_heads, settings.head_dim
         q = torch.randn(batch, 1, heads, dim, device=device, dtype=dtype)
         if impl == "sdpa":
-            # SDPA's layout [B, H, S, D]; one query row, so its top-left causal mask would change nothing.
+            # SDPA's layout [B, H, S, D]; no is_causal: its top-left mask would show the query key 0 only.
             k = torch.randn(batch, heads_kv, context, dim, device=device, dtype=dtype)
             v = torch.randn_like(k)
             q_t = q.transpose(1, 2)
