@@ -66,22 +66,25 @@ def reference(q, keys, values, b, dtype, **kwargs):
 
 
 CASES = [
-    # (name, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, options)
-    ("dense-decode-mha", torch.float32, [5, 0, 70], 96, 2, 2, 1, 1, None, {}),
-    ("dense-gqa-append3-causal", torch.float16, [1, 40, 17], 64, 4, 2, 3, 3, None, {"is_causal": True}),
-    ("paged16-gqa-causal", torch.bfloat16, [33, 0, 50], 64, 8, 2, 2, 2, 16, {"is_causal": True}),
-    ("paged256-mqa", torch.float32, [300, 7], 512, 4, 1, 1, 1, 256, {}),
-    ("paged16-window-softcap", torch.float32, [45, 20], 64, 2, 1, 4, 0, 16,
+    # (name, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, head_dim, options)
+    ("dense-decode-mha", torch.float32, [5, 0, 70], 96, 2, 2, 1, 1, None, 32, {}),
+    ("dense-gqa-append3-causal", torch.float16, [1, 40, 17], 64, 4, 2, 3, 3, None, 32, {"is_causal": True}),
+    ("paged16-gqa-causal", torch.bfloat16, [33, 0, 50], 64, 8, 2, 2, 2, 16, 32, {"is_causal": True}),
+    ("paged256-mqa", torch.float32, [300, 7], 512, 4, 1, 1, 1, 256, 32, {}),
+    ("paged16-window-softcap", torch.float32, [45, 20], 64, 2, 1, 4, 0, 16, 32,
      {"is_causal": True, "window": (9, None), "softcap": 2.0}),
-    ("dense-window-both-sides", torch.float16, [30, 64], 80, 2, 2, 3, 1, None, {"window": (5, 1)}),
-    ("dense-causal-more-queries-than-keys", torch.float32, [0, 2], 16, 2, 2, 5, 1, None, {"is_causal": True}),
+    ("dense-window-both-sides", torch.float16, [30, 64], 80, 2, 2, 3, 1, None, 32, {"window": (5, 1)}),
+    ("dense-window-zero-head-dim-40", torch.float32, [20, 3], 32, 2, 2, 2, 1, None, 40, {"window": (0, 0)}),
+    ("paged48-window-past-context-head-dim-72", torch.float16, [50, 9], 96, 4, 2, 1, 2, 48, 72,
+     {"is_causal": True, "window": (1000, 7)}),
+    ("dense-causal-more-queries-than-keys", torch.float32, [0, 2], 16, 2, 2, 5, 1, None, 32,
+     {"is_causal": True}),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_matches_float64_reference_and_appends_in_place(case, device):
-    _, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, options = case
-    dim = 32
+    _, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, dim, options = case
     k_cache, v_cache, table, k_log, v_log = make_cache(
         lens, capacity, heads_kv, dim, dtype, device, page_size
     )
@@ -228,3 +231,37 @@ def test_operator_registration():
     args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], 3, call["k"], call["v"],
             call["block_table"], 0.25, None, 0, None, 0)  # fmt: skip
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_strided_views_are_read_and_written_in_place(device):
+    """q viewed from [B, H, S, D]; caches sliced out of one packed KV buffer (the append lands in it)."""
+    batch, heads_kv, dim, lens = 2, 2, 32, [6, 11]
+    packed = torch.randn(batch, 16, 2, heads_kv, dim, device=device)
+    k_cache, v_cache = packed[:, :, 0], packed[:, :, 1]
+    q = torch.randn(batch, 4, 1, dim, device=device).transpose(1, 2)  # [B, 1, H, D], not contiguous
+    k_new, v_new = (torch.randn(batch, 1, heads_kv, dim, device=device) for _ in range(2))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k_new, v=v_new)
+    for b, n in enumerate(lens):
+        assert torch.equal(packed[b, n, 0], k_new[b, 0]) and torch.equal(packed[b, n, 1], v_new[b, 0])
+        truth, _ = reference(q, packed[b, : n + 1, 0], packed[b, : n + 1, 1], b, torch.float64)
+        same, _ = reference(q, packed[b, : n + 1, 0], packed[b, : n + 1, 1], b, torch.float32)
+        assert_error_rule("out", out[b], same, truth, OUTPUT_FACTOR, torch.float32)
+
+
+def test_zero_batch_and_zero_queries(device):
+    """batch 0 gives empty results; seq_q 0 still appends the new tokens and returns an empty output."""
+    k_cache = torch.zeros(1, 16, 1, 16, device=device)
+    empty = flash_attention_with_kvcache(
+        torch.randn(0, 1, 2, 16, device=device), k_cache[:0], k_cache[:0], cache_seqlens=0
+    )
+    assert empty.shape == (0, 1, 2, 16)
+    v_cache = torch.zeros_like(k_cache)
+    k_new, v_new = torch.ones(1, 2, 1, 16, device=device), torch.full((1, 2, 1, 16), 2.0, device=device)
+    out, lse = flash_attention_with_kvcache(
+        torch.randn(1, 0, 2, 16, device=device), k_cache, v_cache, cache_seqlens=3, k=k_new, v=v_new,
+        return_lse=True,
+    )  # fmt: skip
+    assert out.shape == (1, 0, 2, 16) and lse.shape == (1, 2, 0)
+    assert torch.equal(k_cache[0, 3:5], k_new[0]) and torch.equal(v_cache[0, 3:5], v_new[0])
+    assert k_cache[0, :3].eq(0).all() and k_cache[0, 5:].eq(0).all()
