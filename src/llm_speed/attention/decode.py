@@ -301,7 +301,10 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
     else:
         out_k, lse_k, o_split, l_split = out, lse, 0, 0
     paged = block_table is not None
-    _runtime.report_work("attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens)
+    _runtime.report_work(
+        "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
+        block_table=block_table, window=(window_left, window_right),
+    )  # fmt: skip
     _kvcache_fwd_kernel[(n_row_blocks * num_splits * batch * heads_kv,)](
         Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
         BLOCK_TABLE=block_table if paged else cache_seqlens, OUT=out_k, LSE=lse_k,
