@@ -133,7 +133,7 @@ def test_split_counts_agree(paged, device):
     q = torch.randn(2, 1, 4, 64, device=device)
     kwargs = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device), block_table=table)
     results = []
-    for num_splits in (1, 3, 0):
+    for num_splits in (1, 3, 0, 1000):  # 1000: more than key blocks, capped
         launched = [decode.KERNEL_COMBINE] if num_splits != 1 else []
         with expect_launches(decode.KERNEL_DECODE, *launched, device=device):
             results.append(flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=num_splits,

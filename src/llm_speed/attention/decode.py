@@ -289,7 +289,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
     key_blocks = triton.cdiv(max_seqlen_k, block_n)
     if num_splits == 0:
         num_splits = choose_num_splits(batch * heads_kv * n_row_blocks, key_blocks, sm_count(q.device))
-    blocks_per_split = triton.cdiv(max(key_blocks, 1), max(1, min(num_splits, key_blocks)))
+    # At most MAX_SPLITS (the combine kernel holds every split of a row at once) and one key block per split.
+    blocks_per_split = triton.cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
     num_splits = max(1, triton.cdiv(key_blocks, blocks_per_split))  # no split left without keys
     split = num_splits > 1
     out = new_output((batch, seq_q, heads_q, head_dim), q.dtype, q.device)
@@ -592,7 +593,8 @@ def flash_attention_with_kvcache(
         window: ``(left, right)`` local attention as in :func:`llm_speed.attention.reference.visible`.
         softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2, Grok-1).
         num_splits: key-range splits merged by log-sum-exp (Flash-Decoding); 0 chooses from batch x heads_kv,
-            the context length and the device's SM count; 1 disables splitting.
+            the context length and the SM count; 1 disables splitting. At most 128 splits, and one key
+            block per split, are used whatever is asked.
         return_lse: also return the natural-log LSE ``[batch, heads_q, seq_q]`` float32.
 
     Returns ``out`` ``[batch, seq_q, heads_q, head_dim]`` contiguous in q's dtype (and the LSE). A query that
