@@ -1,4 +1,4 @@
-"""``llm-speed bench attention|gemm``, ``llm-speed doctor`` and ``llm-speed demo``.
+"""``llm-speed bench attention|gemm|decode``, ``llm-speed doctor`` and ``llm-speed demo``.
 
 Flags follow seed 002's benchmark scripts (``--seq-lengths``, ``--batch-size``, ``--num-heads``,
 ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``). Unset sizes take the
