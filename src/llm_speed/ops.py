@@ -294,6 +294,11 @@ OPS: tuple[Op, ...] = (
         "sdpa_attention", "llm_speed.helpers:sdpa_attention", attention_work("naive", "fwd"),
         plain_pytorch=True,
     ),
+    Op(
+        "attention_kvcache_fwd", "llm_speed.attention.decode:flash_attention_with_kvcache",
+        "llm_speed.attention.decode:kvcache_work", probe="llm_speed.attention.decode:kvcache_probe",
+        label="flash_attention_with_kvcache (paged decode)",
+    ),
     # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".
     Op(
         "gemm", "llm_speed.matmul.ops:gemm", gemm_work, probe=_gemm_probe, bench="gemm",

@@ -1,4 +1,4 @@
-"""``llm-speed bench attention|gemm``.
+"""``llm-speed bench attention|gemm|decode``.
 
 The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``--batch-size``,
 ``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
@@ -95,6 +95,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
+    decode = kinds.add_parser(
+        "decode",
+        help="flash_attention_with_kvcache (dense and paged) vs torch SDPA over a dense cache",
+        description="Time one decode step (one query token per sequence) over a KV cache, batch x context.",
+    )
+    decode.add_argument("--batch-sizes", type=positive_int, nargs="+", help="GPU: 1 8 32 128; CPU: 1 2")
+    decode.add_argument(
+        "--contexts", type=positive_int, nargs="+", help="cached tokens (GPU: 1024 ... 16384)"
+    )
+    decode.add_argument("--num-heads", type=positive_int, help="query heads (GPU 32, CPU 4)")
+    decode.add_argument("--num-kv-heads", type=positive_int, help="key/value heads (GPU 8, CPU 2)")
+    decode.add_argument("--head-dim", type=positive_int, help="GPU 128, CPU 32")
+    decode.add_argument("--page-size", type=positive_int, help="tokens per page, a multiple of 16 (GPU 256)")
+    decode.add_argument("--dtype", choices=options.DECODE_DTYPES, help="GPU fp16, CPU fp32")
+    decode.add_argument("--impl", nargs="+", choices=options.DECODE_IMPLS, help="default: all of them")
+    _add_common(decode)
+    decode.set_defaults(func=run_decode_command)
 
     op = kinds.add_parser(
         "op",
@@ -215,6 +232,26 @@ def plot_rows(
     plot_roofline(gpu, points, path, dtype=dtype, title=title)
     console.print(f"roofline plot written to {path}", highlight=False)
     return True
+
+
+def run_decode_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench decode``."""
+    from llm_speed._output import prepare_output_path
+    from llm_speed.bench import decode as decode_bench
+
+    for name in ("output", "plot"):
+        if getattr(args, name):
+            prepare_output_path(getattr(args, name), argument=f"--{name}")
+    settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
+    rows = decode_bench.run_decode(settings, show_progress=not args.no_progress)
+    return _finish(
+        args,
+        settings,
+        rows,
+        decode_bench.results_payload,
+        decode_bench.print_decode,
+        f"decode, {settings.dtype}",
+    )
 
 
 def run_attention_command(args: argparse.Namespace) -> int:

@@ -16,6 +16,10 @@ ATTENTION_IMPLS = ops.bench_impls("attention")  # ... then sdpa (each backend) a
 ATTENTION_DTYPES = ("fp16", "bf16", "fp32")
 ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
 
+# --- bench decode ---
+DECODE_IMPLS = ("kvcache", "kvcache-paged", "sdpa")  # dense cache, paged cache, SDPA over a dense cache
+DECODE_DTYPES = ("fp16", "bf16", "fp32")
+
 # --- bench gemm ---
 GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")
 GEMM_LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B

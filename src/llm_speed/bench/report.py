@@ -316,7 +316,7 @@ def common_cells(row: Measurement) -> list[Any]:
 
 
 def speedup_cell(row: Measurement) -> str | None:
-    """"1.35x sdpa": this row's speedup over the fastest other implementation (3 significant digits, so
+    """ "1.35x sdpa": this row's speedup over the fastest other implementation (3 significant digits, so
     a much slower row reads 0.0123x, not 0.00x)."""
     if row.speedup_vs_fastest_other is None:
         return None
@@ -342,7 +342,10 @@ def print_rows(
 
     keep = [i for i in range(len(columns)) if any(row[i] is not None for row in rows)] if rows else []
     print_table(
-        title, [columns[i] for i in keep], [[row[i] for i in keep] for row in rows], caption=caption,
+        title,
+        [columns[i] for i in keep],
+        [[row[i] for i in keep] for row in rows],
+        caption=caption,
         console=console,
     )
 

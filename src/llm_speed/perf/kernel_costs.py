@@ -211,3 +211,43 @@ def gemm_cost(
     if with_bias:
         bytes_moved += n * out_bytes
     return KernelCost(float(flops), float(bytes_moved))
+
+
+def kvcache_decode_cost(
+    batch: int,
+    heads_q: int,
+    seq_q: int,
+    context: int,
+    head_dim: int,
+    *,
+    heads_kv: int | None = None,
+    dtype: Any = "fp16",
+    seq_new: int = 0,
+    causal: bool = False,
+) -> KernelCost:
+    """FLOPs and minimum DRAM bytes of ``llm_speed.flash_attention_with_kvcache`` (decode over a KV cache).
+
+    ``context`` is the number of keys each sequence attends to (``cache_seqlens + seq_new``), ``seq_new``
+    how many of them the call appends. FLOPs as :func:`attention_cost`'s forward over ``seq_q x context``
+    (causal: visible pairs only). Bytes, with e = element size: the visible cache read once,
+    ``2*e*batch*heads_kv*context*head_dim`` (K and V, whatever the page layout: pages are whole rows), Q read
+    and O written ``2*e*batch*heads_q*seq_q*head_dim``, the fp32 LSE ``4*batch*heads_q*seq_q``, and the
+    append (new K/V read, then written into the cache) ``4*e*batch*heads_kv*seq_new*head_dim``. Split-KV's
+    partial results and the int32 lengths/block table are not counted: they are small beside the cache and
+    not part of the minimum. At seq_q = 1 the intensity is about ``heads_q / heads_kv`` FLOP/byte: decode is
+    bound by memory bandwidth on every GPU in the table.
+    """
+    batch, heads_q, seq_q, context, head_dim, heads_kv = attention_shape(
+        batch, heads_q, seq_q, context, head_dim, heads_kv
+    )
+    seq_new = positive_int("seq_new", seq_new, allow_zero=True)
+    if seq_new > context:
+        raise ValueError(f"seq_new ({seq_new}) cannot exceed context ({context}): appended keys are attended")
+    element = dtype_bytes(dtype)
+    flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, context, causal)
+    cache_bytes = 2 * element * batch * heads_kv * context * head_dim
+    query_bytes = (
+        2 * element * batch * heads_q * seq_q * head_dim + SOFTMAX_STATS_BYTES * batch * heads_q * seq_q
+    )
+    append_bytes = 4 * element * batch * heads_kv * seq_new * head_dim
+    return KernelCost(float(flops), float(cache_bytes + query_bytes + append_bytes))

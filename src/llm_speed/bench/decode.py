@@ -1,0 +1,245 @@
+"""The decode benchmark: ``flash_attention_with_kvcache`` over a dense and a paged cache against torch SDPA
+over a dense cache, for one new token per sequence, swept over batch x context.
+
+Decode is bound by memory bandwidth: each step reads the whole visible K/V cache once. Every row reports the
+achieved GB/s of the model's minimum traffic (``kernel_costs.kvcache_decode_cost``) and, on a GPU in the
+table, that figure as a fraction of the HBM peak (``llm_speed.perf.gpus``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from llm_speed.bench import report
+from llm_speed.bench.options import DECODE_DTYPES as DTYPES
+from llm_speed.bench.options import DECODE_IMPLS as IMPLS
+from llm_speed.bench.report import Measurement
+
+GPU_DEFAULTS = {
+    "batch_sizes": (1, 8, 32, 128),
+    "contexts": (1024, 4096, 16384),
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "dtype": "fp16",
+    "page_size": 256,
+    "warmup": 10,
+    "iterations": 50,
+}
+CPU_DEFAULTS = {
+    "batch_sizes": (1, 2),
+    "contexts": (32, 64),
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 32,
+    "dtype": "fp32",
+    "page_size": 16,
+    "warmup": 1,
+    "iterations": 3,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """One decode benchmark run."""
+
+    batch_sizes: tuple[int, ...]
+    contexts: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    impls: tuple[str, ...]
+    warmup: int
+    iterations: int
+    device: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class DecodeMeasurement(Measurement):
+    """A :class:`Measurement` of one implementation at one (batch, context)."""
+
+    batch: int
+    context: int
+    hbm_peak_fraction: float | None = None  # achieved GB/s over the GPU's HBM peak (GPUs in the table only)
+
+
+def check_settings(settings: DecodeSettings) -> None:
+    """ValueError naming the setting when a value is out of range."""
+    for name in ("num_heads", "num_kv_heads", "head_dim", "iterations", "page_size"):
+        if getattr(settings, name) < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {getattr(settings, name)}")
+    if settings.warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
+    for name in ("batch_sizes", "contexts"):
+        values = getattr(settings, name)
+        if not values or min(values) < 1:
+            raise ValueError(f"{name}: expected integers >= 1, got {list(values)}")
+    if settings.num_heads % settings.num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads: must divide num_heads ({settings.num_heads}), got {settings.num_kv_heads}"
+        )
+    if settings.page_size % 16:
+        raise ValueError(f"page_size: expected a multiple of 16, got {settings.page_size}")
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    unknown = [impl for impl in settings.impls if impl not in IMPLS]
+    if unknown or not settings.impls:
+        raise ValueError(f"impl: unknown {unknown or 'empty list'}; accepted: {', '.join(IMPLS)}")
+
+
+def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: int, device: torch.device):
+    """A function that fills a cache of ``context`` tokens per sequence and returns a decode step to time."""
+
+    def build() -> Callable[[], Any]:
+        from llm_speed.attention import flash_attention_with_kvcache
+
+        dtype = report.TORCH_DTYPES[settings.dtype]
+        heads, heads_kv, dim = settings.num_heads, settings.num_kv_heads, settings.head_dim
+        q = torch.randn(batch, 1, heads, dim, device=device, dtype=dtype)
+        if impl == "sdpa":
+            # SDPA's layout [B, H, S, D]; no is_causal: its top-left mask would show the query key 0 only.
+            k = torch.randn(batch, heads_kv, context, dim, device=device, dtype=dtype)
+            v = torch.randn_like(k)
+            q_t = q.transpose(1, 2)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            return lambda: sdpa(q_t, k, v, enable_gqa=heads_kv != heads)
+        lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        if impl == "kvcache":
+            k_cache = torch.randn(batch, context, heads_kv, dim, device=device, dtype=dtype)
+            v_cache = torch.randn_like(k_cache)
+            table = None
+        else:  # paged, pages shuffled as a serving engine's allocator leaves them
+            pages = -(-context // settings.page_size)
+            shape = (batch * pages, settings.page_size, heads_kv, dim)
+            k_cache = torch.randn(shape, device=device, dtype=dtype)
+            v_cache = torch.randn_like(k_cache)
+            table = torch.randperm(batch * pages, device=device).to(torch.int32).reshape(batch, pages)
+        return lambda: flash_attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=lens, block_table=table
+        )
+
+    return build
+
+
+def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[DecodeMeasurement]:
+    """Measure every implementation at every (batch, context)."""
+    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+
+    check_settings(settings)
+    device = torch.device(settings.device)
+    rows: list[DecodeMeasurement] = []
+    cases = [(b, c) for b in settings.batch_sizes for c in settings.contexts]
+    total = len(cases) * len(settings.impls)
+    progress = report.progress(total, "decode") if show_progress else contextlib.nullcontext(None)
+    with progress as advance:
+        for batch, context in cases:
+            cost = kvcache_decode_cost(
+                batch, settings.num_heads, 1, context, settings.head_dim,
+                heads_kv=settings.num_kv_heads, dtype=settings.dtype,
+            )  # fmt: skip
+            for impl in settings.impls:
+                row = DecodeMeasurement(
+                    case=f"batch={batch} context={context}",
+                    impl=impl,
+                    available=False,
+                    batch=batch,
+                    context=context,
+                    flops=cost.flops,
+                    bytes_moved=cost.bytes_moved,
+                )
+                report.run_measurement(
+                    row,
+                    _workload_builder(impl, settings, batch, context, device),
+                    device=device,
+                    warmup=settings.warmup,
+                    iterations=settings.iterations,
+                )
+                rows.append(row)
+                if advance is not None:
+                    advance(f"{row.case} {impl}")
+    gpu, reason = report.prediction_gpu(device)
+    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    if gpu is not None:
+        for row in rows:
+            if row.bandwidth_gb_s is not None:
+                row.hbm_peak_fraction = row.bandwidth_gb_s / gpu.hbm_bandwidth_gbs
+    return rows
+
+
+def results_payload(settings: DecodeSettings, rows: Sequence[DecodeMeasurement]) -> dict[str, Any]:
+    """The JSON document: provenance, settings, notes and every row."""
+    return report.results_document(
+        "decode",
+        settings,
+        rows,
+        lambda row: f"{row.batch}x{settings.num_heads}x{row.context}x{settings.head_dim}",
+        [i for i in settings.impls if i.startswith("kvcache")],
+    )
+
+
+def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], console: Console) -> None:
+    """One table of every row that ran (GB/s and % of the HBM peak first), then what did not run."""
+    device = torch.device(settings.device)
+    caption = (
+        f"Config: heads={settings.num_heads}, kv_heads={settings.num_kv_heads}, "
+        f"head_dim={settings.head_dim}, dtype={report.TORCH_DTYPES[settings.dtype]}, "
+        f"page_size={settings.page_size}, one new token, "
+        f"device={report.environment_device_name(device)}"
+    )
+    table = [
+        [
+            row.batch,
+            row.context,
+            row.impl,
+            f"{100 * row.hbm_peak_fraction:.0f}%" if row.hbm_peak_fraction is not None else None,
+            *report.common_cells(row),
+        ]
+        for row in rows
+        if row.available
+    ]
+    report.print_rows(
+        "Decode over a KV cache",
+        ["batch", "context", "impl", "% HBM peak", *report.COMMON_COLUMNS],
+        table,
+        caption=caption,
+        console=console,
+    )
+    report.print_unavailable(rows, console)
+    for note in report.timing_notes(device, [i for i in settings.impls if i.startswith("kvcache")]):
+        console.print(f"note: {note}", highlight=False, markup=False)
+    if rows and rows[0].prediction_reason:
+        console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)
+
+
+def decode_settings(args: argparse.Namespace, device: torch.device) -> DecodeSettings:
+    """Settings from parsed flags, defaults filled for the device."""
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
+    settings = DecodeSettings(
+        batch_sizes=tuple(pick("batch_sizes")),
+        contexts=tuple(pick("contexts")),
+        num_heads=pick("num_heads"),
+        num_kv_heads=pick("num_kv_heads"),
+        head_dim=pick("head_dim"),
+        dtype=pick("dtype"),
+        page_size=pick("page_size"),
+        impls=tuple(args.impl or IMPLS),
+        warmup=pick("warmup"),
+        iterations=pick("iterations"),
+        device=str(device),
+    )
+    check_settings(settings)
+    return settings

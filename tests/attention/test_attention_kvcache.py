@@ -1,0 +1,289 @@
+"""flash_attention_with_kvcache: dense and paged caches, appends, split-KV, window/softcap, GQA, bad input.
+
+Each case builds every sequence's keys/values logically, scatters them into a dense or a paged cache (pages
+shuffled, unused slots NaN so a read past the valid tokens shows), and compares with the float64 reference
+of the gathered dense sequence under the 2x rule of TESTING.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
+
+from llm_speed.attention import decode
+from llm_speed.attention.decode import flash_attention_with_kvcache
+from llm_speed.attention.reference import reference_attention
+
+
+@pytest.fixture(autouse=True)
+def _poison_decode_outputs(monkeypatch):
+    def poisoned(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(decode, "new_output", poisoned)
+
+
+def make_cache(lens, capacity, heads_kv, dim, dtype, device, page_size=None, draw=torch.randn):
+    """(k_cache, v_cache, block_table or None, logical k, logical v): logical [batch, capacity, heads, D] with
+    the first lens[b] tokens valid; the physical cache holds them (pages shuffled) and NaN everywhere else."""
+    batch = len(lens)
+    k_log = draw(batch, capacity, heads_kv, dim).to(dtype)
+    v_log = draw(batch, capacity, heads_kv, dim).to(dtype)
+    if page_size is None:
+        k_cache = torch.full_like(k_log, float("nan"))
+        v_cache = torch.full_like(v_log, float("nan"))
+        for b, n in enumerate(lens):
+            k_cache[b, :n], v_cache[b, :n] = k_log[b, :n], v_log[b, :n]
+        return k_cache.to(device), v_cache.to(device), None, k_log, v_log
+    pages = capacity // page_size
+    num_blocks = batch * pages + 3  # spare pages nobody uses
+    table = torch.randperm(num_blocks)[: batch * pages].reshape(batch, pages).to(torch.int32)
+    k_cache = torch.full((num_blocks, page_size, heads_kv, dim), float("nan"), dtype=dtype)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    for b, n in enumerate(lens):
+        for pos in range(n):
+            page, slot = int(table[b, pos // page_size]), pos % page_size
+            k_cache[page, slot], v_cache[page, slot] = k_log[b, pos], v_log[b, pos]
+    return k_cache.to(device), v_cache.to(device), table.to(device), k_log, v_log
+
+
+def gather(cache, table, b, length):
+    """Sequence b's first ``length`` tokens from a dense or paged cache, [length, heads, D] on the CPU."""
+    cache = cache.cpu()
+    if table is None:
+        return cache[b, :length]
+    page_size = cache.shape[1]
+    pos = torch.arange(length)
+    return cache[table.cpu()[b, pos // page_size].long(), pos % page_size]
+
+
+def reference(q, keys, values, b, dtype, **kwargs):
+    """reference_attention of sequence b in ``dtype``: q [seq_q, heads, D] -> ([seq_q, heads, D], lse)."""
+    to_bhsd = lambda t: t.cpu().to(dtype).transpose(0, 1)[None]  # noqa: E731
+    out, lse = reference_attention(to_bhsd(q[b]), to_bhsd(keys), to_bhsd(values), return_lse=True, **kwargs)
+    return out[0].transpose(0, 1), lse[0]
+
+
+CASES = [
+    # (name, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, head_dim, options)
+    ("dense-decode-mha", torch.float32, [5, 0, 70], 96, 2, 2, 1, 1, None, 32, {}),
+    ("dense-gqa-append3-causal", torch.float16, [1, 40, 17], 64, 4, 2, 3, 3, None, 32, {"is_causal": True}),
+    ("paged16-gqa-causal", torch.bfloat16, [33, 0, 50], 64, 8, 2, 2, 2, 16, 32, {"is_causal": True}),
+    ("paged256-mqa", torch.float32, [300, 7], 512, 4, 1, 1, 1, 256, 32, {}),
+    ("paged16-window-softcap", torch.float32, [45, 20], 64, 2, 1, 4, 0, 16, 32,
+     {"is_causal": True, "window": (9, None), "softcap": 2.0}),
+    ("dense-window-both-sides", torch.float16, [30, 64], 80, 2, 2, 3, 1, None, 32, {"window": (5, 1)}),
+    ("dense-window-zero-head-dim-40", torch.float32, [20, 3], 32, 2, 2, 2, 1, None, 40, {"window": (0, 0)}),
+    ("paged48-window-past-context-head-dim-72", torch.float16, [50, 9], 96, 4, 2, 1, 2, 48, 72,
+     {"is_causal": True, "window": (1000, 7)}),
+    ("paged16-bf16-positive-inputs", torch.bfloat16, [40, 25], 64, 4, 2, 1, 1, 16, 64, {"positive": True}),
+    ("dense-causal-more-queries-than-keys", torch.float32, [0, 2], 16, 2, 2, 5, 1, None, 32,
+     {"is_causal": True}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_float64_reference_and_appends_in_place(case, device):
+    _, dtype, lens, capacity, heads_q, heads_kv, seq_q, seq_new, page_size, dim, options = case
+    options = dict(options)
+    # Positive inputs: where rounding biased low (truncating bf16 casts) would show, per TESTING.md.
+    draw = torch.rand if options.pop("positive", False) else torch.randn
+    k_cache, v_cache, table, k_log, v_log = make_cache(
+        lens, capacity, heads_kv, dim, dtype, device, page_size, draw
+    )
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    batch = len(lens)
+    q = draw(batch, seq_q, heads_q, dim).to(dtype)
+    if options.get("softcap"):
+        q = q * 4  # logits well past the cap
+    k_new = draw(batch, seq_new, heads_kv, dim).to(dtype)
+    v_new = draw(batch, seq_new, heads_kv, dim).to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    new = dict(k=k_new.to(device), v=v_new.to(device)) if seq_new else {}
+    with expect_launches(decode.KERNEL_DECODE, device=device):
+        out, lse = flash_attention_with_kvcache(
+            q.to(device), k_cache, v_cache, cache_seqlens=seqlens.to(device), block_table=table,
+            return_lse=True, **new, **options,
+        )  # fmt: skip
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (batch, heads_q, seq_q)
+
+    written = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(lens):
+        length = n + seq_new
+        keys, values = gather(k_cache, table, b, length), gather(v_cache, table, b, length)
+        # The cache now holds the old tokens and the new ones right after them.
+        assert torch.equal(keys, torch.cat([k_log[b, :n], k_new[b]]))
+        assert torch.equal(values, torch.cat([v_log[b, :n], v_new[b]]))
+        for pos in range(n, length):
+            page_size_or_cap = page_size or capacity
+            row = int(table[b, pos // page_size]) if table is not None else b
+            written[row, pos % page_size_or_cap] = True
+        truth = reference(q, keys, values, b, torch.float64, **options)
+        same = reference(q, keys, values, b, dtype, **options)
+        assert_error_rule("out", out[b], same[0], truth[0], OUTPUT_FACTOR, dtype)
+        assert_error_rule("lse", lse[b], same[1], truth[1], OUTPUT_FACTOR, dtype)
+    # Nothing but the appended slots changed (NaN == NaN counts as unchanged).
+    for cache, old in ((k_cache, before_k), (v_cache, before_v)):
+        same_slot = (cache.cpu() == old.cpu()) | (cache.cpu().isnan() & old.cpu().isnan())
+        assert same_slot.all(dim=(2, 3))[~written].all()
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_split_counts_agree(paged, device):
+    """One split, several, and the automatic choice give the same result (up to float32 reassociation)."""
+    lens = [150, 37]
+    k_cache, v_cache, table, _, _ = make_cache(lens, 192, 2, 64, torch.float32, device, 16 if paged else None)
+    q = torch.randn(2, 1, 4, 64, device=device)
+    kwargs = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device), block_table=table)
+    results = []
+    for num_splits in (1, 3, 0, 1000):  # 1000: more than key blocks, capped
+        launched = [decode.KERNEL_COMBINE] if num_splits != 1 else []
+        with expect_launches(decode.KERNEL_DECODE, *launched, device=device):
+            results.append(flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=num_splits,
+                                                        return_lse=True, **kwargs))  # fmt: skip
+    for out, lse in results[1:]:
+        torch.testing.assert_close(out, results[0][0], atol=2e-6, rtol=0)
+        torch.testing.assert_close(lse, results[0][1], atol=2e-6, rtol=0)
+
+
+def test_empty_cache_gives_zero_and_minus_inf(device):
+    k_cache = torch.full((2, 32, 1, 16), float("nan"), device=device)
+    q = torch.randn(2, 3, 2, 16, device=device)
+    for num_splits in (0, 1):
+        out, lse = flash_attention_with_kvcache(
+            q, k_cache, k_cache.clone(), cache_seqlens=0, num_splits=num_splits, return_lse=True
+        )
+        assert torch.equal(out, torch.zeros_like(out))
+        assert torch.equal(lse, torch.full_like(lse, float("-inf")))
+
+
+def test_choose_num_splits():
+    assert decode.choose_num_splits(programs=132, key_blocks=100, sms=132) == 1  # the GPU is already full
+    assert decode.choose_num_splits(programs=8, key_blocks=1, sms=132) == 1  # one key block: nothing to split
+    assert decode.choose_num_splits(programs=8, key_blocks=3, sms=132) == 3  # at most one split per block
+    splits = decode.choose_num_splits(programs=8, key_blocks=512, sms=132)
+    assert 0.8 * 132 <= 8 * splits <= 2 * 132  # about one full wave of programs
+
+
+def _good_call():
+    batch, heads_kv, dim = 2, 2, 16
+    k_cache = torch.randn(4, 16, heads_kv, dim)
+    return dict(
+        q=torch.randn(batch, 1, 4, dim), k_cache=k_cache, v_cache=torch.randn_like(k_cache),
+        cache_seqlens=torch.tensor([3, 3], dtype=torch.int32), k=torch.randn(batch, 2, heads_kv, dim),
+        v=torch.randn(batch, 2, heads_kv, dim), block_table=torch.tensor([[2], [0]], dtype=torch.int32),
+    )  # fmt: skip
+
+
+BAD = [
+    ("q", torch.randn(2, 4, 16), ValueError, "q must have 4 dims"),
+    ("q", torch.randn(2, 1, 4, 16, dtype=torch.float64), TypeError, "q has dtype"),
+    ("q", torch.randn(2, 1, 3, 16), ValueError, "multiple of k_cache heads"),
+    ("v_cache", torch.randn(4, 16, 2, 16).half(), TypeError, "v_cache dtype"),
+    ("v_cache", torch.randn(4, 32, 2, 16), ValueError, "one shape"),
+    ("k", torch.randn(2, 2, 1, 16), ValueError, "k must be"),
+    ("v", None, ValueError, "k and v must be given together"),
+    ("cache_seqlens", torch.tensor([3, 14], dtype=torch.int64), TypeError, "int32"),
+    ("cache_seqlens", torch.tensor([3], dtype=torch.int32), ValueError, r"\[batch=2\]"),
+    ("cache_seqlens", torch.tensor([-1, 3], dtype=torch.int32), ValueError, ">= 0"),
+    ("cache_seqlens", torch.tensor([3, 15], dtype=torch.int32), ValueError, "cache too small"),
+    ("cache_seqlens", 2.0, TypeError, "cache_seqlens must be an int"),
+    ("block_table", torch.tensor([[2], [0]], dtype=torch.int64), TypeError, "block_table must be int32"),
+    ("block_table", torch.tensor([[2], [4]], dtype=torch.int32), ValueError, r"block_table\[1, 0\] = 4"),
+    ("block_table", torch.tensor([[-1], [0]], dtype=torch.int32), ValueError, "not a page"),
+    ("block_table", torch.tensor([[0], [0]], dtype=torch.int32), ValueError, "same cache slot"),
+    ("block_table", torch.tensor([2, 0], dtype=torch.int32), ValueError, "block_table must be"),
+    ("is_causal", 1, TypeError, "is_causal must be a bool"),
+    ("return_lse", "yes", TypeError, "return_lse must be a bool"),
+    ("num_splits", -1, ValueError, "num_splits must be >= 0"),
+    ("window", (1, -2), ValueError, "window right"),
+    ("softcap", 0.0, ValueError, "softcap"),
+    ("scale", float("nan"), ValueError, "scale must be finite"),
+]
+
+
+@pytest.mark.parametrize("name, value, error, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_is_refused_before_any_write(name, value, error, match):
+    call = _good_call()
+    call[name] = value
+    k_cache, v_cache = call["k_cache"], call["v_cache"]
+    before = k_cache.clone(), v_cache.clone()
+    q = call.pop("q")
+    with pytest.raises(error, match=match):
+        flash_attention_with_kvcache(q, call.pop("k_cache"), call.pop("v_cache"), **call)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_boundaries_accepted():
+    """Right at the limits: a cache filled exactly, page 0 and the last page, numpy bools."""
+    import numpy as np
+
+    call = _good_call()
+    call["cache_seqlens"] = torch.tensor([14, 14], dtype=torch.int32)  # 14 + 2 new = 16 = capacity
+    call["block_table"] = torch.tensor([[0], [3]], dtype=torch.int32)
+    q = call.pop("q")
+    out = flash_attention_with_kvcache(
+        q, call.pop("k_cache"), call.pop("v_cache"), is_causal=np.bool_(True), **call
+    )
+    assert torch.isfinite(out).all()
+
+
+def test_operator_registration():
+    """The custom op (caches declared mutated) passes torch.library.opcheck."""
+    call = _good_call()
+    args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], 3, call["k"], call["v"],
+            call["block_table"], 0.25, None, 0, None, 0)  # fmt: skip
+    torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_strided_views_are_read_and_written_in_place(device):
+    """q viewed from [B, H, S, D]; caches sliced out of one packed KV buffer (the append lands in it)."""
+    batch, heads_kv, dim, lens = 2, 2, 32, [6, 11]
+    packed = torch.randn(batch, 16, 2, heads_kv, dim, device=device)
+    k_cache, v_cache = packed[:, :, 0], packed[:, :, 1]
+    q = torch.randn(batch, 4, 1, dim, device=device).transpose(1, 2)  # [B, 1, H, D], not contiguous
+    k_new, v_new = (torch.randn(batch, 1, heads_kv, dim, device=device) for _ in range(2))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k_new, v=v_new)
+    for b, n in enumerate(lens):
+        assert torch.equal(packed[b, n, 0], k_new[b, 0]) and torch.equal(packed[b, n, 1], v_new[b, 0])
+        truth, _ = reference(q, packed[b, : n + 1, 0], packed[b, : n + 1, 1], b, torch.float64)
+        same, _ = reference(q, packed[b, : n + 1, 0], packed[b, : n + 1, 1], b, torch.float32)
+        assert_error_rule("out", out[b], same, truth, OUTPUT_FACTOR, torch.float32)
+
+
+def test_zero_batch_and_zero_queries(device):
+    """batch 0 gives empty results; seq_q 0 still appends the new tokens and returns an empty output."""
+    k_cache = torch.zeros(1, 16, 1, 16, device=device)
+    empty = flash_attention_with_kvcache(
+        torch.randn(0, 1, 2, 16, device=device), k_cache[:0], k_cache[:0], cache_seqlens=0
+    )
+    assert empty.shape == (0, 1, 2, 16)
+    v_cache = torch.zeros_like(k_cache)
+    k_new, v_new = torch.ones(1, 2, 1, 16, device=device), torch.full((1, 2, 1, 16), 2.0, device=device)
+    out, lse = flash_attention_with_kvcache(
+        torch.randn(1, 0, 2, 16, device=device), k_cache, v_cache, cache_seqlens=3, k=k_new, v=v_new,
+        return_lse=True,
+    )  # fmt: skip
+    assert out.shape == (1, 0, 2, 16) and lse.shape == (1, 2, 0)
+    assert torch.equal(k_cache[0, 3:5], k_new[0]) and torch.equal(v_cache[0, 3:5], v_new[0])
+    assert k_cache[0, :3].eq(0).all() and k_cache[0, 5:].eq(0).all()
+
+
+def test_profiler_counts_the_visible_cache_of_each_sequence():
+    """The op table's cost of a decode call is the model's cost summed over the ragged sequences."""
+    from llm_speed import ops
+    from llm_speed.attention.decode import kvcache_probe
+    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+    from llm_speed.profiler import CUDAProfiler
+
+    profiler = CUDAProfiler("cpu")
+    with profiler.profile("decode"):
+        kvcache_probe(torch.device("cpu"))
+    metrics = profiler.get_metrics()
+    # the probe: 40 and 25 cached tokens, one appended; 4 query / 2 KV heads of 32 in fp32
+    costs = [kvcache_decode_cost(1, 4, 1, n, 32, heads_kv=2, dtype="fp32", seq_new=1) for n in (41, 26)]
+    assert metrics.flops == pytest.approx(sum(c.flops for c in costs))
+    assert metrics.bytes_moved == pytest.approx(sum(c.bytes_moved for c in costs))
+    assert ops.get("attention_kvcache_fwd").probe is not None

@@ -1,0 +1,56 @@
+"""GPU-scale KV-cache decode (contexts 1k-16k, head_dim 64/128, fp16/bf16, dense and paged), CUDA only.
+
+Every sequence is checked against float64 with the 2x rule against PyTorch SDPA in the same dtype over the
+same dense keys (one query row per head: SDPA without is_causal sees every key, as decode does).
+"""
+
+import pytest
+import torch
+from attention_testing import ERROR_CAP, max_error
+
+from llm_speed import flash_attention_with_kvcache
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+DEVICE = "cuda"
+
+
+@pytest.mark.parametrize("context", [1024, 16384])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page_size", [None, 256])
+@pytest.mark.parametrize("batch", [1, 32])
+def test_decode_against_float64_and_sdpa(context, head_dim, dtype, page_size, batch):
+    heads_q, heads_kv = 32, 8
+    lens = torch.randint(context // 2, context, (batch,), dtype=torch.int32, device=DEVICE)
+    lens[0] = context - 1  # one sequence fills the cache after the append
+    keys = torch.randn(batch, context, heads_kv, head_dim, device=DEVICE, dtype=dtype)
+    values = torch.randn_like(keys)
+    q = torch.randn(batch, 1, heads_q, head_dim, device=DEVICE, dtype=dtype)
+    k_new, v_new = (
+        keys[torch.arange(batch), lens.long()][:, None],
+        values[torch.arange(batch), lens.long()][:, None],
+    )
+    if page_size is None:
+        k_cache, v_cache, table = keys.clone(), values.clone(), None
+    else:
+        pages = context // page_size
+        table = torch.randperm(batch * pages, device=DEVICE).to(torch.int32).reshape(batch, pages)
+        k_cache = torch.empty(batch * pages, page_size, heads_kv, head_dim, device=DEVICE, dtype=dtype)
+        v_cache = torch.empty_like(k_cache)
+        k_cache[table.flatten().long()] = keys.reshape(batch * pages, page_size, heads_kv, head_dim)
+        v_cache[table.flatten().long()] = values.reshape(batch * pages, page_size, heads_kv, head_dim)
+    out = flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new, block_table=table
+    )
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for b in range(batch):
+        n = int(lens[b]) + 1
+        k_b, v_b = keys[b, :n].transpose(0, 1)[None], values[b, :n].transpose(0, 1)[None]
+        q_b = q[b].transpose(0, 1)[None]
+        truth = sdpa(q_b.double(), k_b.double(), v_b.double(), enable_gqa=True)
+        same = sdpa(q_b, k_b, v_b, enable_gqa=True)
+        err, err_sdpa = max_error(out[b].transpose(0, 1)[None], truth), max_error(same, truth)
+        assert err <= 2 * err_sdpa + ERROR_CAP[dtype], (b, err, err_sdpa)
