@@ -10,7 +10,7 @@
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
 #   results.tar.gz              every log (pytest -v -rfE), junit XML, benchmark JSON and plot
-# The summaries and archive are rewritten after every sub-step; sub-step caps sum to the step's budget, so a
+# The summaries and archive are rewritten after every sub-step; sub-step caps fit the step's budget, so a
 # cut sub-step is stopped by its cap (SIGINT: pytest still writes its junit) and the rest still runs.
 #
 #   benchmarks/run_gpu_suite.sh STEP OUTDIR             run (needs a CUDA GPU)
@@ -133,7 +133,7 @@ sub() {
     fi
 }
 
-# pytest_args NAME: the common flags; junit NAME.xml in RAW. --check only collects.
+# Flags of every pytest sub-step (each adds its own --junitxml in RAW); --check only collects.
 PYTEST_COMMON=(-p no:cacheprovider -v -rfE --durations=15)
 if [ "$MODE" = check ]; then PYTEST_COMMON+=(--collect-only -q); fi
 if [ "$MODE" = run ] && "$PY" -c "import pytest_timeout" 2>/dev/null; then

@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "run_gpu_suite.sh"
@@ -78,6 +79,14 @@ def test_sub_step_caps_fit_each_device_command(tmp_path):
         # + the kill grace and the versions/packing around them; the machine's start takes about 90 s
         assert sum(caps) - background + 30 <= DEVICE_COMMAND_LIMIT_S - 90, (step, caps)
     assert _suite(tmp_path, "--dry-run", "everything").returncode == 2
+    assert not list(tmp_path.glob("llm-speed-suite.*"))  # a dry run writes nothing
+
+
+@needs_bash
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_a_real_run_without_a_gpu_is_refused(tmp_path):
+    result = _suite(tmp_path, "quick", str(tmp_path / "out"))
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr
 
 
 def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
