@@ -132,6 +132,19 @@ def _strides(t: torch.Tensor, packed: Packed | None) -> tuple[int, int, int]:
     return 0, t.stride(1), t.stride(0)
 
 
+_ROW_LETTER = {"q": "m", "o": "m", "do": "m", "dq": "m", "k": "n", "v": "n", "dk": "n", "dv": "n"}
+
+
+def _stride_args(packed: Packed | None, **tensors: torch.Tensor) -> dict:
+    """Keyword stride arguments ``stride_<name>b/h/<row>`` of each named tensor, as the kernels spell them."""
+    args = {}
+    for name, t in tensors.items():
+        stride_b, stride_h, stride_row = _strides(t, packed)
+        args.update({f"stride_{name}b": stride_b, f"stride_{name}h": stride_h})
+        args[f"stride_{name}{_ROW_LETTER[name]}"] = stride_row
+    return args
+
+
 def _lse_strides(lse: torch.Tensor, packed: Packed | None) -> tuple[int, int]:
     """(batch, head) strides of a row statistic: dense ``[B, H, S]``, packed ``[H, T]``."""
     return (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
@@ -190,18 +203,10 @@ def forward(q, k, v, masking: Masking, scale: float, two_pass: bool = False, pac
     grid, grid_args = _grid(
         seq_q, config.block_m, batch, heads_q, packed, packed.cu_seqlens_q if packed else None
     )
-    stride_qb, stride_qh, stride_qm = _strides(q, packed)
-    stride_kb, stride_kh, stride_kn = _strides(k, packed)
-    stride_vb, stride_vh, stride_vn = _strides(v, packed)
-    stride_ob, stride_oh, stride_om = _strides(out, packed)
     stride_lb, stride_lh = _lse_strides(lse, packed)
     kernels._attention_fwd_kernel[grid](
         Q=q, K=k, V=v, O=out, LSE=lse, **_sequence_args(q, packed), **grid_args,
-        stride_qb=stride_qb, stride_qh=stride_qh, stride_qm=stride_qm,
-        stride_kb=stride_kb, stride_kh=stride_kh, stride_kn=stride_kn,
-        stride_vb=stride_vb, stride_vh=stride_vh, stride_vn=stride_vn,
-        stride_ob=stride_ob, stride_oh=stride_oh, stride_om=stride_om,
-        stride_lb=stride_lb, stride_lh=stride_lh,
+        **_stride_args(packed, q=q, k=k, v=v, o=out), stride_lb=stride_lb, stride_lh=stride_lh,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **masking.kernel_args(scale),
         TWO_PASS=two_pass,
@@ -244,74 +249,48 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
     fwd_cfg = forward_config(block_d, q.dtype)
     delta = new_output(lse.shape, torch.float32, q.device)
-    stride_ob, stride_oh, stride_om = _strides(out, packed)
-    stride_dob, stride_doh, stride_dom = _strides(dout, packed)
     rows_batch = batch if packed is None else 1
     kernels._flash_bwd_preprocess_kernel[(triton.cdiv(seq_q, fwd_cfg.block_m) * rows_batch * heads_q,)](
         O=out, DO=dout, DLSE=dlse if dlse is not None else delta, DELTA=delta,
-        stride_ob=stride_ob, stride_oh=stride_oh, stride_om=stride_om,
-        stride_dob=stride_dob, stride_doh=stride_doh, stride_dom=stride_dom,
-        stride_lb=stride_lb, stride_lh=stride_lh, heads_q=heads_q, seq_q=seq_q, head_dim=head_dim,
+        **_stride_args(packed, o=out, do=dout), stride_lb=stride_lb, stride_lh=stride_lh,
+        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim,
         HAS_DLSE=dlse is not None, EVEN_M=seq_q % fwd_cfg.block_m == 0, EVEN_D=even_d,
         BLOCK_M=fwd_cfg.block_m, BLOCK_D=block_d,
     )  # fmt: skip
     _runtime.record_launch(KERNEL_BACKWARD_PREPROCESS)
 
-    stride_qb, stride_qh, stride_qm = _strides(q, packed)
-    stride_kb, stride_kh, stride_kn = _strides(k, packed)
-    stride_vb, stride_vh, stride_vn = _strides(v, packed)
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
-    stride_dkb, stride_dkh, stride_dkn = _strides(dk, packed)
-    stride_dvb, stride_dvh, stride_dvn = _strides(dv, packed)
+    dq = new_output(q.shape, q.dtype, q.device)
     cfg = backward_config(block_d, q.dtype)
+    # What the dK/dV and dQ kernels share: inputs, strides, sizes, masking and dtype switches.
+    common = dict(
+        Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, **sequences,
+        **_stride_args(packed, q=q, k=k, v=v, do=dout), stride_lb=stride_lb, stride_lh=stride_lh,
+        group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim, **mask_args,
+        IS_VARLEN=packed is not None, EVEN_D=even_d, **switches, BLOCK_D=block_d,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
     grid, grid_args = _grid(
         seq_kv, cfg.block_n, batch, heads_kv, packed, packed.cu_seqlens_k if packed else None
     )
     kernels._flash_bwd_dkdv_kernel[grid](
-        Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, **sequences, **grid_args,
-        stride_qb=stride_qb, stride_qh=stride_qh, stride_qm=stride_qm,
-        stride_kb=stride_kb, stride_kh=stride_kh, stride_kn=stride_kn,
-        stride_vb=stride_vb, stride_vh=stride_vh, stride_vn=stride_vn,
-        stride_dob=stride_dob, stride_doh=stride_doh, stride_dom=stride_dom,
-        stride_dkb=stride_dkb, stride_dkh=stride_dkh, stride_dkn=stride_dkn,
-        stride_dvb=stride_dvb, stride_dvh=stride_dvh, stride_dvn=stride_dvn,
-        stride_lb=stride_lb, stride_lh=stride_lh,
-        heads_kv=heads_kv, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
-        **mask_args,
-        IS_VARLEN=packed is not None,
+        **common, **grid_args, DK=dk, DV=dv, **_stride_args(packed, dk=dk, dv=dv), heads_kv=heads_kv,
         EVEN_M=packed is None and seq_q % cfg.block_m == 0,
         EVEN_N=packed is None and seq_kv % cfg.block_n == 0,
-        EVEN_D=even_d,
-        **switches,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
     _runtime.record_launch(KERNEL_BACKWARD_DKDV)
 
-    dq = new_output(q.shape, q.dtype, q.device)
-    stride_dqb, stride_dqh, stride_dqm = _strides(dq, packed)
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(
         seq_q, cfg.block_n, batch, heads_q, packed, packed.cu_seqlens_q if packed else None
     )
     kernels._flash_bwd_dq_kernel[grid](
-        Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, **sequences, **grid_args,
-        stride_qb=stride_qb, stride_qh=stride_qh, stride_qm=stride_qm,
-        stride_kb=stride_kb, stride_kh=stride_kh, stride_kn=stride_kn,
-        stride_vb=stride_vb, stride_vh=stride_vh, stride_vn=stride_vn,
-        stride_dob=stride_dob, stride_doh=stride_doh, stride_dom=stride_dom,
-        stride_dqb=stride_dqb, stride_dqh=stride_dqh, stride_dqm=stride_dqm,
-        stride_lb=stride_lb, stride_lh=stride_lh,
-        heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
-        **mask_args,
-        IS_VARLEN=packed is not None,
+        **common, **grid_args, DQ=dq, **_stride_args(packed, dq=dq), heads_q=heads_q,
         EVEN_M=packed is None and seq_q % cfg.block_n == 0,
         EVEN_N=packed is None and seq_kv % cfg.block_m == 0,
-        EVEN_D=even_d,
-        **switches,
-        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, BLOCK_D=block_d,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
     )  # fmt: skip
     _runtime.record_launch(KERNEL_BACKWARD_DQ)
     return dq, dk, dv
