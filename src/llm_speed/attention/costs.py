@@ -16,9 +16,7 @@ from typing import Any
 
 from ..perf._checks import attention_shape, positive_int
 from ..perf.gpus import dtype_bytes
-from ..perf.kernel_costs import BACKWARD_TO_FORWARD_FLOPS, SOFTMAX_STATS_BYTES, KernelCost
-
-MODES = ("fwd", "bwd", "fwd+bwd")
+from ..perf.kernel_costs import ATTENTION_MODES, BACKWARD_TO_FORWARD_FLOPS, SOFTMAX_STATS_BYTES, KernelCost
 
 
 def window_visible_pairs(
@@ -42,8 +40,8 @@ def window_visible_pairs(
 
 
 def _cost(forward_flops, q_elems, kv_elems, rows, element, mode) -> KernelCost:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
     forward = KernelCost(
         float(forward_flops), float(element * (2 * q_elems + 2 * kv_elems) + SOFTMAX_STATS_BYTES * rows)
     )
