@@ -188,3 +188,22 @@ def test_opcheck_and_compile_fullgraph(device):
         compiled(*traced).backward()
     for a, b in zip(eager, traced, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_cpu_without_interpreter_runs_the_reference_per_sequence(monkeypatch):
+    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    q, k, v, cu_q, cu_k = packed_inputs([0, 9, 1, 20], [4, 0, 7, 20], 4, 2, 16, torch.float16, "cpu")
+    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    dlse = torch.randn(q.shape[1], q.shape[0])
+    truth = dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, torch.float64, is_causal=True, softcap=2.0)
+    same = dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, q.dtype, is_causal=True, softcap=2.0)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attention_varlen(
+        *leaves, cu_q, cu_k, 20, 20, is_causal=True, softcap=2.0, return_lse=True
+    )
+    ((out * dout).sum() + torch.where(torch.isfinite(lse), lse * dlse, 0).sum()).backward()
+    got = (out.detach(), lse.detach(), *(t.grad for t in leaves))
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        assert_error_rule(name, got[i], same[i], truth[i], 2.0 if i < 2 else 3.0, q.dtype)
+    assert all(_runtime.launch_count(name) == count for name, count in before.items())

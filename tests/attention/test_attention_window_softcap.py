@@ -187,3 +187,14 @@ def test_opcheck_and_compile_with_window_and_softcap(device):
     compiled(*traced).backward()
     for a, b in zip(eager, traced, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_cpu_without_interpreter_runs_the_reference_with_options(monkeypatch):
+    # CPU tensors when Triton cannot run: the float32 reference, its backward written out (autograd does
+    # not record inside an operator), with window, softcap, GQA and LSE gradients; no kernel launches.
+    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    q, k, v = make_qkv(2, 4, 2, 30, 45, 16, torch.float16, "cpu", scale_q=4.0)
+    check_rule(flash_attention, q, k, v, is_causal=True, window=(9, None), softcap=3.0)
+    check_rule(tiled_attention, q, k, v, window=(None, 2))
+    assert all(_runtime.launch_count(name) == count for name, count in before.items())
