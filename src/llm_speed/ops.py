@@ -127,14 +127,46 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
     """Cost of an attention call reported as ``(q=[B, Hq, Sq, D], k=[B, Hkv, Skv, D], is_causal=bool)``,
     with the DRAM-traffic model of ``impl`` (see :func:`llm_speed.perf.kernel_costs.attention_cost`)."""
 
-    def cost(*, q: Any, k: Any, is_causal: bool, **_: Any) -> Work | None:
+    def cost(*, q: Any, k: Any, is_causal: bool, window: Any = None, **_: Any) -> Work | None:
         if q.numel() == 0 or k.numel() == 0:
             return None
         batch, heads_q, seq_q, head_dim = q.shape
+        if window is not None and window != (None, None):
+            # A window shrinks the FLOPs to the visible pairs (flash's minimum bytes are unchanged).
+            from llm_speed.attention.costs import window_attention_cost
+
+            total = window_attention_cost(
+                batch, heads_q, seq_q, k.shape[2], head_dim, heads_kv=k.shape[1], dtype=q.dtype,
+                is_causal=bool(is_causal), window=window, mode=mode,
+            )  # fmt: skip
+            return Work(total.flops, total.bytes_moved, q.dtype, q.device)
         total = attention_cost(
             batch, heads_q, seq_q, k.shape[2], head_dim,
             heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode=mode, impl=impl,
             score_dtype=ATTENTION_SCORE_DTYPES.get(impl),
+        )  # fmt: skip
+        return Work(total.flops, total.bytes_moved, q.dtype, q.device)
+
+    return cost
+
+
+def varlen_work(mode: str) -> Callable[..., Work | None]:
+    """Cost of a packed-sequence call reported as ``(q=[Tq, Hq, D], k=[Tk, Hkv, D], cu_seqlens_q=,
+    cu_seqlens_k=, is_causal=, window=)``: FLOPs summed per sequence
+    (:func:`llm_speed.attention.costs.varlen_attention_cost`). Reads the lengths on the host: profiler only.
+    """
+
+    def cost(*, q: Any, k: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: bool, window: Any = None,
+             **_: Any) -> Work | None:  # fmt: skip
+        from llm_speed.attention.costs import varlen_attention_cost
+
+        if q.numel() == 0 or k.numel() == 0:
+            return None
+        lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+        lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+        total = varlen_attention_cost(
+            lengths_q, lengths_k, q.shape[1], q.shape[2], heads_kv=k.shape[1], dtype=q.dtype,
+            is_causal=bool(is_causal), window=window, mode=mode,
         )  # fmt: skip
         return Work(total.flops, total.bytes_moved, q.dtype, q.device)
 
@@ -287,6 +319,14 @@ OPS: tuple[Op, ...] = (
         "naive_attention", "llm_speed.attention.naive:naive_attention", attention_work("naive", "fwd"),
         probe=attention_probe("llm_speed.attention.naive:naive_attention"), bench="attention",
         bench_name="naive", plain_pytorch=True, example=attention_example, baseline=_SDPA,
+    ),
+    Op(
+        "flash_attention_varlen", "llm_speed.attention.varlen:flash_attention_varlen", varlen_work("fwd"),
+        probe="llm_speed.attention.varlen:varlen_probe", label="flash_attention_varlen (packed)",
+    ),
+    Op(
+        "flash_attention_varlen_backward", "llm_speed.attention.varlen:flash_attention_varlen",
+        varlen_work("bwd"),
     ),
     # The out-of-memory fallback of safe_flash_attention, costed as a materialising kernel in q's dtype
     # (SDPA's real traffic depends on the backend torch picks).

@@ -23,7 +23,8 @@ from triton.compiler import ASTSource
 from llm_speed.attention import configs, kernels
 
 FP32_POINTERS = ("LSE", "DELTA", "DLSE")
-FLOAT_ARGS = ("qk_scale_log2", "scale")
+INT_POINTERS = ("CU_Q", "CU_K", "BLOCK_STARTS")  # packed sequences: int32 offsets
+FLOAT_ARGS = ("qk_scale_log2", "scale", "softcap")
 
 
 def _signature(kernel, element, constexprs):
@@ -32,7 +33,8 @@ def _signature(kernel, element, constexprs):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.isupper():  # tensors are the upper-case parameters
-            signature[name] = "*fp32" if name in FP32_POINTERS else f"*{element}"
+            pointee = "fp32" if name in FP32_POINTERS else "i32" if name in INT_POINTERS else element
+            signature[name] = f"*{pointee}"
         else:
             signature[name] = "fp32" if name in FLOAT_ARGS else "i32"
     return signature
@@ -86,8 +88,16 @@ def jobs():
 def main(arch: int) -> None:
     target = GPUTarget("cuda", arch, 32)
     for tier, element, is_causal, block_d, kernel, block_m, block_n, config, switches in jobs():
+        # Causal rows compile the richest masking (a sliding window with softcap); the bf16 rows the packed
+        # (varlen) variant; non-causal rows the plain kernel.
+        varlen = element == "bf16"
         constexprs = dict(
-            IS_CAUSAL=is_causal,
+            HAS_LEFT=is_causal,
+            HAS_RIGHT=is_causal,
+            SOFTCAP=is_causal,
+            IS_VARLEN=varlen,
+            BLOCK_B=16 if varlen else 1,
+            RNE_BY_HAND=False,
             EVEN_M=False,
             EVEN_N=False,
             EVEN_D=False,
@@ -108,6 +118,7 @@ def main(arch: int) -> None:
             "kernel": kernel.fn.__name__ + ("_two_pass" if switches.get("TWO_PASS") else ""),
             "dtype": element,
             "causal": is_causal,
+            "varlen": varlen,
             "block_d": block_d,
             "shared_bytes": compiled.metadata.shared,
             **_resource_usage(compiled.asm["cubin"]),

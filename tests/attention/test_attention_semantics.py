@@ -16,7 +16,7 @@ from attention_testing import (
 )
 
 from llm_speed import _runtime, flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import blockwise, launch
+from llm_speed.attention import flash, launch
 from llm_speed.attention.reference import causal_visible, reference_attention
 from llm_speed.attention.validation import prepare_attention_inputs
 
@@ -195,17 +195,15 @@ def test_dispatch_runs_the_triton_kernels(device):
         assert _runtime.launch_count(name) == count + 1, name
 
 
-def test_cpu_without_interpreter_runs_the_blockwise_algorithm(monkeypatch):
-    # With Triton unavailable for CPU tensors, the same blockwise algorithm runs in PyTorch (no launch).
+def test_cpu_without_interpreter_runs_the_reference(monkeypatch):
+    # With Triton unavailable for CPU tensors, the PyTorch reference runs in float32 (no launch).
     monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
     before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
-    q, k, v = make_qkv(2, 4, 2, 70, 150, 40, torch.float16, "cpu")  # 150 keys: three blocks of 64
+    q, k, v = make_qkv(2, 4, 2, 70, 150, 40, torch.float16, "cpu")
     with pytest.MonkeyPatch.context() as patch:
         calls = []
-        real = blockwise.flash_forward_blockwise
-        patch.setattr(
-            blockwise, "flash_forward_blockwise", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-        )
+        real = flash.reference_forward
+        patch.setattr(flash, "reference_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
         check_against_reference(flash_attention, q, k, v, is_causal=True, dlse=True)
         assert calls
     check_against_reference(tiled_attention, q, k, v, is_causal=True)
@@ -240,32 +238,11 @@ def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     run_with_grads(flash_attention, q, k, v, torch.randn(q.shape, dtype=q.dtype, device=device))
     if not _runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    assert len(grids) == 4  # forward, backward preprocess, dK/dV, dQ
-    for n_rows, block, batch_heads in grids:
-        assert batch_heads in (3 * 4, 3 * 2) and n_rows in (37, 21)
-        assert real_grid(n_rows, block, batch_heads) == (-(-n_rows // block) * batch_heads,)
-
-
-@pytest.mark.parametrize("seq_q, seq_kv", [(70, 150), (150, 70), (64, 64)])
-def test_blockwise_builds_causal_masks_per_tile_only(seq_q, seq_kv, monkeypatch):
-    # The CPU path must not build the seq_q x seq_kv mask: each tile's mask equals its slice of the full one.
-    full = causal_visible(seq_q, seq_kv)
-    shapes = []
-    real = blockwise.tile_visible
-
-    def recorded(*args, **kwargs):
-        mask = real(*args, **kwargs)
-        shapes.append(mask.shape)
-        return mask
-
-    monkeypatch.setattr(blockwise, "tile_visible", recorded)
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
-    q, k, v = make_qkv(1, 2, 1, seq_q, seq_kv, 16, torch.float32, "cpu")
-    run_with_grads(flash_attention, q, k, v, torch.randn(q.shape), is_causal=True)
-    assert shapes and all(rows <= blockwise.BLOCK and cols <= blockwise.BLOCK for rows, cols in shapes)
-    for m0 in range(0, seq_q, 50):
-        rows, cols = slice(m0, min(m0 + 50, seq_q)), slice(3, min(90, seq_kv))
-        assert torch.equal(real(rows, cols, seq_q, seq_kv), full[rows, cols])
+    assert len(grids) == 3  # forward, dK/dV, dQ (the preprocess grid is one block per row block too)
+    for n_rows, block, batch, heads, packed, _ in grids:
+        assert batch == 3 and heads in (4, 2) and n_rows in (37, 21) and packed is None
+        grid, _ = real_grid(n_rows, block, batch, heads, None, None)
+        assert grid == (-(-n_rows // block) * batch * heads,)
 
 
 def test_strided_views_are_read_in_place_without_a_copy():

@@ -1,6 +1,7 @@
-"""Attention: naive (score matrix in memory), tiled (two passes over K), FlashAttention (online softmax).
+"""Attention: naive (score matrix in memory), tiled (two passes over K), FlashAttention (online softmax),
+and FlashAttention over packed variable-length sequences.
 
-All three share one signature and semantics; ``reference.reference_attention`` is the plain PyTorch spec.
+All share one semantics; ``reference.reference_attention`` is the plain PyTorch spec.
 """
 
 from .decode import flash_attention_with_kvcache
@@ -8,9 +9,11 @@ from .flash import flash_attention
 from .naive import naive_attention
 from .tiled import tiled_attention
 from .validation import validate_attention_inputs
+from .varlen import flash_attention_varlen
 
 __all__ = [
     "flash_attention",
+    "flash_attention_varlen",
     "flash_attention_with_kvcache",
     "naive_attention",
     "tiled_attention",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
-from .reference import causal_visible, softmax_times_values
-from .validation import prepare_attention_inputs
+from .reference import apply_softcap, softmax_times_values, visible
+from .validation import check_flag, check_softcap, check_window, prepare_attention_inputs, suggest_keywords
 
 
+@suggest_keywords
 def naive_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -17,11 +18,14 @@ def naive_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
 ):
     """Attention with the ``[batch, heads_q, seq_q, seq_kv]`` score matrix materialised, in plain PyTorch ops.
 
-    Same signature and semantics as :func:`llm_speed.flash_attention` (bottom-right causal mask, rows that see
-    no key give 0 and LSE -inf, GQA/MQA by folding each query group into the rows, so K/V are not repeated).
+    Same signature and semantics as :func:`llm_speed.flash_attention` (bottom-right causal mask, ``window``
+    and ``softcap``, rows that see no key give 0 and LSE -inf, GQA/MQA by folding each query group into the
+    rows, so K/V are not repeated).
     Scores, softmax and accumulation are float32; the output has q's dtype; the LSE is float32.
     Differentiable through autograd (plain torch ops).
 
@@ -31,8 +35,11 @@ def naive_attention(
     matmul). That quadratic traffic is what tiling removes.
     Runs on any device; on CPU it is ordinary PyTorch.
     """
+    is_causal, return_lse = check_flag("is_causal", is_causal), check_flag("return_lse", return_lse)
+    window, softcap = check_window(window), check_softcap(softcap)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    _runtime.report_work("naive_attention", q=q, k=k, is_causal=is_causal)  # for the profiler (llm_speed.ops)
+    # for the profiler (llm_speed.ops)
+    _runtime.report_work("naive_attention", q=q, k=k, is_causal=is_causal, window=window)
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -40,10 +47,10 @@ def naive_attention(
     # are used as they are (a broadcast batch dim would make matmul copy them G times).
     q32 = q.float().reshape(batch, heads_kv, group * seq_q, head_dim)
     k32, v32 = k.float(), v.float()
-    scores = (q32 @ k32.transpose(-1, -2)) * scale
-    if is_causal:
-        visible = causal_visible(seq_q, seq_kv, q.device).repeat(group, 1)
-        scores = scores.masked_fill(~visible, float("-inf"))
+    scores = apply_softcap((q32 @ k32.transpose(-1, -2)) * scale, softcap)
+    if is_causal or window is not None:
+        mask = visible(seq_q, seq_kv, is_causal=is_causal, window=window, device=q.device).repeat(group, 1)
+        scores = scores.masked_fill(~mask, float("-inf"))
     out, lse = softmax_times_values(scores, v32)
     out = out.reshape(batch, heads_q, seq_q, head_dim).to(q.dtype)
     lse = lse.reshape(batch, heads_q, seq_q)

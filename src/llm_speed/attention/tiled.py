@@ -5,14 +5,22 @@ from __future__ import annotations
 import torch
 
 from . import flash
-from .validation import prepare_attention_inputs
+from .validation import prepare_attention_inputs, suggest_keywords
 
 
 @torch.library.custom_op("llm_speed::tiled_attention_forward", mutates_args=())
 def _tiled_forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    window_left: int | None = None,
+    window_right: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash.forward_impl(q, k, v, is_causal, scale, two_pass=True)
+    mask = flash.masking(is_causal, window_left, window_right, softcap)
+    return flash.forward_impl(q, k, v, mask, scale, two_pass=True)
 
 
 # Same outputs as the flash forward, and the same backward: it needs only Q, K, V, O and the LSE.
@@ -20,6 +28,7 @@ _tiled_forward_op.register_fake(flash.forward_fake)
 _tiled_forward_op.register_autograd(flash.backward, setup_context=flash.setup_context)
 
 
+@suggest_keywords
 def tiled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -28,11 +37,14 @@ def tiled_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
 ):
     """Attention that tiles K/V through on-chip memory in two passes, without online softmax.
 
     Same signature and semantics as :func:`llm_speed.flash_attention` (shapes, GQA, bottom-right causal mask,
-    rows with no visible key -> 0 and LSE -inf, dtypes, strides, zero sizes, validation).
+    ``window`` and ``softcap``, rows with no visible key -> 0 and LSE -inf, dtypes, strides, zero sizes,
+    validation).
 
     Each Triton program holds one block of query rows. Pass 1 streams every K tile to find the row max of the
     scores; pass 2 streams K again together with V, summing exp(s - max) and exp(s - max) @ V; the output is
@@ -42,10 +54,13 @@ def tiled_attention(
     naive attention; FlashAttention's online softmax removes the second read of K.
 
     Autograd: the backward is FlashAttention's backward kernels (they recompute from Q, K, V, O, LSE).
-    CPU tensors run the Triton kernel under the interpreter, otherwise the same two-pass algorithm blockwise
-    in PyTorch. Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
+    CPU tensors run the Triton kernel under the interpreter, otherwise the PyTorch reference in float32.
+    Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
     implementation and autograd included), so ``torch.compile(fullgraph=True)`` captures it.
     """
+    is_causal, return_lse, (left, right), softcap = flash.check_options(
+        is_causal, return_lse, window, softcap
+    )
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _tiled_forward_op(q, k, v, bool(is_causal), scale)
+    out, lse = _tiled_forward_op(q, k, v, is_causal, scale, left, right, softcap)
     return (out, lse) if return_lse else out

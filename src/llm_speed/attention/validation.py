@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 
+import numpy as np
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = 256
+
+
+def _check_qkv(q, k, v, layout: str) -> None:
+    """Checks shared by the dense and packed layouts: tensors of ``len(layout)`` dims, one accepted dtype and
+    device, k and v alike, heads (dim 1) grouped, head_dim (last) matching and supported."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    rank = layout.count(",") + 1
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(tensor.shape)}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {tensor.dtype}; accepted: float16, bfloat16, float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape {layout}, got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    head_dim = q.shape[-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k and v head_dim ({k.shape[-1]}) must equal q head_dim ({head_dim})")
+    if head_dim % HEAD_DIM_MULTIPLE != 0 or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"q head_dim is {head_dim}; accepted: a multiple of {HEAD_DIM_MULTIPLE} "
+            f"from {HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}"
+        )
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_q < 1 or heads_kv < 1:
+        raise ValueError(f"q heads ({heads_q}) and k/v heads ({heads_kv}) must be at least 1")
+    if heads_q % heads_kv != 0:
+        raise ValueError(
+            f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) (MHA, GQA or MQA)"
+        )
 
 
 def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -19,44 +60,54 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     heads_q a multiple of heads_kv (heads >= 1); head_dim a multiple of 8 from 8 to 256; one dtype among
     float16, bfloat16, float32 for all three; all three on one device. Batch and sequence lengths may be 0.
     """
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dim() != 4:
-            raise ValueError(
-                f"{name} must have 4 dims [batch, heads, seq, head_dim], got shape {tuple(tensor.shape)}"
-            )
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {tensor.dtype}; accepted: float16, bfloat16, float32")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    _check_qkv(q, k, v, "[batch, heads, seq, head_dim]")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k and v batch ({k.shape[0]}) must equal q batch ({q.shape[0]})")
 
-    batch, heads_q, _, head_dim = q.shape
-    if k.shape != v.shape:
+
+def validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    """Checks of the packed layout that need no read of tensor values (those are in
+    :func:`check_seqlens_values`): q ``[total_q, heads_q, head_dim]``, k/v ``[total_k, heads_kv, head_dim]``
+    as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0."""
+    _check_qkv(q, k, v, "[total, heads, head_dim]")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (int32 [batch + 1]), got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must have dtype torch.int32 (flash-attn's layout), got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D [batch + 1] with at least one entry, got {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(
-            f"k and v must have the same shape [batch, heads_kv, seq_kv, head_dim], "
-            f"got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got {tuple(cu_seqlens_q.shape)} and "
+            f"{tuple(cu_seqlens_k.shape)}"
         )
-    if k.shape[0] != batch:
-        raise ValueError(f"k and v batch ({k.shape[0]}) must equal q batch ({batch})")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k and v head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
-    if head_dim % HEAD_DIM_MULTIPLE != 0 or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"q head_dim is {head_dim}; accepted: a multiple of {HEAD_DIM_MULTIPLE} "
-            f"from {HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}"
-        )
-    heads_kv = k.shape[1]
-    if heads_q < 1 or heads_kv < 1:
-        raise ValueError(f"q heads ({heads_q}) and k/v heads ({heads_kv}) must be at least 1")
-    if heads_q % heads_kv != 0:
-        raise ValueError(
-            f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) (MHA, GQA or MQA)"
-        )
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_q: int, max_k: int):
+    """Reject cu_seqlens whose values do not describe the packed tensors: 0 first, non-decreasing, last =
+    total, no sequence longer than max_seqlen. Reads both tensors to the host once."""
+    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().tolist()
+    for name, values, total, longest in (
+        ("cu_seqlens_q", both[0], total_q, max_q),
+        ("cu_seqlens_k", both[1], total_k, max_k),
+    ):
+        if values[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {values[0]}")
+        lengths = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"{name} must be non-decreasing, got {values}")
+        if values[-1] != total:
+            raise ValueError(f"{name} must end at the packed length {total}, got {values[-1]}")
+        if lengths and max(lengths) > longest:
+            raise ValueError(
+                f"max_seqlen_{name[-1]} is {longest} but {name} has a sequence of length {max(lengths)}"
+            )
 
 
 def prepare_attention_inputs(
@@ -67,14 +118,64 @@ def prepare_attention_inputs(
     Other strides are kept as they are: the kernels take any stride for batch, heads and sequence.
     """
     validate_attention_inputs(q, k, v)
+    return last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), check_scale(scale, q)
+
+
+def check_scale(scale, q: torch.Tensor) -> float:
+    """``scale``: None (``1 / sqrt(head_dim)``) or a finite real number; returned as a float."""
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        return 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
+    if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    q, k, v = (t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in (q, k, v))
-    return q, k, v, float(scale)
+    return float(scale)
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim is contiguous (stride 1, or a single element), else a contiguous copy.
+
+    The kernels take any stride for batch, heads and rows but assume unit stride along head_dim.
+    """
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def check_flag(name: str, value) -> bool:
+    """A flag must be a real bool (NumPy bools accepted): ``is_causal="no"`` would otherwise run as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
+    return bool(value)
+
+
+# Argument names users bring from flash-attn and PyTorch SDPA, and what to say instead of a bare
+# "unexpected keyword argument".
+_KNOWN_NAMES = {
+    "causal": "did you mean is_causal=? (flash-attn's name)",
+    "softmax_scale": "did you mean scale=? (flash-attn's name)",
+    "window_size": "did you mean window=(left, right)? (flash-attn's window_size, with None for -1)",
+    "return_attn_probs": "did you mean return_lse=? (the probabilities are never stored)",
+    "return_softmax_lse": "did you mean return_lse=?",
+    "attn_mask": "arbitrary masks are not supported; use is_causal= and/or window=(left, right)",
+    "dropout_p": "attention dropout is not supported (inference and dropout-free training only)",
+    "enable_gqa": "not needed: GQA/MQA is used whenever k/v have fewer heads than q",
+    "softcapping": "did you mean softcap=?",
+    "sliding_window": "did you mean window=(W - 1, 0) with is_causal=True?",
+}
+
+
+def suggest_keywords(fn):
+    """Wrap a public attention function so unknown keywords from flash-attn or SDPA get the right name."""
+    accepted = set(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for name in kwargs:
+            if name not in accepted:
+                hint = _KNOWN_NAMES.get(name, f"accepted keywords: {', '.join(sorted(accepted))}")
+                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}: {hint}")
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def check_window(window) -> tuple[int | None, int | None] | None:
