@@ -101,6 +101,7 @@ def test_doctor_probes_every_probed_row():
         "flash_attention (backward)",
         "tiled_attention",
         "naive_attention",
+        "flash_attention_varlen (packed)",
         "flash_attention_with_kvcache (paged decode)",
         "gemm",
         "tensor_core_gemm",

@@ -20,6 +20,7 @@ _EXPORTS = {
     "tiled_attention": "llm_speed.attention",
     "validate_attention_inputs": "llm_speed.attention",
     "flash_attention_with_kvcache": "llm_speed.attention",
+    "flash_attention_varlen": "llm_speed.attention",
     # GEMM kernels
     "gemm": "llm_speed.matmul",
     "tensor_core_gemm": "llm_speed.matmul",

@@ -44,3 +44,28 @@ def test_varlen_is_the_sum_of_its_sequences():
     assert packed.flops == flops
     with pytest.raises(ValueError, match="one entry per sequence"):
         varlen_attention_cost([1, 2], [1], 4, 64)
+
+
+def test_profiler_counts_windowed_and_packed_work_through_the_op_table():
+    """A profile block around a windowed call counts only the visible pairs; a packed call sums its
+    sequences (the op table's rows for flash_attention and flash_attention_varlen)."""
+    import torch
+
+    from llm_speed import flash_attention, flash_attention_varlen
+    from llm_speed.attention.costs import varlen_attention_cost, window_attention_cost
+    from llm_speed.profiler import CUDAProfiler
+
+    profiler = CUDAProfiler("cpu")
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    with profiler.profile("window"):
+        flash_attention(q, k, v, is_causal=True, window=(7, None))
+    expected = window_attention_cost(1, 2, 40, 40, 16, dtype="fp32", is_causal=True, window=(7, 0))
+    assert profiler.get_metrics().flops == pytest.approx(expected.flops)
+
+    cu = torch.tensor([0, 9, 9, 30], dtype=torch.int32)
+    q, k, v = (torch.randn(30, 2, 16) for _ in range(3))
+    with profiler.profile("packed"):
+        flash_attention_varlen(q, k, v, cu, cu, 21, 21, is_causal=True)
+    expected = varlen_attention_cost([9, 0, 21], [9, 0, 21], 2, 16, dtype="fp32", is_causal=True)
+    assert profiler.get_metrics().flops == pytest.approx(expected.flops)
+    assert profiler.get_metrics().bytes_moved == pytest.approx(expected.bytes_moved)
