@@ -165,6 +165,8 @@ def test_bench_gemm_writes_json_and_plot(tmp_path, capsys):
             "0",
             "--iterations",
             "1",
+            "--min-time",
+            "0",
             "--output",
             str(out),
             "--plot",
@@ -200,6 +202,8 @@ def test_bench_attention_json_to_stdout(capsys):
             "0",
             "--iterations",
             "1",
+            "--min-time",
+            "0",
             "--json",
             "--no-progress",
         ]
@@ -335,17 +339,45 @@ def test_attention_wrapper_script_runs_seed_flags(tmp_path, monkeypatch, capsys)
     import runpy
 
     out = tmp_path / "results.json"
-    monkeypatch.setattr(sys, "argv", [
-        "benchmark_attention.py", "--seq-lengths", "16", "32", "--batch-size", "1", "--num-heads", "2",
-        "--head-dim", "16", "--dtype", "fp32", "--warmup", "0", "--iterations", "1", "--output", str(out),
-        "--device", "cpu", "--impl", "flash", "sdpa", "--no-progress",
-    ])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "benchmark_attention.py",
+            "--seq-lengths",
+            "16",
+            "32",
+            "--batch-size",
+            "1",
+            "--num-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--dtype",
+            "fp32",
+            "--warmup",
+            "0",
+            "--iterations",
+            "1",
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--impl",
+            "flash",
+            "sdpa",
+            "--no-progress",
+        ],
+    )
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "benchmarks" / "benchmark_attention.py"), run_name="__main__")
     assert exit_info.value.code == 0
     assert "ATTENTION BENCHMARK RESULTS" in capsys.readouterr().out  # seed 002's table
     results = json.loads(out.read_text())["results"]
     assert [(r["config"], r["impl"]) for r in results] == [
-        ("1x2x16x16", "flash"), ("1x2x16x16", "sdpa"), ("1x2x32x16", "flash"), ("1x2x32x16", "sdpa")
+        ("1x2x16x16", "flash"),
+        ("1x2x16x16", "sdpa"),
+        ("1x2x32x16", "flash"),
+        ("1x2x32x16", "sdpa"),
     ]
     assert all(r["latency_ms"] > 0 and r["throughput_tflops"] > 0 for r in results)
