@@ -175,7 +175,7 @@ def test_gpu_sized_problems_are_scaled_on_a_cpu_with_a_note():
     gemm = gemm_settings(build_parser().parse_args([*README_GEMM, "--device", "cpu"]))
     small, notes = cpu_budget.scale_gemm(gemm)
     case = small.cases[0]
-    assert 2 * case.m * case.n * case.k <= cpu_budget.call_flop_budget(gemm.impls)
+    assert 2 * case.m * case.n * case.k <= cpu_budget.call_flop_budget(gemm.impls, "gemm")
     assert "4096x4096x4096 -> " in notes[0]
     # Small problems are left alone.
     tiny = gemm_settings(
@@ -258,3 +258,23 @@ def test_demo_checks_its_output_folder_before_any_work(monkeypatch, capsys):
     monkeypatch.setattr("llm_speed.perf.inference.analyze_inference", lambda *a, **k: pytest.fail("work ran"))
     assert main(["demo", "--device", "cpu", "--output-dir", "/nonexistent-llm-speed/demo"]) == 2
     assert "--output-dir: folder /nonexistent-llm-speed/demo does not exist" in capsys.readouterr().err
+
+
+def test_heads_are_scaled_when_the_shortest_sequence_is_not_enough(monkeypatch):
+    monkeypatch.setattr(cpu_budget, "CALL_SECONDS", 1e-6)
+    argv = [
+        "bench",
+        "attention",
+        "--device",
+        "cpu",
+        "--num-heads",
+        "32",
+        "--num-kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+    ]
+    scaled, notes = cpu_budget.scale_attention(attention_settings(build_parser().parse_args(argv)))
+    assert scaled.seq_lengths == (cpu_budget.MIN_SIZE,)
+    assert (scaled.num_heads, scaled.num_kv_heads) == (1, 1)
+    assert "heads scaled (32/8 -> 1/1" in notes[1]

@@ -17,9 +17,11 @@ from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSetting
 from llm_speed.bench.gemm import GemmCase, GemmSettings
 
 # Throughput assumed for the estimate: the interpreter's (measured as above, rounded down) for the Triton
-# kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks).
+# kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks). CPU
+# attention is ten times slower than a CPU GEMM (measured on 2 cores: bf16 fwd+bwd at seq 2048, head_dim 128,
+# about 0.5 GFLOP/s across the implementations; a bf16 GEMM of 1024x2048x2048 about 10 GFLOP/s).
 INTERPRETER_FLOP_S = 5e7
-TORCH_CPU_FLOP_S = 1e10
+TORCH_CPU_FLOP_S = {"gemm": 1e10, "attention": 5e8}
 # One call of the slowest implementation should take about a second at those rates.
 CALL_SECONDS = 1.0
 # The smallest size a dimension is scaled to (tl.dot's smallest tile side).
@@ -27,15 +29,15 @@ MIN_SIZE = 16
 LLM_SPEED_IMPLS = ("flash", "tiled", "llm-speed")
 
 
-def _flop_rate(impls: tuple[str, ...]) -> float:
-    """The throughput of the slowest implementation in ``impls`` on this CPU (by the figures above)."""
+def _flop_rate(impls: tuple[str, ...], kind: str) -> float:
+    """The throughput of the slowest implementation in ``impls`` (``kind`` "gemm" or "attention") here."""
     interpreted = INTERPRETED and any(impl in LLM_SPEED_IMPLS for impl in impls)
-    return INTERPRETER_FLOP_S if interpreted else TORCH_CPU_FLOP_S
+    return INTERPRETER_FLOP_S if interpreted else TORCH_CPU_FLOP_S[kind]
 
 
-def call_flop_budget(impls: tuple[str, ...]) -> float:
+def call_flop_budget(impls: tuple[str, ...], kind: str) -> float:
     """The FLOPs one call may take on this CPU: about :data:`CALL_SECONDS` of the slowest implementation."""
-    return CALL_SECONDS * _flop_rate(impls)
+    return CALL_SECONDS * _flop_rate(impls, kind)
 
 
 def _halved(size: int) -> int:
@@ -43,10 +45,10 @@ def _halved(size: int) -> int:
     return max(MIN_SIZE, size // 2 // MIN_SIZE * MIN_SIZE)
 
 
-def estimate_seconds(call_flops: list[float], impls: tuple[str, ...], settings) -> float:
+def estimate_seconds(call_flops: list[float], impls: tuple[str, ...], settings, kind: str) -> float:
     """Estimated run time: per case and implementation, warm-up plus timed runs (at least ``min_time_s``),
     at the slowest implementation's throughput (an upper estimate for the faster ones)."""
-    rate = _flop_rate(impls)
+    rate = _flop_rate(impls, kind)
     total = 0.0
     for flops in call_flops:
         call = flops / rate
@@ -70,8 +72,9 @@ def _attention_flops(settings: AttentionSettings, seq_len: int) -> float:
 
 
 def scale_attention(settings: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
-    """Sequence lengths halved until one call fits the CPU budget; the notes say what changed."""
-    budget = call_flop_budget(settings.impls)
+    """Sequence lengths halved until one call fits the CPU budget (then the heads, when the shortest length
+    is not enough); the notes say what changed."""
+    budget = call_flop_budget(settings.impls, "attention")
     scaled = []
     for seq_len in settings.seq_lengths:
         new = seq_len
@@ -85,10 +88,23 @@ def scale_attention(settings: AttentionSettings) -> tuple[AttentionSettings, lis
         )
         notes.append(
             f"CPU run: sequence lengths scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(estimated {_flop_rate(settings.impls) / 1e9:g} GFLOP/s); --full-size keeps them"
+            f"(estimated {_flop_rate(settings.impls, 'attention') / 1e9:g} GFLOP/s); --full-size keeps them"
         )
-    unique = tuple(dict.fromkeys(scaled))
-    return dataclasses.replace(settings, seq_lengths=unique), notes
+    scaled_settings = dataclasses.replace(settings, seq_lengths=tuple(dict.fromkeys(scaled)))
+    # Still too big at the shortest length: halve the heads, keeping the query heads per K/V head.
+    while _attention_flops(scaled_settings, max(scaled)) > budget:
+        kv_heads = max(1, scaled_settings.num_kv_heads // 2)
+        heads = max(kv_heads, scaled_settings.num_heads // 2 // kv_heads * kv_heads)
+        if (heads, kv_heads) == (scaled_settings.num_heads, scaled_settings.num_kv_heads):
+            break  # one head of each: nothing left to halve
+        scaled_settings = dataclasses.replace(scaled_settings, num_heads=heads, num_kv_heads=kv_heads)
+    heads, kv_heads = scaled_settings.num_heads, scaled_settings.num_kv_heads
+    if (heads, kv_heads) != (settings.num_heads, settings.num_kv_heads):
+        notes.append(
+            f"CPU run: heads scaled ({settings.num_heads}/{settings.num_kv_heads} -> {heads}/{kv_heads} "
+            "query/key-value heads) as well; --full-size keeps them"
+        )
+    return scaled_settings, notes
 
 
 def _scale_gemm_case(case: GemmCase, budget: float) -> GemmCase:
@@ -106,7 +122,7 @@ def _scale_gemm_case(case: GemmCase, budget: float) -> GemmCase:
 
 def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
     """GEMM sizes whose largest dimension is halved until one call fits the CPU budget; notes say so."""
-    budget = call_flop_budget(settings.impls)
+    budget = call_flop_budget(settings.impls, "gemm")
     cases = tuple(_scale_gemm_case(case, budget) for case in settings.cases)
     notes = []
     changed = [(old, new) for old, new in zip(settings.cases, cases, strict=True) if old != new]
@@ -117,7 +133,7 @@ def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
         )
         notes.append(
             f"CPU run: GEMM sizes scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(estimated {_flop_rate(settings.impls) / 1e9:g} GFLOP/s); --full-size keeps them"
+            f"(estimated {_flop_rate(settings.impls, 'gemm') / 1e9:g} GFLOP/s); --full-size keeps them"
         )
     return dataclasses.replace(settings, cases=cases), notes
 
@@ -125,13 +141,13 @@ def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
 def attention_estimate(settings: AttentionSettings) -> float:
     """Estimated seconds for an attention benchmark on this CPU."""
     flops = [_attention_flops(settings, seq_len) for seq_len in settings.seq_lengths]
-    return estimate_seconds(flops, settings.impls, settings)
+    return estimate_seconds(flops, settings.impls, settings, "attention")
 
 
 def gemm_estimate(settings: GemmSettings) -> float:
     """Estimated seconds for a GEMM benchmark on this CPU."""
     flops = [2.0 * case.m * case.n * case.k for case in settings.cases]
-    return estimate_seconds(flops, settings.impls, settings)
+    return estimate_seconds(flops, settings.impls, settings, "gemm")
 
 
 def duration_text(seconds: float) -> str:
