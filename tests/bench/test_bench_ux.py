@@ -177,6 +177,22 @@ def test_gpu_sized_problems_are_scaled_on_a_cpu_with_a_note():
     case = small.cases[0]
     assert 2 * case.m * case.n * case.k <= cpu_budget.call_flop_budget(gemm.impls, "gemm")
     assert "4096x4096x4096 -> " in notes[0]
+    # fp16 has no fast CPU matmul: a smaller budget; two sizes that become the same are measured once.
+    argv = [
+        "bench",
+        "gemm",
+        "--sizes",
+        "4096x4096x4096",
+        "1024x1024x1024",
+        "--dtype",
+        "fp16",
+        "--device",
+        "cpu",
+    ]
+    half, _ = cpu_budget.scale_gemm(gemm_settings(build_parser().parse_args(argv)))
+    assert len(half.cases) == 1
+    fp16_case = half.cases[0]
+    assert 2 * fp16_case.m * fp16_case.n * fp16_case.k <= cpu_budget.call_flop_budget(("torch",), "gemm fp16")
     # Small problems are left alone.
     tiny = gemm_settings(
         build_parser().parse_args(["bench", "gemm", "--device", "cpu", "--sizes", "64x64x64"])

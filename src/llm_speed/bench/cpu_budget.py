@@ -19,9 +19,10 @@ from llm_speed.bench.gemm import GemmCase, GemmSettings
 # Throughput assumed for the estimate: the interpreter's (measured as above, rounded down) for the Triton
 # kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks). CPU
 # attention is ten times slower than a CPU GEMM (measured on 2 cores: bf16 fwd+bwd at seq 2048, head_dim 128,
-# about 0.5 GFLOP/s across the implementations; a bf16 GEMM of 1024x2048x2048 about 10 GFLOP/s).
+# about 0.5 GFLOP/s across the implementations; a bf16 GEMM of 1024x2048x2048 about 10 GFLOP/s), and an fp16
+# GEMM fifty times slower than that (PyTorch has no fast fp16 CPU matmul: 0.24 GFLOP/s at the same size).
 INTERPRETER_FLOP_S = 5e7
-TORCH_CPU_FLOP_S = {"gemm": 1e10, "attention": 5e8}
+TORCH_CPU_FLOP_S = {"gemm": 1e10, "attention": 5e8, "gemm fp16": 2e8}
 # One call of the slowest implementation should take about a second at those rates.
 CALL_SECONDS = 1.0
 # The smallest size a dimension is scaled to (tl.dot's smallest tile side).
@@ -30,9 +31,14 @@ LLM_SPEED_IMPLS = ("flash", "tiled", "llm-speed")
 
 
 def _flop_rate(impls: tuple[str, ...], kind: str) -> float:
-    """The throughput of the slowest implementation in ``impls`` (``kind`` "gemm" or "attention") here."""
+    """The throughput of the slowest implementation in ``impls`` here; ``kind`` is "gemm", "gemm fp16" or
+    "attention"."""
     interpreted = INTERPRETED and any(impl in LLM_SPEED_IMPLS for impl in impls)
     return INTERPRETER_FLOP_S if interpreted else TORCH_CPU_FLOP_S[kind]
+
+
+def _gemm_kind(settings: GemmSettings) -> str:
+    return "gemm fp16" if settings.dtype == "fp16" else "gemm"
 
 
 def call_flop_budget(impls: tuple[str, ...], kind: str) -> float:
@@ -122,7 +128,7 @@ def _scale_gemm_case(case: GemmCase, budget: float) -> GemmCase:
 
 def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
     """GEMM sizes whose largest dimension is halved until one call fits the CPU budget; notes say so."""
-    budget = call_flop_budget(settings.impls, "gemm")
+    budget = call_flop_budget(settings.impls, _gemm_kind(settings))
     cases = tuple(_scale_gemm_case(case, budget) for case in settings.cases)
     notes = []
     changed = [(old, new) for old, new in zip(settings.cases, cases, strict=True) if old != new]
@@ -133,9 +139,11 @@ def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
         )
         notes.append(
             f"CPU run: GEMM sizes scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(estimated {_flop_rate(settings.impls, 'gemm') / 1e9:g} GFLOP/s); --full-size keeps them"
+            f"(estimated {_flop_rate(settings.impls, _gemm_kind(settings)) / 1e9:g} GFLOP/s); "
+            "--full-size keeps them"
         )
-    return dataclasses.replace(settings, cases=cases), notes
+    # Two sizes scaled to the same one are measured once.
+    return dataclasses.replace(settings, cases=tuple(dict.fromkeys(cases))), notes
 
 
 def attention_estimate(settings: AttentionSettings) -> float:
@@ -147,7 +155,7 @@ def attention_estimate(settings: AttentionSettings) -> float:
 def gemm_estimate(settings: GemmSettings) -> float:
     """Estimated seconds for a GEMM benchmark on this CPU."""
     flops = [2.0 * case.m * case.n * case.k for case in settings.cases]
-    return estimate_seconds(flops, settings.impls, settings, "gemm")
+    return estimate_seconds(flops, settings.impls, settings, _gemm_kind(settings))
 
 
 def duration_text(seconds: float) -> str:
