@@ -115,7 +115,7 @@ def _plot_bars(rows, labels, achieved, path, *, gpu, dtype: str, title: str) -> 
     axes.invert_yaxis()
     axes.set_xlabel("TFLOP/s")
     axes.set_title(title, fontsize=9)
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     axes.grid(True, axis="x", linewidth=0.3)
     figure.tight_layout()
     figure.savefig(Path(path), dpi=120, bbox_inches="tight")
