@@ -39,8 +39,8 @@ def compile_sm90(fn, types, consts, divisible_by_16, num_warps, num_stages):
 
 tiled_types = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp32", bias_ptr="*fp32", out_ptr="*fp16",
                    alpha="fp32", beta="fp32")
-epilogue = dict(HAS_C=True, HAS_BIAS=True, ACTIVATION="gelu", DOT_IN_FP32=False, BLOCK_M=128, BLOCK_N=128,
-                BLOCK_K=64, GROUP_M=8)
+epilogue = dict(HAS_C=True, HAS_BIAS=True, ACTIVATION="gelu", DOT_IN_FP32=False, RNE_BY_HAND=False,
+                BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8)
 # Row-major operands: the unit strides are specialised to 1, the others known divisible by 16, as Triton's
 # launcher does for real tensors.
 tiled = dict(epilogue, ACC_DTYPE=tl.float32, INPUT_PRECISION="ieee", stride_ak=1, stride_bn=1, stride_cn=1,
