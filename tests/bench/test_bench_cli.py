@@ -164,6 +164,8 @@ def test_bench_gemm_writes_json_and_plot(tmp_path, capsys):
             "0",
             "--iterations",
             "1",
+            "--min-time",
+            "0",
             "--output",
             str(out),
             "--plot",
@@ -199,6 +201,8 @@ def test_bench_attention_json_to_stdout(capsys):
             "0",
             "--iterations",
             "1",
+            "--min-time",
+            "0",
             "--json",
             "--no-progress",
         ]

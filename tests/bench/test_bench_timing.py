@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from llm_speed.bench.timing import HOST_TIMER, measure, peak_memory, summarize
+from llm_speed.bench import timing as timing_module
+from llm_speed.bench.timing import HOST_TIMER, measure, peak_memory, runs_still_needed, summarize
 
 
 def test_host_timer_measures_a_sleep():
@@ -34,9 +35,37 @@ def test_summary_statistics_are_exact_on_known_values():
     assert timing.times_ms == [5.0, 1.0, 2.0, 4.0, 3.0]  # kept in run order
 
 
+def test_runs_continue_until_the_minimum_time():
+    calls = []
+
+    def sleep_one_ms():
+        calls.append(1)
+        time.sleep(0.001)
+
+    timing = measure(sleep_one_ms, warmup=0, iterations=3, device="cpu", min_time_s=0.03)
+    assert sum(timing.times_ms) >= 30.0  # the minimum time, not 3 runs
+    assert timing.iterations == len(calls) >= 4
+    assert timing.iterations <= 31  # each run takes at least 1 ms: the estimate does not overshoot wildly
+
+
+def test_runs_still_needed():
+    assert runs_still_needed([], 5, 0.0) == 5
+    assert runs_still_needed([1.0] * 5, 5, 0.0) == 0
+    assert runs_still_needed([2.0] * 5, 5, 0.1) == 45  # 90 ms more at 2 ms a run
+    assert runs_still_needed([2.0] * 50, 5, 0.1) == 0
+    capped = [1e-6] * (timing_module.MAX_ITERATIONS - 3)
+    assert runs_still_needed(capped, 5, 10.0) == 3  # never past MAX_ITERATIONS
+
+
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"iterations": 0}, "iterations"), ({"warmup": -1}, "warmup"), ({"iterations": 2.5}, "iterations")],
+    [
+        ({"iterations": 0}, "iterations"),
+        ({"warmup": -1}, "warmup"),
+        ({"iterations": 2.5}, "iterations"),
+        ({"min_time_s": -1.0}, "min_time_s"),
+        ({"min_time_s": float("inf")}, "min_time_s"),
+    ],
 )
 def test_bad_counts_are_rejected_by_name(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -63,3 +92,16 @@ def test_cuda_timer_and_peak_memory():
     assert timing.l2_flush_bytes >= torch.cuda.get_device_properties(0).L2_cache_size
     memory = peak_memory(lambda: torch.empty(256, 1024, 1024, dtype=torch.uint8, device="cuda"), "cuda")
     assert memory.above_baseline_bytes >= 256 * 1024 * 1024
+
+
+def test_timing_notes_name_only_the_triton_ops_that_were_timed():
+    """A kernel that could not run (kvcache on CPU without the interpreter) has no times to explain."""
+    from llm_speed.bench import report
+
+    cpu = torch.device("cpu")
+    ran = report.Measurement(case="c", impl="flash", available=True, flops=1.0, bytes_moved=1.0)
+    refused = report.Measurement(case="c", impl="tiled", available=False, reason="no", flops=1, bytes_moved=1)
+    notes = " ".join(report.timing_notes(cpu, ["flash", "tiled"], [ran, refused]))
+    assert "flash" in notes and "tiled" not in notes
+    assert "tiled" in " ".join(report.timing_notes(cpu, ["flash", "tiled"]))
+    assert not any("flash" in n for n in report.timing_notes(cpu, ["flash"], [refused]))

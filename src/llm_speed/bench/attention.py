@@ -67,9 +67,11 @@ class AttentionSettings:
     warmup: int
     iterations: int
     device: str
+    min_time_s: float = 0.0  # keep timing each row until its runs add up to this (see bench.timing)
 
 
-# Defaults: seed 002's configuration on a GPU; shapes small enough for a CPU (and Triton's interpreter).
+# Defaults: the old benchmark scripts' configuration on a GPU; shapes small enough for a CPU (and Triton's
+# interpreter).
 GPU_DEFAULTS = {
     "seq_lengths": (512, 1024, 2048, 4096, 8192),
     "batch_size": 2,
@@ -78,6 +80,7 @@ GPU_DEFAULTS = {
     "dtype": "fp16",
     "warmup": 10,
     "iterations": 50,
+    "min_time": 0.2,
 }
 CPU_DEFAULTS = {
     "seq_lengths": (64, 128),
@@ -86,7 +89,8 @@ CPU_DEFAULTS = {
     "head_dim": 32,
     "dtype": "fp32",
     "warmup": 1,
-    "iterations": 3,
+    "iterations": 5,
+    "min_time": 0.5,
 }
 
 
@@ -201,8 +205,17 @@ def fill_memory_saved(case_rows: Sequence[AttentionMeasurement]) -> None:
             row.memory_saved_vs_naive_bytes = naive.peak_memory_bytes - row.peak_memory_bytes
 
 
-def run_attention(settings: AttentionSettings, *, show_progress: bool = True) -> list[AttentionMeasurement]:
-    """Measure every implementation in ``settings.impls`` at every sequence length."""
+def run_attention(
+    settings: AttentionSettings,
+    *,
+    show_progress: bool = True,
+    on_case: Callable[[list[AttentionMeasurement]], None] | None = None,
+) -> list[AttentionMeasurement]:
+    """Measure every implementation in ``settings.impls`` at every sequence length.
+
+    ``on_case(rows_so_far)`` is called after each sequence length (the commands write partial results there,
+    so an interrupted run keeps what it measured).
+    """
     from llm_speed.perf.kernel_costs import attention_cost
 
     check_settings(settings)
@@ -245,6 +258,7 @@ def run_attention(settings: AttentionSettings, *, show_progress: bool = True) ->
                         device=device,
                         warmup=settings.warmup,
                         iterations=settings.iterations,
+                        min_time_s=settings.min_time_s,
                         context=_backend_context(impl),
                     )
                 case_rows.append(row)
@@ -252,13 +266,15 @@ def run_attention(settings: AttentionSettings, *, show_progress: bool = True) ->
                     advance(f"seq={seq_len} {impl}")
             fill_memory_saved(case_rows)
             rows.extend(case_rows)
+            if on_case is not None:
+                on_case(rows)
     gpu, reason = report.prediction_gpu(device)
     report.add_comparisons(rows, gpu, settings.dtype, reason)
     return rows
 
 
 def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasurement]) -> dict[str, Any]:
-    """The JSON document: provenance, settings, notes and every row (with seed 002's field names too)."""
+    """The JSON document: provenance, settings, notes and every row (also with the old scripts' names)."""
     return report.results_document(
         "attention",
         settings,
@@ -271,7 +287,7 @@ def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasure
 def print_attention(
     settings: AttentionSettings, rows: Sequence[AttentionMeasurement], console: Console
 ) -> None:
-    """Seed 002's summary table (when PyTorch SDPA and flash both ran), then the full table."""
+    """The old scripts' summary table (when PyTorch SDPA and flash both ran), then the full table."""
     device = torch.device(settings.device)
     config = (
         f"Config: batch={settings.batch_size}, heads={settings.num_heads}, kv_heads={settings.num_kv_heads}, "
@@ -279,7 +295,7 @@ def print_attention(
         f"causal={settings.causal}, mode={settings.mode}, device={report.environment_device_name(device)}"
     )
     by_key = {(r.seq_len, r.impl): r for r in rows}
-    seed_rows = []
+    short_rows = []
     for seq_len in settings.seq_lengths:
         torch_row, flash_row = by_key.get((seq_len, "sdpa")), by_key.get((seq_len, "flash"))
         if torch_row is None or flash_row is None or None in (torch_row.median_ms, flash_row.median_ms):
@@ -287,13 +303,14 @@ def print_attention(
         saved = None
         if torch_row.peak_memory_bytes is not None and flash_row.peak_memory_bytes is not None:
             saved = f"{(torch_row.peak_memory_bytes - flash_row.peak_memory_bytes) / report.MIB:.1f}MB"
-        speedup = f"{torch_row.median_ms / flash_row.median_ms:.2f}x"
-        seed_rows.append([seq_len, torch_row.median_ms, flash_row.median_ms, speedup, saved])
-    if seed_rows:
+        interval = report.ratio_range(torch_row.timing, flash_row.timing)
+        speedup = report.ratio_text(torch_row.median_ms / flash_row.median_ms, interval)
+        short_rows.append([seq_len, torch_row.median_ms, flash_row.median_ms, speedup, saved])
+    if short_rows:
         print_table(
             "ATTENTION BENCHMARK RESULTS",
-            ["Seq len", "PyTorch(ms)", "Flash(ms)", "Speedup", "Memory saved"],
-            seed_rows,
+            ["Seq len", "PyTorch(ms)", "Flash(ms)", "Speedup [range]", "Memory saved"],
+            short_rows,
             caption=config,
             console=console,
         )
@@ -310,7 +327,7 @@ def print_attention(
         console=console,
     )
     report.print_unavailable(rows, console)
-    for note in report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")]):
+    for note in report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")], rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

@@ -2,16 +2,17 @@
 
 The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``--batch-size``,
 ``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
-Unset sizes take the GPU defaults on a CUDA device and small CPU defaults otherwise. The parser is built from
-the torch-free vocabulary in :mod:`llm_speed.bench.options`; the benchmarks (and torch) are imported when a
-command runs.
+Unset sizes take the GPU defaults on a CUDA device and small CPU defaults otherwise; on a CPU, sizes that
+would take minutes per call are scaled down with a printed note (``--full-size`` keeps them), and the
+estimated run time is printed before the work starts. Output paths are checked before the work starts, and
+results are written after every case, so a failed or interrupted run keeps what it measured. The parser is
+built from the torch-free vocabulary in :mod:`llm_speed.bench.options`; the benchmarks (and torch) are
+imported when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli, ops
@@ -24,14 +25,43 @@ if TYPE_CHECKING:
 
     from llm_speed.bench import attention as attention_bench
     from llm_speed.bench import gemm as gemm_bench
-    from llm_speed.bench import report
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser, min_time: str | None) -> None:
+    """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time`` and
+    ``--full-size`` for the benchmarks that time to a minimum duration and scale their sizes on a CPU."""
     parser.add_argument("--warmup", type=non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
-    parser.add_argument("--iterations", type=positive_int, help="timed runs (GPU 50, CPU 3)")
+    parser.add_argument("--iterations", type=positive_int, help="timed runs, at least (GPU 50, CPU 5)")
+    if min_time is not None:
+        parser.add_argument(
+            "--min-time",
+            type=_seconds,
+            metavar="SECONDS",
+            help=f"and keep timing each row until its runs add up to this ({min_time})",
+        )
     parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", help="roofline plot with the measured kernels on it")
+    parser.add_argument("--csv", metavar="FILE.csv", help="write one CSV row per implementation and case")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="roofline of the GPU with the measured kernels (CPU runs: the model's GPU predictions)",
+    )
+    if min_time is not None:
+        parser.add_argument(
+            "--full-size",
+            action="store_true",
+            help="on a CPU, run the sizes as given (by default, sizes over ~1 s per call are scaled down)",
+        )
     _cli.add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
@@ -60,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     attention.add_argument("--mode", choices=options.ATTENTION_MODES, default="fwd", help="what is timed")
     attention.add_argument("--impl", nargs="+", choices=options.ATTENTION_IMPLS, help="default: all of them")
-    _add_common(attention)
+    _add_common(attention, "GPU 0.2, CPU 0.5")
     attention.set_defaults(func=run_attention_command)
 
     gemm = kinds.add_parser(
@@ -78,8 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gemm.add_argument(
         "--layout",
         choices=options.GEMM_LAYOUTS,
-        default="NN",
-        help="operand storage: T = stored transposed (NT: B is [N, K] like nn.Linear)",
+        help="operand storage: T = stored transposed (NT: B is [N, K], x @ W^T like nn.Linear); "
+        "default NT with --model, else NN",
     )
     gemm.add_argument(
         "--epilogue",
@@ -93,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=options.GEMM_IMPLS,
         help="default: llm-speed and torch (int8: llm-speed and torch-int-mm)",
     )
-    _add_common(gemm)
+    _add_common(gemm, "GPU 0.2, CPU 1")
     gemm.set_defaults(func=run_gemm_command)
     decode = kinds.add_parser(
         "decode",
@@ -110,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decode.add_argument("--page-size", type=positive_int, help="tokens per page, a multiple of 16 (GPU 256)")
     decode.add_argument("--dtype", choices=options.DECODE_DTYPES, help="GPU fp16, CPU fp32")
     decode.add_argument("--impl", nargs="+", choices=options.DECODE_IMPLS, help="default: all of them")
-    _add_common(decode)
+    _add_common(decode, None)
     decode.set_defaults(func=run_decode_command)
 
     op = kinds.add_parser(
@@ -154,6 +184,7 @@ def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSet
         warmup=_pick(args.warmup, device, "warmup", gpu, cpu),
         iterations=_pick(args.iterations, device, "iterations", gpu, cpu),
         device=str(device),
+        min_time_s=_pick(args.min_time, device, "min_time", gpu, cpu),
     )
     attention_bench.check_settings(settings)
     return settings
@@ -176,10 +207,12 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
         sizes = _pick(args.sizes, device, "sizes", gpu, cpu)
         cases = tuple(gemm_bench.GemmCase("", m, n, k) for m, n, k in sizes)
     default_impls = gemm_bench.INT8_IMPLS if dtype == "int8" else gemm_bench.FLOAT_IMPLS
+    # A model's weights multiply as nn.Linear does, x @ W^T: W stored [N, K] (layout NT).
+    layout = args.layout or ("NT" if args.model else "NN")
     settings = gemm_bench.GemmSettings(
         cases=cases,
         dtype=dtype,
-        layout=args.layout,
+        layout=layout,
         epilogue=args.epilogue,
         impls=tuple(args.impl or default_impls),
         warmup=_pick(args.warmup, device, "warmup", gpu, cpu),
@@ -187,84 +220,91 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
         device=str(device),
         model=args.model,
         tokens=tokens,
+        min_time_s=_pick(args.min_time, device, "min_time", gpu, cpu),
     )
     gemm_bench.check_settings(settings)
     return settings
 
 
-def plot_rows(
-    rows: Sequence[report.Measurement],
-    path: str | Path,
-    *,
-    device: torch.device,
-    dtype: str,
-    title: str,
-    console: Console,
-) -> bool:
-    """Roofline PNG of the detected GPU (h100-sxm for CPU runs, said in the title) with the measured rows.
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path checked (and its folder made where allowed) before any work starts."""
+    from llm_speed._output import prepare_output_path
 
-    Returns False, saying why, when there is nothing to plot on.
-    """
-    import torch
+    for flag in ("output", "csv", "plot"):
+        path = getattr(args, flag)
+        if path is not None:
+            prepare_output_path(path, argument=f"--{flag}")
 
-    from llm_speed.perf.gpus import detect_gpu, get_gpu
-    from llm_speed.perf.plot import PlotPoint, plot_roofline
 
-    if device.type == "cuda":
-        gpu = detect_gpu()
-        if gpu is None:
-            console.print(
-                f"no roofline plot: {torch.cuda.get_device_name(device)} is not in the GPU spec table"
-            )
-            return False
-    else:
-        gpu = get_gpu("h100-sxm")
-        title += "\n(CPU timings, drawn on the H100 roofline for reference only)"
-    points = [
-        PlotPoint(f"{row.impl} {row.case}", row.flops, row.bytes_moved, row.flops / (row.median_ms * 1e-3))
-        for row in rows
-        if row.median_ms
-    ]
-    if not points:
-        console.print("no roofline plot: no implementation ran")
-        return False
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    plot_roofline(gpu, points, path, dtype=dtype, title=title)
-    console.print(f"roofline plot written to {path}", highlight=False)
-    return True
+def _fit_to_cpu(args: argparse.Namespace, settings, scale, estimate, console: Console):
+    """On a CPU: scale the sizes (unless --full-size) and print what changed and the estimated run time."""
+    from llm_speed.bench import cpu_budget
+
+    if not settings.device.startswith("cpu"):
+        return settings
+    notes: list[str] = []
+    if not args.full_size:
+        settings, notes = scale(settings)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    console.print(
+        f"note: estimated run time on this CPU: about {cpu_budget.duration_text(estimate(settings))}",
+        highlight=False,
+        markup=False,
+    )
+    return settings
+
+
+class _Writer:
+    """Writes the JSON and CSV files after every case (``complete: false``) and once at the end."""
+
+    def __init__(self, args: argparse.Namespace, settings, payload_fn) -> None:
+        self.args, self.settings, self.payload_fn = args, settings, payload_fn
+
+    def partial(self, rows) -> None:
+        if self.args.output or self.args.csv:
+            self.write(rows, complete=False)
+
+    def write(self, rows, *, complete: bool) -> dict[str, Any]:
+        from llm_speed._output import dump_json
+        from llm_speed.bench import report
+
+        payload = {**self.payload_fn(self.settings, rows), "complete": complete}
+        if self.args.output:
+            dump_json(payload, self.args.output)
+        if self.args.csv:
+            report.write_csv(rows, self.args.csv)
+        return payload
 
 
 def run_decode_command(args: argparse.Namespace) -> int:
     """``llm-speed bench decode``."""
-    from llm_speed._output import prepare_output_path
     from llm_speed.bench import decode as decode_bench
 
-    for name in ("output", "plot"):
-        if getattr(args, name):
-            prepare_output_path(getattr(args, name), argument=f"--{name}")
+    _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
+    writer = _Writer(args, settings, decode_bench.results_payload)
     rows = decode_bench.run_decode(settings, show_progress=not args.no_progress)
-    return _finish(
-        args,
-        settings,
-        rows,
-        decode_bench.results_payload,
-        decode_bench.print_decode,
-        f"decode, {settings.dtype}",
-    )
+    return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")
 
 
 def run_attention_command(args: argparse.Namespace) -> int:
     """``llm-speed bench attention``."""
     from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import cpu_budget
 
     settings = attention_settings(args)
-    rows = attention_bench.run_attention(settings, show_progress=not args.no_progress)
+    _check_outputs(args)
+    settings = _fit_to_cpu(
+        args, settings, cpu_budget.scale_attention, cpu_budget.attention_estimate, _side_console(args)
+    )
+    writer = _Writer(args, settings, attention_bench.results_payload)
+    rows = attention_bench.run_attention(settings, show_progress=not args.no_progress, on_case=writer.partial)
     return _finish(
         args,
         settings,
         rows,
-        attention_bench.results_payload,
+        writer,
         attention_bench.print_attention,
         f"attention {settings.mode}, {settings.dtype}",
     )
@@ -272,35 +312,47 @@ def run_attention_command(args: argparse.Namespace) -> int:
 
 def run_gemm_command(args: argparse.Namespace) -> int:
     """``llm-speed bench gemm``."""
+    from llm_speed.bench import cpu_budget
     from llm_speed.bench import gemm as gemm_bench
 
     settings = gemm_settings(args)
-    rows = gemm_bench.run_gemm(settings, show_progress=not args.no_progress)
+    _check_outputs(args)
+    settings = _fit_to_cpu(
+        args, settings, cpu_budget.scale_gemm, cpu_budget.gemm_estimate, _side_console(args)
+    )
+    writer = _Writer(args, settings, gemm_bench.results_payload)
+    rows = gemm_bench.run_gemm(settings, show_progress=not args.no_progress, on_case=writer.partial)
     return _finish(
         args,
         settings,
         rows,
-        gemm_bench.results_payload,
+        writer,
         gemm_bench.print_gemm,
         f"GEMM {settings.dtype} {settings.layout} {settings.epilogue}",
     )
 
 
-def _finish(args, settings, rows, payload_fn, print_fn, title: str) -> int:
+def _side_console(args: argparse.Namespace) -> Console:
+    """Where notes and messages about written files go: stderr when stdout carries the JSON."""
+    return _cli.console(stderr=True) if args.json else _cli.console()
+
+
+def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
     import torch
 
     from llm_speed._output import dump_json
-    from llm_speed.bench import report
+    from llm_speed.bench.plots import plot_rows
 
-    payload = payload_fn(settings, rows)
+    payload = writer.write(rows, complete=True)
     console = _cli.console()
     if args.json:
         dump_json(payload)
     else:
         print_fn(settings, rows, console)
-    # Messages about written files go to stderr when stdout carries the JSON.
-    side = _cli.console(stderr=True) if args.json else console
-    report.write_results(payload, args.output, side)
+    side = _side_console(args)
+    for flag in ("output", "csv"):
+        if getattr(args, flag):
+            side.print(f"results written to {getattr(args, flag)}", highlight=False)
     if args.plot:
         plot_rows(
             rows,

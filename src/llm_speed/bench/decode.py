@@ -214,7 +214,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
         console=console,
     )
     report.print_unavailable(rows, console)
-    for note in report.timing_notes(device, [i for i in settings.impls if i.startswith("kvcache")]):
+    for note in report.timing_notes(device, [i for i in settings.impls if i.startswith("kvcache")], rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

@@ -30,13 +30,15 @@ GPU_DEFAULTS = {
     "dtype": "fp16",
     "warmup": 10,
     "iterations": 50,
+    "min_time": 0.2,
     "tokens": 4096,
 }
 CPU_DEFAULTS = {
     "sizes": ((64, 64, 64), (128, 128, 128)),
     "dtype": "fp32",
     "warmup": 1,
-    "iterations": 3,
+    "iterations": 5,
+    "min_time": 1.0,
     "tokens": 16,
 }
 
@@ -66,6 +68,7 @@ class GemmSettings:
     device: str
     model: str | None = None
     tokens: int | None = None
+    min_time_s: float = 0.0  # keep timing each row until its runs add up to this (see bench.timing)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -78,6 +81,9 @@ class GemmMeasurement(Measurement):
     k: int
     count: int
     percent_of_baseline: float | None = None  # baseline median / this median * 100 (torch.matmul or _int_mm)
+    # Its range over the two p20–p80 intervals, and whether that range contains 100% (no real difference).
+    percent_of_baseline_range: tuple[float, float] | None = None
+    percent_within_noise: bool | None = None
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -178,8 +184,17 @@ def _workload_builder(impl: str, case: GemmCase, settings: GemmSettings, device:
     return build
 
 
-def run_gemm(settings: GemmSettings, *, show_progress: bool = True) -> list[GemmMeasurement]:
-    """Measure every implementation in ``settings.impls`` on every case."""
+def run_gemm(
+    settings: GemmSettings,
+    *,
+    show_progress: bool = True,
+    on_case: Callable[[list[GemmMeasurement]], None] | None = None,
+) -> list[GemmMeasurement]:
+    """Measure every implementation in ``settings.impls`` on every case.
+
+    ``on_case(rows_so_far)`` is called after each case (the commands write partial results there, so an
+    interrupted run keeps what it measured).
+    """
     from llm_speed.perf.kernel_costs import gemm_cost
 
     check_settings(settings)
@@ -219,6 +234,7 @@ def run_gemm(settings: GemmSettings, *, show_progress: bool = True) -> list[Gemm
                     device=device,
                     warmup=settings.warmup,
                     iterations=settings.iterations,
+                    min_time_s=settings.min_time_s,
                 )
                 case_rows.append(row)
                 if advance is not None:
@@ -227,7 +243,12 @@ def run_gemm(settings: GemmSettings, *, show_progress: bool = True) -> list[Gemm
             for row in case_rows:
                 if baseline is not None and baseline.median_ms is not None and row.median_ms is not None:
                     row.percent_of_baseline = 100.0 * baseline.median_ms / row.median_ms
+                    low, high = report.ratio_range(baseline.timing, row.timing)
+                    row.percent_of_baseline_range = (100.0 * low, 100.0 * high)
+                    row.percent_within_noise = report.within_noise((low, high))
             rows.extend(case_rows)
+            if on_case is not None:
+                on_case(rows)
     gpu, reason = report.prediction_gpu(device)
     report.add_comparisons(rows, gpu, settings.dtype, reason)
     return rows
@@ -262,7 +283,7 @@ def results_payload(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> 
         "gemm",
         settings,
         rows,
-        lambda row: f"{row.m}x{row.n}x{row.k}",  # seed 002's field name
+        lambda row: f"{row.m}x{row.n}x{row.k}",  # the old benchmark scripts' field
         ["llm-speed"] if "llm-speed" in settings.impls else [],
         summary=summary(settings, rows),
     )
@@ -276,8 +297,17 @@ def baseline_label(settings: GemmSettings) -> str:
     return "cuBLAS" if on_gpu else "torch.matmul"
 
 
+def percent_cell(row: GemmMeasurement) -> str | None:
+    """ "97.3% [85–110%] within noise": the row's speed as a percentage of the baseline's, with its range."""
+    if row.percent_of_baseline is None:
+        return None
+    interval = row.percent_of_baseline_range
+    fraction = (interval[0] / 100.0, interval[1] / 100.0) if interval is not None else None
+    return report.ratio_text(row.percent_of_baseline / 100.0, fraction, percent=True)
+
+
 def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console: Console) -> None:
-    """Seed 002's size / cuBLAS / ours table, the full table, and the summary."""
+    """The old scripts' size / cuBLAS / ours table, the full table, and the summary."""
     device = torch.device(settings.device)
     base = baseline_label(settings)
     config = (
@@ -288,28 +318,28 @@ def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console:
     baseline_name = baseline_impl(settings.dtype)
     by_key = {(r.case, r.impl): r for r in rows}
     cases = list(dict.fromkeys(r.case for r in rows))
-    seed_rows = []
+    short_rows = []
     for case in cases:
         ours, theirs = by_key.get((case, "llm-speed")), by_key.get((case, baseline_name))
         if ours is None or theirs is None or ours.percent_of_baseline is None:
             continue
-        seed_rows.append([case, theirs.median_ms, ours.median_ms, f"{ours.percent_of_baseline:.1f}%"])
-    if seed_rows:
+        short_rows.append([case, theirs.median_ms, ours.median_ms, percent_cell(ours)])
+    if short_rows:
         print_table(
             "GEMM BENCHMARK RESULTS",
-            ["Size", f"{base} (ms)", "llm-speed (ms)", f"% of {base}"],
-            seed_rows,
+            ["Size", f"{base} (ms)", "llm-speed (ms)", f"% of {base} [range]"],
+            short_rows,
             caption=config,
             console=console,
         )
-    columns = ["shape", "count per pass", "impl", *report.COMMON_COLUMNS, f"% of {base}"]
+    columns = ["shape", "count per pass", "impl", *report.COMMON_COLUMNS, f"% of {base} [range]"]
     full_rows = [
         [
             row.case,
             row.count if settings.model else None,
             row.impl,
             *report.common_cells(row),
-            f"{row.percent_of_baseline:.1f}%" if row.percent_of_baseline is not None else None,
+            percent_cell(row),
         ]
         for row in rows
         if row.available
@@ -324,7 +354,7 @@ def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console:
         if figures["weighted_total_ms"] is not None and settings.model:
             parts.append(f"{figures['weighted_total_ms']:.3g} ms for one forward pass's weight GEMMs")
         console.print(f"summary {impl}: " + ", ".join(parts), highlight=False, markup=False)
-    for note in report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else []):
+    for note in report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else [], rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

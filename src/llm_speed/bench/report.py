@@ -61,6 +61,10 @@ class Measurement:
     peak_memory_reason: str | None = None
     fastest_other: str | None = None
     speedup_vs_fastest_other: float | None = None  # fastest other's median / this median (>1: this is faster)
+    # The speedup's uncertainty: from (other's p20 / this p80) to (other's p80 / this p20). When it contains 1
+    # the runs' spread is wider than the difference claimed, and ``speedup_within_noise`` says so.
+    speedup_range: tuple[float, float] | None = None
+    speedup_within_noise: bool | None = None
     predicted_ms: float | None = None  # roofline time floor on the detected GPU
     predicted_bound: str | None = None
     prediction_reason: str | None = None
@@ -144,8 +148,14 @@ def environment_device_name(device: torch.device) -> str:
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
-def timing_notes(device: torch.device, triton_ops: Sequence[str]) -> list[str]:
-    """Plain statements about what the timings mean on this device (printed and stored in the JSON)."""
+def timing_notes(
+    device: torch.device, triton_ops: Sequence[str], rows: Sequence[Measurement] | None = None
+) -> list[str]:
+    """Plain statements about what the timings mean on this device (printed and stored in the JSON).
+    With ``rows``, only the Triton ops that were timed are named (one that could not run has no times)."""
+    if rows is not None:
+        timed = {row.impl for row in rows if row.available}
+        triton_ops = [op for op in triton_ops if op in timed]
     notes = []
     if device.type == "cpu":
         notes.append("CPU timings (host clock, CPU tensors): they say nothing about GPU performance.")
@@ -185,6 +195,7 @@ def run_measurement(
     device: torch.device,
     warmup: int,
     iterations: int,
+    min_time_s: float = 0.0,
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> Measurement:
     """Time the workload that ``build()`` returns; a failure marks ``row`` unavailable with the reason.
@@ -202,7 +213,9 @@ def run_measurement(
             workload()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            row.timing = measure(workload, warmup=warmup, iterations=iterations, device=device)
+            row.timing = measure(
+                workload, warmup=warmup, iterations=iterations, device=device, min_time_s=min_time_s
+            )
             memory: PeakMemory = peak_memory(workload, device)
     except Exception as error:  # any refusal (shape, dtype, OOM, missing backward) is reported, not raised
         row.available = False
@@ -251,10 +264,40 @@ def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_rea
             fastest = min(others, key=lambda o: o.median_ms)
             row.fastest_other = fastest.impl
             row.speedup_vs_fastest_other = fastest.median_ms / row.median_ms
+            row.speedup_range = ratio_range(fastest.timing, row.timing)
+            row.speedup_within_noise = within_noise(row.speedup_range)
+
+
+def ratio_range(numerator: Timing, denominator: Timing) -> tuple[float, float]:
+    """The range of ``numerator / denominator`` over the two p20–p80 intervals: (low, high).
+
+    For a speedup (other's time / this time): the other's p20 over this p80, to the other's p80 over this p20.
+    """
+    return numerator.p20_ms / denominator.p80_ms, numerator.p80_ms / denominator.p20_ms
+
+
+def within_noise(interval: tuple[float, float] | None) -> bool | None:
+    """Whether a ratio's range contains 1: the runs' spread is wider than the difference the ratio claims."""
+    if interval is None:
+        return None
+    return interval[0] <= 1.0 <= interval[1]
+
+
+def ratio_text(
+    ratio: float, interval: tuple[float, float] | None, *, percent: bool = False, label: str = ""
+) -> str:
+    """``1.35x sdpa [1.2–1.5x]`` (or ``135% [120–150%]``), "within noise" added when the range contains 1."""
+    scale, unit = (100.0, "%") if percent else (1.0, "x")
+    text = f"{ratio * scale:.3g}{unit}" + (f" {label}" if label else "")
+    if interval is not None:
+        text += f" [{interval[0] * scale:.3g}–{interval[1] * scale:.3g}{unit}]"
+        if within_noise(interval):
+            text += " within noise"
+    return text
 
 
 def to_record(row: Measurement) -> dict[str, Any]:
-    """One row as JSON values, with seed 002's ``latency_ms`` and ``throughput_tflops`` keys added."""
+    """One row as JSON values, with the old scripts' ``latency_ms`` and ``throughput_tflops`` keys added."""
     from llm_speed._output import to_jsonable
 
     record = to_jsonable(row)
@@ -271,14 +314,14 @@ def results_document(
     triton_ops: Sequence[str],
     **extra: Any,
 ) -> dict[str, Any]:
-    """A benchmark's JSON: provenance, settings, notes and every row, each with seed 002's ``config`` label
-    (``config(row)``) besides its own fields; ``extra`` adds top-level entries (e.g. a summary)."""
+    """A benchmark's JSON: provenance, settings, notes and every row, each with the old scripts' ``config``
+    label (``config(row)``) besides its own fields; ``extra`` adds top-level entries (e.g. a summary)."""
     device = torch.device(settings.device)
     return {
         "benchmark": benchmark,
         "environment": environment(device),
         "settings": dataclasses.asdict(settings),
-        "notes": timing_notes(device, triton_ops),
+        "notes": timing_notes(device, triton_ops, rows),
         "results": [{**to_record(row), "config": config(row)} for row in rows],
         **extra,
     }
@@ -316,11 +359,12 @@ def common_cells(row: Measurement) -> list[Any]:
 
 
 def speedup_cell(row: Measurement) -> str | None:
-    """ "1.35x sdpa": this row's speedup over the fastest other implementation (3 significant digits, so
-    a much slower row reads 0.0123x, not 0.00x)."""
+    """ "1.35x sdpa [1.2–1.5x]": this row's speedup over the fastest other implementation and its range over
+    the two p20–p80 intervals, "within noise" when that range contains 1 (3 significant digits, so a much
+    slower row reads 0.0123x, not 0.00x)."""
     if row.speedup_vs_fastest_other is None:
         return None
-    return f"{row.speedup_vs_fastest_other:.3g}x {row.fastest_other}"
+    return ratio_text(row.speedup_vs_fastest_other, row.speedup_range, label=row.fastest_other or "")
 
 
 COMMON_COLUMNS = (
@@ -328,7 +372,7 @@ COMMON_COLUMNS = (
     "TFLOP/s",
     "GB/s",
     "peak MiB",
-    "vs fastest other",
+    "vs fastest other [range]",
     "model ms (bound)",
     "measured/model",
 )
@@ -367,14 +411,40 @@ def print_unavailable(rows: Sequence[Measurement], console: Console) -> None:
         console.print(f"  not run: {impl} [{', '.join(cases)}] — {reason}", highlight=False, markup=False)
 
 
-def write_results(payload: dict[str, Any], path: str | Path | None, console: Console) -> None:
-    """Write the JSON results file when a path was given."""
-    from llm_speed._output import dump_json
+# The CSV columns before a row's own fields: what a spreadsheet user sorts and compares by.
+CSV_TIMING_FIELDS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "iterations", "timer")
 
-    if path is None:
-        return
-    dump_json(payload, path)
-    console.print(f"results written to {path}", highlight=False)
+
+def csv_records(rows: Sequence[Measurement]) -> list[dict[str, Any]]:
+    """One flat record per row: the row's scalar fields, its timing statistics, ranges as low/high columns."""
+    from llm_speed._output import to_jsonable
+
+    records = []
+    for row in rows:
+        record: dict[str, Any] = {}
+        for key, value in to_jsonable(row).items():
+            if key == "timing":
+                record.update({f: (value or {}).get(f) for f in CSV_TIMING_FIELDS})
+            elif isinstance(value, list) and len(value) == 2:  # a (low, high) range
+                record[f"{key}_low"], record[f"{key}_high"] = value
+            elif value is None or isinstance(value, (str, int, float, bool)):
+                record[key] = value
+            if key == "impl":
+                record.update({f: None for f in CSV_TIMING_FIELDS})  # keep the timing columns near the front
+        records.append(record)
+    return records
+
+
+def write_csv(rows: Sequence[Measurement], path: str | Path) -> None:
+    """Write one CSV line per row (the header from the first row's fields; empty cells for None)."""
+    import csv
+
+    records = csv_records(rows)
+    fields = list(dict.fromkeys(key for record in records for key in record))
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
 
 
 @contextlib.contextmanager

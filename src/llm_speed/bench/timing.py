@@ -3,6 +3,9 @@
 On a CUDA device every iteration is timed with its own pair of CUDA events, after a warm-up, with the L2
 cache flushed before each run (so every run reads its inputs from HBM, as in a real model where other layers
 ran in between). On the CPU the host clock (``time.perf_counter``) is used and the result says so.
+Runs repeat until both a minimum count and a minimum total measured time are reached (as
+``torch.utils.benchmark.Timer.blocked_autorange`` and Google Benchmark's ``--benchmark_min_time`` do): a
+fixed handful of runs on a busy machine gives a median that is mostly noise.
 Nothing here touches the GPU until a function is called.
 """
 
@@ -21,6 +24,10 @@ from llm_speed._runtime import resolve_device
 
 CUDA_TIMER = "cuda-events"
 HOST_TIMER = "host (CPU timer)"
+
+# The most timed runs of one measurement, whatever min_time_s asks (a workload of microseconds would
+# otherwise run millions of times).
+MAX_ITERATIONS = 10_000
 
 # Writing twice the L2's capacity evicts every line even though the replacement policy is not a strict LRU.
 L2_FLUSH_FACTOR = 2
@@ -85,11 +92,33 @@ def l2_cache_bytes(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).L2_cache_size)
 
 
-def _check_counts(warmup: int, iterations: int) -> None:
+def _check_counts(warmup: int, iterations: int, min_time_s: float) -> None:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations: expected an integer >= 1, got {iterations!r}")
+    if (
+        isinstance(min_time_s, bool)
+        or not isinstance(min_time_s, (int, float))
+        or not 0 <= min_time_s < math.inf
+    ):
+        raise ValueError(f"min_time_s: expected a finite number of seconds >= 0, got {min_time_s!r}")
+
+
+def runs_still_needed(times_ms: Sequence[float], iterations: int, min_time_s: float) -> int:
+    """How many more runs reach both ``iterations`` runs and ``min_time_s`` seconds measured (0: done).
+
+    The count for the time is estimated from the mean so far, and capped at :data:`MAX_ITERATIONS` in all.
+    """
+    done = len(times_ms)
+    total_ms = sum(times_ms)
+    if done >= MAX_ITERATIONS or (done >= iterations and total_ms >= min_time_s * 1e3):
+        return 0
+    more = max(iterations - done, 1)
+    if total_ms < min_time_s * 1e3 and done:
+        mean_ms = max(total_ms / done, 1e-6)
+        more = max(more, math.ceil((min_time_s * 1e3 - total_ms) / mean_ms))
+    return min(more, MAX_ITERATIONS - done)
 
 
 def measure(
@@ -99,8 +128,10 @@ def measure(
     iterations: int = 50,
     device: torch.device | str | None = None,
     flush_l2: bool = True,
+    min_time_s: float = 0.0,
 ) -> Timing:
-    """Time ``fn()`` (called with no arguments) ``iterations`` times after ``warmup`` untimed calls.
+    """Time ``fn()`` (called with no arguments) at least ``iterations`` times after ``warmup`` untimed calls,
+    and on until the timed runs add up to ``min_time_s`` seconds (at most :data:`MAX_ITERATIONS` runs).
 
     ``device`` picks the timer: CUDA events on a CUDA device (the L2 cache is flushed before every timed run
     when ``flush_l2``; the flush itself is not timed), the host clock on the CPU. ``None`` means the current
@@ -108,28 +139,37 @@ def measure(
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    _check_counts(warmup, iterations)
+    _check_counts(warmup, iterations, min_time_s)
     device = resolve_device(device)
     if device.type == "cuda":
-        return _measure_cuda(fn, warmup=warmup, iterations=iterations, device=device, flush_l2=flush_l2)
+        return _measure_cuda(
+            fn, warmup=warmup, iterations=iterations, device=device, flush_l2=flush_l2, min_time_s=min_time_s
+        )
     if device.type != "cpu":
         raise ValueError(f"device: expected a cuda or cpu device, got {device}")
-    return _measure_host(fn, warmup=warmup, iterations=iterations)
+    return _measure_host(fn, warmup=warmup, iterations=iterations, min_time_s=min_time_s)
 
 
-def _measure_host(fn: Callable[[], Any], *, warmup: int, iterations: int) -> Timing:
+def _measure_host(fn: Callable[[], Any], *, warmup: int, iterations: int, min_time_s: float) -> Timing:
     for _ in range(warmup):
         fn()
-    times_ms = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        times_ms.append((time.perf_counter() - start) * 1e3)
+    times_ms: list[float] = []
+    while more := runs_still_needed(times_ms, iterations, min_time_s):
+        for _ in range(more):
+            start = time.perf_counter()
+            fn()
+            times_ms.append((time.perf_counter() - start) * 1e3)
     return summarize(times_ms, HOST_TIMER)
 
 
 def _measure_cuda(
-    fn: Callable[[], Any], *, warmup: int, iterations: int, device: torch.device, flush_l2: bool
+    fn: Callable[[], Any],
+    *,
+    warmup: int,
+    iterations: int,
+    device: torch.device,
+    flush_l2: bool,
+    min_time_s: float,
 ) -> Timing:
     with torch.cuda.device(device):
         flush_buffer = None
@@ -139,16 +179,19 @@ def _measure_cuda(
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-        for start, end in zip(starts, ends, strict=True):
-            if flush_buffer is not None:
-                flush_buffer.zero_()
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize(device)
-        times_ms = [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+        times_ms: list[float] = []
+        # Batches of runs, each synchronised once: the next batch's size comes from the times so far.
+        while more := runs_still_needed(times_ms, iterations, min_time_s):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(more)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(more)]
+            for start, end in zip(starts, ends, strict=True):
+                if flush_buffer is not None:
+                    flush_buffer.zero_()
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize(device)
+            times_ms += [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
     l2_flush_bytes = flush_buffer.numel() * flush_buffer.element_size() if flush_buffer is not None else None
     return summarize(times_ms, CUDA_TIMER, l2_flush_bytes)
 
