@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from llm_speed import profiler
 from llm_speed.attention import flash_attention, naive_attention, tiled_attention, validate_attention_inputs
 from llm_speed.fused.rms_norm import rms_norm
+from llm_speed.fused.rotary import apply_rotary
 from llm_speed.fused.swiglu import swiglu
 from llm_speed.helpers import AttentionMemoryPool, optimal_attention, pad_to_alignment, safe_flash_attention
 from llm_speed.matmul import gemm, tensor_core_gemm, tensor_core_gemm_int8, validate_gemm_inputs
@@ -33,6 +34,7 @@ __all__ = [
     "validate_gemm_inputs",
     # fused LLM ops (llm_speed.fused)
     "rms_norm",
+    "apply_rotary",
     "swiglu",
     # seed 000 / 002 memory helpers (llm_speed.perf.memory)
     "analyze_memory_hierarchy",
