@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 
 from llm_speed import profiler
 from llm_speed.attention import flash_attention, naive_attention, tiled_attention, validate_attention_inputs
+from llm_speed.fused.cross_entropy import fused_linear_cross_entropy
 from llm_speed.fused.rms_norm import rms_norm
 from llm_speed.fused.rotary import apply_rotary
 from llm_speed.fused.swiglu import swiglu
@@ -36,6 +37,7 @@ __all__ = [
     "rms_norm",
     "apply_rotary",
     "swiglu",
+    "fused_linear_cross_entropy",
     # seed 000 / 002 memory helpers (llm_speed.perf.memory)
     "analyze_memory_hierarchy",
     "calculate_attention_vram",
