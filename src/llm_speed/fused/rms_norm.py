@@ -20,24 +20,28 @@ from ._common import check_real, check_same_device, check_tensor, compute_dtype,
 
 KERNEL_FORWARD = "rms_norm_fwd"
 KERNEL_BACKWARD = "rms_norm_bwd"
+ROW_BLOCK_ELEMENTS = 4096  # forward: rows per program so that a program holds about this many elements
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, rstd_ptr, stride_x, stride_y, hidden, eps, offset,
-    BLOCK_H: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    x_ptr, w_ptr, y_ptr, rstd_ptr, stride_x, stride_y, rows, hidden, eps, offset,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
+    # BLOCK_R rows per program: narrow rows (small hidden) would leave most of a program idle
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_h = tl.arange(0, BLOCK_H)
-    m_h = o_h < hidden
-    b_x = tl.load(x_ptr + row * stride_x + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
-    b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=0) / hidden + eps)
-    b_y = b_x * rstd * (offset + b_w)
-    tl.store(
-        y_ptr + row * stride_y + o_h, cast(b_y, y_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_h
-    )
-    tl.store(rstd_ptr + row, rstd)
+    m_r = o_r < rows
+    m = m_r[:, None] & (o_h < hidden)[None, :]
+    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(
+        tl.float32
+    )  # [BR, BH]
+    b_w = tl.load(w_ptr + o_h, mask=o_h < hidden, other=0.0).to(tl.float32)
+    b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / hidden + eps)  # [BR]
+    b_y = b_x * b_rstd[:, None] * (offset + b_w)[None, :]
+    b_y = cast(b_y, y_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    tl.store(y_ptr + o_r[:, None] * stride_y + o_h[None, :], b_y, mask=m)
+    tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
 
 
 @triton.jit
@@ -106,11 +110,13 @@ def _forward_op(
     y = _common.new_output((rows, hidden), x2d.dtype, x2d.device)
     rstd = _common.new_output((rows,), torch.float32, x2d.device)
     block = triton.next_power_of_2(hidden)
+    block_r = min(triton.next_power_of_2(rows), max(1, ROW_BLOCK_ELEMENTS // block))
     with _runtime.on_device_of(x2d):
-        _rms_norm_fwd_kernel[(rows,)](
+        _rms_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
             x_ptr=x2d, w_ptr=weight, y_ptr=y, rstd_ptr=rstd, stride_x=x2d.stride(0), stride_y=y.stride(0),
-            hidden=hidden, eps=eps, offset=offset,
-            BLOCK_H=block, RNE_BY_HAND=rne_by_hand(x2d.dtype), num_warps=_num_warps(block),
+            rows=rows, hidden=hidden, eps=eps, offset=offset,
+            BLOCK_R=block_r, BLOCK_H=block, RNE_BY_HAND=rne_by_hand(x2d.dtype),
+            num_warps=_num_warps(block_r * block),
         )  # fmt: skip
     _runtime.record_launch(KERNEL_FORWARD)
     return y, rstd

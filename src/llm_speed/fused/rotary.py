@@ -25,21 +25,21 @@ KERNEL = "rotary"  # forward and backward are the same kernel
 def _rotary_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
     stride_xb, stride_xh, stride_xs, stride_cb, stride_cs, stride_ob, stride_oh, stride_os,
-    heads, seq, half, head_dim,
-    BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    batch, heads, seq, half, head_dim,
+    BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_PASS: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    pid_bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    i_b = (pid_bh // heads).to(tl.int64)
-    i_h = (pid_bh % heads).to(tl.int64)
-    o_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    # BLOCK_R rows of (batch, head, position) per program, flattened in that order
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    i_b = o_r // (heads * seq)
+    i_h = (o_r // seq) % heads
+    i_s = o_r % seq
     o_j = tl.arange(0, BLOCK_HALF)
-    m_s = o_s < seq
-    m = m_s[:, None] & (o_j < half)[None, :]  # [BS, BHALF]
-    p_x = x_ptr + i_b * stride_xb + i_h * stride_xh + o_s[:, None].to(tl.int64) * stride_xs
-    p_o = out_ptr + i_b * stride_ob + i_h * stride_oh + o_s[:, None].to(tl.int64) * stride_os
-    p_c = o_s[:, None].to(tl.int64) * stride_cs + i_b * stride_cb + o_j[None, :]
+    m_s = o_r < batch * heads * seq
+    m = m_s[:, None] & (o_j < half)[None, :]  # [BR, BHALF]
+    p_x = x_ptr + (i_b * stride_xb + i_h * stride_xh + i_s * stride_xs)[:, None]
+    p_o = out_ptr + (i_b * stride_ob + i_h * stride_oh + i_s * stride_os)[:, None]
+    p_c = (i_b * stride_cb + i_s * stride_cs)[:, None] + o_j[None, :]
     b_cos = tl.load(cos_ptr + p_c, mask=m, other=0.0).to(tl.float32)
     b_sin = tl.load(sin_ptr + p_c, mask=m, other=0.0).to(tl.float32)
     if CONJUGATE:
@@ -90,16 +90,17 @@ def _rotary_op(
     half = cos.shape[-1]
     out = _common.new_output(x.shape, x.dtype, x.device)
     block_half = triton.next_power_of_2(half)
-    block_s = max(1, min(triton.next_power_of_2(seq), 4096 // block_half))
+    total_rows = batch * heads * seq
+    block_r = max(1, min(triton.next_power_of_2(total_rows), 4096 // block_half))
     stride_cb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] == batch else 0
     with _runtime.on_device_of(x):
-        _rotary_kernel[(batch * heads, triton.cdiv(seq, block_s))](
+        _rotary_kernel[(triton.cdiv(total_rows, block_r),)](
             x_ptr=x, cos_ptr=cos, sin_ptr=sin, out_ptr=out,
             stride_xb=x.stride(0), stride_xh=x.stride(1), stride_xs=x.stride(2),
             stride_cb=stride_cb, stride_cs=cos.stride(-2),
             stride_ob=out.stride(0), stride_oh=out.stride(1), stride_os=out.stride(2),
-            heads=heads, seq=seq, half=half, head_dim=head_dim,
-            BLOCK_S=block_s, BLOCK_HALF=block_half,
+            batch=batch, heads=heads, seq=seq, half=half, head_dim=head_dim,
+            BLOCK_R=block_r, BLOCK_HALF=block_half,
             BLOCK_PASS=triton.next_power_of_2(max(1, head_dim - 2 * half)),
             INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_PASS=head_dim > 2 * half,
             RNE_BY_HAND=rne_by_hand(x.dtype), num_warps=4,
