@@ -38,13 +38,13 @@ __all__ = [
     "apply_rotary",
     "swiglu",
     "fused_linear_cross_entropy",
-    # seed 000 / 002 memory helpers (llm_speed.perf.memory)
+    # memory helpers (llm_speed.perf.memory)
     "analyze_memory_hierarchy",
     "calculate_attention_vram",
     "calculate_flash_attention_vram",
     "estimate_attention_memory",
     "find_optimal_batch_size",
-    # seed 002 helpers (llm_speed.helpers) and the profiler
+    # attention helpers (llm_speed.helpers) and the profiler
     "AttentionMemoryPool",
     "optimal_attention",
     "pad_to_alignment",

@@ -73,6 +73,14 @@ def test_all_ignored_batch_gives_zero_loss_and_gradients(reduction, device):
         assert torch.equal(t.grad, torch.zeros_like(t))
 
 
+def test_no_rows_gives_zero_loss(device):
+    hidden = torch.randn(0, 8, device=device, requires_grad=True)
+    weight = torch.randn(10, 8, device=device, requires_grad=True)
+    loss = fused_linear_cross_entropy(hidden, weight, torch.zeros(0, dtype=torch.int64, device=device))
+    loss.backward()
+    assert loss.item() == 0.0 and hidden.grad.shape == (0, 8) and not weight.grad.any()
+
+
 def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
     shapes = []
     original = ce._chunk_logits
