@@ -17,6 +17,7 @@ from rich.console import Console
 
 from llm_speed.bench import attention as attention_bench
 from llm_speed.bench import gemm as gemm_bench
+from llm_speed.bench import ops as ops_bench
 from llm_speed.bench import report
 
 
@@ -126,6 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
+    ops_bench.register(kinds)  # bench ops (llm_speed.bench.ops)
 
     doctor.add_parser(subparsers)
     demo.add_parser(subparsers)
