@@ -19,6 +19,7 @@ from llm_speed.bench import attention as attention_bench
 from llm_speed.bench import gemm as gemm_bench
 from llm_speed.bench import ops as ops_bench
 from llm_speed.bench import report
+from llm_speed.bench import train_step as train_step_bench
 
 
 def _positive_int(text: str) -> int:
@@ -128,6 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_common(gemm)
     gemm.set_defaults(func=run_gemm_command)
     ops_bench.register(kinds)  # bench ops (llm_speed.bench.ops)
+    train_step_bench.register(kinds)  # bench train-step (llm_speed.bench.train_step)
 
     doctor.add_parser(subparsers)
     demo.add_parser(subparsers)

@@ -122,9 +122,7 @@ def run_ops(*, dtype: str, device: torch.device, impls=IMPLS, warmup: int, itera
                                    iterations=iterations, device=device)  # fmt: skip
                 memory = timing.peak_memory(step, device)
             except Exception as error:  # noqa: BLE001 - one failing implementation must not end the run
-                row.unavailable = (
-                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                )
+                row.unavailable = unavailable_reason(error)
                 continue
             row.median_ms = t.median_ms
             row.peak_mib = report.mib(memory.peak_bytes)
@@ -135,10 +133,44 @@ def run_ops(*, dtype: str, device: torch.device, impls=IMPLS, warmup: int, itera
     return rows
 
 
-def register(kinds: argparse._SubParsersAction) -> None:
-    """Add ``bench ops`` to the ``bench`` sub-commands."""
+def unavailable_reason(error: BaseException) -> str:
+    """One line saying why an implementation could not be measured."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first_line}"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, warmup_help: str, iterations_help: str) -> None:
+    """--warmup, --iterations, --device and --output, shared by ``bench ops`` and ``bench train-step``."""
     from llm_speed.bench.cli import _non_negative_int, _positive_int
 
+    parser.add_argument("--warmup", type=_non_negative_int, help=warmup_help)
+    parser.add_argument("--iterations", type=_positive_int, help=iterations_help)
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
+    parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
+
+
+def start(args: argparse.Namespace) -> torch.device:
+    """The device to run on, after checking the output path (before any work)."""
+    from llm_speed._output import prepare_output_path
+    from llm_speed.bench.cli import resolve_device
+
+    device = resolve_device(args.device)
+    if args.output:
+        prepare_output_path(args.output, argument="--output")
+    return device
+
+
+def finish(table, device: torch.device, payload: dict[str, Any], output: str | None) -> None:
+    """Print the table and what the timings mean; write the JSON (with the provenance) when asked."""
+    console = report.output_console()
+    console.print(table)
+    for note in report.timing_notes(device, ["llm_speed"]):
+        console.print(note, highlight=False)
+    report.write_results({"environment": report.environment(device), **payload}, output, console)
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    """Add ``bench ops`` to the ``bench`` sub-commands."""
     parser = kinds.add_parser(
         "ops",
         help="fused ops (rms_norm, swiglu, rotary, linear cross-entropy) vs eager and torch.compile",
@@ -148,33 +180,22 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--impl", action="append", choices=IMPLS, help="repeat to pick several (default: all)"
     )
-    parser.add_argument(
-        "--warmup", type=_non_negative_int, default=None, help="untimed runs first (GPU 10, CPU 1)"
-    )
-    parser.add_argument("--iterations", type=_positive_int, default=None, help="timed runs (GPU 50, CPU 3)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
-    parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
+    add_run_arguments(parser, warmup_help="untimed runs first (GPU 10, CPU 1)",
+                      iterations_help="timed runs (GPU 50, CPU 3)")  # fmt: skip
     parser.set_defaults(func=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from llm_speed._output import prepare_output_path
-    from llm_speed.bench.cli import resolve_device
-
-    device = resolve_device(args.device)
-    if args.output:
-        prepare_output_path(args.output, argument="--output")
+    device = start(args)
     gpu_run = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if gpu_run else 1)
     iterations = args.iterations if args.iterations is not None else (50 if gpu_run else 3)
     rows = run_ops(dtype=args.dtype, device=device, impls=tuple(args.impl or IMPLS), warmup=warmup,
                    iterations=iterations)  # fmt: skip
-    console = report.output_console()
-    table = Table(
-        title=f"fused ops, forward + backward, {args.dtype}, {report.environment_device_name(device)}"
-    )
+    device_name = report.environment_device_name(device)
+    table = Table(title=f"fused ops, forward + backward, {args.dtype}, {device_name}")
     for column in ("op", "impl", "shape", "median ms", "GB/s", "% HBM peak", "peak MiB"):
         table.add_column(column)
     for row in rows:
@@ -187,9 +208,5 @@ def run_command(args: argparse.Namespace) -> int:
             f"{100 * row.hbm_fraction:.0f}%" if row.hbm_fraction is not None else "-",
             f"{row.peak_mib:.0f}" if row.peak_mib is not None else "-",
         )  # fmt: skip
-    console.print(table)
-    for note in report.timing_notes(device, ["llm_speed"]):
-        console.print(note, highlight=False)
-    payload = {"environment": report.environment(device), "rows": [dataclasses.asdict(r) for r in rows]}
-    report.write_results(payload, args.output, console)
+    finish(table, device, {"rows": [dataclasses.asdict(r) for r in rows]}, args.output)
     return 0 if any(r.median_ms is not None for r in rows if r.impl == "llm_speed") else 1
