@@ -114,6 +114,13 @@ def test_opcheck_and_compile_fullgraph(device):
     hidden, weight, b = leaves(hidden, weight, b)
     args = (hidden, weight, target, b, -100, 0.1, 2.0, 2)
     torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
+    _, lse = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
+        *(a.detach() if torch.is_tensor(a) else a for a in args)
+    )
+    grad_args = (torch.randn(3, device=device), hidden.detach(), weight.detach(), target, b.detach(), lse)
+    torch.library.opcheck(
+        torch.ops.llm_speed.fused_linear_cross_entropy_backward.default, (*grad_args, -100, 0.1, 2.0, 2)
+    )
     torch._dynamo.reset()
 
     def loss_fn(hh, ww, bb):
