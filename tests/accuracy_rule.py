@@ -1,4 +1,5 @@
-"""The accuracy rule of every kernel test (attention, GEMM), and the NaN poisoning of kernel outputs.
+"""The accuracy rule of every kernel test (attention, GEMM, fused ops), and the NaN poisoning of kernel
+outputs.
 
 Rule (as PyTorch's test/test_transformers.py and flash-attention's tests/test_flash_attn.py test fused
 attention): against a float64 truth,
@@ -48,9 +49,10 @@ def matmul_cap(out_dtype: torch.dtype, truth: torch.Tensor, k: int) -> float:
 
 
 def nan_poisoned_outputs(monkeypatch) -> None:
-    """Make every attention and GEMM kernel output start as NaN, so an element a kernel forgets to write
-    fails the test (the launchers allocate through their module's ``new_output``)."""
+    """Make every attention, GEMM and fused-op kernel output start as NaN, so an element a kernel forgets to
+    write fails the test (the launchers allocate through their module's ``new_output``)."""
     from llm_speed.attention import launch
+    from llm_speed.fused import _common
     from llm_speed.matmul import ops
 
     def poisoned(shape, dtype, device):
@@ -59,5 +61,5 @@ def nan_poisoned_outputs(monkeypatch) -> None:
         # integer outputs (int8 GEMM's int32) have no NaN: a value no exact product of the tests reaches
         return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
 
-    for module in (launch, ops):
+    for module in (launch, ops, _common):
         monkeypatch.setattr(module, "new_output", poisoned)

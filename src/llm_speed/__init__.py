@@ -26,6 +26,11 @@ _EXPORTS = {
     "tensor_core_gemm": "llm_speed.matmul",
     "tensor_core_gemm_int8": "llm_speed.matmul",
     "validate_gemm_inputs": "llm_speed.matmul",
+    # fused LLM ops
+    "rms_norm": "llm_speed.fused.rms_norm",
+    "apply_rotary": "llm_speed.fused.rotary",
+    "swiglu": "llm_speed.fused.swiglu",
+    "fused_linear_cross_entropy": "llm_speed.fused.cross_entropy",
     # memory helpers of the analytic model
     "analyze_memory_hierarchy": "llm_speed.perf.memory",
     "calculate_attention_vram": "llm_speed.perf.memory",
@@ -39,7 +44,7 @@ _EXPORTS = {
     "safe_flash_attention": "llm_speed.helpers",
 }
 # Sub-modules reachable as attributes without an explicit import (``llm_speed.profiler.CUDAProfiler``).
-_SUBMODULES = ("profiler", "ops", "distributed")
+_SUBMODULES = ("profiler", "ops", "distributed", "fused", "nn", "integrations")
 
 __all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
 

@@ -259,6 +259,20 @@ def _flash_backward_probe(device: Any) -> None:
     flash_attention(q, k, v, is_causal=True).sum().backward()
 
 
+def backward_probe(forward: str) -> Callable[[Any], Any]:
+    """Probe of a backward row: the forward row ``forward``'s example at :data:`PROBE_SIZE`, its floating
+    inputs requiring grad, then ``output.sum().backward()``."""
+
+    def probe(device: Any) -> Any:
+        row = get(forward)
+        args, kwargs = row.example_problem(device, None, PROBE_SIZE)
+        args = tuple(a.detach().requires_grad_() if a.is_floating_point() else a for a in args)
+        row.load()(*args, **kwargs).float().sum().backward()
+        return [a.grad for a in args if a.is_floating_point()]
+
+    return probe
+
+
 def _matrices(device: Any, dtype: Any, size: int = PROBE_GEMM) -> list[Any]:
     import torch
 
@@ -291,6 +305,15 @@ def _int8_gemm_probe(device: Any) -> Any:
     from llm_speed.matmul.ops import tensor_core_gemm_int8
 
     return tensor_core_gemm_int8(*_matrices(device, torch.int8))
+
+
+def _fused_work(module: str, factory: str, *, backward: bool = True) -> Callable[..., Work | None]:
+    """The cost function ``llm_speed.fused.<module>.<factory>(backward)``, imported on first call."""
+
+    def cost(**problem: Any) -> Work | None:
+        return getattr(importlib.import_module(f"llm_speed.fused.{module}"), factory)(backward)(**problem)
+
+    return cost
 
 
 # --- the table ---------------------------------------------------------------------------------------------
@@ -338,6 +361,42 @@ OPS: tuple[Op, ...] = (
         "attention_kvcache_fwd", "llm_speed.attention.decode:flash_attention_with_kvcache",
         "llm_speed.attention.decode:kvcache_work", probe="llm_speed.attention.decode:kvcache_probe",
         label="flash_attention_with_kvcache (paged decode)",
+    ),
+    # Fused LLM ops (llm_speed.fused): each file holds its kernels, op, cost and example problem.
+    Op(
+        "rms_norm", "llm_speed.fused.rms_norm:rms_norm",
+        _fused_work("rms_norm", "rms_norm_work", backward=False),
+        example="llm_speed.fused.rms_norm:rms_norm_example",
+        baseline="llm_speed.fused.rms_norm:rms_norm_reference",
+    ),
+    Op(
+        "rms_norm_backward", "llm_speed.fused.rms_norm:rms_norm", _fused_work("rms_norm", "rms_norm_work"),
+        probe=backward_probe("rms_norm"),
+    ),
+    Op(
+        "swiglu", "llm_speed.fused.swiglu:swiglu", _fused_work("swiglu", "swiglu_work", backward=False),
+        example="llm_speed.fused.swiglu:swiglu_example", baseline="llm_speed.fused.swiglu:swiglu_reference",
+    ),
+    Op(
+        "swiglu_backward", "llm_speed.fused.swiglu:swiglu", _fused_work("swiglu", "swiglu_work"),
+        probe=backward_probe("swiglu"),
+    ),
+    # Forward and backward run the same kernel (the backward rotates by the opposite angle).
+    Op(
+        "apply_rotary", "llm_speed.fused.rotary:apply_rotary", "llm_speed.fused.rotary:rotary_work",
+        example="llm_speed.fused.rotary:rotary_example",
+        baseline="llm_speed.fused.rotary:apply_rotary_reference",
+    ),
+    Op(
+        "fused_linear_cross_entropy", "llm_speed.fused.cross_entropy:fused_linear_cross_entropy",
+        _fused_work("cross_entropy", "cross_entropy_work", backward=False),
+        example="llm_speed.fused.cross_entropy:cross_entropy_example",
+        baseline="llm_speed.fused.cross_entropy:fused_linear_cross_entropy_reference",
+    ),
+    Op(
+        "fused_linear_cross_entropy_backward", "llm_speed.fused.cross_entropy:fused_linear_cross_entropy",
+        _fused_work("cross_entropy", "cross_entropy_work"),
+        probe=backward_probe("fused_linear_cross_entropy"),
     ),
     # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".
     Op(

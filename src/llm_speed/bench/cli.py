@@ -67,6 +67,14 @@ def _add_common(parser: argparse.ArgumentParser, min_time: str | None) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser, *, warmup: str, iterations: str) -> None:
+    """--warmup, --iterations, --device and --output of ``bench ops`` and ``bench train-step``."""
+    parser.add_argument("--warmup", type=non_negative_int, help=warmup)
+    parser.add_argument("--iterations", type=positive_int, help=iterations)
+    _cli.add_device_argument(parser)
+    parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` with its ``attention`` and ``gemm`` benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmark llm-speed's kernels against PyTorch and others")
@@ -142,6 +150,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decode.add_argument("--impl", nargs="+", choices=options.DECODE_IMPLS, help="default: all of them")
     _add_common(decode, None)
     decode.set_defaults(func=run_decode_command)
+    ops_parser = kinds.add_parser(
+        "ops",
+        help="fused ops (rms_norm, swiglu, rotary, linear cross-entropy) vs eager and torch.compile",
+        description="Forward + backward of each fused op: time, GB/s against the HBM peak, peak memory.",
+    )
+    ops_parser.add_argument("--dtype", default="bf16", choices=options.OPS_DTYPES)
+    ops_parser.add_argument(
+        "--impl", action="append", choices=options.OPS_IMPLS, help="repeat to pick several (default: all)"
+    )
+    _add_run_arguments(
+        ops_parser, warmup="untimed runs first (GPU 10, CPU 1)", iterations="timed runs (GPU 50, CPU 3)"
+    )
+    ops_parser.set_defaults(func=run_ops_command)
+    train = kinds.add_parser(
+        "train-step",
+        help="tokens/s and peak memory of a training step with and without llm-speed (transformers model)",
+        description="Training step (forward with labels, backward, SGD) of a random Llama-style model.",
+    )
+    train.add_argument("--model", required=True, help="zoo name (llm-speed models) or a config.json path")
+    train.add_argument("--layers", type=positive_int, help="keep the first N layers (default: all)")
+    train.add_argument("--batch", type=positive_int, default=1)
+    train.add_argument(
+        "--seq", type=positive_int, default=None, help="tokens per sequence (GPU 2048, CPU 16)"
+    )
+    train.add_argument("--dtype", default="bf16", choices=options.OPS_DTYPES)
+    _add_run_arguments(
+        train, warmup="untimed steps first (GPU 3, CPU 1)", iterations="timed steps (GPU 10, CPU 2)"
+    )
+    train.set_defaults(func=run_train_step_command)
 
     op = kinds.add_parser(
         "op",
@@ -388,3 +425,17 @@ def run_op_command(args: argparse.Namespace) -> int:
     else:
         op_bench.print_op(rows, _cli.console())
     return 0
+
+
+def run_ops_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench ops``."""
+    from llm_speed.bench import ops as ops_bench
+
+    return ops_bench.run_command(args)
+
+
+def run_train_step_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench train-step``."""
+    from llm_speed.bench import train_step as train_step_bench
+
+    return train_step_bench.run_command(args)

@@ -20,6 +20,11 @@ ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
 DECODE_IMPLS = ("kvcache", "kvcache-paged", "sdpa")  # dense cache, paged cache, SDPA over a dense cache
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
 
+# --- bench ops, bench train-step ---
+OPS_IMPLS = ("llm_speed", "eager", "torch.compile")
+OPS_DTYPES = ("bf16", "fp16", "fp32")
+TRAIN_STEP_VARIANTS = ("transformers", "llm_speed")  # unpatched, patched by integrations.transformers.apply
+
 # --- bench gemm ---
 GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")
 GEMM_LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B

@@ -1,0 +1,213 @@
+"""Rotary position embedding (Su et al., "RoFormer", 2021, arXiv:2104.09864) applied in one Triton pass.
+
+Each pair ``(x1, x2)`` of the first ``rotary_dim`` dims of a head is rotated by its angle:
+``(x1 cos - x2 sin, x2 cos + x1 sin)``. Pairs are ``(i, i + rotary_dim/2)`` by default (GPT-NeoX / Llama
+"rotate half", huggingface/transformers ``rotate_half``) or ``(2i, 2i+1)`` with ``interleaved=True`` (GPT-J,
+the paper's layout). Dims past ``rotary_dim`` are copied. The backward is the rotation by the opposite angle,
+the same kernel with ``sin`` negated (``CONJUGATE``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from .._triton_cast import cast, rne_by_hand
+from . import _common
+from ._common import check_bool, check_same_device, check_tensor, compute_dtype
+
+KERNEL = "rotary"  # forward and backward are the same kernel
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    stride_xb, stride_xh, stride_xs, stride_cb, stride_cs, stride_ob, stride_oh, stride_os,
+    batch, heads, seq, half, head_dim,
+    BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_PASS: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    # BLOCK_R rows of (batch, head, position) per program, flattened in that order
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    i_b = o_r // (heads * seq)
+    i_h = (o_r // seq) % heads
+    i_s = o_r % seq
+    o_j = tl.arange(0, BLOCK_HALF)
+    m_s = o_r < batch * heads * seq
+    m = m_s[:, None] & (o_j < half)[None, :]  # [BR, BHALF]
+    p_x = x_ptr + (i_b * stride_xb + i_h * stride_xh + i_s * stride_xs)[:, None]
+    p_o = out_ptr + (i_b * stride_ob + i_h * stride_oh + i_s * stride_os)[:, None]
+    p_c = (i_b * stride_cb + i_s * stride_cs)[:, None] + o_j[None, :]
+    b_cos = tl.load(cos_ptr + p_c, mask=m, other=0.0).to(tl.float32)
+    b_sin = tl.load(sin_ptr + p_c, mask=m, other=0.0).to(tl.float32)
+    if CONJUGATE:
+        b_sin = -b_sin
+    if INTERLEAVED:
+        o_1 = 2 * o_j
+        o_2 = 2 * o_j + 1
+    else:
+        o_1 = o_j
+        o_2 = o_j + half
+    b_x1 = tl.load(p_x + o_1[None, :], mask=m, other=0.0).to(tl.float32)
+    b_x2 = tl.load(p_x + o_2[None, :], mask=m, other=0.0).to(tl.float32)
+    b_o1 = b_x1 * b_cos - b_x2 * b_sin
+    b_o2 = b_x2 * b_cos + b_x1 * b_sin
+    out_ty = out_ptr.dtype.element_ty
+    tl.store(p_o + o_1[None, :], cast(b_o1, out_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    tl.store(p_o + o_2[None, :], cast(b_o2, out_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    if HAS_PASS:
+        o_p = 2 * half + tl.arange(0, BLOCK_PASS)
+        m_p = m_s[:, None] & (o_p < head_dim)[None, :]
+        tl.store(p_o + o_p[None, :], tl.load(p_x + o_p[None, :], mask=m_p), mask=m_p)
+
+
+def _rotate_torch(x, cos, sin, interleaved, conjugate):
+    """The rotation in PyTorch (float32, or float64 for float64 x), x's dtype out."""
+    half = cos.shape[-1]
+    ct = compute_dtype(x.dtype)
+    c = (cos if cos.dim() == 3 else cos[None]).to(ct)[:, None]
+    s = (sin if sin.dim() == 3 else sin[None]).to(ct)[:, None]
+    if conjugate:
+        s = -s
+    rot = x[..., : 2 * half].to(ct)
+    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
+    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+    rotated = torch.stack((o1, o2), -1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half :]), -1).contiguous()
+
+
+@torch.library.custom_op("llm_speed::rotary", mutates_args=())
+def _rotary_op(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
+) -> torch.Tensor:
+    batch, heads, seq, head_dim = x.shape
+    if x.numel():  # the backward is this op with the opposite angle: reported under the same row
+        _runtime.report_work("apply_rotary", x=x, cos=cos)
+    if x.numel() == 0 or not _runtime.triton_runs_on(x.device):
+        return _rotate_torch(x, cos, sin, interleaved, conjugate)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    half = cos.shape[-1]
+    out = _common.new_output(x.shape, x.dtype, x.device)
+    block_half = triton.next_power_of_2(half)
+    total_rows = batch * heads * seq
+    block_r = max(1, min(triton.next_power_of_2(total_rows), 4096 // block_half))
+    stride_cb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] == batch else 0
+    with _runtime.on_device_of(x):
+        _rotary_kernel[(triton.cdiv(total_rows, block_r),)](
+            x_ptr=x, cos_ptr=cos, sin_ptr=sin, out_ptr=out,
+            stride_xb=x.stride(0), stride_xh=x.stride(1), stride_xs=x.stride(2),
+            stride_cb=stride_cb, stride_cs=cos.stride(-2),
+            stride_ob=out.stride(0), stride_oh=out.stride(1), stride_os=out.stride(2),
+            batch=batch, heads=heads, seq=seq, half=half, head_dim=head_dim,
+            BLOCK_R=block_r, BLOCK_HALF=block_half,
+            BLOCK_PASS=triton.next_power_of_2(max(1, head_dim - 2 * half)),
+            INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_PASS=head_dim > 2 * half,
+            RNE_BY_HAND=rne_by_hand(x.dtype), num_warps=4,
+        )  # fmt: skip
+    _runtime.record_launch(KERNEL)
+    return out
+
+
+@_rotary_op.register_fake
+def _rotary_fake(x, cos, sin, interleaved, conjugate):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    _, cos, sin, interleaved, conjugate = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved, ctx.conjugate = interleaved, conjugate
+
+
+def _backward(ctx, dout):
+    cos, sin = ctx.saved_tensors
+    # The rotation is orthogonal: its gradient is the rotation by the opposite angle.
+    return _rotary_op(dout, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
+
+
+_rotary_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _validate(x, cos, sin, interleaved):
+    check_tensor("x", x, dims=4, what="[batch, heads, seq, head_dim]")
+    check_tensor("cos", cos)
+    check_tensor("sin", sin)
+    interleaved = check_bool("interleaved", interleaved)
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have the same shape, got cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
+        )
+    batch, _, seq, head_dim = x.shape
+    if cos.dim() not in (2, 3):
+        raise ValueError(
+            "cos and sin must be [seq, rotary_dim // 2] or [batch, seq, rotary_dim // 2], "
+            f"got {tuple(cos.shape)}"
+        )
+    if cos.shape[-2] != seq:
+        raise ValueError(f"cos and sin cover {cos.shape[-2]} positions; x has seq {seq}")
+    if cos.dim() == 3 and cos.shape[0] not in (1, batch):
+        raise ValueError(f"cos and sin batch ({cos.shape[0]}) must be 1 or x's batch ({batch})")
+    rotary_dim = 2 * cos.shape[-1]
+    if not 2 <= rotary_dim <= head_dim:
+        raise ValueError(
+            f"rotary_dim = 2 * cos.shape[-1] = {rotary_dim}; accepted: from 2 to x's head_dim ({head_dim})"
+        )
+    check_same_device(x=x, cos=cos, sin=sin)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        raise ValueError("cos and sin get no gradient here; pass them detached (x is differentiable)")
+    return interleaved
+
+
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` dims of every head of ``x`` by the angles whose cos/sin are given.
+
+    Args:
+        x: ``[batch, heads, seq, head_dim]``, float16, bfloat16 or float32, any strides with a contiguous last
+            dim (a ``[B, S, H, D]`` tensor viewed with ``.transpose(1, 2)`` costs no copy).
+        cos, sin: ``[seq, rotary_dim // 2]`` or ``[batch, seq, rotary_dim // 2]`` (batch 1 broadcasts), one
+            value per pair and position, float16/bfloat16/float32; ``2 <= rotary_dim <= head_dim``. Hugging
+            Face models carry cos/sin of width head_dim with both halves equal: pass ``cos[..., :half]``.
+            They get no gradient (a ValueError if they require one while grad mode is on).
+        interleaved: False pairs dims ``(i, i + rotary_dim/2)`` (GPT-NeoX / Llama "rotate half"); True pairs
+            ``(2i, 2i+1)`` (GPT-J). Dims from ``rotary_dim`` to ``head_dim`` pass through unchanged.
+
+    Returns a new contiguous ``[batch, heads, seq, head_dim]`` tensor in x's dtype (maths in float32); x is
+    not modified. Differentiable in x. Devices as :func:`llm_speed.rms_norm`. Reference:
+    :func:`apply_rotary_reference`.
+    """
+    interleaved = _validate(x, cos, sin, interleaved)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both with cos's strides
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return _rotary_op(x, cos, sin, interleaved, False)
+
+
+def apply_rotary_reference(x, cos, sin, *, interleaved: bool = False) -> torch.Tensor:
+    """Plain PyTorch rotary embedding with the signature and semantics of :func:`apply_rotary`."""
+    return _rotate_torch(x, cos, sin, interleaved, False)
+
+
+# --- op table (llm_speed.ops row "apply_rotary", forward and backward alike) ---------------------------
+
+
+def rotary_work(*, x, cos, **_):
+    """Cost of one reported call: x read and the output written whole (the dims past ``rotary_dim`` are
+    copied), cos and sin read once each; 6 FLOPs per rotated pair (4 products, 2 sums)."""
+    from llm_speed.ops import Work
+
+    batch, heads, seq, _ = x.shape
+    pairs = batch * heads * seq * cos.shape[-1]
+    moved = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
+    return Work(6.0 * pairs, moved, x.dtype, x.device)
+
+
+def rotary_example(device, dtype, size: int):
+    """x ``[1, 8, size, 64]`` (``size`` = sequence length), cos and sin of Llama's angles."""
+    angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * (
+        10000.0 ** (-torch.arange(32, device=device, dtype=torch.float32) / 32)
+    )
+    x = torch.randn(1, 8, size, 64, device=device, dtype=dtype)
+    return (x, angles.cos().to(dtype), angles.sin().to(dtype)), {}

@@ -1,0 +1,173 @@
+"""SwiGLU activation (Shazeer, "GLU Variants Improve Transformer", 2020, arXiv:2002.05202) in Triton.
+
+``silu(gate) * up`` in one kernel: reads gate and up once and writes the product once (eager PyTorch writes
+and rereads ``silu(gate)`` in between). The backward kernel recomputes the sigmoid from gate instead of
+saving it, as Liger-Kernel's ``ops/swiglu.py`` does, and writes both gradients in one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from .._triton_cast import cast, rne_by_hand
+from . import _common
+from ._common import check_same_device, check_tensor, compute_dtype
+
+KERNEL_FORWARD = "swiglu_fwd"
+KERNEL_BACKWARD = "swiglu_bwd"
+BLOCK = 1024  # elements per program: 4 per thread with 8 warps
+
+
+@triton.jit
+def _swiglu_fwd_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    b_g = tl.load(gate_ptr + o, mask=m, other=0.0).to(tl.float32)
+    b_u = tl.load(up_ptr + o, mask=m, other=0.0).to(tl.float32)
+    b_out = b_g * tl.sigmoid(b_g) * b_u
+    tl.store(out_ptr + o, cast(b_out, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(
+    dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr
+):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    b_do = tl.load(dout_ptr + o, mask=m, other=0.0).to(tl.float32)
+    b_g = tl.load(gate_ptr + o, mask=m, other=0.0).to(tl.float32)
+    b_u = tl.load(up_ptr + o, mask=m, other=0.0).to(tl.float32)
+    b_sig = tl.sigmoid(b_g)
+    b_silu = b_g * b_sig
+    # silu'(g) = sig(g) * (1 + g * (1 - sig(g)))
+    b_dg = b_do * b_u * b_sig * (1.0 + b_g * (1.0 - b_sig))
+    tl.store(dgate_ptr + o, cast(b_dg, dgate_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    tl.store(dup_ptr + o, cast(b_do * b_silu, dup_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+
+
+def _forward_torch(gate, up):
+    ct = compute_dtype(gate.dtype)
+    return (torch.nn.functional.silu(gate.to(ct)) * up.to(ct)).to(gate.dtype)
+
+
+def _backward_torch(dout, gate, up):
+    ct = compute_dtype(gate.dtype)
+    g, u, do = gate.to(ct), up.to(ct), dout.to(ct)
+    sig = torch.sigmoid(g)
+    dg = do * u * sig * (1 + g * (1 - sig))
+    return dg.to(gate.dtype), (do * g * sig).to(up.dtype)
+
+
+@torch.library.custom_op("llm_speed::swiglu_forward", mutates_args=())
+def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    n = gate.numel()
+    if n:
+        _runtime.report_work("swiglu", gate=gate)
+    if n == 0 or not _runtime.triton_runs_on(gate.device):
+        return _forward_torch(gate, up)
+    out = _common.new_output(gate.shape, gate.dtype, gate.device)
+    with _runtime.on_device_of(gate):
+        _swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](
+            gate_ptr=gate, up_ptr=up, out_ptr=out, n=n,
+            BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
+        )  # fmt: skip
+    _runtime.record_launch(KERNEL_FORWARD)
+    return out
+
+
+@_forward_op.register_fake
+def _forward_fake(gate, up):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("llm_speed::swiglu_backward", mutates_args=())
+def _backward_op(
+    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = gate.numel()
+    dout = dout.contiguous()
+    if n:
+        _runtime.report_work("swiglu_backward", gate=gate)
+    if n == 0 or not _runtime.triton_runs_on(gate.device):
+        return _backward_torch(dout, gate, up)
+    dgate = _common.new_output(gate.shape, gate.dtype, gate.device)
+    dup = _common.new_output(up.shape, up.dtype, up.device)
+    with _runtime.on_device_of(gate):
+        _swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
+            dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup, n=n,
+            BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
+        )  # fmt: skip
+    _runtime.record_launch(KERNEL_BACKWARD)
+    return dgate, dup
+
+
+@_backward_op.register_fake
+def _backward_fake(dout, gate, up):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dout):
+    gate, up = ctx.saved_tensors
+    return _backward_op(dout, gate, up)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation ``silu(gate) * up`` (Llama, Mistral, Qwen2 MLPs), one Triton kernel each way.
+
+    Args:
+        gate, up: the same shape (any) and dtype (float16, bfloat16, float32), on one device. Non-contiguous
+            inputs are copied to contiguous ones first.
+
+    Returns a contiguous tensor of gate's shape and dtype, computed in float32. Differentiable in gate and
+    up; the backward recomputes ``sigmoid(gate)`` rather than saving it. Devices as
+    :func:`llm_speed.rms_norm`. Reference: :func:`swiglu_reference`.
+    """
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"gate and up must have the same shape, got gate {tuple(gate.shape)}, up {tuple(up.shape)}"
+        )
+    if gate.dtype != up.dtype:
+        raise TypeError(f"gate and up must share one dtype, got gate {gate.dtype}, up {up.dtype}")
+    check_same_device(gate=gate, up=up)
+    return _forward_op(gate.contiguous(), up.contiguous())
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch ``silu(gate) * up`` computed in float32 (float64 stays float64), gate's dtype out."""
+    return _forward_torch(gate, up)
+
+
+# --- op table (llm_speed.ops rows "swiglu", "swiglu_backward") ------------------------------------------
+
+
+def swiglu_work(backward: bool = False):
+    """Cost of one reported call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out;
+    backward: dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then
+    the products: 5 forward, 10 backward)."""
+
+    def cost(*, gate, **_):
+        from llm_speed.ops import Work
+
+        n, size = gate.numel(), gate.element_size()
+        return Work(
+            (10.0 if backward else 5.0) * n, (5 if backward else 3) * n * size, gate.dtype, gate.device
+        )
+
+    return cost
+
+
+def swiglu_example(device, dtype, size: int):
+    """gate, up ``[size, size]``."""
+    return tuple(torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)), {}

@@ -1,0 +1,165 @@
+"""fused_linear_cross_entropy: float64 truth (2x/3x), reductions, ignore_index, smoothing, softcap, chunking,
+all-ignored batches, registration, bad input."""
+
+import pytest
+import torch
+from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
+
+import llm_speed.fused.cross_entropy as ce
+from llm_speed import fused_linear_cross_entropy
+from llm_speed.fused.cross_entropy import fused_linear_cross_entropy_reference
+
+KERNELS = (ce.KERNEL_FORWARD, ce.KERNEL_BACKWARD)
+
+
+def _problem(n, h, vocab, dtype, device, *, bias=True, ignored=(), magnitude=1.0):
+    hidden = (torch.randn(n, h) * magnitude / h**0.5).to(dtype).to(device)
+    weight = torch.randn(vocab, h).to(dtype).to(device)
+    b = torch.randn(vocab).to(dtype).to(device) if bias else None
+    target = torch.randint(0, vocab, (n,))
+    target[list(ignored)] = -100
+    return hidden, weight, b, target.to(device)
+
+
+def _run(fn, hidden, weight, bias, target, out_grad, **kw):
+    loss = fn(hidden, weight, target, bias=bias, **kw)
+    (loss.double() * out_grad).sum().backward()
+    grads = (hidden.grad, weight.grad) + ((bias.grad,) if bias is not None else ())
+    return (loss.detach(), *grads)
+
+
+CASES = [  # n, h, vocab, bias, ignored rows, kwargs, magnitude
+    (19, 48, 150, True, (3, 17), {}, 1.0),
+    (1, 40, 100, False, (), {"reduction": "sum"}, 1.0),
+    (13, 56, 190, True, (0,), {"label_smoothing": 0.1, "softcap": 3.0, "chunk_rows": 5}, 4.0),
+    (9, 40, 130, False, (1, 2), {"reduction": "none", "label_smoothing": 0.25, "chunk_rows": 4}, 8.0),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_accuracy(case, dtype, device):
+    n, h, vocab, bias, ignored, kw, magnitude = case
+    hidden, weight, b, target = _problem(
+        n, h, vocab, dtype, device, bias=bias, ignored=ignored, magnitude=magnitude
+    )
+    out_grad = torch.randn(n).double() if kw.get("reduction") == "none" else torch.tensor(1.0).double()
+    tensors = [t for t in (hidden, weight, b) if t is not None]
+
+    def split(ts):
+        return ts[0], ts[1], (ts[2] if bias else None)
+
+    truth = _run(fused_linear_cross_entropy_reference, *split(leaves(*tensors, dtype=torch.float64)),
+                 target.cpu(), out_grad, **{k: v for k, v in kw.items() if k != "chunk_rows"})  # fmt: skip
+    same = _run(fused_linear_cross_entropy_reference, *split(leaves(*tensors)), target, out_grad.to(device),
+                **{k: v for k, v in kw.items() if k != "chunk_rows"})  # fmt: skip
+    with expect_launches(*KERNELS, device=device):
+        got = _run(fused_linear_cross_entropy, *split(leaves(*tensors)), target, out_grad.to(device), **kw)
+    assert got[0].dtype == dtype and got[0].shape == ((n,) if kw.get("reduction") == "none" else ())
+    for i, name in enumerate(("loss", "dhidden", "dweight", "dbias")[: len(got)]):
+        factor = OUTPUT_FACTOR if i == 0 else GRAD_FACTOR
+        # the loss is of order log(V) (more with large logits): the cap is one rounding unit at that size
+        assert_error_rule(name, got[i], same[i], truth[i], factor, dtype, scale=8.0 if i == 0 else 1.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_batch_gives_zero_loss_and_gradients(reduction, device):
+    hidden, weight, b, target = _problem(5, 40, 101, torch.float32, device, ignored=range(5))
+    hidden, weight, b = leaves(hidden, weight, b)
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias=b, reduction=reduction)
+    loss.sum().backward()
+    assert torch.equal(loss, torch.zeros_like(loss))
+    for t in (hidden, weight, b):
+        assert torch.equal(t.grad, torch.zeros_like(t))
+
+
+def test_no_rows_gives_zero_loss(device):
+    hidden = torch.randn(0, 8, device=device, requires_grad=True)
+    weight = torch.randn(10, 8, device=device, requires_grad=True)
+    loss = fused_linear_cross_entropy(hidden, weight, torch.zeros(0, dtype=torch.int64, device=device))
+    loss.backward()
+    assert loss.item() == 0.0 and hidden.grad.shape == (0, 8) and not weight.grad.any()
+
+
+def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
+    shapes = []
+    original = ce._chunk_logits
+
+    def recording(*args):
+        out = original(*args)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(ce, "_chunk_logits", recording)
+    hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
+    hidden.requires_grad_()
+    fused_linear_cross_entropy(hidden, weight, target, bias=b).backward()
+    chunk = ce.default_chunk_rows(23, 40, 160)  # 23 rows / ceil(160 / 40) -> 8 rows per chunk
+    assert chunk == 8 and shapes and all(rows <= chunk for rows, _ in shapes) and len(shapes) == 2 * 3
+    llama = ce.memory_estimate(8192, 4096, 128256, itemsize=2)
+    assert llama["chunk_rows"] == 256 and llama["unfused_bytes"] == 2 * 8192 * 128256 * 2
+    assert llama["fused_bytes"] == 256 * 128256 * 2 + 8 * 8192 and round(llama["saving"]) == 64
+
+
+def test_shifting_logits_changes_nothing(device):
+    # a constant added to every logit of a row (a bias shift) leaves the loss and dhidden unchanged
+    hidden, weight, b, target = _problem(6, 40, 120, torch.float32, device)
+    base = fused_linear_cross_entropy(hidden, weight, target, bias=b)
+    shifted = fused_linear_cross_entropy(hidden, weight, target, bias=b + 1e3)
+    torch.testing.assert_close(base, shifted, rtol=1e-4, atol=1e-4)
+
+
+def test_opcheck_and_compile_fullgraph(device):
+    hidden, weight, b, target = _problem(3, 8, 20, torch.float32, device, ignored=(2,))
+    hidden, weight, b = leaves(hidden, weight, b)
+    args = (hidden, weight, target, b, -100, 0.1, 2.0, 2)
+    torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
+    _, lse = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
+        *(a.detach() if torch.is_tensor(a) else a for a in args)
+    )
+    grad_args = (torch.randn(3, device=device), hidden.detach(), weight.detach(), target, b.detach(), lse)
+    torch.library.opcheck(
+        torch.ops.llm_speed.fused_linear_cross_entropy_backward.default, (*grad_args, -100, 0.1, 2.0, 2)
+    )
+    torch._dynamo.reset()
+
+    def loss_fn(hh, ww, bb):
+        return fused_linear_cross_entropy(hh, ww, target, bias=bb, label_smoothing=0.1, softcap=2.0)
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    with expect_launches(*KERNELS, device=device):
+        compiled(hidden, weight, b).backward()
+    grads = [t.grad.clone() for t in (hidden, weight, b)]
+    for t in (hidden, weight, b):
+        t.grad = None
+    loss_fn(hidden, weight, b).backward()
+    torch.testing.assert_close(grads, [t.grad for t in (hidden, weight, b)], rtol=0, atol=0)
+
+
+def _bad(**changes):
+    args = dict(hidden=torch.ones(3, 8), weight=torch.ones(10, 8), target=torch.tensor([1, 2, -100]))
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (_bad(target=torch.tensor([1, 10, 0])), ValueError, r"target holds 10; accepted: 0 <= target < 10"),
+        (_bad(target=torch.tensor([1, -1, 0])), ValueError, "target holds -1"),
+        (_bad(target=torch.tensor([1, 2, 3], dtype=torch.int32)), TypeError, "target has dtype"),
+        (_bad(target=torch.tensor([1, 2])), ValueError, "target has 2 entries"),
+        (_bad(hidden=torch.ones(3, 8, dtype=torch.float16)), TypeError, "share one dtype"),
+        (_bad(hidden=torch.ones(3, 2, 8)), ValueError, r"hidden must have 2 dims"),
+        (_bad(weight=torch.ones(10, 7)), ValueError, r"\[V, H\]"),
+        (_bad(bias=torch.ones(9)), ValueError, "bias has 9 entries"),
+        (_bad(reduction="avg"), ValueError, "reduction is 'avg'"),
+        (_bad(label_smoothing=1.5), ValueError, "label_smoothing must be <= 1"),
+        (_bad(softcap=0.0), ValueError, "softcap must be > 0"),
+        (_bad(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
+        (_bad(chunk_rows=0), ValueError, "chunk_rows must be >= 1"),
+    ],
+)
+def test_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        fused_linear_cross_entropy(**args)

@@ -1,0 +1,96 @@
+"""rms_norm: float64 truth with the 2x/3x rule, ragged sizes, offsets, strides, registration, bad input."""
+
+import pytest
+import torch
+from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
+
+import llm_speed.fused.rms_norm as rms_module
+from llm_speed import rms_norm
+from llm_speed.fused.rms_norm import rms_norm_reference
+
+KERNELS = (rms_module.KERNEL_FORWARD, rms_module.KERNEL_BACKWARD)
+
+
+def _run(fn, x, w, dy, **kw):
+    x, w = leaves(x, w) if fn is rms_norm else (x, w)
+    y = fn(x, w, **kw)
+    (y.double() * dy.double()).sum().backward()
+    return y.detach(), x.grad, w.grad
+
+
+def _check(x, w, *, scale=1.0, **kw):
+    dtype = x.dtype
+    dy = torch.randn(x.shape).to(dtype).to(x.device)
+    truth = _run(rms_norm_reference, *leaves(x, w, dtype=torch.float64), dy, **kw)
+    same = _run(rms_norm_reference, *leaves(x, w, dtype=None), dy, **kw)
+    with expect_launches(*KERNELS, device=x.device):
+        got = _run(rms_norm, x, w, dy, **kw)
+    assert got[0].dtype == dtype and got[0].shape == x.shape and got[2].dtype == w.dtype
+    for i, name in enumerate(("y", "dx", "dw")):
+        # dx scales like 1 / |x|; dw sums |dy * xhat| over rows
+        s = (1.0 if i == 0 else scale) * (max(1, x.numel() // x.shape[-1]) if i == 2 else 1)
+        assert_error_rule(name, got[i], same[i], truth[i], OUTPUT_FACTOR if i == 0 else GRAD_FACTOR, dtype, s)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 40), (3, 5, 72), (17, 96)])
+def test_accuracy_ragged_shapes(shape, dtype, device):
+    x = torch.randn(shape).to(dtype).to(device)
+    w = (1 + 0.3 * torch.randn(shape[-1])).to(dtype).to(device)
+    _check(x, w, eps=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_offset_fp32_weight_large_magnitude_and_positive_inputs(dtype, device):
+    x = (torch.rand(2, 7, 56) * 3e3).to(dtype).to(device)
+    w = (0.1 * torch.randn(56)).to(device)  # float32 weight with a 16-bit x, stored minus 1
+    _check(x, w, offset=1.0, eps=1e-5, scale=1.0)
+
+
+def test_non_contiguous_input_and_zero_rows(device):
+    base = torch.randn(6, 4, 48).to(device)
+    x = base.transpose(0, 1)  # [4, 6, 48], rows not flattenable in place
+    w = torch.randn(48).to(device)
+    torch.testing.assert_close(rms_norm(x, w), rms_norm_reference(x, w), rtol=1e-6, atol=1e-6)
+    empty = torch.randn(0, 48, device=device, requires_grad=True)
+    out = rms_norm(empty, w)
+    out.sum().backward()
+    assert out.shape == (0, 48) and empty.grad.shape == (0, 48)
+
+
+def test_opcheck_and_compile_fullgraph(device):
+    x = torch.randn(5, 40, device=device, requires_grad=True)
+    w = torch.randn(40, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.llm_speed.rms_norm_forward.default, (x, w, 1e-6, 1.0))
+    y, rstd = torch.ops.llm_speed.rms_norm_forward(x.detach(), w.detach(), 1e-6, 1.0)
+    args = (torch.randn_like(y), x.detach(), w.detach(), rstd, 1.0)
+    torch.library.opcheck(torch.ops.llm_speed.rms_norm_backward.default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda a, b: rms_norm(a, b, offset=1.0).square().sum(), fullgraph=True, backend="aot_eager"
+    )
+    with expect_launches(*KERNELS, device=device):
+        compiled(x, w).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    rms_norm(x, w, offset=1.0).square().sum().backward()
+    torch.testing.assert_close((gx, gw), (x.grad, w.grad), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "kw", "error", "match"),
+    [
+        ([1.0], torch.ones(1), {}, TypeError, "x must be a torch.Tensor"),
+        (torch.ones(2, 4, dtype=torch.float64), torch.ones(4), {}, TypeError, "x has dtype"),
+        (torch.ones(2, 4), torch.ones(4, dtype=torch.int32), {}, TypeError, "weight has dtype"),
+        (torch.ones(2, 4), torch.ones(5), {}, ValueError, "weight has 5 elements"),
+        (torch.ones(2, 4), torch.ones(1, 4), {}, ValueError, "weight must have 1 dims"),
+        (torch.ones(2, 4), torch.ones(4), {"eps": -1.0}, ValueError, "eps must be >= 0"),
+        (torch.ones(2, 4), torch.ones(4), {"eps": float("nan")}, ValueError, "eps must be finite"),
+        (torch.ones(2, 4), torch.ones(4), {"offset": True}, TypeError, "offset must be a real number"),
+        (torch.ones(2, 0), torch.ones(0), {}, ValueError, "hidden"),
+    ],
+)
+def test_bad_input(x, w, kw, error, match):
+    with pytest.raises(error, match=match):
+        rms_norm(x, w, **kw)

@@ -1,0 +1,79 @@
+"""swiglu: float64 truth with the 2x/3x rule, ragged sizes, magnitudes, strides, registration, bad input."""
+
+import pytest
+import torch
+from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
+
+import llm_speed.fused.swiglu as swiglu_module
+from llm_speed import swiglu
+from llm_speed.fused.swiglu import swiglu_reference
+
+KERNELS = (swiglu_module.KERNEL_FORWARD, swiglu_module.KERNEL_BACKWARD)
+
+
+def _run(fn, gate, up, dout):
+    if fn is swiglu:
+        gate, up = leaves(gate, up)
+    out = fn(gate, up)
+    (out.double() * dout.double()).sum().backward()
+    return out.detach(), gate.grad, up.grad
+
+
+# sigmoid(g) = 1 / (1 + exp(-g)): numpy warns when exp(-g) overflows to inf under the interpreter; the
+# result (0) is right.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "magnitude"), [((1,), 1.0), ((3, 37), 4.0), ((2, 5, 113), 1.0), ((1031,), 30.0)]
+)
+def test_accuracy(shape, magnitude, dtype, device):
+    gate = (torch.randn(shape) * magnitude).to(dtype).to(device)
+    up = torch.randn(shape).to(dtype).to(device)
+    dout = torch.randn(shape).to(dtype).to(device)
+    truth = _run(swiglu_reference, *leaves(gate, up, dtype=torch.float64), dout)
+    same = _run(swiglu_reference, *leaves(gate, up), dout)
+    with expect_launches(*KERNELS, device=device):
+        got = _run(swiglu, gate, up, dout)
+    assert got[0].dtype == dtype and got[0].shape == gate.shape
+    for i, name in enumerate(("out", "dgate", "dup")):
+        factor = OUTPUT_FACTOR if i == 0 else GRAD_FACTOR
+        assert_error_rule(name, got[i], same[i], truth[i], factor, dtype, scale=magnitude)
+
+
+def test_non_contiguous_and_empty(device):
+    gate = torch.randn(40, 6).to(device).t()
+    up = torch.randn(6, 40).to(device)
+    torch.testing.assert_close(swiglu(gate, up), swiglu_reference(gate, up), rtol=1e-6, atol=1e-6)
+    empty = torch.randn(0, 3, device=device, requires_grad=True)
+    swiglu(empty, empty.detach()).sum().backward()
+    assert empty.grad.shape == (0, 3)
+
+
+def test_opcheck_and_compile_fullgraph(device):
+    gate = torch.randn(3, 45, device=device, requires_grad=True)
+    up = torch.randn(3, 45, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.llm_speed.swiglu_forward.default, (gate, up))
+    args = (torch.randn(3, 45, device=device), gate.detach(), up.detach())
+    torch.library.opcheck(torch.ops.llm_speed.swiglu_backward.default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda g, u: swiglu(g, u).square().sum(), fullgraph=True, backend="aot_eager")
+    with expect_launches(*KERNELS, device=device):
+        compiled(gate, up).backward()
+    grads = gate.grad.clone(), up.grad.clone()
+    gate.grad = up.grad = None
+    swiglu(gate, up).square().sum().backward()
+    torch.testing.assert_close(grads, (gate.grad, up.grad), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("gate", "up", "error", "match"),
+    [
+        ("x", torch.ones(2), TypeError, "gate must be a torch.Tensor"),
+        (torch.ones(2), torch.ones(2, dtype=torch.int64), TypeError, "up has dtype"),
+        (torch.ones(2), torch.ones(3), ValueError, "same shape"),
+        (torch.ones(2), torch.ones(2, dtype=torch.float16), TypeError, "share one dtype"),
+    ],
+)
+def test_bad_input(gate, up, error, match):
+    with pytest.raises(error, match=match):
+        swiglu(gate, up)
