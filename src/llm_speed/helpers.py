@@ -17,6 +17,7 @@ from llm_speed.attention.naive import naive_attention
 from llm_speed.attention.reference import causal_visible
 from llm_speed.attention.tiled import tiled_attention
 from llm_speed.attention.validation import validate_attention_inputs
+from llm_speed.perf._checks import check_flag
 from llm_speed.perf.gemm_tiling import pad_to_alignment
 from llm_speed.perf.memory import estimate_attention_memory, find_optimal_batch_size
 
@@ -35,15 +36,6 @@ FLASH_MIN_SEQ_LEN = 512
 TILED_MIN_SEQ_LEN = 128
 
 
-def _check_bool(name: str, value: object) -> bool:
-    """A real bool (numpy's ``bool_`` too): a string or int flag would silently mean True."""
-    if isinstance(value, bool):
-        return value
-    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
-        return bool(value)
-    raise TypeError(f"{name} must be a bool (or numpy.bool_), got {type(value).__name__}")
-
-
 def optimal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, scale: float | None = None
 ) -> torch.Tensor:
@@ -55,7 +47,7 @@ def optimal_attention(
     llm_speed's semantics (bottom-right causal mask, GQA/MQA).
     """
     validate_attention_inputs(q, k, v)
-    _check_bool("is_causal", is_causal)
+    is_causal = check_flag("is_causal", is_causal)
     seq_len = max(q.shape[2], k.shape[2])
     if seq_len >= FLASH_MIN_SEQ_LEN:
         attention = flash_attention
@@ -108,8 +100,8 @@ def safe_flash_attention(
     out-of-memory with ``fallback_to_torch=False``, propagates. The fallback keeps llm_speed's semantics
     (see :func:`sdpa_attention`).
     """
-    _check_bool("fallback_to_torch", fallback_to_torch)
-    _check_bool("is_causal", is_causal)
+    fallback_to_torch = check_flag("fallback_to_torch", fallback_to_torch)
+    is_causal = check_flag("is_causal", is_causal)
     try:
         return flash_attention(q, k, v, is_causal=is_causal, scale=scale)
     except RuntimeError as error:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .fused._common import check_bool, check_real
+from .fused._common import check_real
 from .fused.rms_norm import rms_norm
 from .fused.swiglu import swiglu
+from .perf._checks import check_flag
 
 
 def _check_size(name: str, value) -> int:
@@ -49,7 +50,7 @@ class SwiGLUMLP(nn.Module):
         super().__init__()
         hidden_size = _check_size("hidden_size", hidden_size)
         intermediate_size = _check_size("intermediate_size", intermediate_size)
-        bias = check_bool("bias", bias)
+        bias = check_flag("bias", bias)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +75,12 @@ def test_optimal_attention_results_match_reference_for_each_branch(device):
         expected = reference_attention(q.double(), k.double(), v.double(), is_causal=True)
         out = llm_speed.optimal_attention(q, k, v, is_causal=True)
         torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_optimal_attention_takes_numpy_bools(spies):
+    # (NumPy 2 names numpy.bool_ "numpy.bool": a check by the old name refused it)
+    helpers.optimal_attention(*qkv("cpu"), is_causal=np.True_)
+    assert spies[0][1] is True
 
 
 def test_optimal_attention_rejects_bad_input_before_dispatch(spies):

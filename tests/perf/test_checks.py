@@ -1,11 +1,18 @@
-"""The shared argument checks of the performance model."""
+"""The shared argument checks of the performance model and the kernels."""
 
 import math
 
 import numpy as np
 import pytest
 
-from llm_speed.perf._checks import attention_shape, divisors_text, non_negative_number, positive_int
+from llm_speed.perf._checks import (
+    attention_shape,
+    check_flag,
+    divisors_text,
+    non_negative_number,
+    positive_int,
+    type_name,
+)
 
 
 def test_positive_int():
@@ -37,3 +44,23 @@ def test_attention_shape_and_divisors():
     assert divisors_text(12) == "1, 2, 3, 4, 6, 12"
     with pytest.raises(ValueError, match="valid heads_kv: 1, 2, 3, 4, 6, 12"):
         attention_shape(1, 12, 4, 4, 64, 5)
+
+
+def test_check_flag_takes_bools_and_numpy_bools_only():
+    for value in (True, False, np.bool_(True), np.False_):
+        assert check_flag("f", value) is bool(value)
+    for bad, shown in ((1, "int 1"), (0.0, "float 0.0"), ("no", "str 'no'"), (None, "NoneType None"),
+                       (np.int64(1), "numpy.int64")):  # fmt: skip
+        with pytest.raises(TypeError) as info:
+            check_flag("f", bad)
+        assert str(info.value).startswith(f"f must be a bool (True or False) or a numpy.bool_, got {shown}")
+
+
+def test_check_flag_refuses_tensors_with_a_hint():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"is_causal must be a bool .*got torch.Tensor .*tensor.item\(\)"):
+        check_flag("is_causal", torch.tensor(True))
+
+
+def test_type_name_qualifies_non_builtins():
+    assert type_name(1) == "int" and type_name(np.int64(1)) == "numpy.int64"

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._triton_cast import cast, rne_by_hand
+from ..perf._checks import check_flag
 from .kernels import _dot
 from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_softcap, check_window
 
@@ -404,14 +405,6 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, bl
 # Input checks (all before any write: a refused call leaves the cache as it was)
 
 
-def _check_flag(name: str, value) -> bool:
-    if isinstance(value, bool) or (
-        type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")
-    ):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
@@ -606,8 +599,8 @@ def flash_attention_with_kvcache(
     ``TRITON_INTERPRET=1``.
     """
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
-    is_causal = _check_flag("is_causal", is_causal)
-    return_lse = _check_flag("return_lse", return_lse)
+    is_causal = check_flag("is_causal", is_causal)
+    return_lse = check_flag("return_lse", return_lse)
     num_splits = _check_int("num_splits", num_splits, 0)
     window = check_window(window)
     softcap = check_softcap(softcap)

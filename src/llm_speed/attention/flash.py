@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
+from ..perf._checks import check_flag
 from . import launch
 from .reference import apply_softcap, reference_attention, visible
 from .validation import (
-    check_flag,
     check_softcap,
     check_window,
     last_dim_contiguous,

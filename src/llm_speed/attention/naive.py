@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
+from ..perf._checks import check_flag
 from .reference import apply_softcap, softmax_times_values, visible
-from .validation import check_flag, check_softcap, check_window, prepare_attention_inputs, suggest_keywords
+from .validation import check_softcap, check_window, prepare_attention_inputs, suggest_keywords
 
 
 @suggest_keywords

@@ -7,7 +7,6 @@ import inspect
 import math
 import numbers
 
-import numpy as np
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -138,13 +137,6 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     The kernels take any stride for batch, heads and rows but assume unit stride along head_dim.
     """
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
-
-
-def check_flag(name: str, value) -> bool:
-    """A flag must be a real bool (NumPy bools accepted): ``is_causal="no"`` would otherwise run as True."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
-    return bool(value)
 
 
 # Argument names users bring from flash-attn and PyTorch SDPA, and what to say instead of a bare

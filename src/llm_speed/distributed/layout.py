@@ -22,7 +22,6 @@ import torch
 # One definition of the split, shared with the analytic model that prices it.
 from llm_speed.perf.context_parallel import (  # noqa: F401 (LAYOUTS: re-exported by the package)
     LAYOUTS,
-    check_flag,
     check_layout,
     rank_chunks,
     shard_lengths,

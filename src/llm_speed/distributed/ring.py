@@ -21,6 +21,7 @@ import torch
 
 from ..attention import flash as _flash
 from ..attention.validation import prepare_attention_inputs
+from ..perf._checks import check_flag
 from . import layout as _layout
 
 
@@ -263,8 +264,8 @@ def ring_attention(
     error, values = None, None
     try:
         q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-        causal = _layout.check_flag("is_causal", is_causal)
-        return_lse = _layout.check_flag("return_lse", return_lse)
+        causal = check_flag("is_causal", is_causal)
+        return_lse = check_flag("return_lse", return_lse)
         layout = _layout.check_layout(layout)
         if q.shape[2] != k.shape[2]:
             raise ValueError(

@@ -36,13 +36,6 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{', '.join(present)} must be on one device, got {listed}")
 
 
-def check_bool(name: str, value) -> bool:
-    """A real bool (numpy bools accepted), else TypeError."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def check_real(name: str, value, *, minimum: float | None = None, positive: bool = False) -> float:
     """A finite real number (bools refused), optionally > 0 or >= ``minimum``, else TypeError/ValueError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):

@@ -15,8 +15,9 @@ import triton.language as tl
 
 from .. import _runtime
 from .._triton_cast import cast, rne_by_hand
+from ..perf._checks import check_flag
 from . import _common
-from ._common import check_bool, check_same_device, check_tensor, compute_dtype
+from ._common import check_same_device, check_tensor, compute_dtype
 
 KERNEL = "rotary"  # forward and backward are the same kernel
 
@@ -134,7 +135,7 @@ def _validate(x, cos, sin, interleaved):
     check_tensor("x", x, dims=4, what="[batch, heads, seq, head_dim]")
     check_tensor("cos", cos)
     check_tensor("sin", sin)
-    interleaved = check_bool("interleaved", interleaved)
+    interleaved = check_flag("interleaved", interleaved)
     if cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from llm_speed.matmul.reference import ACTIVATIONS
+from llm_speed.perf._checks import check_flag
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
@@ -30,22 +30,6 @@ class GemmShape(NamedTuple):
 
 def _names(dtypes) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def type_name(x) -> str:
-    """The type of ``x`` as a user would write it: ``int``, ``str``, ``numpy.int64`` (not just ``int64``)."""
-    kind = type(x)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-
-
-def check_flag(name: str, value) -> bool:
-    """A flag: a real ``bool`` or a numpy bool (returned as ``bool``); anything else is a TypeError.
-
-    Truthiness is not enough: ``trans_b="no"`` or ``trans_b=0.0`` are almost always mistakes.
-    """
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool (True or False), got {type_name(value)} {value!r}")
-    return bool(value)
 
 
 def check_operands(

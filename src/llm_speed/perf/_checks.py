@@ -1,9 +1,38 @@
-"""Argument checks shared by the performance model: one wording for every module's errors."""
+"""Argument checks shared by the performance model and the kernels: one wording for every module's errors.
+
+Torch-free and NumPy-free, so that every layer (the analytic model, the kernels, the compatibility package)
+can use them.
+"""
 
 from __future__ import annotations
 
 import numbers
+import reprlib
 from typing import Any
+
+
+def type_name(value: Any) -> str:
+    """``value``'s type as a user would write it: ``int``, ``str``, ``numpy.int64`` (not just ``int64``)."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool if it is a real ``bool`` or a NumPy bool; TypeError naming ``name`` for anything
+    else.
+
+    Truthiness is not enough: ``is_causal="no"``, ``trans_b=0.0`` or ``is_causal=1`` are almost always
+    mistakes. Tensors are refused too, 0-d bool ones included: turning one into a Python bool waits for the
+    device and breaks a ``torch.compile`` graph; pass ``flag.item()`` where that is meant.
+    """
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        return bool(value)  # numpy.bool_ is named numpy.bool from NumPy 2 on
+    hint = " (a tensor: pass tensor.item())" if kind.__module__.startswith("torch") else ""
+    raise TypeError(
+        f"{name} must be a bool (True or False) or a numpy.bool_, got {type_name(value)} "
+        f"{reprlib.repr(value)}{hint}"
+    )
 
 
 def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:

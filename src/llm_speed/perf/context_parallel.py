@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number, positive_int
+from llm_speed.perf._checks import check_flag, non_negative_number, positive_int
 from llm_speed.perf.distributed import link_bandwidth
 from llm_speed.perf.gpus import dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, attention_hardware_flops
@@ -34,14 +34,6 @@ def check_layout(layout: Any) -> str:
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
     return layout
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """A real bool (NumPy bools too); TypeError naming ``name`` for anything else (ints, tensors, strings)."""
-    kind = type(value)
-    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {kind.__name__}")
 
 
 def sequence_chunk_lengths(seq_len: int, world: int, layout: str) -> list[int]:
