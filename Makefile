@@ -26,7 +26,7 @@ test: setup
 demo: setup
 	$(BIN)/llm-speed demo
 
-# The quick GPU proof (< 2 minutes on a cold H100): versions, doctor and ~30 GPU tests, results in GPU_OUT.
+# The quick GPU proof (budget 100 s; not yet timed on a GPU): versions, doctor, ~30 GPU tests -> GPU_OUT.
 # Uses $(PYTHON) as is (the GPU machine's own torch), not the CPU venv.
 GPU_OUT ?= gpu-quick-out
 gpu-quick:

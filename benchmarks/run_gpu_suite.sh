@@ -2,7 +2,7 @@
 # The GPU run, as device commands that each fit one 10-minute command with margin (docs/notes/gpu-speed-plan.md
 # lists them in order with their timeout_s). Each STEP is one command:
 #   quick   versions, `llm-speed doctor` (non-zero when an op fails) and ~30 GPU tests over every kernel
-#           family, 8 workers: the proof that the kernels run (< 2 minutes on a cold H100)
+#           family, 8 workers: the proof that the kernels run (a 100 s budget; not yet timed on a GPU)
 #   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
 #           own junit XML, so a chunk cut by its cap costs only that chunk
 #   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured) and demo

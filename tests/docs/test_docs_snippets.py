@@ -27,9 +27,11 @@ NOT_RUN = {
     "make demo": "creates a virtual environment; `llm-speed demo` is what it runs (below)",
     "make test": "creates a virtual environment and runs this suite",
     "llm-speed demo": "covered by tests/bench/test_bench_cli.py::test_demo_runs_end_to_end (a subprocess)",
-    "LLM_SPEED_GIT_COMMIT=$(git rev-parse HEAD) PYTHON=python3 benchmarks/run_gpu_suite.sh gpu-results": (
+    "LLM_SPEED_GIT_COMMIT=$(git rev-parse HEAD) PYTHON=python3 "
+    "benchmarks/run_gpu_suite.sh quick gpu-results": (
         "the GPU suite refuses to run without a GPU; tests/bench/test_gpu_suite_script.py tests the script"
     ),
+    "make gpu-quick": "runs the GPU suite's quick step, which refuses to run without a GPU (see above)",
 }
 
 
