@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed 002's attention benchmark script, kept for its users: ``llm-speed bench attention``, same flags.
+"""The old project's attention benchmark script (docs/compat.md): ``llm-speed bench attention``, same flags.
 
     python benchmarks/benchmark_attention.py --seq-lengths 512 1024 2048 --batch-size 4 --num-heads 16 \
         --head-dim 64 --dtype fp16 --warmup 50 --iterations 200 --output results.json

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed 002's GEMM benchmark script, kept for its users: ``llm-speed bench gemm`` with the same flags.
+"""The old CUDA project's GEMM benchmark script (docs/compat.md): ``llm-speed bench gemm``, same flags.
 
     python benchmarks/benchmark_gemm.py --sizes 512x512x512 1024x1024x1024 2048x2048x2048 --dtype fp16 \
         --output gemm_results.json
