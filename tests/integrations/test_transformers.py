@@ -194,6 +194,23 @@ def test_padding_at_either_end_gives_the_unpadded_result():
     torch.testing.assert_close(padded[1, :6], alone, rtol=0, atol=1e-5)
 
 
+def test_left_padded_generation_with_a_cache_matches_float64(monkeypatch):
+    # prefill with a padding mask, then decode steps of one real query against the cached keys
+    patched, same, truth = _padded_models("gemma2")  # sliding-window layers keep a shorter cache
+    _finite_float64_masks(monkeypatch)
+    hf.apply(patched)
+    ids = torch.randint(1, 97, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, output_logits=True)
+    with torch.no_grad():
+        outs = [m.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True, **options)
+                for m in (patched, same, truth)]  # fmt: skip
+    assert torch.equal(outs[0].sequences, outs[2].sequences)
+    for step in range(3):
+        _assert_rule(f"logits of step {step}", *(out.logits[step] for out in outs), 2.0)
+
+
 def test_padding_mask_is_checked_once_per_forward(monkeypatch):
     patched, _, _ = _models("llama")
     hf.apply(patched)

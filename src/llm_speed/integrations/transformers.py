@@ -8,18 +8,33 @@
 - the rotary embedding for :func:`llm_speed.apply_rotary` (the model family's module-level
   ``apply_rotary_pos_emb`` is wrapped, and the wrapper takes the fused path only while a patched model runs
   its forward, so unpatched models of the same family are unaffected);
-- attention for :func:`llm_speed.flash_attention`, registered as ``"llm_speed"`` with transformers'
-  ``AttentionInterface`` (so ``from_pretrained(..., attn_implementation="llm_speed")`` works once this
-  module is imported) and with ``AttentionMaskInterface`` (the SDPA mask: ``None`` for plain causal batches);
+- attention, registered as ``"llm_speed"`` with transformers' ``AttentionInterface`` (so
+  ``from_pretrained(..., attn_implementation="llm_speed")`` works once this module is imported) and with
+  ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded batches
+  (``attention_mask`` with zeros) run :func:`llm_speed.flash_attention_varlen` on the real tokens only, with
+  zeros at padded positions. Both are causal with the model's scaling, GQA, sliding window (Mistral, Gemma-2's
+  local layers) and attention logit softcap (Gemma-2);
 - the loss: with ``labels``, the model returns ``fused_linear_cross_entropy`` of the last hidden states and
   ``lm_head`` (shifted labels, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as
   transformers' ``ForCausalLMLoss``; Gemma-2's final logit softcap included) and ``logits=None``: the
   ``[tokens, vocab]`` logits are never built. Without labels the forward is unchanged.
 
-Attention that flash_attention cannot compute is refused with a ValueError, never silently changed: padding
-masks (no varlen attention yet), sliding windows shorter than the sequence (the mask is then not causal),
-attention dropout in training, and attention logit softcapping (Gemma-2 keeps its own attention; the report
-says why). Inputs in dtypes the kernels do not take (float64) run the model's original code.
+Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
+function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
+``is_causal`` (plain causal, or a window no shorter than the keys), so no ``[batch, 1, q, kv]`` mask is built;
+otherwise transformers' 4-D SDPA mask, which is checked element by element against causal (and windowed)
+attention over each row's real tokens. Either way the real tokens are found once per forward per mask (a few
+small host syncs), not per layer. Query i is taken as the token of key ``kv_len - q_len + i`` (no cache, or a
+dynamic cache in generation); a token whose own key no query sees is a padded one. Attention outputs zeros at
+padded positions, as transformers' flash-attention-2 path does (eager attention computes other values there):
+a label predicted from a padded position (a left-padded row's first real token) is trained on a different
+hidden state, so set such labels to -100.
+
+Refused with a ValueError naming what is accepted, never silently changed: masks that are neither causal
+nor padding (packed sequences in one row, custom or bidirectional patterns, additive biases), padded
+queries after a cache (a static cache's empty slots), packed ``cu_seq_lens_*`` arguments, attention dropout
+in training, and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's
+original code.
 """
 
 from __future__ import annotations
@@ -82,7 +97,7 @@ class _Unpadded:
         lengths = torch.stack([query_valid.sum(1), key_valid.sum(1)])  # [2, batch]
         cu = nn.functional.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
         self.cu_q, self.cu_k = cu[0], cu[1]
-        self.q_batch, self.q_pos = query_valid.nonzero(as_tuple=True)  # one host sync (nonzero's size)
+        self.q_batch, self.q_pos = query_valid.nonzero(as_tuple=True)  # host syncs (nonzero's size)
         self.k_batch, self.k_pos = key_valid.nonzero(as_tuple=True)
         self.max_q, self.max_k = lengths.max(1).values.tolist()
 
@@ -130,7 +145,7 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
             checks.append(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
     else:
         _refuse_mask(f"a {mask.dim()}-D mask")
-    all_real, queries_real, *ok = torch.stack(checks).tolist()  # one host sync per mask
+    all_real, queries_real, *ok = torch.stack(checks).tolist()  # one host sync for every check
     if len(ok) > 1 and not ok[1]:
         _refuse_mask("an additive mask with values other than 0 and large negative ones (a bias)")
     if ok and not ok[0]:
@@ -144,7 +159,7 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
 
 def _unpadding(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None) -> _Unpadded | None:
     """:func:`_classify_mask`, cached on the mask tensor: transformers passes one mask object to every layer
-    of a forward, so the check and its host sync happen once per forward (per mask kind), not per layer."""
+    of a forward, so the check and its host syncs happen once per forward (per mask kind), not per layer."""
     cache = getattr(mask, "_llm_speed_unpadding", None)
     if cache is None:
         cache = mask._llm_speed_unpadding = {}
@@ -334,6 +349,10 @@ def apply(
     """Patch ``model`` (a Llama, Mistral, Qwen2 or Gemma-2 model from transformers) in place; see the module
     docstring for what each switch swaps. Returns what was patched: ``{"rms_norm": n modules, "swiglu": n
     modules, "rotary": bool, "attention": bool, "cross_entropy": bool, "skipped": {part: reason}}``.
+
+    Padded batches (an ``attention_mask`` with zeros, left or right padding) run the varlen attention on their
+    real tokens, with zeros at padded positions; masks that are neither causal nor padding (packed
+    sequences, custom patterns, biases) raise a ValueError naming what is accepted (module docstring).
 
     ``cross_entropy`` needs a ``*ForCausalLM`` model (``lm_head`` and ``model``). Calling apply twice returns
     the first report and patches nothing more. ValueError for other model types; ImportError without
