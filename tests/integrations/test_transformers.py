@@ -58,14 +58,13 @@ def test_patched_model_matches_float64(model_type):
     assert report["rms_norm"] == 2 * 2 + 1 + (2 * 2 if model_type == "gemma2" else 0)
     assert report["swiglu"] == (0 if model_type == "gemma2" else 2)
     assert report["rotary"] and report["cross_entropy"]
-    assert report["attention"] == (model_type != "gemma2")  # Gemma-2 softcaps attention logits
+    assert report["attention"]
     ids = torch.randint(0, 97, (1, 10))
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
     kernels = [rms_norm.KERNEL_FORWARD, rms_norm.KERNEL_BACKWARD, rotary.KERNEL]
     kernels += [cross_entropy.KERNEL_FORWARD, cross_entropy.KERNEL_BACKWARD]
-    if report["attention"]:
-        kernels.append(launch.KERNEL_FORWARD)
+    kernels.append(launch.KERNEL_FORWARD)
     before = _runtime.launch_counts()
     got_loss, got_grads = _loss_and_grads(patched, ids, labels)
     ran = _runtime.launch_counts() - before
@@ -95,16 +94,156 @@ def test_llama_like_families_loss_matches_float64(model_type):
     _assert_rule("loss", out.loss, *losses, 2.0)
 
 
-def test_padding_mask_is_refused_and_plain_mask_accepted():
+# Padded batches: a full row, a left-padded row and a right-padded one, of different lengths.
+PAD_LEFT, PAD_RIGHT, SEQ = 3, 5, 11
+PADDED = {  # model_type: config with a sliding window shorter than the sequence where the family has one
+    "llama": lambda: transformers.LlamaConfig(**SMALL),
+    "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=4),
+    "gemma2": lambda: transformers.Gemma2Config(**SMALL, head_dim=32, sliding_window=4),
+}
+
+
+def _padded_batch():
+    ids = torch.randint(0, 97, (3, SEQ))
+    mask = torch.ones(3, SEQ, dtype=torch.long)
+    mask[1, :PAD_LEFT] = 0
+    mask[2, SEQ - PAD_RIGHT :] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :2] = -100  # a prompt that is not trained on
+    # nor a token predicted at a padded position (attention outputs zeros there, as flash-attention-2 does;
+    # eager attention averages all keys there, so such a prediction would differ)
+    labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
+    return ids, mask, labels
+
+
+def _padded_models(model_type):
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(PADDED[model_type]())
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return base, copy.deepcopy(base), copy.deepcopy(base).double()
+
+
+def _finite_float64_masks(monkeypatch):
+    """Gemma-2's eager attention takes its softmax in float32: float64's finfo.min in the mask becomes -inf
+    there, and a row that sees no key (padding) NaN, which reaches real tokens through 0 * NaN. Clamped to
+    float32's min, the float64 model computes what the float32 one does, without NaN."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    original = modeling_gemma2.eager_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if attention_mask is not None and attention_mask.dtype == torch.float64:
+            attention_mask = attention_mask.clamp(min=torch.finfo(torch.float32).min)
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", attention)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma2"])
+def test_padded_batch_runs_varlen_and_matches_float64(model_type, monkeypatch):
+    # llama: the 2-D padding mask; mistral and gemma2: windows of 4 < 11 tokens, so transformers builds the
+    # 4-D mask, which is checked and unpadded (gemma2 also softcaps attention logits and mixes full layers)
+    patched, same, truth = _padded_models(model_type)
+    _finite_float64_masks(monkeypatch)
+    assert hf.apply(patched)["attention"]
+    ids, mask, labels = _padded_batch()
+    ops = []
+    monkeypatch.setattr(_runtime, "_work_observers", [lambda op, _problem: ops.append(op)])
+    kernels = [launch.KERNEL_FORWARD, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ]
+    before = _runtime.launch_counts()
+    patched.zero_grad()
+    got_loss = patched(input_ids=ids, attention_mask=mask, labels=labels).loss
+    got_loss.backward()
+    ran = _runtime.launch_counts() - before
+    assert all(ran[k] >= 2 for k in kernels), ran  # the Triton kernels, not the PyTorch reference
+    assert ops.count("flash_attention_varlen") == 2 and ops.count("flash_attention_varlen_backward") == 2
+    assert "flash_attention" not in ops  # no layer took the dense path
+    got_grads = {n: p.grad for n, p in patched.named_parameters()}
+    references = []
+    for model in (same, truth):
+        model.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        references.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (same_loss, same_grads), (truth_loss, truth_grads) = references
+    _assert_rule("loss", got_loss.detach(), same_loss, truth_loss, 2.0)
+    for name, grad in truth_grads.items():
+        _assert_rule(name, got_grads[name], same_grads[name], grad, 3.0)
+    with torch.no_grad():
+        logits = [m(input_ids=ids, attention_mask=mask).logits for m in (patched, same, truth)]
+    real = mask.bool()
+    _assert_rule("logits of real tokens", *(x[real] for x in logits), 2.0)
+
+
+def test_padding_at_either_end_gives_the_unpadded_result():
+    # a row's real tokens give the same logits alone, left-padded and right-padded (positions from the mask)
+    patched, _, _ = _padded_models("mistral")
+    hf.apply(patched)
+    ids = torch.randint(0, 97, (1, 6))
+    filler = torch.randint(0, 97, (1, 3))
+    batch = torch.cat([torch.cat([filler, ids], 1), torch.cat([ids, filler], 1)])
+    mask = torch.tensor([[0] * 3 + [1] * 6, [1] * 6 + [0] * 3])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        alone = patched(input_ids=ids).logits[0]
+        padded = patched(input_ids=batch, attention_mask=mask, position_ids=positions).logits
+    torch.testing.assert_close(padded[0, 3:], alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(padded[1, :6], alone, rtol=0, atol=1e-5)
+
+
+def test_left_padded_generation_with_a_cache_matches_float64(monkeypatch):
+    # prefill with a padding mask, then decode steps of one real query against the cached keys
+    patched, same, truth = _padded_models("gemma2")  # sliding-window layers keep a shorter cache
+    _finite_float64_masks(monkeypatch)
+    hf.apply(patched)
+    ids = torch.randint(1, 97, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+    options = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, output_logits=True)
+    with torch.no_grad():
+        outs = [m.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True, **options)
+                for m in (patched, same, truth)]  # fmt: skip
+    assert torch.equal(outs[0].sequences, outs[2].sequences)
+    for step in range(3):
+        _assert_rule(f"logits of step {step}", *(out.logits[step] for out in outs), 2.0)
+
+
+def test_padding_mask_is_checked_once_per_forward(monkeypatch):
+    patched, _, _ = _models("llama")
+    hf.apply(patched)
+    calls = []
+    classify = hf._classify_mask
+    monkeypatch.setattr(hf, "_classify_mask", lambda *args: calls.append(1) or classify(*args))
+    ids, mask, _ = _padded_batch()
+    with torch.no_grad():
+        patched(input_ids=ids, attention_mask=mask)
+    assert len(calls) == 1  # two layers, one mask: one check, one host sync
+
+
+def test_unsupported_masks_are_refused_and_plain_masks_accepted():
     patched, _, _ = _models("llama")
     hf.apply(patched)
     ids = torch.randint(0, 97, (2, 6))
-    mask = torch.ones(2, 6, dtype=torch.long)
-    assert patched(input_ids=ids, attention_mask=mask).logits.shape == (2, 6, 97)
-    mask[1, :2] = 0
-    with pytest.raises(ValueError, match="padding"):
-        patched(input_ids=ids, attention_mask=mask)
-    assert hf._running[0] == 0  # the failed forward left no patched-model state behind
+    ones = torch.ones(2, 6, dtype=torch.long)
+    assert patched(input_ids=ids, attention_mask=ones).logits.shape == (2, 6, 97)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6)
+    assert patched(input_ids=ids, attention_mask=causal).logits.shape == (2, 6, 97)
+    block = causal.clone()
+    block[..., 3:, :3] = False  # two packed sequences of 3 tokens in each row: not causal, not padding
+    with pytest.raises(ValueError, match=r"not causal: packed sequences.*accepted: None, a 2-D padding mask"):
+        patched(input_ids=ids, attention_mask=block)
+    bias = torch.zeros(2, 1, 6, 6).masked_fill(~causal, float("-inf"))
+    bias[..., 0] = -0.5  # an additive bias is not a mask
+    with pytest.raises(ValueError, match="a bias"):
+        patched(input_ids=ids, attention_mask=bias)
+    with pytest.raises(ValueError, match=r"shape \(2, 1, 6, 5\), expected \[2, 1, 6, 6\]"):
+        patched(input_ids=ids, attention_mask=causal[..., :5])
+    assert hf._running[0] == 0  # the failed forwards left no patched-model state behind
+    with pytest.raises(ValueError, match="sliding_window must be a positive int"):
+        hf.llm_speed_attention(None, *(torch.randn(1, 2, 4, 16) for _ in range(3)), None, sliding_window=0)
 
 
 def test_attn_implementation_name_and_apply_checks():
