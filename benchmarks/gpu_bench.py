@@ -5,7 +5,7 @@ Each call writes its own JSON as soon as its shape is measured, so a step cut by
 every shape it finished; one process pays the torch import and CUDA start once. With ``--check`` every
 line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
 
-    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm or demo
+    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, demo, ops or train-step
     python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
 """
 
@@ -18,6 +18,7 @@ import time
 import traceback
 
 QUICK = "--warmup 5 --iterations 20 --no-progress"
+SETS = ("attention", "gemm", "demo", "ops", "train-step")
 
 
 def command_lines(name: str, out: str) -> list[str]:
@@ -58,8 +59,17 @@ def command_lines(name: str, out: str) -> list[str]:
         )
     elif name == "demo":
         lines.append(f"demo --output-dir {out}/demo")
+    elif name == "ops":
+        # GPU defaults: a Llama-3-8B layer and head at 8192 tokens, bf16, every implementation. --min-time 0:
+        # the 20 runs are enough, and the step's time goes to the compiles (torch.compile and Triton).
+        lines.append(f"bench ops {QUICK} --min-time 0 --output {out}/ops_llama3_8b_bf16.json")
+    elif name == "train-step":
+        lines.append(
+            "bench train-step --model llama-3-8b --layers 2 --seq 2048 --warmup 2 --iterations 5 "
+            f"--no-progress --output {out}/train_step_llama3_8b_2layers.json"
+        )
     else:
-        raise ValueError(f"unknown set {name!r}; expected attention, gemm or demo")
+        raise ValueError(f"unknown set {name!r}; expected {', '.join(SETS)}")
     return lines
 
 
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("set", choices=("attention", "gemm", "demo"))
+    parser.add_argument("set", choices=SETS)
     parser.add_argument("outdir")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="only parse every line (CPU dry run)")

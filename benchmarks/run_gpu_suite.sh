@@ -6,6 +6,8 @@
 #   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
 #           own junit XML, so a chunk cut by its cap costs only that chunk
 #   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured) and demo
+#   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
+#           Liger-Kernel) and `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -22,6 +24,8 @@
 # Environment: PYTHON (default python3); LLM_SPEED_GIT_COMMIT (the commit to record: the device machine's
 # copy has no .git); PYTEST_WORKERS (default: quick 8, tests 12); SUITE_ALLOW_CPU=1 runs for real without a
 # GPU (tests of this script only).
+# Wheels: every .whl in ROOT/.whl (git-excluded; liger_kernel's, say: docs/notes/gpu-speed-plan.md 5.0 gives
+# the download command) is installed offline into /tmp/site, which joins PYTHONPATH after ROOT/src.
 # Exit code: 0 when every sub-step passed, 1 when one failed, timed out or was skipped, 2 on bad use.
 set -u
 
@@ -35,10 +39,11 @@ case "$STEP" in
 quick) BUDGET=100; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=360; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=350; DEFAULT_WORKERS=1 ;;
-*) echo "usage: $0 [--check|--dry-run] quick|tests|bench OUTDIR" >&2; exit 2 ;;
+fused) BUDGET=340; DEFAULT_WORKERS=1 ;;
+*) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2; exit 2 ;;
 esac
 if [ "$MODE" = dry ]; then OUT=OUTDIR; elif [ $# -ne 2 ]; then
-    echo "usage: $0 [--check|--dry-run] quick|tests|bench OUTDIR" >&2
+    echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2
     exit 2
 else
     OUT=$2
@@ -86,6 +91,24 @@ if [ "$MODE" != dry ]; then
     } > "$RAW/environment.txt"
 else
     RAW=OUTDIR
+fi
+
+# Carried wheels (no network on the device machine): installed offline, never fetched.
+WHEELS=()
+for wheel in "$ROOT"/.whl/*.whl; do [ -e "$wheel" ] && WHEELS+=("$wheel"); done
+if [ ${#WHEELS[@]} -gt 0 ]; then
+    WHEEL_NAMES=$(for wheel in "${WHEELS[@]}"; do basename "$wheel"; done | tr '\n' ' ')
+    if [ "$MODE" = run ]; then
+        if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site "${WHEELS[@]}"; then
+            export PYTHONPATH="$PYTHONPATH:/tmp/site"
+            echo "wheels installed into /tmp/site: $WHEEL_NAMES" | tee -a "$RAW/environment.txt"
+        else
+            echo "wheels NOT installed (pip failed): $WHEEL_NAMES" | tee -a "$RAW/environment.txt" >&2
+        fi
+    else
+        echo "wheels to install into /tmp/site on a real run: $WHEEL_NAMES"
+    fi
 fi
 
 START=$SECONDS
@@ -201,6 +224,12 @@ bench)
     sub bench_attention 150 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
     sub bench_gemm 150 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
     sub demo 50 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
+    ;;
+fused)
+    CHECK=()
+    if [ "$MODE" = check ]; then CHECK=(--check); fi
+    sub bench_ops 210 "$PY" benchmarks/gpu_bench.py ops "$RAW" "${CHECK[@]}"
+    sub bench_train_step 130 "$PY" benchmarks/gpu_bench.py train-step "$RAW" "${CHECK[@]}"
     ;;
 esac
 

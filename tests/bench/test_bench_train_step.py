@@ -1,12 +1,15 @@
-"""``llm-speed bench train-step``: both variants train one tiny model to the same loss; MoE refused."""
+"""``llm-speed bench train-step``: the variants train one tiny model from the same loss; Liger's row says why
+it did not run; MoE refused before any work."""
 
+import csv
 import json
 
 import pytest
 
 pytest.importorskip("transformers")
 
-from llm_speed.bench.train_step import llama_config  # noqa: E402
+from llm_speed.bench import ops as ops_bench  # noqa: E402
+from llm_speed.bench import train_step  # noqa: E402
 from llm_speed.cli import main  # noqa: E402
 from llm_speed.perf.models import get_model  # noqa: E402
 
@@ -15,19 +18,54 @@ TINY = dict(model_type="llama", hidden_size=64, num_attention_heads=2, num_key_v
             intermediate_size=96, vocab_size=101, max_position_embeddings=64)  # fmt: skip
 
 
-def test_both_variants_run_and_agree(tmp_path):
+def _argv(tmp_path, *flags):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
-    out = tmp_path / "train.json"
     argv = ["bench", "train-step", "--model", str(config), "--layers", "1", "--seq", "8", "--dtype", "fp32"]
-    assert main([*argv, "--device", "cpu", "--warmup", "0", "--iterations", "1", "--output", str(out)]) == 0
+    return [*argv, "--device", "cpu", "--warmup", "0", "--iterations", "1", "--no-progress", *flags]
+
+
+def test_every_variant_has_a_row_and_the_losses_agree(tmp_path, monkeypatch):
+    monkeypatch.setattr(ops_bench, "liger_installed", lambda: False)
+    out, table = tmp_path / "train.json", tmp_path / "train.csv"
+    assert main(_argv(tmp_path, "--output", str(out), "--csv", str(table))) == 0
     payload = json.loads(out.read_text())
-    rows = {row["variant"]: row for row in payload["rows"]}
-    assert set(rows) == {"transformers", "llm_speed"} and payload["settings"]["layers"] == 1
-    assert rows["llm_speed"]["tokens_per_s"] > 0 and rows["llm_speed"]["tokens"] == 8
-    assert rows["llm_speed"]["loss"] == pytest.approx(rows["transformers"]["loss"], rel=1e-4)
+    assert payload["complete"] is True and payload["settings"]["layers"] == 1
+    assert payload["environment"]["device_type"] == "cpu"
+    rows = {row["impl"]: row for row in payload["results"]}
+    assert list(rows) == ["transformers", "llm_speed", "liger"]
+    ours, base, liger = rows["llm_speed"], rows["transformers"], rows["liger"]
+    assert ours["tokens_per_s"] > 0 and ours["tokens"] == 8 and ours["flops"] > 0
+    assert ours["loss"] == pytest.approx(base["loss"], rel=1e-4)
+    assert (
+        ours["loss_difference"] == pytest.approx(ours["loss"] - base["loss"]) and base["loss_difference"] == 0
+    )
+    assert ours["fastest_other"] == "transformers" and "whole training step" in ours["prediction_reason"]
+    assert (
+        not liger["available"] and liger["reason"] == ops_bench.LIGER_NOT_INSTALLED and liger["loss"] is None
+    )
+    with table.open() as handle:
+        assert [r["impl"] for r in csv.DictReader(handle)] == ["transformers", "llm_speed", "liger"]
 
 
-def test_moe_model_is_refused():
+def test_liger_on_a_cpu_is_not_run_with_the_reason(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ops_bench, "liger_installed", lambda: True)
+    assert main(_argv(tmp_path, "--impl", "liger", "--json")) == 1  # nothing ran: a failure
+    (row,) = json.loads(capsys.readouterr().out)["results"]
+    assert not row["available"] and "need a CUDA device" in row["reason"]
+
+
+def test_moe_model_is_refused_before_any_work(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(train_step, "run_train_step", lambda *a, **k: ran.append(1))
+    assert main(["bench", "train-step", "--model", "mixtral-8x7b", "--layers", "1", "--device", "cpu"]) == 2
+    assert "dense SwiGLU" in capsys.readouterr().err and not ran
     with pytest.raises(ValueError, match="dense SwiGLU"):
-        llama_config(get_model("mixtral-8x7b"), layers=1)
+        train_step.llama_config(get_model("mixtral-8x7b"), layers=1)
+
+
+def test_too_many_layers_and_a_bad_output_are_refused(tmp_path, capsys):
+    assert main(_argv(tmp_path, "--layers", "3")) == 2
+    assert "layers: " in capsys.readouterr().err
+    assert main(_argv(tmp_path, "--output", "/nonexistent-llm-speed/dir/t.json")) == 2
+    assert "--output: folder" in capsys.readouterr().err

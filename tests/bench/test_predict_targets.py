@@ -54,8 +54,15 @@ def test_command_lines_parse_and_cover_the_grid(predict, tmp_path):
 
 
 def test_summarize_reads_benchmark_json(predict, tmp_path):
-    row = {"impl": "flash", "case": "seq=512", "tflops": 123.4, "reason": None, "fastest_other": "sdpa-cudnn",
-           "speedup_vs_fastest_other": 0.9, "measured_over_predicted": 1.7}
+    row = {
+        "impl": "flash",
+        "case": "seq=512",
+        "tflops": 123.4,
+        "reason": None,
+        "fastest_other": "sdpa-cudnn",
+        "speedup_vs_fastest_other": 0.9,
+        "measured_over_predicted": 1.7,
+    }
     other = {**row, "impl": "sdpa-cudnn"}
     (tmp_path / "attn_x.json").write_text(json.dumps({"results": [row, other]}))
     lines = _output(predict, "summarize", str(tmp_path)).splitlines()

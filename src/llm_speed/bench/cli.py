@@ -1,4 +1,4 @@
-"""``llm-speed bench attention|gemm|decode``.
+"""``llm-speed bench attention|gemm|decode|ops|train-step|op``.
 
 The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``--batch-size``,
 ``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
@@ -37,9 +37,12 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_common(parser: argparse.ArgumentParser, min_time: str | None) -> None:
-    """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time`` and
-    ``--full-size`` for the benchmarks that time to a minimum duration and scale their sizes on a CPU."""
+def _add_common(
+    parser: argparse.ArgumentParser, min_time: str | None, *, full_size: bool = True, plot: bool = True
+) -> None:
+    """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time``, and with
+    ``full_size`` ``--full-size``, for the benchmarks that time to a minimum duration and scale their sizes
+    on a CPU. ``plot`` adds ``--plot`` (benchmarks whose rows have a roofline)."""
     parser.add_argument("--warmup", type=non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
     parser.add_argument("--iterations", type=positive_int, help="timed runs, at least (GPU 50, CPU 5)")
     if min_time is not None:
@@ -51,12 +54,13 @@ def _add_common(parser: argparse.ArgumentParser, min_time: str | None) -> None:
         )
     parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
     parser.add_argument("--csv", metavar="FILE.csv", help="write one CSV row per implementation and case")
-    parser.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        help="roofline of the GPU with the measured kernels (CPU runs: the model's GPU predictions)",
-    )
-    if min_time is not None:
+    if plot:
+        parser.add_argument(
+            "--plot",
+            metavar="FILE.png",
+            help="roofline of the GPU with the measured kernels (CPU runs: the model's GPU predictions)",
+        )
+    if min_time is not None and full_size:
         parser.add_argument(
             "--full-size",
             action="store_true",
@@ -65,14 +69,6 @@ def _add_common(parser: argparse.ArgumentParser, min_time: str | None) -> None:
     _cli.add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
-
-
-def _add_run_arguments(parser: argparse.ArgumentParser, *, warmup: str, iterations: str) -> None:
-    """--warmup, --iterations, --device and --output of ``bench ops`` and ``bench train-step``."""
-    parser.add_argument("--warmup", type=non_negative_int, help=warmup)
-    parser.add_argument("--iterations", type=positive_int, help=iterations)
-    _cli.add_device_argument(parser)
-    parser.add_argument("--output", metavar="FILE.json", help="write every figure and the provenance as JSON")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -152,21 +148,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decode.set_defaults(func=run_decode_command)
     ops_parser = kinds.add_parser(
         "ops",
-        help="fused ops (rms_norm, swiglu, rotary, linear cross-entropy) vs eager and torch.compile",
-        description="Forward + backward of each fused op: time, GB/s against the HBM peak, peak memory.",
+        help="fused ops (rms_norm, swiglu, rotary, linear cross-entropy) vs eager, torch.compile and Liger",
+        description="Forward + backward of each fused op with llm-speed, eager PyTorch, torch.compile of the "
+        "eager expression and Liger-Kernel (when installed): time, GB/s against the HBM peak, the roofline, "
+        "peak memory. Default sizes: a Llama-3-8B layer and head at 8192 tokens on a GPU, tiny on a CPU.",
     )
-    ops_parser.add_argument("--dtype", default="bf16", choices=options.OPS_DTYPES)
+    ops_parser.add_argument("--ops", nargs="+", choices=options.OPS_NAMES, help="default: all of them")
+    ops_parser.add_argument("--tokens", type=positive_int, help="rows of every op (GPU 8192, CPU 16)")
+    ops_parser.add_argument("--hidden", type=positive_int, help="hidden size (GPU 4096, CPU 64)")
+    ops_parser.add_argument("--intermediate", type=positive_int, help="SwiGLU width (GPU 14336, CPU 96)")
+    ops_parser.add_argument("--num-heads", type=positive_int, help="rotary query heads (GPU 32, CPU 2)")
+    ops_parser.add_argument("--num-kv-heads", type=positive_int, help="rotary key heads (GPU 8, CPU 1)")
+    ops_parser.add_argument("--head-dim", type=positive_int, help="even (GPU 128, CPU 32)")
     ops_parser.add_argument(
-        "--impl", action="append", choices=options.OPS_IMPLS, help="repeat to pick several (default: all)"
+        "--vocab", type=positive_int, help="cross-entropy vocabulary (GPU 128256, CPU 300)"
     )
-    _add_run_arguments(
-        ops_parser, warmup="untimed runs first (GPU 10, CPU 1)", iterations="timed runs (GPU 50, CPU 3)"
-    )
+    ops_parser.add_argument("--dtype", choices=options.OPS_DTYPES, help="GPU bf16, CPU fp32")
+    ops_parser.add_argument("--impl", nargs="+", choices=options.OPS_IMPLS, help="default: all of them")
+    _add_common(ops_parser, "GPU 0.2, CPU 0", full_size=False)
     ops_parser.set_defaults(func=run_ops_command)
     train = kinds.add_parser(
         "train-step",
-        help="tokens/s and peak memory of a training step with and without llm-speed (transformers model)",
-        description="Training step (forward with labels, backward, SGD) of a random Llama-style model.",
+        help="tokens/s and peak memory of a training step: transformers, llm-speed and Liger patches",
+        description="Training step (forward with labels, backward, SGD) of a random Llama-style model, "
+        "unpatched, patched by llm-speed and patched by Liger-Kernel (when installed), on the same weights "
+        "and tokens.",
     )
     train.add_argument("--model", required=True, help="zoo name (llm-speed models) or a config.json path")
     train.add_argument("--layers", type=positive_int, help="keep the first N layers (default: all)")
@@ -174,10 +180,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--seq", type=positive_int, default=None, help="tokens per sequence (GPU 2048, CPU 16)"
     )
-    train.add_argument("--dtype", default="bf16", choices=options.OPS_DTYPES)
-    _add_run_arguments(
-        train, warmup="untimed steps first (GPU 3, CPU 1)", iterations="timed steps (GPU 10, CPU 2)"
+    train.add_argument("--dtype", choices=options.OPS_DTYPES, help="GPU bf16, CPU fp32")
+    train.add_argument(
+        "--impl", nargs="+", choices=options.TRAIN_STEP_VARIANTS, help="variants (default: all of them)"
     )
+    _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False)
     train.set_defaults(func=run_train_step_command)
 
     op = kinds.add_parser(
@@ -268,7 +275,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from llm_speed._output import prepare_output_path
 
     for flag in ("output", "csv", "plot"):
-        path = getattr(args, flag)
+        path = getattr(args, flag, None)
         if path is not None:
             prepare_output_path(path, argument=f"--{flag}")
 
@@ -390,7 +397,7 @@ def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
     for flag in ("output", "csv"):
         if getattr(args, flag):
             side.print(f"results written to {getattr(args, flag)}", highlight=False)
-    if args.plot:
+    if getattr(args, "plot", None):
         plot_rows(
             rows,
             args.plot,
@@ -431,11 +438,23 @@ def run_ops_command(args: argparse.Namespace) -> int:
     """``llm-speed bench ops``."""
     from llm_speed.bench import ops as ops_bench
 
-    return ops_bench.run_command(args)
+    settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
+    _check_outputs(args)
+    writer = _Writer(args, settings, ops_bench.results_payload)
+    rows = ops_bench.run_ops(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
 
 
 def run_train_step_command(args: argparse.Namespace) -> int:
     """``llm-speed bench train-step``."""
     from llm_speed.bench import train_step as train_step_bench
 
-    return train_step_bench.run_command(args)
+    settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
+    _check_outputs(args)
+    writer = _Writer(args, settings, train_step_bench.results_payload)
+    rows = train_step_bench.run_train_step(
+        settings, show_progress=not args.no_progress, on_case=writer.partial
+    )
+    return _finish(
+        args, settings, rows, writer, train_step_bench.print_train_step, f"training step, {settings.model}"
+    )

@@ -1,190 +1,455 @@
-"""``llm-speed bench ops``: each fused op (forward + backward) against eager PyTorch and ``torch.compile`` of
-the same expression, with GB/s against the device's HBM peak and peak memory.
+"""``llm-speed bench ops``: forward + backward of each fused op with llm-speed's kernels, the same expression
+in eager PyTorch, that expression under ``torch.compile``, and Liger-Kernel's kernel when it is installed.
 
-Bytes are the minimum HBM traffic of a forward + backward (every input read once, every output written
-once), so GB/s / peak says how close an op comes to the memory roofline. Fused linear cross-entropy is
-GEMM-bound: it reports time and peak memory, not GB/s. On the CPU, times are host-clock times of whatever
-ran (the Triton interpreter or the PyTorch fallback), useful only to check that the command works; peak
-memory is measured on CUDA only.
+The ops are those of a Llama layer and its head: RMSNorm ``[tokens, hidden]``, SwiGLU ``[tokens,
+intermediate]``, rotary on q ``[1, heads, tokens, head_dim]`` and k ``[1, kv_heads, tokens, head_dim]``, and
+the linear cross-entropy of ``[tokens, hidden]`` against a ``[vocab, hidden]`` head. FLOPs and bytes of
+every row are the op table's forward and backward costs (``llm_speed.ops`` rows ``rms_norm`` +
+``rms_norm_backward``, ``swiglu`` + ``swiglu_backward``, ``apply_rotary`` for q and k, forward and backward,
+``fused_linear_cross_entropy`` + ``..._backward``): the figures the profiler records, the same for every
+implementation, so GB/s and TFLOP/s compare the implementations on one yardstick (the minimum traffic, not
+what each one moves). For the linear cross-entropy the analytic peak-memory saving
+(:func:`llm_speed.fused.cross_entropy.memory_estimate`) is reported next to the measured CUDA peaks.
+
+Liger-Kernel (github.com/linkedin/Liger-Kernel) runs through its public API: ``liger_rms_norm``,
+``liger_swiglu`` (``LigerSiLUMulFunction``), ``liger_rotary_pos_emb`` (q and k together, cos/sin
+``[1, seq, head_dim]`` with both halves equal, as Hugging Face passes them) and
+``LigerFusedLinearCrossEntropyLoss`` (``(weight, hidden, target)``). Its kernels need CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import importlib.util
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from rich.console import Console
 
-from llm_speed.bench import report, timing
+from llm_speed import ops
+from llm_speed.bench import report
 from llm_speed.bench.options import OPS_DTYPES as DTYPES
 from llm_speed.bench.options import OPS_IMPLS as IMPLS
-from llm_speed.fused.cross_entropy import fused_linear_cross_entropy
-from llm_speed.fused.rms_norm import rms_norm
-from llm_speed.fused.rotary import apply_rotary
-from llm_speed.fused.swiglu import swiglu
+from llm_speed.bench.options import OPS_NAMES as OP_NAMES
+from llm_speed.bench.report import Measurement
 
-# Problem sizes: Llama-3-8B's layers at 8192 tokens on a GPU; tiny ones on the CPU.
-SIZES = {
-    "cuda": {"rows": 8192, "hidden": 4096, "intermediate": 14336, "heads": 32, "seq": 2048, "head_dim": 128,
-             "batch": 4, "vocab": 128256},
-    "cpu": {"rows": 64, "hidden": 96, "intermediate": 160, "heads": 2, "seq": 16, "head_dim": 32, "batch": 1,
-            "vocab": 300},
+# GPU: a Llama-3-8B layer and head at 8192 tokens. CPU: sizes the interpreter runs in about a second.
+GPU_DEFAULTS = {
+    "tokens": 8192, "hidden": 4096, "intermediate": 14336, "num_heads": 32, "num_kv_heads": 8,
+    "head_dim": 128, "vocab": 128256, "dtype": "bf16", "warmup": 10, "iterations": 50, "min_time": 0.2,
 }  # fmt: skip
+CPU_DEFAULTS = {
+    "tokens": 16, "hidden": 64, "intermediate": 96, "num_heads": 2, "num_kv_heads": 1, "head_dim": 32,
+    "vocab": 300, "dtype": "fp32", "warmup": 1, "iterations": 3, "min_time": 0.0,
+}  # fmt: skip
+SIZE_FIELDS = ("tokens", "hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim", "vocab")
+LIGER_NOT_INSTALLED = "liger_kernel is not installed (pip install liger-kernel)"
+EPS = 1e-6
 
 
-@dataclasses.dataclass
-class OpRow:
+@dataclasses.dataclass(frozen=True)
+class OpsSettings:
+    """One ``bench ops`` run."""
+
+    ops: tuple[str, ...]
+    tokens: int
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    dtype: str
+    impls: tuple[str, ...]
+    warmup: int
+    iterations: int
+    min_time_s: float
+    device: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class OpsMeasurement(Measurement):
+    """A :class:`Measurement` of one implementation of one op (forward + backward)."""
+
     op: str
-    impl: str
     shape: str
-    bytes_moved: int | None
-    median_ms: float | None = None
-    gbps: float | None = None
-    hbm_fraction: float | None = None
-    peak_mib: float | None = None
-    unavailable: str | None = None
+    hbm_peak_fraction: float | None = None  # achieved GB/s over the GPU's HBM peak (GPUs in the table only)
 
 
-def _eager_rms_norm(x, w):
+def check_settings(settings: OpsSettings) -> None:
+    """ValueError naming the setting when a value is out of range."""
+    for name in (*SIZE_FIELDS, "iterations"):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    if settings.warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
+    if settings.head_dim % 2:
+        raise ValueError(f"head_dim: rotary needs an even head_dim, got {settings.head_dim}")
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    for name, accepted in (("impls", IMPLS), ("ops", OP_NAMES)):
+        values = getattr(settings, name)
+        unknown = [v for v in values if v not in accepted]
+        if unknown or not values:
+            flag = "impl" if name == "impls" else "ops"
+            raise ValueError(f"{flag}: unknown {unknown or 'empty list'}; accepted: {', '.join(accepted)}")
+
+
+def ops_settings(args: argparse.Namespace, device: torch.device) -> OpsSettings:
+    """Settings from parsed flags, defaults filled for the device."""
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
+    settings = OpsSettings(
+        ops=tuple(args.ops or OP_NAMES),
+        **{name: pick(name) for name in SIZE_FIELDS},
+        dtype=pick("dtype"),
+        impls=tuple(args.impl or IMPLS),
+        warmup=pick("warmup"),
+        iterations=pick("iterations"),
+        min_time_s=pick("min_time"),
+        device=str(device),
+    )
+    check_settings(settings)
+    return settings
+
+
+# --- Liger-Kernel ------------------------------------------------------------------------------------------
+
+
+def liger_installed() -> bool:
+    """Whether ``liger_kernel`` can be imported (found on the path; its import is tried when it runs)."""
+    try:
+        return importlib.util.find_spec("liger_kernel") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def liger_unavailable(device: torch.device) -> str | None:
+    """Why Liger-Kernel cannot run here, or None when it can be tried."""
+    if not liger_installed():
+        return LIGER_NOT_INSTALLED
+    if device.type != "cuda":
+        return f"Liger-Kernel's Triton kernels need a CUDA device (this run is on {device.type})"
+    return None
+
+
+# --- the ops: eager expressions, inputs, costs -------------------------------------------------------------
+
+
+def eager_rms_norm(x, weight):
     xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + EPS) * weight.float()).to(x.dtype)
 
 
-def _eager_swiglu(gate, up):
+def eager_swiglu(gate, up):
     return F.silu(gate) * up
 
 
-def _eager_rotary(x, cos, sin):
-    half = cos.shape[-1]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
-def _eager_cross_entropy(hidden, weight, target):
-    return F.cross_entropy((hidden @ weight.t()).float(), target)
+def eager_rotary(q, k, cos, sin):
+    """Hugging Face Llama's ``apply_rotary_pos_emb`` (cos/sin ``[seq, head_dim]``, both halves equal)."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def _cases(sizes: dict[str, int], dtype: torch.dtype, device: torch.device):
-    """(op, shape, bytes of forward + backward, inputs maker, {impl: fn}) for each op."""
-    b = torch.tensor([], dtype=dtype).element_size()
-    r, h, i = sizes["rows"], sizes["hidden"], sizes["intermediate"]
-    bb, nh, s, d, v = sizes["batch"], sizes["heads"], sizes["seq"], sizes["head_dim"], sizes["vocab"]
-
-    def randn(*shape, grad=True):
-        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(grad)
-
-    def rotary_inputs():
-        theta = torch.arange(s, device=device)[:, None] * 1e-2 * torch.arange(d // 2, device=device)
-        return randn(bb, nh, s, d), theta.cos().to(dtype), theta.sin().to(dtype)
-
-    return [
-        ("rms_norm", f"{r}x{h}", 5 * r * h * b, lambda: (randn(r, h), randn(h)),
-         {"llm_speed": rms_norm, "eager": _eager_rms_norm}),
-        ("swiglu", f"{r}x{i}", 8 * r * i * b, lambda: (randn(r, i), randn(r, i)),
-         {"llm_speed": swiglu, "eager": _eager_swiglu}),
-        ("rotary", f"{bb}x{nh}x{s}x{d}", 4 * bb * nh * s * d * b, rotary_inputs,
-         {"llm_speed": apply_rotary, "eager": _eager_rotary}),
-        ("linear_cross_entropy", f"N={r} H={h} V={v}", None,
-         lambda: (randn(r, h), randn(v, h), torch.randint(0, v, (r,), device=device)),
-         {"llm_speed": fused_linear_cross_entropy, "eager": _eager_cross_entropy}),
-    ]  # fmt: skip
+def eager_cross_entropy(hidden, weight, target):
+    """The unfused loss as Hugging Face computes it: full logits, upcast to float32, cross-entropy."""
+    return F.cross_entropy(F.linear(hidden, weight).float(), target)
 
 
-def _step(fn: Callable, inputs: tuple) -> Callable[[], Any]:
-    def run():
-        out = fn(*inputs)
-        out.backward(torch.ones_like(out))
-        return out
+def _llm_speed_fn(op: str) -> Callable[..., Any]:
+    from llm_speed.fused.cross_entropy import fused_linear_cross_entropy
+    from llm_speed.fused.rms_norm import rms_norm
+    from llm_speed.fused.rotary import apply_rotary
+    from llm_speed.fused.swiglu import swiglu
 
-    return run
+    def rotary(q, k, cos, sin):
+        half = cos.shape[-1] // 2
+        c, s = cos[:, :half], sin[:, :half]
+        return apply_rotary(q, c, s), apply_rotary(k, c, s)
+
+    return {
+        "rms_norm": lambda x, w: rms_norm(x, w, eps=EPS),
+        "swiglu": swiglu,
+        "rotary": rotary,
+        "linear_cross_entropy": fused_linear_cross_entropy,
+    }[op]
 
 
-def run_ops(*, dtype: str, device: torch.device, impls=IMPLS, warmup: int, iterations: int, sizes=None):
-    """Measure every op with every implementation in ``impls``; returns OpRow's (unavailable ones say why)."""
-    torch_dt = report.torch_dtype(dtype, DTYPES)
-    sizes = sizes or SIZES["cuda" if device.type == "cuda" else "cpu"]
-    gpu, _ = report.prediction_gpu(device)
-    rows = []
-    for op, shape, bytes_moved, make_inputs, fns in _cases(sizes, torch_dt, device):
-        for impl in impls:
-            row = OpRow(op, impl, shape, bytes_moved)
-            rows.append(row)
-            fn = fns["eager"] if impl == "torch.compile" else fns[impl]
-            try:
-                if impl == "torch.compile":
-                    torch._dynamo.reset()
-                    fn = torch.compile(fn)
-                step = _step(fn, make_inputs())
-                t = timing.measure(step, warmup=max(warmup, 1 if impl == "torch.compile" else 0),
-                                   iterations=iterations, device=device)  # fmt: skip
-                memory = timing.peak_memory(step, device)
-            except Exception as error:  # noqa: BLE001 - one failing implementation must not end the run
-                row.unavailable = unavailable_reason(error)
-                continue
-            row.median_ms = t.median_ms
-            row.peak_mib = report.mib(memory.peak_bytes)
-            if bytes_moved is not None:
-                row.gbps = bytes_moved / (t.median_ms * 1e-3) / 1e9
-                if gpu is not None:
-                    row.hbm_fraction = bytes_moved / (t.median_ms * 1e-3) / gpu.memory_bandwidth()
+def _liger_fn(op: str) -> Callable[..., Any]:
+    """Liger-Kernel's implementation of ``op`` through its public API (imported here: it needs CUDA)."""
+    if op == "rms_norm":
+        from liger_kernel.transformers.functional import liger_rms_norm
+
+        return lambda x, w: liger_rms_norm(x, w, EPS)
+    if op == "swiglu":
+        from liger_kernel.transformers.functional import liger_swiglu
+
+        return liger_swiglu
+    if op == "rotary":
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+        # Liger takes cos/sin [1 or batch, seq, head_dim]
+        return lambda q, k, cos, sin: liger_rotary_pos_emb(q, k, cos[None], sin[None])
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss()
+    return lambda hidden, weight, target: loss(weight, hidden, target)  # Liger's order: weight first
+
+
+EAGER = {
+    "rms_norm": eager_rms_norm,
+    "swiglu": eager_swiglu,
+    "rotary": eager_rotary,
+    "linear_cross_entropy": eager_cross_entropy,
+}
+
+
+def shapes(op: str, s: OpsSettings) -> dict[str, tuple[int, ...]]:
+    """The shape of each input of ``op``."""
+    t, d = s.tokens, s.head_dim
+    return {
+        "rms_norm": {"x": (t, s.hidden), "weight": (s.hidden,)},
+        "swiglu": {"gate": (t, s.intermediate), "up": (t, s.intermediate)},
+        "rotary": {"q": (1, s.num_heads, t, d), "k": (1, s.num_kv_heads, t, d), "cos": (t, d), "sin": (t, d)},
+        "linear_cross_entropy": {"hidden": (t, s.hidden), "weight": (s.vocab, s.hidden), "target": (t,)},
+    }[op]
+
+
+def shape_label(op: str, s: OpsSettings) -> str:
+    if op == "rms_norm":
+        return f"{s.tokens}x{s.hidden}"
+    if op == "swiglu":
+        return f"{s.tokens}x{s.intermediate}"
+    if op == "rotary":
+        return f"q 1x{s.num_heads}x{s.tokens}x{s.head_dim}, k 1x{s.num_kv_heads}x{s.tokens}x{s.head_dim}"
+    return f"N={s.tokens} H={s.hidden} V={s.vocab}"
+
+
+def op_cost(op: str, s: OpsSettings) -> tuple[float, float]:
+    """(FLOPs, bytes) of one forward + backward of ``op``: the op table's rows, summed as the profiler sums
+    them (costs read only shapes and dtypes, so meta tensors stand in for the inputs)."""
+    dtype = report.TORCH_DTYPES[s.dtype]
+    meta = {name: torch.empty(shape, dtype=dtype, device="meta") for name, shape in shapes(op, s).items()}
+    if op == "rms_norm":
+        works = [
+            ops.get(n).work(x=meta["x"], weight=meta["weight"]) for n in ("rms_norm", "rms_norm_backward")
+        ]
+    elif op == "swiglu":
+        works = [ops.get(n).work(gate=meta["gate"]) for n in ("swiglu", "swiglu_backward")]
+    elif op == "rotary":
+        # apply_rotary's cos is [seq, head_dim / 2]; forward and backward run the same kernel, for q and k
+        half = meta["cos"][:, : s.head_dim // 2]
+        works = [ops.get("apply_rotary").work(x=meta[x], cos=half) for x in ("q", "k")] * 2
+    else:
+        names = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
+        works = [ops.get(n).work(hidden=meta["hidden"], weight=meta["weight"]) for n in names]
+    return sum(w.flops for w in works), sum(w.bytes_moved for w in works)
+
+
+def _inputs(op: str, s: OpsSettings, device: torch.device) -> tuple:
+    dtype = report.TORCH_DTYPES[s.dtype]
+    shape = shapes(op, s)
+
+    def randn(name: str, scale: float = 1.0):
+        return (torch.randn(shape[name], device=device, dtype=dtype) * scale).requires_grad_(True)
+
+    if op == "rms_norm":
+        return randn("x"), randn("weight")
+    if op == "swiglu":
+        return randn("gate"), randn("up")
+    if op == "rotary":
+        half = s.head_dim // 2
+        positions = torch.arange(s.tokens, device=device, dtype=torch.float32)[:, None]
+        angles = positions * 10000.0 ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+        angles = torch.cat((angles, angles), -1)  # Hugging Face's layout: both halves equal
+        return randn("q"), randn("k"), angles.cos().to(dtype), angles.sin().to(dtype)
+    target = torch.randint(0, s.vocab, shape["target"], device=device)
+    return randn("hidden"), randn("weight", s.hidden**-0.5), target
+
+
+def _function(op: str, impl: str) -> Callable[..., Any]:
+    if impl == "llm_speed":
+        return _llm_speed_fn(op)
+    if impl == "eager":
+        return EAGER[op]
+    if impl == "torch.compile":
+        torch._dynamo.reset()  # each row compiles its own graphs, none reused from an earlier row
+        return torch.compile(EAGER[op])
+    return _liger_fn(op)
+
+
+def _builder(op: str, impl: str, s: OpsSettings, device: torch.device) -> Callable[[], Callable[[], Any]]:
+    """A function that makes the inputs and returns one forward + backward step to time."""
+
+    def build() -> Callable[[], Any]:
+        fn = _function(op, impl)
+        inputs = _inputs(op, s, device)
+
+        def step():
+            out = fn(*inputs)
+            outs = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            return out
+
+        return step
+
+    return build
+
+
+def run_ops(
+    settings: OpsSettings,
+    *,
+    show_progress: bool = True,
+    on_case: Callable[[list[OpsMeasurement]], None] | None = None,
+) -> list[OpsMeasurement]:
+    """Measure every implementation of every op; ``on_case(rows_so_far)`` after each row (partial writes)."""
+    check_settings(settings)
+    device = torch.device(settings.device)
+    gpu, reason = report.prediction_gpu(device)
+    liger_reason = liger_unavailable(device) if "liger" in settings.impls else None
+    rows: list[OpsMeasurement] = []
+    total = len(settings.ops) * len(settings.impls)
+    progress = report.progress(total, "ops") if show_progress else contextlib.nullcontext(None)
+    with progress as advance:
+        for op in settings.ops:
+            flops, moved = op_cost(op, settings)
+            for impl in settings.impls:
+                row = OpsMeasurement(
+                    case=op, impl=impl, available=False, flops=flops, bytes_moved=moved, op=op,
+                    shape=shape_label(op, settings),
+                )  # fmt: skip
+                if impl == "liger" and liger_reason is not None:
+                    row.reason = liger_reason
+                else:
+                    report.run_measurement(
+                        row,
+                        _builder(op, impl, settings, device),
+                        device=device,
+                        warmup=settings.warmup,
+                        iterations=settings.iterations,
+                        min_time_s=settings.min_time_s,
+                    )
+                rows.append(row)
+                _compare(rows, gpu, settings.dtype, reason)
+                if on_case is not None:
+                    on_case(rows)
+                if advance is not None:
+                    advance(f"{op} {impl}")
     return rows
 
 
-def unavailable_reason(error: BaseException) -> str:
-    """One line saying why an implementation could not be measured."""
-    first_line = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {first_line}"
+def _compare(rows: Sequence[OpsMeasurement], gpu, dtype: str, reason: str | None) -> None:
+    report.add_comparisons(rows, gpu, dtype, reason)
+    if gpu is not None:
+        for row in rows:
+            if row.bandwidth_gb_s is not None:
+                row.hbm_peak_fraction = row.bandwidth_gb_s / gpu.hbm_bandwidth_gbs
 
 
-def start(args: argparse.Namespace) -> torch.device:
-    """The device to run on, after checking the output path (before any work)."""
-    from llm_speed._cli import resolve_device
-    from llm_speed._output import prepare_output_path
+def cross_entropy_memory(settings: OpsSettings, rows: Sequence[OpsMeasurement]) -> dict[str, Any] | None:
+    """The linear cross-entropy's analytic memory (eager ``2 N V b`` against llm-speed's ``C V b + 8 N``
+    beyond inputs and gradients) beside the measured CUDA peaks of its rows; None when it was not run."""
+    from llm_speed.fused.cross_entropy import memory_estimate
 
-    device = resolve_device(args.device)
-    if args.output:
-        prepare_output_path(args.output, argument="--output")
-    return device
+    if "linear_cross_entropy" not in settings.ops:
+        return None
+    itemsize = report.TORCH_DTYPES[settings.dtype].itemsize
+    estimate = memory_estimate(settings.tokens, settings.hidden, settings.vocab, itemsize)
+    peaks = {r.impl: r.peak_memory_bytes for r in rows if r.op == "linear_cross_entropy"}
+    fused, eager = peaks.get("llm_speed"), peaks.get("eager")
+    measured = eager - fused if fused is not None and eager is not None else None
+    ce_rows = [r for r in rows if r.op == "linear_cross_entropy"]
+    return {
+        "estimate": estimate,
+        "estimated_saving_bytes": estimate["unfused_bytes"] - estimate["fused_bytes"],
+        "measured_peak_bytes": peaks,
+        "measured_saving_bytes": measured,  # eager's peak minus llm-speed's (same inputs and gradients)
+        "measured_reason": None
+        if measured is not None
+        else next((r.peak_memory_reason or r.reason for r in ce_rows if r.peak_memory_bytes is None), None),
+    }
 
 
-def finish(table, device: torch.device, payload: dict[str, Any], output: str | None) -> None:
-    """Print the table and what the timings mean; write the JSON (with the provenance) when asked."""
-    console = report.output_console()
-    console.print(table)
-    for note in report.timing_notes(device, ["llm_speed"]):
-        console.print(note, highlight=False)
-    if output:
-        from llm_speed._output import dump_json
-
-        dump_json({"environment": report.environment(device), **payload}, output)
-        console.print(f"results written to {output}", highlight=False)
+def _bytes_text(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
 
 
-def run_command(args: argparse.Namespace) -> int:
-    from rich.table import Table
+def _memory_caption(memory: dict[str, Any] | None) -> str | None:
+    if memory is None:
+        return None
+    est = memory["estimate"]
+    text = (
+        f"linear cross-entropy memory beyond inputs and gradients, by the formula: eager "
+        f"{_bytes_text(est['unfused_bytes'])}, llm-speed {_bytes_text(est['fused_bytes'])} "
+        f"(chunks of {est['chunk_rows']} rows, {est['saving']:.3g}x less)"
+    )
+    if memory["measured_saving_bytes"] is not None:
+        peaks = memory["measured_peak_bytes"]
+        text += (
+            f"; measured CUDA peaks (inputs and gradients included): eager {_bytes_text(peaks['eager'])}, "
+            f"llm-speed {_bytes_text(peaks['llm_speed'])} (difference "
+            f"{_bytes_text(memory['measured_saving_bytes'])} against "
+            f"{_bytes_text(memory['estimated_saving_bytes'])} by the formula)"
+        )
+    elif memory["measured_reason"]:
+        text += f"; not measured: {memory['measured_reason']}"
+    return text
 
-    device = start(args)
-    gpu_run = device.type == "cuda"
-    warmup = args.warmup if args.warmup is not None else (10 if gpu_run else 1)
-    iterations = args.iterations if args.iterations is not None else (50 if gpu_run else 3)
-    rows = run_ops(dtype=args.dtype, device=device, impls=tuple(args.impl or IMPLS), warmup=warmup,
-                   iterations=iterations)  # fmt: skip
-    device_name = report.environment_device_name(device)
-    table = Table(title=f"fused ops, forward + backward, {args.dtype}, {device_name}")
-    for column in ("op", "impl", "shape", "median ms", "GB/s", "% HBM peak", "peak MiB"):
-        table.add_column(column)
-    for row in rows:
-        if row.unavailable:
-            table.add_row(row.op, row.impl, row.shape, f"unavailable: {row.unavailable}", "", "", "")
-            continue
-        table.add_row(
-            row.op, row.impl, row.shape, f"{row.median_ms:.3f}",
-            f"{row.gbps:.1f}" if row.gbps is not None else "-",
-            f"{100 * row.hbm_fraction:.0f}%" if row.hbm_fraction is not None else "-",
-            f"{row.peak_mib:.0f}" if row.peak_mib is not None else "-",
-        )  # fmt: skip
-    finish(table, device, {"rows": [dataclasses.asdict(r) for r in rows]}, args.output)
-    return 0 if any(r.median_ms is not None for r in rows if r.impl == "llm_speed") else 1
+
+def results_payload(settings: OpsSettings, rows: Sequence[OpsMeasurement]) -> dict[str, Any]:
+    """The JSON document: provenance, settings, notes, every row and the cross-entropy memory figures."""
+    return report.results_document(
+        "ops",
+        settings,
+        rows,
+        lambda row: f"{row.op} {row.shape}",
+        [i for i in settings.impls if i in ("llm_speed", "liger")],
+        cross_entropy_memory=cross_entropy_memory(settings, rows),
+    )
+
+
+def print_ops(settings: OpsSettings, rows: Sequence[OpsMeasurement], console: Console) -> None:
+    """One table of every row that ran, then what did not run, the notes and the cross-entropy memory."""
+    device = torch.device(settings.device)
+    caption = (
+        f"forward + backward, dtype={report.TORCH_DTYPES[settings.dtype]}, "
+        f"device={report.environment_device_name(device)}"
+    )
+    table = [
+        [
+            row.op,
+            row.impl,
+            row.shape,
+            f"{100 * row.hbm_peak_fraction:.0f}%" if row.hbm_peak_fraction is not None else None,
+            *report.common_cells(row),
+        ]
+        for row in rows
+        if row.available
+    ]
+    report.print_rows(
+        "Fused ops", ["op", "impl", "shape", "% HBM peak", *report.COMMON_COLUMNS], table, caption=caption,
+        console=console,
+    )  # fmt: skip
+    report.print_unavailable(rows, console)
+    notes = report.timing_notes(device, [i for i in settings.impls if i in ("llm_speed", "liger")], rows)
+    memory = _memory_caption(cross_entropy_memory(settings, rows))
+    for note in [*notes, *([memory] if memory else [])]:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    if rows and rows[0].prediction_reason:
+        console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

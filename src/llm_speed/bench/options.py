@@ -21,9 +21,11 @@ DECODE_IMPLS = ("kvcache", "kvcache-paged", "sdpa")  # dense cache, paged cache,
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
 
 # --- bench ops, bench train-step ---
-OPS_IMPLS = ("llm_speed", "eager", "torch.compile")
+OPS_IMPLS = ("llm_speed", "eager", "torch.compile", "liger")  # liger: Liger-Kernel, when installed
+OPS_NAMES = ("rms_norm", "swiglu", "rotary", "linear_cross_entropy")
 OPS_DTYPES = ("bf16", "fp16", "fp32")
-TRAIN_STEP_VARIANTS = ("transformers", "llm_speed")  # unpatched, patched by integrations.transformers.apply
+# unpatched; patched by integrations.transformers.apply; patched by Liger-Kernel's apply_liger_kernel_to_llama
+TRAIN_STEP_VARIANTS = ("transformers", "llm_speed", "liger")
 
 # --- bench gemm ---
 GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")
