@@ -38,13 +38,19 @@ def _seconds(text: str) -> float:
 
 
 def _add_common(
-    parser: argparse.ArgumentParser, min_time: str | None, *, full_size: bool = True, plot: bool = True
+    parser: argparse.ArgumentParser,
+    min_time: str | None,
+    *,
+    full_size: bool = True,
+    plot: bool = True,
+    runs: tuple[str, str] = ("GPU 10, CPU 1", "GPU 50, CPU 5"),
 ) -> None:
     """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time``, and with
     ``full_size`` ``--full-size``, for the benchmarks that time to a minimum duration and scale their sizes
-    on a CPU. ``plot`` adds ``--plot`` (benchmarks whose rows have a roofline)."""
-    parser.add_argument("--warmup", type=non_negative_int, help="untimed runs first (GPU 10, CPU 1)")
-    parser.add_argument("--iterations", type=positive_int, help="timed runs, at least (GPU 50, CPU 5)")
+    on a CPU. ``plot`` adds ``--plot`` (benchmarks whose rows have a roofline); ``runs`` is the text of the
+    warm-up and iteration defaults."""
+    parser.add_argument("--warmup", type=non_negative_int, help=f"untimed runs first ({runs[0]})")
+    parser.add_argument("--iterations", type=positive_int, help=f"timed runs, at least ({runs[1]})")
     if min_time is not None:
         parser.add_argument(
             "--min-time",
@@ -165,7 +171,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ops_parser.add_argument("--dtype", choices=options.OPS_DTYPES, help="GPU bf16, CPU fp32")
     ops_parser.add_argument("--impl", nargs="+", choices=options.OPS_IMPLS, help="default: all of them")
-    _add_common(ops_parser, "GPU 0.2, CPU 0", full_size=False)
+    _add_common(ops_parser, "GPU 0.2, CPU 0", full_size=False, runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
     ops_parser.set_defaults(func=run_ops_command)
     train = kinds.add_parser(
         "train-step",
@@ -184,7 +190,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--impl", nargs="+", choices=options.TRAIN_STEP_VARIANTS, help="variants (default: all of them)"
     )
-    _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False)
+    _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
     train.set_defaults(func=run_train_step_command)
 
     op = kinds.add_parser(
