@@ -106,9 +106,9 @@ def test_the_profiler_costs_it_from_the_row(with_row):
     assert metrics.tflops is not None
 
 
-def test_doctor_probes_it(monkeypatch, capsys):
+def test_doctor_probes_it(device, monkeypatch, capsys):
     monkeypatch.setattr(ops, "OPS", (ROW,))  # only the new row: the others are probed in tests/test_ops.py
-    assert cli.main(["doctor", "--device", "cpu", "--json"]) == 0
+    assert cli.main(["doctor", "--device", device.type, "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)["dispatch"]["silu"]
     assert entry["kernels"] == [KERNEL] and entry["runs"].startswith("Triton")
 

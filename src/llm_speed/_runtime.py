@@ -21,6 +21,11 @@ INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _launches: collections.Counter[str] = collections.Counter()
 
 
+class TritonUnavailable(RuntimeError):
+    """An op with no PyTorch fallback was given tensors Triton cannot run on (CPU without the interpreter).
+    ``llm-speed doctor`` reports such an op as not available on the device, not as failing."""
+
+
 def triton_runs_on(device: torch.device) -> bool:
     """True when a Triton kernel can run on tensors of ``device``.
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # torch is imported when the command runs, not when the parse
 _PROBE_SEQ = ops.PROBE_SEQ
 _PROBE_HEAD_DIM = ops.PROBE_HEAD_DIM
 FAILS = "fails"  # how a failing probe's "runs" entry starts
+UNAVAILABLE = "not available here"  # a Triton-only op on a device Triton cannot run on (not a failure)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -109,6 +110,9 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
         before = _runtime.launch_counts()
         try:
             op.run_probe(device)
+        except _runtime.TritonUnavailable as error:  # by design: a Triton-only op on a device Triton lacks
+            result[op.title] = {"runs": f"{UNAVAILABLE}: {str(error).splitlines()[0]}", "kernels": []}
+            continue
         except Exception as error:  # a failing op is reported, and the others still checked
             result[op.title] = {
                 "runs": f"{FAILS}: {type(error).__name__}: {str(error).splitlines()[0]}",

@@ -166,14 +166,16 @@ def test_choose_num_splits():
     assert 0.8 * 132 <= 8 * splits <= 2 * 132  # about one full wave of programs
 
 
-def _good_call():
+def _good_call(device="cpu"):
+    """A valid call; input checks are tested on the CPU, calls that run go to ``device``."""
     batch, heads_kv, dim = 2, 2, 16
     k_cache = torch.randn(4, 16, heads_kv, dim)
-    return dict(
+    call = dict(
         q=torch.randn(batch, 1, 4, dim), k_cache=k_cache, v_cache=torch.randn_like(k_cache),
         cache_seqlens=torch.tensor([3, 3], dtype=torch.int32), k=torch.randn(batch, 2, heads_kv, dim),
         v=torch.randn(batch, 2, heads_kv, dim), block_table=torch.tensor([[2], [0]], dtype=torch.int32),
     )  # fmt: skip
+    return {name: t.to(device) for name, t in call.items()}
 
 
 BAD = [
@@ -215,13 +217,13 @@ def test_bad_input_is_refused_before_any_write(name, value, error, match):
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
 
 
-def test_boundaries_accepted():
+def test_boundaries_accepted(device):
     """Right at the limits: a cache filled exactly, page 0 and the last page, numpy bools."""
     import numpy as np
 
-    call = _good_call()
-    call["cache_seqlens"] = torch.tensor([14, 14], dtype=torch.int32)  # 14 + 2 new = 16 = capacity
-    call["block_table"] = torch.tensor([[0], [3]], dtype=torch.int32)
+    call = _good_call(device)
+    call["cache_seqlens"] = torch.tensor([14, 14], dtype=torch.int32, device=device)  # 14 + 2 new = 16
+    call["block_table"] = torch.tensor([[0], [3]], dtype=torch.int32, device=device)
     q = call.pop("q")
     out = flash_attention_with_kvcache(
         q, call.pop("k_cache"), call.pop("v_cache"), is_causal=np.bool_(True), **call
@@ -229,9 +231,9 @@ def test_boundaries_accepted():
     assert torch.isfinite(out).all()
 
 
-def test_operator_registration():
+def test_operator_registration(device):
     """The custom op (caches declared mutated) passes torch.library.opcheck."""
-    call = _good_call()
+    call = _good_call(device)
     args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], 3, call["k"], call["v"],
             call["block_table"], 0.25, None, 0, None, 0)  # fmt: skip
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))
@@ -271,19 +273,20 @@ def test_zero_batch_and_zero_queries(device):
     assert k_cache[0, :3].eq(0).all() and k_cache[0, 5:].eq(0).all()
 
 
-def test_profiler_counts_the_visible_cache_of_each_sequence():
+def test_profiler_counts_the_visible_cache_of_each_sequence(device):
     """The op table's cost of a decode call is the model's cost summed over the ragged sequences."""
     from llm_speed import ops
     from llm_speed.attention.decode import kvcache_probe
     from llm_speed.perf.kernel_costs import kvcache_decode_cost
     from llm_speed.profiler import CUDAProfiler
 
-    profiler = CUDAProfiler("cpu")
+    profiler = CUDAProfiler(device)
     with profiler.profile("decode"):
-        kvcache_probe(torch.device("cpu"))
+        kvcache_probe(device)
     metrics = profiler.get_metrics()
-    # the probe: 40 and 25 cached tokens, one appended; 4 query / 2 KV heads of 32 in fp32
-    costs = [kvcache_decode_cost(1, 4, 1, n, 32, heads_kv=2, dtype="fp32", seq_new=1) for n in (41, 26)]
+    # the probe: 40 and 25 cached tokens, one appended; 4 query / 2 KV heads of 32, fp16 on a GPU
+    dtype = "fp16" if device.type == "cuda" else "fp32"
+    costs = [kvcache_decode_cost(1, 4, 1, n, 32, heads_kv=2, dtype=dtype, seq_new=1) for n in (41, 26)]
     assert metrics.flops == pytest.approx(sum(c.flops for c in costs))
     assert metrics.bytes_moved == pytest.approx(sum(c.bytes_moved for c in costs))
     assert ops.get("attention_kvcache_fwd").probe is not None

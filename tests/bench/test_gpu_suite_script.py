@@ -22,7 +22,9 @@ needs_bash = pytest.mark.skipif(
 
 
 STEPS = ("quick", "tests", "bench", "fused")
-DEVICE_COMMAND_LIMIT_S = 480  # 8 of the device's 10 minutes per command: the margin the plan keeps
+# A device command may run 600 s; the machine's start (about 90 s) is not counted in it (it is in the
+# session's 30 device minutes). 540 s keeps a minute of margin.
+DEVICE_COMMAND_LIMIT_S = 540
 
 
 def _suite(tmp_path, *args):
@@ -74,15 +76,15 @@ def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
 
 @needs_bash
 def test_sub_step_caps_fit_each_device_command(tmp_path):
-    """Each step's caps (dry run) sum to at most its budget, which leaves start-up room in 8 minutes."""
+    """Each step's caps (dry run) sum to at most its budget, which fits one device command with margin."""
     for step in STEPS:
         result = _suite(tmp_path, "--dry-run", step)
         assert result.returncode == 0, result.stderr
         caps = [int(cap) for cap in re.findall(r"\] cap (\d+)s:", result.stdout)]
         assert caps, result.stdout
         background = 60 if step == "quick" else 0  # quick's doctor runs beside its tests
-        # + the kill grace and the versions/packing around them; the machine's start takes about 90 s
-        assert sum(caps) - background + 30 <= DEVICE_COMMAND_LIMIT_S - 90, (step, caps)
+        # + the kill grace and the versions/packing around them
+        assert sum(caps) - background + 30 <= DEVICE_COMMAND_LIMIT_S, (step, caps)
     assert _suite(tmp_path, "--dry-run", "everything").returncode == 2
     assert not list(tmp_path.glob("llm-speed-suite.*"))  # a dry run writes nothing
 
@@ -169,7 +171,7 @@ def test_plan_lists_each_command_with_a_timeout_that_fits():
         assert row and budget, step
         timeout_s, budget_s = int(row.group(1)), int(budget.group(1))
         assert budget_s + overhead_s + 30 <= timeout_s <= 600, step
-        assert start_s + budget_s + overhead_s <= DEVICE_COMMAND_LIMIT_S, step
+        assert budget_s + overhead_s <= DEVICE_COMMAND_LIMIT_S, step
         if step != "fused":
             total += start_s + budget_s + overhead_s
     assert total <= 25 * 60

@@ -39,10 +39,19 @@ def _entry(rank: int, world: int, port: int, fn, args) -> None:
 def run_ranks(fn, world: int, *args, timeout_s: float = 300.0) -> None:
     """``fn(rank, world, *args)`` on ``world`` spawned processes; an exception in any of them fails the
     caller with its traceback; past ``timeout_s`` every process is killed and the caller fails."""
-    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-    context = mp.start_processes(
-        _entry, args=(world, free_port(), fn, args), nprocs=world, join=False, start_method="spawn"
-    )
+    # The ranks run CPU tensors over gloo, so their Triton kernels need the interpreter, also on a machine
+    # with a GPU (where this process has it off): spawned processes take the environment at their start.
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        context = mp.start_processes(
+            _entry, args=(world, free_port(), fn, args), nprocs=world, join=False, start_method="spawn"
+        )
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:

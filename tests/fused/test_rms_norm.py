@@ -14,7 +14,7 @@ KERNELS = (rms_module.KERNEL_FORWARD, rms_module.KERNEL_BACKWARD)
 def _run(fn, x, w, dy, **kw):
     x, w = leaves(x, w) if fn is rms_norm else (x, w)
     y = fn(x, w, **kw)
-    (y.double() * dy.double()).sum().backward()
+    (y.double() * dy.to(y.device).double()).sum().backward()  # float64 truth runs on the CPU
     return y.detach(), x.grad, w.grad
 
 

@@ -55,10 +55,10 @@ def test_accuracy(case, dtype, device):
         (apply_rotary_reference, leaves(x)[0]),
         (apply_rotary, leaves(x)[0]),
     ):
-        c, s = (cos.double(), sin.double()) if x_in.dtype == torch.float64 else (cos, sin)
+        c, s = (cos.double().cpu(), sin.double().cpu()) if x_in.dtype == torch.float64 else (cos, sin)
         with expect_launches(KERNEL, device=device) if fn is apply_rotary else contextlib.nullcontext():
             out = fn(x_in, c, s, interleaved=interleaved)
-            (out.double() * dout.double()).sum().backward()
+            (out.double() * dout.to(out.device).double()).sum().backward()
         results.append((out.detach(), x_in.grad))
     truth, same, got = results
     assert got[0].dtype == dtype and got[0].shape == x.shape and got[0].is_contiguous()

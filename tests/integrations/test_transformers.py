@@ -23,7 +23,8 @@ CONFIGS = {
 }
 
 
-def _models(model_type):
+def _models(model_type, device="cpu"):
+    """The model to patch, the same unpatched, and a float64 copy; on ``device``, where the kernels run."""
     torch.manual_seed(0)
     config = CONFIGS[model_type]()
     base = transformers.AutoModelForCausalLM.from_config(config)
@@ -31,6 +32,7 @@ def _models(model_type):
         for name, p in base.named_parameters():
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
+    base.to(device)
     return base, copy.deepcopy(base), copy.deepcopy(base).double()
 
 
@@ -52,14 +54,14 @@ def _assert_rule(name, got, same, truth, factor):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma2"])
-def test_patched_model_matches_float64(model_type):
-    patched, same, truth = _models(model_type)
+def test_patched_model_matches_float64(model_type, device):
+    patched, same, truth = _models(model_type, device)
     report = hf.apply(patched)
     assert report["rms_norm"] == 2 * 2 + 1 + (2 * 2 if model_type == "gemma2" else 0)
     assert report["swiglu"] == (0 if model_type == "gemma2" else 2)
     assert report["rotary"] and report["cross_entropy"]
     assert report["attention"]
-    ids = torch.randint(0, 97, (1, 10))
+    ids = torch.randint(0, 97, (1, 10), device=device)
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
     kernels = [rms_norm.KERNEL_FORWARD, rms_norm.KERNEL_BACKWARD, rotary.KERNEL]
@@ -103,7 +105,7 @@ PADDED = {  # model_type: config with a sliding window shorter than the sequence
 }
 
 
-def _padded_batch():
+def _padded_batch(device="cpu"):
     ids = torch.randint(0, 97, (3, SEQ))
     mask = torch.ones(3, SEQ, dtype=torch.long)
     mask[1, :PAD_LEFT] = 0
@@ -113,16 +115,17 @@ def _padded_batch():
     # nor a token predicted at a padded position (attention outputs zeros there, as flash-attention-2 does;
     # eager attention averages all keys there, so such a prediction would differ)
     labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
-    return ids, mask, labels
+    return ids.to(device), mask.to(device), labels.to(device)
 
 
-def _padded_models(model_type):
+def _padded_models(model_type, device="cpu"):
     torch.manual_seed(0)
     base = transformers.AutoModelForCausalLM.from_config(PADDED[model_type]())
     with torch.no_grad():
         for name, p in base.named_parameters():
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
+    base.to(device)
     return base, copy.deepcopy(base), copy.deepcopy(base).double()
 
 
@@ -143,13 +146,13 @@ def _finite_float64_masks(monkeypatch):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma2"])
-def test_padded_batch_runs_varlen_and_matches_float64(model_type, monkeypatch):
+def test_padded_batch_runs_varlen_and_matches_float64(model_type, device, monkeypatch):
     # llama: the 2-D padding mask; mistral and gemma2: windows of 4 < 11 tokens, so transformers builds the
     # 4-D mask, which is checked and unpadded (gemma2 also softcaps attention logits and mixes full layers)
-    patched, same, truth = _padded_models(model_type)
+    patched, same, truth = _padded_models(model_type, device)
     _finite_float64_masks(monkeypatch)
     assert hf.apply(patched)["attention"]
-    ids, mask, labels = _padded_batch()
+    ids, mask, labels = _padded_batch(device)
     ops = []
     monkeypatch.setattr(_runtime, "_work_observers", [lambda op, _problem: ops.append(op)])
     kernels = [launch.KERNEL_FORWARD, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ]
@@ -246,11 +249,11 @@ def test_unsupported_masks_are_refused_and_plain_masks_accepted():
         hf.llm_speed_attention(None, *(torch.randn(1, 2, 4, 16) for _ in range(3)), None, sliding_window=0)
 
 
-def test_attn_implementation_name_and_apply_checks():
+def test_attn_implementation_name_and_apply_checks(device):
     config = transformers.LlamaConfig(**SMALL)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="llm_speed")
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="llm_speed").to(device)
     before = _runtime.launch_count(launch.KERNEL_FORWARD)
-    model(input_ids=torch.randint(0, 97, (1, 5)))
+    model(input_ids=torch.randint(0, 97, (1, 5), device=device))
     assert _runtime.launch_count(launch.KERNEL_FORWARD) > before
     report = hf.apply(model)
     assert hf.apply(model) is report  # a second call patches nothing more

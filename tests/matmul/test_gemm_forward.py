@@ -80,7 +80,14 @@ class _RecordingKernel:
 def test_strided_operands_are_read_in_place(device, monkeypatch):
     """Column-major, transposed-view and stride-0 operands reach the kernel as the same memory, not copies."""
     recorder = _RecordingKernel(kernels.gemm_tiled_kernel)
-    monkeypatch.setattr(kernels, "gemm_tiled_kernel", recorder)
+    monkeypatch.setattr(kernels, "gemm_tiled_kernel", recorder)  # the interpreter launches it directly
+    autotuned = ops._autotuned_tiled
+
+    def recorded_autotuner(hardware):  # a GPU launches the autotuner built around it
+        recorder.kernel = autotuned(hardware)
+        return recorder
+
+    monkeypatch.setattr(ops, "_autotuned_tiled", recorded_autotuner)
     m, n, k = 40, 36, 50
     cases = [
         (rand(k, m, device=device).mT, rand(n, k, device=device).mT),  # both column-major

@@ -154,7 +154,8 @@ def test_gradients_at_1024():
         ("torch", torch.float32, lambda x, y: torch.nn.functional.silu(x @ y)),
         ("float64", torch.float64, lambda x, y: torch.nn.functional.silu(x @ y)),
     ]:
-        x, y = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+        # fresh leaves each time: a.to(float32) is a itself, and a.to(float64) of a leaf is no leaf
+        x, y = (t.to(dtype).clone().requires_grad_() for t in (a, b))
         fn(x, y).sum().backward()
         grads[name] = (x.grad.double(), y.grad.double())
     for i in range(2):

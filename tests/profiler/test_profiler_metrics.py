@@ -282,7 +282,7 @@ def test_profile_attention_and_gemm_on_cpu():
 
 
 def test_measure_time_and_compare_with_reference():
-    profiler = prof.CUDAProfiler()
+    profiler = prof.CUDAProfiler("cpu")  # the host timer: a GPU's would time the sleep's launches only
     assert profiler.measure_time(sleeper(2), warmup=0, iterations=3) >= 2
     assert profiler.last_timing.iterations == 3 and profiler.last_timing.timer == HOST_TIMER
     result = profiler.compare_with_reference(sleeper(1), sleeper(10), torch.zeros(1), warmup=0, iterations=3)

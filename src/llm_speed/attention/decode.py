@@ -360,7 +360,7 @@ def forward_impl(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, blo
         out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         return out, torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
     if not _runtime.triton_runs_on(q.device):
-        raise RuntimeError(
+        raise _runtime.TritonUnavailable(
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )

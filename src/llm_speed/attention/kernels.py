@@ -900,10 +900,14 @@ def _dq_over_keys(
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
-        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
-        even_rows = EVEN_N or not MASKED
-        b_k = _load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=even_rows, EVEN_D=EVEN_D)
-        b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=even_rows, EVEN_D=EVEN_D)
+        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is spelled
+        # inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile error).
+        b_k = _load_rows(
+            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+        )
+        b_v = _load_rows(
+            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+        )
         b_p, b_dcap = _probabilities(
             b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
             MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
