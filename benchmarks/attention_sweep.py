@@ -1,0 +1,137 @@
+"""Time flash attention under several block configurations in one process (a GPU tuning call).
+
+Each configuration replaces the shipped one (``attention.launch.forward_config`` / ``backward_config``), is
+checked against PyTorch SDPA on the same inputs (max error, so a fast but wrong configuration shows), and
+is timed with ``triton.testing.do_bench`` (median) beside SDPA's cuDNN and flash backends. One JSON line
+per measurement on stdout. On the CPU (``--smoke``) it runs tiny shapes through the interpreter.
+
+    python benchmarks/attention_sweep.py [--smoke] [--only fwd|bwd] > sweep.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from llm_speed.attention import flash_attention, launch
+from llm_speed.attention.configs import BlockConfig
+from llm_speed.perf.kernel_costs import attention_cost
+
+# (block_m, block_n, num_warps, num_stages); the first of each list is the shipped one (2026-11-22).
+FORWARD = {
+    128: [(128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3),
+          (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4)],
+    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 3), (64, 64, 4, 4)],
+}  # fmt: skip
+BACKWARD = {
+    128: [(32, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 128, 8, 2),
+          (64, 64, 8, 3), (32, 64, 4, 2)],
+}  # fmt: skip
+SDPA = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION"}
+
+
+def _time_ms(fn) -> float:
+    if torch.cuda.is_available():
+        from triton.testing import do_bench
+
+        return do_bench(fn, return_mode="median")
+    began = time.perf_counter()
+    fn()
+    return (time.perf_counter() - began) * 1e3
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def measure(direction, head_dim, seq, causal, config, device, dtype, references, tokens=16384):
+    """Rows for flash under ``config`` and, the first time a problem is seen, for SDPA's backends (whose
+    output is kept in ``references`` to check every configuration against)."""
+    heads = 2048 // head_dim
+    batch = max(1, tokens // seq)
+    torch.manual_seed(0)  # the same inputs for every configuration
+    q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype) for _ in range(4))
+    cost = attention_cost(batch, heads, seq, seq, head_dim, causal=causal, dtype="fp16")
+    flops = cost.flops * (2.5 if direction == "bwd" else 1.0)
+    row = dict(direction=direction, head_dim=head_dim, seq=seq, batch=batch, heads=heads, causal=causal)
+    key = (direction, head_dim, seq, causal)
+    impls = {"flash": lambda q, k, v, c: flash_attention(q, k, v, is_causal=c)}
+    if key not in references:
+        impls.update({name: _sdpa(name) for name in SDPA} if device.type == "cuda" else {})
+        impls["reference"] = lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)
+    for name, fn in reversed(list(impls.items())):  # the reference first
+        try:
+            leaves = [t.detach().requires_grad_(direction == "bwd") for t in (q, k, v)]
+            out = fn(*leaves, causal)
+            if direction == "fwd":
+                result, run = out, (lambda fn=fn, leaves=leaves: fn(*leaves, causal))
+            else:
+                result = torch.autograd.grad(out, leaves, grad, retain_graph=True)[0]
+                run = lambda out=out, leaves=leaves: torch.autograd.grad(  # noqa: E731
+                    out, leaves, grad, retain_graph=True
+                )
+            if name == "reference":
+                references[key] = result
+                continue
+            ms = _time_ms(run)
+            entry = dict(row, impl=name, ms=ms, tflops=flops / ms / 1e9)
+            if name == "flash":
+                entry["max_error_vs_sdpa"] = (result.float() - references[key].float()).abs().max().item()
+        except Exception as error:  # out of resources, or a backend that refuses the shape
+            entry = dict(row, impl=name, error=f"{type(error).__name__}: {str(error)[:200]}")
+        if name == "flash":
+            entry["config"] = list(config)
+        yield entry
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
+    parser.add_argument("--only", choices=("fwd", "bwd"))
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    seq = 64 if args.smoke else 16384
+    plans = []
+    for direction, table, name in (("fwd", FORWARD, "forward_config"), ("bwd", BACKWARD, "backward_config")):
+        if args.only and direction != args.only:
+            continue
+        for head_dim, configs in table.items():
+            for entry in configs[:2] if args.smoke else configs:
+                plans.append((direction, name, head_dim, entry))
+    references: dict = {}
+    for direction, name, head_dim, entry in plans:
+        config = BlockConfig(*entry)
+        original = getattr(launch, name)
+        setattr(launch, name, lambda block_d, dtype, device=None, config=config: config)
+        try:
+            for row in measure(
+                direction,
+                head_dim,
+                seq,
+                False,
+                entry,
+                device,
+                dtype,
+                references,
+                tokens=seq if args.smoke else 16384,
+            ):
+                print(json.dumps(row), flush=True)
+        finally:
+            setattr(launch, name, original)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
