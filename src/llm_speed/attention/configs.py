@@ -30,6 +30,7 @@ from llm_speed._block_config import KIB, BlockConfig, Hardware, hardware_of
 __all__ = [
     "COMPACT",
     "FULL",
+    "LARGE",
     "TIERS",
     "BlockConfig",
     "ShippedConfig",
@@ -77,6 +78,35 @@ FULL = Tier(
 )
 
 
+def _with(tier_table: dict, changes: dict) -> dict:
+    """``tier_table`` with ``changes[direction][dtype][block_d]`` = (block_m, block_n, warps, stages)."""
+    table = {
+        direction: {dtype: dict(row) for dtype, row in by_dtype.items()}
+        for direction, by_dtype in tier_table.items()
+    }
+    for direction, by_dtype in changes.items():
+        for dtype, row in by_dtype.items():
+            table[direction][dtype].update(_row(row))
+    return table
+
+
+# Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
+# Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
+# 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
+# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's.
+LARGE = Tier(
+    "227 KB",
+    227 * KIB,
+    _with(
+        FULL.table,
+        {
+            "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
+            "backward": {torch.float16: {128: (64, 64, 4, 2)}},
+        },
+    ),
+)
+
+
 def _compact(config: BlockConfig) -> BlockConfig:
     """FULL's configuration with one pipeline stage and half the key rows (at least 16, tl.dot's minimum)."""
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2), num_stages=1)
@@ -93,7 +123,7 @@ COMPACT = Tier(
     },
 )
 
-TIERS = (FULL, COMPACT)  # largest first
+TIERS = (LARGE, FULL, COMPACT)  # largest first
 
 
 def tier_for(hardware: Hardware) -> Tier:
