@@ -38,7 +38,7 @@ esac
 STEP=${1:-}
 case "$STEP" in
 quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
-tests) BUDGET=480; DEFAULT_WORKERS=12 ;;
+tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=350; DEFAULT_WORKERS=1 ;;
 fused) BUDGET=340; DEFAULT_WORKERS=1 ;;
 *) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2; exit 2 ;;
@@ -213,7 +213,7 @@ tests)
     sub pytest_attention 230 "$PY" -m pytest tests/attention $(xdist) "${PYTEST_COMMON[@]}" \
         --junitxml="$RAW/pytest_attention.xml"
     # shellcheck disable=SC2046
-    sub pytest_matmul 120 "$PY" -m pytest tests/matmul $(xdist) "${PYTEST_COMMON[@]}" \
+    sub pytest_matmul 150 "$PY" -m pytest tests/matmul $(xdist) "${PYTEST_COMMON[@]}" \
         --junitxml="$RAW/pytest_matmul.xml"
     # shellcheck disable=SC2046
     sub pytest_rest 130 "$PY" -m pytest tests --ignore=tests/attention --ignore=tests/matmul $(xdist) \

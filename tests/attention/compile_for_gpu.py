@@ -2,7 +2,8 @@
 
 Run as a script (without TRITON_INTERPRET) by test_attention_compiles.py. It compiles every configuration
 of the FULL tier (``attention/configs.py``: every kernel, each (dtype class, head dim) row in one of the
-variants fp16/bf16/fp32 x causal/non-causal) and a sample row of COMPACT, and prints one JSON line per kernel
+variants fp16/bf16/fp32 x causal/non-causal), the rows where LARGE differs from FULL and a sample row of
+COMPACT, and prints one JSON line per kernel
 with the shared memory the compiled kernel needs, so the test can compare it with the GPU's limit, and the
 registers and per-thread stack (register spills) that ``cuobjdump -res-usage`` reports for the cubin.
 """
@@ -64,11 +65,18 @@ FULL_VARIANTS = {
 # COMPACT (devices under 99 KB per block) has FULL's tiles with fewer key rows and one stage, so it needs
 # no more shared memory (tests/test_block_configs.py); one row is compiled as a sample.
 COMPACT_SAMPLE = {(torch.float16, 128): ("fp16", True)}
+# LARGE (227 KB per block) differs from FULL in its 16-bit rows at head dims 64 and 128: both compiled.
+LARGE_VARIANTS = {(torch.float16, 64): ("fp16", False), (torch.float16, 128): ("bf16", True)}
 
 
 def jobs():
     """(tier, element, is_causal, block_d, kernel, block_m, block_n, config, switches) for each compile."""
-    for tier, variants in ((configs.FULL, FULL_VARIANTS), (configs.COMPACT, COMPACT_SAMPLE)):
+    tiers = (
+        (configs.LARGE, LARGE_VARIANTS),
+        (configs.FULL, FULL_VARIANTS),
+        (configs.COMPACT, COMPACT_SAMPLE),
+    )
+    for tier, variants in tiers:
         for (dtype, block_d), (element, is_causal) in variants.items():
             fwd = tier.table["forward"][dtype][block_d]
             bwd = tier.table["backward"][dtype][block_d]
@@ -77,7 +85,7 @@ def jobs():
                 (kernels._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd, {}),
                 (kernels._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd, {}),
             ]
-            if tier is configs.FULL:  # the tiled (two-pass) forward: FULL only
+            if tier is not configs.COMPACT:  # the tiled (two-pass) forward: not on COMPACT devices
                 kernel_jobs.insert(
                     1, (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True})
                 )

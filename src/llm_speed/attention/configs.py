@@ -1,6 +1,8 @@
 """Block configurations of the attention kernels, chosen by the device's shared memory per block.
 
-One fixed configuration per (direction, dtype class, padded head_dim): no autotuning yet (a later issue).
+One fixed configuration per (direction, dtype class, padded head_dim): no autotuning (a call's cost must not
+depend on a first-call search). ``LARGE`` (227 KB per block: the Hopper-class entries of the GPU table)
+carries the 16-bit rows measured on an H100 SXM; its other rows are FULL's.
 Forward/dQ: Q [BM, BD] stays on chip while K and V [BN, BD] tiles stream through. dK/dV: K, V and the fp32
 dK, dV accumulators [BN, BD] stay on chip while Q and dO [BM, BD] stream. 16-bit tiles use tensor cores;
 float32 uses an IEEE product (no TF32), which Triton runs on FMA units with both operands in registers:
