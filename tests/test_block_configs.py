@@ -28,9 +28,14 @@ def test_every_table_gpu_gets_configs_that_fit_its_shared_memory(gpu):
         assert gemm_configs.shared_bytes(config) <= hardware.smem_per_block_bytes, config
     # TMA only where the chip has tensor descriptors (compute capability >= 9.0)
     assert gemm_configs.has_tma(hardware) <= (gpu.compute_capability >= (9, 0))
-    # the measured attention table where it fits (>= 99 KB per block), the compact one below (T4: 64 KB)
+    # the H100-measured tiles with Hopper's 227 KB per block, FULL from 99 KB, the compact table below (T4)
+    smem = hardware.smem_per_block_bytes
     expected = (
-        attention_configs.FULL if hardware.smem_per_block_bytes >= 99 * KIB else attention_configs.COMPACT
+        attention_configs.LARGE
+        if smem >= 227 * KIB
+        else attention_configs.FULL
+        if smem >= 99 * KIB
+        else attention_configs.COMPACT
     )
     assert attention_configs.tier_for(hardware) is expected
 
@@ -46,8 +51,10 @@ def test_tiers_by_shared_memory():
     assert not gemm_configs.has_tma(device(99, (12, 0)))  # TMA hardware, but no TMA tiles fit its tier
     assert not gemm_configs.has_tma(device(227, (8, 0)))  # room for the tiles, but no TMA on the chip
     assert attention_configs.tier_for(device(64, (7, 5))) is attention_configs.COMPACT
+    assert attention_configs.tier_for(device(163, (8, 0))) is attention_configs.FULL  # A100
+    assert attention_configs.tier_for(device(227)) is attention_configs.LARGE
     default = attention_configs.forward_config(128, torch.float16, None)  # the interpreter: the H100 entry
-    assert default == attention_configs.FULL.table["forward"][torch.float16][128]
+    assert default == attention_configs.LARGE.table["forward"][torch.float16][128]
 
 
 def test_each_tier_fits_its_own_minimum():
