@@ -1,6 +1,7 @@
 import contextlib
 import os
 
+import pytest
 import torch
 
 from llm_speed import _runtime
@@ -34,3 +35,21 @@ def test_launch_counts_is_a_copy_whose_difference_shows_what_ran():
     assert _runtime.launch_counts() - before == {"test-kernel-2": 1}
     before["test-kernel-2"] += 5  # changing the copy leaves the real counts alone
     assert _runtime.launch_count("test-kernel-2") == 1
+
+
+@pytest.mark.skipif(not _runtime.INTERPRETED, reason="the fix is installed under the interpreter only")
+def test_interpreter_scalars_of_one_dimension_convert_to_int():
+    """Triton 3.6's interpreter (the GPU machine's, torch 2.11's pin) holds scalars as one-element 1-D arrays
+    and converted them with int(array), which NumPy 2.4 refuses: every kernel loop failed there. The fix
+    replaces the interpreter's tensor patch with one that squeezes first, whatever the Triton version."""
+    import types
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    assert interpreter._patch_lang_tensor.squeezes_index
+    changes = {}
+    scope = types.SimpleNamespace(set_attr=lambda obj, name, value: changes.__setitem__(name, value))
+    interpreter._patch_lang_tensor(type("Tensor", (), {}), scope)
+    one_element = types.SimpleNamespace(handle=types.SimpleNamespace(data=np.array([7], dtype=np.int32)))
+    assert changes["__index__"](one_element) == 7
