@@ -1,7 +1,9 @@
 """Host (Python) time per call of small llm-speed ops against PyTorch's, and where it goes (cProfile).
 
 On a GPU a 512^3 GEMM takes a few microseconds of kernel time; what a user waits for at that size is the
-launch path. Prints microseconds per call (1000 calls, one synchronize) and the top of a cProfile listing.
+launch path, unless the kernel itself is slow for the size. Prints, per case, the wall microseconds per
+call (1000 calls, one synchronize), on a GPU the kernel microseconds per call (``torch.profiler``: the CUDA
+kernels' summed device time over the same calls), and the top of a cProfile listing of the llm-speed calls.
 """
 
 import cProfile
@@ -33,7 +35,18 @@ for name, fn in cases.items():
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    print(f"{name}: {(time.perf_counter() - began) / calls * 1e6:.1f} us per call", flush=True)
+    wall_us = (time.perf_counter() - began) / calls * 1e6
+    kernel = ""
+    if device.type == "cuda":
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profile:
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+        events = [e for e in profile.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        device_us = sum(e.device_time_total for e in events) / 100
+        kernel = f", kernels {device_us:.1f} us per call ({', '.join(sorted(e.key[:40] for e in events))})"
+    print(f"{name}: wall {wall_us:.1f} us per call{kernel}", flush=True)
 for name in ("llm_speed.gemm 512^3", "llm_speed.flash_attention 1x16x128x128"):
     profile = cProfile.Profile()
     profile.enable()
