@@ -4,7 +4,6 @@ its shared memory and not spill registers wholesale. Catches API misuse the inte
 too big for the chip."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 from llm_speed.perf.gpus import get_gpu
+from triton_builds import BUILDS, GPU_BUILD_VERSION, environment, version_of
 
 SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
 # Per-thread stack (register spills) allowed. The block sizes in use spill at most about 2 KB (float32,
@@ -19,12 +19,15 @@ SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
 MAX_SPILL_BYTES = 4096
 
 
-def test_kernels_compile_for_h100_and_fit_shared_memory(tmp_path):
+@pytest.mark.parametrize("build", BUILDS)
+def test_kernels_compile_for_h100_and_fit_shared_memory(tmp_path, build):
     pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
     h100 = get_gpu("h100-sxm")
     major, minor = h100.compute_capability
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from a cache
+    # compile for real (not from a cache, not interpreted)
+    env = environment(build, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
+    if build is not None:
+        assert version_of(env) == GPU_BUILD_VERSION
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(major * 10 + minor)],
         capture_output=True,
