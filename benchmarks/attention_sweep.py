@@ -64,8 +64,8 @@ def measure(direction, head_dim, seq, causal, config, device, dtype, references,
     batch = max(1, tokens // seq)
     torch.manual_seed(0)  # the same inputs for every configuration
     q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype) for _ in range(4))
-    cost = attention_cost(batch, heads, seq, seq, head_dim, causal=causal, dtype="fp16")
-    flops = cost.flops * (2.5 if direction == "bwd" else 1.0)
+    cost = attention_cost(batch, heads, seq, seq, head_dim, causal=causal, dtype="fp16", mode=direction)
+    flops = cost.flops  # the model's count: backward = 2.5x forward
     row = dict(direction=direction, head_dim=head_dim, seq=seq, batch=batch, heads=heads, causal=causal)
     key = (direction, head_dim, seq, causal)
     impls = {"flash": lambda q, k, v, c: flash_attention(q, k, v, is_causal=c)}

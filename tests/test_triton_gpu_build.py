@@ -8,13 +8,12 @@ import sys
 
 import pytest
 
-from triton_builds import BUILDS, GPU_BUILD_VERSION, environment, version_of
+from triton_builds import BUILDS, GPU_BUILD_VERSION, environment
 
 
 @pytest.mark.parametrize("build", BUILDS[1:])
 def test_doctor_under_the_gpu_builds_interpreter(build, tmp_path):
     env = environment(build, TRITON_INTERPRET="1")
-    assert version_of(env) == GPU_BUILD_VERSION
     out = tmp_path / "doctor.json"
     done = subprocess.run(
         [sys.executable, "-m", "llm_speed.cli", "doctor", "--device", "cpu", "--output", str(out)],

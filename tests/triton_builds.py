@@ -8,6 +8,8 @@ and 3.6's interpreter failing under NumPy 2.4. Both are checked here, without a 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,8 +23,9 @@ BUILDS = [
 
 
 def environment(build: str | None, **extra: str) -> dict[str, str]:
-    """The environment of a subprocess that imports ``build`` (None: the installed Triton); skips the test
-    when the GPU build was not provided (``make test`` provides it; a bare ``pytest`` run does not)."""
+    """The environment of a subprocess that imports ``build`` (None: the installed Triton), checked to import
+    it; skips the test when the GPU build was not provided (``make test`` provides it; a bare ``pytest`` run
+    does not)."""
     env = dict(os.environ, **extra)
     if build is None:
         return env
@@ -30,14 +33,12 @@ def environment(build: str | None, **extra: str) -> dict[str, str]:
     if not directory or not os.path.isdir(os.path.join(directory, "triton")):
         pytest.skip(f"Triton {GPU_BUILD_VERSION} not unpacked ({build} unset): `make test` provides it")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (directory, env.get("PYTHONPATH")) if p)
+    assert version_of(env) == GPU_BUILD_VERSION, f"{directory} does not hold Triton {GPU_BUILD_VERSION}"
     return env
 
 
 def version_of(env: dict[str, str]) -> str:
     """The Triton version a subprocess with ``env`` imports."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-c", "import triton; print(triton.__version__)"],
         capture_output=True, text=True, env=env, timeout=120,

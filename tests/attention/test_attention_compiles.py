@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from llm_speed.perf.gpus import get_gpu
-from triton_builds import BUILDS, GPU_BUILD_VERSION, environment, version_of
+from triton_builds import BUILDS, environment
 
 SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
 # Per-thread stack (register spills) allowed. The block sizes in use spill at most about 2 KB (float32,
@@ -26,8 +26,6 @@ def test_kernels_compile_for_h100_and_fit_shared_memory(tmp_path, build):
     major, minor = h100.compute_capability
     # compile for real (not from a cache, not interpreted)
     env = environment(build, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
-    if build is not None:
-        assert version_of(env) == GPU_BUILD_VERSION
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(major * 10 + minor)],
         capture_output=True,

@@ -8,6 +8,7 @@ import datetime
 import os
 import socket
 import time
+from unittest import mock
 
 import torch
 import torch.multiprocessing as mp
@@ -41,17 +42,10 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 300.0) -> None:
     caller with its traceback; past ``timeout_s`` every process is killed and the caller fails."""
     # The ranks run CPU tensors over gloo, so their Triton kernels need the interpreter, also on a machine
     # with a GPU (where this process has it off): spawned processes take the environment at their start.
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with mock.patch.dict(os.environ, TRITON_INTERPRET="1"):
         context = mp.start_processes(
             _entry, args=(world, free_port(), fn, args), nprocs=world, join=False, start_method="spawn"
         )
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:

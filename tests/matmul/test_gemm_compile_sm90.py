@@ -17,7 +17,7 @@ import pytest
 
 from llm_speed._block_config import Hardware
 from llm_speed.matmul import configs
-from triton_builds import BUILDS, GPU_BUILD_VERSION, environment, version_of
+from triton_builds import BUILDS, environment
 
 pytest.importorskip("triton.backends.nvidia")
 
@@ -87,8 +87,6 @@ ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "int8": 1, "tf32": 4}
 @pytest.mark.parametrize("build", BUILDS)
 def test_every_h100_config_compiles_to_hopper_code(build):
     env = environment(build, TRITON_INTERPRET="0")
-    if build is not None:
-        assert version_of(env) == GPU_BUILD_VERSION
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600
     )
