@@ -1,5 +1,5 @@
-"""The accuracy rule of every kernel test (attention, GEMM, fused ops), and the NaN poisoning of kernel
-outputs.
+"""The accuracy rule of every kernel test (attention, GEMM, fused ops), the NaN poisoning of kernel
+outputs, and the proof that a Triton kernel ran.
 
 Rule (as PyTorch's test/test_transformers.py and flash-attention's tests/test_flash_attn.py test fused
 attention): against a float64 truth,
@@ -10,7 +10,11 @@ truth has finite must be finite.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+from llm_speed import _runtime
 
 OUTPUT_FACTOR = 2.0
 GRAD_FACTOR = 3.0
@@ -63,3 +67,13 @@ def nan_poisoned_outputs(monkeypatch) -> None:
 
     for module in (launch, ops, _common):
         monkeypatch.setattr(module, "new_output", poisoned)
+
+
+@contextlib.contextmanager
+def expect_launches(*kernel_names, device):
+    """Assert each named Triton kernel ran inside the block, when Triton can run on ``device``."""
+    before = {name: _runtime.launch_count(name) for name in kernel_names}
+    yield
+    if _runtime.triton_runs_on(device):
+        for name in kernel_names:
+            assert _runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"

@@ -1,11 +1,10 @@
 """Shared tools for the attention tests: inputs, the float64 reference, the 2x/3x rule applied, launch proof.
 
-The rule itself and the NaN poisoning live in ``tests/accuracy_rule.py``, shared with the GEMM tests.
+The rule itself, the NaN poisoning and the launch proof live in ``tests/accuracy_rule.py``, shared with the
+GEMM and fused-op tests.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -14,10 +13,10 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
     GRAD_FACTOR,
     OUTPUT_FACTOR,
     assert_error_rule,
+    expect_launches,
     max_error,
     nan_poisoned_outputs,
 )
-from llm_speed import _runtime
 from llm_speed.attention import launch
 from llm_speed.attention.reference import reference_attention
 
@@ -79,13 +78,3 @@ def check_against_reference(
         factor = OUTPUT_FACTOR if i < 2 else GRAD_FACTOR
         assert_error_rule(name, value, same[i], truth[i], factor, dtype)
     return got
-
-
-@contextlib.contextmanager
-def expect_launches(*kernel_names, device):
-    """Assert each named Triton kernel ran inside the block, when Triton can run on ``device``."""
-    before = {name: _runtime.launch_count(name) for name in kernel_names}
-    yield
-    if _runtime.triton_runs_on(device):
-        for name in kernel_names:
-            assert _runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"

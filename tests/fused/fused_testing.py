@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 import accuracy_rule
-from accuracy_rule import GRAD_FACTOR, OUTPUT_FACTOR  # noqa: F401 - re-exported to the tests
-from llm_speed import _runtime
+from accuracy_rule import GRAD_FACTOR, OUTPUT_FACTOR, expect_launches  # noqa: F401 - re-exported to the tests
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -19,16 +16,6 @@ def assert_error_rule(name, kernel, same_precision, truth, factor, dtype, scale=
     accuracy_rule.assert_error_rule(
         name, kernel, same_precision, truth, factor, cap=accuracy_rule.ERROR_CAP[dtype] * scale
     )
-
-
-@contextlib.contextmanager
-def expect_launches(*kernel_names, device):
-    """Assert each named Triton kernel ran inside the block, when Triton can run on ``device``."""
-    before = {name: _runtime.launch_count(name) for name in kernel_names}
-    yield
-    if _runtime.triton_runs_on(device):
-        for name in kernel_names:
-            assert _runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"
 
 
 def leaves(*tensors, dtype=None):

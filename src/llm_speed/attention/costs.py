@@ -16,7 +16,7 @@ from typing import Any
 
 from ..perf._checks import attention_shape, positive_int
 from ..perf.gpus import dtype_bytes
-from ..perf.kernel_costs import ATTENTION_MODES, BACKWARD_TO_FORWARD_FLOPS, SOFTMAX_STATS_BYTES, KernelCost
+from ..perf.kernel_costs import KernelCost, attention_cost_for_mode, flash_attention_bytes
 
 
 def window_visible_pairs(
@@ -40,16 +40,9 @@ def window_visible_pairs(
 
 
 def _cost(forward_flops, q_elems, kv_elems, rows, element, mode) -> KernelCost:
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
-    forward = KernelCost(
-        float(forward_flops), float(element * (2 * q_elems + 2 * kv_elems) + SOFTMAX_STATS_BYTES * rows)
+    return attention_cost_for_mode(
+        forward_flops, *flash_attention_bytes(q_elems, kv_elems, rows, element), mode
     )
-    backward = KernelCost(
-        BACKWARD_TO_FORWARD_FLOPS * forward_flops,
-        float(element * (4 * q_elems + 4 * kv_elems) + 3 * SOFTMAX_STATS_BYTES * rows),
-    )
-    return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[mode]
 
 
 def window_attention_cost(

@@ -168,10 +168,7 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
                     advance(f"{row.case} {impl}")
     gpu, reason = report.prediction_gpu(device)
     report.add_comparisons(rows, gpu, settings.dtype, reason)
-    if gpu is not None:
-        for row in rows:
-            if row.bandwidth_gb_s is not None:
-                row.hbm_peak_fraction = row.bandwidth_gb_s / gpu.hbm_bandwidth_gbs
+    report.add_hbm_peak_fraction(rows, gpu)
     return rows
 
 
@@ -200,7 +197,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             row.batch,
             row.context,
             row.impl,
-            f"{100 * row.hbm_peak_fraction:.0f}%" if row.hbm_peak_fraction is not None else None,
+            report.hbm_peak_cell(row),
             *report.common_cells(row),
         ]
         for row in rows

@@ -353,10 +353,7 @@ def run_ops(
 
 def _compare(rows: Sequence[OpsMeasurement], gpu, dtype: str, reason: str | None) -> None:
     report.add_comparisons(rows, gpu, dtype, reason)
-    if gpu is not None:
-        for row in rows:
-            if row.bandwidth_gb_s is not None:
-                row.hbm_peak_fraction = row.bandwidth_gb_s / gpu.hbm_bandwidth_gbs
+    report.add_hbm_peak_fraction(rows, gpu)
 
 
 def cross_entropy_memory(settings: OpsSettings, rows: Sequence[OpsMeasurement]) -> dict[str, Any] | None:
@@ -436,7 +433,7 @@ def print_ops(settings: OpsSettings, rows: Sequence[OpsMeasurement], console: Co
             row.op,
             row.impl,
             row.shape,
-            f"{100 * row.hbm_peak_fraction:.0f}%" if row.hbm_peak_fraction is not None else None,
+            report.hbm_peak_cell(row),
             *report.common_cells(row),
         ]
         for row in rows

@@ -268,6 +268,21 @@ def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_rea
             row.speedup_within_noise = within_noise(row.speedup_range)
 
 
+def add_hbm_peak_fraction(rows: Sequence[Any], gpu) -> None:
+    """For the memory-bound benches (rows with a ``hbm_peak_fraction`` field): achieved GB/s over the GPU's
+    HBM peak, where the GPU is in the table."""
+    if gpu is None:
+        return
+    for row in rows:
+        if row.bandwidth_gb_s is not None:
+            row.hbm_peak_fraction = row.bandwidth_gb_s / gpu.hbm_bandwidth_gbs
+
+
+def hbm_peak_cell(row: Any) -> str | None:
+    """ "82%": the row's ``hbm_peak_fraction`` as a whole percentage."""
+    return f"{100 * row.hbm_peak_fraction:.0f}%" if row.hbm_peak_fraction is not None else None
+
+
 def ratio_range(numerator: Timing, denominator: Timing) -> tuple[float, float]:
     """The range of ``numerator / denominator`` over the two p20–p80 intervals: (low, high).
 

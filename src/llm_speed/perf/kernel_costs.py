@@ -52,6 +52,25 @@ def _check_mode_and_impl(mode: str, impl: str) -> None:
         raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
 
 
+def flash_attention_bytes(q_elems: int, kv_elems: int, rows: int, element: int) -> tuple[int, int]:
+    """Minimum DRAM bytes of the flash forward and backward (the formula in :func:`attention_cost`):
+    ``q_elems``/``kv_elems`` elements of Q (= O) and of K (= V), ``rows`` softmax rows, ``element`` bytes."""
+    forward = element * (2 * q_elems + 2 * kv_elems) + SOFTMAX_STATS_BYTES * rows
+    backward = element * (4 * q_elems + 4 * kv_elems) + 3 * SOFTMAX_STATS_BYTES * rows
+    return forward, backward
+
+
+def attention_cost_for_mode(
+    forward_flops: float, forward_bytes: float, backward_bytes: float, mode: str
+) -> KernelCost:
+    """The forward, backward (2.5x the forward's model FLOPs) or both, as ``mode`` asks."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
+    forward = KernelCost(float(forward_flops), float(forward_bytes))
+    backward = KernelCost(BACKWARD_TO_FORWARD_FLOPS * forward_flops, float(backward_bytes))
+    return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[mode]
+
+
 def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
     """Number of (query, key) pairs attention computes, per batch element and query head.
 
@@ -126,24 +145,14 @@ def attention_cost(
     rows = batch * heads_q * seq_q
     score_elems = batch * heads_q * seq_q * seq_kv
 
-    forward_bytes = element * (2 * q_elems + 2 * kv_elems)
-    backward_bytes = element * (4 * q_elems + 4 * kv_elems)
     if impl == "naive":
-        forward_bytes += 4 * score_element * score_elems
-        backward_bytes += 7 * score_element * score_elems
+        forward_bytes = element * (2 * q_elems + 2 * kv_elems) + 4 * score_element * score_elems
+        backward_bytes = element * (4 * q_elems + 4 * kv_elems) + 7 * score_element * score_elems
     else:  # flash, and tiled whose backward is flash's
-        forward_bytes += SOFTMAX_STATS_BYTES * rows
-        backward_bytes += 3 * SOFTMAX_STATS_BYTES * rows
+        forward_bytes, backward_bytes = flash_attention_bytes(q_elems, kv_elems, rows, element)
         if impl == "tiled":
             forward_bytes += element * kv_elems  # the second pass reads K again
-
-    forward = KernelCost(float(forward_flops), float(forward_bytes))
-    backward = KernelCost(BACKWARD_TO_FORWARD_FLOPS * forward_flops, float(backward_bytes))
-    if mode == "fwd":
-        return forward
-    if mode == "bwd":
-        return backward
-    return forward + backward
+    return attention_cost_for_mode(forward_flops, forward_bytes, backward_bytes, mode)
 
 
 # Matmuls each implementation executes, as multiples of the forward's two (QK^T, PV).
@@ -245,9 +254,12 @@ def kvcache_decode_cost(
         raise ValueError(f"seq_new ({seq_new}) cannot exceed context ({context}): appended keys are attended")
     element = dtype_bytes(dtype)
     flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, context, causal)
-    cache_bytes = 2 * element * batch * heads_kv * context * head_dim
-    query_bytes = (
-        2 * element * batch * heads_q * seq_q * head_dim + SOFTMAX_STATS_BYTES * batch * heads_q * seq_q
+    # Q, O, the LSE and the visible cache are flash's forward traffic; the append comes on top.
+    read_bytes, _ = flash_attention_bytes(
+        batch * heads_q * seq_q * head_dim,
+        batch * heads_kv * context * head_dim,
+        batch * heads_q * seq_q,
+        element,
     )
     append_bytes = 4 * element * batch * heads_kv * seq_new * head_dim
-    return KernelCost(float(flops), float(cache_bytes + query_bytes + append_bytes))
+    return KernelCost(float(flops), float(read_bytes + append_bytes))
