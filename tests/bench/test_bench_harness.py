@@ -256,6 +256,10 @@ def test_git_commit_outside_a_checkout_is_none_with_a_reason(tmp_path, monkeypat
         ({"impls": ("fast",)}, "impl"),
         ({"num_kv_heads": 3}, "num_kv_heads"),
         ({"seq_lengths": ()}, "seq_lengths"),
+        ({"head_dim": True}, "head_dim"),
+        ({"warmup": -1}, "warmup"),
+        ({"iterations": 0}, "iterations"),
+        ({"min_time_s": -1.0}, "min_time_s"),
     ],
 )
 def test_attention_bad_settings_name_the_argument(change, argument):
@@ -271,6 +275,8 @@ def test_attention_bad_settings_name_the_argument(change, argument):
         ({"epilogue": "bias+tanh"}, "epilogue"),
         ({"dtype": "int8", "epilogue": "bias"}, "epilogue"),
         ({"dtype": "int8", "epilogue": "none", "impls": ("torch",)}, "impl"),
+        ({"warmup": -1}, "warmup"),
+        ({"iterations": 0}, "iterations"),
     ],
 )
 def test_gemm_bad_settings_name_the_argument(change, argument):

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._block_config import hardware_of
 from .._triton_cast import cast, rne_by_hand
 from ..perf._checks import check_flag
 from .kernels import _dot
@@ -231,16 +232,6 @@ def block_config(head_dim: int, dtype: torch.dtype, rows: int) -> tuple[int, int
     return block_m, block_n, block_d, 4 if block_d <= 128 else 8
 
 
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` as the device reports it. Off CUDA (the interpreter): the
-    H100 SXM count from the GPU table, so CPU tests take the split decisions of the reference GPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    from ..perf.gpus import get_gpu
-
-    return get_gpu("h100-sxm").sm_count
-
-
 def choose_num_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
     """Split count for ``programs`` (batch x heads_kv x row blocks) over ``key_blocks`` key blocks.
 
@@ -289,7 +280,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
     n_row_blocks = triton.cdiv(group * seq_q, block_m)
     key_blocks = triton.cdiv(max_seqlen_k, block_n)
     if num_splits == 0:
-        num_splits = choose_num_splits(batch * heads_kv * n_row_blocks, key_blocks, sm_count(q.device))
+        programs = batch * heads_kv * n_row_blocks
+        num_splits = choose_num_splits(programs, key_blocks, hardware_of(q.device).sm_count)
     # At most MAX_SPLITS (the combine kernel holds every split of a row at once) and one key block per split.
     blocks_per_split = triton.cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
     num_splits = max(1, triton.cdiv(key_blocks, blocks_per_split))  # no split left without keys

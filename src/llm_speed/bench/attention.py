@@ -104,24 +104,12 @@ class AttentionMeasurement(Measurement):
 
 def check_settings(settings: AttentionSettings) -> None:
     """ValueError naming the setting when a value is out of range."""
-    for name in ("batch_size", "num_heads", "num_kv_heads", "head_dim", "iterations"):
-        if getattr(settings, name) < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {getattr(settings, name)}")
-    if settings.warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
-    if not settings.seq_lengths or min(settings.seq_lengths) < 1:
-        raise ValueError(f"seq_lengths: expected integers >= 1, got {list(settings.seq_lengths)}")
-    if settings.num_heads % settings.num_kv_heads:
-        raise ValueError(
-            f"num_kv_heads: must divide num_heads ({settings.num_heads}), got {settings.num_kv_heads}"
-        )
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
-    if settings.mode not in MODES:
-        raise ValueError(f"mode: {settings.mode!r} is not supported; accepted: {', '.join(MODES)}")
-    unknown = [impl for impl in settings.impls if impl not in IMPLS]
-    if unknown or not settings.impls:
-        raise ValueError(f"impl: unknown {unknown or 'empty list'}; accepted: {', '.join(IMPLS)}")
+    report.check_counts(settings, "batch_size", "num_heads", "num_kv_heads", "head_dim")
+    report.check_lengths(settings, "seq_lengths")
+    report.check_kv_heads(settings)
+    report.check_choice("dtype", settings.dtype, DTYPES)
+    report.check_choice("mode", settings.mode, MODES)
+    report.check_choices("impl", settings.impls, IMPLS)
 
 
 def _forward(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], Any]:

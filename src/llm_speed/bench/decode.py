@@ -74,26 +74,13 @@ class DecodeMeasurement(Measurement):
 
 def check_settings(settings: DecodeSettings) -> None:
     """ValueError naming the setting when a value is out of range."""
-    for name in ("num_heads", "num_kv_heads", "head_dim", "iterations", "page_size"):
-        if getattr(settings, name) < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {getattr(settings, name)}")
-    if settings.warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
-    for name in ("batch_sizes", "contexts"):
-        values = getattr(settings, name)
-        if not values or min(values) < 1:
-            raise ValueError(f"{name}: expected integers >= 1, got {list(values)}")
-    if settings.num_heads % settings.num_kv_heads:
-        raise ValueError(
-            f"num_kv_heads: must divide num_heads ({settings.num_heads}), got {settings.num_kv_heads}"
-        )
+    report.check_counts(settings, "num_heads", "num_kv_heads", "head_dim", "page_size")
+    report.check_lengths(settings, "batch_sizes", "contexts")
+    report.check_kv_heads(settings)
     if settings.page_size % 16:
         raise ValueError(f"page_size: expected a multiple of 16, got {settings.page_size}")
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
-    unknown = [impl for impl in settings.impls if impl not in IMPLS]
-    if unknown or not settings.impls:
-        raise ValueError(f"impl: unknown {unknown or 'empty list'}; accepted: {', '.join(IMPLS)}")
+    report.check_choice("dtype", settings.dtype, DTYPES)
+    report.check_choices("impl", settings.impls, IMPLS)
 
 
 def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: int, device: torch.device):

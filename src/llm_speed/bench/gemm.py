@@ -105,14 +105,9 @@ def baseline_impl(dtype: str) -> str:
 
 def check_settings(settings: GemmSettings) -> None:
     """ValueError naming the setting when a value is out of range or a combination is not supported."""
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
-    if settings.layout not in LAYOUTS:
-        raise ValueError(f"layout: {settings.layout!r} is not supported; accepted: {', '.join(LAYOUTS)}")
-    if settings.epilogue not in EPILOGUES:
-        raise ValueError(
-            f"epilogue: {settings.epilogue!r} is not supported; accepted: {', '.join(EPILOGUES)}"
-        )
+    report.check_choice("dtype", settings.dtype, DTYPES)
+    report.check_choice("layout", settings.layout, LAYOUTS)
+    report.check_choice("epilogue", settings.epilogue, EPILOGUES)
     if settings.dtype == "int8" and settings.epilogue != "none":
         raise ValueError("epilogue: int8 GEMMs (tensor_core_gemm_int8) have no epilogue; use --epilogue none")
     accepted = INT8_IMPLS if settings.dtype == "int8" else FLOAT_IMPLS
@@ -124,10 +119,7 @@ def check_settings(settings: GemmSettings) -> None:
         )
     if not settings.cases:
         raise ValueError("sizes: no GEMM shape to benchmark")
-    if settings.warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
-    if settings.iterations < 1:
-        raise ValueError(f"iterations: expected an integer >= 1, got {settings.iterations}")
+    report.check_counts(settings)
 
 
 def _operands(case: GemmCase, settings: GemmSettings, device: torch.device):

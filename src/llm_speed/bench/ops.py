@@ -82,22 +82,12 @@ class OpsMeasurement(Measurement):
 
 def check_settings(settings: OpsSettings) -> None:
     """ValueError naming the setting when a value is out of range."""
-    for name in (*SIZE_FIELDS, "iterations"):
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if settings.warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0, got {settings.warmup}")
+    report.check_counts(settings, *SIZE_FIELDS)
     if settings.head_dim % 2:
         raise ValueError(f"head_dim: rotary needs an even head_dim, got {settings.head_dim}")
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
-    for name, accepted in (("impls", IMPLS), ("ops", OP_NAMES)):
-        values = getattr(settings, name)
-        unknown = [v for v in values if v not in accepted]
-        if unknown or not values:
-            flag = "impl" if name == "impls" else "ops"
-            raise ValueError(f"{flag}: unknown {unknown or 'empty list'}; accepted: {', '.join(accepted)}")
+    report.check_choice("dtype", settings.dtype, DTYPES)
+    report.check_choices("impl", settings.impls, IMPLS)
+    report.check_choices("ops", settings.ops, OP_NAMES)
 
 
 def ops_settings(args: argparse.Namespace, device: torch.device) -> OpsSettings:

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from llm_speed import __version__
 from llm_speed._runtime import INTERPRETED
-from llm_speed.bench.timing import PeakMemory, Timing, measure, peak_memory
+from llm_speed.bench.timing import PeakMemory, Timing, check_run_counts, measure, peak_memory
 
 # Names accepted by --dtype, and the torch dtype each one means.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -37,11 +37,44 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 MIB = 2**20
 
 
-def torch_dtype(name: str, accepted: Sequence[str]) -> torch.dtype:
-    """The torch dtype for a --dtype name; ValueError naming the accepted names otherwise."""
-    if name not in accepted:
-        raise ValueError(f"dtype: {name!r} is not supported here; accepted: {', '.join(accepted)}")
-    return TORCH_DTYPES[name]
+# The checks every benchmark's settings share; each ValueError names the setting, before any work.
+def check_counts(settings: Any, *positive: str) -> None:
+    """Each field named in ``positive`` an integer >= 1, and the run counts (``warmup``, ``iterations``,
+    ``min_time_s`` where the settings have it) as :func:`llm_speed.bench.timing.measure` takes them."""
+    for name in positive:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    check_run_counts(settings.warmup, settings.iterations, getattr(settings, "min_time_s", 0.0))
+
+
+def check_lengths(settings: Any, *names: str) -> None:
+    """Each field named a non-empty sequence of integers >= 1 (the swept sizes)."""
+    for name in names:
+        values = getattr(settings, name)
+        if not values or min(values) < 1:
+            raise ValueError(f"{name}: expected integers >= 1, got {list(values)}")
+
+
+def check_kv_heads(settings: Any) -> None:
+    """``num_kv_heads`` divides ``num_heads`` (GQA/MQA)."""
+    if settings.num_heads % settings.num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads: must divide num_heads ({settings.num_heads}), got {settings.num_kv_heads}"
+        )
+
+
+def check_choice(name: str, value: str, accepted: Sequence[str]) -> None:
+    """``value`` one of ``accepted``."""
+    if value not in accepted:
+        raise ValueError(f"{name}: {value!r} is not supported; accepted: {', '.join(accepted)}")
+
+
+def check_choices(name: str, values: Sequence[str], accepted: Sequence[str]) -> None:
+    """``values`` non-empty, each one of ``accepted``."""
+    unknown = [value for value in values if value not in accepted]
+    if unknown or not values:
+        raise ValueError(f"{name}: unknown {unknown or 'empty list'}; accepted: {', '.join(accepted)}")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -92,7 +92,8 @@ def l2_cache_bytes(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).L2_cache_size)
 
 
-def _check_counts(warmup: int, iterations: int, min_time_s: float) -> None:
+def check_run_counts(warmup: int, iterations: int, min_time_s: float) -> None:
+    """ValueError naming the count when warmup, iterations or min_time_s is out of range."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
@@ -139,7 +140,7 @@ def measure(
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    _check_counts(warmup, iterations, min_time_s)
+    check_run_counts(warmup, iterations, min_time_s)
     device = resolve_device(device)
     if device.type == "cuda":
         return _measure_cuda(

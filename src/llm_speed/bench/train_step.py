@@ -116,8 +116,9 @@ def train_step_settings(args: argparse.Namespace, device: torch.device) -> Train
         min_time_s=pick("min_time"),
         device=str(device),
     )
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype: {settings.dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    report.check_counts(settings, "batch", "seq")
+    report.check_choice("dtype", settings.dtype, DTYPES)
+    report.check_choices("impl", settings.impls, VARIANTS)
     return settings
 
 

@@ -8,6 +8,8 @@ import numbers
 import numpy as np
 import torch
 
+from .._block_config import hardware_of
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_NAMES = "float16, bfloat16, float32"
 
@@ -58,8 +60,5 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def reduction_programs(device: torch.device, rows: int) -> int:
     """Programs for a row loop whose per-program partial sums are added up afterwards (weight gradients):
     one per SM on a GPU, so each SM writes one partial row; 4 on CPU (the interpreter runs them in turn)."""
-    if device.type == "cuda":
-        target = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4
+    target = hardware_of(device).sm_count if device.type == "cuda" else 4
     return max(1, min(rows, target))
