@@ -22,6 +22,7 @@ from llm_speed.bench.options import ATTENTION_DTYPES as DTYPES
 from llm_speed.bench.options import ATTENTION_IMPLS as IMPLS
 from llm_speed.bench.options import ATTENTION_LLM_SPEED_IMPLS as LLM_SPEED_IMPLS
 from llm_speed.bench.options import ATTENTION_MODES as MODES
+from llm_speed.bench.options import ATTENTION_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.report import Measurement
 from llm_speed.ops import ATTENTION_SCORE_DTYPES as SCORE_DTYPES
 
@@ -268,7 +269,7 @@ def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasure
         settings,
         rows,
         lambda row: f"{settings.batch_size}x{settings.num_heads}x{row.seq_len}x{settings.head_dim}",
-        [i for i in settings.impls if i in ("flash", "tiled")],
+        TRITON_IMPLS,
     )
 
 
@@ -315,7 +316,7 @@ def print_attention(
         console=console,
     )
     report.print_unavailable(rows, console)
-    for note in report.timing_notes(device, [i for i in settings.impls if i in ("flash", "tiled")], rows):
+    for note in report.timing_notes(device, TRITON_IMPLS, rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

@@ -15,6 +15,7 @@ import math
 from llm_speed._runtime import INTERPRETED
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
+from llm_speed.bench.options import ATTENTION_TRITON_IMPLS, GEMM_TRITON_IMPLS
 
 # Throughput assumed for the estimate: the interpreter's (measured as above, rounded down) for the Triton
 # kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks). CPU
@@ -27,13 +28,13 @@ TORCH_CPU_FLOP_S = {"gemm": 1e10, "attention": 5e8, "gemm fp16": 2e8}
 CALL_SECONDS = 1.0
 # The smallest size a dimension is scaled to (tl.dot's smallest tile side).
 MIN_SIZE = 16
-LLM_SPEED_IMPLS = ("flash", "tiled", "llm-speed")
+TRITON_IMPLS = (*ATTENTION_TRITON_IMPLS, *GEMM_TRITON_IMPLS)
 
 
 def _flop_rate(impls: tuple[str, ...], kind: str) -> float:
     """The throughput of the slowest implementation in ``impls`` here; ``kind`` is "gemm", "gemm fp16" or
     "attention"."""
-    interpreted = INTERPRETED and any(impl in LLM_SPEED_IMPLS for impl in impls)
+    interpreted = INTERPRETED and any(impl in TRITON_IMPLS for impl in impls)
     return INTERPRETER_FLOP_S if interpreted else TORCH_CPU_FLOP_S[kind]
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from llm_speed.bench import report
 from llm_speed.bench.options import DECODE_DTYPES as DTYPES
 from llm_speed.bench.options import DECODE_IMPLS as IMPLS
+from llm_speed.bench.options import DECODE_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.report import Measurement
 
 GPU_DEFAULTS = {
@@ -166,7 +167,7 @@ def results_payload(settings: DecodeSettings, rows: Sequence[DecodeMeasurement])
         settings,
         rows,
         lambda row: f"{row.batch}x{settings.num_heads}x{row.context}x{settings.head_dim}",
-        [i for i in settings.impls if i.startswith("kvcache")],
+        TRITON_IMPLS,
     )
 
 
@@ -198,7 +199,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
         console=console,
     )
     report.print_unavailable(rows, console)
-    for note in report.timing_notes(device, [i for i in settings.impls if i.startswith("kvcache")], rows):
+    for note in report.timing_notes(device, TRITON_IMPLS, rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

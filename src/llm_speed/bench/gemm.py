@@ -23,6 +23,7 @@ from llm_speed.bench.options import GEMM_FLOAT_IMPLS as FLOAT_IMPLS
 from llm_speed.bench.options import GEMM_IMPLS as IMPLS  # noqa: F401  (part of this module's API)
 from llm_speed.bench.options import GEMM_INT8_IMPLS as INT8_IMPLS
 from llm_speed.bench.options import GEMM_LAYOUTS as LAYOUTS
+from llm_speed.bench.options import GEMM_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.report import Measurement
 
 GPU_DEFAULTS = {
@@ -276,7 +277,7 @@ def results_payload(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> 
         settings,
         rows,
         lambda row: f"{row.m}x{row.n}x{row.k}",  # the old benchmark scripts' field
-        ["llm-speed"] if "llm-speed" in settings.impls else [],
+        TRITON_IMPLS,
         summary=summary(settings, rows),
     )
 
@@ -346,7 +347,7 @@ def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console:
         if figures["weighted_total_ms"] is not None and settings.model:
             parts.append(f"{figures['weighted_total_ms']:.3g} ms for one forward pass's weight GEMMs")
         console.print(f"summary {impl}: " + ", ".join(parts), highlight=False, markup=False)
-    for note in report.timing_notes(device, ["llm-speed"] if "llm-speed" in settings.impls else [], rows):
+    for note in report.timing_notes(device, TRITON_IMPLS, rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     if rows and rows[0].prediction_reason:
         console.print(f"note: {rows[0].prediction_reason}", highlight=False, markup=False)

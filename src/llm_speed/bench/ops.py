@@ -35,6 +35,7 @@ from llm_speed.bench import report
 from llm_speed.bench.options import OPS_DTYPES as DTYPES
 from llm_speed.bench.options import OPS_IMPLS as IMPLS
 from llm_speed.bench.options import OPS_NAMES as OP_NAMES
+from llm_speed.bench.options import OPS_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.report import Measurement
 
 # GPU: a Llama-3-8B layer and head at 8192 tokens. CPU: sizes the interpreter runs in about a second.
@@ -406,7 +407,7 @@ def results_payload(settings: OpsSettings, rows: Sequence[OpsMeasurement]) -> di
         settings,
         rows,
         lambda row: f"{row.op} {row.shape}",
-        [i for i in settings.impls if i in ("llm_speed", "liger")],
+        TRITON_IMPLS,
         cross_entropy_memory=cross_entropy_memory(settings, rows),
     )
 
@@ -434,7 +435,7 @@ def print_ops(settings: OpsSettings, rows: Sequence[OpsMeasurement], console: Co
         console=console,
     )  # fmt: skip
     report.print_unavailable(rows, console)
-    notes = report.timing_notes(device, [i for i in settings.impls if i in ("llm_speed", "liger")], rows)
+    notes = report.timing_notes(device, TRITON_IMPLS, rows)
     memory = _memory_caption(cross_entropy_memory(settings, rows))
     for note in [*notes, *([memory] if memory else [])]:
         console.print(f"note: {note}", highlight=False, markup=False)

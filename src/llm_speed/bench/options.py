@@ -13,15 +13,19 @@ from llm_speed.perf.kernel_costs import ATTENTION_MODES
 # --- bench attention ---
 ATTENTION_LLM_SPEED_IMPLS = ops.bench_names("attention")  # flash, tiled, naive
 ATTENTION_IMPLS = ops.bench_impls("attention")  # ... then sdpa (each backend) and flash_attn
+# Each benchmark's Triton implementations: the timing notes say what their times mean off a GPU.
+ATTENTION_TRITON_IMPLS = ("flash", "tiled")
 ATTENTION_DTYPES = ("fp16", "bf16", "fp32")
 ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
 
 # --- bench decode ---
 DECODE_IMPLS = ("kvcache", "kvcache-paged", "sdpa")  # dense cache, paged cache, SDPA over a dense cache
+DECODE_TRITON_IMPLS = ("kvcache", "kvcache-paged")
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
 
 # --- bench ops, bench train-step ---
 OPS_IMPLS = ("llm_speed", "eager", "torch.compile", "liger")  # liger: Liger-Kernel, when installed
+OPS_TRITON_IMPLS = ("llm_speed", "liger")  # also train-step's variants
 OPS_NAMES = ("rms_norm", "swiglu", "rotary", "linear_cross_entropy")
 OPS_DTYPES = ("bf16", "fp16", "fp32")
 # unpatched; patched by integrations.transformers.apply; patched by Liger-Kernel's apply_liger_kernel_to_llama
@@ -33,6 +37,7 @@ GEMM_LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T)
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
 GEMM_EPILOGUES = ("none", "bias", *(f"bias+{name}" for name in ACTIVATION_NAMES))
 GEMM_IMPLS = ops.bench_impls("gemm")  # llm-speed, torch, torch-int-mm
+GEMM_TRITON_IMPLS = ("llm-speed",)
 _FLOAT_ROW, _INT8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8")
 GEMM_FLOAT_IMPLS = (_FLOAT_ROW.bench_name, *_FLOAT_ROW.alternatives)  # llm-speed, torch
 GEMM_INT8_IMPLS = (_INT8_ROW.bench_name, *_INT8_ROW.alternatives)  # llm-speed, torch-int-mm

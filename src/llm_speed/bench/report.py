@@ -185,7 +185,8 @@ def timing_notes(
     device: torch.device, triton_ops: Sequence[str], rows: Sequence[Measurement] | None = None
 ) -> list[str]:
     """Plain statements about what the timings mean on this device (printed and stored in the JSON).
-    With ``rows``, only the Triton ops that were timed are named (one that could not run has no times)."""
+    With ``rows``, only the Triton ops that were timed are named (one not asked for, or that could not run,
+    has no times)."""
     if rows is not None:
         timed = {row.impl for row in rows if row.available}
         triton_ops = [op for op in triton_ops if op in timed]

@@ -32,6 +32,7 @@ from rich.console import Console
 from llm_speed.bench import report
 from llm_speed.bench.ops import liger_unavailable
 from llm_speed.bench.options import OPS_DTYPES as DTYPES
+from llm_speed.bench.options import OPS_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.options import TRAIN_STEP_VARIANTS as VARIANTS
 from llm_speed.bench.report import Measurement
 from llm_speed.perf.models import ModelConfig, resolve_model
@@ -241,7 +242,7 @@ def results_payload(settings: TrainStepSettings, rows: Sequence[StepMeasurement]
         settings,
         rows,
         lambda row: row.case,
-        [v for v in settings.impls if v in ("llm_speed", "liger")],
+        TRITON_IMPLS,
     )
 
 
@@ -267,6 +268,6 @@ def print_train_step(settings: TrainStepSettings, rows: Sequence[StepMeasurement
     columns = ["variant", "tokens", "tokens/s", "loss", "loss - transformers", *report.COMMON_COLUMNS]
     report.print_rows("Training step", columns, table, caption=caption, console=console)
     report.print_unavailable(rows, console)
-    for note in report.timing_notes(device, [v for v in settings.impls if v in ("llm_speed", "liger")], rows):
+    for note in report.timing_notes(device, TRITON_IMPLS, rows):
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(f"note: {NO_PREDICTION}", highlight=False, markup=False)
