@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from llm_speed.attention import flash_attention, launch
-from llm_speed.attention.configs import BlockConfig
+from llm_speed.attention.configs import KernelConfig
 from llm_speed.perf.kernel_costs import attention_cost
 
 # (block_m, block_n, num_warps, num_stages); the first of each list is the one shipped for 227 KB devices.
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                 plans.append((direction, name, head_dim, entry))
     references: dict = {}
     for direction, name, head_dim, entry in plans:
-        config = BlockConfig(*entry)
+        config = KernelConfig(*entry)
         original = getattr(launch, name)
         setattr(launch, name, lambda block_d, dtype, device=None, config=config: config)
         try:

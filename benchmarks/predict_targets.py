@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.gemm_tiling import wave_quantization
-from llm_speed.perf.gpus import get_gpu
 from llm_speed.perf.kernel_costs import BACKWARD_TO_FORWARD_FLOPS, attention_cost, gemm_cost
 from llm_speed.perf.models import gemm_shapes
 from llm_speed.perf.roofline import roofline

@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from llm_speed import _runtime
+from llm_speed.core import runtime
 
 OUTPUT_FACTOR = 2.0
 GRAD_FACTOR = 3.0
@@ -56,7 +56,7 @@ def nan_poisoned_outputs(monkeypatch) -> None:
     """Make every attention, GEMM and fused-op kernel output start as NaN, so an element a kernel forgets to
     write fails the test (the launchers allocate through their module's ``new_output``)."""
     from llm_speed.attention import launch
-    from llm_speed.fused import _common
+    from llm_speed.core import tensors
     from llm_speed.matmul import ops
 
     def poisoned(shape, dtype, device):
@@ -65,15 +65,16 @@ def nan_poisoned_outputs(monkeypatch) -> None:
         # integer outputs (int8 GEMM's int32) have no NaN: a value no exact product of the tests reaches
         return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
 
-    for module in (launch, ops, _common):
-        monkeypatch.setattr(module, "new_output", poisoned)
+    for module in (launch, ops, tensors):
+        if hasattr(module, "new_output"):
+            monkeypatch.setattr(module, "new_output", poisoned)
 
 
 @contextlib.contextmanager
 def expect_launches(*kernel_names, device):
     """Assert each named Triton kernel ran inside the block, when Triton can run on ``device``."""
-    before = {name: _runtime.launch_count(name) for name in kernel_names}
+    before = {name: runtime.launch_count(name) for name in kernel_names}
     yield
-    if _runtime.triton_runs_on(device):
+    if runtime.triton_runs_on(device):
         for name in kernel_names:
-            assert _runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"
+            assert runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"

@@ -5,10 +5,11 @@ import types
 import pytest
 import torch
 
-from llm_speed._block_config import KIB, BlockConfig, Hardware, default_hardware, hardware_of
 from llm_speed.attention import configs as attention_configs
+from llm_speed.core.config import KernelConfig
+from llm_speed.core.gpus import list_gpus
+from llm_speed.core.hardware import KIB, Hardware, default_hardware, hardware_of
 from llm_speed.matmul import configs as gemm_configs
-from llm_speed.perf.gpus import list_gpus
 
 
 def test_b200_gets_the_large_tiles_and_tma_like_the_h100():
@@ -97,12 +98,12 @@ def test_devices_without_cuda_get_the_default():
 def test_one_config_type_for_both_families():
     gemm = gemm_configs.LARGE.tiled[0]
     attention = attention_configs.FULL.table["forward"][torch.float16][64]
-    assert type(gemm) is type(attention) is BlockConfig
+    assert type(gemm) is type(attention) is KernelConfig
     assert gemm.meta() == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
     assert attention.meta() == {"BLOCK_M": 128, "BLOCK_N": 64}
-    assert gemm.to_triton().num_warps == 8 and gemm.name() == "128x256x64_g8_w8_s3"
+    assert gemm.num_warps == 8 and gemm.name() == "128x256x64_g8_w8_s3"
     with pytest.raises(TypeError):
-        BlockConfig(64, 64, 4, 2, 32)  # block_k and group_m are keyword-only
+        KernelConfig(64, 64, 4, 2, 32)  # block_k and group_m are keyword-only
 
 
 def test_compact_attention_tiles_never_need_more_than_full_ones():

@@ -16,11 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_speed import _runtime, cli, ops
-from llm_speed._triton_cast import cast, rne_by_hand
+from llm_speed import cli, ops
+from llm_speed.core import runtime
+from llm_speed.core.kernel_math import cast, rne_by_hand
 from llm_speed.profiler import CUDAProfiler
 
-# --- the one file: src/llm_speed/silu.py (imports: torch, triton, tl, _runtime, ops, cast, rne_by_hand) ---
+# --- the one file: src/llm_speed/silu.py (imports: torch, triton, tl, runtime, ops, cast, rne_by_hand) ---
 
 KERNEL = "silu"
 BLOCK = 1024
@@ -45,15 +46,15 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"x must be a float16/bfloat16/float32 tensor, got {getattr(x, 'dtype', type(x))}")
     x = x.contiguous()
-    _runtime.report_work("silu", x=x)  # every path reports its work once, for the profiler
-    if x.numel() == 0 or not _runtime.triton_runs_on(x.device):
+    runtime.report_work("silu", x=x)  # every path reports its work once, for the profiler
+    if x.numel() == 0 or not runtime.triton_runs_on(x.device):
         return silu_reference(x)
     out = torch.empty_like(x)
-    with _runtime.on_device_of(x):
+    with runtime.on_device_of(x):
         _silu_kernel[(triton.cdiv(x.numel(), BLOCK),)](
             x_ptr=x, out_ptr=out, n=x.numel(), BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(x.dtype)
         )
-    _runtime.record_launch(KERNEL)
+    runtime.record_launch(KERNEL)
     return out
 
 
@@ -87,9 +88,9 @@ def with_row(monkeypatch):
 
 def test_kernel_matches_the_reference_within_the_accuracy_rule(device):
     x = torch.randn(3, 1000, device=device, dtype=torch.bfloat16) * 4
-    before = _runtime.launch_count(KERNEL)
+    before = runtime.launch_count(KERNEL)
     out = silu(x)
-    assert _runtime.launch_count(KERNEL) == before + 1  # the Triton kernel ran, not the fallback
+    assert runtime.launch_count(KERNEL) == before + 1  # the Triton kernel ran, not the fallback
     truth = torch.nn.functional.silu(x.double())
     ours = (out.double() - truth).abs().max()
     torch_same_precision = (silu_reference(x).double() - truth).abs().max()

@@ -5,8 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_speed import _runtime
-from llm_speed._triton_cast import cast, rne_by_hand
+from llm_speed.core import runtime
+from llm_speed.core.kernel_math import cast, rne_by_hand
 
 
 @triton.jit
@@ -16,7 +16,7 @@ def _cast_kernel(X, Y, n, RNE_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(Y + o, cast(x, Y.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=o < n)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and not _runtime.INTERPRETED, reason="needs Triton")
+@pytest.mark.skipif(not torch.cuda.is_available() and not runtime.INTERPRETED, reason="needs Triton")
 def test_bfloat16_cast_matches_torch_round_to_nearest_even(device):
     torch.manual_seed(0)
     x = torch.cat(
@@ -43,6 +43,6 @@ def test_bfloat16_cast_matches_torch_round_to_nearest_even(device):
 
 
 def test_switch_is_on_for_bfloat16_under_the_interpreter_only():
-    assert rne_by_hand(torch.bfloat16) == _runtime.INTERPRETED
+    assert rne_by_hand(torch.bfloat16) == runtime.INTERPRETED
     assert not rne_by_hand(torch.float16)
     assert not rne_by_hand(torch.float32)

@@ -1,6 +1,6 @@
 """Every op of the table runs under the interpreter of the GPU machine's Triton build (3.6), not only of the
 installed one: ``llm-speed doctor`` probes each op and exits 1 when one fails. Triton 3.6's interpreter once
-failed every flash kernel under NumPy 2.4 (``llm_speed._runtime`` fixes its scalar conversion)."""
+failed every flash kernel under NumPy 2.4 (``llm_speed.core.runtime`` fixes its scalar conversion)."""
 
 import json
 import subprocess

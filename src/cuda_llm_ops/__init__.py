@@ -22,10 +22,10 @@ from llm_speed.attention import flash as _flash
 from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
 from llm_speed.attention.validation import validate_attention_inputs as _validate_attention_inputs
+from llm_speed.core.args import check_flag as _check_flag
 from llm_speed.matmul import ops as _gemm_ops
 from llm_speed.matmul.validation import check_scalar as _check_scalar
 from llm_speed.matmul.validation import validate_gemm_inputs as _validate_gemm_inputs
-from llm_speed.perf._checks import check_flag as _check_flag
 
 __version__ = llm_speed.__version__
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_speed.perf._checks import positive_int
-from llm_speed.perf.gpus import normalize_dtype
+from llm_speed.core.args import positive_int
+from llm_speed.core.gpus import normalize_dtype
 from llm_speed.perf.memory import checked_qkv_and_output, gb_breakdown
 
 # The old bandwidth table (bytes/s): an A100's shared memory and HBM, and the HBM figure again for L2.

@@ -37,8 +37,8 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    """:func:`llm_speed._runtime.resolve_device` (the one rule, shared with the profiler and the timer)."""
-    from llm_speed._runtime import resolve_device as resolve
+    """:func:`llm_speed.core.runtime.resolve_device` (the one rule, shared with the profiler and the timer)."""
+    from llm_speed.core.runtime import resolve_device as resolve
 
     return resolve(device)
 

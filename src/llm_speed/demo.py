@@ -172,8 +172,8 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
     from llm_speed.bench import gemm as gemm_bench
     from llm_speed.bench import report
     from llm_speed.bench.plots import plot_rows
+    from llm_speed.core.gpus import detect_gpu
     from llm_speed.perf.cli_models import print_inference_analysis
-    from llm_speed.perf.gpus import detect_gpu
     from llm_speed.perf.inference import analyze_inference
 
     started = time.perf_counter()

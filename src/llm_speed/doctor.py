@@ -2,7 +2,7 @@
 
 Every answer comes from trying: the SDPA backends are each run once on a tiny input, and each op of the op
 table (:mod:`llm_speed.ops`) that has a probe is called once on a tiny input while the Triton launch counters
-(``llm_speed._runtime``) show whether a Triton kernel ran or a PyTorch fallback did. The command exits 1 when
+(``llm_speed.core.runtime``) show whether a Triton kernel ran or a PyTorch fallback did. The command exits 1 when
 any probe fails, so a CI job can run it as a smoke test.
 """
 
@@ -44,7 +44,7 @@ def gpu_info() -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         return {"available": False, "reason": "no CUDA device visible to torch " + _cuda_build_note()}
-    from llm_speed.perf.gpus import detect_gpu, live_device_properties
+    from llm_speed.core.gpus import detect_gpu, live_device_properties
 
     props = live_device_properties() or {}
     spec = detect_gpu()
@@ -103,14 +103,14 @@ def sdpa_backends(device: torch.device) -> dict[str, dict[str, Any]]:
 def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
     """For each probed op of the table, what actually ran on ``device``: which Triton kernels (compiled or
     interpreted), or a PyTorch implementation when no Triton kernel was launched."""
-    from llm_speed import _runtime
+    from llm_speed.core import runtime
 
     result = {}
     for op in ops.probes():
-        before = _runtime.launch_counts()
+        before = runtime.launch_counts()
         try:
             op.run_probe(device)
-        except _runtime.TritonUnavailable as error:  # by design: a Triton-only op on a device Triton lacks
+        except runtime.TritonUnavailable as error:  # by design: a Triton-only op on a device Triton lacks
             result[op.title] = {"runs": f"{UNAVAILABLE}: {str(error).splitlines()[0]}", "kernels": []}
             continue
         except Exception as error:  # a failing op is reported, and the others still checked
@@ -119,12 +119,12 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
                 "kernels": [],
             }
             continue
-        launched = sorted((_runtime.launch_counts() - before).keys())
+        launched = sorted((runtime.launch_counts() - before).keys())
         if not launched and op.plain_pytorch:
             runs = "PyTorch (plain ops, by design)"
         elif not launched:
             runs = "PyTorch fallback (no Triton kernel launched)"
-        elif _runtime.INTERPRETED:
+        elif runtime.INTERPRETED:
             runs = "Triton interpreter"
         else:
             runs = "Triton compiled"
@@ -142,7 +142,8 @@ def doctor_report(device: torch.device) -> dict[str, Any]:
     import torch
     import triton
 
-    from llm_speed import __version__, _runtime
+    from llm_speed import __version__
+    from llm_speed.core import runtime
 
     return {
         "llm_speed_version": __version__,
@@ -150,7 +151,7 @@ def doctor_report(device: torch.device) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "torch_cuda_version": torch.version.cuda,
         "triton_version": triton.__version__,
-        "triton_interpret": _runtime.INTERPRETED,
+        "triton_interpret": runtime.INTERPRETED,
         "device": str(device),
         "gpu": gpu_info(),
         "sdpa_backends": sdpa_backends(device),

@@ -11,13 +11,13 @@ import warnings
 
 import torch
 
-from llm_speed import _runtime
 from llm_speed.attention.flash import flash_attention
 from llm_speed.attention.naive import naive_attention
 from llm_speed.attention.reference import causal_visible
 from llm_speed.attention.tiled import tiled_attention
 from llm_speed.attention.validation import validate_attention_inputs
-from llm_speed.perf._checks import check_flag
+from llm_speed.core import runtime
+from llm_speed.core.args import check_flag
 from llm_speed.perf.gemm_tiling import pad_to_alignment
 from llm_speed.perf.memory import estimate_attention_memory, find_optimal_batch_size
 
@@ -71,7 +71,7 @@ def sdpa_attention(
     rows that see no key to 0, as :func:`llm_speed.flash_attention` does. GQA uses SDPA's ``enable_gqa``.
     """
     validate_attention_inputs(q, k, v)
-    _runtime.report_work("sdpa_attention", q=q, k=k, is_causal=is_causal)  # for the profiler (llm_speed.ops)
+    runtime.report_work("sdpa_attention", q=q, k=k, is_causal=is_causal)  # for the profiler (llm_speed.ops)
     seq_q, seq_kv = q.shape[2], k.shape[2]
     extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if not is_causal or seq_q == seq_kv:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .fused._common import check_real
+from .core.args import check_flag, check_real
 from .fused.rms_norm import rms_norm
 from .fused.swiglu import swiglu
-from .perf._checks import check_flag
 
 
 def _check_size(name: str, value) -> int:

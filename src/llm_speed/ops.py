@@ -4,7 +4,7 @@
 How the row is used:
 
 - **Work reports.** Whatever path computes an op (a Triton launcher, or the plain-PyTorch fallback on a CPU
-  without the interpreter) calls ``llm_speed._runtime.report_work(row.name, **problem)`` once per call. The
+  without the interpreter) calls ``llm_speed.core.runtime.report_work(row.name, **problem)`` once per call. The
   profiler looks the row up with :func:`get` and turns ``row.work(**problem)`` into FLOPs and bytes for the
   ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
 - **Probes.** ``llm-speed doctor`` runs :meth:`Op.run_probe` (a tiny call of the public function: the row's
@@ -28,7 +28,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
+from llm_speed.perf.kernel_costs import (
+    attention_cost,
+    gemm_cost,
+    kvcache_decode_cost,
+    varlen_attention_cost,
+    window_attention_cost,
+)
 
 # Score-matrix dtype of the attention implementations that materialise scores, when it differs from the
 # inputs' (``attention_cost(score_dtype=...)``): llm-speed's naive_attention computes its scores in fp32.
@@ -133,8 +139,6 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
         batch, heads_q, seq_q, head_dim = q.shape
         if window is not None and window != (None, None):
             # A window shrinks the FLOPs to the visible pairs (flash's minimum bytes are unchanged).
-            from llm_speed.attention.costs import window_attention_cost
-
             total = window_attention_cost(
                 batch, heads_q, seq_q, k.shape[2], head_dim, heads_kv=k.shape[1], dtype=q.dtype,
                 is_causal=bool(is_causal), window=window, mode=mode,
@@ -153,13 +157,11 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
 def varlen_work(mode: str) -> Callable[..., Work | None]:
     """Cost of a packed-sequence call reported as ``(q=[Tq, Hq, D], k=[Tk, Hkv, D], cu_seqlens_q=,
     cu_seqlens_k=, is_causal=, window=)``: FLOPs summed per sequence
-    (:func:`llm_speed.attention.costs.varlen_attention_cost`). Reads the lengths on the host: profiler only.
+    (:func:`llm_speed.perf.kernel_costs.varlen_attention_cost`). Reads the lengths on the host: profiler only.
     """
 
     def cost(*, q: Any, k: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: bool, window: Any = None,
              **_: Any) -> Work | None:  # fmt: skip
-        from llm_speed.attention.costs import varlen_attention_cost
-
         if q.numel() == 0 or k.numel() == 0:
             return None
         lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
@@ -186,6 +188,83 @@ def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
     return Work(total.flops, total.bytes_moved, op_a.dtype, out.device)
 
 
+def kvcache_work(*, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, **_: Any) -> Work | None:
+    """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
+    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows can
+    see (``cache_seqlens + seq_new``, at most ``left + seq_q`` under a left window). Reads the lengths on the
+    host: only the profiler calls it."""
+    _, seq_q, heads_q, head_dim = q.shape
+    if q.numel() == 0:
+        return None
+    left = window[0] if window is not None else None
+    flops = moved = 0.0
+    for cached in cache_seqlens.reshape(-1).tolist():
+        context = int(cached) + seq_new
+        visible = context if left is None else min(context, left + seq_q)
+        if visible <= 0:
+            continue
+        cost = kvcache_decode_cost(
+            1, heads_q, seq_q, visible, head_dim, heads_kv=k_cache.shape[2], dtype=q.dtype,
+            seq_new=min(seq_new, visible),
+        )  # fmt: skip
+        flops, moved = flops + cost.flops, moved + cost.bytes_moved
+    return Work(flops, moved, q.dtype, q.device) if moved else None
+
+
+def rms_norm_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of an RMSNorm call ``(x=[rows, hidden], weight=[hidden])``: the minimum DRAM traffic (forward: x,
+    weight in; y, fp32 rstd out. backward: dy, x, weight, rstd in; dx, dweight out) and FLOPs counted per
+    element (forward: square, sum, two products = 4; backward: about 9 for dx and dweight together)."""
+
+    def cost(*, x: Any, weight: Any, **_: Any) -> Work:
+        rows, hidden = x.shape
+        act, w = x.element_size() * rows * hidden, weight.element_size() * hidden
+        if backward:
+            return Work(9.0 * rows * hidden, 3 * act + 2 * w + 4 * rows, x.dtype, x.device)
+        return Work(4.0 * rows * hidden, 2 * act + w + 4 * rows, x.dtype, x.device)
+
+    return cost
+
+
+def swiglu_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a SwiGLU call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out; backward:
+    dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then the products:
+    5 forward, 10 backward)."""
+
+    def cost(*, gate: Any, **_: Any) -> Work:
+        n, size = gate.numel(), gate.element_size()
+        return Work((10.0 if backward else 5.0) * n, (5 if backward else 3) * n * size, gate.dtype, gate.device)
+
+    return cost
+
+
+def rotary_work(*, x: Any, cos: Any, **_: Any) -> Work:
+    """Cost of a rotary call (forward and backward alike): x read and the output written whole (the dims past
+    ``rotary_dim`` are copied), cos and sin read once each; 6 FLOPs per rotated pair (4 products, 2 sums)."""
+    batch, heads, seq, _ = x.shape
+    pairs = batch * heads * seq * cos.shape[-1]
+    moved = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
+    return Work(6.0 * pairs, moved, x.dtype, x.device)
+
+
+def cross_entropy_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a fused linear cross-entropy call ``(hidden=[N, H], weight=[V, H])``: the chunk GEMMs (forward:
+    the logits, 2NVH; backward: logits again, dhidden and dweight, 6NVH) plus about 4 FLOPs per logit for the
+    softmax, and the minimum DRAM traffic: hidden and weight read (and their gradients written, backward),
+    nothing of the ``[N, V]`` logits, which never leave the chunk."""
+
+    def cost(*, hidden: Any, weight: Any, **_: Any) -> Work:
+        n, h = hidden.shape
+        v = weight.shape[0]
+        operands = (n * hidden.element_size() + v * weight.element_size()) * h
+        gemms = 6.0 if backward else 2.0
+        return Work(
+            gemms * n * v * h + 4.0 * n * v, operands * (2 if backward else 1), hidden.dtype, hidden.device
+        )
+
+    return cost
+
+
 # --- probes: one tiny call of each public op ---------------------------------------------------------------
 
 # Tiny shapes: enough to launch every kernel once, cheap even in Triton's interpreter.
@@ -209,7 +288,7 @@ def default_dtype(device: Any, dtype: Any = None) -> Any:
         return _probe_float_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    from llm_speed.perf.gpus import normalize_dtype
+    from llm_speed.core.gpus import normalize_dtype
 
     names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "int8": torch.int8}
     canonical = normalize_dtype(dtype)
@@ -232,6 +311,75 @@ def gemm_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
 
     dtype = default_dtype(device, dtype)
     return tuple(_matrices(device, dtype, size)), {}
+
+
+def rms_norm_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """x ``[size, size]`` (rows x hidden) and a weight."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    return (torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, device=device, dtype=dtype)), {}
+
+
+def swiglu_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """gate, up ``[size, size]``."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    return tuple(torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)), {}
+
+
+def rotary_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """x ``[1, 8, size, 64]`` (``size`` = sequence length), cos and sin of Llama's angles."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * (
+        10000.0 ** (-torch.arange(32, device=device, dtype=torch.float32) / 32)
+    )
+    x = torch.randn(1, 8, size, 64, device=device, dtype=dtype)
+    return (x, angles.cos().to(dtype), angles.sin().to(dtype)), {}
+
+
+def cross_entropy_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """hidden ``[size, size]``, weight ``[4 size, size]`` (vocabulary 4 size), random targets."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    hidden = torch.randn(size, size, device=device, dtype=dtype)
+    weight = torch.randn(4 * size, size, device=device, dtype=dtype) * size**-0.5
+    return (hidden, weight, torch.randint(0, 4 * size, (size,), device=device)), {}
+
+
+def _varlen_probe(device: Any) -> Any:
+    """Three packed causal sequences of 5, 0 and 11 tokens, GQA 4/2, head_dim 16."""
+    import torch
+
+    from llm_speed.attention.varlen import flash_attention_varlen
+
+    dtype = _probe_float_dtype(device)
+    cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32, device=device)
+    q = torch.randn(16, 4, 16, device=device, dtype=dtype)
+    k, v = (torch.randn(16, 2, 16, device=device, dtype=dtype) for _ in range(2))
+    return flash_attention_varlen(q, k, v, cu, cu, 11, 11, is_causal=True)
+
+
+def _kvcache_probe(device: Any) -> Any:
+    """2 sequences (40 and 25 cached tokens) over a paged cache of 16-token pages, GQA 4/2, head_dim 32, one
+    token appended."""
+    import torch
+
+    from llm_speed.attention.decode import flash_attention_with_kvcache
+
+    dtype = _probe_float_dtype(device)
+    k_cache, v_cache = (torch.randn(8, 16, 2, 32, device=device, dtype=dtype) for _ in range(2))
+    block_table = torch.arange(8, dtype=torch.int32, device=device).reshape(2, 4)
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=dtype)
+    k, v = (torch.randn(2, 1, 2, 32, device=device, dtype=dtype) for _ in range(2))
+    cache_seqlens = torch.tensor([40, 25], dtype=torch.int32, device=device)
+    return flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table, is_causal=True
+    )
 
 
 def _qkv(device: Any, *, requires_grad: bool = False) -> list[Any]:
@@ -307,15 +455,6 @@ def _int8_gemm_probe(device: Any) -> Any:
     return tensor_core_gemm_int8(*_matrices(device, torch.int8))
 
 
-def _fused_work(module: str, factory: str, *, backward: bool = True) -> Callable[..., Work | None]:
-    """The cost function ``llm_speed.fused.<module>.<factory>(backward)``, imported on first call."""
-
-    def cost(**problem: Any) -> Work | None:
-        return getattr(importlib.import_module(f"llm_speed.fused.{module}"), factory)(backward)(**problem)
-
-    return cost
-
-
 # --- the table ---------------------------------------------------------------------------------------------
 
 _SDPA = "torch.nn.functional:scaled_dot_product_attention"
@@ -345,7 +484,7 @@ OPS: tuple[Op, ...] = (
     ),
     Op(
         "flash_attention_varlen", "llm_speed.attention.varlen:flash_attention_varlen", varlen_work("fwd"),
-        probe="llm_speed.attention.varlen:varlen_probe", label="flash_attention_varlen (packed)",
+        probe=_varlen_probe, label="flash_attention_varlen (packed)",
     ),
     Op(
         "flash_attention_varlen_backward", "llm_speed.attention.varlen:flash_attention_varlen",
@@ -359,43 +498,40 @@ OPS: tuple[Op, ...] = (
     ),
     Op(
         "attention_kvcache_fwd", "llm_speed.attention.decode:flash_attention_with_kvcache",
-        "llm_speed.attention.decode:kvcache_work", probe="llm_speed.attention.decode:kvcache_probe",
+        kvcache_work, probe=_kvcache_probe,
         label="flash_attention_with_kvcache (paged decode)",
     ),
     # Fused LLM ops (llm_speed.fused): each file holds its kernels, op, cost and example problem.
     Op(
         "rms_norm", "llm_speed.fused.rms_norm:rms_norm",
-        _fused_work("rms_norm", "rms_norm_work", backward=False),
-        example="llm_speed.fused.rms_norm:rms_norm_example",
-        baseline="llm_speed.fused.rms_norm:rms_norm_reference",
+        rms_norm_work(), example=rms_norm_example,
+        baseline="llm_speed.fused.reference:rms_norm_reference",
     ),
     Op(
-        "rms_norm_backward", "llm_speed.fused.rms_norm:rms_norm", _fused_work("rms_norm", "rms_norm_work"),
+        "rms_norm_backward", "llm_speed.fused.rms_norm:rms_norm", rms_norm_work(backward=True),
         probe=backward_probe("rms_norm"),
     ),
     Op(
-        "swiglu", "llm_speed.fused.swiglu:swiglu", _fused_work("swiglu", "swiglu_work", backward=False),
-        example="llm_speed.fused.swiglu:swiglu_example", baseline="llm_speed.fused.swiglu:swiglu_reference",
+        "swiglu", "llm_speed.fused.swiglu:swiglu", swiglu_work(), example=swiglu_example,
+        baseline="llm_speed.fused.reference:swiglu_reference",
     ),
     Op(
-        "swiglu_backward", "llm_speed.fused.swiglu:swiglu", _fused_work("swiglu", "swiglu_work"),
+        "swiglu_backward", "llm_speed.fused.swiglu:swiglu", swiglu_work(backward=True),
         probe=backward_probe("swiglu"),
     ),
     # Forward and backward run the same kernel (the backward rotates by the opposite angle).
     Op(
-        "apply_rotary", "llm_speed.fused.rotary:apply_rotary", "llm_speed.fused.rotary:rotary_work",
-        example="llm_speed.fused.rotary:rotary_example",
-        baseline="llm_speed.fused.rotary:apply_rotary_reference",
+        "apply_rotary", "llm_speed.fused.rotary:apply_rotary", rotary_work, example=rotary_example,
+        baseline="llm_speed.fused.reference:apply_rotary_reference",
     ),
     Op(
         "fused_linear_cross_entropy", "llm_speed.fused.cross_entropy:fused_linear_cross_entropy",
-        _fused_work("cross_entropy", "cross_entropy_work", backward=False),
-        example="llm_speed.fused.cross_entropy:cross_entropy_example",
-        baseline="llm_speed.fused.cross_entropy:fused_linear_cross_entropy_reference",
+        cross_entropy_work(), example=cross_entropy_example,
+        baseline="llm_speed.fused.reference:fused_linear_cross_entropy_reference",
     ),
     Op(
         "fused_linear_cross_entropy_backward", "llm_speed.fused.cross_entropy:fused_linear_cross_entropy",
-        _fused_work("cross_entropy", "cross_entropy_work"),
+        cross_entropy_work(backward=True),
         probe=backward_probe("fused_linear_cross_entropy"),
     ),
     # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".

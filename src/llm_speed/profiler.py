@@ -5,7 +5,7 @@ roofline model.
 freshly made attention or GEMM problem (``profile_attention`` / ``profile_gemm``) or a kernel against a
 reference (``compare_with_reference``), and turns each time into :class:`KernelMetrics`: TFLOP/s and GB/s
 from the analytic cost model (:mod:`llm_speed.perf.kernel_costs`), utilisation against the detected GPU's
-peaks (:mod:`llm_speed.perf.gpus`) and the bottleneck from the roofline (:mod:`llm_speed.perf.roofline`).
+peaks (:mod:`llm_speed.core.gpus`) and the bottleneck from the roofline (:mod:`llm_speed.perf.roofline`).
 
 Every timing goes through :func:`llm_speed.bench.timing.measure` (CUDA events on a GPU, the host clock on
 the CPU). A figure that cannot be known is None, and ``KernelMetrics.unavailable`` says why; nothing is
@@ -15,7 +15,7 @@ A ``profile`` block does not see inside arbitrary code: its FLOPs and bytes come
 ``bytes_moved=`` when given, else from the llm-speed ops run inside the block. Every path that computes an
 op of the op table (:mod:`llm_speed.ops`), the Triton launchers and the plain-PyTorch paths alike (naive
 attention, the SDPA fallback of ``safe_flash_attention``, the fallbacks on a CPU without the interpreter),
-reports its problem once per call through :func:`llm_speed._runtime.report_work`, however it was called
+reports its problem once per call through :func:`llm_speed.core.runtime.report_work`, however it was called
 (``llm_speed.flash_attention``, ``cuda_llm_ops``, autograd); the profiler costs it with the row's cost
 function. Nothing touches the GPU at import time.
 """
@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
-from llm_speed import _runtime, ops
-from llm_speed._runtime import resolve_device
+from llm_speed import ops
 from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure
-from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.core import runtime
+from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.core.runtime import resolve_device
 from llm_speed.perf.kernel_costs import attention_cost
 from llm_speed.perf.roofline import roofline
 
@@ -142,7 +143,7 @@ def record_call(name: str, flops: float, bytes_moved: float, dtype: Any, device:
 
 
 def _observe_work(op: str, problem: dict[str, Any]) -> None:
-    """The :func:`llm_speed._runtime.report_work` observer: the op table's cost of each call made while a
+    """The :func:`llm_speed.core.runtime.report_work` observer: the op table's cost of each call made while a
     ``profile`` block is open (no work at all otherwise)."""
     if not is_recording():
         return
@@ -152,7 +153,7 @@ def _observe_work(op: str, problem: dict[str, Any]) -> None:
         record_call(row.title, work.flops, work.bytes_moved, work.dtype, work.device)
 
 
-_runtime.add_work_observer(_observe_work)
+runtime.add_work_observer(_observe_work)
 
 
 # --- turning a time into metrics ----------------------------------------------------------------------------
@@ -163,13 +164,13 @@ def _gpu_spec(device: torch.device) -> tuple[GPUSpec | None, str | None]:
     if device.type != "cuda":
         return None, (
             f"ran on {device.type}: utilisation and bottleneck need a GPU's peak figures, and the spec table "
-            "(llm_speed/perf/gpus.py) has GPUs only"
+            "(llm_speed/core/gpus.py) has GPUs only"
         )
     device_name = torch.cuda.get_device_name(device)
     try:
         return get_gpu(device_name), None
     except ValueError:
-        return None, f"GPU {device_name!r} is not in llm_speed/perf/gpus.py, so its peaks are unknown"
+        return None, f"GPU {device_name!r} is not in llm_speed/core/gpus.py, so its peaks are unknown"
 
 
 def kernel_metrics(
@@ -226,7 +227,7 @@ def kernel_metrics(
         if dtype_name is None:
             peak_reason = "the block's calls used several dtypes (or none): no single peak applies"
         elif dtype_name not in spec.peak_tflops:
-            peak_reason = f"{spec.id} has no peak for {dtype_name} in llm_speed/perf/gpus.py"
+            peak_reason = f"{spec.id} has no peak for {dtype_name} in llm_speed/core/gpus.py"
         if achieved_flops is not None and peak_reason is None:
             compute_util = achieved_flops / spec.peak_flops(dtype_name)
         else:

@@ -104,7 +104,7 @@ SMALL_BLOCK_CASES = [
 
 @pytest.mark.parametrize("seq_q, seq_kv, causal, dtype", SMALL_BLOCK_CASES)
 def test_masked_and_unmasked_blocks_with_small_blocks(seq_q, seq_kv, causal, dtype, device, monkeypatch):
-    small = launch.BlockConfig(16, 16, 4, 1)
+    small = launch.KernelConfig(16, 16, 4, 1)
     monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: small)
     monkeypatch.setattr(launch, "backward_config", lambda block_d, dtype: small)
     q, k, v = make_qkv(1, 4, 2, seq_q, seq_kv, 40, dtype, device)

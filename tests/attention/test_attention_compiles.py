@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from llm_speed.perf.gpus import get_gpu
+from llm_speed.core.gpus import get_gpu
 from triton_builds import BUILDS, environment
 
 SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")

@@ -10,16 +10,17 @@ import pytest
 import torch
 from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, check_against_reference, expect_launches
 
-from llm_speed import _runtime, flash_attention
-from llm_speed._block_config import hardware_of
+from llm_speed import flash_attention
 from llm_speed.attention import configs, launch
+from llm_speed.core import runtime
+from llm_speed.core.hardware import hardware_of
 
 BLOCKS_PER_SM = 4  # on a GPU: at least this many programs per SM
 
 
 def _to_run():
     shipped = configs.shipped_configs()
-    if not _runtime.INTERPRETED:
+    if not runtime.INTERPRETED:
         return shipped
     unique = {}
     for entry in shipped:

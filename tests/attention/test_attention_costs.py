@@ -3,9 +3,13 @@ agree with the dense model where they overlap."""
 
 import pytest
 
-from llm_speed.attention.costs import varlen_attention_cost, window_attention_cost, window_visible_pairs
 from llm_speed.attention.reference import visible
-from llm_speed.perf.kernel_costs import attention_cost
+from llm_speed.perf.kernel_costs import (
+    attention_cost,
+    varlen_attention_cost,
+    window_attention_cost,
+    window_visible_pairs,
+)
 
 
 @pytest.mark.parametrize("seq_q, seq_kv", [(7, 7), (5, 11), (11, 5), (0, 4), (4, 0)])
@@ -52,7 +56,7 @@ def test_profiler_counts_windowed_and_packed_work_through_the_op_table():
     import torch
 
     from llm_speed import flash_attention, flash_attention_varlen
-    from llm_speed.attention.costs import varlen_attention_cost, window_attention_cost
+    from llm_speed.perf.kernel_costs import varlen_attention_cost, window_attention_cost
     from llm_speed.profiler import CUDAProfiler
 
     profiler = CUDAProfiler("cpu")

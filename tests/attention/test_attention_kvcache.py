@@ -276,7 +276,7 @@ def test_zero_batch_and_zero_queries(device):
 def test_profiler_counts_the_visible_cache_of_each_sequence(device):
     """The op table's cost of a decode call is the model's cost summed over the ragged sequences."""
     from llm_speed import ops
-    from llm_speed.attention.decode import kvcache_probe
+    from llm_speed.ops import _kvcache_probe as kvcache_probe
     from llm_speed.perf.kernel_costs import kvcache_decode_cost
     from llm_speed.profiler import CUDAProfiler
 

@@ -15,10 +15,11 @@ from attention_testing import (
     run_with_grads,
 )
 
-from llm_speed import _runtime, flash_attention, naive_attention, tiled_attention
+from llm_speed import flash_attention, naive_attention, tiled_attention
 from llm_speed.attention import flash, launch
 from llm_speed.attention.reference import causal_visible, reference_attention
 from llm_speed.attention.validation import prepare_attention_inputs
+from llm_speed.core import runtime
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
 
@@ -57,7 +58,7 @@ def test_causal_skips_fully_masked_blocks(device, monkeypatch):
     k_poisoned, v_poisoned = k.clone(), v.clone()
     k_poisoned[:, :, 32:] = float("nan")
     v_poisoned[:, :, 32:] = float("nan")
-    small = launch.BlockConfig(16, 16, 4, 1)
+    small = launch.KernelConfig(16, 16, 4, 1)
     monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: small)
     out = flash_attention(q, k_poisoned, v_poisoned, is_causal=True)
     ref = reference_attention(q.double(), k.double(), v.double(), is_causal=True)
@@ -185,20 +186,20 @@ def test_inputs_are_not_modified(device):
 
 
 def test_dispatch_runs_the_triton_kernels(device):
-    if not _runtime.triton_runs_on(device):
+    if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     q, k, v = make_qkv(1, 1, 1, 5, 5, 16, torch.float32, device)
-    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    before = {name: runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
     q.requires_grad_()
     flash_attention(q, k, v).sum().backward()
     for name, count in before.items():
-        assert _runtime.launch_count(name) == count + 1, name
+        assert runtime.launch_count(name) == count + 1, name
 
 
 def test_cpu_without_interpreter_runs_the_reference(monkeypatch):
     # With Triton unavailable for CPU tensors, the PyTorch reference runs in float32 (no launch).
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
-    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    before = {name: runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
     q, k, v = make_qkv(2, 4, 2, 70, 150, 40, torch.float16, "cpu")
     with pytest.MonkeyPatch.context() as patch:
         calls = []
@@ -207,7 +208,7 @@ def test_cpu_without_interpreter_runs_the_reference(monkeypatch):
         check_against_reference(flash_attention, q, k, v, is_causal=True, dlse=True)
         assert calls
     check_against_reference(tiled_attention, q, k, v, is_causal=True)
-    assert all(_runtime.launch_count(name) == count for name, count in before.items())
+    assert all(runtime.launch_count(name) == count for name, count in before.items())
 
 
 @pytest.mark.parametrize("fn", ALL_FUNCTIONS, ids=lambda f: f.__name__)
@@ -236,7 +237,7 @@ def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     monkeypatch.setattr(launch, "_grid", lambda *args: grids.append(args) or real_grid(*args))
     q, k, v = make_qkv(3, 4, 2, 37, 21, 16, torch.float16, device)
     run_with_grads(flash_attention, q, k, v, torch.randn(q.shape, dtype=q.dtype, device=device))
-    if not _runtime.triton_runs_on(device):
+    if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     assert len(grids) == 3  # forward, dK/dV, dQ (the preprocess grid is one block per row block too)
     for n_rows, block, batch, heads, packed, _ in grids:

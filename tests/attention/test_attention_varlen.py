@@ -11,9 +11,9 @@ from attention_testing import (
     expect_launches,
 )
 
-from llm_speed import _runtime
 from llm_speed.attention import flash_attention_varlen, launch
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core import runtime
 
 LENGTHS_Q = [0, 17, 1, 129, 128]
 LENGTHS_K = [17, 0, 128, 1, 129]
@@ -104,7 +104,7 @@ def test_grid_grows_with_tokens_not_batch_times_longest(device, monkeypatch):
     lengths = [200] + [1] * 15
     q, k, v, cu_q, cu_k = packed_inputs(lengths, lengths, 2, 2, 16, torch.float32, device)
     out = flash_attention_varlen(q, k, v, cu_q, cu_k, 200, 200)
-    if not _runtime.triton_runs_on(device):
+    if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     (n_rows, block, batch, heads, _, _), (grid, args) = grids[0]
     assert grid == ((-(-215 // block) + 16) * 2,) and grid[0] < 16 * -(-200 // block) * 2
@@ -157,10 +157,10 @@ def _good(device):
 def test_bad_inputs_fail_before_any_work(position, bad, error, message, device):
     args = _good(device)
     args[position] = bad(args[position])
-    before = {name: _runtime.launch_count(name) for name in FORWARD_KERNELS}
+    before = {name: runtime.launch_count(name) for name in FORWARD_KERNELS}
     with pytest.raises(error, match=message):
         flash_attention_varlen(*args)
-    assert all(_runtime.launch_count(name) == count for name, count in before.items())
+    assert all(runtime.launch_count(name) == count for name, count in before.items())
 
 
 def test_opcheck_and_compile_fullgraph(device):
@@ -191,9 +191,9 @@ def test_opcheck_and_compile_fullgraph(device):
 
 
 def test_cpu_without_interpreter_runs_the_reference_per_sequence(monkeypatch):
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
     q, k, v, cu_q, cu_k = packed_inputs([0, 9, 1, 20], [4, 0, 7, 20], 4, 2, 16, torch.float16, "cpu")
-    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    before = {name: runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
     dout = torch.randn(q.shape, dtype=q.dtype)
     dlse = torch.randn(q.shape[1], q.shape[0])
     truth = dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, torch.float64, is_causal=True, softcap=2.0)
@@ -206,4 +206,4 @@ def test_cpu_without_interpreter_runs_the_reference_per_sequence(monkeypatch):
     got = (out.detach(), lse.detach(), *(t.grad for t in leaves))
     for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
         assert_error_rule(name, got[i], same[i], truth[i], 2.0 if i < 2 else 3.0, q.dtype)
-    assert all(_runtime.launch_count(name) == count for name, count in before.items())
+    assert all(runtime.launch_count(name) == count for name, count in before.items())

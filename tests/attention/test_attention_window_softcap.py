@@ -16,12 +16,13 @@ from attention_testing import (
     run_with_grads,
 )
 
-from llm_speed import _runtime, flash_attention, naive_attention, tiled_attention
+from llm_speed import flash_attention, naive_attention, tiled_attention
 from llm_speed.attention import flash_attention_varlen, launch
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core import runtime
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
-SMALL = launch.BlockConfig(16, 16, 4, 1)
+SMALL = launch.KernelConfig(16, 16, 4, 1)
 
 
 @pytest.fixture
@@ -109,12 +110,12 @@ def test_flags_must_be_real_bools(fn, device):
         args = (q, k, v, cu, cu, 4, 4)
     else:
         args = (q, k, v)
-    before = _runtime.launch_count(launch.KERNEL_FORWARD)
+    before = runtime.launch_count(launch.KERNEL_FORWARD)
     with pytest.raises(TypeError, match="is_causal must be a bool.*got str"):
         fn(*args, is_causal="no")
     with pytest.raises(TypeError, match="return_lse must be a bool.*got int"):
         fn(*args, return_lse=1)
-    assert _runtime.launch_count(launch.KERNEL_FORWARD) == before  # rejected before any work
+    assert runtime.launch_count(launch.KERNEL_FORWARD) == before  # rejected before any work
     causal = fn(*args, is_causal=np.bool_(True))
     torch.testing.assert_close(causal, fn(*args, is_causal=True), rtol=0, atol=0)
 
@@ -161,7 +162,7 @@ def test_bf16_positive_inputs_round_to_nearest_even(device, monkeypatch):
         return max_error(got[3], truth[3]) / max_error(same[3], truth[3])
 
     assert dk_error_ratio() <= 3.0
-    if _runtime.INTERPRETED:  # compiled Triton rounds to nearest even by itself
+    if runtime.INTERPRETED:  # compiled Triton rounds to nearest even by itself
         real = launch._dot_switches
         monkeypatch.setattr(launch, "_dot_switches", lambda dtype: dict(real(dtype), RNE_BY_HAND=False))
         assert dk_error_ratio() > 3.0  # truncation: the check above catches it
@@ -192,9 +193,9 @@ def test_opcheck_and_compile_with_window_and_softcap(device):
 def test_cpu_without_interpreter_runs_the_reference_with_options(monkeypatch):
     # CPU tensors when Triton cannot run: the float32 reference, its backward written out (autograd does
     # not record inside an operator), with window, softcap, GQA and LSE gradients; no kernel launches.
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
-    before = {name: _runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    before = {name: runtime.launch_count(name) for name in (*FORWARD_KERNELS, *BACKWARD_KERNELS)}
     q, k, v = make_qkv(2, 4, 2, 30, 45, 16, torch.float16, "cpu", scale_q=4.0)
     check_rule(flash_attention, q, k, v, is_causal=True, window=(9, None), softcap=3.0)
     check_rule(tiled_attention, q, k, v, window=(None, 2))
-    assert all(_runtime.launch_count(name) == count for name, count in before.items())
+    assert all(runtime.launch_count(name) == count for name, count in before.items())

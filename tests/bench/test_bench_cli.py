@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm_speed._runtime import INTERPRETED
 from llm_speed.bench.cli import attention_settings, gemm_settings
 from llm_speed.cli import build_parser, main
+from llm_speed.core.runtime import INTERPRETED
 
 REPO = Path(__file__).resolve().parents[2]
 NO_GPU = not torch.cuda.is_available()

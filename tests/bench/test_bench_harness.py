@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from llm_speed._output import to_jsonable
-from llm_speed._runtime import INTERPRETED
 from llm_speed.bench import attention as attention_bench
 from llm_speed.bench import gemm as gemm_bench
 from llm_speed.bench import report
 from llm_speed.bench.timing import HOST_TIMER, summarize
+from llm_speed.core.runtime import INTERPRETED
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
 from llm_speed.perf.roofline import roofline
 
@@ -84,8 +84,8 @@ def test_attention_rows_on_cpu():
     not INTERPRETED, reason="proves the Triton kernel is what gets timed under the interpreter"
 )
 def test_attention_bench_times_the_triton_kernel_under_the_interpreter():
-    from llm_speed._runtime import launch_count
     from llm_speed.attention.launch import KERNEL_FORWARD
+    from llm_speed.core.runtime import launch_count
 
     before = launch_count(KERNEL_FORWARD)
     attention_bench.run_attention(tiny_attention(impls=("flash",), iterations=1), show_progress=False)
@@ -298,7 +298,7 @@ def test_parse_size_accepts_the_seed_form():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_attention_and_gemm_on_the_gpu():
-    from llm_speed.perf.gpus import detect_gpu
+    from llm_speed.core.gpus import detect_gpu
 
     settings = tiny_attention(
         seq_lengths=(256,),

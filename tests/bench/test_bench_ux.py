@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from llm_speed import demo
-from llm_speed._runtime import INTERPRETED
 from llm_speed.bench import cpu_budget, plots, report
 from llm_speed.bench import gemm as gemm_bench
 from llm_speed.bench.cli import attention_settings, gemm_settings
 from llm_speed.bench.timing import HOST_TIMER, summarize
 from llm_speed.cli import build_parser, main
+from llm_speed.core.runtime import INTERPRETED
 
 FAST = ["--device", "cpu", "--warmup", "0", "--iterations", "1", "--min-time", "0", "--no-progress"]
 

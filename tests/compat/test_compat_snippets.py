@@ -19,7 +19,7 @@ import torch
 
 import cuda_llm_ops
 import llm_speed
-from llm_speed.perf.gpus import detect_gpu
+from llm_speed.core.gpus import detect_gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llm_speed import _runtime, flash_attention
+from llm_speed import flash_attention
 from llm_speed.attention import launch
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core import runtime
 from llm_speed.distributed import (
     clear_sent_messages,
     gather_sequence,
@@ -139,14 +140,14 @@ def _check_traffic(case: Case, rank: int, world: int) -> None:
 
 def accuracy(rank: int, world: int, cases: tuple[Case, ...]) -> None:
     """Every case: ring forward/backward vs float64 (rank 0), bytes vs the model and kernel launches (all)."""
-    assert _runtime.triton_runs_on(torch.device("cpu")), "spawned rank did not inherit TRITON_INTERPRET=1"
+    assert runtime.triton_runs_on(torch.device("cpu")), "spawned rank did not inherit TRITON_INTERPRET=1"
     _poison_kernel_outputs()
     for case in cases:
         q, k, v, dout, dlse = _problem(case)
         clear_sent_messages()
-        before = _runtime.launch_counts()
+        before = runtime.launch_counts()
         got = _ring_run(case, q, k, v, dout, dlse)
-        ran = _runtime.launch_counts() - before
+        ran = runtime.launch_counts() - before
         for kernel in (*at.FORWARD_KERNELS, *at.BACKWARD_KERNELS):
             assert ran[kernel] > 0, f"rank {rank}: Triton kernel {kernel} did not run ({case})"
         _check_traffic(case, rank, world)

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llm_speed import _runtime, flash_attention
+from llm_speed import flash_attention
 from llm_speed.cli import main
+from llm_speed.core import runtime
 from llm_speed.distributed import (
     clear_sent_messages,
     gather_sequence,
@@ -122,13 +123,13 @@ def one_rank_group():
 def test_one_rank_is_flash_exactly(one_rank_group, device):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, 11, 16, device=device, requires_grad=True) for _ in range(3))
-    before = _runtime.launch_counts()
+    before = runtime.launch_counts()
     clear_sent_messages()
     out = ring_attention(q, k[:, :2], v[:, :2], group=one_rank_group, is_causal=True)
     out.sum().backward()
     ring_grads = [t.grad.clone() for t in (q, k, v)]
-    ran = _runtime.launch_counts() - before
-    if _runtime.triton_runs_on(device):
+    ran = runtime.launch_counts() - before
+    if runtime.triton_runs_on(device):
         assert ran["flash_attention_fwd"] == 1 and ran["flash_attention_bwd_dq"] == 1
     for t in (q, k, v):
         t.grad = None

@@ -7,7 +7,7 @@ from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule,
 
 import llm_speed.fused.cross_entropy as ce
 from llm_speed import fused_linear_cross_entropy
-from llm_speed.fused.cross_entropy import fused_linear_cross_entropy_reference
+from llm_speed.fused.reference import fused_linear_cross_entropy_reference
 
 KERNELS = (ce.KERNEL_FORWARD, ce.KERNEL_BACKWARD)
 

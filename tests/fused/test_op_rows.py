@@ -4,7 +4,8 @@ the cost counts what the docstrings say, the example matches the baseline, and b
 import pytest
 import torch
 
-from llm_speed import _runtime, ops
+from llm_speed import ops
+from llm_speed.core import runtime
 from llm_speed.profiler import CUDAProfiler
 
 FORWARD = ("rms_norm", "swiglu", "apply_rotary", "fused_linear_cross_entropy")
@@ -14,7 +15,7 @@ FORWARD = ("rms_norm", "swiglu", "apply_rotary", "fused_linear_cross_entropy")
 @pytest.mark.parametrize("name", FORWARD)
 def test_forward_row_reports_its_cost_and_matches_the_baseline(name, interpreted, monkeypatch):
     if not interpreted:  # the CPU path without the interpreter: the same formulas in PyTorch
-        monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+        monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
     row = ops.get(name)
     args, kwargs = row.example_problem(torch.device("cpu"), torch.float32, 24)
     profiler = CUDAProfiler(torch.device("cpu"))

@@ -6,9 +6,9 @@ from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule,
 
 import llm_speed.fused.rms_norm as rms_module
 from llm_speed import rms_norm
-from llm_speed.fused.rms_norm import rms_norm_reference
+from llm_speed.fused.reference import rms_norm_reference
 
-KERNELS = (rms_module.KERNEL_FORWARD, rms_module.KERNEL_BACKWARD)
+KERNELS = (rms_module.FORWARD.name, rms_module.BACKWARD.name)
 
 
 def _run(fn, x, w, dy, **kw):

@@ -7,7 +7,8 @@ import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 from llm_speed import apply_rotary
-from llm_speed.fused.rotary import KERNEL, apply_rotary_reference
+from llm_speed.fused.reference import apply_rotary_reference
+from llm_speed.fused.rotary import KERNEL
 
 
 def _angles(cos_batch, seq, half, base=10000.0):

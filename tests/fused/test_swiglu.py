@@ -6,7 +6,7 @@ from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule,
 
 import llm_speed.fused.swiglu as swiglu_module
 from llm_speed import swiglu
-from llm_speed.fused.swiglu import swiglu_reference
+from llm_speed.fused.reference import swiglu_reference
 
 KERNELS = (swiglu_module.KERNEL_FORWARD, swiglu_module.KERNEL_BACKWARD)
 

@@ -7,8 +7,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llm_speed import _runtime  # noqa: E402
 from llm_speed.attention import launch  # noqa: E402
+from llm_speed.core import runtime  # noqa: E402
 from llm_speed.fused import cross_entropy, rms_norm, rotary  # noqa: E402
 from llm_speed.integrations import transformers as hf  # noqa: E402
 
@@ -64,15 +64,15 @@ def test_patched_model_matches_float64(model_type, device):
     ids = torch.randint(0, 97, (1, 10), device=device)
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
-    kernels = [rms_norm.KERNEL_FORWARD, rms_norm.KERNEL_BACKWARD, rotary.KERNEL]
+    kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary.KERNEL]
     kernels += [cross_entropy.KERNEL_FORWARD, cross_entropy.KERNEL_BACKWARD]
     kernels.append(launch.KERNEL_FORWARD)
-    before = _runtime.launch_counts()
+    before = runtime.launch_counts()
     got_loss, got_grads = _loss_and_grads(patched, ids, labels)
-    ran = _runtime.launch_counts() - before
+    ran = runtime.launch_counts() - before
     assert all(ran[k] > 0 for k in kernels), ran
     same_loss, same_grads = _loss_and_grads(same, ids, labels)
-    assert _runtime.launch_counts() - before == ran, "the unpatched model ran llm_speed kernels"
+    assert runtime.launch_counts() - before == ran, "the unpatched model ran llm_speed kernels"
     truth_loss, truth_grads = _loss_and_grads(truth, ids, labels)
     _assert_rule("loss", got_loss, same_loss, truth_loss, 2.0)
     for name, grad in truth_grads.items():
@@ -154,13 +154,13 @@ def test_padded_batch_runs_varlen_and_matches_float64(model_type, device, monkey
     assert hf.apply(patched)["attention"]
     ids, mask, labels = _padded_batch(device)
     ops = []
-    monkeypatch.setattr(_runtime, "_work_observers", [lambda op, _problem: ops.append(op)])
+    monkeypatch.setattr(runtime, "_work_observers", [lambda op, _problem: ops.append(op)])
     kernels = [launch.KERNEL_FORWARD, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ]
-    before = _runtime.launch_counts()
+    before = runtime.launch_counts()
     patched.zero_grad()
     got_loss = patched(input_ids=ids, attention_mask=mask, labels=labels).loss
     got_loss.backward()
-    ran = _runtime.launch_counts() - before
+    ran = runtime.launch_counts() - before
     assert all(ran[k] >= 2 for k in kernels), ran  # the Triton kernels, not the PyTorch reference
     assert ops.count("flash_attention_varlen") == 2 and ops.count("flash_attention_varlen_backward") == 2
     assert "flash_attention" not in ops  # no layer took the dense path
@@ -252,9 +252,9 @@ def test_unsupported_masks_are_refused_and_plain_masks_accepted():
 def test_attn_implementation_name_and_apply_checks(device):
     config = transformers.LlamaConfig(**SMALL)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="llm_speed").to(device)
-    before = _runtime.launch_count(launch.KERNEL_FORWARD)
+    before = runtime.launch_count(launch.KERNEL_FORWARD)
     model(input_ids=torch.randint(0, 97, (1, 5), device=device))
-    assert _runtime.launch_count(launch.KERNEL_FORWARD) > before
+    assert runtime.launch_count(launch.KERNEL_FORWARD) > before
     report = hf.apply(model)
     assert hf.apply(model) is report  # a second call patches nothing more
     with pytest.raises(TypeError, match="rotary must be a bool"):

@@ -7,7 +7,8 @@ float32 -> bfloat16 conversion) is low by half a bf16 ulp on average: a bias the
 import torch
 from matmul_helpers import assert_gemm_accurate
 
-from llm_speed import _runtime, gemm
+from llm_speed import gemm
+from llm_speed.core import runtime
 from llm_speed.matmul import ops
 
 
@@ -17,7 +18,7 @@ def test_bf16_output_rounds_to_nearest_even_on_positive_inputs(device):
     kernels = (ops.TILED_KERNEL, ops.PERSISTENT_TMA_KERNEL)  # a Hopper GPU takes the TMA kernel
 
     def launches():
-        return sum(_runtime.launch_counts().get(name, 0) for name in kernels)
+        return sum(runtime.launch_counts().get(name, 0) for name in kernels)
 
     before = launches()
     out = gemm(a, b)

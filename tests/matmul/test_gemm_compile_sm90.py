@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from llm_speed._block_config import Hardware
+from llm_speed.core.hardware import Hardware
 from llm_speed.matmul import configs
 from triton_builds import BUILDS, environment
 
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from llm_speed._block_config import Hardware
+from llm_speed.core.hardware import Hardware
 from llm_speed.matmul import configs, kernels
 
 def compile_sm90(fn, types, consts, divisible_by_16, config):

@@ -13,8 +13,8 @@ import torch
 import triton
 from matmul_helpers import assert_gemm_accurate
 
-from llm_speed import _runtime
-from llm_speed._block_config import hardware_of
+from llm_speed.core import runtime
+from llm_speed.core.hardware import hardware_of
 from llm_speed.matmul import configs, kernels, ops
 
 CPU_PERSISTENT_PROGRAMS = 2  # on the CPU each persistent program walks several tiles
@@ -23,7 +23,7 @@ TILES_PER_SM = 4  # on a GPU: at least this many tiles per SM, so persistent pro
 
 def _to_run():
     shipped = configs.shipped_configs()
-    if not _runtime.INTERPRETED:
+    if not runtime.INTERPRETED:
         return shipped
     unique = {}
     for path, config in shipped:
@@ -37,16 +37,16 @@ def one_config(monkeypatch, device):
     hardware = hardware_of(device)
     if device.type != "cuda":
         hardware = dataclasses.replace(hardware, sm_count=CPU_PERSISTENT_PROGRAMS)
-        monkeypatch.setattr(_runtime, "INTERPRETED", False)  # the kernels still run interpreted
+        monkeypatch.setattr(runtime, "INTERPRETED", False)  # the kernels still run interpreted
     monkeypatch.setattr(ops, "_hardware", lambda _device: hardware)
 
     def use(path, config):
         if path == "persistent_tma":
-            tuner = triton.autotune([config.to_triton(pre_hook=ops._set_descriptor_blocks)], key=[])
+            tuner = triton.autotune([ops._to_triton(config, ops._set_descriptor_blocks)], key=[])
             monkeypatch.setattr(ops, "_autotuned_persistent_tma",
                                 lambda _hw: tuner(kernels.gemm_persistent_tma_kernel))  # fmt: skip
         else:
-            tuner = triton.autotune([config.to_triton()], key=[])
+            tuner = triton.autotune([ops._to_triton(config)], key=[])
             monkeypatch.setattr(ops, "_autotuned_tiled", lambda _hw: tuner(kernels.gemm_tiled_kernel))
         return hardware
 
@@ -77,7 +77,7 @@ def test_each_shipped_config_directly(one_config, device, path, config):
     out = ops.new_output((m, n), dtype, device)  # NaN: poisoned by tests/matmul/conftest.py
     assert out.isnan().all()
     kernel = ops.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else ops.TILED_KERNEL
-    before = _runtime.launch_count(kernel)
+    before = runtime.launch_count(kernel)
     ops.launch_gemm(a, b, out, bias=bias, activation="gelu_tanh", path=path)
-    assert _runtime.launch_count(kernel) == before + 1
+    assert runtime.launch_count(kernel) == before + 1
     assert_gemm_accurate(out, a, b, bias=bias, activation="gelu_tanh")

@@ -8,8 +8,8 @@ import torch
 from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
-from llm_speed import _runtime
-from llm_speed._block_config import Hardware, hardware_of
+from llm_speed.core import runtime
+from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.matmul import configs, kernels, ops
 from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
 
@@ -240,16 +240,16 @@ def test_tensor_core_gemm_returns_fp32(device, dtype):
 
 def test_zero_sizes(device):
     """M or N of 0: an empty output, no launch. K of 0: the product is 0, so out = act(beta*c + bias)."""
-    before = _runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(ops.TILED_KERNEL)
     assert llm_speed.gemm(rand(0, 5, device=device), rand(5, 7, device=device)).shape == (0, 7)
     assert llm_speed.gemm(rand(4, 5, device=device), rand(5, 0, device=device)).shape == (4, 0)
     assert llm_speed.gemm(rand(0, 4, 5, device=device), rand(5, 7, device=device)).shape == (0, 4, 7)
-    assert _runtime.launch_count(ops.TILED_KERNEL) == before
+    assert runtime.launch_count(ops.TILED_KERNEL) == before
     c, bias = rand(4, 7, device=device), rand(7, device=device)
     out = llm_speed.gemm(rand(4, 0, device=device), rand(0, 7, device=device), beta=2.0, c=c, bias=bias,
                          activation="relu")  # fmt: skip
     torch.testing.assert_close(out, torch.relu(2.0 * c + bias))
-    assert _runtime.launch_count(ops.TILED_KERNEL) == before + 1
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 1
 
 
 def test_inputs_are_not_modified(device):
@@ -267,21 +267,21 @@ def test_repeated_calls_are_bitwise_identical(device):
 
 
 def test_dispatch_runs_the_triton_kernel(device):
-    assert _runtime.triton_runs_on(device)
-    before = _runtime.launch_count(ops.TILED_KERNEL)
+    assert runtime.triton_runs_on(device)
+    before = runtime.launch_count(ops.TILED_KERNEL)
     llm_speed.gemm(rand(8, 8, device=device), rand(8, 8, device=device))
     ones = torch.ones(8, 8, dtype=torch.int8, device=device)
     llm_speed.tensor_core_gemm_int8(ones, ones)
-    assert _runtime.launch_count(ops.TILED_KERNEL) == before + 2
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 2
 
 
 def test_cpu_fallback_without_triton(monkeypatch):
     """Where Triton cannot run (CPU without the interpreter), the PyTorch path computes the same function."""
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
-    before = _runtime.launch_count(ops.TILED_KERNEL)
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    before = runtime.launch_count(ops.TILED_KERNEL)
     a, b, bias = rand(12, 20), rand(20, 9), rand(9)
     out = llm_speed.gemm(a, b, bias=bias, activation="gelu_tanh")
-    assert _runtime.launch_count(ops.TILED_KERNEL) == before
+    assert runtime.launch_count(ops.TILED_KERNEL) == before
     assert_gemm_accurate(out, a, b, bias=bias, activation="gelu_tanh")
     a8, b8 = (
         torch.randint(-128, 128, (5, 40), dtype=torch.int8),
@@ -301,10 +301,10 @@ def test_persistent_tma_kernel(device, dtype, b_k_major):
     b = rand(n, k, dtype=dtype, device=device).mT if b_k_major else rand(k, n, dtype=dtype, device=device)
     c, bias = rand(m, n, device=device), rand(n, device=device)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
     kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu_tanh")
     ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
-    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
     assert_gemm_accurate(out, a, b, **kwargs)
 
 
@@ -365,9 +365,9 @@ def gpu_launch_code_on_the_cpu(monkeypatch):
     benchmark runs each configuration once and times them all equal (the interpreter cannot time). Needs
     the interpreter: the kernels run on CPU tensors.
     """
-    if not _runtime.INTERPRETED:
+    if not runtime.INTERPRETED:
         pytest.skip("runs kernels on CPU tensors: needs the Triton interpreter (TRITON_INTERPRET=1)")
-    monkeypatch.setattr(_runtime, "INTERPRETED", False)
+    monkeypatch.setattr(runtime, "INTERPRETED", False)
     monkeypatch.setattr(ops, "_hardware", lambda device: dataclasses.replace(HOPPER, sm_count=4))
     ran = []
 

@@ -5,8 +5,8 @@ import torch
 from matmul_helpers import OUTPUT_FACTOR, assert_error_rule, matmul_cap, torch_same_precision
 
 import llm_speed
-from llm_speed import _runtime
-from llm_speed._block_config import hardware_of
+from llm_speed.core import runtime
+from llm_speed.core.hardware import hardware_of
 from llm_speed.matmul import configs, gemm_int8_reference, ops
 from llm_speed.matmul.reference import gemm_reference
 
@@ -55,9 +55,9 @@ def test_both_paths_agree_with_float64(path):
     b = torch.randn(1536, 2560, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(2048, 2560, device="cuda", dtype=torch.bfloat16)
     name = ops.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else ops.TILED_KERNEL
-    before = _runtime.launch_count(name)
+    before = runtime.launch_count(name)
     ops.launch_gemm(a, b, out, path=path)
-    assert _runtime.launch_count(name) == before + 1
+    assert runtime.launch_count(name) == before + 1
     assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), 1536)
 
 
@@ -78,9 +78,9 @@ def test_persistent_tma_with_edges_and_epilogue(dtype, b_k_major):
     c, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda", dtype=dtype)
     kwargs = dict(alpha=0.5, beta=-1.5, c=c, bias=bias, activation="gelu_tanh")
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
     ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
-    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
     expected = gemm_reference(a, b, out_dtype=torch.float64, **kwargs)
     torch_out = torch_same_precision(a, b, **kwargs)
     assert not out.isnan().any()
@@ -92,9 +92,9 @@ def test_linear_layer_layout_takes_the_tma_kernel_on_hopper():
         pytest.skip("the TMA kernel is not used on this GPU")
     x = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
-    before = _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
     out = llm_speed.gemm(x, w, trans_b=True)
-    assert _runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
     assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
 
 

@@ -5,14 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from llm_speed.perf._checks import (
-    attention_shape,
-    check_flag,
-    divisors_text,
-    non_negative_number,
-    positive_int,
-    type_name,
-)
+from llm_speed.core.args import check_flag, non_negative_number, positive_int, type_name
+from llm_speed.perf._checks import attention_shape, divisors_text
 
 
 def test_positive_int():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llm_speed.cli import main
-from llm_speed.perf.gpus import custom_gpu, get_gpu, list_gpus, load_gpu_spec
+from llm_speed.core.gpus import custom_gpu, get_gpu, list_gpus, load_gpu_spec
 from llm_speed.perf.models import load_hf_config, param_count, resolve_model
 
 

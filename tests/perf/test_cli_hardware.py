@@ -6,7 +6,7 @@ import re
 import pytest
 
 from llm_speed.cli import main
-from llm_speed.perf.gpus import list_gpus
+from llm_speed.core.gpus import list_gpus
 
 
 def _json(capsys, argv):

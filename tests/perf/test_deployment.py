@@ -17,8 +17,8 @@ import math
 
 import pytest
 
+from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.efficiency import FLOOR, Efficiency, all_reduce_time, calibrate_from_bench
-from llm_speed.perf.gpus import get_gpu
 from llm_speed.perf.inference import analyze_inference, tp_shard, weight_storage
 from llm_speed.perf.mfu import throughput_mfu, training_flops_per_token
 from llm_speed.perf.models import ModelConfig, get_model

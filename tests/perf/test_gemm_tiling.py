@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.gemm_tiling import (
     check_alignment,
     gemm_hbm_traffic,
@@ -11,7 +12,6 @@ from llm_speed.perf.gemm_tiling import (
     tile_count,
     wave_quantization,
 )
-from llm_speed.perf.gpus import get_gpu
 
 
 def test_tile_count_rounds_partial_tiles_up():

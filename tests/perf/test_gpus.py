@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from llm_speed.perf.gpus import GPUSpec, detect_gpu, dtype_bytes, get_gpu, list_gpus, live_device_properties
+from llm_speed.core.gpus import GPUSpec, detect_gpu, dtype_bytes, get_gpu, list_gpus, live_device_properties
 
 REQUIRED_IDS = {
     "a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm", "h100-pcie", "h200",

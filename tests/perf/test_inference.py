@@ -2,7 +2,7 @@
 
 import pytest
 
-from llm_speed.perf.gpus import get_gpu
+from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.inference import (
     analyze_inference,
     decode_batch_sweep,

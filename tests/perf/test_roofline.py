@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_speed.perf.gpus import get_gpu, list_gpus
+from llm_speed.core.gpus import get_gpu, list_gpus
 from llm_speed.perf.roofline import arithmetic_intensity, roofline
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import llm_speed
-from llm_speed import _runtime, ops
+from llm_speed import ops
+from llm_speed.core import runtime
 from llm_speed.profiler import CUDAProfiler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def _expected(row: str, *problem: torch.Tensor, **flags) -> float:
 @pytest.mark.parametrize("triton_path", [True, False], ids=["triton", "pytorch-fallback"])
 def test_every_path_reports_its_work_once(monkeypatch, triton_path):
     if not triton_path:  # what a CPU without the interpreter runs
-        monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+        monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
     q, k, v = _attention_inputs()
     flash = _expected("flash_attention", q, k, is_causal=True)
     assert _flops_in_block(lambda: llm_speed.flash_attention(q, k, v, is_causal=True)) == flash

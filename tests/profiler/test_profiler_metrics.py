@@ -10,7 +10,7 @@ import torch
 import cuda_llm_ops
 from llm_speed import profiler as prof
 from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER
-from llm_speed.perf.gpus import get_gpu
+from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.kernel_costs import attention_cost, gemm_cost
 
 H100 = get_gpu("h100-sxm")
@@ -106,9 +106,9 @@ def test_gemm_calls_report_their_cost():
 def test_direct_calls_are_counted_once_through_the_launchers():
     """llm_speed's own functions report their cost from the Triton launchers; cuda_llm_ops adds nothing."""
     import llm_speed
-    from llm_speed import _runtime
+    from llm_speed.core import runtime
 
-    if not _runtime.triton_runs_on(torch.device("cpu")):
+    if not runtime.triton_runs_on(torch.device("cpu")):
         pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
     q = torch.randn(1, 2, 16, 16)
     k, v = torch.randn(1, 1, 16, 16), torch.randn(1, 1, 16, 16)
@@ -140,9 +140,9 @@ def test_direct_calls_are_counted_once_through_the_launchers():
 
 def test_backward_launches_add_the_backward_cost():
     import llm_speed
-    from llm_speed import _runtime
+    from llm_speed.core import runtime
 
-    if not _runtime.triton_runs_on(torch.device("cpu")):
+    if not runtime.triton_runs_on(torch.device("cpu")):
         pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
     q, k, v = (torch.randn(1, 1, 16, 16, requires_grad=True) for _ in range(3))
     profiler = prof.CUDAProfiler("cpu")
@@ -157,9 +157,9 @@ def test_backward_launches_add_the_backward_cost():
 
 def test_fallback_paths_are_reported_by_the_wrappers(monkeypatch):
     """Where no Triton kernel runs (a CPU without the interpreter), cuda_llm_ops reports the cost itself."""
-    from llm_speed import _runtime
+    from llm_speed.core import runtime
 
-    monkeypatch.setattr(_runtime, "triton_runs_on", lambda device: False)
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
     q = torch.randn(1, 2, 16, 16)
     a, b = torch.randn(16, 32), torch.randn(32, 8)
     profiler = prof.CUDAProfiler("cpu")

@@ -8,7 +8,7 @@ dK, dV accumulators [BN, BD] stay on chip while Q and dO [BM, BD] stream. 16-bit
 float32 uses an IEEE product (no TF32), which Triton runs on FMA units with both operands in registers:
 smaller tiles and 8 warps. bfloat16 tiles have the sizes of float16 ones.
 
-Tiers by shared memory per block (:class:`llm_speed._block_config.Hardware`): ``FULL`` needs at most 98 KiB
+Tiers by shared memory per block (:class:`llm_speed.core.hardware.Hardware`): ``FULL`` needs at most 98 KiB
 (compiled with Triton for sm_80 and sm_90, ``tests/attention/compile_for_gpu.py``), so every GPU of the
 table with 99 KB or more per block (A100, H100, H200, B200, Ada) gets it; ``COMPACT`` (one pipeline stage,
 half-height key blocks) serves devices with less (V100's 96 KB, T4's 64 KB). Compiled for sm_90 with
@@ -26,15 +26,16 @@ from typing import NamedTuple
 
 import torch
 
-from llm_speed import _runtime
-from llm_speed._block_config import KIB, BlockConfig, Hardware, hardware_of
+from llm_speed.core import runtime
+from llm_speed.core.config import KernelConfig
+from llm_speed.core.hardware import KIB, Hardware, hardware_of
 
 __all__ = [
     "COMPACT",
     "FULL",
     "LARGE",
     "TIERS",
-    "BlockConfig",
+    "KernelConfig",
     "ShippedConfig",
     "Tier",
     "backward_config",
@@ -51,7 +52,7 @@ DTYPE_CLASSES = (torch.float16, torch.float32)  # bfloat16 uses float16's row
 class Tier:
     """Configurations for devices with at least ``min_smem_bytes`` of shared memory per block.
 
-    ``table[direction][dtype class][padded head_dim]`` is a :class:`BlockConfig`.
+    ``table[direction][dtype class][padded head_dim]`` is a :class:`KernelConfig`.
     """
 
     name: str
@@ -60,7 +61,7 @@ class Tier:
 
 
 def _row(entries: dict) -> dict:
-    return {dim: BlockConfig(*entry) for dim, entry in entries.items()}
+    return {dim: KernelConfig(*entry) for dim, entry in entries.items()}
 
 
 # Per padded head_dim: (block_m, block_n, num_warps, num_stages).
@@ -109,7 +110,7 @@ LARGE = Tier(
 )
 
 
-def _compact(config: BlockConfig) -> BlockConfig:
+def _compact(config: KernelConfig) -> KernelConfig:
     """FULL's configuration with one pipeline stage and half the key rows (at least 16, tl.dot's minimum)."""
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2), num_stages=1)
 
@@ -137,23 +138,23 @@ def tier_for(hardware: Hardware) -> Tier:
 
 
 def _hardware(device) -> Hardware:
-    # Launchers run under _runtime.on_device_of(q): with no device given, the current CUDA device is q's.
-    if device is None and not _runtime.INTERPRETED and torch.cuda.is_available():
+    # Launchers run under runtime.on_device_of(q): with no device given, the current CUDA device is q's.
+    if device is None and not runtime.INTERPRETED and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     return hardware_of(device)
 
 
-def _lookup(direction: str, block_d: int, dtype: torch.dtype, device) -> BlockConfig:
+def _lookup(direction: str, block_d: int, dtype: torch.dtype, device) -> KernelConfig:
     by_dtype = tier_for(_hardware(device)).table[direction]
     return by_dtype[torch.float32 if dtype == torch.float32 else torch.float16][max(64, block_d)]
 
 
-def forward_config(block_d: int, dtype: torch.dtype, device: torch.device | None = None) -> BlockConfig:
+def forward_config(block_d: int, dtype: torch.dtype, device: torch.device | None = None) -> KernelConfig:
     """Forward/dQ blocks for padded head dim ``block_d`` on ``device`` (None: the current CUDA device)."""
     return _lookup("forward", block_d, dtype, device)
 
 
-def backward_config(block_d: int, dtype: torch.dtype, device: torch.device | None = None) -> BlockConfig:
+def backward_config(block_d: int, dtype: torch.dtype, device: torch.device | None = None) -> KernelConfig:
     """dK/dV blocks for padded head dim ``block_d`` on ``device`` (None: the current CUDA device)."""
     return _lookup("backward", block_d, dtype, device)
 
@@ -165,7 +166,7 @@ class ShippedConfig(NamedTuple):
     direction: str
     dtype: torch.dtype  # float16 stands for bfloat16 too
     block_d: int
-    config: BlockConfig
+    config: KernelConfig
 
 
 def shipped_configs() -> tuple[ShippedConfig, ...]:

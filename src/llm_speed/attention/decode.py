@@ -22,7 +22,7 @@ Constexpr switches:
   HAS_LEFT / HAS_RIGHT     window bounds (causal is HAS_RIGHT with right = 0)
   HAS_SOFTCAP              scores become softcap * tanh(scores / softcap)
   SPLIT                    write fp32 partial (out, lse) per split for the combine kernel; else the result
-  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in kernels.py / _triton_cast.py
+  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in kernels.py / core/kernel_math.py
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._block_config import hardware_of
-from .._triton_cast import cast, rne_by_hand
-from ..perf._checks import check_flag
+from ..core import runtime
+from ..core.args import check_flag
+from ..core.hardware import hardware_of
+from ..core.kernel_math import cast, rne_by_hand
 from .kernels import _dot
 from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_softcap, check_window
 
@@ -295,7 +295,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
     else:
         out_k, lse_k, o_split, l_split = out, lse, 0, 0
     paged = block_table is not None
-    _runtime.report_work(
+    runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
         block_table=block_table, window=(window_left, window_right),
     )  # fmt: skip
@@ -318,12 +318,12 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
         PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
         HAS_SOFTCAP=softcap is not None, SPLIT=split,
         # The interpreter's tl.dot is wrong on bfloat16: widen the (bf16-rounded) tiles there only.
-        DOT_IN_FP32=_runtime.INTERPRETED and q.dtype == torch.bfloat16,
+        DOT_IN_FP32=runtime.INTERPRETED and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         RNE_BY_HAND=rne_by_hand(q.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, num_stages=2,
     )  # fmt: skip
-    _runtime.record_launch(KERNEL_DECODE)
+    runtime.record_launch(KERNEL_DECODE)
     if split:
         _kvcache_combine_kernel[(batch * seq_q * heads_q,)](
             OUT_PART=out_k, LSE_PART=lse_k, OUT=out, LSE=lse,
@@ -331,7 +331,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
             num_splits=num_splits, head_dim=head_dim,
             RNE_BY_HAND=rne_by_hand(q.dtype), BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
         )  # fmt: skip
-        _runtime.record_launch(KERNEL_COMBINE)
+        runtime.record_launch(KERNEL_COMBINE)
     return out, lse
 
 
@@ -351,13 +351,13 @@ def forward_impl(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, blo
     if batch == 0 or seq_q == 0:
         out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         return out, torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
-    if not _runtime.triton_runs_on(q.device):
-        raise _runtime.TritonUnavailable(
+    if not runtime.triton_runs_on(q.device):
+        raise runtime.TritonUnavailable(
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
     max_seqlen_k = max_cache_seqlen + seq_new
-    with _runtime.on_device_of(q):
+    with runtime.on_device_of(q):
         return forward(
             q, k_cache, v_cache, cache_seqlens, block_table, seq_new, max_seqlen_k, scale,
             window_left, window_right, softcap, num_splits,
@@ -625,43 +625,3 @@ def flash_attention_with_kvcache(
         num_splits,
     )
     return (out, lse) if return_lse else out
-
-
-def kvcache_work(*, q, k_cache, cache_seqlens, seq_new: int, window, **_):
-    """The op table's cost of one reported call (``llm_speed.ops`` row ``attention_kvcache_fwd``): the sum of
-    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
-    can see (``cache_seqlens + seq_new``, at most ``left + seq_q`` under a left window). Reads the lengths
-    on the host: only the profiler calls it."""
-    from llm_speed.ops import Work
-    from llm_speed.perf.kernel_costs import kvcache_decode_cost
-
-    _, seq_q, heads_q, head_dim = q.shape
-    if q.numel() == 0:
-        return None
-    left = window[0] if window is not None else None
-    flops = moved = 0.0
-    for cached in cache_seqlens.reshape(-1).tolist():
-        context = int(cached) + seq_new
-        visible = context if left is None else min(context, left + seq_q)
-        if visible == 0:
-            continue
-        cost = kvcache_decode_cost(
-            1, heads_q, seq_q, visible, head_dim, heads_kv=k_cache.shape[2], dtype=q.dtype,
-            seq_new=min(seq_new, visible),
-        )  # fmt: skip
-        flops, moved = flops + cost.flops, moved + cost.bytes_moved
-    return Work(flops, moved, q.dtype, q.device) if moved else None
-
-
-def kvcache_probe(device: torch.device):
-    """doctor's probe: 2 sequences (40 and 25 cached tokens) over a paged cache of 16-token pages, GQA 4/2,
-    head_dim 32, one token appended."""
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    k_cache, v_cache = (torch.randn(8, 16, 2, 32, device=device, dtype=dtype) for _ in range(2))
-    block_table = torch.arange(8, dtype=torch.int32, device=device).reshape(2, 4)
-    q = torch.randn(2, 1, 4, 32, device=device, dtype=dtype)
-    k, v = (torch.randn(2, 1, 2, 32, device=device, dtype=dtype) for _ in range(2))
-    cache_seqlens = torch.tensor([40, 25], dtype=torch.int32, device=device)
-    return flash_attention_with_kvcache(
-        q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table, is_causal=True
-    )

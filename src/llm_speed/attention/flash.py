@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from ..perf._checks import check_flag
+from ..core import runtime
+from ..core.args import check_flag
 from . import launch
 from .reference import apply_softcap, reference_attention, visible
 from .validation import (
@@ -86,15 +86,15 @@ def forward_impl(q, k, v, mask: launch.Masking, scale: float, two_pass: bool = F
         lse = torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
         return out, lse
     # Every path reports its work to the op table (llm_speed.ops), for the profiler.
-    _runtime.report_work(
+    runtime.report_work(
         "tiled_attention" if two_pass else "flash_attention",
         q=q,
         k=k,
         is_causal=mask.is_causal,
         window=mask.window,
     )
-    if _runtime.triton_runs_on(q.device):
-        with _runtime.on_device_of(q):
+    if runtime.triton_runs_on(q.device):
+        with runtime.on_device_of(q):
             return launch.forward(q, k, v, mask, scale, two_pass=two_pass)
     return reference_forward(q, k, v, mask, scale)
 
@@ -141,9 +141,9 @@ def _backward_op(
     if q.numel() == 0 or k.numel() == 0:
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    _runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mask.is_causal, window=mask.window)
-    if _runtime.triton_runs_on(q.device):
-        with _runtime.on_device_of(q):
+    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mask.is_causal, window=mask.window)
+    if runtime.triton_runs_on(q.device):
+        with runtime.on_device_of(q):
             return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, mask, scale)
     return reference_backward(dout, q, k, v, out, lse, dlse, mask, scale)
 
@@ -229,7 +229,7 @@ def flash_attention(
     gradients are summed over each query group. Gradients through the returned LSE are supported.
 
     Devices: CUDA tensors run the Triton kernels. CPU tensors run the same Triton kernels through the
-    interpreter when ``TRITON_INTERPRET=1`` was set before import (``llm_speed._runtime.INTERPRETED``);
+    interpreter when ``TRITON_INTERPRET=1`` was set before import (``llm_speed.core.runtime.INTERPRETED``);
     otherwise they run the PyTorch reference (``reference.py``) in float32, which stores the scores.
 
     Memory on the Triton path: O(batch * heads * seq * head_dim) in forward and backward, never

@@ -31,7 +31,7 @@ Constexpr switches specialise one body per variant instead of near-copies:
                  bfloat16 arithmetic of the kernel is exercised.
   DOT_PRECISION  "ieee" for float32 inputs (no silent TF32 rounding); ignored for 16-bit inputs.
   RNE_BY_HAND    float32 -> bfloat16 casts round to nearest even by hand (the interpreter truncates); see
-                 ``llm_speed._triton_cast``.
+                 ``llm_speed.core.kernel_math``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import math
 import triton
 import triton.language as tl
 
-from .._triton_cast import cast
+from ..core.kernel_math import cast
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units
 LOG2E: tl.constexpr = tl.constexpr(math.log2(math.e))  # and read back into base 2

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .. import _runtime
-from .._triton_cast import rne_by_hand
+from ..core import runtime
+from ..core.kernel_math import rne_by_hand
 from . import kernels
-from .configs import BlockConfig, backward_config, forward_config  # noqa: F401  (BlockConfig: tests use it)
+from .configs import KernelConfig, backward_config, forward_config  # noqa: F401  (KernelConfig: tests use it)
 
 KERNEL_FORWARD = "flash_attention_fwd"
 KERNEL_TILED = "tiled_attention_fwd"
@@ -38,7 +38,7 @@ def _padded_head_dim(head_dim: int) -> int:
 def _dot_switches(dtype: torch.dtype) -> dict:
     return {
         # The interpreter's tl.dot is wrong on bfloat16: widen the (already bf16-rounded) tiles there only.
-        "DOT_IN_FP32": _runtime.INTERPRETED and dtype == torch.bfloat16,
+        "DOT_IN_FP32": runtime.INTERPRETED and dtype == torch.bfloat16,
         # float32 inputs get a true float32 product, not TF32 (ignored for 16-bit inputs).
         "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
         # float32 -> bfloat16 casts round to nearest even under the interpreter too.
@@ -174,7 +174,7 @@ def forward(q, k, v, masking: Masking, scale: float, two_pass: bool = False, pac
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    _runtime.record_launch(KERNEL_TILED if two_pass else KERNEL_FORWARD)
+    runtime.record_launch(KERNEL_TILED if two_pass else KERNEL_FORWARD)
     return out, lse
 
 
@@ -203,7 +203,7 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
         HAS_DLSE=dlse is not None, EVEN_M=seq_q % fwd_cfg.block_m == 0, EVEN_D=even_d,
         BLOCK_M=fwd_cfg.block_m, BLOCK_D=block_d,
     )  # fmt: skip
-    _runtime.record_launch(KERNEL_BACKWARD_PREPROCESS)
+    runtime.record_launch(KERNEL_BACKWARD_PREPROCESS)
 
     dk = new_output(k.shape, k.dtype, k.device)
     dv = new_output(v.shape, v.dtype, v.device)
@@ -226,7 +226,7 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
         EVEN_N=packed is None and seq_kv % cfg.block_n == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
-    _runtime.record_launch(KERNEL_BACKWARD_DKDV)
+    runtime.record_launch(KERNEL_BACKWARD_DKDV)
 
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(
@@ -238,5 +238,5 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
         EVEN_N=packed is None and seq_kv % cfg.block_m == 0,
         BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
     )  # fmt: skip
-    _runtime.record_launch(KERNEL_BACKWARD_DQ)
+    runtime.record_launch(KERNEL_BACKWARD_DQ)
     return dq, dk, dv

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from ..perf._checks import check_flag
+from ..core import runtime
+from ..core.args import check_flag
 from .reference import apply_softcap, softmax_times_values, visible
 from .validation import check_softcap, check_window, prepare_attention_inputs, suggest_keywords
 
@@ -40,7 +40,7 @@ def naive_attention(
     window, softcap = check_window(window), check_softcap(softcap)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
     # for the profiler (llm_speed.ops)
-    _runtime.report_work("naive_attention", q=q, k=k, is_causal=is_causal, window=window)
+    runtime.report_work("naive_attention", q=q, k=k, is_causal=is_causal, window=window)
     batch, heads_q, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv

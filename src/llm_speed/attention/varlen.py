@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
+from ..core import runtime
 from . import launch
 from .flash import _empty_like_shape, check_options, masking, reference_backward
 from .reference import reference_attention
@@ -55,12 +55,12 @@ def _forward_impl(q, k, v, cu_q, cu_k, mask: launch.Masking, scale: float):
         lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
         return out, lse
     # Every path reports its work to the op table (llm_speed.ops), for the profiler.
-    _runtime.report_work(
+    runtime.report_work(
         "flash_attention_varlen", q=q, k=k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, is_causal=mask.is_causal,
         window=mask.window,
     )  # fmt: skip
-    if _runtime.triton_runs_on(q.device):
-        with _runtime.on_device_of(q):
+    if runtime.triton_runs_on(q.device):
+        with runtime.on_device_of(q):
             return launch.forward(q, k, v, mask, scale, packed=launch.Packed(cu_q, cu_k))
     out, lse = _reference_varlen(q, k, v, cu_q, cu_k, mask, scale)
     return out.to(q.dtype).contiguous(), lse.contiguous()
@@ -115,12 +115,12 @@ def _backward_op(
     dlse = dlse.contiguous() if dlse is not None else None
     if q.shape[0] == 0 or k.shape[0] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    _runtime.report_work(
+    runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         is_causal=mask.is_causal, window=mask.window,
     )  # fmt: skip
-    if _runtime.triton_runs_on(q.device):
-        with _runtime.on_device_of(q):
+    if runtime.triton_runs_on(q.device):
+        with runtime.on_device_of(q):
             packed = launch.Packed(cu_seqlens_q, cu_seqlens_k)
             return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, mask, scale, packed=packed)
     # Without the interpreter: the reference's backward sequence by sequence.
@@ -213,12 +213,3 @@ def flash_attention_varlen(
         left, right, softcap,
     )  # fmt: skip
     return (out, lse) if return_lse else out
-
-
-def varlen_probe(device: torch.device):
-    """doctor's probe: three packed causal sequences of 5, 0 and 11 tokens, GQA 4/2, head_dim 16."""
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32, device=device)
-    q = torch.randn(16, 4, 16, device=device, dtype=dtype)
-    k, v = (torch.randn(16, 2, 16, device=device, dtype=dtype) for _ in range(2))
-    return flash_attention_varlen(q, k, v, cu, cu, 11, 11, is_causal=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from llm_speed._runtime import INTERPRETED
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
 from llm_speed.bench.options import ATTENTION_TRITON_IMPLS, GEMM_TRITON_IMPLS
+from llm_speed.core.runtime import INTERPRETED
 
 # Throughput assumed for the estimate: the interpreter's (measured as above, rounded down) for the Triton
 # kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks). CPU

@@ -3,7 +3,7 @@ over a dense cache, for one new token per sequence, swept over batch x context.
 
 Decode is bound by memory bandwidth: each step reads the whole visible K/V cache once. Every row reports the
 achieved GB/s of the model's minimum traffic (``kernel_costs.kvcache_decode_cost``) and, on a GPU in the
-table, that figure as a fraction of the HBM peak (``llm_speed.perf.gpus``).
+table, that figure as a fraction of the HBM peak (``llm_speed.core.gpus``).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def plot_rows(
     own timings are not drawn (they do not belong on a GPU's roofline). Crowded points become a bar chart.
     Returns False, saying why, when there is nothing to plot.
     """
-    from llm_speed.perf.gpus import detect_gpu, get_gpu
+    from llm_speed.core.gpus import detect_gpu, get_gpu
     from llm_speed.perf.plot import PlotPoint, plot_roofline
 
     if device.type == "cuda":

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llm_speed import __version__
-from llm_speed._runtime import INTERPRETED
 from llm_speed.bench.timing import PeakMemory, Timing, check_run_counts, measure, peak_memory
+from llm_speed.core.runtime import INTERPRETED
 
 # Names accepted by --dtype, and the torch dtype each one means.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -147,7 +147,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     """Provenance of a run: device, versions, interpreter mode, git commit and a UTC timestamp."""
     import triton
 
-    from llm_speed.perf.gpus import detect_gpu
+    from llm_speed.core.gpus import detect_gpu
 
     commit, commit_reason = git_commit()
     info: dict[str, Any] = {
@@ -211,14 +211,14 @@ def timing_notes(
 
 def prediction_gpu(device: torch.device):
     """The GPU whose roofline predicts the times: the detected one on CUDA, else None with the reason."""
-    from llm_speed.perf.gpus import detect_gpu
+    from llm_speed.core.gpus import detect_gpu
 
     if device.type != "cuda":
         return None, "no prediction for CPU runs: the performance model describes GPUs"
     gpu = detect_gpu()
     if gpu is None:
         name = torch.cuda.get_device_name(device)
-        return None, f"{name} is not in the GPU spec table (llm_speed.perf.gpus)"
+        return None, f"{name} is not in the GPU spec table (llm_speed.core.gpus)"
     return gpu, None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from llm_speed._runtime import resolve_device
+from llm_speed.core.runtime import resolve_device
 
 CUDA_TIMER = "cuda-events"
 HOST_TIMER = "host (CPU timer)"

@@ -21,7 +21,7 @@ import torch
 
 from ..attention import flash as _flash
 from ..attention.validation import prepare_attention_inputs
-from ..perf._checks import check_flag
+from ..core.args import check_flag
 from . import layout as _layout
 
 

@@ -28,9 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._triton_cast import cast, rne_by_hand
-from ._common import check_real, check_same_device, check_tensor, compute_dtype
+from ..core import runtime
+from ..core.args import check_real
+from ..core.kernel_math import cast, rne_by_hand
+from ..core.tensors import check_same_device, check_tensor
+from .reference import reduce_loss, softcapped
 
 KERNEL_FORWARD = "cross_entropy_fwd"
 KERNEL_BACKWARD = "cross_entropy_bwd"
@@ -128,11 +130,6 @@ def _chunk_logits(hidden, weight, bias, start, end):
     return out.contiguous()
 
 
-def _softcapped(logits, softcap):
-    z = logits.to(compute_dtype(logits.dtype))
-    return softcap * torch.tanh(z / softcap) if softcap > 0 else z
-
-
 def _check_targets(target, vocab, ignore_index):
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
     if bool(bad.any()):
@@ -161,28 +158,28 @@ def _forward_op(
     _check_targets(target, vocab, ignore_index)
     loss = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    use_triton = _runtime.triton_runs_on(hidden.device)
+    use_triton = runtime.triton_runs_on(hidden.device)
     if n:
-        _runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
+        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
     for start in range(0, n, chunk_rows):
         end = min(n, start + chunk_rows)
         logits = _chunk_logits(hidden, weight, bias, start, end)
         if not use_triton:
-            z = _softcapped(logits, softcap)
+            z = softcapped(logits, softcap)
             t = target[start:end]
             rows = torch.nn.functional.cross_entropy(
                 z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
             )
             loss[start:end], lse[start:end] = rows, torch.logsumexp(z, -1)
             continue
-        with _runtime.on_device_of(hidden):
+        with runtime.on_device_of(hidden):
             _ce_fwd_kernel[(end - start,)](
                 logits_ptr=logits, target_ptr=target[start:end],
                 loss_ptr=loss[start:end], lse_ptr=lse[start:end],
                 stride_l=logits.stride(0), vocab=vocab, ignore_index=ignore_index, smoothing=label_smoothing,
                 softcap=softcap, BLOCK_V=_block_v(vocab), HAS_SOFTCAP=softcap > 0, num_warps=8,
             )  # fmt: skip
-        _runtime.record_launch(KERNEL_FORWARD)
+        runtime.record_launch(KERNEL_FORWARD)
     return loss, lse
 
 
@@ -194,7 +191,7 @@ def _forward_fake(hidden, weight, target, bias, ignore_index, label_smoothing, s
 
 def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
     vocab = logits.shape[1]
-    z = _softcapped(logits, softcap)
+    z = softcapped(logits, softcap)
     dz = torch.exp(z - lse[:, None].to(z.dtype)) - label_smoothing / vocab
     keep = t != ignore_index
     dz[keep, t[keep]] -= 1.0 - label_smoothing
@@ -222,14 +219,14 @@ def _backward_op(
     # Accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger.
     dweight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     dbias = torch.zeros(vocab, dtype=torch.float32, device=hidden.device)
-    use_triton = _runtime.triton_runs_on(hidden.device)
+    use_triton = runtime.triton_runs_on(hidden.device)
     if n:
-        _runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
+        runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
     for start in range(0, n, chunk_rows):
         end = min(n, start + chunk_rows)
         logits = _chunk_logits(hidden, weight, bias, start, end)
         if use_triton:
-            with _runtime.on_device_of(hidden):
+            with runtime.on_device_of(hidden):
                 _ce_bwd_kernel[(end - start,)](
                     logits_ptr=logits, target_ptr=target[start:end], lse_ptr=lse[start:end],
                     grad_ptr=grad[start:end], stride_l=logits.stride(0), vocab=vocab,
@@ -237,7 +234,7 @@ def _backward_op(
                     BLOCK_V=_block_v(vocab), HAS_SOFTCAP=softcap > 0,
                     RNE_BY_HAND=rne_by_hand(logits.dtype), num_warps=8,
                 )  # fmt: skip
-            _runtime.record_launch(KERNEL_BACKWARD)
+            runtime.record_launch(KERNEL_BACKWARD)
             dlogits = logits
         else:
             t = target[start:end]
@@ -316,17 +313,6 @@ def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoot
     return ignore_index, label_smoothing, softcap, chunk_rows
 
 
-def _reduce(rows, target, ignore_index, reduction, dtype):
-    if reduction == "none":
-        return rows.to(dtype)
-    total = rows.sum()
-    if reduction == "sum":
-        return total.to(dtype)
-    # mean over non-ignored targets; with none left the loss is 0 (PyTorch gives 0 / 0 = NaN)
-    count = (target != ignore_index).sum().clamp(min=1)
-    return (total / count).to(dtype)
-
-
 def fused_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -370,54 +356,4 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows
     )
     rows, _ = _forward_op(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows)
-    return _reduce(rows, target, ignore_index, reduction, hidden.dtype)
-
-
-def fused_linear_cross_entropy_reference(
-    hidden,
-    weight,
-    target,
-    *,
-    bias=None,
-    ignore_index=-100,
-    reduction="mean",
-    label_smoothing=0.0,
-    softcap=None,
-):
-    """Plain PyTorch: full logits in the inputs' dtype, softcap and cross-entropy in float32 (float64 stays
-    float64); the semantics of :func:`fused_linear_cross_entropy`, an all-ignored mean included."""
-    z = _softcapped(torch.nn.functional.linear(hidden, weight, bias), softcap or 0.0)
-    rows = torch.nn.functional.cross_entropy(
-        z, target, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
-    )
-    return _reduce(rows, target, ignore_index, reduction, hidden.dtype)
-
-
-# --- op table (llm_speed.ops rows "fused_linear_cross_entropy", "..._backward") -------------------------
-
-
-def cross_entropy_work(backward: bool = False):
-    """Cost of one reported call ``(hidden=[N, H], weight=[V, H])``: the chunk GEMMs (forward: the logits,
-    2NVH; backward: logits again, dhidden and dweight, 6NVH) plus about 4 FLOPs per logit for the softmax,
-    and the minimum DRAM traffic: hidden and weight read (and their gradients written, backward), nothing of
-    the ``[N, V]`` logits, which never leave the chunk."""
-
-    def cost(*, hidden, weight, **_):
-        from llm_speed.ops import Work
-
-        n, h = hidden.shape
-        v = weight.shape[0]
-        operands = (n * hidden.element_size() + v * weight.element_size()) * h
-        gemms = 6.0 if backward else 2.0
-        return Work(
-            gemms * n * v * h + 4.0 * n * v, operands * (2 if backward else 1), hidden.dtype, hidden.device
-        )
-
-    return cost
-
-
-def cross_entropy_example(device, dtype, size: int):
-    """hidden ``[size, size]``, weight ``[4 size, size]`` (vocabulary 4 size), random targets."""
-    hidden = torch.randn(size, size, device=device, dtype=dtype)
-    weight = torch.randn(4 * size, size, device=device, dtype=dtype) * size**-0.5
-    return (hidden, weight, torch.randint(0, 4 * size, (size,), device=device)), {}
+    return reduce_loss(rows, target, ignore_index, reduction, hidden.dtype)

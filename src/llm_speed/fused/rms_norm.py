@@ -5,22 +5,30 @@ weights are stored as a difference from 1, google-deepmind/gemma ``layers.py`` `
 float32, one read of x and one write of y per row (the unfused PyTorch expression reads and writes the row
 about five times). The backward kernel recomputes ``x * rstd`` from x and the saved per-row rstd and, like
 Liger-Kernel's ``ops/rms_norm.py``, sums the weight gradient in float32 partial rows, one per program.
+
+Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, autograd, public
+function; the plain-PyTorch spec is :func:`llm_speed.fused.reference.rms_norm_reference`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._triton_cast import cast, rne_by_hand
-from . import _common
-from ._common import check_real, check_same_device, check_tensor, compute_dtype, reduction_programs
+from ..core import runtime, tensors
+from ..core.args import check_real
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
+from ..core.hardware import Hardware, hardware_of
+from ..core.kernel_math import cast, rne_by_hand
+from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.tensors import check_same_device, check_tensor
+from .reference import compute_dtype
 
-KERNEL_FORWARD = "rms_norm_fwd"
-KERNEL_BACKWARD = "rms_norm_bwd"
-ROW_BLOCK_ELEMENTS = 4096  # forward: rows per program so that a program holds about this many elements
+# --- kernels --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -33,9 +41,7 @@ def _rms_norm_fwd_kernel(
     o_h = tl.arange(0, BLOCK_H)
     m_r = o_r < rows
     m = m_r[:, None] & (o_h < hidden)[None, :]
-    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(
-        tl.float32
-    )  # [BR, BH]
+    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)  # [BR, BH]
     b_w = tl.load(w_ptr + o_h, mask=o_h < hidden, other=0.0).to(tl.float32)
     b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / hidden + eps)  # [BR]
     b_y = b_x * b_rstd[:, None] * (offset + b_w)[None, :]
@@ -79,8 +85,56 @@ def _rms_norm_bwd_kernel(
     tl.store(dw_partial_ptr + pid * BLOCK_H + o_h, b_dw, mask=m_h)
 
 
-def _num_warps(block: int) -> int:
-    return min(16, max(1, block // 256))
+# --- launcher -------------------------------------------------------------------------------------------
+
+FORWARD = Kernel(_rms_norm_fwd_kernel, "rms_norm_fwd")
+BACKWARD = Kernel(_rms_norm_bwd_kernel, "rms_norm_bwd")
+ROW_BLOCK_ELEMENTS = 4096  # forward: rows per program so that a program holds about this many elements
+INTERPRETER_PROGRAMS = 4  # backward under the interpreter, which runs programs one after another
+
+
+def _num_warps(elements: int) -> int:
+    return min(16, max(1, elements // 256))
+
+
+@functools.cache
+def forward_config(rows: int, hidden: int) -> KernelConfig:
+    """``block_m`` rows of ``block_n`` (hidden padded to a power of two) elements per program."""
+    block_h = next_power_of_2(hidden)
+    block_r = min(next_power_of_2(rows), max(1, ROW_BLOCK_ELEMENTS // block_h))
+    return KernelConfig(block_r, block_h, num_warps=_num_warps(block_r * block_h), num_stages=1)
+
+
+@functools.cache
+def backward_config(rows: int, hidden: int, hardware: Hardware, interpreted: bool) -> KernelConfig:
+    """One row at a time; ``splits`` programs, one per SM (each writes one float32 weight-gradient partial)."""
+    block_h = next_power_of_2(hidden)
+    programs = max(1, min(rows, INTERPRETER_PROGRAMS if interpreted else hardware.sm_count))
+    programs = cdiv(rows, cdiv(rows, programs))  # no program without rows
+    return KernelConfig(1, block_h, num_warps=_num_warps(block_h), num_stages=1, splits=programs)
+
+
+@plan_cache
+def _forward_plan(rows: int, hidden: int, stride_x: int, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = forward_config(rows, hidden)
+    dtype = dtypes[0]
+    return FORWARD.plan(
+        (cdiv(rows, cfg.block_m),), stride_x=stride_x, stride_y=hidden, rows=rows, hidden=hidden,
+        BLOCK_R=cfg.block_m, BLOCK_H=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@plan_cache
+def _backward_plan(rows: int, hidden: int, strides: tuple, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = backward_config(rows, hidden, hardware_of(device), runtime.INTERPRETED)
+    dtype = dtypes[1]
+    stride_dy, stride_x = strides
+    return BACKWARD.plan(
+        (cfg.splits,), stride_dy=stride_dy, stride_x=stride_x, stride_dx=hidden, rows=rows,
+        rows_per_program=cdiv(rows, cfg.splits), hidden=hidden, BLOCK_H=cfg.block_n,
+        RNE_BY_HAND=rne_by_hand(dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
 
 
 def _forward_torch(x2d, weight, eps, offset):
@@ -99,28 +153,47 @@ def _backward_torch(dy, x2d, weight, rstd, offset):
     return dx.to(x2d.dtype), dw.to(weight.dtype)
 
 
+def forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float, offset: float):
+    """(y, rstd float32 [rows]) of rows ``x2d`` [rows, hidden] (last dim contiguous); reports its work."""
+    rows, hidden = x2d.shape
+    if rows:
+        runtime.report_work("rms_norm", x=x2d, weight=weight)
+    if rows == 0 or not runtime.triton_runs_on(x2d.device):
+        return _forward_torch(x2d, weight, eps, offset)
+    y = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
+    rstd = tensors.new_output((rows,), torch.float32, x2d.device)
+    _forward_plan(rows, hidden, x2d.stride(0), (x2d.dtype, weight.dtype), x2d.device).launch(
+        x_ptr=x2d, w_ptr=weight, y_ptr=y, rstd_ptr=rstd, eps=eps, offset=offset
+    )
+    return y, rstd
+
+
+def backward(dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float):
+    """(dx, dweight) of :func:`forward`; reports its work."""
+    rows, hidden = x2d.shape
+    dy = tensors.last_dim_contiguous(dy)
+    if rows:
+        runtime.report_work("rms_norm_backward", x=x2d, weight=weight)
+    if rows == 0 or not runtime.triton_runs_on(x2d.device):
+        return _backward_torch(dy, x2d, weight, rstd, offset)
+    dtypes = (dy.dtype, x2d.dtype, weight.dtype, rstd.dtype)
+    plan = _backward_plan(rows, hidden, (dy.stride(0), x2d.stride(0)), dtypes, x2d.device)
+    dx = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
+    # every program writes its whole partial row; the columns past hidden are never read
+    dw_partial = tensors.new_output((plan.grid[0], plan.fixed["BLOCK_H"]), torch.float32, x2d.device)
+    plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=weight, rstd_ptr=rstd, dx_ptr=dx, dw_partial_ptr=dw_partial,
+                offset=offset)  # fmt: skip
+    return dx, dw_partial[:, :hidden].sum(0).to(weight.dtype)
+
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
 @torch.library.custom_op("llm_speed::rms_norm_forward", mutates_args=())
 def _forward_op(
     x2d: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, hidden = x2d.shape
-    if rows:
-        _runtime.report_work("rms_norm", x=x2d, weight=weight)
-    if rows == 0 or not _runtime.triton_runs_on(x2d.device):
-        return _forward_torch(x2d, weight, eps, offset)
-    y = _common.new_output((rows, hidden), x2d.dtype, x2d.device)
-    rstd = _common.new_output((rows,), torch.float32, x2d.device)
-    block = triton.next_power_of_2(hidden)
-    block_r = min(triton.next_power_of_2(rows), max(1, ROW_BLOCK_ELEMENTS // block))
-    with _runtime.on_device_of(x2d):
-        _rms_norm_fwd_kernel[(triton.cdiv(rows, block_r),)](
-            x_ptr=x2d, w_ptr=weight, y_ptr=y, rstd_ptr=rstd, stride_x=x2d.stride(0), stride_y=y.stride(0),
-            rows=rows, hidden=hidden, eps=eps, offset=offset,
-            BLOCK_R=block_r, BLOCK_H=block, RNE_BY_HAND=rne_by_hand(x2d.dtype),
-            num_warps=_num_warps(block_r * block),
-        )  # fmt: skip
-    _runtime.record_launch(KERNEL_FORWARD)
-    return y, rstd
+    return forward(x2d, weight, eps, offset)
 
 
 @_forward_op.register_fake
@@ -132,32 +205,18 @@ def _forward_fake(x2d, weight, eps, offset):
 def _backward_op(
     dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, hidden = x2d.shape
-    dy = dy.contiguous()
-    if rows:
-        _runtime.report_work("rms_norm_backward", x=x2d, weight=weight)
-    if rows == 0 or not _runtime.triton_runs_on(x2d.device):
-        return _backward_torch(dy, x2d, weight, rstd, offset)
-    block = triton.next_power_of_2(hidden)
-    programs = reduction_programs(x2d.device, rows)
-    rows_per_program = triton.cdiv(rows, programs)
-    programs = triton.cdiv(rows, rows_per_program)
-    dx = _common.new_output((rows, hidden), x2d.dtype, x2d.device)
-    dw_partial = torch.zeros((programs, block), dtype=torch.float32, device=x2d.device)
-    with _runtime.on_device_of(x2d):
-        _rms_norm_bwd_kernel[(programs,)](
-            dy_ptr=dy, x_ptr=x2d, w_ptr=weight, rstd_ptr=rstd, dx_ptr=dx, dw_partial_ptr=dw_partial,
-            stride_dy=dy.stride(0), stride_x=x2d.stride(0), stride_dx=dx.stride(0),
-            rows=rows, rows_per_program=rows_per_program, hidden=hidden, offset=offset,
-            BLOCK_H=block, RNE_BY_HAND=rne_by_hand(x2d.dtype), num_warps=_num_warps(block),
-        )  # fmt: skip
-    _runtime.record_launch(KERNEL_BACKWARD)
-    return dx, dw_partial[:, :hidden].sum(0).to(weight.dtype)
+    return backward(dy, x2d, weight, rstd, offset)
 
 
 @_backward_op.register_fake
 def _backward_fake(dy, x2d, weight, rstd, offset):
     return torch.empty_like(x2d), torch.empty_like(weight)
+
+
+_backward_call = Op(_backward_op, backward)
+
+
+# --- autograd -------------------------------------------------------------------------------------------
 
 
 def _setup_context(ctx, inputs, output):
@@ -168,11 +227,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy, _drstd):
     x2d, weight, rstd = ctx.saved_tensors
-    dx, dw = _backward_op(dy, x2d, weight, rstd, ctx.offset)
+    dx, dw = _backward_call(dy, x2d, weight, rstd, ctx.offset)
     return dx, dw, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+
+
+# --- public function ------------------------------------------------------------------------------------
 
 
 def _validate(x, weight, eps, offset):
@@ -205,47 +267,12 @@ def rms_norm(
     weight: the weight gradient is summed over rows in float32 and returned in weight's dtype.
 
     Devices: CUDA tensors run the Triton kernels; CPU tensors run them through the interpreter under
-    ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference: :func:`rms_norm_reference`.
+    ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference:
+    :func:`llm_speed.fused.reference.rms_norm_reference`.
     """
     eps, offset = _validate(x, weight, eps, offset)
     hidden = x.shape[-1]
-    x2d = x.reshape(-1, hidden)
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()
-    y, _ = _forward_op(x2d, weight if weight.stride(0) == 1 else weight.contiguous(), eps, offset)
+    x2d = tensors.last_dim_contiguous(x.reshape(-1, hidden))
+    weight = tensors.last_dim_contiguous(weight)
+    y, _ = _forward_call(x2d, weight, eps, offset)
     return y.reshape(x.shape)
-
-
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, offset: float = 0.0):
-    """Plain PyTorch RMSNorm, same signature and semantics as :func:`rms_norm`; float64 stays float64."""
-    xf = x.to(compute_dtype(x.dtype))
-    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * (offset + weight.to(xf.dtype))
-    return y.to(x.dtype)
-
-
-# --- op table (llm_speed.ops rows "rms_norm", "rms_norm_backward") --------------------------------------
-
-
-def rms_norm_work(backward: bool = False):
-    """Cost of one reported call ``(x=[rows, hidden], weight=[hidden])``: the minimum DRAM traffic (forward:
-    x, weight in; y, fp32 rstd out. backward: dy, x, weight, rstd in; dx, dweight out) and FLOPs counted per
-    element (forward: square, sum, two products = 4; backward: about 9 for dx and dweight together)."""
-
-    def cost(*, x, weight, **_):
-        from llm_speed.ops import Work
-
-        rows, hidden = x.shape
-        act, w = x.element_size() * rows * hidden, weight.element_size() * hidden
-        if backward:
-            return Work(9.0 * rows * hidden, 3 * act + 2 * w + 4 * rows, x.dtype, x.device)
-        return Work(4.0 * rows * hidden, 2 * act + w + 4 * rows, x.dtype, x.device)
-
-    return cost
-
-
-def rms_norm_example(device, dtype, size: int):
-    """x ``[size, size]`` (rows x hidden) and a weight."""
-    return (
-        torch.randn(size, size, device=device, dtype=dtype),
-        torch.randn(size, device=device, dtype=dtype),
-    ), {}

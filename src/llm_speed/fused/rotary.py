@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._triton_cast import cast, rne_by_hand
-from ..perf._checks import check_flag
-from . import _common
-from ._common import check_same_device, check_tensor, compute_dtype
+from ..core import runtime, tensors
+from ..core.args import check_flag
+from ..core.kernel_math import cast, rne_by_hand
+from ..core.tensors import check_same_device, check_tensor
+from .reference import rotate
 
 KERNEL = "rotary"  # forward and backward are the same kernel
 
@@ -64,38 +64,23 @@ def _rotary_kernel(
         tl.store(p_o + o_p[None, :], tl.load(p_x + o_p[None, :], mask=m_p), mask=m_p)
 
 
-def _rotate_torch(x, cos, sin, interleaved, conjugate):
-    """The rotation in PyTorch (float32, or float64 for float64 x), x's dtype out."""
-    half = cos.shape[-1]
-    ct = compute_dtype(x.dtype)
-    c = (cos if cos.dim() == 3 else cos[None]).to(ct)[:, None]
-    s = (sin if sin.dim() == 3 else sin[None]).to(ct)[:, None]
-    if conjugate:
-        s = -s
-    rot = x[..., : 2 * half].to(ct)
-    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
-    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
-    rotated = torch.stack((o1, o2), -1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
-    return torch.cat((rotated.to(x.dtype), x[..., 2 * half :]), -1).contiguous()
-
-
 @torch.library.custom_op("llm_speed::rotary", mutates_args=())
 def _rotary_op(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
 ) -> torch.Tensor:
     batch, heads, seq, head_dim = x.shape
     if x.numel():  # the backward is this op with the opposite angle: reported under the same row
-        _runtime.report_work("apply_rotary", x=x, cos=cos)
-    if x.numel() == 0 or not _runtime.triton_runs_on(x.device):
-        return _rotate_torch(x, cos, sin, interleaved, conjugate)
+        runtime.report_work("apply_rotary", x=x, cos=cos)
+    if x.numel() == 0 or not runtime.triton_runs_on(x.device):
+        return rotate(x, cos, sin, interleaved, conjugate)
     x = x if x.stride(-1) == 1 else x.contiguous()
     half = cos.shape[-1]
-    out = _common.new_output(x.shape, x.dtype, x.device)
+    out = tensors.new_output(x.shape, x.dtype, x.device)
     block_half = triton.next_power_of_2(half)
     total_rows = batch * heads * seq
     block_r = max(1, min(triton.next_power_of_2(total_rows), 4096 // block_half))
     stride_cb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] == batch else 0
-    with _runtime.on_device_of(x):
+    with runtime.on_device_of(x):
         _rotary_kernel[(triton.cdiv(total_rows, block_r),)](
             x_ptr=x, cos_ptr=cos, sin_ptr=sin, out_ptr=out,
             stride_xb=x.stride(0), stride_xh=x.stride(1), stride_xs=x.stride(2),
@@ -107,7 +92,7 @@ def _rotary_op(
             INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_PASS=head_dim > 2 * half,
             RNE_BY_HAND=rne_by_hand(x.dtype), num_warps=4,
         )  # fmt: skip
-    _runtime.record_launch(KERNEL)
+    runtime.record_launch(KERNEL)
     return out
 
 
@@ -184,31 +169,3 @@ def apply_rotary(
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both with cos's strides
         cos, sin = cos.contiguous(), sin.contiguous()
     return _rotary_op(x, cos, sin, interleaved, False)
-
-
-def apply_rotary_reference(x, cos, sin, *, interleaved: bool = False) -> torch.Tensor:
-    """Plain PyTorch rotary embedding with the signature and semantics of :func:`apply_rotary`."""
-    return _rotate_torch(x, cos, sin, interleaved, False)
-
-
-# --- op table (llm_speed.ops row "apply_rotary", forward and backward alike) ---------------------------
-
-
-def rotary_work(*, x, cos, **_):
-    """Cost of one reported call: x read and the output written whole (the dims past ``rotary_dim`` are
-    copied), cos and sin read once each; 6 FLOPs per rotated pair (4 products, 2 sums)."""
-    from llm_speed.ops import Work
-
-    batch, heads, seq, _ = x.shape
-    pairs = batch * heads * seq * cos.shape[-1]
-    moved = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
-    return Work(6.0 * pairs, moved, x.dtype, x.device)
-
-
-def rotary_example(device, dtype, size: int):
-    """x ``[1, 8, size, 64]`` (``size`` = sequence length), cos and sin of Llama's angles."""
-    angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * (
-        10000.0 ** (-torch.arange(32, device=device, dtype=torch.float32) / 32)
-    )
-    x = torch.randn(1, 8, size, 64, device=device, dtype=dtype)
-    return (x, angles.cos().to(dtype), angles.sin().to(dtype)), {}

@@ -11,10 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._triton_cast import cast, rne_by_hand
-from . import _common
-from ._common import check_same_device, check_tensor, compute_dtype
+from ..core import runtime, tensors
+from ..core.kernel_math import cast, rne_by_hand
+from ..core.tensors import check_same_device, check_tensor
+from .reference import compute_dtype, swiglu_reference
 
 KERNEL_FORWARD = "swiglu_fwd"
 KERNEL_BACKWARD = "swiglu_bwd"
@@ -48,11 +48,6 @@ def _swiglu_bwd_kernel(
     tl.store(dup_ptr + o, cast(b_do * b_silu, dup_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
 
 
-def _forward_torch(gate, up):
-    ct = compute_dtype(gate.dtype)
-    return (torch.nn.functional.silu(gate.to(ct)) * up.to(ct)).to(gate.dtype)
-
-
 def _backward_torch(dout, gate, up):
     ct = compute_dtype(gate.dtype)
     g, u, do = gate.to(ct), up.to(ct), dout.to(ct)
@@ -65,16 +60,16 @@ def _backward_torch(dout, gate, up):
 def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = gate.numel()
     if n:
-        _runtime.report_work("swiglu", gate=gate)
-    if n == 0 or not _runtime.triton_runs_on(gate.device):
-        return _forward_torch(gate, up)
-    out = _common.new_output(gate.shape, gate.dtype, gate.device)
-    with _runtime.on_device_of(gate):
+        runtime.report_work("swiglu", gate=gate)
+    if n == 0 or not runtime.triton_runs_on(gate.device):
+        return swiglu_reference(gate, up)
+    out = tensors.new_output(gate.shape, gate.dtype, gate.device)
+    with runtime.on_device_of(gate):
         _swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](
             gate_ptr=gate, up_ptr=up, out_ptr=out, n=n,
             BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
         )  # fmt: skip
-    _runtime.record_launch(KERNEL_FORWARD)
+    runtime.record_launch(KERNEL_FORWARD)
     return out
 
 
@@ -90,17 +85,17 @@ def _backward_op(
     n = gate.numel()
     dout = dout.contiguous()
     if n:
-        _runtime.report_work("swiglu_backward", gate=gate)
-    if n == 0 or not _runtime.triton_runs_on(gate.device):
+        runtime.report_work("swiglu_backward", gate=gate)
+    if n == 0 or not runtime.triton_runs_on(gate.device):
         return _backward_torch(dout, gate, up)
-    dgate = _common.new_output(gate.shape, gate.dtype, gate.device)
-    dup = _common.new_output(up.shape, up.dtype, up.device)
-    with _runtime.on_device_of(gate):
+    dgate = tensors.new_output(gate.shape, gate.dtype, gate.device)
+    dup = tensors.new_output(up.shape, up.dtype, up.device)
+    with runtime.on_device_of(gate):
         _swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
             dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup, n=n,
             BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
         )  # fmt: skip
-    _runtime.record_launch(KERNEL_BACKWARD)
+    runtime.record_launch(KERNEL_BACKWARD)
     return dgate, dup
 
 
@@ -142,32 +137,3 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"gate and up must share one dtype, got gate {gate.dtype}, up {up.dtype}")
     check_same_device(gate=gate, up=up)
     return _forward_op(gate.contiguous(), up.contiguous())
-
-
-def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """Plain PyTorch ``silu(gate) * up`` computed in float32 (float64 stays float64), gate's dtype out."""
-    return _forward_torch(gate, up)
-
-
-# --- op table (llm_speed.ops rows "swiglu", "swiglu_backward") ------------------------------------------
-
-
-def swiglu_work(backward: bool = False):
-    """Cost of one reported call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out;
-    backward: dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then
-    the products: 5 forward, 10 backward)."""
-
-    def cost(*, gate, **_):
-        from llm_speed.ops import Work
-
-        n, size = gate.numel(), gate.element_size()
-        return Work(
-            (10.0 if backward else 5.0) * n, (5 if backward else 3) * n * size, gate.dtype, gate.device
-        )
-
-    return cost
-
-
-def swiglu_example(device, dtype, size: int):
-    """gate, up ``[size, size]``."""
-    return tuple(torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)), {}

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..attention import flash_attention, flash_attention_varlen
-from ..fused._common import FLOAT_DTYPES
+from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import fused_linear_cross_entropy
 from ..fused.rms_norm import rms_norm as fused_rms_norm
 from ..fused.rotary import apply_rotary

@@ -1,6 +1,6 @@
 """Block configurations for the GEMM kernels, all in one place, chosen by what the device has.
 
-A configuration (:class:`llm_speed._block_config.BlockConfig`, shared with attention) is a tile shape
+A configuration (:class:`llm_speed.core.hardware.KernelConfig`, shared with attention) is a tile shape
 (BLOCK_M x BLOCK_N, stepping BLOCK_K along the reduction), the width of the grouped launch order (GROUP_M),
 and the launch parameters num_warps and num_stages (the depth of Triton's software pipeline: how many
 K-tiles are loaded ahead of the tensor-core work).
@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from llm_speed._block_config import KIB, BlockConfig, Hardware
+from llm_speed.core.config import KernelConfig
+from llm_speed.core.hardware import KIB, Hardware
 
 __all__ = [
     "INTERPRETER",
     "INTERPRETER_PERSISTENT_PROGRAMS",
     "TIERS",
-    "BlockConfig",
+    "KernelConfig",
     "Hardware",
     "Tier",
     "has_tma",
@@ -47,12 +48,12 @@ class Tier:
 
     name: str
     min_smem_bytes: int
-    tiled: tuple[BlockConfig, ...]
-    persistent_tma: tuple[BlockConfig, ...] = ()  # empty: this tier uses the tiled kernel only
+    tiled: tuple[KernelConfig, ...]
+    persistent_tma: tuple[KernelConfig, ...] = ()  # empty: this tier uses the tiled kernel only
 
 
-def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> BlockConfig:
-    return BlockConfig(m, n, warps, stages, block_k=k, group_m=8)
+def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
+    return KernelConfig(m, n, warps, stages, block_k=k, group_m=8)
 
 
 # 227 KB per block (H100, H200, B200): big tiles with 3-4 pipeline stages; the largest needs 144 KB.
@@ -112,14 +113,14 @@ TIERS = (LARGE, MEDIUM, SMALL)  # largest first
 
 # The Triton interpreter: one configuration. Big tiles mean few programs, and the interpreter's cost is per
 # program and per loop step, not per element.
-INTERPRETER = BlockConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_m=4)
+INTERPRETER = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_m=4)
 
 # The number of persistent programs the interpreter launches. Fewer programs than tiles, so each program
 # walks several tiles and the persistent loop is really exercised on the CPU.
 INTERPRETER_PERSISTENT_PROGRAMS = 3
 
 
-def shared_bytes(config: BlockConfig, element_bytes: int = 2) -> int:
+def shared_bytes(config: KernelConfig, element_bytes: int = 2) -> int:
     """Shared memory the pipelined A and B tiles of ``config`` take: stages x (BM + BN) x BK elements.
 
     A lower bound of what Triton allocates (the epilogue's layout conversions reuse these buffers);
@@ -136,12 +137,12 @@ def tier_for(hardware: Hardware) -> Tier:
     return TIERS[-1]
 
 
-def tiled_configs(hardware: Hardware) -> tuple[BlockConfig, ...]:
+def tiled_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
     """The autotuning list of the tiled kernel on ``hardware``."""
     return tier_for(hardware).tiled
 
 
-def persistent_tma_configs(hardware: Hardware) -> tuple[BlockConfig, ...]:
+def persistent_tma_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
     """The autotuning list of the persistent TMA kernel on ``hardware`` (empty: the kernel is not used)."""
     return tier_for(hardware).persistent_tma if hardware.has_tma else ()
 
@@ -151,10 +152,10 @@ def has_tma(hardware: Hardware) -> bool:
     return bool(persistent_tma_configs(hardware))
 
 
-def shipped_configs() -> tuple[tuple[str, BlockConfig], ...]:
+def shipped_configs() -> tuple[tuple[str, KernelConfig], ...]:
     """Every configuration any device can get, once each, as (path, config) with path "tiled" or
     "persistent_tma" (the tests run each directly, and compile each for sm_90)."""
-    seen: dict[tuple[str, BlockConfig], None] = {}
+    seen: dict[tuple[str, KernelConfig], None] = {}
     for tier in TIERS:
         for path, listed in (("tiled", tier.tiled), ("persistent_tma", tier.persistent_tma)):
             for config in listed:

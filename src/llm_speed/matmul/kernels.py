@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from llm_speed._triton_cast import cast
+from llm_speed.core.kernel_math import cast
 
 # Constants of the activation formulas (not tuning knobs).
 _SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2), for the erf form of GELU

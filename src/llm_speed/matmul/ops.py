@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_speed import _runtime
-from llm_speed._block_config import Hardware, hardware_of
-from llm_speed._triton_cast import rne_by_hand
+from llm_speed.core import runtime
+from llm_speed.core.hardware import Hardware, hardware_of
+from llm_speed.core.kernel_math import rne_by_hand
 from llm_speed.matmul import configs, kernels, reference
 from llm_speed.matmul.validation import (
     FLOAT_DTYPES,
@@ -108,9 +108,13 @@ def _drop_oversized_tiles(candidates, named_args, **kwargs):
 _PRUNING = {"early_config_prune": _drop_oversized_tiles}
 
 
+def _to_triton(cfg, pre_hook=None):
+    return triton.Config(cfg.meta(), num_warps=cfg.num_warps, num_stages=cfg.num_stages, pre_hook=pre_hook)
+
+
 @functools.cache
 def _autotuned_tiled(hardware: Hardware):
-    tuned = [cfg.to_triton() for cfg in configs.tiled_configs(hardware)]
+    tuned = [_to_triton(cfg) for cfg in configs.tiled_configs(hardware)]
     # The unit strides tell the layout (the autotuner adds the dtypes to the key).
     key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "stride_ak", "stride_bn"]
     return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_tiled_kernel)
@@ -126,7 +130,7 @@ def _set_descriptor_blocks(nargs) -> None:
 @functools.cache
 def _autotuned_persistent_tma(hardware: Hardware):
     tuned = [
-        cfg.to_triton(pre_hook=_set_descriptor_blocks) for cfg in configs.persistent_tma_configs(hardware)
+        _to_triton(cfg, _set_descriptor_blocks) for cfg in configs.persistent_tma_configs(hardware)
     ]
     key = ["M_BUCKET", "N_BUCKET", "K_BUCKET", "B_K_MAJOR"]
     return triton.autotune(tuned, key=key, prune_configs_by=_PRUNING)(kernels.gemm_persistent_tma_kernel)
@@ -181,7 +185,7 @@ def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, hardware: Hardware) -> bo
 def _choose_path(op_a: torch.Tensor, op_b: torch.Tensor) -> str:
     """The kernel for a problem Triton runs: persistent TMA where the device has it and the operands suit
     it, else tiled."""
-    if _runtime.INTERPRETED or op_a.device.type != "cuda":
+    if runtime.INTERPRETED or op_a.device.type != "cuda":
         return "tiled"
     return "persistent_tma" if _tma_suits(op_a, op_b, _hardware(op_a.device)) else "tiled"
 
@@ -211,7 +215,7 @@ def launch_gemm(
     path = path or _choose_path(op_a, op_b)
     if path not in PATHS:
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
-    with _runtime.on_device_of(out):
+    with runtime.on_device_of(out):
         _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path)
     return out
 
@@ -226,7 +230,7 @@ def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -
         "HAS_BIAS": bias is not None,
         "ACTIVATION": activation,
         # The interpreter's tl.dot gets bf16 wrong; fp32 tiles give the GPU's exact bf16 products.
-        "DOT_IN_FP32": _runtime.INTERPRETED and op_a.dtype == torch.bfloat16,
+        "DOT_IN_FP32": runtime.INTERPRETED and op_a.dtype == torch.bfloat16,
         # The interpreter truncates fp32 -> bf16; round the output to nearest even by hand there.
         "RNE_BY_HAND": rne_by_hand(out.dtype),
     }
@@ -247,7 +251,7 @@ def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -
     input_precision = fp32_input_precision() if op_a.dtype == torch.float32 else "ieee"
     if epilogue["DOT_IN_FP32"]:
         input_precision = "ieee"
-    if _runtime.INTERPRETED:
+    if runtime.INTERPRETED:
         kernel, meta = kernels.gemm_tiled_kernel, configs.INTERPRETER.meta()
     else:
         kernel, meta = _autotuned_tiled(_hardware(out.device)), {}
@@ -272,7 +276,7 @@ def _launch_on_device(op_a, op_b, out, alpha, beta, c, bias, activation, path) -
             **epilogue,
             **meta,
         )  # fmt: skip
-        _runtime.record_launch(TILED_KERNEL)
+        runtime.record_launch(TILED_KERNEL)
 
 
 def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> None:
@@ -283,7 +287,7 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> N
         raise ValueError(
             "the persistent TMA kernel needs 2-D, row-major A and row- or K-major B, 16-byte aligned"
         )
-    if _runtime.INTERPRETED:
+    if runtime.INTERPRETED:
         cfg = configs.INTERPRETER
         num_programs = configs.INTERPRETER_PERSISTENT_PROGRAMS
         kernel, meta = kernels.gemm_persistent_tma_kernel, cfg.meta()
@@ -314,7 +318,7 @@ def _launch_persistent_tma(op_a, op_b, out, c, bias_arg, scalars, epilogue) -> N
         **epilogue,
         **meta,
     )  # fmt: skip
-    _runtime.record_launch(PERSISTENT_TMA_KERNEL)
+    runtime.record_launch(PERSISTENT_TMA_KERNEL)
 
 
 def _output_shape(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -> tuple[int, ...]:
@@ -330,14 +334,14 @@ def _output_shape(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
 def _report_gemm(op_a: torch.Tensor, op_b: torch.Tensor, out: torch.Tensor) -> None:
     """Report one GEMM to the op table (llm_speed.ops) for the profiler, whichever path computes it."""
     row = "tensor_core_gemm_int8" if op_a.dtype == torch.int8 else "gemm"  # tensor_core_gemm reports as gemm
-    _runtime.report_work(row, op_a=op_a, op_b=op_b, out=out)
+    runtime.report_work(row, op_a=op_a, op_b=op_b, out=out)
 
 
 def gemm_forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm`` op (Triton, or the PyTorch fallback)."""
     op_a = a.mT if trans_a else a
     op_b = b.mT if trans_b else b
-    if not _runtime.triton_runs_on(a.device):
+    if not runtime.triton_runs_on(a.device):
         out = reference.gemm_reference(
             a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
             activation=activation, out_dtype=out_dtype, compute_dtype=torch.float32,
@@ -428,7 +432,7 @@ _gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
 
 @torch.library.custom_op("llm_speed::gemm_int8", mutates_args=())
 def _gemm_int8_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if not _runtime.triton_runs_on(a.device):
+    if not runtime.triton_runs_on(a.device):
         out = reference.gemm_int8_reference(a, b)
         _report_gemm(a, b, out)
         return out

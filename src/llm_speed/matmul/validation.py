@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import torch
 
+from llm_speed.core.args import check_flag
 from llm_speed.matmul.reference import ACTIVATIONS
-from llm_speed.perf._checks import check_flag
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)

@@ -4,6 +4,17 @@ KV cache, inference (prefill/decode), training FLOPs and activations, distribute
 Pure Python; nothing here touches a GPU unless a function that reads the live device is called.
 """
 
+from llm_speed.core.gpus import (
+    GPUSpec,
+    custom_gpu,
+    detect_gpu,
+    dtype_bytes,
+    get_gpu,
+    list_gpus,
+    live_device_properties,
+    load_gpu_spec,
+    normalize_dtype,
+)
 from llm_speed.perf.distributed import (
     CollectiveCost,
     ModelStateMemory,
@@ -37,17 +48,6 @@ from llm_speed.perf.gemm_tiling import (
     tensor_core_alignment,
     tile_count,
     wave_quantization,
-)
-from llm_speed.perf.gpus import (
-    GPUSpec,
-    custom_gpu,
-    detect_gpu,
-    dtype_bytes,
-    get_gpu,
-    list_gpus,
-    live_device_properties,
-    load_gpu_spec,
-    normalize_dtype,
 )
 from llm_speed.perf.inference import (
     Communication,

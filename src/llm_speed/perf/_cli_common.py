@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec
 from llm_speed.perf.efficiency import Efficiency, calibrate_from_bench
-from llm_speed.perf.gpus import GPUSpec, get_gpu, load_gpu_spec
 
 GPU_SPEC_HELP = (
     "your own GPU instead of --gpu: a JSON file of GPUSpec fields or an inline list such as "

@@ -9,10 +9,10 @@ from typing import Any
 
 from llm_speed._cli import gemm_size
 from llm_speed._output import dump_json, prepare_output_path, print_table
+from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import add_gpu_arguments, gpu_from_args
 from llm_speed.perf.gemm_tiling import wave_quantization
-from llm_speed.perf.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf.kernel_costs import ATTENTION_MODES, attention_cost, gemm_cost
 from llm_speed.perf.memory import attention_memory
 from llm_speed.perf.mfu import (

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import check_flag, non_negative_number, positive_int
+from llm_speed.core.args import check_flag, non_negative_number, positive_int
+from llm_speed.core.gpus import dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.distributed import link_bandwidth
-from llm_speed.perf.gpus import dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import attention_cost, attention_hardware_flops
 from llm_speed.perf.models import ModelConfig, resolve_model
 from llm_speed.perf.roofline import roofline

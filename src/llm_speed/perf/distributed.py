@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import divisors_text, non_negative_number, positive_int
-from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
+from llm_speed.core.args import non_negative_number, positive_int
+from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
+from llm_speed.perf._checks import divisors_text
 from llm_speed.perf.kv_cache import kv_elements_per_token_per_layer
 from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_params, resolve_model
 from llm_speed.perf.training import (
@@ -54,7 +55,7 @@ class CollectiveCost:
 
 def link_bandwidth(gpu: GPUSpec | str, link: str = "nvlink") -> float:
     """One direction's bytes/s per GPU over ``link`` ("nvlink" or "pcie"): half the datasheet's bidirectional
-    total (see :mod:`llm_speed.perf.gpus`). A GPU without NVLink raises ValueError."""
+    total (see :mod:`llm_speed.core.gpus`). A GPU without NVLink raises ValueError."""
     spec = get_gpu(gpu)
     if link not in LINKS:
         raise ValueError(f"link must be one of {', '.join(LINKS)}, got {link!r}")

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number, positive_int
-from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.core.args import non_negative_number, positive_int
+from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
 
 ALGORITHMS = ("ring", "tree", "nvls")
 

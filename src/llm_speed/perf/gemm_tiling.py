@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import positive_int
-from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu
+from llm_speed.core.args import positive_int
+from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu
 
 # Tensor Core kernels (cuBLAS, CUTLASS) need every leading dimension to span a multiple of 16 bytes
 # (NVIDIA Matrix Multiplication Background User's Guide, "Tensor Core Requirements").

@@ -43,10 +43,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number, positive_int
+from llm_speed.core.args import non_negative_number, positive_int
+from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.distributed import link_bandwidth
 from llm_speed.perf.efficiency import FLOOR, Efficiency, all_reduce_time, realistic_time
-from llm_speed.perf.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf.kernel_costs import (
     SOFTMAX_STATS_BYTES,
     KernelCost,

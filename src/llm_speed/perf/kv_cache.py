@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llm_speed.perf._checks import non_negative_number, positive_int
-from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
+from llm_speed.core.args import non_negative_number, positive_int
+from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf.models import ModelConfig, resolve_model
 
 
@@ -67,7 +67,7 @@ def kv_cache_size(
     total = batch_size * min(seq_len, sliding_window) * num_layers * per_token_layer, with per_token_layer =
     elements * bytes(dtype) + ceil(elements / quant_group_size) * scale_bytes (no scales when
     ``quant_group_size`` is None; see the module docstring). ``config`` may be a ModelConfig, a zoo id or a
-    config.json path; ``dtype`` any name :func:`llm_speed.perf.gpus.normalize_dtype` accepts (bf16, fp16,
+    config.json path; ``dtype`` any name :func:`llm_speed.core.gpus.normalize_dtype` accepts (bf16, fp16,
     fp32, fp8, int8, int4, ...).
     """
     config = resolve_model(config)

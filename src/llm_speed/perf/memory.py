@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_speed.perf._checks import attention_shape, positive_int
-from llm_speed.perf.gpus import dtype_bytes, normalize_dtype
+from llm_speed.core.args import positive_int
+from llm_speed.core.gpus import dtype_bytes, normalize_dtype
+from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
 
 # Peak bandwidth of each level of an A100's memory hierarchy (bytes/s). The per-GPU figures of the project
-# live in llm_speed.perf.gpus; this small table serves the quick one-GPU overview below.
+# live in llm_speed.core.gpus; this small table serves the quick one-GPU overview below.
 MEMORY_BANDWIDTH: dict[str, float] = {
     "shared_memory": 19e12,  # FlashAttention paper (Dao et al. 2022), Fig. 1: A100 SRAM 19 TB/s
     "l2_cache": 5120 * 1.41e9,  # A100 whitepaper: L2 reads 5,120 bytes/clock at the 1,410 MHz boost clock

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number, positive_int
-from llm_speed.perf.gpus import GPUSpec, get_gpu
+from llm_speed.core.args import non_negative_number, positive_int
+from llm_speed.core.gpus import GPUSpec, get_gpu
 from llm_speed.perf.models import ModelConfig, param_count, resolve_model
 
 MFU_CONVENTIONS = (

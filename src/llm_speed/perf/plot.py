@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
 from llm_speed.perf.roofline import roofline
 
 

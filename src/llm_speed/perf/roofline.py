@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.perf._checks import non_negative_number
-from llm_speed.perf.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.core.args import non_negative_number
+from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
 
 
 @dataclass(frozen=True)

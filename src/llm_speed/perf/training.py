@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_speed.perf._checks import non_negative_number, positive_int
+from llm_speed.core.args import non_negative_number, positive_int
 from llm_speed.perf.models import ModelConfig, param_count, resolve_model
 
 RECOMPUTE_MODES = ("none", "selective", "full")

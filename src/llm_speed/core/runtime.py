@@ -51,15 +51,44 @@ class TritonUnavailable(RuntimeError):
     ``llm-speed doctor`` reports such an op as not available on the device, not as failing."""
 
 
+# Set by llm_speed.core.launch.simulated_gpu(): CPU tensors then take the code path of CUDA ones (the compiled
+# kernels' configurations and switches, the direct launch), with compiling and launching replaced by no-ops.
+SIMULATED_GPU: bool = False
+
+
 def triton_runs_on(device: torch.device) -> bool:
     """True when a Triton kernel can run on tensors of ``device``.
 
     CUDA tensors always run compiled kernels (or interpreted ones under ``TRITON_INTERPRET=1``);
-    CPU tensors run Triton kernels only through the interpreter.
+    CPU tensors run Triton kernels only through the interpreter (or, launches stubbed, under
+    :func:`llm_speed.core.launch.simulated_gpu`).
     """
     if device.type == "cuda":
         return True
-    return INTERPRETED and device.type == "cpu"
+    return (INTERPRETED or SIMULATED_GPU) and device.type == "cpu"
+
+
+# --- checks that read tensor values ----------------------------------------------------------------------
+
+# LLM_SPEED_CHECK_INPUTS: "1" checks the values of index tensors (cu_seqlens, cache_seqlens, block tables,
+# targets) on the host before any work, for every device; "0" never does; unset: CPU tensors only, whose
+# values cost nothing to read. A CUDA tensor read on the host waits for the GPU and makes the call impossible
+# to capture in a CUDA graph; the kernels instead turn the rows an invalid entry touches into NaN.
+_CHECK_SETTING = os.environ.get("LLM_SPEED_CHECK_INPUTS", "").strip()
+if _CHECK_SETTING not in ("", "0", "1"):
+    raise ValueError(
+        f"LLM_SPEED_CHECK_INPUTS={_CHECK_SETTING!r}; accepted: 1 (always check the values of index tensors on "
+        "the host), 0 (never), or unset (CPU tensors only)"
+    )
+CHECK_INPUTS: bool | None = {"1": True, "0": False}.get(_CHECK_SETTING)
+
+
+def check_values(device: torch.device) -> bool:
+    """Whether an op reads index tensors on ``device`` to check their values before any work (see
+    ``CHECK_INPUTS``)."""
+    if CHECK_INPUTS is not None:
+        return CHECK_INPUTS
+    return device.type == "cpu"
 
 
 def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -89,6 +118,7 @@ def launch_counts() -> collections.Counter[str]:
 # llm_speed.profiler); ops call report_work once per call, which costs a loop over an empty list when nobody
 # listens.
 _work_observers: list[Callable[[str, dict[str, Any]], None]] = []
+_is_compiling = torch.compiler.is_compiling
 
 
 def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
@@ -105,7 +135,7 @@ def report_work(op: str, **problem: Any) -> None:
     Skipped while ``torch.compile`` traces (a constant there, so the graph holds no report and no break):
     compiled code is opaque to the profiler, apart from the ops registered with ``torch.library``, whose
     bodies run (and report) eagerly."""
-    if torch.compiler.is_compiling():
+    if not _work_observers or _is_compiling():
         return
     for observer in _work_observers:
         observer(op, problem)

@@ -1,0 +1,90 @@
+"""How a call reaches an op's implementation: directly, through an autograd function, or through its
+registered ``torch.library`` op, whichever is the cheapest that serves the call.
+
+Every op registers its implementation with ``torch.library.custom_op`` (and ``register_fake``,
+``register_autograd``): that is what ``torch.compile``, ``torch.library.opcheck``, tensor subclasses and
+dispatch modes see. Its dispatch costs host time, though: about 10 us per call, and about 35 us more when it
+records an autograd node (the custom op wraps a generated ``autograd.Function`` in two redispatches; measured
+on a CPU, ``docs/notes/launch-path.md``). :class:`Op` keeps the registered op for the calls that need it and
+serves the others cheaper:
+
+- nothing is being compiled or traced (no dispatch mode, no functorch transform), every tensor is a plain
+  ``torch.Tensor`` or ``nn.Parameter``, and no autograd graph is to be recorded (grad mode off, or no input
+  requires grad): the implementation is called directly;
+- the same, but an input requires grad: an ``autograd.Function`` built from the same ``setup_context`` and
+  ``backward`` as the registered op's autograd (the semantics of ``register_autograd``);
+- anything else: the registered op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_Tensor = torch.Tensor
+
+
+class Op:
+    """An op's implementation ``impl``, its registered ``torch.library`` op ``library_op`` (a custom op
+    defined with the same arguments), and, for a differentiable op, ``setup_context(ctx, inputs, output)``
+    and ``backward(ctx, *grads)`` (registered with the library op here). Call it like the implementation,
+    with positional arguments."""
+
+    __slots__ = ("impl", "library_op", "function")
+
+    def __init__(
+        self,
+        library_op: Any,
+        impl: Callable[..., Any],
+        *,
+        setup_context: Callable[..., None] | None = None,
+        backward: Callable[..., Any] | None = None,
+    ):
+        self.impl = impl
+        self.library_op = library_op
+        self.function = None
+        if backward is not None:
+            library_op.register_autograd(backward, setup_context=setup_context)
+            self.function = _autograd_function(library_op, impl, setup_context, backward)
+
+    def __call__(self, *args: Any) -> Any:
+        if _is_compiling() or _dispatch_modes() or _functorch_level() is not None:
+            return self.library_op(*args)
+        grad = _grad_enabled()
+        needs_grad = False
+        for arg in args:
+            if isinstance(arg, _Tensor):
+                if type(arg) not in _PLAIN_TENSORS:
+                    return self.library_op(*args)
+                if grad and arg.requires_grad:
+                    needs_grad = True
+        if not needs_grad:
+            return self.impl(*args)
+        if self.function is None:  # no gradient formula: the registered op says so
+            return self.library_op(*args)
+        return self.function.apply(*args)
+
+
+def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable | None, backward: Callable):
+    def forward(ctx, *args):
+        output = impl(*args)
+        if setup_context is not None:
+            setup_context(ctx=ctx, inputs=args, output=output)
+        return output
+
+    def backward_(ctx, *grads):
+        return backward(ctx, *grads)
+
+    name = getattr(library_op, "_name", getattr(impl, "__name__", "op")).replace("::", "_")
+    return type(
+        f"Eager_{name}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward_)},
+    )

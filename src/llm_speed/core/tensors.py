@@ -1,0 +1,49 @@
+"""Tensor arguments: the checks every op makes before any work, and the one way kernel outputs are allocated.
+
+Checks read only metadata (type, dtype, rank, device, strides): they cost nothing on any device and never wait
+for the GPU. Checks of tensor *values* are the ops' business, behind :func:`llm_speed.core.runtime.check_values`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def dtype_names(dtypes) -> str:
+    """``float16, bfloat16, float32`` (for messages listing the accepted dtypes)."""
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, dims: int | None = None, what: str = "") -> None:
+    """TypeError unless ``t`` is a tensor of one of ``dtypes``; ValueError unless it has ``dims`` dims
+    (``what`` names the expected layout, e.g. ``"[N, H]"``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; accepted: {dtype_names(dtypes)}")
+    if dims is not None and t.dim() != dims:
+        layout = f" {what}" if what else ""
+        raise ValueError(f"{name} must have {dims} dims{layout}, got shape {tuple(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """ValueError unless every given tensor (None skipped) is on one device, listing each one's device."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        listed = ", ".join(f"{name} {t.device}" for name, t in present.items())
+        raise ValueError(f"{', '.join(present)} must be on one device, got {listed}")
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim is contiguous (stride 1, or a single element), else a contiguous copy:
+    the kernels take any stride for the other dims but assume unit stride along the last."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a kernel output (uninitialised). Every op allocates through this one function, so tests can
+    poison every output with NaN (``tests/accuracy_rule.py``) and an element a kernel forgets to write fails."""
+    return torch.empty(shape, dtype=dtype, device=device)
