@@ -11,6 +11,7 @@ import pytest
 import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
 
+from accuracy_rule import nan_poisoned_outputs
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
@@ -18,10 +19,7 @@ from llm_speed.attention.reference import reference_attention
 
 @pytest.fixture(autouse=True)
 def _poison_decode_outputs(monkeypatch):
-    def poisoned(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(decode, "new_output", poisoned)
+    nan_poisoned_outputs(monkeypatch)
 
 
 def make_cache(lens, capacity, heads_kv, dim, dtype, device, page_size=None, draw=torch.randn):

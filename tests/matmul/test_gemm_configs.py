@@ -13,7 +13,7 @@ import torch
 import triton
 from matmul_helpers import assert_gemm_accurate
 
-from llm_speed.core import runtime
+from llm_speed.core import runtime, tensors
 from llm_speed.core.hardware import hardware_of
 from llm_speed.matmul import configs, kernels, ops
 
@@ -74,7 +74,7 @@ def test_each_shipped_config_directly(one_config, device, path, config):
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(n, k, device=device, dtype=dtype).mT  # x @ W^T: the layout of a linear layer
     bias = torch.randn(n, device=device, dtype=dtype)
-    out = ops.new_output((m, n), dtype, device)  # NaN: poisoned by tests/matmul/conftest.py
+    out = tensors.new_output((m, n), dtype, device)  # NaN: poisoned by tests/matmul/conftest.py
     assert out.isnan().all()
     kernel = ops.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else ops.TILED_KERNEL
     before = runtime.launch_count(kernel)

@@ -8,7 +8,7 @@ import torch
 from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
-from llm_speed.core import runtime
+from llm_speed.core import runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.matmul import configs, kernels, ops
 from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
@@ -43,11 +43,11 @@ def test_shapes_and_dtypes(device, m, n, k, dtype):
 
 
 def test_outputs_are_really_poisoned(device):
-    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through ops.new_output.
+    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through core.tensors.new_output.
     out = llm_speed.gemm(rand(0, 5, device=device), rand(5, 4, device=device))
     assert out.shape == (0, 4)
-    assert ops.new_output((3, 4), torch.float16, device).isnan().all()
-    assert (ops.new_output((3,), torch.int32, device) == torch.iinfo(torch.int32).min).all()
+    assert tensors.new_output((3, 4), torch.float16, device).isnan().all()
+    assert (tensors.new_output((3,), torch.int32, device) == torch.iinfo(torch.int32).min).all()
 
 
 @pytest.mark.parametrize("trans_a", [False, True])

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime
+from ..core import runtime, tensors
 from ..core.args import check_flag
 from ..core.hardware import hardware_of
 from ..core.kernel_math import cast, rne_by_hand
@@ -211,11 +211,6 @@ def _kvcache_combine_kernel(
 # Launcher
 
 
-def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Allocate a kernel output (uninitialised). One function so tests can poison every output with NaN."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def block_config(head_dim: int, dtype: torch.dtype, rows: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for ``rows`` = group * seq_q query rows per KV head.
 
@@ -286,11 +281,11 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_s
     blocks_per_split = triton.cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
     num_splits = max(1, triton.cdiv(key_blocks, blocks_per_split))  # no split left without keys
     split = num_splits > 1
-    out = new_output((batch, seq_q, heads_q, head_dim), q.dtype, q.device)
-    lse = new_output((batch, heads_q, seq_q), torch.float32, q.device)
+    out = tensors.new_output((batch, seq_q, heads_q, head_dim), q.dtype, q.device)
+    lse = tensors.new_output((batch, heads_q, seq_q), torch.float32, q.device)
     if split:
-        out_k = new_output((num_splits, batch, seq_q, heads_q, head_dim), torch.float32, q.device)
-        lse_k = new_output((num_splits, batch, heads_q, seq_q), torch.float32, q.device)
+        out_k = tensors.new_output((num_splits, batch, seq_q, heads_q, head_dim), torch.float32, q.device)
+        lse_k = tensors.new_output((num_splits, batch, heads_q, seq_q), torch.float32, q.device)
         o_split, l_split = out_k.stride(0), lse_k.stride(0)
     else:
         out_k, lse_k, o_split, l_split = out, lse, 0, 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..core import runtime
+from ..core import runtime, tensors
 from ..core.kernel_math import rne_by_hand
 from . import kernels
 from .configs import KernelConfig, backward_config, forward_config  # noqa: F401  (KernelConfig: tests use it)
@@ -24,11 +24,6 @@ KERNEL_BACKWARD_DKDV = "flash_attention_bwd_dkdv"
 KERNEL_BACKWARD_DQ = "flash_attention_bwd_dq"
 
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
-
-
-def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Allocate a kernel output (uninitialised). One function so tests can poison every output with NaN."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -151,9 +146,9 @@ def forward(q, k, v, masking: Masking, scale: float, two_pass: bool = False, pac
     """Launch the flash (or, with ``two_pass``, the tiled) forward. Returns (out contiguous, lse float32):
     dense ``[B, Hq, Sq, D]`` and ``[B, Hq, Sq]``, packed ``[Tq, Hq, D]`` and ``[Hq, Tq]``."""
     batch, heads_q, heads_kv, seq_q, seq_kv, head_dim = _shape(q, k, packed)
-    out = new_output(q.shape, q.dtype, q.device)
+    out = tensors.new_output(q.shape, q.dtype, q.device)
     lse_shape = (batch, heads_q, seq_q) if packed is None else (heads_q, seq_q)
-    lse = new_output(lse_shape, torch.float32, q.device)
+    lse = tensors.new_output(lse_shape, torch.float32, q.device)
     block_d = _padded_head_dim(head_dim)
     config = forward_config(block_d, q.dtype)
     grid, grid_args = _grid(
@@ -194,7 +189,7 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
 
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
     fwd_cfg = forward_config(block_d, q.dtype)
-    delta = new_output(lse.shape, torch.float32, q.device)
+    delta = tensors.new_output(lse.shape, torch.float32, q.device)
     rows_batch = batch if packed is None else 1
     kernels._flash_bwd_preprocess_kernel[(triton.cdiv(seq_q, fwd_cfg.block_m) * rows_batch * heads_q,)](
         O=out, DO=dout, DLSE=dlse if dlse is not None else delta, DELTA=delta,
@@ -205,9 +200,9 @@ def backward(dout, q, k, v, out, lse, dlse, masking: Masking, scale: float, pack
     )  # fmt: skip
     runtime.record_launch(KERNEL_BACKWARD_PREPROCESS)
 
-    dk = new_output(k.shape, k.dtype, k.device)
-    dv = new_output(v.shape, v.dtype, v.device)
-    dq = new_output(q.shape, q.dtype, q.device)
+    dk = tensors.new_output(k.shape, k.dtype, k.device)
+    dv = tensors.new_output(v.shape, v.dtype, v.device)
+    dq = tensors.new_output(q.shape, q.dtype, q.device)
     cfg = backward_config(block_d, q.dtype)
     # What the dK/dV and dQ kernels share: inputs, strides, sizes, masking and dtype switches.
     common = dict(

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llm_speed.core import runtime
+from llm_speed.core import runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.core.kernel_math import rne_by_hand
 from llm_speed.matmul import configs, kernels, reference
@@ -71,11 +71,6 @@ def _batch_stride(x3: torch.Tensor) -> int:
 def _hardware(device: torch.device) -> Hardware:
     """Shared memory per block, SMs and capability of the device: they choose the configurations."""
     return hardware_of(device)
-
-
-def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Allocate a kernel output (uninitialised). One function so tests can poison every output with NaN."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def size_bucket(size: int) -> int:
@@ -348,7 +343,7 @@ def gemm_forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_d
         )  # fmt: skip
         _report_gemm(op_a, op_b, out)
         return out
-    out = new_output(_output_shape(a, b, trans_a, trans_b), out_dtype, a.device)
+    out = tensors.new_output(_output_shape(a, b, trans_a, trans_b), out_dtype, a.device)
     return launch_gemm(op_a, op_b, out, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
 
 
@@ -436,7 +431,7 @@ def _gemm_int8_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out = reference.gemm_int8_reference(a, b)
         _report_gemm(a, b, out)
         return out
-    out = new_output(_output_shape(a, b, False, False), torch.int32, a.device)
+    out = tensors.new_output(_output_shape(a, b, False, False), torch.int32, a.device)
     return launch_gemm(a, b, out)
 
 
