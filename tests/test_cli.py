@@ -1,22 +1,20 @@
-"""The ``llm-speed`` switchboard: commands, --version, typo suggestions, errors, start-up without torch, and
-an import graph without circles."""
+"""The ``llm-speed`` switchboard: commands, --version, typo suggestions, errors, start-up without torch."""
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_layers import SRC, imports_of
 
 import llm_speed
 from llm_speed import _cli, cli
 from llm_speed.perf import cli_hardware
 
 REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src"
 
 # Commands that need no kernel: they must not import torch (it takes seconds to import).
 MODEL_COMMANDS = (
@@ -125,62 +123,6 @@ def test_every_command_module_registers_itself():
     assert all(registrar.__name__ == "register" for registrar in cli.REGISTRARS)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _import_time_edges(path: Path, module: str) -> set[str]:
-    """The llm_speed modules ``module`` imports when it is imported (top level, not TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    edges: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
-            if isinstance(sub, ast.Import):
-                edges.update(alias.name for alias in sub.names)
-            elif isinstance(sub, ast.ImportFrom):
-                base = sub.module or ""
-                if sub.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - sub.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                edges.add(base)
-                edges.update(f"{base}.{alias.name}" for alias in sub.names)
-    return {edge for edge in edges if edge.startswith(("llm_speed", "cuda_llm_ops"))}
-
-
-def test_no_import_circles():
-    files = {_module_name(path): path for path in SRC.rglob("*.py")}
-    # An edge from a module to a package that contains it is no circle: the package is being initialised.
-    graph = {
-        module: {
-            edge
-            for edge in _import_time_edges(path, module)
-            if edge in files and edge != module and not module.startswith(edge + ".")
-        }
-        for module, path in files.items()
-    }
-
-    state: dict[str, str] = {}
-
-    def visit(module: str, trail: list[str]) -> None:
-        state[module] = "open"
-        for target in sorted(graph[module]):
-            if state.get(target) == "open":
-                cycle = trail[trail.index(target) :] + [target] if target in trail else [module, target]
-                pytest.fail(f"import circle: {' -> '.join(cycle)}")
-            if target not in state:
-                visit(target, [*trail, target])
-        state[module] = "done"
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-
-
 def test_shared_cli_module_imports_no_command():
-    edges = _import_time_edges(SRC / "llm_speed" / "_cli.py", "llm_speed._cli")
-    assert edges <= {"llm_speed._output", "llm_speed._output.NON_TERMINAL_WIDTH"}
+    edges = imports_of(SRC / "llm_speed" / "_cli.py", "llm_speed._cli")
+    assert all(edge.startswith(("llm_speed._output", "llm_speed.core.")) for edge in edges), edges

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from typing import TYPE_CHECKING
 
-from llm_speed._output import NON_TERMINAL_WIDTH
+from llm_speed._output import terminal_console as console  # noqa: F401 (commands print through it)
 
 if TYPE_CHECKING:  # annotations only: torch is imported when a device is resolved
     import torch
-    from rich.console import Console
 
 DEVICE_CHOICES = ("cuda", "cpu")
 
@@ -37,7 +35,7 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    """:func:`llm_speed.core.runtime.resolve_device` (the one rule, shared with the profiler and the timer)."""
+    """:func:`llm_speed.core.runtime.resolve_device`: the one rule, shared with the profiler and the timer."""
     from llm_speed.core.runtime import resolve_device as resolve
 
     return resolve(device)
@@ -83,15 +81,3 @@ def gemm_size(text: str) -> tuple[int, int, int]:
         return parse_gemm_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error).removeprefix("size: ")) from None
-
-
-def console(*, stderr: bool = False) -> Console:
-    """The console every command prints through: the terminal's width, or
-    :data:`llm_speed._output.NON_TERMINAL_WIDTH` columns when the stream is not a terminal (a pipe, a log
-    file, CI), so rich does not fold tables into slivers at its default 80 columns."""
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=NON_TERMINAL_WIDTH)

@@ -19,6 +19,17 @@ from rich.table import Table
 NON_TERMINAL_WIDTH = 200
 
 
+def terminal_console(*, stderr: bool = False) -> Console:
+    """The console every command prints through: the terminal's width, or :data:`NON_TERMINAL_WIDTH` columns
+    when the stream is not a terminal (a pipe, a log file, CI), so rich does not fold tables into slivers at
+    its default 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=NON_TERMINAL_WIDTH)
+
+
+
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, enums, tuples and paths to plain JSON values; non-finite floats become None."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -82,9 +93,7 @@ def print_table(
     for row in rows:
         table.add_row(*(format_value(v) for v in row))
     if console is None:
-        from llm_speed._cli import console as new_console
-
-        console = new_console()
+        console = terminal_console()
     console.print(table)
 
 

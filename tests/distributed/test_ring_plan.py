@@ -10,6 +10,7 @@ import torch.distributed as dist
 from llm_speed import flash_attention
 from llm_speed.cli import main
 from llm_speed.core import runtime
+from llm_speed.core.sequence_split import sequence_chunk_lengths, shard_lengths
 from llm_speed.distributed import (
     clear_sent_messages,
     gather_sequence,
@@ -17,12 +18,7 @@ from llm_speed.distributed import (
     sent_messages,
     shard_sequence,
 )
-from llm_speed.perf.context_parallel import (
-    ring_attention_plan,
-    ring_bytes_per_rank,
-    sequence_chunk_lengths,
-    shard_lengths,
-)
+from llm_speed.perf.context_parallel import ring_attention_plan, ring_bytes_per_rank
 from llm_speed.perf.distributed import context_parallel_kv_bytes_per_layer, link_bandwidth
 from llm_speed.perf.models import get_model
 

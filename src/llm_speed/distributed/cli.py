@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from llm_speed._output import dump_json, print_table
-from llm_speed.perf.context_parallel import LAYOUTS, ring_attention_plan
+from llm_speed.core.sequence_split import LAYOUTS
+from llm_speed.perf.context_parallel import ring_attention_plan
 from llm_speed.perf.distributed import LINKS
 
 MB = 1e6

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 import torch
 
 # One definition of the split, shared with the analytic model that prices it.
-from llm_speed.perf.context_parallel import (  # noqa: F401 (LAYOUTS: re-exported by the package)
+from llm_speed.core.sequence_split import (  # noqa: F401 (LAYOUTS: re-exported by the package)
     LAYOUTS,
     check_layout,
     rank_chunks,
     shard_lengths,
 )
-from llm_speed.perf.context_parallel import sequence_chunk_lengths as chunk_lengths
+from llm_speed.core.sequence_split import sequence_chunk_lengths as chunk_lengths
 
 
 def chunk_starts(lengths: Sequence[int]) -> list[int]:
