@@ -193,6 +193,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
     train.set_defaults(func=run_train_step_command)
 
+    overhead = kinds.add_parser(
+        "overhead",
+        help="per-call cost of every public op on a tiny problem beside PyTorch's equivalent",
+        description=(
+            "Time one call of every public op on a tiny problem next to PyTorch's nearest equivalent and SDPA. "
+            "On a CPU llm-speed's ops take the CUDA code path with the launch stubbed (host cost of a GPU call)."
+        ),
+    )
+    overhead.add_argument("--ops", nargs="+", choices=options.OVERHEAD_OPS, help="default: all of them")
+    overhead.add_argument(
+        "--modes", nargs="+", choices=options.OVERHEAD_MODES, help="default: inference autograd"
+    )
+    overhead.add_argument("--calls", type=positive_int, help="calls per timed run (GPU 1000, CPU 2000)")
+    overhead.add_argument("--repeats", type=positive_int, default=5, help="timed runs; the fastest counts (5)")
+    _cli.add_device_argument(overhead)
+    overhead.add_argument("--json", action="store_true", help="print the results as JSON")
+    overhead.add_argument("--output", metavar="PATH", help="also write the JSON results here")
+    overhead.set_defaults(func=run_overhead_command)
+
     op = kinds.add_parser(
         "op",
         help="any op of the table with an example problem, against its PyTorch baseline",
@@ -464,3 +483,31 @@ def run_train_step_command(args: argparse.Namespace) -> int:
     return _finish(
         args, settings, rows, writer, train_step_bench.print_train_step, f"training step, {settings.model}"
     )
+
+
+def run_overhead_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench overhead``."""
+    from llm_speed._output import dump_json, prepare_output_path
+    from llm_speed.bench import overhead
+
+    device = _cli.resolve_device(args.device)
+    if args.output is not None:
+        prepare_output_path(args.output, argument="--output")
+    settings = {
+        "ops": list(args.ops or overhead.OPS),
+        "modes": list(args.modes or ("inference", "autograd")),
+        "calls": args.calls,
+        "repeats": args.repeats,
+        "device": str(device),
+    }
+    rows = overhead.measure(
+        device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
+    )
+    payload = overhead.results_payload(rows, device, settings)
+    if args.output is not None:
+        dump_json(payload, args.output)
+    if args.json:
+        dump_json(payload)
+    else:
+        overhead.print_rows(rows, _cli.console())
+    return 0

@@ -41,3 +41,9 @@ GEMM_TRITON_IMPLS = ("llm-speed",)
 _FLOAT_ROW, _INT8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8")
 GEMM_FLOAT_IMPLS = (_FLOAT_ROW.bench_name, *_FLOAT_ROW.alternatives)  # llm-speed, torch
 GEMM_INT8_IMPLS = (_INT8_ROW.bench_name, *_INT8_ROW.alternatives)  # llm-speed, torch-int-mm
+
+# --- bench overhead ---
+OVERHEAD_OPS = ("flash_attention", "tiled_attention", "naive_attention", "flash_attention_varlen",
+                "flash_attention_with_kvcache", "gemm", "tensor_core_gemm_int8", "rms_norm", "swiglu",
+                "apply_rotary", "fused_linear_cross_entropy")  # fmt: skip
+OVERHEAD_MODES = ("inference", "autograd", "training")
