@@ -1,9 +1,9 @@
 """A stand-in for a CUDA GPU inside Triton, for tests of the launch path on a CPU.
 
 :func:`install` makes Triton's active driver report an sm_90 target and replaces its compiler with a recorder:
-``JITFunction.run`` then binds, specialises and looks kernels up exactly as on a GPU, and every launch (Triton's
-own or llm-speed's direct one) appends its arguments to :data:`LAUNCHES`. Run it in a process without
-``TRITON_INTERPRET``; it works with the installed Triton and with the GPU machine's 3.6.
+``JITFunction.run`` then binds, specialises and looks kernels up exactly as on a GPU, and every launch
+(Triton's own or llm-speed's direct one) appends its arguments to :data:`LAUNCHES`. Run it in a process
+without ``TRITON_INTERPRET``; it works with the installed Triton and with the GPU machine's 3.6.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_layers import SRC, imports_of
 
 import llm_speed
 from llm_speed import _cli, cli
 from llm_speed.perf import cli_hardware
+from test_layers import SRC, imports_of
 
 REPO = Path(__file__).resolve().parents[1]
 

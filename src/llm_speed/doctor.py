@@ -2,8 +2,8 @@
 
 Every answer comes from trying: the SDPA backends are each run once on a tiny input, and each op of the op
 table (:mod:`llm_speed.ops`) that has a probe is called once on a tiny input while the Triton launch counters
-(``llm_speed.core.runtime``) show whether a Triton kernel ran or a PyTorch fallback did. The command exits 1 when
-any probe fails, so a CI job can run it as a smoke test.
+(``llm_speed.core.runtime``) show whether a Triton kernel ran or a PyTorch fallback did. The command exits 1
+when any probe fails, so a CI job can run it as a smoke test.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 How the row is used:
 
 - **Work reports.** Whatever path computes an op (a Triton launcher, or the plain-PyTorch fallback on a CPU
-  without the interpreter) calls ``llm_speed.core.runtime.report_work(row.name, **problem)`` once per call. The
-  profiler looks the row up with :func:`get` and turns ``row.work(**problem)`` into FLOPs and bytes for the
-  ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost silently.
+  without the interpreter) calls ``llm_speed.core.runtime.report_work(row.name, **problem)`` once per call.
+  The profiler looks the row up with :func:`get` and turns ``row.work(**problem)`` into FLOPs and bytes for
+  the ``profile`` blocks that are open. An op name with no row is an error: a report can never be lost
+  silently.
 - **Probes.** ``llm-speed doctor`` runs :meth:`Op.run_probe` (a tiny call of the public function: the row's
   ``probe``, else its ``example`` at :data:`PROBE_SIZE`) for every row with either, and reports what ran under
   ``row.title``; any failing probe makes it exit 1.
@@ -188,11 +189,13 @@ def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
     return Work(total.flops, total.bytes_moved, op_a.dtype, out.device)
 
 
-def kvcache_work(*, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, **_: Any) -> Work | None:
+def kvcache_work(
+    *, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, **_: Any
+) -> Work | None:
     """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
-    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows can
-    see (``cache_seqlens + seq_new``, at most ``left + seq_q`` under a left window). Reads the lengths on the
-    host: only the profiler calls it."""
+    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
+    can see (``cache_seqlens + seq_new``, at most ``left + seq_q`` under a left window). Reads the lengths on
+    the host: only the profiler calls it."""
     _, seq_q, heads_q, head_dim = q.shape
     if q.numel() == 0:
         return None
@@ -227,13 +230,14 @@ def rms_norm_work(backward: bool = False) -> Callable[..., Work | None]:
 
 
 def swiglu_work(backward: bool = False) -> Callable[..., Work | None]:
-    """Cost of a SwiGLU call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out; backward:
-    dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then the products:
-    5 forward, 10 backward)."""
+    """Cost of a SwiGLU call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out;
+    backward: dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then the
+    products: 5 forward, 10 backward)."""
 
     def cost(*, gate: Any, **_: Any) -> Work:
         n, size = gate.numel(), gate.element_size()
-        return Work((10.0 if backward else 5.0) * n, (5 if backward else 3) * n * size, gate.dtype, gate.device)
+        flops, moved = (10.0 * n, 5 * n * size) if backward else (5.0 * n, 3 * n * size)
+        return Work(flops, moved, gate.dtype, gate.device)
 
     return cost
 
@@ -318,7 +322,8 @@ def rms_norm_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
     import torch
 
     dtype = default_dtype(device, dtype)
-    return (torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, device=device, dtype=dtype)), {}
+    x = torch.randn(size, size, device=device, dtype=dtype)
+    return (x, torch.randn(size, device=device, dtype=dtype)), {}
 
 
 def swiglu_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:

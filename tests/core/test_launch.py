@@ -13,9 +13,9 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton_builds import BUILDS, environment
 
 from llm_speed.core import launch, runtime
+from triton_builds import BUILDS, environment
 
 TESTS = Path(__file__).resolve().parents[1]
 

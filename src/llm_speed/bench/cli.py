@@ -197,8 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "overhead",
         help="per-call cost of every public op on a tiny problem beside PyTorch's equivalent",
         description=(
-            "Time one call of every public op on a tiny problem next to PyTorch's nearest equivalent and SDPA. "
-            "On a CPU llm-speed's ops take the CUDA code path with the launch stubbed (host cost of a GPU call)."
+            "Time one call of every public op on a tiny problem next to PyTorch's nearest equivalent and "
+            "SDPA. On a CPU llm-speed's ops take the CUDA code path with the launch stubbed (the host cost "
+            "of a GPU call)."
         ),
     )
     overhead.add_argument("--ops", nargs="+", choices=options.OVERHEAD_OPS, help="default: all of them")
@@ -206,7 +207,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--modes", nargs="+", choices=options.OVERHEAD_MODES, help="default: inference autograd"
     )
     overhead.add_argument("--calls", type=positive_int, help="calls per timed run (GPU 1000, CPU 2000)")
-    overhead.add_argument("--repeats", type=positive_int, default=5, help="timed runs; the fastest counts (5)")
+    overhead.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs; the fastest counts (5)"
+    )
     _cli.add_device_argument(overhead)
     overhead.add_argument("--json", action="store_true", help="print the results as JSON")
     overhead.add_argument("--output", metavar="PATH", help="also write the JSON results here")

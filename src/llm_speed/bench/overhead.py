@@ -32,10 +32,12 @@ import torch.nn.functional as F
 
 from llm_speed.bench.options import OVERHEAD_MODES as MODES
 from llm_speed.bench.options import OVERHEAD_OPS
+
 # The yardstick every op is measured against on a CPU, and the ratio each op family must stay under.
 YARDSTICK = "sdpa"
 CPU_TARGETS = {"inference": 2.5, "autograd": 5.0}
-CPU_TARGETS_PACKED = {"inference": 3.0, "autograd": 5.0}  # flash_attention_varlen, flash_attention_with_kvcache
+# flash_attention_varlen, flash_attention_with_kvcache
+CPU_TARGETS_PACKED = {"inference": 3.0, "autograd": 5.0}
 GPU_TARGET = 1.3  # at most this times PyTorch's equivalent, wall time per call
 
 
@@ -142,12 +144,14 @@ def _int_mm(device, dtype, grad):
 def _rms_norm(device, dtype, grad):
     import llm_speed
 
-    x, w = _randn(4, 64, device=device, dtype=dtype, grad=grad), _randn(64, device=device, dtype=dtype, grad=grad)
+    x = _randn(4, 64, device=device, dtype=dtype, grad=grad)
+    w = _randn(64, device=device, dtype=dtype, grad=grad)
     return lambda: llm_speed.rms_norm(x, w)
 
 
 def _f_rms_norm(device, dtype, grad):
-    x, w = _randn(4, 64, device=device, dtype=dtype, grad=grad), _randn(64, device=device, dtype=dtype, grad=grad)
+    x = _randn(4, 64, device=device, dtype=dtype, grad=grad)
+    w = _randn(64, device=device, dtype=dtype, grad=grad)
     return lambda: F.rms_norm(x, (64,), w, eps=1e-6)
 
 
@@ -191,13 +195,15 @@ def _eager_rotary(device, dtype, grad):
 def _linear_ce(device, dtype, grad):
     import llm_speed
 
-    h, w = _randn(8, 16, device=device, dtype=dtype, grad=grad), _randn(64, 16, device=device, dtype=dtype, grad=grad)
+    h = _randn(8, 16, device=device, dtype=dtype, grad=grad)
+    w = _randn(64, 16, device=device, dtype=dtype, grad=grad)
     target = torch.randint(0, 64, (8,), device=device)
     return lambda: llm_speed.fused_linear_cross_entropy(h, w, target)
 
 
 def _eager_linear_ce(device, dtype, grad):
-    h, w = _randn(8, 16, device=device, dtype=dtype, grad=grad), _randn(64, 16, device=device, dtype=dtype, grad=grad)
+    h = _randn(8, 16, device=device, dtype=dtype, grad=grad)
+    w = _randn(64, 16, device=device, dtype=dtype, grad=grad)
     target = torch.randint(0, 64, (8,), device=device)
     return lambda: F.cross_entropy(F.linear(h, w).float(), target)
 
@@ -317,7 +323,8 @@ def measure(
             ours = case.baseline is not None
             # Our ops run the CUDA path with the launch stubbed on a CPU; PyTorch's run for real.
             simulated = ours and not on_gpu
-            with launch.simulated_gpu() if simulated else contextlib.nullcontext(), torch.set_grad_enabled(grad):
+            path = launch.simulated_gpu() if simulated else contextlib.nullcontext()
+            with path, torch.set_grad_enabled(grad):
                 fn = _runner(case.make(device, dtype, grad), mode)
                 us = _time(fn, calls if mode != "training" else max(1, calls // 4), repeats, device)
                 kernel = _kernel_us(fn, min(calls, 100)) if on_gpu else None
@@ -358,7 +365,7 @@ def results_payload(rows: Sequence[Row], device: torch.device, settings: dict[st
         "benchmark": "overhead",
         "environment": environment(device),
         "settings": settings,
-        "notes": [meaning, f"targets: {'GPU' if device.type == 'cuda' else 'CPU'} (see llm_speed.bench.overhead)"],
+        "notes": [meaning, f"targets: {'GPU' if device.type == 'cuda' else 'CPU'}, llm_speed.bench.overhead"],
         "results": [dataclasses.asdict(row) for row in rows],
     }
 

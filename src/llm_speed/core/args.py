@@ -53,7 +53,12 @@ def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
 
 
 def check_real(
-    name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None, positive: bool = False
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
 ) -> float:
     """``value`` as a float if it is a finite real number (bools refused, NumPy scalars accepted), optionally
     > 0 (``positive``) and within ``[minimum, maximum]``; TypeError or ValueError naming ``name``."""

@@ -2,9 +2,9 @@
 
 Each op chooses its :class:`KernelConfig` with one pure function of the problem and the
 :class:`~llm_speed.core.hardware.Hardware` (shared memory per block, SMs, compute capability), cached, never
-by timing candidates on a call (a call's cost must not depend on a first-call search): flash-attention does the
-same (``flash_attn/cute/interface.py``, ``_tile_size_fwd_sm90``; ``num_splits_heuristic``). The launcher passes
-the fields to its kernel by keyword, under the kernel's own constexpr names.
+by timing candidates on a call (a call's cost must not depend on a first-call search): flash-attention does
+the same (``flash_attn/cute/interface.py``, ``_tile_size_fwd_sm90``; ``num_splits_heuristic``). The launcher
+passes the fields to its kernel by keyword, under the kernel's own constexpr names.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import dataclasses
 class KernelConfig:
     """Tile sizes and launch parameters of one kernel launch.
 
-    ``block_m`` x ``block_n`` is a program's tile: query rows x keys (attention), output rows x columns (GEMM),
-    rows x columns (fused ops: tokens x hidden or vocabulary entries). Keyword-only and None where a kernel has
-    no such tile: ``block_k`` (GEMM: the step along the reduction), ``block_d`` (attention: head_dim padded to
-    a power of two), ``group_m`` (GEMM: the width of the grouped launch order). ``splits``: programs that
-    share one reduction and whose partial results are merged afterwards (split-KV decode; the per-program
-    weight-gradient partials of the fused ops).
+    ``block_m`` x ``block_n`` is a program's tile: query rows x keys (attention), output rows x columns
+    (GEMM), rows x columns (fused ops: tokens x hidden or vocabulary entries). Keyword-only and None where a
+    kernel has no such tile: ``block_k`` (GEMM: the step along the reduction), ``block_d`` (attention:
+    head_dim padded to a power of two), ``group_m`` (GEMM: the width of the grouped launch order). ``splits``:
+    programs that share one reduction and whose partial results are merged afterwards (split-KV decode; the
+    per-program weight-gradient partials of the fused ops).
     """
 
     block_m: int

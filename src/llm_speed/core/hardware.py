@@ -1,11 +1,12 @@
 """The hardware facts that choose a kernel configuration (:mod:`llm_speed.core.config`).
 
-:class:`Hardware` holds what the choice depends on: the shared memory one block may use (the CUDA opt-in maximum per block), the number of
-SMs and the compute capability (which says whether tensor descriptors, TMA, exist: compute capability 9.0
-and later, CUDA C++ Programming Guide, "Tensor Memory Access"). It comes from the live device
-(``torch.cuda.get_device_properties``) or from an entry of the GPU table (``llm_speed.core.gpus``), so a GPU
-is served by what it has, not by its name. Without a GPU (the Triton interpreter) the H100 SXM entry stands
-in: the interpreter ignores warps and stages, and its tiles then match what the H100 runs.
+:class:`Hardware` holds what the choice depends on: the shared memory one block may use (the CUDA opt-in
+maximum per block), the number of SMs and the compute capability (which says whether tensor descriptors, TMA,
+exist: compute capability 9.0 and later, CUDA C++ Programming Guide, "Tensor Memory Access"). It comes from
+the live device (``torch.cuda.get_device_properties``) or from an entry of the GPU table
+(``llm_speed.core.gpus``), so a GPU is served by what it has, not by its name. Without a GPU (the Triton
+interpreter) the H100 SXM entry stands in: the interpreter ignores warps and stages, and its tiles then match
+what the H100 runs.
 
 Nothing here touches the GPU at import time; a live device is read once, on first use, and cached.
 """

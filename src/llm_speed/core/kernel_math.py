@@ -4,7 +4,8 @@ helper that sets their switches.
 - :func:`cast` rounds float32 to 16-bit types the same way on a GPU and under Triton's interpreter. Compiled
   Triton rounds float32 -> bfloat16 to nearest even; the interpreter truncates, which biases rounded tiles
   (softmax probabilities, dS, GEMM outputs) low and makes CPU tests of bfloat16 kernels disagree with the GPU.
-  With ``RNE_BY_HAND`` (:func:`rne_by_hand`) the rounding is done on the bits first, so the final cast is exact.
+  With ``RNE_BY_HAND`` (:func:`rne_by_hand`) the rounding is done on the bits first, so the final cast is
+  exact.
 - :func:`tanh` in float32 from ``exp2`` (libdevice does not run under the interpreter), accurate near 0, where
   ``1 - 2 / (e^2x + 1)`` cancels.
 - :func:`dot` is ``tl.dot`` accumulating in float32, with the interpreter's bfloat16 fault worked around.

@@ -14,8 +14,8 @@ An op keeps its plans in a cache keyed on what fixes them (shapes, strides, dtyp
 compiles the kernel (or, under the interpreter, runs it); later launches hand the arguments straight to the
 compiled kernel in its parameter order, as Triton's ``JITFunction.run`` does (``tests/test_launch.py`` checks
 this against the installed Triton and the GPU machine's 3.6). Triton's own path still serves a launch whose
-per-call tensor is not 16-byte aligned where the first one was (the compiled kernel assumed it), one made while
-another CUDA device is current, and one made while a launch hook (Triton's profiler) is installed.
+per-call tensor is not 16-byte aligned where the first one was (the compiled kernel assumed it), one made
+while another CUDA device is current, and one made while a launch hook (Triton's profiler) is installed.
 
 Plans hold no tensors; per-call arguments are tensors (whose dtypes the plan's key fixes) and floats (never
 specialised by Triton). Host arithmetic here is plain Python (:func:`cdiv`, :func:`next_power_of_2`):
@@ -100,7 +100,9 @@ class Plan:
 
     __slots__ = ("kernel", "grid", "fixed", "num_warps", "num_stages", "per_call", "launch", "direct")
 
-    def __init__(self, kernel: Kernel, grid: tuple[int, int, int], fixed: dict, num_warps: int, num_stages: int):
+    def __init__(
+        self, kernel: Kernel, grid: tuple[int, int, int], fixed: dict, num_warps: int, num_stages: int
+    ):
         self.kernel = kernel
         self.grid = grid
         self.fixed = fixed
@@ -127,13 +129,16 @@ class Plan:
         missing = set(self.per_call) - set(per_call)
         if missing or len(per_call) != len(self.per_call):
             extra = sorted(set(per_call) - set(self.per_call))
-            raise TypeError(f"{self.kernel.name}: per-call arguments missing {sorted(missing)}, unexpected {extra}")
+            raise TypeError(
+                f"{self.kernel.name}: per-call arguments missing {sorted(missing)}, unexpected {extra}"
+            )
         for name, value in per_call.items():
             if not isinstance(value, (torch.Tensor, float)) and not hasattr(value, "base"):
-                # Triton specialises ints (== 1, divisible by 16): an int that varies belongs in the plan's key.
+                # Triton specialises ints (== 1, divisible by 16): an int that varies belongs in the plan's
+                # key.
                 raise TypeError(
-                    f"{self.kernel.name}: per-call {name} is {type(value).__name__}; per call: tensors, floats "
-                    "and tensor descriptors only"
+                    f"{self.kernel.name}: per-call {name} is {type(value).__name__}; per call: tensors, "
+                    "floats and tensor descriptors only"
                 )
         if runtime.SIMULATED_GPU:
             self._go_direct(per_call, _Stub(), None)
@@ -154,21 +159,21 @@ class Plan:
     def _misuse(self, **per_call: Any) -> None:
         got = {n: v.dtype for n, v in per_call.items() if isinstance(v, torch.Tensor)}
         raise RuntimeError(
-            f"{self!r} launched with dtypes {got}, other than its first launch's: the op's plan key must include "
-            "every per-call tensor's dtype (a bug in llm-speed; please report it)"
+            f"{self!r} launched with dtypes {got}, other than its first launch's: the op's plan key must "
+            "include every per-call tensor's dtype (a bug in llm-speed; please report it)"
         )
 
     def _go_direct(self, per_call: dict, compiled: Any, device: int | None) -> None:
         """Make ``launch`` a function that passes its arguments straight to ``compiled``."""
         names = self.per_call
         # Pointers Triton specialised as 16-byte aligned at the first launch: later ones must be too.
-        aligned = [n for n in names if isinstance(per_call[n], torch.Tensor) and per_call[n].data_ptr() % 16 == 0]
+        tensor_names = [n for n in names if isinstance(per_call[n], torch.Tensor)]
+        aligned = [n for n in tensor_names if per_call[n].data_ptr() % 16 == 0]
         constants = [self.fixed[p] for p in self.kernel.params if p in self.fixed]
         constant_names = [f"_c{i}" for i in range(len(constants))]
         it = iter(constant_names)
         arguments = ", ".join(p if p not in self.fixed else next(it) for p in self.kernel.params)
         keywords = ", ".join(f"{n}={n}" for n in names)
-        tensor_names = [n for n in names if isinstance(per_call[n], torch.Tensor)]
         dtypes = [per_call[n].dtype for n in tensor_names]
         misuse = " or ".join(f"{n}.dtype is not _dtypes[{i}]" for i, n in enumerate(tensor_names))
         guards = []
@@ -179,8 +184,8 @@ class Plan:
             guards.append("not (_idle(_knobs.launch_enter_hook) and _idle(_knobs.launch_exit_hook))")
         g0, g1, g2 = self.grid
         lines = [
-            "def _factory(_run, _function, _packed, _stream, _slow, _misuse, _dtypes, _count, _name, _current,",
-            f"             _device, _knobs, _idle, {', '.join([*constant_names, '_unused=None'])}):",
+            "def _factory(_run, _function, _packed, _stream, _slow, _misuse, _dtypes, _count, _name,",
+            f"    _current, _device, _knobs, _idle, {', '.join([*constant_names, '_unused=None'])}):",
             f"    def launch(*, {', '.join(names)}):",
         ]
         if misuse:  # the plan's key must fix every per-call tensor's dtype: a miss is a bug in the op
@@ -188,7 +193,8 @@ class Plan:
         if guards:
             lines += [f"        if {' or '.join(guards)}:", f"            return _slow({keywords})"]
         lines += [
-            f"        _run({g0}, {g1}, {g2}, _stream(_device), _function, _packed, None, None, None, {arguments})",
+            f"        _run({g0}, {g1}, {g2}, _stream(_device), _function, _packed, None, None, None,",
+            f"             {arguments})",
             "        _count[_name] += 1",
             "    return launch",
         ]

@@ -77,8 +77,8 @@ def triton_runs_on(device: torch.device) -> bool:
 _CHECK_SETTING = os.environ.get("LLM_SPEED_CHECK_INPUTS", "").strip()
 if _CHECK_SETTING not in ("", "0", "1"):
     raise ValueError(
-        f"LLM_SPEED_CHECK_INPUTS={_CHECK_SETTING!r}; accepted: 1 (always check the values of index tensors on "
-        "the host), 0 (never), or unset (CPU tensors only)"
+        f"LLM_SPEED_CHECK_INPUTS={_CHECK_SETTING!r}; accepted: 1 (always check the values of index tensors "
+        "on the host), 0 (never), or unset (CPU tensors only)"
     )
 CHECK_INPUTS: bool | None = {"1": True, "0": False}.get(_CHECK_SETTING)
 

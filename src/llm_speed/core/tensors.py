@@ -1,7 +1,8 @@
 """Tensor arguments: the checks every op makes before any work, and the one way kernel outputs are allocated.
 
 Checks read only metadata (type, dtype, rank, device, strides): they cost nothing on any device and never wait
-for the GPU. Checks of tensor *values* are the ops' business, behind :func:`llm_speed.core.runtime.check_values`.
+for the GPU. Checks of tensor *values* are the ops' business, behind
+:func:`llm_speed.core.runtime.check_values`.
 """
 
 from __future__ import annotations
@@ -45,5 +46,6 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate a kernel output (uninitialised). Every op allocates through this one function, so tests can
-    poison every output with NaN (``tests/accuracy_rule.py``) and an element a kernel forgets to write fails."""
+    poison every output with NaN (``tests/accuracy_rule.py``) and an element a kernel forgets to write
+    fails."""
     return torch.empty(shape, dtype=dtype, device=device)

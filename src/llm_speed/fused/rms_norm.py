@@ -41,7 +41,8 @@ def _rms_norm_fwd_kernel(
     o_h = tl.arange(0, BLOCK_H)
     m_r = o_r < rows
     m = m_r[:, None] & (o_h < hidden)[None, :]
-    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)  # [BR, BH]
+    p_x = x_ptr + o_r[:, None] * stride_x + o_h[None, :]
+    b_x = tl.load(p_x, mask=m, other=0.0).to(tl.float32)  # [BR, BH]
     b_w = tl.load(w_ptr + o_h, mask=o_h < hidden, other=0.0).to(tl.float32)
     b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / hidden + eps)  # [BR]
     b_y = b_x * b_rstd[:, None] * (offset + b_w)[None, :]
@@ -107,7 +108,8 @@ def forward_config(rows: int, hidden: int) -> KernelConfig:
 
 @functools.cache
 def backward_config(rows: int, hidden: int, hardware: Hardware, interpreted: bool) -> KernelConfig:
-    """One row at a time; ``splits`` programs, one per SM (each writes one float32 weight-gradient partial)."""
+    """One row at a time; ``splits`` programs, one per SM (each writes one float32 weight-gradient
+    partial)."""
     block_h = next_power_of_2(hidden)
     programs = max(1, min(rows, INTERPRETER_PROGRAMS if interpreted else hardware.sm_count))
     programs = cdiv(rows, cdiv(rows, programs))  # no program without rows
