@@ -17,23 +17,45 @@ import triton
 import triton.language as tl
 
 from llm_speed import cli, ops
-from llm_speed.core import runtime
+from llm_speed.core import runtime, tensors
+from llm_speed.core.config import KernelConfig
+from llm_speed.core.dispatch import Op
 from llm_speed.core.kernel_math import cast, rne_by_hand
+from llm_speed.core.launch import Kernel, Plan, cdiv, plan_cache
+from llm_speed.core.tensors import check_tensor
 from llm_speed.profiler import CUDAProfiler
 
-# --- the one file: src/llm_speed/silu.py (imports: torch, triton, tl, runtime, ops, cast, rne_by_hand) ---
+# --- the one file: src/llm_speed/silu.py (its imports are the block above, less the test's own) ---------
 
-KERNEL = "silu"
-BLOCK = 1024
+# --- kernels
 
 
 @triton.jit
 def _silu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    y = x / (1.0 + tl.exp(-x))  # silu(x) = x * sigmoid(x), in fp32
-    tl.store(out_ptr + offsets, cast(y, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=mask)
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    b_x = tl.load(x_ptr + o, mask=m).to(tl.float32)
+    b_y = b_x / (1.0 + tl.exp(-b_x))  # silu(x) = x * sigmoid(x), in fp32
+    tl.store(out_ptr + o, cast(b_y, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+
+
+# --- launcher
+
+FORWARD = Kernel(_silu_kernel, "silu")
+
+
+def config(n: int) -> KernelConfig:
+    """1024 elements per program, 4 warps: an elementwise op needs nothing of the hardware."""
+    return KernelConfig(1, 1024, num_warps=4, num_stages=1)
+
+
+@plan_cache
+def _plan(n: int, dtype: torch.dtype, device: torch.device) -> Plan:
+    cfg = config(n)
+    return FORWARD.plan(
+        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
 
 
 def silu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -41,21 +63,43 @@ def silu_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x.float()).to(x.dtype)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU (Elfwing et al., 2018, arXiv:1702.03118) of any float tensor, in one Triton kernel."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"x must be a float16/bfloat16/float32 tensor, got {getattr(x, 'dtype', type(x))}")
-    x = x.contiguous()
+def forward(x: torch.Tensor) -> torch.Tensor:
     runtime.report_work("silu", x=x)  # every path reports its work once, for the profiler
     if x.numel() == 0 or not runtime.triton_runs_on(x.device):
         return silu_reference(x)
-    out = torch.empty_like(x)
-    with runtime.on_device_of(x):
-        _silu_kernel[(triton.cdiv(x.numel(), BLOCK),)](
-            x_ptr=x, out_ptr=out, n=x.numel(), BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(x.dtype)
-        )
-    runtime.record_launch(KERNEL)
+    out = tensors.new_output(x.shape, x.dtype, x.device)
+    _plan(x.numel(), x.dtype, x.device).launch(x_ptr=x, out_ptr=out)
     return out
+
+
+# --- op registration (an op with a gradient adds an autograd section: see llm_speed/fused/rms_norm.py)
+
+
+@torch.library.custom_op("llm_speed::walkthrough_silu", mutates_args=())
+def _silu_op(x: torch.Tensor) -> torch.Tensor:
+    return forward(x)
+
+
+@_silu_op.register_fake
+def _silu_fake(x):
+    return torch.empty_like(x)
+
+
+_silu_call = Op(_silu_op, forward)
+
+
+# --- public function
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU (Elfwing et al., 2018, arXiv:1702.03118) of any float tensor, in one Triton kernel."""
+    check_tensor("x", x)
+    return _silu_call(x.contiguous())
+
+
+# --- end of the file --------------------------------------------------------------------------------------
+
+# --- its row's cost and example, in src/llm_speed/ops.py ----------------------------------------------------
 
 
 def silu_work(*, x: torch.Tensor) -> ops.Work | None:
@@ -69,14 +113,12 @@ def silu_example(device, dtype, size: int):
     return (torch.randn(size, size, device=device, dtype=ops.default_dtype(device, dtype)),), {}
 
 
-# --- end of the file --------------------------------------------------------------------------------------
-
-# The one row; in src/llm_speed/ops.py the module is "llm_speed.silu" instead of this test module.
+# The one row; in src/llm_speed/ops.py the function is "llm_speed.silu:silu" instead of this test module's.
 ROW = ops.Op(
     "silu",
     f"{__name__}:silu",
-    cost=f"{__name__}:silu_work",
-    example=f"{__name__}:silu_example",
+    cost=silu_work,
+    example=silu_example,
     baseline="torch.nn.functional:silu",
 )
 
@@ -88,9 +130,9 @@ def with_row(monkeypatch):
 
 def test_kernel_matches_the_reference_within_the_accuracy_rule(device):
     x = torch.randn(3, 1000, device=device, dtype=torch.bfloat16) * 4
-    before = runtime.launch_count(KERNEL)
+    before = runtime.launch_count(FORWARD.name)
     out = silu(x)
-    assert runtime.launch_count(KERNEL) == before + 1  # the Triton kernel ran, not the fallback
+    assert runtime.launch_count(FORWARD.name) == before + 1  # the Triton kernel ran, not the fallback
     truth = torch.nn.functional.silu(x.double())
     ours = (out.double() - truth).abs().max()
     torch_same_precision = (silu_reference(x).double() - truth).abs().max()
@@ -111,7 +153,7 @@ def test_doctor_probes_it(device, monkeypatch, capsys):
     monkeypatch.setattr(ops, "OPS", (ROW,))  # only the new row: the others are probed in tests/test_ops.py
     assert cli.main(["doctor", "--device", device.type, "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)["dispatch"]["silu"]
-    assert entry["kernels"] == [KERNEL] and entry["runs"].startswith("Triton")
+    assert entry["kernels"] == [FORWARD.name] and entry["runs"].startswith("Triton")
 
 
 def test_bench_op_times_it_against_its_baseline(with_row, capsys):
@@ -123,7 +165,7 @@ def test_bench_op_times_it_against_its_baseline(with_row, capsys):
 
 
 def test_bad_and_empty_input():
-    with pytest.raises(TypeError, match="x must be"):
+    with pytest.raises(TypeError, match="x has dtype torch.int32; accepted: float16, bfloat16, float32"):
         silu(torch.zeros(3, dtype=torch.int32))
     assert silu(torch.empty(0, 5)).shape == (0, 5)
 
@@ -132,7 +174,9 @@ def test_docs_show_this_code():
     """docs/architecture.md's walkthrough shows the code tested here, line for line."""
     root = Path(__file__).resolve().parents[1]
     docs = (root / "docs" / "architecture.md").read_text()
-    shown = re.findall(r"```python\n(import torch\n.*?)```", docs, flags=re.S)[0]
+    blocks = re.findall(r"```python\n(.*?)```", docs, flags=re.S)
     tested = Path(__file__).read_text()
-    tested = tested[tested.index('KERNEL = "silu"') : tested.index("# --- end of the file")]
-    assert shown[shown.index('KERNEL = "silu"') :].strip() == tested.strip()
+    op_file = tested[tested.index("# --- kernels") : tested.index("# --- end of the file")]
+    row_cost = tested[tested.index("def silu_work") : tested.index("# The one row")]
+    assert any(op_file.strip() in block for block in blocks), "the op file's code is not shown as tested"
+    assert any(row_cost.strip() in block for block in blocks), "the row's cost is not shown as tested"
