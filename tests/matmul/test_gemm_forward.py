@@ -43,7 +43,8 @@ def test_shapes_and_dtypes(device, m, n, k, dtype):
 
 
 def test_outputs_are_really_poisoned(device):
-    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through core.tensors.new_output.
+    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through
+    # core.tensors.new_output.
     out = llm_speed.gemm(rand(0, 5, device=device), rand(5, 4, device=device))
     assert out.shape == (0, 4)
     assert tensors.new_output((3, 4), torch.float16, device).isnan().all()
@@ -102,7 +103,7 @@ def test_transposes_are_strides_not_views(device):
     a, b = rand(50, 40, device=device), rand(36, 50, device=device)
     out = llm_speed.gemm(a, b, trans_a=True, trans_b=True)
     assert_gemm_accurate(out, a, b, trans_a=True, trans_b=True)
-    recipe = ops._recipe_of(a, b, a.dtype, True, True, None, None, None, None, None, None)
+    recipe = ops._recipe_of(a, b, a.dtype, True, True, None, None, None, None, None, None, a.device)
     plan, per_call = recipe.arguments(a, b, None, None, out, 1.0, 0.0)
     assert per_call["a_ptr"] is a and per_call["b_ptr"] is b
     assert (plan.fixed["M"], plan.fixed["N"], plan.fixed["K"]) == (40, 36, 50)
@@ -110,22 +111,50 @@ def test_transposes_are_strides_not_views(device):
     assert (plan.fixed["stride_bk"], plan.fixed["stride_bn"]) == (1, 50)
 
 
+@pytest.mark.parametrize("path", ["tiled", "persistent_tma"])
+def test_a_launch_passes_what_planned_launch_reports(device, path, monkeypatch):
+    """``planned_launch`` (what the sm90 compile test compiles) and the launch agree on every argument."""
+    if path == "persistent_tma" and device.type == "cuda" and not ops.has_tma(hardware_of(device)):
+        pytest.skip("the TMA kernel is not used on this GPU")
+    a, w = rand(40, 48, dtype=torch.float16, device=device), rand(32, 48, dtype=torch.float16, device=device)
+    b = w.mT  # the x @ W^T layout
+    bias, out = rand(32, device=device), torch.empty(40, 32, dtype=torch.float16, device=device)
+    plan, planned = ops.planned_launch(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    launched = []
+    monkeypatch.setattr(plan, "launch", lambda **per_call: launched.append(per_call))
+    ops.launch_gemm(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    assert launched and launched[0].keys() == planned.keys()
+    for name, value in planned.items():
+        got = launched[0][name]
+        if isinstance(value, torch.Tensor):
+            assert got.data_ptr() == value.data_ptr() and got.stride() == value.stride(), name
+        elif isinstance(value, float):
+            assert got == value, name
+        else:  # a tensor descriptor
+            assert vars(got).keys() == vars(value).keys(), name
+            assert all(
+                x.data_ptr() == y.data_ptr() if isinstance(x, torch.Tensor) else x == y
+                for x, y in zip(vars(got).values(), vars(value).values(), strict=True)
+            ), name
+
+
 def test_batches_beyond_the_grid_limit_launch_in_chunks(device, monkeypatch):
     """CUDA caps grid dim 1 at 65535: a larger batch runs in chunks (here the cap is lowered to 4, so a
-    batch of 10 runs as 4 + 4 + 2), every operand layout sliced or broadcast as it must be."""
+    batch of 6 runs as 4 + 2: a full chunk and the remainder's plan), every operand layout sliced or
+    broadcast as it must be."""
     monkeypatch.setattr(ops, "MAX_GRID_Y", 4)
     launch.clear_plans()
-    a, b = rand(10, 20, 30, device=device), rand(30, 25, device=device)  # b broadcast over the batch
-    c = rand(10, 1, 25, device=device)  # c sliced per chunk, broadcast over rows
+    a, b = rand(6, 20, 30, device=device), rand(30, 25, device=device)  # b broadcast over the batch
+    c = rand(6, 1, 25, device=device)  # c sliced per chunk, broadcast over rows
     bias = rand(25, device=device)
     before = runtime.launch_count(ops.TILED_KERNEL)
     kwargs = dict(beta=0.5, c=c, bias=bias, activation="relu")
     out = llm_speed.gemm(a, b, **kwargs)
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 3
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 2
     assert_gemm_accurate(out, a, b, **kwargs)
-    a1, b3 = rand(1, 20, 30, device=device), rand(10, 30, 25, device=device).mT.contiguous().mT
+    a1, b3 = rand(1, 20, 30, device=device), rand(6, 30, 25, device=device).mT.contiguous().mT
     out = llm_speed.gemm(a1, b3)  # a broadcast, b column-major per batch
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 6
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 4
     assert_gemm_accurate(out, a1, b3)
     launch.clear_plans()
 

@@ -492,14 +492,18 @@ def _rows_fit(row_stride: int, row_length: int, element: int) -> bool:
     return row_stride >= max(row_length, 1) and (row_stride * element) % TMA_ALIGN_BYTES == 0
 
 
-def _tma_layout_of(m, n, k, a_strides, b_strides, element) -> bool | None:
-    """For 2-D op(a) [M, K] and op(b) [K, N] of these strides: None if the TMA kernel cannot read them, else
-    whether B is K-major (base addresses are checked apart, per call).
+def _tma_operands(m, n, k, a_strides, b_strides, dtype: torch.dtype, aligned: bool) -> bool | None:
+    """For 2-D op(a) [M, K] and op(b) [K, N] of these strides and dtype: None if the TMA kernel cannot read
+    them, else whether B is K-major. ``aligned``: both base addresses are 16-byte aligned.
 
-    A must be row-major; B row-major [K, N] or K-major (the ``x @ W^T`` layout). Row strides must be 16-byte
+    fp16/bf16 only, K > 0 (a tensor descriptor needs every dimension positive). A must be row-major; B
+    row-major [K, N] or K-major (the ``x @ W^T`` layout). Base addresses and row strides must be 16-byte
     aligned, as tensor descriptors require, and rows must not overlap (kept conservative: anything unusual
     takes the tiled kernel).
     """
+    if dtype not in TENSOR_CORE_DTYPES or k == 0 or not aligned or TensorDescriptor is None:
+        return None
+    element = dtype.itemsize
     stride_am, stride_ak = a_strides
     stride_bk, stride_bn = b_strides
     if stride_ak != 1 or not _rows_fit(stride_am, k, element):
@@ -512,31 +516,27 @@ def _tma_layout_of(m, n, k, a_strides, b_strides, element) -> bool | None:
 
 
 def _tma_layout(op_a: torch.Tensor, op_b: torch.Tensor) -> bool | None:
-    """:func:`_tma_layout_of` for 2-D tensors op(a), op(b), base addresses included."""
-    if (op_a.data_ptr() | op_b.data_ptr()) % TMA_ALIGN_BYTES:
-        return None
+    """:func:`_tma_operands` of 2-D tensors op(a), op(b)."""
     m, k = op_a.shape
     n = op_b.shape[1]
-    return _tma_layout_of(m, n, k, op_a.stride(), op_b.stride(), op_a.element_size())
+    aligned = not (op_a.data_ptr() | op_b.data_ptr()) % TMA_ALIGN_BYTES
+    return _tma_operands(m, n, k, op_a.stride(), op_b.stride(), op_a.dtype, aligned)
 
 
 def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, hardware: Hardware) -> bool:
-    """Whether the persistent TMA kernel takes this problem on ``hardware`` (no device access)."""
-    if not has_tma(hardware) or TensorDescriptor is None:
+    """Whether the persistent TMA kernel takes this problem on ``hardware`` (no device access): the rule of
+    :func:`_recipe` for a compiled launch."""
+    if op_a.dim() != 2 or op_b.dim() != 2:
         return False
-    if op_a.dim() != 2 or op_b.dim() != 2 or op_a.dtype not in TENSOR_CORE_DTYPES:
-        return False
-    if op_a.shape[1] == 0:  # K == 0: a tensor descriptor needs every dimension positive
-        return False
-    return _tma_layout(op_a, op_b) is not None
+    return has_tma(hardware) and _tma_layout(op_a, op_b) is not None
 
 
 def _descriptor_maker():
     """A function ``(base, fields) -> TensorDescriptor`` for per-call descriptors.
 
     A recipe checks once what ``TensorDescriptor.__post_init__`` checks (16-byte aligned base, strides and
-    rows, unit last stride, positive sizes, power-of-two blocks: :func:`_tma_layout_of` and the key's
-    alignment bit), so each call fills a plain dataclass instance without repeating them (about 1 us each).
+    rows, unit last stride, positive sizes: :func:`_tma_operands`; power-of-two blocks: the tiers), so each
+    call fills a plain dataclass instance without repeating them (about 1 us a descriptor).
     """
     if TensorDescriptor is None:
         return None
@@ -599,8 +599,11 @@ class _Tiled:
         )  # fmt: skip
 
     def run(self, a, b, c, bias, out, alpha, beta) -> None:
-        plan, arguments = self.arguments(a, b, c, bias, out, alpha, beta)
-        plan.launch(**arguments)
+        """Launch: :meth:`arguments`, passed directly (no dict per call)."""
+        self.plan.launch(
+            a_ptr=a, b_ptr=b, c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias,
+            out_ptr=out, alpha=alpha, beta=beta,
+        )  # fmt: skip
 
 
 class _Chunked:
@@ -651,8 +654,12 @@ class _PersistentTma:
         )  # fmt: skip
 
     def run(self, a, b, c, bias, out, alpha, beta) -> None:
-        plan, arguments = self.arguments(a, b, c, bias, out, alpha, beta)
-        plan.launch(**arguments)
+        """Launch: :meth:`arguments`, passed directly (no dict per call)."""
+        self.plan.launch(
+            a_desc=_descriptor(a, self.a_fields), b_desc=_descriptor(b, self.b_fields),
+            c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias, out_ptr=out,
+            alpha=alpha, beta=beta,
+        )  # fmt: skip
 
 
 def _broadcast_strides(layout, out_shape) -> tuple[int, ...]:
@@ -698,10 +705,9 @@ def _recipe(
         out_strides = (m * n, n, 1) if batched else (n, 1)
     interpreted = runtime.INTERPRETED
     hardware = hardware_of(device)
-    element = a_dtype.itemsize
-    b_k_major = None
-    if not batched and a_dtype in TENSOR_CORE_DTYPES and k > 0 and aligned and TensorDescriptor is not None:
-        b_k_major = _tma_layout_of(m, n, k, (stride_am, stride_ak), (stride_bk, stride_bn), element)
+    b_k_major = None  # None: the TMA kernel cannot read these operands
+    if not batched:
+        b_k_major = _tma_operands(m, n, k, (stride_am, stride_ak), (stride_bk, stride_bn), a_dtype, aligned)
     if path is None:
         tma = b_k_major is not None and not interpreted and has_tma(hardware)
         path = "persistent_tma" if tma else "tiled"
@@ -772,25 +778,27 @@ def _recipe(
     return _Chunked(out_shape, tuple(chunks), sliced)
 
 
-def _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config):
+def _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config, device):
     """The cached recipe of a problem (see :func:`_recipe` for its key)."""
     a_dtype = a.dtype
+    if a_dtype is torch.float32:
+        tf32, aligned = fp32_input_precision() == "tf32", True
+    else:  # the alignment of a and b decides the TMA path, for 16-bit operands
+        tf32, aligned = False, a_dtype is torch.int8 or not ((a.data_ptr() | b.data_ptr()) & 15)
     return _recipe(
         a.shape, a.stride(), b.shape, b.stride(), trans_a, trans_b,
         None if c is None else (c.shape, c.stride()), None if bias is None else bias.stride(0),
         (a_dtype, None if c is None else c.dtype, None if bias is None else bias.dtype, out_dtype),
-        activation, a_dtype is torch.float32 and fp32_input_precision() == "tf32",
-        not ((a.data_ptr() | b.data_ptr()) & 15), None if out is None else out.stride(), path, config,
-        a.device,
+        activation, tf32, aligned, None if out is None else out.stride(), path, config, device,
     )  # fmt: skip
 
 
-def _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation, out=None, path=None,
-            config=None) -> torch.Tensor:  # fmt: skip
+def _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation, device, out=None,
+            path=None, config=None) -> torch.Tensor:  # fmt: skip
     """Allocate ``out`` (unless given) and run the Triton kernel on a problem of checked arguments."""
-    recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config)
+    recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config, device)
     if out is None:
-        out = tensors.new_output(recipe.out_shape, out_dtype, a.device)
+        out = tensors.new_output(recipe.out_shape, out_dtype, device)
     if out.numel():
         _report(a, b, trans_a, trans_b, out)
     recipe.run(a, b, c, bias, out, alpha, beta)
@@ -824,8 +832,8 @@ def launch_gemm(
     ``config`` forces a configuration (tests run each shipped one); None chooses. Inputs are not validated
     here: the public functions do that.
     """
-    return _launch(op_a, op_b, out.dtype, False, False, c, bias, float(alpha), float(beta), activation, out,
-                   path, config)  # fmt: skip
+    return _launch(op_a, op_b, out.dtype, False, False, c, bias, float(alpha), float(beta), activation,
+                   out.device, out, path, config)  # fmt: skip
 
 
 def planned_launch(
@@ -843,15 +851,17 @@ def planned_launch(
 ) -> tuple[Plan | None, dict]:
     """The plan and per-call arguments of :func:`launch_gemm`'s (first) launch with these arguments, without
     launching (None, {} for an empty output): the tests compile exactly what a launch would run."""
-    recipe = _recipe_of(op_a, op_b, out.dtype, False, False, c, bias, activation, out, path, config)
+    device = out.device
+    recipe = _recipe_of(op_a, op_b, out.dtype, False, False, c, bias, activation, out, path, config, device)
     return recipe.arguments(op_a, op_b, c, bias, out, float(alpha), float(beta))
 
 
 def forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm`` op (Triton, or the PyTorch fallback); reports
     its work."""
-    if runtime.triton_runs_on(a.device):
-        return _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation)
+    device = a.device
+    if runtime.triton_runs_on(device):
+        return _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation, device)
     out = reference.gemm_reference(
         a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
         activation=activation, out_dtype=out_dtype, compute_dtype=torch.float32,
@@ -863,8 +873,9 @@ def forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype)
 
 def forward_int8(a, b) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm_int8`` op; reports its work."""
-    if runtime.triton_runs_on(a.device):
-        return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None)
+    device = a.device
+    if runtime.triton_runs_on(device):
+        return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None, device)
     out = reference.gemm_int8_reference(a, b)
     if out.numel():
         _report(a, b, False, False, out)
@@ -957,7 +968,7 @@ def _backward(ctx, grad_out):
     if activation is not None:
         z = _gemm_call(a, b, c, bias, alpha, beta, trans_a, trans_b, None, torch.float32)
         grad_z = grad_out.float() * reference.activation_derivative(z, activation)
-    grad_z_in = grad_z.to(a.dtype)  # the kernel's operands share one dtype
+    grad_z_in = grad_z if grad_z.dtype == a.dtype else grad_z.to(a.dtype)  # operands share one dtype
 
     need_a, need_b, need_c, need_bias = ctx.needs_input_grad[:4]
     grad_a = grad_b = grad_c = grad_bias = None
