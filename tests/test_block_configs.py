@@ -1,5 +1,6 @@
 """Block configurations follow the hardware (shared memory per block, SMs, TMA), not the GPU's name."""
 
+import importlib
 import types
 
 import pytest
@@ -9,7 +10,9 @@ from llm_speed.attention import configs as attention_configs
 from llm_speed.core.config import KernelConfig
 from llm_speed.core.gpus import list_gpus
 from llm_speed.core.hardware import KIB, Hardware, default_hardware, hardware_of
-from llm_speed.matmul import configs as gemm_configs
+
+# the module: the package's attribute ``gemm`` is the function
+gemm_configs = importlib.import_module("llm_speed.matmul.gemm")
 
 
 def test_b200_gets_the_large_tiles_and_tma_like_the_h100():

@@ -23,9 +23,11 @@ from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
 from llm_speed.attention.validation import validate_attention_inputs as _validate_attention_inputs
 from llm_speed.core.args import check_flag as _check_flag
-from llm_speed.matmul import ops as _gemm_ops
-from llm_speed.matmul.validation import check_scalar as _check_scalar
-from llm_speed.matmul.validation import validate_gemm_inputs as _validate_gemm_inputs
+from llm_speed.matmul.checks import check_scalar as _check_scalar
+from llm_speed.matmul.checks import validate_gemm_inputs as _validate_gemm_inputs
+from llm_speed.matmul.gemm import gemm as _gemm
+from llm_speed.matmul.gemm import tensor_core_gemm as _tensor_core_gemm
+from llm_speed.matmul.gemm import tensor_core_gemm_int8 as _tensor_core_gemm_int8
 
 __version__ = llm_speed.__version__
 
@@ -186,7 +188,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0
     _no_beta(beta, "gemm")
     _old_gemm_checks(a, b, trans_a, trans_b)
     _validate_gemm_inputs(a, b, trans_a, trans_b)
-    return _gemm_ops.gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
+    return _gemm(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
 
 
 @_old_errors
@@ -194,13 +196,13 @@ def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta:
     """``alpha * a @ b`` for float16 (or bfloat16) a and b, returned in float32; ``beta`` must be 0."""
     _no_beta(beta, "tensor_core_gemm")
     _old_gemm_checks(a, b, False, False)
-    return _gemm_ops.tensor_core_gemm(a, b, alpha=alpha)
+    return _tensor_core_gemm(a, b, alpha=alpha)
 
 
 @_old_errors
 def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for int8 a and b, exact, returned in int32 (:func:`llm_speed.tensor_core_gemm_int8`)."""
-    return _gemm_ops.tensor_core_gemm_int8(a, b)
+    return _tensor_core_gemm_int8(a, b)
 
 
 @_old_errors

@@ -438,7 +438,7 @@ def _matrices(device: Any, dtype: Any, size: int = PROBE_GEMM) -> list[Any]:
 def _gemm_probe(device: Any) -> Any:
     import torch
 
-    from llm_speed.matmul.ops import gemm
+    from llm_speed.matmul.gemm import gemm
 
     a, b = _matrices(device, _probe_float_dtype(device))
     return gemm(a, b, activation="relu", bias=torch.zeros_like(a[0]))
@@ -447,7 +447,7 @@ def _gemm_probe(device: Any) -> Any:
 def _tensor_core_gemm_probe(device: Any) -> Any:
     import torch
 
-    from llm_speed.matmul.ops import tensor_core_gemm
+    from llm_speed.matmul.gemm import tensor_core_gemm
 
     return tensor_core_gemm(*_matrices(device, torch.float16))
 
@@ -455,7 +455,7 @@ def _tensor_core_gemm_probe(device: Any) -> Any:
 def _int8_gemm_probe(device: Any) -> Any:
     import torch
 
-    from llm_speed.matmul.ops import tensor_core_gemm_int8
+    from llm_speed.matmul.gemm import tensor_core_gemm_int8
 
     return tensor_core_gemm_int8(*_matrices(device, torch.int8))
 
@@ -541,12 +541,12 @@ OPS: tuple[Op, ...] = (
     ),
     # gemm and tensor_core_gemm share one launcher, which reports both as "gemm".
     Op(
-        "gemm", "llm_speed.matmul.ops:gemm", gemm_work, probe=_gemm_probe, bench="gemm",
+        "gemm", "llm_speed.matmul.gemm:gemm", gemm_work, probe=_gemm_probe, bench="gemm",
         bench_name="llm-speed", alternatives=("torch",), example=gemm_example, baseline="torch:matmul",
     ),
-    Op("tensor_core_gemm", "llm_speed.matmul.ops:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe),
+    Op("tensor_core_gemm", "llm_speed.matmul.gemm:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe),
     Op(
-        "tensor_core_gemm_int8", "llm_speed.matmul.ops:tensor_core_gemm_int8", gemm_work,
+        "tensor_core_gemm_int8", "llm_speed.matmul.gemm:tensor_core_gemm_int8", gemm_work,
         probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),
     ),
 )  # fmt: skip

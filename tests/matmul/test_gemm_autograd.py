@@ -6,7 +6,8 @@ from matmul_helpers import assert_error_rule, matmul_cap, torch_same_precision
 
 import llm_speed
 from llm_speed.core import runtime
-from llm_speed.matmul import gemm_reference, ops
+from llm_speed.matmul import gemm_reference
+from llm_speed.matmul.gemm import TILED_KERNEL
 from llm_speed.matmul.reference import ACTIVATIONS
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -130,10 +131,10 @@ def test_backward_runs_the_kernel(device):
     a = torch.randn(10, 12, device=device, requires_grad=True)
     b = torch.randn(12, 8, device=device, requires_grad=True)
     out = llm_speed.gemm(a, b, activation="relu", bias=torch.randn(8, device=device))
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(TILED_KERNEL)
     out.sum().backward()
     # one recomputation of the pre-activation, one GEMM for each of grad a and grad b
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 3
+    assert runtime.launch_count(TILED_KERNEL) == before + 3
 
 
 def test_beta_zero_gives_c_no_gradient(device):
@@ -165,9 +166,9 @@ def test_torch_compile_fullgraph(device):
     x = torch.randn(2, 8, 16, device=device, requires_grad=True)
     weight = torch.randn(12, 16, device=device, requires_grad=True)
     bias = torch.randn(12, device=device, requires_grad=True)
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(TILED_KERNEL)
     out = compiled(x, weight, bias)
-    assert runtime.launch_count(ops.TILED_KERNEL) > before  # the graph called the Triton op
+    assert runtime.launch_count(TILED_KERNEL) > before  # the graph called the Triton op
     torch.testing.assert_close(out, layer(x, weight, bias), rtol=0, atol=0)
     out.sum().backward()
     assert x.grad is not None and weight.grad is not None and bias.grad is not None

@@ -9,13 +9,13 @@ from matmul_helpers import assert_gemm_accurate
 
 from llm_speed import gemm
 from llm_speed.core import runtime
-from llm_speed.matmul import ops
+from llm_speed.matmul.gemm import PERSISTENT_TMA_KERNEL, TILED_KERNEL
 
 
 def test_bf16_output_rounds_to_nearest_even_on_positive_inputs(device):
     a = torch.rand(64, 96, device=device).to(torch.bfloat16)
     b = torch.rand(96, 80, device=device).to(torch.bfloat16)
-    kernels = (ops.TILED_KERNEL, ops.PERSISTENT_TMA_KERNEL)  # a Hopper GPU takes the TMA kernel
+    kernels = (TILED_KERNEL, PERSISTENT_TMA_KERNEL)  # a Hopper GPU takes the TMA kernel
 
     def launches():
         return sum(runtime.launch_counts().get(name, 0) for name in kernels)

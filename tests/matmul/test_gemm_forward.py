@@ -1,17 +1,17 @@
 """Forward GEMM through the Triton kernels (the interpreter on CPU): values, layouts, batching, epilogue."""
 
-import dataclasses
-import functools
+import importlib
 
 import pytest
 import torch
 from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
-from llm_speed.core import runtime, tensors
+from llm_speed.core import launch, runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
-from llm_speed.matmul import configs, kernels, ops
 from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
+
+ops = importlib.import_module("llm_speed.matmul.gemm")  # the module (llm_speed.matmul.gemm is the function)
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
@@ -43,7 +43,8 @@ def test_shapes_and_dtypes(device, m, n, k, dtype):
 
 
 def test_outputs_are_really_poisoned(device):
-    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through core.tensors.new_output.
+    # Guards the NaN fixture (tests/matmul/conftest.py): the launchers allocate through
+    # core.tensors.new_output.
     out = llm_speed.gemm(rand(0, 5, device=device), rand(5, 4, device=device))
     assert out.shape == (0, 4)
     assert tensors.new_output((3, 4), torch.float16, device).isnan().all()
@@ -62,32 +63,25 @@ def test_four_layouts_through_flags(device, trans_a, trans_b, dtype):
     assert_gemm_accurate(out, a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-class _RecordingKernel:
-    """Stands in for the tiled kernel and records the tensors it is launched with."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.launches = []
-
-    def __getitem__(self, grid):
-        def launch(**kwargs):
-            self.launches.append(kwargs)
-            return self.kernel[grid](**kwargs)
-
-        return launch
-
-
 def test_strided_operands_are_read_in_place(device, monkeypatch):
-    """Column-major, transposed-view and stride-0 operands reach the kernel as the same memory, not copies."""
-    recorder = _RecordingKernel(kernels.gemm_tiled_kernel)
-    monkeypatch.setattr(kernels, "gemm_tiled_kernel", recorder)  # the interpreter launches it directly
-    autotuned = ops._autotuned_tiled
+    """Column-major, transposed-view and stride-0 operands reach the kernel as the same memory, not copies:
+    the launch gets the tensors themselves, the plan their strides."""
+    launches = []
+    recipe_of = ops._recipe_of
 
-    def recorded_autotuner(hardware):  # a GPU launches the autotuner built around it
-        recorder.kernel = autotuned(hardware)
-        return recorder
+    def recording(*args):
+        recipe = recipe_of(*args)
+        plan, _ = recipe.arguments(*(None,) * 7)
+        original = plan.launch
 
-    monkeypatch.setattr(ops, "_autotuned_tiled", recorded_autotuner)
+        def launch(**per_call):
+            launches.append((plan, per_call))
+            original(**per_call)
+
+        plan.launch = launch
+        return recipe
+
+    monkeypatch.setattr(ops, "_recipe_of", recording)
     m, n, k = 40, 36, 50
     cases = [
         (rand(k, m, device=device).mT, rand(n, k, device=device).mT),  # both column-major
@@ -97,9 +91,72 @@ def test_strided_operands_are_read_in_place(device, monkeypatch):
     for a, b in cases:
         out = llm_speed.gemm(a, b)
         assert_gemm_accurate(out, a, b)
-        launched_a, launched_b = recorder.launches[-1]["a_ptr"], recorder.launches[-1]["b_ptr"]
-        assert launched_a.data_ptr() == a.data_ptr() and launched_a.stride()[1:] == a.stride()
-        assert launched_b.data_ptr() == b.data_ptr() and launched_b.stride()[1:] == b.stride()
+        plan, per_call = launches[-1]
+        assert per_call["a_ptr"] is a and per_call["b_ptr"] is b
+        assert (plan.fixed["stride_am"], plan.fixed["stride_ak"]) == a.stride()
+        assert (plan.fixed["stride_bk"], plan.fixed["stride_bn"]) == b.stride()
+    launch.clear_plans()  # the plans' launch functions were wrapped
+
+
+def test_transposes_are_strides_not_views(device):
+    """trans_a / trans_b swap the strides in the plan: the kernel gets a and b as given."""
+    a, b = rand(50, 40, device=device), rand(36, 50, device=device)
+    out = llm_speed.gemm(a, b, trans_a=True, trans_b=True)
+    assert_gemm_accurate(out, a, b, trans_a=True, trans_b=True)
+    recipe = ops._recipe_of(a, b, a.dtype, True, True, None, None, None, None, None, None, a.device)
+    plan, per_call = recipe.arguments(a, b, None, None, out, 1.0, 0.0)
+    assert per_call["a_ptr"] is a and per_call["b_ptr"] is b
+    assert (plan.fixed["M"], plan.fixed["N"], plan.fixed["K"]) == (40, 36, 50)
+    assert (plan.fixed["stride_am"], plan.fixed["stride_ak"]) == (1, 40)
+    assert (plan.fixed["stride_bk"], plan.fixed["stride_bn"]) == (1, 50)
+
+
+@pytest.mark.parametrize("path", ["tiled", "persistent_tma"])
+def test_a_launch_passes_what_planned_launch_reports(device, path, monkeypatch):
+    """``planned_launch`` (what the sm90 compile test compiles) and the launch agree on every argument."""
+    if path == "persistent_tma" and device.type == "cuda" and not ops.has_tma(hardware_of(device)):
+        pytest.skip("the TMA kernel is not used on this GPU")
+    a, w = rand(40, 48, dtype=torch.float16, device=device), rand(32, 48, dtype=torch.float16, device=device)
+    b = w.mT  # the x @ W^T layout
+    bias, out = rand(32, device=device), torch.empty(40, 32, dtype=torch.float16, device=device)
+    plan, planned = ops.planned_launch(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    launched = []
+    monkeypatch.setattr(plan, "launch", lambda **per_call: launched.append(per_call))
+    ops.launch_gemm(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    assert launched and launched[0].keys() == planned.keys()
+    for name, value in planned.items():
+        got = launched[0][name]
+        if isinstance(value, torch.Tensor):
+            assert got.data_ptr() == value.data_ptr() and got.stride() == value.stride(), name
+        elif isinstance(value, float):
+            assert got == value, name
+        else:  # a tensor descriptor
+            assert vars(got).keys() == vars(value).keys(), name
+            assert all(
+                x.data_ptr() == y.data_ptr() if isinstance(x, torch.Tensor) else x == y
+                for x, y in zip(vars(got).values(), vars(value).values(), strict=True)
+            ), name
+
+
+def test_batches_beyond_the_grid_limit_launch_in_chunks(device, monkeypatch):
+    """CUDA caps grid dim 1 at 65535: a larger batch runs in chunks (here the cap is lowered to 4, so a
+    batch of 6 runs as 4 + 2: a full chunk and the remainder's plan), every operand layout sliced or
+    broadcast as it must be."""
+    monkeypatch.setattr(ops, "MAX_GRID_Y", 4)
+    launch.clear_plans()
+    a, b = rand(6, 20, 30, device=device), rand(30, 25, device=device)  # b broadcast over the batch
+    c = rand(6, 1, 25, device=device)  # c sliced per chunk, broadcast over rows
+    bias = rand(25, device=device)
+    before = runtime.launch_count(ops.TILED_KERNEL)
+    kwargs = dict(beta=0.5, c=c, bias=bias, activation="relu")
+    out = llm_speed.gemm(a, b, **kwargs)
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 2
+    assert_gemm_accurate(out, a, b, **kwargs)
+    a1, b3 = rand(1, 20, 30, device=device), rand(6, 30, 25, device=device).mT.contiguous().mT
+    out = llm_speed.gemm(a1, b3)  # a broadcast, b column-major per batch
+    assert runtime.launch_count(ops.TILED_KERNEL) == before + 4
+    assert_gemm_accurate(out, a1, b3)
+    launch.clear_plans()
 
 
 @pytest.mark.parametrize(
@@ -155,7 +212,7 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero(device):
 @pytest.mark.parametrize("path", ops.PATHS)
 def test_strided_bias_and_c(device, path):
     """A bias view with a stride (a column of a matrix) and a transposed c are read through their strides."""
-    if path == "persistent_tma" and device.type == "cuda" and not configs.has_tma(hardware_of(device)):
+    if path == "persistent_tma" and device.type == "cuda" and not ops.has_tma(hardware_of(device)):
         pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 70, 40, 48
     a, b = rand(m, k, dtype=torch.float16, device=device), rand(k, n, dtype=torch.float16, device=device)
@@ -294,7 +351,7 @@ def test_cpu_fallback_without_triton(monkeypatch):
 @pytest.mark.parametrize("b_k_major", [False, True])
 def test_persistent_tma_kernel(device, dtype, b_k_major):
     """The Hopper kernel (tensor descriptors, persistent loop), run directly; programs walk several tiles."""
-    if device.type == "cuda" and not configs.has_tma(hardware_of(device)):
+    if device.type == "cuda" and not ops.has_tma(hardware_of(device)):
         pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 150, 72, 136  # 3 x 2 tiles of 64 for 3 programs; K and M not multiples of the block
     a = rand(m, k, dtype=dtype, device=device)
@@ -310,7 +367,14 @@ def test_persistent_tma_kernel(device, dtype, b_k_major):
 
 def test_path_choice_without_a_gpu():
     a, b = rand(64, 64, dtype=torch.float16), rand(64, 64, dtype=torch.float16)
-    assert ops._choose_path(a, b) == "tiled"
+    out = torch.empty(64, 64, dtype=torch.float16)
+    if runtime.INTERPRETED:  # the interpreter runs the tiled kernel unless a test forces the other
+        assert ops.planned_launch(a, b, out)[0].kernel is ops.TILED
+    with launch.simulated_gpu():  # the GPU code path, on an H100 (the stand-in hardware): TMA
+        assert ops.planned_launch(a, b, out)[0].kernel is ops.PERSISTENT_TMA
+        shifted = rand(64 * 64 + 1, dtype=torch.float16)[1:].view(64, 64)  # base 2 bytes past alignment
+        assert ops.planned_launch(shifted, b, out)[0].kernel is ops.TILED
+        assert ops.planned_launch(a.float(), b.float(), out.float())[0].kernel is ops.TILED
     assert ops._tma_layout(a, b) is False
     assert ops._tma_layout(a, b.T.contiguous().mT) is True
     assert ops._tma_layout(a.mT, b) is None  # A must be row-major
@@ -333,99 +397,52 @@ def test_tma_path_rules():
     assert not ops._tma_suits(rand(48, 64, dtype=torch.float16).mT, b, hopper)  # column-major A
 
 
-def test_autotuners_build_from_the_config_lists():
-    tiled = ops._autotuned_tiled(HOPPER)
-    assert len(tiled.configs) == len(configs.LARGE.tiled)
-    # keyed on size buckets, not on exact sizes: a new M of the same bucket reuses the tuning
-    assert {"M_BUCKET", "N_BUCKET", "K_BUCKET"} <= set(tiled.keys) and not {"M", "N", "K"} & set(tiled.keys)
-    persistent = ops._autotuned_persistent_tma(HOPPER)
-    assert len(persistent.configs) == len(configs.LARGE.persistent_tma)
-    assert all(cfg.pre_hook is ops._set_descriptor_blocks for cfg in persistent.configs)
+def test_simulated_gpu_calls_reuse_one_plan_and_read_no_tensor(monkeypatch):
+    """On the GPU code path (CPU tensors, launches stubbed), a second call of a problem class makes no new
+    plan, and no call reads a tensor's values on the host (CUDA-graph ready)."""
+    with launch.simulated_gpu():
+        for dtype, kernel in ((torch.float32, ops.TILED_KERNEL), (torch.bfloat16, ops.PERSISTENT_TMA_KERNEL)):
+            a, b = rand(16, 16, dtype=dtype), rand(16, 16, dtype=dtype)
+            before = runtime.launch_count(kernel)
+            llm_speed.gemm(a, b)
+            misses = ops._recipe.cache_info().misses
+            for name in ("item", "tolist", "__bool__", "cpu", "numpy", "nonzero"):
+                monkeypatch.setattr(torch.Tensor, name, _refuse(name))
+            llm_speed.gemm(rand(16, 16, dtype=dtype), rand(16, 16, dtype=dtype), alpha=0.5)
+            monkeypatch.undo()
+            assert ops._recipe.cache_info().misses == misses
+            assert runtime.launch_count(kernel) == before + 2
+        a, b = rand(16, 16).requires_grad_(), rand(16, 16).requires_grad_()
+        llm_speed.gemm(a, b).sum().backward()
+        assert a.grad is not None and b.grad is not None
+        i8 = torch.ones(16, 16, dtype=torch.int8)
+        before = runtime.launch_count(ops.TILED_KERNEL)
+        assert llm_speed.tensor_core_gemm_int8(i8, i8).dtype == torch.int32
+        assert runtime.launch_count(ops.TILED_KERNEL) == before + 1
 
 
-def test_size_buckets():
-    sizes = (0, 1, 16, 17, 100, 128, 129, 4096)
-    assert [ops.size_bucket(x) for x in sizes] == [16, 16, 16, 32, 128, 128, 256, 4096]
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"Tensor.{name} called during a GEMM call: a host read of device data")
+
+    return refuse
 
 
-def test_autotuner_prunes_tiles_larger_than_the_problem():
-    tuned = ops._autotuned_tiled(HOPPER).configs
-    small = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 64, "N_BUCKET": 1024})
-    assert small and all(cfg.kwargs["BLOCK_M"] <= 64 for cfg in small) and len(small) < len(tuned)
-    assert ops._drop_oversized_tiles(tuned, {"M_BUCKET": 8192, "N_BUCKET": 8192}) == tuned
-    tiny = ops._drop_oversized_tiles(tuned, {"M_BUCKET": 16, "N_BUCKET": 16})  # no tile fits: the smallest
-    assert tiny and {(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]) for cfg in tiny} == {(64, 32)}
+def test_plan_key_follows_what_fixes_the_launch(device):
+    """Another M, another stride, another alignment: another plan; the same problem: the same plan."""
 
+    def plan_of(a, b, **kwargs):
+        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
+        return ops.planned_launch(a, b, out, **kwargs)[0]
 
-@pytest.fixture
-def gpu_launch_code_on_the_cpu(monkeypatch):
-    """Run the launchers' GPU branch (autotuners, keys, pruning, descriptor pre-hook) through the interpreter.
-
-    The launchers are told they run compiled on an H100 with 4 SMs; the autotuners are fresh ones whose
-    benchmark runs each configuration once and times them all equal (the interpreter cannot time). Needs
-    the interpreter: the kernels run on CPU tensors.
-    """
-    if not runtime.INTERPRETED:
-        pytest.skip("runs kernels on CPU tensors: needs the Triton interpreter (TRITON_INTERPRET=1)")
-    monkeypatch.setattr(runtime, "INTERPRETED", False)
-    monkeypatch.setattr(ops, "_hardware", lambda device: dataclasses.replace(HOPPER, sm_count=4))
-    ran = []
-
-    def bench_once(kernel_call, quantiles):
-        kernel_call()
-        ran.append(1)
-        return [1.0, 1.0, 1.0]
-
-    tuners = []
-    for builder in (ops._autotuned_tiled, ops._autotuned_persistent_tma):
-        original = builder.__wrapped__
-
-        @functools.cache
-        def fresh(*args, original=original):
-            tuner = original(*args)
-            tuner.do_bench = bench_once
-            tuners.append(tuner)
-            return tuner
-
-        monkeypatch.setattr(ops, builder.__name__, fresh)
-    yield tuners, ran
-
-
-@pytest.mark.parametrize("path", ops.PATHS)
-def test_gpu_launch_code_through_the_interpreter(gpu_launch_code_on_the_cpu, path):
-    tuners, ran = gpu_launch_code_on_the_cpu
-    m, n, k = 50, 40, 72  # buckets 64 x 64 x 128: the pruning leaves two configurations to time
-    a = rand(m, k, dtype=torch.float16)
-    b = rand(n, k, dtype=torch.float16).mT  # the x @ W^T layout (K-major B)
-    c, bias = rand(m, n), rand(n)
-    kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu")
-    out = torch.full((m, n), float("nan"), dtype=torch.float16)
-    assert ops._tma_suits(a, b, HOPPER)  # on an H100 this problem would take the TMA kernel
-    ops.launch_gemm(a, b, out, path=path, **kwargs)
-    assert_gemm_accurate(out, a, b, **kwargs)
-    assert len(ran) == 2  # pruned to two configurations, each run once to be timed
-    tuner = tuners[-1]
-    assert len(tuner.cache) == 1
-    # another M of the same bucket reuses the tuning: no more timing runs, still right
-    a2 = rand(m + 9, k, dtype=torch.float16)
-    out2 = torch.full((m + 9, n), float("nan"), dtype=torch.float16)
-    ops.launch_gemm(a2, b, out2, path=path, **dict(kwargs, c=rand(m + 9, n)))
-    assert len(ran) == 2 and len(tuner.cache) == 1
-    assert not out2.isnan().any()
-
-
-def test_descriptor_pre_hook_sets_block_shapes():
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    a, b_t = rand(64, 48, dtype=torch.float16), rand(32, 48, dtype=torch.float16)
-    nargs = {
-        "a_desc": TensorDescriptor.from_tensor(a, [1, 1]),
-        "b_desc": TensorDescriptor.from_tensor(b_t, [1, 1]),
-        "B_K_MAJOR": True,
-        **configs.LARGE.persistent_tma[0].meta(),
-    }
-    ops._set_descriptor_blocks(nargs)
-    assert nargs["a_desc"].block_shape == [128, 64] and nargs["b_desc"].block_shape == [256, 64]
+    a, b = rand(32, 48, dtype=torch.float16, device=device), rand(48, 40, dtype=torch.float16, device=device)
+    first = plan_of(a, b)
+    assert plan_of(rand(32, 48, dtype=torch.float16, device=device), b) is first
+    assert plan_of(rand(33, 48, dtype=torch.float16, device=device), b) is not first
+    assert plan_of(rand(32, 64, dtype=torch.float16, device=device)[:, :48], b) is not first
+    assert plan_of(a, b, alpha=2.0) is first  # alpha and beta are per-call floats
+    bias = rand(40, device=device)
+    assert plan_of(a, b, bias=bias) is not first
 
 
 def test_fp32_precision_follows_torch_switch():

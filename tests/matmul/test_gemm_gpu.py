@@ -1,5 +1,7 @@
 """GPU-only: the compiled kernels at sizes 512-8192, vs float64 and vs torch.matmul's own error."""
 
+import importlib
+
 import pytest
 import torch
 from matmul_helpers import OUTPUT_FACTOR, assert_error_rule, matmul_cap, torch_same_precision
@@ -7,8 +9,10 @@ from matmul_helpers import OUTPUT_FACTOR, assert_error_rule, matmul_cap, torch_s
 import llm_speed
 from llm_speed.core import runtime
 from llm_speed.core.hardware import hardware_of
-from llm_speed.matmul import configs, gemm_int8_reference, ops
+from llm_speed.matmul import gemm_int8_reference
 from llm_speed.matmul.reference import gemm_reference
+
+ops = importlib.import_module("llm_speed.matmul.gemm")  # the module (llm_speed.matmul.gemm is the function)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,7 +66,7 @@ def test_both_paths_agree_with_float64(path):
 
 
 def has_tma():
-    return configs.has_tma(hardware_of(torch.device("cuda")))
+    return ops.has_tma(hardware_of(torch.device("cuda")))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -98,14 +102,40 @@ def test_linear_layer_layout_takes_the_tma_kernel_on_hopper():
     assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
 
 
-def test_one_tuning_per_size_bucket():
-    """Two M of one power-of-two bucket share the autotuner's entry (no second benchmark)."""
-    tuner = ops._autotuned_tiled(hardware_of(torch.device("cuda")))
+def test_one_plan_per_problem_class():
+    """The second call of a shape makes no plan (no autotuner, no search): one lookup, then the launch."""
     b = torch.randn(512, 640, device="cuda", dtype=torch.float32)
-    llm_speed.gemm(torch.randn(1500, 512, device="cuda"), b)
-    entries = len(tuner.cache)
-    llm_speed.gemm(torch.randn(1900, 512, device="cuda"), b)
-    assert len(tuner.cache) == entries
+    x = torch.randn(1500, 512, device="cuda")
+    llm_speed.gemm(x, b)
+    misses = ops._recipe.cache_info().misses
+    x2 = torch.randn(1500, 512, device="cuda")
+    out = llm_speed.gemm(x2, b)
+    assert ops._recipe.cache_info().misses == misses
+    assert_as_accurate_as_torch(out, x2.double() @ b.double(), x2 @ b, 512)
+    llm_speed.gemm(torch.randn(1900, 512, device="cuda"), b)  # another M: another plan
+    assert ops._recipe.cache_info().misses == misses + 1
+
+
+@pytest.mark.parametrize("path", ops.PATHS)
+def test_the_chosen_config_of_every_tile_runs(path):
+    """Problems that make gemm_config pick each of its tiles on this GPU, run and checked."""
+    hardware = hardware_of(torch.device("cuda"))
+    if path == "persistent_tma" and not has_tma():
+        pytest.skip("the TMA kernel is not used on this GPU")
+    seen = set()
+    for m, n in [(16, 4096), (16, 8192), (16, 16384), (128, 4096), (1024, 1024), (2048, 2048), (4096, 4096)]:
+        config = ops.gemm_config(m, n, 1024, torch.float16, path, True, hardware)
+        if config in seen:
+            continue
+        seen.add(config)
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, 1024, device="cuda", dtype=torch.float16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        plan, _ = ops.planned_launch(x, w.mT, out, path=path)
+        assert (plan.fixed["BLOCK_M"], plan.fixed["BLOCK_N"]) == (config.block_m, config.block_n)
+        ops.launch_gemm(x, w.mT, out, path=path)
+        assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 1024)
+    assert len(seen) >= 3
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

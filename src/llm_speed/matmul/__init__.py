@@ -1,25 +1,30 @@
 """The GEMM family in Triton: ``gemm`` (fused epilogue, autograd), ``tensor_core_gemm``,
 ``tensor_core_gemm_int8``.
 
-Layout: ``kernels.py`` (Triton kernels), ``configs.py`` (block configurations per architecture),
-``ops.py`` (launchers, torch.library ops, autograd, public functions), ``reference.py`` (plain PyTorch),
-``validation.py`` (argument checks). Design notes: docs/gemm.md.
+Layout: ``gemm.py`` (kernels, configuration choice, plans, torch.library ops, autograd, public functions),
+``checks.py`` (argument checks), ``reference.py`` (plain PyTorch). Design notes: docs/gemm.md.
+
+The package's ``gemm`` attribute is the function (``llm_speed.gemm`` reads it from here), which hides the
+submodule of the same name from attribute access: reach the module with
+``from llm_speed.matmul.gemm import ...`` or ``importlib.import_module("llm_speed.matmul.gemm")``.
 """
 
-from llm_speed.matmul.ops import (
+from llm_speed.matmul.checks import GemmShape, validate_gemm_inputs
+from llm_speed.matmul.gemm import (
     fp32_input_precision,
     gemm,
+    gemm_config,
     launch_gemm,
     tensor_core_gemm,
     tensor_core_gemm_int8,
 )
 from llm_speed.matmul.reference import gemm_int8_reference, gemm_reference
-from llm_speed.matmul.validation import GemmShape, validate_gemm_inputs
 
 __all__ = [
     "GemmShape",
     "fp32_input_precision",
     "gemm",
+    "gemm_config",
     "gemm_int8_reference",
     "gemm_reference",
     "launch_gemm",
