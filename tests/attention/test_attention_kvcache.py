@@ -516,7 +516,7 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
     cache = (batch * capacity // page, page, heads_kv, dim) if paged else (batch, capacity, heads_kv, dim)
     strides = lambda shape: torch.empty(shape, device="meta").stride()
     new = (strides((batch, seq_new, heads_kv, dim)),) * 2
-    append, attend, combine, splits = decode._plans.__wrapped__(
+    append, attend, combine, *_ = decode._plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,

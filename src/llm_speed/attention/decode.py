@@ -54,7 +54,7 @@ from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
-from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, check_softcap, check_window
 
@@ -351,8 +351,9 @@ def _plans(
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
     has_softcap: bool, num_splits: int, device: torch.device,
-) -> tuple[Plan | None, Plan | None, Plan | None, int]:
-    """(append plan or None, attention plan or None, combine plan or None, splits) of one problem class;
+) -> tuple:
+    """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
+    split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
     ``new_strides`` = (k's strides, v's strides) when there are new tokens."""
     batch, seq_q, heads_q, head_dim = q_shape
     heads_kv = cache_shape[2]
@@ -378,7 +379,7 @@ def _plans(
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
     if not batch or not seq_q:
-        return append, None, None, 1
+        return append, None, None, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), None, None
     group = heads_q // heads_kv
     cfg = kernel_config(head_dim, dtype, group * seq_q, capacity, batch * heads_kv, hardware_of(device),
                         num_splits)  # fmt: skip
@@ -417,10 +418,14 @@ def _plans(
             heads_q=heads_q, num_splits=cfg.splits, head_dim=head_dim, RNE_BY_HAND=rne_by_hand(dtype),
             BLOCK_S=next_power_of_2(cfg.splits), BLOCK_D=cfg.block_d, num_warps=4, num_stages=1,
         )  # fmt: skip
-    return append, attend, combine, cfg.splits
+    parts = (None, None)
+    if split:
+        parts = (cfg.splits, batch, seq_q, heads_q, head_dim), (cfg.splits, batch, heads_q, seq_q)
+    return append, attend, combine, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), *parts
 
 
 _LOG2E = math.log2(math.e)
+_Tensor = torch.Tensor
 _F32 = torch.float32
 _MINUS_INF = float("-inf")
 
@@ -430,16 +435,16 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     """Append k/v (if given) into the caches, then attend; returns (out, lse). Arguments as checked by
     :func:`flash_attention_with_kvcache` (q, k and v with a contiguous last dim, ``cache_seqlens`` an int32
     tensor). Reads no tensor value on the host; reports its work once per call."""
-    batch, seq_q, heads_q, head_dim = q_shape = q.shape
+    q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
-    if not runtime.triton_runs_on(device) and batch and (seq_q or seq_new):
+    if not runtime.triton_runs_on(device) and q_shape[0] and (q_shape[1] or seq_new):
         raise runtime.TritonUnavailable(
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
     paged = block_table is not None
-    append, attend, combine, splits = _plans(
+    append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
         q_shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape if paged else None, block_table.stride() if paged else None,
         cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
@@ -450,23 +455,23 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
                       BLOCK_TABLE=table)  # fmt: skip
     if attend is None:  # no query (batch or seq_q 0): empty results
-        return torch.empty(q_shape, dtype=q.dtype, device=device), torch.empty(
-            (batch, heads_q, seq_q), dtype=_F32, device=device
+        return torch.empty(out_shape, dtype=q.dtype, device=device), torch.empty(
+            lse_shape, dtype=_F32, device=device
         )
     runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
         block_table=block_table, window=(window_left, window_right),
     )  # fmt: skip
-    out = tensors.new_output(q_shape, q.dtype, device)
-    lse = tensors.new_output((batch, heads_q, seq_q), _F32, device)
+    out = tensors.new_output(out_shape, q.dtype, device)
+    lse = tensors.new_output(lse_shape, _F32, device)
     qk_scale_log2 = scale * _LOG2E
     cap = softcap if softcap is not None else 0.0
     if combine is None:
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
                       OUT=out, LSE=lse, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
         return out, lse
-    out_part = tensors.new_output((splits, batch, seq_q, heads_q, head_dim), _F32, device)
-    lse_part = tensors.new_output((splits, batch, heads_q, seq_q), _F32, device)
+    out_part = tensors.new_output(out_part_shape, _F32, device)
+    lse_part = tensors.new_output(lse_part_shape, _F32, device)
     attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
                   OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
     combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
@@ -511,29 +516,32 @@ _kvcache_call = Op(_kvcache_op, forward)  # forward only: no gradient formula
 
 
 def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> None:
-    """Types, ranks, dtypes (one float dtype for all) and devices."""
+    """Types, ranks, dtypes (one float dtype for all) and devices; the common case in a few comparisons."""
     check_tensor("q", q, dims=4, what="[batch, seq_q, heads_q, head_dim]")
-    check_tensor("k_cache", k_cache)
-    check_tensor("v_cache", v_cache)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (new tokens to append) or both be None")
-    if k is not None:
-        check_tensor("k", k)
-        check_tensor("v", v)
-    if block_table is not None:
-        if not isinstance(block_table, torch.Tensor):
-            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
-        if block_table.dtype != torch.int32:
-            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
-    dtype = q.dtype
+    dtype, device = q.dtype, q.device
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        if t is None:
-            continue
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
-        if t.dtype != dtype:
-            raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: all must share one dtype")
-    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, block_table=block_table)
+        if t is not None and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
+                              or t.device != device):  # fmt: skip
+            _refuse_tensor(name, t, dtype)
+    if block_table is not None:
+        if not isinstance(block_table, _Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+        if block_table.dtype is not torch.int32:
+            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+        if block_table.device != device:
+            check_same_device(q=q, block_table=block_table)
+
+
+def _refuse_tensor(name: str, t, dtype: torch.dtype) -> None:
+    """The error for ``t``, which failed the quick test of :func:`_check_tensors`."""
+    check_tensor(name, t)
+    if t.dtype != dtype:
+        raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: all must share one dtype")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
+    raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
 
 
 def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
@@ -554,39 +562,39 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
         )
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k_cache heads ({heads_kv})")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(3) != 1 and head_dim > 1:
-            raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
+    if k_cache.stride()[3] != 1 or v_cache.stride()[3] != 1:
+        name = "k_cache" if k_cache.stride()[3] != 1 else "v_cache"
+        raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
     if k is not None:
-        expected = (batch, k.shape[1], heads_kv, head_dim)
-        for name, t in (("k", k), ("v", v)):
-            if t.shape != expected:
-                raise ValueError(
-                    f"{name} must be [batch, seq_new, heads_kv, head_dim] = {expected}, got {tuple(t.shape)}"
-                )
+        k_shape, v_shape = k.shape, v.shape
+        if k_shape != v_shape or k_shape[0] != batch or k_shape[2] != heads_kv or k_shape[3] != head_dim:
+            expected = (batch, k_shape[1], heads_kv, head_dim)
+            name, shape = ("k", k_shape) if tuple(k_shape) != expected else ("v", v_shape)
+            raise ValueError(
+                f"{name} must be [batch, seq_new, heads_kv, head_dim] = {expected}, got {tuple(shape)}"
+            )
     if block_table is None:
         if cache_shape[0] != batch:
             raise ValueError(
                 f"k_cache batch ({cache_shape[0]}) must equal q batch ({batch}) without a block_table"
             )
         return cache_shape[1]
-    if block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(
-            f"block_table must be [batch={batch}, max_pages], got shape {tuple(block_table.shape)}"
-        )
+    table_shape = block_table.shape
+    if len(table_shape) != 2 or table_shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, max_pages], got shape {tuple(table_shape)}")
     page_size = cache_shape[1]
     if page_size < 1 or page_size % PAGE_MULTIPLE:
         raise ValueError(
             f"page_size (k_cache dim 1) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}"
         )
-    return block_table.shape[1] * page_size
+    return table_shape[1] * page_size
 
 
 def _cache_seqlens(cache_seqlens, batch: int, seq_new: int, capacity: int, device: torch.device):
     """``cache_seqlens`` as an int32 [batch] tensor on ``device`` (an int: filled, checked against the
     capacity on the host, where it already is)."""
     if isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.dtype != torch.int32:
+        if cache_seqlens.dtype is not torch.int32:
             raise TypeError(f"cache_seqlens must be int32 (or an int), got {cache_seqlens.dtype}")
         if cache_seqlens.shape != (batch,):
             raise ValueError(f"cache_seqlens must be [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
@@ -718,8 +726,9 @@ def flash_attention_with_kvcache(
         _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table)
     if is_causal:
         right = 0
-    q = tensors.last_dim_contiguous(q)
-    if k is not None:
+    if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
+        q = tensors.last_dim_contiguous(q)
+    if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
         k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
     out, lse = _kvcache_call(
         q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
