@@ -7,6 +7,10 @@ of the gathered dense sequence under the 2x rule of TESTING.md.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
@@ -15,6 +19,9 @@ from accuracy_rule import nan_poisoned_outputs
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core import runtime
+from llm_speed.core.gpus import get_gpu
+from triton_builds import BUILDS, environment
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +203,7 @@ BAD = [
     ("block_table", torch.tensor([2, 0], dtype=torch.int32), ValueError, "block_table must be"),
     ("is_causal", 1, TypeError, "is_causal must be a bool"),
     ("return_lse", "yes", TypeError, "return_lse must be a bool"),
-    ("num_splits", -1, ValueError, "num_splits must be >= 0"),
+    ("num_splits", -1, ValueError, "num_splits must be an int >= 0"),
     ("window", (1, -2), ValueError, "window right"),
     ("softcap", 0.0, ValueError, "softcap"),
     ("scale", float("nan"), ValueError, "scale must be finite"),
@@ -232,7 +239,7 @@ def test_boundaries_accepted(device):
 def test_operator_registration(device):
     """The custom op (caches declared mutated) passes torch.library.opcheck."""
     call = _good_call(device)
-    args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], 3, call["k"], call["v"],
+    args = (call["q"], call["k_cache"], call["v_cache"], call["cache_seqlens"], call["k"], call["v"],
             call["block_table"], 0.25, None, 0, None, 0)  # fmt: skip
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))
 
@@ -288,3 +295,264 @@ def test_profiler_counts_the_visible_cache_of_each_sequence(device):
     assert metrics.flops == pytest.approx(sum(c.flops for c in costs))
     assert metrics.bytes_moved == pytest.approx(sum(c.bytes_moved for c in costs))
     assert ops.get("attention_kvcache_fwd").probe is not None
+
+
+# --- value checks off (the CUDA default): invalid entries give NaN rows, touch nothing --------------------
+
+
+def _finite_outputs(monkeypatch):
+    """Outputs start finite (7.0), so a NaN row must have been written by the kernel."""
+    from llm_speed.core import tensors
+
+    monkeypatch.setattr(
+        tensors, "new_output", lambda shape, dtype, device: torch.full(shape, 7.0, dtype=dtype, device=device)
+    )
+
+
+def _expected_cache(before, new, table, lens, capacity, valid_page):
+    """``before`` with new tokens ``new`` [B, S_new, H, D] written where the kernel promises: sequences with
+    0 <= lens[b] <= capacity - seq_new, slots whose page is inside the pool."""
+    expected = before.clone()
+    seq_new = new.shape[1]
+    for b, n in enumerate(lens):
+        if not 0 <= n <= capacity - seq_new:
+            continue
+        for j in range(seq_new):
+            pos = n + j
+            if table is None:
+                expected[b, pos] = new[b, j]
+                continue
+            page = int(table[b, pos // before.shape[1]])
+            if valid_page(page):
+                expected[page, pos % before.shape[1]] = new[b, j]
+    return expected
+
+
+def _same_or_both_nan(a, b):
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("paged, num_splits", [(False, 1), (True, 3)], ids=["dense-one-split", "paged-split"])
+def test_unchecked_bad_cache_seqlens_give_nan_rows_and_no_cache_access(
+    paged, num_splits, device, monkeypatch
+):
+    """cache_seqlens < 0 or past the capacity: those sequences' rows and LSE NaN, their slots untouched; the
+    others exactly as in a valid call of the same shapes."""
+    capacity, seq_new, heads_kv, dim = 192, 2, 2, 32
+    good = [7, 60, 0, 190, 100]
+    lens = [-3, 60, 191, 190, -(2**31)]  # 191 + 2 > 192; 190 + 2 = 192 fits exactly
+    k_cache, v_cache, table, _, _ = make_cache(good, capacity, heads_kv, dim, torch.float32, device,
+                                               16 if paged else None)  # fmt: skip
+    q = torch.randn(5, 1, 4, dim, device=device)
+    k_new, v_new = (torch.randn(5, seq_new, heads_kv, dim, device=device) for _ in range(2))
+    kwargs = dict(k=k_new, v=v_new, block_table=table, num_splits=num_splits, return_lse=True)
+    clone_k, clone_v = k_cache.clone(), v_cache.clone()
+    truth, truth_lse = flash_attention_with_kvcache(
+        q, clone_k, clone_v, cache_seqlens=torch.tensor(good, dtype=torch.int32, device=device), **kwargs
+    )
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    _finite_outputs(monkeypatch)
+    launched = [decode.KERNEL_APPEND, decode.KERNEL_DECODE] + [decode.KERNEL_COMBINE] * (num_splits > 1)
+    with expect_launches(*launched, device=device):
+        out, lse = flash_attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device), **kwargs
+        )
+    for b in (0, 2, 4):
+        assert out[b].isnan().all() and lse[b].isnan().all(), b
+    for b in (1, 3):
+        assert torch.equal(out[b], truth[b]) and torch.equal(lse[b], truth_lse[b]), b
+    in_pool = lambda page: 0 <= page < k_cache.shape[0]  # noqa: E731
+    for cache, before, new in ((k_cache, before_k, k_new), (v_cache, before_v, v_new)):
+        expected = _expected_cache(before.cpu(), new.cpu(), table, lens, capacity, in_pool)
+        assert _same_or_both_nan(cache.cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "num_splits, options", [(3, {}), (1, {"is_causal": True, "window": (4, None)})],
+    ids=["split", "window-away-from-bad-pages"],
+)  # fmt: skip
+def test_unchecked_bad_block_table_entries_give_nan_rows_and_read_no_such_page(
+    num_splits, options, device, monkeypatch
+):
+    """A page in use outside the pool: the sequence's rows and LSE NaN, that page never read or written (its
+    other new tokens are appended); entries of pages not in use are never looked at."""
+    capacity, page_size, seq_new, heads_kv, dim = 192, 16, 2, 2, 32
+    lens = [100, 40, 40, 40, 70]  # pages in use: 7, 3, 3, 3, 5 (the appended tokens on the last of them)
+    k_cache, v_cache, table, _, _ = make_cache(lens, capacity, heads_kv, dim, torch.float32, device,
+                                               page_size)  # fmt: skip
+    num_blocks = k_cache.shape[0]
+    bad_table = table.clone()
+    bad_table[0, 5] = -5  # an old token's page, in the second split
+    bad_table[1, 2] = num_blocks  # the page the new tokens go to
+    bad_table[2, 11] = -1  # not in use: sequence 2 is valid
+    bad_table[4, 1] = 2**31 - 1  # an old token's page, first split
+    q = torch.randn(5, 1, 4, dim, device=device)
+    k_new, v_new = (torch.randn(5, seq_new, heads_kv, dim, device=device) for _ in range(2))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    kwargs = dict(cache_seqlens=seqlens, k=k_new, v=v_new, num_splits=num_splits, return_lse=True, **options)
+    truth, truth_lse = flash_attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), block_table=table,
+                                                    **kwargs)  # fmt: skip
+    # NaN pages: a read of a page the kernel should skip would show (a bad entry itself cannot be read).
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    _finite_outputs(monkeypatch)
+    out, lse = flash_attention_with_kvcache(q, k_cache, v_cache, block_table=bad_table.to(device), **kwargs)
+    for b in (0, 1, 4):
+        assert out[b].isnan().all() and lse[b].isnan().all(), b
+    for b in (2, 3):
+        assert torch.equal(out[b], truth[b]) and torch.equal(lse[b], truth_lse[b]), b
+    in_pool = lambda page: 0 <= page < num_blocks  # noqa: E731
+    for cache, before, new in ((k_cache, before_k, k_new), (v_cache, before_v, v_new)):
+        expected = _expected_cache(before.cpu(), new.cpu(), bad_table, lens, capacity, in_pool)
+        assert _same_or_both_nan(cache.cpu(), expected)
+
+
+def test_unchecked_int_cache_seqlens_is_still_checked_on_the_host(monkeypatch):
+    """An int is already on the host: checked whatever CHECK_INPUTS says (and filled without a read)."""
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    call = _good_call()
+    q, k_cache, v_cache = call.pop("q"), call.pop("k_cache"), call.pop("v_cache")
+    call["cache_seqlens"] = 15  # 15 + 2 new > 16
+    with pytest.raises(ValueError, match="cache too small"):
+        flash_attention_with_kvcache(q, k_cache, v_cache, **call)
+    call["cache_seqlens"] = -1
+    with pytest.raises(ValueError, match="cache_seqlens must be an int >= 0"):
+        flash_attention_with_kvcache(q, k_cache, v_cache, **call)
+
+
+# --- per-call host work: plans from shapes only, no host read of device data ------------------------------
+
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
+              "unique")  # fmt: skip
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, monkeypatch):
+    """On the CUDA code path (simulated, launches stubbed, checks off): one plan for calls that differ only in
+    the values of cache_seqlens (and of the block table), a split count from the capacity, and no tensor
+    value read on the host."""
+    from llm_speed.core import launch
+
+    lens_sets = ([0, 0], [1, 150], [190, 3])
+    page_size = 16 if paged else None
+    k_cache, v_cache, table, _, _ = make_cache([0, 0], 192, 2, 64, torch.float32, "cpu", page_size)
+    q = torch.randn(2, 1, 4, 64)
+    k_new, v_new = (torch.randn(2, 1, 2, 64) for _ in range(2))
+    seqlens = [torch.tensor(lens, dtype=torch.int32) for lens in lens_sets]
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    with launch.simulated_gpu():
+        cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, decode.hardware_of(q.device))
+        assert cfg.splits == 3  # 4 programs on 132 SMs, 3 key blocks of capacity
+        before = runtime.launch_counts()
+        with monkeypatch.context() as patch:
+            for name in HOST_READS:
+                patch.setattr(torch.Tensor, name, _refuse(name))
+            for lens in [*seqlens, 5]:
+                flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
+                                             block_table=table)  # fmt: skip
+        ran = runtime.launch_counts() - before
+        info = decode._plans.cache_info()
+    assert (info.misses, info.hits) == (1, 3)
+    assert ran == {decode.KERNEL_APPEND: 4, decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}
+
+
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"Tensor.{name}: a host read of device data")
+
+    return refuse
+
+
+# --- the GPU build: the kernels as their plans launch them compile for sm_90 ------------------------------
+
+MAX_SPILL_BYTES = 4096  # per-thread stack, as tests/attention/test_attention_compiles.py
+COMPILE_SCRIPT = r'''
+import json, pathlib, re, subprocess, sys, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from llm_speed.attention import decode
+
+ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+CUOBJDUMP = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def stack_bytes(cubin):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        report = subprocess.run([str(CUOBJDUMP), "-res-usage", file.name], capture_output=True, text=True)
+    return int(re.search(r"\bSTACK:(\d+)", report.stdout).group(1))
+
+
+def build(plan, pointers, target):
+    signature, constexprs = {}, {}
+    for name in plan.kernel.params:
+        value = plan.fixed.get(name)
+        if name not in plan.fixed:
+            signature[name] = pointers.get(name, "fp32")  # per call: tensors, else the float scalars
+        elif isinstance(value, (bool, str)) or name.isupper() or value == 1:  # ints == 1: constants
+            signature[name], constexprs[name] = "constexpr", value
+        else:
+            signature[name] = "i32"
+    source = ASTSource(fn=plan.kernel.fn, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=target, options={"num_warps": plan.num_warps,
+                                                              "num_stages": plan.num_stages})
+    return {"kernel": plan.kernel.name, "shared_bytes": compiled.metadata.shared,
+            "stack_bytes": stack_bytes(compiled.asm["cubin"])}
+
+
+# (dtype, head_dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, window, softcap): the richest variants
+PROBLEMS = [
+    (torch.bfloat16, 128, 2, 32, 8, 4, 4, True, (7, 0), True),
+    (torch.float32, 256, 2, 8, 2, 1, 1, True, (None, None), True),
+    (torch.float16, 64, 1, 8, 8, 1, 1, False, (None, 0), False),
+]
+target = GPUTarget("cuda", int(sys.argv[1]), 32)
+capacity, page = 4096, 256
+for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), softcap in PROBLEMS:
+    element = ELEMENT[dtype]
+    cache = (batch * capacity // page, page, heads_kv, dim) if paged else (batch, capacity, heads_kv, dim)
+    strides = lambda shape: torch.empty(shape, device="meta").stride()
+    new = (strides((batch, seq_new, heads_kv, dim)),) * 2
+    append, attend, combine, *_ = decode._plans.__wrapped__(
+        (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
+        strides(cache), (batch, capacity // page) if paged else None,
+        (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
+        torch.device("cpu"),
+    )
+    assert combine is not None, "a split variant is meant"
+    io = dict(K_CACHE="*" + element, V_CACHE="*" + element, CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32")
+    for plan, pointers in (
+        (append, dict(io, K="*" + element, V="*" + element)),
+        (attend, dict(io, Q="*" + element, OUT="*fp32", LSE="*fp32")),
+        (combine, dict(OUT_PART="*fp32", LSE_PART="*fp32", OUT="*" + element, LSE="*fp32")),
+    ):
+        row = {"dtype": element, "head_dim": dim, "softcap": softcap, **build(plan, pointers, target)}
+        print(json.dumps(row), flush=True)
+'''
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_kernels_compile_for_h100_as_launched(tmp_path, build):
+    """The append, attention (paged, split, window, softcap, GQA) and combine kernels, with the arguments
+    their plans fix, compile for sm_90 under the installed Triton and the GPU machine's, fit the shared
+    memory and do not spill wholesale."""
+    pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
+    h100 = get_gpu("h100-sxm")
+    major, minor = h100.compute_capability
+    env = environment(build, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(major * 10 + minor)],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 9
+    limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block
+    assert all(row["shared_bytes"] <= limit for row in rows), rows
+    spilling = [row for row in rows if row["stack_bytes"] > MAX_SPILL_BYTES]
+    if build is None and spilling and all(row["softcap"] for row in spilling):
+        # Known: Triton 3.9 spills about 4 KB per thread in the softcap variants with core.kernel_math.tanh
+        # (0.5 KB with the continued-fraction tanh it replaced; the GPU machine's 3.6 spills 0.5 KB with it).
+        pytest.xfail(f"Triton 3.9 spills in the softcap variants: {spilling}")
+    assert not spilling, spilling

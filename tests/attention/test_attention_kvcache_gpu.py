@@ -54,3 +54,61 @@ def test_decode_against_float64_and_sdpa(context, head_dim, dtype, page_size, ba
         same = sdpa(q_b, k_b, v_b, enable_gqa=True)
         err, err_sdpa = max_error(out[b].transpose(0, 1)[None], truth), max_error(same, truth)
         assert err <= 2 * err_sdpa + ERROR_CAP[dtype], (b, err, err_sdpa)
+
+
+def _paged_step(batch=4, heads_q=8, heads_kv=2, dim=128, page=16, pages=64, dtype=torch.float16):
+    """A paged decode step with a one-token append, its inputs, and a function that runs it."""
+    num_blocks = batch * pages
+    k_cache = torch.randn(num_blocks, page, heads_kv, dim, device=DEVICE, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(num_blocks, device=DEVICE).to(torch.int32).reshape(batch, pages)
+    lens = torch.tensor([5, 300, 1000, 17][:batch], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(batch, 1, heads_q, dim, device=DEVICE, dtype=dtype)
+    k_new, v_new = (torch.randn(batch, 1, heads_kv, dim, device=DEVICE, dtype=dtype) for _ in range(2))
+    inputs = dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=lens, k=k_new, v=v_new, block_table=table
+    )
+
+    def step(**override):
+        call = {**inputs, **override}
+        return flash_attention_with_kvcache(
+            call.pop("q"), call.pop("k_cache"), call.pop("v_cache"), return_lse=True, **call
+        )
+
+    return inputs, step
+
+
+def test_default_path_never_synchronises():
+    """CUDA tensors skip the value checks: a call (after its first, which compiles) makes no host sync."""
+    _, step = _paged_step()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _ = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(out).all()
+
+
+def test_cuda_graph_replays_with_new_lengths_and_pages():
+    """One captured step replays with new cache_seqlens values and block-table contents, bitwise as eager
+    calls of the same shapes."""
+    inputs, step = _paged_step()
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        step()  # compile and make the plans outside the capture
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_out, captured_lse = step()
+    for lens in ([0, 999, 12, 640], [63, 1, 1022, 200]):
+        inputs["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        inputs["block_table"].copy_(inputs["block_table"].flip(1))
+        caches = inputs["k_cache"].clone(), inputs["v_cache"].clone()
+        graph.replay()
+        eager_out, eager_lse = step(k_cache=caches[0], v_cache=caches[1])
+        torch.cuda.synchronize()
+        assert torch.equal(captured_out, eager_out) and torch.equal(captured_lse, eager_lse)
+        assert torch.equal(inputs["k_cache"], caches[0]) and torch.equal(inputs["v_cache"], caches[1])

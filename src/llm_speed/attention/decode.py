@@ -1,4 +1,4 @@
-"""Attention over a KV cache, dense or paged, with split-KV ("flash-decoding"): kernels, launcher and op.
+"""Attention over a KV cache, dense or paged, with split-KV ("flash-decoding") and an in-place append.
 
 The public function follows flash-attn's ``flash_attn_with_kvcache`` (Dao-AILab/flash-attention,
 ``flash_attn/flash_attn_interface.py``): q ``[batch, seq_q, heads_q, D]``; a dense cache
@@ -6,74 +6,131 @@ The public function follows flash-attn's ``flash_attn_with_kvcache`` (Dao-AILab/
 ``block_table [batch, max_pages]`` (vLLM's PagedAttention layout, Kwon et al., SOSP 2023, arXiv:2309.06180);
 new keys/values appended in place at ``cache_seqlens``. Split-KV follows Flash-Decoding (Dao, Haziza, Massa,
 Sizov, 2023, https://crfm.stanford.edu/2023/10/12/flashdecoding.html): when batch x heads_kv programs cannot
-fill the GPU, each sequence's keys are cut into ``num_splits`` ranges whose partial results are merged by
-their log-sum-exp.
+fill the GPU, each sequence's keys are cut into ``splits`` ranges whose partial results are merged by their
+log-sum-exp.
 
-Kernel layout. One program per (query-row block, split, batch * kv head), on a 1-D grid. The rows of a
-program are the ``group = heads_q / heads_kv`` query heads that share its KV head times the ``seq_q`` query
-positions, row ``r`` being position ``r // group`` of head ``r % group``: with GQA a decode step reads each
-K/V tile once for the whole group, and the rows fill the M dimension of ``tl.dot`` (>= 16). Key rows are
-gathered one by one through the block table when paged, so any ``page_size`` works with any key block.
-Naming as in ``kernels.py``: ``p_`` pointers, ``b_`` blocks, ``o_`` offsets, ``m_`` masks; BM rows, BN keys,
-BD padded head_dim. Scores are in base 2 (``exp2``); the LSE in HBM is in natural-log units.
+Nothing on the host reads ``cache_seqlens`` or the block table (unless the value checks are on,
+:func:`llm_speed.core.runtime.check_values`): grids, split counts and buffers are sized from shapes alone,
+the cache *capacity* per sequence (``seq_cache``, or ``max_pages * page_size``) standing in for the longest
+sequence, as flash-attn sizes its split count (``flash_api.cpp``, ``mha_fwd_kvcache``: ``seqlen_k`` is the
+cache's size, not the lengths). A program whose split holds no visible key writes an empty partial (0, LSE
+-inf) that the combine kernel weighs 0. Invalid entries are caught in the kernels: a sequence whose
+``cache_seqlens`` is negative or leaves no room for the new tokens touches no cache slot, and one whose block
+table names a page outside the pool (among the pages in use) reads no such page; both get NaN rows.
+
+Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
+before the attention kernel runs. The attention kernel has one program per (query-row block, split,
+batch * kv head), on a 1-D grid. The rows of a program are the ``group = heads_q / heads_kv`` query heads that
+share its KV head times the ``seq_q`` query positions, row ``r`` being position ``r // group`` of head
+``r % group``: with GQA a decode step reads each K/V tile once for the whole group, and the rows fill the M
+dimension of ``tl.dot`` (>= 16). Key rows are gathered one by one through the block table when paged, so any
+``page_size`` works with any key block. Naming: ``p_`` pointers, ``b_`` blocks, ``o_`` offsets, ``m_`` masks;
+BM rows, BN keys, BD padded head_dim. Scores are in base 2 (``exp2``); the LSE in HBM is in natural-log units.
 
 Constexpr switches:
   PAGED                    keys are gathered through BLOCK_TABLE; else the cache is [batch, seq_cache, ...]
   HAS_LEFT / HAS_RIGHT     window bounds (causal is HAS_RIGHT with right = 0)
   HAS_SOFTCAP              scores become softcap * tanh(scores / softcap)
   SPLIT                    write fp32 partial (out, lse) per split for the combine kernel; else the result
-  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in kernels.py / core/kernel_math.py
+  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py
+
+Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, public function
+(forward only: no autograd). The plain-PyTorch spec is
+:func:`llm_speed.attention.reference.reference_attention` over each sequence's gathered keys.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import numbers
 
 import torch
 import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
-from ..core.args import check_flag
-from ..core.hardware import hardware_of
-from ..core.kernel_math import cast, rne_by_hand
-from .kernels import _dot
-from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_softcap, check_window
-
-KERNEL_DECODE = "kvcache_attention_fwd"
-KERNEL_COMBINE = "kvcache_attention_combine"
+from ..core.args import check_flag, check_real, positive_int
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
+from ..core.hardware import Hardware, hardware_of
+from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
+from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
+from ..core.tensors import check_same_device, check_tensor
+from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, check_softcap, check_window
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
-LOG2E: tl.constexpr = tl.constexpr(math.log2(math.e))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
 MAX_SPLITS = 128  # as flash-attn's split heuristic
 MIN_DOT_DIM = 16
+MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention program
+
+# --- kernels --------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _tanh(x):
-    """tanh in float32 without libdevice (the interpreter has none): Lambert's continued fraction
-    x / (1 + x^2 / (3 + x^2 / (5 + ...))) where |x| < 1 (no cancellation near 0), else 1 - 2 / (e^2x + 1)."""
-    x_small = tl.minimum(tl.maximum(x, -1.0), 1.0)
-    x2 = x_small * x_small
-    b_d = x2 * 0.0 + 19.0
-    for i in tl.static_range(9):
-        b_d = (17.0 - 2.0 * i) + x2 / b_d
-    small = x_small / b_d
-    large = 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
-    return tl.where(tl.abs(x) < 1.0, small, large)
+def _append_kernel(
+    K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_cs, stride_btb, stride_btp,
+    seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached,
+    PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
+    ``cache_seqlens[b] + j``: slot (b, pos) when dense, (block_table[b, pos // page_size], pos % page_size)
+    when paged. Nothing is written for a sequence with cache_seqlens outside [0, max_cached] (max_cached =
+    capacity - seq_new), nor to a page outside [0, num_blocks)."""
+    pid = tl.program_id(0)
+    i_b = pid // seq_new
+    i_j = pid % seq_new
+    cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
+    ok = (cached >= 0) & (cached <= max_cached)
+    pos = tl.where(ok, cached, 0) + i_j  # < capacity when ok
+    if PAGED:
+        b_page = tl.load(BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (pos // page_size) * stride_btp,
+                         mask=ok, other=-1)  # fmt: skip
+        ok = ok & (b_page >= 0) & (b_page < num_blocks)
+        row = tl.where(ok, b_page, 0).to(tl.int64)
+        slot = (pos % page_size).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+        slot = pos.to(tl.int64)
+    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = tl.arange(0, BLOCK_D)
+    # no head to write when the slot is invalid (a scalar mask broadcast fails under the interpreter)
+    m = (o_h < tl.where(ok, heads_kv, 0))[:, None] & (o_d < head_dim)[None, :]
+    p_k = K + i_b.to(tl.int64) * stride_kb + i_j * stride_ks + o_h[:, None] * stride_kh + o_d[None, :]
+    p_v = V + i_b.to(tl.int64) * stride_vb + i_j * stride_vs + o_h[:, None] * stride_vh + o_d[None, :]
+    p_kc = K_CACHE + row * stride_kcb + slot * stride_kcs + o_h[:, None] * stride_kch + o_d[None, :]
+    p_vc = V_CACHE + row * stride_vcb + slot * stride_vcs + o_h[:, None] * stride_vch + o_d[None, :]
+    tl.store(p_kc, tl.load(p_k, mask=m), mask=m)
+    tl.store(p_vc, tl.load(p_v, mask=m), mask=m)
 
 
 @triton.jit
-def _cache_rows(BLOCK_TABLE, stride_bt, i_b, o_n, m_n, page_size, PAGED: tl.constexpr):
+def _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED: tl.constexpr):
     """(page, slot) of key positions ``o_n`` of sequence ``i_b``, as int64 [BN]: through the block table
     when paged, else (i_b, o_n). Positions outside ``m_n`` do not read the table."""
     if PAGED:
-        b_page = tl.load(BLOCK_TABLE + i_b * stride_bt + o_n // page_size, mask=m_n, other=0).to(tl.int64)
+        p_table = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (o_n // page_size) * stride_btp
+        b_page = tl.load(p_table, mask=m_n, other=0).to(tl.int64)
         return b_page, (o_n % page_size).to(tl.int64)
     else:
         return tl.zeros_like(o_n).to(tl.int64) + i_b, o_n.to(tl.int64)
+
+
+@triton.jit
+def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blocks, BLOCK_P: tl.constexpr):
+    """Whether a block-table entry of sequence ``i_b`` among logical pages [first, last) is outside
+    [0, num_blocks)."""
+    b_bad = tl.zeros([BLOCK_P], dtype=tl.int32)
+    p_row = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb
+    for start in range(first, last, BLOCK_P):
+        o_p = start + tl.arange(0, BLOCK_P)
+        m_p = o_p < last
+        b_page = tl.load(p_row + o_p * stride_btp, mask=m_p, other=0)
+        b_bad += tl.where(m_p & ((b_page < 0) | (b_page >= num_blocks)), 1, 0)
+    return tl.max(b_bad, 0) > 0
 
 
 @triton.jit
@@ -84,13 +141,13 @@ def _kvcache_fwd_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_o_split, stride_ob, stride_os, stride_oh,
     stride_l_split, stride_lb, stride_lh,
-    stride_bt,
-    seq_q, seq_new, heads_kv, group, head_dim, page_size, split_len, num_splits, n_row_blocks,
-    qk_scale_log2, softcap, window_left, window_right,
+    stride_cs, stride_btb, stride_btp,
+    seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
+    n_row_blocks, qk_scale_log2, softcap, window_left, window_right,
     PAGED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_m = pid % n_row_blocks
@@ -99,7 +156,18 @@ def _kvcache_fwd_kernel(
     i_b = i_bh // heads_kv
     i_hkv = i_bh % heads_kv
 
-    seqlen_k = tl.load(CACHE_SEQLENS + i_b) + seq_new  # keys visible to this sequence
+    # A sequence whose cache_seqlens leaves no room for the new tokens (or is negative) reads no key.
+    cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
+    bad = (cached < 0) | (cached > max_cached)  # max_cached = capacity - seq_new: no int32 overflow
+    seqlen_k = tl.where(bad, 0, cached + seq_new)  # keys visible to this sequence
+    lo = i_split * split_len
+    if PAGED:
+        # The pages in use of this split's key range: one outside the pool makes the sequence's rows NaN
+        # (every split of the range [0, seqlen_k) checks its own part; the combine kernel spreads the NaN).
+        last_page = tl.cdiv(tl.minimum(lo + split_len, seqlen_k), page_size)
+        bad = bad | _has_bad_page(BLOCK_TABLE, i_b, lo // page_size, last_page, stride_btb, stride_btp,
+                                  num_blocks, BLOCK_P)  # fmt: skip
+        seqlen_k = tl.where(bad, 0, seqlen_k)
     shift = seqlen_k - seq_q  # query i sits at key position i + shift (bottom-right alignment)
     n_rows = seq_q * group
     o_r = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
@@ -109,10 +177,9 @@ def _kvcache_fwd_kernel(
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < head_dim
 
-    # Keys any row of this block may see, intersected with this program's split.
+    # Keys any row of this block may see, intersected with this program's split (empty when none).
     first_i = (i_m * BLOCK_M) // group
     last_i = tl.minimum((i_m * BLOCK_M + BLOCK_M - 1) // group, seq_q - 1)
-    lo = i_split * split_len
     hi = tl.minimum(lo + split_len, seqlen_k)
     if HAS_RIGHT:
         hi = tl.minimum(hi, last_i + shift + window_right + 1)
@@ -131,13 +198,13 @@ def _kvcache_fwd_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)  # [BN]
         m_n = o_n < seqlen_k  # slots past the valid tokens are never read: they may hold anything
-        b_page, o_slot = _cache_rows(BLOCK_TABLE, stride_bt, i_b, o_n, m_n, page_size, PAGED)
+        b_page, o_slot = _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
         m_kv = m_n[:, None] & m_d[None, :]
         p_k = K_CACHE + i_hkv * stride_kh + (b_page * stride_kb + o_slot * stride_ks)[:, None] + o_d[None, :]
         b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
-        b_s = _dot(b_q, tl.trans(b_k), DOT_IN_FP32, DOT_PRECISION)  # [BM, BN] q.k, unscaled
+        b_s = dot(b_q, tl.trans(b_k), DOT_IN_FP32, DOT_PRECISION)  # [BM, BN] q.k, unscaled
         if HAS_SOFTCAP:
-            b_s = softcap * _tanh(b_s * (qk_scale_log2 / LOG2E / softcap)) * LOG2E
+            b_s = softcap * tanh(b_s * (qk_scale_log2 / LOG2E / softcap)) * LOG2E
         else:
             b_s = b_s * qk_scale_log2
         m_s = m_r[:, None] & m_n[None, :]
@@ -155,12 +222,14 @@ def _kvcache_fwd_kernel(
             b_p = cast(b_p, V_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
         p_v = V_CACHE + i_hkv * stride_vh + (b_page * stride_vb + o_slot * stride_vs)[:, None] + o_d[None, :]
         b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
-        b_acc = b_acc * b_alpha[:, None] + _dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
+        b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
         b_m = b_m_new
 
     no_key = b_l == 0.0
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
     b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
+    b_out = tl.where(bad, float("nan"), b_out)  # an invalid cache_seqlens or page: NaN rows
+    b_lse = tl.where(bad, float("nan"), b_lse)
     p_out = (
         OUT + i_split.to(tl.int64) * stride_o_split + i_b.to(tl.int64) * stride_ob
         + o_i[:, None].to(tl.int64) * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
@@ -183,6 +252,7 @@ def _kvcache_combine_kernel(
 
     Partials are contiguous ``[splits, batch, seq_q, heads_q, D]`` and ``[splits, batch, heads_q, seq_q]``,
     the results ``[batch, seq_q, heads_q, D]`` and ``[batch, heads_q, seq_q]``; one program per (b, i, h).
+    A NaN partial LSE (a split of an invalid sequence) makes the row NaN.
     """
     i_row = tl.program_id(0).to(tl.int64)  # flat (b, i, h) of the output
     i_b = i_row // (seq_q * heads_q)
@@ -194,6 +264,8 @@ def _kvcache_combine_kernel(
     m_s = o_s < num_splits
     m_d = o_d < head_dim
     b_lse = tl.load(LSE_PART + o_s * stride_l_split + i_lse, mask=m_s, other=float("-inf"))  # [BS]
+    bad = tl.max(tl.where(b_lse != b_lse, 1, 0), 0) > 0  # explicit: a GPU's max may skip a NaN
+    b_lse = tl.where(b_lse != b_lse, float("-inf"), b_lse)
     b_max = tl.max(b_lse, 0)
     b_max = tl.where(b_max == float("-inf"), 0.0, b_max)
     b_w = tl.exp2((b_lse - b_max) * LOG2E)  # a split that saw no key weighs 0
@@ -202,29 +274,22 @@ def _kvcache_combine_kernel(
     p_o = OUT_PART + o_s[:, None].to(tl.int64) * stride_o_split + i_row * head_dim + o_d[None, :]
     b_o = tl.load(p_o, mask=m_s[:, None] & m_d[None, :], other=0.0)  # [BS, BD]
     b_out = tl.sum(b_o * b_w[:, None], 0) / tl.where(no_key, 1.0, b_sum)  # [BD]
+    b_out = tl.where(bad, float("nan"), b_out)
     b_out = cast(b_out, OUT.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     tl.store(OUT + i_row * head_dim + o_d, b_out, mask=m_d)
-    tl.store(LSE + i_lse, tl.where(no_key, float("-inf"), b_max + tl.log(tl.where(no_key, 1.0, b_sum))))
+    b_lse_out = tl.where(no_key, float("-inf"), b_max + tl.log(tl.where(no_key, 1.0, b_sum)))
+    tl.store(LSE + i_lse, tl.where(bad, float("nan"), b_lse_out))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Launcher
+# --- launcher -------------------------------------------------------------------------------------------
 
-
-def block_config(head_dim: int, dtype: torch.dtype, rows: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for ``rows`` = group * seq_q query rows per KV head.
-
-    Decode reads each K/V tile once per program and is bound by memory: key blocks of 64 rows (32 at
-    head_dim 256) keep the loads wide; query tiles of at most 32 rows (16 at head_dim 256 or in float32)
-    keep the fp32 accumulator and both tiles in registers. BM is at least 16, the smallest ``tl.dot`` tile.
-    Compiled for sm_90 (Triton 3.9, every switch on) they need at most 84 KB of shared memory and spill at
-    most about 1 KB per thread (16-bit, head_dim 128, paged and split); most variants spill nothing.
-    """
-    block_d = max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
-    block_n = 32 if block_d > 128 else 64
-    cap_m = 16 if block_d > 128 or dtype == torch.float32 else 32
-    block_m = min(cap_m, max(MIN_DOT_DIM, triton.next_power_of_2(max(rows, 1))))
-    return block_m, block_n, block_d, 4 if block_d <= 128 else 8
+APPEND = Kernel(_append_kernel, "kvcache_append")
+FORWARD = Kernel(_kvcache_fwd_kernel, "kvcache_attention_fwd")
+COMBINE = Kernel(_kvcache_combine_kernel, "kvcache_attention_combine")
+KERNEL_APPEND = APPEND.name
+KERNEL_DECODE = FORWARD.name
+KERNEL_COMBINE = COMBINE.name
+APPEND_BLOCK_ELEMENTS = 4096  # append: KV heads x head_dim elements per program at most
 
 
 def choose_num_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
@@ -238,125 +303,182 @@ def choose_num_splits(programs: int, key_blocks: int, sms: int, max_splits: int 
     if programs >= 0.8 * sms or key_blocks <= 1:
         return 1
     limit = min(max_splits, sms, key_blocks)
-
-    def eligible(s: int) -> bool:
-        return s == 1 or triton.cdiv(key_blocks, s) != triton.cdiv(key_blocks, s - 1)
-
-    def efficiency(s: int) -> float:
-        waves = programs * s / sms
-        return waves / math.ceil(waves)
-
-    candidates = [s for s in range(1, limit + 1) if eligible(s)]
-    best = max(efficiency(s) for s in candidates)
-    return next(s for s in candidates if efficiency(s) >= 0.85 * best)
+    candidates = [s for s in range(1, limit + 1) if s == 1 or cdiv(key_blocks, s) != cdiv(key_blocks, s - 1)]
+    efficiency = {s: programs * s / sms / cdiv(programs * s, sms) for s in candidates}
+    best = max(efficiency.values())
+    return next(s for s in candidates if efficiency[s] >= 0.85 * best)
 
 
-def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
-    """Write k, v ``[batch, seq_new, heads_kv, D]`` at positions cache_seqlens.. of each sequence, through the
-    block table when paged. Only those slots are written."""
-    batch, seq_new = k.shape[:2]
-    pos = cache_seqlens.long()[:, None] + torch.arange(seq_new, device=k.device)[None, :]  # [B, S_new]
-    if block_table is None:
-        rows, slots = torch.arange(batch, device=k.device)[:, None].expand_as(pos), pos
-    else:
-        page_size = k_cache.shape[1]
-        rows, slots = block_table.long().gather(1, pos // page_size), pos % page_size
-    k_cache[rows, slots] = k
-    v_cache[rows, slots] = v
+@functools.cache
+def kernel_config(
+    head_dim: int, dtype: torch.dtype, rows: int, capacity: int, programs_kv: int, hardware: Hardware,
+    num_splits: int = 0,
+) -> KernelConfig:
+    """The attention kernel's tiles and split count for ``rows`` = group * seq_q query rows per KV head,
+    ``capacity`` cache tokens per sequence and ``programs_kv`` = batch * heads_kv; ``num_splits`` as asked
+    (0: :func:`choose_num_splits` on ``hardware``'s SMs).
 
-
-def forward(q, k_cache, v_cache, cache_seqlens, block_table, seq_new: int, max_seqlen_k: int, scale: float,
-            window_left, window_right, softcap, num_splits: int):  # fmt: skip
-    """Launch the attention kernel (and the combine kernel when split). Returns (out, lse)."""
-    batch, seq_q, heads_q, head_dim = q.shape
-    heads_kv = k_cache.shape[2]
-    group = heads_q // heads_kv
-    block_m, block_n, block_d, num_warps = block_config(head_dim, q.dtype, group * seq_q)
-    n_row_blocks = triton.cdiv(group * seq_q, block_m)
-    key_blocks = triton.cdiv(max_seqlen_k, block_n)
+    Decode reads each K/V tile once per program and is bound by memory: key blocks (``block_n``) of 64 rows
+    (32 at head_dim 256) keep the loads wide; query tiles (``block_m``) of at most 32 rows (16 at head_dim 256
+    or in float32) keep the fp32 accumulator and both tiles in registers; ``block_m`` is at least 16, the
+    smallest ``tl.dot`` tile. ``splits``: at most MAX_SPLITS (the combine kernel holds every split of a row
+    at once) and one key block of the capacity per split; the key range of split s is
+    ``[s * L, (s + 1) * L)`` with ``L = cdiv(key_blocks, splits) * block_n`` (:func:`split_len`).
+    Compiled for sm_90 (Triton 3.9) they need at most 84 KB of shared memory and spill at most about 1 KB
+    per thread (16-bit, head_dim 128, paged and split); most variants spill nothing.
+    """
+    block_d = max(MIN_DOT_DIM, next_power_of_2(head_dim))
+    block_n = 32 if block_d > 128 else 64
+    cap_m = 16 if block_d > 128 or dtype == torch.float32 else 32
+    block_m = min(cap_m, max(MIN_DOT_DIM, next_power_of_2(rows)))
+    key_blocks = cdiv(capacity, block_n)
     if num_splits == 0:
-        programs = batch * heads_kv * n_row_blocks
-        num_splits = choose_num_splits(programs, key_blocks, hardware_of(q.device).sm_count)
-    # At most MAX_SPLITS (the combine kernel holds every split of a row at once) and one key block per split.
-    blocks_per_split = triton.cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
-    num_splits = max(1, triton.cdiv(key_blocks, blocks_per_split))  # no split left without keys
-    split = num_splits > 1
-    out = tensors.new_output((batch, seq_q, heads_q, head_dim), q.dtype, q.device)
-    lse = tensors.new_output((batch, heads_q, seq_q), torch.float32, q.device)
-    if split:
-        out_k = tensors.new_output((num_splits, batch, seq_q, heads_q, head_dim), torch.float32, q.device)
-        lse_k = tensors.new_output((num_splits, batch, heads_q, seq_q), torch.float32, q.device)
-        o_split, l_split = out_k.stride(0), lse_k.stride(0)
-    else:
-        out_k, lse_k, o_split, l_split = out, lse, 0, 0
-    paged = block_table is not None
-    runtime.report_work(
-        "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
-        block_table=block_table, window=(window_left, window_right),
-    )  # fmt: skip
-    _kvcache_fwd_kernel[(n_row_blocks * num_splits * batch * heads_kv,)](
-        Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
-        BLOCK_TABLE=block_table if paged else cache_seqlens, OUT=out_k, LSE=lse_k,
-        stride_qb=q.stride(0), stride_qs=q.stride(1), stride_qh=q.stride(2),
-        stride_kb=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
-        stride_vb=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
-        stride_o_split=o_split,
-        stride_ob=out_k.stride(-4), stride_os=out_k.stride(-3), stride_oh=out_k.stride(-2),
-        stride_l_split=l_split, stride_lb=lse_k.stride(-3), stride_lh=lse_k.stride(-2),
-        stride_bt=block_table.stride(0) if paged else 0,
-        seq_q=seq_q, seq_new=seq_new, heads_kv=heads_kv, group=group, head_dim=head_dim,
-        page_size=k_cache.shape[1], split_len=blocks_per_split * block_n, num_splits=num_splits,
-        n_row_blocks=n_row_blocks, qk_scale_log2=scale * math.log2(math.e),
-        softcap=softcap if softcap is not None else 0.0,
+        num_splits = choose_num_splits(programs_kv * cdiv(rows, block_m), key_blocks, hardware.sm_count)
+    blocks_per_split = cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
+    splits = max(1, cdiv(key_blocks, blocks_per_split))  # no split past the capacity
+    num_warps = 4 if block_d <= 128 else 8
+    return KernelConfig(block_m, block_n, num_warps, 2, block_d=block_d, splits=splits)
+
+
+def split_len(cfg: KernelConfig, capacity: int) -> int:
+    """Keys per split of ``cfg`` over a cache of ``capacity`` tokens: whole key blocks."""
+    return cdiv(cdiv(capacity, cfg.block_n), cfg.splits) * cfg.block_n
+
+
+@plan_cache
+def _plans(
+    q_shape: tuple, q_strides: tuple, cache_shape: tuple, k_strides: tuple, v_strides: tuple,
+    table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
+    new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
+    has_softcap: bool, num_splits: int, device: torch.device,
+) -> tuple:
+    """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
+    split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
+    ``new_strides`` = (k's strides, v's strides) when there are new tokens."""
+    batch, seq_q, heads_q, head_dim = q_shape
+    heads_kv = cache_shape[2]
+    paged = table_shape is not None
+    page_size = cache_shape[1]
+    capacity = table_shape[1] * page_size if paged else cache_shape[1]
+    num_blocks = cache_shape[0] if paged else 0
+    stride_btb, stride_btp = table_strides if paged else (0, 0)
+    max_cached = capacity - seq_new
+    append = None
+    if batch and seq_new:
+        (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides
+        block_d = next_power_of_2(head_dim)
+        block_h = min(next_power_of_2(heads_kv), max(1, APPEND_BLOCK_ELEMENTS // block_d))
+        append = APPEND.plan(
+            (batch * seq_new, cdiv(heads_kv, block_h)),
+            stride_kb=s_kb, stride_ks=s_ks, stride_kh=s_kh, stride_vb=s_vb, stride_vs=s_vs, stride_vh=s_vh,
+            stride_kcb=k_strides[0], stride_kcs=k_strides[1], stride_kch=k_strides[2],
+            stride_vcb=v_strides[0], stride_vcs=v_strides[1], stride_vch=v_strides[2],
+            stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
+            seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
+            max_cached=max_cached, PAGED=paged, BLOCK_H=block_h, BLOCK_D=block_d,
+            num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
+        )  # fmt: skip
+    if not batch or not seq_q:
+        return append, None, None, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), None, None
+    group = heads_q // heads_kv
+    cfg = kernel_config(head_dim, dtype, group * seq_q, capacity, batch * heads_kv, hardware_of(device),
+                        num_splits)  # fmt: skip
+    split = cfg.splits > 1
+    n_row_blocks = cdiv(group * seq_q, cfg.block_m)
+    # The outputs the kernel writes: the result [B, Sq, Hq, D] / LSE [B, Hq, Sq], or float32 partials with a
+    # leading split dim (all contiguous, allocated per call).
+    out_strides = (seq_q * heads_q * head_dim, heads_q * head_dim, head_dim)
+    lse_strides = (heads_q * seq_q, seq_q)
+    split_o = batch * seq_q * heads_q * head_dim if split else 0
+    split_l = batch * heads_q * seq_q if split else 0
+    switches = dot_switches(dtype)
+    attend = FORWARD.plan(
+        (n_row_blocks * cfg.splits * batch * heads_kv,),
+        stride_qb=q_strides[0], stride_qs=q_strides[1], stride_qh=q_strides[2],
+        stride_kb=k_strides[0], stride_ks=k_strides[1], stride_kh=k_strides[2],
+        stride_vb=v_strides[0], stride_vs=v_strides[1], stride_vh=v_strides[2],
+        stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
+        stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1],
+        stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
+        seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
+        head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, split_len=split_len(cfg, capacity),
+        num_splits=cfg.splits, n_row_blocks=n_row_blocks,
         window_left=window_left if window_left is not None else 0,
         window_right=window_right if window_right is not None else 0,
         PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=softcap is not None, SPLIT=split,
-        # The interpreter's tl.dot is wrong on bfloat16: widen the (bf16-rounded) tiles there only.
-        DOT_IN_FP32=runtime.INTERPRETED and q.dtype == torch.bfloat16,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        RNE_BY_HAND=rne_by_hand(q.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, num_stages=2,
+        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+        BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    runtime.record_launch(KERNEL_DECODE)
+    combine = None
     if split:
-        _kvcache_combine_kernel[(batch * seq_q * heads_q,)](
-            OUT_PART=out_k, LSE_PART=lse_k, OUT=out, LSE=lse,
-            stride_o_split=o_split, stride_l_split=l_split, seq_q=seq_q, heads_q=heads_q,
-            num_splits=num_splits, head_dim=head_dim,
-            RNE_BY_HAND=rne_by_hand(q.dtype), BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        combine = COMBINE.plan(
+            (batch * seq_q * heads_q,), stride_o_split=split_o, stride_l_split=split_l, seq_q=seq_q,
+            heads_q=heads_q, num_splits=cfg.splits, head_dim=head_dim, RNE_BY_HAND=rne_by_hand(dtype),
+            BLOCK_S=next_power_of_2(cfg.splits), BLOCK_D=cfg.block_d, num_warps=4, num_stages=1,
         )  # fmt: skip
-        runtime.record_launch(KERNEL_COMBINE)
-    return out, lse
+    parts = (None, None)
+    if split:
+        parts = (cfg.splits, batch, seq_q, heads_q, head_dim), (cfg.splits, batch, heads_q, seq_q)
+    return append, attend, combine, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), *parts
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Operator
+_LOG2E = math.log2(math.e)
+_Tensor = torch.Tensor
+_F32 = torch.float32
+_MINUS_INF = float("-inf")
 
 
-def forward_impl(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
-                 window_right, softcap, num_splits):  # fmt: skip
-    """Append k/v (if given), then attend; on whatever runs on q's device. Returns (out, lse)."""
-    seq_new = 0
-    if k is not None:
-        seq_new = k.shape[1]
-        if k.numel():
-            append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    batch, seq_q, heads_q, head_dim = q.shape
-    if batch == 0 or seq_q == 0:
-        out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-        return out, torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
-    if not runtime.triton_runs_on(q.device):
+def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
+            softcap, num_splits: int):  # fmt: skip
+    """Append k/v (if given) into the caches, then attend; returns (out, lse). Arguments as checked by
+    :func:`flash_attention_with_kvcache` (q, k and v with a contiguous last dim, ``cache_seqlens`` an int32
+    tensor). Reads no tensor value on the host; reports its work once per call."""
+    q_shape = q.shape
+    device = q.device
+    seq_new = 0 if k is None else k.shape[1]
+    if not runtime.triton_runs_on(device) and q_shape[0] and (q_shape[1] or seq_new):
         raise runtime.TritonUnavailable(
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
-    max_seqlen_k = max_cache_seqlen + seq_new
-    with runtime.on_device_of(q):
-        return forward(
-            q, k_cache, v_cache, cache_seqlens, block_table, seq_new, max_seqlen_k, scale,
-            window_left, window_right, softcap, num_splits,
-        )  # fmt: skip
+    paged = block_table is not None
+    append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
+        q_shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
+        block_table.shape if paged else None, block_table.stride() if paged else None,
+        cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
+        window_left, window_right, softcap is not None, num_splits, device,
+    )  # fmt: skip
+    table = block_table if paged else cache_seqlens  # a placeholder int32 tensor when dense (never read)
+    if append is not None:
+        append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
+                      BLOCK_TABLE=table)  # fmt: skip
+    if attend is None:  # no query (batch or seq_q 0): empty results
+        return torch.empty(out_shape, dtype=q.dtype, device=device), torch.empty(
+            lse_shape, dtype=_F32, device=device
+        )
+    runtime.report_work(
+        "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
+        block_table=block_table, window=(window_left, window_right),
+    )  # fmt: skip
+    out = tensors.new_output(out_shape, q.dtype, device)
+    lse = tensors.new_output(lse_shape, _F32, device)
+    qk_scale_log2 = scale * _LOG2E
+    cap = softcap if softcap is not None else 0.0
+    if combine is None:
+        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
+                      OUT=out, LSE=lse, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+        return out, lse
+    out_part = tensors.new_output(out_part_shape, _F32, device)
+    lse_part = tensors.new_output(lse_part_shape, _F32, device)
+    attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
+                  OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+    combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
+    return out, lse
+
+
+# --- op registration ------------------------------------------------------------------------------------
 
 
 @torch.library.custom_op("llm_speed::flash_attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
@@ -365,7 +487,6 @@ def _kvcache_op(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
-    max_cache_seqlen: int,
     k: torch.Tensor | None,
     v: torch.Tensor | None,
     block_table: torch.Tensor | None,
@@ -375,73 +496,65 @@ def _kvcache_op(
     softcap: float | None,
     num_splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward_impl(
-        q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
-        window_right, softcap, num_splits,
+    return forward(
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
+        num_splits,
     )  # fmt: skip
 
 
 @_kvcache_op.register_fake
-def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, max_cache_seqlen, k, v, block_table, scale, window_left,
-                  window_right, softcap, num_splits):  # fmt: skip
+def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right,
+                  softcap, num_splits):  # fmt: skip
     batch, seq_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seq_q), dtype=torch.float32)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Input checks (all before any write: a refused call leaves the cache as it was)
+_kvcache_call = Op(_kvcache_op, forward)  # forward only: no gradient formula
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
+# --- public function ------------------------------------------------------------------------------------
 
 
 def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> None:
-    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "block_table": block_table}
-    for name, t in named.items():
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    """Types, ranks, dtypes (one float dtype for all) and devices; the common case in a few comparisons."""
+    check_tensor("q", q, dims=4, what="[batch, seq_q, heads_q, head_dim]")
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (new tokens to append) or both be None")
-    for name in ("q", "k_cache", "v_cache", "k", "v"):
-        t = named[name]
-        if t is not None and t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
-        if t is not None and t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; accepted: float16, bfloat16, float32")
-        if t is not None and t.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} differs from q's {q.dtype}: all must share one dtype")
-    for name, t in named.items():
-        if t is not None and t.device != q.device:
-            raise ValueError(
-                f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device"
-            )
+    dtype, device = q.dtype, q.device
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if t is not None and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
+                              or t.device != device):  # fmt: skip
+            _refuse_tensor(name, t, dtype)
+    if block_table is not None:
+        if not isinstance(block_table, _Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+        if block_table.dtype is not torch.int32:
+            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+        if block_table.device != device:
+            check_same_device(q=q, block_table=block_table)
+
+
+def _refuse_tensor(name: str, t, dtype: torch.dtype) -> None:
+    """The error for ``t``, which failed the quick test of :func:`_check_tensors`."""
+    check_tensor(name, t)
+    if t.dtype != dtype:
+        raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: all must share one dtype")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
+    raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
 
 
 def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
     """Shape rules; returns the cache capacity per sequence (tokens)."""
     batch, _, heads_q, head_dim = q.shape
-    if k_cache.shape != v_cache.shape:
+    cache_shape = k_cache.shape
+    if cache_shape != v_cache.shape:
         raise ValueError(
-            f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            f"k_cache and v_cache must have one shape, got {tuple(cache_shape)} and {tuple(v_cache.shape)}"
         )
-    heads_kv = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"k_cache/v_cache head_dim ({k_cache.shape[3]}) must equal q head_dim ({head_dim})")
+    heads_kv = cache_shape[2]
+    if cache_shape[3] != head_dim:
+        raise ValueError(f"k_cache/v_cache head_dim ({cache_shape[3]}) must equal q head_dim ({head_dim})")
     if head_dim % HEAD_DIM_MULTIPLE or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"q head_dim is {head_dim}; accepted: a multiple of {HEAD_DIM_MULTIPLE} from {HEAD_DIM_MULTIPLE} "
@@ -449,68 +562,69 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
         )
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k_cache heads ({heads_kv})")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
+    if k_cache.stride()[3] != 1 or v_cache.stride()[3] != 1:
+        name = "k_cache" if k_cache.stride()[3] != 1 else "v_cache"
+        raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
     if k is not None:
-        seq_new = k.shape[1]
-        expected = (batch, seq_new, heads_kv, head_dim)
-        for name, t in (("k", k), ("v", v)):
-            if tuple(t.shape) != expected:
-                raise ValueError(
-                    f"{name} must be [batch, seq_new, heads_kv, head_dim] = {expected}, got {tuple(t.shape)}"
-                )
-    if block_table is None:
-        if k_cache.shape[0] != batch:
+        k_shape, v_shape = k.shape, v.shape
+        if k_shape != v_shape or k_shape[0] != batch or k_shape[2] != heads_kv or k_shape[3] != head_dim:
+            expected = (batch, k_shape[1], heads_kv, head_dim)
+            name, shape = ("k", k_shape) if tuple(k_shape) != expected else ("v", v_shape)
             raise ValueError(
-                f"k_cache batch ({k_cache.shape[0]}) must equal q batch ({batch}) without a block_table"
+                f"{name} must be [batch, seq_new, heads_kv, head_dim] = {expected}, got {tuple(shape)}"
             )
-        return k_cache.shape[1]
-    if block_table.dtype != torch.int32:
-        raise TypeError(f"block_table must be int32, got {block_table.dtype}")
-    if block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(
-            f"block_table must be [batch={batch}, max_pages], got shape {tuple(block_table.shape)}"
-        )
-    page_size = k_cache.shape[1]
+    if block_table is None:
+        if cache_shape[0] != batch:
+            raise ValueError(
+                f"k_cache batch ({cache_shape[0]}) must equal q batch ({batch}) without a block_table"
+            )
+        return cache_shape[1]
+    table_shape = block_table.shape
+    if len(table_shape) != 2 or table_shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, max_pages], got shape {tuple(table_shape)}")
+    page_size = cache_shape[1]
     if page_size < 1 or page_size % PAGE_MULTIPLE:
         raise ValueError(
             f"page_size (k_cache dim 1) must be a positive multiple of {PAGE_MULTIPLE}, got {page_size}"
         )
-    return block_table.shape[1] * page_size
+    return table_shape[1] * page_size
 
 
-def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """(cache_seqlens as a contiguous int32 [batch] tensor, its maximum); one host read of its extremes."""
+def _cache_seqlens(cache_seqlens, batch: int, seq_new: int, capacity: int, device: torch.device):
+    """``cache_seqlens`` as an int32 [batch] tensor on ``device`` (an int: filled, checked against the
+    capacity on the host, where it already is)."""
     if isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.dtype != torch.int32:
+        if cache_seqlens.dtype is not torch.int32:
             raise TypeError(f"cache_seqlens must be int32 (or an int), got {cache_seqlens.dtype}")
-        if tuple(cache_seqlens.shape) != (batch,):
+        if cache_seqlens.shape != (batch,):
             raise ValueError(f"cache_seqlens must be [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
         if cache_seqlens.device != device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
-        if batch == 0:
-            return cache_seqlens.contiguous(), 0
-        smallest, largest = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()
-        if smallest < 0:
-            raise ValueError(f"cache_seqlens must be >= 0, got {smallest}")
-        return cache_seqlens.contiguous(), largest
-    value = _check_int("cache_seqlens", cache_seqlens, 0)
-    return torch.full((batch,), value, dtype=torch.int32, device=device), value
+        return cache_seqlens
+    value = positive_int("cache_seqlens", cache_seqlens, allow_zero=True)
+    if batch and value + seq_new > capacity:
+        _too_small(value + seq_new, capacity)
+    return torch.full((batch,), value, dtype=torch.int32, device=device)
 
 
-def _check_cache_ranges(
-    cache_seqlens, longest: int, seq_new: int, capacity: int, k_cache, block_table
-) -> None:
-    """Capacity (``longest`` = max cache_seqlens + seq_new), the block table entries in use, and distinct
-    slots for the appended tokens."""
+def _too_small(longest: int, capacity: int):
+    raise ValueError(
+        f"cache too small: cache_seqlens + seq_new reaches {longest} tokens, the cache holds {capacity} per "
+        "sequence"
+    )
+
+
+def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_table) -> None:
+    """The checks that read ``cache_seqlens`` and the block table (only under ``runtime.check_values``):
+    lengths >= 0 and within the capacity, block-table entries of the pages in use inside the pool, and
+    distinct slots for the appended tokens."""
     if cache_seqlens.numel() == 0:
         return
-    if longest > capacity:
-        raise ValueError(
-            f"cache too small: cache_seqlens + seq_new reaches {longest} tokens, the cache holds {capacity} "
-            "per sequence"
-        )
+    smallest, largest = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()
+    if smallest < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {smallest}")
+    if largest + seq_new > capacity:
+        _too_small(largest + seq_new, capacity)
     if block_table is None:
         return
     page_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
@@ -528,10 +642,6 @@ def _check_cache_ranges(
         slots = block_table.long().gather(1, pos // page_size) * page_size + pos % page_size
         if slots.unique().numel() != slots.numel():
             raise ValueError("block_table maps the new tokens of two sequences to the same cache slot")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Public function
 
 
 def flash_attention_with_kvcache(
@@ -566,57 +676,61 @@ def flash_attention_with_kvcache(
             other slot is written. Attention then runs over ``cache_seqlens + seq_new`` keys.
             ``cache_seqlens`` itself is not advanced (the caller owns it, as in flash-attn).
         block_table: int32 ``[batch, max_pages]``: physical page of each logical page of each sequence (vLLM's
-            and flash-attn's paged layout). Only the entries of pages in use are read and checked.
+            and flash-attn's paged layout). Only the entries of pages in use (the first
+            ``cdiv(cache_seqlens + seq_new, page_size)``) are read.
         is_causal: bottom-right aligned per sequence: query i (at key position i + seqlen_k - seq_q) sees keys
             up to its own position. Same as ``window=(left, 0)``.
         scale: score scale, default ``1 / sqrt(head_dim)``.
         window: ``(left, right)`` local attention as in :func:`llm_speed.attention.reference.visible`.
         softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2, Grok-1).
         num_splits: key-range splits merged by log-sum-exp (Flash-Decoding); 0 chooses from batch x heads_kv,
-            the context length and the SM count; 1 disables splitting. At most 128 splits, and one key
-            block per split, are used whatever is asked.
+            the cache capacity (``seq_cache``, or ``max_pages * page_size``) and the SM count; 1 disables
+            splitting. At most 128 splits, and one key block of the capacity per split, are used whatever is
+            asked. The count depends on shapes only, never on the values of ``cache_seqlens``.
         return_lse: also return the natural-log LSE ``[batch, heads_q, seq_q]`` float32.
 
     Returns ``out`` ``[batch, seq_q, heads_q, head_dim]`` contiguous in q's dtype (and the LSE). A query that
     sees no key (an empty cache, or a causal row before the first key) outputs 0 with LSE -inf.
 
-    Every argument is checked before the cache is touched, so a refused call changes nothing; the checks read
-    ``cache_seqlens`` on the host (one synchronisation; up to two more when paged, for the block table).
+    Checks. Everything that needs no tensor value is checked before any work, so a refused call leaves the
+    caches as they were: shapes, dtypes, devices, flags, ``num_splits``, ``window``, ``softcap``, ``scale``,
+    and an int ``cache_seqlens`` against the capacity. The checks of tensor values (``cache_seqlens`` >= 0
+    and ``cache_seqlens + seq_new`` <= capacity; block-table entries of pages in use inside
+    ``[0, num_blocks)``; no two appended tokens sharing a slot) read those tensors on the host, so they run
+    only where :func:`llm_speed.core.runtime.check_values` says (CPU tensors by default;
+    ``LLM_SPEED_CHECK_INPUTS=1``/``0`` forces them on/off). Without them (CUDA by default: no host
+    synchronisation, CUDA-graph capturable) the kernels never read or write outside a tensor, and:
+
+    - a sequence with ``cache_seqlens < 0`` or ``cache_seqlens + seq_new > capacity`` reads and writes no
+      cache slot (its new tokens are not appended), and its output rows and LSE are NaN;
+    - a block-table entry outside ``[0, num_blocks)`` of a page in use is never dereferenced: no new token is
+      written to it, the sequence's other appended tokens are, and its output rows and LSE are NaN (also when
+      a window keeps every query away from that page);
+    - two sequences appending to one slot are not detected: the slot ends up holding one of the two tokens.
+
     Forward only (no autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under
     ``TRITON_INTERPRET=1``.
     """
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
-    num_splits = _check_int("num_splits", num_splits, 0)
-    window = check_window(window)
-    softcap = check_softcap(softcap)
-    scale = _check_scale(scale, q.shape[-1])
+    num_splits = positive_int("num_splits", num_splits, allow_zero=True)
+    left, right = check_window(window) if window is not None else (None, None)
+    if softcap is not None:
+        softcap = check_softcap(softcap)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else check_real("scale", scale)
     capacity = _check_shapes(q, k_cache, v_cache, k, v, block_table)
-    cache_seqlens, max_cache_seqlen = _check_cache_seqlens(cache_seqlens, q.shape[0], q.device)
-    seq_new = k.shape[1] if k is not None else 0
-    _check_cache_ranges(cache_seqlens, max_cache_seqlen + seq_new, seq_new, capacity, k_cache, block_table)
-
-    left, right = window if window is not None else (None, None)
+    seq_new = 0 if k is None else k.shape[1]
+    cache_seqlens = _cache_seqlens(cache_seqlens, q.shape[0], seq_new, capacity, q.device)
+    if runtime.check_values(q.device):
+        _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table)
     if is_causal:
         right = 0
-    if q.stride(-1) != 1 and q.shape[-1] > 1:
-        q = q.contiguous()
-    if block_table is not None:
-        block_table = block_table.contiguous()
-    out, lse = _kvcache_op(
-        q,
-        k_cache,
-        v_cache,
-        cache_seqlens,
-        max_cache_seqlen,
-        k,
-        v,
-        block_table,
-        scale,
-        left,
-        right,
-        softcap,
-        num_splits,
+    if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
+        q = tensors.last_dim_contiguous(q)
+    if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
+        k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
+    out, lse = _kvcache_call(
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
     )
     return (out, lse) if return_lse else out
