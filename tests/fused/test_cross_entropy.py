@@ -9,7 +9,7 @@ import llm_speed.fused.cross_entropy as ce
 from llm_speed import fused_linear_cross_entropy
 from llm_speed.fused.reference import fused_linear_cross_entropy_reference
 
-KERNELS = (ce.KERNEL_FORWARD, ce.KERNEL_BACKWARD)
+KERNELS = (ce.FORWARD.name, ce.BACKWARD.name)
 
 
 def _problem(n, h, vocab, dtype, device, *, bias=True, ignored=(), magnitude=1.0):
@@ -157,7 +157,8 @@ def _bad(**changes):
         (_bad(label_smoothing=1.5), ValueError, "label_smoothing must be <= 1"),
         (_bad(softcap=0.0), ValueError, "softcap must be > 0"),
         (_bad(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
-        (_bad(chunk_rows=0), ValueError, "chunk_rows must be >= 1"),
+        (_bad(chunk_rows=0), ValueError, "chunk_rows must be a positive int, got 0"),
+        (_bad(chunk_rows=2.0), TypeError, "chunk_rows must be an int"),
     ],
 )
 def test_bad_input(args, error, match):
