@@ -5,10 +5,12 @@ Rows are processed in chunks of ``C``: a chunk's logits ``[C, V]`` come from one
 them into per-row losses and log-sum-exps (an online softmax over vocabulary blocks, Milakov & Gimelshein,
 "Online normalizer calculation for softmax", 2018, arXiv:1805.02867), and the chunk is dropped. The backward
 recomputes each chunk's logits, a second kernel overwrites them in place with ``d loss / d logits``, and two
-GEMMs add the chunk's share to the hidden and weight gradients. The chunking follows Liger-Kernel
-(linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024, arXiv:2410.10989), which
-computes the gradients during the forward instead; recomputing costs one more ``N x H x V`` GEMM but supports
-any output gradient (``reduction="none"``) and keeps the forward free of gradient buffers.
+GEMMs add the chunk's share to the hidden and weight gradients. A "mean" or "sum" is taken by a third kernel
+(one launch, where PyTorch's reduction takes four to six), which keeps the divisor for the backward. The
+chunking follows Liger-Kernel (linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024,
+arXiv:2410.10989), which computes the gradients during the forward instead; recomputing costs one more
+``N x H x V`` GEMM but supports any output gradient (``reduction="none"``) and keeps the forward free of
+gradient buffers.
 
 Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]`` tensors at once (logits and
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
@@ -38,7 +40,7 @@ from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import PLAN_CACHE_SIZE, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .reference import reduce_loss, softcapped
+from .reference import softcapped
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -50,10 +52,10 @@ REDUCTIONS = ("mean", "sum", "none")
 @triton.jit
 def _ce_fwd_kernel(
     logits_ptr, target_ptr, loss_ptr, lse_ptr, row0, stride_l, vocab, ignore_index, smoothing, softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """Loss and log-sum-exp of the rows of a chunk's logits (row ``i`` is row ``row0 + i`` of target, loss
-    and lse)."""
+    """Loss (in loss's dtype) and log-sum-exp (float32) of the rows of a chunk's logits; row ``i`` of the
+    chunk is row ``row0 + i`` of target, loss and lse."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
@@ -80,24 +82,53 @@ def _ce_fwd_kernel(
         z_t = softcap * tanh(z_t / softcap)
     # (1 - eps) * (lse - z_t) + eps * (lse - mean(z)): torch.nn.functional.cross_entropy's label smoothing
     loss = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
-    loss = tl.where(valid, loss, float("nan"))
-    tl.store(loss_ptr + row, tl.where(keep, loss, 0.0))
+    loss = tl.where(keep, tl.where(valid, loss, float("nan")), 0.0)
+    tl.store(loss_ptr + row, cast(loss, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
     tl.store(lse_ptr + row, lse)
 
 
 @triton.jit
+def _ce_reduce_kernel(
+    loss_ptr, target_ptr, out_ptr, divisor_ptr, n, ignore_index,
+    MEAN: tl.constexpr, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    """One program: out = the sum of the rows' float32 losses, divided (MEAN) by the number of rows not
+    ignored (at least 1); the divisor (1 for a sum) is kept for the backward."""
+    b_total = tl.zeros([BLOCK], dtype=tl.float32)
+    b_kept = tl.zeros([BLOCK], dtype=tl.int32)
+    for r0 in range(0, n, BLOCK):
+        o = r0 + tl.arange(0, BLOCK)
+        m = o < n
+        b_total += tl.load(loss_ptr + o, mask=m, other=0.0)
+        b_kept += (m & (tl.load(target_ptr + o, mask=m, other=0) != ignore_index)).to(tl.int32)
+    total = tl.sum(b_total, axis=0)
+    if MEAN:
+        divisor = tl.maximum(tl.sum(b_kept, axis=0), 1).to(tl.float32)
+    else:
+        divisor = tl.full([], 1.0, tl.float32)
+    tl.store(out_ptr, cast(total / divisor, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    tl.store(divisor_ptr, divisor)
+
+
+@triton.jit
 def _ce_bwd_kernel(
-    logits_ptr, target_ptr, lse_ptr, grad_ptr, row0, stride_l, vocab, ignore_index, smoothing, softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    logits_ptr, target_ptr, lse_ptr, grad_ptr, divisor_ptr, row0, stride_l, stride_g, vocab, ignore_index,
+    smoothing, softcap,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     """Overwrite a chunk's logits with d loss / d logits, row by row (each element read, then written); row
-    ``i`` of the chunk is row ``row0 + i`` of target, lse and grad."""
+    ``i`` of the chunk is row ``row0 + i`` of target, lse and (not REDUCED) grad. REDUCED: grad is the
+    gradient of the reduced loss, divided by the divisor for every row."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
     t = tl.load(target_ptr + row)
     lse = tl.load(lse_ptr + row)
-    g = tl.where((t >= 0) & (t < vocab), tl.load(grad_ptr + row), float("nan"))
+    if REDUCED:
+        g = tl.load(grad_ptr).to(tl.float32) / tl.load(divisor_ptr)
+    else:
+        g = tl.load(grad_ptr + row * stride_g).to(tl.float32)
+    g = tl.where((t >= 0) & (t < vocab), g, float("nan"))
     g = tl.where(t != ignore_index, g, 0.0)  # ignored rows: gradient 0
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
@@ -118,8 +149,10 @@ def _ce_bwd_kernel(
 # --- launcher -------------------------------------------------------------------------------------------
 
 FORWARD = Kernel(_ce_fwd_kernel, "cross_entropy_fwd")
+REDUCE = Kernel(_ce_reduce_kernel, "cross_entropy_reduce")
 BACKWARD = Kernel(_ce_bwd_kernel, "cross_entropy_bwd")
 MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks the rest)
+MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
 
 
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
@@ -143,9 +176,17 @@ def memory_estimate(
 
 @functools.cache
 def config(vocab: int) -> KernelConfig:
-    """One row per program (``block_m`` 1), ``block_n`` vocabulary entries per step (vocab padded to a power
-    of two, at most :data:`MAX_BLOCK_V`)."""
+    """Forward and backward: one row per program (``block_m`` 1), ``block_n`` vocabulary entries per step
+    (vocab padded to a power of two, at most :data:`MAX_BLOCK_V`)."""
     return KernelConfig(1, min(MAX_BLOCK_V, next_power_of_2(vocab)), num_warps=8, num_stages=1)
+
+
+@functools.cache
+def reduce_config(n: int) -> KernelConfig:
+    """The reduction: one program adding ``block_n`` rows per step (``n`` padded to a power of two, at most
+    :data:`MAX_BLOCK_REDUCE`)."""
+    block = min(MAX_BLOCK_REDUCE, next_power_of_2(n))
+    return KernelConfig(1, block, num_warps=max(1, min(4, block // 256)), num_stages=1)
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -171,22 +212,32 @@ def _forward_plans(
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(FORWARD.plan(
             (rows,), row0=start, stride_l=vocab, vocab=vocab, ignore_index=ignore_index, BLOCK_V=cfg.block_n,
-            HAS_SOFTCAP=has_softcap, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            HAS_SOFTCAP=has_softcap, RNE_BY_HAND=rne_by_hand(dtypes[2]),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
 
 
 @plan_cache
+def _reduce_plan(n: int, ignore_index: int, mean: bool, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = reduce_config(n)
+    return REDUCE.plan(
+        (1,), n=n, ignore_index=ignore_index, MEAN=mean, BLOCK=cfg.block_n,
+        RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@plan_cache
 def _backward_plans(
-    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, dtypes: tuple,
-    device: torch.device,
+    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, stride_g: int,
+    dtypes: tuple, device: torch.device,
 ) -> tuple[Plan, ...]:  # fmt: skip
     cfg = config(vocab)
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(BACKWARD.plan(
-            (rows,), row0=start, stride_l=vocab, vocab=vocab, ignore_index=ignore_index, BLOCK_V=cfg.block_n,
-            HAS_SOFTCAP=has_softcap, RNE_BY_HAND=rne_by_hand(dtypes[0]),
+            (rows,), row0=start, stride_l=vocab, stride_g=stride_g, vocab=vocab, ignore_index=ignore_index,
+            BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, REDUCED=reduced, RNE_BY_HAND=rne_by_hand(dtypes[0]),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
@@ -210,11 +261,14 @@ def _check_targets(target, vocab, ignore_index):
 
 
 def _forward_torch(
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, loss, lse
-):
-    sizes = _chunk_sizes(hidden.shape[0], chunk_rows)
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+):  # fmt: skip
+    n = hidden.shape[0]
+    rows = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    lse = tensors.new_output((n,), torch.float32, hidden.device)
+    sizes = _chunk_sizes(n, chunk_rows)
     for h, t, loss_rows, lse_rows in zip(
-        _row_chunks(hidden, sizes), _row_chunks(target, sizes), _row_chunks(loss, sizes),
+        _row_chunks(hidden, sizes), _row_chunks(target, sizes), _row_chunks(rows, sizes),
         _row_chunks(lse, sizes), strict=True,
     ):  # fmt: skip
         z = softcapped(_chunk_logits(h, weight, bias), softcap)
@@ -222,7 +276,18 @@ def _forward_torch(
             z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
         ))  # fmt: skip
         lse_rows.copy_(torch.logsumexp(z, -1))
-    return loss, lse
+    if reduction == "none":
+        return rows.to(hidden.dtype), lse, _no_divisor(hidden.device)
+    if reduction == "mean":  # over the rows not ignored; 0 / 1 when every row is (PyTorch: 0 / 0)
+        divisor = (target != ignore_index).sum().clamp(min=1).to(torch.float32)
+    else:
+        divisor = torch.ones((), dtype=torch.float32, device=hidden.device)
+    return (rows.sum() / divisor).to(hidden.dtype), lse, divisor.reshape(1)
+
+
+def _no_divisor(device):
+    """The divisor output of ``reduction="none"``: nothing to divide by."""
+    return tensors.new_output((0,), torch.float32, device)
 
 
 def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
@@ -238,84 +303,97 @@ def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
 
 def forward(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-    ignore_index: int, label_smoothing: float, softcap: float, chunk_rows: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(per-row loss, per-row log-sum-exp), float32 ``[N]`` each, chunk by chunk; reports its work.
+    ignore_index: int, label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(loss, lse, divisor), chunk by chunk; reports its work. loss: in hidden's dtype, ``[N]`` for
+    ``reduction="none"``, else a scalar; lse: float32 ``[N]``; divisor: float32 ``[1]``, what the sum was
+    divided by (1 for "sum"), or ``[0]`` for "none".
 
     Targets are checked on the host only where :func:`llm_speed.core.runtime.check_values` allows it (and
     always by the PyTorch fallback, on the CPU); otherwise an invalid one makes its row's loss NaN."""
     n, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
-    use_triton = runtime.triton_runs_on(device)
     target = target.contiguous()
-    if not use_triton or runtime.check_values(device):
+    triton_runs = runtime.triton_runs_on(device)
+    if not triton_runs or runtime.check_values(device):
         _check_targets(target, vocab, ignore_index)
     if n:
         runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
-    loss = tensors.new_output((n,), torch.float32, device)
-    lse = tensors.new_output((n,), torch.float32, device)
-    if n == 0:
-        return loss, lse
-    if not use_triton:
+    if n == 0 or not triton_runs:
         return _forward_torch(
-            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, loss, lse
+            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
         )
+    reduced = reduction != "none"
+    # rows in float32 when they are to be reduced, else in the loss's dtype
+    loss_rows = tensors.new_output((n,), torch.float32 if reduced else hidden.dtype, device)
+    lse = tensors.new_output((n,), torch.float32, device)
     # a chunk's logits have hidden's dtype (matmul and addmm require weight and bias to share it)
-    dtypes = (hidden.dtype, target.dtype)
+    dtypes = (hidden.dtype, target.dtype, loss_rows.dtype)
     plans = _forward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, dtypes, device)
     for h, plan in zip(_row_chunks(hidden, _chunk_sizes(n, chunk_rows)), plans, strict=True):
         plan.launch(
-            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=loss, lse_ptr=lse,
+            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=loss_rows, lse_ptr=lse,
             smoothing=label_smoothing, softcap=softcap,
         )  # fmt: skip
-    return loss, lse
+    if not reduced:
+        return loss_rows, lse, _no_divisor(device)
+    loss = tensors.new_output((), hidden.dtype, device)
+    divisor = tensors.new_output((1,), torch.float32, device)
+    plan = _reduce_plan(
+        n, ignore_index, reduction == "mean", (torch.float32, target.dtype, hidden.dtype), device
+    )
+    plan.launch(loss_ptr=loss_rows, target_ptr=target, out_ptr=loss, divisor_ptr=divisor)
+    return loss, lse, divisor
 
 
 def backward(
     grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-    bias: torch.Tensor | None, lse: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: float,
-    chunk_rows: int,
+    bias: torch.Tensor | None, lse: torch.Tensor, divisor: torch.Tensor, ignore_index: int,
+    label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dhidden, dweight, dbias) of :func:`forward` for the per-row loss gradient ``grad``; reports its work.
-    dbias is computed (zeros) even without a bias."""
+    """(dhidden, dweight, dbias) of :func:`forward` for the gradient ``grad`` of its loss; reports its work.
+    dbias is returned (zeros) even without a bias."""
     n, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
-    grad = grad.to(torch.float32).contiguous()
+    reduced = reduction != "none"
     target = target.contiguous()
-    use_triton = runtime.triton_runs_on(device)
+    triton_runs = runtime.triton_runs_on(device)
     if n:
         runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
     dhidden = tensors.new_output(hidden.shape, hidden.dtype, device)
-    # Accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger.
-    dweight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-    if bias is None:  # the op returns a bias gradient all the same
-        dbias = torch.zeros(vocab, dtype=weight.dtype, device=device)
-    else:
-        dbias = torch.zeros(vocab, dtype=torch.float32, device=device)
     if n == 0:
-        return dhidden, dweight, dbias.to(weight.dtype)
+        return dhidden, torch.zeros_like(weight), weight.new_zeros((vocab,))
     sizes = _chunk_sizes(n, chunk_rows)
-    if use_triton:
-        dtypes = (hidden.dtype, target.dtype, lse.dtype, grad.dtype)
-        plans = _backward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, dtypes, device)
+    if triton_runs:
+        dtypes = (hidden.dtype, target.dtype, lse.dtype, grad.dtype, divisor.dtype)
+        stride_g = 0 if reduced else grad.stride(0)
+        plans = _backward_plans(
+            n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, stride_g, dtypes, device
+        )  # fmt: skip
+    else:  # PyTorch on the CPU: one float32 gradient per row
+        grad = (grad.float() / divisor).expand(n) if reduced else grad.float()
+    dweight = dbias = None
     for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
         logits = _chunk_logits(h, weight, bias)
-        if use_triton:
+        if triton_runs:
             plans[i].launch(
-                logits_ptr=logits, target_ptr=target, lse_ptr=lse, grad_ptr=grad,
+                logits_ptr=logits, target_ptr=target, lse_ptr=lse, grad_ptr=grad, divisor_ptr=divisor,
                 smoothing=label_smoothing, softcap=softcap,
             )  # fmt: skip
             dlogits = logits
-        else:  # PyTorch on the CPU
+        else:
             rows = slice(i * chunk_rows, i * chunk_rows + sizes[i])
             dlogits = _dlogits_torch(
                 logits, target[rows], lse[rows], grad[rows], ignore_index, label_smoothing, softcap
             )
         torch.mm(dlogits, weight, out=dh)
-        dweight.addmm_(dlogits.t(), h)
+        # accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger
+        dweight = torch.mm(dlogits.t(), h) if dweight is None else dweight.addmm_(dlogits.t(), h)
         if bias is not None:
-            dbias += dlogits.sum(0, dtype=torch.float32)
-    return dhidden, dweight, dbias.to(weight.dtype)
+            part = dlogits.sum(0, dtype=torch.float32)
+            dbias = part if dbias is None else dbias.add_(part)
+    dbias = weight.new_zeros((vocab,)) if bias is None else dbias.to(weight.dtype)
+    return dhidden, dweight, dbias
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -331,14 +409,22 @@ def _forward_op(
     label_smoothing: float,
     softcap: float,
     chunk_rows: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows)
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return forward(
+        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+    )
 
 
 @_forward_op.register_fake
-def _forward_fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows):
+def _forward_fake(
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+):
     n = hidden.shape[0]
-    return hidden.new_empty((n,), dtype=torch.float32), hidden.new_empty((n,), dtype=torch.float32)
+    reduced = reduction != "none"
+    loss = hidden.new_empty(() if reduced else (n,))
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    return loss, lse, hidden.new_empty((1 if reduced else 0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_backward", mutates_args=())
@@ -349,20 +435,21 @@ def _backward_op(
     target: torch.Tensor,
     bias: torch.Tensor | None,
     lse: torch.Tensor,
+    divisor: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
     softcap: float,
     chunk_rows: int,
+    reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(
-        grad, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, chunk_rows
-    )
+        grad, hidden, weight, target, bias, lse, divisor, ignore_index, label_smoothing, softcap, chunk_rows,
+        reduction,
+    )  # fmt: skip
 
 
 @_backward_op.register_fake
-def _backward_fake(
-    grad, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, chunk_rows
-):
+def _backward_fake(grad, hidden, weight, target, bias, lse, divisor, *_):
     return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
 
 
@@ -373,15 +460,15 @@ _backward_call = Op(_backward_op, backward)
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows = inputs
-    ctx.save_for_backward(hidden, weight, target, bias, output[1])
-    ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows)
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction = inputs
+    ctx.save_for_backward(hidden, weight, target, bias, output[1], output[2])
+    ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows, reduction)
 
 
-def _backward(ctx, grad, _dlse):
-    hidden, weight, target, bias, lse = ctx.saved_tensors
-    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, lse, *ctx.args)
-    return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None
+def _backward(ctx, grad, _dlse, _ddivisor):
+    hidden, weight, target, bias, lse, divisor = ctx.saved_tensors
+    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, lse, divisor, *ctx.args)
+    return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None, None
 
 
 _forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
@@ -469,5 +556,7 @@ def fused_linear_cross_entropy(
     ignore_index, label_smoothing, softcap, chunk_rows = _validate(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows
     )
-    rows, _ = _forward_call(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows)
-    return reduce_loss(rows, target, ignore_index, reduction, hidden.dtype)
+    loss, _, _ = _forward_call(
+        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+    )
+    return loss
