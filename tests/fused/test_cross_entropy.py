@@ -118,10 +118,10 @@ def test_opcheck_and_compile_fullgraph(device):
     for reduction, grad in grads.items():
         args = (hidden, weight, target, b, -100, 0.1, 2.0, 2, reduction)
         torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
-        _, lse, divisor = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
+        _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
             *(a.detach() if torch.is_tensor(a) else a for a in args)
         )
-        grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), lse, divisor)
+        grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), stats)
         torch.library.opcheck(
             torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
             (*grad_args, -100, 0.1, 2.0, 2, reduction),

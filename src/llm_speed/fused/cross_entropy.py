@@ -51,11 +51,12 @@ REDUCTIONS = ("mean", "sum", "none")
 
 @triton.jit
 def _ce_fwd_kernel(
-    logits_ptr, target_ptr, loss_ptr, lse_ptr, row0, stride_l, vocab, ignore_index, smoothing, softcap,
+    logits_ptr, target_ptr, loss_ptr, stats_ptr, row0, loss_start, stride_l, vocab, ignore_index, smoothing,
+    softcap,
     BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """Loss (in loss's dtype) and log-sum-exp (float32) of the rows of a chunk's logits; row ``i`` of the
-    chunk is row ``row0 + i`` of target, loss and lse."""
+    """Loss (in loss's dtype, from element ``loss_start`` on) and log-sum-exp (float32, the first elements of
+    stats) of the rows of a chunk's logits; row ``i`` of the chunk is row ``row0 + i`` of the problem."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
@@ -83,23 +84,23 @@ def _ce_fwd_kernel(
     # (1 - eps) * (lse - z_t) + eps * (lse - mean(z)): torch.nn.functional.cross_entropy's label smoothing
     loss = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
     loss = tl.where(keep, tl.where(valid, loss, float("nan")), 0.0)
-    tl.store(loss_ptr + row, cast(loss, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
-    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + loss_start + row, cast(loss, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    tl.store(stats_ptr + row, lse)
 
 
 @triton.jit
 def _ce_reduce_kernel(
-    loss_ptr, target_ptr, out_ptr, divisor_ptr, n, ignore_index,
+    stats_ptr, target_ptr, out_ptr, n, ignore_index,
     MEAN: tl.constexpr, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """One program: out = the sum of the rows' float32 losses, divided (MEAN) by the number of rows not
-    ignored (at least 1); the divisor (1 for a sum) is kept for the backward."""
+    """One program: out = the sum of the rows' float32 losses (stats[n:2n]), divided (MEAN) by the number of
+    rows not ignored (at least 1); the divisor (1 for a sum) goes to stats[2n] for the backward."""
     b_total = tl.zeros([BLOCK], dtype=tl.float32)
     b_kept = tl.zeros([BLOCK], dtype=tl.int32)
     for r0 in range(0, n, BLOCK):
         o = r0 + tl.arange(0, BLOCK)
         m = o < n
-        b_total += tl.load(loss_ptr + o, mask=m, other=0.0)
+        b_total += tl.load(stats_ptr + n + o, mask=m, other=0.0)
         b_kept += (m & (tl.load(target_ptr + o, mask=m, other=0) != ignore_index)).to(tl.int32)
     total = tl.sum(b_total, axis=0)
     if MEAN:
@@ -107,25 +108,25 @@ def _ce_reduce_kernel(
     else:
         divisor = tl.full([], 1.0, tl.float32)
     tl.store(out_ptr, cast(total / divisor, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
-    tl.store(divisor_ptr, divisor)
+    tl.store(stats_ptr + 2 * n, divisor)
 
 
 @triton.jit
 def _ce_bwd_kernel(
-    logits_ptr, target_ptr, lse_ptr, grad_ptr, divisor_ptr, row0, stride_l, stride_g, vocab, ignore_index,
+    logits_ptr, target_ptr, stats_ptr, grad_ptr, row0, divisor_at, stride_l, stride_g, vocab, ignore_index,
     smoothing, softcap,
     BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     """Overwrite a chunk's logits with d loss / d logits, row by row (each element read, then written); row
-    ``i`` of the chunk is row ``row0 + i`` of target, lse and (not REDUCED) grad. REDUCED: grad is the
-    gradient of the reduced loss, divided by the divisor for every row."""
+    ``i`` of the chunk is row ``row0 + i`` of the problem. REDUCED: grad is the gradient of the reduced loss,
+    divided for every row by the divisor (stats[divisor_at]); else one gradient per row."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
     t = tl.load(target_ptr + row)
-    lse = tl.load(lse_ptr + row)
+    lse = tl.load(stats_ptr + row)
     if REDUCED:
-        g = tl.load(grad_ptr).to(tl.float32) / tl.load(divisor_ptr)
+        g = tl.load(grad_ptr).to(tl.float32) / tl.load(stats_ptr + divisor_at)
     else:
         g = tl.load(grad_ptr + row * stride_g).to(tl.float32)
     g = tl.where((t >= 0) & (t < vocab), g, float("nan"))
@@ -202,18 +203,18 @@ def _row_chunks(t: torch.Tensor, sizes: tuple[int, ...]):
 
 @plan_cache
 def _forward_plans(
-    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, dtypes: tuple,
+    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, dtypes: tuple,
     device: torch.device,
 ) -> tuple[Plan, ...]:  # fmt: skip
     """One plan per chunk: the chunk's first row is fixed in it, so a launch takes whole target, loss and
-    lse tensors (no per-call views)."""
+    stats tensors (no per-call views). Reduced: the rows' losses go to the stats (float32), else to loss."""
     cfg = config(vocab)
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(FORWARD.plan(
-            (rows,), row0=start, stride_l=vocab, vocab=vocab, ignore_index=ignore_index, BLOCK_V=cfg.block_n,
-            HAS_SOFTCAP=has_softcap, RNE_BY_HAND=rne_by_hand(dtypes[2]),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            (rows,), row0=start, loss_start=n if reduced else 0, stride_l=vocab, vocab=vocab,
+            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap,
+            RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
 
@@ -223,7 +224,7 @@ def _reduce_plan(n: int, ignore_index: int, mean: bool, dtypes: tuple, device: t
     cfg = reduce_config(n)
     return REDUCE.plan(
         (1,), n=n, ignore_index=ignore_index, MEAN=mean, BLOCK=cfg.block_n,
-        RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        RNE_BY_HAND=rne_by_hand(dtypes[1]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -236,9 +237,9 @@ def _backward_plans(
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(BACKWARD.plan(
-            (rows,), row0=start, stride_l=vocab, stride_g=stride_g, vocab=vocab, ignore_index=ignore_index,
-            BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, REDUCED=reduced, RNE_BY_HAND=rne_by_hand(dtypes[0]),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            (rows,), row0=start, divisor_at=2 * n, stride_l=vocab, stride_g=stride_g, vocab=vocab,
+            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, REDUCED=reduced,
+            RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
 
@@ -277,17 +278,12 @@ def _forward_torch(
         ))  # fmt: skip
         lse_rows.copy_(torch.logsumexp(z, -1))
     if reduction == "none":
-        return rows.to(hidden.dtype), lse, _no_divisor(hidden.device)
+        return rows.to(hidden.dtype), lse
     if reduction == "mean":  # over the rows not ignored; 0 / 1 when every row is (PyTorch: 0 / 0)
         divisor = (target != ignore_index).sum().clamp(min=1).to(torch.float32)
     else:
         divisor = torch.ones((), dtype=torch.float32, device=hidden.device)
-    return (rows.sum() / divisor).to(hidden.dtype), lse, divisor.reshape(1)
-
-
-def _no_divisor(device):
-    """The divisor output of ``reduction="none"``: nothing to divide by."""
-    return tensors.new_output((0,), torch.float32, device)
+    return (rows.sum() / divisor).to(hidden.dtype), torch.cat((lse, rows, divisor.reshape(1)))
 
 
 def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
@@ -304,10 +300,11 @@ def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
 def forward(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(loss, lse, divisor), chunk by chunk; reports its work. loss: in hidden's dtype, ``[N]`` for
-    ``reduction="none"``, else a scalar; lse: float32 ``[N]``; divisor: float32 ``[1]``, what the sum was
-    divided by (1 for "sum"), or ``[0]`` for "none".
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(loss, stats), chunk by chunk; reports its work. loss: in hidden's dtype, ``[N]`` for
+    ``reduction="none"``, else a scalar. stats, float32, what the backward reads: each row's log-sum-exp
+    (``[N]``); for "mean" and "sum" followed by each row's loss and the divisor of the sum (1 for "sum"):
+    ``[2N + 1]``.
 
     Targets are checked on the host only where :func:`llm_speed.core.runtime.check_values` allows it (and
     always by the PyTorch fallback, on the CPU); otherwise an invalid one makes its row's loss NaN."""
@@ -324,32 +321,27 @@ def forward(
             hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
         )
     reduced = reduction != "none"
-    # rows in float32 when they are to be reduced, else in the loss's dtype
-    loss_rows = tensors.new_output((n,), torch.float32 if reduced else hidden.dtype, device)
-    lse = tensors.new_output((n,), torch.float32, device)
+    stats = tensors.new_output((2 * n + 1 if reduced else n,), torch.float32, device)
+    loss = tensors.new_output(() if reduced else (n,), hidden.dtype, device)
+    rows = stats if reduced else loss  # where the rows' losses go
     # a chunk's logits have hidden's dtype (matmul and addmm require weight and bias to share it)
-    dtypes = (hidden.dtype, target.dtype, loss_rows.dtype)
-    plans = _forward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, dtypes, device)
+    dtypes = (hidden.dtype, target.dtype, rows.dtype)
+    plans = _forward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, dtypes, device)
     for h, plan in zip(_row_chunks(hidden, _chunk_sizes(n, chunk_rows)), plans, strict=True):
         plan.launch(
-            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=loss_rows, lse_ptr=lse,
+            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=rows, stats_ptr=stats,
             smoothing=label_smoothing, softcap=softcap,
         )  # fmt: skip
-    if not reduced:
-        return loss_rows, lse, _no_divisor(device)
-    loss = tensors.new_output((), hidden.dtype, device)
-    divisor = tensors.new_output((1,), torch.float32, device)
-    plan = _reduce_plan(
-        n, ignore_index, reduction == "mean", (torch.float32, target.dtype, hidden.dtype), device
-    )
-    plan.launch(loss_ptr=loss_rows, target_ptr=target, out_ptr=loss, divisor_ptr=divisor)
-    return loss, lse, divisor
+    if reduced:
+        plan = _reduce_plan(n, ignore_index, reduction == "mean", (target.dtype, hidden.dtype), device)
+        plan.launch(stats_ptr=stats, target_ptr=target, out_ptr=loss)
+    return loss, stats
 
 
 def backward(
     grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-    bias: torch.Tensor | None, lse: torch.Tensor, divisor: torch.Tensor, ignore_index: int,
-    label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
+    bias: torch.Tensor | None, stats: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: float,
+    chunk_rows: int, reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dhidden, dweight, dbias) of :func:`forward` for the gradient ``grad`` of its loss; reports its work.
     dbias is returned (zeros) even without a bias."""
@@ -365,26 +357,26 @@ def backward(
         return dhidden, torch.zeros_like(weight), weight.new_zeros((vocab,))
     sizes = _chunk_sizes(n, chunk_rows)
     if triton_runs:
-        dtypes = (hidden.dtype, target.dtype, lse.dtype, grad.dtype, divisor.dtype)
+        dtypes = (hidden.dtype, target.dtype, stats.dtype, grad.dtype)
         stride_g = 0 if reduced else grad.stride(0)
         plans = _backward_plans(
             n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, stride_g, dtypes, device
         )  # fmt: skip
     else:  # PyTorch on the CPU: one float32 gradient per row
-        grad = (grad.float() / divisor).expand(n) if reduced else grad.float()
+        grad = (grad.float() / stats[2 * n]).expand(n) if reduced else grad.float()
     dweight = dbias = None
     for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
         logits = _chunk_logits(h, weight, bias)
         if triton_runs:
             plans[i].launch(
-                logits_ptr=logits, target_ptr=target, lse_ptr=lse, grad_ptr=grad, divisor_ptr=divisor,
+                logits_ptr=logits, target_ptr=target, stats_ptr=stats, grad_ptr=grad,
                 smoothing=label_smoothing, softcap=softcap,
             )  # fmt: skip
             dlogits = logits
         else:
             rows = slice(i * chunk_rows, i * chunk_rows + sizes[i])
             dlogits = _dlogits_torch(
-                logits, target[rows], lse[rows], grad[rows], ignore_index, label_smoothing, softcap
+                logits, target[rows], stats[rows], grad[rows], ignore_index, label_smoothing, softcap
             )
         torch.mm(dlogits, weight, out=dh)
         # accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger
@@ -410,7 +402,7 @@ def _forward_op(
     softcap: float,
     chunk_rows: int,
     reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(
         hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
     )
@@ -423,8 +415,7 @@ def _forward_fake(
     n = hidden.shape[0]
     reduced = reduction != "none"
     loss = hidden.new_empty(() if reduced else (n,))
-    lse = hidden.new_empty((n,), dtype=torch.float32)
-    return loss, lse, hidden.new_empty((1 if reduced else 0,), dtype=torch.float32)
+    return loss, hidden.new_empty((2 * n + 1 if reduced else n,), dtype=torch.float32)
 
 
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_backward", mutates_args=())
@@ -434,8 +425,7 @@ def _backward_op(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
-    lse: torch.Tensor,
-    divisor: torch.Tensor,
+    stats: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
     softcap: float,
@@ -443,13 +433,22 @@ def _backward_op(
     reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(
-        grad, hidden, weight, target, bias, lse, divisor, ignore_index, label_smoothing, softcap, chunk_rows,
+        grad,
+        hidden,
+        weight,
+        target,
+        bias,
+        stats,
+        ignore_index,
+        label_smoothing,
+        softcap,
+        chunk_rows,
         reduction,
-    )  # fmt: skip
+    )
 
 
 @_backward_op.register_fake
-def _backward_fake(grad, hidden, weight, target, bias, lse, divisor, *_):
+def _backward_fake(grad, hidden, weight, target, *_):
     return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
 
 
@@ -461,13 +460,13 @@ _backward_call = Op(_backward_op, backward)
 
 def _setup_context(ctx, inputs, output):
     hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction = inputs
-    ctx.save_for_backward(hidden, weight, target, bias, output[1], output[2])
+    ctx.save_for_backward(hidden, weight, target, bias, output[1])
     ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows, reduction)
 
 
-def _backward(ctx, grad, _dlse, _ddivisor):
-    hidden, weight, target, bias, lse, divisor = ctx.saved_tensors
-    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, lse, divisor, *ctx.args)
+def _backward(ctx, grad, _dstats):
+    hidden, weight, target, bias, stats = ctx.saved_tensors
+    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, stats, *ctx.args)
     return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None, None
 
 
@@ -556,7 +555,7 @@ def fused_linear_cross_entropy(
     ignore_index, label_smoothing, softcap, chunk_rows = _validate(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows
     )
-    loss, _, _ = _forward_call(
+    loss, _ = _forward_call(
         hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
     )
     return loss
