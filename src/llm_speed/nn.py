@@ -9,15 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core.args import check_flag, check_real
+from .core.args import check_flag, check_real, positive_int
 from .fused.rms_norm import rms_norm
 from .fused.swiglu import swiglu
-
-
-def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class RMSNorm(nn.Module):
@@ -27,10 +21,11 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, *, device=None, dtype=None):
         super().__init__()
-        self.hidden_size = _check_size("hidden_size", hidden_size)
+        self.hidden_size = positive_int("hidden_size", hidden_size)
         self.eps = check_real("eps", eps, minimum=0.0)
         self.offset = check_real("offset", offset)
-        self.weight = nn.Parameter(torch.full((hidden_size,), 1.0 - self.offset, device=device, dtype=dtype))
+        scale = torch.full((self.hidden_size,), 1.0 - self.offset, device=device, dtype=dtype)
+        self.weight = nn.Parameter(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, eps=self.eps, offset=self.offset)
@@ -47,8 +42,8 @@ class SwiGLUMLP(nn.Module):
         self, hidden_size: int, intermediate_size: int, bias: bool = False, *, device=None, dtype=None
     ):
         super().__init__()
-        hidden_size = _check_size("hidden_size", hidden_size)
-        intermediate_size = _check_size("intermediate_size", intermediate_size)
+        hidden_size = positive_int("hidden_size", hidden_size)
+        intermediate_size = positive_int("intermediate_size", intermediate_size)
         bias = check_flag("bias", bias)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)

@@ -7,9 +7,11 @@ from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule,
 
 import llm_speed.fused.cross_entropy as ce
 from llm_speed import fused_linear_cross_entropy
+from llm_speed.core import runtime
 from llm_speed.fused.reference import fused_linear_cross_entropy_reference
 
-KERNELS = (ce.KERNEL_FORWARD, ce.KERNEL_BACKWARD)
+KERNELS = (ce.FORWARD.name, ce.BACKWARD.name)
+REDUCE = ce.REDUCE.name
 
 
 def _problem(n, h, vocab, dtype, device, *, bias=True, ignored=(), magnitude=1.0):
@@ -112,15 +114,18 @@ def test_shifting_logits_changes_nothing(device):
 def test_opcheck_and_compile_fullgraph(device):
     hidden, weight, b, target = _problem(3, 8, 20, torch.float32, device, ignored=(2,))
     hidden, weight, b = leaves(hidden, weight, b)
-    args = (hidden, weight, target, b, -100, 0.1, 2.0, 2)
-    torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
-    _, lse = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
-        *(a.detach() if torch.is_tensor(a) else a for a in args)
-    )
-    grad_args = (torch.randn(3, device=device), hidden.detach(), weight.detach(), target, b.detach(), lse)
-    torch.library.opcheck(
-        torch.ops.llm_speed.fused_linear_cross_entropy_backward.default, (*grad_args, -100, 0.1, 2.0, 2)
-    )
+    grads = {"none": torch.randn(3, device=device), "mean": torch.randn((), device=device)}
+    for reduction, grad in grads.items():
+        args = (hidden, weight, target, b, -100, 0.1, 2.0, 2, reduction)
+        torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
+        _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
+            *(a.detach() if torch.is_tensor(a) else a for a in args)
+        )
+        grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), stats)
+        torch.library.opcheck(
+            torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
+            (*grad_args, -100, 0.1, 2.0, 2, reduction),
+        )
     torch._dynamo.reset()
 
     def loss_fn(hh, ww, bb):
@@ -157,9 +162,100 @@ def _bad(**changes):
         (_bad(label_smoothing=1.5), ValueError, "label_smoothing must be <= 1"),
         (_bad(softcap=0.0), ValueError, "softcap must be > 0"),
         (_bad(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
-        (_bad(chunk_rows=0), ValueError, "chunk_rows must be >= 1"),
+        (_bad(chunk_rows=0), ValueError, "chunk_rows must be a positive int, got 0"),
+        (_bad(chunk_rows=2.0), TypeError, "chunk_rows must be an int"),
     ],
 )
 def test_bad_input(args, error, match):
     with pytest.raises(error, match=match):
         fused_linear_cross_entropy(**args)
+
+
+@pytest.mark.parametrize("softcap", [30.0, 50.0])
+def test_float32_softcap_is_accurate_for_small_logits(softcap, device):
+    # z / softcap well inside (-0.25, 0.25): 1 - 2 / (exp(2x) + 1) loses digits there (about softcap * 6e-8 in
+    # every logit); core.kernel_math.tanh does not
+    hidden, weight, _, target = _problem(16, 32, 100, torch.float32, device, bias=False)
+    out_grad = torch.randn(16).double()
+    kw = {"reduction": "none", "softcap": softcap}
+    reference = fused_linear_cross_entropy_reference
+    truth = _run(reference, *leaves(hidden, weight, dtype=torch.float64), None, target.cpu(), out_grad, **kw)
+    same = _run(reference, *leaves(hidden, weight), None, target, out_grad.to(device), **kw)
+    with expect_launches(*KERNELS, device=device):
+        got = _run(
+            fused_linear_cross_entropy, *leaves(hidden, weight), None, target, out_grad.to(device), **kw
+        )
+    assert_error_rule("loss", got[0], same[0], truth[0], OUTPUT_FACTOR, torch.float32)
+    for i, name in ((1, "dhidden"), (2, "dweight")):
+        assert_error_rule(name, got[i], same[i], truth[i], GRAD_FACTOR, torch.float32)
+
+
+BAD_ROWS = (2, 5, 7)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_unchecked_bad_target_gives_nan_rows_and_reads_nothing_out_of_bounds(reduction, monkeypatch, device):
+    # with the host checks off (the default on CUDA) nothing reads the targets on the host: a target outside
+    # [0, V) makes its row's loss and hidden gradient NaN; no kernel uses it as an address (2**40 would fault)
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    hidden, weight, b, target = _problem(9, 40, 50, torch.float32, device, ignored=(0,))
+    bad = target.clone()
+    bad[list(BAD_ROWS)] = torch.tensor([50, -5, 2**40], device=device)
+    good = target.clone()
+    good[list(BAD_ROWS)] = -100  # the same rows, ignored
+    runs = []
+    for t in (bad, good):
+        h, w, bb = leaves(hidden, weight, b)
+        with expect_launches(*KERNELS, device=device):
+            loss = fused_linear_cross_entropy(h, w, t, bias=bb, reduction=reduction, chunk_rows=4)
+            loss.sum().backward()
+        runs.append((loss.detach(), h.grad, w.grad))
+    (loss_bad, dh_bad, dw_bad), (loss_good, dh_good, _) = runs
+    rows = torch.zeros(9, dtype=torch.bool)
+    rows[list(BAD_ROWS)] = True
+    if reduction == "none":
+        assert torch.isnan(loss_bad[rows]).all() and torch.equal(loss_bad[~rows], loss_good[~rows])
+    else:
+        assert torch.isnan(loss_bad) and torch.isfinite(loss_good)
+    assert torch.isnan(dh_bad[rows]).all() and torch.isnan(dw_bad).all()
+    if reduction != "mean":  # mean divides by the rows not ignored: the bad rows count there
+        assert torch.equal(dh_bad[~rows], dh_good[~rows])
+    assert torch.isfinite(dh_bad[~rows]).all()
+
+
+def test_bad_target_raises_where_values_are_checked(monkeypatch, device):
+    hidden, weight, _, target = _problem(4, 8, 10, torch.float32, device)
+    target[1] = 10
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
+    before = runtime.launch_counts()
+    with pytest.raises(ValueError, match="target holds 10"):
+        fused_linear_cross_entropy(hidden, weight, target)
+    assert runtime.launch_counts() == before  # before any work
+    # the PyTorch fallback (CPU without the interpreter) reads the targets freely: it always checks
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    with pytest.raises(ValueError, match="target holds 10"):
+        fused_linear_cross_entropy(hidden.cpu(), weight.cpu(), target.cpu())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reduction_kernel_and_fallback_match_the_reference(reduction, monkeypatch, device):
+    # float32: the Triton path (the reduction kernel for "mean" and "sum") and the PyTorch fallback (CPU
+    # without the interpreter), forward and backward, against the reference in the same precision
+    hidden, weight, b, target = _problem(11, 24, 70, torch.float32, device, ignored=(4,))
+    out_grad = torch.randn(11).double() if reduction == "none" else torch.tensor(1.5).double()
+    kw = {"reduction": reduction, "label_smoothing": 0.2, "softcap": 5.0}
+    expected = _run(fused_linear_cross_entropy_reference, *leaves(hidden, weight, b), target, out_grad, **kw)
+    kernels = KERNELS if reduction == "none" else (*KERNELS, REDUCE)
+    with expect_launches(*kernels, device=device):
+        got = _run(
+            fused_linear_cross_entropy, *leaves(hidden, weight, b), target, out_grad, chunk_rows=4, **kw
+        )
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    fallback = _run(
+        fused_linear_cross_entropy, *leaves(hidden, weight, b), target, out_grad, chunk_rows=4, **kw
+    )
+    for name, g, f, e in zip(("loss", "dhidden", "dweight", "dbias"), got, fallback, expected, strict=True):
+        assert g.dtype == f.dtype == e.dtype and g.shape == f.shape == e.shape, name
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-6, msg=name)

@@ -8,7 +8,7 @@ import llm_speed.fused.swiglu as swiglu_module
 from llm_speed import swiglu
 from llm_speed.fused.reference import swiglu_reference
 
-KERNELS = (swiglu_module.KERNEL_FORWARD, swiglu_module.KERNEL_BACKWARD)
+KERNELS = (swiglu_module.FORWARD.name, swiglu_module.BACKWARD.name)
 
 
 def _run(fn, gate, up, dout):

@@ -64,8 +64,8 @@ def test_patched_model_matches_float64(model_type, device):
     ids = torch.randint(0, 97, (1, 10), device=device)
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
-    kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary.KERNEL]
-    kernels += [cross_entropy.KERNEL_FORWARD, cross_entropy.KERNEL_BACKWARD]
+    kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary.KERNEL.name]
+    kernels += [cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]
     kernels.append(launch.KERNEL_FORWARD)
     before = runtime.launch_counts()
     got_loss, got_grads = _loss_and_grads(patched, ids, labels)

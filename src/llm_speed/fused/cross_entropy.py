@@ -5,10 +5,12 @@ Rows are processed in chunks of ``C``: a chunk's logits ``[C, V]`` come from one
 them into per-row losses and log-sum-exps (an online softmax over vocabulary blocks, Milakov & Gimelshein,
 "Online normalizer calculation for softmax", 2018, arXiv:1805.02867), and the chunk is dropped. The backward
 recomputes each chunk's logits, a second kernel overwrites them in place with ``d loss / d logits``, and two
-GEMMs add the chunk's share to the hidden and weight gradients. The chunking follows Liger-Kernel
-(linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024, arXiv:2410.10989), which
-computes the gradients during the forward instead; recomputing costs one more ``N x H x V`` GEMM but supports
-any output gradient (``reduction="none"``) and keeps the forward free of gradient buffers.
+GEMMs add the chunk's share to the hidden and weight gradients. A "mean" or "sum" is taken by a third kernel
+(one launch, where PyTorch's reduction takes four to six), which keeps the divisor for the backward. The
+chunking follows Liger-Kernel (linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024,
+arXiv:2410.10989), which computes the gradients during the forward instead; recomputing costs one more
+``N x H x V`` GEMM but supports any output gradient (``reduction="none"``) and keeps the forward free of
+gradient buffers.
 
 Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]`` tensors at once (logits and
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
@@ -17,41 +19,47 @@ the chunk as large as ``hidden`` itself: ``C = next_pow2(ceil(N / ceil(V / H)))`
 (H = 4096, V = 128256) with N = 8192 tokens in bfloat16: unfused ``2 * 8192 * 128256 * 2 B = 4.20 GB``; fused
 ``C = 256``, ``256 * 128256 * 2 B + 64 KiB = 65.7 MB``, 64x less (:func:`memory_estimate`; a formula, not a
 measurement). Hugging Face's loss also upcasts the logits to float32, which adds ``4 N V`` bytes more.
+
+Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public function; the
+plain-PyTorch spec is :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime
-from ..core.args import check_real
-from ..core.kernel_math import cast, rne_by_hand
+from ..core import runtime, tensors
+from ..core.args import check_choice, check_real, positive_int, type_name
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
+from ..core.kernel_math import cast, rne_by_hand, tanh
+from ..core.launch import PLAN_CACHE_SIZE, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .reference import reduce_loss, softcapped
+from .reference import softcapped
 
-KERNEL_FORWARD = "cross_entropy_fwd"
-KERNEL_BACKWARD = "cross_entropy_bwd"
 REDUCTIONS = ("mean", "sum", "none")
 
-
-@triton.jit
-def _tanh(x):
-    # 1 - 2 / (exp(2x) + 1) saturates to +-1 without inf / inf; libdevice tanh does not run interpreted
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+# --- kernels --------------------------------------------------------------------------------------------
+# A target outside [0, vocab) that is not ignore_index (possible when the host checks are off, see
+# _check_targets) is never used as an address: its row's loss and gradient become NaN.
 
 
 @triton.jit
 def _ce_fwd_kernel(
-    logits_ptr, target_ptr, loss_ptr, lse_ptr, stride_l, vocab, ignore_index, smoothing, softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    logits_ptr, target_ptr, loss_ptr, stats_ptr, row0, loss_start, stride_l, vocab, ignore_index, smoothing,
+    softcap,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    p_l = logits_ptr + row * stride_l
+    """Loss (in loss's dtype, from element ``loss_start`` on) and log-sum-exp (float32, the first elements of
+    stats) of the rows of a chunk's logits; row ``i`` of the chunk is row ``row0 + i`` of the problem."""
+    i = tl.program_id(0).to(tl.int64)
+    row = row0 + i
+    p_l = logits_ptr + i * stride_l
     m = tl.full([], float("-inf"), tl.float32)  # running max
     s = tl.full([], 0.0, tl.float32)  # running sum of exp(z - m)
     sum_z = tl.full([], 0.0, tl.float32)  # sum of all logits (label smoothing)
@@ -60,7 +68,7 @@ def _ce_fwd_kernel(
         m_v = o_v < vocab
         b_z = tl.load(p_l + o_v, mask=m_v, other=0.0).to(tl.float32)  # [BV]
         if HAS_SOFTCAP:
-            b_z = softcap * _tanh(b_z / softcap)
+            b_z = softcap * tanh(b_z / softcap)
         b_zm = tl.where(m_v, b_z, float("-inf"))
         m_new = tl.maximum(m, tl.max(b_zm, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(b_zm - m_new), axis=0)
@@ -69,32 +77,66 @@ def _ce_fwd_kernel(
     lse = m + tl.log(s)
     t = tl.load(target_ptr + row)
     keep = t != ignore_index
-    z_t = tl.load(p_l + tl.where(keep, t, 0)).to(tl.float32)
+    valid = (t >= 0) & (t < vocab)
+    z_t = tl.load(p_l + tl.where(keep & valid, t, 0)).to(tl.float32)
     if HAS_SOFTCAP:
-        z_t = softcap * _tanh(z_t / softcap)
+        z_t = softcap * tanh(z_t / softcap)
     # (1 - eps) * (lse - z_t) + eps * (lse - mean(z)): torch.nn.functional.cross_entropy's label smoothing
     loss = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
-    tl.store(loss_ptr + row, tl.where(keep, loss, 0.0))
-    tl.store(lse_ptr + row, lse)
+    loss = tl.where(keep, tl.where(valid, loss, float("nan")), 0.0)
+    tl.store(loss_ptr + loss_start + row, cast(loss, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    tl.store(stats_ptr + row, lse)
+
+
+@triton.jit
+def _ce_reduce_kernel(
+    stats_ptr, target_ptr, out_ptr, n, ignore_index,
+    MEAN: tl.constexpr, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    """One program: out = the sum of the rows' float32 losses (stats[n:2n]), divided (MEAN) by the number of
+    rows not ignored (at least 1); the divisor (1 for a sum) goes to stats[2n] for the backward."""
+    b_total = tl.zeros([BLOCK], dtype=tl.float32)
+    b_kept = tl.zeros([BLOCK], dtype=tl.int32)
+    for r0 in range(0, n, BLOCK):
+        o = r0 + tl.arange(0, BLOCK)
+        m = o < n
+        b_total += tl.load(stats_ptr + n + o, mask=m, other=0.0)
+        b_kept += (m & (tl.load(target_ptr + o, mask=m, other=0) != ignore_index)).to(tl.int32)
+    total = tl.sum(b_total, axis=0)
+    if MEAN:
+        divisor = tl.maximum(tl.sum(b_kept, axis=0), 1).to(tl.float32)
+    else:
+        divisor = tl.full([], 1.0, tl.float32)
+    tl.store(out_ptr, cast(total / divisor, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    tl.store(stats_ptr + 2 * n, divisor)
 
 
 @triton.jit
 def _ce_bwd_kernel(
-    logits_ptr, target_ptr, lse_ptr, grad_ptr, stride_l, vocab, ignore_index, smoothing, softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    logits_ptr, target_ptr, stats_ptr, grad_ptr, row0, divisor_at, stride_l, stride_g, vocab, ignore_index,
+    smoothing, softcap,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """Overwrite a chunk's logits with d loss / d logits, row by row (each element read, then written)."""
-    row = tl.program_id(0).to(tl.int64)
-    p_l = logits_ptr + row * stride_l
+    """Overwrite a chunk's logits with d loss / d logits, row by row (each element read, then written); row
+    ``i`` of the chunk is row ``row0 + i`` of the problem. REDUCED: grad is the gradient of the reduced loss,
+    divided for every row by the divisor (stats[divisor_at]); else one gradient per row."""
+    i = tl.program_id(0).to(tl.int64)
+    row = row0 + i
+    p_l = logits_ptr + i * stride_l
     t = tl.load(target_ptr + row)
-    lse = tl.load(lse_ptr + row)
-    g = tl.where(t != ignore_index, tl.load(grad_ptr + row), 0.0)  # ignored rows: gradient 0
+    lse = tl.load(stats_ptr + row)
+    if REDUCED:
+        g = tl.load(grad_ptr).to(tl.float32) / tl.load(stats_ptr + divisor_at)
+    else:
+        g = tl.load(grad_ptr + row * stride_g).to(tl.float32)
+    g = tl.where((t >= 0) & (t < vocab), g, float("nan"))
+    g = tl.where(t != ignore_index, g, 0.0)  # ignored rows: gradient 0
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
         b_l = tl.load(p_l + o_v, mask=m_v, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
-            b_th = _tanh(b_l / softcap)
+            b_th = tanh(b_l / softcap)
             b_z = softcap * b_th
         else:
             b_z = b_l
@@ -105,9 +147,18 @@ def _ce_bwd_kernel(
         tl.store(p_l + o_v, b_dl, mask=m_v)
 
 
+# --- launcher -------------------------------------------------------------------------------------------
+
+FORWARD = Kernel(_ce_fwd_kernel, "cross_entropy_fwd")
+REDUCE = Kernel(_ce_reduce_kernel, "cross_entropy_reduce")
+BACKWARD = Kernel(_ce_bwd_kernel, "cross_entropy_bwd")
+MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks the rest)
+MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
+
+
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
     """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger)."""
-    return max(1, min(n, triton.next_power_of_2(triton.cdiv(n, triton.cdiv(vocab, hidden)))))
+    return max(1, min(n, next_power_of_2(cdiv(n, cdiv(vocab, hidden)))))
 
 
 def memory_estimate(
@@ -124,13 +175,84 @@ def memory_estimate(
     return {"unfused_bytes": unfused, "fused_bytes": fused, "chunk_rows": chunk, "saving": unfused / fused}
 
 
-def _chunk_logits(hidden, weight, bias, start, end):
-    h = hidden[start:end]
-    out = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
+@functools.cache
+def config(vocab: int) -> KernelConfig:
+    """Forward and backward: one row per program (``block_m`` 1), ``block_n`` vocabulary entries per step
+    (vocab padded to a power of two, at most :data:`MAX_BLOCK_V`)."""
+    return KernelConfig(1, min(MAX_BLOCK_V, next_power_of_2(vocab)), num_warps=8, num_stages=1)
+
+
+@functools.cache
+def reduce_config(n: int) -> KernelConfig:
+    """The reduction: one program adding ``block_n`` rows per step (``n`` padded to a power of two, at most
+    :data:`MAX_BLOCK_REDUCE`)."""
+    block = min(MAX_BLOCK_REDUCE, next_power_of_2(n))
+    return KernelConfig(1, block, num_warps=max(1, min(4, block // 256)), num_stages=1)
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _chunk_sizes(n: int, chunk_rows: int) -> tuple[int, ...]:
+    """Rows of each chunk: ``chunk_rows``, the last one what is left."""
+    return (chunk_rows,) * (n // chunk_rows) + ((n % chunk_rows,) if n % chunk_rows else ())
+
+
+def _row_chunks(t: torch.Tensor, sizes: tuple[int, ...]):
+    """Views of ``t``'s rows, one per chunk (``t`` itself for a single chunk)."""
+    return (t,) if len(sizes) == 1 else t.split_with_sizes(sizes)
+
+
+@plan_cache
+def _forward_plans(
+    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, dtypes: tuple,
+    device: torch.device,
+) -> tuple[Plan, ...]:  # fmt: skip
+    """One plan per chunk: the chunk's first row is fixed in it, so a launch takes whole target, loss and
+    stats tensors (no per-call views). Reduced: the rows' losses go to the stats (float32), else to loss."""
+    cfg = config(vocab)
+    plans = []
+    for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
+        plans.append(FORWARD.plan(
+            (rows,), row0=start, loss_start=n if reduced else 0, stride_l=vocab, vocab=vocab,
+            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap,
+            RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ))  # fmt: skip
+    return tuple(plans)
+
+
+@plan_cache
+def _reduce_plan(n: int, ignore_index: int, mean: bool, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = reduce_config(n)
+    return REDUCE.plan(
+        (1,), n=n, ignore_index=ignore_index, MEAN=mean, BLOCK=cfg.block_n,
+        RNE_BY_HAND=rne_by_hand(dtypes[1]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@plan_cache
+def _backward_plans(
+    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, stride_g: int,
+    dtypes: tuple, device: torch.device,
+) -> tuple[Plan, ...]:  # fmt: skip
+    cfg = config(vocab)
+    plans = []
+    for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
+        plans.append(BACKWARD.plan(
+            (rows,), row0=start, divisor_at=2 * n, stride_l=vocab, stride_g=stride_g, vocab=vocab,
+            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, REDUCED=reduced,
+            RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ))  # fmt: skip
+    return tuple(plans)
+
+
+def _chunk_logits(hidden_rows, weight, bias):
+    """The logits ``[C, V]`` of a chunk of rows of hidden (contiguous, in the inputs' dtype)."""
+    out = hidden_rows @ weight.t() if bias is None else torch.addmm(bias, hidden_rows, weight.t())
     return out.contiguous()
 
 
 def _check_targets(target, vocab, ignore_index):
+    """ValueError naming the first target outside ``[0, vocab)`` that is not ``ignore_index`` (reads the
+    targets on the host: only where :func:`llm_speed.core.runtime.check_values` allows it)."""
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
     if bool(bad.any()):
         first = int(target[bad][0])
@@ -139,54 +261,29 @@ def _check_targets(target, vocab, ignore_index):
         )
 
 
-def _block_v(vocab: int) -> int:
-    return min(4096, triton.next_power_of_2(vocab))
-
-
-@torch.library.custom_op("llm_speed::fused_linear_cross_entropy_forward", mutates_args=())
-def _forward_op(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    bias: torch.Tensor | None,
-    ignore_index: int,
-    label_smoothing: float,
-    softcap: float,
-    chunk_rows: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n, vocab = hidden.shape[0], weight.shape[0]
-    _check_targets(target, vocab, ignore_index)
-    loss = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    use_triton = runtime.triton_runs_on(hidden.device)
-    if n:
-        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
-    for start in range(0, n, chunk_rows):
-        end = min(n, start + chunk_rows)
-        logits = _chunk_logits(hidden, weight, bias, start, end)
-        if not use_triton:
-            z = softcapped(logits, softcap)
-            t = target[start:end]
-            rows = torch.nn.functional.cross_entropy(
-                z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
-            )
-            loss[start:end], lse[start:end] = rows, torch.logsumexp(z, -1)
-            continue
-        with runtime.on_device_of(hidden):
-            _ce_fwd_kernel[(end - start,)](
-                logits_ptr=logits, target_ptr=target[start:end],
-                loss_ptr=loss[start:end], lse_ptr=lse[start:end],
-                stride_l=logits.stride(0), vocab=vocab, ignore_index=ignore_index, smoothing=label_smoothing,
-                softcap=softcap, BLOCK_V=_block_v(vocab), HAS_SOFTCAP=softcap > 0, num_warps=8,
-            )  # fmt: skip
-        runtime.record_launch(KERNEL_FORWARD)
-    return loss, lse
-
-
-@_forward_op.register_fake
-def _forward_fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows):
+def _forward_torch(
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+):  # fmt: skip
     n = hidden.shape[0]
-    return hidden.new_empty((n,), dtype=torch.float32), hidden.new_empty((n,), dtype=torch.float32)
+    rows = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    lse = tensors.new_output((n,), torch.float32, hidden.device)
+    sizes = _chunk_sizes(n, chunk_rows)
+    for h, t, loss_rows, lse_rows in zip(
+        _row_chunks(hidden, sizes), _row_chunks(target, sizes), _row_chunks(rows, sizes),
+        _row_chunks(lse, sizes), strict=True,
+    ):  # fmt: skip
+        z = softcapped(_chunk_logits(h, weight, bias), softcap)
+        loss_rows.copy_(torch.nn.functional.cross_entropy(
+            z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+        ))  # fmt: skip
+        lse_rows.copy_(torch.logsumexp(z, -1))
+    if reduction == "none":
+        return rows.to(hidden.dtype), lse
+    if reduction == "mean":  # over the rows not ignored; 0 / 1 when every row is (PyTorch: 0 / 0)
+        divisor = (target != ignore_index).sum().clamp(min=1).to(torch.float32)
+    else:
+        divisor = torch.ones((), dtype=torch.float32, device=hidden.device)
+    return (rows.sum() / divisor).to(hidden.dtype), torch.cat((lse, rows, divisor.reshape(1)))
 
 
 def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
@@ -200,6 +297,127 @@ def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
     return (dz * torch.where(keep, g, 0.0)[:, None].to(dz.dtype)).to(logits.dtype)
 
 
+def forward(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(loss, stats), chunk by chunk; reports its work. loss: in hidden's dtype, ``[N]`` for
+    ``reduction="none"``, else a scalar. stats, float32, what the backward reads: each row's log-sum-exp
+    (``[N]``); for "mean" and "sum" followed by each row's loss and the divisor of the sum (1 for "sum"):
+    ``[2N + 1]``.
+
+    Targets are checked on the host only where :func:`llm_speed.core.runtime.check_values` allows it (and
+    always by the PyTorch fallback, on the CPU); otherwise an invalid one makes its row's loss NaN."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    target = target.contiguous()
+    triton_runs = runtime.triton_runs_on(device)
+    if not triton_runs or runtime.check_values(device):
+        _check_targets(target, vocab, ignore_index)
+    if n:
+        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
+    if n == 0 or not triton_runs:
+        return _forward_torch(
+            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+        )
+    reduced = reduction != "none"
+    stats = tensors.new_output((2 * n + 1 if reduced else n,), torch.float32, device)
+    loss = tensors.new_output(() if reduced else (n,), hidden.dtype, device)
+    rows = stats if reduced else loss  # where the rows' losses go
+    # a chunk's logits have hidden's dtype (matmul and addmm require weight and bias to share it)
+    dtypes = (hidden.dtype, target.dtype, rows.dtype)
+    plans = _forward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, dtypes, device)
+    for h, plan in zip(_row_chunks(hidden, _chunk_sizes(n, chunk_rows)), plans, strict=True):
+        plan.launch(
+            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=rows, stats_ptr=stats,
+            smoothing=label_smoothing, softcap=softcap,
+        )  # fmt: skip
+    if reduced:
+        plan = _reduce_plan(n, ignore_index, reduction == "mean", (target.dtype, hidden.dtype), device)
+        plan.launch(stats_ptr=stats, target_ptr=target, out_ptr=loss)
+    return loss, stats
+
+
+def backward(
+    grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    bias: torch.Tensor | None, stats: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: float,
+    chunk_rows: int, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dhidden, dweight, dbias) of :func:`forward` for the gradient ``grad`` of its loss; reports its work.
+    dbias is returned (zeros) even without a bias."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    reduced = reduction != "none"
+    target = target.contiguous()
+    triton_runs = runtime.triton_runs_on(device)
+    if n:
+        runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
+    dhidden = tensors.new_output(hidden.shape, hidden.dtype, device)
+    if n == 0:
+        return dhidden, torch.zeros_like(weight), weight.new_zeros((vocab,))
+    sizes = _chunk_sizes(n, chunk_rows)
+    if triton_runs:
+        dtypes = (hidden.dtype, target.dtype, stats.dtype, grad.dtype)
+        stride_g = 0 if reduced else grad.stride(0)
+        plans = _backward_plans(
+            n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, stride_g, dtypes, device
+        )  # fmt: skip
+    else:  # PyTorch on the CPU: one float32 gradient per row
+        grad = (grad.float() / stats[2 * n]).expand(n) if reduced else grad.float()
+    dweight = dbias = None
+    for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
+        logits = _chunk_logits(h, weight, bias)
+        if triton_runs:
+            plans[i].launch(
+                logits_ptr=logits, target_ptr=target, stats_ptr=stats, grad_ptr=grad,
+                smoothing=label_smoothing, softcap=softcap,
+            )  # fmt: skip
+            dlogits = logits
+        else:
+            rows = slice(i * chunk_rows, i * chunk_rows + sizes[i])
+            dlogits = _dlogits_torch(
+                logits, target[rows], stats[rows], grad[rows], ignore_index, label_smoothing, softcap
+            )
+        torch.mm(dlogits, weight, out=dh)
+        # accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger
+        dweight = torch.mm(dlogits.t(), h) if dweight is None else dweight.addmm_(dlogits.t(), h)
+        if bias is not None:
+            part = dlogits.sum(0, dtype=torch.float32)
+            dbias = part if dbias is None else dbias.add_(part)
+    dbias = weight.new_zeros((vocab,)) if bias is None else dbias.to(weight.dtype)
+    return dhidden, dweight, dbias
+
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("llm_speed::fused_linear_cross_entropy_forward", mutates_args=())
+def _forward_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float,
+    chunk_rows: int,
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(
+        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+    )
+
+
+@_forward_op.register_fake
+def _forward_fake(
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+):
+    n = hidden.shape[0]
+    reduced = reduction != "none"
+    loss = hidden.new_empty(() if reduced else (n,))
+    return loss, hidden.new_empty((2 * n + 1 if reduced else n,), dtype=torch.float32)
+
+
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_backward", mutates_args=())
 def _backward_op(
     grad: torch.Tensor,
@@ -207,75 +425,55 @@ def _backward_op(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
-    lse: torch.Tensor,
+    stats: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
     softcap: float,
     chunk_rows: int,
+    reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n, vocab = hidden.shape[0], weight.shape[0]
-    grad = grad.to(torch.float32).contiguous()
-    dhidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-    # Accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger.
-    dweight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-    dbias = torch.zeros(vocab, dtype=torch.float32, device=hidden.device)
-    use_triton = runtime.triton_runs_on(hidden.device)
-    if n:
-        runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
-    for start in range(0, n, chunk_rows):
-        end = min(n, start + chunk_rows)
-        logits = _chunk_logits(hidden, weight, bias, start, end)
-        if use_triton:
-            with runtime.on_device_of(hidden):
-                _ce_bwd_kernel[(end - start,)](
-                    logits_ptr=logits, target_ptr=target[start:end], lse_ptr=lse[start:end],
-                    grad_ptr=grad[start:end], stride_l=logits.stride(0), vocab=vocab,
-                    ignore_index=ignore_index, smoothing=label_smoothing, softcap=softcap,
-                    BLOCK_V=_block_v(vocab), HAS_SOFTCAP=softcap > 0,
-                    RNE_BY_HAND=rne_by_hand(logits.dtype), num_warps=8,
-                )  # fmt: skip
-            runtime.record_launch(KERNEL_BACKWARD)
-            dlogits = logits
-        else:
-            t = target[start:end]
-            dlogits = _dlogits_torch(
-                logits, t, lse[start:end], grad[start:end], ignore_index, label_smoothing, softcap
-            )
-        torch.mm(dlogits, weight, out=dhidden[start:end])
-        dweight.addmm_(dlogits.t(), hidden[start:end])
-        if bias is not None:
-            dbias += dlogits.sum(0, dtype=torch.float32)
-    return dhidden, dweight, dbias.to(weight.dtype)
+    return backward(
+        grad,
+        hidden,
+        weight,
+        target,
+        bias,
+        stats,
+        ignore_index,
+        label_smoothing,
+        softcap,
+        chunk_rows,
+        reduction,
+    )
 
 
 @_backward_op.register_fake
-def _backward_fake(
-    grad, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, chunk_rows
-):
+def _backward_fake(grad, hidden, weight, target, *_):
     return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
 
 
+_backward_call = Op(_backward_op, backward)
+
+
+# --- autograd -------------------------------------------------------------------------------------------
+
+
 def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows = inputs
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction = inputs
     ctx.save_for_backward(hidden, weight, target, bias, output[1])
-    ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows)
+    ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows, reduction)
 
 
-def _backward(ctx, grad, _dlse):
-    hidden, weight, target, bias, lse = ctx.saved_tensors
-    dhidden, dweight, dbias = _backward_op(grad, hidden, weight, target, bias, lse, *ctx.args)
-    return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None
+def _backward(ctx, grad, _dstats):
+    hidden, weight, target, bias, stats = ctx.saved_tensors
+    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, stats, *ctx.args)
+    return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
 
 
-def _check_int(name, value, *, positive=False):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if positive and value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
+# --- public function ------------------------------------------------------------------------------------
 
 
 def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows):
@@ -284,8 +482,8 @@ def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoot
     check_tensor("target", target, dtypes=(torch.int64,), dims=1, what="[N]")
     if bias is not None:
         check_tensor("bias", bias, dims=1, what="[V]")
-    dtypes = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
-    if len(dtypes) > 1:
+    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        dtypes = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
         raise TypeError(f"hidden, weight and bias must share one dtype, got {sorted(map(str, dtypes))}")
     n, h = hidden.shape
     vocab = weight.shape[0]
@@ -300,16 +498,16 @@ def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoot
     if bias is not None and bias.shape[0] != vocab:
         raise ValueError(f"bias has {bias.shape[0]} entries; it must have V = {vocab}")
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    ignore_index = _check_int("ignore_index", ignore_index)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction is {reduction!r}; accepted: 'mean', 'sum', 'none'")
-    label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0)
-    if label_smoothing > 1.0:
-        raise ValueError(f"label_smoothing must be <= 1, got {label_smoothing}")
+    if type(ignore_index) is not int:  # any int, negative ones included (-100 by default)
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+            raise TypeError(f"ignore_index must be an int, got {type_name(ignore_index)} {ignore_index!r}")
+        ignore_index = int(ignore_index)
+    check_choice("reduction", reduction, REDUCTIONS)
+    label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
     softcap = 0.0 if softcap is None else check_real("softcap", softcap, positive=True)
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, h, vocab)
-    chunk_rows = _check_int("chunk_rows", chunk_rows, positive=True)
+    chunk_rows = positive_int("chunk_rows", chunk_rows)
     return ignore_index, label_smoothing, softcap, chunk_rows
 
 
@@ -330,8 +528,10 @@ def fused_linear_cross_entropy(
     Args:
         hidden: ``[N, H]`` (flatten batch and sequence first), float16, bfloat16 or float32.
         weight: ``[V, H]``, the ``nn.Linear`` layout (an LM head's ``.weight``), hidden's dtype.
-        target: int64 ``[N]``; each entry in ``[0, V)`` or ``ignore_index`` (else ValueError, checked before
-            any loss is computed; the check reads the targets on the host).
+        target: int64 ``[N]``; each entry in ``[0, V)`` or ``ignore_index``. Checked before any work where
+            :func:`llm_speed.core.runtime.check_values` allows reading it on the host (CPU tensors, or
+            ``LLM_SPEED_CHECK_INPUTS=1``): a ValueError. Unchecked (CUDA by default), an invalid entry makes
+            its row's loss NaN (so a reduced loss is NaN) and its row of the hidden gradient NaN.
         bias: optional ``[V]``, hidden's dtype.
         ignore_index: rows with this target add nothing to the loss or the gradients.
         reduction: ``"mean"`` over the non-ignored rows (a batch with every row ignored gives loss 0 and zero
@@ -350,10 +550,12 @@ def fused_linear_cross_entropy(
     Memory: ``O(C x V)`` beyond inputs and gradients, against at least ``2 N V`` elements unfused; for
     Llama-3-8B's head (H = 4096, V = 128256, N = 8192, bfloat16) 65.7 MB against 4.20 GB by
     :func:`memory_estimate` (a formula, not a measurement). Devices as :func:`llm_speed.rms_norm`.
-    Reference: :func:`fused_linear_cross_entropy_reference`.
+    Reference: :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
     """
     ignore_index, label_smoothing, softcap, chunk_rows = _validate(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows
     )
-    rows, _ = _forward_op(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows)
-    return reduce_loss(rows, target, ignore_index, reduction, hidden.dtype)
+    loss, _ = _forward_call(
+        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
+    )
+    return loss

@@ -5,9 +5,14 @@ Each pair ``(x1, x2)`` of the first ``rotary_dim`` dims of a head is rotated by 
 "rotate half", huggingface/transformers ``rotate_half``) or ``(2i, 2i+1)`` with ``interleaved=True`` (GPT-J,
 the paper's layout). Dims past ``rotary_dim`` are copied. The backward is the rotation by the opposite angle,
 the same kernel with ``sin`` negated (``CONJUGATE``).
+
+Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public function; the
+plain-PyTorch spec is :func:`llm_speed.fused.reference.apply_rotary_reference`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -15,11 +20,14 @@ import triton.language as tl
 
 from ..core import runtime, tensors
 from ..core.args import check_flag
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand
+from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .reference import rotate
 
-KERNEL = "rotary"  # forward and backward are the same kernel
+# --- kernels --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -64,41 +72,82 @@ def _rotary_kernel(
         tl.store(p_o + o_p[None, :], tl.load(p_x + o_p[None, :], mask=m_p), mask=m_p)
 
 
-@torch.library.custom_op("llm_speed::rotary", mutates_args=())
-def _rotary_op(
+# --- launcher -------------------------------------------------------------------------------------------
+
+KERNEL = Kernel(_rotary_kernel, "rotary")  # forward and backward are the same kernel
+ROW_BLOCK_ELEMENTS = 4096  # rows per program so that a program holds about this many pairs
+
+
+@functools.cache
+def config(rows: int, half: int) -> KernelConfig:
+    """``block_m`` rows (one head at one position each) of ``block_n`` pairs (half padded to a power of two)
+    per program."""
+    block_half = next_power_of_2(half)
+    block_r = max(1, min(next_power_of_2(rows), ROW_BLOCK_ELEMENTS // block_half))
+    return KernelConfig(block_r, block_half, num_warps=4, num_stages=1)
+
+
+@plan_cache
+def _plan(
+    shape: tuple, half: int, x_strides: tuple, cos_strides: tuple, interleaved: bool, conjugate: bool,
+    dtypes: tuple, device: torch.device,
+) -> Plan:  # fmt: skip
+    batch, heads, seq, head_dim = shape
+    rows = batch * heads * seq
+    cfg = config(rows, half)
+    stride_cb, stride_cs = cos_strides
+    return KERNEL.plan(
+        (cdiv(rows, cfg.block_m),),
+        stride_xb=x_strides[0], stride_xh=x_strides[1], stride_xs=x_strides[2],
+        stride_cb=stride_cb, stride_cs=stride_cs,
+        stride_ob=heads * seq * head_dim, stride_oh=seq * head_dim, stride_os=head_dim,
+        batch=batch, heads=heads, seq=seq, half=half, head_dim=head_dim,
+        BLOCK_R=cfg.block_m, BLOCK_HALF=cfg.block_n, BLOCK_PASS=next_power_of_2(max(1, head_dim - 2 * half)),
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_PASS=head_dim > 2 * half,
+        RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def forward(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
 ) -> torch.Tensor:
-    batch, heads, seq, head_dim = x.shape
+    """x ``[batch, heads, seq, head_dim]`` rotated by cos/sin ``[(batch,) seq, half]`` (by the opposite angle
+    when ``conjugate``: the backward), a new contiguous tensor; reports its work."""
     if x.numel():  # the backward is this op with the opposite angle: reported under the same row
         runtime.report_work("apply_rotary", x=x, cos=cos)
     if x.numel() == 0 or not runtime.triton_runs_on(x.device):
         return rotate(x, cos, sin, interleaved, conjugate)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    half = cos.shape[-1]
-    out = tensors.new_output(x.shape, x.dtype, x.device)
-    block_half = triton.next_power_of_2(half)
-    total_rows = batch * heads * seq
-    block_r = max(1, min(triton.next_power_of_2(total_rows), 4096 // block_half))
-    stride_cb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] == batch else 0
-    with runtime.on_device_of(x):
-        _rotary_kernel[(triton.cdiv(total_rows, block_r),)](
-            x_ptr=x, cos_ptr=cos, sin_ptr=sin, out_ptr=out,
-            stride_xb=x.stride(0), stride_xh=x.stride(1), stride_xs=x.stride(2),
-            stride_cb=stride_cb, stride_cs=cos.stride(-2),
-            stride_ob=out.stride(0), stride_oh=out.stride(1), stride_os=out.stride(2),
-            batch=batch, heads=heads, seq=seq, half=half, head_dim=head_dim,
-            BLOCK_R=block_r, BLOCK_HALF=block_half,
-            BLOCK_PASS=triton.next_power_of_2(max(1, head_dim - 2 * half)),
-            INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_PASS=head_dim > 2 * half,
-            RNE_BY_HAND=rne_by_hand(x.dtype), num_warps=4,
-        )  # fmt: skip
-    runtime.record_launch(KERNEL)
+    x = tensors.last_dim_contiguous(x)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both with cos's strides
+        cos, sin = cos.contiguous(), sin.contiguous()
+    shape = x.shape
+    # cos [batch, seq, half] steps per sequence; [seq, half] and a batch of 1 broadcast
+    cos_strides = (cos.stride(0) if cos.dim() == 3 and cos.shape[0] == shape[0] else 0, cos.stride(-2))
+    plan = _plan(
+        shape, cos.shape[-1], x.stride()[:3], cos_strides, interleaved, conjugate,
+        (x.dtype, cos.dtype, sin.dtype), x.device,
+    )  # fmt: skip
+    out = tensors.new_output(shape, x.dtype, x.device)
+    plan.launch(x_ptr=x, cos_ptr=cos, sin_ptr=sin, out_ptr=out)
     return out
+
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("llm_speed::rotary", mutates_args=())
+def _rotary_op(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
+) -> torch.Tensor:
+    return forward(x, cos, sin, interleaved, conjugate)
 
 
 @_rotary_op.register_fake
 def _rotary_fake(x, cos, sin, interleaved, conjugate):
     return x.new_empty(x.shape)
+
+
+# --- autograd -------------------------------------------------------------------------------------------
 
 
 def _setup_context(ctx, inputs, output):
@@ -109,11 +158,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout):
     cos, sin = ctx.saved_tensors
-    # The rotation is orthogonal: its gradient is the rotation by the opposite angle.
-    return _rotary_op(dout, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
+    # The rotation is orthogonal: its gradient is the rotation by the opposite angle (differentiable again).
+    return _rotary_call(dout, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
 
 
-_rotary_op.register_autograd(_backward, setup_context=_setup_context)
+_rotary_call = Op(_rotary_op, forward, setup_context=_setup_context, backward=_backward)
+
+
+# --- public function ------------------------------------------------------------------------------------
 
 
 def _validate(x, cos, sin, interleaved):
@@ -163,9 +215,7 @@ def apply_rotary(
 
     Returns a new contiguous ``[batch, heads, seq, head_dim]`` tensor in x's dtype (maths in float32); x is
     not modified. Differentiable in x. Devices as :func:`llm_speed.rms_norm`. Reference:
-    :func:`apply_rotary_reference`.
+    :func:`llm_speed.fused.reference.apply_rotary_reference`.
     """
     interleaved = _validate(x, cos, sin, interleaved)
-    if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both with cos's strides
-        cos, sin = cos.contiguous(), sin.contiguous()
-    return _rotary_op(x, cos, sin, interleaved, False)
+    return _rotary_call(x, cos, sin, interleaved, False)

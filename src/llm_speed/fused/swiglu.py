@@ -3,22 +3,28 @@
 ``silu(gate) * up`` in one kernel: reads gate and up once and writes the product once (eager PyTorch writes
 and rereads ``silu(gate)`` in between). The backward kernel recomputes the sigmoid from gate instead of
 saving it, as Liger-Kernel's ``ops/swiglu.py`` does, and writes both gradients in one pass.
+
+Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public function; the
+plain-PyTorch spec is :func:`llm_speed.fused.reference.swiglu_reference`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand
+from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .reference import compute_dtype, swiglu_reference
 
-KERNEL_FORWARD = "swiglu_fwd"
-KERNEL_BACKWARD = "swiglu_bwd"
-BLOCK = 1024  # elements per program: 4 per thread with 8 warps
+# --- kernels --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -48,6 +54,39 @@ def _swiglu_bwd_kernel(
     tl.store(dup_ptr + o, cast(b_do * b_silu, dup_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
 
 
+# --- launcher -------------------------------------------------------------------------------------------
+
+FORWARD = Kernel(_swiglu_fwd_kernel, "swiglu_fwd")
+BACKWARD = Kernel(_swiglu_bwd_kernel, "swiglu_bwd")
+BLOCK = 1024  # elements per program: 4 per thread with 8 warps
+
+
+@functools.cache
+def config(n: int) -> KernelConfig:
+    """``block_n`` elements per program (``block_m`` 1): :data:`BLOCK`, or ``n`` padded to a power of two
+    when smaller, with a warp per 128 elements (at most 8)."""
+    block = min(BLOCK, next_power_of_2(n))
+    return KernelConfig(1, block, num_warps=max(1, min(8, block // 128)), num_stages=1)
+
+
+@plan_cache
+def _forward_plan(n: int, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = config(n)
+    return FORWARD.plan(
+        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[0]),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@plan_cache
+def _backward_plan(n: int, dtypes: tuple, device: torch.device) -> Plan:
+    cfg = config(n)
+    return BACKWARD.plan(
+        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[1]),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
 def _backward_torch(dout, gate, up):
     ct = compute_dtype(gate.dtype)
     g, u, do = gate.to(ct), up.to(ct), dout.to(ct)
@@ -56,21 +95,40 @@ def _backward_torch(dout, gate, up):
     return dg.to(gate.dtype), (do * g * sig).to(up.dtype)
 
 
-@torch.library.custom_op("llm_speed::swiglu_forward", mutates_args=())
-def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of contiguous ``gate`` and ``up`` of one shape; reports its work."""
     n = gate.numel()
     if n:
         runtime.report_work("swiglu", gate=gate)
     if n == 0 or not runtime.triton_runs_on(gate.device):
         return swiglu_reference(gate, up)
+    plan = _forward_plan(n, (gate.dtype, up.dtype), gate.device)
     out = tensors.new_output(gate.shape, gate.dtype, gate.device)
-    with runtime.on_device_of(gate):
-        _swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](
-            gate_ptr=gate, up_ptr=up, out_ptr=out, n=n,
-            BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
-        )  # fmt: skip
-    runtime.record_launch(KERNEL_FORWARD)
+    plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
     return out
+
+
+def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) of :func:`forward`; reports its work."""
+    n = gate.numel()
+    dout = dout.contiguous()
+    if n:
+        runtime.report_work("swiglu_backward", gate=gate)
+    if n == 0 or not runtime.triton_runs_on(gate.device):
+        return _backward_torch(dout, gate, up)
+    plan = _backward_plan(n, (dout.dtype, gate.dtype, up.dtype), gate.device)
+    dgate = tensors.new_output(gate.shape, gate.dtype, gate.device)
+    dup = tensors.new_output(up.shape, up.dtype, up.device)
+    plan.launch(dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup)
+    return dgate, dup
+
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("llm_speed::swiglu_forward", mutates_args=())
+def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return forward(gate, up)
 
 
 @_forward_op.register_fake
@@ -82,26 +140,18 @@ def _forward_fake(gate, up):
 def _backward_op(
     dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    n = gate.numel()
-    dout = dout.contiguous()
-    if n:
-        runtime.report_work("swiglu_backward", gate=gate)
-    if n == 0 or not runtime.triton_runs_on(gate.device):
-        return _backward_torch(dout, gate, up)
-    dgate = tensors.new_output(gate.shape, gate.dtype, gate.device)
-    dup = tensors.new_output(up.shape, up.dtype, up.device)
-    with runtime.on_device_of(gate):
-        _swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
-            dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup, n=n,
-            BLOCK=BLOCK, RNE_BY_HAND=rne_by_hand(gate.dtype), num_warps=8,
-        )  # fmt: skip
-    runtime.record_launch(KERNEL_BACKWARD)
-    return dgate, dup
+    return backward(dout, gate, up)
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, gate, up):
     return torch.empty_like(gate), torch.empty_like(up)
+
+
+_backward_call = Op(_backward_op, backward)
+
+
+# --- autograd -------------------------------------------------------------------------------------------
 
 
 def _setup_context(ctx, inputs, output):
@@ -110,10 +160,25 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout):
     gate, up = ctx.saved_tensors
-    return _backward_op(dout, gate, up)
+    return _backward_call(dout, gate, up)
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+
+
+# --- public function ------------------------------------------------------------------------------------
+
+
+def _validate(gate, up):
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"gate and up must have the same shape, got gate {tuple(gate.shape)}, up {tuple(up.shape)}"
+        )
+    if gate.dtype != up.dtype:
+        raise TypeError(f"gate and up must share one dtype, got gate {gate.dtype}, up {up.dtype}")
+    check_same_device(gate=gate, up=up)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -125,15 +190,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
     Returns a contiguous tensor of gate's shape and dtype, computed in float32. Differentiable in gate and
     up; the backward recomputes ``sigmoid(gate)`` rather than saving it. Devices as
-    :func:`llm_speed.rms_norm`. Reference: :func:`swiglu_reference`.
+    :func:`llm_speed.rms_norm`. Reference: :func:`llm_speed.fused.reference.swiglu_reference`.
     """
-    check_tensor("gate", gate)
-    check_tensor("up", up)
-    if gate.shape != up.shape:
-        raise ValueError(
-            f"gate and up must have the same shape, got gate {tuple(gate.shape)}, up {tuple(up.shape)}"
-        )
-    if gate.dtype != up.dtype:
-        raise TypeError(f"gate and up must share one dtype, got gate {gate.dtype}, up {up.dtype}")
-    check_same_device(gate=gate, up=up)
-    return _forward_op(gate.contiguous(), up.contiguous())
+    _validate(gate, up)
+    return _forward_call(gate.contiguous(), up.contiguous())
