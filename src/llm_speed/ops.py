@@ -544,7 +544,9 @@ OPS: tuple[Op, ...] = (
         "gemm", "llm_speed.matmul.gemm:gemm", gemm_work, probe=_gemm_probe, bench="gemm",
         bench_name="llm-speed", alternatives=("torch",), example=gemm_example, baseline="torch:matmul",
     ),
-    Op("tensor_core_gemm", "llm_speed.matmul.gemm:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe),
+    Op(
+        "tensor_core_gemm", "llm_speed.matmul.gemm:tensor_core_gemm", gemm_work, probe=_tensor_core_gemm_probe
+    ),
     Op(
         "tensor_core_gemm_int8", "llm_speed.matmul.gemm:tensor_core_gemm_int8", gemm_work,
         probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),

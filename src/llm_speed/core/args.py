@@ -39,6 +39,16 @@ def check_flag(name: str, value: Any) -> bool:
     )
 
 
+def check_int(name: str, value: Any) -> int:
+    """``value`` as an int if it is an integer of any sign (NumPy integers accepted; bools refused), else
+    TypeError naming ``name``."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type_name(value)} {reprlib.repr(value)}")
+        value = int(value)
+    return value
+
+
 def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
     """``value`` as an int if it is an integer > 0 (>= 0 with ``allow_zero``; NumPy integers accepted);
     TypeError for a non-integer (bool and float included), ValueError for a value out of range, both naming

@@ -88,7 +88,7 @@ def check_values(device: torch.device) -> bool:
     ``CHECK_INPUTS``)."""
     if CHECK_INPUTS is not None:
         return CHECK_INPUTS
-    return device.type == "cpu"
+    return device.type == "cpu" and not SIMULATED_GPU  # simulated: CPU tensors stand for CUDA ones
 
 
 def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:

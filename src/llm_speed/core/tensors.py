@@ -31,9 +31,9 @@ def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, dims: int | None = None, 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     """ValueError unless every given tensor (None skipped) is on one device, listing each one's device."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    devices = {t.device for t in present.values()}
+    devices = {t.device for t in tensors.values() if t is not None}
     if len(devices) > 1:
+        present = {name: t for name, t in tensors.items() if t is not None}
         listed = ", ".join(f"{name} {t.device}" for name, t in present.items())
         raise ValueError(f"{', '.join(present)} must be on one device, got {listed}")
 

@@ -15,7 +15,8 @@ gradient buffers.
 Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]`` tensors at once (logits and
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
 extra memory is one ``[C, V]`` chunk plus ``O(N)`` fp32 statistics: ``C V b + 8 N``. The default ``C`` makes
-the chunk as large as ``hidden`` itself: ``C = next_pow2(ceil(N / ceil(V / H)))``. For Llama-3-8B's head
+the chunk as large as ``hidden`` itself, ``C = next_pow2(ceil(N / ceil(V / H)))``, but never below 2^16
+logits (:func:`default_chunk_rows`; a smaller chunk's launches cost more than it saves). For Llama-3-8B's head
 (H = 4096, V = 128256) with N = 8192 tokens in bfloat16: unfused ``2 * 8192 * 128256 * 2 B = 4.20 GB``; fused
 ``C = 256``, ``256 * 128256 * 2 B + 64 KiB = 65.7 MB``, 64x less (:func:`memory_estimate`; a formula, not a
 measurement). Hugging Face's loss also upcasts the logits to float32, which adds ``4 N V`` bytes more.
@@ -27,14 +28,13 @@ plain-PyTorch spec is :func:`llm_speed.fused.reference.fused_linear_cross_entrop
 from __future__ import annotations
 
 import functools
-import numbers
 
 import torch
 import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
-from ..core.args import check_choice, check_real, positive_int, type_name
+from ..core.args import check_choice, check_int, check_real, positive_int
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand, tanh
@@ -156,9 +156,17 @@ MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks
 MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
 
 
+# A chunk holds at least this many logits: below it, a chunk's GEMM and kernel launches cost more host time
+# than its memory (128 KiB in bfloat16) is worth.
+MIN_CHUNK_LOGITS = 1 << 16
+
+
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
-    """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger)."""
-    return max(1, min(n, next_power_of_2(cdiv(n, cdiv(vocab, hidden)))))
+    """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger), but
+    at least :data:`MIN_CHUNK_LOGITS` logits: ``C = next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V)))``,
+    at most N."""
+    liger = next_power_of_2(cdiv(n, cdiv(vocab, hidden)))
+    return max(1, min(n, max(liger, next_power_of_2(cdiv(MIN_CHUNK_LOGITS, vocab)))))
 
 
 def memory_estimate(
@@ -498,10 +506,7 @@ def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoot
     if bias is not None and bias.shape[0] != vocab:
         raise ValueError(f"bias has {bias.shape[0]} entries; it must have V = {vocab}")
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    if type(ignore_index) is not int:  # any int, negative ones included (-100 by default)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-            raise TypeError(f"ignore_index must be an int, got {type_name(ignore_index)} {ignore_index!r}")
-        ignore_index = int(ignore_index)
+    ignore_index = check_int("ignore_index", ignore_index)  # any sign: -100 by default
     check_choice("reduction", reduction, REDUCTIONS)
     label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
     softcap = 0.0 if softcap is None else check_real("softcap", softcap, positive=True)
@@ -540,7 +545,7 @@ def fused_linear_cross_entropy(
         softcap: ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` first (Gemma-2's final logit
             softcapping, google-deepmind/gemma ``final_logit_softcap``).
         chunk_rows: rows per chunk ``C``; default ``next_pow2(ceil(N / ceil(V / H)))``, a chunk of logits as
-            large as ``hidden``.
+            large as ``hidden``, and at least 2^16 logits (:func:`default_chunk_rows`).
 
     Returns the loss in hidden's dtype: a scalar, or ``[N]`` for ``reduction="none"``. Logits come from
     GEMMs in the inputs' dtype; log-sum-exp, loss and ``d loss / d logits`` in float32. Differentiable in
