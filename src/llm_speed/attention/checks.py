@@ -212,6 +212,12 @@ def check_window(window) -> tuple[int | None, int | None] | None:
     """
     if window is None:
         return None
+    if type(window) is tuple and len(window) == 2:  # the common spelling, checked at the cost of a lookup
+        left, right = window
+        if (left is None or type(left) is int and left >= 0) and (
+            right is None or type(right) is int and right >= 0
+        ):
+            return window
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be None or a pair (left, right), got {window!r}")
     sides = []
@@ -231,6 +237,8 @@ def check_softcap(softcap) -> float | None:
     """``softcap``: None or a finite real number > 0; returned as a float."""
     if softcap is None:
         return None
+    if type(softcap) is float and 0 < softcap < math.inf:
+        return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap > 0):
