@@ -1,6 +1,6 @@
 """Time flash attention under several block configurations in one process (a GPU tuning call).
 
-Each configuration replaces the shipped one (``attention.launch.forward_config`` / ``backward_config``), is
+Each configuration replaces the shipped one (``attention.flash.attention_config``, plans made afresh), is
 checked against PyTorch SDPA on the same inputs (max error, so a fast but wrong configuration shows), and
 is timed with ``triton.testing.do_bench`` (median) beside SDPA's cuDNN and flash backends. One JSON line
 per measurement on stdout. On the CPU (``--smoke``) it runs tiny shapes through the interpreter.
@@ -18,8 +18,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llm_speed.attention import flash_attention, launch
-from llm_speed.attention.configs import KernelConfig
+from llm_speed.attention import flash, flash_attention
+from llm_speed.core.config import KernelConfig
+from llm_speed.core.launch import clear_plans
 from llm_speed.perf.kernel_costs import attention_cost
 
 # (block_m, block_n, num_warps, num_stages); the first of each list is the one shipped for 227 KB devices.
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     seq = 64 if args.smoke else 16384
     plans = []
-    for direction, table, name in (("fwd", FORWARD, "forward_config"), ("bwd", BACKWARD, "backward_config")):
+    for direction, table, name in (("fwd", FORWARD, "forward"), ("bwd", BACKWARD, "backward")):
         if args.only and direction != args.only:
             continue
         for head_dim, configs in table.items():
@@ -115,8 +116,13 @@ def main(argv=None) -> int:
     references: dict = {}
     for direction, name, head_dim, entry in plans:
         config = KernelConfig(*entry)
-        original = getattr(launch, name)
-        setattr(launch, name, lambda block_d, dtype, device=None, config=config: config)
+        original = flash.attention_config
+
+        def pinned(direction, block_d, dtype, hardware, name=name, config=config, original=original):
+            return config if direction == name else original(direction, block_d, dtype, hardware)
+
+        flash.attention_config = pinned
+        clear_plans()  # plans made under another configuration
         try:
             for row in measure(
                 direction,
@@ -131,7 +137,8 @@ def main(argv=None) -> int:
             ):
                 print(json.dumps(row), flush=True)
         finally:
-            setattr(launch, name, original)
+            flash.attention_config = original
+            clear_plans()
     return 0
 
 

@@ -1,12 +1,13 @@
 """Block configurations follow the hardware (shared memory per block, SMs, TMA), not the GPU's name."""
 
+import dataclasses
 import importlib
 import types
 
 import pytest
 import torch
 
-from llm_speed.attention import configs as attention_configs
+from llm_speed.attention import flash as attention_configs
 from llm_speed.core.config import KernelConfig
 from llm_speed.core.gpus import list_gpus
 from llm_speed.core.hardware import KIB, Hardware, default_hardware, hardware_of
@@ -57,8 +58,9 @@ def test_tiers_by_shared_memory():
     assert attention_configs.tier_for(device(64, (7, 5))) is attention_configs.COMPACT
     assert attention_configs.tier_for(device(163, (8, 0))) is attention_configs.FULL  # A100
     assert attention_configs.tier_for(device(227)) is attention_configs.LARGE
-    default = attention_configs.forward_config(128, torch.float16, None)  # the interpreter: the H100 entry
-    assert default == attention_configs.LARGE.table["forward"][torch.float16][128]
+    default = attention_configs.attention_config("forward", 128, torch.float16, hardware_of(None))
+    large = attention_configs.LARGE.table["forward"][torch.float16][128]  # the interpreter: the H100 entry
+    assert default == dataclasses.replace(large, block_d=128)
 
 
 def test_each_tier_fits_its_own_minimum():

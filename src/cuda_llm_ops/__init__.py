@@ -21,7 +21,7 @@ from llm_speed import helpers as _helpers
 from llm_speed.attention import flash as _flash
 from llm_speed.attention import naive as _naive
 from llm_speed.attention import tiled as _tiled
-from llm_speed.attention.validation import validate_attention_inputs as _validate_attention_inputs
+from llm_speed.attention.checks import validate_attention_inputs as _validate_attention_inputs
 from llm_speed.core.args import check_flag as _check_flag
 from llm_speed.matmul.checks import check_scalar as _check_scalar
 from llm_speed.matmul.checks import validate_gemm_inputs as _validate_gemm_inputs

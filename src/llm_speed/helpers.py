@@ -11,11 +11,11 @@ import warnings
 
 import torch
 
+from llm_speed.attention.checks import validate_attention_inputs
 from llm_speed.attention.flash import flash_attention
 from llm_speed.attention.naive import naive_attention
 from llm_speed.attention.reference import causal_visible
 from llm_speed.attention.tiled import tiled_attention
-from llm_speed.attention.validation import validate_attention_inputs
 from llm_speed.core import runtime
 from llm_speed.core.args import check_flag
 from llm_speed.perf.gemm_tiling import pad_to_alignment

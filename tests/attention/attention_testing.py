@@ -17,11 +17,35 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
     max_error,
     nan_poisoned_outputs,
 )
-from llm_speed.attention import launch
+from llm_speed.attention import flash
 from llm_speed.attention.reference import reference_attention
 
-FORWARD_KERNELS = (launch.KERNEL_FORWARD,)
-BACKWARD_KERNELS = (launch.KERNEL_BACKWARD_PREPROCESS, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ)
+FORWARD_KERNELS = (flash.FORWARD.name,)
+BACKWARD_KERNELS = tuple(kernel.name for kernel in flash.BACKWARD_KERNELS)
+
+
+def fresh_plans(monkeypatch) -> None:
+    """Give the attention launchers plan caches of their own for this test, so that what it patches (a
+    configuration, a switch, a grid) reaches the plans it makes, and no plan made under a patch outlives
+    it."""
+    import functools
+
+    for name in ("_forward_plan", "_backward_plans"):
+        original = getattr(flash, name).__wrapped__
+        monkeypatch.setattr(flash, name, functools.lru_cache(maxsize=None)(original))
+
+
+def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
+    """Launch the forward/dQ kernels with ``forward`` and the dK/dV kernel with ``backward`` (the shipped
+    configuration where None) instead of ``flash.attention_config``'s choice."""
+    fresh_plans(monkeypatch)
+    real = flash.attention_config
+    pinned = {"forward": forward, "backward": backward}
+
+    def config(direction, block_d, dtype, hardware):
+        return pinned[direction] or real(direction, block_d, dtype, hardware)
+
+    monkeypatch.setattr(flash, "attention_config", config)
 
 
 def make_qkv(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dtype, device, scale_q=1.0, scale_k=1.0):

@@ -1,11 +1,11 @@
 """Compile every attention kernel ahead of time for a GPU architecture, with no GPU present.
 
 Run as a script (without TRITON_INTERPRET) by test_attention_compiles.py. It compiles every configuration
-of the FULL tier (``attention/configs.py``: every kernel, each (dtype class, head dim) row in one of the
-variants fp16/bf16/fp32 x causal/non-causal), the rows where LARGE differs from FULL and a sample row of
-COMPACT, and prints one JSON line per kernel
-with the shared memory the compiled kernel needs, so the test can compare it with the GPU's limit, and the
-registers and per-thread stack (register spills) that ``cuobjdump -res-usage`` reports for the cubin.
+of the FULL tier (the tier tables of ``attention/flash.py``: every kernel, each (dtype class, head dim) row
+in one of the variants fp16/bf16/fp32 x causal/non-causal), the rows where LARGE differs from FULL and a
+sample row of COMPACT, and prints one JSON line per kernel with the shared memory the compiled kernel
+needs, so the test can compare it with the GPU's limit, and the registers and per-thread stack (register
+spills) that ``cuobjdump -res-usage`` reports for the cubin.
 """
 
 import inspect
@@ -21,10 +21,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from llm_speed.attention import configs, kernels
+from llm_speed.attention import flash
 
 FP32_POINTERS = ("LSE", "DELTA", "DLSE")
-INT_POINTERS = ("CU_Q", "CU_K", "BLOCK_STARTS")  # packed sequences: int32 offsets
+INT_POINTERS = ("CU_Q", "CU_K")  # packed sequences: int32 offsets
 FLOAT_ARGS = ("qk_scale_log2", "scale", "softcap")
 
 
@@ -72,22 +72,22 @@ LARGE_VARIANTS = {(torch.float16, 64): ("fp16", False), (torch.float16, 128): ("
 def jobs():
     """(tier, element, is_causal, block_d, kernel, block_m, block_n, config, switches) for each compile."""
     tiers = (
-        (configs.LARGE, LARGE_VARIANTS),
-        (configs.FULL, FULL_VARIANTS),
-        (configs.COMPACT, COMPACT_SAMPLE),
+        (flash.LARGE, LARGE_VARIANTS),
+        (flash.FULL, FULL_VARIANTS),
+        (flash.COMPACT, COMPACT_SAMPLE),
     )
     for tier, variants in tiers:
         for (dtype, block_d), (element, is_causal) in variants.items():
             fwd = tier.table["forward"][dtype][block_d]
             bwd = tier.table["backward"][dtype][block_d]
             kernel_jobs = [
-                (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": False}),
-                (kernels._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd, {}),
-                (kernels._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd, {}),
+                (flash._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": False}),
+                (flash._flash_bwd_dkdv_kernel, bwd.block_m, bwd.block_n, bwd, {}),
+                (flash._flash_bwd_dq_kernel, bwd.block_n, bwd.block_m, bwd, {}),
             ]
-            if tier is not configs.COMPACT:  # the tiled (two-pass) forward: not on COMPACT devices
+            if tier is not flash.COMPACT:  # the tiled (two-pass) forward: not on COMPACT devices
                 kernel_jobs.insert(
-                    1, (kernels._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True})
+                    1, (flash._attention_fwd_kernel, fwd.block_m, fwd.block_n, fwd, {"TWO_PASS": True})
                 )
             for job in kernel_jobs:
                 yield (tier.name, element, is_causal, block_d, *job)

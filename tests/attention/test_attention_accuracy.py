@@ -14,10 +14,12 @@ from attention_testing import (
     check_against_reference,
     expect_launches,
     make_qkv,
+    pin_configs,
 )
 
 from llm_speed import flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import launch
+from llm_speed.attention import flash
+from llm_speed.core.config import KernelConfig
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -74,13 +76,13 @@ FORWARD_CASES = [
 def test_tiled_forward_matches_float64(case, device):
     b, hq, hkv, sq, skv, d, causal, dtype = case
     q, k, v = make_qkv(b, hq, hkv, sq, skv, d, dtype, device)
-    with expect_launches(launch.KERNEL_TILED, device=device):
+    with expect_launches(flash.TILED.name, device=device):
         check_against_reference(tiled_attention, q, k, v, is_causal=causal, grads=False)
 
 
 def test_tiled_backward_matches_float64(device):
     q, k, v = make_qkv(2, 4, 1, 65, 47, 48, torch.bfloat16, device)
-    with expect_launches(launch.KERNEL_TILED, *BACKWARD_KERNELS, device=device):
+    with expect_launches(flash.TILED.name, *BACKWARD_KERNELS, device=device):
         check_against_reference(tiled_attention, q, k, v, is_causal=True, dlse=True)
 
 
@@ -104,11 +106,10 @@ SMALL_BLOCK_CASES = [
 
 @pytest.mark.parametrize("seq_q, seq_kv, causal, dtype", SMALL_BLOCK_CASES)
 def test_masked_and_unmasked_blocks_with_small_blocks(seq_q, seq_kv, causal, dtype, device, monkeypatch):
-    small = launch.KernelConfig(16, 16, 4, 1)
-    monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: small)
-    monkeypatch.setattr(launch, "backward_config", lambda block_d, dtype: small)
+    small = KernelConfig(16, 16, 4, 1)
+    pin_configs(monkeypatch, forward=small, backward=small)
     q, k, v = make_qkv(1, 4, 2, seq_q, seq_kv, 40, dtype, device)
     with expect_launches(*FORWARD_KERNELS, *BACKWARD_KERNELS, device=device):
         check_against_reference(flash_attention, q, k, v, is_causal=causal, dlse=True)
-    with expect_launches(launch.KERNEL_TILED, device=device):
+    with expect_launches(flash.TILED.name, device=device):
         check_against_reference(tiled_attention, q, k, v, is_causal=causal, grads=False)

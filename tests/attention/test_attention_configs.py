@@ -8,10 +8,16 @@ each block shape runs once.
 
 import pytest
 import torch
-from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, check_against_reference, expect_launches
+from attention_testing import (
+    BACKWARD_KERNELS,
+    FORWARD_KERNELS,
+    check_against_reference,
+    expect_launches,
+    pin_configs,
+)
 
 from llm_speed import flash_attention
-from llm_speed.attention import configs, launch
+from llm_speed.attention import flash
 from llm_speed.core import runtime
 from llm_speed.core.hardware import hardware_of
 
@@ -19,7 +25,7 @@ BLOCKS_PER_SM = 4  # on a GPU: at least this many programs per SM
 
 
 def _to_run():
-    shipped = configs.shipped_configs()
+    shipped = flash.shipped_configs()
     if not runtime.INTERPRETED:
         return shipped
     unique = {}
@@ -37,8 +43,7 @@ def _id(entry):
 @pytest.mark.parametrize("entry", _to_run(), ids=_id)
 def test_each_shipped_config_directly(monkeypatch, device, entry):
     config = entry.config
-    name = "forward_config" if entry.direction == "forward" else "backward_config"
-    monkeypatch.setattr(launch, name, lambda block_d, dtype, device=None: config)
+    pin_configs(monkeypatch, **{entry.direction: config})
     # The 16-bit row serves bfloat16 too: the GPU runs bf16 with it (the interpreter widens bf16 dots).
     dtype = entry.dtype if entry.dtype == torch.float32 or device.type != "cuda" else torch.bfloat16
     head_dim = entry.block_d - 8  # pads to block_d: masked head-dim columns

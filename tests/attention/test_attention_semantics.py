@@ -9,17 +9,20 @@ from attention_testing import (
     FORWARD_KERNELS,
     assert_error_rule,
     check_against_reference,
+    fresh_plans,
     make_qkv,
     max_error,
+    pin_configs,
     reference_with_grads,
     run_with_grads,
 )
 
 from llm_speed import flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import flash, launch
+from llm_speed.attention import flash
+from llm_speed.attention.checks import prepare_attention_inputs
 from llm_speed.attention.reference import causal_visible, reference_attention
-from llm_speed.attention.validation import prepare_attention_inputs
 from llm_speed.core import runtime
+from llm_speed.core.config import KernelConfig
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
 
@@ -58,8 +61,8 @@ def test_causal_skips_fully_masked_blocks(device, monkeypatch):
     k_poisoned, v_poisoned = k.clone(), v.clone()
     k_poisoned[:, :, 32:] = float("nan")
     v_poisoned[:, :, 32:] = float("nan")
-    small = launch.KernelConfig(16, 16, 4, 1)
-    monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: small)
+    small = KernelConfig(16, 16, 4, 1)
+    pin_configs(monkeypatch, forward=small)
     out = flash_attention(q, k_poisoned, v_poisoned, is_causal=True)
     ref = reference_attention(q.double(), k.double(), v.double(), is_causal=True)
     assert torch.isfinite(out[:, :, :32]).all()
@@ -233,16 +236,17 @@ def test_zero_sizes(fn, batch, seq_q, seq_kv, device):
 def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     # CUDA caps grid axis 1 at 65535: batch * heads must not live there (large-batch decode passes it).
     grids = []
-    real_grid = launch._grid
-    monkeypatch.setattr(launch, "_grid", lambda *args: grids.append(args) or real_grid(*args))
+    real_grid = flash._grid
+    fresh_plans(monkeypatch)
+    monkeypatch.setattr(flash, "_grid", lambda *args: grids.append(args) or real_grid(*args))
     q, k, v = make_qkv(3, 4, 2, 37, 21, 16, torch.float16, device)
     run_with_grads(flash_attention, q, k, v, torch.randn(q.shape, dtype=q.dtype, device=device))
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     assert len(grids) == 3  # forward, dK/dV, dQ (the preprocess grid is one block per row block too)
-    for n_rows, block, batch, heads, packed, _ in grids:
-        assert batch == 3 and heads in (4, 2) and n_rows in (37, 21) and packed is None
-        grid, _ = real_grid(n_rows, block, batch, heads, None, None)
+    for n_rows, block, batch, heads, varlen in grids:
+        assert batch == 3 and heads in (4, 2) and n_rows in (37, 21) and not varlen
+        grid, _ = real_grid(n_rows, block, batch, heads, False)
         assert grid == (-(-n_rows // block) * batch * heads,)
 
 
@@ -273,7 +277,7 @@ def test_window_mask_is_bottom_right_aligned_and_causal_forces_right_zero():
 
 
 def test_window_and_softcap_checks_name_the_argument():
-    from llm_speed.attention.validation import check_softcap, check_window
+    from llm_speed.attention.checks import check_softcap, check_window
 
     assert check_window([np.int64(3), None]) == (3, None)
     for bad, error in (

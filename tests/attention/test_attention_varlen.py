@@ -9,9 +9,10 @@ from attention_testing import (
     FORWARD_KERNELS,
     assert_error_rule,
     expect_launches,
+    fresh_plans,
 )
 
-from llm_speed.attention import flash_attention_varlen, launch
+from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import runtime
 
@@ -97,19 +98,24 @@ def test_strided_packed_qkv(device):
 
 def test_grid_grows_with_tokens_not_batch_times_longest(device, monkeypatch):
     # One long sequence and many short ones: the grid is bounded by cdiv(total, block) + batch per head,
-    # far below batch x cdiv(max_seqlen, block); the device-side block starts match the lengths.
+    # far below batch x cdiv(max_seqlen, block); each program finds its sequence's block on the device.
     grids = []
-    real_grid = launch._grid
-    monkeypatch.setattr(launch, "_grid", lambda *args: grids.append((args, real_grid(*args))) or grids[-1][1])
+    real_grid = flash._grid
+    fresh_plans(monkeypatch)
+    monkeypatch.setattr(flash, "_grid", lambda *args: grids.append((args, real_grid(*args))) or grids[-1][1])
     lengths = [200] + [1] * 15
     q, k, v, cu_q, cu_k = packed_inputs(lengths, lengths, 2, 2, 16, torch.float32, device)
     out = flash_attention_varlen(q, k, v, cu_q, cu_k, 200, 200)
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    (n_rows, block, batch, heads, _, _), (grid, args) = grids[0]
+    (n_rows, block, batch, heads, varlen), (grid, args) = grids[0]
     assert grid == ((-(-215 // block) + 16) * 2,) and grid[0] < 16 * -(-200 // block) * 2
-    assert args["BLOCK_STARTS"].tolist() == [0, *range(-(-200 // block), -(-200 // block) + 16)]
+    # each program finds its sequence on the device, over BLOCK_B >= batch lanes of cu_seqlens
+    assert varlen and args == {"batch": 16, "grid_blocks": -(-215 // block) + 16, "BLOCK_B": 16}
     assert torch.isfinite(out).all()
+    zeros = torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[1], q.shape[0])
+    truth = dense_per_sequence(q, k, v, cu_q, cu_k, *zeros, torch.float64)[0]
+    assert (out.cpu().double() - truth).abs().max() < 1e-5  # every block found its sequence
 
 
 def test_empty_totals(device):

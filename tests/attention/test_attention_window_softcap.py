@@ -10,25 +10,27 @@ from attention_testing import (
     FORWARD_KERNELS,
     assert_error_rule,
     expect_launches,
+    fresh_plans,
     make_qkv,
     max_error,
+    pin_configs,
     reference_with_grads,
     run_with_grads,
 )
 
 from llm_speed import flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import flash_attention_varlen, launch
+from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import runtime
+from llm_speed.core.config import KernelConfig
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
-SMALL = launch.KernelConfig(16, 16, 4, 1)
+SMALL = KernelConfig(16, 16, 4, 1)
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(launch, "forward_config", lambda block_d, dtype: SMALL)
-    monkeypatch.setattr(launch, "backward_config", lambda block_d, dtype: SMALL)
+    pin_configs(monkeypatch, forward=SMALL, backward=SMALL)
 
 
 def check_rule(fn, q, k, v, dout=None, dlse=None, **options):
@@ -110,12 +112,12 @@ def test_flags_must_be_real_bools(fn, device):
         args = (q, k, v, cu, cu, 4, 4)
     else:
         args = (q, k, v)
-    before = runtime.launch_count(launch.KERNEL_FORWARD)
+    before = runtime.launch_count(flash.FORWARD.name)
     with pytest.raises(TypeError, match="is_causal must be a bool.*got str"):
         fn(*args, is_causal="no")
     with pytest.raises(TypeError, match="return_lse must be a bool.*got int"):
         fn(*args, return_lse=1)
-    assert runtime.launch_count(launch.KERNEL_FORWARD) == before  # rejected before any work
+    assert runtime.launch_count(flash.FORWARD.name) == before  # rejected before any work
     causal = fn(*args, is_causal=np.bool_(True))
     torch.testing.assert_close(causal, fn(*args, is_causal=True), rtol=0, atol=0)
 
@@ -163,8 +165,9 @@ def test_bf16_positive_inputs_round_to_nearest_even(device, monkeypatch):
 
     assert dk_error_ratio() <= 3.0
     if runtime.INTERPRETED:  # compiled Triton rounds to nearest even by itself
-        real = launch._dot_switches
-        monkeypatch.setattr(launch, "_dot_switches", lambda dtype: dict(real(dtype), RNE_BY_HAND=False))
+        real = flash.dot_switches
+        fresh_plans(monkeypatch)
+        monkeypatch.setattr(flash, "dot_switches", lambda dtype: dict(real(dtype), RNE_BY_HAND=False))
         assert dk_error_ratio() > 3.0  # truncation: the check above catches it
 
 

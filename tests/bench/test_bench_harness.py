@@ -84,12 +84,12 @@ def test_attention_rows_on_cpu():
     not INTERPRETED, reason="proves the Triton kernel is what gets timed under the interpreter"
 )
 def test_attention_bench_times_the_triton_kernel_under_the_interpreter():
-    from llm_speed.attention.launch import KERNEL_FORWARD
+    from llm_speed.attention.flash import FORWARD
     from llm_speed.core.runtime import launch_count
 
-    before = launch_count(KERNEL_FORWARD)
+    before = launch_count(FORWARD.name)
     attention_bench.run_attention(tiny_attention(impls=("flash",), iterations=1), show_progress=False)
-    assert launch_count(KERNEL_FORWARD) > before
+    assert launch_count(FORWARD.name) > before
 
 
 def test_attention_backward_modes_run():

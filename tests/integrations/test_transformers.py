@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llm_speed.attention import launch  # noqa: E402
+from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402
 from llm_speed.fused import cross_entropy, rms_norm, rotary  # noqa: E402
 from llm_speed.integrations import transformers as hf  # noqa: E402
@@ -66,7 +66,7 @@ def test_patched_model_matches_float64(model_type, device):
     labels[0, :3] = -100  # a prompt that is not trained on
     kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary.KERNEL.name]
     kernels += [cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]
-    kernels.append(launch.KERNEL_FORWARD)
+    kernels.append(flash.FORWARD.name)
     before = runtime.launch_counts()
     got_loss, got_grads = _loss_and_grads(patched, ids, labels)
     ran = runtime.launch_counts() - before
@@ -155,7 +155,7 @@ def test_padded_batch_runs_varlen_and_matches_float64(model_type, device, monkey
     ids, mask, labels = _padded_batch(device)
     ops = []
     monkeypatch.setattr(runtime, "_work_observers", [lambda op, _problem: ops.append(op)])
-    kernels = [launch.KERNEL_FORWARD, launch.KERNEL_BACKWARD_DKDV, launch.KERNEL_BACKWARD_DQ]
+    kernels = [flash.FORWARD.name, flash.BACKWARD_DKDV.name, flash.BACKWARD_DQ.name]
     before = runtime.launch_counts()
     patched.zero_grad()
     got_loss = patched(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -252,9 +252,9 @@ def test_unsupported_masks_are_refused_and_plain_masks_accepted():
 def test_attn_implementation_name_and_apply_checks(device):
     config = transformers.LlamaConfig(**SMALL)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="llm_speed").to(device)
-    before = runtime.launch_count(launch.KERNEL_FORWARD)
+    before = runtime.launch_count(flash.FORWARD.name)
     model(input_ids=torch.randint(0, 97, (1, 5), device=device))
-    assert runtime.launch_count(launch.KERNEL_FORWARD) > before
+    assert runtime.launch_count(flash.FORWARD.name) > before
     report = hf.apply(model)
     assert hf.apply(model) is report  # a second call patches nothing more
     with pytest.raises(TypeError, match="rotary must be a bool"):

@@ -56,7 +56,7 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .validation import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, check_softcap, check_window
+from .checks import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, check_softcap, check_window
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)

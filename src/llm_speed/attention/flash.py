@@ -1,102 +1,1558 @@
-"""FlashAttention: the public function, its torch.library registration and its autograd.
+"""FlashAttention (Dao et al., arXiv:2205.14135 and arXiv:2307.08691) in Triton: the kernels of the whole
+family (flash forward and backward, the two-pass tiled forward, packed variable-length sequences), their
+launcher, and the ``flash_attention`` op.
 
-The operators ``llm_speed::flash_attention_forward`` and ``llm_speed::flash_attention_backward`` are
-registered with ``torch.library.custom_op``, each with a fake (meta) implementation, and the forward with
-``register_autograd``: ``torch.compile(fullgraph=True)`` captures them and ``torch.library.opcheck`` passes.
-``tiled.py`` registers its forward the same way, reusing the fake, the autograd and the backward here.
+Layout (every op module): kernels, launcher (configuration, plans, ``forward``/``backward`` implementations),
+op registration, autograd, public function. ``tiled.py`` and ``varlen.py`` register their ops on the kernels
+and launchers here; ``naive.py`` is plain PyTorch; the plain-PyTorch spec is
+:func:`llm_speed.attention.reference.reference_attention`; the argument checks are ``checks.py``.
+
+Kernels. All run on a 1-D grid of (row block, head) programs (see :func:`_program`) and use 64-bit offsets
+for everything that multiplies a batch, head or row index by a stride.
+
+Naming follows one convention: ``p_`` pointers, ``b_`` blocks held on chip, ``o_`` offsets, ``m_`` masks;
+shape comments use BM (query rows per block), BN (key rows per block) and BD (head_dim padded to a power of
+two). Scores are kept in base 2: ``s2 = s * log2(e)`` with ``s = q.k * scale`` (or ``softcap * tanh(s /
+softcap)``), so that ``exp(s) == exp2(s2)``; ``exp2`` is the cheap instruction. The LSE stored in HBM is in
+natural-log units.
+
+Visibility (``reference.visible`` is the spec): with ``p = i + seq_kv - seq_q`` per sequence, query i sees
+key j when ``p - left <= j <= p + right``; a causal mask is ``right = 0``. Each kernel splits its loop over
+blocks into three: masked blocks on the left edge of the window, unmasked interior blocks every row of the
+program's block fully sees, masked blocks on the right edge (the diagonal and a ragged last block). Blocks
+no row may see are not visited at all, so the work grows with the window, not with the sequence.
+
+Constexpr switches specialise one body per variant instead of near-copies:
+  TWO_PASS       the tiled forward (row max first, then sums without rescaling) instead of flash's online one
+  HAS_LEFT       the window has a left bound ``window_left`` (else keys reach back to the sequence start)
+  HAS_RIGHT      the window has a right bound ``window_right`` (causal: 0; else keys reach the sequence end)
+  SOFTCAP        scores are capped: ``softcap * tanh(s / softcap)`` (Gemma 2, arXiv:2408.00118)
+  IS_VARLEN      packed sequences: rows of sequence b are ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1`` of one
+                 ``[total, heads, head_dim]`` tensor (flash-attn's varlen layout), bounds read on device
+  MASKED         this loop over blocks applies the visibility and bounds masks to the scores
+  EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
+  EVEN_D         head_dim is already a power of two: no head_dim mask
+  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND
+                 the switches of :mod:`llm_speed.core.kernel_math` (``dot_switches``): bfloat16 dots widened
+                 and float32 -> bfloat16 casts rounded by hand under the interpreter only; "ieee" float32
+                 products (no silent TF32).
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
 
-from ..core import runtime
-from ..core.args import check_flag
-from . import launch
-from .reference import apply_softcap, reference_attention, visible
-from .validation import (
-    check_softcap,
-    check_window,
-    last_dim_contiguous,
+import torch
+import triton
+import triton.language as tl
+
+from ..core import runtime, tensors
+from ..core.config import KernelConfig
+from ..core.dispatch import Op
+from ..core.hardware import KIB, Hardware, hardware_of
+from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
+from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from .checks import (
+    check_options,
+    check_seqlens_values,
     prepare_attention_inputs,
     suggest_keywords,
 )
+from .reference import (
+    reference_backward,
+    reference_forward,
+    varlen_reference_backward,
+    varlen_reference_forward,
+)
+
+# --- kernels --------------------------------------------------------------------------------------------
+
+LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units (read back with LOG2E)
 
 
-def _empty_like_shape(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
+@triton.jit
+def _load_rows(
+    p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
+):
+    """Load a [rows, BD] tile; rows past ``n_rows`` and columns past ``head_dim`` are not read (0)."""
+    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    if EVEN_ROWS and EVEN_D:
+        return tl.load(p)
+    elif EVEN_ROWS:
+        return tl.load(p, mask=o_d[None, :] < head_dim, other=0.0)
+    elif EVEN_D:
+        return tl.load(p, mask=o_rows[:, None] < n_rows, other=0.0)
+    else:
+        return tl.load(p, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim), other=0.0)
 
 
-def masking(is_causal: bool, window_left, window_right, softcap) -> launch.Masking:
-    """The operators' flat (causal, left, right, softcap) arguments as one value; no window when both sides
-    are None."""
-    window = None if window_left is None and window_right is None else (window_left, window_right)
-    return launch.Masking(is_causal=is_causal, window=window, softcap=softcap)
+@triton.jit
+def _store_rows(
+    p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
+):
+    """Store a [rows, BD] tile, skipping rows past ``n_rows`` and columns past ``head_dim``."""
+    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    if EVEN_ROWS and EVEN_D:
+        tl.store(p, value)
+    elif EVEN_ROWS:
+        tl.store(p, value, mask=o_d[None, :] < head_dim)
+    elif EVEN_D:
+        tl.store(p, value, mask=o_rows[:, None] < n_rows)
+    else:
+        tl.store(p, value, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim))
 
 
-def reference_forward(q, k, v, mask: launch.Masking, scale: float):
-    """(out, lse) from the PyTorch reference in float32: the path for CPU tensors without the interpreter."""
-    out, lse = reference_attention(
-        q.float(), k.float(), v.float(), is_causal=mask.is_causal, scale=scale, return_lse=True,
-        window=mask.window, softcap=mask.softcap,
+@triton.jit
+def _load_vector(p, o_rows, n_rows, EVEN_ROWS: tl.constexpr):
+    """Load one fp32 value per row (LSE, delta); rows past ``n_rows`` read 0."""
+    if EVEN_ROWS:
+        return tl.load(p + o_rows)
+    else:
+        return tl.load(p + o_rows, mask=o_rows < n_rows, other=0.0)
+
+
+@triton.jit
+def _store_vector(p, value, o_rows, n_rows, EVEN_ROWS: tl.constexpr):
+    if EVEN_ROWS:
+        tl.store(p + o_rows, value)
+    else:
+        tl.store(p + o_rows, value, mask=o_rows < n_rows)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _owned_rows(CU, o_b, batch, total):
+    """Per sequence i (lanes ``o_b`` < batch): (first row, end row, valid) of the rows it owns in a packed
+    tensor of ``total`` rows, read from ``CU`` (``cu_seqlens``, ``batch + 1`` entries) and always in bounds.
+
+    The rows owned split ``[0, total)`` whatever CU holds: sequence 0 starts at 0, the last one ends at
+    ``total``, and boundary i is the running maximum of ``CU[0..i]`` clamped to ``[0, total]``. For valid
+    ``cu_seqlens`` (0 first, non-decreasing, last = total) that is CU itself. A sequence whose own entries
+    differ from its owned bounds is invalid (a negative or decreasing entry, one past the total, a first
+    entry other than 0, a last one other than total): its programs write NaN over the rows it owns and read
+    nothing else, so no program reads or writes outside the tensors and the other sequences stay exact.
+    """
+    m_b = o_b < batch
+    b_cu = tl.load(CU + o_b, mask=m_b, other=0)  # entry i: the first row of sequence i
+    b_cu_next = tl.load(CU + 1 + o_b, mask=m_b, other=0)  # entry i + 1: its end
+    b_max = tl.associative_scan(b_cu, 0, _max_combine)  # max of entries 0..i
+    b_start = tl.where(o_b == 0, 0, tl.minimum(tl.maximum(b_max, 0), total))
+    b_end = tl.minimum(tl.maximum(tl.maximum(b_max, b_cu_next), 0), total)
+    b_end = tl.where(o_b == batch - 1, total, b_end)
+    return b_start, b_end, (b_cu == b_start) & (b_cu_next == b_end)
+
+
+@triton.jit
+def _lane(values, this):
+    """The entry of ``values`` at the one lane where ``this`` is true (0 where none is)."""
+    return tl.sum(tl.where(this, values, 0), 0)
+
+
+@triton.jit
+def _program(
+    CU_Q,
+    CU_K,
+    seq_q,
+    seq_kv,
+    heads,
+    batch,
+    grid_blocks,
+    BLOCK: tl.constexpr,
+    OVER_KEYS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """Which rows this program owns: (first row of its block within its sequence, batch b, head h, first
+    packed row of the sequence's queries and keys, the sequence's seq_q and seq_kv, whether its bounds are
+    valid).
+
+    One grid axis, the blocks of one head adjacent: CUDA caps the second grid axis at 65535 programs, which
+    batch * heads can pass, while the first takes 2**31 - 1. Blocks are of queries, or with ``OVER_KEYS`` of
+    keys (the dK/dV kernel).
+
+    Dense: ``cdiv(seq, BLOCK)`` blocks per (batch, head), always valid. Varlen (``seq_q``, ``seq_kv`` are
+    the packed totals): ``grid_blocks`` programs per head, an upper bound known on the host without reading
+    the lengths (``cdiv(total, BLOCK) + batch``: each sequence wastes at most one partial block). Each
+    program reads both ``cu_seqlens`` (``BLOCK_B`` >= batch lanes), sums the per-sequence block counts of
+    the rows each sequence owns (:func:`_owned_rows`) and counts the sequences that end at or before its
+    block. Programs past the last block get empty sequences and write nothing. An invalid sequence gets no
+    rows on the other side (no key for a query block, no query for a key block): its programs read none
+    and write NaN over their own rows.
+    """
+    pid = tl.program_id(0)
+    if IS_VARLEN:
+        blk = pid % grid_blocks
+        h = pid // grid_blocks
+        o_b = tl.arange(0, BLOCK_B)
+        b_start_q, b_end_q, b_valid_q = _owned_rows(CU_Q, o_b, batch, seq_q)
+        b_start_k, b_end_k, b_valid_k = _owned_rows(CU_K, o_b, batch, seq_kv)
+        if OVER_KEYS:
+            b_blocks = tl.where(o_b < batch, tl.cdiv(b_end_k - b_start_k, BLOCK), 0)
+        else:
+            b_blocks = tl.where(o_b < batch, tl.cdiv(b_end_q - b_start_q, BLOCK), 0)
+        b_block_end = tl.cumsum(b_blocks, 0)
+        b_count = tl.sum(((o_b < batch) & (b_block_end <= blk)).to(tl.int32), 0)
+        spare = b_count >= batch
+        this = o_b == tl.minimum(b_count, batch - 1)
+        start = (blk - _lane(b_block_end - b_blocks, this)) * BLOCK
+        bos_q = _lane(b_start_q, this)
+        bos_k = _lane(b_start_k, this)
+        valid = _lane((b_valid_q & b_valid_k).to(tl.int32), this) != 0
+        len_q = tl.where(spare, 0, _lane(b_end_q, this) - bos_q)
+        len_k = tl.where(spare, 0, _lane(b_end_k, this) - bos_k)
+        if OVER_KEYS:
+            len_q = tl.where(valid, len_q, 0)
+        else:
+            len_k = tl.where(valid, len_k, 0)
+        b = tl.minimum(b_count, batch - 1).to(tl.int64)
+        return start, b, h.to(tl.int64), bos_q.to(tl.int64), len_q, bos_k.to(tl.int64), len_k, valid
+    else:
+        if OVER_KEYS:
+            n_blocks = tl.cdiv(seq_kv, BLOCK)
+        else:
+            n_blocks = tl.cdiv(seq_q, BLOCK)
+        bh = pid // n_blocks
+        zero = (pid * 0).to(tl.int64)
+        return (
+            (pid % n_blocks) * BLOCK,
+            (bh // heads).to(tl.int64),
+            (bh % heads).to(tl.int64),
+            zero,
+            seq_q,
+            zero,
+            seq_kv,
+            pid >= 0,
+        )
+
+
+@triton.jit
+def _ranges(
+    start,
+    n_rows,
+    lo_offset,
+    hi_offset,
+    full_lo_offset,
+    full_hi_offset,
+    n_cols,
+    HAS_LO: tl.constexpr,
+    HAS_HI: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Split the columns a block of rows may see into masked left edge, unmasked interior, masked right edge.
+
+    Row r of the block ``[start, start + n_rows)`` sees columns ``r + lo_offset <= c <= r + hi_offset``
+    (each side only when ``HAS_LO`` / ``HAS_HI``) inside ``[0, n_cols)``. Returns ``(lo, left_end, mid_lo,
+    mid_hi, hi)``: loop masked over ``[lo, left_end)``, unmasked over ``[mid_lo, mid_hi)`` (whole blocks every
+    row fully sees; ``full_*_offset`` give the row whose bound is the tightest) and masked over ``[mid_hi,
+    hi)``. ``lo`` and ``mid_*`` are multiples of BLOCK; columns outside ``[lo, hi)`` are seen by no row.
+    """
+    lo = 0
+    full_lo = 0
+    if HAS_LO:
+        lo = (tl.maximum(start + lo_offset, 0) // BLOCK) * BLOCK
+        full_lo = tl.cdiv(tl.maximum(start + full_lo_offset, 0), BLOCK) * BLOCK
+    hi = n_cols
+    full_hi = n_cols
+    if HAS_HI:
+        hi = tl.maximum(tl.minimum(n_cols, start + n_rows + hi_offset), 0)
+        full_hi = tl.maximum(tl.minimum(n_cols, start + full_hi_offset + 1), 0)
+    mid_lo = tl.maximum(full_lo, lo)
+    mid_hi = tl.maximum((full_hi // BLOCK) * BLOCK, mid_lo)
+    return lo, tl.minimum(mid_lo, hi), mid_lo, mid_hi, hi
+
+
+@triton.jit
+def _key_ranges(
+    start_m,
+    seq_q,
+    seq_kv,
+    window_left,
+    window_right,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Key ranges of a query block (forward, dQ): query i sees keys i + d - left .. i + d + right."""
+    d = seq_kv - seq_q
+    return _ranges(
+        start_m, BLOCK_M, d - window_left, d + window_right, BLOCK_M - 1 + d - window_left, d + window_right,
+        seq_kv, HAS_LO=HAS_LEFT, HAS_HI=HAS_RIGHT, BLOCK=BLOCK_N,
     )  # fmt: skip
-    return out.to(q.dtype).contiguous(), lse.contiguous()
 
 
-def reference_backward(dout, q, k, v, out, lse, dlse, mask: launch.Masking, scale: float):
-    """(dq, dk, dv) of the float32 reference, written out (CPU tensors without the interpreter; autograd
-    does not record inside an operator's implementation): P from the saved LSE, dV = P^T dO,
-    dS = P (dO V^T - delta) (1 - tanh^2 under a cap), dQ = dS K scale, dK = dS^T Q scale, dK and dV
-    summed over each query group."""
-    heads_kv = k.shape[1]
-    group = q.shape[1] // heads_kv
-    q32, k32, v32 = (t.float() for t in (q, k, v))
-    k_rep, v_rep = k32.repeat_interleave(group, dim=1), v32.repeat_interleave(group, dim=1)
-    raw = (q32 @ k_rep.transpose(-1, -2)) * scale
-    scores = apply_softcap(raw, mask.softcap)
-    lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-    p = torch.exp(scores - lse_safe[..., None])
-    p = p.masked_fill(~visible(q.shape[-2], k.shape[-2], is_causal=mask.is_causal, window=mask.window,
-                                device=q.device), 0.0)  # fmt: skip
-    p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(p), p)
-    do32 = dout.float()
-    delta = (do32 * out.float()).sum(-1)
-    if dlse is not None:
-        delta = delta - dlse.float()
-    ds = p * (do32 @ v_rep.transpose(-1, -2) - delta[..., None])
-    if mask.softcap is not None:
-        ds = ds * (1 - torch.tanh(raw / mask.softcap) ** 2)
-    dq = (ds @ k_rep) * scale
-    dk = (ds.transpose(-1, -2) @ q32) * scale
-    dv = p.transpose(-1, -2) @ do32
+@triton.jit
+def _query_ranges(
+    start_n,
+    seq_q,
+    seq_kv,
+    window_left,
+    window_right,
+    EVEN_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Query ranges of a key block (dK/dV): key j is seen by queries j - d - right .. j - d + left."""
+    d = seq_kv - seq_q
+    lo, left_end, mid_lo, mid_hi, hi = _ranges(
+        start_n, BLOCK_N, -d - window_right, window_left - d, BLOCK_N - 1 - d - window_right, window_left - d,
+        seq_q, HAS_LO=HAS_RIGHT, HAS_HI=HAS_LEFT, BLOCK=BLOCK_M,
+    )  # fmt: skip
+    # Rows past seq_q in an unmasked query block contribute exact zeros (zero Q and dO, LSE and delta 0), so
+    # without a left bound the interior reaches seq_q itself, not its last whole block.
+    if not HAS_LEFT:
+        mid_hi = tl.maximum(hi, mid_lo)
+    if not EVEN_N:
+        # A ragged last key block masks its keys past seq_kv against every query block.
+        ragged = start_n + BLOCK_N > seq_kv
+        left_end = tl.where(ragged, hi, left_end)
+        mid_lo = tl.where(ragged, hi, mid_lo)
+        mid_hi = tl.where(ragged, hi, mid_hi)
+    return lo, left_end, mid_lo, mid_hi, hi
 
-    def per_kv_head(x):
-        return x.reshape(x.shape[0], heads_kv, group, *x.shape[2:]).sum(2)
 
-    return dq.to(q.dtype), per_kv_head(dk).to(k.dtype), per_kv_head(dv).to(v.dtype)
+@triton.jit
+def _visible(
+    o_m,
+    o_n,
+    seq_q,
+    seq_kv,
+    window_left,
+    window_right,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    """[BM, BN] True where query o_m may see key o_n: inside both sequences and inside the window."""
+    p = o_m[:, None] + (seq_kv - seq_q)
+    if EVEN_N:
+        m_visible = o_n[None, :] >= 0
+    else:
+        m_visible = o_n[None, :] < seq_kv
+    if HAS_LEFT:
+        m_visible = m_visible & (o_n[None, :] >= p - window_left)
+    if HAS_RIGHT:
+        m_visible = m_visible & (o_n[None, :] <= p + window_right)
+    if not EVEN_M:
+        m_visible = m_visible & (o_m[:, None] < seq_q)
+    return m_visible
 
 
-def forward_impl(q, k, v, mask: launch.Masking, scale: float, two_pass: bool = False):
-    """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, on whatever runs on q's device."""
-    batch, heads_q, seq_q, head_dim = q.shape
-    seq_kv = k.shape[2]
-    if batch == 0 or seq_q == 0 or seq_kv == 0:
-        # Nothing to launch. With no key at all every row sees nothing: output 0, LSE -inf.
-        out = torch.zeros((batch, heads_q, seq_q, head_dim), dtype=q.dtype, device=q.device)
-        lse = torch.full((batch, heads_q, seq_q), float("-inf"), dtype=torch.float32, device=q.device)
-        return out, lse
-    # Every path reports its work to the op table (llm_speed.ops), for the profiler.
-    runtime.report_work(
-        "tiled_attention" if two_pass else "flash_attention",
-        q=q,
-        k=k,
-        is_causal=mask.is_causal,
-        window=mask.window,
+@triton.jit
+def _capped_scores(b_qk, scale, softcap, SOFTCAP: tl.constexpr):
+    """(base-2 scores s2, tanh of the cap or None) from raw q.k products ``b_qk`` [BM, BN]."""
+    if SOFTCAP:
+        b_t = tanh(b_qk * (scale / softcap))
+        return b_t * (softcap * LOG2E), b_t
+    else:
+        return b_qk * (scale * LOG2E), b_qk
+
+
+@triton.jit
+def _scores(
+    b_q,
+    p_k,
+    o_m,
+    start_n,
+    stride_kn,
+    seq_q,
+    seq_kv,
+    head_dim,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Base-2 scores of one [BM, BN] tile, -inf where ``MASKED`` hides a key."""
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
+    b_k = _load_rows(
+        p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+    )  # [BN, BD]
+    b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
+    b_s, _ = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
+    if MASKED:
+        m_visible = _visible(
+            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
+        )  # fmt: skip
+        b_s = tl.where(m_visible, b_s, float("-inf"))
+    return b_s
+
+
+@triton.jit
+def _row_max_over_keys(
+    b_m,
+    b_q,
+    p_k,
+    o_m,
+    key_start,
+    key_end,
+    stride_kn,
+    seq_q,
+    seq_kv,
+    head_dim,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Two-pass forward, pass 1: the running row max of the base-2 scores over keys [key_start, key_end)."""
+    for start_n in range(key_start, key_end, BLOCK_N):
+        b_s = _scores(
+            b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        b_m = tl.maximum(b_m, tl.max(b_s, 1))
+    return b_m
+
+
+@triton.jit
+def _accumulate_over_keys(
+    b_m,
+    b_l,
+    b_acc,
+    b_q,
+    p_k,
+    p_v,
+    o_m,
+    key_start,
+    key_end,
+    stride_kn,
+    stride_vn,
+    seq_q,
+    seq_kv,
+    head_dim,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    TWO_PASS: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Add keys [key_start, key_end) to the row sums ``b_l`` and the unnormalised output ``b_acc``.
+
+    Online softmax (flash): when a key block raises the running max m, rescale l and acc by
+    exp2(m_old - m_new). ``TWO_PASS`` (tiled): m is already the final row max, so nothing is rescaled.
+    """
+    o_d = tl.arange(0, BLOCK_D)
+    for start_n in range(key_start, key_end, BLOCK_N):
+        b_s = _scores(
+            b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        b_v = _load_rows(
+            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+        )  # [BN, BD]
+        if TWO_PASS:
+            # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
+            b_p = tl.exp2(b_s - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
+            b_l += tl.sum(b_p, 1)
+            b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
+            b_acc += dot(b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        else:
+            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+            # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+            b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
+            b_alpha = tl.exp2(b_m - b_shift)
+            b_l = b_l * b_alpha + tl.sum(b_p, 1)
+            b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
+            b_acc = b_acc * b_alpha[:, None] + dot(
+                b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION
+            )
+            b_m = b_m_new
+    return b_m, b_l, b_acc
+
+
+@triton.jit
+def _attention_fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_lb,
+    stride_lh,
+    heads_q,
+    group,
+    seq_q,
+    seq_kv,
+    head_dim,
+    batch,
+    grid_blocks,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    TWO_PASS: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """One program = one block of BLOCK_M query rows of one (sequence, query head).
+
+    Flash (``TWO_PASS`` off): one pass over K/V with the online softmax.
+    Tiled (``TWO_PASS`` on): pass 1 reads every K tile for each row's max score; pass 2 reads K again, and V,
+    summing exp2(s2 - max) and exp2(s2 - max) @ V with no rescaling. Safe softmax, but K is read twice.
+    Both output acc / l and the LSE m + log(l).
+    """
+    start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
+        CU_Q, CU_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+    )  # fmt: skip
+    h_kv = h // group
+
+    o_m = start_m + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
+    p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
+    p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
+    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
+    b_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    b_l = tl.zeros((BLOCK_M,), tl.float32)
+    b_acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+
+    lo, left_end, mid_lo, mid_hi, hi = _key_ranges(
+        start_m, seq_q, seq_kv, window_left, window_right,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    if TWO_PASS:
+        b_m = _row_max_over_keys(
+            b_m, b_q, p_k, o_m, lo, left_end, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        b_m = _row_max_over_keys(
+            b_m, b_q, p_k, o_m, mid_lo, mid_hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        b_m = _row_max_over_keys(
+            b_m, b_q, p_k, o_m, mid_hi, hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+    b_m, b_l, b_acc = _accumulate_over_keys(
+        b_m, b_l, b_acc, b_q, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
+        scale, softcap, window_left, window_right, MASKED=True, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
+        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+    b_m, b_l, b_acc = _accumulate_over_keys(
+        b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
+        scale, softcap, window_left, window_right, MASKED=False, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
+        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+    b_m, b_l, b_acc = _accumulate_over_keys(
+        b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
+        scale, softcap, window_left, window_right, MASKED=True, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
+        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+
+    # Rows that saw no key: l == 0 -> output 0 and LSE -inf.
+    no_key = b_l == 0.0
+    b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
+    b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
+    if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows shows it
+        b_out = tl.where(valid, b_out, float("nan"))
+        b_lse = tl.where(valid, b_lse, float("nan"))
+    p_o = O + b * stride_ob + h * stride_oh + bos_q * stride_om
+    b_out = cast(b_out, O.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    _store_rows(p_o, b_out, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    _store_vector(LSE + b * stride_lb + h * stride_lh + bos_q, b_lse, o_m, seq_q, EVEN_ROWS=EVEN_M)
+
+
+@triton.jit
+def _flash_bwd_preprocess_kernel(
+    O,
+    DO,
+    DLSE,
+    DELTA,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_lb,
+    stride_lh,
+    heads_q,
+    seq_q,
+    head_dim,
+    HAS_DLSE: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32).
+
+    Packed sequences run it as one batch of ``total_q`` rows: the rows are independent. With an LSE
+    gradient: d lse_i / d s_ij = P_ij, so it folds into delta with a minus sign.
+    """
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(seq_q, BLOCK_M)
+    bh = pid // n_blocks
+    b = (bh // heads_q).to(tl.int64)
+    h = (bh % heads_q).to(tl.int64)
+    o_m = (pid % n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    p_o = O + b * stride_ob + h * stride_oh
+    p_do = DO + b * stride_dob + h * stride_doh
+    b_o = _load_rows(p_o, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [BM]
+    o_row = b * stride_lb + h * stride_lh
+    if HAS_DLSE:
+        b_delta -= _load_vector(DLSE + o_row, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    _store_vector(DELTA + o_row, b_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+
+
+@triton.jit
+def _probabilities(
+    b_q,
+    b_k,
+    o_m,
+    o_n,
+    b_lse2,
+    seq_q,
+    seq_kv,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Recompute P = exp2(s2 - lse2) for a [BM, BN] tile from Q, K and the saved LSE, and the factor that
+    takes dS back through the cap (1 - tanh^2, or 1 without a cap).
+
+    ``MASKED``: entries outside the sequences or the window are set to 0. Unmasked tiles hold only visible
+    keys; their rows past seq_q (zero Q, dO, LSE and delta) contribute exact zeros.
+    """
+    b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+    b_s, b_t = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
+    b_p = tl.exp2(b_s - b_lse2[:, None])
+    if MASKED:
+        m_visible = _visible(
+            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+        )  # fmt: skip
+        b_p = tl.where(m_visible, b_p, 0.0)
+    if SOFTCAP:
+        return b_p, 1.0 - b_t * b_t
+    else:
+        return b_p, 1.0
+
+
+@triton.jit
+def _load_lse2(p_lse, o_m, seq_q, EVEN_M: tl.constexpr):
+    """Saved LSE in base 2; rows that saw no key (-inf) become 0 so exp2 never sees -inf - -inf."""
+    b_lse = _load_vector(p_lse, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    return tl.where(b_lse == float("-inf"), 0.0, b_lse * LOG2E)
+
+
+@triton.jit
+def _dkdv_over_queries(
+    b_dk,
+    b_dv,
+    b_k,
+    b_v,
+    p_q,
+    p_do,
+    p_lse,
+    p_delta,
+    o_n,
+    query_start,
+    query_end,
+    stride_qm,
+    stride_dom,
+    seq_q,
+    seq_kv,
+    head_dim,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV:
+    dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q (scaled by the caller)."""
+    o_d = tl.arange(0, BLOCK_D)
+    for start_m in range(query_start, query_end, BLOCK_M):
+        o_m = start_m + tl.arange(0, BLOCK_M)
+        # [BM, BD] tiles of Q and dO
+        b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+        b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
+        b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+        b_p, b_dcap = _probabilities(
+            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
+            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
+        b_p16 = cast(b_p, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dv += dot(tl.trans(b_p16), b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
+        b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dk += dot(tl.trans(b_ds), b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+    return b_dk, b_dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_lb,
+    stride_lh,
+    heads_kv,
+    group,
+    seq_q,
+    seq_kv,
+    head_dim,
+    batch,
+    grid_blocks,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """One program = one block of BLOCK_N keys of one (sequence, kv head); it owns dK and dV for those keys.
+
+    It walks every query head of the GQA group and every query block that can see these keys, recomputing
+    P from Q, K and LSE:  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q * scale.
+    Each dK/dV element is written once by one program, in a fixed order: deterministic, no atomics.
+    """
+    start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
+        CU_Q, CU_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
+        BLOCK=BLOCK_N, OVER_KEYS=True, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+    )  # fmt: skip
+
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
+    p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
+    b_k = _load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
+    b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
+    b_dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    b_dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+
+    lo, left_end, mid_lo, mid_hi, hi = _query_ranges(
+        start_n, seq_q, seq_kv, window_left, window_right,
+        EVEN_N=EVEN_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    for g in range(0, group):
+        h = h_kv * group + g
+        p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
+        p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
+        p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
+        p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
+        b_dk, b_dv = _dkdv_over_queries(
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, lo, left_end, stride_qm, stride_dom,
+            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        b_dk, b_dv = _dkdv_over_queries(
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
+            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        b_dk, b_dv = _dkdv_over_queries(
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_hi, hi, stride_qm, stride_dom,
+            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+
+    b_dk *= scale
+    if IS_VARLEN:  # a sequence with invalid bounds saw no query: NaN over its keys' gradients
+        b_dk = tl.where(valid, b_dk, float("nan"))
+        b_dv = tl.where(valid, b_dv, float("nan"))
+    b_dk = cast(b_dk, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    b_dv = cast(b_dv, DV.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    p_dk = DK + b * stride_dkb + h_kv * stride_dkh + bos_k * stride_dkn
+    p_dv = DV + b * stride_dvb + h_kv * stride_dvh + bos_k * stride_dvn
+    _store_rows(p_dk, b_dk, o_n, stride_dkn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
+    _store_rows(p_dv, b_dv, o_n, stride_dvn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
+
+
+@triton.jit
+def _dq_over_keys(
+    b_dq,
+    b_q,
+    b_do,
+    b_lse2,
+    b_delta,
+    p_k,
+    p_v,
+    o_m,
+    key_start,
+    key_end,
+    stride_kn,
+    stride_vn,
+    seq_q,
+    seq_kv,
+    head_dim,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Add keys [key_start, key_end) to dQ: dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K."""
+    o_d = tl.arange(0, BLOCK_D)
+    for start_n in range(key_start, key_end, BLOCK_N):
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is spelled
+        # inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile error).
+        b_k = _load_rows(
+            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+        )
+        b_v = _load_rows(
+            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+        )
+        b_p, b_dcap = _probabilities(
+            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
+            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
+        b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_k.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dq += dot(b_ds, b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+    return b_dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_lb,
+    stride_lh,
+    heads_q,
+    group,
+    seq_q,
+    seq_kv,
+    head_dim,
+    batch,
+    grid_blocks,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """One program = one block of BLOCK_M query rows of one (sequence, query head); it owns dQ for those rows.
+
+    Walks the visible key blocks (masking only the edge and ragged ones, as the forward does):
+    dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once.
+    """
+    start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
+        CU_Q, CU_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+    )  # fmt: skip
+    h_kv = h // group
+
+    o_m = start_m + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
+    p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
+    p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
+    p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
+    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_lse2 = _load_lse2(LSE + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_M=EVEN_M)
+    b_delta = _load_vector(DELTA + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    b_dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+
+    lo, left_end, mid_lo, mid_hi, hi = _key_ranges(
+        start_m, seq_q, seq_kv, window_left, window_right,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    b_dq = _dq_over_keys(
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+        MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+    b_dq = _dq_over_keys(
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+        MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+    b_dq = _dq_over_keys(
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+        MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+    )  # fmt: skip
+
+    b_dq *= scale
+    if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows' gradients
+        b_dq = tl.where(valid, b_dq, float("nan"))
+    b_dq = cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
+    _store_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+
+
+# --- launcher -------------------------------------------------------------------------------------------
+
+FORWARD = Kernel(_attention_fwd_kernel, "flash_attention_fwd")
+TILED = Kernel(_attention_fwd_kernel, "tiled_attention_fwd")  # the same body with TWO_PASS on
+BACKWARD_PREPROCESS = Kernel(_flash_bwd_preprocess_kernel, "flash_attention_bwd_preprocess")
+BACKWARD_DKDV = Kernel(_flash_bwd_dkdv_kernel, "flash_attention_bwd_dkdv")
+BACKWARD_DQ = Kernel(_flash_bwd_dq_kernel, "flash_attention_bwd_dq")
+BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
+
+MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
+# The preprocess kernel (delta = rowsum(dO * O)) streams rows: Triton's default launch options.
+PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
+
+# Block configurations, chosen by the device's shared memory per block.
+#
+# One fixed configuration per (direction, dtype class, padded head_dim): no autotuning (a call's cost must not
+# depend on a first-call search). ``LARGE`` (227 KB per block: the Hopper-class entries of the GPU table)
+# carries the 16-bit rows measured on an H100 SXM; its other rows are FULL's. Forward/dQ: Q [BM, BD] stays
+# on chip while K and V [BN, BD] tiles stream through. dK/dV: K, V and the fp32 dK, dV accumulators [BN, BD]
+# stay on chip while Q and dO [BM, BD] stream. 16-bit tiles use tensor cores; float32 uses an IEEE product
+# (no TF32), which Triton runs on FMA units with both operands in registers: smaller tiles and 8 warps.
+# bfloat16 tiles have the sizes of float16 ones.
+#
+# Tiers by shared memory per block (:class:`llm_speed.core.hardware.Hardware`): ``FULL`` needs at most 98 KiB
+# (compiled with Triton for sm_80 and sm_90, ``tests/attention/compile_for_gpu.py``), so every GPU of the
+# table with 99 KB or more per block (A100, H100, H200, B200, Ada) gets it; ``COMPACT`` (one pipeline stage,
+# half-height key blocks) serves devices with less (V100's 96 KB, T4's 64 KB). Compiled for sm_90 with
+# Triton 3.6, the FULL 16-bit configurations and float32 at head_dim <= 64 spill at most a few hundred bytes
+# per thread; earlier float32 head_dim-64 tiles (128 x 64, 4 warps) spilled 11-17 KB per thread.
+#
+# Under the interpreter (and wherever no CUDA device is involved) the H100 SXM entry of the GPU table stands
+# in; the interpreter ignores num_warps and num_stages.
+
+DIRECTIONS = ("forward", "backward")
+DTYPE_CLASSES = (torch.float16, torch.float32)  # bfloat16 uses float16's row
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """Configurations for devices with at least ``min_smem_bytes`` of shared memory per block.
+
+    ``table[direction][dtype class][padded head_dim]`` is a :class:`KernelConfig` (``block_d`` unset: the
+    row serves every head dim padded up to its key; :func:`attention_config` sets it).
+    """
+
+    name: str
+    min_smem_bytes: int
+    table: dict
+
+
+def _row(entries: dict) -> dict:
+    return {dim: KernelConfig(*entry) for dim, entry in entries.items()}
+
+
+# Per padded head_dim: (block_m, block_n, num_warps, num_stages).
+FULL = Tier(
+    "99 KB",
+    99 * KIB,
+    {
+        "forward": {
+            torch.float16: _row({64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)}),
+            torch.float32: _row({64: (64, 32, 8, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)}),
+        },
+        "backward": {
+            torch.float16: _row({64: (64, 64, 4, 2), 128: (32, 64, 8, 2), 256: (32, 32, 8, 1)}),
+            torch.float32: _row({64: (32, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 16, 8, 1)}),
+        },
+    },
+)
+
+
+def _with(tier_table: dict, changes: dict) -> dict:
+    """``tier_table`` with ``changes[direction][dtype][block_d]`` = (block_m, block_n, warps, stages)."""
+    table = {
+        direction: {dtype: dict(row) for dtype, row in by_dtype.items()}
+        for direction, by_dtype in tier_table.items()
+    }
+    for direction, by_dtype in changes.items():
+        for dtype, row in by_dtype.items():
+            table[direction][dtype].update(_row(row))
+    return table
+
+
+# Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
+# Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
+# 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
+# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's.
+LARGE = Tier(
+    "227 KB",
+    227 * KIB,
+    _with(
+        FULL.table,
+        {
+            "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
+            "backward": {torch.float16: {128: (64, 64, 4, 2)}},
+        },
+    ),
+)
+
+
+def _compact(config: KernelConfig) -> KernelConfig:
+    """FULL's configuration with one pipeline stage and half the key rows (at least 16, tl.dot's minimum)."""
+    return dataclasses.replace(config, block_n=max(16, config.block_n // 2), num_stages=1)
+
+
+COMPACT = Tier(
+    "under 99 KB",
+    0,
+    {
+        direction: {
+            dtype: {dim: _compact(cfg) for dim, cfg in row.items()} for dtype, row in by_dtype.items()
+        }
+        for direction, by_dtype in FULL.table.items()
+    },
+)
+
+TIERS = (LARGE, FULL, COMPACT)  # largest first
+
+
+def tier_for(hardware: Hardware) -> Tier:
+    """The first tier (largest first) whose shared memory the device has."""
+    for tier in TIERS:
+        if hardware.smem_per_block_bytes >= tier.min_smem_bytes:
+            return tier
+    return TIERS[-1]
+
+
+@functools.cache
+def attention_config(direction: str, block_d: int, dtype: torch.dtype, hardware: Hardware) -> KernelConfig:
+    """The blocks of the ``direction`` ("forward": the forward and dQ kernels; "backward": dK/dV) kernels for
+    head_dim padded to ``block_d`` in ``dtype`` on ``hardware``: its tier's row, with ``block_d`` set."""
+    by_dtype = tier_for(hardware).table[direction]
+    row = by_dtype[torch.float32 if dtype == torch.float32 else torch.float16]
+    return dataclasses.replace(row[max(64, block_d)], block_d=block_d)
+
+
+class ShippedConfig(NamedTuple):
+    """One entry of a tier's table."""
+
+    tier: str
+    direction: str
+    dtype: torch.dtype  # float16 stands for bfloat16 too
+    block_d: int
+    config: KernelConfig
+
+
+def shipped_configs() -> tuple[ShippedConfig, ...]:
+    """Every configuration of every tier (tests run each directly and compile each for a GPU)."""
+    return tuple(
+        ShippedConfig(tier.name, direction, dtype, block_d, config)
+        for tier in TIERS
+        for direction in DIRECTIONS
+        for dtype in DTYPE_CLASSES
+        for block_d, config in tier.table[direction][dtype].items()
     )
-    if runtime.triton_runs_on(q.device):
-        with runtime.on_device_of(q):
-            return launch.forward(q, k, v, mask, scale, two_pass=two_pass)
-    return reference_forward(q, k, v, mask, scale)
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """head_dim padded to a power of two, at least :data:`MIN_DOT_DIM` (``BLOCK_D``)."""
+    return max(MIN_DOT_DIM, next_power_of_2(head_dim))
+
+
+# Plans. A plan's key holds everything that fixes its arguments: shapes, strides, dtypes, the mask (causal
+# flag, window sizes, whether scores are capped), the layout and the device. Per call: the tensors, the
+# scale and the cap (floats). Outputs are allocated contiguous, so their strides follow from the shapes.
+
+_ROW_LETTER = {"q": "m", "o": "m", "do": "m", "dq": "m", "k": "n", "v": "n", "dk": "n", "dv": "n"}
+
+
+def _contiguous_strides(shape: tuple) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(1, size)
+    return tuple(reversed(strides))
+
+
+def _stride_args(varlen: bool, **strides: tuple) -> dict:
+    """Keyword arguments ``stride_<name>b/h/<row>`` of each named tensor's strides: (batch, head, row) of a
+    dense ``[B, H, S, D]`` tensor, or of a packed ``[T, H, D]`` one as a single batch."""
+    args = {}
+    for name, stride in strides.items():
+        stride_b, stride_h, stride_row = (0, stride[1], stride[0]) if varlen else stride[:3]
+        args.update({f"stride_{name}b": stride_b, f"stride_{name}h": stride_h})
+        args[f"stride_{name}{_ROW_LETTER[name]}"] = stride_row
+    return args
+
+
+def _lse_stride_args(lse_shape: tuple, varlen: bool) -> dict:
+    """(batch, head) strides of a contiguous row statistic: dense ``[B, H, S]``, packed ``[H, T]``."""
+    strides = _contiguous_strides(lse_shape)
+    if varlen:
+        return {"stride_lb": 0, "stride_lh": strides[0]}
+    return {"stride_lb": strides[0], "stride_lh": strides[1]}
+
+
+def _mask_args(is_causal: bool, left: int | None, right: int | None, capped: bool) -> dict:
+    """The fixed arguments of the mask: the causal flag folded into the window's right side."""
+    if is_causal:
+        right = 0
+    return {
+        "window_left": left if left is not None else 0,
+        "window_right": right if right is not None else 0,
+        "HAS_LEFT": left is not None,
+        "HAS_RIGHT": right is not None,
+        "SOFTCAP": capped,
+    }
+
+
+def _sizes(q_shape, k_shape, varlen: bool):
+    """(heads_q, heads_kv, seq_q, seq_kv, head_dim); packed: seq_* are the totals."""
+    if varlen:
+        return q_shape[1], k_shape[1], q_shape[0], k_shape[0], q_shape[2]
+    return q_shape[1], k_shape[1], q_shape[2], k_shape[2], q_shape[3]
+
+
+def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tuple[tuple[int], dict]:
+    """1-D grid and the arguments that let each program find its rows (:func:`_program`).
+
+    Dense: ``cdiv(seq, block)`` programs per (batch, head). Packed: ``cdiv(total, block) + batch`` per head,
+    an upper bound on the real block count (each sequence wastes at most one partial block) known without
+    reading the lengths back to the host; each program finds its sequence from ``cu_seqlens`` on the device.
+    Spare programs exit having written nothing. A second grid axis would cap batch * heads at 65535 on CUDA.
+    """
+    if not varlen:
+        return (cdiv(n_rows, block) * batch * heads,), {"batch": batch, "grid_blocks": 0, "BLOCK_B": 1}
+    blocks = cdiv(n_rows, block) + batch
+    return (blocks * heads,), {"batch": batch, "grid_blocks": blocks, "BLOCK_B": next_power_of_2(batch)}
+
+
+@plan_cache
+def _forward_plan(
+    q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
+    varlen, device,
+) -> Plan:  # fmt: skip
+    """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
+    sequences (packed: ``len(cu_seqlens) - 1``)."""
+    heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
+    block_d = padded_head_dim(head_dim)
+    cfg = attention_config("forward", block_d, dtype, hardware_of(device))
+    grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
+    lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
+    return (TILED if two_pass else FORWARD).plan(
+        grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=_contiguous_strides(q_shape)),
+        **_lse_stride_args(lse_shape, varlen), **grid_args,
+        heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
+        **_mask_args(is_causal, left, right, capped), TWO_PASS=two_pass, IS_VARLEN=varlen,
+        EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
+        EVEN_D=head_dim == block_d, **dot_switches(dtype),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+    )  # fmt: skip
+
+
+@plan_cache
+def _backward_plans(
+    q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
+    is_causal, left, right, capped, varlen, device,
+) -> tuple[Plan, Plan, Plan]:  # fmt: skip
+    """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
+    and dlse (None without)."""
+    heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
+    dtype = dtypes[0]
+    block_d = padded_head_dim(head_dim)
+    even_d = head_dim == block_d
+    hardware = hardware_of(device)
+    lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
+    lse_strides = _lse_stride_args(lse_shape, varlen)
+
+    # delta: packed rows run as one batch of total_q rows (rows are independent here).
+    fwd = attention_config("forward", block_d, dtype, hardware)
+    preprocess = BACKWARD_PREPROCESS.plan(
+        (cdiv(seq_q, fwd.block_m) * (1 if varlen else batch) * heads_q,),
+        num_warps=PREPROCESS_WARPS, num_stages=PREPROCESS_STAGES,
+        **_stride_args(varlen, o=out_stride, do=dout_stride), **lse_strides,
+        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, EVEN_M=seq_q % fwd.block_m == 0,
+        EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
+    )  # fmt: skip
+
+    cfg = attention_config("backward", block_d, dtype, hardware)
+    # What the dK/dV and dQ kernels share: strides, sizes, masking and dtype switches.
+    common = dict(
+        **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
+        group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
+        **_mask_args(is_causal, left, right, capped), IS_VARLEN=varlen, EVEN_D=even_d, **dot_switches(dtype),
+        BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
+    dk_strides = _contiguous_strides(k_shape)
+    dkdv = BACKWARD_DKDV.plan(
+        grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), heads_kv=heads_kv,
+        EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+    )  # fmt: skip
+    # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
+    grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
+    dq = BACKWARD_DQ.plan(
+        grid, **common, **grid_args, **_stride_args(varlen, dq=_contiguous_strides(q_shape)), heads_q=heads_q,
+        EVEN_M=not varlen and seq_q % cfg.block_n == 0, EVEN_N=not varlen and seq_kv % cfg.block_m == 0,
+        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
+    )  # fmt: skip
+    return preprocess, dkdv, dq
+
+
+def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap):
+    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then dQ.
+
+    dK/dV and dQ come from separate kernels so every output element has exactly one writer: no atomics, and
+    the result is bitwise repeatable."""
+    preprocess, dkdv, dq_plan = plans
+    device = q.device
+    delta = tensors.new_output(lse.shape, torch.float32, device)
+    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta)
+    dk = tensors.new_output(k.shape, k.dtype, device)
+    dv = tensors.new_output(v.shape, v.dtype, device)
+    dq = tensors.new_output(q.shape, q.dtype, device)
+    if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
+        cu_q = cu_k = delta
+    softcap = 1.0 if softcap is None else softcap
+    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, CU_Q=cu_q, CU_K=cu_k,
+                scale=scale, softcap=softcap)  # fmt: skip
+    dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
+                   scale=scale, softcap=softcap)  # fmt: skip
+    return dq, dk, dv
+
+
+def attention_forward(
+    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False
+):
+    """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, of dense ``[B, H, S, D]``
+    tensors (last dim contiguous): out contiguous in q's dtype, lse float32 ``[B, Hq, Sq]``. Reports its
+    work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference."""
+    shape, device = q.shape, q.device
+    batch, heads_q, seq_q, head_dim = shape
+    if batch == 0 or seq_q == 0 or k.shape[2] == 0:
+        # Nothing to launch. With no key at all every row sees nothing: output 0, LSE -inf.
+        out = torch.zeros(shape, dtype=q.dtype, device=device)
+        return out, torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=device)
+    window = None if window_left is None and window_right is None else (window_left, window_right)
+    runtime.report_work("tiled_attention" if two_pass else "flash_attention", q=q, k=k, is_causal=is_causal,
+                        window=window)  # fmt: skip
+    if not runtime.triton_runs_on(device):
+        return reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap, scale=scale)
+    plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
+                         window_left, window_right, softcap is not None, two_pass, False, device)  # fmt: skip
+    out = tensors.new_output(shape, q.dtype, device)
+    lse = tensors.new_output(shape[:3], torch.float32, device)
+    # dense programs never read the sequence pointers: any tensor of the plan's dtype will do
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, scale=scale,
+                softcap=1.0 if softcap is None else softcap)  # fmt: skip
+    return out, lse
+
+
+def forward(q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None):
+    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation."""
+    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
+
+
+def backward(
+    dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
+    softcap=None,
+):  # fmt: skip
+    """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
+    work. GQA gradients are summed over each query group."""
+    dout = tensors.last_dim_contiguous(dout)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    if q.numel() == 0 or k.numel() == 0:
+        # Empty batch or sequence: no score exists, so every gradient is 0.
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    window = None if window_left is None and window_right is None else (window_left, window_right)
+    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window)
+    if not runtime.triton_runs_on(q.device):
+        return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, window=window,
+                                  softcap=softcap, scale=scale)  # fmt: skip
+    lse = lse.contiguous()
+    dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
+    plans = _backward_plans(
+        q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, q.device,
+    )  # fmt: skip
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap)
+
+
+def varlen_forward(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
+    window_left=None, window_right=None, softcap=None,
+):  # fmt: skip
+    """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
+
+    The values of ``cu_seqlens`` are checked on the host first where ``runtime.check_values`` allows (CPU
+    tensors by default); elsewhere nothing reads them on the host: the kernel finds each sequence's rows on
+    the device and writes NaN over the rows of a sequence whose bounds are invalid."""
+    shape, device = q.shape, q.device
+    total_q, heads_q, _ = shape
+    total_k = k.shape[0]
+    if runtime.check_values(device):
+        check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_q == 0:  # no query: nothing to launch
+        return torch.zeros_like(q), torch.empty((heads_q, 0), dtype=torch.float32, device=device)
+    if batch == 0:  # rows but no sequence: cu_seqlens (one entry, both 0 and the total) is invalid
+        lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device=device)
+        return torch.full_like(q, float("nan")), lse
+    triton_runs = runtime.triton_runs_on(device)
+    if total_k == 0 and not triton_runs:  # no key at all: every row sees nothing (output 0, LSE -inf)
+        lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=device)
+        return torch.zeros_like(q), lse
+    window = None if window_left is None and window_right is None else (window_left, window_right)
+    if total_k:
+        runtime.report_work(
+            "flash_attention_varlen", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            is_causal=is_causal, window=window,
+        )  # fmt: skip
+    if not triton_runs:
+        return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
+                                        window=window, softcap=softcap, scale=scale)  # fmt: skip
+    plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
+                         window_left, window_right, softcap is not None, False, True, device)  # fmt: skip
+    out = tensors.new_output(shape, q.dtype, device)
+    lse = tensors.new_output((heads_q, total_q), torch.float32, device)
+    if total_k == 0:
+        # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
+        # key row, so any tensor of k's dtype stands in for the empty K and V.
+        k = v = q
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, scale=scale,
+                softcap=1.0 if softcap is None else softcap)  # fmt: skip
+    return out, lse
+
+
+def varlen_backward(
+    dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
+    window_left=None, window_right=None, softcap=None,
+):  # fmt: skip
+    """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
+    where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
+    outside the tensors is read or written."""
+    dout = tensors.last_dim_contiguous(dout)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    batch = cu_seqlens_q.shape[0] - 1
+    if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    window = None if window_left is None and window_right is None else (window_left, window_right)
+    runtime.report_work(
+        "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        is_causal=is_causal, window=window,
+    )  # fmt: skip
+    if not runtime.triton_runs_on(q.device):
+        return varlen_reference_backward(
+            dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, window=window,
+            softcap=softcap, scale=scale,
+        )  # fmt: skip
+    lse = lse.contiguous()
+    dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
+    plans = _backward_plans(
+        q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, q.device,
+    )  # fmt: skip
+    cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap)
+
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
+def _empty(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
 
 
 @torch.library.custom_op("llm_speed::flash_attention_forward", mutates_args=())
@@ -110,14 +1566,14 @@ def _forward_op(
     window_right: int | None = None,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward_impl(q, k, v, masking(is_causal, window_left, window_right, softcap), scale)
+    return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
 
 
 @_forward_op.register_fake
 def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None):
     """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
     batch, heads_q, seq_q, _ = q.shape
-    return _empty_like_shape(q, q.shape), _empty_like_shape(q, (batch, heads_q, seq_q), torch.float32)
+    return _empty(q, q.shape), _empty(q, (batch, heads_q, seq_q), torch.float32)
 
 
 @torch.library.custom_op("llm_speed::flash_attention_backward", mutates_args=())
@@ -135,23 +1591,19 @@ def _backward_op(
     window_right: int | None = None,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    mask = masking(is_causal, window_left, window_right, softcap)
-    dout = last_dim_contiguous(dout)
-    dlse = dlse.contiguous() if dlse is not None else None
-    if q.numel() == 0 or k.numel() == 0:
-        # Empty batch or sequence: no score exists, so every gradient is 0.
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mask.is_causal, window=mask.window)
-    if runtime.triton_runs_on(q.device):
-        with runtime.on_device_of(q):
-            return launch.backward(dout, q, k, v, out, lse.contiguous(), dlse, mask, scale)
-    return reference_backward(dout, q, k, v, out, lse, dlse, mask, scale)
+    return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap)
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=None, window_right=None,
                    softcap=None):  # fmt: skip
-    return (_empty_like_shape(q, q.shape), _empty_like_shape(k, k.shape), _empty_like_shape(v, v.shape))
+    return _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
+
+
+_backward_call = Op(_backward_op, backward)
+
+
+# --- autograd -------------------------------------------------------------------------------------------
 
 
 def setup_context(ctx, inputs, output):
@@ -162,26 +1614,19 @@ def setup_context(ctx, inputs, output):
     ctx.args = (is_causal, scale, *rest)
 
 
-def backward(ctx, dout, dlse):
-    """Gradients for (q, k, v) through the flash backward operator; shared with the tiled forward operator."""
+def autograd_backward(ctx, dout, dlse):
+    """Gradients for (q, k, v) through the flash backward; shared with the tiled forward operator."""
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.args)
+    dq, dk, dv = _backward_call(dout, q, k, v, out, lse, dlse, *ctx.args)
     return (dq, dk, dv) + (None,) * len(ctx.args)
 
 
-_forward_op.register_autograd(backward, setup_context=setup_context)
+_forward_call = Op(_forward_op, forward, setup_context=setup_context, backward=autograd_backward)
 
 
-def check_options(is_causal, return_lse, window, softcap):
-    """The options every dense and packed entry point shares, checked before any work."""
-    return (
-        check_flag("is_causal", is_causal),
-        check_flag("return_lse", return_lse),
-        check_window(window) or (None, None),
-        check_softcap(softcap),
-    )
+# --- public function ------------------------------------------------------------------------------------
 
 
 @suggest_keywords
@@ -240,5 +1685,5 @@ def flash_attention(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _forward_op(q, k, v, is_causal, scale, left, right, softcap)
+    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap)
     return (out, lse) if return_lse else out

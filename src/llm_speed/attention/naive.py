@@ -6,8 +6,8 @@ import torch
 
 from ..core import runtime
 from ..core.args import check_flag
+from .checks import check_softcap, check_window, prepare_attention_inputs, suggest_keywords
 from .reference import apply_softcap, softmax_times_values, visible
-from .validation import check_softcap, check_window, prepare_attention_inputs, suggest_keywords
 
 
 @suggest_keywords

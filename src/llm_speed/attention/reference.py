@@ -104,3 +104,84 @@ def softmax_times_values(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
     out = (weights / safe_sum) @ v
     lse = torch.where(no_key, torch.full_like(row_sum, float("-inf")), row_max + torch.log(safe_sum))
     return out, lse.squeeze(-1)
+
+
+# --- the float32 paths of the ops where Triton cannot run (CPU tensors without the interpreter) -----------
+
+
+def reference_forward(q, k, v, *, is_causal: bool, window, softcap: float | None, scale: float):
+    """(out in q's dtype, lse float32) of :func:`reference_attention` computed in float32, both contiguous."""
+    out, lse = reference_attention(
+        q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale, return_lse=True, window=window,
+        softcap=softcap,
+    )  # fmt: skip
+    return out.to(q.dtype).contiguous(), lse.contiguous()
+
+
+def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window, softcap, scale: float):
+    """(dq, dk, dv) of the float32 reference, written out (autograd does not record inside an operator's
+    implementation): P from the saved LSE, dV = P^T dO, dS = P (dO V^T - delta) (1 - tanh^2 under a cap),
+    dQ = dS K scale, dK = dS^T Q scale, dK and dV summed over each query group."""
+    heads_kv = k.shape[1]
+    group = q.shape[1] // heads_kv
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    k_rep, v_rep = k32.repeat_interleave(group, dim=1), v32.repeat_interleave(group, dim=1)
+    raw = (q32 @ k_rep.transpose(-1, -2)) * scale
+    scores = apply_softcap(raw, softcap)
+    lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(scores - lse_safe[..., None])
+    seen = visible(q.shape[-2], k.shape[-2], is_causal=is_causal, window=window, device=q.device)
+    p = p.masked_fill(~seen, 0.0)
+    p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(p), p)
+    do32 = dout.float()
+    delta = (do32 * out.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    ds = p * (do32 @ v_rep.transpose(-1, -2) - delta[..., None])
+    if softcap is not None:
+        ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
+    dq = (ds @ k_rep) * scale
+    dk = (ds.transpose(-1, -2) @ q32) * scale
+    dv = p.transpose(-1, -2) @ do32
+
+    def per_kv_head(x):
+        return x.reshape(x.shape[0], heads_kv, group, *x.shape[2:]).sum(2)
+
+    return dq.to(q.dtype), per_kv_head(dk).to(k.dtype), per_kv_head(dv).to(v.dtype)
+
+
+def _sequences(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    bounds = cu_seqlens.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _as_batch(t: torch.Tensor) -> torch.Tensor:
+    """Rows ``[seq, heads, head_dim]`` of one sequence as a dense batch ``[1, heads, seq, head_dim]``."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def varlen_reference_forward(q, k, v, cu_q, cu_k, **options):
+    """(out, lse ``[heads, total_q]``) of packed sequences, each through :func:`reference_forward` (reads
+    ``cu_seqlens`` on the host: CPU tensors only)."""
+    outs, lses = [], []
+    for (q0, q1), (k0, k1) in zip(_sequences(cu_q), _sequences(cu_k), strict=True):
+        out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[k0:k1], v[k0:k1])), **options)
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    out = torch.cat(outs, 0) if outs else q.clone()
+    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
+    return out.contiguous(), lse.contiguous()
+
+
+def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, **options):
+    """(dq, dk, dv) of packed sequences, each through :func:`reference_backward` (CPU tensors only)."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for (q0, q1), (k0, k1) in zip(_sequences(cu_q), _sequences(cu_k), strict=True):
+        if q1 > q0 and k1 > k0:
+            grads = reference_backward(
+                *(_as_batch(t[q0:q1]) for t in (dout, q)), *(_as_batch(t[k0:k1]) for t in (k, v)),
+                _as_batch(out[q0:q1]), lse[None, :, q0:q1], None if dlse is None else dlse[None, :, q0:q1],
+                **options,
+            )  # fmt: skip
+            dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
+    return dq, dk, dv

@@ -1,15 +1,30 @@
-"""Tiled attention: K/V tiles stream through on-chip memory in two passes. The middle step of the lesson."""
+"""Tiled attention: K/V tiles stream through on-chip memory in two passes. The middle step of the lesson.
+
+The kernel is FlashAttention's forward with ``TWO_PASS`` on (``flash.py``, launched as ``flash.TILED``); the
+backward is FlashAttention's (it needs only Q, K, V, O and the LSE). This module registers the operator
+``llm_speed::tiled_attention_forward`` and holds the public function.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from ..core.dispatch import Op
 from . import flash
-from .validation import prepare_attention_inputs, suggest_keywords
+from .checks import check_options, prepare_attention_inputs, suggest_keywords
+
+# --- op registration ------------------------------------------------------------------------------------
+
+
+def forward(q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None):
+    """(out, lse) of the two-pass forward; the op's implementation."""
+    return flash.attention_forward(
+        q, k, v, is_causal, scale, window_left, window_right, softcap, two_pass=True
+    )
 
 
 @torch.library.custom_op("llm_speed::tiled_attention_forward", mutates_args=())
-def _tiled_forward_op(
+def _forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -19,13 +34,17 @@ def _tiled_forward_op(
     window_right: int | None = None,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = flash.masking(is_causal, window_left, window_right, softcap)
-    return flash.forward_impl(q, k, v, mask, scale, two_pass=True)
+    return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
 
 
-# Same outputs as the flash forward, and the same backward: it needs only Q, K, V, O and the LSE.
-_tiled_forward_op.register_fake(flash.forward_fake)
-_tiled_forward_op.register_autograd(flash.backward, setup_context=flash.setup_context)
+# Same outputs as the flash forward.
+_forward_op.register_fake(flash.forward_fake)
+
+# --- autograd: the flash backward -----------------------------------------------------------------------
+
+_forward_call = Op(_forward_op, forward, setup_context=flash.setup_context, backward=flash.autograd_backward)
+
+# --- public function ------------------------------------------------------------------------------------
 
 
 @suggest_keywords
@@ -58,9 +77,7 @@ def tiled_attention(
     Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
     implementation and autograd included), so ``torch.compile(fullgraph=True)`` captures it.
     """
-    is_causal, return_lse, (left, right), softcap = flash.check_options(
-        is_causal, return_lse, window, softcap
-    )
+    is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _tiled_forward_op(q, k, v, is_causal, scale, left, right, softcap)
+    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap)
     return (out, lse) if return_lse else out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import flash as _flash
-from ..attention.validation import prepare_attention_inputs
+from ..attention.checks import prepare_attention_inputs
 from ..core.args import check_flag
 from . import layout as _layout
 

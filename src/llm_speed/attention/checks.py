@@ -1,4 +1,12 @@
-"""Input checks shared by every attention implementation, so all of them accept and reject the same inputs."""
+"""Argument checks shared by every attention entry point (naive, tiled, flash, packed, decode), so all of them
+accept and reject the same inputs with the same words: q/k/v rules, window, softcap, scale, flags, the
+flash-attn / SDPA argument names, and the values of ``cu_seqlens``.
+
+Checks of metadata (types, dtypes, shapes, devices) cost nothing and always run. The value check of packed
+sequences (:func:`check_seqlens_values`) reads two small tensors to the host: the packed op runs it only where
+``llm_speed.core.runtime.check_values`` says so (CPU tensors by default), and otherwise its kernels turn the
+rows of a sequence with invalid bounds into NaN.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +17,49 @@ import numbers
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from ..core.args import check_flag, check_real
+from ..core.tensors import FLOAT_DTYPES, last_dim_contiguous
+
+SUPPORTED_DTYPES = FLOAT_DTYPES
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = 256
 
 
-def _check_qkv(q, k, v, layout: str) -> None:
+_Tensor = torch.Tensor
+
+
+def _qkv_fine(q, k, v, rank: int) -> bool:
+    """True when :func:`check_qkv` has nothing to say: one expression over the metadata, evaluated once per
+    call (the checks that explain what is wrong run only when it is False)."""
+    if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
+        return False
+    q_shape, k_shape, dtype = q.shape, k.shape, q.dtype
+    if len(q_shape) != rank or len(k_shape) != rank or k_shape != v.shape:
+        return False
+    head_dim, heads_q, heads_kv = q_shape[-1], q_shape[1], k_shape[1]
+    return (
+        dtype in SUPPORTED_DTYPES
+        and dtype == k.dtype
+        and dtype == v.dtype
+        and q.device == k.device == v.device
+        and k_shape[-1] == head_dim
+        and head_dim % HEAD_DIM_MULTIPLE == 0
+        and HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM
+        and heads_kv >= 1
+        and heads_q % heads_kv == 0
+        and heads_q >= 1
+    )
+
+
+def check_qkv(q, k, v, layout: str) -> None:
     """Checks shared by the dense and packed layouts: tensors of ``len(layout)`` dims, one accepted dtype and
     device, k and v alike, heads (dim 1) grouped, head_dim (last) matching and supported."""
+    rank = layout.count(",") + 1
+    if _qkv_fine(q, k, v, rank):
+        return
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    rank = layout.count(",") + 1
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.dim() != rank:
             raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(tensor.shape)}")
@@ -59,16 +98,19 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     heads_q a multiple of heads_kv (heads >= 1); head_dim a multiple of 8 from 8 to 256; one dtype among
     float16, bfloat16, float32 for all three; all three on one device. Batch and sequence lengths may be 0.
     """
-    _check_qkv(q, k, v, "[batch, heads, seq, head_dim]")
+    check_qkv(q, k, v, "[batch, heads, seq, head_dim]")
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k and v batch ({k.shape[0]}) must equal q batch ({q.shape[0]})")
 
 
-def validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+def validate_varlen_inputs(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+) -> tuple[int, int]:
     """Checks of the packed layout that need no read of tensor values (those are in
     :func:`check_seqlens_values`): q ``[total_q, heads_q, head_dim]``, k/v ``[total_k, heads_kv, head_dim]``
-    as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0."""
-    _check_qkv(q, k, v, "[total, heads, head_dim]")
+    as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0
+    (returned as ints)."""
+    check_qkv(q, k, v, "[total, heads, head_dim]")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (int32 [batch + 1]), got {type(cu).__name__}")
@@ -86,11 +128,13 @@ def validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+    return int(max_seqlen_q), int(max_seqlen_k)
 
 
 def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_q: int, max_k: int):
     """Reject cu_seqlens whose values do not describe the packed tensors: 0 first, non-decreasing, last =
-    total, no sequence longer than max_seqlen. Reads both tensors to the host once."""
+    total, no sequence longer than max_seqlen. Reads both tensors to the host once: call it only where
+    ``runtime.check_values(device)`` allows."""
     both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().tolist()
     for name, values, total, longest in (
         ("cu_seqlens_q", both[0], total_q, max_q),
@@ -109,6 +153,13 @@ def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
             )
 
 
+def check_scale(scale, q: torch.Tensor) -> float:
+    """``scale``: None (``1 / sqrt(head_dim)``) or a finite real number; returned as a float."""
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    return check_real("scale", scale)
+
+
 def prepare_attention_inputs(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -118,25 +169,6 @@ def prepare_attention_inputs(
     """
     validate_attention_inputs(q, k, v)
     return last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), check_scale(scale, q)
-
-
-def check_scale(scale, q: torch.Tensor) -> float:
-    """``scale``: None (``1 / sqrt(head_dim)``) or a finite real number; returned as a float."""
-    if scale is None:
-        return 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
-
-
-def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its last dim is contiguous (stride 1, or a single element), else a contiguous copy.
-
-    The kernels take any stride for batch, heads and rows but assume unit stride along head_dim.
-    """
-    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
 # Argument names users bring from flash-attn and PyTorch SDPA, and what to say instead of a bare
@@ -156,15 +188,18 @@ _KNOWN_NAMES = {
 
 
 def suggest_keywords(fn):
-    """Wrap a public attention function so unknown keywords from flash-attn or SDPA get the right name."""
-    accepted = set(inspect.signature(fn).parameters)
+    """Wrap a public attention function so unknown keywords from flash-attn or SDPA get the right name.
+
+    A call with known keywords only goes straight through (one set comparison, no loop)."""
+    accepted = frozenset(inspect.signature(fn).parameters)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        for name in kwargs:
-            if name not in accepted:
-                hint = _KNOWN_NAMES.get(name, f"accepted keywords: {', '.join(sorted(accepted))}")
-                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}: {hint}")
+        if kwargs and not accepted.issuperset(kwargs):
+            for name in kwargs:
+                if name not in accepted:
+                    hint = _KNOWN_NAMES.get(name, f"accepted keywords: {', '.join(sorted(accepted))}")
+                    raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}: {hint}")
         return fn(*args, **kwargs)
 
     return wrapper
@@ -177,6 +212,12 @@ def check_window(window) -> tuple[int | None, int | None] | None:
     """
     if window is None:
         return None
+    if type(window) is tuple and len(window) == 2:  # the common spelling, checked at the cost of a lookup
+        left, right = window
+        if (left is None or type(left) is int and left >= 0) and (
+            right is None or type(right) is int and right >= 0
+        ):
+            return window
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be None or a pair (left, right), got {window!r}")
     sides = []
@@ -196,8 +237,21 @@ def check_softcap(softcap) -> float | None:
     """``softcap``: None or a finite real number > 0; returned as a float."""
     if softcap is None:
         return None
+    if type(softcap) is float and 0 < softcap < math.inf:
+        return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap}")
     return float(softcap)
+
+
+def check_options(is_causal, return_lse, window, softcap):
+    """The options every dense and packed entry point shares, checked before any work: (is_causal,
+    return_lse, (window_left, window_right), softcap), the window as two Nones when there is none."""
+    return (
+        check_flag("is_causal", is_causal),
+        check_flag("return_lse", return_lse),
+        check_window(window) or (None, None),
+        check_softcap(softcap),
+    )

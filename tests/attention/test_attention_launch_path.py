@@ -1,0 +1,113 @@
+"""The per-call path of the dense and packed attention ops: every launch goes through a cached plan (one
+lookup after the first call of a problem class, scale and softcap passed per call), and nothing reads tensor
+values on the host (``core.launch.simulated_gpu``: CPU tensors take the CUDA path, launches are no-ops)."""
+
+import contextlib
+
+import pytest
+import torch
+from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, fresh_plans, make_qkv
+
+from llm_speed import flash_attention, tiled_attention
+from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention.reference import reference_attention
+from llm_speed.core import launch, runtime
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero", "unique")
+
+
+@contextlib.contextmanager
+def no_host_reads(monkeypatch):
+    """Make every way of reading a tensor's values on the host raise inside the block."""
+    with monkeypatch.context() as patch:
+        for name in HOST_READS:
+
+            def refuse(*args, _name=name, **kwargs):
+                raise AssertionError(f"host read of a tensor: Tensor.{_name}")
+
+            patch.setattr(torch.Tensor, name, refuse)
+        patch.setattr(torch, "equal", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch.equal")))
+        yield
+
+
+def _calls():
+    q, k, v = make_qkv(2, 4, 2, 19, 23, 32, torch.float16, "cpu")
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
+    cu_q = torch.tensor([0, 5, 12, 19], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 9, 23], dtype=torch.int32)
+
+    def dense(fn, **options):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*leaves, return_lse=True, **options)
+        torch.autograd.grad((out.float().sum(), lse.sum()), leaves)
+        with torch.no_grad():
+            fn(q, k, v, **options)
+
+    def varlen(**options):
+        leaves = [t.clone().requires_grad_() for t in packed]
+        out, lse = flash_attention_varlen(*leaves, cu_q, cu_k, 7, 14, return_lse=True, **options)
+        torch.autograd.grad((out.float().sum(), lse.sum()), leaves)
+
+    return [
+        lambda: dense(flash_attention, is_causal=True),
+        lambda: dense(flash_attention, window=(3, None), softcap=20.0, scale=0.5),
+        lambda: dense(tiled_attention, is_causal=False),
+        lambda: varlen(is_causal=True, window=(2, 0), softcap=5.0),
+    ]
+
+
+def test_no_host_reads_and_one_plan_lookup_per_launch(monkeypatch):
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)  # as on a GPU: cu_seqlens values are not checked
+    with launch.simulated_gpu():
+        calls = _calls()
+        for call in calls:  # first calls make the plans (host reads allowed: nothing may need them anyway)
+            call()
+        made = flash._forward_plan.cache_info().misses, flash._backward_plans.cache_info().misses
+        before = runtime.launch_counts()
+        with no_host_reads(monkeypatch):
+            for call in calls:
+                call()
+        ran = runtime.launch_counts() - before
+        assert (flash._forward_plan.cache_info().misses, flash._backward_plans.cache_info().misses) == made
+    # forward: flash 2 calls x (grad + no-grad) + varlen 1, tiled 1 x 2; backward: 4 calls x 3 kernels
+    assert ran[FORWARD_KERNELS[0]] == 5 and ran[flash.TILED.name] == 2
+    assert all(ran[name] == 4 for name in BACKWARD_KERNELS)
+
+
+def test_scale_and_softcap_are_per_call(device, monkeypatch):
+    fresh_plans(monkeypatch)
+    q, k, v = make_qkv(1, 2, 1, 17, 21, 16, torch.float32, device)
+    results = []
+    for scale, softcap in ((0.3, 2.0), (0.9, 7.0)):
+        out = flash_attention(q, k, v, is_causal=True, scale=scale, softcap=softcap)
+        q64, k64, v64 = (t.double() for t in (q, k, v))
+        ref = reference_attention(q64, k64, v64, is_causal=True, scale=scale, softcap=softcap)
+        assert (out.double() - ref).abs().max() < 1e-5
+        results.append(out)
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    assert flash._forward_plan.cache_info().misses == 1  # one plan served both calls
+    assert not torch.equal(results[0], results[1])
+
+
+def test_a_plan_per_problem_class(device, monkeypatch):
+    # Shapes, strides, dtypes and mask parameters each make their own plan; the same class reuses one.
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    fresh_plans(monkeypatch)
+    q, k, v = make_qkv(1, 2, 2, 9, 9, 16, torch.float32, device)
+    flash_attention(q, k, v)
+    flash_attention(q.clone(), k.clone(), v.clone())
+    assert flash._forward_plan.cache_info().misses == 1
+    for variant in (
+        lambda: flash_attention(q, k, v, is_causal=True),
+        lambda: flash_attention(q, k, v, window=(2, 3)),
+        lambda: flash_attention(q, k, v, window=(2, 4)),
+        lambda: flash_attention(q, k, v, softcap=3.0),
+        lambda: flash_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v),
+        lambda: flash_attention(q.half(), k.half(), v.half()),
+        lambda: flash_attention(q[:, :, :5], k, v),
+    ):
+        misses = flash._forward_plan.cache_info().misses
+        variant()
+        assert flash._forward_plan.cache_info().misses == misses + 1

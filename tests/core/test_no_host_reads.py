@@ -1,0 +1,149 @@
+"""No op reads device data on the host in its default path: each would be a GPU synchronisation, and makes
+the call impossible to capture in a CUDA graph.
+
+Every public op runs, forward and (where differentiable) backward, on CPU tensors taking the CUDA code path
+with the launches stubbed (``core.launch.simulated_gpu``) and the value checks off (as for CUDA tensors by
+default), while every way of reading a tensor's values on the host raises. A read shows as the raise, with its
+line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import llm_speed
+from llm_speed.core import launch, runtime
+
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
+         "unique")  # fmt: skip
+
+
+class HostRead(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def host_reads_raise(monkeypatch):
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise HostRead(f"Tensor.{name} read device data on the host")
+
+        return method
+
+    with monkeypatch.context() as patch:
+        for name in READS:
+            patch.setattr(torch.Tensor, name, refuse(name))
+        for name in ("nonzero", "unique", "equal"):
+            patch.setattr(torch, name, refuse(f"torch.{name}"))
+        yield
+
+
+def _randn(*shape, grad=False):
+    return torch.randn(*shape).requires_grad_(grad)
+
+
+def _attention(name, grad):
+    q, k, v = (_randn(2, 4, 24, 16, grad=grad) for _ in range(3))
+    return lambda: getattr(llm_speed, name)(q, k, v, is_causal=True)
+
+
+def _varlen(grad):
+    cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32)
+    q, k, v = (_randn(16, 2, 16, grad=grad) for _ in range(3))
+    return lambda: llm_speed.flash_attention_varlen(q, k, v, cu, cu, 11, 11, is_causal=True)
+
+
+def _kvcache(paged: bool, append: bool):
+    def make(grad):
+        batch, heads_kv, dim = 2, 2, 32
+        seqlens = torch.tensor([40, 25], dtype=torch.int32)
+        if paged:
+            k_cache, v_cache = (torch.randn(8, 16, heads_kv, dim) for _ in range(2))
+            table = torch.arange(8, dtype=torch.int32).reshape(batch, 4)
+        else:
+            k_cache, v_cache = (torch.randn(batch, 64, heads_kv, dim) for _ in range(2))
+            table = None
+        q = torch.randn(batch, 1, 4, dim)
+        new = [torch.randn(batch, 1, heads_kv, dim) for _ in range(2)] if append else [None, None]
+        return lambda: llm_speed.flash_attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, k=new[0], v=new[1], block_table=table, is_causal=True
+        )
+
+    return make
+
+
+def _gemm(grad):
+    a, b = _randn(24, 16, grad=grad), _randn(16, 40, grad=grad)
+    bias = _randn(40, grad=grad)
+    return lambda: llm_speed.gemm(a, b, bias=bias, activation="gelu")
+
+
+def _int8(grad):
+    a, b = (torch.randint(-128, 128, (32, 32), dtype=torch.int8) for _ in range(2))
+    return lambda: llm_speed.tensor_core_gemm_int8(a, b)
+
+
+def _rms_norm(grad):
+    x, w = _randn(6, 64, grad=grad), _randn(64, grad=grad)
+    return lambda: llm_speed.rms_norm(x, w)
+
+
+def _swiglu(grad):
+    g, u = _randn(6, 64, grad=grad), _randn(6, 64, grad=grad)
+    return lambda: llm_speed.swiglu(g, u)
+
+
+def _rotary(grad):
+    x = _randn(1, 2, 16, 16, grad=grad)
+    cos, sin = torch.randn(16, 8), torch.randn(16, 8)
+    return lambda: llm_speed.apply_rotary(x, cos, sin)
+
+
+def _cross_entropy(grad):
+    h, w = _randn(8, 16, grad=grad), _randn(64, 16, grad=grad)
+    target = torch.randint(0, 64, (8,))
+    target[3] = -100
+    return lambda: llm_speed.fused_linear_cross_entropy(h, w, target)
+
+
+CASES = {
+    "flash_attention": lambda grad: _attention("flash_attention", grad),
+    "tiled_attention": lambda grad: _attention("tiled_attention", grad),
+    "flash_attention_varlen": _varlen,
+    "kvcache-dense": _kvcache(paged=False, append=False),
+    "kvcache-dense-append": _kvcache(paged=False, append=True),
+    "kvcache-paged": _kvcache(paged=True, append=False),
+    "kvcache-paged-append": _kvcache(paged=True, append=True),
+    "gemm": _gemm,
+    "tensor_core_gemm_int8": _int8,
+    "rms_norm": _rms_norm,
+    "swiglu": _swiglu,
+    "apply_rotary": _rotary,
+    "fused_linear_cross_entropy": _cross_entropy,
+}
+NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8"} | {name for name in CASES if name.startswith("kvcache")}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_default_path_reads_nothing_on_the_host(name, monkeypatch):
+    grad = name not in NOT_DIFFERENTIABLE
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    call = CASES[name](grad)
+    before = runtime.launch_counts()
+    with launch.simulated_gpu():
+        for _ in range(2):  # the first call makes the plans, the second takes the direct path
+            with host_reads_raise(monkeypatch):
+                out = call()
+                out = out[0] if isinstance(out, tuple) else out
+                if grad:
+                    torch.autograd.backward(out, torch.ones_like(out) if out.dim() else None)
+    launched = runtime.launch_counts() - before
+    assert launched, f"{name}: no Triton kernel launched"
+
+
+def test_the_guard_catches_a_read(monkeypatch):
+    with host_reads_raise(monkeypatch), pytest.raises(HostRead, match="Tensor.item"):
+        torch.ones(2).sum().item()
