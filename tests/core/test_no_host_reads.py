@@ -102,11 +102,14 @@ def _rotary(grad):
     return lambda: llm_speed.apply_rotary(x, cos, sin)
 
 
-def _cross_entropy(grad):
-    h, w = _randn(8, 16, grad=grad), _randn(64, 16, grad=grad)
-    target = torch.randint(0, 64, (8,))
-    target[3] = -100
-    return lambda: llm_speed.fused_linear_cross_entropy(h, w, target)
+def _cross_entropy(reduction):
+    def make(grad):
+        h, w = _randn(8, 16, grad=grad), _randn(64, 16, grad=grad)
+        target = torch.randint(0, 64, (8,))
+        target[3] = -100
+        return lambda: llm_speed.fused_linear_cross_entropy(h, w, target, reduction=reduction, chunk_rows=3)
+
+    return make
 
 
 CASES = {
@@ -122,7 +125,7 @@ CASES = {
     "rms_norm": _rms_norm,
     "swiglu": _swiglu,
     "apply_rotary": _rotary,
-    "fused_linear_cross_entropy": _cross_entropy,
+    **{f"fused_linear_cross_entropy-{r}": _cross_entropy(r) for r in ("mean", "sum", "none")},
 }
 NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8"} | {name for name in CASES if name.startswith("kvcache")}
 
