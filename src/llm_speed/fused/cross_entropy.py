@@ -161,6 +161,7 @@ MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
 MIN_CHUNK_LOGITS = 1 << 16
 
 
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
     """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger), but
     at least :data:`MIN_CHUNK_LOGITS` logits: ``C = next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V)))``,
@@ -211,11 +212,13 @@ def _row_chunks(t: torch.Tensor, sizes: tuple[int, ...]):
 
 @plan_cache
 def _forward_plans(
-    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, dtypes: tuple,
+    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduction: str, dtypes: tuple,
     device: torch.device,
-) -> tuple[Plan, ...]:  # fmt: skip
-    """One plan per chunk: the chunk's first row is fixed in it, so a launch takes whole target, loss and
-    stats tensors (no per-call views). Reduced: the rows' losses go to the stats (float32), else to loss."""
+) -> tuple[tuple[int, ...], tuple[Plan, ...], Plan | None]:  # fmt: skip
+    """(chunk sizes, one plan per chunk, the reduction's plan or None): one lookup per call. A chunk's plan
+    fixes the chunk's first row, so a launch takes whole target, loss and stats tensors (no per-call views).
+    Reduced: the rows' losses go to the stats (float32), else to loss. dtypes: hidden, target, rows, loss."""
+    reduced = reduction != "none"
     cfg = config(vocab)
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
@@ -224,16 +227,14 @@ def _forward_plans(
             ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap,
             RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
-    return tuple(plans)
-
-
-@plan_cache
-def _reduce_plan(n: int, ignore_index: int, mean: bool, dtypes: tuple, device: torch.device) -> Plan:
-    cfg = reduce_config(n)
-    return REDUCE.plan(
-        (1,), n=n, ignore_index=ignore_index, MEAN=mean, BLOCK=cfg.block_n,
-        RNE_BY_HAND=rne_by_hand(dtypes[1]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    reduce = None
+    if reduced:
+        rcfg = reduce_config(n)
+        reduce = REDUCE.plan(
+            (1,), n=n, ignore_index=ignore_index, MEAN=reduction == "mean", BLOCK=rcfg.block_n,
+            RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
+        )  # fmt: skip
+    return _chunk_sizes(n, chunk_rows), tuple(plans), reduce
 
 
 @plan_cache
@@ -252,10 +253,10 @@ def _backward_plans(
     return tuple(plans)
 
 
-def _chunk_logits(hidden_rows, weight, bias):
-    """The logits ``[C, V]`` of a chunk of rows of hidden (contiguous, in the inputs' dtype)."""
-    out = hidden_rows @ weight.t() if bias is None else torch.addmm(bias, hidden_rows, weight.t())
-    return out.contiguous()
+def _chunk_logits(hidden_rows, weight_t, bias):
+    """The logits ``[C, V]`` of a chunk of rows of hidden (contiguous, in the inputs' dtype); ``weight_t`` is
+    the head transposed, ``[H, V]``."""
+    return torch.mm(hidden_rows, weight_t) if bias is None else torch.addmm(bias, hidden_rows, weight_t)
 
 
 def _check_targets(target, vocab, ignore_index):
@@ -280,7 +281,7 @@ def _forward_torch(
         _row_chunks(hidden, sizes), _row_chunks(target, sizes), _row_chunks(rows, sizes),
         _row_chunks(lse, sizes), strict=True,
     ):  # fmt: skip
-        z = softcapped(_chunk_logits(h, weight, bias), softcap)
+        z = softcapped(_chunk_logits(h, weight.t(), bias), softcap)
         loss_rows.copy_(torch.nn.functional.cross_entropy(
             z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
         ))  # fmt: skip
@@ -333,16 +334,18 @@ def forward(
     loss = tensors.new_output(() if reduced else (n,), hidden.dtype, device)
     rows = stats if reduced else loss  # where the rows' losses go
     # a chunk's logits have hidden's dtype (matmul and addmm require weight and bias to share it)
-    dtypes = (hidden.dtype, target.dtype, rows.dtype)
-    plans = _forward_plans(n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, dtypes, device)
-    for h, plan in zip(_row_chunks(hidden, _chunk_sizes(n, chunk_rows)), plans, strict=True):
+    dtypes = (hidden.dtype, target.dtype, rows.dtype, loss.dtype)
+    sizes, plans, reduce = _forward_plans(
+        n, chunk_rows, vocab, ignore_index, softcap > 0, reduction, dtypes, device
+    )  # fmt: skip
+    weight_t = weight.t()
+    for h, plan in zip(_row_chunks(hidden, sizes), plans, strict=True):
         plan.launch(
-            logits_ptr=_chunk_logits(h, weight, bias), target_ptr=target, loss_ptr=rows, stats_ptr=stats,
+            logits_ptr=_chunk_logits(h, weight_t, bias), target_ptr=target, loss_ptr=rows, stats_ptr=stats,
             smoothing=label_smoothing, softcap=softcap,
         )  # fmt: skip
-    if reduced:
-        plan = _reduce_plan(n, ignore_index, reduction == "mean", (target.dtype, hidden.dtype), device)
-        plan.launch(stats_ptr=stats, target_ptr=target, out_ptr=loss)
+    if reduce is not None:
+        reduce.launch(stats_ptr=stats, target_ptr=target, out_ptr=loss)
     return loss, stats
 
 
@@ -374,7 +377,7 @@ def backward(
         grad = (grad.float() / stats[2 * n]).expand(n) if reduced else grad.float()
     dweight = dbias = None
     for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
-        logits = _chunk_logits(h, weight, bias)
+        logits = _chunk_logits(h, weight.t(), bias)
         if triton_runs:
             plans[i].launch(
                 logits_ptr=logits, target_ptr=target, stats_ptr=stats, grad_ptr=grad,
