@@ -6,7 +6,8 @@
 #           had not finished in 85 s)
 #   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
 #           own junit XML, so a chunk cut by its cap costs only that chunk
-#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured) and demo
+#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured), the
+#           per-call cost of every op (`bench overhead`) and demo
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel) and `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
@@ -222,9 +223,9 @@ tests)
 bench)
     CHECK=()
     if [ "$MODE" = check ]; then CHECK=(--check); fi
-    sub bench_attention 150 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
-    sub bench_gemm 150 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
-    sub demo 50 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
+    sub bench_attention 135 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
+    sub bench_gemm 135 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
+    sub demo 80 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
     ;;
 fused)
     CHECK=()

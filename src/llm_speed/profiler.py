@@ -35,6 +35,7 @@ import torch
 from llm_speed import ops
 from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure
 from llm_speed.core import runtime
+from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
 from llm_speed.core.runtime import resolve_device
 from llm_speed.perf.kernel_costs import attention_cost
@@ -276,12 +277,6 @@ def kernel_metrics(
 # --- the profiler -------------------------------------------------------------------------------------------
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -395,8 +390,8 @@ class CUDAProfiler:
         """
         if not callable(func):
             raise TypeError(f"func: expected a callable, got {type(func).__name__}")
-        _check_count("warmup", warmup, 0)
-        _check_count("iterations", iterations, 1)
+        positive_int("warmup", warmup, allow_zero=True)
+        positive_int("iterations", iterations)
         device = _first_tensor_device(args, kwargs) or self.device
         self.last_timing = measure(
             lambda: func(*args, **kwargs), warmup=warmup, iterations=iterations, device=device
@@ -439,8 +434,8 @@ class CUDAProfiler:
         """
         for arg, value in (("batch_size", batch_size), ("num_heads", num_heads), ("seq_len", seq_len),
                            ("head_dim", head_dim)):
-            _check_count(arg, value, 1)
-        num_kv_heads = num_heads if num_kv_heads is None else _check_count("num_kv_heads", num_kv_heads, 1)
+            positive_int(arg, value)
+        num_kv_heads = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
         cost = attention_cost(
             batch_size, num_heads, seq_len, seq_len, head_dim,
             heads_kv=num_kv_heads, dtype=dtype, causal=bool(is_causal), mode="fwd", impl=impl,
@@ -474,7 +469,7 @@ class CUDAProfiler:
         ``out_dtype`` (default: what the first call returns) sets the bytes written in the cost model.
         """
         for arg, value in (("M", M), ("N", N), ("K", K)):
-            _check_count(arg, value, 1)
+            positive_int(arg, value)
         device = self.device
         if dtype == torch.int8:
             a = torch.randint(-128, 128, (M, K), device=device, dtype=dtype)

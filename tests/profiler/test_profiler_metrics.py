@@ -273,7 +273,7 @@ def test_profile_attention_and_gemm_on_cpu():
     assert metrics.dtype == "int8" and metrics.tflops > 0
     assert metrics.bytes_moved == 16 * 32 + 32 * 8 + 16 * 8 * 4  # int8 in, int32 out
     assert profiler.get_metrics() is metrics
-    with pytest.raises(ValueError, match="seq_len: expected an integer >= 1"):
+    with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
         profiler.profile_attention(cuda_llm_ops.naive_attention, 1, 2, 0, 16)
     with pytest.raises(ValueError, match="iterations"):
         profiler.measure_time(sleeper(0), iterations=0)
