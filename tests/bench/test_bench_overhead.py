@@ -1,0 +1,56 @@
+"""``llm-speed bench overhead``: every public op's per-call cost beside PyTorch's, on the CUDA code path with
+the launch stubbed; the CLI, its JSON, and a regression guard on the per-call cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llm_speed import cli
+from llm_speed.bench import overhead
+from llm_speed.bench.options import OVERHEAD_OPS
+
+# CI's 2 shared cores are noisy: the guard allows this much over the issue's targets (2.5x / 3x SDPA). A
+# regression to Triton's generic launch path or to the custom-op dispatch costs 3-10x, far past it.
+NOISE = 1.6
+
+
+def test_every_public_op_has_a_case_with_a_pytorch_baseline():
+    import llm_speed
+
+    assert overhead.OPS == OVERHEAD_OPS
+    names = {case.name for case in overhead.CASES}
+    for case in overhead.CASES:
+        if case.baseline is not None:
+            assert case.baseline in names and hasattr(llm_speed, case.name)
+
+
+def test_per_call_cost_stays_near_the_targets():
+    rows = overhead.measure(torch.device("cpu"), modes=("inference",), calls=300, repeats=3)
+    ours = [row for row in rows if row.baseline is not None]
+    assert {row.case for row in ours} == set(OVERHEAD_OPS)
+    for row in ours:
+        assert row.us_per_call > 0 and row.vs_sdpa is not None
+        if row.target is not None:
+            assert row.vs_sdpa <= NOISE * row.target, f"{row.case}: {row.vs_sdpa:.2f}x SDPA per call"
+
+
+def test_cli_writes_json_with_provenance(tmp_path, capsys):
+    path = tmp_path / "overhead.json"
+    argv = ["bench", "overhead", "--ops", "rms_norm", "gemm", "--modes", "inference", "autograd", "training"]
+    assert cli.main([*argv, "--calls", "20", "--repeats", "1", "--device", "cpu", "--output", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == "overhead" and doc["environment"]["device_type"] == "cpu"
+    cases = {(row["case"], row["mode"]) for row in doc["results"]}
+    for mode in ("inference", "autograd", "training"):
+        assert {("rms_norm", mode), ("gemm", mode), ("F.rms_norm", mode), ("sdpa", mode)} <= cases
+    assert "per-call cost" in capsys.readouterr().out
+
+
+def test_bad_choices_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="ops: unknown nope"):
+        overhead.measure(torch.device("cpu"), ops=("nope",))
+    with pytest.raises(ValueError, match="modes: unknown fast"):
+        overhead.measure(torch.device("cpu"), modes=("fast",))
