@@ -70,19 +70,13 @@ def config(n: int) -> KernelConfig:
 
 
 @plan_cache
-def _forward_plan(n: int, dtypes: tuple, device: torch.device) -> Plan:
+def _plan(kernel: Kernel, n: int, dtypes: tuple, device: torch.device) -> Plan:
+    """The forward's or the backward's launch over ``n`` elements; ``dtypes`` of its tensors, gate's the one
+    its outputs round to (the forward's first, the backward's second)."""
     cfg = config(n)
-    return FORWARD.plan(
-        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[0]),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-
-
-@plan_cache
-def _backward_plan(n: int, dtypes: tuple, device: torch.device) -> Plan:
-    cfg = config(n)
-    return BACKWARD.plan(
-        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[1]),
+    gate_dtype = dtypes[0] if kernel is FORWARD else dtypes[1]
+    return kernel.plan(
+        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(gate_dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -102,7 +96,7 @@ def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         runtime.report_work("swiglu", gate=gate)
     if n == 0 or not runtime.triton_runs_on(gate.device):
         return swiglu_reference(gate, up)
-    plan = _forward_plan(n, (gate.dtype, up.dtype), gate.device)
+    plan = _plan(FORWARD, n, (gate.dtype, up.dtype), gate.device)
     out = tensors.new_output(gate.shape, gate.dtype, gate.device)
     plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
     return out
@@ -116,7 +110,7 @@ def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[
         runtime.report_work("swiglu_backward", gate=gate)
     if n == 0 or not runtime.triton_runs_on(gate.device):
         return _backward_torch(dout, gate, up)
-    plan = _backward_plan(n, (dout.dtype, gate.dtype, up.dtype), gate.device)
+    plan = _plan(BACKWARD, n, (dout.dtype, gate.dtype, up.dtype), gate.device)
     dgate = tensors.new_output(gate.shape, gate.dtype, gate.device)
     dup = tensors.new_output(up.shape, up.dtype, up.device)
     plan.launch(dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup)
