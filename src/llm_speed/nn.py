@@ -63,6 +63,23 @@ class RMSNorm(nn.Module):
                 raise ValueError(f"offset ({self.offset}) scales a weight; elementwise_affine=False has none")
             self.register_parameter("weight", None)
 
+    @classmethod
+    def wrap(
+        cls, weight: nn.Parameter | None, eps: float, offset: float = 0.0, *, casting: str = "float32",
+        in_place: bool = False,
+    ) -> RMSNorm:  # fmt: skip
+        """A module around an existing ``weight`` (shared, not copied: an optimizer holding it keeps working),
+        as :mod:`llm_speed.integrations.transformers` swaps a model's own norms."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.hidden_size = positive_int("hidden_size", weight.shape[0]) if weight is not None else 0
+        module.eps = check_real("eps", eps, minimum=0.0)
+        module.offset = check_real("offset", offset)
+        module.casting = check_choice("casting", casting, CASTINGS)
+        module.in_place = check_flag("in_place", in_place)
+        module.weight = weight
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(
             x, self.weight, eps=self.eps, offset=self.offset, casting=self.casting, in_place=self.in_place
@@ -105,6 +122,26 @@ class GatedMLP(nn.Module):
             self.gate_proj = nn.Linear(hidden_size, self.intermediate_size, **kw)
             self.up_proj = nn.Linear(hidden_size, self.intermediate_size, **kw)
         self.down_proj = nn.Linear(self.intermediate_size, hidden_size, **kw)
+
+    @classmethod
+    def wrap(
+        cls, down_proj: nn.Linear, *, gate_proj: nn.Linear | None = None, up_proj: nn.Linear | None = None,
+        gate_up_proj: nn.Linear | None = None, activation: str = "silu",
+    ) -> GatedMLP:  # fmt: skip
+        """A module around existing projections (shared, not copied), as
+        :mod:`llm_speed.integrations.transformers` swaps a model's own MLPs: ``gate_proj`` and ``up_proj``, or
+        Phi-3's ``gate_up_proj``."""
+        module = GatedMLP.__new__(GatedMLP)
+        nn.Module.__init__(module)
+        module.activation = check_choice("activation", activation, tuple(ACTIVATIONS))
+        module.fused_gate_up = gate_up_proj is not None
+        if module.fused_gate_up:
+            module.gate_up_proj = gate_up_proj
+        else:
+            module.gate_proj, module.up_proj = gate_proj, up_proj
+        module.down_proj = down_proj
+        module.intermediate_size = down_proj.in_features
+        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_gate_up:
