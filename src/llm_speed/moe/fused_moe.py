@@ -50,11 +50,11 @@ from ..core.tensors import check_same_device, check_tensor
 from . import reference
 from .checks import check_expert_ids, check_topk
 from .grouped_gemm import (
-    INTERPRETER,
     INTERPRETER_PROGRAMS,
-    _offsets_bad,
+    _schedule,
     _stages,
     _tf32,
+    interpreter_tile,
     run_grouped,
     run_wgrad,
 )
@@ -67,30 +67,42 @@ ACTIVATIONS = ("silu",)
 
 @triton.jit
 def _combine_kernel(
-    y_ptr, inverse_ptr, weights_ptr, out_ptr, tokens, H, stride_y, stride_o,
-    TOP_K: tl.constexpr, WEIGHTED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    y_ptr, inverse_ptr, weights_ptr, out_ptr, partials_ptr, dw_ptr, tokens, H, stride_y, stride_o, partials,
+    TOP_K: tl.constexpr, ROWS: tl.constexpr, WEIGHTED: tl.constexpr, PARTIALS: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
-    """``out[t] = sum_j (w[t, j] *) y[inverse[t * TOP_K + j]]`` in float32, j in order (deterministic).
+    """Gather each token's copies through ``inverse``, j in order (deterministic, no atomics).
 
-    FLOPs: 2 * tokens * TOP_K * H. Bytes: y read, out written, the indices and weights.
+    ROWS: ``out[t] = sum_j (w[t, j] *) y[inverse[t * TOP_K + j]]`` in float32 (WEIGHTED: the forward's
+    combine; else the backward's sum of each token's input gradients). PARTIALS (the backward, programs of
+    the first column block): ``dw[t, j] = sum_p partials[inverse[t * TOP_K + j], p]``, the routing weight's
+    gradient from the backward kernel's per-tile partial sums.
+
+    FLOPs: 2 * tokens * TOP_K * H. Bytes: y read, out written, the indices, weights and partials.
     """
     o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     m_t = o_t < tokens
     m = m_t[:, None] & (o_h < H)[None, :]
+    m_w = o_t < tl.where(tl.program_id(1) == 0, tokens, 0)  # one program per token block writes dw
+    o_p = tl.arange(0, BLOCK_P)
     acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
     copies = o_t.to(tl.int64) * TOP_K
     for j in tl.static_range(TOP_K):
-        pos = tl.load(inverse_ptr + copies + j, mask=m_t, other=0)
-        row = tl.load(y_ptr + pos.to(tl.int64)[:, None] * stride_y + o_h[None, :], mask=m, other=0.0)
-        if WEIGHTED:
-            w = tl.load(weights_ptr + copies + j, mask=m_t, other=0.0).to(tl.float32)
-            acc += row.to(tl.float32) * w[:, None]
-        else:
-            acc += row.to(tl.float32)
-    out = out_ptr + o_t.to(tl.int64)[:, None] * stride_o + o_h[None, :]
-    tl.store(out, cast(acc, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+        pos = tl.load(inverse_ptr + copies + j, mask=m_t, other=0).to(tl.int64)
+        if ROWS:
+            row = tl.load(y_ptr + pos[:, None] * stride_y + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+            if WEIGHTED:
+                row *= tl.load(weights_ptr + copies + j, mask=m_t, other=0.0).to(tl.float32)[:, None]
+            acc += row
+        if PARTIALS:
+            m_p = m_w[:, None] & (o_p < partials)[None, :]
+            part = tl.load(partials_ptr + pos[:, None] * partials + o_p[None, :], mask=m_p, other=0.0)
+            dw = tl.sum(part, axis=1)
+            tl.store(dw_ptr + copies + j, dw.to(dw_ptr.dtype.element_ty), mask=m_w)
+    if ROWS:
+        out = out_ptr + o_t.to(tl.int64)[:, None] * stride_o + o_h[None, :]
+        tl.store(out, cast(acc, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
 
 
 @triton.jit
@@ -181,31 +193,27 @@ def _moe_backward_kernel(
     written.
     """
     pid = tl.program_id(0)
-    bad = _offsets_bad(offsets_ptr, total, groups, BLOCK_E=BLOCK_E)
     num_n = tl.cdiv(I, BLOCK_N)
-    tile_base = tl.full((), 0, tl.int32)
-    start = tl.full((), 0, tl.int32)
-    for g in range(0, groups + 1):
-        end = tl.load(offsets_ptr + tl.minimum(g, groups - 1))
-        end = tl.where(g == groups, total, end)
-        end = tl.minimum(tl.maximum(end, start), total)
-        m_tiles = (end - start + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a device-function call per group
-        tiles = m_tiles * num_n
-        first = tile_base + ((pid - tile_base) % num_programs + num_programs) % num_programs
-        nan_tile = bad | (g == groups)
-        e = tl.minimum(g, groups - 1)
-        for t in range(first, tile_base + tiles, num_programs):
-            local = t - tile_base
-            _backward_tile(
-                x_ptr, dout_ptr, w1_ptr, w2_ptr, topw_ptr, order_ptr, dh_ptr, act_ptr, dwp_ptr,
-                e, start + (local % m_tiles) * BLOCK_M, end, local // m_tiles, H, I, nan_tile,
-                stride_x, stride_do, stride_w1e, stride_w1n, stride_w1k, stride_w2e, stride_w2k, stride_w2n,
-                stride_dh, stride_act, stride_dwp,
-                TOP_K=TOP_K, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-            )  # fmt: skip
-        tile_base += tiles
-        start = end
+    starts, ends, tiles, tile_ends, bad = _schedule(
+        offsets_ptr, total, groups, num_n, BLOCK_M=BLOCK_M, BLOCK_E=BLOCK_E
+    )
+    o_g = tl.arange(0, BLOCK_E)
+    for t in range(pid, tl.sum(tiles, axis=0), num_programs):
+        g = tl.sum((tile_ends <= t).to(tl.int32), axis=0)
+        here = o_g == g
+        start = tl.sum(tl.where(here, starts, 0), axis=0)
+        end = tl.sum(tl.where(here, ends, 0), axis=0)
+        local = t - tl.sum(tl.where(here, tile_ends - tiles, 0), axis=0)
+        m_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
+        _backward_tile(
+            x_ptr, dout_ptr, w1_ptr, w2_ptr, topw_ptr, order_ptr, dh_ptr, act_ptr, dwp_ptr,
+            tl.minimum(g, groups - 1), start + (local % m_tiles) * BLOCK_M, end, local // m_tiles, H, I,
+            bad | (g == groups),
+            stride_x, stride_do, stride_w1e, stride_w1n, stride_w1k, stride_w2e, stride_w2k, stride_w2n,
+            stride_dh, stride_act, stride_dwp,
+            TOP_K=TOP_K, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        )  # fmt: skip
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -233,13 +241,16 @@ def backward_config(rows_per_group: int, element_bytes: int, hardware: Hardware)
 
 
 @plan_cache
-def _combine_plan(tokens: int, hidden: int, top_k: int, stride_y: int, weighted: bool, dtypes: tuple,
-                  device: torch.device) -> Plan:  # fmt: skip
+def _combine_plan(
+    tokens: int, hidden: int, top_k: int, stride_y: int, rows: bool, weighted: bool, partials: int,
+    dtypes: tuple, device: torch.device,
+) -> Plan:  # fmt: skip
     cfg = combine_config(tokens, hidden)
     return COMBINE.plan(
-        (cdiv(tokens, cfg.block_m), cdiv(hidden, cfg.block_n)), tokens=tokens, H=hidden, stride_y=stride_y,
-        stride_o=hidden, TOP_K=top_k, WEIGHTED=weighted, RNE_BY_HAND=rne_by_hand(dtypes[-1]),
-        BLOCK_T=cfg.block_m, BLOCK_H=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        (cdiv(tokens, cfg.block_m), cdiv(hidden, cfg.block_n) if rows else 1), tokens=tokens, H=hidden,
+        stride_y=stride_y, stride_o=hidden, partials=partials, TOP_K=top_k, ROWS=rows, WEIGHTED=weighted,
+        PARTIALS=partials > 0, RNE_BY_HAND=rne_by_hand(dtypes[2]), BLOCK_T=cfg.block_m, BLOCK_H=cfg.block_n,
+        BLOCK_P=next_power_of_2(max(partials, 1)), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -250,10 +261,11 @@ def _backward_plan(
 ) -> Plan:  # fmt: skip
     hardware = hardware_of(device)
     interpreted = runtime.INTERPRETED
+    bucket = next_power_of_2(max(1, total // groups))
     if interpreted:
-        cfg = INTERPRETER
+        cfg = interpreter_tile(bucket, inter, hidden)
     else:
-        cfg = backward_config(next_power_of_2(max(1, total // groups)), dtypes[0].itemsize, hardware)
+        cfg = backward_config(bucket, dtypes[0].itemsize, hardware)
     upper = (cdiv(total, cfg.block_m) + groups + 1) * cdiv(inter, cfg.block_n)
     programs = max(1, min(INTERPRETER_PROGRAMS if interpreted else hardware.sm_count, upper))
     switches = dot_switches(dtypes[0], tf32=tf32)
@@ -264,21 +276,30 @@ def _backward_plan(
         stride_w2k=s_2k, stride_w2n=s_2n, stride_dh=2 * inter, stride_act=inter,
         stride_dwp=cdiv(inter, cfg.block_n), TOP_K=top_k, DOT_IN_FP32=switches["DOT_IN_FP32"],
         DOT_PRECISION=switches["DOT_PRECISION"], RNE_BY_HAND=rne_by_hand(dtypes[0]),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_E=next_power_of_2(groups),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_E=next_power_of_2(groups + 1),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
-def _combine(y, inverse, weights, out) -> None:
-    tokens, hidden = out.shape
-    if tokens == 0 or hidden == 0:
+def _combine(inverse, tokens, hidden, *, y=None, weights=None, out=None, partials=None, dw=None) -> None:
+    """Launch :func:`_combine_kernel`: ``out`` from the rows ``y`` (``weights`` or not), and/or ``dw`` from
+    the backward's ``partials``."""
+    if tokens == 0:
+        return
+    rows = out is not None
+    if rows and hidden == 0:
         return
     top_k = inverse.numel() // tokens
-    dtypes = (y.dtype, None if weights is None else weights.dtype, out.dtype)
-    plan = _combine_plan(tokens, hidden, top_k, y.stride(0), weights is not None, dtypes, out.device)
+    n_partials = 0 if partials is None else partials.shape[1]
+    dtypes = tuple(None if t is None else t.dtype for t in (y, weights, out, partials, dw))
+    plan = _combine_plan(tokens, hidden, top_k, 0 if y is None else y.stride(0), rows, weights is not None,
+                         n_partials, dtypes, inverse.device)  # fmt: skip
+    unused = inverse  # stands in for an absent tensor: never read or written
     plan.launch(
-        y_ptr=y, inverse_ptr=inverse, weights_ptr=inverse if weights is None else weights, out_ptr=out
-    )
+        y_ptr=unused if y is None else y, inverse_ptr=inverse,
+        weights_ptr=unused if weights is None else weights, out_ptr=unused if out is None else out,
+        partials_ptr=unused if partials is None else partials, dw_ptr=unused if dw is None else dw,
+    )  # fmt: skip
 
 
 def _unit_row_strides(t: torch.Tensor) -> torch.Tensor:
@@ -318,7 +339,7 @@ def forward(hidden, w_gate_up, w_down, topk_weights, topk_ids):
     y = tensors.new_output((copies, hidden_size), dtype, device)
     s_e, s_n, s_k = w_down.stride()  # W2[e] [H, I] read as [K=I, N=H]
     run_grouped(act, w_down, (s_e, s_k, s_n), y, offsets, k=inter)
-    _combine(y, inverse, topk_weights, out)
+    _combine(inverse, tokens, hidden_size, y=y, weights=topk_weights, out=out)
     return out, order, offsets, inverse
 
 
@@ -367,20 +388,23 @@ def backward(dout, hidden, w_gate_up, w_down, topk_weights, topk_ids, order, off
             x_ptr=hidden, dout_ptr=dout, w1_ptr=w_gate_up, w2_ptr=w_down, topw_ptr=topk_weights,
             order_ptr=order, offsets_ptr=offsets, dh_ptr=dh, act_ptr=act, dwp_ptr=partials,
         )  # fmt: skip
+        dx = None
         if need_hidden:
             dx = tensors.new_output((copies, hidden_size), dtype, device)
             s_e, s_n, s_k = w_gate_up.stride()  # W1[e] [2I, H] read as [K=2I, N=H]
             run_grouped(dh, w_gate_up, (s_e, s_n, s_k), dx, offsets, k=2 * inter)
             dhidden = tensors.new_output((tokens, hidden_size), dtype, device)
-            _combine(dx, inverse, None, dhidden)
+        if need_topw:
+            dtopw = tensors.new_output((tokens, top_k), topk_weights.dtype, device)
+        if need_hidden or need_topw:  # dhidden: each token's copies summed; dtopw: the partials summed
+            used = partials if need_topw else None
+            _combine(inverse, tokens, hidden_size, y=dx, out=dhidden, partials=used, dw=dtopw)
         if need_w1:  # dW1[e] [2I, H] = dh_e^T @ x[tokens of e]
             dw1 = tensors.new_output(w_gate_up.shape, w_gate_up.dtype, device)
             run_wgrad(dh, hidden, dw1, offsets, order, total=copies, gathers=(0, top_k))
         if need_w2:  # dW2[e] [H, I] = (w * dout[tokens of e])^T @ act_e
             dw2 = tensors.new_output(w_down.shape, w_down.dtype, device)
             run_wgrad(dout, act, dw2, offsets, order, topk_weights, total=copies, gathers=(top_k, 0))
-        if need_topw:
-            dtopw = partials.sum(1).index_select(0, inverse).view(tokens, top_k).to(topk_weights.dtype)
     grads = (dhidden, dw1, dw2, dtopw)
     like = (hidden, w_gate_up, w_down, topk_weights)
     return tuple(

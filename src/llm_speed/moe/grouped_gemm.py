@@ -61,6 +61,30 @@ def _offsets_bad(offsets_ptr, total, groups, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
+def _schedule(offsets_ptr, total, groups, num_n, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The persistent order of a grouped launch, for every group at once (vectors over BLOCK_E >= groups + 1
+    entries; entry ``groups`` is the rows past the last offset, empty unless the offsets end early).
+
+    Returns each group's first row and end (the offsets clamped into ``[0, total]``), its number of tiles
+    (row tiles x ``num_n``), the running sum of the tiles (group g's end in the order), and whether the
+    offsets are invalid (decreasing, negative, or past ``total``). Every row of ``[0, total)`` falls in some
+    group's range whatever the offsets hold (the ranges chain from 0 to ``total``); valid offsets make the
+    ranges disjoint, invalid ones only NaN tiles, so an overlap writes the same NaN twice.
+    """
+    o = tl.arange(0, BLOCK_E)
+    inside = o < groups
+    raw = tl.load(offsets_ptr + o, mask=inside, other=0)
+    raw = tl.where(inside, raw, total)
+    prev = tl.load(offsets_ptr + o - 1, mask=(o > 0) & (o <= groups), other=0)
+    prev = tl.where(o > groups, total, prev)
+    bad = tl.max((inside & ((raw < prev) | (raw > total))).to(tl.int32), axis=0) > 0
+    ends = tl.minimum(tl.maximum(raw, 0), total)
+    starts = tl.minimum(tl.maximum(prev, 0), total)
+    tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M * num_n
+    return starts, ends, tiles, tl.cumsum(tiles, axis=0), bad
+
+
+@triton.jit
 def _grouped_tile(
     a_ptr, b_ptr, out_ptr, order_ptr, e, row0, end, pid_n, N, K, nan_tile,
     stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_om, stride_on,
@@ -124,39 +148,35 @@ def _grouped_gemm_kernel(
 
     ``num_programs`` programs each walk the tiles ``t = pid, pid + num_programs, ...`` of the sequence
     (group 0's tiles, group 1's, ..., then a last group of the rows past the final offset, which is empty
-    unless the offsets end early); within a group, tile t covers rows ``pid_m`` and columns ``pid_n`` with
-    ``pid_m`` varying fastest, so programs running together share B_g's column panel. The group ends are
-    clamped into a non-decreasing sequence inside ``[0, total]``, so every row of ``out`` belongs to exactly
-    one tile: invalid offsets change what is computed (NaN), never which memory is touched.
+    unless the offsets end early: :func:`_schedule`); a tile finds its group among the running tile counts
+    with one vector comparison. Within a group, tile t covers rows ``pid_m`` and columns ``pid_n`` with
+    ``pid_m`` varying fastest, so programs running together share B_g's column panel. The group bounds are
+    clamped into ``[0, total]`` and every row belongs to a tile: invalid offsets change what is computed
+    (NaN), never which memory is touched.
 
     FLOPs: 2 * total * N * K (x2 with SWIGLU). Minimum bytes: a (or its gathered rows) + the B_g of groups
     with rows + out.
     """
     pid = tl.program_id(0)
-    bad = _offsets_bad(offsets_ptr, total, groups, BLOCK_E=BLOCK_E)
     num_n = tl.cdiv(N, BLOCK_N)
-    tile_base = tl.full((), 0, tl.int32)
-    start = tl.full((), 0, tl.int32)
-    for g in range(0, groups + 1):
-        end = tl.load(offsets_ptr + tl.minimum(g, groups - 1))
-        end = tl.where(g == groups, total, end)  # the rows past the last offset: NaN when there are any
-        end = tl.minimum(tl.maximum(end, start), total)
-        m_tiles = (end - start + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: a device-function call per group
-        tiles = m_tiles * num_n
-        first = tile_base + ((pid - tile_base) % num_programs + num_programs) % num_programs
-        nan_tile = bad | (g == groups)
-        e = tl.minimum(g, groups - 1)
-        for t in range(first, tile_base + tiles, num_programs):
-            local = t - tile_base
-            _grouped_tile(
-                a_ptr, b_ptr, out_ptr, order_ptr, e, start + (local % m_tiles) * BLOCK_M, end,
-                local // m_tiles, N, K, nan_tile,
-                stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_om, stride_on,
-                GATHER_DIV=GATHER_DIV, SWIGLU=SWIGLU, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-                RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-            )  # fmt: skip
-        tile_base += tiles
-        start = end
+    starts, ends, tiles, tile_ends, bad = _schedule(
+        offsets_ptr, total, groups, num_n, BLOCK_M=BLOCK_M, BLOCK_E=BLOCK_E
+    )
+    o_g = tl.arange(0, BLOCK_E)
+    for t in range(pid, tl.sum(tiles, axis=0), num_programs):
+        g = tl.sum((tile_ends <= t).to(tl.int32), axis=0)  # the group whose tiles hold t
+        here = o_g == g
+        start = tl.sum(tl.where(here, starts, 0), axis=0)
+        end = tl.sum(tl.where(here, ends, 0), axis=0)
+        local = t - tl.sum(tl.where(here, tile_ends - tiles, 0), axis=0)
+        m_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
+        _grouped_tile(
+            a_ptr, b_ptr, out_ptr, order_ptr, tl.minimum(g, groups - 1), start + (local % m_tiles) * BLOCK_M,
+            end, local // m_tiles, N, K, bad | (g == groups),
+            stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_om, stride_on,
+            GATHER_DIV=GATHER_DIV, SWIGLU=SWIGLU, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -229,10 +249,8 @@ WGRAD = Kernel(_grouped_wgrad_kernel, "moe.grouped_wgrad")
 
 # The interpreter runs programs one after another at a cost per program, per loop step and per call of a
 # @triton.jit helper (about 1 ms each: Triton 3.9 patches the language module on every device-function call),
-# not per element: one configuration of large tiles, and a few persistent programs (fewer than tiles, so each
-# walks several groups' tiles).
-INTERPRETER = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=128)
-INTERPRETER_WGRAD = KernelConfig(128, 128, num_warps=4, num_stages=1, block_k=64)
+# and its tl.dot is a NumPy product of the whole tile: tiles just as large as the problem needs
+# (interpreter_tile), and a few persistent programs (fewer than tiles, so each walks several groups' tiles).
 INTERPRETER_PROGRAMS = 2
 SMALLEST_TILE_SIDE = 16  # tl.dot's smallest tile side
 EPILOGUE_SMEM_BYTES = 16 * KIB  # room kept beside the pipelined tiles for the epilogue's layout changes
@@ -245,6 +263,17 @@ def _stages(config_bytes_per_stage: int, hardware: Hardware) -> int:
         if stages * config_bytes_per_stage <= room:
             return stages
     return 1
+
+
+def _side(n: int, largest: int) -> int:
+    return min(largest, max(SMALLEST_TILE_SIDE, next_power_of_2(n)))
+
+
+@functools.cache
+def interpreter_tile(rows_per_group: int, n: int, k: int) -> KernelConfig:
+    """The interpreter's tile: BLOCK_M the rows per group (16 to 64), BLOCK_N the columns (up to 64), BLOCK_K
+    the reduction (up to 128), each a power of two at least 16."""
+    return KernelConfig(_side(rows_per_group, 64), _side(n, 64), 4, 1, block_k=_side(k, 128))
 
 
 @functools.cache
@@ -292,10 +321,10 @@ def _grouped_plan(
     a_dtype, _, out_dtype = dtypes
     hardware = hardware_of(device)
     interpreted = runtime.INTERPRETED
+    bucket = next_power_of_2(max(1, total // groups))
     if interpreted:
-        cfg = INTERPRETER
+        cfg = interpreter_tile(bucket, n, k)
     else:
-        bucket = next_power_of_2(max(1, total // groups))
         cfg = grouped_config(bucket, n, a_dtype.itemsize, swiglu, hardware)
     # Tiles there can be at most: each group (and the tail past the last offset) adds one partial row tile.
     upper = (cdiv(total, cfg.block_m) + groups + 1) * cdiv(n, cfg.block_n)
@@ -307,7 +336,7 @@ def _grouped_plan(
         stride_bn=b_strides[2], stride_om=out_strides[0], stride_on=out_strides[1],
         GATHER_DIV=gather_div, SWIGLU=swiglu, DOT_IN_FP32=switches["DOT_IN_FP32"],
         DOT_PRECISION=switches["DOT_PRECISION"], RNE_BY_HAND=rne_by_hand(out_dtype),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_E=next_power_of_2(groups),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_E=next_power_of_2(groups + 1),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -318,8 +347,9 @@ def _wgrad_plan(
     dtypes: tuple, gathers: tuple, scale: bool, tf32: bool, device: torch.device,
 ) -> Plan:  # fmt: skip
     a_dtype, _, out_dtype = dtypes[:3]
-    if runtime.INTERPRETED:
-        cfg = INTERPRETER_WGRAD
+    if runtime.INTERPRETED:  # a [M, N] output tile, BLOCK_K rows of a group per step
+        bucket = next_power_of_2(max(1, total // groups))
+        cfg = KernelConfig(_side(m, 128), _side(n, 128), 4, 1, block_k=_side(bucket, 64))
     else:
         cfg = wgrad_config(m, n, a_dtype.itemsize, hardware_of(device))
     switches = dot_switches(a_dtype, tf32=tf32)
