@@ -34,6 +34,11 @@ _EXPORTS = {
     "geglu": "llm_speed.fused.geglu",
     "fused_linear_cross_entropy": "llm_speed.fused.cross_entropy",
     "cross_entropy": "llm_speed.fused.cross_entropy",
+    # mixture of experts
+    "grouped_gemm": "llm_speed.moe.grouped_gemm",
+    "moe_route": "llm_speed.moe.routing",
+    "moe_sort": "llm_speed.moe.routing",
+    "fused_moe": "llm_speed.moe.fused_moe",
     # memory helpers of the analytic model
     "analyze_memory_hierarchy": "llm_speed.perf.memory",
     "calculate_attention_vram": "llm_speed.perf.memory",
