@@ -41,12 +41,17 @@ CONFIGS = {
 }
 
 
+ONE_LAYER = dict(mlp_only_layers=[], first_k_dense_replace=0)
+
+
 def config(model_type: str, layers: int = 2):
-    """The family's tiny config with ``layers`` layers (1: the first, dense for MoE families)."""
+    """The family's tiny config with ``layers`` layers (with 1, an MoE family's one layer is sparse)."""
     name, extra = CONFIGS[model_type]
     cls = getattr(transformers, name, None)
     if cls is None:  # never silently: the installed transformers lacks the family
         raise AssertionError(f"transformers {transformers.__version__} has no {name}")
+    if layers == 1:  # MoE families: the one layer sparse
+        extra = {**extra, **{k: v for k, v in ONE_LAYER.items() if k in extra}}
     cfg = cls(**{**SMALL, **extra, "num_hidden_layers": layers})
     if layers == 1 and getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:1]

@@ -15,6 +15,7 @@ from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402
 from llm_speed.fused import cross_entropy, rms_norm, rotary_qk, swiglu  # noqa: E402
 from llm_speed.integrations import transformers as hf  # noqa: E402
+from llm_speed.moe import routing  # noqa: E402
 from llm_speed.nn import GatedMLP, RMSNorm  # noqa: E402
 
 CAP = 1e-6  # about one float32 rounding unit at the size of the compared values
@@ -23,6 +24,9 @@ FAMILIES = list(CONFIGS)
 # Qwen3/Gemma-3/OLMo-2 q and k norms, DeepSeek's latent norms; MLPs of dense layers and shared experts.
 NORMS = {"qwen3": 9, "qwen3_moe": 9, "gemma2": 9, "gemma3_text": 13, "olmo2": 9, "deepseek_v3": 9}
 MLPS = {"mixtral": 0, "qwen3_moe": 1}
+MOE_BLOCKS = {"mixtral": 2, "qwen2_moe": 1, "qwen3_moe": 1, "deepseek_v3": 1}  # sparse layers (llm_speed.moe)
+MOE_KERNELS = [routing.ROUTE_FORWARD.name, routing.ROUTE_BACKWARD.name, routing.SORT_PLACE.name,
+               "moe.grouped_gemm", "moe.combine", "moe.fused_moe_bwd", "moe.grouped_wgrad"]  # fmt: skip
 
 
 def _error(x, truth):
@@ -37,7 +41,8 @@ def _assert_rule(name, got, same, truth, factor):
 
 def _loss_and_grads(model, ids, labels):
     model.zero_grad()
-    out = model(input_ids=ids, labels=labels)
+    moe = {"output_router_logits": True} if model.config.model_type in MOE_BLOCKS else {}
+    out = model(input_ids=ids, labels=labels, **moe)  # MoE: the router's aux loss in the loss
     out.loss.backward()
     return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -49,7 +54,7 @@ def test_family_matches_float64(model_type, device):
     assert report["model_type"] == model_type and report["rotary"] and report["attention"]
     assert report["cross_entropy"]
     assert report["rms_norm"] == NORMS.get(model_type, 5) and report["mlp"] == MLPS.get(model_type, 2)
-    assert ("moe" in report["skipped"]) == ("moe" in model_type or model_type in ("mixtral", "deepseek_v3"))
+    assert report["moe"] == MOE_BLOCKS.get(model_type, 0) and report["skipped"] == {}
     norms = [m for m in patched.modules() if type(m).__name__.endswith("RMSNorm")]
     assert norms and all(isinstance(m, RMSNorm) for m in norms)  # llm_speed.nn modules, the model's weights
     assert sum(isinstance(m, GatedMLP) for m in patched.modules()) == report["mlp"]
@@ -61,6 +66,8 @@ def test_family_matches_float64(model_type, device):
                flash.BACKWARD_DQ.name, cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]  # fmt: skip
     if report["mlp"]:
         kernels += [swiglu.FORWARD.name, swiglu.BACKWARD.name]
+    if report["moe"]:
+        kernels += MOE_KERNELS
     before = runtime.launch_counts()
     got, got_grads = _loss_and_grads(patched, ids, labels)
     ran = runtime.launch_counts() - before

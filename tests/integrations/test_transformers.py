@@ -58,7 +58,7 @@ def test_patched_model_matches_float64(model_type, device):
     patched, same, truth = _models(model_type, device)
     report = hf.apply(patched)
     assert report["rms_norm"] == 2 * 2 + 1 + (2 * 2 if model_type == "gemma2" else 0)
-    assert report["swiglu"] == (0 if model_type == "gemma2" else 2)
+    assert report["mlp"] == 2
     assert report["rotary"] and report["cross_entropy"]
     assert report["attention"]
     ids = torch.randint(0, 97, (1, 10), device=device)
@@ -87,7 +87,7 @@ def test_llama_like_families_loss_matches_float64(model_type):
     # the same layers as Llama under other names: one forward with labels exercises every patched part
     patched, same, truth = _models(model_type)
     report = hf.apply(patched)
-    assert report["rms_norm"] == 5 and report["swiglu"] == 2 and report["attention"]
+    assert report["rms_norm"] == 5 and report["mlp"] == 2 and report["attention"]
     ids = torch.randint(0, 97, (1, 10))
     with torch.no_grad():
         out = patched(input_ids=ids, labels=ids)

@@ -7,11 +7,14 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
   casting: Llama's rounding before the weight, or float32 throughout for Gemma and OLMo-2; Gemma's ``1 +
   weight``; the in-place backward for the norms whose output feeds only linear layers);
 - every gated MLP module by an :class:`llm_speed.nn.GatedMLP` around the same projections (SwiGLU, GeGLU for
-  Gemma, Phi-3's fused ``gate_up_proj``); the MoE blocks' experts and routers stay Hugging Face's (a shared
-  expert or a dense layer's MLP is swapped like any MLP);
+  Gemma, Phi-3's fused ``gate_up_proj``; a dense layer's MLP and a shared expert alike);
+- the sparse MoE blocks of Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3: routing through
+  :func:`llm_speed.moe_route` and the experts through :func:`llm_speed.fused_moe`
+  (:func:`llm_speed.integrations.moe_blocks.patch_moe_blocks`; the router logits, and so the load-balancing
+  loss, unchanged);
 - the rotary embedding: the family's module-level ``apply_rotary_pos_emb`` (and DeepSeek's
-  ``apply_rotary_pos_emb_interleave``) is wrapped, and the wrapper runs :func:`llm_speed.apply_rotary_qk` (q and
-  k in one launch, partial rotary dims) only while an attention module of a patched model runs (forward
+  ``apply_rotary_pos_emb_interleave``) is wrapped, and the wrapper runs :func:`llm_speed.apply_rotary_qk` (q
+  and k in one launch, partial rotary dims) only while an attention module of a patched model runs (forward
   hooks, so a gradient-checkpointing recomputation takes the same path), leaving other models alone;
 - attention, registered as ``"llm_speed"`` with transformers' ``AttentionInterface`` (so
   ``from_pretrained(..., attn_implementation="llm_speed")`` works once this module is imported) and with
@@ -59,6 +62,7 @@ from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import fused_linear_cross_entropy
 from ..fused.rotary_qk import apply_rotary_qk
 from ..nn import GatedMLP, RMSNorm
+from .moe_blocks import patch_moe_blocks
 
 try:
     import transformers
@@ -87,9 +91,9 @@ class Family:
     the normalised x rounded to the input dtype before the weight; ``"float32"``: float32 throughout). The
     norm's weight init needs no choice here: the model's own weights are kept. in_place: the norms (attribute
     names) whose output feeds linear layers only, so their backward may write dx over the output gradient
-    (never a post-norm, whose gradient the residual branch shares). activation: the config field naming the MLP
-    activation. rotary: the module-level functions wrapped (DeepSeek's interleaved one with
-    ``interleaved=True``). moe: the family's experts stay Hugging Face's.
+    (never a post-norm, whose gradient the residual branch shares). activation: the config field naming the
+    MLP activation. rotary: the module-level functions wrapped (DeepSeek's interleaved one with
+    ``interleaved=True``). moe: the family has sparse MoE blocks (:mod:`.moe_blocks` patches them).
     """
 
     module: str
@@ -250,6 +254,12 @@ def llm_speed_attention(
                                        or sliding_window < 1):  # fmt: skip
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     window = None if sliding_window is None else (sliding_window - 1, 0)
+    device_type = query.device.type
+    if not (query.dtype == key.dtype == value.dtype) and torch.is_autocast_enabled(device_type):
+        # under autocast, as SDPA: q, k, v in the autocast dtype (Qwen3's and OLMo-2's q/k norms give float32
+        # q and k beside a bf16 v); the op's own autocast rule casts only after its dtype checks
+        dtype = torch.get_autocast_dtype(device_type)
+        query, key, value = (t.to(dtype) if t.dtype in FLOAT_DTYPES else t for t in (query, key, value))
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     v_head_dim = value.shape[-1]
@@ -378,7 +388,6 @@ def _swap_norms(model, family: Family) -> int:
         offset = family.offset if weight is not None else 0.0
         replacement = RMSNorm.wrap(weight, eps, offset, casting=family.casting,
                                    in_place=attribute in family.in_place)  # fmt: skip
-        replacement._llm_speed_replaced = norm
         setattr(parent, attribute, replacement)
         swapped += 1
     return swapped
@@ -390,14 +399,14 @@ def _swap_mlps(model, family: Family, skipped: dict) -> int:
     swapped = 0
     for parent, attribute, mlp in _children(model, family.module, "MLP"):
         if activation is None:
-            skipped["mlp"] = f"the MLP activation {act!r} has no fused kernel (accepted: {', '.join(ACTIVATIONS)})"
+            accepted = ", ".join(ACTIVATIONS)
+            skipped["mlp"] = f"the MLP activation {act!r} has no fused kernel (accepted: {accepted})"
             return 0
         if hasattr(mlp, "gate_up_proj"):
             replacement = GatedMLP.wrap(mlp.down_proj, gate_up_proj=mlp.gate_up_proj, activation=activation)
         else:
             replacement = GatedMLP.wrap(mlp.down_proj, gate_proj=mlp.gate_proj, up_proj=mlp.up_proj,
                                         activation=activation)  # fmt: skip
-        replacement._llm_speed_replaced = mlp
         setattr(parent, attribute, replacement)
         swapped += 1
     return swapped
@@ -427,7 +436,8 @@ def _fused_loss_forward(self, *args, **kwargs):
     handle = self.model.register_forward_hook(lambda _m, _a, out: captured.append(out))
     try:
         device = self.lm_head.weight.device
-        outputs = self._llm_speed_original_forward(**arguments, **extra, logits_to_keep=_keep_no_logits(device))
+        keep = _keep_no_logits(device)
+        outputs = self._llm_speed_original_forward(**arguments, **extra, logits_to_keep=keep)
     finally:
         handle.remove()
     base = captured[-1]
@@ -472,14 +482,15 @@ def apply(
     *,
     rms_norm: bool = True,
     mlp: bool = True,
+    moe: bool = True,
     rotary: bool = True,
     attention: bool = True,
     cross_entropy: bool = True,
 ) -> dict:
     """Patch ``model`` (a causal LM of one of :data:`SUPPORTED` families from transformers) in place; see the
     module docstring for what each switch swaps. Returns what was patched: ``{"model_type": str, "rms_norm":
-    n modules, "mlp": n modules, "rotary": bool, "attention": bool, "cross_entropy": bool, "skipped": {part:
-    reason}}`` (``skipped["moe"]`` says the experts stayed Hugging Face's in an MoE family).
+    n modules, "mlp": n modules, "moe": n sparse MoE blocks, "rotary": bool, "attention": bool,
+    "cross_entropy": bool, "skipped": {part: reason}}``.
 
     Padded batches (an ``attention_mask`` with zeros, left or right padding) run the varlen attention on their
     real tokens, with zeros at padded positions; masks that are neither causal nor padding (packed
@@ -490,7 +501,8 @@ def apply(
     transformers.
     """
     _require_transformers()
-    switches = dict(rms_norm=rms_norm, mlp=mlp, rotary=rotary, attention=attention, cross_entropy=cross_entropy)
+    switches = dict(rms_norm=rms_norm, mlp=mlp, moe=moe, rotary=rotary, attention=attention,
+                    cross_entropy=cross_entropy)  # fmt: skip
     for name, value in switches.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -505,12 +517,12 @@ def apply(
     family = FAMILIES[model_type]
     modeling = importlib.import_module(family.module)
     skipped: dict[str, str] = {}
-    report = {"model_type": model_type, "rms_norm": 0, "mlp": 0, "rotary": False, "attention": False,
-              "cross_entropy": False, "skipped": skipped}  # fmt: skip
-    if family.moe:
-        skipped["moe"] = "the MoE experts and routers stay Hugging Face's (shared experts and dense MLPs swapped)"
+    report = {"model_type": model_type, "rms_norm": 0, "mlp": 0, "moe": 0, "rotary": False,
+              "attention": False, "cross_entropy": False, "skipped": skipped}  # fmt: skip
     if rms_norm:
         report["rms_norm"] = _swap_norms(model, family)
+    if moe and family.moe:  # before the MLPs: the shared experts then become GatedMLPs like any MLP
+        report["moe"] = len(patch_moe_blocks(model))
     if mlp:
         report["mlp"] = _swap_mlps(model, family, skipped)
     if rotary:
