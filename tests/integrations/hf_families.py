@@ -50,12 +50,11 @@ def config(model_type: str, layers: int = 2):
     cls = getattr(transformers, name, None)
     if cls is None:  # never silently: the installed transformers lacks the family
         raise AssertionError(f"transformers {transformers.__version__} has no {name}")
-    if layers == 1:  # MoE families: the one layer sparse
+    if layers == 1:  # MoE families: the one layer sparse; Gemma-3: the sliding one
         extra = {**extra, **{k: v for k, v in ONE_LAYER.items() if k in extra}}
-    cfg = cls(**{**SMALL, **extra, "num_hidden_layers": layers})
-    if layers == 1 and getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:1]
-    return cfg
+        if "layer_types" in extra:
+            extra["layer_types"] = extra["layer_types"][:1]
+    return cls(**{**SMALL, **extra, "num_hidden_layers": layers})
 
 
 def models(model_type: str, layers: int = 2, device="cpu", seed: int = 0):

@@ -92,20 +92,22 @@ STEPS = 20
 # family runs 20.
 FULL_ON_INTERPRETER = ("llama", "mixtral")
 QUICK_STEPS = 6
-# The bound on the loss curves (stated in docs/fused-ops.md): at every step the patched model's loss is within
-# TRAIN_BOUND of the unpatched model's (both under bfloat16 autocast, from the same weights, on the same
-# batches). The losses start near log(64) = 4.16 and must fall by more than 4 x TRAIN_BOUND, so the bound is
-# small against what training moves.
-TRAIN_BOUND = 0.05
+# The bound on the loss curves (stated in docs/fused-ops.md), the 2x rule applied to training: the largest gap
+# between the patched and the unpatched curve (both under bfloat16 autocast, from the same weights, on the same
+# batches) is at most twice the largest gap bfloat16 autocast itself opens between the unpatched model's curve
+# and its float32 curve, and never less than TRAIN_FLOOR. The losses start near log(64) = 4.16 and must fall by
+# more than 4 x TRAIN_FLOOR, so the bound is small against what training moves.
+TRAIN_FACTOR = 2.0
+TRAIN_FLOOR = 0.05
 
 
 def _curves(model_type, device, steps):
-    """(unpatched, patched) losses of ``steps`` AdamW steps under bf16 autocast, the backward inside the
-    autocast region (as Liger's AMP test), on a 1-layer model (sparse for MoE families)."""
+    """(float32, bf16 unpatched, bf16 patched) losses of ``steps`` AdamW steps, autocast with the backward
+    inside the region (as Liger's AMP test), on a 1-layer model (sparse for MoE families)."""
     base, _, _ = models(model_type, layers=1, device=device, seed=1)
     data = torch.randint(0, VOCAB, (2, 2, 8), device=device)
     curves = []
-    for patch in (False, True):
+    for patch, autocast in ((False, False), (False, True), (True, True)):
         model = copy.deepcopy(base)
         if patch:
             hf.apply(model)
@@ -113,7 +115,7 @@ def _curves(model_type, device, steps):
         losses = []
         for step in range(steps):
             ids = data[step % 2]
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
             optimizer.step()
@@ -127,7 +129,9 @@ def _curves(model_type, device, steps):
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_family_trains_like_unpatched_under_bf16_autocast(model_type, device):
     full = device.type == "cuda" or model_type in FULL_ON_INTERPRETER
-    unpatched, patched = _curves(model_type, device, STEPS if full else QUICK_STEPS)
+    float32, unpatched, patched = _curves(model_type, device, STEPS if full else QUICK_STEPS)
     assert torch.isfinite(patched).all()
-    assert unpatched[-1] < unpatched[0] - 4 * TRAIN_BOUND, unpatched
-    assert (patched - unpatched).abs().max() <= TRAIN_BOUND, (patched - unpatched).abs().max()
+    assert unpatched[-1] < unpatched[0] - 4 * TRAIN_FLOOR, unpatched
+    bound = max(TRAIN_FLOOR, TRAIN_FACTOR * (unpatched - float32).abs().max().item())
+    gap = (patched - unpatched).abs().max().item()
+    assert gap <= bound, f"{model_type}: the curves part by {gap:.4f} > {bound:.4f}"
