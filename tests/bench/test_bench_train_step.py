@@ -1,5 +1,6 @@
 """``llm-speed bench train-step``: the variants train one tiny model from the same loss; Liger's row says why
-it did not run; every patched family builds; a family that does not fit the model is refused before any work."""
+it did not run; every patched family builds; a family that does not fit the model is refused before any
+work."""
 
 import csv
 import json
@@ -90,7 +91,8 @@ def test_an_moe_family_of_a_config_json(tmp_path, monkeypatch):
     path.write_text(json.dumps(dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)))
     assert train_step.default_family(train_step.resolve_model(str(path)), str(path)) == "mixtral"
     out = tmp_path / "train.json"
-    argv = ["bench", "train-step", "--model", str(path), "--family", "qwen3_moe", "--layers", "1", "--seq", "8"]
+    argv = ["bench", "train-step", "--model", str(path), "--family", "qwen3_moe", "--layers", "1"]
+    argv += ["--seq", "8"]
     argv += ["--dtype", "fp32", "--device", "cpu", "--warmup", "0", "--iterations", "1", "--no-progress",
              "--impl", "transformers", "llm_speed", "--output", str(out)]  # fmt: skip
     assert main(argv) == 0

@@ -45,7 +45,8 @@ CASES = {
                         lambda q, k, v: llm_speed.flash_attention(q, k, v, is_causal=True), (BF16,) * 3,
                         (BF16,)),
     "flash_attention_varlen": (
-        lambda: [_f32(14, 2, 16), _f32(14, 1, 16), _f32(14, 1, 16), torch.tensor([0, 5, 14], dtype=torch.int32)],
+        lambda: [_f32(14, 2, 16), _f32(14, 1, 16), _f32(14, 1, 16),
+                 torch.tensor([0, 5, 14], dtype=torch.int32)],
         _varlen, (BF16, BF16, BF16, None), (BF16,)),
 }  # fmt: skip
 

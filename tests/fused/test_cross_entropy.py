@@ -1,5 +1,5 @@
-"""fused_linear_cross_entropy and cross_entropy: float64 truth (2x/3x), reductions, ignore_index, class weights,
-smoothing, softcap, z-loss, loss dtypes, chunking, all-ignored batches, registration, bad input."""
+"""fused_linear_cross_entropy and cross_entropy: float64 truth (2x/3x), reductions, ignore_index, class
+weights, smoothing, softcap, z-loss, loss dtypes, chunking, all-ignored batches, registration, bad input."""
 
 import pytest
 import torch
@@ -121,7 +121,8 @@ def test_opcheck_and_compile_fullgraph(device):
     grads = {"none": torch.randn(3, device=device), "mean": torch.randn((), device=device)}
     for reduction, grad in grads.items():
         class_weight = torch.rand(20, device=device) + 0.5
-        args = (hidden, weight, target, b, class_weight, -100, 0.1, 2.0, 1e-3, 2, reduction, torch.float32, True)
+        args = (hidden, weight, target, b, class_weight, -100, 0.1, 2.0, 1e-3, 2, reduction, torch.float32,
+                True)  # fmt: skip
         torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
         _, _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
             *(a.detach() if torch.is_tensor(a) else a for a in args)
@@ -279,7 +280,7 @@ def test_reduction_kernel_and_fallback_match_the_reference(reduction, monkeypatc
         torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-6, msg=name)
 
 
-# --- class weights, z-loss, loss dtype, and cross_entropy on logits ------------------------------------------
+# --- class weights, z-loss, loss dtype, and cross_entropy on logits ---------------------------------------
 
 
 def _ce_run(fn, logits, target, out_grad, **kw):
@@ -387,7 +388,9 @@ def test_cross_entropy_float32_softcap_is_within_2x_of_pytorch(softcap, device):
     target = torch.randint(0, 100, (16,)).to(device)
     out_grad = torch.randn(16).double()
     kw = {"reduction": "none", "softcap": softcap}
-    truth = _ce_run(cross_entropy_reference, *leaves(logits, dtype=torch.float64), target.cpu(), out_grad, **kw)
+    truth = _ce_run(
+        cross_entropy_reference, *leaves(logits, dtype=torch.float64), target.cpu(), out_grad, **kw
+    )
     same = _ce_run(cross_entropy_reference, *leaves(logits), target, out_grad.to(device), **kw)
     with expect_launches(*KERNELS, device=device):
         got = _ce_run(cross_entropy, *leaves(logits), target, out_grad.to(device), **kw)

@@ -73,12 +73,14 @@ def test_rms_norm_init_choice(offset, init, start):
 def test_rms_norm_module_options(device):
     x = torch.randn(3, 24, device=device, requires_grad=True)
     plain = RMSNorm(24, elementwise_affine=False, device=device)
-    assert plain.weight is None and list(plain.parameters()) == [] and "elementwise_affine=False" in repr(plain)
+    assert plain.weight is None and list(plain.parameters()) == []
+    assert "elementwise_affine=False" in repr(plain)
     torch.testing.assert_close(plain(x), rms_norm_reference(x, None))
     llama = RMSNorm(24, casting="llama", in_place=True, device=device, dtype=torch.bfloat16)
     assert "casting='llama', in_place=True" in repr(llama)
     xb = x.detach().bfloat16()
-    torch.testing.assert_close(llama(xb), rms_norm_reference(xb, llama.weight, casting="llama"), rtol=0, atol=0)
+    expected = rms_norm_reference(xb, llama.weight, casting="llama")
+    torch.testing.assert_close(llama(xb), expected, rtol=0, atol=0)
     (llama(x.bfloat16()).float() * 2).sum().backward()  # in-place backward into a fresh gradient
     assert x.grad is not None and llama.weight.grad is not None
 
@@ -105,8 +107,9 @@ def test_loss_modules(device):
     target = torch.randint(0, 30, (5,), device=device)
     weight = torch.rand(30, device=device) + 0.5
     loss = CrossEntropyLoss(weight, label_smoothing=0.1)
-    assert torch.equal(loss(logits, target), cross_entropy(logits, target, weight=weight, label_smoothing=0.1))
+    expected = cross_entropy(logits, target, weight=weight, label_smoothing=0.1)
+    assert torch.equal(loss(logits, target), expected)
     hidden, head = torch.randn(5, 8, device=device), torch.randn(30, 8, device=device)
     fused = FusedLinearCrossEntropyLoss(lse_square_scale=1e-3)
-    assert torch.equal(fused(hidden, head, target), fused_linear_cross_entropy(hidden, head, target,
-                                                                               lse_square_scale=1e-3))  # fmt: skip
+    expected = fused_linear_cross_entropy(hidden, head, target, lse_square_scale=1e-3)
+    assert torch.equal(fused(hidden, head, target), expected)

@@ -118,7 +118,8 @@ def test_without_weight(dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_llama_casting(offset, dtype, device):
-    # the normalised x rounded to x's dtype before the weight, as Llama's module; float64 truth of that formula
+    # the normalised x rounded to x's dtype before the weight, as Llama's module; float64 truth of that
+    # formula
     x = torch.randn(4, 6, 56).to(dtype).to(device)
     w = (1 + 0.3 * torch.randn(56)).to(dtype).to(device)
     _check(x, w, casting="llama", offset=offset, eps=1e-6)

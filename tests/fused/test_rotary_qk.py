@@ -1,5 +1,5 @@
-"""apply_rotary_qk: Hugging Face's apply_rotary_pos_emb (and DeepSeek's interleaved variant) for q and k in one
-launch: float64 truth (2x/3x), both layouts, GQA, partial rotary dims, cos/sin layouts, position ids,
+"""apply_rotary_qk: Hugging Face's apply_rotary_pos_emb (and DeepSeek's interleaved variant) for q and k in
+one launch: float64 truth (2x/3x), both layouts, GQA, partial rotary dims, cos/sin layouts, position ids,
 registration, bad input."""
 
 import contextlib
@@ -17,8 +17,8 @@ KERNEL = rotary_qk_module.KERNEL.name
 
 
 def _hf_rotary(q, k, cos, sin, unsqueeze_dim, interleaved):
-    """Hugging Face's own code (transformers' Phi-3 apply_rotary_pos_emb with partial rotary, and DeepSeek-V3's
-    apply_rotary_pos_emb_interleave), written out here as the independent spec."""
+    """Hugging Face's own code (transformers' Phi-3 apply_rotary_pos_emb with partial rotary, and
+    DeepSeek-V3's apply_rotary_pos_emb_interleave), written out here as the independent spec."""
     if cos.dim() == 2:
         cos, sin = cos[None], sin[None]
     if interleaved:

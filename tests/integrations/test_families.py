@@ -93,10 +93,10 @@ STEPS = 20
 FULL_ON_INTERPRETER = ("llama", "mixtral")
 QUICK_STEPS = 6
 # The bound on the loss curves (stated in docs/fused-ops.md), the 2x rule applied to training: the largest gap
-# between the patched and the unpatched curve (both under bfloat16 autocast, from the same weights, on the same
-# batches) is at most twice the largest gap bfloat16 autocast itself opens between the unpatched model's curve
-# and its float32 curve, and never less than TRAIN_FLOOR. The losses start near log(64) = 4.16 and must fall by
-# more than 4 x TRAIN_FLOOR, so the bound is small against what training moves.
+# between the patched and the unpatched curve (both under bfloat16 autocast, from the same weights, on the
+# same batches) is at most twice the largest gap bfloat16 autocast itself opens between the unpatched model's
+# curve and its float32 curve, and never less than TRAIN_FLOOR. The losses start near log(64) = 4.16 and must
+# fall by more than 4 x TRAIN_FLOOR, so the bound is small against what training moves.
 TRAIN_FACTOR = 2.0
 TRAIN_FLOOR = 0.05
 

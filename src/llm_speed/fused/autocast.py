@@ -1,11 +1,11 @@
-"""The ops under ``torch.autocast``: each op casts its inputs as PyTorch's own counterpart would, then runs with
-autocast off, the same way in every kind of call.
+"""The ops under ``torch.autocast``: each op casts its inputs as PyTorch's own counterpart would, then runs
+with autocast off, the same way in every kind of call.
 
 PyTorch's autocast casts the inputs of the ops on its lists (``aten/src/ATen/autocast_mode.h``) at the
 dispatcher's ``Autocast`` key and runs the op with autocast off; ops on no list run on their inputs as they
 are. A custom op, by default, is on no list *and* runs its body with the caller's autocast still on, so every
-``torch.mm`` inside it is autocast on its own (Hugging Face's and Liger's fused cross-entropy backward inside an
-autocast region crashed this way, ``out=`` tensors no longer matching). Here each op has a policy:
+``torch.mm`` inside it is autocast on its own (Hugging Face's and Liger's fused cross-entropy backward inside
+an autocast region crashed this way, ``out=`` tensors no longer matching). Here each op has a policy:
 
 - :data:`LOWER`: floating tensors other than float64 go to the autocast dtype (``torch.get_autocast_dtype``),
   as for ``linear``, ``mm`` and ``scaled_dot_product_attention`` (the lower-precision list):
@@ -46,7 +46,9 @@ _Exclude = torch._C._ExcludeDispatchKeyGuard
 _Tensor = torch.Tensor
 # The device types whose autocast the ops follow, with the dispatch key of each.
 _KEY_NAMES = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
-_KEYS = {device: torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, k)) for device, k in _KEY_NAMES.items()}
+_KEYS = {
+    device: torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, k)) for device, k in _KEY_NAMES.items()
+}
 _SIXTEEN_BITS = (torch.float16, torch.bfloat16)
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)
 _LIBRARY = torch.library.Library("llm_speed", "IMPL")
@@ -73,21 +75,28 @@ def _cast(args: tuple, positions: tuple[int, ...], policy: str, device_type: str
     out = list(args)
     for i in positions:
         t = out[i]
-        if isinstance(t, _Tensor) and t.dtype in eligible and t.dtype != dtype and t.device.type == device_type:
+        if (
+            isinstance(t, _Tensor)
+            and t.dtype in eligible
+            and t.dtype != dtype
+            and t.device.type == device_type
+        ):
             out[i] = t.to(dtype)
     return tuple(out)
 
 
 class AutocastOp:
     """``op`` (a :class:`llm_speed.core.dispatch.Op` or any callable taking positional arguments) called the
-    way the dispatcher calls the op under autocast: the arguments at ``positions`` cast by ``policy``, then the
-    op run with autocast off. Outside autocast (or while ``torch.compile`` traces: the dispatcher applies the
-    rule there) it is ``op`` itself. ``device_arg``: the position of a tensor argument whose device type
+    way the dispatcher calls the op under autocast: the arguments at ``positions`` cast by ``policy``, then
+    the op run with autocast off. Outside autocast (or while ``torch.compile`` traces: the dispatcher applies
+    the rule there) it is ``op`` itself. ``device_arg``: the position of a tensor argument whose device type
     selects the autocast state."""
 
     __slots__ = ("op", "policy", "positions", "device_arg")
 
-    def __init__(self, op: Callable[..., Any], policy: str, positions: tuple[int, ...] = (), device_arg: int = 0):
+    def __init__(
+        self, op: Callable[..., Any], policy: str, positions: tuple[int, ...] = (), device_arg: int = 0
+    ):
         if policy not in POLICIES:
             raise ValueError(f"policy is {policy!r}; accepted: {', '.join(POLICIES)}")
         self.op = op
@@ -112,9 +121,9 @@ class AutocastOp:
 
 
 def register(library_op: Any, policy: str, positions: tuple[int, ...] = ()) -> None:
-    """Register ``policy`` for the custom op ``library_op`` (a ``torch.library.custom_op``) at the dispatcher's
-    ``AutocastCPU`` and ``AutocastCUDA`` keys: the arguments at ``positions`` cast, then the op redispatched
-    with autocast off."""
+    """Register ``policy`` for the custom op ``library_op`` (a ``torch.library.custom_op``) at the
+    dispatcher's ``AutocastCPU`` and ``AutocastCUDA`` keys: the arguments at ``positions`` cast, then the op
+    redispatched with autocast off."""
     overload = library_op._opoverload
     for device_type, key in _KEY_NAMES.items():
 

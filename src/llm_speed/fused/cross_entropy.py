@@ -10,8 +10,8 @@ A row's kernel computes its log-sum-exp with an online softmax over vocabulary b
 takes four to six), which keeps its divisors for the backward. The backward kernel writes ``d loss / d
 logits`` row by row, recomputing the softmax from the logits and the saved log-sum-exp.
 
-The fused linear version processes rows in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM, the
-forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. The backward
+The fused linear version processes rows in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM,
+the forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. The backward
 recomputes each chunk's logits, the backward kernel overwrites them in place with their gradient, and two
 GEMMs add the chunk's share to the hidden and weight gradients. The chunking follows Liger-Kernel
 (linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024, arXiv:2410.10989), which
@@ -101,7 +101,7 @@ def _ce_fwd_kernel(
     z_t = tl.load(p_l + t_safe).to(tl.float32)
     if HAS_SOFTCAP:
         z_t = softcap * tanh(z_t / softcap)
-    # torch.nn.functional.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j)
+    # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j)
     if HAS_WEIGHT:
         w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
         ce = (1.0 - smoothing) * w_t * (lse - z_t) + smoothing * (lse * (sum_w / vocab) - sum_z / vocab)
@@ -327,9 +327,9 @@ def _forward_plans(
     if reduced:
         rcfg = reduce_config(n)
         reduce = REDUCE.plan(
-            (1,), n=n, vocab=vocab, ignore_index=ignore_index, MEAN=reduction == "mean", HAS_WEIGHT=has_weight,
-            HAS_Z=has_z, STORE_Z=store_z, BLOCK=rcfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[3]),
-            num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
+            (1,), n=n, vocab=vocab, ignore_index=ignore_index, MEAN=reduction == "mean",
+            HAS_WEIGHT=has_weight, HAS_Z=has_z, STORE_Z=store_z, BLOCK=rcfg.block_n,
+            RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
         )  # fmt: skip
     return _chunk_sizes(n, chunk_rows), tuple(plans), reduce
 
@@ -428,7 +428,10 @@ def _dlogits_torch(logits, t, class_weight, lse, g_ce, g_z, ignore_index, smooth
     keep = t != ignore_index
     g_ce = torch.where(keep, g_ce, 0.0).to(z.dtype)[:, None]
     g_z = torch.where(keep, g_z, 0.0).to(z.dtype)[:, None]
-    w = torch.ones(vocab, dtype=z.dtype, device=z.device) if class_weight is None else class_weight.to(z.dtype)
+    if class_weight is None:
+        w = torch.ones(vocab, dtype=z.dtype, device=z.device)
+    else:
+        w = class_weight.to(z.dtype)
     w_t = w[torch.where(keep, t, 0)][:, None]
     dz = g_ce * (((1 - smoothing) * w_t + smoothing * w.sum() / vocab) * p - smoothing / vocab * w)
     dz = dz + g_z * 2 * z_scale * lse[:, None].to(z.dtype) * p
@@ -507,8 +510,8 @@ def _dlogits(
         )  # fmt: skip
         return dlogits
     g_ce, g_z = g_rows
-    return _dlogits_torch(logits, target[rows], class_weight, stats[rows], g_ce[rows], g_z[rows], ignore_index,
-                          smoothing, softcap, z_scale)  # fmt: skip
+    return _dlogits_torch(logits, target[rows], class_weight, stats[rows], g_ce[rows], g_z[rows],
+                          ignore_index, smoothing, softcap, z_scale)  # fmt: skip
 
 
 def _backward_setup(grad, n, vocab, strides, target, class_weight, stats, ignore_index, softcap, z_scale,
@@ -564,8 +567,10 @@ def linear_backward(
     stride_g = 0 if reduction != "none" else grad.stride(0)
     dtypes = (hidden.dtype, hidden.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
               grad.dtype)  # fmt: skip
-    plans, g_rows = _backward_setup(grad, n, vocab, (vocab, vocab, stride_g), target, class_weight, stats,
-                                    ignore_index, softcap, z_scale, chunk_rows, reduction, dtypes, device)  # fmt: skip
+    plans, g_rows = _backward_setup(
+        grad, n, vocab, (vocab, vocab, stride_g), target, class_weight, stats, ignore_index, softcap, z_scale,
+        chunk_rows, reduction, dtypes, device,
+    )  # fmt: skip
     dweight = dbias = None
     weight_t = weight.t()
     for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
@@ -617,8 +622,10 @@ def backward(
     stride_g = 0 if reduction != "none" else grad.stride(0)
     dtypes = (logits.dtype, logits.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
               grad.dtype)  # fmt: skip
-    plans, g_rows = _backward_setup(grad, n, vocab, (logits.stride(0), vocab, stride_g), target, class_weight,
-                                    stats, ignore_index, softcap, z_scale, n, reduction, dtypes, device)  # fmt: skip
+    plans, g_rows = _backward_setup(
+        grad, n, vocab, (logits.stride(0), vocab, stride_g), target, class_weight, stats, ignore_index,
+        softcap, z_scale, n, reduction, dtypes, device,
+    )  # fmt: skip
     out = _dlogits(plans[0], logits, dlogits, slice(0, n), target, class_weight, stats, grad, g_rows,
                    ignore_index, label_smoothing, softcap, z_scale)  # fmt: skip
     if out is not dlogits:
@@ -878,8 +885,8 @@ def fused_linear_cross_entropy(
     Reference: :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
     """
     ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
-        hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing, softcap,
-        lse_square_scale, return_z_loss, loss_dtype,
+        hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
+        softcap, lse_square_scale, return_z_loss, loss_dtype,
     )  # fmt: skip
     loss, z, _ = _linear_forward_call(
         hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale, chunk_rows,
@@ -904,7 +911,8 @@ def cross_entropy(
     """``torch.nn.functional.cross_entropy(logits, target)`` in Triton, with a z-loss and a logit softcap.
 
     Args:
-        logits: ``[N, V]``, float16, bfloat16 or float32, any row stride (a non-contiguous last dim is copied).
+        logits: ``[N, V]``, float16, bfloat16 or float32, any row stride (a non-contiguous last dim is
+            copied).
             Read in place, never upcast: the maths is float32 whatever the dtype.
         target: int64 ``[N]``, each entry in ``[0, V)`` or ``ignore_index`` (checked as
             :func:`fused_linear_cross_entropy` says).
@@ -912,8 +920,8 @@ def cross_entropy(
             times, and ``"mean"`` divides by the sum of the weights of the rows not ignored; with label
             smoothing the smoothing term weighs class j by ``weight[j]`` (PyTorch's definition).
         ignore_index: rows with this target add nothing to the loss or the gradients.
-        reduction: ``"mean"`` (over the rows not ignored; weighted as above), ``"sum"``, or ``"none"`` (``[N]``,
-            0 at ignored rows; differentiable with any output gradient). **A "mean" whose divisor is 0 (every
+        reduction: ``"mean"`` (over the rows not ignored; weighted as above), ``"sum"``, or ``"none"``
+            (``[N]``, 0 at ignored rows; differentiable with any output gradient). **A "mean" whose divisor is 0 (every
             row ignored, or N = 0) gives loss 0 and zero gradients**, where PyTorch gives NaN (0 / 0).
         label_smoothing: in ``[0, 1]``, as ``torch.nn.functional.cross_entropy`` defines it.
         softcap: ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` first (Gemma-2's final logit

@@ -376,16 +376,16 @@ def rms_norm(
         eps: added to the mean square, finite and >= 0.
         offset: added to the weight; 0 for Llama/Mistral/Qwen, 1.0 for Gemma (weights stored minus 1). 0.0
             without a weight.
-        casting: ``"float32"`` (default; Gemma's, Liger's ``casting_mode="gemma"``): everything in float32, one
-            rounding at the end. ``"llama"`` (Llama's module, Liger's ``casting_mode="llama"``): the normalised
-            x is rounded to x's dtype before the weight multiplies it, and the backward differentiates that
-            expression as autograd would. The two differ only for 16-bit x.
+        casting: ``"float32"`` (default; Gemma's, Liger's ``casting_mode="gemma"``): everything in
+            float32, one rounding at the end. ``"llama"`` (Llama's module, Liger's ``casting_mode="llama"``): the
+            normalised x is rounded to x's dtype before the weight multiplies it, and the backward
+            differentiates that expression as autograd would. The two differ only for 16-bit x.
         in_place: the backward writes dx over the output gradient instead of a new tensor (saves one
             ``[rows, hidden]`` buffer; Liger's ``in_place``). Only safe when nothing else reads that gradient:
             the gradient of a norm whose output feeds linear layers is (pre-norm blocks, the final norm); the
             gradient reaching a post-norm through a residual sum is shared with the residual branch, and would
-            be overwritten (Gemma-2/3's and OLMo-2's post-norms: leave it False there). Ignored where dy's dtype
-            or layout does not fit (a new tensor is written then), and under ``torch.compile``.
+            be overwritten (Gemma-2/3's and OLMo-2's post-norms: leave it False there). Ignored where dy's
+            dtype or layout does not fit (a new tensor is written then), and under ``torch.compile``.
 
     Returns ``[..., hidden]`` in x's dtype. Mean square, rstd and products in float32. Differentiable in x and
     weight: the weight gradient is summed over rows in float32 and returned in weight's dtype.

@@ -134,7 +134,9 @@ def config(positions: int, half: int) -> KernelConfig:
 
 def _bhs(strides: tuple, unsqueeze_dim: int) -> tuple[int, int, int]:
     """(batch, head, sequence) strides of a q or k tensor in the layout of ``unsqueeze_dim``."""
-    return (strides[0], strides[1], strides[2]) if unsqueeze_dim == 1 else (strides[0], strides[2], strides[1])
+    if unsqueeze_dim == 1:
+        return strides[0], strides[1], strides[2]
+    return strides[0], strides[2], strides[1]
 
 
 def _contiguous_strides(shape: tuple) -> tuple[int, ...]:
@@ -186,7 +188,8 @@ def _cos_strides(cos: torch.Tensor, batch: int, has_positions: bool) -> tuple[in
 def _pos_strides(position_ids: torch.Tensor, batch: int) -> tuple[int, int]:
     if position_ids.dim() == 1:
         return 0, position_ids.stride(0)
-    return (position_ids.stride(0) if position_ids.shape[0] == batch and batch > 1 else 0), position_ids.stride(1)
+    per_batch = position_ids.shape[0] == batch and batch > 1
+    return (position_ids.stride(0) if per_batch else 0), position_ids.stride(1)
 
 
 def _check_positions(position_ids: torch.Tensor, table_rows: int) -> None:
@@ -381,16 +384,16 @@ def apply_rotary_qk(
             they require one while grad mode is on.
         position_ids: Hugging Face's argument, unused with per-position cos/sin as above (as in Hugging Face).
             With a 2-D table ``cos, sin [positions, d]`` (the layout of transformers before 4.38), int32/int64
-            ``[seq]``, ``[1, seq]`` or ``[batch, seq]`` picks each token's row in one gather inside the kernel;
-            a position outside the table is a ValueError where values are checked
+            ``[seq]``, ``[1, seq]`` or ``[batch, seq]`` picks each token's row in one gather inside the
+            kernel; a position outside the table is a ValueError where values are checked
             (:func:`llm_speed.core.runtime.check_values`) and otherwise makes its rows NaN.
         unsqueeze_dim: 1 or 2, as in Hugging Face (the dim cos/sin would be unsqueezed at).
         interleaved: False: ``x * cos + rotate_half(x) * sin`` (Llama, ...). True: Hugging Face's
             ``apply_rotary_pos_emb_interleave`` (DeepSeek-V2/V3 with ``rope_interleave``): pairs ``(2j, 2j +
             1)`` rotated by the first half of cos/sin and written as ``[evens rotated, odds rotated]``.
 
-    Returns ``(q_embed, k_embed)``, new contiguous tensors of q's and k's shapes and dtypes (maths in float32);
-    q and k are not modified. Differentiable in q and k (the backward is one launch too). Under
+    Returns ``(q_embed, k_embed)``, new contiguous tensors of q's and k's shapes and dtypes (maths in
+    float32); q and k are not modified. Differentiable in q and k (the backward is one launch too). Under
     ``torch.autocast`` nothing is cast (an elementwise op). Devices as :func:`llm_speed.rms_norm`. Reference:
     :func:`llm_speed.fused.reference.apply_rotary_qk_reference`.
     """

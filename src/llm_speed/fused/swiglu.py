@@ -40,7 +40,8 @@ def _activation(b_g, GELU: tl.constexpr):
         b_inner = GELU_K0 * (b_g + GELU_K1 * b_g * b_g * b_g)
         b_th = tanh(b_inner)
         b_act = 0.5 * b_g * (1.0 + b_th)
-        b_dact = 0.5 * (1.0 + b_th) + 0.5 * b_g * (1.0 - b_th * b_th) * GELU_K0 * (1.0 + 3.0 * GELU_K1 * b_g * b_g)
+        b_dinner = GELU_K0 * (1.0 + 3.0 * GELU_K1 * b_g * b_g)
+        b_dact = 0.5 * (1.0 + b_th) + 0.5 * b_g * (1.0 - b_th * b_th) * b_dinner
     else:
         b_sig = tl.sigmoid(b_g)
         b_act = b_g * b_sig
