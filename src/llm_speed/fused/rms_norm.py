@@ -377,9 +377,10 @@ def rms_norm(
         offset: added to the weight; 0 for Llama/Mistral/Qwen, 1.0 for Gemma (weights stored minus 1). 0.0
             without a weight.
         casting: ``"float32"`` (default; Gemma's, Liger's ``casting_mode="gemma"``): everything in
-            float32, one rounding at the end. ``"llama"`` (Llama's module, Liger's ``casting_mode="llama"``): the
-            normalised x is rounded to x's dtype before the weight multiplies it, and the backward
-            differentiates that expression as autograd would. The two differ only for 16-bit x.
+            float32, one rounding at the end. ``"llama"`` (Llama's module, Liger's
+            ``casting_mode="llama"``): the normalised x is rounded to x's dtype before the weight multiplies
+            it, and the backward differentiates that expression as autograd would. The two differ only for
+            16-bit x.
         in_place: the backward writes dx over the output gradient instead of a new tensor (saves one
             ``[rows, hidden]`` buffer; Liger's ``in_place``). Only safe when nothing else reads that gradient:
             the gradient of a norm whose output feeds linear layers is (pre-norm blocks, the final norm); the
