@@ -204,7 +204,7 @@ def test_unsupported_masks_are_refused_and_plain_masks_accepted():
         patched(input_ids=ids, attention_mask=bias)
     with pytest.raises(ValueError, match=r"shape \(2, 1, 6, 5\), expected \[2, 1, 6, 6\]"):
         patched(input_ids=ids, attention_mask=causal[..., :5])
-    assert hf._running[0] == 0  # the failed forwards left no patched-model state behind
+    assert not hf._active()  # the failed forwards left no patched-attention state behind
     with pytest.raises(ValueError, match="sliding_window must be a positive int"):
         hf.llm_speed_attention(None, *(torch.randn(1, 2, 4, 16) for _ in range(3)), None, sliding_window=0)
 
