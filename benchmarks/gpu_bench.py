@@ -5,7 +5,8 @@ Each call writes its own JSON as soon as its shape is measured, so a step cut by
 every shape it finished; one process pays the torch import and CUDA start once. With ``--check`` every
 line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
 
-    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, demo, ops or train-step
+    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, demo, ops,
+                                                              train-step or moe
     python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
 """
 
@@ -18,7 +19,7 @@ import time
 import traceback
 
 QUICK = "--warmup 5 --iterations 20 --no-progress"
-SETS = ("attention", "gemm", "demo", "ops", "train-step")
+SETS = ("attention", "gemm", "demo", "ops", "train-step", "moe")
 
 
 def command_lines(name: str, out: str) -> list[str]:
@@ -70,6 +71,10 @@ def command_lines(name: str, out: str) -> list[str]:
             "bench train-step --model llama-3-8b --layers 2 --seq 2048 --warmup 2 --iterations 5 "
             f"--no-progress --output {out}/train_step_llama3_8b_2layers.json"
         )
+    elif name == "moe":
+        # GPU defaults: Qwen3-30B-A3B's experts, 2k and 8k tokens, 8/64/128 experts, top-2 and top-8, bf16;
+        # forward + backward (the issue's target) against torch._grouped_mm code and Hugging Face's loop.
+        lines.append(f"bench moe {QUICK} --mode fwd+bwd --output {out}/moe_fwd_bwd_bf16.json")
     else:
         raise ValueError(f"unknown set {name!r}; expected {', '.join(SETS)}")
     return lines

@@ -9,7 +9,8 @@
 #   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured), the
 #           per-call cost of every op (`bench overhead`) and demo
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
-#           Liger-Kernel) and `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger)
+#           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
+#           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -41,7 +42,7 @@ case "$STEP" in
 quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=350; DEFAULT_WORKERS=1 ;;
-fused) BUDGET=340; DEFAULT_WORKERS=1 ;;
+fused) BUDGET=460; DEFAULT_WORKERS=1 ;;
 *) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2; exit 2 ;;
 esac
 if [ "$MODE" = dry ]; then OUT=OUTDIR; elif [ $# -ne 2 ]; then
@@ -234,6 +235,7 @@ fused)
     if [ "$MODE" = check ]; then CHECK=(--check); fi
     sub bench_ops 210 "$PY" benchmarks/gpu_bench.py ops "$RAW" "${CHECK[@]}"
     sub bench_train_step 130 "$PY" benchmarks/gpu_bench.py train-step "$RAW" "${CHECK[@]}"
+    sub bench_moe 120 "$PY" benchmarks/gpu_bench.py moe "$RAW" "${CHECK[@]}"
     ;;
 esac
 

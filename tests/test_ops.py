@@ -113,4 +113,11 @@ def test_doctor_probes_every_probed_row():
         "gemm",
         "tensor_core_gemm",
         "tensor_core_gemm_int8",
+        "grouped_gemm",
+        "grouped_gemm_backward",
+        "moe_route",
+        "moe_route_backward",
+        "moe_sort",
+        "fused_moe",
+        "fused_moe_backward",
     ]

@@ -31,6 +31,11 @@ _EXPORTS = {
     "apply_rotary": "llm_speed.fused.rotary",
     "swiglu": "llm_speed.fused.swiglu",
     "fused_linear_cross_entropy": "llm_speed.fused.cross_entropy",
+    # mixture of experts
+    "grouped_gemm": "llm_speed.moe.grouped_gemm",
+    "moe_route": "llm_speed.moe.routing",
+    "moe_sort": "llm_speed.moe.routing",
+    "fused_moe": "llm_speed.moe.fused_moe",
     # memory helpers of the analytic model
     "analyze_memory_hierarchy": "llm_speed.perf.memory",
     "calculate_attention_vram": "llm_speed.perf.memory",

@@ -52,3 +52,103 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+# --- mixture of experts (llm_speed.moe) -------------------------------------------------------------------
+
+from .core.args import check_choice  # noqa: E402
+from .moe.fused_moe import fused_moe  # noqa: E402
+from .moe.routing import SCORINGS, check_groups, moe_route  # noqa: E402
+
+
+class MoEExperts(nn.Module):
+    """The experts' weights in vLLM's and Hugging Face's layout: ``gate_up_proj [E, 2I, H]`` (each expert's
+    gate rows, then its up rows) and ``down_proj [E, H, I]``; ``forward(hidden, topk_weights, topk_ids)`` is
+    :func:`llm_speed.fused_moe`."""
+
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, *, device=None, dtype=None
+    ):
+        super().__init__()
+        self.num_experts = positive_int("num_experts", num_experts)
+        self.hidden_size = positive_int("hidden_size", hidden_size)
+        self.intermediate_size = positive_int("intermediate_size", intermediate_size)
+        kw = dict(device=device, dtype=dtype)
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each expert's projections as ``nn.Linear`` initialises them: uniform in ``+-1/sqrt(fan_in)``."""
+        nn.init.uniform_(self.gate_up_proj, -(self.hidden_size**-0.5), self.hidden_size**-0.5)
+        nn.init.uniform_(self.down_proj, -(self.intermediate_size**-0.5), self.intermediate_size**-0.5)
+
+    def forward(
+        self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_experts}, {self.hidden_size}, {self.intermediate_size}"
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts SwiGLU layer: a linear router (``gate``), top-k routing
+    (:func:`llm_speed.moe_route`) and the fused experts (:func:`llm_speed.fused_moe`).
+
+    Routing as Mixtral (``scoring="softmax"``, ``renormalize=True``), Qwen2/Qwen3-MoE (softmax, renormalised
+    or not) or DeepSeek-V3 (``scoring="sigmoid"``, ``correction_bias=True``, ``n_group``/``topk_group``,
+    ``routed_scaling_factor``). Parameter names follow Hugging Face's sparse MoE blocks (``gate.weight``,
+    ``experts.gate_up_proj``, ``experts.down_proj``; the correction bias is the float32 buffer
+    ``gate.e_score_correction_bias``), so their state dicts load unchanged. ``forward`` takes
+    ``[..., hidden]`` and returns the layer's output; :meth:`forward_with_logits` also returns the router
+    logits ``[tokens, experts]`` for a load-balancing loss.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        scoring: str = "softmax",
+        renormalize: bool = True,
+        correction_bias: bool = False,
+        n_group: int | None = None,
+        topk_group: int | None = None,
+        routed_scaling_factor: float = 1.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        num_experts = positive_int("num_experts", num_experts)
+        self.top_k = positive_int("top_k", top_k)
+        if self.top_k > num_experts:
+            raise ValueError(f"top_k ({top_k}) must be at most num_experts ({num_experts})")
+        self.scoring = check_choice("scoring", scoring, SCORINGS)
+        self.renormalize = check_flag("renormalize", renormalize)
+        check_groups(num_experts, self.top_k, n_group, topk_group)
+        self.n_group, self.topk_group = n_group, topk_group
+        self.routed_scaling_factor = check_real("routed_scaling_factor", routed_scaling_factor, positive=True)
+        self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False, device=device, dtype=dtype)
+        if check_flag("correction_bias", correction_bias):
+            self.gate.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device))
+
+    def forward_with_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(output [..., hidden], router_logits [tokens, experts])``."""
+        hidden = x.reshape(-1, x.shape[-1])
+        logits = self.gate(hidden)
+        weights, ids = moe_route(
+            logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize,
+            bias=getattr(self.gate, "e_score_correction_bias", None), n_group=self.n_group,
+            topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor,
+        )  # fmt: skip
+        return self.experts(hidden, weights, ids).reshape(x.shape), logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_logits(x)[0]
+
+    def extra_repr(self) -> str:
+        return f"top_k={self.top_k}, scoring={self.scoring!r}, renormalize={self.renormalize}"

@@ -269,6 +269,84 @@ def cross_entropy_work(backward: bool = False) -> Callable[..., Work | None]:
     return cost
 
 
+def grouped_gemm_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a grouped GEMM ``(a=[total, K], b=[groups, K, N] or [groups, N, K], out=[total, N])`` (the
+    backward reports ``out`` = the output's gradient): 2 * total * N * K FLOPs (x2 backward: da and db), and
+    a, b, out each moved once (backward: dout, a and b read, da and db written)."""
+
+    def cost(*, a: Any, b: Any, out: Any, **_: Any) -> Work | None:
+        total, k = a.shape
+        n = out.shape[1]
+        if total == 0 or n == 0 or k == 0:
+            return None
+        moved = a.numel() * a.element_size() + b.numel() * b.element_size() + out.numel() * out.element_size()
+        if backward:
+            moved += a.numel() * a.element_size() + b.numel() * b.element_size()
+        return Work((4.0 if backward else 2.0) * total * n * k, float(moved), a.dtype, a.device)
+
+    return cost
+
+
+def moe_route_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a routing call ``(router_logits=[tokens, experts], top_k=k)``: about ``4 + k`` FLOPs per score
+    (softmax or sigmoid, then k rounds of max; the backward about 6), the logits read and 8 bytes per choice
+    written (backward: the logits, the weights' gradient and the ids read, the logits' gradient written)."""
+
+    def cost(*, router_logits: Any, top_k: int, **_: Any) -> Work | None:
+        tokens, experts = router_logits.shape
+        logits = router_logits.numel() * router_logits.element_size()
+        if backward:
+            return Work(6.0 * tokens * experts, 2.0 * logits + 8.0 * tokens * top_k, router_logits.dtype,
+                        router_logits.device)  # fmt: skip
+        return Work((4.0 + top_k) * tokens * experts, logits + 8.0 * tokens * top_k, router_logits.dtype,
+                    router_logits.device)  # fmt: skip
+
+    return cost
+
+
+def moe_sort_work(*, topk_ids: Any, num_experts: int, **_: Any) -> Work | None:
+    """Cost of grouping token copies by expert ``(topk_ids=[tokens, k], num_experts=E)``: no matrix FLOPs; the
+    ids read twice (count, place), ``order`` and ``inverse`` written (4 bytes each per copy), ``offsets``."""
+    copies = topk_ids.numel()
+    moved = 2.0 * copies * topk_ids.element_size() + 8.0 * copies + 4.0 * num_experts
+    return Work(0.0, moved, "fp32", topk_ids.device)
+
+
+def fused_moe_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a fused MoE call ``(hidden=[T, H], w_gate_up=[E, 2I, H], w_down=[E, H, I], topk_ids=[T, k])``.
+
+    FLOPs: the expert GEMMs of the ``T*k`` copies, 6 T k H I forward (gate/up 4, down 2) and 16 T k H I
+    backward (the gate/up GEMM recomputed, 4, then d(act) 2, d(hidden) 4, dW_gate_up 4, dW_down 2), plus the
+    combine's 2 T k H. Bytes: hidden (and dout) read; the weights of the experts T tokens are expected to hit
+    (``E (1 - (1 - k/E)^T)``, :func:`llm_speed.perf.inference.expected_experts_hit`: the cost reads no ids)
+    read, and every expert's gradient written; the intermediates each written and read once (forward: act
+    ``T k I``, y ``T k H``; backward: dh ``T k 2I``, act, dx ``T k H``); the output written.
+    """
+
+    def cost(*, hidden: Any, w_gate_up: Any, w_down: Any, topk_ids: Any, **_: Any) -> Work | None:
+        from llm_speed.perf.inference import expected_experts_hit
+
+        tokens, size = hidden.shape
+        experts, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2
+        top_k = topk_ids.shape[1]
+        copies = tokens * top_k
+        if copies == 0:
+            return None
+        e = hidden.element_size()
+        expert_bytes = 3.0 * inter * size * e
+        weights = expected_experts_hit(experts, top_k, tokens) * expert_bytes
+        if backward:
+            flops = 16.0 * copies * size * inter + 2.0 * copies * size
+            moved = 3.0 * tokens * size * e + weights + experts * expert_bytes
+            moved += 2.0 * copies * (3 * inter + size) * e
+        else:
+            flops = 6.0 * copies * size * inter + 2.0 * copies * size
+            moved = 2.0 * tokens * size * e + weights + 2.0 * copies * (inter + size) * e
+        return Work(flops, moved, hidden.dtype, hidden.device)
+
+    return cost
+
+
 # --- probes: one tiny call of each public op ---------------------------------------------------------------
 
 # Tiny shapes: enough to launch every kernel once, cheap even in Triton's interpreter.
@@ -356,6 +434,56 @@ def cross_entropy_example(device: Any, dtype: Any, size: int) -> tuple[tuple, di
     return (hidden, weight, torch.randint(0, 4 * size, (size,), device=device)), {}
 
 
+def _group_counts(total: int, groups: int) -> list[int]:
+    """Uneven group sizes summing to ``total``: empty groups, a heavy one, the rest spread."""
+    pattern = [1, 0, 3, 1, 0, 2, 1, 0]
+    weights = [pattern[g % len(pattern)] for g in range(groups)]
+    counts = [total * w // sum(weights) for w in weights]
+    counts[-1] += total - sum(counts)
+    return counts
+
+
+def grouped_gemm_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """a ``[4 size, size]`` in 8 uneven groups (two empty), b ``[8, size, size]``."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    counts = _group_counts(4 * size, 8)
+    offsets = torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
+    a = torch.randn(4 * size, size, device=device, dtype=dtype)
+    b = torch.randn(8, size, size, device=device, dtype=dtype) * size**-0.5
+    return (a, b, offsets), {}
+
+
+def moe_route_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """router logits ``[size, 64]``, top-8, softmax renormalised."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    return (torch.randn(size, 64, device=device, dtype=dtype),), {"top_k": 8}
+
+
+def moe_sort_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """``[size, 8]`` random expert ids of 64."""
+    import torch
+
+    return (torch.randint(0, 64, (size, 8), device=device, dtype=torch.int32),), {"num_experts": 64}
+
+
+def fused_moe_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """``size`` tokens of hidden ``size``, 8 experts of intermediate ``size / 2`` (at least 16), top-2
+    softmax routing."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    inter = max(16, size // 2)
+    hidden = torch.randn(size, size, device=device, dtype=dtype)
+    w_gate_up = torch.randn(8, 2 * inter, size, device=device, dtype=dtype) * size**-0.5
+    w_down = torch.randn(8, size, inter, device=device, dtype=dtype) * inter**-0.5
+    weights, ids = torch.randn(size, 8, device=device).softmax(-1).topk(2, dim=-1)
+    return (hidden, w_gate_up, w_down, weights, ids.to(torch.int32)), {}
+
+
 def _varlen_probe(device: Any) -> Any:
     """Three packed causal sequences of 5, 0 and 11 tokens, GQA 4/2, head_dim 16."""
     import torch
@@ -424,6 +552,20 @@ def backward_probe(forward: str) -> Callable[[Any], Any]:
         return [a.grad for a in args if a.is_floating_point()]
 
     return probe
+
+
+def _moe_route_backward_probe(device: Any) -> Any:
+    """DeepSeek-V3-style routing of 16 tokens (sigmoid, correction bias, 4 groups of 8, top-4 of 2 groups)
+    and the router logits' gradient through the weights."""
+    import torch
+
+    from llm_speed.moe.routing import moe_route
+
+    logits = torch.randn(16, 32, device=device, dtype=_probe_float_dtype(device), requires_grad=True)
+    weights, _ = moe_route(logits, 4, scoring="sigmoid", bias=torch.zeros(32, device=device), n_group=4,
+                           topk_group=2, routed_scaling_factor=2.5)  # fmt: skip
+    weights.sum().backward()
+    return logits.grad
 
 
 def _matrices(device: Any, dtype: Any, size: int = PROBE_GEMM) -> list[Any]:
@@ -550,6 +692,36 @@ OPS: tuple[Op, ...] = (
     Op(
         "tensor_core_gemm_int8", "llm_speed.matmul.gemm:tensor_core_gemm_int8", gemm_work,
         probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),
+    ),
+    # Mixture of experts (llm_speed.moe); `llm-speed bench moe` times the fused layer against the Hugging Face
+    # loop and torch._grouped_mm.
+    Op(
+        "grouped_gemm", "llm_speed.moe.grouped_gemm:grouped_gemm", grouped_gemm_work(),
+        example=grouped_gemm_example, baseline="torch:_grouped_mm",
+    ),
+    Op(
+        "grouped_gemm_backward", "llm_speed.moe.grouped_gemm:grouped_gemm", grouped_gemm_work(backward=True),
+        probe=backward_probe("grouped_gemm"),
+    ),
+    Op(
+        "moe_route", "llm_speed.moe.routing:moe_route", moe_route_work(), example=moe_route_example,
+        baseline="llm_speed.moe.reference:moe_route_reference",
+    ),
+    Op(
+        "moe_route_backward", "llm_speed.moe.routing:moe_route", moe_route_work(backward=True),
+        probe=_moe_route_backward_probe,
+    ),
+    Op(
+        "moe_sort", "llm_speed.moe.routing:moe_sort", moe_sort_work, example=moe_sort_example,
+        baseline="llm_speed.moe.reference:moe_sort_reference",
+    ),
+    Op(
+        "fused_moe", "llm_speed.moe.fused_moe:fused_moe", fused_moe_work(), example=fused_moe_example,
+        baseline="llm_speed.moe.reference:fused_moe_reference",
+    ),
+    Op(
+        "fused_moe_backward", "llm_speed.moe.fused_moe:fused_moe", fused_moe_work(backward=True),
+        probe=backward_probe("fused_moe"),
     ),
 )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""``llm-speed bench attention|gemm|decode|ops|train-step|op``.
+"""``llm-speed bench attention|gemm|decode|ops|moe|train-step|op``.
 
 The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``--batch-size``,
 ``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
@@ -192,6 +192,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
     train.set_defaults(func=run_train_step_command)
+
+    moe = kinds.add_parser(
+        "moe",
+        help="fused MoE layer vs a torch._grouped_mm version and Hugging Face's loop over experts",
+        description="Time a mixture-of-experts layer's experts (routing given), tokens x experts x top_k: "
+        "llm_speed.fused_moe, the same algorithm around torch._grouped_mm, and Hugging Face's eager loop; "
+        "forward, or forward + backward; TFLOP/s from the op table's fused_moe cost and peak memory.",
+    )
+    moe.add_argument("--tokens", type=positive_int, nargs="+", help="GPU: 2048 8192; CPU: 16")
+    moe.add_argument("--experts", type=positive_int, nargs="+", help="GPU: 8 64 128; CPU: 4 8")
+    moe.add_argument("--top-k", type=positive_int, nargs="+", help="experts per token (GPU: 2 8; CPU: 2)")
+    moe.add_argument("--hidden", type=positive_int, help="hidden size (GPU 2048, CPU 32)")
+    moe.add_argument("--intermediate", type=positive_int, help="expert width I (GPU 768, CPU 16)")
+    moe.add_argument("--dtype", choices=options.MOE_DTYPES, help="GPU bf16, CPU fp32")
+    moe.add_argument("--mode", choices=options.MOE_MODES, default="fwd+bwd", help="what is timed (fwd+bwd)")
+    moe.add_argument("--impl", nargs="+", choices=options.MOE_IMPLS, help="default: all of them")
+    _add_common(moe, "GPU 0.2, CPU 0", full_size=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
+    moe.set_defaults(func=run_moe_command)
 
     overhead = kinds.add_parser(
         "overhead",
@@ -471,6 +489,18 @@ def run_ops_command(args: argparse.Namespace) -> int:
     writer = _Writer(args, settings, ops_bench.results_payload)
     rows = ops_bench.run_ops(settings, show_progress=not args.no_progress, on_case=writer.partial)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
+
+
+def run_moe_command(args: argparse.Namespace) -> int:
+    """``llm-speed bench moe``."""
+    from llm_speed.bench import moe as moe_bench
+
+    settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
+    _check_outputs(args)
+    writer = _Writer(args, settings, moe_bench.results_payload)
+    rows = moe_bench.run_moe(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    title = f"MoE experts {settings.mode}, {settings.dtype}"
+    return _finish(args, settings, rows, writer, moe_bench.print_moe, title)
 
 
 def run_train_step_command(args: argparse.Namespace) -> int:

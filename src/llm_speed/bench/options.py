@@ -42,6 +42,12 @@ _FLOAT_ROW, _INT8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8")
 GEMM_FLOAT_IMPLS = (_FLOAT_ROW.bench_name, *_FLOAT_ROW.alternatives)  # llm-speed, torch
 GEMM_INT8_IMPLS = (_INT8_ROW.bench_name, *_INT8_ROW.alternatives)  # llm-speed, torch-int-mm
 
+# --- bench moe ---
+MOE_IMPLS = ("llm_speed", "grouped_mm", "hf-loop")  # fused_moe; torch._grouped_mm in PyTorch; HF's loop
+MOE_TRITON_IMPLS = ("llm_speed",)
+MOE_DTYPES = ("bf16", "fp16", "fp32")
+MOE_MODES = ("fwd", "fwd+bwd")
+
 # --- bench overhead ---
 OVERHEAD_OPS = ("flash_attention", "tiled_attention", "naive_attention", "flash_attention_varlen",
                 "flash_attention_with_kvcache", "gemm", "tensor_core_gemm_int8", "rms_norm", "swiglu",

@@ -127,6 +127,11 @@ def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
         _work_observers.append(observer)
 
 
+def observed() -> bool:
+    """Whether anyone listens to :func:`report_work` (an op may skip building what only a report needs)."""
+    return bool(_work_observers)
+
+
 def report_work(op: str, **problem: Any) -> None:
     """Tell the observers that the op ``op`` (a row name of :mod:`llm_speed.ops`, e.g. "flash_attention",
     "gemm") runs on ``problem`` (its tensors and flags, as the row's cost function reads them), so a profiler

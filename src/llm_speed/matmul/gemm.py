@@ -799,7 +799,7 @@ def _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation,
     recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config, device)
     if out is None:
         out = tensors.new_output(recipe.out_shape, out_dtype, device)
-    if out.numel():
+    if out.numel() and runtime.observed():
         _report(a, b, trans_a, trans_b, out)
     recipe.run(a, b, c, bias, out, alpha, beta)
     return out
@@ -866,7 +866,7 @@ def forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype)
         a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
         activation=activation, out_dtype=out_dtype, compute_dtype=torch.float32,
     )  # fmt: skip
-    if out.numel():
+    if out.numel() and runtime.observed():
         _report(a, b, trans_a, trans_b, out)
     return out
 
