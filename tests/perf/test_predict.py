@@ -15,6 +15,8 @@ from llm_speed.perf.predict import (
     BOUNDS,
     OPS,
     SDPA_BACKENDS,
+    UNMEASURED_OPS,
+    UNMODELLED,
     elementwise_cost,
     gemm_config_choice,
     implementations,
@@ -48,6 +50,19 @@ PROBLEMS = {
     "apply_rotary": dict(batch=1, heads=32, seq=8192, head_dim=128),
     "fused_linear_cross_entropy": dict(tokens=8192, hidden=4096, vocab=128256),
     "fused_linear_cross_entropy_backward": dict(tokens=8192, hidden=4096, vocab=128256),
+    "geglu": dict(rows=8192, width=14336),
+    "geglu_backward": dict(rows=8192, width=14336),
+    "apply_rotary_qk": dict(batch=1, heads_q=32, heads_kv=8, seq=8192, head_dim=128),
+    "apply_rotary_qk_backward": dict(batch=1, heads_q=32, heads_kv=8, seq=8192, head_dim=128),
+    "cross_entropy": dict(tokens=8192, vocab=128256),
+    "cross_entropy_backward": dict(tokens=8192, vocab=128256),
+    "moe_route": dict(tokens=8192, experts=64, top_k=8),
+    "moe_route_backward": dict(tokens=8192, experts=64, top_k=8),
+    "moe_sort": dict(tokens=8192, top_k=8, experts=64),
+    "grouped_gemm": dict(tokens=65536, groups=64, n=2048, k=4096),
+    "grouped_gemm_backward": dict(tokens=65536, groups=64, n=2048, k=4096),
+    "fused_moe": dict(tokens=8192, hidden=4096, intermediate=1408, experts=64, top_k=8),
+    "fused_moe_backward": dict(tokens=8192, hidden=4096, intermediate=1408, experts=64, top_k=8),
     "all_reduce": dict(size_bytes=2**30, num_gpus=8),
 }
 
@@ -60,14 +75,37 @@ def results():
 def test_every_op_table_row_has_a_prediction():
     from llm_speed import ops
 
-    assert set(ops.names()) <= set(OPS), "a new op-table row needs a model in llm_speed.perf.predict"
+    # Every row is modelled or listed as not modelled (with the reason the error gives): never silent.
+    unlisted = set(ops.names()) - set(OPS) - set(UNMODELLED)
+    assert not unlisted, f"op-table rows need a model in llm_speed.perf.predict or an UNMODELLED entry: {unlisted}"
     assert set(PROBLEMS) == set(OPS)
     for op, problem in PROBLEMS.items():
         for implementation in implementations(op):
             prediction = predict(op, "h100-sxm", implementation=implementation, **problem)
             assert prediction.seconds > 0 and prediction.bound in BOUNDS, (op, implementation)
             assert prediction.implementation == implementation
+            assert prediction.seconds >= prediction.floor_s * (1 - 1e-9), (op, implementation)
             json.dumps(prediction.to_dict())  # plain JSON values
+    for op, reason in UNMODELLED.items():
+        with pytest.raises(ValueError, match=f"no prediction for '{op}'.*{reason}"):
+            predict(op, "h100-sxm")
+
+
+def test_rows_without_measurements_say_uncalibrated():
+    """Only the GEMM and attention kernels were measured on the H100: everything else is labelled."""
+    for op in OPS:
+        if op == "all_reduce":
+            continue
+        prediction = predict(op, "h100-sxm", **PROBLEMS[op])
+        measured = op in ("gemm", "tensor_core_gemm", "tensor_core_gemm_int8") or "attention" in op
+        assert prediction.calibrated == (measured and op not in UNMEASURED_OPS), op
+        if not prediction.calibrated:
+            assert prediction.source.startswith(f"UNCALIBRATED for {op}"), op
+
+
+def test_an_unknown_row_names_the_modelled_ones():
+    with pytest.raises(ValueError, match="no prediction for 'mla_attention'; modelled: gemm, .*all_reduce"):
+        predict("mla_attention", "h100-sxm")
 
 
 def test_implementation_names():
@@ -79,7 +117,7 @@ def test_implementation_names():
     assert resolve_implementation("all_reduce", "vendor") == "nvls"
     with pytest.raises(ValueError, match="accepted: llm-speed, sdpa-flash"):
         resolve_implementation("flash_attention", "cublas")
-    with pytest.raises(ValueError, match="no prediction for 'softmax'"):
+    with pytest.raises(ValueError, match="no prediction for 'softmax'.*predict_work"):
         predict("softmax", "h100-sxm")
     with pytest.raises(ValueError, match="unknown problem argument"):
         predict("gemm", "h100-sxm", m=1, n=1, k=1, q=3)
@@ -168,6 +206,69 @@ def test_elementwise_costs_are_the_op_tables():
     work = ops.get("apply_rotary").work(x=q, cos=cos)
     cost = elementwise_cost("apply_rotary", {"batch": 2, "heads": 4, "seq": 64, "head_dim": 32})
     assert cost[:2] == (work.flops, work.bytes_moved)
+
+
+def test_new_row_costs_are_the_op_tables():
+    """The MoE rows (and the fused rows of the other branches, where this table has them): predict's FLOPs
+    and bytes are the op table's work functions on the same problem."""
+    import torch
+
+    from llm_speed import ops
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    names = set(ops.names())
+    cases = {
+        "grouped_gemm": (dict(a=torch.empty(96, 32, **meta), b=torch.empty(4, 32, 48, **meta),
+                              out=torch.empty(96, 48, **meta)), dict(tokens=96, groups=4, n=48, k=32)),
+        "moe_route": (dict(router_logits=torch.empty(40, 16, **meta), top_k=4), dict(tokens=40, experts=16, top_k=4)),
+        "moe_sort": (dict(topk_ids=torch.empty(40, 4, device="meta", dtype=torch.int32), num_experts=16),
+                     dict(tokens=40, top_k=4, experts=16)),
+        "fused_moe": (dict(hidden=torch.empty(40, 32, **meta), w_gate_up=torch.empty(8, 2 * 24, 32, **meta),
+                           w_down=torch.empty(8, 32, 24, **meta),
+                           topk_ids=torch.empty(40, 2, device="meta", dtype=torch.int32)),
+                      dict(tokens=40, hidden=32, intermediate=24, experts=8, top_k=2)),
+        "geglu": (dict(gate=torch.empty(64, 96, **meta)), dict(rows=64, width=96)),
+        "apply_rotary_qk": (dict(q=torch.empty(2, 4, 64, 32, **meta), k=torch.empty(2, 2, 64, 32, **meta),
+                                 cos=torch.empty(64, 32, **meta)),
+                            dict(batch=2, heads_q=4, heads_kv=2, seq=64, head_dim=32)),
+        "cross_entropy": (dict(logits=torch.empty(64, 1000, **meta)), dict(tokens=64, vocab=1000)),
+    }  # fmt: skip
+    checked = 0
+    for base, (tensors, problem) in cases.items():
+        for op in (base, f"{base}_backward"):
+            if op not in names:
+                continue
+            work = ops.get(op).work(**tensors)
+            prediction = predict(op, "h100-sxm", **problem)
+            assert prediction.breakdown.flops == pytest.approx(work.flops), op
+            assert prediction.breakdown.bytes_moved == pytest.approx(work.bytes_moved), op
+            checked += 1
+    assert checked >= 7  # grouped_gemm, moe_route, fused_moe (each with a backward) and moe_sort at least
+
+
+def test_grouped_gemm_tile_rule_is_the_launchers():
+    from llm_speed.core.hardware import Hardware
+    from llm_speed.moe.grouped_gemm import grouped_config
+    from llm_speed.perf.predict import grouped_tile
+
+    hardware = Hardware.from_spec("h100-sxm")
+    for rows, n, swiglu in [(1, 4096, False), (16, 2816, True), (48, 4096, False), (128, 4096, True),
+                            (1024, 7168, False), (8, 24, False)]:  # fmt: skip
+        rows_pow2 = 1 << (rows - 1).bit_length()
+        config = grouped_config(rows_pow2, n, 2, swiglu, hardware)
+        assert grouped_tile(rows, n, swiglu) == (config.block_m, config.block_n, config.block_k, config.num_warps)
+
+
+def test_moe_predictions_scale_as_the_experts_hit():
+    """Decode (few tokens) streams the hit experts' weights: memory-bound; prefill is compute-bound."""
+    shape = dict(hidden=4096, intermediate=1408, experts=64, top_k=8)
+    decode = predict("fused_moe", "h100-sxm", context="graph", tokens=1, **shape)
+    prefill = predict("fused_moe", "h100-sxm", tokens=16384, **shape)
+    assert decode.bound == "memory" and prefill.bound == "compute"
+    weights = 8 * 3 * 1408 * 4096 * 2  # the 8 experts one token hits
+    assert weights / 3.0e12 < decode.seconds < 3 * weights / 3.0e12
+    backward = predict("fused_moe_backward", "h100-sxm", tokens=16384, **shape)
+    assert 2.0 < backward.seconds / prefill.seconds < 4.0  # 16 of 6 matmul FLOPs per element
 
 
 def test_gemm_tile_rule_is_the_launchers():

@@ -741,8 +741,9 @@ def analyze_inference(
         peak = spec.peak_flops(dtype_name)
         ttft_p = prefill.predicted_time_s + prefill_comm.realistic_s
         step_p = decode.predicted_time_s + decode_comm.realistic_s
-        probe = predict("rms_norm", spec, implementation=implementation, context=prediction_context,
-                        calibration=calibration, rows=1, hidden=config.hidden_size)  # fmt: skip
+        # Whether the GPU has measurements of its own: its GEMM entry says (the streaming rows never do).
+        probe = predict("gemm", spec, implementation=implementation, context=prediction_context,
+                        calibration=calibration, m=1, n=config.hidden_size, k=config.hidden_size)  # fmt: skip
         predicted = dict(
             implementation=probe.implementation if implementation != "vendor" else "vendor",
             prediction_context=prediction_context,

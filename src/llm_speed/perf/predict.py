@@ -90,10 +90,43 @@ ATTENTION_OPS = (
     "flash_attention_varlen_backward",
     "attention_kvcache_fwd",
 )
-ELEMENTWISE_OPS = ("rms_norm", "rms_norm_backward", "swiglu", "swiglu_backward", "apply_rotary")
+ELEMENTWISE_OPS = (
+    "rms_norm",
+    "rms_norm_backward",
+    "swiglu",
+    "swiglu_backward",
+    "apply_rotary",
+    "geglu",
+    "geglu_backward",
+    "apply_rotary_qk",
+    "apply_rotary_qk_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "moe_route",
+    "moe_route_backward",
+    "moe_sort",
+)
 CROSS_ENTROPY_OPS = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
+MOE_OPS = ("grouped_gemm", "grouped_gemm_backward", "fused_moe", "fused_moe_backward")
 COLLECTIVE_OPS = ("all_reduce",)
-OPS = GEMM_OPS + ATTENTION_OPS + ELEMENTWISE_OPS + CROSS_ENTROPY_OPS + COLLECTIVE_OPS
+OPS = GEMM_OPS + ATTENTION_OPS + ELEMENTWISE_OPS + CROSS_ENTROPY_OPS + MOE_OPS + COLLECTIVE_OPS
+# Op-table rows predict knows it has no model for, with the reason (the error names it). Every row of
+# ``llm_speed.ops`` is in OPS or here (tests/perf/test_predict.py checks it): a new row gets a model or an
+# entry, never silence.
+UNMODELLED: dict[str, str] = {}
+# Rows modelled with the parameters of other kernels, never measured themselves on any GPU: their
+# predictions say ``calibrated=False`` (the streaming rows without a fitted entry say it too).
+UNMEASURED_OPS = (
+    "geglu",
+    "geglu_backward",
+    "apply_rotary_qk",
+    "apply_rotary_qk_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "moe_route",
+    "moe_route_backward",
+    "moe_sort",
+) + MOE_OPS
 
 # Implementation names, and what each alias means.
 SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
@@ -108,27 +141,44 @@ ALIASES = {
 }
 # "vendor": cuBLAS for GEMMs; for attention the backend F.scaled_dot_product_attention picks by default on
 # Hopper for fp16/bf16 (the FlashAttention-2 kernel: cuDNN's has a lower priority in torch's dispatcher).
-VENDOR = {"gemm": "cublas", "attention": "sdpa-flash", "elementwise": "pytorch", "collective": "nvls"}
+# MoE GEMMs: torch._grouped_mm (cuBLAS/CUTLASS grouped kernels) modelled with cuBLAS's GEMM parameters.
+VENDOR = {
+    "gemm": "cublas",
+    "attention": "sdpa-flash",
+    "elementwise": "pytorch",
+    "collective": "nvls",
+    "moe": "cublas",
+}
 
 
 def family_of(op: str) -> str:
-    """The model family of an op: gemm, cross_entropy, attention, elementwise or collective."""
+    """The model family of an op: gemm, cross_entropy, attention, elementwise, moe or collective."""
     if op in GEMM_OPS or op in CROSS_ENTROPY_OPS:
         return "gemm" if op in GEMM_OPS else "cross_entropy"
     if op in ATTENTION_OPS:
         return "attention"
     if op in ELEMENTWISE_OPS:
         return "elementwise"
+    if op in MOE_OPS:
+        return "moe"
     if op in COLLECTIVE_OPS:
         return "collective"
-    raise ValueError(f"op: no prediction for {op!r}; known: {', '.join(OPS)}")
+    if op in UNMODELLED:
+        raise ValueError(
+            f"op: no prediction for {op!r} ({UNMODELLED[op]}); predict_work(gpu, flops=, bytes_moved=) "
+            f"gives an uncalibrated estimate from its FLOPs and bytes; modelled: {', '.join(OPS)}"
+        )
+    raise ValueError(
+        f"op: no prediction for {op!r}; modelled: {', '.join(OPS)} (predict_work(gpu, flops=, "
+        "bytes_moved=) gives an uncalibrated estimate of any kernel from its FLOPs and bytes)"
+    )
 
 
 def implementations(op: str) -> tuple[str, ...]:
     """The implementation names :func:`predict` accepts for ``op`` (aliases and "vendor" not listed)."""
     family = family_of(op)
-    if family in ("gemm", "cross_entropy"):
-        return ("llm-speed", "cublas") if family == "gemm" else ("llm-speed", "pytorch")
+    if family in ("gemm", "cross_entropy", "moe"):
+        return ("llm-speed", "pytorch") if family == "cross_entropy" else ("llm-speed", "cublas")
     if family == "attention":
         if op in ("flash_attention", "flash_attention_backward", "sdpa_attention"):
             return ("llm-speed", *SDPA_BACKENDS)
@@ -198,7 +248,8 @@ class Prediction:
     """What ``implementation`` of ``op`` takes on ``gpu``: ``seconds`` and the ``bound`` ("compute",
     "memory" or "latency"), with the terms in ``breakdown``, the roofline floor beside it, and where the
     parameters came from (``source``; ``calibrated`` is False when the GPU has no calibration of its
-    own)."""
+    own, or when no GPU measurement of this op set its parameters: :data:`UNMEASURED_OPS`, the streaming
+    rows, the fused cross-entropy)."""
 
     op: str
     gpu: str
@@ -1258,6 +1309,25 @@ def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, st
     ``rms_norm_work``, ``swiglu_work``, ``rotary_work``; restated here without torch, tests compare them)."""
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
     e = dtype_bytes(dtype)
+    if op in ("cross_entropy", "cross_entropy_backward"):  # logits_cross_entropy_work
+        tokens, vocab = positive_int("tokens", problem.pop("tokens")), positive_int("vocab", problem.pop("vocab"))
+        data = tokens * vocab * e
+        if op == "cross_entropy_backward":
+            return 6.0 * tokens * vocab, 2 * data + 4 * tokens, dtype
+        return 4.0 * tokens * vocab, data + 8 * tokens, dtype
+    if op.startswith("moe_route"):  # moe_route_work
+        tokens = positive_int("tokens", problem.pop("tokens"))
+        experts = positive_int("experts", problem.pop("experts"))
+        top_k = positive_int("top_k", problem.pop("top_k"))
+        logits = tokens * experts * e
+        if op == "moe_route_backward":
+            return 6.0 * tokens * experts, 2.0 * logits + 8.0 * tokens * top_k, dtype
+        return (4.0 + top_k) * tokens * experts, logits + 8.0 * tokens * top_k, dtype
+    if op == "moe_sort":  # moe_sort_work: int32 ids by default
+        copies = positive_int("tokens", problem.pop("tokens")) * positive_int("top_k", problem.pop("top_k"))
+        experts = positive_int("experts", problem.pop("experts"))
+        id_bytes = positive_int("id_bytes", problem.pop("id_bytes", 4))
+        return 0.0, 2.0 * copies * id_bytes + 8.0 * copies + 4.0 * experts, dtype
     if op.startswith("rms_norm"):
         rows, hidden = (
             positive_int("rows", problem.pop("rows")),
@@ -1267,12 +1337,24 @@ def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, st
         if op == "rms_norm_backward":
             return 9.0 * rows * hidden, 3 * act + 2 * weight + 4 * rows, dtype
         return 4.0 * rows * hidden, 2 * act + weight + 4 * rows, dtype
-    if op.startswith("swiglu"):
+    if op.startswith(("swiglu", "geglu")):
         if "elements" in problem:
             n = positive_int("elements", problem.pop("elements"))
         else:
             n = positive_int("rows", problem.pop("rows")) * positive_int("width", problem.pop("width"))
-        return (10.0 * n, 5 * n * e, dtype) if op == "swiglu_backward" else (5.0 * n, 3 * n * e, dtype)
+        # swiglu_work's activation FLOPs per element: SiLU 4, GeGLU's tanh form about 12.
+        activation = 12.0 if op.startswith("geglu") else 4.0
+        if op.endswith("_backward"):
+            return (2 * activation + 2) * n, 5 * n * e, dtype
+        return (activation + 1) * n, 3 * n * e, dtype
+    if op.startswith("apply_rotary_qk"):  # rotary_qk_work: cos and sin [seq, rotary_dim]
+        batch, seq = positive_int("batch", problem.pop("batch", 1)), positive_int("seq", problem.pop("seq"))
+        heads_q = positive_int("heads_q", problem.pop("heads_q"))
+        heads_kv = positive_int("heads_kv", problem.pop("heads_kv", heads_q))
+        head_dim = positive_int("head_dim", problem.pop("head_dim"))
+        rotary_dim = positive_int("rotary_dim", problem.pop("rotary_dim", head_dim))
+        rows = batch * (heads_q + heads_kv) * seq
+        return 6.0 * rows * (rotary_dim // 2), 2 * rows * head_dim * e + 2 * seq * rotary_dim * e, dtype
     batch, heads = positive_int("batch", problem.pop("batch", 1)), positive_int("heads", problem.pop("heads"))
     seq, head_dim = positive_int("seq", problem.pop("seq")), positive_int("head_dim", problem.pop("head_dim"))
     rotary_dim = positive_int("rotary_dim", problem.pop("rotary_dim", head_dim))
@@ -1353,6 +1435,99 @@ def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration)
     exps = tokens * vocab / consts.sfu_per_s
     softmax = _Terms(**{**softmax.__dict__, "compute_s": exps, "exp_s": exps})
     return _sequence([*terms, softmax]), flops, moved, dtype
+
+
+# --- mixture of experts --------------------------------------------------------------------------------------
+
+
+def grouped_tile(rows_per_group: int, n: int, swiglu: bool = False) -> tuple[int, int, int, int]:
+    """llm-speed's grouped-GEMM tile (``llm_speed.moe.grouped_gemm.grouped_config``'s rule restated without
+    torch; tests/perf checks the two agree): BLOCK_M the rows per group as a power of two (16 to 128),
+    BLOCK_N 128 (64 with the SwiGLU epilogue or row tiles of 32 or less), BLOCK_K 64, 8 warps from
+    128x128 accumulator elements on."""
+    block_m = min(128, max(SMALLEST_TILE_SIDE, _next_power_of_2(rows_per_group)))
+    block_n = 64 if swiglu or block_m <= 32 else 128
+    block_n = min(block_n, max(SMALLEST_TILE_SIDE, _next_power_of_2(n)))
+    warps = 8 if block_m * block_n * (2 if swiglu else 1) >= 128 * 128 else 4
+    return (block_m, block_n, 64, warps)
+
+
+def _grouped_terms(params, consts, impl, *, groups, rows, n, k, peak, e, swiglu=False) -> _Terms:
+    """One grouped GEMM of ``groups`` equal groups of ``rows`` rows (balanced routing: the model does not
+    see the ids), out[rows, n] = a[rows, k] @ w_g[k, n] per group: llm-speed's tile rule, or the best of
+    cuBLAS's tiles (torch._grouped_mm)."""
+    common = dict(m=rows, n=n, k=k, batch=groups, peak=peak, in_bytes=e, b_bytes=e, out_bytes=e,
+                  extra_bytes=0.0, split=1, dequant=None)  # fmt: skip
+    if impl == "llm-speed":
+        return _gemm_terms(params, consts, tile=grouped_tile(rows, n, swiglu), **common)
+    options = [_gemm_terms(params, consts, tile=tuple(t), **common) for t in params["tiles"]]
+    return min(options, key=lambda terms: terms.device)
+
+
+def _predict_moe(op, spec, consts, impl, params, problem) -> tuple[_Terms, float, float, str]:
+    """grouped_gemm(_backward): ``tokens`` rows (all groups), ``groups``, ``n``, ``k``; fused_moe(_backward):
+    ``tokens, hidden, intermediate, experts, top_k``. FLOPs and bytes are the op table's
+    (``grouped_gemm_work``, ``fused_moe_work``); the time is the kernels' sequence: forward the SwiGLU
+    gate/up GEMM, the down GEMM and the combine; backward the gate/up GEMM again, d(act), d(hidden) and the
+    two weight gradients (a GEMM over each expert's rows)."""
+    from llm_speed.perf.inference import expected_experts_hit
+
+    dtype = normalize_dtype(problem.pop("dtype", "bf16"))
+    e = dtype_bytes(dtype)
+    peak = spec.peak_flops(dtype)
+    backward = op.endswith("_backward")
+    if op.startswith("grouped_gemm"):
+        total = positive_int("tokens", problem.pop("tokens"))
+        groups = positive_int("groups", problem.pop("groups"))
+        n, k = positive_int("n", problem.pop("n")), positive_int("k", problem.pop("k"))
+        _no_more(problem, op)
+        rows = cdiv(total, groups)
+        flops = (4.0 if backward else 2.0) * total * n * k
+        moved = (total * k + groups * k * n + total * n) * e
+        passes = [_grouped_terms(params, consts, impl, groups=groups, rows=rows, n=n, k=k, peak=peak, e=e)]
+        if backward:
+            moved += (total * k + groups * k * n) * e
+            passes = [
+                _grouped_terms(params, consts, impl, groups=groups, rows=rows, n=k, k=n, peak=peak, e=e),
+                _grouped_terms(params, consts, impl, groups=groups, rows=k, n=n, k=rows, peak=peak, e=e),
+            ]
+        return _sequence(passes), flops, moved, dtype
+    tokens = positive_int("tokens", problem.pop("tokens"))
+    size = positive_int("hidden", problem.pop("hidden"))
+    inter = positive_int("intermediate", problem.pop("intermediate"))
+    experts = positive_int("experts", problem.pop("experts"))
+    top_k = positive_int("top_k", problem.pop("top_k"))
+    _no_more(problem, op)
+    copies = tokens * top_k
+    hit = expected_experts_hit(experts, top_k, tokens)
+    groups = max(1, min(experts, round(hit)))
+    rows = cdiv(copies, groups)
+    expert_bytes = 3.0 * inter * size * e
+    weights = hit * expert_bytes
+    if backward:
+        flops = 16.0 * copies * size * inter + 2.0 * copies * size
+        moved = 3.0 * tokens * size * e + weights + experts * expert_bytes + 2.0 * copies * (3 * inter + size) * e
+    else:
+        flops = 6.0 * copies * size * inter + 2.0 * copies * size
+        moved = 2.0 * tokens * size * e + weights + 2.0 * copies * (inter + size) * e
+
+    def grouped(rows_, n, k, swiglu=False):
+        return _grouped_terms(params, consts, impl, groups=groups, rows=rows_, n=n, k=k, peak=peak, e=e,
+                              swiglu=swiglu)  # fmt: skip
+
+    combine = _memory_pass_terms(params, consts, "combine", (copies + tokens) * size * e, spec.sm_count)
+    if not backward:
+        passes = [grouped(rows, 2 * inter, size, swiglu=True), grouped(rows, size, inter), combine]
+    else:
+        passes = [
+            grouped(rows, 2 * inter, size, swiglu=True),  # gate/up again (the activations were not kept)
+            grouped(rows, inter, size),  # d(act) = dy @ W_down
+            grouped(size, inter, rows),  # dW_down = dy^T @ act, per expert
+            grouped(rows, size, 2 * inter),  # d(hidden) = dh @ W_gate_up
+            grouped(2 * inter, size, rows),  # dW_gate_up = dh^T @ hidden, per expert
+            combine,
+        ]
+    return _sequence(passes), flops, moved, dtype
 
 
 # --- collectives -------------------------------------------------------------------------------------------
@@ -1460,7 +1635,12 @@ def predict(
       ``head_dim, heads_kv, seq_new``.
     * rms_norm(_backward): ``rows, hidden``; swiglu(_backward): ``rows, width`` (or ``elements``);
       apply_rotary: ``batch, heads, seq, head_dim, rotary_dim``; fused_linear_cross_entropy(_backward):
-      ``tokens, hidden, vocab``; all each with ``dtype`` (bf16).
+      ``tokens, hidden, vocab``; geglu(_backward): as swiglu; apply_rotary_qk(_backward): ``batch,
+      heads_q, heads_kv, seq, head_dim, rotary_dim``; cross_entropy(_backward) (on logits): ``tokens,
+      vocab``; moe_route(_backward): ``tokens, experts, top_k``; moe_sort: ``tokens, top_k, experts,
+      id_bytes`` (4); all each with ``dtype`` (bf16).
+    * grouped_gemm(_backward): ``tokens`` (rows of all groups), ``groups, n, k``; fused_moe(_backward):
+      ``tokens, hidden, intermediate, experts, top_k``; ``dtype`` (bf16). Routing is taken as balanced.
     * all_reduce: ``size_bytes, num_gpus``, ``link`` ("nvlink"); implementation "ring", "tree", "nvls",
       "auto" ("vendor" = nvls).
     """
@@ -1491,7 +1671,7 @@ def predict(
             source=source,
             problem=recorded,
         )
-    section = {"cross_entropy": "elementwise"}.get(family, family)
+    section = {"cross_entropy": "elementwise", "moe": "gemm"}.get(family, family)
     params, calibrated, source = parameters(spec, impl, section, calibration)
     built = build_entry(impl, build, calibration)
     if family == "gemm":
@@ -1503,6 +1683,8 @@ def predict(
         _no_more(work, op)
     elif family == "elementwise":
         terms, flops, moved, dtype = _predict_elementwise(op, spec, consts, impl, params, work)
+    elif family == "moe":
+        terms, flops, moved, dtype = _predict_moe(op, spec, consts, impl, params, work)
     else:
         terms, flops, moved, dtype = _predict_cross_entropy(op, spec, consts, impl, params, work, calibration)
     host_s = _host_s(built.get("host_s") or host_table(spec, impl, calibration), op)
@@ -1518,6 +1700,9 @@ def predict(
     floor = roofline(flops, moved, floor_dtype, spec).time_floor_s if moved else 0.0
     if built.get("source"):
         source = f"{source}; build {build or 'current'}: {built['source']}"
+    measured = "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS
+    if not measured:
+        source = f"UNCALIBRATED for {op} (no measurement of it on any GPU): {source}"
     return Prediction(
         op=op,
         gpu=spec.id,
@@ -1527,7 +1712,7 @@ def predict(
         breakdown=_breakdown(terms, flops, moved, host_s, exposed),
         floor_s=floor,
         context=context,
-        calibrated=calibrated and consts.calibrated,
+        calibrated=calibrated and consts.calibrated and measured,
         source=source,
         problem=recorded,
     )
