@@ -77,7 +77,9 @@ def test_every_op_table_row_has_a_prediction():
 
     # Every row is modelled or listed as not modelled (with the reason the error gives): never silent.
     unlisted = set(ops.names()) - set(OPS) - set(UNMODELLED)
-    assert not unlisted, f"op-table rows need a model in llm_speed.perf.predict or an UNMODELLED entry: {unlisted}"
+    assert not unlisted, (
+        f"op-table rows need a model in llm_speed.perf.predict or an UNMODELLED entry: {unlisted}"
+    )
     assert set(PROBLEMS) == set(OPS)
     for op, problem in PROBLEMS.items():
         for implementation in implementations(op):
@@ -220,7 +222,8 @@ def test_new_row_costs_are_the_op_tables():
     cases = {
         "grouped_gemm": (dict(a=torch.empty(96, 32, **meta), b=torch.empty(4, 32, 48, **meta),
                               out=torch.empty(96, 48, **meta)), dict(tokens=96, groups=4, n=48, k=32)),
-        "moe_route": (dict(router_logits=torch.empty(40, 16, **meta), top_k=4), dict(tokens=40, experts=16, top_k=4)),
+        "moe_route": (dict(router_logits=torch.empty(40, 16, **meta), top_k=4),
+                      dict(tokens=40, experts=16, top_k=4)),
         "moe_sort": (dict(topk_ids=torch.empty(40, 4, device="meta", dtype=torch.int32), num_experts=16),
                      dict(tokens=40, top_k=4, experts=16)),
         "fused_moe": (dict(hidden=torch.empty(40, 32, **meta), w_gate_up=torch.empty(8, 2 * 24, 32, **meta),
@@ -256,7 +259,12 @@ def test_grouped_gemm_tile_rule_is_the_launchers():
                             (1024, 7168, False), (8, 24, False)]:  # fmt: skip
         rows_pow2 = 1 << (rows - 1).bit_length()
         config = grouped_config(rows_pow2, n, 2, swiglu, hardware)
-        assert grouped_tile(rows, n, swiglu) == (config.block_m, config.block_n, config.block_k, config.num_warps)
+        assert grouped_tile(rows, n, swiglu) == (
+            config.block_m,
+            config.block_n,
+            config.block_k,
+            config.num_warps,
+        )
 
 
 def test_moe_predictions_scale_as_the_experts_hit():
@@ -282,8 +290,9 @@ def test_gemm_tile_rule_is_the_launchers():
     tiles = [(c.block_m, c.block_n, c.block_k, c.num_warps) for c in persistent_tma_configs(hardware)]
     shipped = load_calibration()["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["gemm"]["tiles"]
     assert [tuple(t) for t in shipped] == tiles
-    for m, n, k in [(1, 4096, 4096), (16, 57344, 8192), (128, 6144, 4096), (1024, 1024, 1024), (8192, 8192, 64),
-                    (2048, 28672, 4096), (3, 5, 7)]:  # fmt: skip
+    shapes = [(1, 4096, 4096), (16, 57344, 8192), (128, 6144, 4096), (1024, 1024, 1024), (8192, 8192, 64),
+              (2048, 28672, 4096), (3, 5, 7)]  # fmt: skip
+    for m, n, k in shapes:
         config = gemm_config(m, n, k, torch.bfloat16, "persistent_tma", True, hardware)
         chosen = gemm_config_choice(m, n, k, tiles, hardware.sm_count)
         assert chosen == (config.block_m, config.block_n, config.block_k, config.num_warps), (m, n, k)
@@ -314,7 +323,13 @@ def test_attention_tile_tables_match_the_kernels():
 def test_the_held_out_rule(results):
     """Every second size of each group is held out: 1k, 4k, 16k of the attention grid, tokens 16 and 2048
     of the model GEMMs, squares 1024 and 4096; every second tile of the sweeps."""
-    flags = dict(zip((p.source + p.implementation for p in results.points), calibrate.held_out(results.points)))
+    flags = dict(
+        zip(
+            (p.source + p.implementation for p in results.points),
+            calibrate.held_out(results.points),
+            strict=True,
+        )
+    )
     assert flags["2026-11-22-baseline/attn_fp16_fwd_d128_full_mha_s1024.json: seq=1024sdpa-cudnn"]
     assert not flags["2026-11-22-baseline/attn_fp16_fwd_d128_full_mha_s2048.json: seq=2048llm-speed"]
     assert flags["2026-11-22-baseline/gemm_bf16_llama-3-8b_t2048.json: qkv 2048x6144x4096cublas"]
@@ -341,7 +356,9 @@ HELD_OUT = {
 def test_held_out_errors_on_the_h100(results):
     train, test = calibrate.split(results.points)
     for (implementation, family), (median, worst) in HELD_OUT.items():
-        points = [p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family]
+        points = [
+            p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family
+        ]
         errors = [abs(e) for e in calibrate.errors(points, None)]
         assert statistics.median(errors) <= median and max(errors) <= worst, (implementation, family)
         assert statistics.median(errors) <= 0.15  # the issue's target for the median
@@ -356,7 +373,9 @@ def test_shipped_calibration_records_its_fit(results):
     train, test = calibrate.split(results.points)
     for key, fit in cal["last_fit"]["entries"].items():
         gpu, implementation, family = key.split("/")
-        held = [p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family]
+        held = [
+            p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family
+        ]
         summary = calibrate.summarize(held, None)
         assert summary.count == fit["held_out"]["points"]
         assert summary.median == pytest.approx(fit["held_out"]["median_abs_error"], rel=1e-6), key
@@ -371,7 +390,9 @@ def test_refit_from_a_results_directory(tmp_path):
     sizes = [(m, 6144, 4096) for m in (256, 1024, 2048, 4096, 8192)]  # one group: 1024 and 4096 held out
     rows = []
     for m, n, k in sizes:
-        seconds = predict("gemm", "h100-sxm", implementation="cublas", calibration=truth, m=m, n=n, k=k).seconds
+        seconds = predict(
+            "gemm", "h100-sxm", implementation="cublas", calibration=truth, m=m, n=n, k=k
+        ).seconds
         rows.append({"case": f"{m}x{n}x{k}", "impl": "torch", "available": True, "m": m, "n": n, "k": k,
                      "timing": {"median_ms": seconds * 1e3}})  # fmt: skip
     document = {"benchmark": "gemm", "environment": {"gpu_spec_id": "h100-sxm", "git_commit": None},

@@ -42,7 +42,8 @@ def test_nccl_picks_the_ring_below_four_gpus():
 
 
 @pytest.mark.parametrize(
-    ("name", "hidden", "layers", "published"), [("GPT-3 175B", 12288, 96, 0.027), ("MT-NLG 530B", 20480, 105, 0.016)]
+    ("name", "hidden", "layers", "published"),
+    [("GPT-3 175B", 12288, 96, 0.027), ("MT-NLG 530B", 20480, 105, 0.016)],
 )
 def test_selective_recompute_overhead_as_korthikanti_count_it(name, hidden, layers, published):
     flops = korthikanti_selective_recompute_flops(
@@ -61,7 +62,9 @@ def test_selective_recompute_executed_work_is_a_third_of_the_papers_count():
         head_dim=128, intermediate_size=4 * 12288, vocab_size=51200, max_position_embeddings=2048,
         gated_mlp=False,
     )  # fmt: skip
-    none = training_flops(gpt3, batch_size=1, seq_len=2048, causal=False, recompute="none", flash_attention=False)
+    none = training_flops(
+        gpt3, batch_size=1, seq_len=2048, causal=False, recompute="none", flash_attention=False
+    )
     selective = training_flops(
         gpt3, batch_size=1, seq_len=2048, causal=False, recompute="selective", flash_attention=False
     )

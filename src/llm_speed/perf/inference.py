@@ -424,8 +424,11 @@ def _phase_ops(
         "rope",
         elementwise(rope_elements + rope_table, rope_elements, ROPE_FLOPS_PER_ELEMENT * rope_elements),
         layers,
-        predict_as=("apply_rotary", {"batch": 1, "heads": rotated_heads, "seq": int(tokens),
-                                     "head_dim": config.rope_dim}, "elementwise"),  # fmt: skip
+        predict_as=(
+            "apply_rotary",
+            {"batch": 1, "heads": rotated_heads, "seq": int(tokens), "head_dim": config.rope_dim},
+            "elementwise",
+        ),  # fmt: skip
     )
 
     kv_per_token = kv_cache_size(config, seq_len=1, dtype=kv_dtype).bytes_per_token_per_layer

@@ -1310,7 +1310,10 @@ def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, st
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
     e = dtype_bytes(dtype)
     if op in ("cross_entropy", "cross_entropy_backward"):  # logits_cross_entropy_work
-        tokens, vocab = positive_int("tokens", problem.pop("tokens")), positive_int("vocab", problem.pop("vocab"))
+        tokens, vocab = (
+            positive_int("tokens", problem.pop("tokens")),
+            positive_int("vocab", problem.pop("vocab")),
+        )
         data = tokens * vocab * e
         if op == "cross_entropy_backward":
             return 6.0 * tokens * vocab, 2 * data + 4 * tokens, dtype
@@ -1437,7 +1440,7 @@ def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration)
     return _sequence([*terms, softmax]), flops, moved, dtype
 
 
-# --- mixture of experts --------------------------------------------------------------------------------------
+# --- mixture of experts ---------------------------------------------------------------------------------
 
 
 def grouped_tile(rows_per_group: int, n: int, swiglu: bool = False) -> tuple[int, int, int, int]:
@@ -1469,7 +1472,8 @@ def _predict_moe(op, spec, consts, impl, params, problem) -> tuple[_Terms, float
     ``tokens, hidden, intermediate, experts, top_k``. FLOPs and bytes are the op table's
     (``grouped_gemm_work``, ``fused_moe_work``); the time is the kernels' sequence: forward the SwiGLU
     gate/up GEMM, the down GEMM and the combine; backward the gate/up GEMM again, d(act), d(hidden) and the
-    two weight gradients (a GEMM over each expert's rows)."""
+    two weight gradients (a GEMM over each expert's rows). The forward also sorts the copies by expert
+    (two short kernels)."""
     from llm_speed.perf.inference import expected_experts_hit
 
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
@@ -1506,7 +1510,9 @@ def _predict_moe(op, spec, consts, impl, params, problem) -> tuple[_Terms, float
     weights = hit * expert_bytes
     if backward:
         flops = 16.0 * copies * size * inter + 2.0 * copies * size
-        moved = 3.0 * tokens * size * e + weights + experts * expert_bytes + 2.0 * copies * (3 * inter + size) * e
+        moved = (
+            3.0 * tokens * size * e + weights + experts * expert_bytes + 2.0 * copies * (3 * inter + size) * e
+        )
     else:
         flops = 6.0 * copies * size * inter + 2.0 * copies * size
         moved = 2.0 * tokens * size * e + weights + 2.0 * copies * (inter + size) * e
@@ -1516,8 +1522,16 @@ def _predict_moe(op, spec, consts, impl, params, problem) -> tuple[_Terms, float
                               swiglu=swiglu)  # fmt: skip
 
     combine = _memory_pass_terms(params, consts, "combine", (copies + tokens) * size * e, spec.sm_count)
+    # Grouping the copies by expert (moe_sort: count, then place; not in the op table's fused_moe bytes).
+    sort = _memory_pass_terms(params, consts, "sort", 8.0 * copies, 1)
     if not backward:
-        passes = [grouped(rows, 2 * inter, size, swiglu=True), grouped(rows, size, inter), combine]
+        passes = [
+            sort,
+            sort,
+            grouped(rows, 2 * inter, size, swiglu=True),
+            grouped(rows, size, inter),
+            combine,
+        ]
     else:
         passes = [
             grouped(rows, 2 * inter, size, swiglu=True),  # gate/up again (the activations were not kept)
