@@ -125,6 +125,10 @@ def test_implementation_names():
         predict("gemm", "h100-sxm", m=1, n=1, k=1, q=3)
     with pytest.raises(ValueError, match="context"):
         predict("gemm", "h100-sxm", context="warm", m=1, n=1, k=1)
+    for op in OPS:  # a missing argument names itself, whatever the row
+        if op != "all_reduce":
+            with pytest.raises(ValueError, match=f"{op}: missing problem argument"):
+                predict(op, "h100-sxm")
     with pytest.raises(ValueError, match="m must be a positive int"):
         predict("gemm", "h100-sxm", m=0, n=1, k=1)
 

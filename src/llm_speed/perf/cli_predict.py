@@ -5,13 +5,14 @@
     llm-speed predict gemm m=4096 n=4096 k=4096 --gpu h100 --implementation cublas
     llm-speed predict flash_attention batch=1 heads_q=16 seq_q=16384 head_dim=128 causal=true --gpu h100
     llm-speed predict --calibrate benchmarks/results/h100-sxm --output my-calibration.json
-    llm-speed predict --check benchmarks/results/h100-sxm
+    llm-speed predict --check benchmarks/results/h100-sxm --points
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from typing import Any
 
 from llm_speed.core.gpus import get_gpu
@@ -172,6 +173,32 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str]:
+    """``--check``'s table: median and worst |error| per implementation, op family and split; with
+    ``points``, then every held-out point with its measured and predicted time."""
+    from llm_speed.perf.predict import family_of
+
+    groups: dict[tuple[str, str, bool], list[float]] = {}
+    for record in records:
+        key = (record["implementation"], family_of(record["op"]), record["held_out"])
+        groups.setdefault(key, []).append(abs(record["error"]))
+    lines = [f"{'implementation':<16} {'family':<10} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
+    for (impl, family, held), values in sorted(groups.items()):
+        lines.append(
+            f"{impl:<16} {family:<10} {'held-out' if held else 'training':<9} {len(values):>6} "
+            f"{statistics.median(values):>7.1%} {max(values):>7.1%}"
+        )
+    if points:
+        lines += ["", "held-out points (measured ms, predicted ms, error):"]
+        for record in records:
+            if record["held_out"]:
+                lines.append(
+                    f"  {record['point']}  {record['measured_ms']:.4g}  {record['predicted_ms']:.4g}  "
+                    f"{record['error']:+.1%}"
+                )
+    return lines
+
+
 def _check(args: argparse.Namespace) -> int:
     results = calibrate.load_results(args.check, gpu=args.gpu)
     if not results.points:
@@ -180,17 +207,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(records, indent=1))
         return 0
-    groups: dict[tuple[str, bool], list[float]] = {}
-    for record in records:
-        groups.setdefault((record["implementation"], record["held_out"]), []).append(abs(record["error"]))
-    print(f"{'implementation':<16} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}")
-    for (impl, held), values in sorted(groups.items()):
-        values.sort()
-        middle = values[len(values) // 2] if len(values) % 2 else sum(values[len(values) // 2 - 1 :][:2]) / 2
-        print(
-            f"{impl:<16} {'held-out' if held else 'training':<9} {len(values):>6} {middle:>7.1%} "
-            f"{values[-1]:>7.1%}"
-        )
+    print("\n".join(check_lines(records, args.points)))
     return 0
 
 
@@ -255,6 +272,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--output", default=None, metavar="FILE", help="--calibrate: write the new calibration"
     )
+    parser.add_argument("--points", action="store_true", help="--check: also list every held-out point")
     parser.add_argument("--iterations", type=int, default=400, help="--calibrate: simplex steps per start")
     parser.add_argument("--list", action="store_true", help="list the ops and implementations")
     parser.add_argument("--json", action="store_true", help="print JSON")

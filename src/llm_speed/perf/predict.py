@@ -751,6 +751,22 @@ def _predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[_Term
     return best[1], cost.flops, cost.bytes_moved, {"dtype": dtype}
 
 
+class _Problem(dict):
+    """predict's problem arguments: taking one that was not given (and has no default) is a ValueError
+    naming it and the op."""
+
+    def __init__(self, op: str, problem: dict[str, Any]) -> None:
+        super().__init__(problem)
+        self.op = op
+
+    _MISSING = object()
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        if key not in self and default is _Problem._MISSING:
+            raise ValueError(f"{self.op}: missing problem argument {key!r}")
+        return super().pop(key) if key in self else default
+
+
 def _no_more(problem: dict[str, Any], op: str) -> None:
     if problem:
         raise ValueError(f"{op}: unknown problem argument(s) {', '.join(sorted(problem))}")
@@ -1666,7 +1682,7 @@ def predict(
     spec = get_gpu(gpu)
     consts = gpu_constants(spec, calibration)
     recorded = {key: (list(value) if isinstance(value, tuple) else value) for key, value in problem.items()}
-    work = dict(problem)
+    work = _Problem(op, problem)
     host_s = 0.0
     dtype = "bf16"
     if family == "collective":
