@@ -51,6 +51,7 @@ from llm_speed.perf.kernel_costs import (
     SOFTMAX_STATS_BYTES,
     KernelCost,
     attention_cost,
+    expected_experts_hit,
     gemm_cost,
     visible_pairs,
 )
@@ -169,12 +170,6 @@ class InferenceAnalysis:
     total_time_predicted_s: float = 0.0
     prefill_mfu_predicted: float = 0.0  # prefill FLOPs / predicted TTFT / dense peak
     decode_mfu_predicted: float = 0.0
-
-
-def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
-    """E * (1 - (1 - k/E)^T): expected number of distinct experts that T tokens choosing k of E experts
-    uniformly at random touch (each expert is missed by one token with probability 1 - k/E)."""
-    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
 
 
 def generalized_attention_cost(

@@ -54,6 +54,7 @@ from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import (
     attention_cost,
+    expected_experts_hit,
     gemm_cost,
     kvcache_decode_cost,
     varlen_attention_cost,
@@ -1490,8 +1491,6 @@ def _predict_moe(op, spec, consts, impl, params, problem) -> tuple[_Terms, float
     gate/up GEMM, the down GEMM and the combine; backward the gate/up GEMM again, d(act), d(hidden) and the
     two weight gradients (a GEMM over each expert's rows). The forward also sorts the copies by expert
     (two short kernels)."""
-    from llm_speed.perf.inference import expected_experts_hit
-
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
     e = dtype_bytes(dtype)
     peak = spec.peak_flops(dtype)
