@@ -12,6 +12,9 @@ line, to feed ``llm_speed.cli.main`` in one process), and summarizes the JSON fi
 
     python benchmarks/predict_targets.py commands attention --dtypes fp16 bf16 --out /tmp/r
     python benchmarks/predict_targets.py summarize /tmp/r
+
+``summarize`` puts the calibrated prediction (``llm_speed.perf.predict``) and its error beside each measured
+time, and says whether the point was held out of the calibration's fit (``llm_speed.perf.calibrate``).
 """
 
 from __future__ import annotations
@@ -239,8 +242,36 @@ def gemm_commands(dtypes, out: str) -> list[str]:
     return lines
 
 
+def _predictions(folder: str) -> dict[tuple[str, str, str], tuple[float, float, bool]]:
+    """(file stem, case, impl) -> (measured s, predicted s, held out) for every point llm_speed.perf can
+    read in ``folder`` (its calibration's predictions: llm_speed.perf.predict)."""
+    from llm_speed.perf.calibrate import held_out, load_results, prediction_of
+
+    names = {"llm-speed": ("llm-speed", "flash", "tiled", "naive"), "cublas": ("torch", "torch-int-mm")}
+    points = load_results(folder).points
+    found = {}
+    for point, held in zip(points, held_out(points), strict=True):
+        file, _, case = point.source.partition(": ")
+        stem = Path(file).stem
+        prediction = prediction_of(point, None).seconds
+        for impl in names.get(point.implementation, (point.implementation,)):
+            found[(stem, case, impl)] = (point.measured_s, prediction, held)
+    return found
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3g}"
+
+
+def _error(entry) -> str:
+    return "-" if entry is None else f"{entry[1] / entry[0] - 1:+.0%}"
+
+
 def summarize(folder: str) -> list[str]:
-    """One row per measured point of every benchmark JSON in ``folder``: ours against the fastest other."""
+    """One row per measured point of every benchmark JSON in ``folder``: ours against the fastest other, each
+    with the calibrated prediction (llm_speed.perf.predict) and its error, and whether the point was held out
+    of the calibration's fit."""
+    predicted = _predictions(folder)
     rows = []
     for path in sorted(Path(folder).glob("*.json")):
         document = json.loads(path.read_text())
@@ -248,11 +279,22 @@ def summarize(folder: str) -> list[str]:
             if row["impl"] not in ("flash", "llm-speed"):
                 continue
             ratio, over = row["speedup_vs_fastest_other"], row["measured_over_predicted"]
+            ours = predicted.get((path.stem, row["case"], row["impl"]))
+            other = None
+            if row["fastest_other"]:
+                other = predicted.get((path.stem, row["case"], row["fastest_other"]))
+            split = "-" if ours is None else ("held out" if ours[2] else "fit")
             rows.append([
-                path.stem, row["case"], f"{row['tflops']:.1f}" if row["tflops"] else row["reason"],
-                row["fastest_other"] or "-", f"{ratio:.2f}" if ratio else "-", f"{over:.2f}" if over else "-",
+                path.stem, row["case"], split, f"{row['tflops']:.1f}" if row["tflops"] else row["reason"],
+                _ms(ours[0] if ours else None), _ms(ours[1] if ours else None), _error(ours),
+                row["fastest_other"] or "-", _ms(other[0] if other else None),
+                _ms(other[1] if other else None),
+                _error(other), f"{ratio:.2f}" if ratio else "-", f"{over:.2f}" if over else "-",
             ])  # fmt: skip
-    header = ["file", "case", "ours TFLOP/s", "fastest other", "ours / fastest", "measured / floor"]
+    header = [
+        "file", "case", "split", "ours TFLOP/s", "ours ms", "predicted ms", "error", "fastest other",
+        "other ms", "its predicted ms", "its error", "ours / fastest", "measured / floor",
+    ]  # fmt: skip
     return _table(header, rows)
 
 

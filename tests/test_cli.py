@@ -118,6 +118,7 @@ def test_every_command_module_registers_itself():
         "llm_speed.demo",
         "llm_speed.perf.cli_models",
         "llm_speed.perf.cli_hardware",
+        "llm_speed.perf.cli_predict",
         "llm_speed.distributed.cli",
     ]
     assert all(registrar.__name__ == "register" for registrar in cli.REGISTRARS)

@@ -18,7 +18,7 @@ from llm_speed import __version__, doctor
 from llm_speed.bench import cli as bench_cli
 from llm_speed.demo import register as register_demo
 from llm_speed.distributed import cli as distributed_cli
-from llm_speed.perf import cli_hardware, cli_models
+from llm_speed.perf import cli_hardware, cli_models, cli_predict
 
 # In the order they appear in ``llm-speed --help``.
 REGISTRARS = (
@@ -27,6 +27,7 @@ REGISTRARS = (
     register_demo,
     cli_models.register,
     cli_hardware.register,
+    cli_predict.register,
     distributed_cli.register,
 )
 

@@ -347,13 +347,13 @@ def fused_moe_work(backward: bool = False) -> Callable[..., Work | None]:
     FLOPs: the expert GEMMs of the ``T*k`` copies, 6 T k H I forward (gate/up 4, down 2) and 16 T k H I
     backward (the gate/up GEMM recomputed, 4, then d(act) 2, d(hidden) 4, dW_gate_up 4, dW_down 2), plus the
     combine's 2 T k H. Bytes: hidden (and dout) read; the weights of the experts T tokens are expected to hit
-    (``E (1 - (1 - k/E)^T)``, :func:`llm_speed.perf.inference.expected_experts_hit`: the cost reads no ids)
+    (``E (1 - (1 - k/E)^T)``, :func:`llm_speed.perf.kernel_costs.expected_experts_hit`: the cost reads no ids)
     read, and every expert's gradient written; the intermediates each written and read once (forward: act
     ``T k I``, y ``T k H``; backward: dh ``T k 2I``, act, dx ``T k H``); the output written.
     """
 
     def cost(*, hidden: Any, w_gate_up: Any, w_down: Any, topk_ids: Any, **_: Any) -> Work | None:
-        from llm_speed.perf.inference import expected_experts_hit
+        from llm_speed.perf.kernel_costs import expected_experts_hit
 
         tokens, size = hidden.shape
         experts, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2

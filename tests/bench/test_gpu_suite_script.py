@@ -68,7 +68,7 @@ def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
     elif step == "bench":
         assert "does not parse" not in result.stdout and result.stdout.count("parses: llm-speed") >= 15
     else:
-        assert {s["step"] for s in summary["steps"]} == {"bench_ops", "bench_train_step"}
+        assert {s["step"] for s in summary["steps"]} == {"bench_ops", "bench_train_step", "bench_moe"}
         assert "does not parse" not in result.stdout
         assert "parses: llm-speed bench ops" in logs["bench_ops.log"]
         assert "parses: llm-speed bench train-step --model llama-3-8b" in logs["bench_train_step.log"]

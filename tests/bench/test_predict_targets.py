@@ -66,7 +66,8 @@ def test_summarize_reads_benchmark_json(predict, tmp_path):
     other = {**row, "impl": "sdpa-cudnn"}
     (tmp_path / "attn_x.json").write_text(json.dumps({"results": [row, other]}))
     lines = _output(predict, "summarize", str(tmp_path)).splitlines()
-    assert lines[2] == "| attn_x | seq=512 | 123.4 | sdpa-cudnn | 0.90 | 1.70 |"
+    # A file without settings or a GPU gives no prediction: the prediction cells read "-".
+    assert lines[2] == "| attn_x | seq=512 | - | 123.4 | - | - | - | sdpa-cudnn | - | - | - | 0.90 | 1.70 |"
     assert len(lines) == 3
 
 

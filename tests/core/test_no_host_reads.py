@@ -112,6 +112,35 @@ def _cross_entropy(reduction):
     return make
 
 
+def _grouped_gemm(grad):
+    a, b = _randn(24, 16, grad=grad), _randn(3, 40, 16, grad=grad)
+    offsets = torch.tensor([5, 5, 24], dtype=torch.int32)
+    return lambda: llm_speed.grouped_gemm(a, b, offsets, trans_b=True)
+
+
+def _moe_route(grad):
+    logits, bias = _randn(10, 16, grad=grad), torch.randn(16)
+    return lambda: llm_speed.moe_route(logits, 4, scoring="sigmoid", bias=bias, n_group=4, topk_group=2)[0]
+
+
+def _moe_sort(grad):
+    ids = torch.randint(0, 8, (10, 2), dtype=torch.int32)
+    return lambda: llm_speed.moe_sort(ids, 8)[0]
+
+
+def _fused_moe(grad):
+    x, w_down = _randn(10, 32, grad=grad), _randn(8, 32, 24, grad=grad)
+    w_gate_up = _randn(8, 48, 32, grad=grad)
+    weights, ids = _randn(10, 2, grad=grad), torch.randint(0, 8, (10, 2))
+    return lambda: llm_speed.fused_moe(x, w_gate_up, w_down, weights, ids)
+
+
+def _moe_module(grad):
+    layer = llm_speed.nn.MoE(32, 24, 8, 2).requires_grad_(grad)
+    x = _randn(2, 5, 32, grad=grad)
+    return lambda: layer(x)
+
+
 CASES = {
     "flash_attention": lambda grad: _attention("flash_attention", grad),
     "tiled_attention": lambda grad: _attention("tiled_attention", grad),
@@ -126,8 +155,14 @@ CASES = {
     "swiglu": _swiglu,
     "apply_rotary": _rotary,
     **{f"fused_linear_cross_entropy-{r}": _cross_entropy(r) for r in ("mean", "sum", "none")},
+    "grouped_gemm": _grouped_gemm,
+    "moe_route": _moe_route,
+    "moe_sort": _moe_sort,
+    "fused_moe": _fused_moe,
+    "nn.MoE": _moe_module,
 }
-NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8"} | {name for name in CASES if name.startswith("kvcache")}
+NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8", "moe_sort"}
+NOT_DIFFERENTIABLE |= {name for name in CASES if name.startswith("kvcache")}
 
 
 @pytest.mark.parametrize("name", CASES)

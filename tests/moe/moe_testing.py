@@ -1,8 +1,7 @@
-"""Shared tools of the MoE tests: the float64 2x/3x rule for matrix products, leaves, a host-read guard."""
+"""Shared tools of the MoE tests: the float64 2x/3x rule for matrix products and leaves (the MoE ops'
+host-read cases are in tests/core/test_no_host_reads.py with every other op's)."""
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -33,30 +32,3 @@ def leaves(*tensors, dtype=None, device=None):
 
 def grads(tensors):
     return [t.grad for t in tensors if t.is_floating_point()]
-
-
-READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-         "unique")  # fmt: skip
-
-
-class HostRead(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def host_reads_raise(monkeypatch):
-    """Every way of reading a tensor's values on the host raises inside the block (as
-    tests/core/test_no_host_reads.py does for the other ops)."""
-
-    def refuse(name):
-        def method(*args, **kwargs):
-            raise HostRead(f"{name} read device data on the host")
-
-        return method
-
-    with monkeypatch.context() as patch:
-        for name in READS:
-            patch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
-        for name in ("nonzero", "unique", "equal"):
-            patch.setattr(torch, name, refuse(f"torch.{name}"))
-        yield

@@ -258,8 +258,58 @@ def run_attention(
             if on_case is not None:
                 on_case(rows)
     gpu, reason = report.prediction_gpu(device)
-    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
     return rows
+
+
+# The implementation name of each --impl in llm_speed.perf.predict (flash_attn: FlashAttention-2 itself,
+# modelled by SDPA's FlashAttention-2 backend). None: not predicted.
+PREDICTED_AS = {
+    "flash": ("flash_attention", "llm-speed"),
+    "tiled": ("tiled_attention", "llm-speed"),
+    "naive": ("naive_attention", "llm-speed"),
+    "sdpa": ("flash_attention", "vendor"),
+    "sdpa-flash": ("flash_attention", "sdpa-flash"),
+    "sdpa-efficient": ("flash_attention", "sdpa-efficient"),
+    "sdpa-cudnn": ("flash_attention", "sdpa-cudnn"),
+    "flash_attn": ("flash_attention", "sdpa-flash"),
+}
+
+
+def predictor(settings: AttentionSettings, gpu) -> Callable[[AttentionMeasurement], Any] | None:
+    """Row -> the calibrated prediction of its implementation at its sequence length on ``gpu`` (fwd+bwd:
+    the two added; the backward of tiled and naive rows is flash's kernels)."""
+    if gpu is None:
+        return None
+    from llm_speed.perf.predict import predict
+
+    def predict_row(row: AttentionMeasurement):
+        if row.impl not in PREDICTED_AS:
+            return None
+        op, implementation = PREDICTED_AS[row.impl]
+        problem = dict(
+            batch=settings.batch_size, heads_q=settings.num_heads, heads_kv=settings.num_kv_heads,
+            seq_q=row.seq_len, seq_kv=row.seq_len, head_dim=settings.head_dim, dtype=settings.dtype,
+            causal=settings.causal,
+        )  # fmt: skip
+        backward_op = "flash_attention_backward"
+        ops = {"fwd": [op], "bwd": [backward_op], "fwd+bwd": [op, backward_op]}[settings.mode]
+        predictions = [predict(name, report.prediction_gpu_id(gpu), implementation=implementation, **problem)
+                       for name in ops]  # fmt: skip
+        return _sum_predictions(predictions)
+
+    return predict_row
+
+
+def _sum_predictions(predictions):
+    """One prediction standing for calls made one after the other (times add; the longer names the bound)."""
+    if len(predictions) == 1:
+        return predictions[0]
+    import dataclasses as _dc
+
+    longest = max(predictions, key=lambda p: p.seconds)
+    return _dc.replace(longest, seconds=sum(p.seconds for p in predictions),
+                       calibrated=all(p.calibrated for p in predictions))  # fmt: skip
 
 
 def results_payload(settings: AttentionSettings, rows: Sequence[AttentionMeasurement]) -> dict[str, Any]:

@@ -155,9 +155,27 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
                 if advance is not None:
                     advance(f"{row.case} {impl}")
     gpu, reason = report.prediction_gpu(device)
-    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
     report.add_hbm_peak_fraction(rows, gpu)
     return rows
+
+
+def predictor(settings: DecodeSettings, gpu) -> Callable[[DecodeMeasurement], Any] | None:
+    """Row -> the calibrated prediction of one decode step: llm-speed's split-KV kernel (dense or paged
+    cache alike: pages are whole rows) or SDPA's default backend over the dense cache."""
+    if gpu is None:
+        return None
+    from llm_speed.perf.predict import predict
+
+    def predict_row(row: DecodeMeasurement):
+        implementation = "vendor" if row.impl == "sdpa" else "llm-speed"
+        return predict(
+            "attention_kvcache_fwd", report.prediction_gpu_id(gpu), implementation=implementation,
+            batch=row.batch, heads_q=settings.num_heads, heads_kv=settings.num_kv_heads, seq_q=1,
+            seq_kv=row.context, head_dim=settings.head_dim, dtype=settings.dtype,
+        )  # fmt: skip
+
+    return predict_row
 
 
 def results_payload(settings: DecodeSettings, rows: Sequence[DecodeMeasurement]) -> dict[str, Any]:

@@ -243,8 +243,39 @@ def run_gemm(
             if on_case is not None:
                 on_case(rows)
     gpu, reason = report.prediction_gpu(device)
-    report.add_comparisons(rows, gpu, settings.dtype, reason)
+    report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
     return rows
+
+
+def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] | None:
+    """Row -> the calibrated prediction of its implementation on ``gpu``: llm-speed's fused epilogue is part
+    of its kernel; torch.matmul's bias and activation are each one more elementwise pass over the output."""
+    if gpu is None:
+        return None
+    from llm_speed.perf.predict import predict, predict_work
+
+    gpu_id = report.prediction_gpu_id(gpu)
+
+    def predict_row(row: GemmMeasurement):
+        op = "tensor_core_gemm_int8" if settings.dtype == "int8" else "gemm"
+        implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
+        epilogue = settings.epilogue != "none"
+        fused = epilogue and implementation == "llm-speed"
+        prediction = predict(op, gpu_id, implementation=implementation, m=row.m, n=row.n, k=row.k,
+                             dtype=settings.dtype, with_bias=fused)  # fmt: skip
+        if implementation == "cublas" and epilogue:
+            passes = 1 + ("+" in settings.epilogue)
+            element = 4 if settings.dtype == "fp32" else (1 if settings.dtype == "int8" else 2)
+            extra = predict_work(gpu_id, flops=float(row.m * row.n * passes),
+                                 bytes_moved=2.0 * row.m * row.n * element * passes, dtype=settings.dtype,
+                                 implementation="vendor", kernels=passes)  # fmt: skip
+            from dataclasses import replace
+
+            prediction = replace(prediction, seconds=prediction.seconds + extra.seconds,
+                                 calibrated=prediction.calibrated and extra.calibrated)  # fmt: skip
+        return prediction
+
+    return predict_row
 
 
 def summary(settings: GemmSettings, rows: Sequence[GemmMeasurement]) -> dict[str, Any]:

@@ -240,12 +240,50 @@ def run_moe(
                     iterations=settings.iterations, min_time_s=settings.min_time_s,
                 )  # fmt: skip
                 rows.append(row)
-                report.add_comparisons(rows, gpu, settings.dtype, reason)
+                report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
                 if on_case is not None:
                     on_case(rows)
                 if advance is not None:
                     advance(f"{row.case} {impl}")
     return rows
+
+
+# bench moe's implementation names in llm_speed.perf.predict (HF's per-expert loop is not modelled).
+PREDICTED_AS = {"llm_speed": "llm-speed", "grouped_mm": "cublas"}
+
+
+def predictor(settings: MoeSettings, gpu) -> Callable[[MoeMeasurement], Any] | None:
+    """Row -> the calibrated prediction of its fused MoE call (forward, or forward + backward added)."""
+    if gpu is None:
+        return None
+    from dataclasses import replace
+
+    from llm_speed.perf.predict import predict
+
+    names = ("fused_moe", "fused_moe_backward") if settings.mode == "fwd+bwd" else ("fused_moe",)
+
+    def predict_row(row: MoeMeasurement):
+        if row.impl not in PREDICTED_AS:
+            return None
+        predictions = [
+            predict(
+                name,
+                report.prediction_gpu_id(gpu),
+                implementation=PREDICTED_AS[row.impl],
+                dtype=settings.dtype,
+                tokens=row.tokens,
+                hidden=settings.hidden,
+                intermediate=settings.intermediate,
+                experts=row.experts,
+                top_k=row.top_k,
+            )  # fmt: skip
+            for name in names
+        ]
+        longest = max(predictions, key=lambda p: p.seconds)
+        return replace(longest, seconds=sum(p.seconds for p in predictions),
+                       calibrated=all(p.calibrated for p in predictions))  # fmt: skip
+
+    return predict_row
 
 
 def results_payload(settings: MoeSettings, rows: Sequence[MoeMeasurement]) -> dict[str, Any]:

@@ -334,7 +334,7 @@ def run_ops(
                         min_time_s=settings.min_time_s,
                     )
                 rows.append(row)
-                _compare(rows, gpu, settings.dtype, reason)
+                _compare(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
                 if on_case is not None:
                     on_case(rows)
                 if advance is not None:
@@ -342,9 +342,52 @@ def run_ops(
     return rows
 
 
-def _compare(rows: Sequence[OpsMeasurement], gpu, dtype: str, reason: str | None) -> None:
-    report.add_comparisons(rows, gpu, dtype, reason)
+def _compare(rows: Sequence[OpsMeasurement], gpu, dtype: str, reason: str | None, predict_row=None) -> None:
+    report.add_comparisons(rows, gpu, dtype, reason, predict_row)
     report.add_hbm_peak_fraction(rows, gpu)
+
+
+# The op-table rows one forward + backward of each benchmarked op runs, with predict's problem for them.
+def predicted_calls(op: str, s: OpsSettings) -> list[tuple[str, dict[str, Any]]]:
+    """The calls (op table row, problem) one forward + backward of ``op`` makes (rotary: q and k, each
+    forward and backward)."""
+    if op == "rms_norm":
+        return [(name, {"rows": s.tokens, "hidden": s.hidden}) for name in ("rms_norm", "rms_norm_backward")]
+    if op == "swiglu":
+        return [(name, {"rows": s.tokens, "width": s.intermediate}) for name in ("swiglu", "swiglu_backward")]
+    if op == "rotary":
+        calls = [("apply_rotary", {"batch": 1, "heads": heads, "seq": s.tokens, "head_dim": s.head_dim})
+                 for heads in (s.num_heads, s.num_kv_heads)]  # fmt: skip
+        return calls * 2
+    problem = {"tokens": s.tokens, "hidden": s.hidden, "vocab": s.vocab}
+    return [(name, problem) for name in ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")]
+
+
+# bench ops' implementation names in llm_speed.perf.predict (torch.compile and Liger are not modelled).
+PREDICTED_AS = {"llm_speed": "llm-speed", "eager": "pytorch"}
+
+
+def predictor(settings: OpsSettings, gpu):
+    """Row -> the calibrated prediction of its forward + backward (the calls added), or None."""
+    if gpu is None:
+        return None
+    from llm_speed.perf.predict import predict
+
+    def predict_row(row: OpsMeasurement):
+        if row.impl not in PREDICTED_AS:
+            return None
+        predictions = [
+            predict(name, report.prediction_gpu_id(gpu), implementation=PREDICTED_AS[row.impl],
+                    dtype=settings.dtype, **problem)  # fmt: skip
+            for name, problem in predicted_calls(row.op, settings)
+        ]
+        from dataclasses import replace
+
+        longest = max(predictions, key=lambda p: p.seconds)
+        return replace(longest, seconds=sum(p.seconds for p in predictions),
+                       calibrated=all(p.calibrated for p in predictions))  # fmt: skip
+
+    return predict_row
 
 
 def cross_entropy_memory(settings: OpsSettings, rows: Sequence[OpsMeasurement]) -> dict[str, Any] | None:

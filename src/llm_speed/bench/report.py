@@ -102,6 +102,12 @@ class Measurement:
     predicted_bound: str | None = None
     prediction_reason: str | None = None
     measured_over_predicted: float | None = None  # how many times the floor the measurement took
+    # The calibrated prediction (llm_speed.perf.predict) of this implementation on the detected GPU, its
+    # bound, and its error against the measurement: predicted / measured - 1 (+0.10: predicted 10% slower).
+    prediction_ms: float | None = None
+    prediction_bound: str | None = None
+    prediction_error: float | None = None
+    prediction_calibrated: bool | None = None  # False: the GPU has no calibration of its own
 
     @property
     def median_ms(self) -> float | None:
@@ -280,8 +286,16 @@ def _reason(error: BaseException, caught: Sequence[warnings.WarningMessage]) -> 
     return text
 
 
-def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_reason: str | None) -> None:
-    """Fill speedup vs the fastest other implementation of the same case, and the model's prediction."""
+def add_comparisons(
+    rows: Sequence[Measurement],
+    gpu,
+    dtype: Any,
+    prediction_reason: str | None,
+    predictor: Callable[[Measurement], Any] | None = None,
+) -> None:
+    """Fill speedup vs the fastest other implementation of the same case, the roofline floor and, with a
+    ``predictor`` (row -> :class:`llm_speed.perf.predict.Prediction` or None for an implementation the
+    model does not cover), the calibrated prediction and its error."""
     from llm_speed.perf.roofline import roofline
 
     for row in rows:
@@ -293,6 +307,8 @@ def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_rea
             row.predicted_bound = point.bound
             if row.median_ms:
                 row.measured_over_predicted = row.median_ms / row.predicted_ms
+            if predictor is not None:
+                add_prediction(row, predictor)
         others = [o for o in rows if o is not row and o.case == row.case and o.median_ms is not None]
         if row.median_ms is not None and others:
             fastest = min(others, key=lambda o: o.median_ms)
@@ -300,6 +316,29 @@ def add_comparisons(rows: Sequence[Measurement], gpu, dtype: Any, prediction_rea
             row.speedup_vs_fastest_other = fastest.median_ms / row.median_ms
             row.speedup_range = ratio_range(fastest.timing, row.timing)
             row.speedup_within_noise = within_noise(row.speedup_range)
+
+
+def add_prediction(row: Measurement, predictor: Callable[[Measurement], Any]) -> None:
+    """The calibrated prediction of ``row`` and its error against the median (none when the model does not
+    cover the implementation or the problem: ``predictor`` returns None or raises ValueError)."""
+    try:
+        prediction = predictor(row)
+    except ValueError:
+        prediction = None
+    if prediction is None:
+        return
+    row.prediction_ms = prediction.seconds * 1e3
+    row.prediction_bound = prediction.bound
+    row.prediction_calibrated = prediction.calibrated
+    if row.median_ms:
+        row.prediction_error = row.prediction_ms / row.median_ms - 1.0
+
+
+def prediction_gpu_id(gpu) -> str | None:
+    """The id the predictions use for ``gpu`` (a GPUSpec, an id, or None)."""
+    if gpu is None:
+        return None
+    return gpu if isinstance(gpu, str) else gpu.id
 
 
 def add_hbm_peak_fraction(rows: Sequence[Any], gpu) -> None:
@@ -396,6 +435,11 @@ def common_cells(row: Measurement) -> list[Any]:
     median = None
     if row.timing is not None:
         median = f"{row.timing.median_ms:.3g} [{spread(row.timing)}]"
+    predicted = None
+    if row.prediction_ms is not None:
+        predicted = f"{row.prediction_ms:.3g} ({row.prediction_bound})"
+        if row.prediction_calibrated is False:
+            predicted += " uncalibrated"
     return [
         median,
         row.tflops,
@@ -404,6 +448,8 @@ def common_cells(row: Measurement) -> list[Any]:
         speedup_cell(row),
         model,
         f"{row.measured_over_predicted:.2f}x" if row.measured_over_predicted is not None else None,
+        predicted,
+        f"{row.prediction_error:+.0%}" if row.prediction_error is not None else None,
     ]
 
 
@@ -424,6 +470,8 @@ COMMON_COLUMNS = (
     "vs fastest other [range]",
     "model ms (bound)",
     "measured/model",
+    "predicted ms (bound)",
+    "prediction error",
 )
 
 

@@ -1,5 +1,6 @@
 """The performance model: GPU specs, roofline, memory, GEMM shape effects, kernel costs, MFU, model configs,
-KV cache, inference (prefill/decode), training FLOPs and activations, distributed training costs.
+KV cache, inference (prefill/decode), training FLOPs and activations, distributed training costs, and
+calibrated predictions of what each op takes (``predict``).
 
 Pure Python; nothing here touches a GPU unless a function that reads the live device is called.
 """
@@ -98,14 +99,17 @@ from llm_speed.perf.models import (
     param_count,
     resolve_model,
 )
+from llm_speed.perf.predict import Breakdown, Prediction, load_calibration, predict
 from llm_speed.perf.roofline import RooflinePoint, arithmetic_intensity, roofline
 from llm_speed.perf.training import (
     ActivationMemory,
+    SelectiveRecomputeFlops,
     TrainingFlops,
     activation_bytes_per_layer,
     activation_memory,
     forward_layer_flops,
     korthikanti_activation_bytes_per_layer,
+    korthikanti_selective_recompute_flops,
     megatron_training_flops,
     microbatches_in_flight,
     pipeline_stage_layers,
@@ -118,6 +122,7 @@ __all__ = [
     "ActivationMemory",
     "AllReduceEstimate",
     "AttentionMemory",
+    "Breakdown",
     "Calibration",
     "CollectiveCost",
     "Communication",
@@ -137,7 +142,9 @@ __all__ = [
     "ParamCount",
     "PhaseTotals",
     "PipelineBubble",
+    "Prediction",
     "RooflinePoint",
+    "SelectiveRecomputeFlops",
     "TPCommunication",
     "TrainMemory",
     "TrainingFlops",
@@ -174,12 +181,14 @@ __all__ = [
     "gradient_accumulation_steps",
     "hfu",
     "korthikanti_activation_bytes_per_layer",
+    "korthikanti_selective_recompute_flops",
     "kv_cache_size",
     "link_bandwidth",
     "list_gpus",
     "list_models",
     "live_device_properties",
     "load_gpu_spec",
+    "load_calibration",
     "load_hf_config",
     "max_batch_for_memory",
     "megatron_training_flops",
@@ -192,6 +201,7 @@ __all__ = [
     "param_count",
     "pipeline_bubble",
     "pipeline_stage_layers",
+    "predict",
     "resolve_model",
     "roofline",
     "stage_layer_mix",

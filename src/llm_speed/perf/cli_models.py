@@ -138,7 +138,7 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
             what = f"one step, batch {analysis.batch_size}, context {analysis.decode_context}"
         print_table(
             f"{analysis.model} on {analysis.gpu} ({analysis.dtype}): {phase}, {what}",
-            ["op", "count", "GFLOP", "MB", "FLOP/B", "bound", "floor (ms)"],
+            ["op", "count", "GFLOP", "MB", "FLOP/B", "bound", "floor (ms)", "predicted (ms)", "predicted"],
             [
                 [
                     op.name,
@@ -148,6 +148,8 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
                     op.intensity,
                     op.bound,
                     op.time_floor_s * MS,
+                    op.predicted_time_s * MS if analysis.implementation else None,
+                    op.predicted_bound or None,
                 ]
                 for op in ops
             ],
@@ -202,10 +204,34 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
                 analysis.decode_communication.realistic_s * MS if analysis.decode_communication else 0.0,
                 analysis.total_time_realistic_s,
             ],
+            *(
+                [[
+                    f"predicted ({analysis.implementation})",
+                    analysis.ttft_predicted_s * MS,
+                    analysis.decode_step_predicted_s * MS,
+                    analysis.decode_tokens_per_s_predicted,
+                    analysis.decode_communication.realistic_s * MS if analysis.decode_communication else 0.0,
+                    analysis.total_time_predicted_s,
+                ]]
+                if analysis.implementation
+                else []
+            ),
         ],
-        caption=f"Realistic: {analysis.efficiency_source}; collectives: {analysis.collective_algorithm}.",
+        caption=f"Realistic: {analysis.efficiency_source}; collectives: {analysis.collective_algorithm}."
+        + (_prediction_caption(analysis) if analysis.implementation else ""),
         console=console,
     )
+    if analysis.implementation:
+        for phase in ("prefill", "decode"):
+            totals = getattr(analysis, phase)
+            mfu = getattr(analysis, f"{phase}_mfu_predicted")
+            console.print(
+                f"{phase}: bound by {totals.bounding_op} ({totals.bounding_op_bound}-bound, "
+                f"{totals.bounding_op_share:.0%} of the predicted {totals.predicted_time_s * MS:.4g} ms); "
+                f"predicted MFU {mfu:.1%}",
+                highlight=False,
+                markup=False,
+            )
     notes = size_warnings(
         analysis.seq_len + analysis.decode_tokens, max_position_embeddings=analysis.max_position_embeddings
     )
@@ -226,6 +252,14 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
         f"{analysis.weight_dtype} ({analysis.weight_bytes_per_element:g} bytes each with scales)."
         + "".join(f" {note}" for note in notes),
         console=console,
+    )
+
+
+def _prediction_caption(analysis: InferenceAnalysis) -> str:
+    calibrated = "calibrated on this GPU" if analysis.prediction_calibrated else "NOT calibrated on this GPU"
+    return (
+        f" Predicted: llm_speed.perf.predict, {analysis.implementation}'s kernels, context "
+        f"{analysis.prediction_context} ({calibrated}; `llm-speed predict` explains each op)."
     )
 
 
@@ -264,6 +298,9 @@ def _analyze(args: argparse.Namespace) -> int:
         link=args.link,
         collective_algorithm=args.collective,
         efficiency=efficiency_from_args(args),
+        implementation=None if args.implementation == "none" else args.implementation,
+        prediction_context=args.prediction_context,
+        calibration=args.calibration_file,
     )
     sweep = None
     if args.sweep:
@@ -435,6 +472,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--collective", default="ring", choices=ALGORITHMS, help="all-reduce algorithm (nvls: NVLink SHARP)"
     )
     add_efficiency_arguments(parser)
+    group = parser.add_argument_group("calibrated prediction (llm_speed.perf.predict)")
+    group.add_argument(
+        "--implementation", default="llm-speed",
+        help="whose kernels: llm-speed, vendor (cuBLAS, torch SDPA, eager PyTorch), or none (no prediction)",
+    )  # fmt: skip
+    group.add_argument(
+        "--prediction-context", default="stream", choices=("stream", "graph", "isolated"),
+        help="stream: kernels back to back (host path shows where longer); graph: CUDA-graph replay",
+    )  # fmt: skip
+    group.add_argument("--calibration-file", default=None, metavar="FILE", help="another calibration JSON")
     parser.add_argument("--sweep", action="store_true", help="also sweep the decode batch size")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline with the ops on it")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")

@@ -20,9 +20,13 @@ except where said):
 * ``collective = 0.8``: NCCL's ring protocol carries a 128-byte payload per NVLink packet, so the effective
   bus bandwidth is about 80% of the line rate: ~240 of 300 GB/s on A100 (~230 measured) and ~370 of 450 GB/s
   on H100 (NCCL maintainer S. Jeaugey in NVIDIA/nccl-tests issues #149 and #212).
-* ``nvls = 0.61``: NVLink SHARP (NCCL's default all-reduce on H100 NVSwitch systems, NCCL >= 2.17) reduces in
-  the switch, so each GPU sends and receives the buffer once; its peak algorithm bandwidth on 8 H100s is
-  ~275 GB/s of the 450 GB/s line rate (busBw ~480 GB/s; nccl-tests issue #212): 0.61.
+* ``nvls = 0.6875``: NVLink SHARP (NCCL's default all-reduce on H100 NVSwitch systems, NCCL >= 2.17) reduces
+  in the switch: the reduce-scatter reads the buffer out of every GPU (D per GPU) and returns each GPU its
+  reduced D/n, the all-gather pushes that D/n once and the switch multicasts the whole D back, so each GPU
+  moves D (1 + 1/n) through its link. Fitted to one figure, the peak algorithm bandwidth on 8 H100s,
+  ~275 GB/s of the 450 GB/s line rate (busBw ~480 GB/s; S. Jeaugey in nccl-tests issue #212):
+  275 x 9/8 / 450 = 0.6875. Held out: NCCL issue #1455 (8 x H100 SXM, NCCL_ALGO=NVLS, 2-4 GiB) measured
+  busBw 420, 440, 460 and 480 GB/s on 5, 6, 7 and 8 GPUs; this gives 409, 439, 460 and 478 (within 3%).
 * ``collective_latency_s = 28e-6``: a fixed cost per collective call (kernel launch, synchronisation) that
   dominates the small all-reduces of tensor-parallel decode. Fitted to one row, gpt-fast's Llama-2-7B on 8
   A100s (328 tokens/s, 64 all-reduces and one logits all-gather per token); every other tensor-parallel row
@@ -59,7 +63,7 @@ class Efficiency:
     memory: float = 0.7
     weight_dequant: dict[str, float] = field(default_factory=lambda: {"int8": 0.77, "int4": 0.62, "fp8": 1.0})
     collective: float = 0.8
-    nvls: float = 0.61
+    nvls: float = 0.6875
     collective_latency_s: float = 28e-6
     source: str = "defaults (llm_speed.perf.efficiency)"
 
@@ -134,7 +138,8 @@ def all_reduce_time(
     * tree (NCCL's double binary tree, pipelined): each GPU sends D up and D down, 2D at B * collective, plus
       2*ceil(log2 N) latency hops (counted in ``collective_latency_s``); it beats the ring only on latency
       across nodes.
-    * nvls (NVLink SHARP): the switch reduces; each GPU sends D and receives D once: D at B * nvls.
+    * nvls (NVLink SHARP): the switch reduces and multicasts; each GPU moves D (1 + 1/n) through its link
+      at B * nvls (see the module docstring).
 
     Each call adds ``collective_latency_s`` once (tree: per hop of 2*ceil(log2 N)). N = 1 costs nothing.
     Pass :data:`FLOOR` for the line-rate floor.
@@ -155,7 +160,7 @@ def all_reduce_time(
         hops = 2 * math.ceil(math.log2(n))
         time = hops * eff.collective_latency_s + 2 * size / (link * eff.collective)
     else:
-        time = eff.collective_latency_s + size / (link * eff.nvls)
+        time = eff.collective_latency_s + size * (1 + 1 / n) / (link * eff.nvls)
     algbw = size / time if time > 0 else math.inf
     return AllReduceEstimate(algorithm, n, size, link, time, algbw, algbw * 2 * (n - 1) / n)
 

@@ -51,11 +51,13 @@ from llm_speed.perf.kernel_costs import (
     SOFTMAX_STATS_BYTES,
     KernelCost,
     attention_cost,
+    expected_experts_hit,
     gemm_cost,
     visible_pairs,
 )
 from llm_speed.perf.kv_cache import kv_cache_size
 from llm_speed.perf.models import ModelConfig, gemm_shapes, param_count, resolve_model
+from llm_speed.perf.predict import Prediction, predict, predict_work
 from llm_speed.perf.roofline import roofline
 from llm_speed.perf.training import attention_pairs
 
@@ -80,6 +82,8 @@ class InferenceOp:
     bound: str
     time_floor_s: float
     realistic_time_s: float  # with the analysis' Efficiency (compute, memory, dequantization)
+    predicted_time_s: float = 0.0  # calibrated prediction (llm_speed.perf.predict), summed over ``count``
+    predicted_bound: str = ""  # compute, memory or latency (per call)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,10 @@ class PhaseTotals:
     memory_bound_time_s: float
     bound: str
     realistic_time_s: float = 0.0  # sum of the ops' realistic times (collectives not included)
+    predicted_time_s: float = 0.0  # sum of the ops' calibrated predictions (collectives not included)
+    bounding_op: str = ""  # the op with the largest predicted time
+    bounding_op_bound: str = ""  # what bounds that op: compute, memory or latency
+    bounding_op_share: float = 0.0  # its share of the phase's predicted time
 
 
 @dataclass(frozen=True)
@@ -152,12 +160,16 @@ class InferenceAnalysis:
     decode_step_realistic_s: float = 0.0
     decode_tokens_per_s_realistic: float = 0.0
     total_time_realistic_s: float = 0.0
-
-
-def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
-    """E * (1 - (1 - k/E)^T): expected number of distinct experts that T tokens choosing k of E experts
-    uniformly at random touch (each expert is missed by one token with probability 1 - k/E)."""
-    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
+    implementation: str = ""  # whose kernels the predictions are of ("" when not predicted)
+    prediction_context: str = ""
+    prediction_calibrated: bool = False  # the GPU has calibration measurements of its own
+    prediction_source: str = ""
+    ttft_predicted_s: float = 0.0
+    decode_step_predicted_s: float = 0.0
+    decode_tokens_per_s_predicted: float = 0.0
+    total_time_predicted_s: float = 0.0
+    prefill_mfu_predicted: float = 0.0  # prefill FLOPs / predicted TTFT / dense peak
+    decode_mfu_predicted: float = 0.0
 
 
 def generalized_attention_cost(
@@ -260,17 +272,61 @@ def tp_shard(config: ModelConfig, tp: int) -> ModelConfig:
     )
 
 
+@dataclass(frozen=True)
+class Predictor:
+    """Calibrated predictions (:func:`llm_speed.perf.predict.predict`) of the ops of an analysis, as
+    ``implementation``'s kernels run them on ``gpu`` in ``context`` ("stream": a model's kernels back to
+    back; "graph": replayed from a CUDA graph, no host path)."""
+
+    gpu: GPUSpec
+    implementation: str = "llm-speed"
+    context: str = "stream"
+    calibration: Any = None
+
+    def __call__(self, dtype: str, cost: KernelCost, predict_as: tuple | None) -> Prediction:
+        family = "elementwise"
+        if predict_as is not None:
+            op, problem, family = predict_as
+            if op is not None:
+                try:
+                    return predict(op, self.gpu, implementation=self.implementation, context=self.context,
+                                   calibration=self.calibration, dtype=dtype, **problem)  # fmt: skip
+                except ValueError:
+                    pass  # not modelled for this implementation or shape: by its FLOPs and bytes
+        return predict_work(
+            self.gpu, flops=cost.flops, bytes_moved=cost.bytes_moved, dtype=dtype, family=family,
+            implementation=self.implementation, context=self.context, calibration=self.calibration,
+        )  # fmt: skip
+
+
 class _OpBuilder:
-    """Collects ops of one phase and places each on the roofline."""
+    """Collects ops of one phase and places each on the roofline (and, with a predictor, predicts it)."""
 
     def __init__(
-        self, phase: str, gpu: GPUSpec, dtype: str, weights: WeightStorage, efficiency: Efficiency
+        self,
+        phase: str,
+        gpu: GPUSpec,
+        dtype: str,
+        weights: WeightStorage,
+        efficiency: Efficiency,
+        predictor: Predictor | None = None,
     ) -> None:
         self.phase, self.gpu, self.dtype = phase, gpu, dtype
         self.weights, self.efficiency = weights, efficiency
+        self.predictor = predictor
         self.ops: list[InferenceOp] = []
 
-    def add(self, name: str, cost: KernelCost, count: int, *, reads_weights: bool = False) -> None:
+    def add(
+        self,
+        name: str,
+        cost: KernelCost,
+        count: int,
+        *,
+        reads_weights: bool = False,
+        predict_as: tuple | None = None,
+    ) -> None:
+        """One op run ``count`` times; ``predict_as``: (op table row or None, its problem, family) for the
+        calibrated prediction (None: a kernel known by its FLOPs and bytes)."""
         flops, bytes_moved = cost.flops * count, cost.bytes_moved * count
         point = roofline(flops, bytes_moved, self.dtype, self.gpu)
         memory = self.efficiency.memory
@@ -284,6 +340,10 @@ class _OpBuilder:
             compute=self.efficiency.compute,
             memory=memory,
         )
+        predicted, bound = 0.0, ""
+        if self.predictor is not None and count:
+            prediction = self.predictor(self.dtype, cost, predict_as)
+            predicted, bound = prediction.seconds * count, prediction.bound
         self.ops.append(
             InferenceOp(
                 name,
@@ -295,6 +355,8 @@ class _OpBuilder:
                 point.bound,
                 point.time_floor_s,
                 realistic,
+                predicted,
+                bound,
             )
         )
 
@@ -302,7 +364,11 @@ class _OpBuilder:
         """out[m, n] = A[m, k] @ W[k, n]: activations in the compute dtype, W at the stored bytes."""
         e = dtype_bytes(self.dtype)
         cost = KernelCost(2.0 * m * n * k, (m * k + m * n) * e + k * n * self.weights.bytes_per_element)
-        self.add(name, cost, count, reads_weights=True)
+        problem: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
+        if self.weights.dtype != self.dtype:
+            problem.update(weight_dtype=self.weights.dtype, group_size=self.weights.group_size,
+                           scale_bytes=self.weights.scale_bytes)  # fmt: skip
+        self.add(name, cost, count, reads_weights=True, predict_as=("gemm", problem, "gemm"))
 
 
 def _phase_ops(
@@ -317,10 +383,11 @@ def _phase_ops(
     context: int,
     weights: WeightStorage | None = None,
     efficiency: Efficiency = FLOOR,
+    predictor: Predictor | None = None,
 ) -> list[InferenceOp]:
     """Ops of one forward pass: ``batch`` sequences, ``new_tokens`` each, attending to ``context`` keys."""
     weights = weight_storage(None, dtype) if weights is None else weights
-    builder = _OpBuilder(phase, gpu, dtype, weights, efficiency)
+    builder = _OpBuilder(phase, gpu, dtype, weights, efficiency, predictor)
     e = dtype_bytes(dtype)
     h, layers = config.hidden_size, config.num_layers
     heads, kv_heads = config.num_attention_heads, config.num_kv_heads
@@ -331,7 +398,8 @@ def _phase_ops(
 
     builder.add("embedding", elementwise(tokens * h, tokens * h, 0.0), 1)
     norm = KernelCost(NORM_FLOPS_PER_ELEMENT * tokens * h, (2 * tokens * h + h) * e)
-    builder.add("rmsnorm", norm, 2 * layers + 1)
+    builder.add("rmsnorm", norm, 2 * layers + 1,
+                predict_as=("rms_norm", {"rows": int(tokens), "hidden": h}, "elementwise"))  # fmt: skip
     if config.uses_mla:  # MLA normalises its query and KV latents too
         latent = config.q_lora_rank + config.kv_lora_rank
         latent_norm = KernelCost(NORM_FLOPS_PER_ELEMENT * tokens * latent, (2 * tokens * latent + latent) * e)
@@ -351,6 +419,11 @@ def _phase_ops(
         "rope",
         elementwise(rope_elements + rope_table, rope_elements, ROPE_FLOPS_PER_ELEMENT * rope_elements),
         layers,
+        predict_as=(
+            "apply_rotary",
+            {"batch": 1, "heads": rotated_heads, "seq": int(tokens), "head_dim": config.rope_dim},
+            "elementwise",
+        ),  # fmt: skip
     )
 
     kv_per_token = kv_cache_size(config, seq_len=1, dtype=kv_dtype).bytes_per_token_per_layer
@@ -389,14 +462,28 @@ def _phase_ops(
         attention = attention_cost(
             batch, heads, new_tokens, context, config.head_dim, heads_kv=kv_heads, dtype=dtype, causal=causal
         )
-    builder.add("attention", attention, layers)
+        shape = {"batch": batch, "heads_q": heads, "head_dim": config.head_dim, "heads_kv": kv_heads}
+        if phase == "decode":
+            decode_problem = {**shape, "seq_q": new_tokens, "seq_kv": context}
+            attention_as = ("attention_kvcache_fwd", decode_problem, "attention")
+        else:
+            prefill_problem = {**shape, "seq_q": new_tokens, "seq_kv": context, "causal": causal}
+            attention_as = ("flash_attention", prefill_problem, "attention")
+        builder.add("attention", attention, layers, predict_as=attention_as)
+        attention = None
+    if attention is not None:
+        builder.add("attention", attention, layers, predict_as=(None, {}, "attention"))
 
     residual = elementwise(2 * tokens * h, tokens * h, tokens * h)
     builder.add("residual_add", residual, 2 * layers)
 
     up_width = config.intermediate_size
     if config.num_dense_layers:
-        builder.add("mlp_activation", _activation(config, tokens, up_width, e), config.num_dense_layers)
+        activation_as = None
+        if config.gated_mlp:
+            activation_as = ("swiglu", {"rows": int(tokens), "width": up_width}, "elementwise")
+        builder.add("mlp_activation", _activation(config, tokens, up_width, e), config.num_dense_layers,
+                    predict_as=activation_as)  # fmt: skip
     if config.is_moe:
         _moe_ops(builder, config, tokens, e)
     return builder.ops
@@ -414,7 +501,8 @@ def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) ->
     h, experts, k = config.hidden_size, config.num_experts, config.experts_per_token
     moe_layers, width = config.num_moe_layers, config.moe_intermediate_size
     routed = tokens * k
-    builder.add("router", gemm_cost(tokens, experts, h, dtype=builder.dtype), moe_layers)
+    builder.add("router", gemm_cost(tokens, experts, h, dtype=builder.dtype), moe_layers,
+                predict_as=("gemm", {"m": int(tokens), "n": experts, "k": h}, "gemm"))  # fmt: skip
     # Top-k over fp32 scores: read T*E scores, write k (index int32, weight fp32) per token.
     topk = KernelCost(SOFTMAX_FLOPS_PER_ELEMENT * tokens * experts, 4.0 * tokens * experts + 8.0 * routed)
     builder.add("router_topk", topk, moe_layers)
@@ -424,16 +512,25 @@ def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) ->
     w = builder.weights.bytes_per_element
     gemm_bytes_up = hit * h * up * w + routed * (h + up) * e
     gemm_bytes_down = hit * width * h * w + routed * (width + h) * e
+    # Predicted as a batch of GEMMs, one per expert hit, each over its share of the routed tokens.
+    experts_hit = max(1, round(hit))
+    per_expert = max(1, math.ceil(routed / experts_hit))
+    storage = {}
+    if builder.weights.dtype != builder.dtype:
+        storage = dict(weight_dtype=builder.weights.dtype, group_size=builder.weights.group_size,
+                       scale_bytes=builder.weights.scale_bytes)  # fmt: skip
     builder.add(
         "expert_gate_up" if config.gated_mlp else "expert_up",
         KernelCost(2.0 * routed * h * up, gemm_bytes_up),
         moe_layers,
         reads_weights=True,
+        predict_as=("gemm", {"m": per_expert, "n": up, "k": h, "batch": experts_hit, **storage}, "gemm"),
     )
     builder.add("expert_activation", _activation(config, routed, width, e), moe_layers)
     builder.add(
-        "expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers, reads_weights=True
-    )
+        "expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers, reads_weights=True,
+        predict_as=("gemm", {"m": per_expert, "n": h, "k": width, "batch": experts_hit, **storage}, "gemm"),
+    )  # fmt: skip
     if config.num_shared_experts:
         shared = _activation(config, tokens, width * config.num_shared_experts, e)
         builder.add("shared_expert_activation", shared, moe_layers)
@@ -445,6 +542,8 @@ def _totals(ops: list[InferenceOp]) -> PhaseTotals:
     bytes_moved = sum(op.bytes_moved for op in ops)
     compute_time = sum(op.time_floor_s for op in ops if op.bound == "compute")
     memory_time = sum(op.time_floor_s for op in ops if op.bound == "memory")
+    predicted = sum(op.predicted_time_s for op in ops)
+    top = max(ops, key=lambda op: op.predicted_time_s) if ops and predicted else None
     return PhaseTotals(
         flops,
         bytes_moved,
@@ -454,6 +553,10 @@ def _totals(ops: list[InferenceOp]) -> PhaseTotals:
         memory_time,
         "compute" if compute_time > memory_time else "memory",
         sum(op.realistic_time_s for op in ops),
+        predicted,
+        top.name if top else "",
+        top.predicted_bound if top else "",
+        top.predicted_time_s / predicted if top else 0.0,
     )
 
 
@@ -541,6 +644,9 @@ def analyze_inference(
     link: str = "nvlink",
     collective_algorithm: str = "ring",
     efficiency: Efficiency | None = None,
+    implementation: str | None = "llm-speed",
+    prediction_context: str = "stream",
+    calibration: Any = None,
 ) -> InferenceAnalysis:
     """Per-op FLOPs, bytes, intensity, bound, time floor and realistic time of prefill and of one decode
     step, with totals, TTFT and decode tokens/s (floors and realistic estimates) and the memory per GPU (see
@@ -552,6 +658,10 @@ def analyze_inference(
     ``weight_group_size`` weights (None: per channel, negligible). ``tp``/``pp``: tensor/pipeline-parallel
     degrees, communicating over ``link`` ("nvlink" or "pcie") with ``collective_algorithm`` ("ring", "tree",
     "nvls"). ``efficiency``: the factors of the realistic estimate (default :class:`Efficiency`).
+    ``implementation``: whose kernels the calibrated predictions (:mod:`llm_speed.perf.predict`) are of
+    ("llm-speed", "vendor": cuBLAS, torch's SDPA, eager PyTorch; None: no prediction), in
+    ``prediction_context`` ("stream": kernels back to back, the host path showing where it is longer than
+    the kernel; "graph": CUDA-graph replay, no host path); ``calibration``: another calibration file.
     """
     config = resolve_model(model)
     spec = get_gpu(gpu)
@@ -582,7 +692,10 @@ def analyze_inference(
             f"GH200/B200 SXM systems) and link='nvlink'; {spec.id} over {link} has none: use 'ring' or 'tree'"
         )
     decode_context = seq_len + decode_tokens // 2
-    common = dict(weights=storage, efficiency=eff)
+    predictor = None
+    if implementation is not None:
+        predictor = Predictor(spec, implementation, prediction_context, calibration)
+    common = dict(weights=storage, efficiency=eff, predictor=predictor)
     prefill_ops = _phase_ops(
         shard,
         spec,
@@ -620,6 +733,27 @@ def analyze_inference(
     step = decode.time_floor_s + decode_comm.floor_s
     ttft_real = prefill.realistic_time_s + prefill_comm.realistic_s
     step_real = decode.realistic_time_s + decode_comm.realistic_s
+
+    predicted = {}
+    if predictor is not None:
+        peak = spec.peak_flops(dtype_name)
+        ttft_p = prefill.predicted_time_s + prefill_comm.realistic_s
+        step_p = decode.predicted_time_s + decode_comm.realistic_s
+        # Whether the GPU has measurements of its own: its GEMM entry says (the streaming rows never do).
+        probe = predict("gemm", spec, implementation=implementation, context=prediction_context,
+                        calibration=calibration, m=1, n=config.hidden_size, k=config.hidden_size)  # fmt: skip
+        predicted = dict(
+            implementation=probe.implementation if implementation != "vendor" else "vendor",
+            prediction_context=prediction_context,
+            prediction_calibrated=probe.calibrated,
+            prediction_source=probe.source,
+            ttft_predicted_s=ttft_p,
+            decode_step_predicted_s=step_p,
+            decode_tokens_per_s_predicted=batch_size / step_p,
+            total_time_predicted_s=ttft_p + decode_tokens * step_p,
+            prefill_mfu_predicted=prefill.flops / ttft_p / peak,
+            decode_mfu_predicted=decode.flops / step_p / peak,
+        )
 
     weights = weights_bytes(config, dtype_name, storage)
     kv_total = kv_cache_size(
@@ -670,6 +804,7 @@ def analyze_inference(
         decode_step_realistic_s=step_real,
         decode_tokens_per_s_realistic=batch_size / step_real,
         total_time_realistic_s=ttft_real + decode_tokens * step_real,
+        **predicted,
     )
 
 

@@ -358,3 +358,9 @@ def varlen_attention_cost(
         dtype_bytes(dtype),
         mode,
     )
+
+
+def expected_experts_hit(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
+    """E * (1 - (1 - k/E)^T): expected number of distinct experts that T tokens choosing k of E experts
+    uniformly at random touch (each expert is missed by one token with probability 1 - k/E)."""
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)

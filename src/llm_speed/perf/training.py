@@ -68,6 +68,49 @@ def megatron_training_flops(
 
 
 @dataclass(frozen=True)
+class SelectiveRecomputeFlops:
+    """Training FLOPs per iteration with Korthikanti et al.'s selective activation recomputation, counted as
+    that paper counts them: model FLOPs, hardware FLOPs (with the recomputation), the difference, and the
+    overhead (difference / model FLOPs)."""
+
+    model_flops: float
+    hardware_flops: float
+    recompute_flops: float
+    overhead: float
+
+
+def korthikanti_selective_recompute_flops(
+    *, batch_size: int, seq_len: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> SelectiveRecomputeFlops:
+    """Selective activation recomputation as Korthikanti et al. 2022 (arXiv:2205.05198) count it: model FLOPs
+    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (no recomputation, Narayanan et al. eq. 3), hardware FLOPs
+    ``72 B s l h^2 (1 + s/(3h) + V/(12 l h))`` (section 6): the recomputation of the attention core (QK^T,
+    softmax, dropout, attention over V) is counted as ``12 B s^2 l h``, its forward and backward share of
+    the model count once more. GPT (MHA, 4h MLP), non-causal.
+
+    Reproduces section 4.2's figures (tests/perf/test_training.py): the FLOPs overhead of selective
+    recomputation is 2.7% for GPT-3 175B (s = 2048, h = 12288, l = 96, V = 51200) and 1.6% for MT-NLG 530B
+    (h = 20480, l = 105). The count of the work the recomputation itself executes, one more forward of the
+    core (``4 B s^2 h`` per layer: :func:`training_flops` with ``recompute="selective"``), is a third of it:
+    0.9% for GPT-3.
+    """
+    b, s, l, h, v = (
+        positive_int(n, x)
+        for n, x in (
+            ("batch_size", batch_size),
+            ("seq_len", seq_len),
+            ("num_layers", num_layers),
+            ("hidden_size", hidden_size),
+            ("vocab_size", vocab_size),
+        )
+    )
+    base = 72.0 * b * s * l * h * h
+    model = base * (1 + s / (6 * h) + v / (12 * l * h))
+    hardware = base * (1 + s / (3 * h) + v / (12 * l * h))
+    return SelectiveRecomputeFlops(model, hardware, hardware - model, (hardware - model) / model)
+
+
+@dataclass(frozen=True)
 class LayerFlops:
     """Forward FLOPs of one kind of layer ("dense" or "moe"), per layer; ``count`` layers of this kind."""
 
@@ -180,7 +223,9 @@ def training_flops(
 ) -> TrainingFlops:
     """FLOPs of one training step: forward (:func:`forward_layer_flops` + LM head 2ThV), backward = 2x
     forward, and recomputation: "full" repeats every layer's forward (not the LM head), "selective" repeats
-    the attention core (QK^T and PV) only (Korthikanti et al. 2022, section 5). With ``flash_attention``
+    the attention core (QK^T and PV) only (Korthikanti et al. 2022, section 5), the forward work it executes;
+    the paper's own hardware-FLOP count of it is three times that
+    (:func:`korthikanti_selective_recompute_flops`). With ``flash_attention``
     the backward also recomputes S = QK^T (FlashAttention-2 paper, section 3.1.2: 5 backward matmuls instead
     of 4), counted in ``recompute_flops`` (hardware FLOPs), not in ``model_flops``.
 

@@ -1,0 +1,698 @@
+"""Fit the parameters of :mod:`llm_speed.perf.predict` to measurements, honestly: on part of them, checked
+on the rest.
+
+``load_points(directory)`` reads every measurement under a results directory: the JSON files of ``llm-speed
+bench attention|gemm|decode`` (each timed row; the GPU from the file's ``environment.gpu_spec_id``), the
+JSON lines of ``benchmarks/attention_sweep.py`` (a tile per row), and the ceilings a GPU session records
+(``ceilings.txt``: the measured copy bandwidth; ``host_overhead.txt``: host time per call).
+
+``split(points)``: the held-out rule, the same for every implementation so that cuBLAS, SDPA and llm-speed
+are checked on the same shapes. Points that differ only in their size (a sequence length, a token count,
+a square GEMM's side) or in their tile form a group; sorted by that size, every second one is held out
+(the 2nd, 4th, ...). On the 2026-11-22 H100 baseline that holds out the sequence lengths 1k, 4k and 16k of
+every attention group, the token counts 16 and 2048 of every model GEMM, the 1024^3 and 4096^3 squares, and
+every second tile of the block-size sweeps.
+
+``fit(points, calibration)``: per (implementation, family) the parameters listed in :data:`FITTED` are
+moved (Nelder-Mead on the log of each, minimising the squared log error over the training points); the rest
+keep their stated values. ``calibrate(directory)`` does all of it and returns the new calibration data with,
+for every fitted entry, the files it came from and the median and worst error on the training and the
+held-out points. Pure Python (no NumPy, no torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_speed.core.gpus import get_gpu, normalize_dtype
+from llm_speed.perf.predict import (
+    REFERENCE_GPU,
+    SDPA_BACKENDS,
+    Prediction,
+    family_of,
+    load_calibration,
+    predict,
+)
+
+# What each fit moves, per (family, whose kernel); every other parameter keeps its stated value. llm-speed's
+# GEMM latencies are not fitted: at the build measured on the H100 (af147ec) its host path (~218 us per
+# call) hid them on every small shape, so its device latency and memory ramp keep cuBLAS's fitted values.
+# Tile effects (wgmma rows, register budget) are fitted only for llm-speed's kernels, whose tiles vary in
+# the sweeps; a vendor kernel's tiles are fixed, so its efficiency is one number.
+FITTED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("gemm", "vendor"): (
+        "eta",
+        "tile_half",
+        "bandwidth_efficiency",
+        "sm_bandwidth",
+        "memory_latency_s",
+        "latency_s",
+        "l2_bytes_per_s",
+    ),
+    ("gemm", "llm-speed"): ("eta", "tile_half", "bandwidth_efficiency", "l2_bytes_per_s"),
+    ("attention", "vendor"): (
+        "eta",
+        "overlap_single",
+        "overlap_multi",
+        "alu_per_score",
+        "block_s",
+        "load_s",
+        "program_s",
+        "latency_s",
+        "memory_overlap",
+        "l2_miss",
+    ),
+    ("attention", "llm-speed"): (
+        "eta",
+        "n_half",
+        "sync",
+        "regs_max",
+        "spill",
+        "overlap_single",
+        "overlap_multi",
+        "alu_per_score",
+        "block_s",
+        "load_s",
+        "program_s",
+        "memory_overlap",
+        "l2_miss",
+    ),
+}
+# Parameters an llm-speed fit takes from the vendor's fit on the same GPU (not identifiable from the measured
+# build, whose host path hid them; the hardware they describe is the same): (family) -> (vendor, names).
+SHARED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gemm": ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth")),
+}
+# Nelder-Mead restarts from the best point so far (the simplex collapses on long valleys).
+RESTARTS = 2
+# Parameters that are fractions (fitted through a logistic map, kept in (0, 1)).
+FRACTIONS = (
+    "eta",
+    "sync",
+    "bandwidth_efficiency",
+    "overlap_single",
+    "overlap_multi",
+    "l2_miss",
+    "memory_overlap",
+)
+# Where the op names of the bench JSON map to the op table (attention: by --mode).
+ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive": "llm-speed"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured call: ``op`` of the op table with ``problem`` (predict's keywords), run by
+    ``implementation`` on ``gpu`` in ``measured_s`` (median), from ``source`` (file: case)."""
+
+    op: str
+    implementation: str
+    gpu: str
+    problem: dict[str, Any]
+    measured_s: float
+    source: str
+    build: str | None = None
+    group: tuple = ()
+    size: tuple = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.source} [{self.implementation}]"
+
+
+@dataclass
+class Results:
+    """What a results directory holds: points, and per GPU the ceilings and host times it recorded."""
+
+    points: list[Point] = field(default_factory=list)
+    ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_s: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # gpu -> impl -> op -> s
+    files: list[str] = field(default_factory=list)
+
+
+# --- reading results ----------------------------------------------------------------------------------------
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it (provenance stays readable and the same
+    on every machine), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _gpu_of_directory(path: Path) -> str | None:
+    """The GPU a directory's name says (benchmarks/results/<gpu>/...), if it names one of the table."""
+    for part in reversed(path.parts):
+        try:
+            return get_gpu(part).id
+        except ValueError:
+            continue
+    return None
+
+
+def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
+    settings = document.get("settings") or {}
+    mode = settings.get("mode", "fwd")
+    if mode not in ("fwd", "bwd"):
+        return []
+    points = []
+    for row in document.get("results", []):
+        timing = row.get("timing") or {}
+        if not row.get("available") or not timing.get("median_ms"):
+            continue
+        impl = row["impl"]
+        op = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention"}.get(impl)
+        implementation = ATTENTION_IMPLEMENTATIONS.get(impl, impl)
+        if op is None:
+            if impl not in SDPA_BACKENDS:
+                continue
+            op = "flash_attention"
+        if mode == "bwd":
+            if op != "flash_attention":
+                continue
+            op = "flash_attention_backward"
+        seq = int(row.get("seq_len") or settings["seq_lengths"][0])
+        problem = dict(
+            batch=settings["batch_size"],
+            heads_q=settings["num_heads"],
+            heads_kv=settings["num_kv_heads"],
+            seq_q=seq,
+            seq_kv=seq,
+            head_dim=settings["head_dim"],
+            dtype=settings["dtype"],
+            causal=bool(settings["causal"]),
+        )
+        group = (
+            "attention",
+            op,
+            settings["num_heads"],
+            settings["num_kv_heads"],
+            settings["head_dim"],
+            problem["causal"],
+            problem["dtype"],
+        )
+        points.append(
+            Point(
+                op,
+                implementation,
+                gpu,
+                problem,
+                timing["median_ms"] / 1e3,
+                f"{_short(path)}: {row['case']}",
+                build if implementation == "llm-speed" else None,
+                group,
+                (seq,),
+            )
+        )
+    return points
+
+
+def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
+    settings = document.get("settings") or {}
+    dtype = normalize_dtype(settings.get("dtype", "bf16"))
+    points = []
+    for row in document.get("results", []):
+        timing = row.get("timing") or {}
+        if not row.get("available") or not timing.get("median_ms"):
+            continue
+        impl = row["impl"]
+        implementation = "llm-speed" if impl == "llm-speed" else "cublas"
+        op = "tensor_core_gemm_int8" if dtype == "int8" else "gemm"
+        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+        problem = dict(m=m, n=n, k=k, dtype=dtype, with_bias=settings.get("epilogue", "none") != "none")
+        square = m == n == k
+        group = ("gemm", dtype, "square") if square else ("gemm", dtype, n, k)
+        points.append(
+            Point(
+                op,
+                implementation,
+                gpu,
+                problem,
+                timing["median_ms"] / 1e3,
+                f"{_short(path)}: {row['case']}",
+                build if implementation == "llm-speed" else None,
+                group,
+                (m,),
+            )
+        )
+    return points
+
+
+def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
+    settings = document.get("settings") or {}
+    points = []
+    for row in document.get("results", []):
+        timing = row.get("timing") or {}
+        if not row.get("available") or not timing.get("median_ms"):
+            continue
+        implementation = "sdpa-flash" if row["impl"] == "sdpa" else "llm-speed"
+        problem = dict(
+            batch=row["batch"],
+            heads_q=settings["num_heads"],
+            heads_kv=settings["num_kv_heads"],
+            seq_kv=row["context"],
+            head_dim=settings["head_dim"],
+            dtype=settings["dtype"],
+        )
+        group = ("decode", row["impl"], settings["num_heads"], settings["num_kv_heads"], row["batch"])
+        points.append(
+            Point(
+                "attention_kvcache_fwd",
+                implementation,
+                gpu,
+                problem,
+                timing["median_ms"] / 1e3,
+                f"{_short(path)}: {row['case']} {row['impl']}",
+                build if implementation == "llm-speed" else None,
+                group,
+                (row["context"],),
+            )
+        )
+    return points
+
+
+def _short(path: Path) -> str:
+    """``<folder>/<file>``: how a point names the file it came from."""
+    return f"{path.parent.name}/{path.name}"
+
+
+READERS: dict[str, Callable[[dict, Path, str, str | None], list[Point]]] = {
+    "attention": _attention_points,
+    "gemm": _gemm_points,
+    "decode": _decode_points,
+}
+
+
+def _sweep_points(path: Path, gpu: str, build: str | None) -> list[Point]:
+    """``benchmarks/attention_sweep.py`` JSON lines: one tile (or an SDPA backend) per line."""
+    points = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        row = json.loads(line)
+        if "ms" not in row or "direction" not in row:
+            continue
+        impl = row["impl"]
+        implementation = "llm-speed" if impl == "flash" else impl
+        if implementation not in ("llm-speed", *SDPA_BACKENDS):
+            continue
+        op = "flash_attention" if row["direction"] == "fwd" else "flash_attention_backward"
+        problem = dict(
+            batch=row["batch"],
+            heads_q=row["heads"],
+            heads_kv=row["heads"],
+            seq_q=row["seq"],
+            seq_kv=row["seq"],
+            head_dim=row["head_dim"],
+            dtype="fp16",
+            causal=bool(row["causal"]),
+        )
+        config = tuple(row.get("config") or ())
+        if config:
+            problem["config" if row["direction"] == "fwd" else "backward_config"] = list(config)
+        group = ("sweep", op, row["head_dim"], implementation)
+        points.append(
+            Point(
+                op,
+                implementation,
+                gpu,
+                problem,
+                row["ms"] / 1e3,
+                f"{_short(path)}:{number}",
+                build if implementation == "llm-speed" else None,
+                group,
+                config,
+            )
+        )
+    return points
+
+
+_HOST_LINE = re.compile(r"^(?P<what>[\w.]+) (?P<shape>\S+): (?P<us>[\d.]+) us per call")
+_HOST_NAMES = {
+    "llm_speed.gemm": ("llm-speed", "gemm"),
+    "llm_speed.flash_attention": ("llm-speed", "flash_attention"),
+    "torch.matmul": ("cublas", "gemm"),
+    "sdpa": ("sdpa", "flash_attention"),
+}
+
+
+def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
+    """Every measurement under ``directory`` (recursively). ``gpu``: the GPU of files that do not say (the
+    sweeps' JSON lines, the ceilings); default the GPU the directory's path names."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"results directory {str(root)!r}: not found")
+    results = Results()
+    fallback = get_gpu(gpu).id if gpu is not None else _gpu_of_directory(root.resolve())
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        folder_gpu = fallback or _gpu_of_directory(path.parent.resolve())
+        if path.suffix == ".json":
+            try:
+                document = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if not isinstance(document, dict) or document.get("benchmark") not in READERS:
+                continue
+            environment = document.get("environment") or {}
+            file_gpu = environment.get("gpu_spec_id") or (
+                folder_gpu if environment.get("device_type") == "cuda" else None
+            )
+            if file_gpu is None:  # a CPU run says nothing about a GPU
+                continue
+            build = environment.get("git_commit")
+            build = build[:7] if build else None
+            try:
+                found = READERS[document["benchmark"]](document, path, get_gpu(file_gpu).id, build)
+            except (KeyError, TypeError, ValueError):  # not a complete bench result: nothing to learn from
+                continue
+            if found:
+                results.points.extend(found)
+                results.files.append(display_path(path))
+        elif path.suffix == ".jsonl" and folder_gpu:
+            found = _sweep_points(path, folder_gpu, _sweep_build(path))
+            if found:
+                results.points.extend(found)
+                results.files.append(display_path(path))
+        elif path.name == "ceilings.txt" and folder_gpu:
+            text = path.read_text()
+            match = re.search(r"copy TB/s[^\d]*([\d.]+)", text)
+            if match:
+                entry = results.ceilings.setdefault(folder_gpu, {})
+                entry["copy_bytes_per_s"] = float(match.group(1)) * 1e12
+                entry["copy_fraction_of_datasheet"] = (
+                    entry["copy_bytes_per_s"] / get_gpu(folder_gpu).memory_bandwidth
+                )
+                entry["source"] = display_path(path)
+                results.files.append(display_path(path))
+        elif path.name == "host_overhead.txt" and folder_gpu:
+            for line in path.read_text().splitlines():
+                match = _HOST_LINE.match(line.strip())
+                if match and match.group("what") in _HOST_NAMES:
+                    impl, op = _HOST_NAMES[match.group("what")]
+                    table = results.host_s.setdefault(folder_gpu, {}).setdefault(impl, {})
+                    table[op] = float(match.group("us")) * 1e-6
+                    table["source"] = display_path(path)
+            results.files.append(display_path(path))
+    return results
+
+
+def _sweep_build(path: Path) -> str | None:
+    """Sweep lines carry no commit: the build they ran is recorded in the calibration by the file's folder
+    name (``builds.llm-speed.<folder>``), if at all."""
+    return path.parent.name
+
+
+# --- the held-out split -------------------------------------------------------------------------------------
+
+
+def held_out(points: Sequence[Point]) -> list[bool]:
+    """For each point, whether it is held out (see the module docstring): within each group, every second
+    distinct size in sorted order."""
+    sizes: dict[tuple, set] = {}
+    for point in points:
+        sizes.setdefault(point.group, set()).add(point.size)
+    rank = {group: {size: i for i, size in enumerate(sorted(values))} for group, values in sizes.items()}
+    return [rank[p.group][p.size] % 2 == 1 for p in points]
+
+
+def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
+    """(training points, held-out points)."""
+    flags = held_out(points)
+    return [p for p, h in zip(points, flags, strict=True) if not h], [
+        p for p, h in zip(points, flags, strict=True) if h
+    ]
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+def prediction_of(point: Point, calibration: Any) -> Prediction:
+    return predict(
+        point.op,
+        point.gpu,
+        implementation=point.implementation,
+        build=point.build,
+        calibration=calibration,
+        **copy.deepcopy(point.problem),
+    )
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """|predicted / measured - 1| over a set of points: count, median, worst (and which point)."""
+
+    count: int
+    median: float
+    worst: float
+    worst_point: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "points": self.count,
+            "median_abs_error": self.median,
+            "worst_abs_error": self.worst,
+            "worst_point": self.worst_point,
+        }
+
+
+def errors(points: Sequence[Point], calibration: Any) -> list[float]:
+    """Signed relative errors predicted / measured - 1, one per point."""
+    return [prediction_of(p, calibration).seconds / p.measured_s - 1.0 for p in points]
+
+
+def summarize(points: Sequence[Point], calibration: Any) -> ErrorSummary:
+    if not points:
+        return ErrorSummary(0, math.nan, math.nan, "")
+    values = [abs(e) for e in errors(points, calibration)]
+    worst = max(range(len(values)), key=values.__getitem__)
+    return ErrorSummary(len(points), statistics.median(values), values[worst], points[worst].label)
+
+
+# --- fitting ------------------------------------------------------------------------------------------------
+
+
+def _to_free(name: str, value: float) -> float:
+    if name in FRACTIONS:
+        value = min(max(value, 1e-6), 1 - 1e-6)
+        return math.log(value / (1 - value))
+    return math.log(max(value, 1e-15))
+
+
+def _from_free(name: str, value: float) -> float:
+    if name in FRACTIONS:
+        return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, value))))
+    return math.exp(max(-60.0, min(60.0, value)))
+
+
+def nelder_mead(
+    function: Callable[[list[float]], float],
+    start: Sequence[float],
+    *,
+    step: float = 0.3,
+    iterations: int = 400,
+    tolerance: float = 1e-7,
+) -> tuple[list[float], float]:
+    """Minimise ``function`` from ``start`` (the standard simplex method: reflect, expand, contract,
+    shrink)."""
+    n = len(start)
+    simplex = [list(start)]
+    for i in range(n):
+        vertex = list(start)
+        vertex[i] += step
+        simplex.append(vertex)
+    values = [function(v) for v in simplex]
+    for _ in range(iterations):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if abs(values[-1] - values[0]) <= tolerance * (abs(values[0]) + tolerance):
+            break
+        centroid = [sum(v[i] for v in simplex[:-1]) / n for i in range(n)]
+        worst = simplex[-1]
+        reflected = [c + (c - w) for c, w in zip(centroid, worst, strict=True)]
+        value = function(reflected)
+        if value < values[0]:
+            expanded = [c + 2 * (c - w) for c, w in zip(centroid, worst, strict=True)]
+            expanded_value = function(expanded)
+            simplex[-1], values[-1] = (
+                (expanded, expanded_value) if expanded_value < value else (reflected, value)
+            )
+        elif value < values[-2]:
+            simplex[-1], values[-1] = reflected, value
+        else:
+            contracted = [c + 0.5 * (w - c) for c, w in zip(centroid, worst, strict=True)]
+            contracted_value = function(contracted)
+            if contracted_value < values[-1]:
+                simplex[-1], values[-1] = contracted, contracted_value
+            else:
+                best = simplex[0]
+                simplex = [best] + [
+                    [b + 0.5 * (x - b) for b, x in zip(best, v, strict=True)] for v in simplex[1:]
+                ]
+                values = [values[0]] + [function(v) for v in simplex[1:]]
+    best = min(range(n + 1), key=values.__getitem__)
+    return simplex[best], values[best]
+
+
+def _entry(calibration: dict, gpu: str, implementation: str, family: str) -> dict[str, Any]:
+    gpus = calibration["gpus"]
+    if gpu not in gpus:
+        gpus[gpu] = copy.deepcopy(gpus[REFERENCE_GPU])
+        gpus[gpu]["ceilings"] = {}
+        gpus[gpu]["source"] = f"fitted from measurements on {gpu}; started from {REFERENCE_GPU}'s"
+    impls = gpus[gpu].setdefault("implementations", {})
+    if implementation not in impls or family not in impls[implementation]:
+        reference = gpus[REFERENCE_GPU]["implementations"].get(implementation, {})
+        impls.setdefault(implementation, {})[family] = copy.deepcopy(reference.get(family, {}))
+    return impls[implementation][family]
+
+
+def _loss(values: Iterable[float]) -> float:
+    # Squared log error, softened past a factor of e (a few points the model cannot explain must not
+    # drag every parameter: robust like scipy's soft_l1).
+    total = 0.0
+    for value in values:
+        total += 2.0 * (math.sqrt(1.0 + value * value) - 1.0)
+    return total
+
+
+def fit_entry(
+    points: Sequence[Point],
+    calibration: dict,
+    gpu: str,
+    implementation: str,
+    family: str,
+    *,
+    names: Sequence[str] | None = None,
+    iterations: int = 400,
+) -> float:
+    """Move ``names`` (default :data:`FITTED` of the family, those present) of one entry to minimise the loss
+    over ``points`` (all of this GPU and implementation); returns the final loss. Edits ``calibration``."""
+    entry = _entry(calibration, gpu, implementation, family)
+    kind = "llm-speed" if implementation == "llm-speed" else "vendor"
+    names = [n for n in (names or FITTED.get((family, kind), ())) if n in entry]
+    if not names or not points:
+        return math.nan
+
+    def objective(free: list[float]) -> float:
+        for name, value in zip(names, free, strict=True):
+            entry[name] = _from_free(name, value)
+        try:
+            logs = [math.log(prediction_of(p, calibration).seconds / p.measured_s) for p in points]
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return math.inf
+        return _loss(logs)
+
+    value = math.inf
+    for _ in range(1 + RESTARTS):
+        start = [_to_free(n, float(entry[n])) for n in names]
+        best, value = nelder_mead(objective, start, iterations=iterations)
+        for name, free in zip(names, best, strict=True):
+            entry[name] = _from_free(name, free)
+    return value
+
+
+def _family_of(op: str) -> str:
+    family = family_of(op)
+    return "elementwise" if family == "cross_entropy" else family
+
+
+def calibrate(
+    directory: str | Path,
+    *,
+    base: Any = None,
+    gpu: str | None = None,
+    iterations: int = 400,
+    families: Sequence[str] = ("gemm", "attention"),
+) -> dict[str, Any]:
+    """Refit the calibration from the measurements under ``directory``: start from ``base`` (default: the
+    current calibration), set the ceilings and host times the directory records, fit every (GPU,
+    implementation, family) with points on the training split, and record each entry's provenance and its
+    errors on both splits. Returns the new calibration data (write it with ``json.dump``)."""
+    results = load_results(directory, gpu=gpu)
+    if not results.points:
+        raise ValueError(f"results directory {str(directory)!r}: no GPU measurements found")
+    calibration = copy.deepcopy(load_calibration(base))
+    for gpu_id, ceilings in results.ceilings.items():
+        entry = calibration["gpus"].setdefault(gpu_id, copy.deepcopy(calibration["gpus"][REFERENCE_GPU]))
+        entry.setdefault("ceilings", {}).update(ceilings)
+    for gpu_id, tables in results.host_s.items():
+        impls = calibration["gpus"].get(gpu_id, {}).get("implementations", {})
+        for name, table in tables.items():
+            targets = list(SDPA_BACKENDS) if name == "sdpa" else [name]
+            for target in targets:
+                if target == "llm-speed" or target not in impls:
+                    continue  # llm-speed's host path belongs to a build (calibration "builds"), not a GPU
+                host = impls[target].setdefault("host_s", {})
+                for op, value in table.items():
+                    if op != "source":
+                        host["default" if name == "sdpa" else op] = value
+                host["source"] = table["source"]
+    train, test = split(results.points)
+    groups: dict[tuple[str, str, str], list[Point]] = {}
+    for point in train:
+        family = _family_of(point.op)
+        if family in families:
+            groups.setdefault((point.gpu, point.implementation, family), []).append(point)
+    # Vendors first: llm-speed's fits take the SHARED parameters from theirs.
+    order = sorted(groups, key=lambda key: (key[1] == "llm-speed", key))
+    for gpu_id, implementation, family in order:
+        if implementation == "llm-speed" and family in SHARED:
+            vendor, names = SHARED[family]
+            source = _entry(calibration, gpu_id, vendor, family)
+            target = _entry(calibration, gpu_id, implementation, family)
+            target.update({name: source[name] for name in names if name in source})
+        fit_entry(
+            groups[(gpu_id, implementation, family)],
+            calibration,
+            gpu_id,
+            implementation,
+            family,
+            iterations=iterations,
+        )
+    report = {}
+    for (gpu_id, implementation, family), points in sorted(groups.items()):
+        held = [
+            p for p in test if (p.gpu, p.implementation, _family_of(p.op)) == (gpu_id, implementation, family)
+        ]
+        entry = _entry(calibration, gpu_id, implementation, family)
+        entry["fitted"] = {
+            "files": sorted({p.source.split(":")[0] for p in points + held}),
+            "training": summarize(points, calibration).to_dict(),
+            "held_out": summarize(held, calibration).to_dict(),
+        }
+        report[f"{gpu_id}/{implementation}/{family}"] = entry["fitted"]
+    calibration["last_fit"] = {"directory": str(directory), "entries": report}
+    return calibration
+
+
+def fit_report(points: Sequence[Point], calibration: Any) -> list[dict[str, Any]]:
+    """One record per point: where it is, split, measured and predicted ms, error, bound."""
+    flags = held_out(points)
+    records = []
+    for point, held in zip(points, flags, strict=True):
+        prediction = prediction_of(point, calibration)
+        records.append(
+            {
+                "point": point.label,
+                "op": point.op,
+                "implementation": point.implementation,
+                "held_out": held,
+                "measured_ms": point.measured_s * 1e3,
+                "predicted_ms": prediction.milliseconds,
+                "error": prediction.seconds / point.measured_s - 1.0,
+                "bound": prediction.bound,
+            }
+        )
+    return records

@@ -1,0 +1,279 @@
+"""``llm-speed predict``: the calibrated time of an op on a GPU, the bound and the terms behind it
+(:mod:`llm_speed.perf.predict`), and the refit of the parameters from a results directory
+(:mod:`llm_speed.perf.calibrate`). Torch-free: it prints plain text (or JSON) itself.
+
+    llm-speed predict gemm m=4096 n=4096 k=4096 --gpu h100 --implementation cublas
+    llm-speed predict flash_attention batch=1 heads_q=16 seq_q=16384 head_dim=128 causal=true --gpu h100
+    llm-speed predict --calibrate benchmarks/results/h100-sxm --output my-calibration.json
+    llm-speed predict --check benchmarks/results/h100-sxm --points
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+from llm_speed.core.gpus import get_gpu
+from llm_speed.perf import calibrate
+from llm_speed.perf.predict import (
+    CALIBRATION_ENV,
+    CONTEXTS,
+    OPS,
+    Prediction,
+    implementations,
+    predict,
+)
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def parse_value(text: str) -> Any:
+    """A problem value from the command line: true/false, an int, a float, a comma list of those, else the
+    text itself (a dtype name)."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE[:3]:
+        return True
+    if lowered in _FALSE[:3]:
+        return False
+    if "," in text:
+        return [parse_value(part) for part in text.split(",") if part.strip()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_problem(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` words -> predict's keyword arguments; ValueError naming a word without ``=``."""
+    problem: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"problem: expected KEY=VALUE, got {item!r} (e.g. m=4096 n=4096 k=4096)")
+        problem[key.strip().replace("-", "_")] = parse_value(value)
+    return problem
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms"
+
+
+def describe(prediction: Prediction) -> list[str]:
+    """A prediction as text: the time and bound, then one line per term."""
+    b = prediction.breakdown
+    spec = get_gpu(prediction.gpu)
+    where = "calibrated on its own measurements" if prediction.calibrated else "NOT calibrated on this GPU"
+    lines = [
+        f"{prediction.op} on {prediction.gpu}, {prediction.implementation} "
+        f"({where}; context {prediction.context})",
+        f"  predicted  {_ms(prediction.seconds)}, {prediction.bound}-bound"
+        + (
+            f"   (roofline floor {_ms(prediction.floor_s)}: {prediction.seconds / prediction.floor_s:.2f}x)"
+            if prediction.floor_s
+            else ""
+        ),
+    ]
+    if b.compute_s:
+        tile = "x".join(str(x) for x in b.tile) if b.tile else "-"
+        lines.append(
+            f"  compute    {_ms(b.compute_s)}: {b.achievable_flops_per_s / 1e12:.4g} TFLOP/s achieved "
+            "over the "
+            f"call; tensor-core efficiency {b.tensor_core_efficiency:.2f} of the dense peak; tile {tile}, "
+            f"{b.programs} programs = {b.waves:.3g} waves on {spec.sm_count} SMs "
+            f"({b.wave_efficiency:.0%} busy)" + (f", split-K {b.split_k}" if b.split_k > 1 else "")
+        )
+    if b.exp_s:
+        lines.append(f"  exp units  {_ms(b.exp_s)} of exponentials per SM (before overlap with the matmuls)")
+    if b.dequant_s:
+        lines.append(f"  dequant    {_ms(b.dequant_s)} of weight dequantization on the CUDA cores")
+    if b.memory_s:
+        lines.append(
+            f"  memory     {_ms(b.memory_s)}: {b.dram_bytes / 1e6:.4g} MB DRAM at "
+            f"{b.achievable_bandwidth / 1e12:.3g} TB/s (minimum {b.bytes_moved / 1e6:.4g} MB); "
+            f"the L2 serves {b.l2_bytes / 1e6:.4g} MB of re-reads"
+        )
+    lines.append(
+        f"  fixed      {_ms(b.latency_s)} launch and start/end on the device ({b.kernels} kernel"
+        f"{'s' if b.kernels > 1 else ''}); host path {b.host_s * 1e6:.3g} us per call, "
+        f"{b.host_exposed_s * 1e6:.3g} us of it shows"
+    )
+    for note in b.notes:
+        lines.append(f"  note       {note}")
+    lines.append(f"  source     {prediction.source}")
+    return lines
+
+
+def _predict(args: argparse.Namespace) -> int:
+    if args.op is None:
+        raise ValueError("predict: give an OP (see --list), or --calibrate DIR / --check DIR")
+    if args.gpu is None:
+        raise ValueError("predict: --gpu is required (a GPU id of `llm-speed gpus`)")
+    problem = parse_problem(args.problem)
+    prediction = predict(
+        args.op,
+        args.gpu,
+        implementation=args.implementation,
+        context=args.context,
+        build=args.build,
+        calibration=args.calibration,
+        **problem,
+    )
+    if args.json:
+        print(json.dumps(prediction.to_dict(), indent=1))
+    else:
+        print("\n".join(describe(prediction)))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = {op: list(implementations(op)) for op in OPS}
+    if args.json:
+        print(json.dumps({"ops": rows, "contexts": list(CONTEXTS)}, indent=1))
+        return 0
+    width = max(len(op) for op in rows)
+    for op, impls in rows.items():
+        print(f"{op:<{width}}  {', '.join(impls)}, vendor")
+    return 0
+
+
+def _summary_lines(entries: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{'entry':<34} {'train n':>7} {'median':>7} {'worst':>7}  {'held-out n':>10} {'median':>7} "
+        f"{'worst':>7}  worst held-out point"
+    ]
+    for name, fit in entries.items():
+        train, held = fit["training"], fit["held_out"]
+        lines.append(
+            f"{name:<34} {train['points']:>7} {train['median_abs_error']:>7.1%} "
+            f"{train['worst_abs_error']:>7.1%}  "
+            f"{held['points']:>10} {held['median_abs_error']:>7.1%} {held['worst_abs_error']:>7.1%}  "
+            f"{held['worst_point']}"
+        )
+    return lines
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    new = calibrate.calibrate(args.calibrate, base=args.calibration, gpu=args.gpu, iterations=args.iterations)
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(json.dumps(new, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(new["last_fit"], indent=1))
+        return 0
+    print(
+        f"refitted from {args.calibrate} (training: every point not held out; see llm_speed.perf.calibrate)"
+    )
+    print("\n".join(_summary_lines(new["last_fit"]["entries"])))
+    print(f"written to {args.output}" if args.output else "not written (add --output FILE to keep it)")
+    return 0
+
+
+def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str]:
+    """``--check``'s table: median and worst |error| per implementation, op family and split; with
+    ``points``, then every held-out point with its measured and predicted time."""
+    from llm_speed.perf.predict import family_of
+
+    groups: dict[tuple[str, str, bool], list[float]] = {}
+    for record in records:
+        key = (record["implementation"], family_of(record["op"]), record["held_out"])
+        groups.setdefault(key, []).append(abs(record["error"]))
+    lines = [f"{'implementation':<16} {'family':<10} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
+    for (impl, family, held), values in sorted(groups.items()):
+        lines.append(
+            f"{impl:<16} {family:<10} {'held-out' if held else 'training':<9} {len(values):>6} "
+            f"{statistics.median(values):>7.1%} {max(values):>7.1%}"
+        )
+    if points:
+        lines += ["", "held-out points (measured ms, predicted ms, error):"]
+        for record in records:
+            if record["held_out"]:
+                lines.append(
+                    f"  {record['point']}  {record['measured_ms']:.4g}  {record['predicted_ms']:.4g}  "
+                    f"{record['error']:+.1%}"
+                )
+    return lines
+
+
+def _check(args: argparse.Namespace) -> int:
+    results = calibrate.load_results(args.check, gpu=args.gpu)
+    if not results.points:
+        raise ValueError(f"results directory {args.check!r}: no GPU measurements found")
+    records = calibrate.fit_report(results.points, args.calibration)
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    print("\n".join(check_lines(records, args.points)))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.list:
+        return _list(args)
+    if args.calibrate:
+        return _calibrate(args)
+    if args.check:
+        return _check(args)
+    return _predict(args)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``predict``."""
+    parser = subparsers.add_parser(
+        "predict",
+        help="calibrated time of an op on a GPU, its bound and why; refit from measured results",
+        description="Predict what an op of the op table takes on a GPU (llm_speed.perf.predict), or refit "
+        "the predictions' parameters from a results directory (--calibrate).",
+    )
+    parser.add_argument("op", nargs="?", help="op table row (gemm, flash_attention, ...; see --list)")
+    parser.add_argument(
+        "problem",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="the problem: m=4096 n=4096 k=4096, batch=1 heads_q=16 seq_q=4096 head_dim=128 ...",
+    )
+    parser.add_argument("--gpu", default=None, help="GPU id (see `llm-speed gpus`)")
+    parser.add_argument(
+        "--implementation",
+        default="llm-speed",
+        help="llm-speed, vendor, cublas, sdpa-flash, sdpa-cudnn, sdpa-efficient, pytorch, ring, nvls ...",
+    )
+    parser.add_argument(
+        "--context",
+        default="bench",
+        choices=CONTEXTS,
+        help="bench: as llm-speed bench times it (L2 flushed); stream: back to back; isolated: one call",
+    )
+    parser.add_argument(
+        "--build", default=None, help="llm-speed build of the calibration's builds (default: this checkout)"
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help=f"calibration JSON (default: ${CALIBRATION_ENV} or the shipped one)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="DIR",
+        help="refit the parameters from the measurements under DIR (benchmarks/results/<gpu>)",
+    )
+    parser.add_argument(
+        "--check",
+        default=None,
+        metavar="DIR",
+        help="errors of the current calibration on the measurements under DIR, by split",
+    )
+    parser.add_argument(
+        "--output", default=None, metavar="FILE", help="--calibrate: write the new calibration"
+    )
+    parser.add_argument("--points", action="store_true", help="--check: also list every held-out point")
+    parser.add_argument("--iterations", type=int, default=400, help="--calibrate: simplex steps per start")
+    parser.add_argument("--list", action="store_true", help="list the ops and implementations")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=_run)

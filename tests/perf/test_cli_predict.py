@@ -1,0 +1,89 @@
+"""``llm-speed predict``: one op's prediction (text and JSON), the list of ops, refusals, the refit from a
+results directory (a temporary copy of committed measurements), and the calibration note being the output of
+``--check``."""
+
+import json
+import shutil
+from pathlib import Path
+
+from llm_speed.cli import main
+from llm_speed.perf.predict import OPS, load_calibration, predict
+
+REPO = Path(__file__).resolve().parents[2]
+H100 = REPO / "benchmarks" / "results" / "h100-sxm"
+NOTE = REPO / "docs" / "notes" / "performance-model-calibration.md"
+
+
+def _run(capsys, argv):
+    code = main(["predict", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_is_the_functions_prediction(capsys):
+    code, out, _ = _run(capsys, ["gemm", "m=4096", "n=4096", "k=4096", "--gpu", "h100", "--implementation",
+                                 "vendor", "--json"])  # fmt: skip
+    assert code == 0
+    record = json.loads(out)
+    expected = predict("gemm", "h100-sxm", implementation="cublas", m=4096, n=4096, k=4096)
+    assert record["seconds"] == expected.seconds and record["bound"] == expected.bound == "compute"
+    assert record["implementation"] == "cublas" and record["calibrated"] is True
+    assert record["breakdown"]["tile"] == list(expected.breakdown.tile)
+
+
+def test_text_names_the_bound_and_the_terms(capsys):
+    argv = ["flash_attention", "batch=1", "heads_q=16", "seq_q=16384", "head_dim=128", "causal=true",
+            "--gpu", "h100-sxm"]  # fmt: skip
+    code, out, _ = _run(capsys, argv)
+    assert code == 0
+    assert "compute-bound" in out and "tensor-core efficiency" in out and "exp units" in out
+    code, out, _ = _run(capsys, ["moe_sort", "tokens=64", "top_k=8", "experts=64", "--gpu", "h100-sxm"])
+    assert code == 0 and "NOT calibrated" in out and "UNCALIBRATED for moe_sort" in out
+
+
+def test_list_has_every_op(capsys):
+    code, out, _ = _run(capsys, ["--list", "--json"])
+    assert code == 0 and list(json.loads(out)["ops"]) == list(OPS)
+
+
+def test_bad_input_exits_2_naming_it(capsys):
+    code, _, err = _run(capsys, ["softmax", "--gpu", "h100-sxm"])
+    assert code == 2 and "no prediction for 'softmax'" in err and "modelled: gemm" in err
+    code, _, err = _run(capsys, ["gemm", "m=1", "n=1", "--gpu", "h100-sxm"])
+    assert code == 2 and "gemm: missing problem argument 'k'" in err
+    code, _, err = _run(capsys, ["gemm", "m", "--gpu", "h100-sxm"])
+    assert code == 2 and "KEY=VALUE" in err
+
+
+def test_calibrate_refits_from_a_results_directory(tmp_path, capsys):
+    """A copy of the square GEMMs and the ceilings: the cuBLAS and llm-speed GEMM entries are refitted, the
+    new file records which files set them and the held-out errors, and predictions read it."""
+    folder = tmp_path / "h100-sxm" / "session"
+    folder.mkdir(parents=True)
+    for name in ("gemm_bf16_square.json", "ceilings.txt"):
+        shutil.copy(H100 / "2026-11-22-baseline" / name, folder / name)
+    out = tmp_path / "calibration.json"
+    code, text, _ = _run(capsys, ["--calibrate", str(tmp_path), "--output", str(out), "--iterations", "20"])
+    assert code == 0 and "h100-sxm/cublas/gemm" in text and f"written to {out}" in text
+    new = json.loads(out.read_text())
+    entries = new["last_fit"]["entries"]
+    assert set(entries) == {"h100-sxm/cublas/gemm", "h100-sxm/llm-speed/gemm"}
+    for fit in entries.values():
+        assert fit["files"] == ["session/gemm_bf16_square.json"]
+        assert (fit["training"]["points"], fit["held_out"]["points"]) == (3, 2)  # 1024 and 4096 held out
+    # The attention entries were not in the directory: kept as they were.
+    old = load_calibration()["gpus"]["h100-sxm"]["implementations"]["sdpa-cudnn"]["attention"]
+    assert new["gpus"]["h100-sxm"]["implementations"]["sdpa-cudnn"]["attention"] == old
+    code, text, _ = _run(capsys, ["gemm", "m=4096", "n=4096", "k=4096", "--gpu", "h100-sxm", "--json",
+                                  "--calibration", str(out)])  # fmt: skip
+    assert code == 0 and json.loads(text)["seconds"] > 0
+
+
+def test_the_calibration_note_is_the_check_output(capsys):
+    """docs/notes/performance-model-calibration.md quotes ``--check`` (and its held-out points) exactly."""
+    code, out, _ = _run(capsys, ["--check", str(H100), "--points"])
+    assert code == 0
+    table, points = out.rstrip("\n").split("\n\n", 1)
+    note = NOTE.read_text()
+    assert f"```\n{table}\n```" in note and f"```\n{points}\n```" in note
+    assert points.count("\n") == 149  # a header line and the 149 held-out points

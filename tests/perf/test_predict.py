@@ -1,0 +1,443 @@
+"""llm_speed.perf.predict: calibrated predictions for every op-table row, their breakdown, and the accuracy on
+the committed H100 measurements (fitted on one split, checked on the other)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from llm_speed.perf import calibrate
+from llm_speed.perf.predict import (
+    BOUNDS,
+    OPS,
+    SDPA_BACKENDS,
+    UNMEASURED_OPS,
+    UNMODELLED,
+    elementwise_cost,
+    gemm_config_choice,
+    implementations,
+    load_calibration,
+    makespan,
+    predict,
+    predict_work,
+    resolve_implementation,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+H100 = REPO / "benchmarks" / "results" / "h100-sxm"
+
+# One representative problem per op (every row of llm_speed.ops must have one: see the next test).
+PROBLEMS = {
+    "gemm": dict(m=4096, n=4096, k=4096),
+    "tensor_core_gemm": dict(m=2048, n=4096, k=1024, dtype="fp16"),
+    "tensor_core_gemm_int8": dict(m=2048, n=4096, k=4096),
+    "flash_attention": dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, heads_kv=2, causal=True),
+    "flash_attention_backward": dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, causal=True),
+    "tiled_attention": dict(batch=2, heads_q=16, seq_q=2048, head_dim=64),
+    "naive_attention": dict(batch=1, heads_q=8, seq_q=1024, head_dim=64),
+    "sdpa_attention": dict(batch=1, heads_q=8, seq_q=1024, head_dim=64),
+    "flash_attention_varlen": dict(lengths_q=[100, 2048, 513], heads_q=16, head_dim=128, causal=True),
+    "flash_attention_varlen_backward": dict(lengths_q=[100, 2048], heads_q=16, head_dim=128, heads_kv=4),
+    "attention_kvcache_fwd": dict(batch=8, heads_q=32, heads_kv=8, seq_kv=4096, head_dim=128),
+    "rms_norm": dict(rows=8192, hidden=4096),
+    "rms_norm_backward": dict(rows=8192, hidden=4096),
+    "swiglu": dict(rows=8192, width=14336),
+    "swiglu_backward": dict(rows=8192, width=14336),
+    "apply_rotary": dict(batch=1, heads=32, seq=8192, head_dim=128),
+    "fused_linear_cross_entropy": dict(tokens=8192, hidden=4096, vocab=128256),
+    "fused_linear_cross_entropy_backward": dict(tokens=8192, hidden=4096, vocab=128256),
+    "geglu": dict(rows=8192, width=14336),
+    "geglu_backward": dict(rows=8192, width=14336),
+    "apply_rotary_qk": dict(batch=1, heads_q=32, heads_kv=8, seq=8192, head_dim=128),
+    "apply_rotary_qk_backward": dict(batch=1, heads_q=32, heads_kv=8, seq=8192, head_dim=128),
+    "cross_entropy": dict(tokens=8192, vocab=128256),
+    "cross_entropy_backward": dict(tokens=8192, vocab=128256),
+    "moe_route": dict(tokens=8192, experts=64, top_k=8),
+    "moe_route_backward": dict(tokens=8192, experts=64, top_k=8),
+    "moe_sort": dict(tokens=8192, top_k=8, experts=64),
+    "grouped_gemm": dict(tokens=65536, groups=64, n=2048, k=4096),
+    "grouped_gemm_backward": dict(tokens=65536, groups=64, n=2048, k=4096),
+    "fused_moe": dict(tokens=8192, hidden=4096, intermediate=1408, experts=64, top_k=8),
+    "fused_moe_backward": dict(tokens=8192, hidden=4096, intermediate=1408, experts=64, top_k=8),
+    "all_reduce": dict(size_bytes=2**30, num_gpus=8),
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return calibrate.load_results(H100)
+
+
+def test_every_op_table_row_has_a_prediction():
+    from llm_speed import ops
+
+    # Every row is modelled or listed as not modelled (with the reason the error gives): never silent.
+    unlisted = set(ops.names()) - set(OPS) - set(UNMODELLED)
+    assert not unlisted, (
+        f"op-table rows need a model in llm_speed.perf.predict or an UNMODELLED entry: {unlisted}"
+    )
+    assert set(PROBLEMS) == set(OPS)
+    for op, problem in PROBLEMS.items():
+        for implementation in implementations(op):
+            prediction = predict(op, "h100-sxm", implementation=implementation, **problem)
+            assert prediction.seconds > 0 and prediction.bound in BOUNDS, (op, implementation)
+            assert prediction.implementation == implementation
+            assert prediction.seconds >= prediction.floor_s * (1 - 1e-9), (op, implementation)
+            json.dumps(prediction.to_dict())  # plain JSON values
+    for op, reason in UNMODELLED.items():
+        with pytest.raises(ValueError, match=f"no prediction for '{op}'.*{reason}"):
+            predict(op, "h100-sxm")
+
+
+def test_rows_without_measurements_say_uncalibrated():
+    """Only the GEMM and attention kernels were measured on the H100: everything else is labelled."""
+    for op in OPS:
+        if op == "all_reduce":
+            continue
+        prediction = predict(op, "h100-sxm", **PROBLEMS[op])
+        measured = op in ("gemm", "tensor_core_gemm", "tensor_core_gemm_int8") or "attention" in op
+        assert prediction.calibrated == (measured and op not in UNMEASURED_OPS), op
+        if not prediction.calibrated:
+            assert prediction.source.startswith(f"UNCALIBRATED for {op}"), op
+
+
+def test_an_unknown_row_names_the_modelled_ones():
+    with pytest.raises(ValueError, match="no prediction for 'mla_attention'; modelled: gemm, .*all_reduce"):
+        predict("mla_attention", "h100-sxm")
+
+
+def test_implementation_names():
+    assert resolve_implementation("gemm", "vendor") == "cublas"
+    assert resolve_implementation("gemm", "torch") == "cublas"
+    assert resolve_implementation("flash_attention", "vendor") == "sdpa-flash"
+    assert resolve_implementation("flash_attention", "flash") == "llm-speed"
+    assert resolve_implementation("rms_norm", "vendor") == "pytorch"
+    assert resolve_implementation("all_reduce", "vendor") == "nvls"
+    with pytest.raises(ValueError, match="accepted: llm-speed, sdpa-flash"):
+        resolve_implementation("flash_attention", "cublas")
+    with pytest.raises(ValueError, match="no prediction for 'softmax'.*predict_work"):
+        predict("softmax", "h100-sxm")
+    with pytest.raises(ValueError, match="unknown problem argument"):
+        predict("gemm", "h100-sxm", m=1, n=1, k=1, q=3)
+    with pytest.raises(ValueError, match="context"):
+        predict("gemm", "h100-sxm", context="warm", m=1, n=1, k=1)
+    for op in OPS:  # a missing argument names itself, whatever the row
+        if op != "all_reduce":
+            with pytest.raises(ValueError, match=f"{op}: missing problem argument"):
+                predict(op, "h100-sxm")
+    with pytest.raises(ValueError, match="m must be a positive int"):
+        predict("gemm", "h100-sxm", m=0, n=1, k=1)
+
+
+def test_gemm_breakdown_names_the_bound_and_the_waves():
+    big = predict("gemm", "h100-sxm", implementation="cublas", m=8192, n=8192, k=8192)
+    assert big.bound == "compute"
+    b = big.breakdown
+    # 8192^2 in 128x256 tiles: 2048 tiles, 15.5 waves on 132 SMs, the last one 52% full.
+    assert b.tile[:2] == (128, 256) and b.programs == 2048 and b.waves == pytest.approx(2048 / 132)
+    assert b.wave_efficiency == pytest.approx(2048 / (16 * 132), rel=1e-6)
+    assert 0.5 < b.tensor_core_efficiency < 0.8
+    assert big.seconds == pytest.approx(b.latency_s + b.compute_s)
+    # A decode GEMV streams its weights: memory-bound near the measured copy bandwidth.
+    gemv = predict("gemm", "h100-sxm", implementation="cublas", m=1, n=57344, k=8192)
+    assert gemv.bound == "memory"
+    assert 2.5e12 < gemv.breakdown.achievable_bandwidth <= 3.0e12
+    assert gemv.floor_s < gemv.seconds < 1.4 * gemv.floor_s
+
+
+def test_fixed_cost_and_context():
+    """The host path shows where it outlasts what hides it: the L2 flush under bench timing, the device time
+    back to back; added in isolation; gone under CUDA-graph replay."""
+    problem = dict(m=512, n=512, k=512)
+    old = predict("gemm", "h100-sxm", build="af147ec", **problem)
+    assert old.bound == "latency"
+    flush = 2 * 50e6 / 3.0e12  # 2 x L2 written at the measured copy rate
+    assert old.breakdown.host_exposed_s == pytest.approx(218e-6 - 104857600 / 3.0002e12, rel=1e-3)
+    assert old.seconds == pytest.approx(old.breakdown.host_exposed_s)
+    assert flush > 0
+    seconds = {c: predict("gemm", "h100-sxm", implementation="cublas", context=c, **problem).seconds
+               for c in ("graph", "bench", "stream", "isolated")}  # fmt: skip
+    assert seconds["graph"] == seconds["bench"] < seconds["stream"] < seconds["isolated"]
+    assert seconds["isolated"] == pytest.approx(seconds["graph"] + 17.4e-6)
+
+
+def test_attention_tiles_change_the_prediction():
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128)
+    old = predict("flash_attention", "h100-sxm", build="af147ec", **shape)
+    new = predict("flash_attention", "h100-sxm", **shape)
+    assert old.breakdown.tile == (128, 32, 8, 2) and new.breakdown.tile == (128, 128, 8, 3)
+    assert new.seconds < 0.75 * old.seconds  # the LARGE tier's tiles (measured: 292 -> 481 TFLOP/s)
+    forced = predict("flash_attention", "h100-sxm", config=[128, 32, 8, 2], **shape)
+    assert forced.seconds == pytest.approx(old.seconds)
+    causal = predict("flash_attention", "h100-sxm", causal=True, **shape)
+    assert 0.45 < causal.seconds / new.seconds < 0.65
+    assert new.breakdown.exp_s > 0 and new.bound == "compute"
+
+
+def test_uncalibrated_gpus_say_so():
+    prediction = predict("gemm", "a100-sxm-80gb", implementation="cublas", m=4096, n=4096, k=4096)
+    assert not prediction.calibrated and "no a100-sxm-80gb measurements" in prediction.source
+    assert predict("gemm", "h100-sxm", m=64, n=64, k=64).calibrated
+    # A slower GPU by its own datasheet: the A100's peak is 312 of the H100's 989 TFLOP/s.
+    h100 = predict("gemm", "h100-sxm", implementation="cublas", m=8192, n=8192, k=8192)
+    a100 = predict("gemm", "a100-sxm-80gb", implementation="cublas", m=8192, n=8192, k=8192)
+    assert 2.5 < a100.seconds / h100.seconds < 3.5
+
+
+def test_makespan_counts_the_last_wave():
+    assert makespan([1.0] * 132, 132)[0] == pytest.approx(1.0)
+    assert makespan([1.0] * 133, 132)[0] == pytest.approx(2.0)
+    time, programs, waves, efficiency = makespan([1.0] * 264, 132)
+    assert (time, programs, waves, efficiency) == (pytest.approx(2.0), 264, 2.0, pytest.approx(1.0))
+
+
+def test_elementwise_costs_are_the_op_tables():
+    import torch
+
+    from llm_speed import ops
+
+    x, w = torch.empty(64, 96, device="meta", dtype=torch.bfloat16), torch.empty(96, device="meta")
+    for name in ("rms_norm", "rms_norm_backward"):
+        work = ops.get(name).work(x=x, weight=w.to(torch.bfloat16))
+        assert elementwise_cost(name, {"rows": 64, "hidden": 96})[:2] == (work.flops, work.bytes_moved)
+    for name in ("swiglu", "swiglu_backward"):
+        work = ops.get(name).work(gate=x)
+        assert elementwise_cost(name, {"rows": 64, "width": 96})[:2] == (work.flops, work.bytes_moved)
+    q = torch.empty(2, 4, 64, 32, device="meta", dtype=torch.bfloat16)
+    cos = torch.empty(64, 16, device="meta", dtype=torch.bfloat16)
+    work = ops.get("apply_rotary").work(x=q, cos=cos)
+    cost = elementwise_cost("apply_rotary", {"batch": 2, "heads": 4, "seq": 64, "head_dim": 32})
+    assert cost[:2] == (work.flops, work.bytes_moved)
+
+
+def test_new_row_costs_are_the_op_tables():
+    """The MoE rows (and the fused rows of the other branches, where this table has them): predict's FLOPs
+    and bytes are the op table's work functions on the same problem."""
+    import torch
+
+    from llm_speed import ops
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    names = set(ops.names())
+    cases = {
+        "grouped_gemm": (dict(a=torch.empty(96, 32, **meta), b=torch.empty(4, 32, 48, **meta),
+                              out=torch.empty(96, 48, **meta)), dict(tokens=96, groups=4, n=48, k=32)),
+        "moe_route": (dict(router_logits=torch.empty(40, 16, **meta), top_k=4),
+                      dict(tokens=40, experts=16, top_k=4)),
+        "moe_sort": (dict(topk_ids=torch.empty(40, 4, device="meta", dtype=torch.int32), num_experts=16),
+                     dict(tokens=40, top_k=4, experts=16)),
+        "fused_moe": (dict(hidden=torch.empty(40, 32, **meta), w_gate_up=torch.empty(8, 2 * 24, 32, **meta),
+                           w_down=torch.empty(8, 32, 24, **meta),
+                           topk_ids=torch.empty(40, 2, device="meta", dtype=torch.int32)),
+                      dict(tokens=40, hidden=32, intermediate=24, experts=8, top_k=2)),
+        "geglu": (dict(gate=torch.empty(64, 96, **meta)), dict(rows=64, width=96)),
+        "apply_rotary_qk": (dict(q=torch.empty(2, 4, 64, 32, **meta), k=torch.empty(2, 2, 64, 32, **meta),
+                                 cos=torch.empty(64, 32, **meta)),
+                            dict(batch=2, heads_q=4, heads_kv=2, seq=64, head_dim=32)),
+        "cross_entropy": (dict(logits=torch.empty(64, 1000, **meta)), dict(tokens=64, vocab=1000)),
+    }  # fmt: skip
+    checked = 0
+    for base, (tensors, problem) in cases.items():
+        for op in (base, f"{base}_backward"):
+            if op not in names:
+                continue
+            work = ops.get(op).work(**tensors)
+            prediction = predict(op, "h100-sxm", **problem)
+            assert prediction.breakdown.flops == pytest.approx(work.flops), op
+            assert prediction.breakdown.bytes_moved == pytest.approx(work.bytes_moved), op
+            checked += 1
+    assert checked >= 7  # grouped_gemm, moe_route, fused_moe (each with a backward) and moe_sort at least
+
+
+def test_grouped_gemm_tile_rule_is_the_launchers():
+    from llm_speed.core.hardware import Hardware
+    from llm_speed.moe.grouped_gemm import grouped_config
+    from llm_speed.perf.predict import grouped_tile
+
+    hardware = Hardware.from_spec("h100-sxm")
+    for rows, n, swiglu in [(1, 4096, False), (16, 2816, True), (48, 4096, False), (128, 4096, True),
+                            (1024, 7168, False), (8, 24, False)]:  # fmt: skip
+        rows_pow2 = 1 << (rows - 1).bit_length()
+        config = grouped_config(rows_pow2, n, 2, swiglu, hardware)
+        assert grouped_tile(rows, n, swiglu) == (
+            config.block_m,
+            config.block_n,
+            config.block_k,
+            config.num_warps,
+        )
+
+
+def test_moe_predictions_scale_as_the_experts_hit():
+    """Decode (few tokens) streams the hit experts' weights: memory-bound; prefill is compute-bound."""
+    shape = dict(hidden=4096, intermediate=1408, experts=64, top_k=8)
+    decode = predict("fused_moe", "h100-sxm", context="graph", tokens=1, **shape)
+    prefill = predict("fused_moe", "h100-sxm", tokens=16384, **shape)
+    assert decode.bound == "memory" and prefill.bound == "compute"
+    weights = 8 * 3 * 1408 * 4096 * 2  # the 8 experts one token hits
+    assert weights / 3.0e12 < decode.seconds < 3 * weights / 3.0e12
+    backward = predict("fused_moe_backward", "h100-sxm", tokens=16384, **shape)
+    assert 2.0 < backward.seconds / prefill.seconds < 4.0  # 16 of 6 matmul FLOPs per element
+
+
+def test_gemm_tile_rule_is_the_launchers():
+    """predict restates llm_speed.matmul.gemm.gemm_config's rule without torch: the two must agree."""
+    import torch
+
+    from llm_speed.core.hardware import Hardware
+    from llm_speed.matmul.gemm import gemm_config, persistent_tma_configs
+
+    hardware = Hardware.from_spec("h100-sxm")
+    tiles = [(c.block_m, c.block_n, c.block_k, c.num_warps) for c in persistent_tma_configs(hardware)]
+    shipped = load_calibration()["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["gemm"]["tiles"]
+    assert [tuple(t) for t in shipped] == tiles
+    shapes = [(1, 4096, 4096), (16, 57344, 8192), (128, 6144, 4096), (1024, 1024, 1024), (8192, 8192, 64),
+              (2048, 28672, 4096), (3, 5, 7)]  # fmt: skip
+    for m, n, k in shapes:
+        config = gemm_config(m, n, k, torch.bfloat16, "persistent_tma", True, hardware)
+        chosen = gemm_config_choice(m, n, k, tiles, hardware.sm_count)
+        assert chosen == (config.block_m, config.block_n, config.block_k, config.num_warps), (m, n, k)
+
+
+def test_attention_tile_tables_match_the_kernels():
+    """The calibration's tile tables are the attention tiers: current (LARGE) and the baseline's (FULL)."""
+    import torch
+
+    from llm_speed.attention import flash
+
+    cal = load_calibration()
+    tables = {
+        "current": cal["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["attention"]["tiles"],
+        "af147ec": cal["builds"]["llm-speed"]["af147ec"]["attention_tiles"],
+    }
+    for name, tier in (("current", flash.LARGE), ("af147ec", flash.FULL)):
+        for direction in ("forward", "backward"):
+            for dtype, key in ((torch.float16, "fp16"), (torch.float32, "fp32")):
+                for dim, config in tier.table[direction][dtype].items():
+                    expected = [config.block_m, config.block_n, config.num_warps, config.num_stages]
+                    assert tables[name][direction][key][str(dim)] == expected, (name, direction, key, dim)
+
+
+# --- accuracy on the committed H100 measurements ----------------------------------------------------------
+
+
+def test_the_held_out_rule(results):
+    """Every second size of each group is held out: 1k, 4k, 16k of the attention grid, tokens 16 and 2048
+    of the model GEMMs, squares 1024 and 4096; every second tile of the sweeps."""
+    flags = dict(
+        zip(
+            (p.source + p.implementation for p in results.points),
+            calibrate.held_out(results.points),
+            strict=True,
+        )
+    )
+    assert flags["2026-11-22-baseline/attn_fp16_fwd_d128_full_mha_s1024.json: seq=1024sdpa-cudnn"]
+    assert not flags["2026-11-22-baseline/attn_fp16_fwd_d128_full_mha_s2048.json: seq=2048llm-speed"]
+    assert flags["2026-11-22-baseline/gemm_bf16_llama-3-8b_t2048.json: qkv 2048x6144x4096cublas"]
+    assert not flags["2026-11-22-baseline/gemm_bf16_llama-3-8b_t8192.json: qkv 8192x6144x4096llm-speed"]
+    assert flags["2026-11-22-baseline/gemm_bf16_square.json: 4096x4096x4096cublas"]
+    train, test = calibrate.split(results.points)
+    assert (len(train), len(test)) == (188, 149)
+    # cuBLAS and llm-speed are held out on the same shapes.
+    gemm = {p.source for p in test if p.op == "gemm"}
+    assert gemm == {p.source for p in test if p.op == "gemm" and p.implementation == "cublas"}
+
+
+# Reached on the held-out points (docs/performance-model.md, "Calibrated predictions"): median, worst.
+HELD_OUT = {
+    ("cublas", "gemm"): (0.05, 0.20),
+    ("llm-speed", "gemm"): (0.05, 0.30),
+    ("sdpa-cudnn", "attention"): (0.06, 0.15),
+    ("sdpa-flash", "attention"): (0.06, 0.15),
+    ("sdpa-efficient", "attention"): (0.05, 0.10),
+    ("llm-speed", "attention"): (0.10, 0.45),  # the worst is a spilling sweep tile: over the 35% target
+}
+
+
+def test_held_out_errors_on_the_h100(results):
+    train, test = calibrate.split(results.points)
+    for (implementation, family), (median, worst) in HELD_OUT.items():
+        points = [
+            p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family
+        ]
+        errors = [abs(e) for e in calibrate.errors(points, None)]
+        assert statistics.median(errors) <= median and max(errors) <= worst, (implementation, family)
+        assert statistics.median(errors) <= 0.15  # the issue's target for the median
+    # On the baseline grid alone (the tiles llm-speed shipped then), llm-speed's attention meets both.
+    grid = [p for p in test if p.implementation == "llm-speed" and "attn_" in p.source]
+    assert max(abs(e) for e in calibrate.errors(grid, None)) <= 0.35
+
+
+def test_shipped_calibration_records_its_fit(results):
+    """calibration.json's recorded errors are those of its own parameters (it is not stale)."""
+    cal = load_calibration()
+    train, test = calibrate.split(results.points)
+    for key, fit in cal["last_fit"]["entries"].items():
+        gpu, implementation, family = key.split("/")
+        held = [
+            p for p in test if p.implementation == implementation and calibrate._family_of(p.op) == family
+        ]
+        summary = calibrate.summarize(held, None)
+        assert summary.count == fit["held_out"]["points"]
+        assert summary.median == pytest.approx(fit["held_out"]["median_abs_error"], rel=1e-6), key
+
+
+def test_refit_from_a_results_directory(tmp_path):
+    """calibrate() reads a results directory, fits on its training split and reports the held-out errors:
+    times generated by known cuBLAS parameters are predicted again from a wrong start."""
+    truth = copy.deepcopy(load_calibration())
+    entry = truth["gpus"]["h100-sxm"]["implementations"]["cublas"]["gemm"]
+    entry["eta"] = 0.6
+    sizes = [(m, 6144, 4096) for m in (256, 1024, 2048, 4096, 8192)]  # one group: 1024 and 4096 held out
+    rows = []
+    for m, n, k in sizes:
+        seconds = predict(
+            "gemm", "h100-sxm", implementation="cublas", calibration=truth, m=m, n=n, k=k
+        ).seconds
+        rows.append({"case": f"{m}x{n}x{k}", "impl": "torch", "available": True, "m": m, "n": n, "k": k,
+                     "timing": {"median_ms": seconds * 1e3}})  # fmt: skip
+    document = {"benchmark": "gemm", "environment": {"gpu_spec_id": "h100-sxm", "git_commit": None},
+                "settings": {"dtype": "bf16", "epilogue": "none"}, "results": rows}  # fmt: skip
+    folder = tmp_path / "h100-sxm" / "session"
+    folder.mkdir(parents=True)
+    (folder / "gemm.json").write_text(json.dumps(document))
+    (folder / "ceilings.txt").write_text("copy TB/s (read+write) 3.0\n")
+    start = copy.deepcopy(load_calibration())
+    start["gpus"]["h100-sxm"]["implementations"]["cublas"]["gemm"]["eta"] = 0.9
+    new = calibrate.calibrate(tmp_path, base=start, iterations=80)
+    fitted = new["gpus"]["h100-sxm"]["implementations"]["cublas"]["gemm"]
+    # Moved off the wrong start (eta 0.9 against the truth's 0.6; with three points eta trades off against the
+    # tile efficiency, so the times are checked, not eta itself).
+    assert fitted["eta"] != 0.9
+    report = new["last_fit"]["entries"]["h100-sxm/cublas/gemm"]
+    assert report["training"]["points"] == 3 and report["held_out"]["points"] == 2
+    assert report["training"]["worst_abs_error"] < 0.02 and report["held_out"]["worst_abs_error"] < 0.08
+    assert new["gpus"]["h100-sxm"]["ceilings"]["copy_bytes_per_s"] == 3.0e12
+    assert fitted["fitted"]["files"] == ["session/gemm.json"]
+
+
+def test_a_cpu_run_is_not_a_measurement(tmp_path):
+    document = {"benchmark": "gemm", "environment": {"device_type": "cpu", "gpu_spec_id": None},
+                "settings": {"dtype": "fp32"}, "results": []}  # fmt: skip
+    (tmp_path / "cpu.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="no GPU measurements"):
+        calibrate.calibrate(tmp_path)
+
+
+def test_predict_work_for_ops_without_a_row():
+    small = predict_work("h100-sxm", flops=0.0, bytes_moved=1e6)
+    big = predict_work("h100-sxm", flops=0.0, bytes_moved=1e9)
+    assert small.bound == "latency" and big.bound == "memory"
+    assert big.seconds == pytest.approx(1e9 / big.breakdown.achievable_bandwidth, rel=0.05)
+    gemm = predict_work("h100-sxm", flops=1e13, bytes_moved=1e8, family="gemm", implementation="vendor")
+    assert gemm.bound == "compute" and gemm.implementation == "cublas"
+
+
+def test_sdpa_backends_rank_as_measured():
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128)
+    times = {impl: predict("flash_attention", "h100-sxm", implementation=impl, **shape).seconds
+             for impl in SDPA_BACKENDS}  # fmt: skip
+    assert times["sdpa-cudnn"] < times["sdpa-flash"] < times["sdpa-efficient"]
