@@ -29,8 +29,11 @@ _EXPORTS = {
     # fused LLM ops
     "rms_norm": "llm_speed.fused.rms_norm",
     "apply_rotary": "llm_speed.fused.rotary",
+    "apply_rotary_qk": "llm_speed.fused.rotary_qk",
     "swiglu": "llm_speed.fused.swiglu",
+    "geglu": "llm_speed.fused.geglu",
     "fused_linear_cross_entropy": "llm_speed.fused.cross_entropy",
+    "cross_entropy": "llm_speed.fused.cross_entropy",
     # mixture of experts
     "grouped_gemm": "llm_speed.moe.grouped_gemm",
     "moe_route": "llm_speed.moe.routing",

@@ -215,13 +215,15 @@ def kvcache_work(
 
 
 def rms_norm_work(backward: bool = False) -> Callable[..., Work | None]:
-    """Cost of an RMSNorm call ``(x=[rows, hidden], weight=[hidden])``: the minimum DRAM traffic (forward: x,
-    weight in; y, fp32 rstd out. backward: dy, x, weight, rstd in; dx, dweight out) and FLOPs counted per
-    element (forward: square, sum, two products = 4; backward: about 9 for dx and dweight together)."""
+    """Cost of an RMSNorm call ``(x=[rows, hidden], weight=[hidden] or None)``: the minimum DRAM traffic
+    (forward: x, weight in; y, fp32 rstd out. backward: dy, x, weight, rstd in; dx, dweight out) and FLOPs
+    counted per element (forward: square, sum, two products = 4; backward: about 9 for dx and dweight
+    together)."""
 
     def cost(*, x: Any, weight: Any, **_: Any) -> Work:
         rows, hidden = x.shape
-        act, w = x.element_size() * rows * hidden, weight.element_size() * hidden
+        act = x.element_size() * rows * hidden
+        w = 0 if weight is None else weight.element_size() * hidden
         if backward:
             return Work(9.0 * rows * hidden, 3 * act + 2 * w + 4 * rows, x.dtype, x.device)
         return Work(4.0 * rows * hidden, 2 * act + w + 4 * rows, x.dtype, x.device)
@@ -229,15 +231,17 @@ def rms_norm_work(backward: bool = False) -> Callable[..., Work | None]:
     return cost
 
 
-def swiglu_work(backward: bool = False) -> Callable[..., Work | None]:
-    """Cost of a SwiGLU call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out out;
-    backward: dout, gate, up in, dgate, dup out) and FLOPs per element (sigmoid as exp, add, divide, then the
-    products: 5 forward, 10 backward)."""
+def swiglu_work(backward: bool = False, activation_flops: float = 4.0) -> Callable[..., Work | None]:
+    """Cost of a SwiGLU (or GeGLU) call ``(gate=...)``: the minimum DRAM traffic (forward: gate, up in, out
+    out; backward: dout, gate, up in, dgate, dup out) and FLOPs per element: the activation (SiLU's sigmoid as
+    exp, add, divide, product: 4; GeGLU's tanh form: about 12), one product forward; twice the activation
+    and four products backward."""
 
     def cost(*, gate: Any, **_: Any) -> Work:
         n, size = gate.numel(), gate.element_size()
-        flops, moved = (10.0 * n, 5 * n * size) if backward else (5.0 * n, 3 * n * size)
-        return Work(flops, moved, gate.dtype, gate.device)
+        flops = 2 * activation_flops + 2 if backward else activation_flops + 1
+        moved = 5 * n * size if backward else 3 * n * size
+        return Work(flops * n, moved, gate.dtype, gate.device)
 
     return cost
 
@@ -269,6 +273,21 @@ def cross_entropy_work(backward: bool = False) -> Callable[..., Work | None]:
     return cost
 
 
+def logits_cross_entropy_work(backward: bool = False) -> Callable[..., Work | None]:
+    """Cost of a cross-entropy call on logits ``(logits=[N, V])``: the logits read once (forward; about 4
+    FLOPs per logit for the online softmax) or read and their gradient written (backward; about 6 FLOPs per
+    logit), plus a float32 statistic per row."""
+
+    def cost(*, logits: Any, **_: Any) -> Work:
+        n, v = logits.shape
+        data = n * v * logits.element_size()
+        if backward:
+            return Work(6.0 * n * v, 2 * data + 4 * n, logits.dtype, logits.device)
+        return Work(4.0 * n * v, data + 8 * n, logits.dtype, logits.device)
+
+    return cost
+
+
 def grouped_gemm_work(backward: bool = False) -> Callable[..., Work | None]:
     """Cost of a grouped GEMM ``(a=[total, K], b=[groups, K, N] or [groups, N, K], out=[total, N])`` (the
     backward reports ``out`` = the output's gradient): 2 * total * N * K FLOPs (x2 backward: da and db), and
@@ -285,6 +304,16 @@ def grouped_gemm_work(backward: bool = False) -> Callable[..., Work | None]:
         return Work((4.0 if backward else 2.0) * total * n * k, float(moved), a.dtype, a.device)
 
     return cost
+
+
+def rotary_qk_work(*, q: Any, k: Any, cos: Any, **_: Any) -> Work:
+    """Cost of a q-and-k rotary call (forward and backward alike): q and k read and their outputs written
+    whole (dims past the rotary ones copied), cos and sin read once per position block (counted once); 6 FLOPs
+    per rotated pair (4 products, 2 sums)."""
+    rotary_dim = cos.shape[-1]
+    pairs = (q.numel() + k.numel()) // q.shape[-1] * (rotary_dim // 2)
+    moved = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * cos.numel() * cos.element_size()
+    return Work(6.0 * pairs, moved, q.dtype, q.device)
 
 
 def moe_route_work(backward: bool = False) -> Callable[..., Work | None]:
@@ -432,6 +461,47 @@ def cross_entropy_example(device: Any, dtype: Any, size: int) -> tuple[tuple, di
     hidden = torch.randn(size, size, device=device, dtype=dtype)
     weight = torch.randn(4 * size, size, device=device, dtype=dtype) * size**-0.5
     return (hidden, weight, torch.randint(0, 4 * size, (size,), device=device)), {}
+
+
+def geglu_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """gate, up ``[size, size]``."""
+    return swiglu_example(device, dtype, size)
+
+
+def logits_cross_entropy_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """logits ``[size, 4 size]`` (vocabulary 4 size), random targets."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    logits = torch.randn(size, 4 * size, device=device, dtype=dtype) * 3
+    return (logits, torch.randint(0, 4 * size, (size,), device=device)), {}
+
+
+def rotary_qk_example(device: Any, dtype: Any, size: int) -> tuple[tuple, dict]:
+    """q ``[1, 8, size, 64]``, k ``[1, 2, size, 64]`` (GQA), Hugging Face's cos/sin ``[1, size, 64]`` of
+    Llama's angles (``size`` = sequence length)."""
+    import torch
+
+    dtype = default_dtype(device, dtype)
+    freqs = torch.arange(size, device=device, dtype=torch.float32)[:, None] * (
+        10000.0 ** (-torch.arange(32, device=device, dtype=torch.float32) / 32)
+    )
+    emb = torch.cat((freqs, freqs), -1)[None]
+    q = torch.randn(1, 8, size, 64, device=device, dtype=dtype)
+    k = torch.randn(1, 2, size, 64, device=device, dtype=dtype)
+    return (q, k, emb.cos().to(dtype), emb.sin().to(dtype)), {}
+
+
+def _rotary_qk_backward_probe(device: Any) -> Any:
+    """apply_rotary_qk's example at :data:`PROBE_SIZE`, q and k requiring grad, then a backward of both
+    outputs."""
+    from llm_speed.fused.rotary_qk import apply_rotary_qk
+
+    (q, k, cos, sin), _ = rotary_qk_example(device, None, PROBE_SIZE)
+    q, k = q.requires_grad_(), k.requires_grad_()
+    q_embed, k_embed = apply_rotary_qk(q, k, cos, sin)
+    (q_embed.float().sum() + k_embed.float().sum()).backward()
+    return [q.grad, k.grad]
 
 
 def _group_counts(total: int, groups: int) -> list[int]:
@@ -670,6 +740,31 @@ OPS: tuple[Op, ...] = (
     Op(
         "apply_rotary", "llm_speed.fused.rotary:apply_rotary", rotary_work, example=rotary_example,
         baseline="llm_speed.fused.reference:apply_rotary_reference",
+    ),
+    Op(
+        "geglu", "llm_speed.fused.geglu:geglu", swiglu_work(activation_flops=12.0), example=geglu_example,
+        baseline="llm_speed.fused.reference:geglu_reference",
+    ),
+    Op(
+        "geglu_backward", "llm_speed.fused.geglu:geglu", swiglu_work(backward=True, activation_flops=12.0),
+        probe=backward_probe("geglu"),
+    ),
+    # q and k in one launch, Hugging Face's cos/sin; the backward is the same kernel (the transposed map).
+    Op(
+        "apply_rotary_qk", "llm_speed.fused.rotary_qk:apply_rotary_qk", rotary_qk_work,
+        example=rotary_qk_example, baseline="llm_speed.fused.reference:apply_rotary_qk_reference",
+    ),
+    Op(
+        "apply_rotary_qk_backward", "llm_speed.fused.rotary_qk:apply_rotary_qk", rotary_qk_work,
+        probe=_rotary_qk_backward_probe,
+    ),
+    Op(
+        "cross_entropy", "llm_speed.fused.cross_entropy:cross_entropy", logits_cross_entropy_work(),
+        example=logits_cross_entropy_example, baseline="llm_speed.fused.reference:cross_entropy_reference",
+    ),
+    Op(
+        "cross_entropy_backward", "llm_speed.fused.cross_entropy:cross_entropy",
+        logits_cross_entropy_work(backward=True), probe=backward_probe("cross_entropy"),
     ),
     Op(
         "fused_linear_cross_entropy", "llm_speed.fused.cross_entropy:fused_linear_cross_entropy",

@@ -1,5 +1,6 @@
 """``llm-speed bench train-step``: the variants train one tiny model from the same loss; Liger's row says why
-it did not run; MoE refused before any work."""
+it did not run; every patched family builds; a family that does not fit the model is refused before any
+work."""
 
 import csv
 import json
@@ -55,13 +56,51 @@ def test_liger_on_a_cpu_is_not_run_with_the_reason(tmp_path, monkeypatch, capsys
     assert not row["available"] and "need a CUDA device" in row["reason"]
 
 
-def test_moe_model_is_refused_before_any_work(monkeypatch, capsys):
+def test_a_family_that_does_not_fit_the_model_is_refused_before_any_work(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(train_step, "run_train_step", lambda *a, **k: ran.append(1))
-    assert main(["bench", "train-step", "--model", "mixtral-8x7b", "--layers", "1", "--device", "cpu"]) == 2
-    assert "dense SwiGLU" in capsys.readouterr().err and not ran
-    with pytest.raises(ValueError, match="dense SwiGLU"):
-        train_step.llama_config(get_model("mixtral-8x7b"), layers=1)
+    argv = ["bench", "train-step", "--model", "mixtral-8x7b", "--family", "llama", "--layers", "1"]
+    assert main([*argv, "--device", "cpu"]) == 2
+    assert "is an MoE model; family 'llama' needs a dense one" in capsys.readouterr().err and not ran
+    with pytest.raises(ValueError, match="needs an MoE one"):
+        train_step.family_config(get_model("llama-3-8b"), "qwen3_moe", layers=1)
+    with pytest.raises(ValueError, match="MLA"):
+        train_step.family_config(get_model("mixtral-8x7b"), "deepseek_v3", layers=1)
+
+
+def test_every_patched_family_builds_from_the_zoo():
+    from llm_speed.bench.options import TRAIN_STEP_FAMILIES
+    from llm_speed.integrations.transformers import SUPPORTED
+
+    assert tuple(train_step.FAMILIES) == TRAIN_STEP_FAMILIES == SUPPORTED
+    dense, moe, mla = get_model("llama-3-8b"), get_model("mixtral-8x7b"), get_model("deepseek-v3")
+    assert train_step.default_family(dense, "llama-3-8b") == "llama"
+    assert train_step.default_family(moe, "mixtral-8x7b") == "mixtral"
+    assert train_step.default_family(mla, "deepseek-v3") == "deepseek_v3"
+    for family in TRAIN_STEP_FAMILIES:
+        model = mla if family == "deepseek_v3" else moe if family in train_step.MOE_FAMILIES else dense
+        config = train_step.family_config(model, family, layers=2)
+        assert config.model_type == family and config.num_hidden_layers == 2
+        assert config.hidden_size == model.hidden_size and config.vocab_size == model.vocab_size
+
+
+def test_an_moe_family_of_a_config_json(tmp_path, monkeypatch):
+    # a Mixtral config.json's sizes in Qwen3-MoE's layers (--family): the routed experts through llm_speed.moe
+    monkeypatch.setattr(ops_bench, "liger_installed", lambda: False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)))
+    assert train_step.default_family(train_step.resolve_model(str(path)), str(path)) == "mixtral"
+    out = tmp_path / "train.json"
+    argv = ["bench", "train-step", "--model", str(path), "--family", "qwen3_moe", "--layers", "1"]
+    argv += ["--seq", "8"]
+    argv += ["--dtype", "fp32", "--device", "cpu", "--warmup", "0", "--iterations", "1", "--no-progress",
+             "--impl", "transformers", "llm_speed", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    payload = json.loads(out.read_text())
+    assert payload["settings"]["family"] == "qwen3_moe"
+    rows = {row["impl"]: row for row in payload["results"]}
+    assert "(qwen3_moe)" in rows["llm_speed"]["case"] and rows["llm_speed"]["tokens_per_s"] > 0
+    assert rows["llm_speed"]["loss"] == pytest.approx(rows["transformers"]["loss"], rel=1e-4)
 
 
 def test_too_many_layers_and_a_bad_output_are_refused(tmp_path, capsys):

@@ -1,14 +1,14 @@
-"""fused_linear_cross_entropy: float64 truth (2x/3x), reductions, ignore_index, smoothing, softcap, chunking,
-all-ignored batches, registration, bad input."""
+"""fused_linear_cross_entropy and cross_entropy: float64 truth (2x/3x), reductions, ignore_index, class
+weights, smoothing, softcap, z-loss, loss dtypes, chunking, all-ignored batches, registration, bad input."""
 
 import pytest
 import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 import llm_speed.fused.cross_entropy as ce
-from llm_speed import fused_linear_cross_entropy
+from llm_speed import cross_entropy, fused_linear_cross_entropy
 from llm_speed.core import runtime
-from llm_speed.fused.reference import fused_linear_cross_entropy_reference
+from llm_speed.fused.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
 KERNELS = (ce.FORWARD.name, ce.BACKWARD.name)
 REDUCE = ce.REDUCE.name
@@ -57,7 +57,8 @@ def test_accuracy(case, dtype, device):
                 **{k: v for k, v in kw.items() if k != "chunk_rows"})  # fmt: skip
     with expect_launches(*KERNELS, device=device):
         got = _run(fused_linear_cross_entropy, *split(leaves(*tensors)), target, out_grad.to(device), **kw)
-    assert got[0].dtype == dtype and got[0].shape == ((n,) if kw.get("reduction") == "none" else ())
+    # the loss is float32 by default, whatever the inputs' dtype (as Hugging Face's and Liger's)
+    assert got[0].dtype == torch.float32 and got[0].shape == ((n,) if kw.get("reduction") == "none" else ())
     for i, name in enumerate(("loss", "dhidden", "dweight", "dbias")[: len(got)]):
         factor = OUTPUT_FACTOR if i == 0 else GRAD_FACTOR
         # the loss is of order log(V) (more with large logits): the cap is one rounding unit at that size
@@ -119,15 +120,25 @@ def test_opcheck_and_compile_fullgraph(device):
     hidden, weight, b = leaves(hidden, weight, b)
     grads = {"none": torch.randn(3, device=device), "mean": torch.randn((), device=device)}
     for reduction, grad in grads.items():
-        args = (hidden, weight, target, b, -100, 0.1, 2.0, 2, reduction)
+        class_weight = torch.rand(20, device=device) + 0.5
+        args = (hidden, weight, target, b, class_weight, -100, 0.1, 2.0, 1e-3, 2, reduction, torch.float32,
+                True)  # fmt: skip
         torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
-        _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
+        _, _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
             *(a.detach() if torch.is_tensor(a) else a for a in args)
         )
-        grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), stats)
+        grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), class_weight, stats)
         torch.library.opcheck(
             torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
-            (*grad_args, -100, 0.1, 2.0, 2, reduction),
+            (*grad_args, -100, 0.1, 2.0, 1e-3, 2, reduction),
+        )
+        logits = torch.randn(3, 20, device=device, requires_grad=True)
+        args = (logits, target, class_weight, -100, 0.1, 2.0, 1e-3, reduction, torch.bfloat16, False)
+        torch.library.opcheck(torch.ops.llm_speed.cross_entropy_forward.default, args)
+        _, _, stats = torch.ops.llm_speed.cross_entropy_forward(logits.detach(), *args[1:])
+        torch.library.opcheck(
+            torch.ops.llm_speed.cross_entropy_backward.default,
+            (grad, logits.detach(), target, class_weight, stats, -100, 0.1, 2.0, 1e-3, reduction),
         )
     torch._dynamo.reset()
 
@@ -167,6 +178,11 @@ def _bad(**changes):
         (_bad(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
         (_bad(chunk_rows=0), ValueError, "chunk_rows must be a positive int, got 0"),
         (_bad(chunk_rows=2.0), TypeError, "chunk_rows must be an int"),
+        (_bad(ce_weight=torch.ones(9)), ValueError, "ce_weight has 9 entries"),
+        (_bad(ce_weight=torch.ones(10, dtype=torch.int64)), TypeError, "ce_weight has dtype"),
+        (_bad(lse_square_scale=-1e-4), ValueError, "lse_square_scale must be >= 0"),
+        (_bad(return_z_loss=1), TypeError, "return_z_loss must be a bool"),
+        (_bad(loss_dtype=torch.float64), TypeError, "loss_dtype is torch.float64"),
     ],
 )
 def test_bad_input(args, error, match):
@@ -262,3 +278,171 @@ def test_reduction_kernel_and_fallback_match_the_reference(reduction, monkeypatc
         assert g.dtype == f.dtype == e.dtype and g.shape == f.shape == e.shape, name
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, msg=name)
         torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# --- class weights, z-loss, loss dtype, and cross_entropy on logits ---------------------------------------
+
+
+def _ce_run(fn, logits, target, out_grad, **kw):
+    out = fn(logits, target, **kw)
+    loss, z = out if kw.get("return_z_loss") else (out, None)
+    (loss.double() * out_grad).sum().backward()
+    return (loss.detach(), logits.grad) + ((z,) if z is not None else ())
+
+
+LOSS_CASES = [  # n, vocab, class weights, ignored rows, kwargs, magnitude
+    (13, 70, True, (2, 9), {"label_smoothing": 0.2}, 2.0),
+    (9, 130, True, (0,), {"reduction": "sum", "lse_square_scale": 1e-2, "return_z_loss": True}, 4.0),
+    (11, 61, False, (), {"reduction": "none", "softcap": 5.0, "lse_square_scale": 1e-3}, 8.0),
+    (7, 100, True, (1, 2, 3), {"reduction": "none", "label_smoothing": 0.1, "return_z_loss": True}, 1.0),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LOSS_CASES)
+def test_cross_entropy_on_logits_accuracy(case, dtype, device):
+    n, vocab, weighted, ignored, kw, magnitude = case
+    logits = (torch.randn(n, vocab) * magnitude).to(dtype).to(device)
+    target = torch.randint(0, vocab, (n,))
+    target[list(ignored)] = -100
+    target = target.to(device)
+    weight = (torch.rand(vocab) + 0.5).to(device) if weighted else None
+    out_grad = torch.randn(n).double() if kw.get("reduction") == "none" else torch.tensor(0.7).double()
+    truth = _ce_run(cross_entropy_reference, *leaves(logits, dtype=torch.float64), target.cpu(), out_grad,
+                    weight=None if weight is None else weight.double().cpu(), **kw)  # fmt: skip
+    same = _ce_run(cross_entropy_reference, *leaves(logits), target, out_grad.to(device), weight=weight, **kw)
+    kernels = (*KERNELS, REDUCE) if kw.get("reduction", "mean") != "none" else KERNELS
+    with expect_launches(*kernels, device=device):
+        got = _ce_run(cross_entropy, *leaves(logits), target, out_grad.to(device), weight=weight, **kw)
+    assert got[0].dtype == torch.float32 and got[1].dtype == dtype
+    for i, name in enumerate(("loss", "dlogits", "z_loss")[: len(got)]):
+        factor = GRAD_FACTOR if i == 1 else OUTPUT_FACTOR
+        assert_error_rule(name, got[i], same[i], truth[i], factor, dtype, scale=8.0 if i != 1 else 1.0)
+
+
+def test_matches_torch_cross_entropy_with_weights_and_smoothing(device):
+    # PyTorch's semantics exactly where PyTorch defines them (float64, so any difference is a formula's)
+    logits = torch.randn(10, 33, dtype=torch.float64) * 3
+    target = torch.randint(0, 33, (10,))
+    target[4] = -100
+    weight = torch.rand(33, dtype=torch.float64) + 0.1
+    for reduction in ("mean", "sum", "none"):
+        kw = dict(weight=weight, reduction=reduction, label_smoothing=0.15)
+        expected = torch.nn.functional.cross_entropy(logits, target, **kw)
+        torch.testing.assert_close(cross_entropy_reference(logits, target, **kw), expected)
+        got = cross_entropy(logits.float().to(device), target.to(device), **{**kw, "weight": weight.float()})
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_linear_class_weights_and_z_loss_match_the_reference(device):
+    hidden, weight, b, target = _problem(21, 40, 90, torch.float32, device, ignored=(3, 4))
+    ce_weight = (torch.rand(90) + 0.5).to(device)
+    kw = dict(label_smoothing=0.1, lse_square_scale=1e-2, return_z_loss=True, softcap=4.0)
+    results = []
+    ours = (fused_linear_cross_entropy, {"chunk_rows": 8})
+    for fn, extra in ((fused_linear_cross_entropy_reference, {}), ours):
+        h, w, bb = leaves(hidden, weight, b)
+        loss, z = fn(h, w, target, bias=bb, ce_weight=ce_weight, **kw, **extra)
+        # for logging: included in the loss, no gradient of its own
+        assert fn is fused_linear_cross_entropy_reference or not z.requires_grad
+        loss.backward()
+        results.append((loss.detach(), z, h.grad, w.grad, bb.grad))
+    for name, got, expected in zip(("loss", "z", "dh", "dw", "db"), results[1], results[0], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert results[1][1] > 0 and results[1][0] > results[1][1]
+
+
+@pytest.mark.parametrize("loss_dtype", [torch.bfloat16, torch.float16])
+def test_loss_in_the_inputs_dtype_on_request(loss_dtype, device):
+    hidden, weight, _, target = _problem(6, 16, 50, loss_dtype, device, bias=False)
+    loss = fused_linear_cross_entropy(hidden, weight, target, loss_dtype=loss_dtype)
+    loss32 = fused_linear_cross_entropy(hidden, weight, target)
+    assert loss.dtype == loss_dtype and loss32.dtype == torch.float32
+    assert loss == loss32.to(loss_dtype)  # one rounding of the float32 loss
+    rows = cross_entropy(hidden.float() @ weight.float().t(), target, reduction="none", loss_dtype=loss_dtype)
+    assert rows.dtype == loss_dtype and rows.shape == (6,)
+
+
+def test_cross_entropy_all_ignored_strided_rows_and_empty(device):
+    base = torch.randn(6, 80, device=device)
+    logits = base[:, :50]  # rows of stride 80, read in place
+    target = torch.full((6,), -100, device=device)
+    leaf = logits.clone().requires_grad_()
+    loss = cross_entropy(leaf, target)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(leaf.grad, torch.zeros_like(leaf))  # PyTorch: NaN
+    target[:4] = torch.tensor([1, 7, 49, 0], device=device)
+    torch.testing.assert_close(
+        cross_entropy(logits, target), torch.nn.functional.cross_entropy(logits, target), rtol=1e-5, atol=1e-6
+    )
+    empty = torch.randn(0, 5, device=device, requires_grad=True)
+    out = cross_entropy(empty, torch.zeros(0, dtype=torch.int64, device=device))
+    out.backward()
+    assert out.item() == 0.0 and empty.grad.shape == (0, 5)
+
+
+@pytest.mark.parametrize("softcap", [30.0, 50.0])
+def test_cross_entropy_float32_softcap_is_within_2x_of_pytorch(softcap, device):
+    # the accurate tanh (core.kernel_math.tanh) keeps small capped logits as accurate as PyTorch's float32
+    logits = torch.randn(16, 100).to(device)
+    target = torch.randint(0, 100, (16,)).to(device)
+    out_grad = torch.randn(16).double()
+    kw = {"reduction": "none", "softcap": softcap}
+    truth = _ce_run(
+        cross_entropy_reference, *leaves(logits, dtype=torch.float64), target.cpu(), out_grad, **kw
+    )
+    same = _ce_run(cross_entropy_reference, *leaves(logits), target, out_grad.to(device), **kw)
+    with expect_launches(*KERNELS, device=device):
+        got = _ce_run(cross_entropy, *leaves(logits), target, out_grad.to(device), **kw)
+    assert_error_rule("loss", got[0], same[0], truth[0], OUTPUT_FACTOR, torch.float32)
+    assert_error_rule("dlogits", got[1], same[1], truth[1], GRAD_FACTOR, torch.float32)
+
+
+def test_cross_entropy_unchecked_bad_target_gives_nan_rows(monkeypatch, device):
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    logits = torch.randn(5, 30, device=device, requires_grad=True)
+    target = torch.tensor([1, 30, 2, -7, 4], device=device)
+    rows = cross_entropy(logits, target, reduction="none")
+    rows.sum().backward()
+    bad = torch.tensor([False, True, False, True, False])
+    assert torch.isnan(rows[bad]).all() and torch.isfinite(rows[~bad]).all()
+    assert torch.isnan(logits.grad[bad]).all() and torch.isfinite(logits.grad[~bad]).all()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
+    with pytest.raises(ValueError, match="target holds 30"):
+        cross_entropy(logits, target)
+
+
+def test_cross_entropy_compile_fullgraph(device):
+    logits = torch.randn(6, 40, device=device, requires_grad=True)
+    target = torch.randint(0, 40, (6,), device=device)
+    weight = torch.rand(40, device=device) + 0.5
+
+    def loss_fn(x):
+        loss, z = cross_entropy(x, target, weight=weight, lse_square_scale=1e-3, return_z_loss=True)
+        return loss + 0 * z
+
+    torch._dynamo.reset()
+    with expect_launches(*KERNELS, REDUCE, device=device):
+        torch.compile(loss_fn, fullgraph=True, backend="aot_eager")(logits).backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    loss_fn(logits).backward()
+    torch.testing.assert_close(grad, logits.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"logits": torch.ones(3, 4, 5)}, ValueError, r"logits must have 2 dims \[N, V\]"),
+        ({"logits": torch.ones(3, 4, dtype=torch.float64)}, TypeError, "logits has dtype"),
+        ({"target": torch.tensor([0, 1])}, ValueError, "target has 2 entries"),
+        ({"weight": torch.ones(5)}, ValueError, "weight has 5 entries"),
+        ({"reduction": "batchmean"}, ValueError, "reduction is 'batchmean'"),
+        ({"softcap": -1.0}, ValueError, "softcap must be > 0"),
+        ({"target": torch.tensor([0, 4, 1])}, ValueError, "target holds 4"),
+    ],
+)
+def test_cross_entropy_bad_input(kwargs, error, match):
+    args = {"logits": torch.ones(3, 4), "target": torch.tensor([0, 1, 2]), **kwargs}
+    with pytest.raises(error, match=match):
+        cross_entropy(args.pop("logits"), args.pop("target"), **args)

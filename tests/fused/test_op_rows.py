@@ -8,7 +8,8 @@ from llm_speed import ops
 from llm_speed.core import runtime
 from llm_speed.profiler import CUDAProfiler
 
-FORWARD = ("rms_norm", "swiglu", "apply_rotary", "fused_linear_cross_entropy")
+FORWARD = ("rms_norm", "swiglu", "geglu", "apply_rotary", "apply_rotary_qk", "cross_entropy",
+           "fused_linear_cross_entropy")  # fmt: skip
 
 
 @pytest.mark.parametrize("interpreted", [True, False], ids=["triton", "fallback"])
@@ -30,10 +31,14 @@ def test_forward_row_reports_its_cost_and_matches_the_baseline(name, interpreted
 def _problem(name, args):
     if name == "rms_norm":
         return {"x": args[0], "weight": args[1]}
-    if name == "swiglu":
+    if name in ("swiglu", "geglu"):
         return {"gate": args[0]}
     if name == "apply_rotary":
         return {"x": args[0], "cos": args[1]}
+    if name == "apply_rotary_qk":
+        return {"q": args[0], "k": args[1], "cos": args[2]}
+    if name == "cross_entropy":
+        return {"logits": args[0]}
     return {"hidden": args[0], "weight": args[1]}
 
 
@@ -52,9 +57,18 @@ def test_costs_by_hand():
     assert (ce_back.flops, ce_back.bytes_moved) == (6 * 4 * 32 * 8 + 4 * 4 * 32, 4 * (4 + 32) * 8)
     gate = torch.empty(10, 3)
     assert ops.get("swiglu_backward").work(gate=gate).bytes_moved == 5 * 30 * 4
+    assert ops.get("rms_norm").work(x=x, weight=None).bytes_moved == 2 * 2 * 8 * 16 + 4 * 8
+    logits = torch.empty(4, 32, dtype=torch.bfloat16)
+    back = ops.get("cross_entropy_backward").work(logits=logits)
+    assert (back.flops, back.bytes_moved) == (6 * 4 * 32, 2 * 2 * 4 * 32 + 4 * 4)
+    q, k, cos = torch.empty(2, 8, 5, 64), torch.empty(2, 2, 5, 64), torch.empty(2, 5, 32)
+    rot = ops.get("apply_rotary_qk").work(q=q, k=k, cos=cos)
+    moved = 2 * 4 * (q.numel() + k.numel()) + 2 * 4 * 320
+    assert (rot.flops, rot.bytes_moved) == (6 * 2 * 10 * 5 * 16, moved)
 
 
-BACKWARD = ("rms_norm_backward", "swiglu_backward", "fused_linear_cross_entropy_backward")
+BACKWARD = ("rms_norm_backward", "swiglu_backward", "geglu_backward", "apply_rotary_qk_backward",
+            "cross_entropy_backward", "fused_linear_cross_entropy_backward")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BACKWARD)
@@ -67,4 +81,8 @@ def test_backward_probe_reports_forward_and_backward(name):
     with profiler.profile("forward"):
         ops.get(name.removesuffix("_backward")).run_probe(cpu)
     forward = profiler.get_metrics("forward").flops
-    assert profiler.get_metrics("both").flops > 2 * forward > 0  # every backward costs more than its forward
+    both = profiler.get_metrics("both").flops
+    if name == "apply_rotary_qk_backward":  # the same kernel both ways: the same cost
+        assert both == 2 * forward > 0
+    else:
+        assert both > 2 * forward > 0  # every other backward costs more than its forward

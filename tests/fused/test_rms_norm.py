@@ -1,4 +1,5 @@
-"""rms_norm: float64 truth with the 2x/3x rule, ragged sizes, offsets, strides, registration, bad input."""
+"""rms_norm: float64 truth with the 2x/3x rule, ragged sizes, offsets, no weight, both castings, the in-place
+backward, strides, registration, bad input."""
 
 import pytest
 import torch
@@ -12,21 +13,26 @@ KERNELS = (rms_module.FORWARD.name, rms_module.BACKWARD.name)
 
 
 def _run(fn, x, w, dy, **kw):
-    x, w = leaves(x, w) if fn is rms_norm else (x, w)
+    if fn is rms_norm:
+        x, w = leaves(x, w) if w is not None else (leaves(x)[0], None)
     y = fn(x, w, **kw)
     (y.double() * dy.to(y.device).double()).sum().backward()  # float64 truth runs on the CPU
-    return y.detach(), x.grad, w.grad
+    return y.detach(), x.grad, (w.grad if w is not None else None)
 
 
 def _check(x, w, *, scale=1.0, **kw):
     dtype = x.dtype
     dy = torch.randn(x.shape).to(dtype).to(x.device)
-    truth = _run(rms_norm_reference, *leaves(x, w, dtype=torch.float64), dy, **kw)
-    same = _run(rms_norm_reference, *leaves(x, w, dtype=None), dy, **kw)
+    if w is None:
+        truth = _run(rms_norm_reference, leaves(x, dtype=torch.float64)[0], None, dy, **kw)
+        same = _run(rms_norm_reference, leaves(x)[0], None, dy, **kw)
+    else:
+        truth = _run(rms_norm_reference, *leaves(x, w, dtype=torch.float64), dy, **kw)
+        same = _run(rms_norm_reference, *leaves(x, w, dtype=None), dy, **kw)
     with expect_launches(*KERNELS, device=x.device):
         got = _run(rms_norm, x, w, dy, **kw)
-    assert got[0].dtype == dtype and got[0].shape == x.shape and got[2].dtype == w.dtype
-    for i, name in enumerate(("y", "dx", "dw")):
+    assert got[0].dtype == dtype and got[0].shape == x.shape and (w is None or got[2].dtype == w.dtype)
+    for i, name in enumerate(("y", "dx", "dw")[: 2 if w is None else 3]):
         # dx scales like 1 / |x|; dw sums |dy * xhat| over rows
         s = (1.0 if i == 0 else scale) * (max(1, x.numel() // x.shape[-1]) if i == 2 else 1)
         assert_error_rule(name, got[i], same[i], truth[i], OUTPUT_FACTOR if i == 0 else GRAD_FACTOR, dtype, s)
@@ -61,10 +67,14 @@ def test_non_contiguous_input_and_zero_rows(device):
 def test_opcheck_and_compile_fullgraph(device):
     x = torch.randn(5, 40, device=device, requires_grad=True)
     w = torch.randn(40, device=device, requires_grad=True)
-    torch.library.opcheck(torch.ops.llm_speed.rms_norm_forward.default, (x, w, 1e-6, 1.0))
-    y, rstd = torch.ops.llm_speed.rms_norm_forward(x.detach(), w.detach(), 1e-6, 1.0)
-    args = (torch.randn_like(y), x.detach(), w.detach(), rstd, 1.0)
-    torch.library.opcheck(torch.ops.llm_speed.rms_norm_backward.default, args)
+    for llama, weight in ((False, w), (True, w), (False, None)):
+        args = (x, weight, 1e-6, 1.0, llama, False)
+        torch.library.opcheck(torch.ops.llm_speed.rms_norm_forward.default, args)
+        y, rstd = torch.ops.llm_speed.rms_norm_forward(x.detach(), w.detach(), 1e-6, 1.0, llama, False)
+        weight = None if weight is None else weight.detach()
+        args = (torch.randn_like(y), x.detach(), weight, rstd, 1.0, llama)
+        torch.library.opcheck(torch.ops.llm_speed.rms_norm_backward.default, args)
+        torch.library.opcheck(torch.ops.llm_speed.rms_norm_backward_in_place.default, args)
     torch._dynamo.reset()
     compiled = torch.compile(
         lambda a, b: rms_norm(a, b, offset=1.0).square().sum(), fullgraph=True, backend="aot_eager"
@@ -89,8 +99,61 @@ def test_opcheck_and_compile_fullgraph(device):
         (torch.ones(2, 4), torch.ones(4), {"eps": float("nan")}, ValueError, "eps must be finite"),
         (torch.ones(2, 4), torch.ones(4), {"offset": True}, TypeError, "offset must be a real number"),
         (torch.ones(2, 0), torch.ones(0), {}, ValueError, "hidden"),
+        (torch.ones(2, 4), None, {"offset": 1.0}, ValueError, "without a weight it must be 0.0"),
+        (torch.ones(2, 4), torch.ones(4), {"casting": "gemma"}, ValueError, "casting is 'gemma'"),
+        (torch.ones(2, 4), torch.ones(4), {"in_place": 1}, TypeError, "in_place must be a bool"),
     ],
 )
 def test_bad_input(x, w, kw, error, match):
     with pytest.raises(error, match=match):
         rms_norm(x, w, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_without_weight(dtype, device):
+    x = (torch.randn(5, 3, 40) * 4).to(dtype).to(device)
+    _check(x, None, eps=1e-5, scale=0.25)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_llama_casting(offset, dtype, device):
+    # the normalised x rounded to x's dtype before the weight, as Llama's module; float64 truth of that
+    # formula
+    x = torch.randn(4, 6, 56).to(dtype).to(device)
+    w = (1 + 0.3 * torch.randn(56)).to(dtype).to(device)
+    _check(x, w, casting="llama", offset=offset, eps=1e-6)
+
+
+def test_llama_casting_is_llamas_module_bit_for_bit(device):
+    # Hugging Face's LlamaRMSNorm: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(bf16), weight bf16
+    x = torch.randn(8, 64).bfloat16().to(device)
+    w = (1 + 0.3 * torch.randn(64)).bfloat16().to(device)
+    xf = x.float()
+    expected = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    got = rms_norm(x, w, eps=1e-6, casting="llama")
+    # rsqrt and the mean may differ from PyTorch's by an ulp of float32 before the rounding to bfloat16
+    assert (got.float() - expected.float()).abs().max() <= 2 ** -7 * expected.float().abs().max()
+    assert (got != expected).float().mean() < 0.02
+    assert not torch.equal(rms_norm(x, w, eps=1e-6), got)  # float32 casting rounds once: another result
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_in_place_backward_writes_dx_over_dy_with_the_same_gradients(weighted, device):
+    x = torch.randn(6, 48, device=device, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(48, device=device)).requires_grad_() if weighted else None
+    results = []
+    for in_place in (False, True):
+        x.grad = None
+        if w is not None:
+            w.grad = None
+        seen = []
+        y = rms_norm(x * 1.0, w, in_place=in_place)  # x * 1.0: the norm's input is not a leaf
+        y.register_hook(seen.append)
+        (y * torch.linspace(-1, 1, 48, device=device)).sum().backward()
+        results.append((x.grad.clone(), None if w is None else w.grad.clone(), seen[0]))
+    (dx, dw, dy), (dx_in_place, dw_in_place, dy_in_place) = results
+    torch.testing.assert_close(dx_in_place, dx, rtol=0, atol=0)
+    if weighted:
+        torch.testing.assert_close(dw_in_place, dw, rtol=0, atol=0)
+    assert not torch.equal(dy, dx) and torch.equal(dy_in_place, dx)  # dy's memory now holds dx

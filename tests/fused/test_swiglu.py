@@ -1,18 +1,20 @@
-"""swiglu: float64 truth with the 2x/3x rule, ragged sizes, magnitudes, strides, registration, bad input."""
+"""swiglu and geglu (the same kernels): float64 truth with the 2x/3x rule, ragged sizes, magnitudes, strides,
+registration, bad input."""
 
 import pytest
 import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 import llm_speed.fused.swiglu as swiglu_module
-from llm_speed import swiglu
-from llm_speed.fused.reference import swiglu_reference
+from llm_speed import geglu, swiglu
+from llm_speed.fused.reference import geglu_reference, swiglu_reference
 
 KERNELS = (swiglu_module.FORWARD.name, swiglu_module.BACKWARD.name)
+OPS = {"swiglu": (swiglu, swiglu_reference), "geglu": (geglu, geglu_reference)}
 
 
 def _run(fn, gate, up, dout):
-    if fn is swiglu:
+    if fn in (swiglu, geglu):
         gate, up = leaves(gate, up)
     out = fn(gate, up)
     (out.double() * dout.to(out.device).double()).sum().backward()  # float64 truth runs on the CPU
@@ -22,18 +24,20 @@ def _run(fn, gate, up, dout):
 # sigmoid(g) = 1 / (1 + exp(-g)): numpy warns when exp(-g) overflows to inf under the interpreter; the
 # result (0) is right.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("shape", "magnitude"), [((1,), 1.0), ((3, 37), 4.0), ((2, 5, 113), 1.0), ((1031,), 30.0)]
 )
-def test_accuracy(shape, magnitude, dtype, device):
+def test_accuracy(shape, magnitude, dtype, op, device):
+    fn, reference = OPS[op]
     gate = (torch.randn(shape) * magnitude).to(dtype).to(device)
     up = torch.randn(shape).to(dtype).to(device)
     dout = torch.randn(shape).to(dtype).to(device)
-    truth = _run(swiglu_reference, *leaves(gate, up, dtype=torch.float64), dout)
-    same = _run(swiglu_reference, *leaves(gate, up), dout)
+    truth = _run(reference, *leaves(gate, up, dtype=torch.float64), dout)
+    same = _run(reference, *leaves(gate, up), dout)
     with expect_launches(*KERNELS, device=device):
-        got = _run(swiglu, gate, up, dout)
+        got = _run(fn, gate, up, dout)
     assert got[0].dtype == dtype and got[0].shape == gate.shape
     for i, name in enumerate(("out", "dgate", "dup")):
         factor = OUTPUT_FACTOR if i == 0 else GRAD_FACTOR
@@ -49,19 +53,21 @@ def test_non_contiguous_and_empty(device):
     assert empty.grad.shape == (0, 3)
 
 
-def test_opcheck_and_compile_fullgraph(device):
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck_and_compile_fullgraph(op, device):
+    fn = OPS[op][0]
     gate = torch.randn(3, 45, device=device, requires_grad=True)
     up = torch.randn(3, 45, device=device, requires_grad=True)
-    torch.library.opcheck(torch.ops.llm_speed.swiglu_forward.default, (gate, up))
+    torch.library.opcheck(getattr(torch.ops.llm_speed, f"{op}_forward").default, (gate, up))
     args = (torch.randn(3, 45, device=device), gate.detach(), up.detach())
-    torch.library.opcheck(torch.ops.llm_speed.swiglu_backward.default, args)
+    torch.library.opcheck(getattr(torch.ops.llm_speed, f"{op}_backward").default, args)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda g, u: swiglu(g, u).square().sum(), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(lambda g, u: fn(g, u).square().sum(), fullgraph=True, backend="aot_eager")
     with expect_launches(*KERNELS, device=device):
         compiled(gate, up).backward()
     grads = gate.grad.clone(), up.grad.clone()
     gate.grad = up.grad = None
-    swiglu(gate, up).square().sum().backward()
+    fn(gate, up).square().sum().backward()
     torch.testing.assert_close(grads, (gate.grad, up.grad), rtol=0, atol=0)
 
 
@@ -75,5 +81,6 @@ def test_opcheck_and_compile_fullgraph(device):
     ],
 )
 def test_bad_input(gate, up, error, match):
-    with pytest.raises(error, match=match):
-        swiglu(gate, up)
+    for fn in (swiglu, geglu):
+        with pytest.raises(error, match=match):
+            fn(gate, up)

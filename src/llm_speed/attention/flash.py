@@ -55,6 +55,7 @@ from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..fused import autocast  # torch.autocast rules (issue 34)
 from .checks import (
     check_options,
     check_seqlens_values,
@@ -1601,6 +1602,7 @@ def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=
 
 
 _backward_call = Op(_backward_op, backward)
+_backward_call = autocast.dispatch(_backward_call, autocast.KEEP)  # torch.autocast: as saved (issue 34)
 
 
 # --- autograd -------------------------------------------------------------------------------------------
@@ -1624,6 +1626,7 @@ def autograd_backward(ctx, dout, dlse):
 
 
 _forward_call = Op(_forward_op, forward, setup_context=setup_context, backward=autograd_backward)
+_forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
 # --- public function ------------------------------------------------------------------------------------

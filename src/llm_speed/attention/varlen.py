@@ -13,6 +13,7 @@ import torch
 
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
+from ..fused import autocast  # torch.autocast rules (issue 34)
 from . import flash
 from .checks import check_options, check_scale, suggest_keywords, validate_varlen_inputs
 
@@ -77,6 +78,7 @@ def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is
 
 
 _backward_call = Op(_backward_op, flash.varlen_backward)
+_backward_call = autocast.dispatch(_backward_call, autocast.KEEP)  # torch.autocast: as saved (issue 34)
 
 
 # --- autograd -------------------------------------------------------------------------------------------
@@ -98,6 +100,7 @@ def _backward(ctx, dout, dlse):
 
 
 _forward_call = Op(_forward_op, flash.varlen_forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
 # --- public function ------------------------------------------------------------------------------------

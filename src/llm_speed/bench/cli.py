@@ -176,11 +176,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = kinds.add_parser(
         "train-step",
         help="tokens/s and peak memory of a training step: transformers, llm-speed and Liger patches",
-        description="Training step (forward with labels, backward, SGD) of a random Llama-style model, "
-        "unpatched, patched by llm-speed and patched by Liger-Kernel (when installed), on the same weights "
-        "and tokens.",
+        description="Training step (forward with labels, backward, SGD) of a random model of one of the "
+        "families llm-speed patches, unpatched, patched by llm-speed and patched by Liger-Kernel (when "
+        "installed), on the same weights and tokens.",
     )
     train.add_argument("--model", required=True, help="zoo name (llm-speed models) or a config.json path")
+    train.add_argument(
+        "--family", choices=options.TRAIN_STEP_FAMILIES,
+        help="the model's sizes in this family's layers (default: the config.json's model_type, else llama, "
+        "mixtral for MoE, deepseek_v3 for MLA)",
+    )  # fmt: skip
     train.add_argument("--layers", type=positive_int, help="keep the first N layers (default: all)")
     train.add_argument("--batch", type=positive_int, default=1)
     train.add_argument(

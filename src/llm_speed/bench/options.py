@@ -30,6 +30,9 @@ OPS_NAMES = ("rms_norm", "swiglu", "rotary", "linear_cross_entropy")
 OPS_DTYPES = ("bf16", "fp16", "fp32")
 # unpatched; patched by integrations.transformers.apply; patched by Liger-Kernel's apply_liger_kernel_to_llama
 TRAIN_STEP_VARIANTS = ("transformers", "llm_speed", "liger")
+# the families llm_speed.integrations.transformers patches (bench.train_step.FAMILIES holds their configs)
+TRAIN_STEP_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma",
+                       "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "deepseek_v3")  # fmt: skip
 
 # --- bench gemm ---
 GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")

@@ -1,18 +1,23 @@
 """``llm-speed bench train-step``: tokens/s, peak memory and loss of a training step of a Hugging Face
-Llama-style model, unpatched (``transformers``), patched by :func:`llm_speed.integrations.transformers.apply`
-(``llm_speed``) and patched by Liger-Kernel's ``apply_liger_kernel_to_llama`` (``liger``, when installed), on
-the same weights and tokens in one run.
+causal LM of any family :func:`llm_speed.integrations.transformers.apply` patches, unpatched
+(``transformers``), patched by ``apply`` (``llm_speed``) and patched by Liger-Kernel's
+``apply_liger_kernel_to_<family>`` (``liger``, when installed and Liger has that family), on the same weights
+and tokens in one run.
 
-The model is built from a zoo entry (``llm_speed.perf.models``) or a ``config.json`` as a transformers
-``LlamaConfig`` (dense, SwiGLU MLP; ``--layers`` keeps the first N layers to fit a device), random weights,
-no download. A step is forward with labels, backward and a plain SGD update (no optimizer state in the
+The model is built from a zoo entry (``llm_speed.perf.models``) or a ``config.json``: the sizes of that
+entry in the layers of ``--family`` (:data:`FAMILIES`; by default the config.json's ``model_type``, else
+``deepseek_v3`` for an MLA model, ``mixtral`` for another MoE one and ``llama`` for a dense one), as that
+family's transformers config (``--layers`` keeps the first N layers to fit a device), random weights, no
+download. MoE families need a model with experts (and DeepSeek-V3 MLA ranks), dense ones a dense model.
+
+A step is forward with labels, backward and a plain SGD update (no optimizer state in the
 memory figures). Each row's loss is the loss of the starting weights (every variant starts from a copy of
 the same model), and ``loss_difference`` is its difference from the unpatched model's. FLOPs are the model
 FLOPs of a causal forward + backward (:func:`llm_speed.perf.mfu.training_flops_per_token`); bytes are the
 parameter traffic only (read by the forward and the backward, gradient written, SGD reading both and
 writing the weights: ``5 P b``), a lower bound, so no roofline time is predicted for a whole step.
 
-Liger's patch replaces functions and classes of ``transformers.models.llama.modeling_llama`` for every model;
+Liger's patch replaces functions and classes of the family's ``modeling_<family>`` module for every model;
 they are put back when its row is done. On the CPU the times are of the interpreter or the PyTorch fallback
 and say nothing about a GPU; peak memory is measured on CUDA only. Needs ``pip install llm-speed[hf]``.
 """
@@ -23,6 +28,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,6 +53,7 @@ class TrainStepSettings:
     """One ``bench train-step`` run."""
 
     model: str
+    family: str
     layers: int | None
     batch: int
     seq: int
@@ -68,24 +75,78 @@ class StepMeasurement(Measurement):
     loss_difference: float | None = None  # loss - the unpatched model's loss
 
 
-def llama_config(model: ModelConfig, layers: int | None):
-    """A transformers LlamaConfig with ``model``'s sizes (ValueError for MoE, MLA or non-SwiGLU models)."""
+# --family: each family's transformers config class (the families llm_speed.integrations.transformers patches)
+FAMILIES = {
+    "llama": "LlamaConfig", "mistral": "MistralConfig", "mixtral": "MixtralConfig", "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
+    "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
+    "olmo2": "Olmo2Config", "granite": "GraniteConfig", "deepseek_v3": "DeepseekV3Config",
+}  # fmt: skip
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+GEGLU_FAMILIES = ("gemma", "gemma2", "gemma3_text")
+
+
+def default_family(model: ModelConfig, model_arg: str) -> str:
+    """The family a model is built as without ``--family``: a config.json's ``model_type`` when it is one of
+    :data:`FAMILIES`, else ``deepseek_v3`` for MLA, ``mixtral`` for other MoE models, ``llama`` otherwise."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_arg)
+    file = path / "config.json" if path.is_dir() else path
+    if file.is_file():
+        model_type = json.loads(file.read_text()).get("model_type")
+        if model_type in FAMILIES:
+            return model_type
+    if model.kv_lora_rank:
+        return "deepseek_v3"
+    return "mixtral" if model.num_experts else "llama"
+
+
+def family_config(model: ModelConfig, family: str, layers: int | None):
+    """The transformers config of ``family`` with ``model``'s sizes. ValueError when the two do not fit: a
+    gated MLP is needed (SwiGLU; the Gemma families use their GeGLU), MoE families need experts, DeepSeek-V3
+    MLA ranks, dense families a dense model."""
     import transformers
 
-    if (
-        model.num_experts
-        or model.kv_lora_rank
-        or not model.gated_mlp
-        or model.activation not in ("silu", "swish")
-    ):
-        raise ValueError(f"model {model.name!r}: train-step builds dense SwiGLU (Llama-style) models only")
-    return transformers.LlamaConfig(
+    report.check_choice("family", family, tuple(FAMILIES))
+    if not model.gated_mlp or (family not in GEGLU_FAMILIES and model.activation not in ("silu", "swish")):
+        raise ValueError(f"model {model.name!r}: train-step builds gated (SwiGLU or Gemma's GeGLU) MLPs only")
+    if (family in MOE_FAMILIES) != bool(model.num_experts):
+        kind = "an MoE" if model.num_experts else "a dense"
+        raise ValueError(f"model {model.name!r} is {kind} model; family {family!r} needs "
+                         f"{'an MoE' if family in MOE_FAMILIES else 'a dense'} one")  # fmt: skip
+    if (family == "deepseek_v3") != bool(model.kv_lora_rank):
+        raise ValueError(f"model {model.name!r}: MLA (kv_lora_rank) goes with family 'deepseek_v3' only")
+    kw = dict(
         vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
         num_hidden_layers=layers or model.num_layers, num_attention_heads=model.num_attention_heads,
         num_key_value_heads=model.num_kv_heads, head_dim=model.head_dim,
-        max_position_embeddings=model.max_position_embeddings, attention_bias=model.attention_bias,
-        tie_word_embeddings=model.tie_embeddings,
+        max_position_embeddings=model.max_position_embeddings, tie_word_embeddings=model.tie_embeddings,
     )  # fmt: skip
+    if family not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "deepseek_v3", "phi3"):
+        kw["attention_bias"] = model.attention_bias
+    if family in ("mistral", "mixtral", "phi3") or (family.startswith("qwen") and model.sliding_window):
+        kw["sliding_window"] = model.sliding_window
+    experts = dict(num_experts_per_tok=model.experts_per_token,
+                   moe_intermediate_size=model.moe_intermediate_size)  # fmt: skip
+    if family == "mixtral":
+        kw.update(num_local_experts=model.num_experts, num_experts_per_tok=model.experts_per_token,
+                  intermediate_size=model.moe_intermediate_size)  # fmt: skip
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        dense = list(range(model.first_dense_layers))
+        kw.update(experts, num_experts=model.num_experts, mlp_only_layers=dense)
+        if family == "qwen2_moe":
+            shared = model.moe_intermediate_size * max(1, model.num_shared_experts)
+            kw["shared_expert_intermediate_size"] = shared
+    elif family == "deepseek_v3":
+        del kw["head_dim"]
+        kw.update(experts, n_routed_experts=model.num_experts, n_shared_experts=model.num_shared_experts,
+                  first_k_dense_replace=model.first_dense_layers, kv_lora_rank=model.kv_lora_rank,
+                  q_lora_rank=model.q_lora_rank or None, qk_rope_head_dim=model.qk_rope_head_dim,
+                  qk_nope_head_dim=model.qk_nope_head_dim, v_head_dim=model.v_head_dim, n_group=1,
+                  topk_group=1)  # fmt: skip
+    return getattr(transformers, FAMILIES[family])(**kw)
 
 
 def train_step_settings(args: argparse.Namespace, device: torch.device) -> TrainStepSettings:
@@ -102,11 +163,13 @@ def train_step_settings(args: argparse.Namespace, device: torch.device) -> Train
     if importlib.util.find_spec("transformers") is None:
         raise ValueError("model: bench train-step needs transformers (pip install llm-speed[hf])")
     config = resolve_model(args.model)
-    llama_config(config, args.layers)  # ValueError now for a model it cannot build
+    family = args.family or default_family(config, args.model)
+    family_config(config, family, args.layers)  # ValueError now for a model it cannot build
     if args.layers is not None and args.layers > config.num_layers:
         raise ValueError(f"layers: {args.model} has {config.num_layers} layers, got {args.layers}")
     settings = TrainStepSettings(
         model=args.model,
+        family=family,
         layers=args.layers,
         batch=args.batch,
         seq=pick("seq"),
@@ -123,31 +186,48 @@ def train_step_settings(args: argparse.Namespace, device: torch.device) -> Train
     return settings
 
 
-@contextlib.contextmanager
-def _llama_module_restored() -> Iterator[None]:
-    """Put back what a global patch (Liger's) changes in transformers' Llama module and causal-LM class."""
-    from transformers.models.llama import modeling_llama
+def _modeling(family: str):
+    import importlib
 
-    saved = dict(vars(modeling_llama))
-    forward = modeling_llama.LlamaForCausalLM.forward
+    name = "gemma3" if family == "gemma3_text" else family
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+@contextlib.contextmanager
+def _family_module_restored(family: str) -> Iterator[None]:
+    """Put back what a global patch (Liger's) changes in the family's modeling module and its classes'
+    forwards."""
+    module = _modeling(family)
+    saved = dict(vars(module))
+    classes = [cls for cls in saved.values() if isinstance(cls, type) and "forward" in vars(cls)]
+    forwards = {cls: cls.forward for cls in classes}
     try:
         yield
     finally:
         for name, value in saved.items():
-            if vars(modeling_llama).get(name) is not value:
-                setattr(modeling_llama, name, value)
-        modeling_llama.LlamaForCausalLM.forward = forward
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
+        for cls, forward in forwards.items():
+            cls.forward = forward
 
 
-def _patch(variant: str, model) -> None:
+def liger_patch(family: str):
+    """Liger-Kernel's ``apply_liger_kernel_to_<family>`` (Gemma-3 text: ``..._gemma3_text``), or None where
+    Liger has none (or is not installed)."""
+    try:
+        import liger_kernel.transformers as liger
+    except ImportError:
+        return None
+    return getattr(liger, f"apply_liger_kernel_to_{family}", None)
+
+
+def _patch(variant: str, model, family: str) -> None:
     if variant == "llm_speed":
         from llm_speed.integrations.transformers import apply
 
         apply(model)
     elif variant == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama(model=model)
+        liger_patch(family)(model=model)
 
 
 def _costs(config: ModelConfig, settings: TrainStepSettings, params: int) -> tuple[float, float]:
@@ -170,16 +250,19 @@ def run_train_step(
 
     device = torch.device(settings.device)
     config = resolve_model(settings.model)
-    hf_config = llama_config(config, settings.layers)
+    hf_config = family_config(config, settings.family, settings.layers)
     torch_dt = report.TORCH_DTYPES[settings.dtype]
     torch.manual_seed(0)
     with torch.device(device):  # initialised on the device: a CPU init of billions of weights takes minutes
-        base = transformers.LlamaForCausalLM(hf_config).to(torch_dt)
+        base = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch_dt)
     ids = torch.randint(0, hf_config.vocab_size, (settings.batch, settings.seq), device=device)
     flops, moved = _costs(config, settings, sum(p.numel() for p in base.parameters()))
     tokens = settings.batch * settings.seq
-    case = f"{settings.model} layers={hf_config.num_hidden_layers} batch={settings.batch} seq={settings.seq}"
+    layers = hf_config.num_hidden_layers
+    case = f"{settings.model} ({settings.family}) layers={layers} batch={settings.batch} seq={settings.seq}"
     liger_reason = liger_unavailable(device) if "liger" in settings.impls else None
+    if liger_reason is None and "liger" in settings.impls and liger_patch(settings.family) is None:
+        liger_reason = f"Liger-Kernel has no apply_liger_kernel_to_{settings.family}"
     rows: list[StepMeasurement] = []
     progress = report.progress(len(settings.impls), "train-step") if show_progress else None
     with progress if progress is not None else contextlib.nullcontext(None) as advance:
@@ -193,7 +276,7 @@ def run_train_step(
 
                 def build(variant=variant, row=row) -> Callable[[], Any]:
                     model = copy.deepcopy(base)
-                    _patch(variant, model)
+                    _patch(variant, model, settings.family)
                     with torch.no_grad():
                         row.loss = float(model(input_ids=ids, labels=ids).loss)
                     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
@@ -207,7 +290,8 @@ def run_train_step(
 
                     return step
 
-                scope = _llama_module_restored if variant == "liger" else contextlib.nullcontext
+                scope = (functools.partial(_family_module_restored, settings.family) if variant == "liger"
+                         else contextlib.nullcontext)  # fmt: skip
                 report.run_measurement(
                     row, build, device=device, warmup=settings.warmup, iterations=settings.iterations,
                     min_time_s=settings.min_time_s, context=scope,

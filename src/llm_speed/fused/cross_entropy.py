@@ -1,16 +1,22 @@
-"""Fused linear + cross-entropy: the loss of ``cross_entropy(hidden @ weight.T + bias, target)`` without the
-full ``[N, V]`` logits.
+"""Cross-entropy in Triton: on logits (``cross_entropy``) and fused with the LM head
+(``fused_linear_cross_entropy``: the loss of ``cross_entropy(hidden @ weight.T + bias, target)`` without the
+full ``[N, V]`` logits). Both run the same three kernels.
 
-Rows are processed in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM, a Triton kernel turns
-them into per-row losses and log-sum-exps (an online softmax over vocabulary blocks, Milakov & Gimelshein,
-"Online normalizer calculation for softmax", 2018, arXiv:1805.02867), and the chunk is dropped. The backward
-recomputes each chunk's logits, a second kernel overwrites them in place with ``d loss / d logits``, and two
-GEMMs add the chunk's share to the hidden and weight gradients. A "mean" or "sum" is taken by a third kernel
-(one launch, where PyTorch's reduction takes four to six), which keeps the divisor for the backward. The
-chunking follows Liger-Kernel (linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024,
-arXiv:2410.10989), which computes the gradients during the forward instead; recomputing costs one more
-``N x H x V`` GEMM but supports any output gradient (``reduction="none"``) and keeps the forward free of
-gradient buffers.
+A row's kernel computes its log-sum-exp with an online softmax over vocabulary blocks (Milakov & Gimelshein,
+"Online normalizer calculation for softmax", 2018, arXiv:1805.02867) and its loss: PyTorch's
+``cross_entropy`` per row, with class weights and label smoothing as PyTorch defines them, plus the z-loss
+``lse_square_scale * lse^2`` (PaLM, Chowdhery et al. 2022, arXiv:2204.02311, section 5; Liger-Kernel's
+``lse_square_scale``). A "mean" or "sum" is taken by a second kernel (one launch, where PyTorch's reduction
+takes four to six), which keeps its divisors for the backward. The backward kernel writes ``d loss / d
+logits`` row by row, recomputing the softmax from the logits and the saved log-sum-exp.
+
+The fused linear version processes rows in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM,
+the forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. The backward
+recomputes each chunk's logits, the backward kernel overwrites them in place with their gradient, and two
+GEMMs add the chunk's share to the hidden and weight gradients. The chunking follows Liger-Kernel
+(linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024, arXiv:2410.10989), which
+computes the gradients during the forward instead; recomputing costs one more ``N x H x V`` GEMM but supports
+any output gradient (``reduction="none"``) and keeps the forward free of gradient buffers.
 
 Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]`` tensors at once (logits and
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
@@ -21,8 +27,9 @@ logits (:func:`default_chunk_rows`; a smaller chunk's launches cost more than it
 ``C = 256``, ``256 * 128256 * 2 B + 64 KiB = 65.7 MB``, 64x less (:func:`memory_estimate`; a formula, not a
 measurement). Hugging Face's loss also upcasts the logits to float32, which adds ``4 N V`` bytes more.
 
-Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public function; the
-plain-PyTorch spec is :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
+Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public functions; the
+plain-PyTorch specs are :func:`llm_speed.fused.reference.cross_entropy_reference` and
+:func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
 """
 
 from __future__ import annotations
@@ -34,12 +41,13 @@ import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
-from ..core.args import check_choice, check_int, check_real, positive_int
+from ..core.args import check_choice, check_flag, check_int, check_real, positive_int
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import PLAN_CACHE_SIZE, Kernel, Plan, cdiv, next_power_of_2, plan_cache
-from ..core.tensors import check_same_device, check_tensor
+from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
+from . import autocast
 from .reference import softcapped
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -47,22 +55,28 @@ REDUCTIONS = ("mean", "sum", "none")
 # --- kernels --------------------------------------------------------------------------------------------
 # A target outside [0, vocab) that is not ignore_index (possible when the host checks are off, see
 # _check_targets) is never used as an address: its row's loss and gradient become NaN.
+#
+# stats, float32, what the backward reads: each row's log-sum-exp [n]; for "mean" and "sum" followed by each
+# row's cross-entropy [n], each row's z-loss [n] (with a z-loss only) and the two divisors of the sums (the
+# cross-entropy's, the z-loss's; 1 for "sum").
 
 
 @triton.jit
 def _ce_fwd_kernel(
-    logits_ptr, target_ptr, loss_ptr, stats_ptr, row0, loss_start, stride_l, vocab, ignore_index, smoothing,
-    softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    logits_ptr, target_ptr, weight_ptr, loss_ptr, z_ptr, stats_ptr, row0, n, stride_l, vocab, ignore_index,
+    smoothing, softcap, z_scale,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z: tl.constexpr,
+    REDUCED: tl.constexpr, STORE_Z: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """Loss (in loss's dtype, from element ``loss_start`` on) and log-sum-exp (float32, the first elements of
-    stats) of the rows of a chunk's logits; row ``i`` of the chunk is row ``row0 + i`` of the problem."""
+    """Row ``i`` of a chunk's logits is row ``row0 + i`` of the problem: its log-sum-exp goes to stats; its
+    cross-entropy and z-loss to stats (REDUCED) or their sum to loss and (STORE_Z) the z-loss to z."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
     m = tl.full([], float("-inf"), tl.float32)  # running max
     s = tl.full([], 0.0, tl.float32)  # running sum of exp(z - m)
-    sum_z = tl.full([], 0.0, tl.float32)  # sum of all logits (label smoothing)
+    sum_z = tl.full([], 0.0, tl.float32)  # sum of the logits (weighted by the class weights): smoothing
+    sum_w = tl.full([], 0.0, tl.float32)  # sum of the class weights
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
@@ -72,65 +86,137 @@ def _ce_fwd_kernel(
         b_zm = tl.where(m_v, b_z, float("-inf"))
         m_new = tl.maximum(m, tl.max(b_zm, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(b_zm - m_new), axis=0)
-        sum_z += tl.sum(tl.where(m_v, b_z, 0.0), axis=0)
         m = m_new
+        if HAS_WEIGHT:
+            b_w = tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
+            sum_z += tl.sum(b_w * tl.where(m_v, b_z, 0.0), axis=0)
+            sum_w += tl.sum(b_w, axis=0)
+        else:
+            sum_z += tl.sum(tl.where(m_v, b_z, 0.0), axis=0)
     lse = m + tl.log(s)
     t = tl.load(target_ptr + row)
     keep = t != ignore_index
     valid = (t >= 0) & (t < vocab)
-    z_t = tl.load(p_l + tl.where(keep & valid, t, 0)).to(tl.float32)
+    t_safe = tl.where(keep & valid, t, 0)
+    z_t = tl.load(p_l + t_safe).to(tl.float32)
     if HAS_SOFTCAP:
         z_t = softcap * tanh(z_t / softcap)
-    # (1 - eps) * (lse - z_t) + eps * (lse - mean(z)): torch.nn.functional.cross_entropy's label smoothing
-    loss = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
-    loss = tl.where(keep, tl.where(valid, loss, float("nan")), 0.0)
-    tl.store(loss_ptr + loss_start + row, cast(loss, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j)
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
+        ce = (1.0 - smoothing) * w_t * (lse - z_t) + smoothing * (lse * (sum_w / vocab) - sum_z / vocab)
+    else:
+        ce = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
+    ce = tl.where(keep, tl.where(valid, ce, float("nan")), 0.0)
+    z = tl.full([], 0.0, tl.float32)
+    if HAS_Z:
+        z = tl.where(keep, tl.where(valid, z_scale * lse * lse, float("nan")), 0.0)
+    if REDUCED:
+        tl.store(stats_ptr + n + row, ce)
+        if HAS_Z:
+            tl.store(stats_ptr + 2 * n + row, z)
+    else:
+        tl.store(loss_ptr + row, cast(ce + z, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+        if STORE_Z:
+            tl.store(z_ptr + row, cast(z, z_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
     tl.store(stats_ptr + row, lse)
 
 
 @triton.jit
 def _ce_reduce_kernel(
-    stats_ptr, target_ptr, out_ptr, n, ignore_index,
-    MEAN: tl.constexpr, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    stats_ptr, target_ptr, weight_ptr, out_ptr, z_ptr, n, vocab, ignore_index,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z: tl.constexpr, STORE_Z: tl.constexpr,
+    BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """One program: out = the sum of the rows' float32 losses (stats[n:2n]), divided (MEAN) by the number of
-    rows not ignored (at least 1); the divisor (1 for a sum) goes to stats[2n] for the backward."""
-    b_total = tl.zeros([BLOCK], dtype=tl.float32)
-    b_kept = tl.zeros([BLOCK], dtype=tl.int32)
+    """One program: out = the rows' cross-entropy summed and divided (MEAN) by the class weights of the rows
+    not ignored (their number without weights), plus the rows' z-loss divided by that number; a divisor of 0
+    counts as 1. z (STORE_Z) = the z-loss part. The divisors go to the end of stats for the backward."""
+    b_ce = tl.zeros([BLOCK], dtype=tl.float32)
+    b_z = tl.zeros([BLOCK], dtype=tl.float32)
+    b_kept = tl.zeros([BLOCK], dtype=tl.float32)
+    b_w = tl.zeros([BLOCK], dtype=tl.float32)
     for r0 in range(0, n, BLOCK):
         o = r0 + tl.arange(0, BLOCK)
         m = o < n
-        b_total += tl.load(stats_ptr + n + o, mask=m, other=0.0)
-        b_kept += (m & (tl.load(target_ptr + o, mask=m, other=0) != ignore_index)).to(tl.int32)
-    total = tl.sum(b_total, axis=0)
+        b_ce += tl.load(stats_ptr + n + o, mask=m, other=0.0)
+        if HAS_Z:
+            b_z += tl.load(stats_ptr + 2 * n + o, mask=m, other=0.0)
+        t = tl.load(target_ptr + o, mask=m, other=0)
+        kept = m & (t != ignore_index)
+        b_kept += kept.to(tl.float32)
+        if HAS_WEIGHT:
+            ok = kept & (t >= 0) & (t < vocab)
+            b_w += tl.load(weight_ptr + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32)
+    div_at = 2 * n
+    if HAS_Z:
+        div_at += n
     if MEAN:
-        divisor = tl.maximum(tl.sum(b_kept, axis=0), 1).to(tl.float32)
+        kept_rows = tl.sum(b_kept, axis=0)
+        if HAS_WEIGHT:
+            ce_div = tl.sum(b_w, axis=0)
+        else:
+            ce_div = kept_rows
+        ce_div = tl.where(ce_div == 0.0, 1.0, ce_div)
+        z_div = tl.maximum(kept_rows, 1.0)
     else:
-        divisor = tl.full([], 1.0, tl.float32)
-    tl.store(out_ptr, cast(total / divisor, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
-    tl.store(stats_ptr + 2 * n, divisor)
+        ce_div = tl.full([], 1.0, tl.float32)
+        z_div = tl.full([], 1.0, tl.float32)
+    z = tl.sum(b_z, axis=0) / z_div
+    loss = tl.sum(b_ce, axis=0) / ce_div + z
+    tl.store(out_ptr, cast(loss, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    if STORE_Z:
+        tl.store(z_ptr, cast(z, z_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    tl.store(stats_ptr + div_at, ce_div)
+    tl.store(stats_ptr + div_at + 1, z_div)
 
 
 @triton.jit
 def _ce_bwd_kernel(
-    logits_ptr, target_ptr, stats_ptr, grad_ptr, row0, divisor_at, stride_l, stride_g, vocab, ignore_index,
-    smoothing, softcap,
-    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    logits_ptr, dlogits_ptr, target_ptr, weight_ptr, stats_ptr, grad_ptr, row0, n, stride_l, stride_d,
+    stride_g, vocab, ignore_index, smoothing, softcap, z_scale,
+    BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z: tl.constexpr,
+    REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
-    """Overwrite a chunk's logits with d loss / d logits, row by row (each element read, then written); row
-    ``i`` of the chunk is row ``row0 + i`` of the problem. REDUCED: grad is the gradient of the reduced loss,
-    divided for every row by the divisor (stats[divisor_at]); else one gradient per row."""
+    """d loss / d logits of the rows of a chunk (row ``i`` is row ``row0 + i`` of the problem), written to
+    dlogits (which may be logits itself: each element is read, then written). REDUCED: grad is the gradient
+    of the reduced loss, divided for every row by the divisors in stats; else one gradient per row."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
+    p_d = dlogits_ptr + i * stride_d
     t = tl.load(target_ptr + row)
     lse = tl.load(stats_ptr + row)
     if REDUCED:
-        g = tl.load(grad_ptr).to(tl.float32) / tl.load(stats_ptr + divisor_at)
+        g = tl.load(grad_ptr).to(tl.float32)
+        div_at = 2 * n
+        if HAS_Z:
+            div_at += n
+        g_ce = g / tl.load(stats_ptr + div_at)
+        g_z = g / tl.load(stats_ptr + div_at + 1)
     else:
         g = tl.load(grad_ptr + row * stride_g).to(tl.float32)
-    g = tl.where((t >= 0) & (t < vocab), g, float("nan"))
-    g = tl.where(t != ignore_index, g, 0.0)  # ignored rows: gradient 0
+        g_ce = g
+        g_z = g
+    keep = t != ignore_index
+    valid = (t >= 0) & (t < vocab)
+    g_ce = tl.where(keep, tl.where(valid, g_ce, float("nan")), 0.0)  # ignored rows: gradient 0
+    g_z = tl.where(keep, tl.where(valid, g_z, float("nan")), 0.0)
+    t_safe = tl.where(keep & valid, t, 0)
+    # d/dz_j = coef_p * p_j - coef_t * [j == t] - coef_w * w_j   (p = softmax, w_j = 1 without weights)
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
+        sum_w = tl.full([], 0.0, tl.float32)
+        for v0 in range(0, vocab, BLOCK_V):
+            o_v = v0 + tl.arange(0, BLOCK_V)
+            sum_w += tl.sum(tl.load(weight_ptr + o_v, mask=o_v < vocab, other=0.0).to(tl.float32), axis=0)
+        coef_t = g_ce * (1.0 - smoothing) * w_t
+        coef_p = coef_t + g_ce * smoothing * (sum_w / vocab)
+    else:
+        coef_t = g_ce * (1.0 - smoothing)
+        coef_p = g_ce
+    coef_w = g_ce * (smoothing / vocab)
+    if HAS_Z:
+        coef_p += g_z * (2.0 * z_scale) * lse
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
@@ -140,11 +226,14 @@ def _ce_bwd_kernel(
             b_z = softcap * b_th
         else:
             b_z = b_l
-        b_dz = tl.exp(b_z - lse) - smoothing / vocab - tl.where(o_v == t, 1.0 - smoothing, 0.0)
+        b_dz = coef_p * tl.exp(b_z - lse) - tl.where(o_v == t, coef_t, 0.0)
+        if HAS_WEIGHT:
+            b_dz -= coef_w * tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
+        else:
+            b_dz -= coef_w
         if HAS_SOFTCAP:
             b_dz = b_dz * (1.0 - b_th * b_th)
-        b_dl = cast(b_dz * g, logits_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-        tl.store(p_l + o_v, b_dl, mask=m_v)
+        tl.store(p_d + o_v, cast(b_dz, dlogits_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_v)
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -210,28 +299,36 @@ def _row_chunks(t: torch.Tensor, sizes: tuple[int, ...]):
     return (t,) if len(sizes) == 1 else t.split_with_sizes(sizes)
 
 
+def stats_size(n: int, reduced: bool, has_z: bool) -> int:
+    """Entries of the float32 statistics the forward keeps for the backward (see the kernels' section)."""
+    return (2 * n + (n if has_z else 0) + 2) if reduced else n
+
+
 @plan_cache
 def _forward_plans(
-    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduction: str, dtypes: tuple,
-    device: torch.device,
+    n: int, chunk_rows: int, vocab: int, stride_l: int, ignore_index: int, flags: tuple, reduction: str,
+    dtypes: tuple, device: torch.device,
 ) -> tuple[tuple[int, ...], tuple[Plan, ...], Plan | None]:  # fmt: skip
     """(chunk sizes, one plan per chunk, the reduction's plan or None): one lookup per call. A chunk's plan
     fixes the chunk's first row, so a launch takes whole target, loss and stats tensors (no per-call views).
-    Reduced: the rows' losses go to the stats (float32), else to loss. dtypes: hidden, target, rows, loss."""
+    flags: softcap, class weights, z-loss, z-loss returned. dtypes: logits, target, class weights, loss, z."""
+    has_softcap, has_weight, has_z, store_z = flags
     reduced = reduction != "none"
     cfg = config(vocab)
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(FORWARD.plan(
-            (rows,), row0=start, loss_start=n if reduced else 0, stride_l=vocab, vocab=vocab,
-            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap,
-            RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            (rows,), row0=start, n=n, stride_l=stride_l, vocab=vocab, ignore_index=ignore_index,
+            BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, HAS_Z=has_z, REDUCED=reduced,
+            STORE_Z=store_z, RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         ))  # fmt: skip
     reduce = None
     if reduced:
         rcfg = reduce_config(n)
         reduce = REDUCE.plan(
-            (1,), n=n, ignore_index=ignore_index, MEAN=reduction == "mean", BLOCK=rcfg.block_n,
+            (1,), n=n, vocab=vocab, ignore_index=ignore_index, MEAN=reduction == "mean",
+            HAS_WEIGHT=has_weight, HAS_Z=has_z, STORE_Z=store_z, BLOCK=rcfg.block_n,
             RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
         )  # fmt: skip
     return _chunk_sizes(n, chunk_rows), tuple(plans), reduce
@@ -239,16 +336,21 @@ def _forward_plans(
 
 @plan_cache
 def _backward_plans(
-    n: int, chunk_rows: int, vocab: int, ignore_index: int, has_softcap: bool, reduced: bool, stride_g: int,
+    n: int, chunk_rows: int, vocab: int, strides: tuple, ignore_index: int, flags: tuple, reduced: bool,
     dtypes: tuple, device: torch.device,
 ) -> tuple[Plan, ...]:  # fmt: skip
+    """One plan per chunk. strides: logits, dlogits, grad rows. flags: softcap, class weights, z-loss. dtypes:
+    logits, dlogits, target, class weights, grad."""
+    has_softcap, has_weight, has_z = flags
+    stride_l, stride_d, stride_g = strides
     cfg = config(vocab)
     plans = []
     for start, rows in zip(range(0, n, chunk_rows), _chunk_sizes(n, chunk_rows), strict=True):
         plans.append(BACKWARD.plan(
-            (rows,), row0=start, divisor_at=2 * n, stride_l=vocab, stride_g=stride_g, vocab=vocab,
-            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, REDUCED=reduced,
-            RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            (rows,), row0=start, n=n, stride_l=stride_l, stride_d=stride_d, stride_g=stride_g, vocab=vocab,
+            ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
+            HAS_Z=has_z, REDUCED=reduced, RNE_BY_HAND=rne_by_hand(dtypes[1]), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
 
@@ -270,125 +372,212 @@ def _check_targets(target, vocab, ignore_index):
         )
 
 
-def _forward_torch(
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
-):  # fmt: skip
-    n = hidden.shape[0]
-    rows = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = tensors.new_output((n,), torch.float32, hidden.device)
-    sizes = _chunk_sizes(n, chunk_rows)
-    for h, t, loss_rows, lse_rows in zip(
-        _row_chunks(hidden, sizes), _row_chunks(target, sizes), _row_chunks(rows, sizes),
+# PyTorch on the CPU (no interpreter): the kernels' formulas, chunk by chunk, in float32.
+
+
+def _rows_torch(logits, t, class_weight, ignore_index, smoothing, softcap, z_scale):
+    """(cross-entropy rows, z-loss rows, log-sum-exp) of a chunk, float32."""
+    z = softcapped(logits, softcap)
+    w = None if class_weight is None else class_weight.to(z.dtype)
+    ce = torch.nn.functional.cross_entropy(
+        z, t, weight=w, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing
+    )
+    lse = torch.logsumexp(z, -1)
+    zl = torch.where(t != ignore_index, z_scale * lse.square(), 0.0)
+    return ce.float(), zl.float(), lse.float()
+
+
+def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softcap, z_scale, reduction,
+                   sizes, loss_dtype, return_z):  # fmt: skip
+    n = target.shape[0]
+    device = target.device
+    ce_rows = torch.empty(n, dtype=torch.float32, device=device)
+    z_rows = torch.empty(n, dtype=torch.float32, device=device)
+    lse = torch.empty(n, dtype=torch.float32, device=device)
+    for logits, t, c, zz, ll in zip(
+        chunks, _row_chunks(target, sizes), _row_chunks(ce_rows, sizes), _row_chunks(z_rows, sizes),
         _row_chunks(lse, sizes), strict=True,
     ):  # fmt: skip
-        z = softcapped(_chunk_logits(h, weight.t(), bias), softcap)
-        loss_rows.copy_(torch.nn.functional.cross_entropy(
-            z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
-        ))  # fmt: skip
-        lse_rows.copy_(torch.logsumexp(z, -1))
+        for out, value in zip((c, zz, ll), _rows_torch(logits, t, class_weight, ignore_index, smoothing,
+                                                       softcap, z_scale), strict=True):  # fmt: skip
+            out.copy_(value)
     if reduction == "none":
-        return rows.to(hidden.dtype), lse
-    if reduction == "mean":  # over the rows not ignored; 0 / 1 when every row is (PyTorch: 0 / 0)
-        divisor = (target != ignore_index).sum().clamp(min=1).to(torch.float32)
+        z = z_rows.to(loss_dtype) if return_z else z_rows.new_empty(0, dtype=loss_dtype)
+        return (ce_rows + z_rows).to(loss_dtype), z, lse
+    kept = target != ignore_index
+    if reduction == "mean":
+        ce_div = kept.sum().to(torch.float32)
+        if class_weight is not None:
+            safe = torch.where(kept, target, 0)
+            ce_div = torch.where(kept, class_weight.float()[safe], 0.0).sum()
+        ce_div = torch.where(ce_div == 0, 1.0, ce_div)
+        z_div = kept.sum().clamp(min=1).to(torch.float32)
     else:
-        divisor = torch.ones((), dtype=torch.float32, device=hidden.device)
-    return (rows.sum() / divisor).to(hidden.dtype), torch.cat((lse, rows, divisor.reshape(1)))
+        ce_div = z_div = torch.ones((), dtype=torch.float32, device=device)
+    z = z_rows.sum() / z_div
+    loss = (ce_rows.sum() / ce_div + z).to(loss_dtype)
+    has_z = z_scale > 0
+    stats = torch.cat((lse, ce_rows, *((z_rows,) if has_z else ()), ce_div.reshape(1), z_div.reshape(1)))
+    return loss, (z.to(loss_dtype) if return_z else z.new_empty(0, dtype=loss_dtype)), stats
 
 
-def _dlogits_torch(logits, t, lse, g, ignore_index, label_smoothing, softcap):
+def _dlogits_torch(logits, t, class_weight, lse, g_ce, g_z, ignore_index, smoothing, softcap, z_scale):
     vocab = logits.shape[1]
     z = softcapped(logits, softcap)
-    dz = torch.exp(z - lse[:, None].to(z.dtype)) - label_smoothing / vocab
+    p = torch.exp(z - lse[:, None].to(z.dtype))
     keep = t != ignore_index
-    dz[keep, t[keep]] -= 1.0 - label_smoothing
+    g_ce = torch.where(keep, g_ce, 0.0).to(z.dtype)[:, None]
+    g_z = torch.where(keep, g_z, 0.0).to(z.dtype)[:, None]
+    if class_weight is None:
+        w = torch.ones(vocab, dtype=z.dtype, device=z.device)
+    else:
+        w = class_weight.to(z.dtype)
+    w_t = w[torch.where(keep, t, 0)][:, None]
+    dz = g_ce * (((1 - smoothing) * w_t + smoothing * w.sum() / vocab) * p - smoothing / vocab * w)
+    dz = dz + g_z * 2 * z_scale * lse[:, None].to(z.dtype) * p
+    rows = torch.arange(len(t), device=t.device)[keep]
+    dz[rows, t[keep]] -= (g_ce * (1 - smoothing) * w_t)[keep, 0]
     if softcap > 0:
         dz = dz * (1 - (z / softcap).square())
-    return (dz * torch.where(keep, g, 0.0)[:, None].to(dz.dtype)).to(logits.dtype)
+    return dz.to(logits.dtype)
 
 
-def forward(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-    ignore_index: int, label_smoothing: float, softcap: float, chunk_rows: int, reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(loss, stats), chunk by chunk; reports its work. loss: in hidden's dtype, ``[N]`` for
-    ``reduction="none"``, else a scalar. stats, float32, what the backward reads: each row's log-sum-exp
-    (``[N]``); for "mean" and "sum" followed by each row's loss and the divisor of the sum (1 for "sum"):
-    ``[2N + 1]``.
+def _torch_row_gradients(grad, stats, n, reduced, has_z):
+    """(g_ce, g_z) per row, float32, of the loss gradient ``grad`` (PyTorch fallback)."""
+    if not reduced:
+        g = grad.float()
+        return g, g
+    div_at = 2 * n + (n if has_z else 0)
+    g = grad.float()
+    return (g / stats[div_at]).expand(n), (g / stats[div_at + 1]).expand(n)
 
-    Targets are checked on the host only where :func:`llm_speed.core.runtime.check_values` allows it (and
-    always by the PyTorch fallback, on the CPU); otherwise an invalid one makes its row's loss NaN."""
-    n, vocab = hidden.shape[0], weight.shape[0]
-    device = hidden.device
-    target = target.contiguous()
+
+def _forward(
+    chunks, n, vocab, stride_l, logits_dtype, target, class_weight, ignore_index, smoothing, softcap, z_scale,
+    chunk_rows, reduction, loss_dtype, return_z, device,
+):  # fmt: skip
+    """The kernels' forward over the logits chunks ``chunks`` (an iterable, each made when asked for):
+    (loss, z, stats). Targets are checked on the host only where
+    :func:`llm_speed.core.runtime.check_values` allows it (and always by the PyTorch fallback); otherwise an
+    invalid one makes its row's loss NaN."""
     triton_runs = runtime.triton_runs_on(device)
     if not triton_runs or runtime.check_values(device):
         _check_targets(target, vocab, ignore_index)
-    if n:
-        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
-    if n == 0 or not triton_runs:
-        return _forward_torch(
-            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
-        )
     reduced = reduction != "none"
-    stats = tensors.new_output((2 * n + 1 if reduced else n,), torch.float32, device)
-    loss = tensors.new_output(() if reduced else (n,), hidden.dtype, device)
-    rows = stats if reduced else loss  # where the rows' losses go
-    # a chunk's logits have hidden's dtype (matmul and addmm require weight and bias to share it)
-    dtypes = (hidden.dtype, target.dtype, rows.dtype, loss.dtype)
+    has_z = z_scale > 0
+    if n == 0 or not triton_runs:
+        sizes = _chunk_sizes(n, chunk_rows) if n else ()
+        if n == 0:  # nothing to compute: loss 0 (an all-ignored batch's), no statistics to keep but divisors
+            empty = torch.zeros(0, dtype=torch.float32, device=device)
+            loss = torch.zeros(() if reduced else (0,), dtype=loss_dtype, device=device)
+            z = loss.clone() if return_z else loss.new_empty(0)
+            stats = torch.ones(stats_size(0, reduced, has_z), dtype=torch.float32, device=device)
+            return loss, z, stats if reduced else empty
+        return _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softcap, z_scale,
+                              reduction, sizes, loss_dtype, return_z)  # fmt: skip
+    stats = tensors.new_output((stats_size(n, reduced, has_z),), torch.float32, device)
+    loss = tensors.new_output(() if reduced else (n,), loss_dtype, device)
+    z = tensors.new_output((() if reduced else (n,)) if return_z else (0,), loss_dtype, device)
+    has_weight = class_weight is not None
+    weight_arg = class_weight if has_weight else stats  # never read without class weights
+    dtypes = (logits_dtype, target.dtype, class_weight.dtype if has_weight else None, loss_dtype)
+    flags = (softcap > 0, has_weight, has_z, return_z)
     sizes, plans, reduce = _forward_plans(
-        n, chunk_rows, vocab, ignore_index, softcap > 0, reduction, dtypes, device
+        n, chunk_rows, vocab, stride_l, ignore_index, flags, reduction, dtypes, device
     )  # fmt: skip
-    weight_t = weight.t()
-    for h, plan in zip(_row_chunks(hidden, sizes), plans, strict=True):
+    z_arg = z if return_z else loss
+    for logits, plan in zip(chunks, plans, strict=True):
         plan.launch(
-            logits_ptr=_chunk_logits(h, weight_t, bias), target_ptr=target, loss_ptr=rows, stats_ptr=stats,
-            smoothing=label_smoothing, softcap=softcap,
+            logits_ptr=logits, target_ptr=target, weight_ptr=weight_arg, loss_ptr=loss, z_ptr=z_arg,
+            stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
         )  # fmt: skip
     if reduce is not None:
-        reduce.launch(stats_ptr=stats, target_ptr=target, out_ptr=loss)
-    return loss, stats
+        reduce.launch(stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg)
+    return loss, z, stats
 
 
-def backward(
-    grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-    bias: torch.Tensor | None, stats: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: float,
-    chunk_rows: int, reduction: str,
+def _dlogits(
+    plan, logits, dlogits, rows, target, class_weight, stats, grad, g_rows, ignore_index, smoothing, softcap,
+    z_scale,
+):  # fmt: skip
+    """d loss / d logits of one chunk into ``dlogits``: the kernel (``plan``), or PyTorch (``g_rows``: the
+    per-row gradients of the fallback); returns the gradient tensor."""
+    if plan is not None:
+        weight_arg = class_weight if class_weight is not None else stats
+        plan.launch(
+            logits_ptr=logits, dlogits_ptr=dlogits, target_ptr=target, weight_ptr=weight_arg, stats_ptr=stats,
+            grad_ptr=grad, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
+        )  # fmt: skip
+        return dlogits
+    g_ce, g_z = g_rows
+    return _dlogits_torch(logits, target[rows], class_weight, stats[rows], g_ce[rows], g_z[rows],
+                          ignore_index, smoothing, softcap, z_scale)  # fmt: skip
+
+
+def _backward_setup(grad, n, vocab, strides, target, class_weight, stats, ignore_index, softcap, z_scale,
+                    chunk_rows, reduction, dtypes, device):  # fmt: skip
+    """(plans or None per chunk, the fallback's per-row gradients or None)."""
+    reduced = reduction != "none"
+    has_z = z_scale > 0
+    sizes = _chunk_sizes(n, chunk_rows)
+    if runtime.triton_runs_on(device):
+        flags = (softcap > 0, class_weight is not None, has_z)
+        plans = _backward_plans(n, chunk_rows, vocab, strides, ignore_index, flags, reduced, dtypes, device)
+        return plans, None
+    return (None,) * len(sizes), _torch_row_gradients(grad, stats, n, reduced, has_z)
+
+
+def linear_forward(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float, softcap: float,
+    z_scale: float, chunk_rows: int, reduction: str, loss_dtype: torch.dtype, return_z: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dhidden, dweight, dbias) of :func:`forward` for the gradient ``grad`` of its loss; reports its work.
-    dbias is returned (zeros) even without a bias."""
+    """(loss, z-loss, stats) of ``cross_entropy(hidden @ weight.T + bias, target)``, chunk by chunk; reports
+    its work. loss and z-loss (empty unless ``return_z``) in ``loss_dtype``, ``[N]`` for ``reduction="none"``,
+    else scalars; stats as the kernels' section says."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    target = target.contiguous()
+    if n:
+        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
+    sizes = _chunk_sizes(n, chunk_rows) if n else ()
+    weight_t = weight.t()
+    chunks = (_chunk_logits(h, weight_t, bias) for h in (_row_chunks(hidden, sizes) if n else ()))
+    return _forward(
+        chunks, n, vocab, vocab, hidden.dtype, target, class_weight, ignore_index, label_smoothing, softcap,
+        z_scale, chunk_rows, reduction, loss_dtype, return_z, hidden.device,
+    )  # fmt: skip
+
+
+def linear_backward(
+    grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    bias: torch.Tensor | None, class_weight: torch.Tensor | None, stats: torch.Tensor, ignore_index: int,
+    label_smoothing: float, softcap: float, z_scale: float, chunk_rows: int, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dhidden, dweight, dbias) of :func:`linear_forward` for the gradient ``grad`` of its loss; reports its
+    work. dbias is returned (zeros) even without a bias."""
     n, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
-    reduced = reduction != "none"
     target = target.contiguous()
-    triton_runs = runtime.triton_runs_on(device)
     if n:
         runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
     dhidden = tensors.new_output(hidden.shape, hidden.dtype, device)
     if n == 0:
         return dhidden, torch.zeros_like(weight), weight.new_zeros((vocab,))
     sizes = _chunk_sizes(n, chunk_rows)
-    if triton_runs:
-        dtypes = (hidden.dtype, target.dtype, stats.dtype, grad.dtype)
-        stride_g = 0 if reduced else grad.stride(0)
-        plans = _backward_plans(
-            n, chunk_rows, vocab, ignore_index, softcap > 0, reduced, stride_g, dtypes, device
-        )  # fmt: skip
-    else:  # PyTorch on the CPU: one float32 gradient per row
-        grad = (grad.float() / stats[2 * n]).expand(n) if reduced else grad.float()
+    stride_g = 0 if reduction != "none" else grad.stride(0)
+    dtypes = (hidden.dtype, hidden.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
+              grad.dtype)  # fmt: skip
+    plans, g_rows = _backward_setup(
+        grad, n, vocab, (vocab, vocab, stride_g), target, class_weight, stats, ignore_index, softcap, z_scale,
+        chunk_rows, reduction, dtypes, device,
+    )  # fmt: skip
     dweight = dbias = None
+    weight_t = weight.t()
     for i, (h, dh) in enumerate(zip(_row_chunks(hidden, sizes), _row_chunks(dhidden, sizes), strict=True)):
-        logits = _chunk_logits(h, weight.t(), bias)
-        if triton_runs:
-            plans[i].launch(
-                logits_ptr=logits, target_ptr=target, stats_ptr=stats, grad_ptr=grad,
-                smoothing=label_smoothing, softcap=softcap,
-            )  # fmt: skip
-            dlogits = logits
-        else:
-            rows = slice(i * chunk_rows, i * chunk_rows + sizes[i])
-            dlogits = _dlogits_torch(
-                logits, target[rows], stats[rows], grad[rows], ignore_index, label_smoothing, softcap
-            )
+        logits = _chunk_logits(h, weight_t, bias)
+        rows = slice(i * chunk_rows, i * chunk_rows + sizes[i])
+        dlogits = _dlogits(plans[i], logits, logits, rows, target, class_weight, stats, grad, g_rows,
+                           ignore_index, label_smoothing, softcap, z_scale)  # fmt: skip
         torch.mm(dlogits, weight, out=dh)
         # accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger
         dweight = torch.mm(dlogits.t(), h) if dweight is None else dweight.addmm_(dlogits.t(), h)
@@ -399,103 +588,241 @@ def backward(
     return dhidden, dweight, dbias
 
 
+def forward(
+    logits: torch.Tensor, target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int,
+    label_smoothing: float, softcap: float, z_scale: float, reduction: str, loss_dtype: torch.dtype,
+    return_z: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(loss, z-loss, stats) of ``cross_entropy(logits, target)`` (logits ``[N, V]``, last dim contiguous) in
+    one launch over the rows (and one for a reduction); reports its work."""
+    n, vocab = logits.shape
+    target = target.contiguous()
+    if n:
+        runtime.report_work("cross_entropy", logits=logits)
+    return _forward(
+        (logits,) if n else (), n, vocab, logits.stride(0), logits.dtype, target, class_weight, ignore_index,
+        label_smoothing, softcap, z_scale, max(n, 1), reduction, loss_dtype, return_z, logits.device,
+    )  # fmt: skip
+
+
+def backward(
+    grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, class_weight: torch.Tensor | None,
+    stats: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: float, z_scale: float,
+    reduction: str,
+) -> torch.Tensor:  # fmt: skip
+    """d loss / d logits of :func:`forward`, a new contiguous tensor in logits' dtype; reports its work."""
+    n, vocab = logits.shape
+    device = logits.device
+    target = target.contiguous()
+    if n:
+        runtime.report_work("cross_entropy_backward", logits=logits)
+    dlogits = tensors.new_output((n, vocab), logits.dtype, device)
+    if n == 0:
+        return dlogits
+    stride_g = 0 if reduction != "none" else grad.stride(0)
+    dtypes = (logits.dtype, logits.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
+              grad.dtype)  # fmt: skip
+    plans, g_rows = _backward_setup(
+        grad, n, vocab, (logits.stride(0), vocab, stride_g), target, class_weight, stats, ignore_index,
+        softcap, z_scale, n, reduction, dtypes, device,
+    )  # fmt: skip
+    out = _dlogits(plans[0], logits, dlogits, slice(0, n), target, class_weight, stats, grad, g_rows,
+                   ignore_index, label_smoothing, softcap, z_scale)  # fmt: skip
+    if out is not dlogits:
+        dlogits.copy_(out)
+    return dlogits
+
+
 # --- op registration ------------------------------------------------------------------------------------
 
 
+def _loss_fake(n, reduced, return_z, loss_dtype, like, z_scale):
+    loss = like.new_empty(() if reduced else (n,), dtype=loss_dtype)
+    z = like.new_empty((() if reduced else (n,)) if return_z else (0,), dtype=loss_dtype)
+    stats = like.new_empty((stats_size(n, reduced, z_scale > 0),), dtype=torch.float32)
+    return loss, z, stats
+
+
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_forward", mutates_args=())
-def _forward_op(
+def _linear_forward_op(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
     ignore_index: int,
     label_smoothing: float,
     softcap: float,
+    z_scale: float,
     chunk_rows: int,
     reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(
-        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
-    )
+    loss_dtype: torch.dtype,
+    return_z: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return linear_forward(
+        hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap, z_scale,
+        chunk_rows, reduction, loss_dtype, return_z,
+    )  # fmt: skip
 
 
-@_forward_op.register_fake
-def _forward_fake(
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
-):
-    n = hidden.shape[0]
-    reduced = reduction != "none"
-    loss = hidden.new_empty(() if reduced else (n,))
-    return loss, hidden.new_empty((2 * n + 1 if reduced else n,), dtype=torch.float32)
+@_linear_forward_op.register_fake
+def _linear_forward_fake(hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap,
+                         z_scale, chunk_rows, reduction, loss_dtype, return_z):  # fmt: skip
+    return _loss_fake(hidden.shape[0], reduction != "none", return_z, loss_dtype, hidden, z_scale)
 
 
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_backward", mutates_args=())
-def _backward_op(
+def _linear_backward_op(
     grad: torch.Tensor,
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
     stats: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
     softcap: float,
+    z_scale: float,
     chunk_rows: int,
     reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return linear_backward(
+        grad, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, softcap,
+        z_scale, chunk_rows, reduction,
+    )  # fmt: skip
+
+
+@_linear_backward_op.register_fake
+def _linear_backward_fake(grad, hidden, weight, *_):
+    return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
+
+
+@torch.library.custom_op("llm_speed::cross_entropy_forward", mutates_args=())
+def _forward_op(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    class_weight: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float,
+    z_scale: float,
+    reduction: str,
+    loss_dtype: torch.dtype,
+    return_z: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return forward(
+        logits, target, class_weight, ignore_index, label_smoothing, softcap, z_scale, reduction, loss_dtype,
+        return_z,
+    )  # fmt: skip
+
+
+@_forward_op.register_fake
+def _forward_fake(logits, target, class_weight, ignore_index, label_smoothing, softcap, z_scale, reduction,
+                  loss_dtype, return_z):  # fmt: skip
+    return _loss_fake(logits.shape[0], reduction != "none", return_z, loss_dtype, logits, z_scale)
+
+
+@torch.library.custom_op("llm_speed::cross_entropy_backward", mutates_args=())
+def _backward_op(
+    grad: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    class_weight: torch.Tensor | None,
+    stats: torch.Tensor,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float,
+    z_scale: float,
+    reduction: str,
+) -> torch.Tensor:
     return backward(
-        grad,
-        hidden,
-        weight,
-        target,
-        bias,
-        stats,
-        ignore_index,
-        label_smoothing,
-        softcap,
-        chunk_rows,
-        reduction,
+        grad, logits, target, class_weight, stats, ignore_index, label_smoothing, softcap, z_scale, reduction
     )
 
 
 @_backward_op.register_fake
-def _backward_fake(grad, hidden, weight, target, *_):
-    return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
+def _backward_fake(grad, logits, *_):
+    return logits.new_empty(logits.shape)
 
 
-_backward_call = Op(_backward_op, backward)
+# Under torch.autocast (fused.autocast): the head's GEMMs take the autocast dtype, as F.linear would; the loss
+# reads any dtype and computes in float32; the backward runs in the dtypes the forward saved.
+_linear_backward_call = autocast.dispatch(Op(_linear_backward_op, linear_backward), autocast.KEEP)
+_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 
 # --- autograd -------------------------------------------------------------------------------------------
 
 
+def _linear_setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, class_weight, ignore_index, smoothing, softcap, z_scale, chunk_rows, \
+        reduction, _loss_dtype, _return_z = inputs  # fmt: skip
+    ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction)
+
+
+def _linear_backward(ctx, grad, _dz, _dstats):
+    hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
+    dhidden, dweight, dbias = _linear_backward_call(grad, hidden, weight, target, bias, class_weight, stats,
+                                                    *ctx.args)  # fmt: skip
+    return dhidden, dweight, None, (dbias if bias is not None else None), *((None,) * 9)
+
+
 def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction = inputs
-    ctx.save_for_backward(hidden, weight, target, bias, output[1])
-    ctx.args = (ignore_index, label_smoothing, softcap, chunk_rows, reduction)
+    logits, target, class_weight, ignore_index, smoothing, softcap, z_scale, reduction, _dtype, _z = inputs
+    ctx.save_for_backward(logits, target, class_weight, output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.args = (ignore_index, smoothing, softcap, z_scale, reduction)
 
 
-def _backward(ctx, grad, _dstats):
-    hidden, weight, target, bias, stats = ctx.saved_tensors
-    dhidden, dweight, dbias = _backward_call(grad, hidden, weight, target, bias, stats, *ctx.args)
-    return dhidden, dweight, None, (dbias if bias is not None else None), None, None, None, None, None
+def _backward(ctx, grad, _dz, _dstats):
+    logits, target, class_weight, stats = ctx.saved_tensors
+    return _backward_call(grad, logits, target, class_weight, stats, *ctx.args), *((None,) * 9)
 
 
-_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+_linear_forward_call = autocast.dispatch(
+    Op(_linear_forward_op, linear_forward, setup_context=_linear_setup_context, backward=_linear_backward),
+    autocast.LOWER, (0, 1, 3),
+)
+_forward_call = autocast.dispatch(
+    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
+)
 
 
-# --- public function ------------------------------------------------------------------------------------
+# --- public functions -----------------------------------------------------------------------------------
 
 
-def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows):
+def _validate_loss(target, n, vocab, class_weight, weight_name, ignore_index, reduction, label_smoothing,
+                   softcap, lse_square_scale, return_z_loss, loss_dtype):  # fmt: skip
+    """The arguments both losses share, checked; returns the numbers as the ops take them."""
+    check_tensor("target", target, dtypes=(torch.int64,), dims=1, what="[N]")
+    if target.shape[0] != n:
+        raise ValueError(f"target has {target.shape[0]} entries; the loss has {n} rows")
+    if class_weight is not None:
+        check_tensor(weight_name, class_weight, dims=1, what="[V] (one weight per class)")
+        if class_weight.shape[0] != vocab:
+            raise ValueError(f"{weight_name} has {class_weight.shape[0]} entries; it must have V = {vocab}")
+    ignore_index = check_int("ignore_index", ignore_index)  # any sign: -100 by default
+    check_choice("reduction", reduction, REDUCTIONS)
+    label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
+    softcap = 0.0 if softcap is None else check_real("softcap", softcap, positive=True)
+    z_scale = check_real("lse_square_scale", lse_square_scale, minimum=0.0)
+    return_z_loss = check_flag("return_z_loss", return_z_loss)
+    if loss_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"loss_dtype is {loss_dtype!r}; accepted: {dtype_names(FLOAT_DTYPES)}")
+    return ignore_index, label_smoothing, softcap, z_scale, return_z_loss
+
+
+def _validate_linear(hidden, weight, target, bias, ce_weight, chunk_rows, *loss_args):
     check_tensor("hidden", hidden, dims=2, what="[N, H]")
     check_tensor("weight", weight, dims=2, what="[V, H] (the nn.Linear layout)")
-    check_tensor("target", target, dtypes=(torch.int64,), dims=1, what="[N]")
     if bias is not None:
         check_tensor("bias", bias, dims=1, what="[V]")
-    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != hidden.dtype):
-        dtypes = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
-        raise TypeError(f"hidden, weight and bias must share one dtype, got {sorted(map(str, dtypes))}")
+    shared = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
+    if len(shared) > 1 and not autocast.enabled(hidden.device.type):  # autocast casts them to one dtype
+        raise TypeError(f"hidden, weight and bias must share one dtype, got {sorted(map(str, shared))}")
     n, h = hidden.shape
     vocab = weight.shape[0]
     if weight.shape[1] != h:
@@ -504,19 +831,13 @@ def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoot
         )
     if vocab < 1 or h < 1:
         raise ValueError(f"V ({vocab}) and H ({h}) must be at least 1")
-    if target.shape[0] != n:
-        raise ValueError(f"target has {target.shape[0]} entries; hidden has {n} rows")
     if bias is not None and bias.shape[0] != vocab:
         raise ValueError(f"bias has {bias.shape[0]} entries; it must have V = {vocab}")
-    check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    ignore_index = check_int("ignore_index", ignore_index)  # any sign: -100 by default
-    check_choice("reduction", reduction, REDUCTIONS)
-    label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
-    softcap = 0.0 if softcap is None else check_real("softcap", softcap, positive=True)
+    numbers = _validate_loss(target, n, vocab, ce_weight, "ce_weight", *loss_args)
+    check_same_device(hidden=hidden, weight=weight, target=target, bias=bias, ce_weight=ce_weight)
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, h, vocab)
-    chunk_rows = positive_int("chunk_rows", chunk_rows)
-    return ignore_index, label_smoothing, softcap, chunk_rows
+    return (*numbers, positive_int("chunk_rows", chunk_rows))
 
 
 def fused_linear_cross_entropy(
@@ -525,12 +846,16 @@ def fused_linear_cross_entropy(
     target: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
+    ce_weight: torch.Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     softcap: float | None = None,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    loss_dtype: torch.dtype = torch.float32,
     chunk_rows: int | None = None,
-) -> torch.Tensor:
+):
     """``cross_entropy(hidden @ weight.T + bias, target)`` computed in row chunks, never holding ``[N, V]``.
 
     Args:
@@ -541,29 +866,93 @@ def fused_linear_cross_entropy(
             ``LLM_SPEED_CHECK_INPUTS=1``): a ValueError. Unchecked (CUDA by default), an invalid entry makes
             its row's loss NaN (so a reduced loss is NaN) and its row of the hidden gradient NaN.
         bias: optional ``[V]``, hidden's dtype.
-        ignore_index: rows with this target add nothing to the loss or the gradients.
-        reduction: ``"mean"`` over the non-ignored rows (a batch with every row ignored gives loss 0 and zero
-            gradients, where PyTorch gives NaN), ``"sum"``, or ``"none"`` (``[N]``, 0 at ignored rows).
-        label_smoothing: in ``[0, 1]``, as ``torch.nn.functional.cross_entropy`` defines it.
-        softcap: ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` first (Gemma-2's final logit
-            softcapping, google-deepmind/gemma ``final_logit_softcap``).
+        ce_weight: optional class weights ``[V]`` (any float dtype), ``cross_entropy``'s ``weight``
+            (Liger's name: ``weight`` here is the LM head).
+        ignore_index, reduction, label_smoothing, softcap, lse_square_scale, return_z_loss, loss_dtype: as
+            :func:`cross_entropy`.
         chunk_rows: rows per chunk ``C``; default ``next_pow2(ceil(N / ceil(V / H)))``, a chunk of logits as
             large as ``hidden``, and at least 2^16 logits (:func:`default_chunk_rows`).
 
-    Returns the loss in hidden's dtype: a scalar, or ``[N]`` for ``reduction="none"``. Logits come from
-    GEMMs in the inputs' dtype; log-sum-exp, loss and ``d loss / d logits`` in float32. Differentiable in
-    hidden, weight and bias: the backward recomputes each chunk's logits; the weight gradient is accumulated
-    in weight's dtype, one GEMM per chunk.
+    Returns the loss in ``loss_dtype`` (float32 by default): a scalar, or ``[N]`` for ``reduction="none"``;
+    with ``return_z_loss``, ``(loss, z_loss)``. Logits come from GEMMs in the inputs' dtype (under
+    ``torch.autocast``, the autocast dtype, as ``F.linear`` would); log-sum-exp, loss and ``d loss / d
+    logits`` in float32. Differentiable in hidden, weight and bias: the backward recomputes each chunk's
+    logits; the weight gradient is accumulated in weight's dtype, one GEMM per chunk.
 
     Memory: ``O(C x V)`` beyond inputs and gradients, against at least ``2 N V`` elements unfused; for
     Llama-3-8B's head (H = 4096, V = 128256, N = 8192, bfloat16) 65.7 MB against 4.20 GB by
     :func:`memory_estimate` (a formula, not a measurement). Devices as :func:`llm_speed.rms_norm`.
     Reference: :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
     """
-    ignore_index, label_smoothing, softcap, chunk_rows = _validate(
-        hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, chunk_rows
-    )
-    loss, _ = _forward_call(
-        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, chunk_rows, reduction
-    )
-    return loss
+    ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
+        hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
+        softcap, lse_square_scale, return_z_loss, loss_dtype,
+    )  # fmt: skip
+    loss, z, _ = _linear_forward_call(
+        hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale, chunk_rows,
+        reduction, loss_dtype, return_z_loss,
+    )  # fmt: skip
+    return (loss, z) if return_z_loss else loss
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    softcap: float | None = None,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    loss_dtype: torch.dtype = torch.float32,
+):
+    """``torch.nn.functional.cross_entropy(logits, target)`` in Triton, with a z-loss and a logit softcap.
+
+    Args:
+        logits: ``[N, V]``, float16, bfloat16 or float32, any row stride (a non-contiguous last dim is
+            copied).
+            Read in place, never upcast: the maths is float32 whatever the dtype.
+        target: int64 ``[N]``, each entry in ``[0, V)`` or ``ignore_index`` (checked as
+            :func:`fused_linear_cross_entropy` says).
+        weight: optional class weights ``[V]`` (any float dtype), as PyTorch's: row i counts ``weight[t_i]``
+            times, and ``"mean"`` divides by the sum of the weights of the rows not ignored; with label
+            smoothing the smoothing term weighs class j by ``weight[j]`` (PyTorch's definition).
+        ignore_index: rows with this target add nothing to the loss or the gradients.
+        reduction: ``"mean"`` (over the rows not ignored; weighted as above), ``"sum"``, or ``"none"``
+            (``[N]``, 0 at ignored rows; differentiable with any output gradient). **A "mean" whose divisor
+            is 0 (every row ignored, or N = 0) gives loss 0 and zero gradients**, where PyTorch gives NaN (0 /
+            0).
+        label_smoothing: in ``[0, 1]``, as ``torch.nn.functional.cross_entropy`` defines it.
+        softcap: ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` first (Gemma-2's final logit
+            softcapping), with the accurate float32 tanh of :mod:`llm_speed.core.kernel_math`.
+        lse_square_scale: z-loss weight ``s >= 0``: each row not ignored adds ``s * lse^2`` (``lse`` the
+            log-sum-exp of its logits; PaLM's auxiliary loss, Liger's ``lse_square_scale``), unweighted by
+            class weights; ``"mean"`` divides the z-loss part by the number of rows not ignored.
+        return_z_loss: also return the z-loss part of the loss (reduced the same way), for logging: it is
+            included in the loss and carries no gradient of its own.
+        loss_dtype: the loss's dtype, float32 by default (as Hugging Face's and Liger's losses; a bfloat16
+            loss keeps 3 significant digits); pass the inputs' dtype for the old behaviour.
+
+    Returns the loss (a scalar, or ``[N]`` for ``"none"``), or ``(loss, z_loss)`` with ``return_z_loss``.
+    Under ``torch.autocast`` the logits are read as they are (PyTorch's float32 policy for cross_entropy would
+    upcast them first: same values, same float32 maths, without the float32 copy). The gradient comes back in
+    logits' dtype, computed in float32. Devices as :func:`llm_speed.rms_norm`. One launch over the rows each
+    way, plus one for a "mean" or "sum". Reference: :func:`llm_speed.fused.reference.cross_entropy_reference`.
+    """
+    check_tensor("logits", logits, dims=2, what="[N, V]")
+    n, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"logits must have at least 1 class (V = {vocab})")
+    ignore_index, label_smoothing, softcap, z_scale, return_z_loss = _validate_loss(
+        target, n, vocab, weight, "weight", ignore_index, reduction, label_smoothing, softcap,
+        lse_square_scale, return_z_loss, loss_dtype,
+    )  # fmt: skip
+    check_same_device(logits=logits, target=target, weight=weight)
+    logits = tensors.last_dim_contiguous(logits)
+    loss, z, _ = _forward_call(
+        logits, target, weight, ignore_index, label_smoothing, softcap, z_scale, reduction, loss_dtype,
+        return_z_loss,
+    )  # fmt: skip
+    return (loss, z) if return_z_loss else loss

@@ -19,13 +19,14 @@ import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
-from ..core.args import check_real
+from ..core.args import check_choice, check_flag, check_real
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
+from . import autocast
 from .reference import compute_dtype
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -34,7 +35,8 @@ from .reference import compute_dtype
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, w_ptr, y_ptr, rstd_ptr, stride_x, stride_y, rows, hidden, eps, offset,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, LLAMA: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     # BLOCK_R rows per program: narrow rows (small hidden) would leave most of a program idle
     o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -42,10 +44,15 @@ def _rms_norm_fwd_kernel(
     m_r = o_r < rows
     m = m_r[:, None] & (o_h < hidden)[None, :]
     p_x = x_ptr + o_r[:, None] * stride_x + o_h[None, :]
-    b_x = tl.load(p_x, mask=m, other=0.0).to(tl.float32)  # [BR, BH]
-    b_w = tl.load(w_ptr + o_h, mask=o_h < hidden, other=0.0).to(tl.float32)
-    b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / hidden + eps)  # [BR]
-    b_y = b_x * b_rstd[:, None] * (offset + b_w)[None, :]
+    b_x = tl.load(p_x, mask=m, other=0.0)
+    b_xf = b_x.to(tl.float32)  # [BR, BH]
+    b_rstd = 1.0 / tl.sqrt(tl.sum(b_xf * b_xf, axis=1) / hidden + eps)  # [BR]
+    b_y = b_xf * b_rstd[:, None]
+    if LLAMA:  # Llama's casting: the normalised x rounded to x's dtype before the weight multiplies it
+        b_y = cast(b_y, x_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND).to(tl.float32)
+    if HAS_WEIGHT:
+        b_w = tl.load(w_ptr + o_h, mask=o_h < hidden, other=0.0).to(tl.float32)
+        b_y = b_y * (offset + b_w)[None, :]
     b_y = cast(b_y, y_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     tl.store(y_ptr + o_r[:, None] * stride_y + o_h[None, :], b_y, mask=m)
     tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
@@ -55,12 +62,15 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, stride_dy, stride_x, stride_dx,
     rows, rows_per_program, hidden, offset,
-    BLOCK_H: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, LLAMA: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
+    """dx (which may be dy itself: each row is read, then written) and, with a weight, the float32 partial
+    sums of dweight of this program's rows."""
     pid = tl.program_id(0)
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < hidden
-    b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32) + offset
+    if HAS_WEIGHT:
+        b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32) + offset
     b_dw = tl.zeros([BLOCK_H], dtype=tl.float32)
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, rows)
@@ -69,21 +79,30 @@ def _rms_norm_bwd_kernel(
     p_dy = dy_ptr + row_start.to(tl.int64) * stride_dy
     p_dx = dx_ptr + row_start.to(tl.int64) * stride_dx
     p_rstd = rstd_ptr + row_start
+    x_ty = x_ptr.dtype.element_ty
     for _ in range(row_start, row_end):
         b_x = tl.load(p_x + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
         b_dy = tl.load(p_dy + o_h, mask=m_h, other=0.0).to(tl.float32)
         rstd = tl.load(p_rstd)
         b_xhat = b_x * rstd
-        b_g = b_dy * b_w  # gradient with respect to xhat
+        if HAS_WEIGHT:
+            b_g = b_dy * b_w  # gradient with respect to xhat
+            if LLAMA:  # as autograd through Llama's module: the gradient of the rounded xhat, in x's dtype
+                b_g = cast(b_g, x_ty, RNE_BY_HAND=RNE_BY_HAND).to(tl.float32)
+                b_dw += b_dy * cast(b_xhat, x_ty, RNE_BY_HAND=RNE_BY_HAND).to(tl.float32)
+            else:
+                b_dw += b_dy * b_xhat
+        else:
+            b_g = b_dy
         # d/dx of x * rstd(x): rstd * (g - xhat * mean(g * xhat))
         b_dx = rstd * (b_g - b_xhat * (tl.sum(b_g * b_xhat, axis=0) / hidden))
         tl.store(p_dx + o_h, cast(b_dx, dx_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_h)
-        b_dw += b_dy * b_xhat
         p_x += stride_x
         p_dy += stride_dy
         p_dx += stride_dx
         p_rstd += 1
-    tl.store(dw_partial_ptr + pid * BLOCK_H + o_h, b_dw, mask=m_h)
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + pid * BLOCK_H + o_h, b_dw, mask=m_h)
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -92,6 +111,7 @@ FORWARD = Kernel(_rms_norm_fwd_kernel, "rms_norm_fwd")
 BACKWARD = Kernel(_rms_norm_bwd_kernel, "rms_norm_bwd")
 ROW_BLOCK_ELEMENTS = 4096  # forward: rows per program so that a program holds about this many elements
 INTERPRETER_PROGRAMS = 4  # backward under the interpreter, which runs programs one after another
+CASTINGS = ("float32", "llama")
 
 
 def _num_warps(elements: int) -> int:
@@ -117,75 +137,127 @@ def backward_config(rows: int, hidden: int, hardware: Hardware, interpreted: boo
 
 
 @plan_cache
-def _forward_plan(rows: int, hidden: int, stride_x: int, dtypes: tuple, device: torch.device) -> Plan:
+def _forward_plan(
+    rows: int, hidden: int, stride_x: int, dtypes: tuple, llama: bool, device: torch.device
+) -> Plan:  # fmt: skip
+    """dtypes: x, weight (None without one)."""
     cfg = forward_config(rows, hidden)
-    dtype = dtypes[0]
     return FORWARD.plan(
         (cdiv(rows, cfg.block_m),), stride_x=stride_x, stride_y=hidden, rows=rows, hidden=hidden,
-        BLOCK_R=cfg.block_m, BLOCK_H=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_R=cfg.block_m, BLOCK_H=cfg.block_n, HAS_WEIGHT=dtypes[1] is not None, LLAMA=llama,
+        RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
 @plan_cache
-def _backward_plan(rows: int, hidden: int, strides: tuple, dtypes: tuple, device: torch.device) -> Plan:
+def _backward_plan(
+    rows: int, hidden: int, strides: tuple, dtypes: tuple, llama: bool, device: torch.device
+) -> Plan:  # fmt: skip
+    """strides: dy, x, dx rows. dtypes: dy, x, weight (None without one), rstd."""
     cfg = backward_config(rows, hidden, hardware_of(device), runtime.INTERPRETED)
-    dtype = dtypes[1]
-    stride_dy, stride_x = strides
+    stride_dy, stride_x, stride_dx = strides
     return BACKWARD.plan(
-        (cfg.splits,), stride_dy=stride_dy, stride_x=stride_x, stride_dx=hidden, rows=rows,
+        (cfg.splits,), stride_dy=stride_dy, stride_x=stride_x, stride_dx=stride_dx, rows=rows,
         rows_per_program=cdiv(rows, cfg.splits), hidden=hidden, BLOCK_H=cfg.block_n,
-        RNE_BY_HAND=rne_by_hand(dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_WEIGHT=dtypes[2] is not None, LLAMA=llama, RNE_BY_HAND=rne_by_hand(dtypes[1]),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
-def _forward_torch(x2d, weight, eps, offset):
-    xf = x2d.to(compute_dtype(x2d.dtype))
+def _forward_torch(x2d, weight, eps, offset, llama):
+    ct = compute_dtype(x2d.dtype)
+    xf = x2d.to(ct)
     rstd = torch.rsqrt(xf.square().mean(-1) + eps)
-    y = xf * rstd[:, None] * (offset + weight.to(xf.dtype))
+    y = xf * rstd[:, None]
+    if llama:
+        y = y.to(x2d.dtype).to(ct)
+    if weight is not None:
+        y = y * (offset + weight.to(ct))
     return y.to(x2d.dtype), rstd.float()
 
 
-def _backward_torch(dy, x2d, weight, rstd, offset):
+def _backward_torch(dy, x2d, weight, rstd, offset, llama):
     ct = compute_dtype(x2d.dtype)
     xhat = x2d.to(ct) * rstd.to(ct)[:, None]
-    g = dy.to(ct) * (offset + weight.to(ct))
+    g = dy.to(ct)
+    dw = None
+    if weight is not None:
+        g = g * (offset + weight.to(ct))
+        if llama:
+            g = g.to(x2d.dtype).to(ct)
+        dw = (dy.to(ct) * (xhat.to(x2d.dtype).to(ct) if llama else xhat)).sum(0)
     dx = rstd.to(ct)[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    dw = (dy.to(ct) * xhat).sum(0)
-    return dx.to(x2d.dtype), dw.to(weight.dtype)
+    return dx.to(x2d.dtype), (x2d.new_empty(0) if dw is None else dw.to(weight.dtype))
 
 
-def forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float, offset: float):
-    """(y, rstd float32 [rows]) of rows ``x2d`` [rows, hidden] (last dim contiguous); reports its work."""
+def forward(
+    x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, llama: bool, in_place: bool
+):  # fmt: skip
+    """(y, rstd float32 [rows]) of rows ``x2d`` [rows, hidden] (last dim contiguous); reports its work.
+    ``in_place`` is the backward's (see :func:`rms_norm`)."""
     rows, hidden = x2d.shape
     if rows:
         runtime.report_work("rms_norm", x=x2d, weight=weight)
     if rows == 0 or not runtime.triton_runs_on(x2d.device):
-        return _forward_torch(x2d, weight, eps, offset)
+        return _forward_torch(x2d, weight, eps, offset, llama)
     y = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
     rstd = tensors.new_output((rows,), torch.float32, x2d.device)
-    _forward_plan(rows, hidden, x2d.stride(0), (x2d.dtype, weight.dtype), x2d.device).launch(
-        x_ptr=x2d, w_ptr=weight, y_ptr=y, rstd_ptr=rstd, eps=eps, offset=offset
+    dtypes = (x2d.dtype, None if weight is None else weight.dtype)
+    _forward_plan(rows, hidden, x2d.stride(0), dtypes, llama, x2d.device).launch(
+        x_ptr=x2d, w_ptr=rstd if weight is None else weight, y_ptr=y, rstd_ptr=rstd, eps=eps, offset=offset
     )
     return y, rstd
 
 
-def backward(dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float):
-    """(dx, dweight) of :func:`forward`; reports its work."""
+def _backward_into(dx, dy, x2d, weight, rstd, offset, llama):
+    """dx (a new tensor, or dy itself) and dweight (empty without a weight) of :func:`forward`."""
+    rows, hidden = x2d.shape
+    if rows == 0 or not runtime.triton_runs_on(x2d.device):
+        dx_torch, dw = _backward_torch(dy, x2d, weight, rstd, offset, llama)
+        dx.copy_(dx_torch)
+        return dx, dw
+    dtypes = (dy.dtype, x2d.dtype, None if weight is None else weight.dtype, rstd.dtype)
+    strides = (dy.stride(0), x2d.stride(0), dx.stride(0))
+    plan = _backward_plan(rows, hidden, strides, dtypes, llama, x2d.device)
+    # every program writes its whole partial row; the columns past hidden are never read
+    dw_partial = rstd if weight is None else tensors.new_output(
+        (plan.grid[0], plan.fixed["BLOCK_H"]), torch.float32, x2d.device
+    )  # fmt: skip
+    plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=rstd if weight is None else weight, rstd_ptr=rstd, dx_ptr=dx,
+                dw_partial_ptr=dw_partial, offset=offset)  # fmt: skip
+    if weight is None:
+        return dx, x2d.new_empty(0)
+    return dx, dw_partial[:, :hidden].sum(0).to(weight.dtype)
+
+
+def backward(
+    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
+    llama: bool,
+):  # fmt: skip
+    """(dx, dweight) of :func:`forward` (dweight empty without a weight); reports its work."""
     rows, hidden = x2d.shape
     dy = tensors.last_dim_contiguous(dy)
     if rows:
         runtime.report_work("rms_norm_backward", x=x2d, weight=weight)
-    if rows == 0 or not runtime.triton_runs_on(x2d.device):
-        return _backward_torch(dy, x2d, weight, rstd, offset)
-    dtypes = (dy.dtype, x2d.dtype, weight.dtype, rstd.dtype)
-    plan = _backward_plan(rows, hidden, (dy.stride(0), x2d.stride(0)), dtypes, x2d.device)
     dx = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
-    # every program writes its whole partial row; the columns past hidden are never read
-    dw_partial = tensors.new_output((plan.grid[0], plan.fixed["BLOCK_H"]), torch.float32, x2d.device)
-    plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=weight, rstd_ptr=rstd, dx_ptr=dx, dw_partial_ptr=dw_partial,
-                offset=offset)  # fmt: skip
-    return dx, dw_partial[:, :hidden].sum(0).to(weight.dtype)
+    return _backward_into(dx, dy, x2d, weight, rstd, offset, llama)
+
+
+def backward_in_place(
+    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
+    llama: bool,
+) -> torch.Tensor:  # fmt: skip
+    """dweight of :func:`forward` (empty without a weight), dx written over ``dy`` (which must have x's
+    dtype, rows of ``hidden`` and a contiguous last dim); reports its work."""
+    rows, _ = x2d.shape
+    if rows:
+        runtime.report_work("rms_norm_backward", x=x2d, weight=weight)
+    return _backward_into(dy, dy, x2d, weight, rstd, offset, llama)[1]
+
+
+def can_write_into(dy: torch.Tensor, x2d: torch.Tensor) -> bool:
+    """Whether dx can be written over dy: same dtype and shape, a contiguous last dim."""
+    return dy.dtype == x2d.dtype and dy.shape == x2d.shape and (dy.stride(-1) == 1 or dy.shape[-1] <= 1)
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -193,67 +265,105 @@ def backward(dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: to
 
 @torch.library.custom_op("llm_speed::rms_norm_forward", mutates_args=())
 def _forward_op(
-    x2d: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+    x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, llama: bool, in_place: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(x2d, weight, eps, offset)
+    return forward(x2d, weight, eps, offset, llama, in_place)
 
 
 @_forward_op.register_fake
-def _forward_fake(x2d, weight, eps, offset):
+def _forward_fake(x2d, weight, eps, offset, llama, in_place):
     return torch.empty_like(x2d), x2d.new_empty((x2d.shape[0],), dtype=torch.float32)
 
 
 @torch.library.custom_op("llm_speed::rms_norm_backward", mutates_args=())
 def _backward_op(
-    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float
+    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
+    llama: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return backward(dy, x2d, weight, rstd, offset)
+    return backward(dy, x2d, weight, rstd, offset, llama)
 
 
 @_backward_op.register_fake
-def _backward_fake(dy, x2d, weight, rstd, offset):
-    return torch.empty_like(x2d), torch.empty_like(weight)
+def _backward_fake(dy, x2d, weight, rstd, offset, llama):
+    return torch.empty_like(x2d), (x2d.new_empty(0) if weight is None else torch.empty_like(weight))
 
 
-_backward_call = Op(_backward_op, backward)
+@torch.library.custom_op("llm_speed::rms_norm_backward_in_place", mutates_args=("dy",))
+def _backward_in_place_op(
+    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
+    llama: bool,
+) -> torch.Tensor:
+    return backward_in_place(dy, x2d, weight, rstd, offset, llama)
+
+
+@_backward_in_place_op.register_fake
+def _backward_in_place_fake(dy, x2d, weight, rstd, offset, llama):
+    return x2d.new_empty(0) if weight is None else torch.empty_like(weight)
+
+
+# Under torch.autocast (fused.autocast): float32, as F.rms_norm on autocast's float32 list; the backward runs
+# in the dtypes its forward saved.
+_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
+_backward_in_place_call = autocast.dispatch(Op(_backward_in_place_op, backward_in_place), autocast.KEEP)
 
 
 # --- autograd -------------------------------------------------------------------------------------------
 
 
 def _setup_context(ctx, inputs, output):
-    x2d, weight, _, offset = inputs
+    x2d, weight, _, offset, llama, in_place = inputs
     ctx.save_for_backward(x2d, weight, output[1])
-    ctx.offset = offset
+    ctx.mark_non_differentiable(output[1])
+    ctx.offset, ctx.llama, ctx.in_place = offset, llama, in_place
 
 
 def _backward(ctx, dy, _drstd):
     x2d, weight, rstd = ctx.saved_tensors
-    dx, dw = _backward_call(dy, x2d, weight, rstd, ctx.offset)
-    return dx, dw, None, None
+    if ctx.in_place and can_write_into(dy, x2d):
+        dw = _backward_in_place_call(dy, x2d, weight, rstd, ctx.offset, ctx.llama)
+        dx = dy
+    else:
+        dx, dw = _backward_call(dy, x2d, weight, rstd, ctx.offset, ctx.llama)
+    return dx, (dw if weight is not None else None), None, None, None, None
 
 
-_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(
+    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.FLOAT32, (0, 1)
+)
 
 
 # --- public function ------------------------------------------------------------------------------------
 
 
-def _validate(x, weight, eps, offset):
+def _validate(x, weight, eps, offset, casting, in_place):
     check_tensor("x", x)
-    check_tensor("weight", weight, dims=1, what="[hidden]")
     if x.dim() < 1:
         raise ValueError("x must have at least 1 dim [..., hidden], got a 0-dim tensor")
-    if weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight has {weight.shape[0]} elements; it must match x's last dim ({x.shape[-1]})")
     if x.shape[-1] == 0:
         raise ValueError("x's last dim (hidden) must be at least 1")
-    check_same_device(x=x, weight=weight)
-    return check_real("eps", eps, minimum=0.0), check_real("offset", offset)
+    offset = check_real("offset", offset)
+    if weight is None:
+        if offset != 0.0:
+            raise ValueError(f"offset ({offset}) scales a weight; without a weight it must be 0.0")
+    else:
+        check_tensor("weight", weight, dims=1, what="[hidden]")
+        if weight.shape[0] != x.shape[-1]:
+            raise ValueError(
+                f"weight has {weight.shape[0]} elements; it must match x's last dim ({x.shape[-1]})"
+            )
+        check_same_device(x=x, weight=weight)
+    check_choice("casting", casting, CASTINGS)
+    return check_real("eps", eps, minimum=0.0), offset, casting == "llama", check_flag("in_place", in_place)
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, offset: float = 0.0
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    casting: str = "float32",
+    in_place: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dim: ``x * rsqrt(mean(x^2, -1) + eps) * (offset + weight)``.
 
@@ -261,20 +371,37 @@ def rms_norm(
         x: ``[..., hidden]``, any leading shape, float16, bfloat16 or float32. A non-contiguous last dim (or
             leading dims that cannot be flattened without a copy) is copied first.
         weight: ``[hidden]``, float16, bfloat16 or float32 (need not match x: float32 weights with bfloat16
-            activations are fine).
+            activations are fine), or None: no scale (``x * rsqrt(mean(x^2) + eps)``, OLMo's and T5's
+            weightless norms).
         eps: added to the mean square, finite and >= 0.
-        offset: added to the weight; 0 for Llama/Mistral/Qwen2, 1.0 for Gemma (weights stored minus 1).
+        offset: added to the weight; 0 for Llama/Mistral/Qwen, 1.0 for Gemma (weights stored minus 1). 0.0
+            without a weight.
+        casting: ``"float32"`` (default; Gemma's, Liger's ``casting_mode="gemma"``): everything in
+            float32, one rounding at the end. ``"llama"`` (Llama's module, Liger's
+            ``casting_mode="llama"``): the normalised x is rounded to x's dtype before the weight multiplies
+            it, and the backward differentiates that expression as autograd would. The two differ only for
+            16-bit x.
+        in_place: the backward writes dx over the output gradient instead of a new tensor (saves one
+            ``[rows, hidden]`` buffer; Liger's ``in_place``). Only safe when nothing else reads that gradient:
+            the gradient of a norm whose output feeds linear layers is (pre-norm blocks, the final norm); the
+            gradient reaching a post-norm through a residual sum is shared with the residual branch, and would
+            be overwritten (Gemma-2/3's and OLMo-2's post-norms: leave it False there). Ignored where dy's
+            dtype or layout does not fit (a new tensor is written then), and under ``torch.compile``.
 
     Returns ``[..., hidden]`` in x's dtype. Mean square, rstd and products in float32. Differentiable in x and
     weight: the weight gradient is summed over rows in float32 and returned in weight's dtype.
+
+    Under ``torch.autocast`` x and weight are computed in float32 and the output is float32, as
+    ``torch.nn.functional.rms_norm`` (on autocast's float32 list) does.
 
     Devices: CUDA tensors run the Triton kernels; CPU tensors run them through the interpreter under
     ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference:
     :func:`llm_speed.fused.reference.rms_norm_reference`.
     """
-    eps, offset = _validate(x, weight, eps, offset)
+    eps, offset, llama, in_place = _validate(x, weight, eps, offset, casting, in_place)
     hidden = x.shape[-1]
     x2d = tensors.last_dim_contiguous(x.reshape(-1, hidden))
-    weight = tensors.last_dim_contiguous(weight)
-    y, _ = _forward_call(x2d, weight, eps, offset)
+    if weight is not None:
+        weight = tensors.last_dim_contiguous(weight)
+    y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
     return y.reshape(x.shape)

@@ -19,39 +19,65 @@ import triton.language as tl
 from ..core import runtime, tensors
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
-from ..core.kernel_math import cast, rne_by_hand
+from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .reference import compute_dtype, swiglu_reference
+from . import autocast
+from .reference import compute_dtype
 
 # --- kernels --------------------------------------------------------------------------------------------
 
 
+GELU_K0: tl.constexpr = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+GELU_K1: tl.constexpr = tl.constexpr(0.044715)
+
+
 @triton.jit
-def _swiglu_fwd_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def _activation(b_g, GELU: tl.constexpr):
+    """(act(g), act'(g)) in float32: SiLU, or with GELU the tanh approximation of GELU
+    (``torch.nn.functional.gelu(approximate="tanh")``, Gemma's ``gelu_pytorch_tanh``)."""
+    if GELU:
+        b_inner = GELU_K0 * (b_g + GELU_K1 * b_g * b_g * b_g)
+        b_th = tanh(b_inner)
+        b_act = 0.5 * b_g * (1.0 + b_th)
+        b_dinner = GELU_K0 * (1.0 + 3.0 * GELU_K1 * b_g * b_g)
+        b_dact = 0.5 * (1.0 + b_th) + 0.5 * b_g * (1.0 - b_th * b_th) * b_dinner
+    else:
+        b_sig = tl.sigmoid(b_g)
+        b_act = b_g * b_sig
+        b_dact = b_sig * (1.0 + b_g * (1.0 - b_sig))  # silu'(g) = sig(g) * (1 + g * (1 - sig(g)))
+    return b_act, b_dact
+
+
+@triton.jit
+def _swiglu_fwd_kernel(
+    gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr, RNE_BY_HAND: tl.constexpr
+):
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     b_g = tl.load(gate_ptr + o, mask=m, other=0.0).to(tl.float32)
     b_u = tl.load(up_ptr + o, mask=m, other=0.0).to(tl.float32)
-    b_out = b_g * tl.sigmoid(b_g) * b_u
-    tl.store(out_ptr + o, cast(b_out, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    if GELU:
+        b_act, _ = _activation(b_g, GELU)
+    else:
+        b_act = b_g * tl.sigmoid(b_g)
+    tl.store(out_ptr + o, cast(b_act * b_u, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
 
 
 @triton.jit
 def _swiglu_bwd_kernel(
-    dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr
-):
+    dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n,
+    BLOCK: tl.constexpr, GELU: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     b_do = tl.load(dout_ptr + o, mask=m, other=0.0).to(tl.float32)
     b_g = tl.load(gate_ptr + o, mask=m, other=0.0).to(tl.float32)
     b_u = tl.load(up_ptr + o, mask=m, other=0.0).to(tl.float32)
-    b_sig = tl.sigmoid(b_g)
-    b_silu = b_g * b_sig
-    # silu'(g) = sig(g) * (1 + g * (1 - sig(g)))
-    b_dg = b_do * b_u * b_sig * (1.0 + b_g * (1.0 - b_sig))
+    b_act, b_dact = _activation(b_g, GELU)
+    b_dg = b_do * b_u * b_dact
     tl.store(dgate_ptr + o, cast(b_dg, dgate_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
-    tl.store(dup_ptr + o, cast(b_do * b_silu, dup_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    tl.store(dup_ptr + o, cast(b_do * b_act, dup_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -70,51 +96,72 @@ def config(n: int) -> KernelConfig:
 
 
 @plan_cache
-def _plan(kernel: Kernel, n: int, dtypes: tuple, device: torch.device) -> Plan:
+def _plan(kernel: Kernel, n: int, gelu: bool, dtypes: tuple, device: torch.device) -> Plan:
     """The forward's or the backward's launch over ``n`` elements; ``dtypes`` of its tensors, gate's the one
     its outputs round to (the forward's first, the backward's second)."""
     cfg = config(n)
     gate_dtype = dtypes[0] if kernel is FORWARD else dtypes[1]
     return kernel.plan(
-        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(gate_dtype),
+        (cdiv(n, cfg.block_n),), n=n, BLOCK=cfg.block_n, GELU=gelu, RNE_BY_HAND=rne_by_hand(gate_dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
-def _backward_torch(dout, gate, up):
+def _activation_torch(g, gelu):
+    """(act(g), act'(g)) in g's dtype (the PyTorch fallback)."""
+    if gelu:
+        k0, k1 = 0.7978845608028654, 0.044715
+        th = torch.tanh(k0 * (g + k1 * g**3))
+        return 0.5 * g * (1 + th), 0.5 * (1 + th) + 0.5 * g * (1 - th * th) * k0 * (1 + 3 * k1 * g * g)
+    sig = torch.sigmoid(g)
+    return g * sig, sig * (1 + g * (1 - sig))
+
+
+def _backward_torch(dout, gate, up, gelu):
     ct = compute_dtype(gate.dtype)
     g, u, do = gate.to(ct), up.to(ct), dout.to(ct)
-    sig = torch.sigmoid(g)
-    dg = do * u * sig * (1 + g * (1 - sig))
-    return dg.to(gate.dtype), (do * g * sig).to(up.dtype)
+    act, dact = _activation_torch(g, gelu)
+    return (do * u * dact).to(gate.dtype), (do * act).to(up.dtype)
 
 
-def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of contiguous ``gate`` and ``up`` of one shape; reports its work."""
+def launch_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """``act(gate) * up`` (SiLU, or GELU's tanh approximation) of contiguous ``gate`` and ``up`` of one
+    shape: the kernel, or the same formulas in PyTorch where Triton cannot run."""
     n = gate.numel()
-    if n:
-        runtime.report_work("swiglu", gate=gate)
     if n == 0 or not runtime.triton_runs_on(gate.device):
-        return swiglu_reference(gate, up)
-    plan = _plan(FORWARD, n, (gate.dtype, up.dtype), gate.device)
+        ct = compute_dtype(gate.dtype)
+        return (_activation_torch(gate.to(ct), gelu)[0] * up.to(ct)).to(gate.dtype)
+    plan = _plan(FORWARD, n, gelu, (gate.dtype, up.dtype), gate.device)
     out = tensors.new_output(gate.shape, gate.dtype, gate.device)
     plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
     return out
 
 
-def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dgate, dup) of :func:`forward`; reports its work."""
+def launch_backward(dout, gate, up, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) of :func:`launch_forward`."""
     n = gate.numel()
     dout = dout.contiguous()
-    if n:
-        runtime.report_work("swiglu_backward", gate=gate)
     if n == 0 or not runtime.triton_runs_on(gate.device):
-        return _backward_torch(dout, gate, up)
-    plan = _plan(BACKWARD, n, (dout.dtype, gate.dtype, up.dtype), gate.device)
+        return _backward_torch(dout, gate, up, gelu)
+    plan = _plan(BACKWARD, n, gelu, (dout.dtype, gate.dtype, up.dtype), gate.device)
     dgate = tensors.new_output(gate.shape, gate.dtype, gate.device)
     dup = tensors.new_output(up.shape, up.dtype, up.device)
     plan.launch(dout_ptr=dout, gate_ptr=gate, up_ptr=up, dgate_ptr=dgate, dup_ptr=dup)
     return dgate, dup
+
+
+def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of contiguous ``gate`` and ``up`` of one shape; reports its work."""
+    if gate.numel():
+        runtime.report_work("swiglu", gate=gate)
+    return launch_forward(gate, up, False)
+
+
+def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) of :func:`forward`; reports its work."""
+    if gate.numel():
+        runtime.report_work("swiglu_backward", gate=gate)
+    return launch_backward(dout, gate, up, False)
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -142,7 +189,8 @@ def _backward_fake(dout, gate, up):
     return torch.empty_like(gate), torch.empty_like(up)
 
 
-_backward_call = Op(_backward_op, backward)
+# Under torch.autocast (fused.autocast): no cast (silu and mul are on none of autocast's lists).
+_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 
 # --- autograd -------------------------------------------------------------------------------------------
@@ -157,7 +205,9 @@ def _backward(ctx, dout):
     return _backward_call(dout, gate, up)
 
 
-_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(
+    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
+)
 
 
 # --- public function ------------------------------------------------------------------------------------

@@ -1,23 +1,33 @@
-"""Patch a Hugging Face ``transformers`` causal LM (Llama, Mistral, Qwen2, Gemma-2) onto llm-speed kernels.
+"""Patch a Hugging Face ``transformers`` causal LM onto llm-speed's kernels: Llama, Mistral, Mixtral, Qwen2,
+Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Granite and DeepSeek-V3.
 
-``apply(model)`` swaps, on that model only:
+``apply(model)`` changes that model only:
 
-- every RMSNorm's forward for :func:`llm_speed.rms_norm` (Gemma-2: ``offset=1.0``);
-- every SwiGLU MLP's activation for :func:`llm_speed.swiglu` (Llama, Mistral, Qwen2; Gemma-2's MLP is GeGLU
-  and stays);
-- the rotary embedding for :func:`llm_speed.apply_rotary` (the model family's module-level
-  ``apply_rotary_pos_emb`` is wrapped, and the wrapper takes the fused path only while a patched model runs
-  its forward, so unpatched models of the same family are unaffected);
+- every RMSNorm module is replaced by an :class:`llm_speed.nn.RMSNorm` around the same weight (the family's
+  casting: Llama's rounding before the weight, or float32 throughout for Gemma and OLMo-2; Gemma's ``1 +
+  weight``; the in-place backward for the norms whose output feeds only linear layers);
+- every gated MLP module by an :class:`llm_speed.nn.GatedMLP` around the same projections (SwiGLU, GeGLU for
+  Gemma, Phi-3's fused ``gate_up_proj``; a dense layer's MLP and a shared expert alike);
+- the sparse MoE blocks of Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3: routing through
+  :func:`llm_speed.moe_route` and the experts through :func:`llm_speed.fused_moe`
+  (:func:`llm_speed.integrations.moe_blocks.patch_moe_blocks`; the router logits, and so the load-balancing
+  loss, unchanged);
+- the rotary embedding: the family's module-level ``apply_rotary_pos_emb`` (and DeepSeek's
+  ``apply_rotary_pos_emb_interleave``) is wrapped, and the wrapper runs :func:`llm_speed.apply_rotary_qk` (q
+  and k in one launch, partial rotary dims) only while an attention module of a patched model runs (forward
+  hooks, so a gradient-checkpointing recomputation takes the same path), leaving other models alone;
 - attention, registered as ``"llm_speed"`` with transformers' ``AttentionInterface`` (so
   ``from_pretrained(..., attn_implementation="llm_speed")`` works once this module is imported) and with
   ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded batches
   (``attention_mask`` with zeros) run :func:`llm_speed.flash_attention_varlen` on the real tokens only, with
-  zeros at padded positions. Both are causal with the model's scaling, GQA, sliding window (Mistral, Gemma-2's
-  local layers) and attention logit softcap (Gemma-2);
-- the loss: with ``labels``, the model returns ``fused_linear_cross_entropy`` of the last hidden states and
-  ``lm_head`` (shifted labels, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as
-  transformers' ``ForCausalLMLoss``; Gemma-2's final logit softcap included) and ``logits=None``: the
-  ``[tokens, vocab]`` logits are never built. Without labels the forward is unchanged.
+  zeros at padded positions. Both are causal with the model's scaling, GQA, sliding window (Mistral, Qwen,
+  Gemma-2/3's local layers, Phi-3) and attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are
+  padded to the query head dim;
+- the loss: with ``labels``, the causal-LM forward runs with no logits built and returns
+  :func:`llm_speed.fused_linear_cross_entropy` of the last hidden states and ``lm_head`` (shifted labels or
+  ``shift_labels``, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as transformers'
+  ``ForCausalLMLoss``; the final logit softcap of Gemma-2/3, Granite's ``logits_scaling``, the MoE router's
+  auxiliary loss when ``output_router_logits``) and ``logits=None``. Without labels the forward is unchanged.
 
 Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
 function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
@@ -39,8 +49,10 @@ original code.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import types
+import inspect
+import threading
 
 import torch
 from torch import nn
@@ -48,9 +60,9 @@ from torch import nn
 from ..attention import flash_attention, flash_attention_varlen
 from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import fused_linear_cross_entropy
-from ..fused.rms_norm import rms_norm as fused_rms_norm
-from ..fused.rotary import apply_rotary
-from ..fused.swiglu import swiglu as fused_swiglu
+from ..fused.rotary_qk import apply_rotary_qk
+from ..nn import GatedMLP, RMSNorm
+from .moe_blocks import patch_moe_blocks
 
 try:
     import transformers
@@ -61,20 +73,64 @@ try:
         prepare_padding_mask,
         sdpa_mask,
     )
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.utils import ModelOutput
 except ImportError:  # the package imports without the optional extra; apply() says what is missing
     transformers = None
     causal_mask_function = None
 
 ATTENTION_NAME = "llm_speed"
-SUPPORTED = {  # model_type: (modeling module, RMSNorm offset, SwiGLU MLP)
-    "llama": ("transformers.models.llama.modeling_llama", 0.0, True),
-    "mistral": ("transformers.models.mistral.modeling_mistral", 0.0, True),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", 0.0, True),
-    "gemma2": ("transformers.models.gemma2.modeling_gemma2", 1.0, False),
-}
+PRE_NORMS = ("input_layernorm", "post_attention_layernorm", "norm")  # Llama-style blocks: norm -> linears
+ROTARY = ("apply_rotary_pos_emb",)
 
-_running = [0]  # patched model forwards in progress (the rotary wrapper takes the fused path only then)
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one model family's modules map onto llm-speed's.
+
+    module: the modeling module. offset, casting: its RMSNorm's (``1.0``: Gemma's ``1 + weight``; ``"llama"``:
+    the normalised x rounded to the input dtype before the weight; ``"float32"``: float32 throughout). The
+    norm's weight init needs no choice here: the model's own weights are kept. in_place: the norms (attribute
+    names) whose output feeds linear layers only, so their backward may write dx over the output gradient
+    (never a post-norm, whose gradient the residual branch shares). activation: the config field naming the
+    MLP activation. rotary: the module-level functions wrapped (DeepSeek's interleaved one with
+    ``interleaved=True``). moe: the family has sparse MoE blocks (:mod:`.moe_blocks` patches them).
+    """
+
+    module: str
+    offset: float = 0.0
+    casting: str = "llama"
+    in_place: tuple[str, ...] = PRE_NORMS
+    activation: str = "hidden_act"
+    rotary: tuple[str, ...] = ROTARY
+    moe: bool = False
+
+
+def _modeling(name: str) -> str:
+    return f"transformers.models.{name}.modeling_{name}"
+
+
+GEMMA_PRE_NORMS = ("input_layernorm", "pre_feedforward_layernorm", "norm")  # Gemma-2/3: post-norms too
+FAMILIES = {  # model_type: Family
+    "llama": Family(_modeling("llama")),
+    "mistral": Family(_modeling("mistral")),
+    "mixtral": Family(_modeling("mixtral"), moe=True),
+    "qwen2": Family(_modeling("qwen2")),
+    "qwen3": Family(_modeling("qwen3")),
+    "qwen2_moe": Family(_modeling("qwen2_moe"), moe=True),
+    "qwen3_moe": Family(_modeling("qwen3_moe"), moe=True),
+    "gemma": Family(_modeling("gemma"), 1.0, "float32", activation="hidden_activation"),
+    "gemma2": Family(_modeling("gemma2"), 1.0, "float32", GEMMA_PRE_NORMS, "hidden_activation"),
+    "gemma3_text": Family(_modeling("gemma3"), 1.0, "float32", GEMMA_PRE_NORMS, "hidden_activation"),
+    "phi3": Family(_modeling("phi3")),
+    "olmo2": Family(_modeling("olmo2"), casting="float32", in_place=("norm",)),
+    "granite": Family(_modeling("granite")),
+    "deepseek_v3": Family(_modeling("deepseek_v3"), rotary=(*ROTARY, "apply_rotary_pos_emb_interleave"),
+                          moe=True),  # fmt: skip
+}
+SUPPORTED = tuple(FAMILIES)
+# transformers' activation names -> llm_speed.nn.GatedMLP's (the tanh GELU: gelu_pytorch_tanh, gelu_new)
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+               "gelu_tanh": "gelu_tanh"}  # fmt: skip
 
 
 def _require_transformers():
@@ -175,9 +231,11 @@ def llm_speed_attention(
 ):  # fmt: skip
     """transformers' attention-function signature over llm-speed's causal FlashAttention.
 
-    query ``[batch, heads, q_len, head_dim]``, key/value ``[batch, kv_heads, kv_len, head_dim]``; returns
-    ``([batch, q_len, heads, head_dim], None)``. GQA, the model's ``scaling``, a ``sliding_window`` of W
-    tokens (``window=(W - 1, 0)``) and attention logit ``softcap`` are passed on. No mask, or a plain causal
+    query ``[batch, heads, q_len, head_dim]``, key/value ``[batch, kv_heads, kv_len, head_dim]`` (value's
+    head_dim may differ: MLA's narrower values are padded with zeros, the output cropped, as transformers'
+    flash-attention path does); returns ``([batch, q_len, heads, v_head_dim], None)``. GQA, the model's
+    ``scaling``, a ``sliding_window`` of W tokens (``window=(W - 1, 0)``) and attention logit ``softcap`` are
+    passed on. No mask, or a plain causal
     one: :func:`llm_speed.flash_attention`. A padding mask: the real tokens are packed and run through
     :func:`llm_speed.flash_attention_varlen` (causal per sequence), and the output is scattered back with
     zeros at padded positions (as transformers' flash-attention-2 path). ValueError for other masks, dropout
@@ -196,8 +254,21 @@ def llm_speed_attention(
                                        or sliding_window < 1):  # fmt: skip
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     window = None if sliding_window is None else (sliding_window - 1, 0)
+    device_type = query.device.type
+    if not (query.dtype == key.dtype == value.dtype) and torch.is_autocast_enabled(device_type):
+        # under autocast, as SDPA: q, k, v in the autocast dtype (Qwen3's and OLMo-2's q/k norms give float32
+        # q and k beside a bf16 v); the op's own autocast rule casts only after its dtype checks
+        dtype = torch.get_autocast_dtype(device_type)
+        query, key, value = (t.to(dtype) if t.dtype in FLOAT_DTYPES else t for t in (query, key, value))
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
+    v_head_dim = value.shape[-1]
+    if v_head_dim != head_dim:  # MLA (DeepSeek): zeros pad the narrower side (no score or output changes)
+        scaling = head_dim**-0.5 if scaling is None else scaling
+        if v_head_dim < head_dim:
+            value = nn.functional.pad(value, (0, head_dim - v_head_dim))
+        else:
+            query, key = (nn.functional.pad(t, (0, v_head_dim - head_dim)) for t in (query, key))
     if q_len > kv_len:
         raise ValueError(f"llm_speed attention needs q_len <= kv_len, got {q_len} queries and {kv_len} keys")
     unpadded = None
@@ -206,13 +277,13 @@ def llm_speed_attention(
         unpadded = _unpadding(attention_mask, batch, q_len, kv_len, None if window is None else window[0])
     if unpadded is None:
         out = flash_attention(query, key, value, **options)
-        return out.transpose(1, 2), None
+        return out.transpose(1, 2)[..., :v_head_dim], None
     u = unpadded
     q = query.transpose(1, 2)[u.q_batch, u.q_pos]  # [real queries, heads, head_dim]
     k, v = (t.transpose(1, 2)[u.k_batch, u.k_pos] for t in (key, value))
     packed = flash_attention_varlen(q, k, v, u.cu_q, u.cu_k, u.max_q, u.max_k, **options)
-    out = packed.new_zeros(batch, q_len, heads, head_dim).index_put((u.q_batch, u.q_pos), packed)
-    return out, None
+    out = packed.new_zeros(batch, q_len, heads, packed.shape[-1]).index_put((u.q_batch, u.q_pos), packed)
+    return out[..., :v_head_dim], None
 
 
 def llm_speed_mask(
@@ -247,108 +318,179 @@ if transformers is not None:
     AttentionMaskInterface.register(ATTENTION_NAME, llm_speed_mask)
 
 
-def _fused_rms_norm_forward(offset):
-    def forward(self, x):
-        if x.dtype not in FLOAT_DTYPES:
-            return self._llm_speed_original_forward(x)
-        eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
-        return fused_rms_norm(x, self.weight, eps=eps, offset=offset)
+# --- rotary: the family's functions, fused while a patched attention module runs -------------------------
 
-    return forward
+_state = threading.local()  # .active: patched attention modules running in this thread
 
 
-def _swiglu_mlp_forward(self, x):
-    if x.dtype not in FLOAT_DTYPES:
-        return self._llm_speed_original_forward(x)
-    return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
+def _active() -> bool:
+    return getattr(_state, "active", 0) > 0
 
 
-def _rotary_wrapper(original):
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        fused = (
-            _running[0] > 0
-            and unsqueeze_dim == 1
-            and q.dtype in FLOAT_DTYPES
-            and k.dtype == q.dtype
-            and cos.dim() in (2, 3)
-            and cos.shape[-1] % 2 == 0
-        )
-        if not fused:
-            return original(q, k, cos, sin, unsqueeze_dim)
-        # transformers' cos/sin are cat(freqs, freqs): the first half holds one value per rotated pair
-        half = cos.shape[-1] // 2
-        c, s = cos[..., :half], sin[..., :half]
-        return apply_rotary(q, c, s), apply_rotary(k, c, s)
+def _rotary_wrapper(original, interleaved: bool):
+    parameters = inspect.signature(original).parameters
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if _active():
+            bound = dict(zip(list(parameters)[4:], args, strict=False), **kwargs)
+            unsqueeze_dim = bound.get("unsqueeze_dim", 1)
+            if (
+                q.dtype in FLOAT_DTYPES and k.dtype == q.dtype and cos.dtype in FLOAT_DTYPES
+                and q.dim() == 4 and k.dim() == 4 and cos.dim() in (2, 3) and unsqueeze_dim in (1, 2)
+                and cos.shape[-1] % 2 == 0 and cos.shape[-1] <= q.shape[-1]
+            ):  # fmt: skip
+                return apply_rotary_qk(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
+        return original(q, k, cos, sin, *args, **kwargs)
 
     apply_rotary_pos_emb._llm_speed_original = original
     return apply_rotary_pos_emb
 
 
-def _patch_rotary(modeling) -> None:
-    current = modeling.apply_rotary_pos_emb
-    if not hasattr(current, "_llm_speed_original"):
-        modeling.apply_rotary_pos_emb = _rotary_wrapper(current)
+def _patch_rotary(modeling, names: tuple[str, ...]) -> None:
+    for name in names:
+        current = getattr(modeling, name)
+        if not hasattr(current, "_llm_speed_original"):
+            setattr(modeling, name, _rotary_wrapper(current, interleaved="interleave" in name))
 
 
-def _fused_loss_forward(
-    self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs,
-):  # fmt: skip
+def _track(module: nn.Module) -> None:
+    """Count ``module``'s forwards in progress (recomputations under gradient checkpointing included)."""
+
+    def enter(_module, _args):
+        _state.active = getattr(_state, "active", 0) + 1
+
+    def leave(_module, _args, _output):
+        _state.active -= 1
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)  # also when the forward raises
+
+
+# --- norms and MLPs: llm_speed.nn modules around the model's own parameters --------------------------------
+
+
+def _children(model: nn.Module, module_name: str, suffix: str):
+    """(parent, attribute, module) of every module of the family's module whose class name ends with
+    ``suffix``."""
+    found = []
+    for parent in model.modules():
+        for attribute, child in parent.named_children():
+            if type(child).__module__ == module_name and type(child).__name__.endswith(suffix):
+                found.append((parent, attribute, child))
+    return found
+
+
+def _swap_norms(model, family: Family) -> int:
+    swapped = 0
+    for parent, attribute, norm in _children(model, family.module, "RMSNorm"):
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        weight = getattr(norm, "weight", None)
+        offset = family.offset if weight is not None else 0.0
+        replacement = RMSNorm.wrap(weight, eps, offset, casting=family.casting,
+                                   in_place=attribute in family.in_place)  # fmt: skip
+        setattr(parent, attribute, replacement)
+        swapped += 1
+    return swapped
+
+
+def _swap_mlps(model, family: Family, skipped: dict) -> int:
+    act = getattr(model.config, family.activation, None) or getattr(model.config, "hidden_act", None)
+    activation = ACTIVATIONS.get(act)
+    swapped = 0
+    for parent, attribute, mlp in _children(model, family.module, "MLP"):
+        if activation is None:
+            accepted = ", ".join(ACTIVATIONS)
+            skipped["mlp"] = f"the MLP activation {act!r} has no fused kernel (accepted: {accepted})"
+            return 0
+        if hasattr(mlp, "gate_up_proj"):
+            replacement = GatedMLP.wrap(mlp.down_proj, gate_up_proj=mlp.gate_up_proj, activation=activation)
+        else:
+            replacement = GatedMLP.wrap(mlp.down_proj, gate_proj=mlp.gate_proj, up_proj=mlp.up_proj,
+                                        activation=activation)  # fmt: skip
+        setattr(parent, attribute, replacement)
+        swapped += 1
+    return swapped
+
+
+# --- the loss: fused linear cross-entropy, no logits built -------------------------------------------------
+
+_NO_LOGITS = {}  # device -> an empty index tensor: logits_to_keep that keeps no position
+
+
+def _keep_no_logits(device: torch.device) -> torch.Tensor:
+    if device not in _NO_LOGITS:
+        _NO_LOGITS[device] = torch.zeros(0, dtype=torch.long, device=device)
+    return _NO_LOGITS[device]
+
+
+def _fused_loss_forward(self, *args, **kwargs):
+    bound = self._llm_speed_signature.bind(self, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    extra = arguments.pop("kwargs", {})
+    labels = arguments.get("labels")
     if labels is None:
-        return self._llm_speed_original_forward(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            logits_to_keep=logits_to_keep, **kwargs,
-        )  # fmt: skip
-    num_items = kwargs.pop("num_items_in_batch", None)
-    outputs = self.model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs,
-    )  # fmt: skip
-    hidden = outputs.last_hidden_state
-    # as transformers' ForCausalLMLoss: position t predicts label t + 1; the last position predicts nothing
-    shift = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1).to(hidden.device)
+        return self._llm_speed_original_forward(*args, **kwargs)
+    arguments["labels"] = None
+    captured = []
+    handle = self.model.register_forward_hook(lambda _m, _a, out: captured.append(out))
+    try:
+        device = self.lm_head.weight.device
+        keep = _keep_no_logits(device)
+        outputs = self._llm_speed_original_forward(**arguments, **extra, logits_to_keep=keep)
+    finally:
+        handle.remove()
+    base = captured[-1]
+    hidden = base.last_hidden_state if isinstance(base, ModelOutput) else base[0]
+    shift = extra.get("shift_labels")
+    if shift is None:  # as transformers' ForCausalLMLoss: position t predicts label t + 1
+        shift = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    num_items = extra.get("num_items_in_batch")
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    bias = self.lm_head.bias
+    scaling = getattr(self.config, "logits_scaling", None)  # Granite: logits / logits_scaling
+    if scaling not in (None, 1, 1.0):
+        hidden = hidden / scaling
+        bias = None if bias is None else bias / scaling
     loss = fused_linear_cross_entropy(
-        hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, shift, bias=self.lm_head.bias,
+        hidden, self.lm_head.weight, shift.reshape(-1).to(hidden.device), bias=bias,
         reduction="mean" if num_items is None else "sum",
         softcap=getattr(self.config, "final_logit_softcapping", None),
     )  # fmt: skip
     if num_items is not None:
-        loss = loss / num_items
-    return CausalLMOutputWithPast(
-        loss=loss, logits=None, past_key_values=outputs.past_key_values,
-        hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-    )  # fmt: skip
+        loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    if not isinstance(outputs, ModelOutput):
+        return (loss, *outputs[1:])
+    aux = outputs.get("aux_loss")
+    if aux is not None:  # MoE: the router's load-balancing loss, as the original forward adds it
+        loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+    fields = {name: value for name, value in outputs.items() if name not in ("loss", "logits")}
+    return type(outputs)(loss=loss, **fields)
 
 
 def _replace_forward(module: nn.Module, forward) -> None:
     module._llm_speed_original_forward = module.forward
-    module.forward = types.MethodType(forward, module)
+    module._llm_speed_signature = inspect.signature(type(module).forward)
+    module.forward = forward.__get__(module)
 
 
-def _track_running(model: nn.Module) -> None:
-    def enter(_module, _args):
-        _running[0] += 1
-
-    def leave(_module, _args, _output):
-        _running[0] -= 1
-
-    model.register_forward_pre_hook(enter)
-    model.register_forward_hook(leave, always_call=True)  # also when the forward raises
+# --- apply ------------------------------------------------------------------------------------------------
 
 
 def apply(
     model,
     *,
     rms_norm: bool = True,
-    swiglu: bool = True,
+    mlp: bool = True,
+    moe: bool = True,
     rotary: bool = True,
     attention: bool = True,
     cross_entropy: bool = True,
 ) -> dict:
-    """Patch ``model`` (a Llama, Mistral, Qwen2 or Gemma-2 model from transformers) in place; see the module
-    docstring for what each switch swaps. Returns what was patched: ``{"rms_norm": n modules, "swiglu": n
-    modules, "rotary": bool, "attention": bool, "cross_entropy": bool, "skipped": {part: reason}}``.
+    """Patch ``model`` (a causal LM of one of :data:`SUPPORTED` families from transformers) in place; see the
+    module docstring for what each switch swaps. Returns what was patched: ``{"model_type": str, "rms_norm":
+    n modules, "mlp": n modules, "moe": n sparse MoE blocks, "rotary": bool, "attention": bool,
+    "cross_entropy": bool, "skipped": {part: reason}}``.
 
     Padded batches (an ``attention_mask`` with zeros, left or right padding) run the varlen attention on their
     real tokens, with zeros at padded positions; masks that are neither causal nor padding (packed
@@ -359,8 +501,9 @@ def apply(
     transformers.
     """
     _require_transformers()
-    switches = dict(rms_norm=rms_norm, swiglu=swiglu, rotary=rotary, attention=attention)
-    for name, value in {**switches, "cross_entropy": cross_entropy}.items():
+    switches = dict(rms_norm=rms_norm, mlp=mlp, moe=moe, rotary=rotary, attention=attention,
+                    cross_entropy=cross_entropy)  # fmt: skip
+    for name, value in switches.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -369,26 +512,23 @@ def apply(
     if getattr(model, "_llm_speed_report", None) is not None:
         return model._llm_speed_report
     model_type = getattr(model.config, "model_type", None)
-    if model_type not in SUPPORTED:
+    if model_type not in FAMILIES:
         raise ValueError(f"model_type {model_type!r} is not supported; accepted: {', '.join(SUPPORTED)}")
-    module_name, offset, has_swiglu = SUPPORTED[model_type]
-    modeling = importlib.import_module(module_name)
+    family = FAMILIES[model_type]
+    modeling = importlib.import_module(family.module)
     skipped: dict[str, str] = {}
-    report = {"rms_norm": 0, "swiglu": 0, "rotary": False, "attention": False, "cross_entropy": False}
-    report["skipped"] = skipped
-    for module in model.modules():
-        name = type(module).__name__
-        if rms_norm and name.endswith("RMSNorm") and type(module).__module__ == module_name:
-            _replace_forward(module, _fused_rms_norm_forward(offset))
-            report["rms_norm"] += 1
-        elif swiglu and name.endswith("MLP") and type(module).__module__ == module_name:
-            if has_swiglu and getattr(model.config, "hidden_act", None) == "silu":
-                _replace_forward(module, _swiglu_mlp_forward)
-                report["swiglu"] += 1
-            else:
-                skipped["swiglu"] = f"{model_type}'s MLP activation is not SiLU (SwiGLU)"
+    report = {"model_type": model_type, "rms_norm": 0, "mlp": 0, "moe": 0, "rotary": False,
+              "attention": False, "cross_entropy": False, "skipped": skipped}  # fmt: skip
+    if rms_norm:
+        report["rms_norm"] = _swap_norms(model, family)
+    if moe and family.moe:  # before the MLPs: the shared experts then become GatedMLPs like any MLP
+        report["moe"] = len(patch_moe_blocks(model))
+    if mlp:
+        report["mlp"] = _swap_mlps(model, family, skipped)
     if rotary:
-        _patch_rotary(modeling)
+        _patch_rotary(modeling, family.rotary)
+        for _parent, _attribute, module in _children(model, family.module, "Attention"):
+            _track(module)
         report["rotary"] = True
     if attention:
         reason = _attention_unsupported(model.config)
@@ -403,13 +543,16 @@ def apply(
             report["cross_entropy"] = True
         else:
             skipped["cross_entropy"] = f"{type(model).__name__} has no lm_head (not a *ForCausalLM model)"
-    _track_running(model)
     model._llm_speed_report = report
     return report
 
 
 def _attention_unsupported(config) -> str | None:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = (getattr(config, "qk_head_dim", None) or getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads)  # fmt: skip
+    head_dim = max(head_dim, getattr(config, "v_head_dim", None) or 0)
     if head_dim % 8 or not 8 <= head_dim <= 256:
         return f"head_dim {head_dim} is not a multiple of 8 from 8 to 256"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention (use_bidirectional_attention) is not causal"
     return None
