@@ -112,6 +112,24 @@ def _cross_entropy(reduction):
     return make
 
 
+def _geglu(grad):
+    g, u = _randn(6, 64, grad=grad), _randn(6, 64, grad=grad)
+    return lambda: llm_speed.geglu(g, u)
+
+
+def _rotary_qk(grad):
+    q, k = _randn(1, 4, 16, 16, grad=grad), _randn(1, 2, 16, 16, grad=grad)
+    cos, sin = torch.randn(1, 16, 16), torch.randn(1, 16, 16)
+    return lambda: torch.cat([t.flatten() for t in llm_speed.apply_rotary_qk(q, k, cos, sin)])
+
+
+def _logits_cross_entropy(grad):
+    logits, target = _randn(8, 64, grad=grad), torch.randint(0, 64, (8,))
+    target[3] = -100
+    weight = torch.rand(64)
+    return lambda: llm_speed.cross_entropy(logits, target, weight=weight, lse_square_scale=1e-4)
+
+
 def _grouped_gemm(grad):
     a, b = _randn(24, 16, grad=grad), _randn(3, 40, 16, grad=grad)
     offsets = torch.tensor([5, 5, 24], dtype=torch.int32)
@@ -155,6 +173,9 @@ CASES = {
     "swiglu": _swiglu,
     "apply_rotary": _rotary,
     **{f"fused_linear_cross_entropy-{r}": _cross_entropy(r) for r in ("mean", "sum", "none")},
+    "geglu": _geglu,
+    "apply_rotary_qk": _rotary_qk,
+    "cross_entropy": _logits_cross_entropy,
     "grouped_gemm": _grouped_gemm,
     "moe_route": _moe_route,
     "moe_sort": _moe_sort,

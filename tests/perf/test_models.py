@@ -209,6 +209,57 @@ def test_load_hf_deepseek_v3(tmp_path):
     assert resolve_model(str(path)).attention_type == "MLA"
 
 
+# Released configs (the keys that matter) and their published parameter counts (total, active), in
+# billions: the model cards of Qwen/Qwen3-30B-A3B (30.5, 3.3), Qwen/Qwen1.5-MoE-A2.7B (14.3, 2.7),
+# allenai/OLMo-2-1124-7B (7.30), google/gemma-7b (8.54), ibm-granite/granite-3.1-8b-base (8.17); Gemma-3 4B's
+# 4.3B less its 0.42B vision encoder (google/gemma-3-4b-pt; the text model alone: 3.88).
+FAMILY_CONFIGS = {
+    "qwen3_moe": (dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                       num_experts_per_tok=8, vocab_size=151936, max_position_embeddings=40960,
+                       tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[]), (30.5, 3.3)),
+    "qwen2_moe": (dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                       intermediate_size=5632, moe_intermediate_size=1408,
+                       shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                       vocab_size=151936, max_position_embeddings=8192, tie_word_embeddings=False),
+                  (14.3, 2.7)),
+    "olmo2": (dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008,
+                   vocab_size=100352, max_position_embeddings=4096, tie_word_embeddings=False), (7.30, 7.30)),
+    "gemma": (dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=16,
+                   head_dim=256, intermediate_size=24576, vocab_size=256000, max_position_embeddings=8192,
+                   hidden_activation="gelu_pytorch_tanh"), (8.54, 8.54)),
+    "granite": (dict(hidden_size=4096, num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=12800, vocab_size=49155, max_position_embeddings=131072,
+                     tie_word_embeddings=True), (8.17, 8.17)),
+    "gemma3_text": (dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+                         head_dim=256, intermediate_size=10240, vocab_size=262208,
+                         max_position_embeddings=131072, hidden_activation="gelu_pytorch_tanh"),
+                    (3.88, 3.88)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", FAMILY_CONFIGS)
+def test_load_hf_families_match_published_parameter_counts(model_type, tmp_path):
+    keys, (total, active) = FAMILY_CONFIGS[model_type]
+    keys = {"model_type": model_type, "hidden_act": "silu", **keys}
+    config = load_hf_config(_write(tmp_path, model_type, keys))
+    count = param_count(config)
+    assert count.total / 1e9 == pytest.approx(total, rel=0.01)
+    assert count.active / 1e9 == pytest.approx(active, rel=0.03)
+    assert config.tie_embeddings == (model_type in ("gemma", "gemma3_text", "granite"))
+    assert config.attention_bias == (model_type == "qwen2_moe")
+
+
+def test_load_hf_qwen_moe_refuses_what_it_cannot_model(tmp_path):
+    keys = dict(FAMILY_CONFIGS["qwen2_moe"][0], model_type="qwen2_moe")
+    with pytest.raises(ValueError, match="decoder_sparse_step"):
+        load_hf_config(_write(tmp_path, "a", {**keys, "decoder_sparse_step": 2}))
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        load_hf_config(_write(tmp_path, "b", {**keys, "mlp_only_layers": [0]}))
+    with pytest.raises(ValueError, match="shared_expert_intermediate_size 1000 is not a multiple"):
+        load_hf_config(_write(tmp_path, "c", {**keys, "shared_expert_intermediate_size": 1000}))
+
+
 def test_load_hf_bad_input(tmp_path):
     with pytest.raises(ValueError, match="no such"):
         load_hf_config(tmp_path / "missing.json")

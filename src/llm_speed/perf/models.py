@@ -411,11 +411,19 @@ SUPPORTED_HF_MODEL_TYPES = (
     "mixtral",
     "qwen2",
     "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gemma",
     "gemma2",
+    "gemma3_text",
     "phi3",
+    "olmo2",
+    "granite",
     "deepseek_v2",
     "deepseek_v3",
 )
+# transformers' configs that tie the LM head to the embeddings unless told otherwise.
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text")
 _GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh")
 
 
@@ -426,13 +434,19 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     the head count), ``head_dim`` (default hidden/heads), Mixtral's ``num_local_experts``, Qwen2's always-on
     QKV bias and ``use_sliding_window`` (with ``max_window_layers``: all layers windowed or none), Qwen3
     (explicit ``head_dim``, no QKV bias), Phi-3 (``sliding_window`` on every layer, like Mistral), Gemma-2
-    (``hidden_activation``, tied embeddings by default), DeepSeek's ``n_routed_experts``,
-    ``n_shared_experts``, ``first_k_dense_replace`` and MLA ranks. Required size keys must be positive
-    integers (ValueError naming the key otherwise).
+    (``hidden_activation``, tied embeddings by default, as Gemma and Gemma-3), Qwen2-MoE and Qwen3-MoE
+    (``num_experts``, ``moe_intermediate_size``; Qwen2-MoE's one shared expert of
+    ``shared_expert_intermediate_size`` counts as that many experts of the routed width, which it is a
+    multiple of in the released models), OLMo-2 and Granite (Llama's shapes: their q/k norms and scaling
+    multipliers cost no modelled FLOPs), DeepSeek's ``n_routed_experts``, ``n_shared_experts``,
+    ``first_k_dense_replace`` and MLA ranks. Required size keys must be positive integers (ValueError naming
+    the key otherwise).
 
-    Gemma-2 alternates sliding-window (4,096) and global layers; ModelConfig windows all layers or none, so
-    its layers are all counted as global: KV cache and attention costs past the window are overestimated (at
-    its 8,192-token context, the cache by 25%). Its logit soft-capping and extra norms cost no modelled bytes.
+    Gemma-2 and Gemma-3 mix sliding-window and global layers; ModelConfig windows all layers or none, so
+    their layers are all counted as global: KV cache and attention costs past the window are overestimated (at
+    Gemma-2's 8,192-token context, the cache by 25%). Soft-capping and extra norms cost no modelled bytes.
+    Qwen-MoE models whose ``decoder_sparse_step`` is not 1 or that list ``mlp_only_layers`` are refused
+    (ModelConfig puts its dense layers first).
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -473,7 +487,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         intermediate_size=need("intermediate_size"),
         vocab_size=need("vocab_size"),
         max_position_embeddings=need("max_position_embeddings"),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type == "gemma2")),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
         gated_mlp=activation in _GATED_ACTIVATIONS,
         activation=activation,
         attention_bias=bool(raw.get("attention_bias", False)) or model_type == "qwen2",
@@ -481,7 +495,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     )
     if model_type in ("mistral", "phi3"):
         fields["sliding_window"] = raw.get("sliding_window") or None
-    if model_type in ("qwen2", "qwen3") and raw.get("use_sliding_window") and raw.get("sliding_window"):
+    windowed = raw.get("use_sliding_window") and raw.get("sliding_window")
+    if model_type.startswith(("qwen2", "qwen3")) and windowed:
         # Qwen2 windows the layers from index max_window_layers on (transformers' Qwen2Config; default 28).
         full_layers = raw.get("max_window_layers", 28)
         if full_layers <= 0:
@@ -492,6 +507,26 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 "sliding-window layers (max_window_layers) is not supported; ModelConfig windows all layers "
                 "or none"
             )
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
+            raise ValueError(
+                f"config {str(file)!r}: decoder_sparse_step != 1 or mlp_only_layers is not supported; "
+                "ModelConfig makes every layer past the first dense ones an MoE layer"
+            )
+        width = need("moe_intermediate_size")
+        shared = raw.get("shared_expert_intermediate_size") or 0 if model_type == "qwen2_moe" else 0
+        if shared % width:
+            raise ValueError(
+                f"config {str(file)!r}: shared_expert_intermediate_size {shared} is not a multiple of "
+                f"moe_intermediate_size {width}; ModelConfig's shared experts have the routed experts' width"
+            )
+        fields.update(
+            num_experts=need("num_experts"),
+            experts_per_token=need("num_experts_per_tok"),
+            moe_intermediate_size=width,
+            num_shared_experts=shared // width,
+            attention_bias=model_type == "qwen2_moe" or bool(raw.get("attention_bias", False)),
+        )
     if model_type == "mixtral":
         fields.update(
             num_experts=need("num_local_experts"),
