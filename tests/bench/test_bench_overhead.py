@@ -28,13 +28,25 @@ def test_every_public_op_has_a_case_with_a_pytorch_baseline():
 
 
 def test_per_call_cost_stays_near_the_targets():
-    rows = overhead.measure(torch.device("cpu"), modes=("inference",), calls=300, repeats=3)
-    ours = [row for row in rows if row.baseline is not None]
-    assert {row.case for row in ours} == set(OVERHEAD_OPS)
-    for row in ours:
-        assert row.us_per_call > 0 and row.vs_sdpa is not None
-        if row.target is not None:
-            assert row.vs_sdpa <= NOISE * row.target, f"{row.case}: {row.vs_sdpa:.2f}x SDPA per call"
+    # A busy neighbour (the other xdist worker) can slow one measurement several-fold; a regression slows
+    # every one. So an op over its limit is measured again, up to three rounds, and its best ratio counts.
+    best: dict[str, float] = {}
+    limits: dict[str, float] = {}
+    ops = OVERHEAD_OPS
+    for _ in range(3):
+        rows = overhead.measure(torch.device("cpu"), ops=ops, modes=("inference",), calls=300, repeats=3)
+        ours = [row for row in rows if row.baseline is not None]
+        assert {row.case for row in ours} == set(ops)
+        for row in ours:
+            assert row.us_per_call > 0 and row.vs_sdpa is not None
+            if row.target is not None:
+                limits[row.case] = NOISE * row.target
+                best[row.case] = min(best.get(row.case, float("inf")), row.vs_sdpa)
+        ops = tuple(case for case in limits if best[case] > limits[case])
+        if not ops:
+            break
+    for case in limits:
+        assert best[case] <= limits[case], f"{case}: {best[case]:.2f}x SDPA per call in each of 3 rounds"
 
 
 def test_cli_writes_json_with_provenance(tmp_path, capsys):
