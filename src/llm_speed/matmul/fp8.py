@@ -21,7 +21,7 @@ partials itself (at most a few KB, read from L2), compute the scale, and cast it
 writes the scale. Nothing is read on the host and nothing is sized from tensor values, so the call can be
 captured in a CUDA graph.
 
-Under Triton's interpreter the float32 -> fp8 cast is done on the bits by hand (:func:`_round_to_fp8`),
+Under Triton's interpreter the float32 -> fp8 cast is done on the bits by hand (:func:`_to_fp8`),
 because the interpreter's own cast rounds wrongly where the rounding carries into the next power of two and
 does not saturate (docs/notes: TESTING.md); compiled Triton uses the hardware's ``cvt.rn.satfinite``.
 
@@ -70,35 +70,26 @@ SCALINGS = ("tensor", "row", "block")
 
 
 @triton.jit
-def _round_to_fp8(y, SHIFT: tl.constexpr, ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr,
-                  SUBNORMAL_MAGIC: tl.constexpr):  # fmt: skip
-    """Round float32 ``y`` (|y| at most the format's max) to the nearest fp8 value, ties to even, in float32.
-
-    Normal range: drop the low SHIFT = 23 - mantissa bits of the float32 bits with round-half-even (a
-    carry into the exponent is the correct next power of two). Subnormals (|y| < MIN_NORMAL): their spacing
-    is fixed, and adding then subtracting SUBNORMAL_MAGIC (a power of two whose float32 ulp is that spacing)
-    rounds to it in float32's own RNE. The result is on the fp8 grid, so the final cast is exact.
-    """
-    bits = y.to(tl.uint32, bitcast=True)
-    half = (1 << (SHIFT - 1)) - 1
-    rounded = (bits + (half + ((bits >> SHIFT) & 1))) & ROUND_MASK
-    normal = rounded.to(tl.float32, bitcast=True)
-    a = tl.abs(y)
-    small = (a + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
-    small = tl.where(y < 0, -small, small)
-    out = tl.where(a < MIN_NORMAL, small, normal)
-    return tl.where(y != y, y, out)  # NaN stays NaN
-
-
-@triton.jit
 def _to_fp8(y, FP8_MAX: tl.constexpr, ROUND_BY_HAND: tl.constexpr, SHIFT: tl.constexpr,
             ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr,
             dtype: tl.constexpr):  # fmt: skip
-    """Saturate float32 ``y`` to +-FP8_MAX and cast it to fp8 ``dtype`` (rounding by hand when asked)."""
+    """Saturate float32 ``y`` to +-FP8_MAX and cast it to fp8 ``dtype``, rounding to nearest even.
+
+    With ROUND_BY_HAND (the interpreter, whose own cast is wrong, see the module docstring) ``y`` is first
+    rounded onto the fp8 grid in float32, so the cast is exact. Normal range: drop the low SHIFT = 23 -
+    mantissa bits of the float32 bits with round-half-even (a carry into the exponent gives the correct next
+    power of two). Subnormals (|y| < MIN_NORMAL) have a fixed spacing: adding then subtracting
+    SUBNORMAL_MAGIC (a power of two whose float32 ulp is that spacing) rounds to it in float32's own RNE.
+    """
     y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
     if ROUND_BY_HAND:
-        y = _round_to_fp8(y, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK, MIN_NORMAL=MIN_NORMAL,
-                          SUBNORMAL_MAGIC=SUBNORMAL_MAGIC)  # fmt: skip
+        bits = y.to(tl.uint32, bitcast=True)
+        half = (1 << (SHIFT - 1)) - 1
+        normal = ((bits + (half + ((bits >> SHIFT) & 1))) & ROUND_MASK).to(tl.float32, bitcast=True)
+        a = tl.abs(y)
+        small = (a + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
+        small = tl.where(y < 0, -small, small)
+        y = tl.where(y != y, y, tl.where(a < MIN_NORMAL, small, normal))  # NaN stays NaN
     return y.to(dtype)
 
 
@@ -386,9 +377,9 @@ GEMM_CONFIGS = (
     _cfg(64, 128, 128, 4, 4),
     _cfg(64, 64, 128, 4, 4),
 )
-# The interpreter: small tiles, so tests of small shapes still cross tile edges; BLOCK_K 64 divides 128, so
+# The interpreter: 64x64 tiles (its cost is per program, not per element); BLOCK_K 64 divides 128, so
 # a block-scaled K step stays inside one scaling group.
-INTERPRETER_GEMM = KernelConfig(32, 32, num_warps=4, num_stages=1, block_k=64, group_m=4)
+INTERPRETER_GEMM = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_m=4)
 
 
 @functools.cache
