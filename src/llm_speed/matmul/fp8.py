@@ -382,15 +382,29 @@ GEMM_CONFIGS = (
 INTERPRETER_GEMM = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_m=4)
 
 
-@functools.cache
-def gemm_fp8_config(m: int, n: int, k: int, hardware: Hardware) -> KernelConfig:
-    """The fp8 GEMM's configuration: :func:`llm_speed.matmul.gemm.gemm_config`'s rule over
-    :data:`GEMM_CONFIGS` at one byte per element (drop tiles whose pipelined operands exceed the shared
-    memory per block; no tile side beyond the problem's padded side unless it is the smallest; least
-    ``waves * padded work / tile efficiency``). Pure and cached; the interpreter runs
-    :data:`INTERPRETER_GEMM`."""
+# Block scaling keeps two fp32 tiles live (the step's product and the accumulator): a tile whose accumulator
+# takes more than this many registers per thread would need 2x that and spill (seen compiling for sm_90a:
+# 128x128 on 4 warps and 128x256 on 8 reach 255 registers and a 224-344 byte stack).
+BLOCK_SCALED_ACC_REGISTERS = 64
+
+
+def candidate_gemm_configs(scaling: int, hardware: Hardware) -> tuple[KernelConfig, ...]:
+    """The configurations :func:`gemm_fp8_config` chooses among: :data:`GEMM_CONFIGS` whose pipelined operands
+    fit the shared memory per block (one byte per element), and for block scaling whose accumulator fits
+    :data:`BLOCK_SCALED_ACC_REGISTERS`; the smallest one if none is left."""
     pool = [c for c in GEMM_CONFIGS if shared_bytes(c, 1) <= hardware.smem_per_block_bytes]
-    pool = pool or [min(GEMM_CONFIGS, key=lambda c: shared_bytes(c, 1))]
+    if scaling == BLOCKWISE:
+        pool = [c for c in pool if c.block_m * c.block_n <= BLOCK_SCALED_ACC_REGISTERS * 32 * c.num_warps]
+    return tuple(pool) or (min(GEMM_CONFIGS, key=lambda c: shared_bytes(c, 1)),)
+
+
+@functools.cache
+def gemm_fp8_config(m: int, n: int, k: int, scaling: int, hardware: Hardware) -> KernelConfig:
+    """The fp8 GEMM's configuration: :func:`llm_speed.matmul.gemm.gemm_config`'s rule over
+    :func:`candidate_gemm_configs` (no tile side beyond the problem's padded side unless it is the
+    smallest; least ``waves * padded work / tile efficiency``). Pure and cached; the interpreter runs
+    :data:`INTERPRETER_GEMM`."""
+    pool = candidate_gemm_configs(scaling, hardware)
     max_m = max(next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(c.block_m for c in pool))
     max_n = max(next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(c.block_n for c in pool))
     fitting = [c for c in pool if c.block_m <= max_m and c.block_n <= max_n]
@@ -431,9 +445,10 @@ def scaling_of(m: int, n: int, k: int, sa_shape: tuple, sb_shape: tuple, trans_b
 
 @plan_cache
 def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_layout, bias_stride, dtypes,
-               device) -> Plan | None:  # fmt: skip
+               device, config=None) -> Plan | None:  # fmt: skip
     """The plan of one fp8 GEMM class; keyed on shapes and strides of a, b and both scales, trans_b, bias's
-    stride, the dtypes (a, b, bias, out) and the device. None for an empty output."""
+    stride, the dtypes (a, b, bias, out), the device and a forced configuration (tests; None chooses).
+    None for an empty output."""
     m, k = a_shape
     n = b_shape[0] if trans_b else b_shape[1]
     if m == 0 or n == 0:
@@ -443,10 +458,12 @@ def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_la
     sa_strides = tuple(sa_layout[1]) + (0, 0)
     sb_strides = tuple(sb_layout[1]) + (0, 0)
     stride_sbk, stride_sbn = (sb_strides[1], sb_strides[0]) if trans_b else sb_strides[:2]
-    if runtime.INTERPRETED:
+    if config is not None:
+        pass
+    elif runtime.INTERPRETED:
         config = INTERPRETER_GEMM
     else:
-        config = gemm_fp8_config(m, n, k, hardware_of(device))
+        config = gemm_fp8_config(m, n, k, scaling, hardware_of(device))
     out_dtype = dtypes[3]
     return GEMM.plan(
         (cdiv(m, config.block_m) * cdiv(n, config.block_n),), M=m, N=n, K=k,
@@ -458,12 +475,13 @@ def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_la
     )  # fmt: skip
 
 
-def planned_gemm(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> Plan | None:
-    """The plan :func:`gemm_forward` launches for these arguments (tests compile exactly it)."""
+def planned_gemm(a, b, scale_a, scale_b, bias, out_dtype, trans_b, config=None) -> Plan | None:
+    """The plan :func:`gemm_forward` launches for these arguments, or with ``config`` forced (tests compile
+    exactly it)."""
     return _gemm_plan(
         a.shape, a.stride(), b.shape, b.stride(), trans_b, (scale_a.shape, scale_a.stride()),
         (scale_b.shape, scale_b.stride()), None if bias is None else bias.stride(0),
-        (a.dtype, b.dtype, None if bias is None else bias.dtype, out_dtype), a.device,
+        (a.dtype, b.dtype, None if bias is None else bias.dtype, out_dtype), a.device, config,
     )  # fmt: skip
 
 
