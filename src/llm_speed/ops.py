@@ -190,9 +190,9 @@ def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
 
 
 def quantize_fp8_work(*, x: Any, granularity: str, **_: Any) -> Work | None:
-    """Cost of ``quantize_fp8`` (row ``quantize_fp8``) of ``x [rows, cols]``: x read once (twice for per-tensor
-    scaling: the amax pass, then the cast), one byte per element written, and the float32 scales; about 4
-    FLOPs per element (abs and max for the amax, divide, clamp)."""
+    """Cost of ``quantize_fp8`` of ``x [rows, cols]``: x read once (twice for per-tensor scaling: the amax
+    pass, then the cast), one byte per element written, and the float32 scales; about 4 FLOPs per element
+    (abs and max for the amax, divide, clamp)."""
     rows, cols = x.shape
     elements = rows * cols
     if not elements:
@@ -201,7 +201,8 @@ def quantize_fp8_work(*, x: Any, granularity: str, **_: Any) -> Work | None:
     scales = {"tensor": 1, "row": rows, "1x128": rows * -(-cols // 128)}.get(
         granularity, -(-rows // 128) * -(-cols // 128)
     )
-    return Work(4.0 * elements, reads * elements * x.element_size() + elements + 4 * scales, x.dtype, x.device)
+    moved = reads * elements * x.element_size() + elements + 4 * scales
+    return Work(4.0 * elements, moved, x.dtype, x.device)
 
 
 def kvcache_work(
@@ -728,9 +729,9 @@ OPS: tuple[Op, ...] = (
         "tensor_core_gemm_int8", "llm_speed.matmul.gemm:tensor_core_gemm_int8", gemm_work,
         probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),
     ),
-    # FP8 (llm_speed.matmul.fp8): `llm-speed bench gemm --dtype fp8` times gemm_fp8 at each scaling granularity
-    # against torch._scaled_mm with the same scaling and bf16 torch.matmul. Float8Linear reports its
-    # quantizations and GEMMs under these two rows.
+    # FP8 (llm_speed.matmul.fp8): `llm-speed bench gemm --dtype fp8` times gemm_fp8 at each scaling
+    # granularity against torch._scaled_mm with the same scaling and bf16 torch.matmul. Float8Linear
+    # reports its quantizations and GEMMs under these two rows.
     Op("quantize_fp8", "llm_speed.matmul.fp8:quantize_fp8", quantize_fp8_work, probe=_quantize_fp8_probe),
     Op(
         "gemm_fp8", "llm_speed.matmul.fp8:gemm_fp8", gemm_work, probe=_gemm_fp8_probe, bench="gemm",
