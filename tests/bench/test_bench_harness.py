@@ -272,7 +272,7 @@ def test_attention_bad_settings_name_the_argument(change, argument):
     [
         ({"dtype": "fp4"}, "dtype"),
         ({"dtype": "fp8", "epilogue": "bias+relu"}, "epilogue"),
-        ({"dtype": "fp8", "layout": "TN"}, "layout"),
+        ({"dtype": "fp8", "layout": "TN", "epilogue": "none"}, "layout"),
         ({"layout": "NX"}, "layout"),
         ({"epilogue": "bias+tanh"}, "epilogue"),
         ({"dtype": "int8", "epilogue": "bias"}, "epilogue"),
