@@ -69,7 +69,7 @@ def test_bench_reads_its_implementations_from_the_table():
         "flash_attn",
     )  # fmt: skip
     assert options.ATTENTION_LLM_SPEED_IMPLS == ("flash", "tiled", "naive")
-    assert options.GEMM_IMPLS == ("llm-speed", "torch", "torch-int-mm")
+    assert options.GEMM_IMPLS == ("llm-speed", "torch", "torch-int-mm", "torch-scaled-mm")
     assert options.GEMM_FLOAT_IMPLS == ("llm-speed", "torch")
     assert options.GEMM_INT8_IMPLS == ("llm-speed", "torch-int-mm")
     from llm_speed.bench import attention, gemm
@@ -119,6 +119,8 @@ def test_doctor_probes_every_probed_row():
         "gemm",
         "tensor_core_gemm",
         "tensor_core_gemm_int8",
+        "quantize_fp8",
+        "gemm_fp8",
         "grouped_gemm",
         "grouped_gemm_backward",
         "moe_route",

@@ -26,6 +26,8 @@ _EXPORTS = {
     "tensor_core_gemm": "llm_speed.matmul",
     "tensor_core_gemm_int8": "llm_speed.matmul",
     "validate_gemm_inputs": "llm_speed.matmul",
+    "quantize_fp8": "llm_speed.matmul.fp8",
+    "gemm_fp8": "llm_speed.matmul.fp8",
     # fused LLM ops
     "rms_norm": "llm_speed.fused.rms_norm",
     "apply_rotary": "llm_speed.fused.rotary",

@@ -294,3 +294,81 @@ class MoE(nn.Module):
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, scoring={self.scoring!r}, renormalize={self.renormalize}"
+
+
+# --- fp8 training linears (llm_speed.matmul.fp8) ----------------------------------------------------------
+
+from collections.abc import Callable, Collection  # noqa: E402
+
+from .matmul.fp8 import LINEAR_GRANULARITIES, float8_linear  # noqa: E402
+
+
+class Float8Linear(nn.Linear):
+    """A drop-in ``nn.Linear`` computed in fp8 (:func:`llm_speed.matmul.fp8.float8_linear`): the input and
+    weight quantized dynamically to e4m3 each call (``granularity`` "tensor": one scale each; "row": one per
+    row of the input and of the weight), the output gradient to e5m2, and the input and weight gradients
+    through the same fp8 GEMM kernel. The parameters stay in their own dtype (the master weights), so a state
+    dict moves to and from ``nn.Linear`` unchanged. torchao's float8 training (``Float8Linear`` with dynamic
+    scaling) is the reference for these semantics."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, granularity: str = "tensor",
+                 device=None, dtype=None):  # fmt: skip
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.granularity = check_choice("granularity", granularity, LINEAR_GRANULARITIES)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, granularity: str = "tensor") -> Float8Linear:
+        """A Float8Linear sharing ``linear``'s parameters (no copy)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.granularity = check_choice("granularity", granularity, LINEAR_GRANULARITIES)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return float8_linear(x, self.weight, self.bias, granularity=self.granularity)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, granularity={self.granularity!r}"
+
+
+def convert_to_float8(
+    model: nn.Module,
+    *,
+    granularity: str = "tensor",
+    skip: Collection[str] | Callable[[str, nn.Module], bool] | None = None,
+) -> list[str]:
+    """Swap every ``nn.Linear`` of ``model`` (in place) for a :class:`Float8Linear` sharing its parameters;
+    return the qualified names of the swapped modules, in ``named_modules`` order.
+
+    ``skip``: names to leave alone (a module named, or any module under a named one, e.g. ``{"lm_head"}``),
+    or ``skip(name, module) -> bool`` (torchao's ``module_filter_fn`` with the opposite sense). Already
+    converted modules are left as they are. As torchao advises, the output projection (``lm_head``) is
+    usually best skipped: its logits are the most sensitive to rounding.
+    """
+    granularity = check_choice("granularity", granularity, LINEAR_GRANULARITIES)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if skip is None:
+        skipped: Callable[[str, nn.Module], bool] = lambda name, module: False  # noqa: E731
+    elif callable(skip):
+        skipped = skip
+    elif isinstance(skip, str):
+        raise TypeError("skip must be a collection of module names or a function, not a single str")
+    else:
+        names = set(skip)
+        skipped = lambda name, module: any(name == s or name.startswith(s + ".") for s in names)  # noqa: E731
+    swaps = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and name and not skipped(name, module)
+    ]
+    for name, module in swaps:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, Float8Linear.from_linear(module, granularity=granularity))
+    return [name for name, _ in swaps]

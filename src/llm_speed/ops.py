@@ -189,6 +189,22 @@ def gemm_work(*, op_a: Any, op_b: Any, out: Any, **_: Any) -> Work | None:
     return Work(total.flops, total.bytes_moved, op_a.dtype, out.device)
 
 
+def quantize_fp8_work(*, x: Any, granularity: str, **_: Any) -> Work | None:
+    """Cost of ``quantize_fp8`` of ``x [rows, cols]``: x read once (twice for per-tensor scaling: the amax
+    pass, then the cast), one byte per element written, and the float32 scales; about 4 FLOPs per element
+    (abs and max for the amax, divide, clamp)."""
+    rows, cols = x.shape
+    elements = rows * cols
+    if not elements:
+        return None
+    reads = 2 if granularity == "tensor" else 1
+    scales = {"tensor": 1, "row": rows, "1x128": rows * -(-cols // 128)}.get(
+        granularity, -(-rows // 128) * -(-cols // 128)
+    )
+    moved = reads * elements * x.element_size() + elements + 4 * scales
+    return Work(4.0 * elements, moved, x.dtype, x.device)
+
+
 def kvcache_work(
     *, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, **_: Any
 ) -> Work | None:
@@ -672,6 +688,26 @@ def _int8_gemm_probe(device: Any) -> Any:
     return tensor_core_gemm_int8(*_matrices(device, torch.int8))
 
 
+def _fp8_operands(device: Any) -> Any:
+    import torch
+
+    from llm_speed.matmul.fp8 import quantize_fp8
+
+    a, w = (torch.randn(PROBE_GEMM, PROBE_GEMM, device=device) for _ in range(2))
+    return quantize_fp8(a, granularity="row"), quantize_fp8(w, granularity="row")
+
+
+def _quantize_fp8_probe(device: Any) -> Any:
+    return _fp8_operands(device)[0]
+
+
+def _gemm_fp8_probe(device: Any) -> Any:
+    from llm_speed.matmul.fp8 import gemm_fp8
+
+    (a, scale_a), (w, scale_w) = _fp8_operands(device)
+    return gemm_fp8(a, w, scale_a, scale_w, trans_b=True)
+
+
 # --- the table ---------------------------------------------------------------------------------------------
 
 _SDPA = "torch.nn.functional:scaled_dot_product_attention"
@@ -787,6 +823,14 @@ OPS: tuple[Op, ...] = (
     Op(
         "tensor_core_gemm_int8", "llm_speed.matmul.gemm:tensor_core_gemm_int8", gemm_work,
         probe=_int8_gemm_probe, bench="gemm", bench_name="llm-speed", alternatives=("torch-int-mm",),
+    ),
+    # FP8 (llm_speed.matmul.fp8): `llm-speed bench gemm --dtype fp8` times gemm_fp8 at each scaling
+    # granularity against torch._scaled_mm with the same scaling and bf16 torch.matmul. Float8Linear
+    # reports its quantizations and GEMMs under these two rows.
+    Op("quantize_fp8", "llm_speed.matmul.fp8:quantize_fp8", quantize_fp8_work, probe=_quantize_fp8_probe),
+    Op(
+        "gemm_fp8", "llm_speed.matmul.fp8:gemm_fp8", gemm_work, probe=_gemm_fp8_probe, bench="gemm",
+        bench_name="llm-speed", alternatives=("torch-scaled-mm", "torch"),
     ),
     # Mixture of experts (llm_speed.moe); `llm-speed bench moe` times the fused layer against the Hugging Face
     # loop and torch._grouped_mm.

@@ -270,7 +270,9 @@ def test_attention_bad_settings_name_the_argument(change, argument):
 @pytest.mark.parametrize(
     ("change", "argument"),
     [
-        ({"dtype": "fp8"}, "dtype"),
+        ({"dtype": "fp4"}, "dtype"),
+        ({"dtype": "fp8", "epilogue": "bias+relu"}, "epilogue"),
+        ({"dtype": "fp8", "layout": "TN", "epilogue": "none"}, "layout"),
         ({"layout": "NX"}, "layout"),
         ({"epilogue": "bias+tanh"}, "epilogue"),
         ({"dtype": "int8", "epilogue": "bias"}, "epilogue"),

@@ -159,6 +159,29 @@ def _moe_module(grad):
     return lambda: layer(x)
 
 
+def _quantize_fp8(granularity):
+    def make(grad):
+        x = torch.randn(40, 300)
+        return lambda: llm_speed.quantize_fp8(x, granularity=granularity)
+
+    return make
+
+
+def _gemm_fp8(grad):
+    a, w = torch.randn(24, 16).to(torch.float8_e4m3fn), torch.randn(40, 16).to(torch.float8_e4m3fn)
+    scale_a, scale_b = torch.rand(24, 1), torch.rand(40, 1)
+    return lambda: llm_speed.gemm_fp8(a, w, scale_a, scale_b, trans_b=True, bias=torch.randn(40))
+
+
+def _float8_linear(granularity):
+    def make(grad):
+        layer = llm_speed.nn.Float8Linear(16, 40, granularity=granularity).requires_grad_(grad)
+        x = _randn(3, 8, 16, grad=grad)
+        return lambda: layer(x)
+
+    return make
+
+
 CASES = {
     "flash_attention": lambda grad: _attention("flash_attention", grad),
     "tiled_attention": lambda grad: _attention("tiled_attention", grad),
@@ -181,8 +204,12 @@ CASES = {
     "moe_sort": _moe_sort,
     "fused_moe": _fused_moe,
     "nn.MoE": _moe_module,
+    **{f"quantize_fp8-{g}": _quantize_fp8(g) for g in ("tensor", "row", (1, 128), (128, 128))},
+    "gemm_fp8": _gemm_fp8,
+    **{f"nn.Float8Linear-{g}": _float8_linear(g) for g in ("tensor", "row")},
 }
-NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8", "moe_sort"}
+NOT_DIFFERENTIABLE = {"tensor_core_gemm_int8", "moe_sort", "gemm_fp8"}
+NOT_DIFFERENTIABLE |= {name for name in CASES if name.startswith("quantize_fp8")}
 NOT_DIFFERENTIABLE |= {name for name in CASES if name.startswith("kvcache")}
 
 

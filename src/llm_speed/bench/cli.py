@@ -301,7 +301,7 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
             raise _cli.CommandError("tokens: --tokens only applies with --model")
         sizes = _pick(args.sizes, device, "sizes", gpu, cpu)
         cases = tuple(gemm_bench.GemmCase("", m, n, k) for m, n, k in sizes)
-    default_impls = gemm_bench.INT8_IMPLS if dtype == "int8" else gemm_bench.FLOAT_IMPLS
+    default_impls = gemm_bench.accepted_impls(dtype)
     # A model's weights multiply as nn.Linear does, x @ W^T: W stored [N, K] (layout NT).
     layout = args.layout or ("NT" if args.model else "NN")
     settings = gemm_bench.GemmSettings(

@@ -1,6 +1,9 @@
 """The GEMM benchmark: ``llm_speed.gemm`` (fused epilogue) against ``torch.matmul`` (cuBLAS on a GPU)
-followed by separate bias and activation ops, and ``tensor_core_gemm_int8`` against ``torch._int_mm`` for
-int8.
+followed by separate bias and activation ops, ``tensor_core_gemm_int8`` against ``torch._int_mm`` for
+int8, and ``gemm_fp8`` for fp8 (``--dtype fp8``): each shape at each scaling granularity (tensor, row, 1x128
+x 128x128 blocks) against ``torch._scaled_mm`` / ``F.scaled_mm`` with the same scaling (the baseline of the
+percentages) and against bf16 ``torch.matmul`` of the same values. The fp8 operands are quantized once, before
+timing (``quantize_fp8``'s own cost is not in these rows).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from llm_speed.bench import report
 from llm_speed.bench.options import GEMM_DTYPES as DTYPES
 from llm_speed.bench.options import GEMM_EPILOGUES as EPILOGUES
 from llm_speed.bench.options import GEMM_FLOAT_IMPLS as FLOAT_IMPLS
+from llm_speed.bench.options import GEMM_FP8_GRANULARITIES as FP8_GRANULARITIES
+from llm_speed.bench.options import GEMM_FP8_IMPLS as FP8_IMPLS
 from llm_speed.bench.options import GEMM_IMPLS as IMPLS  # noqa: F401  (part of this module's API)
 from llm_speed.bench.options import GEMM_INT8_IMPLS as INT8_IMPLS
 from llm_speed.bench.options import GEMM_LAYOUTS as LAYOUTS
@@ -53,6 +58,7 @@ class GemmCase:
     n: int
     k: int
     count: int = 1
+    granularity: str | None = None  # fp8 only: "tensor", "row" or "block"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +106,14 @@ def model_cases(model_id: str, tokens: int) -> tuple[GemmCase, ...]:
 
 
 def baseline_impl(dtype: str) -> str:
-    """The implementation the others are compared with: torch._int_mm for int8, torch.matmul otherwise."""
-    return "torch-int-mm" if dtype == "int8" else "torch"
+    """The implementation the others are compared with: torch._int_mm for int8, torch._scaled_mm (same
+    scaling) for fp8, torch.matmul otherwise."""
+    return {"int8": "torch-int-mm", "fp8": "torch-scaled-mm"}.get(dtype, "torch")
+
+
+def accepted_impls(dtype: str) -> tuple[str, ...]:
+    """The ``--impl`` values ``dtype`` takes, all of them the default (fp8: ours, ``torch._scaled_mm``, bf16)."""
+    return {"int8": INT8_IMPLS, "fp8": FP8_IMPLS}.get(dtype, FLOAT_IMPLS)
 
 
 def check_settings(settings: GemmSettings) -> None:
@@ -111,7 +123,14 @@ def check_settings(settings: GemmSettings) -> None:
     report.check_choice("epilogue", settings.epilogue, EPILOGUES)
     if settings.dtype == "int8" and settings.epilogue != "none":
         raise ValueError("epilogue: int8 GEMMs (tensor_core_gemm_int8) have no epilogue; use --epilogue none")
-    accepted = INT8_IMPLS if settings.dtype == "int8" else FLOAT_IMPLS
+    if settings.dtype == "fp8":
+        if settings.epilogue not in ("none", "bias"):
+            raise ValueError("epilogue: fp8 GEMMs (gemm_fp8) fuse a bias only; use --epilogue none or bias")
+        if settings.layout not in ("NN", "NT"):
+            raise ValueError(
+                "layout: fp8 GEMMs take A row-major (as torch._scaled_mm); use --layout NN or NT"
+            )
+    accepted = accepted_impls(settings.dtype)
     wrong = [impl for impl in settings.impls if impl not in accepted]
     if wrong or not settings.impls:
         raise ValueError(
@@ -150,8 +169,46 @@ def _torch_activation(name: str | None) -> Callable[[torch.Tensor], torch.Tensor
     }[name]
 
 
+def _fp8_workload(impl: str, case: GemmCase, settings: GemmSettings, device: torch.device):
+    """gemm_fp8, torch._scaled_mm / F.scaled_mm at the same scaling, or bf16 torch.matmul of the same values
+    (b stored [N, K] for layout NT, else [K, N]; the bias is bf16)."""
+    import llm_speed
+
+    m, n, k, gran = case.m, case.n, case.k, case.granularity
+    trans_b = settings.layout == "NT"
+    a_hp = torch.randn(m, k, device=device)
+    w_hp = torch.randn(n, k, device=device)  # b as an nn.Linear weight [N, K]
+    names = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ((1, 128), (128, 128))}[gran]
+    a, scale_a = llm_speed.quantize_fp8(a_hp, granularity=names[0])
+    w, scale_w = llm_speed.quantize_fp8(w_hp, granularity=names[1])
+    # b as stored, and its scale against b as stored (gemm_fp8's convention)
+    if trans_b:
+        b, scale_b = w, scale_w
+    else:
+        b, scale_b = w.mT.contiguous(), (scale_w if gran == "tensor" else scale_w.mT.contiguous())
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device) if settings.epilogue == "bias" else None
+    if impl == "llm-speed":
+        return lambda: llm_speed.gemm_fp8(a, b, scale_a, scale_b, bias=bias, trans_b=trans_b)
+    b_kn = b.mT if trans_b else b  # torch's [K, N] (cuBLAS wants it column-major: layout NT)
+    if impl == "torch":
+        a16, b16 = a.to(torch.bfloat16), b_kn.to(torch.bfloat16)
+        return (lambda: torch.matmul(a16, b16)) if bias is None else (lambda: torch.matmul(a16, b16) + bias)
+    if gran == "block":
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        scale_kn = scale_w.mT  # [K/128, N/128]: blocks of the [K, N] operand
+        return lambda: scaled_mm(
+            a, b_kn, scale_a, ScalingType.BlockWise1x128, scale_kn, ScalingType.BlockWise128x128, bias=bias,
+            output_dtype=torch.bfloat16,
+        )  # fmt: skip
+    scale_kn = scale_w.reshape(1, n) if gran == "row" else scale_w
+    return lambda: torch._scaled_mm(a, b_kn, scale_a, scale_kn, bias=bias, out_dtype=torch.bfloat16)
+
+
 def _workload_builder(impl: str, case: GemmCase, settings: GemmSettings, device: torch.device):
     def build() -> Callable[[], Any]:
+        if settings.dtype == "fp8":
+            return _fp8_workload(impl, case, settings, device)
         a, b, trans_a, trans_b, bias = _operands(case, settings, device)
         activation = settings.epilogue.split("+")[1] if "+" in settings.epilogue else None
         # The transposed views are what torch.matmul / _int_mm see: no copy, cuBLAS reads them in place.
@@ -194,19 +251,26 @@ def run_gemm(
     device = torch.device(settings.device)
     out_dtype = "int32" if settings.dtype == "int8" else None
     rows: list[GemmMeasurement] = []
-    total = len(settings.cases) * len(settings.impls)
+    cases = settings.cases
+    if settings.dtype == "fp8":  # each shape at each granularity
+        cases = tuple(dataclasses.replace(c, granularity=g) for c in cases for g in FP8_GRANULARITIES)
+        out_dtype = "bf16"
+    total = len(cases) * len(settings.impls)
     progress = report.progress(total, "gemm") if show_progress else contextlib.nullcontext(None)
     with progress as advance:
-        for case in settings.cases:
+        for case in cases:
             cost = gemm_cost(
                 case.m,
                 case.n,
                 case.k,
                 dtype=settings.dtype,
-                out_dtype="fp32" if out_dtype else None,  # int32 output: 4 bytes, the same as fp32
+                # int32 output: 4 bytes, the same as fp32; fp8 GEMMs return bf16
+                out_dtype=out_dtype if settings.dtype == "fp8" else ("fp32" if out_dtype else None),
                 with_bias=settings.epilogue != "none",
             )
             label = f"{case.name} {case.m}x{case.n}x{case.k}" if case.name else f"{case.m}x{case.n}x{case.k}"
+            if case.granularity:
+                label = f"{label} {case.granularity}"
             case_rows = []
             for impl in settings.impls:
                 row = GemmMeasurement(
@@ -257,6 +321,14 @@ def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] |
     gpu_id = report.prediction_gpu_id(gpu)
 
     def predict_row(row: GemmMeasurement):
+        if settings.dtype == "fp8":  # gemm_fp8's model is uncalibrated (says so); bf16 torch.matmul's is not
+            with_bias = settings.epilogue != "none"
+            if row.impl == "torch":
+                return predict("gemm", gpu_id, implementation="cublas", m=row.m, n=row.n, k=row.k,
+                               dtype="bf16", with_bias=with_bias)  # fmt: skip
+            implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
+            return predict("gemm_fp8", gpu_id, implementation=implementation, m=row.m, n=row.n, k=row.k,
+                           with_bias=with_bias)  # fmt: skip
         op = "tensor_core_gemm_int8" if settings.dtype == "int8" else "gemm"
         implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
         epilogue = settings.epilogue != "none"
@@ -318,6 +390,8 @@ def baseline_label(settings: GemmSettings) -> str:
     on_gpu = torch.device(settings.device).type == "cuda"
     if settings.dtype == "int8":
         return "torch._int_mm" + (" (cuBLAS)" if on_gpu else "")
+    if settings.dtype == "fp8":
+        return "torch._scaled_mm" + (" (cuBLAS)" if on_gpu else "")
     return "cuBLAS" if on_gpu else "torch.matmul"
 
 

@@ -35,15 +35,19 @@ TRAIN_STEP_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_m
                        "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "deepseek_v3")  # fmt: skip
 
 # --- bench gemm ---
-GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8")
+GEMM_DTYPES = ("fp16", "bf16", "fp32", "int8", "fp8")
+# fp8: every case runs at each scaling granularity (gemm_fp8 reads it from the scale shapes)
+GEMM_FP8_GRANULARITIES = ("tensor", "row", "block")
 GEMM_LAYOUTS = ("NN", "NT", "TN", "TT")  # first letter: A stored transposed (T) or not; second: B
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
 GEMM_EPILOGUES = ("none", "bias", *(f"bias+{name}" for name in ACTIVATION_NAMES))
 GEMM_IMPLS = ops.bench_impls("gemm")  # llm-speed, torch, torch-int-mm
 GEMM_TRITON_IMPLS = ("llm-speed",)
-_FLOAT_ROW, _INT8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8")
+_FLOAT_ROW, _INT8_ROW, _FP8_ROW = ops.get("gemm"), ops.get("tensor_core_gemm_int8"), ops.get("gemm_fp8")
 GEMM_FLOAT_IMPLS = (_FLOAT_ROW.bench_name, *_FLOAT_ROW.alternatives)  # llm-speed, torch
 GEMM_INT8_IMPLS = (_INT8_ROW.bench_name, *_INT8_ROW.alternatives)  # llm-speed, torch-int-mm
+# llm-speed (gemm_fp8), torch-scaled-mm (the same scaling), torch (bf16 torch.matmul of the same values)
+GEMM_FP8_IMPLS = (_FP8_ROW.bench_name, *_FP8_ROW.alternatives)
 
 # --- bench moe ---
 MOE_IMPLS = ("llm_speed", "grouped_mm", "hf-loop")  # fused_moe; torch._grouped_mm in PyTorch; HF's loop

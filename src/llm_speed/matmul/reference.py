@@ -83,3 +83,78 @@ def gemm_reference(
 def gemm_int8_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of int8 tensors computed exactly in int64, returned as int32."""
     return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(torch.int32)
+
+
+# --- fp8 ----------------------------------------------------------------------------------------------------
+
+FP8_BLOCK = 128
+
+
+def _expand_scale(scale: torch.Tensor, rows: int, cols: int, granularity) -> torch.Tensor:
+    """A scale of ``granularity`` broadcast to [rows, cols] (blocks repeated, the last one cut)."""
+    if granularity == "tensor":
+        return scale.reshape(1, 1).expand(rows, cols)
+    if granularity == "row":
+        return scale.reshape(rows, 1).expand(rows, cols)
+    block_rows = 1 if tuple(granularity) == (1, FP8_BLOCK) else FP8_BLOCK
+    return scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+
+
+def quantize_fp8_reference(
+    x: torch.Tensor, dtype: torch.dtype, granularity
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``llm_speed.quantize_fp8`` in PyTorch: ``scale = max(amax, 1e-12) / fp8_max`` (float32) per group,
+    ``x_fp8 = (x / scale).clamp(+-fp8_max).to(dtype)`` (PyTorch rounds to nearest even)."""
+    fp8_max = torch.finfo(dtype).max
+    xf = x.float()
+    rows, cols = x.shape
+    a = xf.abs()
+    if granularity == "tensor":
+        amax = a.amax() if a.numel() else a.new_zeros(())
+    elif granularity == "row":
+        amax = a.amax(1, keepdim=True) if cols else a.new_zeros(rows, 1)
+    else:
+        block_rows = 1 if tuple(granularity) == (1, FP8_BLOCK) else FP8_BLOCK
+        groups_r, groups_c = -(-rows // block_rows), -(-cols // FP8_BLOCK)
+        padded = a.new_zeros(groups_r * block_rows, groups_c * FP8_BLOCK)
+        padded[:rows, :cols] = a
+        amax = padded.reshape(groups_r, block_rows, groups_c, FP8_BLOCK).amax(dim=(1, 3))
+    scale = amax.clamp(min=1e-12) / fp8_max
+    q = (xf / _expand_scale(scale, rows, cols, granularity)).clamp(-fp8_max, fp8_max).to(dtype)
+    return q, scale
+
+
+def gemm_fp8_reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    trans_b: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``(a * scale_a) @ (b * scale_b) + bias`` of dequantized operands in ``compute_dtype``, returned in
+    ``out_dtype``; the granularity is read from the scale shapes as ``llm_speed.gemm_fp8`` reads it."""
+    from .fp8 import BLOCKWISE, ROW, scaling_of
+
+    m, k = a.shape
+    n = b.shape[0] if trans_b else b.shape[1]
+    scaling = scaling_of(m, n, k, tuple(scale_a.shape), tuple(scale_b.shape), bool(trans_b))
+    a_hp = a.to(compute_dtype)
+    b_hp = b.to(compute_dtype)  # as stored
+    sa, sb = scale_a.to(compute_dtype), scale_b.to(compute_dtype)
+    if scaling == BLOCKWISE:
+        a_hp = a_hp * _expand_scale(sa, m, k, (1, FP8_BLOCK))
+        b_hp = b_hp * _expand_scale(sb, *b.shape, (FP8_BLOCK, FP8_BLOCK))
+    elif scaling == ROW:
+        a_hp = a_hp * sa.reshape(m, 1)
+        b_hp = b_hp * (sb.reshape(n, 1) if trans_b else sb.reshape(1, n))
+    else:
+        a_hp = a_hp * sa.reshape(())
+        b_hp = b_hp * sb.reshape(())
+    out = a_hp @ (b_hp.mT if trans_b else b_hp)
+    if bias is not None:
+        out = out + bias.to(compute_dtype)
+    return out.to(out_dtype)
