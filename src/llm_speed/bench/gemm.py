@@ -112,7 +112,7 @@ def baseline_impl(dtype: str) -> str:
 
 
 def accepted_impls(dtype: str) -> tuple[str, ...]:
-    """The ``--impl`` values ``dtype`` takes, all of them the default (fp8: ours, ``torch._scaled_mm``, bf16)."""
+    """The ``--impl`` values ``dtype`` takes, all the default (fp8: ours, ``torch._scaled_mm``, bf16)."""
     return {"int8": INT8_IMPLS, "fp8": FP8_IMPLS}.get(dtype, FLOAT_IMPLS)
 
 
