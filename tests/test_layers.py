@@ -2,8 +2,9 @@
 circle, and no module imports a layer above its own.
 
 From the bottom: the foundation (``llm_speed.core``); the analytic model (``llm_speed.perf``, torch-free) and
-the kernels and ops (``attention``, ``matmul``, ``fused``, ring attention), which never import each other's
-layer; then the op table, modules, integrations, profiler, benchmarks, doctor and the command line.
+the kernels and ops (``attention``, ``matmul``, ``fused``, ``moe``, ring attention), which import only the
+foundation and each other; then the op table, modules, integrations, profiler, benchmarks, doctor and the
+command line.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ SRC = REPO / "src"
 
 CORE = ("llm_speed.core",)
 MODEL = ("llm_speed.perf",)
-OPS = ("llm_speed.attention", "llm_speed.matmul", "llm_speed.fused", "llm_speed.distributed.ring",
-       "llm_speed.distributed.layout")  # fmt: skip
+OPS = ("llm_speed.attention", "llm_speed.matmul", "llm_speed.fused", "llm_speed.moe",
+       "llm_speed.distributed.ring", "llm_speed.distributed.layout")  # fmt: skip
 # The model's command and plotting modules belong to the command line above (they print through _cli).
 COMMANDS = ("llm_speed.perf.cli_hardware", "llm_speed.perf.cli_models", "llm_speed.perf._cli_common",
             "llm_speed.perf.plot")  # fmt: skip

@@ -57,13 +57,14 @@ FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # scale and exact zeros.
 AMAX_FLOOR = 1e-12
 # The side of a scaling block along K (1x128 and 128x128 granularities).
-BLOCK = 128
+BLOCK = reference.FP8_BLOCK
 GRANULARITIES = ("tensor", "row", (1, BLOCK), (BLOCK, BLOCK))
 # The granularity as the op schema's string, and the kernels' MODE constexpr.
 _NAMES = {"tensor": "tensor", "row": "row", (1, BLOCK): "1x128", (BLOCK, BLOCK): "128x128"}
 _MODES = {"tensor": 0, "row": 1, "1x128": 2, "128x128": 3}
-# The scaled GEMM's SCALING constexpr, by granularity name.
-TENSOR, ROW, BLOCKWISE = 0, 1, 2
+# The scaled GEMM's SCALING constexpr, read from the scale shapes as the spec reads them.
+TENSOR, ROW, BLOCKWISE = reference.TENSOR, reference.ROW, reference.BLOCKWISE
+scaling_of = reference.scaling_of
 SCALINGS = ("tensor", "row", "block")
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -420,29 +421,6 @@ def gemm_fp8_config(m: int, n: int, k: int, scaling: int, hardware: Hardware) ->
 
 
 @functools.cache
-def scaling_of(m: int, n: int, k: int, sa_shape: tuple, sb_shape: tuple, trans_b: bool) -> int:
-    """TENSOR, ROW or BLOCKWISE from the scale shapes (b's scale is read against b as stored: [N, K] when
-    ``trans_b``); ValueError naming both shapes and the accepted ones when no granularity matches. Where a
-    tiny problem fits several (M = 1 and K <= 128: [1, 1] is all three), the first is taken: they agree."""
-    groups_k = cdiv(k, BLOCK)
-    single = ((), (1,), (1, 1))
-    a_options = {TENSOR: sa_shape in single, ROW: sa_shape == (m, 1), BLOCKWISE: sa_shape == (m, groups_k)}
-    if trans_b:
-        row_b, block_b = (n, 1), (cdiv(n, BLOCK), groups_k)
-    else:
-        row_b, block_b = (1, n), (groups_k, cdiv(n, BLOCK))
-    b_options = {TENSOR: sb_shape in single, ROW: sb_shape == row_b, BLOCKWISE: sb_shape == block_b}
-    for scaling in (TENSOR, ROW, BLOCKWISE):
-        if a_options[scaling] and b_options[scaling]:
-            return scaling
-    b_name = "[N, K]" if trans_b else "[K, N]"
-    raise ValueError(
-        f"scale_a {list(sa_shape)} and scale_b {list(sb_shape)} match no granularity for a [{m}, {k}] @ "
-        f"b {b_name} with N={n}; accepted: tensor x tensor ([] or [1] each), row x row (scale_a [{m}, 1], "
-        f"scale_b {list(row_b)}), 1x128 x 128x128 (scale_a [{m}, {groups_k}], scale_b {list(block_b)})"
-    )
-
-
 @plan_cache
 def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_layout, bias_stride, dtypes,
                device, config=None) -> Plan | None:  # fmt: skip
@@ -515,8 +493,9 @@ def _quantize_op(x: torch.Tensor, dtype: torch.dtype, granularity: str) -> tuple
 @_quantize_op.register_fake
 def _quantize_fake(x, dtype, granularity):
     rows, cols = x.shape
-    return x.new_empty((rows, cols), dtype=dtype), x.new_empty(scale_shape(rows, cols, granularity),
-                                                                 dtype=torch.float32)
+    return x.new_empty((rows, cols), dtype=dtype), x.new_empty(
+        scale_shape(rows, cols, granularity), dtype=torch.float32
+    )
 
 
 _quantize_call = Op(_quantize_op, quantize_forward)

@@ -88,6 +88,7 @@ def gemm_int8_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --- fp8 ----------------------------------------------------------------------------------------------------
 
 FP8_BLOCK = 128
+TENSOR, ROW, BLOCKWISE = 0, 1, 2  # the scalings gemm_fp8 reads from its scale shapes
 
 
 def _expand_scale(scale: torch.Tensor, rows: int, cols: int, granularity) -> torch.Tensor:
@@ -98,6 +99,29 @@ def _expand_scale(scale: torch.Tensor, rows: int, cols: int, granularity) -> tor
         return scale.reshape(rows, 1).expand(rows, cols)
     block_rows = 1 if tuple(granularity) == (1, FP8_BLOCK) else FP8_BLOCK
     return scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+
+
+def scaling_of(m: int, n: int, k: int, sa_shape: tuple, sb_shape: tuple, trans_b: bool) -> int:
+    """TENSOR, ROW or BLOCKWISE from the scale shapes (b's scale is read against b as stored: [N, K] when
+    ``trans_b``); ValueError naming both shapes and the accepted ones when no granularity matches. Where a
+    tiny problem fits several (M = 1 and K <= 128: [1, 1] is all three), the first is taken: they agree."""
+    groups_k = -(-k // FP8_BLOCK)
+    single = ((), (1,), (1, 1))
+    a_options = {TENSOR: sa_shape in single, ROW: sa_shape == (m, 1), BLOCKWISE: sa_shape == (m, groups_k)}
+    if trans_b:
+        row_b, block_b = (n, 1), (-(-n // FP8_BLOCK), groups_k)
+    else:
+        row_b, block_b = (1, n), (groups_k, -(-n // FP8_BLOCK))
+    b_options = {TENSOR: sb_shape in single, ROW: sb_shape == row_b, BLOCKWISE: sb_shape == block_b}
+    for scaling in (TENSOR, ROW, BLOCKWISE):
+        if a_options[scaling] and b_options[scaling]:
+            return scaling
+    b_name = "[N, K]" if trans_b else "[K, N]"
+    raise ValueError(
+        f"scale_a {list(sa_shape)} and scale_b {list(sb_shape)} match no granularity for a [{m}, {k}] @ "
+        f"b {b_name} with N={n}; accepted: tensor x tensor ([] or [1] each), row x row (scale_a [{m}, 1], "
+        f"scale_b {list(row_b)}), 1x128 x 128x128 (scale_a [{m}, {groups_k}], scale_b {list(block_b)})"
+    )
 
 
 def quantize_fp8_reference(
@@ -137,8 +161,6 @@ def gemm_fp8_reference(
 ) -> torch.Tensor:
     """``(a * scale_a) @ (b * scale_b) + bias`` of dequantized operands in ``compute_dtype``, returned in
     ``out_dtype``; the granularity is read from the scale shapes as ``llm_speed.gemm_fp8`` reads it."""
-    from .fp8 import BLOCKWISE, ROW, scaling_of
-
     m, k = a.shape
     n = b.shape[0] if trans_b else b.shape[1]
     scaling = scaling_of(m, n, k, tuple(scale_a.shape), tuple(scale_b.shape), bool(trans_b))
