@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
+from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
@@ -105,6 +106,22 @@ def _store_rows(
         tl.store(p, value, mask=o_rows[:, None] < n_rows)
     else:
         tl.store(p, value, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim))
+
+
+@triton.jit
+def _add_rows(p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr,
+              EVEN_D: tl.constexpr):  # fmt: skip
+    """Add a [rows, BD] fp32 tile to memory with atomics (other programs add to the same rows), skipping rows
+    past ``n_rows`` and columns past ``head_dim``. Relaxed order: only the sum matters."""
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    if EVEN_ROWS and EVEN_D:
+        tl.atomic_add(p, value, sem="relaxed")
+    elif EVEN_ROWS:
+        tl.atomic_add(p, value, mask=o_d[None, :] < head_dim, sem="relaxed")
+    elif EVEN_D:
+        tl.atomic_add(p, value, mask=o_rows[:, None] < n_rows, sem="relaxed")
+    else:
+        tl.atomic_add(p, value, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim), sem="relaxed")
 
 
 @triton.jit
@@ -647,24 +664,31 @@ def _flash_bwd_preprocess_kernel(
     DO,
     DLSE,
     DELTA,
+    DQ_ACC,
     stride_ob,
     stride_oh,
     stride_om,
     stride_dob,
     stride_doh,
     stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
     stride_lb,
     stride_lh,
     heads_q,
     seq_q,
     head_dim,
     HAS_DLSE: tl.constexpr,
+    ZERO_DQ: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32).
+    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32); with
+    ``ZERO_DQ`` it also zeroes the same rows of the fp32 dQ accumulator the dK/dV kernel adds to (one launch
+    fewer than a separate fill).
 
     Packed sequences run it as one batch of ``total_q`` rows: the rows are independent. With an LSE
     gradient: d lse_i / d s_ij = P_ij, so it folds into delta with a minus sign.
@@ -685,6 +709,10 @@ def _flash_bwd_preprocess_kernel(
     if HAS_DLSE:
         b_delta -= _load_vector(DLSE + o_row, o_m, seq_q, EVEN_ROWS=EVEN_M)
     _store_vector(DELTA + o_row, b_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    if ZERO_DQ:
+        p_dq = DQ_ACC + b * stride_dqb + h * stride_dqh
+        b_zero = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        _store_rows(p_dq, b_zero, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
 
 
 @triton.jit
@@ -747,11 +775,13 @@ def _dkdv_over_queries(
     p_do,
     p_lse,
     p_delta,
+    p_dq,
     o_n,
     query_start,
     query_end,
     stride_qm,
     stride_dom,
+    stride_dqm,
     seq_q,
     seq_kv,
     head_dim,
@@ -769,11 +799,14 @@ def _dkdv_over_queries(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV:
-    dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q (scaled by the caller)."""
+    dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q (scaled by the caller); with
+    ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the fifth
+    matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own."""
     o_d = tl.arange(0, BLOCK_D)
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
@@ -792,6 +825,9 @@ def _dkdv_over_queries(
         b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
         b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
         b_dk += dot(tl.trans(b_ds), b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        if ATOMIC_DQ:
+            b_dq = dot(b_ds, b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
+            _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
     return b_dk, b_dv
 
 
@@ -805,6 +841,7 @@ def _flash_bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
+    DQ,
     CU_Q,
     CU_K,
     stride_qb,
@@ -819,6 +856,9 @@ def _flash_bwd_dkdv_kernel(
     stride_dob,
     stride_doh,
     stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
     stride_dkb,
     stride_dkh,
     stride_dkn,
@@ -848,6 +888,7 @@ def _flash_bwd_dkdv_kernel(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -857,7 +898,10 @@ def _flash_bwd_dkdv_kernel(
 
     It walks every query head of the GQA group and every query block that can see these keys, recomputing
     P from Q, K and LSE:  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q * scale.
-    Each dK/dV element is written once by one program, in a fixed order: deterministic, no atomics.
+    Each dK/dV element is written once by one program, in a fixed order. With ``ATOMIC_DQ`` (the default
+    path, FlashAttention-2's) it also adds dS K to the fp32 dQ accumulator ``DQ`` with atomics: five
+    matmuls per tile in all, dQ's summation order left to the hardware; without it, ``DQ`` is not touched
+    and the dQ kernel computes dQ on its own (the deterministic path).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
@@ -883,26 +927,27 @@ def _flash_bwd_dkdv_kernel(
         p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
         p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
+        p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, lo, left_end, stride_qm, stride_dom,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom, stride_dqm,
             seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom, stride_dqm,
             seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_hi, hi, stride_qm, stride_dom,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom, stride_dqm,
             seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
 
     b_dk *= scale
@@ -1085,6 +1130,27 @@ def _flash_bwd_dq_kernel(
     _store_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
 
 
+@triton.jit
+def _flash_bwd_dq_convert_kernel(
+    DQ_ACC,
+    DQ,
+    n,
+    scale,
+    EVEN: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """dQ = scale * the fp32 accumulator, in dQ's dtype: the last step of the default (atomic) backward.
+    Both are contiguous and of one shape, so the kernel walks them flat."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        b_dq = tl.load(DQ_ACC + o) * scale
+        tl.store(DQ + o, cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    else:
+        b_dq = tl.load(DQ_ACC + o, mask=o < n, other=0.0) * scale
+        tl.store(DQ + o, cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=o < n)
+
+
 # --- launcher -------------------------------------------------------------------------------------------
 
 FORWARD = Kernel(_attention_fwd_kernel, "flash_attention_fwd")
@@ -1092,11 +1158,18 @@ TILED = Kernel(_attention_fwd_kernel, "tiled_attention_fwd")  # the same body wi
 BACKWARD_PREPROCESS = Kernel(_flash_bwd_preprocess_kernel, "flash_attention_bwd_preprocess")
 BACKWARD_DKDV = Kernel(_flash_bwd_dkdv_kernel, "flash_attention_bwd_dkdv")
 BACKWARD_DQ = Kernel(_flash_bwd_dq_kernel, "flash_attention_bwd_dq")
-BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
+BACKWARD_DQ_CONVERT = Kernel(_flash_bwd_dq_convert_kernel, "flash_attention_bwd_dq_convert")
+# The backward's two paths: the default adds dQ by atomics from the dK/dV kernel (five matmuls per tile,
+# FlashAttention-2's), then converts the fp32 accumulator; the deterministic one has a dQ kernel of its own
+# (every element one writer; seven matmuls per tile: S and dP are recomputed there).
+BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
+DETERMINISTIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
 
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
 # The preprocess kernel (delta = rowsum(dO * O)) streams rows: Triton's default launch options.
 PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
+# The dQ conversion (fp32 accumulator -> dQ) streams elements: 1024 per program, 4 warps.
+CONVERT_BLOCK, CONVERT_WARPS = 1024, 4
 
 # Block configurations, chosen by the device's shared memory per block.
 #
@@ -1342,10 +1415,11 @@ def _forward_plan(
 @plan_cache
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
-    is_causal, left, right, capped, varlen, device,
+    is_causal, left, right, capped, varlen, deterministic, device,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
-    and dlse (None without)."""
+    and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
+    dK/dV kernel); ``deterministic``: the dQ kernel."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     dtype = dtypes[0]
     block_d = padded_head_dim(head_dim)
@@ -1353,15 +1427,18 @@ def _backward_plans(
     hardware = hardware_of(device)
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     lse_strides = _lse_stride_args(lse_shape, varlen)
+    atomic = not deterministic
+    # the fp32 dQ accumulator (default path): contiguous, q's shape
+    dq_strides = _stride_args(varlen, dq=_contiguous_strides(q_shape) if atomic else (0, 0, 0, 0))
 
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
     fwd = attention_config("forward", block_d, dtype, hardware)
     preprocess = BACKWARD_PREPROCESS.plan(
         (cdiv(seq_q, fwd.block_m) * (1 if varlen else batch) * heads_q,),
         num_warps=PREPROCESS_WARPS, num_stages=PREPROCESS_STAGES,
-        **_stride_args(varlen, o=out_stride, do=dout_stride), **lse_strides,
-        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, EVEN_M=seq_q % fwd.block_m == 0,
-        EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
+        **_stride_args(varlen, o=out_stride, do=dout_stride), **dq_strides, **lse_strides,
+        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, ZERO_DQ=atomic,
+        EVEN_M=seq_q % fwd.block_m == 0, EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
     )  # fmt: skip
 
     cfg = attention_config("backward", block_d, dtype, hardware)
@@ -1375,10 +1452,20 @@ def _backward_plans(
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
     dk_strides = _contiguous_strides(k_shape)
     dkdv = BACKWARD_DKDV.plan(
-        grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), heads_kv=heads_kv,
-        EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
+        grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
+        heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
+        EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
+    if atomic:
+        n = 1
+        for size in q_shape:
+            n *= size
+        dq = BACKWARD_DQ_CONVERT.plan(
+            (cdiv(n, CONVERT_BLOCK),), num_warps=CONVERT_WARPS, num_stages=1, n=n,
+            EVEN=n % CONVERT_BLOCK == 0, RNE_BY_HAND=dot_switches(dtype)["RNE_BY_HAND"], BLOCK=CONVERT_BLOCK,
+        )  # fmt: skip
+        return preprocess, dkdv, dq
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
     dq = BACKWARD_DQ.plan(
@@ -1389,25 +1476,34 @@ def _backward_plans(
     return preprocess, dkdv, dq
 
 
-def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap):
-    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then dQ.
+def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic):
+    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then
+    dQ.
 
-    dK/dV and dQ come from separate kernels so every output element has exactly one writer: no atomics, and
-    the result is bitwise repeatable."""
+    Default path: the preprocess also zeroes an fp32 dQ accumulator, the dK/dV kernel adds dS K to it with
+    atomics (FlashAttention-2's five matmuls per tile), and a conversion writes dQ = scale * accumulator in
+    q's dtype. dQ's additions come in whatever order the GPU runs the programs: run to run, its last bits can
+    differ. ``deterministic``: a dQ kernel of its own recomputes S and dP (seven matmuls per tile) and every
+    output element has exactly one writer: no atomics, bitwise repeatable."""
     preprocess, dkdv, dq_plan = plans
     device = q.device
     delta = tensors.new_output(lse.shape, torch.float32, device)
-    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta)
+    # deterministic: the accumulator is not used; any float32 tensor stands in
+    dq_acc = delta if deterministic else tensors.new_output(q.shape, torch.float32, device)
+    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta, DQ_ACC=dq_acc)
     dk = tensors.new_output(k.shape, k.dtype, device)
     dv = tensors.new_output(v.shape, v.dtype, device)
     dq = tensors.new_output(q.shape, q.dtype, device)
     if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
         cu_q = cu_k = delta
     softcap = 1.0 if softcap is None else softcap
-    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, CU_Q=cu_q, CU_K=cu_k,
+    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q, CU_K=cu_k,
                 scale=scale, softcap=softcap)  # fmt: skip
-    dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
-                   scale=scale, softcap=softcap)  # fmt: skip
+    if deterministic:
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
+                       scale=scale, softcap=softcap)  # fmt: skip
+    else:
+        dq_plan.launch(DQ_ACC=dq_acc, DQ=dq, scale=scale)
     return dq, dk, dv
 
 
@@ -1438,17 +1534,28 @@ def attention_forward(
     return out, lse
 
 
-def forward(q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None):
-    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation."""
+def forward(
+    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
+    deterministic=False,
+):  # fmt: skip
+    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation
+    (``deterministic`` is the backward's, kept for it by the autograd context)."""
     return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
+
+
+def deterministic_backward(deterministic: bool) -> bool:
+    """Whether a backward takes the deterministic path: asked for, or PyTorch's deterministic mode is on
+    (``torch.use_deterministic_algorithms(True)``), read when the backward runs (PyTorch's convention)."""
+    return deterministic or torch.are_deterministic_algorithms_enabled()
 
 
 def backward(
     dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
-    softcap=None,
+    softcap=None, deterministic=False,
 ):  # fmt: skip
     """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
-    work. GQA gradients are summed over each query group."""
+    work. GQA gradients are summed over each query group. Default: dQ by atomics (five matmuls per tile);
+    ``deterministic`` (or PyTorch's deterministic mode): a dQ kernel of its own, bitwise repeatable."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -1456,7 +1563,9 @@ def backward(
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
-    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window)
+    deterministic = deterministic_backward(deterministic)
+    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window,
+                        deterministic=deterministic)  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, window=window,
                                   softcap=softcap, scale=scale)  # fmt: skip
@@ -1464,14 +1573,15 @@ def backward(
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, q.device,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
+        q.device,
     )  # fmt: skip
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic)
 
 
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None,
+    window_left=None, window_right=None, softcap=None, deterministic=False,
 ):  # fmt: skip
     """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
 
@@ -1517,11 +1627,11 @@ def varlen_forward(
 
 def varlen_backward(
     dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None,
+    window_left=None, window_right=None, softcap=None, deterministic=False,
 ):  # fmt: skip
     """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
     where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
-    outside the tensors is read or written."""
+    outside the tensors is read or written. Paths as :func:`backward`'s."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -1529,9 +1639,10 @@ def varlen_backward(
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
+    deterministic = deterministic_backward(deterministic)
     runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        is_causal=is_causal, window=window,
+        is_causal=is_causal, window=window, deterministic=deterministic,
     )  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return varlen_reference_backward(
@@ -1542,10 +1653,11 @@ def varlen_backward(
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, q.device,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
+        q.device,
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic)
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -1565,12 +1677,14 @@ def _forward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
 
 
 @_forward_op.register_fake
-def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None):
+def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None,
+                 deterministic=False):  # fmt: skip
     """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
     batch, heads_q, seq_q, _ = q.shape
     return _empty(q, q.shape), _empty(q, (batch, heads_q, seq_q), torch.float32)
@@ -1590,13 +1704,15 @@ def _backward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap)
+    return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap,
+                    deterministic)  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=None, window_right=None,
-                   softcap=None):  # fmt: skip
+                   softcap=None, deterministic=False):  # fmt: skip
     return _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
 
 
@@ -1640,6 +1756,7 @@ def flash_attention(
     return_lse: bool = False,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ):
     """FlashAttention: ``softmax(q k^T * scale) v`` without ever storing the seq_q x seq_kv matrix.
 
@@ -1669,9 +1786,18 @@ def flash_attention(
     Zero sizes: batch 0 or seq_q 0 give empty results; seq_kv 0 gives output 0 and LSE -inf (no key is
     visible); gradients are zeros.
 
-    Backward (autograd): recomputes the probabilities block by block from Q, K, V, O and the LSE; dK/dV and dQ
-    come from separate kernels with one writer per element, so gradients are bitwise repeatable; GQA
-    gradients are summed over each query group. Gradients through the returned LSE are supported.
+    Backward (autograd): recomputes the probabilities block by block from Q, K, V, O and the LSE; GQA
+    gradients are summed over each query group; gradients through the returned LSE are supported. Two paths
+    (PyTorch's convention, flash-attn's ``deterministic``):
+
+    - default: one kernel over key blocks computes dK, dV and dQ (five matmuls per tile, FlashAttention-2's
+      backward), adding each block's dQ share to an fp32 accumulator with atomics. The order of those
+      additions is the GPU's, so dQ's last bits can differ from run to run (dK and dV cannot);
+    - ``deterministic=True``, or whenever ``torch.are_deterministic_algorithms_enabled()`` when the backward
+      runs: dQ comes from a kernel of its own that recomputes the scores (seven matmuls per tile), every
+      gradient element has one writer, and gradients are bitwise repeatable.
+
+    ``deterministic`` only chooses the backward's path; the forward is always bitwise repeatable.
 
     Devices: CUDA tensors run the Triton kernels. CPU tensors run the same Triton kernels through the
     interpreter when ``TRITON_INTERPRET=1`` was set before import (``llm_speed.core.runtime.INTERPRETED``);
@@ -1684,6 +1810,7 @@ def flash_attention(
     ``softmax_scale=``, ``attn_mask=``, ...) get a TypeError naming ours.
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
+    deterministic = check_flag("deterministic", deterministic)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap)
+    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
     return (out, lse) if return_lse else out
