@@ -341,8 +341,8 @@ def _query_ranges(
 
 @triton.jit
 def _visible(
-    o_m,
-    o_n,
+    r_m,
+    c_n,
     seq_q,
     seq_kv,
     window_left,
@@ -352,18 +352,20 @@ def _visible(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
-    """[BM, BN] True where query o_m may see key o_n: inside both sequences and inside the window."""
-    p = o_m[:, None] + (seq_kv - seq_q)
+    """True where query ``r_m`` may see key ``c_n``: inside both sequences and inside the window. The indices
+    come broadcastable to the tile's orientation: ``o_m[:, None]``, ``o_n[None, :]`` for a [BM, BN] tile of
+    scores, ``o_m[None, :]``, ``o_n[:, None]`` for its transpose [BN, BM] (the dK/dV kernel's)."""
+    p = r_m + (seq_kv - seq_q)
     if EVEN_N:
-        m_visible = o_n[None, :] >= 0
+        m_visible = c_n >= 0
     else:
-        m_visible = o_n[None, :] < seq_kv
+        m_visible = c_n < seq_kv
     if HAS_LEFT:
-        m_visible = m_visible & (o_n[None, :] >= p - window_left)
+        m_visible = m_visible & (c_n >= p - window_left)
     if HAS_RIGHT:
-        m_visible = m_visible & (o_n[None, :] <= p + window_right)
+        m_visible = m_visible & (c_n <= p + window_right)
     if not EVEN_M:
-        m_visible = m_visible & (o_m[:, None] < seq_q)
+        m_visible = m_visible & (r_m < seq_q)
     return m_visible
 
 
@@ -413,7 +415,7 @@ def _scores(
     b_s, _ = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
     if MASKED:
         m_visible = _visible(
-            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_s = tl.where(m_visible, b_s, float("-inf"))
@@ -717,10 +719,9 @@ def _flash_bwd_preprocess_kernel(
 
 @triton.jit
 def _probabilities(
-    b_q,
-    b_k,
-    o_m,
-    o_n,
+    b_qk,
+    r_m,
+    c_n,
     b_lse2,
     seq_q,
     seq_kv,
@@ -734,21 +735,20 @@ def _probabilities(
     SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
-    """Recompute P = exp2(s2 - lse2) for a [BM, BN] tile from Q, K and the saved LSE, and the factor that
-    takes dS back through the cap (1 - tanh^2, or 1 without a cap).
+    """Recompute P = exp2(s2 - lse2) of a tile of raw products ``b_qk`` and the saved base-2 LSE, and the
+    factor that takes dS back through the cap (1 - tanh^2, or 1 without a cap). Either orientation: [BM, BN]
+    (the dQ kernel: ``r_m = o_m[:, None]``, ``c_n = o_n[None, :]``, ``b_lse2 = lse2[:, None]``) or its
+    transpose [BN, BM] (the dK/dV kernel: the same indices and LSE the other way round).
 
     ``MASKED``: entries outside the sequences or the window are set to 0. Unmasked tiles hold only visible
     keys; their rows past seq_q (zero Q, dO, LSE and delta) contribute exact zeros.
     """
-    b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
     b_s, b_t = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
-    b_p = tl.exp2(b_s - b_lse2[:, None])
+    b_p = tl.exp2(b_s - b_lse2)
     if MASKED:
         m_visible = _visible(
-            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            r_m, c_n, seq_q, seq_kv, window_left, window_right,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_p = tl.where(m_visible, b_p, 0.0)
@@ -803,10 +803,12 @@ def _dkdv_over_queries(
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV:
-    dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q (scaled by the caller); with
-    ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the fifth
-    matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own."""
+    """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV, in the
+    transposed orientation (FlashAttention-2's): S^T = K Q^T [BN, BM], P^T, dV += P^T dO, dP^T = V dO^T,
+    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). Every product but dQ's then has
+    the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
+    With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
+    fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own."""
     o_d = tl.arange(0, BLOCK_D)
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
@@ -815,18 +817,19 @@ def _dkdv_over_queries(
         b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
         b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
-        b_p, b_dcap = _probabilities(
-            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
-            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+        b_st = dot(b_k, tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        b_pt, b_dcap = _probabilities(
+            b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
+            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_p16 = cast(b_p, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dv += dot(tl.trans(b_p16), b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
-        b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
-        b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dk += dot(tl.trans(b_ds), b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
+        b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        b_dst = cast(b_pt * (b_dpt - b_delta[None, :]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         if ATOMIC_DQ:
-            b_dq = dot(b_ds, b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
+            b_dq = dot(tl.trans(b_dst), b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
             _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
     return b_dk, b_dv
 
@@ -1008,10 +1011,11 @@ def _dq_over_keys(
         b_v = _load_rows(
             p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
         )
+        b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_p, b_dcap = _probabilities(
-            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
-            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            b_qk, o_m[:, None], o_n[None, :], b_lse2[:, None], seq_q, seq_kv, scale, softcap, window_left,
+            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_k.dtype, RNE_BY_HAND=RNE_BY_HAND)

@@ -39,7 +39,7 @@ class Options:
     size: int = 4096  # GEMM M = N = K; rows and hidden size of the fused ops
     dtypes: tuple[str, ...] = ("fp16",)
     # attention backward: "default" (dQ by atomics, five matmuls) and/or "deterministic" (a dQ kernel)
-    backward: tuple[str, ...] = ("default",)
+    backward: tuple[str, ...] = ("default", "deterministic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +98,8 @@ def attention_problem(
     parts += ["causal"] * is_causal + [f"window{window}"] * (window is not None) + ["softcap"] * bool(softcap)
     parts += [f"{sequences} seqs"] * varlen + ([f"bwd {backward}"] if backward else [])
     options = dict(is_causal=is_causal, window=window, softcap=softcap)
-    if backward == "deterministic":
-        options["deterministic"] = True
+    if backward is not None:
+        options["deterministic"] = backward == "deterministic"
 
     def run(recording: Recording) -> None:
         import torch
