@@ -1190,7 +1190,9 @@ CONVERT_BLOCK, CONVERT_WARPS = 1024, 4
 # table with 99 KB or more per block (A100, H100, H200, B200, Ada) gets it; ``COMPACT`` (one pipeline stage,
 # half-height key blocks) serves devices with less (V100's 96 KB, T4's 64 KB). Compiled for sm_90 with
 # Triton 3.6, the FULL 16-bit configurations and float32 at head_dim <= 64 spill at most a few hundred bytes
-# per thread; earlier float32 head_dim-64 tiles (128 x 64, 4 warps) spilled 11-17 KB per thread.
+# per thread; earlier float32 head_dim-64 tiles (128 x 64, 4 warps) spilled 11-17 KB per thread. The
+# float32 rows at head_dim 128 and 256 are as small as they are because larger ones (forward 64x32, dK/dV
+# 32x32 and 32x16) spilled inside their loops on packed sequences (``tests/kernel_report`` checks it).
 #
 # Under the interpreter (and wherever no CUDA device is involved) the H100 SXM entry of the GPU table stands
 # in; the interpreter ignores num_warps and num_stages.
@@ -1223,11 +1225,11 @@ FULL = Tier(
     {
         "forward": {
             torch.float16: _row({64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)}),
-            torch.float32: _row({64: (64, 32, 8, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)}),
+            torch.float32: _row({64: (64, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 32, 8, 1)}),
         },
         "backward": {
             torch.float16: _row({64: (64, 64, 4, 2), 128: (32, 64, 8, 2), 256: (32, 32, 8, 1)}),
-            torch.float32: _row({64: (32, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 16, 8, 1)}),
+            torch.float32: _row({64: (32, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 1)}),
         },
     },
 )
@@ -1248,7 +1250,10 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
 # Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
 # 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
-# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's.
+# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. The backward d=128 row then moved to 8
+# warps (same tiles, the same 8 warps per SM): compiled for sm_90a (``llm-speed kernels``) the 4-warp dK/dV
+# kernel sat at 255 registers and spilled inside its loops (31 local-memory instructions non-causal with dQ
+# by atomics, 92 causal); with 8 warps it spills in no loop. Not yet measured on a GPU.
 LARGE = Tier(
     "227 KB",
     227 * KIB,
@@ -1256,7 +1261,7 @@ LARGE = Tier(
         FULL.table,
         {
             "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
-            "backward": {torch.float16: {128: (64, 64, 4, 2)}},
+            "backward": {torch.float16: {128: (64, 64, 8, 2)}},
         },
     ),
 )
