@@ -1186,7 +1186,7 @@ CONVERT_BLOCK, CONVERT_WARPS = 1024, 4
 # bfloat16 tiles have the sizes of float16 ones.
 #
 # Tiers by shared memory per block (:class:`llm_speed.core.hardware.Hardware`): ``FULL`` needs at most 98 KiB
-# (compiled with Triton for sm_80 and sm_90, ``tests/attention/compile_for_gpu.py``), so every GPU of the
+# (compiled as launched for the L4, ``tests/kernel_report/test_budgets.py``), so every GPU of the
 # table with 99 KB or more per block (A100, H100, H200, B200, Ada) gets it; ``COMPACT`` (one pipeline stage,
 # half-height key blocks) serves devices with less (V100's 96 KB, T4's 64 KB). Compiled for sm_90 with
 # Triton 3.6, the FULL 16-bit configurations and float32 at head_dim <= 64 spill at most a few hundred bytes

@@ -41,7 +41,21 @@ class Exception_:
 
 
 # Named, reasoned exceptions (none is silent). Keep each one's evidence in its reason.
-EXCEPTIONS: tuple[Exception_, ...] = ()
+_MASKED_DKDV = (
+    "the 16-bit dK/dV kernel with per-element masks in its loops (packed sequences: ragged bounds read on "
+    "device; a window with softcap: both window edges and the cap's derivative tile) sits at 255 registers "
+    "on sm_90a and spills inside its loops at every 64-key configuration tried (64x64 with 4 and 8 warps, 1 "
+    "and 2 stages; Triton 3.6, 2026-11-24; docs/notes/attention-overlap.md). The dense, causal and GQA "
+    "kernels of the same rows do not spill in loops; 32-key tiles would, but cost the dense path (measured "
+    "150 against 391 TFLOP/s on an H100, docs/notes/attention-tuning.md), and the configuration is chosen "
+    "per head dim, not per mask. To fix in the kernel (fewer live mask tiles), then drop this entry."
+)
+EXCEPTIONS: tuple[Exception_, ...] = (
+    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
+               match=(("IS_VARLEN", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
+    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
+               match=(("HAS_LEFT", True), ("SOFTCAP", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ on ``PYTHONPATH`` by :mod:`llm_speed.kernel_report.report`), its kernels must be
 compiled and ``ptxas`` logs its registers and spills. Every worker captures the same launches in the same
 order and compiles the kernels ``shard``, ``shard + shards``, ... of them.
 
-Request: ``{"gpu": "h100-sxm", "set": "default" | "shipped", "ops": [...] | null, "options": {...},
+Request: ``{"gpu": "h100-sxm", "set": "default" | "shipped" | "tier", "ops": [...] | null, "options": {...},
 "shard": 0, "shards": 2, "sass_dir": null | "DIR"}``.
 """
 
@@ -26,6 +26,8 @@ def _problems(request: dict):
 
     options = problems.Options(**{k: tuple(v) if isinstance(v, list) else v
                                   for k, v in request.get("options", {}).items()})  # fmt: skip
+    if request.get("set") == "tier":
+        return problems.shipped_problems(options.backward)
     if request.get("set") == "shipped":
         return problems.shipped_problems(options.backward) + problems.default_problems(
             tuple(request["ops"]) if request.get("ops") else None, options
