@@ -404,7 +404,11 @@ def _scores(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Base-2 scores of one [BM, BN] tile, -inf where ``MASKED`` hides a key."""
+    """(raw scores, factor) of one [BM, BN] tile: the base-2 scores are ``raw * factor`` (raw: q.k, or the
+    cap's tanh; factor: scale * log2(e), or softcap * log2(e)), raw is -inf where ``MASKED`` hides a key.
+    The forward folds the factor into its exp2 (one FFMA per score, ``exp2(raw * factor - m)``) and scales
+    only the row maxima (max(raw) * factor == max(raw * factor): the factor is positive), instead of
+    multiplying every score first."""
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
@@ -412,14 +416,19 @@ def _scores(
         p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
     )  # [BN, BD]
     b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
-    b_s, _ = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
+    if SOFTCAP:
+        b_raw = tanh(b_qk * (scale / softcap))
+        factor = softcap * LOG2E
+    else:
+        b_raw = b_qk
+        factor = scale * LOG2E
     if MASKED:
         m_visible = _visible(
             o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_s = tl.where(m_visible, b_s, float("-inf"))
-    return b_s
+        b_raw = tl.where(m_visible, b_raw, float("-inf"))
+    return b_raw, factor
 
 
 @triton.jit
@@ -451,13 +460,13 @@ def _row_max_over_keys(
 ):
     """Two-pass forward, pass 1: the running row max of the base-2 scores over keys [key_start, key_end)."""
     for start_n in range(key_start, key_end, BLOCK_N):
-        b_s = _scores(
+        b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
-        b_m = tl.maximum(b_m, tl.max(b_s, 1))
+        b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
 
 
@@ -501,7 +510,7 @@ def _accumulate_over_keys(
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
-        b_s = _scores(
+        b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
@@ -513,15 +522,15 @@ def _accumulate_over_keys(
         )  # [BN, BD]
         if TWO_PASS:
             # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
-            b_p = tl.exp2(b_s - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
+            b_p = tl.exp2(b_raw * factor - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
             b_l += tl.sum(b_p, 1)
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
             b_acc += dot(b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         else:
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+            b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
             # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
             b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
+            b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
             b_alpha = tl.exp2(b_m - b_shift)
             b_l = b_l * b_alpha + tl.sum(b_p, 1)
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
@@ -932,22 +941,22 @@ def _flash_bwd_dkdv_kernel(
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom, stride_dqm,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom, stride_dqm,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom, stride_dqm,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
