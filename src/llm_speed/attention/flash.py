@@ -610,6 +610,12 @@ def _attention_fwd_kernel(
     p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
+    if not SOFTCAP:
+        # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
+        # (exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the same weight, as
+        # with 0, while a hidden key's -inf stays -inf instead of becoming -inf * 0 = NaN).
+        b_q = tl.where(scale < 0, -b_q, b_q)
+        scale = tl.maximum(tl.abs(scale), 1e-30)
     b_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     b_l = tl.zeros((BLOCK_M,), tl.float32)
     b_acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
