@@ -579,6 +579,7 @@ def _attention_fwd_kernel(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    NEG_SCALE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -612,9 +613,10 @@ def _attention_fwd_kernel(
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
     if not SOFTCAP:
         # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
-        # (exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the same weight, as
-        # with 0, while a hidden key's -inf stays -inf instead of becoming -inf * 0 = NaN).
-        b_q = tl.where(scale < 0, -b_q, b_q)
+        # (``NEG_SCALE``, exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the
+        # same weight, as with 0, while a hidden key's -inf stays -inf instead of becoming -inf * 0 = NaN).
+        if NEG_SCALE:
+            b_q = -b_q
         scale = tl.maximum(tl.abs(scale), 1e-30)
     b_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     b_l = tl.zeros((BLOCK_M,), tl.float32)
@@ -1415,10 +1417,11 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
 @plan_cache
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
-    varlen, device,
+    varlen, negative_scale, device,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
-    sequences (packed: ``len(cu_seqlens) - 1``)."""
+    sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
+    the kernel, so that the base-2 factor of the scores is positive)."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     block_d = padded_head_dim(head_dim)
     cfg = attention_config("forward", block_d, dtype, hardware_of(device))
@@ -1430,6 +1433,7 @@ def _forward_plan(
         **_lse_stride_args(lse_shape, varlen), **grid_args,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped), TWO_PASS=two_pass, IS_VARLEN=varlen,
+        NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **dot_switches(dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
@@ -1549,7 +1553,8 @@ def attention_forward(
     if not runtime.triton_runs_on(device):
         return reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap, scale=scale)
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, two_pass, False, device)  # fmt: skip
+                         window_left, window_right, softcap is not None, two_pass, False, scale < 0.0,
+                         device)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers: any tensor of the plan's dtype will do
@@ -1637,7 +1642,8 @@ def varlen_forward(
         return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
                                         window=window, softcap=softcap, scale=scale)  # fmt: skip
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, False, True, device)  # fmt: skip
+                         window_left, window_right, softcap is not None, False, True, scale < 0.0,
+                         device)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
