@@ -115,6 +115,7 @@ def test_every_command_module_registers_itself():
     assert names == [
         "llm_speed.bench.cli",
         "llm_speed.doctor",
+        "llm_speed.kernel_report.command",
         "llm_speed.demo",
         "llm_speed.perf.cli_models",
         "llm_speed.perf.cli_hardware",

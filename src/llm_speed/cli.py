@@ -18,12 +18,14 @@ from llm_speed import __version__, doctor
 from llm_speed.bench import cli as bench_cli
 from llm_speed.demo import register as register_demo
 from llm_speed.distributed import cli as distributed_cli
+from llm_speed.kernel_report import command as kernels_cli
 from llm_speed.perf import cli_hardware, cli_models, cli_predict
 
 # In the order they appear in ``llm-speed --help``.
 REGISTRARS = (
     bench_cli.register,
     doctor.register,
+    kernels_cli.register,
     register_demo,
     cli_models.register,
     cli_hardware.register,

@@ -66,10 +66,17 @@ def test_rectangular_causal_prefill_at_scale():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_backward_is_bitwise_deterministic_over_50_runs(dtype):
+    # deterministic=True: every gradient element one writer; the default path adds dQ by float32 atomics, so
+    # only its dQ may differ from run to run, by float32 reordering (well under one rounding of q's dtype).
     q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, dtype, "cuda")
     dout = torch.randn_like(q)
-    first = run_with_grads(flash_attention, q, k, v, dout, is_causal=True)
-    for _ in range(50):
-        again = run_with_grads(flash_attention, q, k, v, dout, is_causal=True)
-        for a, b in zip(first, again, strict=True):
-            assert torch.equal(a, b)
+    for deterministic in (True, False):
+        options = dict(is_causal=True, deterministic=deterministic)
+        first = run_with_grads(flash_attention, q, k, v, dout, **options)
+        for _ in range(50):
+            again = run_with_grads(flash_attention, q, k, v, dout, **options)
+            for i, (a, b) in enumerate(zip(first, again, strict=True)):
+                if deterministic or i != 2:
+                    assert torch.equal(a, b)
+                else:
+                    assert (a.float() - b.float()).abs().max() <= 2 * ERROR_CAP[dtype] * a.float().abs().max()

@@ -466,7 +466,7 @@ def _refuse(name):
 
 # --- the GPU build: the kernels as their plans launch them compile for sm_90 ------------------------------
 
-MAX_SPILL_BYTES = 4096  # per-thread stack, as tests/attention/test_attention_compiles.py
+MAX_SPILL_BYTES = 4096  # per-thread stack (the dense kernels' budgets: tests/kernel_report)
 COMPILE_SCRIPT = r'''
 import json, pathlib, re, subprocess, sys, tempfile
 import torch, triton

@@ -95,8 +95,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "dq-kernel"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(case, device, guarded_outputs):
+def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(case, deterministic, device, guarded_outputs):
     _, values_q, values_k, is_causal, nan_rows, exact = case
     (q, k, v), input_buffers = _inputs(device)
     (cu_q, cu_q_buffer), (cu_k, cu_k_buffer) = _cu(values_q, device), _cu(values_k, device)
@@ -105,13 +106,15 @@ def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(case, device, gu
     dout = torch.randn(q.shape, device=device)
     launches = runtime.launch_counts()
 
-    out, lse = flash_attention_varlen(*leaves, cu_q, cu_k, 64, 64, is_causal=is_causal, return_lse=True)
+    options = dict(is_causal=is_causal, deterministic=deterministic)
+    out, lse = flash_attention_varlen(*leaves, cu_q, cu_k, 64, 64, return_lse=True, **options)
     dq, dk, dv = torch.autograd.grad(out, leaves, dout)
 
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     ran = runtime.launch_counts() - launches
-    assert ran[flash.FORWARD.name] == 1 and ran[flash.BACKWARD_DQ.name] == 1
+    dq_kernel = flash.BACKWARD_DQ if deterministic else flash.BACKWARD_DQ_CONVERT
+    assert ran[flash.FORWARD.name] == 1 and ran[dq_kernel.name] == 1
     # nothing written outside any output, nothing written to the inputs or cu_seqlens
     assert guarded_outputs and all(_margins_intact(b) for b in guarded_outputs)
     for a, b in zip(before, (*input_buffers, cu_q_buffer, cu_k_buffer), strict=True):
@@ -124,7 +127,7 @@ def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(case, device, gu
     # every other sequence exactly as computed on its own, forward and backward
     for b in exact:
         rows, keys = slice(*values_q[b : b + 2]), slice(*values_k[b : b + 2])
-        alone = _alone(q, k, v, rows, keys, dout, is_causal=is_causal)
+        alone = _alone(q, k, v, rows, keys, dout, **options)
         assert torch.equal(out[rows], alone[0]) and torch.equal(lse[:, rows], alone[1]), b
         assert torch.equal(dq[rows], alone[2]), b
         assert torch.equal(dk[keys], alone[3]) and torch.equal(dv[keys], alone[4]), b

@@ -154,12 +154,14 @@ def test_hardware_flops_by_implementation():
     shape = dict(batch=2, heads_q=4, seq_q=64, seq_kv=64, head_dim=32, causal=True)
     model_fwd = attention_cost(**shape).flops
     # Flash's forward executes exactly the model count; tiled recomputes QK^T in its second forward pass
-    # (1.5x); the atomic-free backward runs 7 matmuls (3.5x forward) where the convention counts 5 (2.5x);
+    # (1.5x); the default backward runs the model's 5 matmuls (2.5x), the deterministic one 7 (3.5x forward);
     # naive keeps P, so its backward runs 4 matmuls (2x forward).
     assert attention_hardware_flops(**shape) == model_fwd
-    assert attention_hardware_flops(**shape, mode="bwd") == 3.5 * model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd") == 2.5 * model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd", deterministic=True) == 3.5 * model_fwd
     assert attention_hardware_flops(**shape, impl="tiled") == 1.5 * model_fwd
-    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd") == 3.5 * model_fwd
+    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd") == 2.5 * model_fwd
+    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd", deterministic=True) == 3.5 * model_fwd
     assert attention_hardware_flops(**shape, impl="naive", mode="bwd") == 2 * model_fwd
     assert attention_hardware_flops(**shape, impl="naive", mode="fwd+bwd") == 3 * model_fwd
     with pytest.raises(ValueError, match="impl must be one of"):

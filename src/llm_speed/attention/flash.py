@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
+from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
@@ -106,6 +107,22 @@ def _store_rows(
         tl.store(p, value, mask=o_rows[:, None] < n_rows)
     else:
         tl.store(p, value, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim))
+
+
+@triton.jit
+def _add_rows(p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr,
+              EVEN_D: tl.constexpr):  # fmt: skip
+    """Add a [rows, BD] fp32 tile to memory with atomics (other programs add to the same rows), skipping rows
+    past ``n_rows`` and columns past ``head_dim``. Relaxed order: only the sum matters."""
+    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    if EVEN_ROWS and EVEN_D:
+        tl.atomic_add(p, value, sem="relaxed")
+    elif EVEN_ROWS:
+        tl.atomic_add(p, value, mask=o_d[None, :] < head_dim, sem="relaxed")
+    elif EVEN_D:
+        tl.atomic_add(p, value, mask=o_rows[:, None] < n_rows, sem="relaxed")
+    else:
+        tl.atomic_add(p, value, mask=(o_rows[:, None] < n_rows) & (o_d[None, :] < head_dim), sem="relaxed")
 
 
 @triton.jit
@@ -325,8 +342,8 @@ def _query_ranges(
 
 @triton.jit
 def _visible(
-    o_m,
-    o_n,
+    r_m,
+    c_n,
     seq_q,
     seq_kv,
     window_left,
@@ -336,18 +353,20 @@ def _visible(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
-    """[BM, BN] True where query o_m may see key o_n: inside both sequences and inside the window."""
-    p = o_m[:, None] + (seq_kv - seq_q)
+    """True where query ``r_m`` may see key ``c_n``: inside both sequences and inside the window. The indices
+    come broadcastable to the tile's orientation: ``o_m[:, None]``, ``o_n[None, :]`` for a [BM, BN] tile of
+    scores, ``o_m[None, :]``, ``o_n[:, None]`` for its transpose [BN, BM] (the dK/dV kernel's)."""
+    p = r_m + (seq_kv - seq_q)
     if EVEN_N:
-        m_visible = o_n[None, :] >= 0
+        m_visible = c_n >= 0
     else:
-        m_visible = o_n[None, :] < seq_kv
+        m_visible = c_n < seq_kv
     if HAS_LEFT:
-        m_visible = m_visible & (o_n[None, :] >= p - window_left)
+        m_visible = m_visible & (c_n >= p - window_left)
     if HAS_RIGHT:
-        m_visible = m_visible & (o_n[None, :] <= p + window_right)
+        m_visible = m_visible & (c_n <= p + window_right)
     if not EVEN_M:
-        m_visible = m_visible & (o_m[:, None] < seq_q)
+        m_visible = m_visible & (r_m < seq_q)
     return m_visible
 
 
@@ -386,7 +405,11 @@ def _scores(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Base-2 scores of one [BM, BN] tile, -inf where ``MASKED`` hides a key."""
+    """(raw scores, factor) of one [BM, BN] tile: the base-2 scores are ``raw * factor`` (raw: q.k, or the
+    cap's tanh; factor: scale * log2(e), or softcap * log2(e)), raw is -inf where ``MASKED`` hides a key.
+    The forward folds the factor into its exp2 (one FFMA per score, ``exp2(raw * factor - m)``) and scales
+    only the row maxima (max(raw) * factor == max(raw * factor): the factor is positive), instead of
+    multiplying every score first."""
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
@@ -394,14 +417,19 @@ def _scores(
         p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
     )  # [BN, BD]
     b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
-    b_s, _ = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
+    if SOFTCAP:
+        b_raw = tanh(b_qk * (scale / softcap))
+        factor = softcap * LOG2E
+    else:
+        b_raw = b_qk
+        factor = scale * LOG2E
     if MASKED:
         m_visible = _visible(
-            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_s = tl.where(m_visible, b_s, float("-inf"))
-    return b_s
+        b_raw = tl.where(m_visible, b_raw, float("-inf"))
+    return b_raw, factor
 
 
 @triton.jit
@@ -433,13 +461,13 @@ def _row_max_over_keys(
 ):
     """Two-pass forward, pass 1: the running row max of the base-2 scores over keys [key_start, key_end)."""
     for start_n in range(key_start, key_end, BLOCK_N):
-        b_s = _scores(
+        b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
-        b_m = tl.maximum(b_m, tl.max(b_s, 1))
+        b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
 
 
@@ -483,7 +511,7 @@ def _accumulate_over_keys(
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
-        b_s = _scores(
+        b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
@@ -495,15 +523,15 @@ def _accumulate_over_keys(
         )  # [BN, BD]
         if TWO_PASS:
             # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
-            b_p = tl.exp2(b_s - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
+            b_p = tl.exp2(b_raw * factor - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
             b_l += tl.sum(b_p, 1)
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
             b_acc += dot(b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         else:
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+            b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
             # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
             b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
+            b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
             b_alpha = tl.exp2(b_m - b_shift)
             b_l = b_l * b_alpha + tl.sum(b_p, 1)
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
@@ -552,6 +580,7 @@ def _attention_fwd_kernel(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    NEG_SCALE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -583,6 +612,13 @@ def _attention_fwd_kernel(
     p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
+    if not SOFTCAP:
+        # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
+        # (``NEG_SCALE``, exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the
+        # same weight, as with 0, while a hidden key's -inf stays -inf instead of becoming -inf * 0 = NaN).
+        if NEG_SCALE:
+            b_q = -b_q
+        scale = tl.maximum(tl.abs(scale), 1e-30)
     b_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     b_l = tl.zeros((BLOCK_M,), tl.float32)
     b_acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -648,24 +684,31 @@ def _flash_bwd_preprocess_kernel(
     DO,
     DLSE,
     DELTA,
+    DQ_ACC,
     stride_ob,
     stride_oh,
     stride_om,
     stride_dob,
     stride_doh,
     stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
     stride_lb,
     stride_lh,
     heads_q,
     seq_q,
     head_dim,
     HAS_DLSE: tl.constexpr,
+    ZERO_DQ: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32).
+    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32); with
+    ``ZERO_DQ`` it also zeroes the same rows of the fp32 dQ accumulator the dK/dV kernel adds to (one launch
+    fewer than a separate fill).
 
     Packed sequences run it as one batch of ``total_q`` rows: the rows are independent. With an LSE
     gradient: d lse_i / d s_ij = P_ij, so it folds into delta with a minus sign.
@@ -686,14 +729,17 @@ def _flash_bwd_preprocess_kernel(
     if HAS_DLSE:
         b_delta -= _load_vector(DLSE + o_row, o_m, seq_q, EVEN_ROWS=EVEN_M)
     _store_vector(DELTA + o_row, b_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    if ZERO_DQ:
+        p_dq = DQ_ACC + b * stride_dqb + h * stride_dqh
+        b_zero = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        _store_rows(p_dq, b_zero, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
 
 
 @triton.jit
 def _probabilities(
-    b_q,
-    b_k,
-    o_m,
-    o_n,
+    b_qk,
+    r_m,
+    c_n,
     b_lse2,
     seq_q,
     seq_kv,
@@ -707,21 +753,20 @@ def _probabilities(
     SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
-    """Recompute P = exp2(s2 - lse2) for a [BM, BN] tile from Q, K and the saved LSE, and the factor that
-    takes dS back through the cap (1 - tanh^2, or 1 without a cap).
+    """Recompute P = exp2(s2 - lse2) of a tile of raw products ``b_qk`` and the saved base-2 LSE, and the
+    factor that takes dS back through the cap (1 - tanh^2, or 1 without a cap). Either orientation: [BM, BN]
+    (the dQ kernel: ``r_m = o_m[:, None]``, ``c_n = o_n[None, :]``, ``b_lse2 = lse2[:, None]``) or its
+    transpose [BN, BM] (the dK/dV kernel: the same indices and LSE the other way round).
 
     ``MASKED``: entries outside the sequences or the window are set to 0. Unmasked tiles hold only visible
     keys; their rows past seq_q (zero Q, dO, LSE and delta) contribute exact zeros.
     """
-    b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
     b_s, b_t = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
-    b_p = tl.exp2(b_s - b_lse2[:, None])
+    b_p = tl.exp2(b_s - b_lse2)
     if MASKED:
         m_visible = _visible(
-            o_m, o_n, seq_q, seq_kv, window_left, window_right,
+            r_m, c_n, seq_q, seq_kv, window_left, window_right,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_p = tl.where(m_visible, b_p, 0.0)
@@ -748,11 +793,13 @@ def _dkdv_over_queries(
     p_do,
     p_lse,
     p_delta,
+    p_dq,
     o_n,
     query_start,
     query_end,
     stride_qm,
     stride_dom,
+    stride_dqm,
     seq_q,
     seq_kv,
     head_dim,
@@ -770,11 +817,16 @@ def _dkdv_over_queries(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV:
-    dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q (scaled by the caller)."""
+    """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV, in the
+    transposed orientation (FlashAttention-2's): S^T = K Q^T [BN, BM], P^T, dV += P^T dO, dP^T = V dO^T,
+    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). Every product but dQ's then has
+    the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
+    With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
+    fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own."""
     o_d = tl.arange(0, BLOCK_D)
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
@@ -783,16 +835,20 @@ def _dkdv_over_queries(
         b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
         b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
-        b_p, b_dcap = _probabilities(
-            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
-            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+        b_st = dot(b_k, tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        b_pt, b_dcap = _probabilities(
+            b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
+            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_p16 = cast(b_p, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dv += dot(tl.trans(b_p16), b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
-        b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
-        b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dk += dot(tl.trans(b_ds), b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
+        b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        b_dst = cast(b_pt * (b_dpt - b_delta[None, :]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
+        if ATOMIC_DQ:
+            b_dq = dot(tl.trans(b_dst), b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
+            _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
     return b_dk, b_dv
 
 
@@ -806,6 +862,7 @@ def _flash_bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
+    DQ,
     CU_Q,
     CU_K,
     stride_qb,
@@ -820,6 +877,9 @@ def _flash_bwd_dkdv_kernel(
     stride_dob,
     stride_doh,
     stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
     stride_dkb,
     stride_dkh,
     stride_dkn,
@@ -849,6 +909,7 @@ def _flash_bwd_dkdv_kernel(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -858,7 +919,10 @@ def _flash_bwd_dkdv_kernel(
 
     It walks every query head of the GQA group and every query block that can see these keys, recomputing
     P from Q, K and LSE:  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - delta) * cap',  dK += dS^T Q * scale.
-    Each dK/dV element is written once by one program, in a fixed order: deterministic, no atomics.
+    Each dK/dV element is written once by one program, in a fixed order. With ``ATOMIC_DQ`` (the default
+    path, FlashAttention-2's) it also adds dS K to the fp32 dQ accumulator ``DQ`` with atomics: five
+    matmuls per tile in all, dQ's summation order left to the hardware; without it, ``DQ`` is not touched
+    and the dQ kernel computes dQ on its own (the deterministic path).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
@@ -884,26 +948,27 @@ def _flash_bwd_dkdv_kernel(
         p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
         p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
+        p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, lo, left_end, stride_qm, stride_dom,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, o_n, mid_hi, hi, stride_qm, stride_dom,
-            seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
 
     b_dk *= scale
@@ -964,10 +1029,11 @@ def _dq_over_keys(
         b_v = _load_rows(
             p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
         )
+        b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_p, b_dcap = _probabilities(
-            b_q, b_k, o_m, o_n, b_lse2, seq_q, seq_kv, scale, softcap, window_left, window_right,
-            MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            b_qk, o_m[:, None], o_n[None, :], b_lse2[:, None], seq_q, seq_kv, scale, softcap, window_left,
+            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_k.dtype, RNE_BY_HAND=RNE_BY_HAND)
@@ -1086,6 +1152,27 @@ def _flash_bwd_dq_kernel(
     _store_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
 
 
+@triton.jit
+def _flash_bwd_dq_convert_kernel(
+    DQ_ACC,
+    DQ,
+    n,
+    scale,
+    EVEN: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """dQ = scale * the fp32 accumulator, in dQ's dtype: the last step of the default (atomic) backward.
+    Both are contiguous and of one shape, so the kernel walks them flat."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        b_dq = tl.load(DQ_ACC + o) * scale
+        tl.store(DQ + o, cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    else:
+        b_dq = tl.load(DQ_ACC + o, mask=o < n, other=0.0) * scale
+        tl.store(DQ + o, cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=o < n)
+
+
 # --- launcher -------------------------------------------------------------------------------------------
 
 FORWARD = Kernel(_attention_fwd_kernel, "flash_attention_fwd")
@@ -1093,11 +1180,18 @@ TILED = Kernel(_attention_fwd_kernel, "tiled_attention_fwd")  # the same body wi
 BACKWARD_PREPROCESS = Kernel(_flash_bwd_preprocess_kernel, "flash_attention_bwd_preprocess")
 BACKWARD_DKDV = Kernel(_flash_bwd_dkdv_kernel, "flash_attention_bwd_dkdv")
 BACKWARD_DQ = Kernel(_flash_bwd_dq_kernel, "flash_attention_bwd_dq")
-BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
+BACKWARD_DQ_CONVERT = Kernel(_flash_bwd_dq_convert_kernel, "flash_attention_bwd_dq_convert")
+# The backward's two paths: the default adds dQ by atomics from the dK/dV kernel (five matmuls per tile,
+# FlashAttention-2's), then converts the fp32 accumulator; the deterministic one has a dQ kernel of its own
+# (every element one writer; seven matmuls per tile: S and dP are recomputed there).
+BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
+DETERMINISTIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
 
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
 # The preprocess kernel (delta = rowsum(dO * O)) streams rows: Triton's default launch options.
 PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
+# The dQ conversion (fp32 accumulator -> dQ) streams elements: 1024 per program, 4 warps.
+CONVERT_BLOCK, CONVERT_WARPS = 1024, 4
 
 # Block configurations, chosen by the device's shared memory per block.
 #
@@ -1110,11 +1204,13 @@ PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
 # bfloat16 tiles have the sizes of float16 ones.
 #
 # Tiers by shared memory per block (:class:`llm_speed.core.hardware.Hardware`): ``FULL`` needs at most 98 KiB
-# (compiled with Triton for sm_80 and sm_90, ``tests/attention/compile_for_gpu.py``), so every GPU of the
+# (compiled as launched for the L4, ``tests/kernel_report/test_budgets.py``), so every GPU of the
 # table with 99 KB or more per block (A100, H100, H200, B200, Ada) gets it; ``COMPACT`` (one pipeline stage,
 # half-height key blocks) serves devices with less (V100's 96 KB, T4's 64 KB). Compiled for sm_90 with
 # Triton 3.6, the FULL 16-bit configurations and float32 at head_dim <= 64 spill at most a few hundred bytes
-# per thread; earlier float32 head_dim-64 tiles (128 x 64, 4 warps) spilled 11-17 KB per thread.
+# per thread; earlier float32 head_dim-64 tiles (128 x 64, 4 warps) spilled 11-17 KB per thread. The
+# float32 rows at head_dim 128 and 256 are as small as they are because larger ones (forward 64x32, dK/dV
+# 32x32 and 32x16) spilled inside their loops on packed sequences (``tests/kernel_report`` checks it).
 #
 # Under the interpreter (and wherever no CUDA device is involved) the H100 SXM entry of the GPU table stands
 # in; the interpreter ignores num_warps and num_stages.
@@ -1147,11 +1243,11 @@ FULL = Tier(
     {
         "forward": {
             torch.float16: _row({64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)}),
-            torch.float32: _row({64: (64, 32, 8, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)}),
+            torch.float32: _row({64: (64, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 32, 8, 1)}),
         },
         "backward": {
             torch.float16: _row({64: (64, 64, 4, 2), 128: (32, 64, 8, 2), 256: (32, 32, 8, 1)}),
-            torch.float32: _row({64: (32, 32, 8, 2), 128: (32, 32, 8, 1), 256: (32, 16, 8, 1)}),
+            torch.float32: _row({64: (32, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 1)}),
         },
     },
 )
@@ -1172,7 +1268,10 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
 # Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
 # 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
-# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's.
+# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. The backward d=128 row then moved to 8
+# warps (same tiles, the same 8 warps per SM): compiled for sm_90a (``llm-speed kernels``) the 4-warp dK/dV
+# kernel sat at 255 registers and spilled inside its loops (31 local-memory instructions non-causal with dQ
+# by atomics, 92 causal); with 8 warps it spills in no loop. Not yet measured on a GPU.
 LARGE = Tier(
     "227 KB",
     227 * KIB,
@@ -1180,7 +1279,7 @@ LARGE = Tier(
         FULL.table,
         {
             "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
-            "backward": {torch.float16: {128: (64, 64, 4, 2)}},
+            "backward": {torch.float16: {128: (64, 64, 8, 2)}},
         },
     ),
 )
@@ -1319,10 +1418,11 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
 @plan_cache
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
-    varlen, device,
+    varlen, negative_scale, device,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
-    sequences (packed: ``len(cu_seqlens) - 1``)."""
+    sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
+    the kernel, so that the base-2 factor of the scores is positive)."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     block_d = padded_head_dim(head_dim)
     cfg = attention_config("forward", block_d, dtype, hardware_of(device))
@@ -1334,6 +1434,7 @@ def _forward_plan(
         **_lse_stride_args(lse_shape, varlen), **grid_args,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped), TWO_PASS=two_pass, IS_VARLEN=varlen,
+        NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **dot_switches(dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
@@ -1343,10 +1444,11 @@ def _forward_plan(
 @plan_cache
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
-    is_causal, left, right, capped, varlen, device,
+    is_causal, left, right, capped, varlen, deterministic, device,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
-    and dlse (None without)."""
+    and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
+    dK/dV kernel); ``deterministic``: the dQ kernel."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     dtype = dtypes[0]
     block_d = padded_head_dim(head_dim)
@@ -1354,15 +1456,18 @@ def _backward_plans(
     hardware = hardware_of(device)
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     lse_strides = _lse_stride_args(lse_shape, varlen)
+    atomic = not deterministic
+    # the fp32 dQ accumulator (default path): contiguous, q's shape
+    dq_strides = _stride_args(varlen, dq=_contiguous_strides(q_shape) if atomic else (0, 0, 0, 0))
 
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
     fwd = attention_config("forward", block_d, dtype, hardware)
     preprocess = BACKWARD_PREPROCESS.plan(
         (cdiv(seq_q, fwd.block_m) * (1 if varlen else batch) * heads_q,),
         num_warps=PREPROCESS_WARPS, num_stages=PREPROCESS_STAGES,
-        **_stride_args(varlen, o=out_stride, do=dout_stride), **lse_strides,
-        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, EVEN_M=seq_q % fwd.block_m == 0,
-        EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
+        **_stride_args(varlen, o=out_stride, do=dout_stride), **dq_strides, **lse_strides,
+        heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, ZERO_DQ=atomic,
+        EVEN_M=seq_q % fwd.block_m == 0, EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
     )  # fmt: skip
 
     cfg = attention_config("backward", block_d, dtype, hardware)
@@ -1376,10 +1481,20 @@ def _backward_plans(
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
     dk_strides = _contiguous_strides(k_shape)
     dkdv = BACKWARD_DKDV.plan(
-        grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), heads_kv=heads_kv,
-        EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
+        grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
+        heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
+        EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
+    if atomic:
+        n = 1
+        for size in q_shape:
+            n *= size
+        dq = BACKWARD_DQ_CONVERT.plan(
+            (cdiv(n, CONVERT_BLOCK),), num_warps=CONVERT_WARPS, num_stages=1, n=n,
+            EVEN=n % CONVERT_BLOCK == 0, RNE_BY_HAND=dot_switches(dtype)["RNE_BY_HAND"], BLOCK=CONVERT_BLOCK,
+        )  # fmt: skip
+        return preprocess, dkdv, dq
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
     dq = BACKWARD_DQ.plan(
@@ -1390,25 +1505,34 @@ def _backward_plans(
     return preprocess, dkdv, dq
 
 
-def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap):
-    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then dQ.
+def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic):
+    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then
+    dQ.
 
-    dK/dV and dQ come from separate kernels so every output element has exactly one writer: no atomics, and
-    the result is bitwise repeatable."""
+    Default path: the preprocess also zeroes an fp32 dQ accumulator, the dK/dV kernel adds dS K to it with
+    atomics (FlashAttention-2's five matmuls per tile), and a conversion writes dQ = scale * accumulator in
+    q's dtype. dQ's additions come in whatever order the GPU runs the programs: run to run, its last bits can
+    differ. ``deterministic``: a dQ kernel of its own recomputes S and dP (seven matmuls per tile) and every
+    output element has exactly one writer: no atomics, bitwise repeatable."""
     preprocess, dkdv, dq_plan = plans
     device = q.device
     delta = tensors.new_output(lse.shape, torch.float32, device)
-    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta)
+    # deterministic: the accumulator is not used; any float32 tensor stands in
+    dq_acc = delta if deterministic else tensors.new_output(q.shape, torch.float32, device)
+    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta, DQ_ACC=dq_acc)
     dk = tensors.new_output(k.shape, k.dtype, device)
     dv = tensors.new_output(v.shape, v.dtype, device)
     dq = tensors.new_output(q.shape, q.dtype, device)
     if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
         cu_q = cu_k = delta
     softcap = 1.0 if softcap is None else softcap
-    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, CU_Q=cu_q, CU_K=cu_k,
+    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q, CU_K=cu_k,
                 scale=scale, softcap=softcap)  # fmt: skip
-    dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
-                   scale=scale, softcap=softcap)  # fmt: skip
+    if deterministic:
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
+                       scale=scale, softcap=softcap)  # fmt: skip
+    else:
+        dq_plan.launch(DQ_ACC=dq_acc, DQ=dq, scale=scale)
     return dq, dk, dv
 
 
@@ -1430,7 +1554,8 @@ def attention_forward(
     if not runtime.triton_runs_on(device):
         return reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap, scale=scale)
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, two_pass, False, device)  # fmt: skip
+                         window_left, window_right, softcap is not None, two_pass, False, scale < 0.0,
+                         device)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers: any tensor of the plan's dtype will do
@@ -1439,17 +1564,28 @@ def attention_forward(
     return out, lse
 
 
-def forward(q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None):
-    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation."""
+def forward(
+    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
+    deterministic=False,
+):  # fmt: skip
+    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation
+    (``deterministic`` is the backward's, kept for it by the autograd context)."""
     return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
+
+
+def deterministic_backward(deterministic: bool) -> bool:
+    """Whether a backward takes the deterministic path: asked for, or PyTorch's deterministic mode is on
+    (``torch.use_deterministic_algorithms(True)``), read when the backward runs (PyTorch's convention)."""
+    return deterministic or torch.are_deterministic_algorithms_enabled()
 
 
 def backward(
     dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
-    softcap=None,
+    softcap=None, deterministic=False,
 ):  # fmt: skip
     """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
-    work. GQA gradients are summed over each query group."""
+    work. GQA gradients are summed over each query group. Default: dQ by atomics (five matmuls per tile);
+    ``deterministic`` (or PyTorch's deterministic mode): a dQ kernel of its own, bitwise repeatable."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -1457,7 +1593,9 @@ def backward(
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
-    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window)
+    deterministic = deterministic_backward(deterministic)
+    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window,
+                        deterministic=deterministic)  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, window=window,
                                   softcap=softcap, scale=scale)  # fmt: skip
@@ -1465,14 +1603,15 @@ def backward(
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, q.device,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
+        q.device,
     )  # fmt: skip
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic)
 
 
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None,
+    window_left=None, window_right=None, softcap=None, deterministic=False,
 ):  # fmt: skip
     """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
 
@@ -1504,7 +1643,8 @@ def varlen_forward(
         return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
                                         window=window, softcap=softcap, scale=scale)  # fmt: skip
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, False, True, device)  # fmt: skip
+                         window_left, window_right, softcap is not None, False, True, scale < 0.0,
+                         device)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
@@ -1518,11 +1658,11 @@ def varlen_forward(
 
 def varlen_backward(
     dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None,
+    window_left=None, window_right=None, softcap=None, deterministic=False,
 ):  # fmt: skip
     """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
     where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
-    outside the tensors is read or written."""
+    outside the tensors is read or written. Paths as :func:`backward`'s."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -1530,9 +1670,10 @@ def varlen_backward(
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
+    deterministic = deterministic_backward(deterministic)
     runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        is_causal=is_causal, window=window,
+        is_causal=is_causal, window=window, deterministic=deterministic,
     )  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return varlen_reference_backward(
@@ -1543,10 +1684,11 @@ def varlen_backward(
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, q.device,
+        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
+        q.device,
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic)
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -1566,12 +1708,14 @@ def _forward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
 
 
 @_forward_op.register_fake
-def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None):
+def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None,
+                 deterministic=False):  # fmt: skip
     """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
     batch, heads_q, seq_q, _ = q.shape
     return _empty(q, q.shape), _empty(q, (batch, heads_q, seq_q), torch.float32)
@@ -1591,13 +1735,15 @@ def _backward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap)
+    return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap,
+                    deterministic)  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=None, window_right=None,
-                   softcap=None):  # fmt: skip
+                   softcap=None, deterministic=False):  # fmt: skip
     return _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
 
 
@@ -1643,6 +1789,7 @@ def flash_attention(
     return_lse: bool = False,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ):
     """FlashAttention: ``softmax(q k^T * scale) v`` without ever storing the seq_q x seq_kv matrix.
 
@@ -1672,9 +1819,18 @@ def flash_attention(
     Zero sizes: batch 0 or seq_q 0 give empty results; seq_kv 0 gives output 0 and LSE -inf (no key is
     visible); gradients are zeros.
 
-    Backward (autograd): recomputes the probabilities block by block from Q, K, V, O and the LSE; dK/dV and dQ
-    come from separate kernels with one writer per element, so gradients are bitwise repeatable; GQA
-    gradients are summed over each query group. Gradients through the returned LSE are supported.
+    Backward (autograd): recomputes the probabilities block by block from Q, K, V, O and the LSE; GQA
+    gradients are summed over each query group; gradients through the returned LSE are supported. Two paths
+    (PyTorch's convention, flash-attn's ``deterministic``):
+
+    - default: one kernel over key blocks computes dK, dV and dQ (five matmuls per tile, FlashAttention-2's
+      backward), adding each block's dQ share to an fp32 accumulator with atomics. The order of those
+      additions is the GPU's, so dQ's last bits can differ from run to run (dK and dV cannot);
+    - ``deterministic=True``, or whenever ``torch.are_deterministic_algorithms_enabled()`` when the backward
+      runs: dQ comes from a kernel of its own that recomputes the scores (seven matmuls per tile), every
+      gradient element has one writer, and gradients are bitwise repeatable.
+
+    ``deterministic`` only chooses the backward's path; the forward is always bitwise repeatable.
 
     Devices: CUDA tensors run the Triton kernels. CPU tensors run the same Triton kernels through the
     interpreter when ``TRITON_INTERPRET=1`` was set before import (``llm_speed.core.runtime.INTERPRETED``);
@@ -1687,6 +1843,7 @@ def flash_attention(
     ``softmax_scale=``, ``attn_mask=``, ...) get a TypeError naming ours.
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
+    deterministic = check_flag("deterministic", deterministic)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap)
+    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
     return (out, lse) if return_lse else out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.args import check_flag
 from ..core.dispatch import Op
 from . import flash
 from .checks import check_options, prepare_attention_inputs, suggest_keywords
@@ -16,8 +17,11 @@ from .checks import check_options, prepare_attention_inputs, suggest_keywords
 # --- op registration ------------------------------------------------------------------------------------
 
 
-def forward(q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None):
-    """(out, lse) of the two-pass forward; the op's implementation."""
+def forward(
+    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
+    deterministic=False,
+):  # fmt: skip
+    """(out, lse) of the two-pass forward; the op's implementation (``deterministic``: the backward's)."""
     return flash.attention_forward(
         q, k, v, is_causal, scale, window_left, window_right, softcap, two_pass=True
     )
@@ -33,6 +37,7 @@ def _forward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
 
@@ -58,12 +63,13 @@ def tiled_attention(
     return_lse: bool = False,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ):
     """Attention that tiles K/V through on-chip memory in two passes, without online softmax.
 
     Same signature and semantics as :func:`llm_speed.flash_attention` (shapes, GQA, bottom-right causal mask,
     ``window`` and ``softcap``, rows with no visible key -> 0 and LSE -inf, dtypes, strides, zero sizes,
-    validation).
+    validation, and ``deterministic``, which chooses the backward's path).
 
     Each Triton program holds one block of query rows. Pass 1 streams every K tile to find the row max of the
     scores; pass 2 streams K again together with V, summing exp(s - max) and exp(s - max) @ V; the output is
@@ -72,12 +78,14 @@ def tiled_attention(
     O(seq_q * head_dim + (seq_q / BLOCK_M) * seq_kv * head_dim * 3) elements, against O(seq_q * seq_kv) for
     naive attention; FlashAttention's online softmax removes the second read of K.
 
-    Autograd: the backward is FlashAttention's backward kernels (they recompute from Q, K, V, O, LSE).
+    Autograd: the backward is FlashAttention's backward kernels (they recompute from Q, K, V, O, LSE), on
+    the default path or, with ``deterministic=True`` or PyTorch's deterministic mode, the deterministic one.
     CPU tensors run the Triton kernel under the interpreter, otherwise the PyTorch reference in float32.
     Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
     implementation and autograd included), so ``torch.compile(fullgraph=True)`` captures it.
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
+    deterministic = check_flag("deterministic", deterministic)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap)
+    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
     return (out, lse) if return_lse else out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.args import check_flag
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
 from ..fused import autocast  # torch.autocast rules (issue 34)
@@ -34,6 +35,7 @@ def _forward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The values of cu_seqlens are checked in the implementation, on real tensors (also under torch.compile).
     return flash.varlen_forward(
@@ -44,7 +46,7 @@ def _forward_op(
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                  window_left=None, window_right=None, softcap=None):  # fmt: skip
+                  window_left=None, window_right=None, softcap=None, deterministic=False):  # fmt: skip
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -64,16 +66,17 @@ def _backward_op(
     window_left: int | None = None,
     window_right: int | None = None,
     softcap: float | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return flash.varlen_backward(
         dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window_left,
-        window_right, softcap,
+        window_right, softcap, deterministic,
     )  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale,
-                   window_left=None, window_right=None, softcap=None):  # fmt: skip
+                   window_left=None, window_right=None, softcap=None, deterministic=False):  # fmt: skip
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -121,6 +124,7 @@ def flash_attention_varlen(
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
     """FlashAttention over packed sequences of different lengths (flash-attn's ``flash_attn_varlen_func``).
 
@@ -136,6 +140,10 @@ def flash_attention_varlen(
         is_causal, scale, window, softcap: as :func:`llm_speed.flash_attention`, each sequence on its own:
             causal masks and windows are aligned bottom-right per sequence (``p = i + seq_k_b - seq_q_b``).
         return_lse: also return the LSE ``[heads_q, total_q]`` fp32 (flash-attn's layout).
+        deterministic: the backward's path, as :func:`llm_speed.flash_attention`'s: by default dQ is added
+            up with atomics (five matmuls per tile; its last bits may differ run to run); ``True`` (or
+            ``torch.are_deterministic_algorithms_enabled()`` when the backward runs) gives bitwise
+            repeatable gradients from a dQ kernel of its own.
 
     Sequence b attends only to its own keys. A row that sees no key (its sequence has no key, or the mask
     hides them all) outputs 0 with LSE -inf and gets zero gradients. Output ``[total_q, heads_q, head_dim]``
@@ -159,6 +167,7 @@ def flash_attention_varlen(
     reference per sequence in float32.
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
+    deterministic = check_flag("deterministic", deterministic)
     max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     )
@@ -166,6 +175,6 @@ def flash_attention_varlen(
     scale = check_scale(scale, q)
     out, lse = _forward_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, left, right,
-        softcap,
+        softcap, deterministic,
     )  # fmt: skip
     return (out, lse) if return_lse else out

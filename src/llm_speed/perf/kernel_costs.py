@@ -159,9 +159,11 @@ def attention_cost(
 
 # Matmuls each implementation executes, as multiples of the forward's two (QK^T, PV).
 _EXECUTED_FORWARD_MATMULS = {"flash": 2, "tiled": 3, "naive": 2}  # tiled: QK^T in both passes
-# flash/tiled: the dK/dV kernel runs S, dP, dV, dK and the separate dQ kernel recomputes S and dP before dQ
-# (the price of a backward without atomics); naive keeps P, so no QK^T recompute.
-_EXECUTED_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
+# flash/tiled: by default the dK/dV kernel runs S, dP, dV, dK and adds dQ by atomics (5, FlashAttention-2's);
+# the deterministic path (``deterministic=True`` or PyTorch's deterministic mode) has a separate dQ kernel
+# that recomputes S and dP before dQ (7: the price of a backward without atomics); naive keeps P (4).
+_EXECUTED_BACKWARD_MATMULS = {"flash": 5, "tiled": 5, "naive": 4}
+_DETERMINISTIC_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
 
 
 def attention_hardware_flops(
@@ -174,21 +176,24 @@ def attention_hardware_flops(
     causal: bool = False,
     mode: str = "fwd",
     impl: str = "flash",
+    deterministic: bool = False,
 ) -> float:
     """Matmul FLOPs an implementation actually executes (for HFU), against :func:`attention_cost`'s model
     FLOPs (for MFU). Each (Q, K) or (P, V) matmul over the visible pairs costs 2 * batch * heads_q * head_dim
     * visible_pairs. Forward: flash and naive run 2 matmuls, tiled 3 (its second pass recomputes QK^T: 1.5x).
-    Backward: flash and tiled run 7 (the model counts 5: S, dP, dV, dK, dQ; llm-speed's atomic-free backward
-    recomputes S and dP once more in its separate dQ kernel: 3.5x the forward), naive 4 (P was kept: 2x the
-    forward instead of 2.5x). Masked-out work inside partially visible tiles is not counted; it
-    depends on the tile size."""
+    Backward: flash and tiled run the model's 5 (S, dP, dV, dK and dQ added by atomics from the dK/dV
+    kernel: 2.5x the forward); with ``deterministic`` (the path of ``deterministic=True`` or PyTorch's
+    deterministic mode) 7 (a separate dQ kernel recomputes S and dP, every dQ element has one writer: 3.5x);
+    naive 4 (P was kept: 2x the forward instead of 2.5x). Masked-out work inside partially visible tiles is
+    not counted; it depends on the tile size."""
     batch, heads_q, seq_q, seq_kv, head_dim, _ = attention_shape(
         batch, heads_q, seq_q, seq_kv, head_dim, None
     )
     _check_mode_and_impl(mode, impl)
     one_matmul = 2.0 * batch * heads_q * head_dim * visible_pairs(seq_q, seq_kv, causal)
     forward = _EXECUTED_FORWARD_MATMULS[impl] * one_matmul
-    backward = _EXECUTED_BACKWARD_MATMULS[impl] * one_matmul
+    matmuls = _DETERMINISTIC_BACKWARD_MATMULS if deterministic else _EXECUTED_BACKWARD_MATMULS
+    backward = matmuls[impl] * one_matmul
     return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[mode]
 
 

@@ -1,0 +1,207 @@
+"""Reading a compiled kernel: the ptxas log (registers, spills), the SASS (loops, spill instructions inside
+them, tensor-core instructions, TMA), the PTX (how deep the asynchronous waits in the loops are) and the
+occupancy that registers, shared memory and warps allow. Pure text processing, no Triton and no torch.
+
+Loops are found in SASS as ``cuobjdump -sass`` prints it: every branch to an address at or before its own
+(``@P0 BRA 0x2af0`` at 0x4a60) closes a loop whose body is ``[target, branch]``. In PTX a branch to a label
+defined above it does the same. Local-memory instructions (``LDL``, ``STL``) in a Triton kernel are register
+spills: Triton never puts arrays in local memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# --- the ptxas log ------------------------------------------------------------------------------------------
+
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_usage(log: str) -> dict[str, int | None]:
+    """Registers per thread, stack frame and spill bytes from ``ptxas -v`` output (None where absent)."""
+    registers = _REGISTERS.findall(log)
+    spills = _SPILLS.findall(log)
+    stack, stores, loads = (int(v) for v in spills[-1]) if spills else (None, None, None)
+    return {
+        "registers": int(registers[-1]) if registers else None,
+        "stack_bytes": stack,
+        "spill_store_bytes": stores,
+        "spill_load_bytes": loads,
+    }
+
+
+def resource_usage(text: str) -> dict[str, int]:
+    """``cuobjdump -res-usage`` fields (REG, STACK, SHARED, LOCAL, ...) of the first function listed."""
+    return {key: int(value) for key, value in re.findall(r"\b([A-Z]+):(\d+)", text)}
+
+
+# --- SASS ---------------------------------------------------------------------------------------------------
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:`\(\.L_x_\d+\)|(0x[0-9a-f]+))")
+_OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)(?:\.[A-Za-z0-9_.]+)?")
+TENSOR_CORE_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "BGMMA", "HMMA", "IMMA", "QMMA", "DMMA")
+WGMMA_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "BGMMA")
+TMA_OPCODES = ("UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sass:
+    """The instructions of one kernel: (address, text) in order."""
+
+    instructions: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Sass:
+        """From ``cuobjdump -sass`` output (one kernel; a second function's addresses would restart at 0 and
+        are kept apart by :meth:`loops`, which only pairs a branch with targets of its own function)."""
+        return cls(tuple((int(a, 16), body) for a, body in _SASS_LINE.findall(text)))
+
+    def opcodes(self) -> list[str]:
+        return [_opcode(body) for _, body in self.instructions]
+
+    def loops(self) -> list[tuple[int, int]]:
+        """(first, last) address of each loop body: a branch back to an earlier (or its own) address."""
+        loops = []
+        for address, body in self.instructions:
+            match = _BRANCH.search(body)
+            if match and match.group(1):
+                target = int(match.group(1), 16)
+                if target <= address:
+                    loops.append((target, address))
+        return loops
+
+    def spills_in_loops(self) -> int:
+        """Local-memory instructions (register spills) inside any loop body."""
+        loops = self.loops()
+        return sum(
+            1
+            for address, body in self.instructions
+            if _opcode(body) in ("LDL", "STL") and any(lo <= address <= hi for lo, hi in loops)
+        )
+
+    def spill_instructions(self) -> int:
+        return sum(1 for op in self.opcodes() if op in ("LDL", "STL"))
+
+    def tensor_cores(self) -> list[str]:
+        """The tensor-core opcodes used, wgmma kinds first (HGMMA: fp16/bf16 wgmma; QGMMA: fp8 wgmma;
+        IGMMA: int8 wgmma; HMMA / IMMA: mma.sync)."""
+        used = set(self.opcodes())
+        return [op for op in TENSOR_CORE_OPCODES if op in used]
+
+    def uses_tma(self) -> bool:
+        return any(op in TMA_OPCODES for op in self.opcodes())
+
+
+def _opcode(body: str) -> str:
+    match = _OPCODE.match(body.strip())
+    return match.group(1) if match else ""
+
+
+# --- PTX ----------------------------------------------------------------------------------------------------
+
+_PTX_LABEL = re.compile(r"^(\$L__\w+):")
+_PTX_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+_WGMMA_WAIT = re.compile(r"\bwgmma\.wait_group\.sync\.aligned\s+(\d+);")
+_CP_ASYNC_WAIT = re.compile(r"\bcp\.async\.wait_group\s+(\d+);")
+
+
+@dataclasses.dataclass(frozen=True)
+class PtxWaits:
+    """The deepest asynchronous waits inside loops: ``wgmma.wait_group N`` (N wgmma groups left in flight
+    while the loop goes on: 0 waits for every one at once) and ``cp.async.wait_group N`` (loads kept in
+    flight). None: no such wait inside a loop."""
+
+    wgmma: int | None
+    cp_async: int | None
+    wgmma_outside: int | None  # deepest wgmma wait anywhere (a kernel with no loop)
+
+
+def ptx_waits(ptx: str) -> PtxWaits:
+    lines = ptx.splitlines()
+    labels: dict[str, int] = {}
+    loops: list[tuple[int, int]] = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        label = _PTX_LABEL.match(stripped)
+        if label:
+            labels[label.group(1)] = i
+        branch = _PTX_BRANCH.search(stripped)
+        if branch and branch.group(1) in labels:  # defined above: a loop
+            loops.append((labels[branch.group(1)], i))
+
+    def deepest(pattern: re.Pattern, inside: bool) -> int | None:
+        found = [
+            int(m.group(1))
+            for i, line in enumerate(lines)
+            for m in [pattern.search(line)]
+            if m and (not inside or any(lo <= i <= hi for lo, hi in loops))
+        ]
+        return max(found) if found else None
+
+    return PtxWaits(deepest(_WGMMA_WAIT, True), deepest(_CP_ASYNC_WAIT, True), deepest(_WGMMA_WAIT, False))
+
+
+def ptx_uses_tma(ptx: str) -> bool:
+    return "cp.async.bulk.tensor" in ptx
+
+
+# --- occupancy ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SmLimits:
+    """Per-SM limits of a compute capability: CUDA C++ Programming Guide, "Compute Capabilities", table
+    "Technical Specifications per Compute Capability" (resident warps and blocks per SM, 32-bit registers per
+    SM, register allocation unit per warp, shared memory reserved per block by the system)."""
+
+    max_warps: int
+    max_blocks: int
+    registers: int = 64 * 1024
+    register_unit: int = 256  # registers are allocated per warp in units of 256
+    reserved_smem_per_block: int = 1024  # 1 KB per block from compute capability 8.0 (0 before)
+
+
+SM_LIMITS: dict[tuple[int, int], SmLimits] = {
+    (7, 5): SmLimits(max_warps=32, max_blocks=16, reserved_smem_per_block=0),
+    (8, 0): SmLimits(max_warps=64, max_blocks=32),
+    (8, 6): SmLimits(max_warps=48, max_blocks=16),
+    (8, 7): SmLimits(max_warps=48, max_blocks=16),
+    (8, 9): SmLimits(max_warps=48, max_blocks=24),
+    (9, 0): SmLimits(max_warps=64, max_blocks=32),
+    (10, 0): SmLimits(max_warps=64, max_blocks=32),
+    (12, 0): SmLimits(max_warps=48, max_blocks=32),
+}
+
+
+def sm_limits(capability: tuple[int, int]) -> SmLimits:
+    """The limits of ``capability`` (the closest listed one at or below it)."""
+    known = sorted(c for c in SM_LIMITS if c <= tuple(capability))
+    return SM_LIMITS[known[-1] if known else min(SM_LIMITS)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupancy:
+    blocks: int  # resident blocks per SM (0: the block does not fit at all)
+    warps: int
+    limited_by: str  # "registers", "shared memory", "warps" or "blocks"
+
+
+def occupancy(
+    registers: int, shared_bytes: int, num_warps: int, smem_per_sm: int, capability: tuple[int, int]
+) -> Occupancy:
+    """Blocks and warps per SM a kernel of ``registers`` per thread, ``shared_bytes`` per block and
+    ``num_warps`` per block can keep resident (the CUDA occupancy calculator's rule)."""
+    limits = sm_limits(capability)
+    per_warp = -(-max(registers, 1) * 32 // limits.register_unit) * limits.register_unit
+    bounds = {
+        "registers": limits.registers // (per_warp * num_warps),
+        "shared memory": smem_per_sm // (shared_bytes + limits.reserved_smem_per_block),
+        "warps": limits.max_warps // num_warps,
+        "blocks": limits.max_blocks,
+    }
+    limited_by = min(bounds, key=bounds.__getitem__)  # the first of the tightest, in this order
+    blocks = max(0, bounds[limited_by])
+    return Occupancy(blocks, blocks * num_warps, limited_by)

@@ -1,0 +1,240 @@
+"""Compile a captured launch for a GPU that is not there, and read what the compiler made of it.
+
+Triton's own launch path does the specialisation: the launch is replayed through ``JITFunction.run`` with a
+stand-in driver that reports the target GPU, so Triton binds the plan's fixed and per-call arguments,
+specialises them (dtypes, 16-byte alignment, integers equal to 1 or divisible by 16) and builds its cache
+key exactly as on a GPU; where it would compile, the source, target and options it would compile with are
+taken, and :func:`triton.compile` builds them for real (``ptxas -v`` logging registers and spills). This
+runs in the worker process of the Triton build being checked (:mod:`llm_speed.kernel_report.worker`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import pathlib
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from llm_speed.core.gpus import get_gpu
+from llm_speed.core.hardware import Hardware
+from llm_speed.kernel_report import analysis
+from llm_speed.kernel_report.capture import Launch
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The GPU compiled for: its table entry, what its launchers see, and what its SMs hold."""
+
+    gpu: str
+    capability: tuple[int, int]
+    hardware: Hardware
+    smem_per_sm: int
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.capability
+        suffix = "a" if self.capability >= (9, 0) else ""  # Triton builds sm_90a / sm_100a for wgmma, tcgen05
+        return f"sm_{major}{minor}{suffix}"
+
+
+def target_of(gpu: str) -> Target:
+    """The :class:`Target` of a GPU table entry (``llm_speed.core.gpus``), e.g. "h100-sxm"."""
+    spec = get_gpu(gpu)
+    return Target(
+        spec.id, tuple(spec.compute_capability), Hardware.from_spec(spec), spec.smem_per_sm_kb * 1024
+    )
+
+
+class _StandInDriver:
+    """What Triton's launch path asks of the active driver, for a GPU that is not there."""
+
+    def __init__(self, capability: tuple[int, int]):
+        self.capability = capability[0] * 10 + capability[1]
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.capability, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def set_current_device(self, device):
+        pass
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def stand_in_driver(target: Target) -> Iterator[None]:
+    """Triton's active driver reports ``target`` inside the block."""
+    from triton.runtime import driver
+
+    saved = getattr(driver, "_active", None)  # None until first used; the real one needs a GPU to exist
+    driver.set_active(_StandInDriver(target.capability))
+    try:
+        yield
+    finally:
+        driver._active = saved
+
+
+@dataclasses.dataclass
+class Build:
+    """What Triton would compile for a launch: its cache key, source, target and options."""
+
+    key: str
+    source: Any
+    target: Any
+    options: dict
+
+
+class _Specialised(Exception):
+    def __init__(self, build: Build):
+        super().__init__("specialised")
+        self.build = build
+
+
+def specialise(launch: Launch) -> Build:
+    """The :class:`Build` of a launch: replayed through Triton's launch path up to the compile (inside
+    :func:`stand_in_driver`)."""
+    from triton.runtime.jit import JITFunction
+
+    def take(self, key, signature, device, constexprs, options, attrs, warmup):
+        target = self.device_caches[device][2]
+        raise _Specialised(Build(repr(key), self.ASTSource(self, signature, constexprs, attrs), target,
+                                 dict(options.__dict__)))  # fmt: skip
+
+    plan = launch.plan
+    saved = JITFunction._do_compile
+    JITFunction._do_compile = take
+    try:
+        plan.kernel.fn[plan.grid](**plan.fixed, **launch.per_call, num_warps=plan.num_warps,
+                                  num_stages=plan.num_stages)  # fmt: skip
+    except _Specialised as taken:
+        return taken.build
+    finally:
+        JITFunction._do_compile = saved
+    raise RuntimeError(f"{plan!r}: Triton's launch path did not reach a compile")
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    try:
+        from triton import knobs
+
+        return getattr(knobs.nvidia, name).path
+    except (ImportError, AttributeError):  # pragma: no cover - older Triton
+        return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def compile_build(build: Build) -> tuple[Any, str, float]:
+    """(compiled kernel, ptxas log, seconds) of a :class:`Build`; the log is empty when Triton's cache
+    served it (the worker runs with a fresh cache, so it is not)."""
+    import triton
+    from triton import knobs
+
+    knobs.nvidia.dump_ptxas_log = True
+    log = io.StringIO()
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(build.source, target=build.target, options=build.options)
+    finally:
+        knobs.nvidia.dump_ptxas_log = False
+    return compiled, log.getvalue(), time.perf_counter() - start
+
+
+def disassemble(cubin: bytes) -> tuple[str, str]:
+    """(``cuobjdump -sass``, ``cuobjdump -res-usage``) of a cubin, with the cuobjdump Triton ships."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", file.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", file.name], capture_output=True, text=True,
+                               check=True).stdout  # fmt: skip
+    return sass, usage
+
+
+def config_text(plan) -> str:
+    """``M128 N128 D128 w8 s3``: the tile constexprs of a plan (BLOCK_X as X), warps and stages."""
+    order = {"BLOCK_M": 0, "BLOCK_N": 1, "BLOCK_K": 2, "BLOCK_D": 3}
+    names = sorted((n for n in plan.fixed if n.startswith("BLOCK_")), key=lambda n: (order.get(n, 4), n))
+    tiles = [
+        f"{name.removeprefix('BLOCK_')}{plan.fixed[name]}"
+        for name in names
+        if type(plan.fixed[name]) is int and not (name == "BLOCK_B" and plan.fixed[name] == 1)
+    ]
+    return " ".join([*tiles, f"w{plan.num_warps}", f"s{plan.num_stages}"])
+
+
+# Switches not worth a column: layout and rounding details every variant has.
+_QUIET_SWITCHES = ("EVEN_", "RNE_BY_HAND", "DOT_IN_FP32")
+
+
+def variant_text(plan) -> str:
+    """The constexpr switches that are on (``HAS_RIGHT SOFTCAP``), and string constexprs (``ieee``)."""
+    words = []
+    for name, value in plan.fixed.items():
+        if name.startswith(_QUIET_SWITCHES) or not name.isupper():
+            continue
+        if value is True:
+            words.append(name)
+        elif isinstance(value, str) and name != "DOT_PRECISION":
+            words.append(f"{name}={value}")
+        elif name == "DOT_PRECISION" and value == "ieee":
+            words.append("ieee")
+    return " ".join(words)
+
+
+def tile_rows(plan) -> int | None:
+    """The rows of the kernel's smallest matrix-product tile: min(BLOCK_M, BLOCK_N) (attention kernels
+    multiply with both as the M side; GEMMs with BLOCK_M), None for a kernel with neither."""
+    sizes = [plan.fixed[name] for name in ("BLOCK_M", "BLOCK_N") if isinstance(plan.fixed.get(name), int)]
+    return min(sizes) if sizes else None
+
+
+def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan) -> dict:
+    """The report's fields of one compiled kernel."""
+    from_log = analysis.ptxas_usage(log)
+    res = analysis.resource_usage(usage)
+    registers = from_log["registers"] if from_log["registers"] is not None else res.get("REG")
+    code = analysis.Sass.parse(sass)
+    ptx = compiled.asm.get("ptx", "")
+    waits = analysis.ptx_waits(ptx)
+    shared = int(compiled.metadata.shared)
+    occupancy = analysis.occupancy(registers or 0, shared, plan.num_warps, target.smem_per_sm,
+                                   target.capability)  # fmt: skip
+    tensor_cores = code.tensor_cores()
+    return {
+        "registers": registers,
+        "stack_bytes": from_log["stack_bytes"] if from_log["stack_bytes"] is not None else res.get("STACK"),
+        "spill_store_bytes": from_log["spill_store_bytes"],
+        "spill_load_bytes": from_log["spill_load_bytes"],
+        "spill_instructions": code.spill_instructions(),
+        "loop_spill_instructions": code.spills_in_loops(),
+        "loops": len(code.loops()),
+        "shared_bytes": shared,
+        "shared_limit": target.hardware.smem_per_block_bytes,
+        "blocks_per_sm": occupancy.blocks,
+        "warps_per_sm": occupancy.warps,
+        "occupancy_limited_by": occupancy.limited_by,
+        "tensor_cores": "+".join(tensor_cores) or "none",
+        "wgmma": any(op in analysis.WGMMA_OPCODES for op in tensor_cores),
+        "wgmma_wait": waits.wgmma,
+        "cp_async_wait": waits.cp_async,
+        "tma": code.uses_tma() or analysis.ptx_uses_tma(ptx),
+        "tile_rows": tile_rows(plan),
+    }

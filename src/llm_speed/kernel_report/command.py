@@ -1,0 +1,130 @@
+"""``llm-speed kernels``: every op's kernels compiled for a GPU that is not there, as their launchers launch
+them, and what the compiler made of each (docs/notes/kernel-report.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from llm_speed import _cli
+
+COLUMNS = ("#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops",
+           "smem KiB / limit", "blocks x warps /SM", "tensor cores", "wgmma wait", "TMA")  # fmt: skip
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``llm-speed kernels``."""
+    parser = subparsers.add_parser(
+        "kernels",
+        help="compile every kernel for a GPU (no GPU needed): registers, spills, shared memory, tensor cores",
+        description="Compile every op's kernels for a GPU of the table, exactly as the ops' launchers would "
+        "launch them for the given problems (no GPU needed: Triton's compiler and the ptxas/cuobjdump of its "
+        "wheel), and report per kernel: configuration, registers, spills (and LDL/STL inside loops), shared "
+        "memory against the per-block limit, blocks and warps per SM, tensor-core instructions, the deepest "
+        "wgmma wait inside loops, and TMA.",
+    )
+    parser.add_argument("--op", action="append", metavar="NAME",
+                        help="an op-table row (repeat; default: every row with a kernel)")  # fmt: skip
+    parser.add_argument("--gpu", default="h100-sxm",
+                        help="GPU table entry to compile for and to choose configurations for "
+                        "(default h100-sxm: sm_90a)")  # fmt: skip
+    parser.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
+                        help="operand dtype (repeat for several; default fp16)")  # fmt: skip
+    parser.add_argument("--head-dim", action="append", type=_cli.positive_int, metavar="D",
+                        help="attention head dim (repeat; default 64 and 128)")  # fmt: skip
+    parser.add_argument("--seq", type=_cli.positive_int, default=4096,
+                        help="attention tokens per sequence, decode cache length (default 4096)")  # fmt: skip
+    parser.add_argument("--heads", type=_cli.positive_int, default=16, help="attention heads (default 16)")
+    parser.add_argument("--size", type=_cli.positive_int, default=4096,
+                        help="GEMM M=N=K and fused ops' rows and hidden size (default 4096)")  # fmt: skip
+    parser.add_argument("--backward", action="append", choices=("default", "deterministic"),
+                        help="attention backward path (repeat; default both)")  # fmt: skip
+    parser.add_argument("--shipped", action="store_true",
+                        help="also every shipped attention configuration of the GPU's tier, in rotating "
+                        "mask variants (what `make test` checks)")  # fmt: skip
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a kernel breaks a budget (llm_speed.kernel_report.budgets)",
+    )
+    parser.add_argument("--triton", metavar="DIR",
+                        help="directory holding the Triton build to compile with (default: "
+                        "$LLM_SPEED_TRITON_GPU when it holds one, else the installed Triton)")  # fmt: skip
+    parser.add_argument("--workers", type=_cli.positive_int, help="compile processes (default: CPU count)")
+    parser.add_argument("--sass", metavar="DIR", help="keep each kernel's PTX and SASS in DIR")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--output", metavar="FILE.json", help="also write the report as JSON to this file")
+    parser.set_defaults(func=run_kernels_command)
+
+
+def run_kernels_command(args: argparse.Namespace) -> int:
+    """``llm-speed kernels``: exit 0, 1 when ``--check`` finds a breach, 2 on bad input."""
+    import pathlib
+
+    from llm_speed import ops
+    from llm_speed._output import dump_json, prepare_output_path
+    from llm_speed.core.gpus import get_gpu
+    from llm_speed.kernel_report import budgets, problems, report
+
+    gpu = get_gpu(args.gpu).id  # ValueError naming the known GPUs
+    for name in args.op or ():
+        if name not in problems.BUILDERS:
+            row = ops.get(name)  # ValueError listing the rows for an unknown name
+            raise _cli.CommandError(f"--op: {name} has no kernel to compile"
+                                    + (" (plain PyTorch)" if row.plain_pytorch else ""))  # fmt: skip
+    if args.output:
+        prepare_output_path(args.output, argument="--output")
+    build = args.triton or report.gpu_build()
+    if args.triton and not (pathlib.Path(args.triton) / "triton").is_dir():
+        raise _cli.CommandError(f"--triton: {args.triton} holds no triton package")
+    options = dict(seq=args.seq, heads=args.heads, size=args.size)
+    if args.dtype:
+        options["dtypes"] = list(dict.fromkeys(args.dtype))
+    if args.head_dim:
+        options["head_dims"] = list(dict.fromkeys(args.head_dim))
+    options["backward"] = list(dict.fromkeys(args.backward or ("default", "deterministic")))
+    result = report.run_report(
+        gpu=gpu, ops=args.op, options=options, problem_set="shipped" if args.shipped else "default",
+        workers=args.workers, build=build, sass_dir=args.sass,
+    )  # fmt: skip
+    failing, _ = budgets.check(result["rows"])
+    result["breaches"] = [str(b) for b in failing]
+    if args.output:
+        dump_json(result, args.output)
+    if args.json:
+        dump_json(result)
+    else:
+        print_report(result)
+    if args.check and failing:
+        print(f"llm-speed kernels: {len(failing)} budget breaches", file=sys.stderr)
+        return 1
+    return 0
+
+
+def table_row(row: dict) -> tuple:
+    if row.get("error"):
+        return (row["index"], row["kernel"], row["op"], row["config"], row["variant"], "error",
+                row["error"].splitlines()[0][:80], *("",) * 6)  # fmt: skip
+    spills = f"{row['spill_store_bytes']}/{row['spill_load_bytes']}" if row["spill_store_bytes"] else "0"
+    smem = f"{row['shared_bytes'] / 1024:.1f} / {row['shared_limit'] // 1024}"
+    return (
+        row["index"], row["kernel"], row["op"], row["config"], row["variant"], row["registers"], spills,
+        row["loop_spill_instructions"], smem, f"{row['blocks_per_sm']} x {row['num_warps']}",
+        row["tensor_cores"], row["wgmma_wait"], row["tma"],
+    )  # fmt: skip
+
+
+def print_report(result: dict) -> None:
+    from llm_speed._output import print_table
+
+    rows = result["rows"]
+    target = rows[0]["target"] if rows else "?"
+    print_table(
+        f"Kernels compiled for {result['gpu']} ({target}), Triton {result['triton']} "
+        f"({result['triton_build']})",
+        COLUMNS, [table_row(row) for row in rows],
+        caption="regs: per thread; wgmma wait: the deepest wgmma.wait_group N inside loops (0: every MMA is "
+        "waited for at once; - : no wgmma in a loop); blocks x warps: resident per SM (occupancy).",
+    )  # fmt: skip
+    for breach in result["breaches"]:
+        _cli.console().print(f"budget: {breach}")

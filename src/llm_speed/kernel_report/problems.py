@@ -1,0 +1,351 @@
+"""The problems whose launches the kernel report compiles: one builder per row of the op table
+(:data:`llm_speed.ops.OPS`) that runs a Triton kernel, at GPU sizes, and the set that selects every shipped
+configuration of a device's tier (the budgets of ``make test``).
+
+A :class:`Problem` is a call of an op's public function (and, for a backward row, of ``backward()`` on its
+output). It runs under :func:`llm_speed.core.launch.simulated_gpu`: CPU tensors take the CUDA path, the ops
+choose their configurations for the stand-in GPU and make their plans, and nothing is launched. The report
+compiles what those plans would launch (:mod:`llm_speed.kernel_report.capture`).
+
+Sizes are those of a model, not of a test: attention over 4096 tokens of 16 heads (as the benchmarks run it,
+head dims 64 and 128), GEMMs of 4096^3, fused ops over 4096 x 4096. Their host cost here is allocation only,
+apart from the fused cross-entropy, whose chunk logits are a ``torch.mm`` on the CPU (so its problem keeps
+a vocabulary past the largest tile, 4096 entries, and few rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# What a problem calls to mark the part of its run whose launches are reported (a backward row reports the
+# backward's kernels, not the forward it runs first).
+Recording = Callable[[], contextlib.AbstractContextManager]
+
+# The op table's rows written in plain PyTorch (no kernel to compile).
+DTYPE_NAMES = ("fp16", "bf16", "fp32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The sizes of the default problems (command-line options of ``llm-speed kernels``)."""
+
+    seq: int = 4096  # tokens per sequence (attention), cache length (decode)
+    head_dims: tuple[int, ...] = (64, 128)
+    heads: int = 16
+    size: int = 4096  # GEMM M = N = K; rows and hidden size of the fused ops
+    dtypes: tuple[str, ...] = ("fp16",)
+    # attention backward: "default" (dQ by atomics, five matmuls) and/or "deterministic" (a dQ kernel)
+    backward: tuple[str, ...] = ("default", "deterministic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One call: ``run(recording)`` makes the inputs and calls the op; ``op`` is its row of the op table."""
+
+    op: str
+    label: str
+    run: Callable[[Recording], None]
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def _whole(recording: Recording) -> contextlib.AbstractContextManager:
+    return recording()
+
+
+# --- attention ----------------------------------------------------------------------------------------------
+
+
+def _qkv(batch, heads_q, heads_kv, seq, head_dim, dtype, grad=False, packed=False):
+    import torch
+
+    if packed:
+        shapes = [(seq, heads_q, head_dim)] + [(seq, heads_kv, head_dim)] * 2
+    else:
+        shapes = [(batch, heads_q, seq, head_dim)] + [(batch, heads_kv, seq, head_dim)] * 2
+    return [torch.empty(shape, dtype=dtype).normal_().requires_grad_(grad) for shape in shapes]
+
+
+def attention_problem(
+    op: str,
+    *,
+    head_dim: int,
+    dtype: str,
+    seq: int = 4096,
+    heads: int = 16,
+    heads_kv: int | None = None,
+    is_causal: bool = False,
+    window: tuple | None = None,
+    softcap: float | None = None,
+    backward: str | None = None,
+    sequences: int = 1,
+) -> Problem:
+    """A problem of an attention row: ``op`` "flash_attention", "tiled_attention" or
+    "flash_attention_varlen" (forward), or with ``backward`` ("default" or "deterministic") its backward
+    (``sequences`` packed sequences of ``seq / sequences`` tokens for varlen)."""
+    heads_kv = heads_kv or heads
+    torch_dtype = _torch_dtype(dtype)
+    varlen = op.startswith("flash_attention_varlen")
+    parts = [f"d{head_dim}", dtype, f"s{seq}", f"h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")]
+    parts += ["causal"] * is_causal + [f"window{window}"] * (window is not None) + ["softcap"] * bool(softcap)
+    parts += [f"{sequences} seqs"] * varlen + ([f"bwd {backward}"] if backward else [])
+    options = dict(is_causal=is_causal, window=window, softcap=softcap)
+    if backward is not None:
+        options["deterministic"] = backward == "deterministic"
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        grad = backward is not None
+        if varlen:
+            from llm_speed.attention.varlen import flash_attention_varlen
+
+            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad, packed=True)
+            length = seq // sequences
+            cu = torch.arange(0, sequences + 1, dtype=torch.int32) * length
+            cu[-1] = seq
+            max_len = seq - length * (sequences - 1)
+
+            def call():
+                return flash_attention_varlen(q, k, v, cu, cu, max_len, max_len, **options)
+        else:
+            from llm_speed.attention.flash import flash_attention
+            from llm_speed.attention.tiled import tiled_attention
+
+            function = tiled_attention if op.startswith("tiled") else flash_attention
+            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad)
+
+            def call():
+                return function(q, k, v, **options)
+
+        if not grad:
+            with recording():
+                call()
+            return
+        out = call()
+        with recording():
+            out.backward(torch.empty_like(out).normal_())
+
+    return Problem(op, " ".join(parts), run)
+
+
+def _attention(op: str, options: Options, backward: bool = False) -> Iterator[Problem]:
+    for dtype in _floating(options):
+        for head_dim in options.head_dims:
+            for is_causal in (False, True):
+                for path in options.backward if backward else (None,):
+                    yield attention_problem(
+                        op, head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
+                        is_causal=is_causal, backward=path,
+                    )  # fmt: skip
+
+
+def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Problem]:
+    for dtype in _floating(options):
+        for head_dim in options.head_dims:
+            for path in options.backward if backward else (None,):
+                yield attention_problem(op, head_dim=head_dim, dtype=dtype, seq=options.seq,
+                                        heads=options.heads, heads_kv=max(1, options.heads // 4),
+                                        is_causal=True, backward=path, sequences=4)  # fmt: skip
+
+
+def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int = 8, heads: int = 32,
+                   heads_kv: int = 8, page: int = 256, seq_q: int = 1) -> Problem:  # fmt: skip
+    """One decode step (``seq_q`` new tokens appended) over a paged KV cache of ``cache`` tokens."""
+    torch_dtype = _torch_dtype(dtype)
+    label = f"d{head_dim} {dtype} batch{batch} cache{cache} h{heads}/{heads_kv} page{page} q{seq_q}"
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.attention.decode import flash_attention_with_kvcache
+
+        pages = cache // page
+        k_cache, v_cache = (torch.empty(batch * pages, page, heads_kv, head_dim, dtype=torch_dtype)
+                            for _ in range(2))  # fmt: skip
+        table = torch.arange(batch * pages, dtype=torch.int32).reshape(batch, pages)
+        q = torch.empty(batch, seq_q, heads, head_dim, dtype=torch_dtype).normal_()
+        k, v = (torch.empty(batch, seq_q, heads_kv, head_dim, dtype=torch_dtype) for _ in range(2))
+        lengths = torch.full((batch,), cache - seq_q, dtype=torch.int32)
+        with recording():
+            flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v,
+                                         block_table=table, is_causal=True)  # fmt: skip
+
+    return Problem("attention_kvcache_fwd", label, run)
+
+
+def _decode(op: str, options: Options) -> Iterator[Problem]:
+    for dtype in _floating(options):
+        for head_dim in options.head_dims:
+            yield decode_problem(head_dim=head_dim, dtype=dtype, cache=options.seq)
+
+
+# --- GEMM ---------------------------------------------------------------------------------------------------
+
+
+def gemm_problem(op: str, *, size: int, dtype: str) -> Problem:
+    """``op`` "gemm" (``dtype`` operands), "tensor_core_gemm" or "tensor_core_gemm_int8" at size^3."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        gemm = importlib.import_module("llm_speed.matmul.gemm")
+
+        if op == "tensor_core_gemm_int8":
+            a, b = (torch.zeros(size, size, dtype=torch.int8) for _ in range(2))
+            function = gemm.tensor_core_gemm_int8
+        else:
+            a, b = (torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_() for _ in range(2))
+            function = gemm.tensor_core_gemm if op == "tensor_core_gemm" else gemm.gemm
+        with recording():
+            function(a, b)
+
+    label = f"{size}^3 " + ("int8" if op.endswith("int8") else dtype)
+    return Problem(op, label, run)
+
+
+def _gemm(op: str, options: Options) -> Iterator[Problem]:
+    if op == "tensor_core_gemm_int8":
+        yield gemm_problem(op, size=options.size, dtype="int8")
+        return
+    dtypes = [d for d in _floating(options) if op == "gemm" or d != "fp32"] or ["fp16"]
+    for dtype in dtypes:
+        yield gemm_problem(op, size=options.size, dtype=dtype)
+
+
+# --- fused ops ----------------------------------------------------------------------------------------------
+
+
+def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
+    """A fused op (``op`` a row of llm_speed.fused, ``_backward`` for its backward) over ``size`` tokens of
+    a ``size`` hidden dim; the cross-entropy: 64 rows of 256 over a vocabulary of 16384 (its tiles depend on
+    the vocabulary, up to 4096 entries, and the rows; its chunk logits are a ``torch.mm`` on the CPU here)."""
+    backward = op.endswith("_backward")
+    base = op.removesuffix("_backward")
+    torch_dtype = _torch_dtype(dtype)
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        def randn(*shape):
+            return torch.empty(shape, dtype=torch_dtype).normal_().requires_grad_(backward)
+
+        if base == "rms_norm":
+            from llm_speed.fused.rms_norm import rms_norm
+
+            args, call = (randn(size, size), randn(size)), rms_norm
+        elif base == "swiglu":
+            from llm_speed.fused.swiglu import swiglu
+
+            args, call = (randn(size, size), randn(size, size)), swiglu
+        elif base == "apply_rotary":
+            from llm_speed.fused.rotary import apply_rotary
+
+            seq = size // 8
+            angles = torch.arange(seq, dtype=torch.float32)[:, None] * torch.rand(64)
+            x = randn(1, 32, seq, 128)
+            args, call = (x, angles.cos().to(torch_dtype), angles.sin().to(torch_dtype)), apply_rotary
+        elif base == "fused_linear_cross_entropy":
+            from llm_speed.fused.cross_entropy import fused_linear_cross_entropy
+
+            rows, hidden, vocab = 64, 256, 16384
+            target = torch.randint(0, vocab, (rows,))
+            args, call = (randn(rows, hidden), randn(vocab, hidden), target), fused_linear_cross_entropy
+        else:
+            raise ValueError(f"op: no fused problem for {op!r}")
+        if not backward:
+            with recording():
+                call(*args)
+            return
+        out = call(*args)
+        with recording():
+            out.float().sum().backward()
+
+    return Problem(op, f"{size}x{size} {dtype}" if base != "fused_linear_cross_entropy" else dtype, run)
+
+
+def _fused(op: str, options: Options) -> Iterator[Problem]:
+    for dtype in _floating(options):
+        yield fused_problem(op, size=options.size, dtype=dtype)
+
+
+def _floating(options: Options) -> list[str]:
+    return [d for d in options.dtypes if d in DTYPE_NAMES]
+
+
+# One builder per op-table row with a Triton kernel (tests/kernel_report checks none is missing).
+BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
+    "flash_attention": _attention,
+    "flash_attention_backward": lambda op, o: _attention("flash_attention", o, backward=True),
+    "tiled_attention": _attention,
+    "flash_attention_varlen": _varlen,
+    "flash_attention_varlen_backward": lambda op, o: _varlen("flash_attention_varlen", o, backward=True),
+    "attention_kvcache_fwd": _decode,
+    "gemm": _gemm,
+    "tensor_core_gemm": _gemm,
+    "tensor_core_gemm_int8": _gemm,
+    "rms_norm": _fused,
+    "rms_norm_backward": _fused,
+    "swiglu": _fused,
+    "swiglu_backward": _fused,
+    "apply_rotary": _fused,
+    "fused_linear_cross_entropy": _fused,
+    "fused_linear_cross_entropy_backward": _fused,
+}
+
+
+def default_problems(ops: tuple[str, ...] | None, options: Options) -> list[Problem]:
+    """The problems of ``ops`` (row names; None: every row with a builder, in table order)."""
+    from llm_speed import ops as table
+
+    names = ops or tuple(name for name in table.names() if name in BUILDERS)
+    problems = []
+    for name in names:
+        if name not in BUILDERS:
+            row = table.get(name)  # ValueError listing the rows for an unknown name
+            reason = "plain PyTorch: no kernel" if row.plain_pytorch else "no problem builder"
+            raise ValueError(f"op: {name!r} has no kernel to report ({reason})")
+        for problem in BUILDERS[name](name, options):
+            problems.append(dataclasses.replace(problem, op=name))
+    return problems
+
+
+# --- the shipped configurations of a tier -------------------------------------------------------------------
+
+# Attention variants compiled for the tier rows, in rotation over (dtype, head dim): the plain kernel (what
+# the benchmarks run), the richest mask (a window with softcap, GQA) and packed sequences.
+_VARIANTS = (
+    dict(),
+    dict(is_causal=True, window=(1000, 0), softcap=30.0, heads_kv=4),
+    dict(op="flash_attention_varlen", is_causal=True, sequences=3),
+)
+
+
+def shipped_problems(backward_paths: tuple[str, ...] = ("default", "deterministic")) -> list[Problem]:
+    """Problems that make the launchers pick every row of the attention tier of the stand-in GPU (dtype
+    class x head dim x direction, each head dim 64, 128 and 256 once; float16's rows once in float16 and once
+    in bfloat16), forward (flash and tiled) and backward (both paths), in rotating mask variants; the other
+    ops' configurations follow from their sizes and are those of :func:`default_problems`."""
+    problems = []
+    rows = [(dtype, head_dim) for head_dim in (64, 128, 256) for dtype in ("fp16", "bf16", "fp32")]
+    for i, (dtype, head_dim) in enumerate(rows):
+        if dtype == "bf16" and head_dim != 128:
+            continue  # bfloat16 shares float16's rows: one head dim in bf16 is enough
+        variant: dict[str, Any] = dict(_VARIANTS[i % len(_VARIANTS)])
+        op = variant.pop("op", "flash_attention")
+        seq = 1000 if variant.get("sequences") else 1024
+        common = dict(head_dim=head_dim, dtype=dtype, seq=seq, heads=8, **variant)
+        problems.append(attention_problem(op, **common))
+        if op == "flash_attention":
+            problems.append(attention_problem("tiled_attention", **common))
+        for path in backward_paths:
+            problems.append(attention_problem(op + "_backward", backward=path, **common))
+    return problems

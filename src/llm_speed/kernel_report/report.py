@@ -1,0 +1,97 @@
+"""Run the kernel report: start the workers under the Triton build to check, gather their rows.
+
+The build: the GPU machine's Triton (3.6, torch 2.11's pin) when ``LLM_SPEED_TRITON_GPU`` names the
+directory ``make test`` unpacked it into, else the installed one (or a directory given explicitly). Its wheel
+ships ``ptxas`` and ``cuobjdump``, which is all the compile and the disassembly need: no GPU, no CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+GPU_BUILD_ENV = "LLM_SPEED_TRITON_GPU"
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[2]  # the directory holding llm_speed/
+
+
+def gpu_build() -> str | None:
+    """The directory of the GPU machine's Triton build when ``LLM_SPEED_TRITON_GPU`` names one that holds
+    it, else None (the installed Triton)."""
+    directory = os.environ.get(GPU_BUILD_ENV)
+    if directory and (pathlib.Path(directory) / "triton").is_dir():
+        return directory
+    return None
+
+
+def worker_environment(build: str | None, cache_dir: str) -> dict[str, str]:
+    """The environment of a worker: ``build`` first on the path (None: the installed Triton), this
+    llm_speed next, compiled kernels (no interpreter), a fresh Triton cache."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    paths = [p for p in (build, str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["TRITON_CACHE_DIR"] = cache_dir
+    return env
+
+
+def run_report(
+    *,
+    gpu: str = "h100-sxm",
+    ops: list[str] | None = None,
+    options: dict | None = None,
+    problem_set: str = "default",
+    workers: int | None = None,
+    build: str | None = None,
+    sass_dir: str | None = None,
+    timeout: float = 900,
+) -> dict:
+    """Compile the kernels of the problems and read them (:mod:`llm_speed.kernel_report.worker`).
+
+    ``problem_set``: "default" (the op-table rows' problems, :func:`problems.default_problems`), "shipped"
+    (every attention configuration of the GPU's tier, :func:`problems.shipped_problems`, and the default
+    problems) or "tier" (the tier's attention configurations only).
+
+    Returns ``{"gpu", "triton_build", "rows": [...]}`` with one row per distinct kernel, in the order the
+    problems first launch them. ``workers`` processes share the compiles (default: the CPU count)."""
+    workers = max(1, workers or os.cpu_count() or 1)
+    request = {"gpu": gpu, "set": problem_set, "ops": ops, "options": options or {}, "sass_dir": sass_dir}
+    if sass_dir:
+        pathlib.Path(sass_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="llm-speed-kernels-") as cache:
+        processes = []
+        for shard in range(workers):
+            env = worker_environment(build, os.path.join(cache, str(shard)))
+            process = subprocess.Popen(
+                [sys.executable, "-m", "llm_speed.kernel_report.worker",
+                 json.dumps(dict(request, shard=shard, shards=workers))],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            )  # fmt: skip
+            processes.append(process)
+        rows, total, failures = [], None, []
+        for process in processes:
+            try:
+                out, err = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                failures.append(f"a worker ran past {timeout:.0f} s")
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    record = json.loads(line)
+                    if "kernels" in record:
+                        total = record["kernels"]
+                    else:
+                        rows.append(record)
+            if process.returncode:
+                failures.append(err[-3000:])
+    if failures:
+        raise RuntimeError("the kernel report's workers failed:\n" + "\n".join(failures))
+    rows.sort(key=lambda row: row["index"])
+    if total is not None and len(rows) != total:
+        raise RuntimeError(f"the kernel report's workers returned {len(rows)} of {total} kernels")
+    version = rows[0]["triton"] if rows else None
+    return {"gpu": gpu, "triton_build": build or "installed", "triton": version, "rows": rows}

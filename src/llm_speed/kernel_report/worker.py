@@ -1,0 +1,117 @@
+"""One worker of the kernel report: ``python -m llm_speed.kernel_report.worker`` reads a request (JSON, on
+its one argument), captures the launches of its problems, and compiles its share of the distinct kernels,
+printing one JSON line per kernel.
+
+It runs in a process of its own: the Triton build checked is the one it imports (the GPU machine's, put first
+on ``PYTHONPATH`` by :mod:`llm_speed.kernel_report.report`), its kernels must be compiled, not interpreted
+(``TRITON_INTERPRET`` unset), and its Triton cache is a fresh directory, so that every kernel is really
+compiled and ``ptxas`` logs its registers and spills. Every worker captures the same launches in the same
+order and compiles the kernels ``shard``, ``shard + shards``, ... of them.
+
+Request: ``{"gpu": "h100-sxm", "set": "default" | "shipped" | "tier", "ops": [...] | null, "options": {...},
+"shard": 0, "shards": 2, "sass_dir": null | "DIR"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import traceback
+
+
+def _problems(request: dict):
+    from llm_speed.kernel_report import problems
+
+    options = problems.Options(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in request.get("options", {}).items()})  # fmt: skip
+    if request.get("set") == "tier":
+        return problems.shipped_problems(options.backward)
+    if request.get("set") == "shipped":
+        return problems.shipped_problems(options.backward) + problems.default_problems(
+            tuple(request["ops"]) if request.get("ops") else None, options
+        )
+    return problems.default_problems(tuple(request["ops"]) if request.get("ops") else None, options)
+
+
+def kernels(request: dict) -> list[dict]:
+    """The distinct kernels of the request's problems, in capture order: (key, launches) groups."""
+    from llm_speed.kernel_report import build, capture
+
+    target = build.target_of(request["gpu"])
+    launches = capture.capture(_problems(request), target.hardware)
+    groups: dict[str, dict] = {}
+    with build.stand_in_driver(target):
+        for launch in launches:
+            made = build.specialise(launch)
+            group = groups.setdefault(made.key, {"build": made, "launches": []})
+            group["launches"].append(launch)
+    return list(groups.values())
+
+
+def run(request: dict, out) -> None:
+    import triton
+
+    from llm_speed.kernel_report import build
+
+    target = build.target_of(request["gpu"])
+    groups = kernels(request)
+    shard, shards = request.get("shard", 0), request.get("shards", 1)
+    sass_dir = pathlib.Path(request["sass_dir"]) if request.get("sass_dir") else None
+    out.write(json.dumps({"kernels": len(groups)}) + "\n")
+    out.flush()
+    for index in range(shard, len(groups), shards):
+        group = groups[index]
+        first = group["launches"][0]
+        plan = first.plan
+        row = {
+            "index": index,
+            "kernel": plan.kernel.name,
+            "op": first.op,
+            "problems": sorted({f"{launch.op}: {launch.problem}" for launch in group["launches"]}),
+            "config": build.config_text(plan),
+            "variant": build.variant_text(plan),
+            "num_warps": plan.num_warps,
+            "num_stages": plan.num_stages,
+            "grid": list(plan.grid),
+            "constexprs": {
+                k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                for k, v in plan.fixed.items()
+                if k.isupper()
+            },  # fmt: skip
+            "gpu": target.gpu,
+            "target": target.arch,
+            "triton": triton.__version__,
+            "error": None,
+        }
+        try:
+            compiled, log, seconds = build.compile_build(group["build"])
+            sass, usage = build.disassemble(compiled.asm["cubin"])
+            row.update(build.analyse(compiled, log, sass, usage, target, plan))
+            row["compile_seconds"] = round(seconds, 2)
+            if sass_dir is not None:
+                stem = f"{index:03d}_{plan.kernel.name}"
+                (sass_dir / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+                (sass_dir / f"{stem}.sass").write_text(sass)
+        except Exception as error:  # a kernel that does not compile is a finding, not a crash of the report
+            row["error"] = f"{type(error).__name__}: {error}"[:2000]
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("the kernel report's worker compiles kernels: run it without TRITON_INTERPRET", file=sys.stderr)
+        return 2
+    request = json.loads(sys.argv[1])
+    try:
+        run(request, sys.stdout)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

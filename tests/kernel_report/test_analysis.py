@@ -1,0 +1,49 @@
+"""Reading a compiled kernel (``llm_speed.kernel_report.analysis``) on small hand-written listings: loops
+from backward branches, spills inside them, tensor-core kinds, TMA, wgmma waits in PTX loops, occupancy."""
+
+from llm_speed.kernel_report import analysis
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1], R2 ;
+        /*0020*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ ;
+        /*0030*/                   LDL R3, [R1+0x4] ;
+        /*0040*/              @P0  BRA 0x20 ;
+        /*0050*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*0060*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0070*/                   EXIT ;
+"""
+
+PTX = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 1;
+	cp.async.wait_group 2;
+	@%p1 bra 	$L__BB0_1;
+	wgmma.wait_group.sync.aligned 0;
+"""
+
+
+def test_sass_loops_spills_and_instruction_kinds():
+    code = analysis.Sass.parse(SASS)
+    assert code.loops() == [(0x20, 0x40)]
+    assert code.spill_instructions() == 2 and code.spills_in_loops() == 1  # the STL is before the loop
+    assert code.tensor_cores() == ["HGMMA", "HMMA"]  # wgmma kinds first
+    assert code.uses_tma()
+
+
+def test_ptx_waits_inside_loops():
+    waits = analysis.ptx_waits(PTX)
+    assert (waits.wgmma, waits.cp_async, waits.wgmma_outside) == (1, 2, 1)
+    assert analysis.ptx_waits("wgmma.wait_group.sync.aligned 0;").wgmma is None  # no loop
+
+
+def test_ptxas_log_and_occupancy():
+    log = "ptxas info : Used 255 registers, 48 bytes stack frame, 44 bytes spill stores, 52 bytes spill loads"
+    assert analysis.ptxas_usage(log) == {
+        "registers": 255, "stack_bytes": 48, "spill_store_bytes": 44, "spill_load_bytes": 52,
+    }  # fmt: skip
+    # H100: 255 registers x 8 warps fill the 64K register file; 224 KiB of shared memory fits once in 228.
+    assert analysis.occupancy(255, 224 * 1024, 8, 228 * 1024, (9, 0)) == analysis.Occupancy(1, 8, "registers")
+    assert analysis.occupancy(128, 64 * 1024, 8, 228 * 1024, (9, 0)).blocks == 2
+    assert analysis.occupancy(64, 300 * 1024, 4, 228 * 1024, (9, 0)).blocks == 0  # does not fit

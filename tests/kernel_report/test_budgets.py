@@ -1,0 +1,158 @@
+"""The budgets of every shipped kernel (``llm_speed.kernel_report.budgets``), read from the kernel report:
+each kernel compiled for a GPU of the tier it is shipped for, by the GPU machine's Triton (3.6), exactly as
+its launcher launches it (the same constexprs, argument specialisation, warps and stages): it compiles, fits
+the shared memory one block may use there, has no register spill inside a loop, and on sm_90a a tensor-core
+kernel with tiles of 64 rows or more issues wgmma. A configuration that breaks one fails here; the fix is
+the configuration (the config functions live with each op), or a named exception with its reason.
+
+Two compiles, each once per session: the H100 SXM (the LARGE attention tier, and every other op's kernels
+at model sizes) and the L4 (99 KiB per block: the smallest device of the FULL tier, which A100, L40S and
+RTX 4090 share). This replaces the attention compile check that built kernels other than those launched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import filelock
+import pytest
+
+from llm_speed import ops
+from llm_speed.attention import flash
+from llm_speed.core.gpus import get_gpu
+from llm_speed.core.hardware import Hardware
+from llm_speed.kernel_report import budgets, problems, report
+
+# The GPU compiled for, and the problems: "shipped" (the attention tier and every op's default problems),
+# "tier" (the attention tier only).
+TARGETS = {"h100-sxm": "shipped", "l4": "tier"}
+
+
+@pytest.fixture(scope="session")
+def reports(tmp_path_factory, worker_id):
+    """The kernel report of each target, compiled once per test session: xdist workers share it through a
+    file beside their temporary directories, the first to ask compiles it."""
+    build = report.gpu_build()
+    if build is None:
+        pytest.skip(f"the GPU machine's Triton is not unpacked ({report.GPU_BUILD_ENV} unset): `make test`")
+    # Under xdist one compile process per test worker: the other worker's tests keep the other core busy
+    # (two compiles beside them oversubscribed CI's 2 cores and upset the per-call timing tests).
+    workers = 1 if worker_id != "master" else 2
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if worker_id != "master" else root
+    cache: dict[str, dict] = {}
+
+    def get(gpu: str) -> dict:
+        if gpu not in cache:
+            path = shared / f"kernel-report-{gpu}.json"
+            with filelock.FileLock(str(path) + ".lock"):
+                if not path.exists():
+                    result = report.run_report(
+                        gpu=gpu, problem_set=TARGETS[gpu], workers=workers, build=build
+                    )
+                    path.write_text(json.dumps(result))
+                cache[gpu] = json.loads(path.read_text())
+        return cache[gpu]
+
+    return get
+
+
+def _tier(gpu: str) -> flash.Tier:
+    return flash.tier_for(Hardware.from_spec(get_gpu(gpu)))
+
+
+@pytest.mark.parametrize("gpu", list(TARGETS))
+def test_every_shipped_kernel_keeps_its_budgets(reports, gpu):
+    result = reports(gpu)
+    rows = result["rows"]
+    assert rows and all(row["gpu"] == gpu for row in rows)
+    failing, _ = budgets.check(rows)
+    assert not failing, "\n".join(str(breach) for breach in failing)
+    # The target's shared memory per block is the tier's: what fits here fits every device of the tier.
+    tier = _tier(gpu)
+    assert rows[0]["shared_limit"] == tier.min_smem_bytes
+
+
+def test_every_exception_still_excuses_something(reports):
+    rows = [row for gpu in TARGETS for row in reports(gpu)["rows"]]
+    _, unused = budgets.check(rows)
+    assert not unused, f"exceptions that excuse nothing (delete them): {unused}"
+
+
+def _config_of(row: dict) -> tuple:
+    fixed = row["constexprs"]
+    blocks = (fixed.get("BLOCK_M"), fixed.get("BLOCK_N"), fixed.get("BLOCK_D"))
+    return (*blocks, row["num_warps"], row["num_stages"])
+
+
+@pytest.mark.parametrize("gpu", list(TARGETS))
+def test_every_configuration_of_the_tier_is_compiled(reports, gpu):
+    """What is checked is what is shipped: each row of the tier's table, in both 16-bit dtypes' class and
+    float32, is compiled as launched (forward: the flash kernel; backward: the dK/dV kernel; the dQ kernel
+    takes the backward row with its blocks swapped)."""
+    rows = reports(gpu)["rows"]
+    compiled = {(row["kernel"], _config_of(row)) for row in rows if not row["error"]}
+    tier = _tier(gpu)
+    missing = []
+    for direction, by_dtype in tier.table.items():
+        for dtype, row in by_dtype.items():
+            for block_d, config in row.items():
+                blocks = (config.block_m, config.block_n)
+                kernel = flash.FORWARD if direction == "forward" else flash.BACKWARD_DKDV
+                wanted = [(kernel.name, blocks)]
+                if direction == "backward":
+                    wanted.append((flash.BACKWARD_DQ.name, blocks[::-1]))
+                for kernel, (block_m, block_n) in wanted:
+                    key = (kernel, (block_m, block_n, block_d, config.num_warps, config.num_stages))
+                    if key not in compiled:
+                        missing.append((str(dtype), direction, block_d, key))
+    assert not missing, missing
+
+
+def test_both_backward_paths_and_every_kernel_row_are_compiled(reports):
+    rows = reports("h100-sxm")["rows"]
+    kernels = {row["kernel"] for row in rows}
+    both = flash.BACKWARD_KERNELS + flash.DETERMINISTIC_BACKWARD_KERNELS
+    assert {kernel.name for kernel in both} <= kernels
+    assert {entry.split(":")[0] for row in rows for entry in row["problems"]} == set(problems.BUILDERS)
+    dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name]
+    assert True in dkdv and False in dkdv
+
+
+def test_every_op_with_a_kernel_has_a_problem_builder():
+    with_kernels = {name for name in ops.names() if not ops.get(name).plain_pytorch}
+    assert with_kernels == set(problems.BUILDERS)
+
+
+def _row(**changes) -> dict:
+    row = dict(
+        kernel="k", gpu="h100-sxm", target="sm_90a", config="M64 N64 w4 s2", variant="", error=None,
+        registers=128, spill_store_bytes=0, spill_load_bytes=0, loop_spill_instructions=0, shared_bytes=1024,
+        shared_limit=2048, tensor_cores="HGMMA", wgmma=True, tile_rows=64, constexprs={"SOFTCAP": True},
+    )  # fmt: skip
+    row.update(changes)
+    return row
+
+
+def test_each_budget_is_read_from_the_row():
+    assert budgets.breaches(_row()) == []
+    found = {b.budget for b in budgets.breaches(_row(shared_bytes=4096))}
+    assert found == {"shared memory"}
+    assert {b.budget for b in budgets.breaches(_row(loop_spill_instructions=3))} == {"no spills in loops"}
+    assert {b.budget for b in budgets.breaches(_row(tensor_cores="HMMA", wgmma=False))} == {"wgmma"}
+    # below 64 rows, or off sm_90a, mma.sync is what there is
+    assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, tile_rows=32)) == []
+    assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, target="sm_89")) == []
+    failed = _row(error="CompilationError: out of resources")
+    assert [b.budget for b in budgets.breaches(failed)] == ["compiles"]
+
+
+def test_an_exception_excuses_only_what_it_names():
+    excuse = budgets.Exception_("k", "no spills in loops", "why", gpu="h100-sxm", match=(("SOFTCAP", True),))
+    spilling = _row(loop_spill_instructions=3)
+    assert budgets.check([spilling], (excuse,)) == ([], [])
+    other = _row(loop_spill_instructions=3, constexprs={"SOFTCAP": False})
+    failing, unused = budgets.check([other], (excuse,))
+    assert len(failing) == 1 and unused == [excuse]
+    assert len(budgets.check([_row(shared_bytes=4096)], (excuse,))[0]) == 1  # another budget
+    assert all(e.reason for e in budgets.EXCEPTIONS)
