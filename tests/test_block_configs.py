@@ -112,8 +112,8 @@ def test_one_config_type_for_both_families():
 
 
 def test_compact_attention_tiles_never_need_more_than_full_ones():
-    """COMPACT is compiled only as a sample (tests/attention/compile_for_gpu.py): its tiles and stages are
-    each at most FULL's, so its shared memory is at most FULL's measured 98 KiB."""
+    """COMPACT is not compiled by the budgets (tests/kernel_report covers FULL and LARGE): its tiles and
+    stages are each at most FULL's, so its shared memory is at most FULL's measured 98 KiB."""
     for direction, by_dtype in attention_configs.COMPACT.table.items():
         for dtype, row in by_dtype.items():
             for block_d, compact in row.items():

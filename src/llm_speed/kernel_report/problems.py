@@ -246,6 +246,27 @@ def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
             from llm_speed.fused.swiglu import swiglu
 
             args, call = (randn(size, size), randn(size, size)), swiglu
+        elif base == "geglu":
+            from llm_speed.fused.geglu import geglu
+
+            args, call = (randn(size, size), randn(size, size)), geglu
+        elif base == "apply_rotary_qk":
+            from llm_speed.fused.rotary_qk import apply_rotary_qk
+
+            # Hugging Face's layout: q [1, 32, seq, 128], k [1, 8, seq, 128], cos/sin full width
+            seq = size // 8
+            angles = torch.arange(seq, dtype=torch.float32)[:, None] * torch.rand(64).repeat(2)
+            cos, sin = (f(angles)[None].to(torch_dtype) for f in (torch.cos, torch.sin))
+            args = (randn(1, 32, seq, 128), randn(1, 8, seq, 128), cos, sin)
+
+            def call(*a):
+                return torch.cat([t.flatten() for t in apply_rotary_qk(*a)])
+
+        elif base == "cross_entropy":
+            from llm_speed.fused.cross_entropy import cross_entropy
+
+            rows, vocab = 256, 32768  # logits of a 32k vocabulary (the kernel's tiles depend on it)
+            args, call = (randn(rows, vocab), torch.randint(0, vocab, (rows,))), cross_entropy
         elif base == "apply_rotary":
             from llm_speed.fused.rotary import apply_rotary
 
@@ -269,12 +290,116 @@ def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
         with recording():
             out.float().sum().backward()
 
-    return Problem(op, f"{size}x{size} {dtype}" if base != "fused_linear_cross_entropy" else dtype, run)
+    labels = {"fused_linear_cross_entropy": dtype, "cross_entropy": f"256x32768 {dtype}",
+              "apply_rotary_qk": f"seq {size // 8} {dtype}"}  # fmt: skip
+    return Problem(op, labels.get(base, f"{size}x{size} {dtype}"), run)
 
 
 def _fused(op: str, options: Options) -> Iterator[Problem]:
     for dtype in _floating(options):
         yield fused_problem(op, size=options.size, dtype=dtype)
+
+
+# --- mixture of experts -------------------------------------------------------------------------------------
+
+
+def moe_problem(op: str, *, dtype: str, tokens: int = 4096, experts: int = 64, top_k: int = 8,
+                hidden: int = 2048, intermediate: int = 768) -> Problem:  # fmt: skip
+    """``op`` a row of llm_speed.moe (``_backward`` for its backward) at a Qwen3-30B-A3B layer's shapes
+    (hidden 2048, expert width 768, top-8; 64 experts here, half the model's: smaller host buffers)."""
+    backward = op.endswith("_backward")
+    base = op.removesuffix("_backward")
+    torch_dtype = _torch_dtype(dtype)
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed import moe
+
+        def empty(*shape, grad=backward):
+            return torch.empty(shape, dtype=torch_dtype).requires_grad_(grad)
+
+        logits = torch.randn(tokens, experts)
+        ids = torch.randint(0, experts, (tokens, top_k), dtype=torch.int32)
+        weights = torch.rand(tokens, top_k).requires_grad_(backward)
+        if base == "grouped_gemm":
+            offsets = torch.linspace(0, tokens * top_k, experts + 1)[1:].to(torch.int32)
+            args = (empty(tokens * top_k, hidden), empty(experts, intermediate, hidden), offsets)
+
+            def call(*a):
+                return moe.grouped_gemm(*a, trans_b=True)
+
+        elif base == "moe_route":
+            args = (logits.to(torch_dtype).requires_grad_(backward), top_k)
+
+            def call(*a):
+                return moe.moe_route(*a)[0]
+
+        elif base == "moe_sort":
+            args = (ids, experts)
+
+            def call(*a):
+                return moe.moe_sort(*a)[0]
+
+        else:
+            args = (empty(tokens, hidden), empty(experts, 2 * intermediate, hidden),
+                    empty(experts, hidden, intermediate), weights, ids)  # fmt: skip
+            call = moe.fused_moe
+        if not backward:
+            with recording():
+                call(*args)
+            return
+        out = call(*args)
+        with recording():
+            out.float().sum().backward()
+
+    return Problem(op, f"{tokens} tokens E{experts} k{top_k} {dtype}", run)
+
+
+def _moe(op: str, options: Options) -> Iterator[Problem]:
+    if op == "moe_sort":
+        yield moe_problem(op, dtype="fp32")
+        return
+    for dtype in _floating(options):
+        yield moe_problem(op, dtype=dtype)
+
+
+# --- fp8 ----------------------------------------------------------------------------------------------------
+
+FP8_GRANULARITIES = ("tensor", "row", (1, 128), (128, 128))
+
+
+def fp8_problem(op: str, *, size: int, granularity) -> Problem:
+    """``quantize_fp8`` of a [size, size] bf16 tensor, or ``gemm_fp8`` at size^3 (e4m3, bf16 out, ``b`` an
+    ``nn.Linear`` weight) with the scales of ``granularity`` ((1, 128) quantizes a, (128, 128) b)."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.matmul import fp8
+
+        if op == "quantize_fp8":
+            x = torch.empty(size, size, dtype=torch.bfloat16).normal_()
+            with recording():
+                fp8.quantize_fp8(x, granularity=granularity)
+            return
+        e4m3 = torch.float8_e4m3fn
+        a, b = (torch.zeros(size, size, dtype=e4m3) for _ in range(2))
+        blocks = -(-size // 128)
+        scales = {"tensor": ((), ()), "row": ((size, 1), (size, 1)),
+                  "block": ((size, blocks), (blocks, blocks))}  # fmt: skip
+        scale_a, scale_b = (torch.ones(shape) for shape in scales[granularity])
+        with recording():
+            fp8.gemm_fp8(a, b, scale_a, scale_b, trans_b=True)
+
+    name = granularity if isinstance(granularity, str) else "x".join(map(str, granularity))
+    return Problem(op, f"{size}^{3 if op == 'gemm_fp8' else 2} {name}", run)
+
+
+def _fp8(op: str, options: Options) -> Iterator[Problem]:
+    granularities = FP8_GRANULARITIES if op == "quantize_fp8" else ("tensor", "row", "block")
+    for granularity in granularities:
+        yield fp8_problem(op, size=options.size, granularity=granularity)
 
 
 def _floating(options: Options) -> list[str]:
@@ -299,6 +424,21 @@ BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "apply_rotary": _fused,
     "fused_linear_cross_entropy": _fused,
     "fused_linear_cross_entropy_backward": _fused,
+    "geglu": _fused,
+    "geglu_backward": _fused,
+    "apply_rotary_qk": _fused,
+    "apply_rotary_qk_backward": _fused,
+    "cross_entropy": _fused,
+    "cross_entropy_backward": _fused,
+    "grouped_gemm": _moe,
+    "grouped_gemm_backward": _moe,
+    "moe_route": _moe,
+    "moe_route_backward": _moe,
+    "moe_sort": _moe,
+    "fused_moe": _moe,
+    "fused_moe_backward": _moe,
+    "quantize_fp8": _fp8,
+    "gemm_fp8": _fp8,
 }
 
 
