@@ -1,5 +1,5 @@
 """Every fused op and attention under torch.autocast: the inputs cast as PyTorch's own counterpart would
-(llm_speed.fused.autocast), the same result whether the call runs the implementation directly (no grad),
+(llm_speed.core.autocast), the same result whether the call runs the implementation directly (no grad),
 through the eager autograd function, through the registered op (torch.compile, a dispatch mode) or on inputs
 cast by hand outside autocast; the backward the same inside and outside the autocast region."""
 
@@ -9,7 +9,7 @@ from fused_testing import GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import llm_speed
-from llm_speed.fused import autocast
+from llm_speed.core import autocast
 
 BF16 = torch.bfloat16
 
@@ -43,6 +43,13 @@ CASES = {
                       (torch.float32,)),
     "flash_attention": (lambda: [_f32(1, 2, 16, 16), _f32(1, 1, 16, 16), _f32(1, 1, 16, 16)],
                         lambda q, k, v: llm_speed.flash_attention(q, k, v, is_causal=True), (BF16,) * 3,
+                        (BF16,)),
+    # Qwen3's and OLMo-2's q/k norms: float32 q and k beside a bfloat16 v, cast to meet (as SDPA does)
+    "flash_attention_mixed": (lambda: [_f32(1, 2, 16, 16), _f32(1, 1, 16, 16), _f32(1, 1, 16, 16).to(BF16)],
+                              lambda q, k, v: llm_speed.flash_attention(q, k, v, is_causal=True), (BF16,) * 3,
+                              (BF16,)),
+    "tiled_attention": (lambda: [_f32(1, 2, 16, 16), _f32(1, 1, 16, 16), _f32(1, 1, 16, 16)],
+                        lambda q, k, v: llm_speed.tiled_attention(q, k, v, is_causal=True), (BF16,) * 3,
                         (BF16,)),
     "flash_attention_varlen": (
         lambda: [_f32(14, 2, 16), _f32(14, 1, 16), _f32(14, 1, 16),
@@ -111,7 +118,9 @@ class _Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", ["fused_linear_cross_entropy", "flash_attention", "rms_norm"])
+@pytest.mark.parametrize(
+    "name", ["fused_linear_cross_entropy", "flash_attention", "flash_attention_mixed", "rms_norm"]
+)
 def test_the_registered_op_applies_the_same_rule(name, device):
     # under a dispatch mode the call goes through the registered op, whose Autocast kernel casts
     by_hand, _ = _run(name, device, autocast_on=False, by_hand=True, grad=False)

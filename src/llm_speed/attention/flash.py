@@ -49,14 +49,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import (
+    autocast,  # torch.autocast rules
+    runtime,
+    tensors,
+)
 from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
-from ..fused import autocast  # torch.autocast rules (issue 34)
 from .checks import (
     check_options,
     check_seqlens_values,
@@ -1844,6 +1847,7 @@ def flash_attention(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
+    q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
     out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
     return (out, lse) if return_lse else out

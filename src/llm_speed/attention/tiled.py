@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core import autocast
 from ..core.args import check_flag
 from ..core.dispatch import Op
 from . import flash
@@ -48,6 +49,7 @@ _forward_op.register_fake(flash.forward_fake)
 # --- autograd: the flash backward -----------------------------------------------------------------------
 
 _forward_call = Op(_forward_op, forward, setup_context=flash.setup_context, backward=flash.autograd_backward)
+_forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 # --- public function ------------------------------------------------------------------------------------
 
@@ -86,6 +88,7 @@ def tiled_attention(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
+    q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
     out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
     return (out, lse) if return_lse else out

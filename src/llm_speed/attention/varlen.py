@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core import autocast  # torch.autocast rules
 from ..core.args import check_flag
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
-from ..fused import autocast  # torch.autocast rules (issue 34)
 from . import flash
 from .checks import check_options, check_scale, suggest_keywords, validate_varlen_inputs
 
@@ -168,6 +168,7 @@ def flash_attention_varlen(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
+    q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     )

@@ -40,14 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_int, check_real, positive_int
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import PLAN_CACHE_SIZE, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
-from . import autocast
 from .reference import softcapped
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -746,7 +745,7 @@ def _backward_fake(grad, logits, *_):
     return logits.new_empty(logits.shape)
 
 
-# Under torch.autocast (fused.autocast): the head's GEMMs take the autocast dtype, as F.linear would; the loss
+# Under torch.autocast (core.autocast): the head's GEMMs take the autocast dtype, as F.linear would; the loss
 # reads any dtype and computes in float32; the backward runs in the dtypes the forward saved.
 _linear_backward_call = autocast.dispatch(Op(_linear_backward_op, linear_backward), autocast.KEEP)
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import runtime
+from ..core import autocast, runtime
 from ..core.dispatch import Op
-from . import autocast
 from .swiglu import _validate, launch_backward, launch_forward
 
 # --- launcher (the kernels and plans are swiglu.py's) -------------------------------------------------------
@@ -61,7 +60,7 @@ def _backward_fake(dout, gate, up):
     return torch.empty_like(gate), torch.empty_like(up)
 
 
-# Under torch.autocast (fused.autocast): no cast (gelu and mul are on none of autocast's lists).
+# Under torch.autocast (core.autocast): no cast (gelu and mul are on none of autocast's lists).
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 

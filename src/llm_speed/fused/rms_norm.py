@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_real
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
@@ -26,7 +26,6 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from . import autocast
 from .reference import compute_dtype
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -301,7 +300,7 @@ def _backward_in_place_fake(dy, x2d, weight, rstd, offset, llama):
     return x2d.new_empty(0) if weight is None else torch.empty_like(weight)
 
 
-# Under torch.autocast (fused.autocast): float32, as F.rms_norm on autocast's float32 list; the backward runs
+# Under torch.autocast (core.autocast): float32, as F.rms_norm on autocast's float32 list; the backward runs
 # in the dtypes its forward saved.
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 _backward_in_place_call = autocast.dispatch(Op(_backward_in_place_op, backward_in_place), autocast.KEEP)

@@ -18,14 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from . import autocast
 from .reference import rotate
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -163,7 +162,7 @@ def _backward(ctx, dout):
     return _rotary_call(dout, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
 
 
-# Under torch.autocast (fused.autocast): no cast (an elementwise op, on none of autocast's lists).
+# Under torch.autocast (core.autocast): no cast (an elementwise op, on none of autocast's lists).
 _rotary_call = autocast.dispatch(
     Op(_rotary_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
 )

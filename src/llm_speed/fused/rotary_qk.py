@@ -26,14 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from . import autocast
 from .reference import apply_rotary_qk_reference, rotary_qk_backward_reference
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -275,7 +274,7 @@ def _backward_fake(dq_out, dk_out, cos, sin, position_ids, unsqueeze_dim, interl
     return dq_out.new_empty(dq_out.shape), dk_out.new_empty(dk_out.shape)
 
 
-# Under torch.autocast (fused.autocast): no cast (an elementwise op, on none of autocast's lists).
+# Under torch.autocast (core.autocast): no cast (an elementwise op, on none of autocast's lists).
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 

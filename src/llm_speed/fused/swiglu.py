@@ -16,13 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from . import autocast
 from .reference import compute_dtype
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -189,7 +188,7 @@ def _backward_fake(dout, gate, up):
     return torch.empty_like(gate), torch.empty_like(up)
 
 
-# Under torch.autocast (fused.autocast): no cast (silu and mul are on none of autocast's lists).
+# Under torch.autocast (core.autocast): no cast (silu and mul are on none of autocast's lists).
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 

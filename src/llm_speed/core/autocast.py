@@ -85,6 +85,19 @@ def _cast(args: tuple, positions: tuple[int, ...], policy: str, device_type: str
     return tuple(out)
 
 
+def cast_inputs(policy: str, *tensors: torch.Tensor) -> tuple:
+    """``tensors`` as ``policy`` casts them under the current autocast of their device (themselves outside
+    it), for a public function to call before its dtype checks: SDPA under autocast takes float32 q and k
+    beside a bfloat16 v (Qwen3's and OLMo-2's q/k norms make them), so the op's own check must see what
+    the op will run on. Applied while ``torch.compile`` traces too (the casts are traced)."""
+    if not _any_autocast() or not tensors:
+        return tensors
+    device_type = tensors[0].device.type
+    if device_type not in _KEYS or not _enabled(device_type):
+        return tensors
+    return _cast(tensors, tuple(range(len(tensors))), policy, device_type)
+
+
 class AutocastOp:
     """``op`` (a :class:`llm_speed.core.dispatch.Op` or any callable taking positional arguments) called the
     way the dispatcher calls the op under autocast: the arguments at ``positions`` cast by ``policy``, then
