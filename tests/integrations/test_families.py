@@ -63,7 +63,7 @@ def test_family_matches_float64(model_type, device):
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
     kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary_qk.KERNEL.name, flash.FORWARD.name,
-               flash.BACKWARD_DQ.name, cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]  # fmt: skip
+               flash.BACKWARD_DKDV.name, cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]  # fmt: skip
     if report["mlp"]:
         kernels += [swiglu.FORWARD.name, swiglu.BACKWARD.name]
     if report["moe"]:

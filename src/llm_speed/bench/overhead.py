@@ -265,19 +265,22 @@ def _runner(call: Callable[[], Any], mode: str) -> Callable[[], Any]:
     return call
 
 
-def _time(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
-    """Fastest of ``repeats`` runs of ``calls`` calls, in microseconds per call (GPU: synchronised)."""
+def _time(
+    fn: Callable[[], Any], calls: int, repeats: int, device: torch.device, clock: Callable[[], float]
+) -> float:
+    """Fastest of ``repeats`` runs of ``calls`` calls, in microseconds per call of ``clock`` (GPU:
+    synchronised)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(max(3, calls // 10)):
         fn()
     sync()
     best = float("inf")
     for _ in range(repeats):
-        began = time.perf_counter()
+        began = clock()
         for _ in range(calls):
             fn()
         sync()
-        best = min(best, (time.perf_counter() - began) / calls)
+        best = min(best, (clock() - began) / calls)
     return best * 1e6
 
 
@@ -299,8 +302,11 @@ def measure(
     modes: Sequence[str] = ("inference", "autograd"),
     calls: int | None = None,
     repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[Row]:
-    """Every op of ``ops`` and its PyTorch equivalent (and SDPA, the yardstick) in every mode of ``modes``."""
+    """Every op of ``ops`` and its PyTorch equivalent (and SDPA, the yardstick) in every mode of ``modes``.
+    ``clock``: wall time by default; ``time.thread_time`` counts only this thread's CPU time, which other
+    processes on a busy machine do not inflate (the CPU regression guard of tests/bench uses it)."""
     unknown = sorted(set(ops) - set(OPS))
     if unknown:
         raise ValueError(f"ops: unknown {', '.join(unknown)}; accepted: {', '.join(OPS)}")
@@ -329,7 +335,7 @@ def measure(
             path = launch.simulated_gpu() if simulated else contextlib.nullcontext()
             with path, torch.set_grad_enabled(grad):
                 fn = _runner(case.make(device, dtype, grad), mode)
-                us = _time(fn, calls if mode != "training" else max(1, calls // 4), repeats, device)
+                us = _time(fn, calls if mode != "training" else max(1, calls // 4), repeats, device, clock)
                 kernel = _kernel_us(fn, min(calls, 100)) if on_gpu else None
             times[(name, mode)] = us
             rows.append(Row(name, mode, us, kernel_us=kernel))
