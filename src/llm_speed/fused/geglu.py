@@ -6,79 +6,17 @@ approximation, ``0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))`` (``torch.nn
 approximate="tanh")``), through the accurate float32 tanh of :mod:`llm_speed.core.kernel_math`; the backward
 recomputes the activation and its derivative from gate, as Liger-Kernel's ``ops/geglu.py`` does.
 
-Layout as :mod:`llm_speed.fused.rms_norm` (its kernels and launcher in ``swiglu.py``); the plain-PyTorch spec
-is :func:`llm_speed.fused.reference.geglu_reference`.
+Its kernels, launcher, op registration and autograd are ``swiglu.py``'s (:func:`gated_activation`); the
+plain-PyTorch spec is :func:`llm_speed.fused.reference.geglu_reference`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core import autocast, runtime
-from ..core.dispatch import Op
-from .swiglu import _validate, launch_backward, launch_forward
+from .swiglu import _validate, gated_activation
 
-# --- launcher (the kernels and plans are swiglu.py's) -------------------------------------------------------
-
-
-def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``gelu_tanh(gate) * up`` of contiguous ``gate`` and ``up`` of one shape; reports its work."""
-    if gate.numel():
-        runtime.report_work("geglu", gate=gate)
-    return launch_forward(gate, up, True)
-
-
-def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dgate, dup) of :func:`forward`; reports its work."""
-    if gate.numel():
-        runtime.report_work("geglu_backward", gate=gate)
-    return launch_backward(dout, gate, up, True)
-
-
-# --- op registration ------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("llm_speed::geglu_forward", mutates_args=())
-def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return forward(gate, up)
-
-
-@_forward_op.register_fake
-def _forward_fake(gate, up):
-    return torch.empty_like(gate)
-
-
-@torch.library.custom_op("llm_speed::geglu_backward", mutates_args=())
-def _backward_op(
-    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return backward(dout, gate, up)
-
-
-@_backward_op.register_fake
-def _backward_fake(dout, gate, up):
-    return torch.empty_like(gate), torch.empty_like(up)
-
-
-# Under torch.autocast (core.autocast): no cast (gelu and mul are on none of autocast's lists).
-_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
-
-
-# --- autograd -------------------------------------------------------------------------------------------
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, dout):
-    gate, up = ctx.saved_tensors
-    return _backward_call(dout, gate, up)
-
-
-_forward_call = autocast.dispatch(
-    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
-)
+_forward_call = gated_activation("geglu", gelu=True)  # the kernels, ops and autograd are swiglu.py's
 
 
 # --- public function ------------------------------------------------------------------------------------

@@ -149,64 +149,52 @@ def launch_backward(dout, gate, up, gelu: bool) -> tuple[torch.Tensor, torch.Ten
     return dgate, dup
 
 
-def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of contiguous ``gate`` and ``up`` of one shape; reports its work."""
-    if gate.numel():
-        runtime.report_work("swiglu", gate=gate)
-    return launch_forward(gate, up, False)
+# --- op registration and autograd (one body for SwiGLU and GeGLU) ------------------------------------------
 
 
-def backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dgate, dup) of :func:`forward`; reports its work."""
-    if gate.numel():
-        runtime.report_work("swiglu_backward", gate=gate)
-    return launch_backward(dout, gate, up, False)
+def gated_activation(name: str, gelu: bool) -> autocast.AutocastOp:
+    """The op of one gated activation on the kernels above (``name``: "swiglu", or "geglu" with ``gelu``):
+    its implementations (which report their work under the op-table rows ``name`` and ``name_backward``),
+    the ``torch.library`` ops ``llm_speed::<name>_forward`` / ``_backward`` with their fakes, and the autograd
+    that saves gate and up and recomputes the activation. Under ``torch.autocast``: no cast (SiLU, GELU and
+    mul are on none of autocast's lists)."""
+
+    def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if gate.numel():
+            runtime.report_work(name, gate=gate)
+        return launch_forward(gate, up, gelu)
+
+    def backward(dout, gate, up):
+        if gate.numel():
+            runtime.report_work(f"{name}_backward", gate=gate)
+        return launch_backward(dout, gate, up, gelu)
+
+    def forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return forward(gate, up)
+
+    def backward_op(
+        dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return backward(dout, gate, up)
+
+    forward_op = torch.library.custom_op(f"llm_speed::{name}_forward", forward_op, mutates_args=())
+    forward_op.register_fake(lambda gate, up: torch.empty_like(gate))
+    backward_op = torch.library.custom_op(f"llm_speed::{name}_backward", backward_op, mutates_args=())
+    backward_op.register_fake(lambda dout, gate, up: (torch.empty_like(gate), torch.empty_like(up)))
+    backward_call = autocast.dispatch(Op(backward_op, backward), autocast.KEEP)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def autograd_backward(ctx, dout):
+        gate, up = ctx.saved_tensors
+        return backward_call(dout, gate, up)
+
+    op = Op(forward_op, forward, setup_context=setup_context, backward=autograd_backward)
+    return autocast.dispatch(op, autocast.KEEP)
 
 
-# --- op registration ------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("llm_speed::swiglu_forward", mutates_args=())
-def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return forward(gate, up)
-
-
-@_forward_op.register_fake
-def _forward_fake(gate, up):
-    return torch.empty_like(gate)
-
-
-@torch.library.custom_op("llm_speed::swiglu_backward", mutates_args=())
-def _backward_op(
-    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return backward(dout, gate, up)
-
-
-@_backward_op.register_fake
-def _backward_fake(dout, gate, up):
-    return torch.empty_like(gate), torch.empty_like(up)
-
-
-# Under torch.autocast (core.autocast): no cast (silu and mul are on none of autocast's lists).
-_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
-
-
-# --- autograd -------------------------------------------------------------------------------------------
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, dout):
-    gate, up = ctx.saved_tensors
-    return _backward_call(dout, gate, up)
-
-
-_forward_call = autocast.dispatch(
-    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
-)
+_forward_call = gated_activation("swiglu", gelu=False)
 
 
 # --- public function ------------------------------------------------------------------------------------
