@@ -31,7 +31,7 @@ $(TRITON_GPU_STAMP): Makefile | $(STAMP)
 	touch $(TRITON_GPU_STAMP)
 
 test: setup $(TRITON_GPU_STAMP)
-	LLM_SPEED_TRITON_GPU=$(CURDIR)/$(TRITON_GPU_DIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) -q
+	LLM_SPEED_TRITON_GPU=$(CURDIR)/$(TRITON_GPU_DIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q
 
 demo: setup
 	$(BIN)/llm-speed demo

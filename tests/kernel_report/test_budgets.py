@@ -23,6 +23,10 @@ from llm_speed.core.gpus import get_gpu
 from llm_speed.core.hardware import Hardware
 from llm_speed.kernel_report import budgets, problems, report
 
+# Every test here runs on one xdist worker (``make test`` distributes by group): the other worker goes on with
+# the rest of the suite instead of waiting on the compile lock.
+pytestmark = pytest.mark.xdist_group("kernel_report")
+
 # The GPU compiled for, and the problems: "shipped" (the attention tier and every op's default problems),
 # "tier" (the attention tier only).
 TARGETS = {"h100-sxm": "shipped", "l4": "tier"}

@@ -16,7 +16,7 @@ import torch
 
 from .swiglu import _validate, gated_activation
 
-_forward_call = gated_activation("geglu", gelu=True)  # the kernels, ops and autograd are swiglu.py's
+_forward_call = gated_activation(gelu=True)  # the kernels, ops and autograd are swiglu.py's
 
 
 # --- public function ------------------------------------------------------------------------------------

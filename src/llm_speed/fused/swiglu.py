@@ -152,21 +152,23 @@ def launch_backward(dout, gate, up, gelu: bool) -> tuple[torch.Tensor, torch.Ten
 # --- op registration and autograd (one body for SwiGLU and GeGLU) ------------------------------------------
 
 
-def gated_activation(name: str, gelu: bool) -> autocast.AutocastOp:
-    """The op of one gated activation on the kernels above (``name``: "swiglu", or "geglu" with ``gelu``):
-    its implementations (which report their work under the op-table rows ``name`` and ``name_backward``),
-    the ``torch.library`` ops ``llm_speed::<name>_forward`` / ``_backward`` with their fakes, and the autograd
-    that saves gate and up and recomputes the activation. Under ``torch.autocast``: no cast (SiLU, GELU and
-    mul are on none of autocast's lists)."""
+def gated_activation(gelu: bool) -> autocast.AutocastOp:
+    """The op of one gated activation on the kernels above, SwiGLU or (``gelu``) GeGLU: its implementations
+    (which report their work under the op-table rows "swiglu"/"geglu" and their "_backward" rows), the
+    ``torch.library`` ops ``llm_speed::<row>_forward`` / ``_backward`` with their fakes, and the autograd that
+    saves gate and up and recomputes the activation. Under ``torch.autocast``: no cast (SiLU, GELU and mul
+    are on none of autocast's lists)."""
+    row = "geglu" if gelu else "swiglu"
+    backward_row = "geglu_backward" if gelu else "swiglu_backward"
 
     def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if gate.numel():
-            runtime.report_work(name, gate=gate)
+            runtime.report_work(row, gate=gate)
         return launch_forward(gate, up, gelu)
 
     def backward(dout, gate, up):
         if gate.numel():
-            runtime.report_work(f"{name}_backward", gate=gate)
+            runtime.report_work(backward_row, gate=gate)
         return launch_backward(dout, gate, up, gelu)
 
     def forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -177,9 +179,9 @@ def gated_activation(name: str, gelu: bool) -> autocast.AutocastOp:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return backward(dout, gate, up)
 
-    forward_op = torch.library.custom_op(f"llm_speed::{name}_forward", forward_op, mutates_args=())
+    forward_op = torch.library.custom_op(f"llm_speed::{row}_forward", forward_op, mutates_args=())
     forward_op.register_fake(lambda gate, up: torch.empty_like(gate))
-    backward_op = torch.library.custom_op(f"llm_speed::{name}_backward", backward_op, mutates_args=())
+    backward_op = torch.library.custom_op(f"llm_speed::{backward_row}", backward_op, mutates_args=())
     backward_op.register_fake(lambda dout, gate, up: (torch.empty_like(gate), torch.empty_like(up)))
     backward_call = autocast.dispatch(Op(backward_op, backward), autocast.KEEP)
 
@@ -194,7 +196,7 @@ def gated_activation(name: str, gelu: bool) -> autocast.AutocastOp:
     return autocast.dispatch(op, autocast.KEEP)
 
 
-_forward_call = gated_activation("swiglu", gelu=False)
+_forward_call = gated_activation(gelu=False)
 
 
 # --- public function ------------------------------------------------------------------------------------
