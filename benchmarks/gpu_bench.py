@@ -6,7 +6,7 @@ every shape it finished; one process pays the torch import and CUDA start once. 
 line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
 
     python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, demo, ops,
-                                                              train-step or moe
+                                                              train-step, moe or fp8
     python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
 """
 
@@ -19,7 +19,7 @@ import time
 import traceback
 
 QUICK = "--warmup 5 --iterations 20 --no-progress"
-SETS = ("attention", "gemm", "demo", "ops", "train-step", "moe")
+SETS = ("attention", "gemm", "demo", "ops", "train-step", "moe", "fp8")
 
 
 def command_lines(name: str, out: str) -> list[str]:
@@ -75,6 +75,12 @@ def command_lines(name: str, out: str) -> list[str]:
         # GPU defaults: Qwen3-30B-A3B's experts, 2k and 8k tokens, 8/64/128 experts, top-2 and top-8, bf16;
         # forward + backward (the issue's target) against torch._grouped_mm code and Hugging Face's loop.
         lines.append(f"bench moe {QUICK} --mode fwd+bwd --output {out}/moe_fwd_bwd_bf16.json")
+    elif name == "fp8":
+        # Issue 35's targets: >= 1.0x torch._scaled_mm (tensor- and row-wise) at 4096+, block scaling >= 0.8x
+        # of our row-wise; each granularity against _scaled_mm with the same scaling and bf16 torch.matmul.
+        for size in ("4096x4096x4096", "8192x8192x4096"):
+            label = size.split("x")[0]
+            lines.append(f"{gemm} --dtype fp8 --sizes {size} --output {out}/gemm_fp8_{label}.json")
     else:
         raise ValueError(f"unknown set {name!r}; expected {', '.join(SETS)}")
     return lines

@@ -6,7 +6,8 @@
 #           had not finished in 85 s)
 #   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
 #           own junit XML, so a chunk cut by its cap costs only that chunk
-#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured), the
+#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured; fp8 GEMMs
+#           against torch._scaled_mm included), the
 #           per-call cost of every op (`bench overhead`) and demo
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
@@ -41,7 +42,7 @@ STEP=${1:-}
 case "$STEP" in
 quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
-bench) BUDGET=350; DEFAULT_WORKERS=1 ;;
+bench) BUDGET=440; DEFAULT_WORKERS=1 ;;
 fused) BUDGET=460; DEFAULT_WORKERS=1 ;;
 *) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2; exit 2 ;;
 esac
@@ -228,6 +229,7 @@ bench)
     if [ "$MODE" = check ]; then CHECK=(--check); fi
     sub bench_attention 135 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
     sub bench_gemm 135 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
+    sub bench_fp8 90 "$PY" benchmarks/gpu_bench.py fp8 "$RAW" "${CHECK[@]}"
     sub demo 80 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
     ;;
 fused)
