@@ -1,7 +1,8 @@
 """Ahead-of-time compilation of the fp8 kernels for Hopper (sm_90a), no GPU needed.
 
 Every configuration :func:`llm_speed.matmul.fp8.gemm_fp8_config` can choose on an H100 is compiled as a launch
-makes it (the plan ``planned_gemm`` builds, with Triton's argument specialisation): block scaling on each
+makes it (the plan ``planned_gemm`` builds, replayed through Triton's launch path by the kernel report's
+:mod:`llm_speed.kernel_report.build`): block scaling on each
 configuration it may take, tensor and row scaling rotating over all of them (e5m2 and bf16 bias in turn).
 Checked: fp8 wgmma in the PTX and QGMMA (Hopper's fp8 warpgroup MMA) in the SASS, no local memory (a zero
 stack: nothing spilled), registers within 255, shared memory within the 227 KB per block; the quantize and
@@ -23,65 +24,27 @@ pytest.importorskip("triton.backends.nvidia")
 H100 = Hardware.from_spec("h100-sxm")
 
 SCRIPT = r"""
-import importlib, json, os, re, subprocess, tempfile
+import importlib, json, re
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.tools.disasm import get_sass
 
 fp8 = importlib.import_module("llm_speed.matmul.fp8")
 from llm_speed.core.hardware import Hardware
+from llm_speed.kernel_report import build
+from llm_speed.kernel_report.capture import Launch
 
-POINTEE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
-           torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-
-def resources(cubin):
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        out = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
-    return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
+TARGET = build.target_of("h100-sxm")
 
 
 def compile_sm90(plan, per_call):
-    fn = plan.kernel.fn
-    names = fn.arg_names
-    constexpr_params = {names[i] for i in fn.constexprs}
-    signature, constexprs, divisible = {}, {}, []
-    for name in names:
-        value = plan.fixed[name] if name in plan.fixed else per_call[name]
-        if name in constexpr_params:
-            signature[name], constexprs[name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + POINTEE[value.dtype]
-            if value.data_ptr() % 16 == 0:
-                divisible.append(name)
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif value == 1:  # Triton specialises an integer argument equal to 1 as a constant
-            signature[name], constexprs[name] = "constexpr", 1
-        else:
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                divisible.append(name)
-    index = {name: i for i, name in enumerate(names)}
-    source = ASTSource(fn=fn, signature=signature, constexprs={(index[k],): v for k, v in constexprs.items()},
-                       attrs={(index[n],): [["tt.divisibility", 16]] for n in divisible})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
-    ptx = compiled.asm["ptx"]
-    sass = get_sass(compiled.asm["cubin"])
-    regs, stack = resources(compiled.asm["cubin"])
-    return {"wgmma_fp8": len(re.findall(r"wgmma\.mma_async\S*\.(e4m3|e5m2)", ptx)),
-            "qgmma": sass.count("QGMMA"), "hgmma": sass.count("HGMMA"),
-            "local": len(re.findall(r"\b(STL|LDL)", sass)),
-            "regs": regs, "stack": stack, "shared": compiled.metadata.shared}
+    # The kernel report's path: the launch replayed through Triton up to its compile, then read.
+    with build.stand_in_driver(TARGET):
+        made = build.specialise(Launch("fp8", "", plan, per_call))
+    compiled, log, _ = build.compile_build(made)
+    sass, usage = build.disassemble(compiled.asm["cubin"])
+    row = build.analyse(compiled, log, sass, usage, TARGET, plan)
+    return {"wgmma_fp8": len(re.findall(r"wgmma\.mma_async\S*\.(e4m3|e5m2)", compiled.asm["ptx"])),
+            "tensor_cores": row["tensor_cores"], "local": row["spill_instructions"],
+            "regs": row["registers"], "stack": row["stack_bytes"], "shared": row["shared_bytes"]}
 
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -134,7 +97,7 @@ def test_fp8_kernels_compile_to_qgmma_without_spills(build):
     assert len(gemms) == len(GEMM_CONFIGS) + len(block)
     assert 0 < len(block) < len(GEMM_CONFIGS)  # block scaling drops the tiles that would spill
     for row in gemms:
-        assert row["wgmma_fp8"] > 0 and row["qgmma"] > 0 and row["hgmma"] == 0, row
+        assert row["wgmma_fp8"] > 0 and row["tensor_cores"] == "QGMMA", row  # fp8 warpgroup MMA only
     for row in rows:
         assert row["stack"] == 0 and row["local"] == 0, row  # nothing spilled to local memory
         assert row["regs"] <= 255 and row["shared"] <= H100.smem_per_block_bytes, row

@@ -47,7 +47,7 @@ from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from . import reference
-from .gemm import SMALLEST_TILE_SIDE, _grouped_tile, _tile_efficiency, shared_bytes
+from .gemm import SMALLEST_TILE_SIDE, _cfg, _grouped_tile, _tile_efficiency, shared_bytes
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -366,10 +366,6 @@ def _granularity_value(name: str):
 
 # The fp8 GEMM's tiles on devices with 227 KB of shared memory per block (H100, H200, B200): BLOCK_K 128
 # (one scaling block, the K a 64-row fp8 wgmma consumes in 4 steps of 32), 3-4 stages.
-def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
-    return KernelConfig(m, n, warps, stages, block_k=k, group_m=8)
-
-
 GEMM_CONFIGS = (
     _cfg(128, 256, 128, 8, 3),
     _cfg(128, 128, 128, 8, 4),
