@@ -21,8 +21,7 @@ from ..core.args import check_flag, check_real
 from ..core.tensors import FLOAT_DTYPES, last_dim_contiguous
 
 SUPPORTED_DTYPES = FLOAT_DTYPES
-HEAD_DIM_MULTIPLE = 8
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # any head_dim from 1 to 256, as flash-attn (the kernels mask the padded columns)
 
 
 _Tensor = torch.Tensor
@@ -43,8 +42,7 @@ def _qkv_fine(q, k, v, rank: int) -> bool:
         and dtype == v.dtype
         and q.device == k.device == v.device
         and k_shape[-1] == head_dim
-        and head_dim % HEAD_DIM_MULTIPLE == 0
-        and HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM
+        and 1 <= head_dim <= MAX_HEAD_DIM
         and heads_kv >= 1
         and heads_q % heads_kv == 0
         and heads_q >= 1
@@ -77,11 +75,8 @@ def check_qkv(q, k, v, layout: str) -> None:
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim:
         raise ValueError(f"k and v head_dim ({k.shape[-1]}) must equal q head_dim ({head_dim})")
-    if head_dim % HEAD_DIM_MULTIPLE != 0 or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"q head_dim is {head_dim}; accepted: a multiple of {HEAD_DIM_MULTIPLE} "
-            f"from {HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}"
-        )
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q head_dim is {head_dim}; accepted: any head_dim from 1 to {MAX_HEAD_DIM}")
     heads_q, heads_kv = q.shape[1], k.shape[1]
     if heads_q < 1 or heads_kv < 1:
         raise ValueError(f"q heads ({heads_q}) and k/v heads ({heads_kv}) must be at least 1")
@@ -95,7 +90,7 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     """Raise TypeError/ValueError unless ``q, k, v`` form a valid attention call; return nothing.
 
     Accepted: q ``[batch, heads_q, seq_q, head_dim]``, k and v ``[batch, heads_kv, seq_kv, head_dim]``;
-    heads_q a multiple of heads_kv (heads >= 1); head_dim a multiple of 8 from 8 to 256; one dtype among
+    heads_q a multiple of heads_kv (heads >= 1); head_dim from 1 to 256; one dtype among
     float16, bfloat16, float32 for all three; all three on one device. Batch and sequence lengths may be 0.
     """
     check_qkv(q, k, v, "[batch, heads, seq, head_dim]")
@@ -180,7 +175,9 @@ _KNOWN_NAMES = {
     "return_attn_probs": "did you mean return_lse=? (the probabilities are never stored)",
     "return_softmax_lse": "did you mean return_lse=?",
     "attn_mask": "arbitrary masks are not supported; use is_causal= and/or window=(left, right)",
-    "dropout_p": "attention dropout is not supported (inference and dropout-free training only)",
+    "dropout_p": "attention dropout is in flash_attention and flash_attention_varlen (dropout_p=)",
+    "alibi_slopes": "ALiBi is in flash_attention, flash_attention_varlen and flash_attention_with_kvcache",
+    "return_softmax": "did you mean return_lse=?",
     "enable_gqa": "not needed: GQA/MQA is used whenever k/v have fewer heads than q",
     "softcapping": "did you mean softcap=?",
     "sliding_window": "did you mean window=(W - 1, 0) with is_causal=True?",
@@ -244,6 +241,38 @@ def check_softcap(softcap) -> float | None:
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap}")
     return float(softcap)
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
+    """``alibi_slopes``: None, or float32 ``[heads_q]`` or ``[batch, heads_q]`` on q's device (flash-attn's
+    rule); returned contiguous."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(
+            f"alibi_slopes must be [heads_q] = [{heads_q}] or [batch, heads_q] = [{batch}, {heads_q}], got "
+            f"{tuple(alibi_slopes.shape)}"
+        )
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
+    return alibi_slopes.contiguous()
+
+
+def check_dropout(dropout_p, device) -> tuple[float, torch.Tensor | None]:
+    """``dropout_p``: a real number in [0, 1). Returns it as a float and, when > 0, this call's int64
+    ``(seed, offset)`` pair drawn on ``device`` from PyTorch's default generator there (so
+    ``torch.manual_seed`` reproduces a call, and a CUDA graph replays fresh draws): the kernels' Philox key
+    and counter."""
+    dropout_p = check_real("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0.0:
+        return 0.0, None
+    return dropout_p, torch.randint(-(2**62), 2**62, (2,), dtype=torch.int64, device=device)
 
 
 def check_options(is_causal, return_lse, window, softcap):

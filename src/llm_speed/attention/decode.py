@@ -56,7 +56,7 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .checks import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, check_softcap, check_window
+from .checks import MAX_HEAD_DIM, check_softcap, check_window
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
@@ -555,11 +555,8 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
     heads_kv = cache_shape[2]
     if cache_shape[3] != head_dim:
         raise ValueError(f"k_cache/v_cache head_dim ({cache_shape[3]}) must equal q head_dim ({head_dim})")
-    if head_dim % HEAD_DIM_MULTIPLE or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"q head_dim is {head_dim}; accepted: a multiple of {HEAD_DIM_MULTIPLE} from {HEAD_DIM_MULTIPLE} "
-            f"to {MAX_HEAD_DIM}"
-        )
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q head_dim is {head_dim}; accepted: any head_dim from 1 to {MAX_HEAD_DIM}")
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k_cache heads ({heads_kv})")
     if k_cache.stride()[3] != 1 or v_cache.stride()[3] != 1:

@@ -61,6 +61,8 @@ from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from .checks import (
+    check_alibi_slopes,
+    check_dropout,
     check_options,
     check_seqlens_values,
     prepare_attention_inputs,
@@ -374,6 +376,48 @@ def _visible(
 
 
 @triton.jit
+def _alibi(r_m, c_n, seq_q, seq_kv, slope2):
+    """ALiBi's bias in base 2 (Press et al., arXiv:2108.12409): ``-slope * |p - j| * log2(e)`` with
+    ``p = i + seq_kv - seq_q`` the query's key position, bottom-right aligned as the masks (flash-attn's
+    convention). ``slope2`` is the head's slope times log2(e); either tile orientation."""
+    return -slope2 * tl.abs(r_m + (seq_kv - seq_q) - c_n).to(tl.float32)
+
+
+@triton.jit
+def _dropout_keep(seed, r_m, c_n, bh, rng_offset, dropout_p):
+    """True where attention dropout keeps the (query ``r_m``, key ``c_n``) weight of (sequence, head) ``bh``.
+
+    One Philox-4x32 draw (Salmon et al., SC 2011) per entry, counters (key, query, sequence * heads + head,
+    the call's offset) and the call's seed as key: the mask is a function of the entry alone, so the forward,
+    the backward (either orientation, any blocks) and :func:`dropout_mask` all see the same one."""
+    zero = r_m * 0 + c_n * 0  # the tile's shape
+    c0 = (c_n + zero).to(tl.int32).to(tl.uint32, bitcast=True)
+    c1 = (r_m + zero).to(tl.int32).to(tl.uint32, bitcast=True)
+    c2 = (bh.to(tl.int32) + zero).to(tl.uint32, bitcast=True)
+    c3 = (rng_offset + zero).to(tl.uint32, bitcast=True)
+    draw, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
+    return tl.uint_to_uniform_float(draw) >= dropout_p
+
+
+@triton.jit
+def _load_rng(RNG, DROPOUT: tl.constexpr):
+    """(seed, counter offset) of this call's dropout, from the int64 pair ``RNG`` ((0, 0) without)."""
+    if DROPOUT:
+        return tl.load(RNG), tl.load(RNG + 1).to(tl.int32)
+    else:
+        return tl.program_id(0).to(tl.int64) * 0, tl.program_id(0) * 0
+
+
+@triton.jit
+def _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI: tl.constexpr):
+    """The ALiBi slope of (sequence b, query head h) times log2(e) (0 without ALiBi)."""
+    if HAS_ALIBI:
+        return tl.load(ALIBI + b * stride_ab + h) * LOG2E
+    else:
+        return 0.0
+
+
+@triton.jit
 def _capped_scores(b_qk, scale, softcap, SOFTCAP: tl.constexpr):
     """(base-2 scores s2, tanh of the cap or None) from raw q.k products ``b_qk`` [BM, BN]."""
     if SOFTCAP:
@@ -397,10 +441,12 @@ def _scores(
     softcap,
     window_left,
     window_right,
+    slope2,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -412,7 +458,8 @@ def _scores(
     cap's tanh; factor: scale * log2(e), or softcap * log2(e)), raw is -inf where ``MASKED`` hides a key.
     The forward folds the factor into its exp2 (one FFMA per score, ``exp2(raw * factor - m)``) and scales
     only the row maxima (max(raw) * factor == max(raw * factor): the factor is positive), instead of
-    multiplying every score first."""
+    multiplying every score first. ALiBi's bias breaks that identity: with ``HAS_ALIBI`` raw is the base-2
+    score itself (after the cap, as flash-attn) and the factor 1."""
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
@@ -426,6 +473,9 @@ def _scores(
     else:
         b_raw = b_qk
         factor = scale * LOG2E
+    if HAS_ALIBI:
+        b_raw = b_raw * factor + _alibi(o_m[:, None], o_n[None, :], seq_q, seq_kv, slope2)
+        factor = 1.0
     if MASKED:
         m_visible = _visible(
             o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
@@ -451,10 +501,12 @@ def _row_max_over_keys(
     softcap,
     window_left,
     window_right,
+    slope2,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -466,9 +518,9 @@ def _row_max_over_keys(
     for start_n in range(key_start, key_end, BLOCK_N):
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
@@ -494,11 +546,18 @@ def _accumulate_over_keys(
     softcap,
     window_left,
     window_right,
+    slope2,
+    seed,
+    bh,
+    rng_offset,
+    dropout_p,
     MASKED: tl.constexpr,
     TWO_PASS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -511,14 +570,16 @@ def _accumulate_over_keys(
 
     Online softmax (flash): when a key block raises the running max m, rescale l and acc by
     exp2(m_old - m_new). ``TWO_PASS`` (tiled): m is already the final row max, so nothing is rescaled.
+    ``DROPOUT``: the row sums take every weight, the output only the kept ones (the caller divides by
+    1 - dropout_p once at the end), as FlashAttention does.
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         o_n = start_n + tl.arange(0, BLOCK_N)
         b_v = _load_rows(
@@ -537,6 +598,9 @@ def _accumulate_over_keys(
             b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
             b_alpha = tl.exp2(b_m - b_shift)
             b_l = b_l * b_alpha + tl.sum(b_p, 1)
+            if DROPOUT:
+                m_keep = _dropout_keep(seed, o_m[:, None], o_n[None, :], bh, rng_offset, dropout_p)
+                b_p = tl.where(m_keep, b_p, 0.0)
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
             b_acc = b_acc * b_alpha[:, None] + dot(
                 b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION
@@ -554,6 +618,8 @@ def _attention_fwd_kernel(
     LSE,
     CU_Q,
     CU_K,
+    ALIBI,
+    RNG,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -568,6 +634,7 @@ def _attention_fwd_kernel(
     stride_om,
     stride_lb,
     stride_lh,
+    stride_ab,
     heads_q,
     group,
     seq_q,
@@ -579,10 +646,13 @@ def _attention_fwd_kernel(
     softcap,
     window_left,
     window_right,
+    dropout_p,
     TWO_PASS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     NEG_SCALE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -601,13 +671,19 @@ def _attention_fwd_kernel(
     Flash (``TWO_PASS`` off): one pass over K/V with the online softmax.
     Tiled (``TWO_PASS`` on): pass 1 reads every K tile for each row's max score; pass 2 reads K again, and V,
     summing exp2(s2 - max) and exp2(s2 - max) @ V with no rescaling. Safe softmax, but K is read twice.
-    Both output acc / l and the LSE m + log(l).
+    Both output acc / l and the LSE m + log(l). ``HAS_ALIBI``: per-(sequence, head) slopes ``ALIBI`` (row
+    stride ``stride_ab``, 0 for one slope per head). ``DROPOUT`` (flash only): weights dropped with
+    probability ``dropout_p`` by :func:`_dropout_keep` from the seed and offset in ``RNG``, the kept ones
+    scaled by 1 / (1 - dropout_p); the LSE is that of the weights before dropout.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
     )  # fmt: skip
     h_kv = h // group
+    slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
+    seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
+    bh = b * heads_q + h
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -633,44 +709,49 @@ def _attention_fwd_kernel(
     if TWO_PASS:
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, lo, left_end, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_lo, mid_hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_hi, hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, MASKED=True, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
-        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
+        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, MASKED=False, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
-        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False,
+        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, MASKED=True, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT,
-        HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
+        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
 
     # Rows that saw no key: l == 0 -> output 0 and LSE -inf.
     no_key = b_l == 0.0
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
+    if DROPOUT:
+        b_out = b_out * (1.0 / (1.0 - dropout_p))
     b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
     if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows shows it
         b_out = tl.where(valid, b_out, float("nan"))
@@ -750,10 +831,12 @@ def _probabilities(
     softcap,
     window_left,
     window_right,
+    slope2,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
@@ -766,6 +849,8 @@ def _probabilities(
     keys; their rows past seq_q (zero Q, dO, LSE and delta) contribute exact zeros.
     """
     b_s, b_t = _capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
+    if HAS_ALIBI:
+        b_s += _alibi(r_m, c_n, seq_q, seq_kv, slope2)
     b_p = tl.exp2(b_s - b_lse2)
     if MASKED:
         m_visible = _visible(
@@ -810,10 +895,17 @@ def _dkdv_over_queries(
     softcap,
     window_left,
     window_right,
+    slope2,
+    seed,
+    bh,
+    rng_offset,
+    dropout_p,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -841,12 +933,19 @@ def _dkdv_over_queries(
         b_st = dot(b_k, tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         b_pt, b_dcap = _probabilities(
             b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
-            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+            window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        if DROPOUT:
+            # dV takes the kept weights, dP the kept gradients, both times 1 / (1 - p); dS = P * (dP - delta)
+            m_keep = _dropout_keep(seed, o_m[None, :], o_n[:, None], bh, rng_offset, dropout_p)
+            keep_scale = 1.0 / (1.0 - dropout_p)
+            b_pt16 = cast(tl.where(m_keep, b_pt * keep_scale, 0.0), b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+            b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
+        else:
+            b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         b_dst = cast(b_pt * (b_dpt - b_delta[None, :]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
         b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         if ATOMIC_DQ:
@@ -868,6 +967,8 @@ def _flash_bwd_dkdv_kernel(
     DQ,
     CU_Q,
     CU_K,
+    ALIBI,
+    RNG,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -891,6 +992,7 @@ def _flash_bwd_dkdv_kernel(
     stride_dvn,
     stride_lb,
     stride_lh,
+    stride_ab,
     heads_kv,
     group,
     seq_q,
@@ -902,9 +1004,12 @@ def _flash_bwd_dkdv_kernel(
     softcap,
     window_left,
     window_right,
+    dropout_p,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -945,8 +1050,11 @@ def _flash_bwd_dkdv_kernel(
         start_n, seq_q, seq_kv, window_left, window_right,
         EVEN_N=EVEN_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )  # fmt: skip
+    seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     for g in range(0, group):
         h = h_kv * group + g
+        slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
+        bh = b * heads_kv * group + h
         p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
         p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
         p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
@@ -954,22 +1062,25 @@ def _flash_bwd_dkdv_kernel(
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
+            rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-            MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
+            rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M,
+            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
+            rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
@@ -1007,10 +1118,17 @@ def _dq_over_keys(
     softcap,
     window_left,
     window_right,
+    slope2,
+    seed,
+    bh,
+    rng_offset,
+    dropout_p,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -1035,10 +1153,13 @@ def _dq_over_keys(
         b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_p, b_dcap = _probabilities(
             b_qk, o_m[:, None], o_n[None, :], b_lse2[:, None], seq_q, seq_kv, scale, softcap, window_left,
-            window_right, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+            window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
         b_dp = dot(b_do, tl.trans(b_v), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+        if DROPOUT:
+            m_keep = _dropout_keep(seed, o_m[:, None], o_n[None, :], bh, rng_offset, dropout_p)
+            b_dp = tl.where(m_keep, b_dp * (1.0 / (1.0 - dropout_p)), 0.0)
         b_ds = cast(b_p * (b_dp - b_delta[:, None]) * b_dcap, b_k.dtype, RNE_BY_HAND=RNE_BY_HAND)
         b_dq += dot(b_ds, b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
     return b_dq
@@ -1055,6 +1176,8 @@ def _flash_bwd_dq_kernel(
     DQ,
     CU_Q,
     CU_K,
+    ALIBI,
+    RNG,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -1072,6 +1195,7 @@ def _flash_bwd_dq_kernel(
     stride_dqm,
     stride_lb,
     stride_lh,
+    stride_ab,
     heads_q,
     group,
     seq_q,
@@ -1083,9 +1207,12 @@ def _flash_bwd_dq_kernel(
     softcap,
     window_left,
     window_right,
+    dropout_p,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -1108,6 +1235,9 @@ def _flash_bwd_dq_kernel(
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
     )  # fmt: skip
     h_kv = h // group
+    slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
+    seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
+    bh = b * heads_q + h
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -1127,23 +1257,26 @@ def _flash_bwd_dq_kernel(
     )  # fmt: skip
     b_dq = _dq_over_keys(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-        MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
-        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
+        dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_dq = _dq_over_keys(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-        MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
-        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
+        dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_dq = _dq_over_keys(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right,
-        MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
-        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
+        dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
 
@@ -1365,6 +1498,29 @@ def _contiguous_strides(shape: tuple) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def seq_major(shape: tuple, stride: tuple) -> bool:
+    """Whether a dense ``[B, H, S, D]`` tensor steps over heads faster than over positions: a
+    ``[B, S, H, D]`` one (flash-attn's and Hugging Face's layout, or a slice of a packed QKV) viewed with
+    ``.transpose(1, 2)``. With one head both layouts are the same."""
+    return shape[1] > 1 and stride[2] > stride[1]
+
+
+def new_dense_output(shape: tuple, like_seq_major: bool, dtype: torch.dtype, device) -> torch.Tensor:
+    """The ``[B, H, S, D]`` output of a dense forward in q's order of dims: sequence-major when q is (then
+    ``out.transpose(1, 2)`` is a contiguous ``[B, S, H, D]`` tensor, no copy), else contiguous."""
+    if like_seq_major:
+        batch, heads, seq, head_dim = shape
+        return tensors.new_output((batch, seq, heads, head_dim), dtype, device).transpose(1, 2)
+    return tensors.new_output(shape, dtype, device)
+
+
+def _output_strides(q_shape: tuple, q_stride: tuple, varlen: bool) -> tuple:
+    if not varlen and seq_major(q_shape, q_stride):
+        batch, heads, seq, head_dim = q_shape
+        return (seq * heads * head_dim, head_dim, heads * head_dim, 1)
+    return _contiguous_strides(q_shape)
+
+
 def _stride_args(varlen: bool, **strides: tuple) -> dict:
     """Keyword arguments ``stride_<name>b/h/<row>`` of each named tensor's strides: (batch, head, row) of a
     dense ``[B, H, S, D]`` tensor, or of a packed ``[T, H, D]`` one as a single batch."""
@@ -1384,11 +1540,21 @@ def _lse_stride_args(lse_shape: tuple, varlen: bool) -> dict:
     return {"stride_lb": strides[0], "stride_lh": strides[1]}
 
 
-def _mask_args(is_causal: bool, left: int | None, right: int | None, capped: bool) -> dict:
-    """The fixed arguments of the mask: the causal flag folded into the window's right side."""
+def _alibi_dims(alibi_slopes) -> int:
+    """0 without ALiBi, else the dims of the slopes (1: ``[heads_q]``, 2: ``[batch, heads_q]``)."""
+    return 0 if alibi_slopes is None else alibi_slopes.dim()
+
+
+def _mask_args(is_causal: bool, left: int | None, right: int | None, capped: bool, alibi: int, heads_q: int,
+               dropout: bool) -> dict:  # fmt: skip
+    """The fixed arguments of the scores: the causal flag folded into the window's right side; ``alibi`` the
+    dims of the slopes (0 without; 1: one per head; 2: ``[batch, heads_q]``); ``dropout`` on or off."""
     if is_causal:
         right = 0
     return {
+        "stride_ab": heads_q if alibi == 2 else 0,
+        "HAS_ALIBI": alibi > 0,
+        "DROPOUT": dropout,
         "window_left": left if left is not None else 0,
         "window_right": right if right is not None else 0,
         "HAS_LEFT": left is not None,
@@ -1421,7 +1587,7 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
 @plan_cache
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
-    varlen, negative_scale, device,
+    varlen, negative_scale, alibi, dropout, device,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
@@ -1433,10 +1599,12 @@ def _forward_plan(
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     return (TILED if two_pass else FORWARD).plan(
         grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=_contiguous_strides(q_shape)),
+        **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride,
+                       o=_output_strides(q_shape, q_stride, varlen)),
         **_lse_stride_args(lse_shape, varlen), **grid_args,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
-        **_mask_args(is_causal, left, right, capped), TWO_PASS=two_pass, IS_VARLEN=varlen,
+        **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
+        IS_VARLEN=varlen,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **dot_switches(dtype),
@@ -1447,7 +1615,7 @@ def _forward_plan(
 @plan_cache
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
-    is_causal, left, right, capped, varlen, deterministic, device,
+    is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
     and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
@@ -1478,7 +1646,8 @@ def _backward_plans(
     common = dict(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
-        **_mask_args(is_causal, left, right, capped), IS_VARLEN=varlen, EVEN_D=even_d, **dot_switches(dtype),
+        **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
+        EVEN_D=even_d, **dot_switches(dtype),
         BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
@@ -1508,7 +1677,8 @@ def _backward_plans(
     return preprocess, dkdv, dq
 
 
-def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic):
+def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic,
+                     alibi_slopes, dropout_p: float, rng):  # fmt: skip
     """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then
     dQ.
 
@@ -1529,22 +1699,27 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
         cu_q = cu_k = delta
     softcap = 1.0 if softcap is None else softcap
+    # without ALiBi or dropout their pointers are never read: any tensor of the plan's dtype stands in
+    alibi = delta if alibi_slopes is None else alibi_slopes
+    rng = delta if rng is None else rng
     dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q, CU_K=cu_k,
-                scale=scale, softcap=softcap)  # fmt: skip
+                ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap, dropout_p=dropout_p)  # fmt: skip
     if deterministic:
-        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
-                       scale=scale, softcap=softcap)  # fmt: skip
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k, ALIBI=alibi,
+                       RNG=rng, scale=scale, softcap=softcap, dropout_p=dropout_p)  # fmt: skip
     else:
         dq_plan.launch(DQ_ACC=dq_acc, DQ=dq, scale=scale)
     return dq, dk, dv
 
 
 def attention_forward(
-    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False
-):
+    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False,
+    alibi_slopes=None, dropout_p: float = 0.0, rng=None,
+):  # fmt: skip
     """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, of dense ``[B, H, S, D]``
     tensors (last dim contiguous): out contiguous in q's dtype, lse float32 ``[B, Hq, Sq]``. Reports its
-    work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference."""
+    work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference. ``alibi_slopes``:
+    float32 ``[Hq]`` or ``[B, Hq]`` contiguous; ``dropout_p`` > 0 with ``rng`` the int64 (seed, offset)."""
     shape, device = q.shape, q.device
     batch, heads_q, seq_q, head_dim = shape
     if batch == 0 or seq_q == 0 or k.shape[2] == 0:
@@ -1555,25 +1730,33 @@ def attention_forward(
     runtime.report_work("tiled_attention" if two_pass else "flash_attention", q=q, k=k, is_causal=is_causal,
                         window=window)  # fmt: skip
     if not runtime.triton_runs_on(device):
-        return reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap, scale=scale)
+        out, lse = reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap,
+                                     scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                     rng=rng)  # fmt: skip
+        if seq_major(shape, q.stride()):  # the layout the kernel writes
+            out = new_dense_output(shape, True, q.dtype, device).copy_(out)
+        return out, lse
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
                          window_left, window_right, softcap is not None, two_pass, False, scale < 0.0,
-                         device)  # fmt: skip
-    out = tensors.new_output(shape, q.dtype, device)
+                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device)  # fmt: skip
+    out = new_dense_output(shape, seq_major(shape, q.stride()), q.dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
-    # dense programs never read the sequence pointers: any tensor of the plan's dtype will do
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, scale=scale,
-                softcap=1.0 if softcap is None else softcap)  # fmt: skip
+    # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
+    # of the plan's dtype will do
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, ALIBI=lse if alibi_slopes is None else
+                alibi_slopes, RNG=lse if rng is None else rng, scale=scale,
+                softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
     return out, lse
 
 
 def forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
-    deterministic=False,
+    deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
     """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation
     (``deterministic`` is the backward's, kept for it by the autograd context)."""
-    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
+    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap, False,
+                             alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
 def deterministic_backward(deterministic: bool) -> bool:
@@ -1584,7 +1767,7 @@ def deterministic_backward(deterministic: bool) -> bool:
 
 def backward(
     dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
-    softcap=None, deterministic=False,
+    softcap=None, deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
     """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
     work. GQA gradients are summed over each query group. Default: dQ by atomics (five matmuls per tile);
@@ -1601,20 +1784,23 @@ def backward(
                         deterministic=deterministic)  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, window=window,
-                                  softcap=softcap, scale=scale)  # fmt: skip
+                                  softcap=softcap, scale=scale, alibi_slopes=alibi_slopes,
+                                  dropout_p=dropout_p, rng=rng)  # fmt: skip
     lse = lse.contiguous()
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
-        q.device,
+        _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
     )  # fmt: skip
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic,
+                            alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None, deterministic=False,
+    window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
+    dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
     """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
 
@@ -1644,24 +1830,27 @@ def varlen_forward(
         )  # fmt: skip
     if not triton_runs:
         return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
-                                        window=window, softcap=softcap, scale=scale)  # fmt: skip
+                                        window=window, softcap=softcap, scale=scale,
+                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng)  # fmt: skip
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
                          window_left, window_right, softcap is not None, False, True, scale < 0.0,
-                         device)  # fmt: skip
+                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
         # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
         # key row, so any tensor of k's dtype stands in for the empty K and V.
         k = v = q
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, scale=scale,
-                softcap=1.0 if softcap is None else softcap)  # fmt: skip
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k,
+                ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
+                scale=scale, softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
     return out, lse
 
 
 def varlen_backward(
     dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
-    window_left=None, window_right=None, softcap=None, deterministic=False,
+    window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
+    dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
     """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
     where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
@@ -1681,17 +1870,18 @@ def varlen_backward(
     if not runtime.triton_runs_on(q.device):
         return varlen_reference_backward(
             dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, window=window,
-            softcap=softcap, scale=scale,
+            softcap=softcap, scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
         )  # fmt: skip
     lse = lse.contiguous()
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
-        q.device,
+        _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic)
+    return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic,
+                            alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -1712,16 +1902,21 @@ def _forward_op(
     window_right: int | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(q, k, v, is_causal, scale, window_left, window_right, softcap)
+    return forward(q, k, v, is_causal, scale, window_left, window_right, softcap, deterministic, alibi_slopes,
+                   dropout_p, rng)  # fmt: skip
 
 
 @_forward_op.register_fake
 def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None,
-                 deterministic=False):  # fmt: skip
+                 deterministic=False, alibi_slopes=None, dropout_p=0.0, rng=None):  # fmt: skip
     """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
     batch, heads_q, seq_q, _ = q.shape
-    return _empty(q, q.shape), _empty(q, (batch, heads_q, seq_q), torch.float32)
+    out = new_dense_output(q.shape, seq_major(q.shape, q.stride()), q.dtype, q.device)
+    return out, _empty(q, (batch, heads_q, seq_q), torch.float32)
 
 
 @torch.library.custom_op("llm_speed::flash_attention_backward", mutates_args=())
@@ -1739,14 +1934,18 @@ def _backward_op(
     window_right: int | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left, window_right, softcap,
-                    deterministic)  # fmt: skip
+                    deterministic, alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=None, window_right=None,
-                   softcap=None, deterministic=False):  # fmt: skip
+                   softcap=None, deterministic=False, alibi_slopes=None, dropout_p=0.0,
+                   rng=None):  # fmt: skip
     return _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
 
 
@@ -1793,6 +1992,8 @@ def flash_attention(
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ):
     """FlashAttention: ``softmax(q k^T * scale) v`` without ever storing the seq_q x seq_kv matrix.
 
@@ -1813,11 +2014,24 @@ def flash_attention(
             window are skipped: the work grows with the window, not with seq_kv.
         softcap: ``c > 0``: scores ``s`` become ``c * tanh(s / c)`` before masking and softmax (Gemma 2,
             arXiv:2408.00118; Grok-1); the backward includes the derivative ``1 - tanh^2``.
+        deterministic: the backward's path (see below).
+        alibi_slopes: float32 ``[heads_q]`` or ``[batch, heads_q]``: ALiBi (Press et al., arXiv:2108.12409),
+            ``-slope * |i + seq_kv - seq_q - j|`` added to the scores after the cap (flash-attn's rule),
+            forward and backward (the slopes get no gradient).
+        dropout_p: attention dropout in [0, 1): each weight is dropped with this probability and the kept
+            ones scaled by ``1 / (1 - dropout_p)``, forward and backward, the mask drawn in the kernels by
+            Philox from a seed and offset taken from PyTorch's generator of q's device (``torch.manual_seed``
+            reproduces a call; :func:`llm_speed.attention.reference.dropout_keep` rebuilds the mask). The LSE
+            is the one before dropout. Applied whenever > 0 (pass 0 in evaluation, as with flash-attn).
 
     dtypes float16, bfloat16, float32 (all three alike); statistics and accumulation in float32; the output
-    has q's dtype and is contiguous ``[batch, heads_q, seq_q, head_dim]``. head_dim: a multiple of 8 from 8
-    to 256. Any strides with a contiguous last dim are read in place (a ``[B, S, H, D]`` tensor viewed with
-    ``.transpose(1, 2)`` costs no copy); a non-contiguous last dim is copied first. Inputs are not modified.
+    has q's dtype, shape ``[batch, heads_q, seq_q, head_dim]`` and q's order of dims: where q is a
+    ``[batch, seq_q, heads_q, head_dim]`` tensor viewed with ``.transpose(1, 2)`` (flash-attn's and Hugging
+    Face's layout, or a slice of a packed QKV) the output is written so that ``out.transpose(1, 2)`` is
+    contiguous (no copy made); otherwise the output is contiguous. head_dim: any from 1 to 256 (padded to a
+    power of two >= 16 on chip by masked loads, never copied). Any strides with a contiguous last dim are read
+    in place (a ``[B, S, H, D]`` tensor viewed with ``.transpose(1, 2)`` costs no copy); a non-contiguous last
+    dim is copied first. Inputs are not modified.
 
     Zero sizes: batch 0 or seq_q 0 give empty results; seq_kv 0 gives output 0 and LSE -inf (no key is
     visible); gradients are zeros.
@@ -1849,5 +2063,12 @@ def flash_attention(
     deterministic = check_flag("deterministic", deterministic)
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
+    if alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
+        out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
+    else:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[1], q.device)
+        dropout_p, rng = check_dropout(dropout_p, q.device)
+        out, lse = _forward_call(
+            q, k, v, is_causal, scale, left, right, softcap, deterministic, alibi_slopes, dropout_p, rng
+        )
     return (out, lse) if return_lse else out

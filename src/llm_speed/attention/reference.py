@@ -51,6 +51,67 @@ def visible(
     return mask
 
 
+def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_kv: int) -> torch.Tensor:
+    """ALiBi (Press et al., arXiv:2108.12409) as flash-attn applies it: ``-slope * |i + seq_kv - seq_q - j|``,
+    ``[heads, seq_q, seq_kv]`` for ``slopes [heads]`` or ``[batch, heads, seq_q, seq_kv]`` for
+    ``[batch, heads]``, in the slopes' dtype. Added to the scores after the cap, before the mask."""
+    rows = torch.arange(seq_q, device=slopes.device)[:, None] + (seq_kv - seq_q)
+    cols = torch.arange(seq_kv, device=slopes.device)[None, :]
+    return -slopes[..., None, None] * (rows - cols).abs().to(slopes.dtype)
+
+
+# Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), as triton.language
+# implements it; written in int64 arithmetic so the dropout mask of the kernels can be rebuilt in PyTorch.
+_PHILOX_KEY_A, _PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
+_PHILOX_ROUND_A, _PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of the 64-bit product of the constant ``a`` and uint32 values ``b``
+    (int64 tensors), without int64 overflow: b is split into 16-bit halves."""
+    b_hi, b_lo = b >> 16, b & 0xFFFF
+    p_hi, p_lo = a * b_hi, a * b_lo  # each < 2**48
+    high = (p_hi + (p_lo >> 16)) >> 16
+    low = (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK32
+    return high, low
+
+
+def philox(seed: int, c0, c1, c2, c3, rounds: int = 10) -> torch.Tensor:
+    """The first 32-bit output of Philox-4x32 for counters (c0, c1, c2, c3) (broadcast int64 tensors of
+    uint32 values) and the 64-bit ``seed`` as key, as ``tl.philox`` returns it."""
+    k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(torch.as_tensor(c, dtype=torch.int64) & _MASK32
+                                               for c in (c0, c1, c2, c3)))  # fmt: skip
+    for _ in range(rounds):
+        hi_b, lo_b = _mul_hi_lo(_PHILOX_ROUND_B, c2)
+        hi_a, lo_a = _mul_hi_lo(_PHILOX_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _PHILOX_KEY_A) & _MASK32, (k1 + _PHILOX_KEY_B) & _MASK32
+    return c0
+
+
+def dropout_keep(
+    rng: torch.Tensor, dropout_p: float, bh: torch.Tensor | int, seq_q: int, seq_kv: int, device=None
+) -> torch.Tensor:
+    """Boolean ``[..., seq_q, seq_kv]``: True where the kernels' attention dropout keeps a weight.
+
+    ``rng``: the call's int64 ``(seed, offset)``; ``bh``: the (sequence * heads_q + head) index of each
+    head, an int or an int64 tensor broadcast over the leading dims (``[batch, heads, 1, 1]``). One Philox
+    draw per entry with counters (key, query, bh, offset), turned into a float in [0, 1) as
+    ``tl.uint_to_uniform_float`` does and kept where it is >= dropout_p (all in float32, as the kernels).
+    Computed on the CPU (reads ``rng`` on the host), returned on ``device``: a test and fallback tool."""
+    seed, offset = (int(x) for x in rng.tolist())
+    rows = torch.arange(seq_q, dtype=torch.int64)[:, None]
+    cols = torch.arange(seq_kv, dtype=torch.int64)[None, :]
+    bh = torch.as_tensor(bh, dtype=torch.int64)
+    draw = philox(seed, cols, rows, bh, torch.tensor(offset, dtype=torch.int64))
+    signed = torch.where(draw >= 2**31, draw - 2**32, draw)  # the bits as int32
+    signed = torch.where(signed < 0, -signed - 1, signed)
+    uniform = signed.to(torch.float32) * torch.tensor(4.6566127342e-10, dtype=torch.float32)
+    return (uniform >= torch.tensor(dropout_p, dtype=torch.float32)).to(device)
+
+
 def apply_softcap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """``softcap * tanh(scores / softcap)`` (Gemma 2, arXiv:2408.00118; Grok-1), or ``scores`` when None."""
     return scores if softcap is None else softcap * torch.tanh(scores / softcap)
@@ -66,12 +127,18 @@ def reference_attention(
     return_lse: bool = False,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
 ):
-    """softmax(mask(softcap(q k^T * scale))) v in the inputs' own dtype, K/V repeated over each GQA group.
+    """softmax(mask(softcap(q k^T * scale) + alibi)) v in the inputs' own dtype, K/V repeated over each GQA
+    group.
 
     Same signature and semantics as :func:`llm_speed.flash_attention`: a row that sees no key gives output 0
-    and LSE -inf (the LSE is of the capped, scaled scores). Masks as :func:`visible`. Differentiable (plain
-    torch ops). Memory O(seq_q * seq_kv) per head: a test tool only.
+    and LSE -inf (the LSE is of the capped, scaled, biased scores). Masks as :func:`visible`; ALiBi as
+    :func:`alibi_bias`. Dropout: ``dropout_mask`` (bool, broadcast to the weights; True = kept) zeroes the
+    dropped weights after the softmax and scales the kept ones by 1 / (1 - dropout_p); the LSE is the one
+    before dropout. Differentiable (plain torch ops). Memory O(seq_q * seq_kv) per head: a test tool only.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -79,15 +146,36 @@ def reference_attention(
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = apply_softcap((q @ k.transpose(-1, -2)) * scale, softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), q.shape[2], k.shape[2])
     if is_causal or window is not None:
         mask = visible(q.shape[2], k.shape[2], is_causal=is_causal, window=window, device=q.device)
         scores = scores.masked_fill(~mask, float("-inf"))
-    out, lse = softmax_times_values(scores, v)
+    out, lse = softmax_times_values(scores, v, dropout_mask, dropout_p)
     return (out, lse) if return_lse else out
 
 
-def softmax_times_values(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_probabilities(
+    q, k, lse, *, scale: float, is_causal: bool = False, window=None, softcap=None, alibi_slopes=None
+) -> torch.Tensor:
+    """The softmax weights ``[batch, heads_q, seq_q, seq_kv]`` float32 of dense ``[B, H, S, D]`` inputs,
+    normalised by a forward's saved natural-log ``lse`` (0 where hidden or where a row sees no key). Memory
+    O(seq_q * seq_kv) per head: for tests and small problems (flash-attn's ``return_attn_probs``)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    scores = apply_softcap((q.float() @ k.transpose(-1, -2)) * scale, softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.float(), q.shape[2], k.shape[2])
+    seen = visible(q.shape[2], k.shape[2], is_causal=is_causal, window=window, device=q.device)
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    return torch.where(seen & ~torch.isinf(lse)[..., None], probs, torch.zeros_like(probs))
+
+
+def softmax_times_values(
+    scores: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(softmax(scores) @ v, logsumexp(scores))``; a row of all -inf gives 0 and -inf, with finite grads.
+    ``keep``: the dropout mask applied to the weights (kept ones scaled by 1 / (1 - dropout_p)).
 
     The row max is detached: softmax does not depend on it, and differentiating through it would turn the
     -inf rows into NaN gradients.
@@ -101,7 +189,10 @@ def softmax_times_values(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
     row_sum = weights.sum(dim=-1, keepdim=True)
     no_key = row_sum == 0
     safe_sum = torch.where(no_key, torch.ones_like(row_sum), row_sum)
-    out = (weights / safe_sum) @ v
+    weights = weights / safe_sum
+    if keep is not None:
+        weights = torch.where(keep, weights / (1.0 - dropout_p), torch.zeros_like(weights))
+    out = weights @ v
     lse = torch.where(no_key, torch.full_like(row_sum, float("-inf")), row_max + torch.log(safe_sum))
     return out, lse.squeeze(-1)
 
@@ -109,25 +200,42 @@ def softmax_times_values(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
 # --- the float32 paths of the ops where Triton cannot run (CPU tensors without the interpreter) -----------
 
 
-def reference_forward(q, k, v, *, is_causal: bool, window, softcap: float | None, scale: float):
-    """(out in q's dtype, lse float32) of :func:`reference_attention` computed in float32, both contiguous."""
+def kernel_dropout_keep(rng, dropout_p: float, batch: int, heads: int, seq_q: int, seq_kv: int, device,
+                        first: int = 0):  # fmt: skip
+    """The kernels' dropout mask ``[batch, heads, seq_q, seq_kv]`` of sequences ``first ..`` (None without
+    dropout): :func:`dropout_keep` with bh = sequence * heads + head."""
+    if not dropout_p:
+        return None
+    bh = (first + torch.arange(batch))[:, None, None, None] * heads + torch.arange(heads)[None, :, None, None]
+    return dropout_keep(rng, dropout_p, bh, seq_q, seq_kv, device)
+
+
+def reference_forward(q, k, v, *, is_causal: bool, window, softcap: float | None, scale: float,
+                      alibi_slopes=None, dropout_p: float = 0.0, rng=None, first: int = 0):  # fmt: skip
+    """(out in q's dtype, lse float32) of :func:`reference_attention` computed in float32, both contiguous;
+    dropout with the kernels' mask (``rng``; ``first``: the index of the first sequence, for packed ones)."""
+    keep = kernel_dropout_keep(rng, dropout_p, *q.shape[:3], k.shape[2], q.device, first)
     out, lse = reference_attention(
         q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale, return_lse=True, window=window,
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_mask=keep,
     )  # fmt: skip
     return out.to(q.dtype).contiguous(), lse.contiguous()
 
 
-def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window, softcap, scale: float):
+def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window, softcap, scale: float,
+                       alibi_slopes=None, dropout_p: float = 0.0, rng=None, first: int = 0):  # fmt: skip
     """(dq, dk, dv) of the float32 reference, written out (autograd does not record inside an operator's
     implementation): P from the saved LSE, dV = P^T dO, dS = P (dO V^T - delta) (1 - tanh^2 under a cap),
-    dQ = dS K scale, dK = dS^T Q scale, dK and dV summed over each query group."""
+    dQ = dS K scale, dK = dS^T Q scale, dK and dV summed over each query group. Dropout (mask Z, kept
+    weights scaled by r = 1 / (1 - p)): dV = (P Z r)^T dO and dS = P (Z r (dO V^T) - delta)."""
     heads_kv = k.shape[1]
     group = q.shape[1] // heads_kv
     q32, k32, v32 = (t.float() for t in (q, k, v))
     k_rep, v_rep = k32.repeat_interleave(group, dim=1), v32.repeat_interleave(group, dim=1)
     raw = (q32 @ k_rep.transpose(-1, -2)) * scale
     scores = apply_softcap(raw, softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.float(), q.shape[-2], k.shape[-2])
     lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(scores - lse_safe[..., None])
     seen = visible(q.shape[-2], k.shape[-2], is_causal=is_causal, window=window, device=q.device)
@@ -137,12 +245,18 @@ def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window
     delta = (do32 * out.float()).sum(-1)
     if dlse is not None:
         delta = delta - dlse.float()
-    ds = p * (do32 @ v_rep.transpose(-1, -2) - delta[..., None])
+    dp = do32 @ v_rep.transpose(-1, -2)
+    keep = kernel_dropout_keep(rng, dropout_p, *q.shape[:3], k.shape[2], q.device, first)
+    p_kept = p
+    if keep is not None:
+        p_kept = torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
+        dp = torch.where(keep, dp / (1.0 - dropout_p), torch.zeros_like(dp))
+    ds = p * (dp - delta[..., None])
     if softcap is not None:
         ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
     dq = (ds @ k_rep) * scale
     dk = (ds.transpose(-1, -2) @ q32) * scale
-    dv = p.transpose(-1, -2) @ do32
+    dv = p_kept.transpose(-1, -2) @ do32
 
     def per_kv_head(x):
         return x.reshape(x.shape[0], heads_kv, group, *x.shape[2:]).sum(2)
@@ -160,12 +274,21 @@ def _as_batch(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1).unsqueeze(0)
 
 
+def _sequence_options(options: dict, b: int) -> dict:
+    """The options of sequence b of a packed batch: its row of ``[batch, heads]`` ALiBi slopes, its index."""
+    slopes = options.get("alibi_slopes")
+    if slopes is not None and slopes.dim() == 2:
+        options = {**options, "alibi_slopes": slopes[b]}
+    return {**options, "first": b}
+
+
 def varlen_reference_forward(q, k, v, cu_q, cu_k, **options):
     """(out, lse ``[heads, total_q]``) of packed sequences, each through :func:`reference_forward` (reads
     ``cu_seqlens`` on the host: CPU tensors only)."""
     outs, lses = [], []
-    for (q0, q1), (k0, k1) in zip(_sequences(cu_q), _sequences(cu_k), strict=True):
-        out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[k0:k1], v[k0:k1])), **options)
+    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_sequences(cu_q), _sequences(cu_k), strict=True)):
+        out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[k0:k1], v[k0:k1])),
+                                     **_sequence_options(options, b))  # fmt: skip
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     out = torch.cat(outs, 0) if outs else q.clone()
@@ -176,12 +299,12 @@ def varlen_reference_forward(q, k, v, cu_q, cu_k, **options):
 def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, **options):
     """(dq, dk, dv) of packed sequences, each through :func:`reference_backward` (CPU tensors only)."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for (q0, q1), (k0, k1) in zip(_sequences(cu_q), _sequences(cu_k), strict=True):
+    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_sequences(cu_q), _sequences(cu_k), strict=True)):
         if q1 > q0 and k1 > k0:
             grads = reference_backward(
                 *(_as_batch(t[q0:q1]) for t in (dout, q)), *(_as_batch(t[k0:k1]) for t in (k, v)),
                 _as_batch(out[q0:q1]), lse[None, :, q0:q1], None if dlse is None else dlse[None, :, q0:q1],
-                **options,
+                **_sequence_options(options, b),
             )  # fmt: skip
             dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
     return dq, dk, dv

@@ -16,7 +16,14 @@ from ..core.args import check_flag
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
 from . import flash
-from .checks import check_options, check_scale, suggest_keywords, validate_varlen_inputs
+from .checks import (
+    check_alibi_slopes,
+    check_dropout,
+    check_options,
+    check_scale,
+    suggest_keywords,
+    validate_varlen_inputs,
+)
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -36,17 +43,21 @@ def _forward_op(
     window_right: int | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The values of cu_seqlens are checked in the implementation, on real tensors (also under torch.compile).
     return flash.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
-        window_right, softcap,
+        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng,
     )  # fmt: skip
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                  window_left=None, window_right=None, softcap=None, deterministic=False):  # fmt: skip
+                  window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
+                  dropout_p=0.0, rng=None):  # fmt: skip
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -67,16 +78,20 @@ def _backward_op(
     window_right: int | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return flash.varlen_backward(
         dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window_left,
-        window_right, softcap, deterministic,
+        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng,
     )  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale,
-                   window_left=None, window_right=None, softcap=None, deterministic=False):  # fmt: skip
+                   window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
+                   dropout_p=0.0, rng=None):  # fmt: skip
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -125,6 +140,8 @@ def flash_attention_varlen(
     softcap: float | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ):
     """FlashAttention over packed sequences of different lengths (flash-attn's ``flash_attn_varlen_func``).
 
@@ -174,8 +191,14 @@ def flash_attention_varlen(
     )
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)
+    if alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
+        extra = ()
+    else:
+        batch = cu_seqlens_q.shape[0] - 1
+        alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
+        extra = (alibi_slopes, *check_dropout(dropout_p, q.device))
     out, lse = _forward_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, left, right,
-        softcap, deterministic,
+        softcap, deterministic, *extra,
     )  # fmt: skip
     return (out, lse) if return_lse else out

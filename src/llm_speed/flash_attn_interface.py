@@ -1,0 +1,349 @@
+"""flash-attn's interface on llm-speed's kernels: ``from llm_speed.flash_attn_interface import ...`` replaces
+``from flash_attn import ...`` (or ``flash_attn.flash_attn_interface``) unchanged.
+
+The functions have flash-attn 2.x's names, signatures, defaults, layouts (``[batch, seq, heads, head_dim]``;
+packed ``[total, heads, head_dim]``) and return values (Dao-AILab/flash-attention,
+``flash_attn/flash_attn_interface.py``): ``window_size=(-1, -1)`` and ``softcap=0.0`` mean "off", dropout is
+the second positional argument, ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)``. Each is a
+thin wrapper over llm-speed's own entry points (:func:`llm_speed.flash_attention`,
+:func:`llm_speed.flash_attention_varlen`, :func:`llm_speed.flash_attention_with_kvcache`): the same kernels,
+autograd, ``torch.compile`` and CUDA-graph behaviour, no copies (a ``[batch, seq, heads, dim]`` tensor is read
+through its strides and the output written in that layout).
+
+What differs from flash-attn (docs/flash-attn.md has the list):
+
+- ``S_dmask`` (``return_attn_probs=True`` with ``dropout_p > 0``, else None as in flash-attn) holds the
+  normalised probabilities, negative where dropout dropped them, shaped ``[batch, heads, seq_q, seq_k]``
+  without flash-attn's rounding of the lengths to multiples of 128; it is recomputed in PyTorch (memory
+  O(seq_q * seq_k) per head): a tool for tests on small problems, as flash-attn says of its own.
+- The dropout mask is llm-speed's own Philox stream (seeded from PyTorch's generator of q's device, so
+  ``torch.manual_seed`` reproduces a call), not bit-identical to flash-attn's.
+- float32 inputs are accepted (flash-attn takes float16 and bfloat16 only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import reference
+from .attention.checks import check_dropout
+from .attention.decode import flash_attention_with_kvcache
+from .attention.flash import flash_attention
+from .attention.varlen import flash_attention_varlen
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+]
+
+
+def _window(window_size) -> tuple[int | None, int | None] | None:
+    """flash-attn's ``window_size=(left, right)`` with -1 (any negative) for an unbounded side."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right), -1 for unbounded, got {window_size!r}")
+    left, right = window_size
+    left = None if isinstance(left, int) and not isinstance(left, bool) and left < 0 else left
+    right = None if isinstance(right, int) and not isinstance(right, bool) and right < 0 else right
+    return None if left is None and right is None else (left, right)
+
+
+def _softcap(softcap) -> float | None:
+    """flash-attn's ``softcap``: 0.0 (the default) is off."""
+    return None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap
+
+
+def _generator_state(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_generator_state(device: torch.device, state) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def _with_dropout_rng(run, dropout_p: float, device: torch.device, wanted: bool):
+    """Run ``run()`` (one llm-speed forward); when ``wanted`` and ``dropout_p > 0`` also return the
+    ``(seed, offset)`` pair that forward drew (its first draw), replayed from the generator's state."""
+    if not (wanted and dropout_p):
+        return run(), None
+    before = _generator_state(device)
+    result = run()
+    after = _generator_state(device)
+    _set_generator_state(device, before)
+    _, rng = check_dropout(dropout_p, device)
+    _set_generator_state(device, after)
+    return result, rng
+
+
+def _dense_probs(q, k, lse, rng, *, dropout_p, scale, causal, window, softcap, alibi_slopes, first=0):
+    """flash-attn's ``S_dmask`` of dense ``[B, H, S, D]`` inputs: probabilities, negative where dropped."""
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    probs = reference.attention_probabilities(
+        q, k, lse, scale=scale, is_causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes
+    )
+    keep = reference.kernel_dropout_keep(rng, dropout_p, *q.shape[:3], k.shape[2], q.device, first)
+    return torch.where(keep, probs, -probs).to(q.dtype)
+
+
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+           return_attn_probs):  # fmt: skip
+    """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
+    window, cap = _window(window_size), _softcap(softcap)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    (out, lse), rng = _with_dropout_rng(
+        lambda: flash_attention(
+            qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window, softcap=cap, return_lse=True,
+            deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        ),
+        dropout_p, q.device, return_attn_probs,
+    )  # fmt: skip
+    out = out.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p:
+        with torch.no_grad():
+            probs = _dense_probs(qt.detach(), kt.detach(), lse.detach(), rng, dropout_p=dropout_p,
+                                 scale=softmax_scale, causal=causal, window=window, softcap=cap,
+                                 alibi_slopes=alibi_slopes)  # fmt: skip
+    return out, lse, probs
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_func``: q ``[batch, seq_q, heads_q, dim]``, k/v ``[batch, seq_k,
+    heads_k, dim]`` (heads_q a multiple of heads_k), any head dim from 1 to 256. Returns out ``[batch,
+    seq_q, heads_q, dim]``; with ``return_attn_probs`` ``(out, softmax_lse [batch, heads_q, seq_q],
+    S_dmask or None)``."""
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)  # fmt: skip
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_qkvpacked_func``: ``qkv [batch, seq, 3, heads, dim]``, read in place."""
+    _check_packed("qkv", qkv, 5, 2, 3)
+    q, k, v = qkv.unbind(2)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)  # fmt: skip
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_kvpacked_func``: q ``[batch, seq_q, heads_q, dim]``, ``kv [batch, seq_k, 2,
+    heads_k, dim]``, read in place."""
+    _check_packed("kv", kv, 5, 2, 2)
+    k, v = kv.unbind(2)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)  # fmt: skip
+
+
+def _check_packed(name: str, t, dims: int, axis: int, count: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims or t.shape[axis] != count:
+        raise ValueError(f"{name} must have {dims} dims, {count} at dim {axis}, got shape {tuple(t.shape)}")
+
+
+def _varlen_probs(q, k, lse, cu_q, cu_k, max_q, max_k, rng, *, dropout_p, scale, causal, window, softcap,
+                  alibi_slopes):  # fmt: skip
+    """``S_dmask [batch, heads_q, max_seqlen_q, max_seqlen_k]`` of packed sequences, zero past each one's
+    lengths (reads ``cu_seqlens`` on the host)."""
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    batch = len(bounds_q) - 1
+    probs = q.new_zeros((batch, q.shape[1], max_q, max_k))
+    for b in range(batch):
+        q0, q1, k0, k1 = bounds_q[b], bounds_q[b + 1], bounds_k[b], bounds_k[b + 1]
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        probs[b, :, : q1 - q0, : k1 - k0] = _dense_probs(
+            q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None], lse[None, :, q0:q1], rng,
+            dropout_p=dropout_p, scale=scale, causal=causal, window=window, softcap=softcap,
+            alibi_slopes=slopes, first=b,
+        )[0]  # fmt: skip
+    return probs
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, heads_q, dim]``, k/v ``[total_k, heads_k,
+    dim]``, int32 ``cu_seqlens_*`` ``[batch + 1]``. Returns out ``[total_q, heads_q, dim]``; with
+    ``return_attn_probs`` ``(out, softmax_lse [heads_q, total_q], S_dmask or None)``.
+
+    ``block_table`` (paged K/V) is not supported yet: a ValueError says so (llm-speed's paged KV is in
+    :func:`flash_attn_with_kvcache`)."""
+    if block_table is not None:
+        raise ValueError(
+            "block_table (paged K/V) is not supported by flash_attn_varlen_func yet; "
+            "flash_attn_with_kvcache takes a block_table"
+        )
+    window, cap = _window(window_size), _softcap(softcap)
+    (out, lse), rng = _with_dropout_rng(
+        lambda: flash_attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
+            scale=softmax_scale, window=window, softcap=cap, return_lse=True, deterministic=deterministic,
+            alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        ),
+        dropout_p, q.device, return_attn_probs,
+    )  # fmt: skip
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p:
+        with torch.no_grad():
+            probs = _varlen_probs(
+                q.detach(), k.detach(), lse.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                rng, dropout_p=dropout_p, scale=softmax_scale, causal=causal, window=window, softcap=cap,
+                alibi_slopes=alibi_slopes,
+            )  # fmt: skip
+    return out, lse, probs
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_varlen_qkvpacked_func``: ``qkv [total, 3, heads, dim]``, read in place."""
+    _check_packed("qkv", qkv, 4, 1, 3)
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_varlen_kvpacked_func``: q ``[total_q, heads_q, dim]``,
+    ``kv [total_k, 2, heads_k, dim]``, read in place."""
+    _check_packed("kv", kv, 4, 1, 2)
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """flash-attn's ``flash_attn_with_kvcache`` (decode and chunked prefill over a dense or paged KV cache,
+    appending ``k``/``v`` in place): see :func:`llm_speed.flash_attention_with_kvcache` for the semantics.
+    ``cache_seqlens=None`` means every cache slot is in use (the cache's capacity), as in flash-attn.
+    Returns out ``[batch, seq_q, heads_q, dim]``, with ``return_softmax_lse`` ``(out, lse [batch, heads_q,
+    seq_q])``."""
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens is required when k/v are appended (where would they go?)")
+        if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+            pages = 1 if block_table is None else block_table.shape[1]
+            cache_seqlens = pages * k_cache.shape[1]
+    extra = {}
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                        ("alibi_slopes", alibi_slopes)):  # fmt: skip
+        if value is not None:
+            extra[name] = value
+    if rotary_cos is not None:
+        extra["rotary_interleaved"] = rotary_interleaved
+    return flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
+        is_causal=causal, scale=softmax_scale, window=_window(window_size), softcap=_softcap(softcap),
+        num_splits=num_splits, return_lse=return_softmax_lse, **extra,
+    )  # fmt: skip
+
