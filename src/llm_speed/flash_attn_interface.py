@@ -10,7 +10,7 @@ thin wrapper over llm-speed's own entry points (:func:`llm_speed.flash_attention
 autograd, ``torch.compile`` and CUDA-graph behaviour, no copies (a ``[batch, seq, heads, dim]`` tensor is read
 through its strides and the output written in that layout).
 
-What differs from flash-attn (docs/flash-attn.md has the list):
+What differs from flash-attn (docs/attention.md, "Migrating from flash-attn", has the list):
 
 - ``S_dmask`` (``return_attn_probs=True`` with ``dropout_p > 0``, else None as in flash-attn) holds the
   normalised probabilities, negative where dropout dropped them, shaped ``[batch, heads, seq_q, seq_k]``
