@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .attention import reference
-from .attention.checks import check_dropout
+from .attention.checks import check_dropout, check_scale
 from .attention.decode import flash_attention_with_kvcache
 from .attention.flash import flash_attention
 from .attention.varlen import flash_attention_varlen
@@ -44,6 +44,8 @@ __all__ = [
 
 def _window(window_size) -> tuple[int | None, int | None] | None:
     """flash-attn's ``window_size=(left, right)`` with -1 (any negative) for an unbounded side."""
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default: one comparison
+        return None
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size must be a pair (left, right), -1 for unbounded, got {window_size!r}")
     left, right = window_size
@@ -70,23 +72,19 @@ def _set_generator_state(device: torch.device, state) -> None:
         torch.set_rng_state(state)
 
 
-def _with_dropout_rng(run, dropout_p: float, device: torch.device, wanted: bool):
-    """Run ``run()`` (one llm-speed forward); when ``wanted`` and ``dropout_p > 0`` also return the
-    ``(seed, offset)`` pair that forward drew (its first draw), replayed from the generator's state."""
-    if not (wanted and dropout_p):
-        return run(), None
-    before = _generator_state(device)
-    result = run()
+def _drawn_rng(state, dropout_p: float, device: torch.device) -> torch.Tensor:
+    """The ``(seed, offset)`` pair a forward drew first (:func:`check_dropout`) from the generator that was
+    at ``state`` before it: replayed, the generator left where the forward left it."""
     after = _generator_state(device)
-    _set_generator_state(device, before)
+    _set_generator_state(device, state)
     _, rng = check_dropout(dropout_p, device)
     _set_generator_state(device, after)
-    return result, rng
+    return rng
 
 
 def _dense_probs(q, k, lse, rng, *, dropout_p, scale, causal, window, softcap, alibi_slopes, first=0):
     """flash-attn's ``S_dmask`` of dense ``[B, H, S, D]`` inputs: probabilities, negative where dropped."""
-    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    scale = check_scale(scale, q)
     probs = reference.attention_probabilities(
         q, k, lse, scale=scale, is_causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes
     )
@@ -99,23 +97,23 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
     window, cap = _window(window_size), _softcap(softcap)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    (out, lse), rng = _with_dropout_rng(
-        lambda: flash_attention(
-            qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window, softcap=cap, return_lse=True,
-            deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-        ),
-        dropout_p, q.device, return_attn_probs,
+    state = _generator_state(q.device) if return_attn_probs and dropout_p else None
+    result = flash_attention(
+        qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window, softcap=cap,
+        return_lse=return_attn_probs, deterministic=deterministic, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
     )  # fmt: skip
-    out = out.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
     if not return_attn_probs:
-        return out
+        return result.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
+    out, lse = result
     probs = None
-    if dropout_p:
+    if state is not None:
         with torch.no_grad():
+            rng = _drawn_rng(state, dropout_p, q.device)
             probs = _dense_probs(qt.detach(), kt.detach(), lse.detach(), rng, dropout_p=dropout_p,
                                  scale=softmax_scale, causal=causal, window=window, softcap=cap,
                                  alibi_slopes=alibi_slopes)  # fmt: skip
-    return out, lse, probs
+    return out.transpose(1, 2), lse, probs
 
 
 def flash_attn_func(
@@ -232,23 +230,22 @@ def flash_attn_varlen_func(
             "flash_attn_with_kvcache takes a block_table"
         )
     window, cap = _window(window_size), _softcap(softcap)
-    (out, lse), rng = _with_dropout_rng(
-        lambda: flash_attention_varlen(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
-            scale=softmax_scale, window=window, softcap=cap, return_lse=True, deterministic=deterministic,
-            alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-        ),
-        dropout_p, q.device, return_attn_probs,
+    state = _generator_state(q.device) if return_attn_probs and dropout_p else None
+    result = flash_attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
+        scale=softmax_scale, window=window, softcap=cap, return_lse=return_attn_probs,
+        deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
     )  # fmt: skip
     if not return_attn_probs:
-        return out
+        return result
+    out, lse = result
     probs = None
-    if dropout_p:
+    if state is not None:
         with torch.no_grad():
             probs = _varlen_probs(
                 q.detach(), k.detach(), lse.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                rng, dropout_p=dropout_p, scale=softmax_scale, causal=causal, window=window, softcap=cap,
-                alibi_slopes=alibi_slopes,
+                _drawn_rng(state, dropout_p, q.device), dropout_p=dropout_p, scale=softmax_scale,
+                causal=causal, window=window, softcap=cap, alibi_slopes=alibi_slopes,
             )  # fmt: skip
     return out, lse, probs
 

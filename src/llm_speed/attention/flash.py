@@ -389,12 +389,12 @@ def _dropout_keep(seed, r_m, c_n, bh, rng_offset, dropout_p):
 
     One Philox-4x32 draw (Salmon et al., SC 2011) per entry, counters (key, query, sequence * heads + head,
     the call's offset) and the call's seed as key: the mask is a function of the entry alone, so the forward,
-    the backward (either orientation, any blocks) and :func:`dropout_mask` all see the same one."""
-    zero = r_m * 0 + c_n * 0  # the tile's shape
-    c0 = (c_n + zero).to(tl.int32).to(tl.uint32, bitcast=True)
-    c1 = (r_m + zero).to(tl.int32).to(tl.uint32, bitcast=True)
-    c2 = (bh.to(tl.int32) + zero).to(tl.uint32, bitcast=True)
-    c3 = (rng_offset + zero).to(tl.uint32, bitcast=True)
+    the backward (either orientation, any blocks) and :func:`llm_speed.attention.reference.dropout_keep`
+    all see the same one."""
+    c0 = c_n.to(tl.int32).to(tl.uint32, bitcast=True)  # counters broadcast to the tile inside Philox
+    c1 = r_m.to(tl.int32).to(tl.uint32, bitcast=True)
+    c2 = bh.to(tl.int32).to(tl.uint32, bitcast=True)
+    c3 = rng_offset.to(tl.uint32, bitcast=True)
     draw, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
     return tl.uint_to_uniform_float(draw) >= dropout_p
 
@@ -405,7 +405,7 @@ def _load_rng(RNG, DROPOUT: tl.constexpr):
     if DROPOUT:
         return tl.load(RNG), tl.load(RNG + 1).to(tl.int32)
     else:
-        return tl.program_id(0).to(tl.int64) * 0, tl.program_id(0) * 0
+        return 0, 0
 
 
 @triton.jit
@@ -936,16 +936,18 @@ def _dkdv_over_queries(
             window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
         )  # fmt: skip
-        b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         if DROPOUT:
             # dV takes the kept weights, dP the kept gradients, both times 1 / (1 - p); dS = P * (dP - delta)
             m_keep = _dropout_keep(seed, o_m[None, :], o_n[:, None], bh, rng_offset, dropout_p)
             keep_scale = 1.0 / (1.0 - dropout_p)
             b_pt16 = cast(tl.where(m_keep, b_pt * keep_scale, 0.0), b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
-            b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
         else:
             b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        # dV before dP: P^T is dead before dP^T is live (fewer registers than the other order)
         b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
+        b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        if DROPOUT:
+            b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
         b_dst = cast(b_pt * (b_dpt - b_delta[None, :]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
         b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         if ATOMIC_DQ:

@@ -87,17 +87,23 @@ def attention_problem(
     softcap: float | None = None,
     backward: str | None = None,
     sequences: int = 1,
+    alibi: bool = False,
+    dropout_p: float = 0.0,
 ) -> Problem:
     """A problem of an attention row: ``op`` "flash_attention", "tiled_attention" or
     "flash_attention_varlen" (forward), or with ``backward`` ("default" or "deterministic") its backward
-    (``sequences`` packed sequences of ``seq / sequences`` tokens for varlen)."""
+    (``sequences`` packed sequences of ``seq / sequences`` tokens for varlen); ``alibi``: per-head ALiBi
+    slopes; ``dropout_p``: attention dropout (the kernels' HAS_ALIBI / DROPOUT variants)."""
     heads_kv = heads_kv or heads
     torch_dtype = _torch_dtype(dtype)
     varlen = op.startswith("flash_attention_varlen")
     parts = [f"d{head_dim}", dtype, f"s{seq}", f"h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")]
     parts += ["causal"] * is_causal + [f"window{window}"] * (window is not None) + ["softcap"] * bool(softcap)
+    parts += ["alibi"] * alibi + [f"dropout {dropout_p}"] * bool(dropout_p)
     parts += [f"{sequences} seqs"] * varlen + ([f"bwd {backward}"] if backward else [])
     options = dict(is_causal=is_causal, window=window, softcap=softcap)
+    if alibi or dropout_p:
+        options["dropout_p"] = dropout_p
     if backward is not None:
         options["deterministic"] = backward == "deterministic"
 
@@ -105,6 +111,8 @@ def attention_problem(
         import torch
 
         grad = backward is not None
+        if alibi:
+            options["alibi_slopes"] = torch.full((heads,), 0.05)
         if varlen:
             from llm_speed.attention.varlen import flash_attention_varlen
 
@@ -146,6 +154,14 @@ def _attention(op: str, options: Options, backward: bool = False) -> Iterator[Pr
                         op, head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
                         is_causal=is_causal, backward=path,
                     )  # fmt: skip
+        if op.startswith("flash"):
+            # flash-attn's options switch on kernel variants (HAS_ALIBI, DROPOUT): once, at the largest head
+            # dim (`--head-dim` picks others), to keep make test's compile of the shipped set short
+            for path in options.backward if backward else (None,):
+                yield attention_problem(
+                    op, head_dim=max(options.head_dims), dtype=dtype, seq=options.seq, heads=options.heads,
+                    is_causal=True, backward=path, alibi=True, dropout_p=0.1,
+                )  # fmt: skip
 
 
 def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Problem]:

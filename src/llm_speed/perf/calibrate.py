@@ -159,16 +159,27 @@ def _gpu_of_directory(path: Path) -> str | None:
     return None
 
 
+def _timed_rows(document: dict):
+    """(row, median seconds) of each result row of a bench JSON that ran and was timed."""
+    for row in document.get("results", []):
+        timing = row.get("timing") or {}
+        if row.get("available") and timing.get("median_ms"):
+            yield row, timing["median_ms"] / 1e3
+
+
+def _point(op, implementation, gpu, problem, measured_s, source, build, group, size) -> Point:
+    """A :class:`Point`; the build (git revision) is llm-speed's own, so only its points keep it."""
+    return Point(op, implementation, gpu, problem, measured_s, source,
+                 build if implementation == "llm-speed" else None, group, size)  # fmt: skip
+
+
 def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
     settings = document.get("settings") or {}
     mode = settings.get("mode", "fwd")
     if mode not in ("fwd", "bwd"):
         return []
     points = []
-    for row in document.get("results", []):
-        timing = row.get("timing") or {}
-        if not row.get("available") or not timing.get("median_ms"):
-            continue
+    for row, seconds in _timed_rows(document):
         impl = row["impl"]
         op = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention"}.get(impl)
         implementation = ATTENTION_IMPLEMENTATIONS.get(impl, impl)
@@ -201,17 +212,8 @@ def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -
             problem["dtype"],
         )
         points.append(
-            Point(
-                op,
-                implementation,
-                gpu,
-                problem,
-                timing["median_ms"] / 1e3,
-                f"{_short(path)}: {row['case']}",
-                build if implementation == "llm-speed" else None,
-                group,
-                (seq,),
-            )
+            _point(op, implementation, gpu, problem, seconds, f"{_short(path)}: {row['case']}", build, group,
+                   (seq,))
         )
     return points
 
@@ -220,10 +222,7 @@ def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> lis
     settings = document.get("settings") or {}
     dtype = normalize_dtype(settings.get("dtype", "bf16"))
     points = []
-    for row in document.get("results", []):
-        timing = row.get("timing") or {}
-        if not row.get("available") or not timing.get("median_ms"):
-            continue
+    for row, seconds in _timed_rows(document):
         impl = row["impl"]
         implementation = "llm-speed" if impl == "llm-speed" else "cublas"
         op = "tensor_core_gemm_int8" if dtype == "int8" else "gemm"
@@ -232,17 +231,8 @@ def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> lis
         square = m == n == k
         group = ("gemm", dtype, "square") if square else ("gemm", dtype, n, k)
         points.append(
-            Point(
-                op,
-                implementation,
-                gpu,
-                problem,
-                timing["median_ms"] / 1e3,
-                f"{_short(path)}: {row['case']}",
-                build if implementation == "llm-speed" else None,
-                group,
-                (m,),
-            )
+            _point(op, implementation, gpu, problem, seconds, f"{_short(path)}: {row['case']}", build, group,
+                   (m,))
         )
     return points
 
@@ -250,10 +240,7 @@ def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> lis
 def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
     settings = document.get("settings") or {}
     points = []
-    for row in document.get("results", []):
-        timing = row.get("timing") or {}
-        if not row.get("available") or not timing.get("median_ms"):
-            continue
+    for row, seconds in _timed_rows(document):
         implementation = "sdpa-flash" if row["impl"] == "sdpa" else "llm-speed"
         problem = dict(
             batch=row["batch"],
@@ -265,17 +252,8 @@ def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> l
         )
         group = ("decode", row["impl"], settings["num_heads"], settings["num_kv_heads"], row["batch"])
         points.append(
-            Point(
-                "attention_kvcache_fwd",
-                implementation,
-                gpu,
-                problem,
-                timing["median_ms"] / 1e3,
-                f"{_short(path)}: {row['case']} {row['impl']}",
-                build if implementation == "llm-speed" else None,
-                group,
-                (row["context"],),
-            )
+            _point("attention_kvcache_fwd", implementation, gpu, problem, seconds,
+                   f"{_short(path)}: {row['case']} {row['impl']}", build, group, (row["context"],))
         )
     return points
 
@@ -322,17 +300,8 @@ def _sweep_points(path: Path, gpu: str, build: str | None) -> list[Point]:
             problem["config" if row["direction"] == "fwd" else "backward_config"] = list(config)
         group = ("sweep", op, row["head_dim"], implementation)
         points.append(
-            Point(
-                op,
-                implementation,
-                gpu,
-                problem,
-                row["ms"] / 1e3,
-                f"{_short(path)}:{number}",
-                build if implementation == "llm-speed" else None,
-                group,
-                config,
-            )
+            _point(op, implementation, gpu, problem, row["ms"] / 1e3, f"{_short(path)}:{number}", build,
+                   group, config)
         )
     return points
 
