@@ -6,6 +6,7 @@ tensors) and the "same-precision PyTorch version" whose error sets the tolerance
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -185,3 +186,106 @@ def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, **optio
             )  # fmt: skip
             dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
     return dq, dk, dv
+
+
+# --- the KV-cache op (flash_attention_with_kvcache) ---------------------------------------------------------
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, *,
+                 interleaved: bool) -> torch.Tensor:  # fmt: skip
+    """Rotary embedding (RoPE) of ``x`` ``[..., seq, heads, D]`` at ``positions`` (int, broadcastable to
+    ``[..., seq]``): dims below ``rotary_dim = 2 * cos.shape[1]`` rotated pairwise by the angles of row
+    ``positions`` of ``cos``/``sin`` ``[seqlen_ro, rotary_dim / 2]``, the others unchanged. Pairs (2c, 2c + 1)
+    when ``interleaved`` (GPT-J), else (c, c + rotary_dim / 2) (GPT-NeoX): ``(x, y) -> (x cos - y sin,
+    x sin + y cos)``. Computed in float32 (float64 for float64 ``x``) and returned in x's dtype, as
+    flash-attn rotates before its matmuls."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    half = cos.shape[1]
+    c = cos.to(work)[positions][..., None, :]  # [..., seq, 1, half]
+    s = sin.to(work)[positions][..., None, :]
+    rot = x[..., : 2 * half].to(work)
+    if interleaved:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        turned = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    else:
+        a, b = rot[..., :half], rot[..., half:]
+        turned = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    return torch.cat([turned.to(x.dtype), x[..., 2 * half :]], dim=-1)
+
+
+def alibi_bias(slopes: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """ALiBi's ``-slope * |p_i - j|`` ``[heads, seq_q, seq_k]`` for ``slopes`` [heads], query positions
+    ``query_pos`` [seq_q] and key positions ``key_pos`` [seq_k] (Press et al., arXiv:2108.12409; the
+    non-causal form of flash-attn's ``attn_bias_from_alibi_slopes``), in the slopes' dtype."""
+    distance = (query_pos[:, None] - key_pos[None, :]).abs().to(slopes.dtype)
+    return -slopes[:, None, None] * distance
+
+
+def _cache_slots(block_table, page_size: int, b: int, row: int, positions: torch.Tensor):
+    """Index of sequence b's cache positions: (row, positions) when dense, (page, slot) when paged."""
+    if block_table is None:
+        return row, positions
+    return block_table[b, positions // page_size].long(), positions % page_size
+
+
+def reference_kvcache(
+    q, k_cache, v_cache, cache_seqlens, k=None, v=None, *, block_table=None, cache_batch_idx=None,
+    cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, alibi_slopes=None,
+    is_causal=False, scale=None, window=None, softcap=None,
+):  # fmt: skip
+    """:func:`llm_speed.attention.decode.flash_attention_with_kvcache` in plain PyTorch, in the dtype of its
+    inputs (float64 inputs: the truth; the op's dtype: the same-precision version): returns ``(out
+    [batch, seq_q, heads_q, D], lse [batch, heads_q, seq_q], k_cache, v_cache)`` with the new tokens
+    written into copies of the caches (k rotated first when rotary). Per sequence b: keys at cache positions
+    ``leftpad .. cache_seqlens + seq_new - 1``, query i at ``p_i = cache_seqlens + seq_new - seq_q + i``;
+    scores ``softcap(q.k * scale) - slope * |p_i - j|``, masked to ``p_i - left <= j <= p_i + right``
+    (right = 0 when causal). Rotary positions as the op's docstring. Reads the index tensors on the host (a
+    test tool)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    batch, seq_q, heads_q, dim = q.shape
+    seq_new = 0 if k is None else k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    left, right = window if window is not None else (None, None)
+    if is_causal:
+        right = 0
+    lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else [cache_seqlens] * batch
+    per_row = left is not None or right is not None
+    outs, lses = [], []
+    for b in range(batch):
+        cached = lens[b]
+        start = int(cache_leftpad[b]) if cache_leftpad is not None else 0
+        row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        slots = functools.partial(_cache_slots, block_table, k_cache.shape[1], b, row)
+        if seq_new:
+            new_pos = torch.arange(cached, cached + seq_new)
+            k_new = k[b]
+            if rotary_cos is not None:
+                k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos, interleaved=rotary_interleaved)
+            k_cache[slots(new_pos)] = k_new
+            v_cache[slots(new_pos)] = v[b]
+        seqlen_k = cached + seq_new
+        key_pos = torch.arange(start, seqlen_k)
+        keys, values = k_cache[slots(key_pos)], v_cache[slots(key_pos)]  # [seq_k, heads_kv, D]
+        q_b = q[b]
+        if rotary_cos is not None:
+            q_pos = cached + (torch.arange(seq_q) if per_row else torch.zeros(seq_q, dtype=torch.long))
+            q_b = apply_rotary(q_b, rotary_cos, rotary_sin, q_pos, interleaved=rotary_interleaved)
+        group = heads_q // keys.shape[1]
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads_q, seq_k, D]
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = apply_softcap((q_b.transpose(0, 1) @ keys.transpose(-1, -2)) * scale, softcap)
+        query_pos = torch.arange(seq_q) + seqlen_k - seq_q
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+            scores = scores + alibi_bias(slopes.to(scores.dtype), query_pos, key_pos)
+        mask = torch.ones(seq_q, len(key_pos), dtype=torch.bool)
+        if left is not None:
+            mask &= key_pos[None, :] >= query_pos[:, None] - left
+        if right is not None:
+            mask &= key_pos[None, :] <= query_pos[:, None] + right
+        out, lse = softmax_times_values(scores.masked_fill(~mask, float("-inf")), values)
+        outs.append(out.transpose(0, 1))
+        lses.append(lse)
+    out = torch.stack(outs) if outs else q.new_empty(q.shape)
+    lse = torch.stack(lses) if lses else q.new_empty((batch, heads_q, seq_q))
+    return out, lse, k_cache, v_cache
