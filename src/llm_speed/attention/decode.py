@@ -15,8 +15,18 @@ the cache *capacity* per sequence (``seq_cache``, or ``max_pages * page_size``) 
 sequence, as flash-attn sizes its split count (``flash_api.cpp``, ``mha_fwd_kvcache``: ``seqlen_k`` is the
 cache's size, not the lengths). A program whose split holds no visible key writes an empty partial (0, LSE
 -inf) that the combine kernel weighs 0. Invalid entries are caught in the kernels: a sequence whose
-``cache_seqlens`` is negative or leaves no room for the new tokens touches no cache slot, and one whose block
-table names a page outside the pool (among the pages in use) reads no such page; both get NaN rows.
+``cache_seqlens`` is negative or leaves no room for the new tokens (or puts a rotary position past the
+tables), whose ``cache_leftpad`` is outside ``[0, cache_seqlens]`` or whose ``cache_batch_idx`` names no cache
+row touches no cache slot, and one whose block table names a page outside the pool (among the pages in use)
+reads no such page; all get NaN rows.
+
+The flash-attn 2.x options are done in the kernels, with no extra pass over q or the cache:
+``cache_batch_idx`` picks the dense cache row of each sequence; ``cache_leftpad`` moves the first key of a
+sequence (its masks and ALiBi distances are in cache positions, unchanged); rotary embedding is applied to k
+in the append kernel as it is written and to q in the attention kernel as it is loaded (float32, rounded to
+q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is added to the scores after the
+softcap.
+An option left out is a None pointer, a constexpr: its code is compiled out and costs the plain call nothing.
 
 Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
 before the attention kernel runs. The attention kernel has one program per (query-row block, split,
@@ -31,12 +41,20 @@ Constexpr switches:
   PAGED                    keys are gathered through BLOCK_TABLE; else the cache is [batch, seq_cache, ...]
   HAS_LEFT / HAS_RIGHT     window bounds (causal is HAS_RIGHT with right = 0)
   HAS_SOFTCAP              scores become softcap * tanh(scores / softcap)
+  HAS_BATCH_IDX            the dense cache row of sequence b is CACHE_BATCH_IDX[b] (never with PAGED)
+  HAS_LEFTPAD              sequence b's keys start at position CACHE_LEFTPAD[b] (never with PAGED)
+  HAS_ROTARY, INTERLEAVED  rotate k (append) and q (attention) with COS/SIN; pairs (2c, 2c + 1) when
+                           INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2) (GPT-NeoX); q per row when
+                           HAS_LEFT or HAS_RIGHT, else at cache_seqlens
+  HAS_ALIBI                add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
   SPLIT                    write fp32 partial (out, lse) per split for the combine kernel; else the result
-  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py
+  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py (append: RNE_BY_HAND for rotated k)
+The pointers of options left out (CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI) are fixed to None.
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, public function
-(forward only: no autograd). The plain-PyTorch spec is
-:func:`llm_speed.attention.reference.reference_attention` over each sequence's gathered keys.
+(forward only: no autograd). The plain-PyTorch spec is :func:`llm_speed.attention.reference.reference_kvcache`
+(:func:`~llm_speed.attention.reference.reference_attention` over each sequence's gathered keys when no option
+is given).
 """
 
 from __future__ import annotations
