@@ -528,22 +528,20 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
     rotary = alibi = None
     if "rotary" in options:
         rotary_dim, interleaved, f32_tables = options["rotary"]
-        tables = torch.float32 if f32_tables else dtype
-        rotary = (capacity + seq_q, rotary_dim, rotary_dim // 2, rotary_dim // 2, tables, interleaved)
+        rotary = (capacity + seq_q, rotary_dim, torch.float32 if f32_tables else dtype, interleaved)
     if "alibi" in options:
-        alibi = (heads_q if options["alibi"] == 2 else 0, 1)
+        alibi = heads_q if options["alibi"] == 2 else 0  # batch stride of the slopes
     append, attend, combine, *_ = decode._plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
-        torch.device("cpu"), 1 if options.get("batch_idx") else None, 1 if options.get("leftpad") else None,
-        rotary, alibi,
+        torch.device("cpu"), options.get("batch_idx", False), options.get("leftpad", False), rotary, alibi,
     )
     assert combine is not None, "a split variant is meant"
     io = dict(K_CACHE="*" + element, V_CACHE="*" + element, CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32",
               CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32", ALIBI="*fp32")
     if rotary is not None:
-        io.update(COS="*" + ELEMENT[rotary[4]], SIN="*" + ELEMENT[rotary[4]])
+        io.update(COS="*" + ELEMENT[rotary[2]], SIN="*" + ELEMENT[rotary[2]])
     for plan, pointers in (
         (append, dict(io, K="*" + element, V="*" + element)),
         (attend, dict(io, Q="*" + element, OUT="*fp32", LSE="*fp32")),

@@ -217,6 +217,29 @@ def test_operator_registration_with_every_option(device):
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_strided_option_tensors_give_the_contiguous_result(device):
+    """Index, leftpad, tables and slopes sliced out of larger tensors (the kernels read them contiguous: the
+    op copies them) give exactly the result of contiguous ones."""
+    call = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in _dense_call().items()}
+    wide = {
+        "cache_batch_idx": torch.tensor([[2, 9], [0, 9]], dtype=I32)[:, 0],
+        "cache_leftpad": torch.tensor([[1, 1], [0, 0]], dtype=I32)[:, 0],
+        "rotary_cos": torch.randn(16, 6)[:, 1:5],
+        "rotary_sin": torch.randn(16, 6)[:, 1:5],
+        "alibi_slopes": torch.rand(4, 2)[:, 1],
+    }
+    strided = {n: t.to(device) for n, t in wide.items()}
+    assert not any(t.is_contiguous() for t in strided.values())
+    results = []
+    for options in (strided, {n: t.contiguous() for n, t in strided.items()}):
+        kc, vc = call["k_cache"].clone(), call["v_cache"].clone()
+        rest = {n: t for n, t in call.items() if n not in ("q", "k_cache", "v_cache", *options)}
+        results.append((*flash_attention_with_kvcache(call["q"], kc, vc, **rest, **options, return_lse=True),
+                        kc, vc))  # fmt: skip
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+
+
 # --- bad input: a clear error naming the argument, before any write -----------------------------------------
 
 

@@ -26,7 +26,7 @@ sequence (its masks and ALiBi distances are in cache positions, unchanged); rota
 in the append kernel as it is written and to q in the attention kernel as it is loaded (float32, rounded to
 q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is added to the scores after the
 softcap.
-An option left out is a None pointer, a constexpr: its code is compiled out and costs the plain call nothing.
+An option left out is a None pointer, a constexpr: its code is compiled out.
 
 Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
 before the attention kernel runs. The attention kernel has one program per (query-row block, split,
@@ -41,15 +41,16 @@ Constexpr switches:
   PAGED                    keys are gathered through BLOCK_TABLE; else the cache is [batch, seq_cache, ...]
   HAS_LEFT / HAS_RIGHT     window bounds (causal is HAS_RIGHT with right = 0)
   HAS_SOFTCAP              scores become softcap * tanh(scores / softcap)
-  HAS_BATCH_IDX            the dense cache row of sequence b is CACHE_BATCH_IDX[b] (never with PAGED)
-  HAS_LEFTPAD              sequence b's keys start at position CACHE_LEFTPAD[b] (never with PAGED)
-  HAS_ROTARY, INTERLEAVED  rotate k (append) and q (attention) with COS/SIN; pairs (2c, 2c + 1) when
-                           INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2) (GPT-NeoX); q per row when
-                           HAS_LEFT or HAS_RIGHT, else at cache_seqlens
-  HAS_ALIBI                add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
+  INTERLEAVED              rotary pairs (2c, 2c + 1) (GPT-J); else (c, c + rotary_dim / 2) (GPT-NeoX)
   SPLIT                    write fp32 partial (out, lse) per split for the combine kernel; else the result
   DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py (append: RNE_BY_HAND for rotated k)
-The pointers of options left out (CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI) are fixed to None.
+The optional inputs are pointers fixed to None (constexprs: their code is compiled out) when not given:
+  CACHE_BATCH_IDX          the dense cache row of sequence b is CACHE_BATCH_IDX[b] (never with PAGED)
+  CACHE_LEFTPAD            sequence b's keys start at position CACHE_LEFTPAD[b] (never with PAGED)
+  COS, SIN                 rotate k (append) and q (attention): [seqlen_ro, rotary_dim / 2]; q per row when
+                           HAS_LEFT or HAS_RIGHT, else every query at cache_seqlens
+  ALIBI                    add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
+All contiguous (a [heads_q] ALIBI has batch stride 0).
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, public function
 (forward only: no autograd). The plain-PyTorch spec is :func:`llm_speed.attention.reference.reference_kvcache`
@@ -86,26 +87,28 @@ MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention pro
 
 
 @triton.jit
-def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, stride_cos, stride_sin, rotary_dim, INTERLEAVED: tl.constexpr):
+def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED: tl.constexpr):
     """Rows ``p_x + d`` (``p_x`` [M, 1] row pointers, mask ``m_x`` [M, BD]) as float32, dims below
-    ``rotary_dim`` rotated by the angles of positions ``o_pos`` [M] (rows ``COS``/``SIN`` [seqlen_ro,
-    rotary_dim / 2]): pairs (2c, 2c + 1) when INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2) (GPT-NeoX),
-    ``(x, y) -> (x cos - y sin, x sin + y cos)`` with the angle of pair c. Other dims pass through exactly.
-    The partner of each dim is a second load of the same row (cached lines); masked rows read no angle."""
+    ``rotary_dim`` rotated by the angles of positions ``o_pos`` [M] (rows of the contiguous ``COS``/``SIN``
+    [seqlen_ro, rotary_dim / 2]): pairs (2c, 2c + 1) when INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2)
+    (GPT-NeoX), ``(x, y) -> (x cos - y sin, x sin + y cos)`` with the angle of pair c. Other dims pass
+    through exactly. The partner of each dim is a second load of the same row (cached lines); masked rows
+    read no angle."""
+    half = rotary_dim // 2
     if INTERLEAVED:
         first = (o_d % 2) == 0
         o_pair = o_d ^ 1
         o_c = o_d // 2
     else:
-        half = rotary_dim // 2
         first = o_d < half
         o_pair = tl.where(first, o_d + half, o_d - half)
         o_c = tl.where(first, o_d, o_d - half)
     m_rot = m_x & (o_d < rotary_dim)[None, :]
     b_x = tl.load(p_x + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_pair = tl.load(p_x + o_pair[None, :], mask=m_rot, other=0.0).to(tl.float32)
-    b_cos = tl.load(COS + o_pos[:, None] * stride_cos + o_c[None, :], mask=m_rot, other=1.0).to(tl.float32)
-    b_sin = tl.load(SIN + o_pos[:, None] * stride_sin + o_c[None, :], mask=m_rot, other=0.0).to(tl.float32)
+    o_angle = o_pos[:, None] * half + o_c[None, :]
+    b_cos = tl.load(COS + o_angle, mask=m_rot, other=1.0).to(tl.float32)
+    b_sin = tl.load(SIN + o_angle, mask=m_rot, other=0.0).to(tl.float32)
     return b_x * b_cos + b_pair * tl.where(first[None, :], -b_sin, b_sin)
 
 
@@ -114,14 +117,14 @@ def _append_kernel(
     K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    stride_cs, stride_btb, stride_btp, stride_bi, stride_lp, stride_cos, stride_sin,
+    stride_cs, stride_btb, stride_btp,
     seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached, cache_batch, rotary_dim,
-    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROTARY: tl.constexpr,
-    INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
     ``cache_seqlens[b] + j``: slot (cache_batch_idx[b] or b, pos) when dense, (block_table[b, pos //
-    page_size], pos % page_size) when paged; k rotated at that position first when HAS_ROTARY. Nothing is
+    page_size], pos % page_size) when paged; k rotated at that position first with COS/SIN. Nothing is
     written for an invalid sequence: cache_seqlens outside [0, max_cached] (max_cached = the largest length
     that leaves room for the new tokens and, with rotary, keeps every position inside COS/SIN), a leftpad
     outside [0, cache_seqlens], a cache_batch_idx outside [0, cache_batch); nor to a page outside
@@ -131,8 +134,8 @@ def _append_kernel(
     i_j = pid % seq_new
     cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
     ok = (cached >= 0) & (cached <= max_cached)
-    if HAS_LEFTPAD:
-        left_pad = tl.load(CACHE_LEFTPAD + i_b * stride_lp)
+    if CACHE_LEFTPAD is not None:
+        left_pad = tl.load(CACHE_LEFTPAD + i_b)
         ok = ok & (left_pad >= 0) & (left_pad <= cached)
     pos = tl.where(ok, cached, 0) + i_j  # < capacity (and < seqlen_ro with rotary) when ok
     if PAGED:
@@ -142,8 +145,8 @@ def _append_kernel(
         row = tl.where(ok, b_page, 0).to(tl.int64)
         slot = (pos % page_size).to(tl.int64)
     else:
-        if HAS_BATCH_IDX:
-            i_cache = tl.load(CACHE_BATCH_IDX + i_b * stride_bi)
+        if CACHE_BATCH_IDX is not None:
+            i_cache = tl.load(CACHE_BATCH_IDX + i_b)
             ok = ok & (i_cache >= 0) & (i_cache < cache_batch)
             row = tl.where(ok, i_cache, 0).to(tl.int64)
         else:
@@ -157,9 +160,9 @@ def _append_kernel(
     p_v = V + i_b.to(tl.int64) * stride_vb + i_j * stride_vs + o_h[:, None] * stride_vh + o_d[None, :]
     p_kc = K_CACHE + row * stride_kcb + slot * stride_kcs + o_h[:, None] * stride_kch + o_d[None, :]
     p_vc = V_CACHE + row * stride_vcb + slot * stride_vcs + o_h[:, None] * stride_vch + o_d[None, :]
-    if HAS_ROTARY:
+    if COS is not None:
         o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + pos
-        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, stride_cos, stride_sin, rotary_dim, INTERLEAVED)
+        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)
         tl.store(p_kc, cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
     else:
         tl.store(p_kc, tl.load(p_k + o_d[None, :], mask=m), mask=m)
@@ -201,13 +204,12 @@ def _kvcache_fwd_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_o_split, stride_ob, stride_os, stride_oh,
     stride_l_split, stride_lb, stride_lh,
-    stride_cs, stride_btb, stride_btp, stride_bi, stride_lp, stride_cos, stride_sin, stride_ab, stride_ah,
+    stride_cs, stride_btb, stride_btp, stride_ab,
     seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
     n_row_blocks, cache_batch, rotary_dim,
     qk_scale_log2, softcap, window_left, window_right,
     PAGED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROTARY: tl.constexpr,
-    INTERLEAVED: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
+    INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
@@ -224,13 +226,13 @@ def _kvcache_fwd_kernel(
     cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
     bad = (cached < 0) | (cached > max_cached)  # max_cached <= capacity - seq_new: no int32 overflow
     first_key = 0  # keys [first_key, seqlen_k) are the sequence's (absolute cache positions)
-    if HAS_LEFTPAD:
-        left_pad = tl.load(CACHE_LEFTPAD + i_b * stride_lp)
+    if CACHE_LEFTPAD is not None:
+        left_pad = tl.load(CACHE_LEFTPAD + i_b)
         bad = bad | (left_pad < 0) | (left_pad > cached)
         first_key = tl.where(bad, 0, left_pad)
     i_cache = i_b  # the dense cache's row (PAGED: never with a batch index)
-    if HAS_BATCH_IDX:
-        i_cache = tl.load(CACHE_BATCH_IDX + i_b * stride_bi)
+    if CACHE_BATCH_IDX is not None:
+        i_cache = tl.load(CACHE_BATCH_IDX + i_b)
         bad = bad | (i_cache < 0) | (i_cache >= cache_batch)
         i_cache = tl.where(bad, 0, i_cache)
     seqlen_k = tl.where(bad, 0, cached + seq_new)  # end of the keys visible to this sequence
@@ -259,13 +261,13 @@ def _kvcache_fwd_kernel(
         hi = tl.minimum(hi, last_i + shift + window_right + 1)
     if HAS_LEFT:
         lo = tl.maximum(lo, first_i + shift - window_left)
-    if HAS_LEFTPAD:
+    if CACHE_LEFTPAD is not None:
         lo = tl.maximum(lo, first_key)
     lo = (lo // BLOCK_N) * BLOCK_N  # split_len is a multiple of BLOCK_N: still inside this split
 
     p_q = Q + i_b.to(tl.int64) * stride_qb + o_i[:, None].to(tl.int64) * stride_qs + o_h[:, None] * stride_qh
     m_q = m_r[:, None] & m_d[None, :]
-    if HAS_ROTARY:
+    if COS is not None:
         # Query i at position cache_seqlens + i when causal or windowed, else every query at cache_seqlens
         # (flash-attn's rule). An invalid sequence (NaN rows) reads no angle: its positions may be anywhere.
         if HAS_LEFT or HAS_RIGHT:
@@ -273,13 +275,13 @@ def _kvcache_fwd_kernel(
         else:
             o_ro = cached + o_i * 0
         m_live = (o_r < tl.where(bad, 0, n_rows))[:, None] & m_d[None, :]
-        b_q = _rotated(p_q, m_live, o_d, COS, SIN, o_ro, stride_cos, stride_sin, rotary_dim, INTERLEAVED)
+        b_q = _rotated(p_q, m_live, o_d, COS, SIN, o_ro, rotary_dim, INTERLEAVED)
         b_q = cast(b_q, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)  # rounded as flash-attn does
     else:
         b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BM, BD]
-    if HAS_ALIBI:
+    if ALIBI is not None:
         # -slope * |query position - key position|, in base 2 like the scores
-        b_slope = tl.load(ALIBI + i_b.to(tl.int64) * stride_ab + o_h * stride_ah, mask=m_r, other=0.0) * LOG2E
+        b_slope = tl.load(ALIBI + i_b.to(tl.int64) * stride_ab + o_h, mask=m_r, other=0.0) * LOG2E
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -288,7 +290,7 @@ def _kvcache_fwd_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)  # [BN]
         m_n = o_n < seqlen_k  # slots past the valid tokens are never read: they may hold anything
-        if HAS_LEFTPAD:
+        if CACHE_LEFTPAD is not None:
             m_n = m_n & (o_n >= first_key)  # nor the left padding
         b_page, o_slot = _cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
         m_kv = m_n[:, None] & m_d[None, :]
@@ -299,7 +301,7 @@ def _kvcache_fwd_kernel(
             b_s = softcap * tanh(b_s * (qk_scale_log2 / LOG2E / softcap)) * LOG2E
         else:
             b_s = b_s * qk_scale_log2
-        if HAS_ALIBI:  # after the cap, as flash-attn
+        if ALIBI is not None:  # after the cap, as flash-attn
             b_s = b_s - b_slope[:, None] * tl.abs(o_pos[:, None] - o_n[None, :]).to(tl.float32)
         m_s = m_r[:, None] & m_n[None, :]
         if HAS_RIGHT:
@@ -450,16 +452,16 @@ def _plans(
     q_shape: tuple, q_strides: tuple, cache_shape: tuple, k_strides: tuple, v_strides: tuple,
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
-    has_softcap: bool, num_splits: int, device: torch.device, batch_idx_stride: int | None = None,
-    leftpad_stride: int | None = None, rotary: tuple | None = None, alibi_strides: tuple | None = None,
+    has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
+    rotary: tuple | None = None, alibi_batch_stride: int | None = None,
 ) -> tuple:
     """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
     split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
-    ``new_strides`` = (k's strides, v's strides) when there are new tokens. The optional inputs, None when
-    absent: ``batch_idx_stride`` and ``leftpad_stride`` (of ``cache_batch_idx``/``cache_leftpad``),
-    ``rotary`` = (seqlen_ro, rotary_dim, cos row stride, sin row stride, cos/sin dtype, interleaved),
-    ``alibi_strides`` = (batch stride (0 for [heads_q] slopes), head stride). An absent input's pointer is
-    fixed to None (a constexpr: its code is compiled out)."""
+    ``new_strides`` = (k's strides, v's strides) when there are new tokens. The optional inputs (contiguous):
+    ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
+    (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
+    slopes, heads_q for [batch, heads_q]) or None. An absent input's pointer is fixed to None (a constexpr:
+    its code is compiled out)."""
     batch, seq_q, heads_q, head_dim = q_shape
     heads_kv = cache_shape[2]
     paged = table_shape is not None
@@ -467,21 +469,14 @@ def _plans(
     capacity = table_shape[1] * page_size if paged else cache_shape[1]
     num_blocks = cache_shape[0] if paged else 0
     stride_btb, stride_btp = table_strides if paged else (0, 0)
-    has_batch_idx, has_leftpad, has_rotary = batch_idx_stride is not None, leftpad_stride is not None, rotary
-    seqlen_ro, rotary_dim, stride_cos, stride_sin, _, interleaved = rotary or (1, 0, 0, 0, None, False)
+    seqlen_ro, rotary_dim, _, interleaved = rotary or (1, 0, None, False)
     per_row = window_left is not None or window_right is not None
     max_cached = capacity - seq_new  # the largest valid cache_seqlens
-    if has_rotary:
+    if rotary is not None:
         max_cached = min(max_cached, seqlen_ro - rotary_span(seq_new, seq_q, per_row))
-    given = (("CACHE_BATCH_IDX", has_batch_idx), ("CACHE_LEFTPAD", has_leftpad), ("COS", has_rotary),
-             ("SIN", has_rotary))  # fmt: skip
+    given = (("CACHE_BATCH_IDX", batch_idx), ("CACHE_LEFTPAD", leftpad), ("COS", rotary), ("SIN", rotary))
     absent = {name: None for name, present in given if not present}
-    optional = dict(
-        stride_bi=batch_idx_stride or 0, stride_lp=leftpad_stride or 0, stride_cos=stride_cos,
-        stride_sin=stride_sin, cache_batch=cache_shape[0], rotary_dim=rotary_dim,
-        HAS_BATCH_IDX=has_batch_idx, HAS_LEFTPAD=has_leftpad, HAS_ROTARY=bool(has_rotary),
-        INTERLEAVED=bool(has_rotary) and interleaved, **absent,
-    )  # fmt: skip
+    optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved, **absent)
     append = None
     if batch and seq_new:
         (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides
@@ -494,7 +489,7 @@ def _plans(
             stride_vcb=v_strides[0], stride_vcs=v_strides[1], stride_vch=v_strides[2],
             stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
             seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
-            max_cached=max_cached, PAGED=paged, RNE_BY_HAND=bool(has_rotary) and rne_by_hand(dtype),
+            max_cached=max_cached, PAGED=paged, RNE_BY_HAND=rotary is not None and rne_by_hand(dtype),
             BLOCK_H=block_h, BLOCK_D=block_d, **optional,
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
@@ -512,7 +507,6 @@ def _plans(
     split_o = batch * seq_q * heads_q * head_dim if split else 0
     split_l = batch * heads_q * seq_q if split else 0
     switches = dot_switches(dtype)
-    stride_ab, stride_ah = alibi_strides or (0, 0)
     attend = FORWARD.plan(
         (n_row_blocks * cfg.splits * batch * heads_kv,),
         stride_qb=q_strides[0], stride_qs=q_strides[1], stride_qh=q_strides[2],
@@ -521,18 +515,18 @@ def _plans(
         stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
         stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1],
         stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
-        stride_ab=stride_ab, stride_ah=stride_ah,
+        stride_ab=alibi_batch_stride or 0,
         seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
         head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, split_len=split_len(cfg, capacity),
         num_splits=cfg.splits, n_row_blocks=n_row_blocks,
         window_left=window_left if window_left is not None else 0,
         window_right=window_right if window_right is not None else 0,
         PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=has_softcap, HAS_ALIBI=alibi_strides is not None, SPLIT=split, **switches, **optional,
+        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
         BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({} if alibi_strides is not None else {"ALIBI": None}),
+        **({} if alibi_batch_stride is not None else {"ALIBI": None}),
     )  # fmt: skip
     combine = None
     if split:
@@ -550,37 +544,40 @@ def _plans(
 _LOG2E = math.log2(math.e)
 _Tensor = torch.Tensor
 _F32 = torch.float32
+_I32 = torch.int32
 _MINUS_INF = float("-inf")
 
 
 _NOTHING: dict = {}  # no optional input (never written)
 
 
-def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved):
-    """({kernel parameter: tensor} of the optional inputs given to both kernels, their part of the plan key:
-    (batch index stride, leftpad stride, rotary key), each None when absent)."""
+def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved,
+                     alibi_slopes):  # fmt: skip
+    """({kernel parameter: tensor} of the optional inputs given to both kernels (the slopes go to the
+    attention kernel alone), their part of the plan key: (batch index given, leftpad given, rotary key or
+    None, ALiBi batch stride or None))."""
     extra = {}
-    batch_idx_stride = leftpad_stride = rotary = None
+    rotary = alibi_batch_stride = None
     if cache_batch_idx is not None:
-        batch_idx_stride = cache_batch_idx.stride(0)
         extra["CACHE_BATCH_IDX"] = cache_batch_idx
     if cache_leftpad is not None:
-        leftpad_stride = cache_leftpad.stride(0)
         extra["CACHE_LEFTPAD"] = cache_leftpad
     if rotary_cos is not None:
-        rotary = (rotary_cos.shape[0], 2 * rotary_cos.shape[1], rotary_cos.stride(0), rotary_sin.stride(0),
-                  rotary_cos.dtype, rotary_interleaved)  # fmt: skip
+        rotary = (rotary_cos.shape[0], 2 * rotary_cos.shape[1], rotary_cos.dtype, rotary_interleaved)
         extra["COS"], extra["SIN"] = rotary_cos, rotary_sin
-    return extra, (batch_idx_stride, leftpad_stride, rotary)
+    if alibi_slopes is not None:
+        alibi_batch_stride = alibi_slopes.shape[1] if alibi_slopes.dim() == 2 else 0
+    keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride)
+    return extra, keys
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
             softcap, num_splits: int, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
             rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None):  # fmt: skip
     """Append k/v (if given; k rotated when rotary_cos/sin are) into the caches, then attend; returns
-    (out, lse). Arguments as checked by :func:`flash_attention_with_kvcache` (q, k, v, rotary_cos and
-    rotary_sin with a contiguous last dim, ``cache_seqlens`` an int32 tensor). Reads no tensor value on the
-    host; reports its work once per call."""
+    (out, lse). Arguments as checked by :func:`flash_attention_with_kvcache` (q, k, v with a contiguous
+    last dim; cache_batch_idx, cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens``
+    an int32 tensor). Reads no tensor value on the host; reports its work once per call."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -601,18 +598,18 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(*plan_args)
     else:
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
-                                                rotary_interleaved)  # fmt: skip
-        alibi_strides = None
-        if alibi_slopes is not None:  # (batch stride, 0 for [heads_q] slopes; head stride)
-            strides = alibi_slopes.stride()
-            alibi_strides = (strides[0] if len(strides) == 2 else 0, strides[-1])
+                                                rotary_interleaved, alibi_slopes)  # fmt: skip
         append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
-            *plan_args, *optional_keys, alibi_strides
+            *plan_args, *optional_keys
         )
     table = block_table if paged else cache_seqlens  # a placeholder int32 tensor when dense (never read)
-    if append is not None:
+    # (a call spelled with **extra costs the plain call about 0.3 us: it has its own line)
+    if append is not None and extra:
         append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
                       BLOCK_TABLE=table, **extra)  # fmt: skip
+    elif append is not None:
+        append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
+                      BLOCK_TABLE=table)  # fmt: skip
     if attend is None:  # no query (batch or seq_q 0): empty results
         return torch.empty(out_shape, dtype=q.dtype, device=device), torch.empty(
             lse_shape, dtype=_F32, device=device
@@ -621,21 +618,25 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
         block_table=block_table, window=(window_left, window_right), cache_leftpad=cache_leftpad,
     )  # fmt: skip
-    if alibi_slopes is not None:
-        extra = {**extra, "ALIBI": alibi_slopes}
     out = tensors.new_output(out_shape, q.dtype, device)
     lse = tensors.new_output(lse_shape, _F32, device)
+    out_part, lse_part = out, lse  # what the attention kernel writes: the result, or the split partials
+    if combine is not None:
+        out_part = tensors.new_output(out_part_shape, _F32, device)
+        lse_part = tensors.new_output(lse_part_shape, _F32, device)
     qk_scale_log2 = scale * _LOG2E
     cap = softcap if softcap is not None else 0.0
-    if combine is None:
+    if alibi_slopes is not None:
+        extra = {**extra, "ALIBI": alibi_slopes}
+    if extra:
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=out, LSE=lse, qk_scale_log2=qk_scale_log2, softcap=cap, **extra)  # fmt: skip
-        return out, lse
-    out_part = tensors.new_output(out_part_shape, _F32, device)
-    lse_part = tensors.new_output(lse_part_shape, _F32, device)
-    attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                  OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap, **extra)  # fmt: skip
-    combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
+                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap,
+                      **extra)  # fmt: skip
+    else:
+        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
+                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+    if combine is not None:
+        combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
     return out, lse
 
 
@@ -769,9 +770,36 @@ def _check_index(name: str, t, batch: int, device: torch.device) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
+def _options_fine(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
+    """True when :func:`_check_options` has nothing to say: the common case in a few comparisons (the
+    checks that explain what is wrong run only when it is False)."""
+    batch, _, heads_q, head_dim = q.shape
+    device = q.device
+    for t in (cache_batch_idx, cache_leftpad):
+        if t is not None and not (type(t) is _Tensor and t.dtype is _I32 and t.shape == (batch,)
+                                  and block_table is None and t.device == device):  # fmt: skip
+            return False
+    if rotary_cos is not None:
+        if type(rotary_cos) is not _Tensor or type(rotary_sin) is not _Tensor or k is None:
+            return False
+        shape, dtype = rotary_cos.shape, rotary_cos.dtype
+        if not (len(shape) == 2 and rotary_sin.shape == shape and 1 <= shape[1] <= head_dim // 2
+                and shape[0] >= 1 and (dtype is q.dtype or dtype is _F32) and rotary_sin.dtype is dtype
+                and rotary_cos.device == device and rotary_sin.device == device):  # fmt: skip
+            return False
+    elif rotary_sin is not None:
+        return False
+    return alibi_slopes is None or (
+        type(alibi_slopes) is _Tensor and alibi_slopes.dtype is _F32 and alibi_slopes.device == device
+        and (alibi_slopes.shape == (heads_q,) or alibi_slopes.shape == (batch, heads_q))
+    )  # fmt: skip
+
+
 def _check_options(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
     """The optional inputs (at least one given): types, dtypes, shapes, devices, and the combinations
     flash-attn refuses (an index or a leftpad with a block table; rotary without new keys)."""
+    if _options_fine(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
+        return
     batch, _, heads_q, head_dim = q.shape
     device = q.device
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
@@ -1015,7 +1043,8 @@ def flash_attention_with_kvcache(
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
-    rotary_interleaved = check_flag("rotary_interleaved", rotary_interleaved)
+    if rotary_interleaved is not True:
+        rotary_interleaved = check_flag("rotary_interleaved", rotary_interleaved)
     num_splits = positive_int("num_splits", num_splits, allow_zero=True)
     left, right = check_window(window) if window is not None else (None, None)
     if softcap is not None:
@@ -1045,10 +1074,15 @@ def flash_attention_with_kvcache(
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
         k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
-    if optional:
-        if rotary_cos is not None:
-            rotary_cos = tensors.last_dim_contiguous(rotary_cos)
-            rotary_sin = tensors.last_dim_contiguous(rotary_sin)
+    if optional:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
+        if cache_batch_idx is not None and not cache_batch_idx.is_contiguous():
+            cache_batch_idx = cache_batch_idx.contiguous()
+        if cache_leftpad is not None and not cache_leftpad.is_contiguous():
+            cache_leftpad = cache_leftpad.contiguous()
+        if rotary_cos is not None and not (rotary_cos.is_contiguous() and rotary_sin.is_contiguous()):
+            rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
+        if alibi_slopes is not None and not alibi_slopes.is_contiguous():
+            alibi_slopes = alibi_slopes.contiguous()
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
             cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
