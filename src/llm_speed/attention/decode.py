@@ -106,7 +106,7 @@ def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED: tl.constex
     m_rot = m_x & (o_d < rotary_dim)[None, :]
     b_x = tl.load(p_x + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_pair = tl.load(p_x + o_pair[None, :], mask=m_rot, other=0.0).to(tl.float32)
-    o_angle = o_pos[:, None] * half + o_c[None, :]
+    o_angle = o_pos[:, None].to(tl.int64) * half + o_c[None, :]
     b_cos = tl.load(COS + o_angle, mask=m_rot, other=1.0).to(tl.float32)
     b_sin = tl.load(SIN + o_angle, mask=m_rot, other=0.0).to(tl.float32)
     return b_x * b_cos + b_pair * tl.where(first[None, :], -b_sin, b_sin)
@@ -1037,8 +1037,11 @@ def flash_attention_with_kvcache(
       ends up holding one of the two tokens.
 
     Forward only (no autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under
-    ``TRITON_INTERPRET=1``. Unknown keywords from flash-attn (``causal``, ``softmax_scale``, ``window_size``,
-    ``return_softmax_lse``) get a hint naming this function's argument.
+    ``TRITON_INTERPRET=1``. The kernels read ``cache_batch_idx``, ``cache_leftpad``, the rotary tables and
+    the slopes contiguous: one that is not is copied (flash-attn refuses it). Unknown keywords from flash-attn
+    (``causal``, ``softmax_scale``, ``window_size``, ``return_softmax_lse``) get a hint naming this
+    function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
+    ``softcap=None`` and ``window=None`` here.
     """
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
