@@ -330,17 +330,11 @@ def flash_attn_with_kvcache(
         if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
             pages = 1 if block_table is None else block_table.shape[1]
             cache_seqlens = pages * k_cache.shape[1]
-    extra = {}
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                        ("alibi_slopes", alibi_slopes)):  # fmt: skip
-        if value is not None:
-            extra[name] = value
-    if rotary_cos is not None:
-        extra["rotary_interleaved"] = rotary_interleaved
     return flash_attention_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
         is_causal=causal, scale=softmax_scale, window=_window(window_size), softcap=_softcap(softcap),
-        num_splits=num_splits, return_lse=return_softmax_lse, **extra,
+        num_splits=num_splits, return_lse=return_softmax_lse, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
     )  # fmt: skip
 

@@ -206,19 +206,22 @@ def quantize_fp8_work(*, x: Any, granularity: str, **_: Any) -> Work | None:
 
 
 def kvcache_work(
-    *, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, **_: Any
+    *, q: Any, k_cache: Any, cache_seqlens: Any, seq_new: int, window: Any, cache_leftpad: Any = None,
+    **_: Any,
 ) -> Work | None:
     """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
     :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
-    can see (``cache_seqlens + seq_new``, at most ``left + seq_q`` under a left window). Reads the lengths on
-    the host: only the profiler calls it."""
+    can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left window).
+    Reads the lengths on the host: only the profiler calls it."""
     _, seq_q, heads_q, head_dim = q.shape
     if q.numel() == 0:
         return None
     left = window[0] if window is not None else None
+    lengths = cache_seqlens.reshape(-1).tolist()
+    pads = [0] * len(lengths) if cache_leftpad is None else cache_leftpad.reshape(-1).tolist()
     flops = moved = 0.0
-    for cached in cache_seqlens.reshape(-1).tolist():
-        context = int(cached) + seq_new
+    for cached, pad in zip(lengths, pads, strict=True):
+        context = int(cached) + seq_new - int(pad)
         visible = context if left is None else min(context, left + seq_q)
         if visible <= 0:
             continue

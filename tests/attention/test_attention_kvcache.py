@@ -473,17 +473,20 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from llm_speed.attention import decode
+from llm_speed.kernel_report.analysis import Sass
 
 ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 CUOBJDUMP = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def stack_bytes(cubin):
+    """(per-thread stack bytes, local-memory instructions inside loops) of a cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
         report = subprocess.run([str(CUOBJDUMP), "-res-usage", file.name], capture_output=True, text=True)
-    return int(re.search(r"\bSTACK:(\d+)", report.stdout).group(1))
+        sass = subprocess.run([str(CUOBJDUMP), "-sass", file.name], capture_output=True, text=True).stdout
+    return int(re.search(r"\bSTACK:(\d+)", report.stdout).group(1)), Sass.parse(sass).spills_in_loops()
 
 
 def build(plan, pointers, target):
@@ -492,53 +495,70 @@ def build(plan, pointers, target):
         value = plan.fixed.get(name)
         if name not in plan.fixed:
             signature[name] = pointers.get(name, "fp32")  # per call: tensors, else the float scalars
-        elif isinstance(value, (bool, str)) or name.isupper() or value == 1:  # ints == 1: constants
+        elif isinstance(value, (bool, str)) or name.isupper() or value == 1:  # ints == 1, None: constants
             signature[name], constexprs[name] = "constexpr", value
         else:
             signature[name] = "i32"
     source = ASTSource(fn=plan.kernel.fn, signature=signature, constexprs=constexprs)
     compiled = triton.compile(source, target=target, options={"num_warps": plan.num_warps,
                                                               "num_stages": plan.num_stages})
-    return {"kernel": plan.kernel.name, "shared_bytes": compiled.metadata.shared,
-            "stack_bytes": stack_bytes(compiled.asm["cubin"])}
+    stack, loop_spills = stack_bytes(compiled.asm["cubin"])
+    return {"kernel": plan.kernel.name, "shared_bytes": compiled.metadata.shared, "stack_bytes": stack,
+            "loop_spills": loop_spills}
 
 
-# (dtype, head_dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, window, softcap): the richest variants
+# (dtype, head_dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, window, softcap, flash-attn options):
+# the richest variants; options: cache_batch_idx, cache_leftpad, rotary (rotary_dim, interleaved, tables in
+# float32), ALiBi slopes of 1 or 2 dims
 PROBLEMS = [
-    (torch.bfloat16, 128, 2, 32, 8, 4, 4, True, (7, 0), True),
-    (torch.float32, 256, 2, 8, 2, 1, 1, True, (None, None), True),
-    (torch.float16, 64, 1, 8, 8, 1, 1, False, (None, 0), False),
+    (torch.bfloat16, 128, 2, 32, 8, 4, 4, True, (7, 0), True, {}),
+    (torch.float32, 256, 2, 8, 2, 1, 1, True, (None, None), True, {}),
+    (torch.float16, 64, 1, 8, 8, 1, 1, False, (None, 0), False, {}),
+    (torch.bfloat16, 128, 2, 32, 8, 4, 4, False, (7, 0), False,
+     {"batch_idx": True, "leftpad": True, "rotary": (128, True, False), "alibi": 2}),
+    (torch.float16, 64, 2, 8, 2, 1, 1, True, (None, None), True, {"rotary": (32, False, True), "alibi": 1}),
 ]
 target = GPUTarget("cuda", int(sys.argv[1]), 32)
 capacity, page = 4096, 256
-for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), softcap in PROBLEMS:
+for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), softcap, options in PROBLEMS:
     element = ELEMENT[dtype]
     cache = (batch * capacity // page, page, heads_kv, dim) if paged else (batch, capacity, heads_kv, dim)
     strides = lambda shape: torch.empty(shape, device="meta").stride()
     new = (strides((batch, seq_new, heads_kv, dim)),) * 2
+    rotary = alibi = None
+    if "rotary" in options:
+        rotary_dim, interleaved, f32_tables = options["rotary"]
+        rotary = (capacity + seq_q, rotary_dim, torch.float32 if f32_tables else dtype, interleaved)
+    if "alibi" in options:
+        alibi = heads_q if options["alibi"] == 2 else 0  # batch stride of the slopes
     append, attend, combine, *_ = decode._plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
-        torch.device("cpu"),
+        torch.device("cpu"), options.get("batch_idx", False), options.get("leftpad", False), rotary, alibi,
     )
     assert combine is not None, "a split variant is meant"
-    io = dict(K_CACHE="*" + element, V_CACHE="*" + element, CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32")
+    io = dict(K_CACHE="*" + element, V_CACHE="*" + element, CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32",
+              CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32", ALIBI="*fp32")
+    if rotary is not None:
+        io.update(COS="*" + ELEMENT[rotary[2]], SIN="*" + ELEMENT[rotary[2]])
     for plan, pointers in (
         (append, dict(io, K="*" + element, V="*" + element)),
         (attend, dict(io, Q="*" + element, OUT="*fp32", LSE="*fp32")),
         (combine, dict(OUT_PART="*fp32", LSE_PART="*fp32", OUT="*" + element, LSE="*fp32")),
     ):
-        row = {"dtype": element, "head_dim": dim, "softcap": softcap, **build(plan, pointers, target)}
+        row = {"dtype": element, "head_dim": dim, "softcap": softcap, "options": sorted(options),
+               **build(plan, pointers, target)}
         print(json.dumps(row), flush=True)
 '''
 
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_kernels_compile_for_h100_as_launched(tmp_path, build):
-    """The append, attention (paged, split, window, softcap, GQA) and combine kernels, with the arguments
-    their plans fix, compile for sm_90 under the installed Triton and the GPU machine's, fit the shared
-    memory and do not spill wholesale."""
+    """The append, attention (paged, split, window, softcap, GQA, and the flash-attn options: batch index,
+    leftpad, rotary, ALiBi) and combine kernels, with the arguments their plans fix, compile for sm_90 under
+    the installed Triton and the GPU machine's, fit the shared memory and do not spill wholesale; on the GPU
+    machine's Triton the variants with flash-attn options spill nothing inside a loop."""
     pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
     h100 = get_gpu("h100-sxm")
     major, minor = h100.compute_capability
@@ -547,9 +567,11 @@ def test_kernels_compile_for_h100_as_launched(tmp_path, build):
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 9
+    assert len(rows) == 3 * 5
     limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block
     assert all(row["shared_bytes"] <= limit for row in rows), rows
+    if build is not None:
+        assert not [row for row in rows if row["options"] and row["loop_spills"]], rows
     spilling = [row for row in rows if row["stack_bytes"] > MAX_SPILL_BYTES]
     if build is None and spilling and all(row["softcap"] for row in spilling):
         # Known: Triton 3.9 spills about 4 KB per thread in the softcap variants with core.kernel_math.tanh

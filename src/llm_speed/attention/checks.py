@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from ..core.args import check_flag, check_real
-from ..core.tensors import FLOAT_DTYPES, last_dim_contiguous
+from ..core.tensors import FLOAT_DTYPES, check_tensor, last_dim_contiguous
 
 SUPPORTED_DTYPES = FLOAT_DTYPES
 MAX_HEAD_DIM = 256  # any head_dim from 1 to 256, as flash-attn (the kernels mask the padded columns)
@@ -245,20 +245,17 @@ def check_softcap(softcap) -> float | None:
 
 def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
     """``alibi_slopes``: None, or float32 ``[heads_q]`` or ``[batch, heads_q]`` on q's device (flash-attn's
-    rule); returned contiguous."""
+    rule); returned contiguous (every attention entry point with ALiBi checks it here)."""
     if alibi_slopes is None:
         return None
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}")
-    if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+    check_tensor("alibi_slopes", alibi_slopes, dtypes=(torch.float32,))
+    if alibi_slopes.shape != (heads_q,) and alibi_slopes.shape != (batch, heads_q):
         raise ValueError(
-            f"alibi_slopes must be [heads_q] = [{heads_q}] or [batch, heads_q] = [{batch}, {heads_q}], got "
+            f"alibi_slopes must be [heads_q={heads_q}] or [batch={batch}, heads_q={heads_q}], got shape "
             f"{tuple(alibi_slopes.shape)}"
         )
     if alibi_slopes.device != device:
-        raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {device}")
     return alibi_slopes.contiguous()
 
 

@@ -15,8 +15,18 @@ the cache *capacity* per sequence (``seq_cache``, or ``max_pages * page_size``) 
 sequence, as flash-attn sizes its split count (``flash_api.cpp``, ``mha_fwd_kvcache``: ``seqlen_k`` is the
 cache's size, not the lengths). A program whose split holds no visible key writes an empty partial (0, LSE
 -inf) that the combine kernel weighs 0. Invalid entries are caught in the kernels: a sequence whose
-``cache_seqlens`` is negative or leaves no room for the new tokens touches no cache slot, and one whose block
-table names a page outside the pool (among the pages in use) reads no such page; both get NaN rows.
+``cache_seqlens`` is negative or leaves no room for the new tokens (or puts a rotary position past the
+tables), whose ``cache_leftpad`` is outside ``[0, cache_seqlens]`` or whose ``cache_batch_idx`` names no cache
+row touches no cache slot, and one whose block table names a page outside the pool (among the pages in use)
+reads no such page; all get NaN rows.
+
+The flash-attn 2.x options are done in the kernels, with no extra pass over q or the cache:
+``cache_batch_idx`` picks the dense cache row of each sequence; ``cache_leftpad`` moves the first key of a
+sequence (its masks and ALiBi distances are in cache positions, unchanged); rotary embedding is applied to k
+in the append kernel as it is written and to q in the attention kernel as it is loaded (float32, rounded to
+q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is added to the scores after the
+softcap.
+An option left out is a None pointer, a constexpr: its code is compiled out.
 
 Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
 before the attention kernel runs. The attention kernel has one program per (query-row block, split,
@@ -31,12 +41,21 @@ Constexpr switches:
   PAGED                    keys are gathered through BLOCK_TABLE; else the cache is [batch, seq_cache, ...]
   HAS_LEFT / HAS_RIGHT     window bounds (causal is HAS_RIGHT with right = 0)
   HAS_SOFTCAP              scores become softcap * tanh(scores / softcap)
+  INTERLEAVED              rotary pairs (2c, 2c + 1) (GPT-J); else (c, c + rotary_dim / 2) (GPT-NeoX)
   SPLIT                    write fp32 partial (out, lse) per split for the combine kernel; else the result
-  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py
+  DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND   as in core/kernel_math.py (append: RNE_BY_HAND for rotated k)
+The optional inputs are pointers fixed to None (constexprs: their code is compiled out) when not given:
+  CACHE_BATCH_IDX          the dense cache row of sequence b is CACHE_BATCH_IDX[b] (never with PAGED)
+  CACHE_LEFTPAD            sequence b's keys start at position CACHE_LEFTPAD[b] (never with PAGED)
+  COS, SIN                 rotate k (append) and q (attention): [seqlen_ro, rotary_dim / 2]; q per row when
+                           HAS_LEFT or HAS_RIGHT, else every query at cache_seqlens
+  ALIBI                    add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
+All contiguous (a [heads_q] ALIBI has batch stride 0).
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, public function
-(forward only: no autograd). The plain-PyTorch spec is
-:func:`llm_speed.attention.reference.reference_attention` over each sequence's gathered keys.
+(forward only: no autograd). The plain-PyTorch spec is :func:`llm_speed.attention.reference.reference_kvcache`
+(:func:`~llm_speed.attention.reference.reference_attention` over each sequence's gathered keys when no option
+is given).
 """
 
 from __future__ import annotations
@@ -56,7 +75,7 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
-from .checks import MAX_HEAD_DIM, check_softcap, check_window
+from .checks import MAX_HEAD_DIM, check_alibi_slopes, check_softcap, check_window, suggest_keywords
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
@@ -68,24 +87,57 @@ MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention pro
 
 
 @triton.jit
+def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED: tl.constexpr):
+    """Rows ``p_x + d`` (``p_x`` [M, 1] row pointers, mask ``m_x`` [M, BD]) as float32, dims below
+    ``rotary_dim`` rotated by the angles of positions ``o_pos`` [M] (rows of the contiguous ``COS``/``SIN``
+    [seqlen_ro, rotary_dim / 2]): pairs (2c, 2c + 1) when INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2)
+    (GPT-NeoX), ``(x, y) -> (x cos - y sin, x sin + y cos)`` with the angle of pair c. Other dims pass
+    through exactly. The partner of each dim is a second load of the same row (cached lines); masked rows
+    read no angle."""
+    half = rotary_dim // 2
+    if INTERLEAVED:
+        first = (o_d % 2) == 0
+        o_pair = o_d ^ 1
+        o_c = o_d // 2
+    else:
+        first = o_d < half
+        o_pair = tl.where(first, o_d + half, o_d - half)
+        o_c = tl.where(first, o_d, o_d - half)
+    m_rot = m_x & (o_d < rotary_dim)[None, :]
+    b_x = tl.load(p_x + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
+    b_pair = tl.load(p_x + o_pair[None, :], mask=m_rot, other=0.0).to(tl.float32)
+    o_angle = o_pos[:, None].to(tl.int64) * half + o_c[None, :]
+    b_cos = tl.load(COS + o_angle, mask=m_rot, other=1.0).to(tl.float32)
+    b_sin = tl.load(SIN + o_angle, mask=m_rot, other=0.0).to(tl.float32)
+    return b_x * b_cos + b_pair * tl.where(first[None, :], -b_sin, b_sin)
+
+
+@triton.jit
 def _append_kernel(
-    K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE,
+    K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     stride_cs, stride_btb, stride_btp,
-    seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached,
-    PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached, cache_batch, rotary_dim,
+    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
-    ``cache_seqlens[b] + j``: slot (b, pos) when dense, (block_table[b, pos // page_size], pos % page_size)
-    when paged. Nothing is written for a sequence with cache_seqlens outside [0, max_cached] (max_cached =
-    capacity - seq_new), nor to a page outside [0, num_blocks)."""
+    ``cache_seqlens[b] + j``: slot (cache_batch_idx[b] or b, pos) when dense, (block_table[b, pos //
+    page_size], pos % page_size) when paged; k rotated at that position first with COS/SIN. Nothing is
+    written for an invalid sequence: cache_seqlens outside [0, max_cached] (max_cached = the largest length
+    that leaves room for the new tokens and, with rotary, keeps every position inside COS/SIN), a leftpad
+    outside [0, cache_seqlens], a cache_batch_idx outside [0, cache_batch); nor to a page outside
+    [0, num_blocks)."""
     pid = tl.program_id(0)
     i_b = pid // seq_new
     i_j = pid % seq_new
     cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
     ok = (cached >= 0) & (cached <= max_cached)
-    pos = tl.where(ok, cached, 0) + i_j  # < capacity when ok
+    if CACHE_LEFTPAD is not None:
+        left_pad = tl.load(CACHE_LEFTPAD + i_b)
+        ok = ok & (left_pad >= 0) & (left_pad <= cached)
+    pos = tl.where(ok, cached, 0) + i_j  # < capacity (and < seqlen_ro with rotary) when ok
     if PAGED:
         b_page = tl.load(BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (pos // page_size) * stride_btp,
                          mask=ok, other=-1)  # fmt: skip
@@ -93,17 +145,27 @@ def _append_kernel(
         row = tl.where(ok, b_page, 0).to(tl.int64)
         slot = (pos % page_size).to(tl.int64)
     else:
-        row = i_b.to(tl.int64)
+        if CACHE_BATCH_IDX is not None:
+            i_cache = tl.load(CACHE_BATCH_IDX + i_b)
+            ok = ok & (i_cache >= 0) & (i_cache < cache_batch)
+            row = tl.where(ok, i_cache, 0).to(tl.int64)
+        else:
+            row = i_b.to(tl.int64)
         slot = pos.to(tl.int64)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = tl.arange(0, BLOCK_D)
     # no head to write when the slot is invalid (a scalar mask broadcast fails under the interpreter)
     m = (o_h < tl.where(ok, heads_kv, 0))[:, None] & (o_d < head_dim)[None, :]
-    p_k = K + i_b.to(tl.int64) * stride_kb + i_j * stride_ks + o_h[:, None] * stride_kh + o_d[None, :]
+    p_k = K + i_b.to(tl.int64) * stride_kb + i_j * stride_ks + o_h[:, None] * stride_kh
     p_v = V + i_b.to(tl.int64) * stride_vb + i_j * stride_vs + o_h[:, None] * stride_vh + o_d[None, :]
     p_kc = K_CACHE + row * stride_kcb + slot * stride_kcs + o_h[:, None] * stride_kch + o_d[None, :]
     p_vc = V_CACHE + row * stride_vcb + slot * stride_vcs + o_h[:, None] * stride_vch + o_d[None, :]
-    tl.store(p_kc, tl.load(p_k, mask=m), mask=m)
+    if COS is not None:
+        o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + pos
+        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)
+        tl.store(p_kc, cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+    else:
+        tl.store(p_kc, tl.load(p_k + o_d[None, :], mask=m), mask=m)
     tl.store(p_vc, tl.load(p_v, mask=m), mask=m)
 
 
@@ -135,17 +197,19 @@ def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blo
 
 @triton.jit
 def _kvcache_fwd_kernel(
-    Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE,
+    Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI,
+    OUT, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_o_split, stride_ob, stride_os, stride_oh,
     stride_l_split, stride_lb, stride_lh,
-    stride_cs, stride_btb, stride_btp,
+    stride_cs, stride_btb, stride_btp, stride_ab,
     seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
-    n_row_blocks, qk_scale_log2, softcap, window_left, window_right,
+    n_row_blocks, cache_batch, rotary_dim,
+    qk_scale_log2, softcap, window_left, window_right,
     PAGED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    SPLIT: tl.constexpr,
+    INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
@@ -156,10 +220,22 @@ def _kvcache_fwd_kernel(
     i_b = i_bh // heads_kv
     i_hkv = i_bh % heads_kv
 
-    # A sequence whose cache_seqlens leaves no room for the new tokens (or is negative) reads no key.
+    # An invalid sequence reads no key and gets NaN rows: cache_seqlens negative or leaving no room for the
+    # new tokens (or, with rotary, putting a position past COS/SIN: max_cached folds both), a leftpad
+    # outside [0, cache_seqlens], a cache_batch_idx outside the cache.
     cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
-    bad = (cached < 0) | (cached > max_cached)  # max_cached = capacity - seq_new: no int32 overflow
-    seqlen_k = tl.where(bad, 0, cached + seq_new)  # keys visible to this sequence
+    bad = (cached < 0) | (cached > max_cached)  # max_cached <= capacity - seq_new: no int32 overflow
+    first_key = 0  # keys [first_key, seqlen_k) are the sequence's (absolute cache positions)
+    if CACHE_LEFTPAD is not None:
+        left_pad = tl.load(CACHE_LEFTPAD + i_b)
+        bad = bad | (left_pad < 0) | (left_pad > cached)
+        first_key = tl.where(bad, 0, left_pad)
+    i_cache = i_b  # the dense cache's row (PAGED: never with a batch index)
+    if CACHE_BATCH_IDX is not None:
+        i_cache = tl.load(CACHE_BATCH_IDX + i_b)
+        bad = bad | (i_cache < 0) | (i_cache >= cache_batch)
+        i_cache = tl.where(bad, 0, i_cache)
+    seqlen_k = tl.where(bad, 0, cached + seq_new)  # end of the keys visible to this sequence
     lo = i_split * split_len
     if PAGED:
         # The pages in use of this split's key range: one outside the pool makes the sequence's rows NaN
@@ -185,11 +261,27 @@ def _kvcache_fwd_kernel(
         hi = tl.minimum(hi, last_i + shift + window_right + 1)
     if HAS_LEFT:
         lo = tl.maximum(lo, first_i + shift - window_left)
+    if CACHE_LEFTPAD is not None:
+        lo = tl.maximum(lo, first_key)
     lo = (lo // BLOCK_N) * BLOCK_N  # split_len is a multiple of BLOCK_N: still inside this split
 
     p_q = Q + i_b.to(tl.int64) * stride_qb + o_i[:, None].to(tl.int64) * stride_qs + o_h[:, None] * stride_qh
     m_q = m_r[:, None] & m_d[None, :]
-    b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BM, BD]
+    if COS is not None:
+        # Query i at position cache_seqlens + i when causal or windowed, else every query at cache_seqlens
+        # (flash-attn's rule). An invalid sequence (NaN rows) reads no angle: its positions may be anywhere.
+        if HAS_LEFT or HAS_RIGHT:
+            o_ro = cached + o_i
+        else:
+            o_ro = cached + o_i * 0
+        m_live = (o_r < tl.where(bad, 0, n_rows))[:, None] & m_d[None, :]
+        b_q = _rotated(p_q, m_live, o_d, COS, SIN, o_ro, rotary_dim, INTERLEAVED)
+        b_q = cast(b_q, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)  # rounded as flash-attn does
+    else:
+        b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BM, BD]
+    if ALIBI is not None:
+        # -slope * |query position - key position|, in base 2 like the scores
+        b_slope = tl.load(ALIBI + i_b.to(tl.int64) * stride_ab + o_h, mask=m_r, other=0.0) * LOG2E
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -198,7 +290,9 @@ def _kvcache_fwd_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)  # [BN]
         m_n = o_n < seqlen_k  # slots past the valid tokens are never read: they may hold anything
-        b_page, o_slot = _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
+        if CACHE_LEFTPAD is not None:
+            m_n = m_n & (o_n >= first_key)  # nor the left padding
+        b_page, o_slot = _cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
         m_kv = m_n[:, None] & m_d[None, :]
         p_k = K_CACHE + i_hkv * stride_kh + (b_page * stride_kb + o_slot * stride_ks)[:, None] + o_d[None, :]
         b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
@@ -207,6 +301,8 @@ def _kvcache_fwd_kernel(
             b_s = softcap * tanh(b_s * (qk_scale_log2 / LOG2E / softcap)) * LOG2E
         else:
             b_s = b_s * qk_scale_log2
+        if ALIBI is not None:  # after the cap, as flash-attn
+            b_s = b_s - b_slope[:, None] * tl.abs(o_pos[:, None] - o_n[None, :]).to(tl.float32)
         m_s = m_r[:, None] & m_n[None, :]
         if HAS_RIGHT:
             m_s = m_s & (o_n[None, :] <= o_pos[:, None] + window_right)
@@ -228,7 +324,7 @@ def _kvcache_fwd_kernel(
     no_key = b_l == 0.0
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
     b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
-    b_out = tl.where(bad, float("nan"), b_out)  # an invalid cache_seqlens or page: NaN rows
+    b_out = tl.where(bad, float("nan"), b_out)  # an invalid sequence (lengths, page, index): NaN rows
     b_lse = tl.where(bad, float("nan"), b_lse)
     p_out = (
         OUT + i_split.to(tl.int64) * stride_o_split + i_b.to(tl.int64) * stride_ob
@@ -345,16 +441,27 @@ def split_len(cfg: KernelConfig, capacity: int) -> int:
     return cdiv(cdiv(capacity, cfg.block_n), cfg.splits) * cfg.block_n
 
 
+def rotary_span(seq_new: int, seq_q: int, per_row: bool) -> int:
+    """Positions ``cache_seqlens + [0, span)`` a call with rotary reads angles for: the new keys', and the
+    queries' (``seq_q`` of them when ``per_row``, causal or windowed; else all at ``cache_seqlens``)."""
+    return max(seq_new, seq_q if per_row else min(seq_q, 1))
+
+
 @plan_cache
 def _plans(
     q_shape: tuple, q_strides: tuple, cache_shape: tuple, k_strides: tuple, v_strides: tuple,
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
-    has_softcap: bool, num_splits: int, device: torch.device,
+    has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
+    rotary: tuple | None = None, alibi_batch_stride: int | None = None,
 ) -> tuple:
     """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
     split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
-    ``new_strides`` = (k's strides, v's strides) when there are new tokens."""
+    ``new_strides`` = (k's strides, v's strides) when there are new tokens. The optional inputs (contiguous):
+    ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
+    (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
+    slopes, heads_q for [batch, heads_q]) or None. An absent input's pointer is fixed to None (a constexpr:
+    its code is compiled out)."""
     batch, seq_q, heads_q, head_dim = q_shape
     heads_kv = cache_shape[2]
     paged = table_shape is not None
@@ -362,7 +469,14 @@ def _plans(
     capacity = table_shape[1] * page_size if paged else cache_shape[1]
     num_blocks = cache_shape[0] if paged else 0
     stride_btb, stride_btp = table_strides if paged else (0, 0)
-    max_cached = capacity - seq_new
+    seqlen_ro, rotary_dim, _, interleaved = rotary or (1, 0, None, False)
+    per_row = window_left is not None or window_right is not None
+    max_cached = capacity - seq_new  # the largest valid cache_seqlens
+    if rotary is not None:
+        max_cached = min(max_cached, seqlen_ro - rotary_span(seq_new, seq_q, per_row))
+    given = (("CACHE_BATCH_IDX", batch_idx), ("CACHE_LEFTPAD", leftpad), ("COS", rotary), ("SIN", rotary))
+    absent = {name: None for name, present in given if not present}
+    optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved, **absent)
     append = None
     if batch and seq_new:
         (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides
@@ -375,7 +489,8 @@ def _plans(
             stride_vcb=v_strides[0], stride_vcs=v_strides[1], stride_vch=v_strides[2],
             stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
             seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
-            max_cached=max_cached, PAGED=paged, BLOCK_H=block_h, BLOCK_D=block_d,
+            max_cached=max_cached, PAGED=paged, RNE_BY_HAND=rotary is not None and rne_by_hand(dtype),
+            BLOCK_H=block_h, BLOCK_D=block_d, **optional,
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
     if not batch or not seq_q:
@@ -400,16 +515,18 @@ def _plans(
         stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
         stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1],
         stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
+        stride_ab=alibi_batch_stride or 0,
         seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
         head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, split_len=split_len(cfg, capacity),
         num_splits=cfg.splits, n_row_blocks=n_row_blocks,
         window_left=window_left if window_left is not None else 0,
         window_right=window_right if window_right is not None else 0,
         PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches,
+        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
         BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({} if alibi_batch_stride is not None else {"ALIBI": None}),
     )  # fmt: skip
     combine = None
     if split:
@@ -427,14 +544,40 @@ def _plans(
 _LOG2E = math.log2(math.e)
 _Tensor = torch.Tensor
 _F32 = torch.float32
+_I32 = torch.int32
 _MINUS_INF = float("-inf")
 
 
+_NOTHING: dict = {}  # no optional input (never written)
+
+
+def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved,
+                     alibi_slopes):  # fmt: skip
+    """({kernel parameter: tensor} of the optional inputs given to both kernels (the slopes go to the
+    attention kernel alone), their part of the plan key: (batch index given, leftpad given, rotary key or
+    None, ALiBi batch stride or None))."""
+    extra = {}
+    rotary = alibi_batch_stride = None
+    if cache_batch_idx is not None:
+        extra["CACHE_BATCH_IDX"] = cache_batch_idx
+    if cache_leftpad is not None:
+        extra["CACHE_LEFTPAD"] = cache_leftpad
+    if rotary_cos is not None:
+        rotary = (rotary_cos.shape[0], 2 * rotary_cos.shape[1], rotary_cos.dtype, rotary_interleaved)
+        extra["COS"], extra["SIN"] = rotary_cos, rotary_sin
+    if alibi_slopes is not None:
+        alibi_batch_stride = alibi_slopes.shape[1] if alibi_slopes.dim() == 2 else 0
+    keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride)
+    return extra, keys
+
+
 def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
-            softcap, num_splits: int):  # fmt: skip
-    """Append k/v (if given) into the caches, then attend; returns (out, lse). Arguments as checked by
-    :func:`flash_attention_with_kvcache` (q, k and v with a contiguous last dim, ``cache_seqlens`` an int32
-    tensor). Reads no tensor value on the host; reports its work once per call."""
+            softcap, num_splits: int, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
+            rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None):  # fmt: skip
+    """Append k/v (if given; k rotated when rotary_cos/sin are) into the caches, then attend; returns
+    (out, lse). Arguments as checked by :func:`flash_attention_with_kvcache` (q, k, v with a contiguous
+    last dim; cache_batch_idx, cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens``
+    an int32 tensor). Reads no tensor value on the host; reports its work once per call."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -444,14 +587,27 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
     paged = block_table is not None
-    append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
+    plan_args = (
         q_shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape if paged else None, block_table.stride() if paged else None,
         cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
         window_left, window_right, softcap is not None, num_splits, device,
     )  # fmt: skip
+    if cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None:
+        extra = _NOTHING
+        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(*plan_args)
+    else:
+        extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
+                                                rotary_interleaved, alibi_slopes)  # fmt: skip
+        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
+            *plan_args, *optional_keys
+        )
     table = block_table if paged else cache_seqlens  # a placeholder int32 tensor when dense (never read)
-    if append is not None:
+    # (a call spelled with **extra costs the plain call about 0.3 us: it has its own line)
+    if append is not None and extra:
+        append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
+                      BLOCK_TABLE=table, **extra)  # fmt: skip
+    elif append is not None:
         append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
                       BLOCK_TABLE=table)  # fmt: skip
     if attend is None:  # no query (batch or seq_q 0): empty results
@@ -460,21 +616,27 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         )
     runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
-        block_table=block_table, window=(window_left, window_right),
+        block_table=block_table, window=(window_left, window_right), cache_leftpad=cache_leftpad,
     )  # fmt: skip
     out = tensors.new_output(out_shape, q.dtype, device)
     lse = tensors.new_output(lse_shape, _F32, device)
+    out_part, lse_part = out, lse  # what the attention kernel writes: the result, or the split partials
+    if combine is not None:
+        out_part = tensors.new_output(out_part_shape, _F32, device)
+        lse_part = tensors.new_output(lse_part_shape, _F32, device)
     qk_scale_log2 = scale * _LOG2E
     cap = softcap if softcap is not None else 0.0
-    if combine is None:
+    if alibi_slopes is not None:
+        extra = {**extra, "ALIBI": alibi_slopes}
+    if extra:
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=out, LSE=lse, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
-        return out, lse
-    out_part = tensors.new_output(out_part_shape, _F32, device)
-    lse_part = tensors.new_output(lse_part_shape, _F32, device)
-    attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                  OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
-    combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
+                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap,
+                      **extra)  # fmt: skip
+    else:
+        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
+                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+    if combine is not None:
+        combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
     return out, lse
 
 
@@ -495,16 +657,23 @@ def _kvcache_op(
     window_right: int | None,
     softcap: float | None,
     num_splits: int,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(
         q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
-        num_splits,
+        num_splits, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
     )  # fmt: skip
 
 
 @_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right,
-                  softcap, num_splits):  # fmt: skip
+                  softcap, num_splits, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
+                  rotary_sin=None, rotary_interleaved=True, alibi_slopes=None):  # fmt: skip
     batch, seq_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seq_q), dtype=torch.float32)
 
@@ -544,8 +713,9 @@ def _refuse_tensor(name: str, t, dtype: torch.dtype) -> None:
     raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
 
 
-def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
-    """Shape rules; returns the cache capacity per sequence (tokens)."""
+def _check_shapes(q, k_cache, v_cache, k, v, block_table, indexed: bool) -> int:
+    """Shape rules (``indexed``: a ``cache_batch_idx`` picks the dense cache rows); returns the cache capacity
+    per sequence (tokens)."""
     batch, _, heads_q, head_dim = q.shape
     cache_shape = k_cache.shape
     if cache_shape != v_cache.shape:
@@ -559,7 +729,7 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
         raise ValueError(f"q head_dim is {head_dim}; accepted: any head_dim from 1 to {MAX_HEAD_DIM}")
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k_cache heads ({heads_kv})")
-    if k_cache.stride()[3] != 1 or v_cache.stride()[3] != 1:
+    if (k_cache.stride()[3] != 1 or v_cache.stride()[3] != 1) and head_dim > 1:
         name = "k_cache" if k_cache.stride()[3] != 1 else "v_cache"
         raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
     if k is not None:
@@ -571,9 +741,10 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
                 f"{name} must be [batch, seq_new, heads_kv, head_dim] = {expected}, got {tuple(shape)}"
             )
     if block_table is None:
-        if cache_shape[0] != batch:
+        if cache_shape[0] != batch and not indexed:
             raise ValueError(
-                f"k_cache batch ({cache_shape[0]}) must equal q batch ({batch}) without a block_table"
+                f"k_cache batch ({cache_shape[0]}) must equal q batch ({batch}) without a block_table or a "
+                "cache_batch_idx"
             )
         return cache_shape[1]
     table_shape = block_table.shape
@@ -587,9 +758,89 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table) -> int:
     return table_shape[1] * page_size
 
 
-def _cache_seqlens(cache_seqlens, batch: int, seq_new: int, capacity: int, device: torch.device):
+def _check_index(name: str, t, batch: int, device: torch.device) -> None:
+    """``t``: an int32 ``[batch]`` tensor on ``device``."""
+    if not isinstance(t, _Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (int32 [batch]) or None, got {type(t).__name__}")
+    if t.dtype is not torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.shape != (batch,):
+        raise ValueError(f"{name} must be [batch={batch}], got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def _options_fine(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
+    """True when :func:`_check_options` has nothing to say: the common case in a few comparisons (the
+    checks that explain what is wrong run only when it is False)."""
+    batch, _, heads_q, head_dim = q.shape
+    device = q.device
+    for t in (cache_batch_idx, cache_leftpad):
+        if t is not None and not (type(t) is _Tensor and t.dtype is _I32 and t.shape == (batch,)
+                                  and block_table is None and t.device == device):  # fmt: skip
+            return False
+    if rotary_cos is not None:
+        if type(rotary_cos) is not _Tensor or type(rotary_sin) is not _Tensor or k is None:
+            return False
+        shape, dtype = rotary_cos.shape, rotary_cos.dtype
+        if not (len(shape) == 2 and rotary_sin.shape == shape and 1 <= shape[1] <= head_dim // 2
+                and shape[0] >= 1 and (dtype is q.dtype or dtype is _F32) and rotary_sin.dtype is dtype
+                and rotary_cos.device == device and rotary_sin.device == device):  # fmt: skip
+            return False
+    elif rotary_sin is not None:
+        return False
+    return alibi_slopes is None or (
+        type(alibi_slopes) is _Tensor and alibi_slopes.dtype is _F32 and alibi_slopes.device == device
+        and (alibi_slopes.shape == (heads_q,) or alibi_slopes.shape == (batch, heads_q))
+    )  # fmt: skip
+
+
+def _check_options(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
+    """The optional inputs (at least one given): types, dtypes, shapes, devices, and the combinations
+    flash-attn refuses (an index or a leftpad with a block table; rotary without new keys)."""
+    if _options_fine(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, alibi_slopes):
+        return
+    batch, _, heads_q, head_dim = q.shape
+    device = q.device
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_index(name, t, batch, device)
+            if block_table is not None:
+                raise ValueError(f"{name} cannot be used with block_table (as in flash-attn)")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            check_tensor(name, t, dims=2, what="[seqlen_ro, rotary_dim / 2]")
+            if t.dtype is not q.dtype and t.dtype is not torch.float32:
+                raise TypeError(f"{name} has dtype {t.dtype}; accepted: q's dtype ({q.dtype}) or float32")
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device} but q is on {device}")
+        if rotary_sin.dtype is not rotary_cos.dtype or rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(
+                f"rotary_sin ({tuple(rotary_sin.shape)}, {rotary_sin.dtype}) must have rotary_cos's shape "
+                f"and dtype ({tuple(rotary_cos.shape)}, {rotary_cos.dtype})"
+            )
+        seqlen_ro, half = rotary_cos.shape
+        if not 1 <= half <= head_dim // 2:
+            raise ValueError(
+                f"rotary_cos is [seqlen_ro, rotary_dim / 2] with rotary_dim = {2 * half}; accepted: "
+                f"rotary_dim from 2 to head_dim ({head_dim})"
+            )
+        if seqlen_ro < 1:
+            raise ValueError("rotary_cos/rotary_sin must have at least one row (position)")
+        if k is None:
+            raise ValueError(
+                "rotary_cos/rotary_sin need new keys k and v to append (as in flash-attn: the cache holds "
+                "keys already rotated, and the new ones are rotated as they are written)"
+            )
+    check_alibi_slopes(alibi_slopes, batch, heads_q, device)
+
+
+def _cache_seqlens(cache_seqlens, batch: int, seq_new: int, capacity: int, device, rotary_limit):
     """``cache_seqlens`` as an int32 [batch] tensor on ``device`` (an int: filled, checked against the
-    capacity on the host, where it already is)."""
+    capacity and the rotary tables (``rotary_limit`` = (seqlen_ro, span) or None) on the host, where it
+    already is)."""
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.dtype is not torch.int32:
             raise TypeError(f"cache_seqlens must be int32 (or an int), got {cache_seqlens.dtype}")
@@ -601,6 +852,8 @@ def _cache_seqlens(cache_seqlens, batch: int, seq_new: int, capacity: int, devic
     value = positive_int("cache_seqlens", cache_seqlens, allow_zero=True)
     if batch and value + seq_new > capacity:
         _too_small(value + seq_new, capacity)
+    if batch and rotary_limit is not None and value + rotary_limit[1] > rotary_limit[0]:
+        _rotary_too_short(value + rotary_limit[1], rotary_limit[0])
     return torch.full((batch,), value, dtype=torch.int32, device=device)
 
 
@@ -611,10 +864,23 @@ def _too_small(longest: int, capacity: int):
     )
 
 
-def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_table) -> None:
-    """The checks that read ``cache_seqlens`` and the block table (only under ``runtime.check_values``):
-    lengths >= 0 and within the capacity, block-table entries of the pages in use inside the pool, and
-    distinct slots for the appended tokens."""
+def _rotary_too_short(end: int, seqlen_ro: int):
+    raise ValueError(
+        f"rotary_cos/rotary_sin have {seqlen_ro} rows (positions) but the call rotates positions up to "
+        f"{end - 1} (cache_seqlens + seq_new - 1, or cache_seqlens + seq_q - 1 for causal/windowed queries)"
+    )
+
+
+def _first_true(mask: torch.Tensor) -> int:
+    return int(mask.nonzero()[0, 0])
+
+
+def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_table, cache_batch_idx=None,
+                  cache_leftpad=None, rotary_limit=None) -> None:  # fmt: skip
+    """The checks that read ``cache_seqlens``, the block table and the optional index tensors (only under
+    ``runtime.check_values``): lengths >= 0 and within the capacity (and the rotary tables), block-table
+    entries of the pages in use inside the pool, distinct slots for the appended tokens, cache_batch_idx
+    entries inside the cache (distinct when appending), leftpads in [0, cache_seqlens]."""
     if cache_seqlens.numel() == 0:
         return
     smallest, largest = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()
@@ -622,6 +888,28 @@ def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_tab
         raise ValueError(f"cache_seqlens must be >= 0, got {smallest}")
     if largest + seq_new > capacity:
         _too_small(largest + seq_new, capacity)
+    if rotary_limit is not None and largest + rotary_limit[1] > rotary_limit[0]:
+        _rotary_too_short(largest + rotary_limit[1], rotary_limit[0])
+    if cache_batch_idx is not None:
+        cache_batch = k_cache.shape[0]
+        outside = (cache_batch_idx < 0) | (cache_batch_idx >= cache_batch)
+        if bool(outside.any()):
+            b = _first_true(outside)
+            raise ValueError(
+                f"cache_batch_idx[{b}] = {int(cache_batch_idx[b])} is not a row of k_cache (0 <= row < "
+                f"{cache_batch})"
+            )
+        if seq_new and cache_batch_idx.unique().numel() != cache_batch_idx.numel():
+            raise ValueError("cache_batch_idx names one cache row twice: the new tokens of two sequences "
+                             "would go to the same slots")  # fmt: skip
+    if cache_leftpad is not None:
+        outside = (cache_leftpad < 0) | (cache_leftpad > cache_seqlens)
+        if bool(outside.any()):
+            b = _first_true(outside)
+            raise ValueError(
+                f"cache_leftpad[{b}] = {int(cache_leftpad[b])} must be in [0, cache_seqlens[{b}] = "
+                f"{int(cache_seqlens[b])}]"
+            )
     if block_table is None:
         return
     page_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
@@ -641,6 +929,7 @@ def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_tab
             raise ValueError("block_table maps the new tokens of two sequences to the same cache slot")
 
 
+@suggest_keywords
 def flash_attention_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -656,78 +945,145 @@ def flash_attention_with_kvcache(
     softcap: float | None = None,
     num_splits: int = 0,
     return_lse: bool = False,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """Attention of new queries over a KV cache, dense or paged, appending new keys/values in place.
 
-    Layout and semantics of flash-attn's ``flash_attn_with_kvcache`` (Dao-AILab/flash-attention):
+    Layout and semantics of flash-attn's ``flash_attn_with_kvcache`` (Dao-AILab/flash-attention, 2.x). Key
+    positions below are cache positions (0 = the cache's first slot); query i sits at position
+    ``p_i = cache_seqlens + seq_new - seq_q + i`` (bottom-right alignment).
 
     Args:
         q: ``[batch, seq_q, heads_q, head_dim]``; seq_q = 1 for decode, more for chunked prefill or
-            speculative decoding.
-        k_cache, v_cache: dense ``[batch, seq_cache, heads_kv, head_dim]``, or with ``block_table`` pages
-            ``[num_blocks, page_size, heads_kv, head_dim]`` (page_size a multiple of 16). heads_q a multiple
-            of heads_kv (MHA, GQA, MQA). Last dim contiguous; other strides are read as they are.
-        cache_seqlens: int32 ``[batch]`` or an int: tokens already valid in each sequence's cache.
+            speculative decoding. head_dim from 1 to 256.
+        k_cache, v_cache: dense ``[cache_batch, seq_cache, heads_kv, head_dim]`` (cache_batch = batch unless
+            ``cache_batch_idx`` is given), or with ``block_table`` pages ``[num_blocks, page_size, heads_kv,
+            head_dim]`` (page_size a multiple of 16). heads_q a multiple of heads_kv (MHA, GQA, MQA). Last
+            dim contiguous; other strides are read as they are.
+        cache_seqlens: int32 ``[batch]`` or an int: tokens already in each sequence's cache (left padding
+            included).
         k, v: optional ``[batch, seq_new, heads_kv, head_dim]``, written into the caches in place at
             positions ``cache_seqlens .. cache_seqlens + seq_new - 1`` (through the block table if paged). No
-            other slot is written. Attention then runs over ``cache_seqlens + seq_new`` keys.
+            other slot is written. Attention then runs over the keys up to ``cache_seqlens + seq_new``.
             ``cache_seqlens`` itself is not advanced (the caller owns it, as in flash-attn).
         block_table: int32 ``[batch, max_pages]``: physical page of each logical page of each sequence (vLLM's
             and flash-attn's paged layout). Only the entries of pages in use (the first
             ``cdiv(cache_seqlens + seq_new, page_size)``) are read.
-        is_causal: bottom-right aligned per sequence: query i (at key position i + seqlen_k - seq_q) sees keys
-            up to its own position. Same as ``window=(left, 0)``.
+        is_causal: query i sees keys up to ``p_i``. Same as ``window=(left, 0)``.
         scale: score scale, default ``1 / sqrt(head_dim)``.
-        window: ``(left, right)`` local attention as in :func:`llm_speed.attention.reference.visible`.
+        window: ``(left, right)``: query i sees keys ``p_i - left .. p_i + right``; None on a side leaves
+            it unbounded (:func:`llm_speed.attention.reference.visible`).
         softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2, Grok-1).
         num_splits: key-range splits merged by log-sum-exp (Flash-Decoding); 0 chooses from batch x heads_kv,
             the cache capacity (``seq_cache``, or ``max_pages * page_size``) and the SM count; 1 disables
             splitting. At most 128 splits, and one key block of the capacity per split, are used whatever is
             asked. The count depends on shapes only, never on the values of ``cache_seqlens``.
-        return_lse: also return the natural-log LSE ``[batch, heads_q, seq_q]`` float32.
+        return_lse: also return the natural-log LSE ``[batch, heads_q, seq_q]`` float32 (of the scaled,
+            capped scores with the ALiBi bias).
+        cache_batch_idx: int32 ``[batch]``: sequence b reads and appends to dense cache row
+            ``cache_batch_idx[b]`` (not with ``block_table``). Rows must be distinct when appending.
+        cache_leftpad: int32 ``[batch]``: sequence b's keys start at position ``cache_leftpad[b]`` (keys
+            ``cache_leftpad .. cache_seqlens + seq_new - 1``), in ``[0, cache_seqlens]``; positions, masks
+            and ALiBi distances are unchanged by it (not with ``block_table``).
+        rotary_cos, rotary_sin: ``[seqlen_ro, rotary_dim / 2]`` in q's dtype or float32 (rotary_dim even,
+            at most head_dim; needs ``k``/``v``): rotary embedding (RoPE, Su et al., arXiv:2104.09864) of the
+            first rotary_dim dims, computed in float32 and rounded to q's dtype. The new keys are rotated as
+            they are written, key j at position ``cache_seqlens + j``; the queries as they are loaded, query
+            i at ``cache_seqlens + i`` when causal or windowed, else every query at ``cache_seqlens`` (both as
+            flash-attn; the cache already holds rotated keys, and ``cache_leftpad`` does not shift these
+            positions). Rows up to the largest position used must exist.
+        rotary_interleaved: True (flash-attn's default): pairs (0, 1), (2, 3), ... (GPT-J); False: pairs
+            (c, c + rotary_dim / 2) (GPT-NeoX, Llama).
+        alibi_slopes: float32 ``[heads_q]`` or ``[batch, heads_q]``: ``-slope * |p_i - j|`` is added to the
+            score of query i and key j, after the softcap (ALiBi, Press et al., arXiv:2108.12409; flash-attn's
+            non-causal form, also used when causal: its causal kernel adds ``slope * j`` instead, which gives
+            the same output and an LSE larger by ``slope * p_i``).
 
     Returns ``out`` ``[batch, seq_q, heads_q, head_dim]`` contiguous in q's dtype (and the LSE). A query that
     sees no key (an empty cache, or a causal row before the first key) outputs 0 with LSE -inf.
 
     Checks. Everything that needs no tensor value is checked before any work, so a refused call leaves the
     caches as they were: shapes, dtypes, devices, flags, ``num_splits``, ``window``, ``softcap``, ``scale``,
-    and an int ``cache_seqlens`` against the capacity. The checks of tensor values (``cache_seqlens`` >= 0
-    and ``cache_seqlens + seq_new`` <= capacity; block-table entries of pages in use inside
-    ``[0, num_blocks)``; no two appended tokens sharing a slot) read those tensors on the host, so they run
-    only where :func:`llm_speed.core.runtime.check_values` says (CPU tensors by default;
-    ``LLM_SPEED_CHECK_INPUTS=1``/``0`` forces them on/off). Without them (CUDA by default: no host
-    synchronisation, CUDA-graph capturable) the kernels never read or write outside a tensor, and:
+    the optional inputs, and an int ``cache_seqlens`` against the capacity and the rotary tables. The checks
+    of tensor values (``cache_seqlens`` >= 0, ``cache_seqlens + seq_new`` <= capacity, positions inside the
+    rotary tables; block-table entries of pages in use inside ``[0, num_blocks)``; no two appended tokens
+    sharing a slot; ``cache_batch_idx`` entries in ``[0, cache_batch)``, distinct when appending;
+    ``cache_leftpad`` in ``[0, cache_seqlens]``) read those tensors on the host, so they run only where
+    :func:`llm_speed.core.runtime.check_values` says (CPU tensors by default; ``LLM_SPEED_CHECK_INPUTS=1``/
+    ``0`` forces them on/off). Without them (CUDA by default: no host synchronisation, CUDA-graph
+    capturable) the kernels never read or write outside a tensor, and:
 
-    - a sequence with ``cache_seqlens < 0`` or ``cache_seqlens + seq_new > capacity`` reads and writes no
-      cache slot (its new tokens are not appended), and its output rows and LSE are NaN;
+    - a sequence with ``cache_seqlens < 0`` or ``cache_seqlens + seq_new > capacity``, a position past the
+      rotary tables, a ``cache_leftpad`` outside ``[0, cache_seqlens]`` or a ``cache_batch_idx`` outside
+      ``[0, cache_batch)`` reads and writes no cache slot (its new tokens are not appended), and its output
+      rows and LSE are NaN;
     - a block-table entry outside ``[0, num_blocks)`` of a page in use is never dereferenced: no new token is
       written to it, the sequence's other appended tokens are, and its output rows and LSE are NaN (also when
       a window keeps every query away from that page);
-    - two sequences appending to one slot are not detected: the slot ends up holding one of the two tokens.
+    - two sequences appending to one slot (the block table or ``cache_batch_idx``) are not detected: the slot
+      ends up holding one of the two tokens.
 
     Forward only (no autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under
-    ``TRITON_INTERPRET=1``.
+    ``TRITON_INTERPRET=1``. The kernels read ``cache_batch_idx``, ``cache_leftpad``, the rotary tables and
+    the slopes contiguous: one that is not is copied (flash-attn refuses it). Unknown keywords from flash-attn
+    (``causal``, ``softmax_scale``, ``window_size``, ``return_softmax_lse``) get a hint naming this
+    function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
+    ``softcap=None`` and ``window=None`` here.
     """
     _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
+    if rotary_interleaved is not True:
+        rotary_interleaved = check_flag("rotary_interleaved", rotary_interleaved)
     num_splits = positive_int("num_splits", num_splits, allow_zero=True)
     left, right = check_window(window) if window is not None else (None, None)
     if softcap is not None:
         softcap = check_softcap(softcap)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else check_real("scale", scale)
-    capacity = _check_shapes(q, k_cache, v_cache, k, v, block_table)
+    if scale is not None:
+        scale = check_real("scale", scale)
+    optional = not (cache_batch_idx is None and cache_leftpad is None and rotary_cos is None
+                    and rotary_sin is None and alibi_slopes is None)  # fmt: skip
+    if optional:
+        _check_options(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
+                       alibi_slopes)  # fmt: skip
+    capacity = _check_shapes(q, k_cache, v_cache, k, v, block_table, cache_batch_idx is not None)
     seq_new = 0 if k is None else k.shape[1]
-    cache_seqlens = _cache_seqlens(cache_seqlens, q.shape[0], seq_new, capacity, q.device)
-    if runtime.check_values(q.device):
-        _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[3])
     if is_causal:
         right = 0
+    rotary_limit = None
+    if rotary_cos is not None:
+        span = rotary_span(seq_new, q.shape[1], left is not None or right is not None)
+        rotary_limit = (rotary_cos.shape[0], span)
+    cache_seqlens = _cache_seqlens(cache_seqlens, q.shape[0], seq_new, capacity, q.device, rotary_limit)
+    if runtime.check_values(q.device):
+        _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table, cache_batch_idx, cache_leftpad,
+                      rotary_limit)  # fmt: skip
     if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
         k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
-    out, lse = _kvcache_call(
-        q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
-    )
+    if optional:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
+        if cache_batch_idx is not None and not cache_batch_idx.is_contiguous():
+            cache_batch_idx = cache_batch_idx.contiguous()
+        if cache_leftpad is not None and not cache_leftpad.is_contiguous():
+            cache_leftpad = cache_leftpad.contiguous()
+        if rotary_cos is not None and not (rotary_cos.is_contiguous() and rotary_sin.is_contiguous()):
+            rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
+        if alibi_slopes is not None and not alibi_slopes.is_contiguous():
+            alibi_slopes = alibi_slopes.contiguous()
+        out, lse = _kvcache_call(
+            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
+            cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
+        )  # fmt: skip
+    else:
+        out, lse = _kvcache_call(
+            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
+        )
     return (out, lse) if return_lse else out

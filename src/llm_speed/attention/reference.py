@@ -6,9 +6,12 @@ tensors) and the "same-precision PyTorch version" whose error sets the tolerance
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+
+from ..fused.reference import rotate
 
 
 def causal_visible(seq_q: int, seq_kv: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -49,15 +52,6 @@ def visible(
     if right is not None:
         mask &= cols <= rows + right
     return mask
-
-
-def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_kv: int) -> torch.Tensor:
-    """ALiBi (Press et al., arXiv:2108.12409) as flash-attn applies it: ``-slope * |i + seq_kv - seq_q - j|``,
-    ``[heads, seq_q, seq_kv]`` for ``slopes [heads]`` or ``[batch, heads, seq_q, seq_kv]`` for
-    ``[batch, heads]``, in the slopes' dtype. Added to the scores after the cap, before the mask."""
-    rows = torch.arange(seq_q, device=slopes.device)[:, None] + (seq_kv - seq_q)
-    cols = torch.arange(seq_kv, device=slopes.device)[None, :]
-    return -slopes[..., None, None] * (rows - cols).abs().to(slopes.dtype)
 
 
 # Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), as triton.language
@@ -136,8 +130,8 @@ def reference_attention(
 
     Same signature and semantics as :func:`llm_speed.flash_attention`: a row that sees no key gives output 0
     and LSE -inf (the LSE is of the capped, scaled, biased scores). Masks as :func:`visible`; ALiBi as
-    :func:`alibi_bias`. Dropout: ``dropout_mask`` (bool, broadcast to the weights; True = kept) zeroes the
-    dropped weights after the softmax and scales the kept ones by 1 / (1 - dropout_p); the LSE is the one
+    :func:`dense_alibi_bias`. Dropout: ``dropout_mask`` (bool, broadcast to the weights; True = kept) zeroes
+    the dropped weights after the softmax and scales the kept ones by 1 / (1 - dropout_p); the LSE is the one
     before dropout. Differentiable (plain torch ops). Memory O(seq_q * seq_kv) per head: a test tool only.
     """
     if scale is None:
@@ -147,7 +141,7 @@ def reference_attention(
     v = v.repeat_interleave(group, dim=1)
     scores = apply_softcap((q @ k.transpose(-1, -2)) * scale, softcap)
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), q.shape[2], k.shape[2])
+        scores = scores + dense_alibi_bias(alibi_slopes.to(scores.dtype), q.shape[2], k.shape[2])
     if is_causal or window is not None:
         mask = visible(q.shape[2], k.shape[2], is_causal=is_causal, window=window, device=q.device)
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -165,7 +159,7 @@ def attention_probabilities(
     k = k.float().repeat_interleave(group, dim=1)
     scores = apply_softcap((q.float() @ k.transpose(-1, -2)) * scale, softcap)
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes.float(), q.shape[2], k.shape[2])
+        scores = scores + dense_alibi_bias(alibi_slopes.float(), q.shape[2], k.shape[2])
     seen = visible(q.shape[2], k.shape[2], is_causal=is_causal, window=window, device=q.device)
     probs = torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
     return torch.where(seen & ~torch.isinf(lse)[..., None], probs, torch.zeros_like(probs))
@@ -235,7 +229,7 @@ def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window
     raw = (q32 @ k_rep.transpose(-1, -2)) * scale
     scores = apply_softcap(raw, softcap)
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes.float(), q.shape[-2], k.shape[-2])
+        scores = scores + dense_alibi_bias(alibi_slopes.float(), q.shape[-2], k.shape[-2])
     lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(scores - lse_safe[..., None])
     seen = visible(q.shape[-2], k.shape[-2], is_causal=is_causal, window=window, device=q.device)
@@ -308,3 +302,102 @@ def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, **optio
             )  # fmt: skip
             dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
     return dq, dk, dv
+
+
+# --- the KV-cache op (flash_attention_with_kvcache) ---------------------------------------------------------
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, *,
+                 interleaved: bool) -> torch.Tensor:  # fmt: skip
+    """Rotary embedding (RoPE) of ``x`` ``[seq, heads, D]`` at ``positions`` ``[seq]``: rows ``positions``
+    of the tables ``cos``/``sin`` ``[seqlen_ro, rotary_dim / 2]``, through the rotary ops' reference
+    (:func:`llm_speed.fused.reference.rotate`: GPT-J pairs when ``interleaved``, else GPT-NeoX halves; dims
+    past rotary_dim unchanged; computed in float32, float64 for float64 x; x's dtype out)."""
+    rotated = rotate(x.transpose(0, 1)[None], cos[positions], sin[positions], interleaved, False)
+    return rotated[0].transpose(0, 1)
+
+
+def alibi_bias(slopes: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """ALiBi (Press et al., arXiv:2108.12409) as flash-attn applies it: ``-slope * |p_i - j|`` for query
+    positions ``query_pos`` [seq_q] (on the keys' axis: bottom-right aligned, ``i + seq_kv - seq_q`` for a
+    dense call) and key positions ``key_pos`` [seq_k]; ``[heads, seq_q, seq_k]`` for ``slopes [heads]``,
+    ``[batch, heads, seq_q, seq_k]`` for ``[batch, heads]``, in the slopes' dtype. Added to the scores after
+    the cap, before the mask (the non-causal form of flash-attn's ``attn_bias_from_alibi_slopes``)."""
+    distance = (query_pos[:, None] - key_pos[None, :]).abs().to(slopes.dtype)
+    return -slopes[..., None, None] * distance
+
+
+def dense_alibi_bias(slopes: torch.Tensor, seq_q: int, seq_kv: int) -> torch.Tensor:
+    """:func:`alibi_bias` of a dense call: queries at ``i + seq_kv - seq_q``, keys at ``0 .. seq_kv - 1``."""
+    keys = torch.arange(seq_kv, device=slopes.device)
+    return alibi_bias(slopes, torch.arange(seq_q, device=slopes.device) + (seq_kv - seq_q), keys)
+
+
+def _cache_slots(block_table, page_size: int, b: int, row: int, positions: torch.Tensor):
+    """Index of sequence b's cache positions: (row, positions) when dense, (page, slot) when paged."""
+    if block_table is None:
+        return row, positions
+    return block_table[b, positions // page_size].long(), positions % page_size
+
+
+def reference_kvcache(
+    q, k_cache, v_cache, cache_seqlens, k=None, v=None, *, block_table=None, cache_batch_idx=None,
+    cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, alibi_slopes=None,
+    is_causal=False, scale=None, window=None, softcap=None,
+):  # fmt: skip
+    """:func:`llm_speed.attention.decode.flash_attention_with_kvcache` in plain PyTorch, in the dtype of its
+    inputs (float64 inputs: the truth; the op's dtype: the same-precision version): returns ``(out
+    [batch, seq_q, heads_q, D], lse [batch, heads_q, seq_q], k_cache, v_cache)`` with the new tokens
+    written into copies of the caches (k rotated first when rotary). Per sequence b: keys at cache positions
+    ``leftpad .. cache_seqlens + seq_new - 1``, query i at ``p_i = cache_seqlens + seq_new - seq_q + i``;
+    scores ``softcap(q.k * scale) - slope * |p_i - j|``, masked to ``p_i - left <= j <= p_i + right``
+    (right = 0 when causal). Rotary positions as the op's docstring. Reads the index tensors on the host (a
+    test tool)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    batch, seq_q, heads_q, dim = q.shape
+    seq_new = 0 if k is None else k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    left, right = window if window is not None else (None, None)
+    if is_causal:
+        right = 0
+    lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else [cache_seqlens] * batch
+    per_row = left is not None or right is not None
+    outs, lses = [], []
+    for b in range(batch):
+        cached = lens[b]
+        start = int(cache_leftpad[b]) if cache_leftpad is not None else 0
+        row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        slots = functools.partial(_cache_slots, block_table, k_cache.shape[1], b, row)
+        if seq_new:
+            new_pos = torch.arange(cached, cached + seq_new)
+            k_new = k[b]
+            if rotary_cos is not None:
+                k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos, interleaved=rotary_interleaved)
+            k_cache[slots(new_pos)] = k_new
+            v_cache[slots(new_pos)] = v[b]
+        seqlen_k = cached + seq_new
+        key_pos = torch.arange(start, seqlen_k)
+        keys, values = k_cache[slots(key_pos)], v_cache[slots(key_pos)]  # [seq_k, heads_kv, D]
+        q_b = q[b]
+        if rotary_cos is not None:
+            q_pos = cached + (torch.arange(seq_q) if per_row else torch.zeros(seq_q, dtype=torch.long))
+            q_b = apply_rotary(q_b, rotary_cos, rotary_sin, q_pos, interleaved=rotary_interleaved)
+        group = heads_q // keys.shape[1]
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads_q, seq_k, D]
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = apply_softcap((q_b.transpose(0, 1) @ keys.transpose(-1, -2)) * scale, softcap)
+        query_pos = torch.arange(seq_q) + seqlen_k - seq_q
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+            scores = scores + alibi_bias(slopes.to(scores.dtype), query_pos, key_pos)
+        mask = torch.ones(seq_q, len(key_pos), dtype=torch.bool)
+        if left is not None:
+            mask &= key_pos[None, :] >= query_pos[:, None] - left
+        if right is not None:
+            mask &= key_pos[None, :] <= query_pos[:, None] + right
+        out, lse = softmax_times_values(scores.masked_fill(~mask, float("-inf")), values)
+        outs.append(out.transpose(0, 1))
+        lses.append(lse)
+    out = torch.stack(outs) if outs else q.new_empty(q.shape)
+    lse = torch.stack(lses) if lses else q.new_empty((batch, heads_q, seq_q))
+    return out, lse, k_cache, v_cache
