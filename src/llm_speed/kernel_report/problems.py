@@ -174,10 +174,13 @@ def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Probl
 
 
 def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int = 8, heads: int = 32,
-                   heads_kv: int = 8, page: int = 256, seq_q: int = 1) -> Problem:  # fmt: skip
-    """One decode step (``seq_q`` new tokens appended) over a paged KV cache of ``cache`` tokens."""
+                   heads_kv: int = 8, page: int = 256, seq_q: int = 1,
+                   rotary_alibi: bool = False) -> Problem:  # fmt: skip
+    """One decode step (``seq_q`` new tokens appended) over a paged KV cache of ``cache`` tokens; with
+    ``rotary_alibi`` flash-attn's in-kernel rotary (whole head dim, GPT-NeoX halves) and ALiBi slopes."""
     torch_dtype = _torch_dtype(dtype)
     label = f"d{head_dim} {dtype} batch{batch} cache{cache} h{heads}/{heads_kv} page{page} q{seq_q}"
+    label += " rotary alibi" * rotary_alibi
 
     def run(recording: Recording) -> None:
         import torch
@@ -191,9 +194,15 @@ def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int =
         q = torch.empty(batch, seq_q, heads, head_dim, dtype=torch_dtype).normal_()
         k, v = (torch.empty(batch, seq_q, heads_kv, head_dim, dtype=torch_dtype) for _ in range(2))
         lengths = torch.full((batch,), cache - seq_q, dtype=torch.int32)
+        options = {}
+        if rotary_alibi:
+            half = max(1, head_dim // 2)
+            options = dict(rotary_cos=torch.ones(cache, half, dtype=torch_dtype), rotary_interleaved=False,
+                           rotary_sin=torch.zeros(cache, half, dtype=torch_dtype),
+                           alibi_slopes=torch.full((heads,), 0.05))  # fmt: skip
         with recording():
             flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v,
-                                         block_table=table, is_causal=True)  # fmt: skip
+                                         block_table=table, is_causal=True, **options)  # fmt: skip
 
     return Problem("attention_kvcache_fwd", label, run)
 
@@ -202,6 +211,10 @@ def _decode(op: str, options: Options) -> Iterator[Problem]:
     for dtype in _floating(options):
         for head_dim in options.head_dims:
             yield decode_problem(head_dim=head_dim, dtype=dtype, cache=options.seq)
+        # flash-attn's options switch on kernel variants: once, at the largest head dim
+        yield decode_problem(
+            head_dim=max(options.head_dims), dtype=dtype, cache=options.seq, rotary_alibi=True
+        )
 
 
 # --- GEMM ---------------------------------------------------------------------------------------------------
