@@ -183,17 +183,19 @@ def _check_packed(name: str, t, dims: int, axis: int, count: int) -> None:
 
 
 def _varlen_probs(q, k, lse, cu_q, cu_k, max_q, max_k, rng, *, dropout_p, scale, causal, window, softcap,
-                  alibi_slopes):  # fmt: skip
+                  alibi_slopes, seqused_k=None, block_table=None):  # fmt: skip
     """``S_dmask [batch, heads_q, max_seqlen_q, max_seqlen_k]`` of packed sequences, zero past each one's
-    lengths (reads ``cu_seqlens`` on the host)."""
-    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    lengths (reads ``cu_seqlens`` on the host); keys as ``reference.varlen_key_rows`` finds them."""
+    bounds_q = cu_q.tolist()
+    key_rows = reference.varlen_key_rows(k, cu_k, seqused_k, block_table)
     batch = len(bounds_q) - 1
     probs = q.new_zeros((batch, q.shape[1], max_q, max_k))
     for b in range(batch):
-        q0, q1, k0, k1 = bounds_q[b], bounds_q[b + 1], bounds_k[b], bounds_k[b + 1]
+        q0, q1 = bounds_q[b], bounds_q[b + 1]
+        keys = k[key_rows[b]]
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[b, :, : q1 - q0, : k1 - k0] = _dense_probs(
-            q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None], lse[None, :, q0:q1], rng,
+        probs[b, :, : q1 - q0, : keys.shape[0]] = _dense_probs(
+            q[q0:q1].transpose(0, 1)[None], keys.transpose(0, 1)[None], lse[None, :, q0:q1], rng,
             dropout_p=dropout_p, scale=scale, causal=causal, window=window, softcap=softcap,
             alibi_slopes=slopes, first=b,
         )[0]  # fmt: skip
@@ -217,24 +219,24 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_attn_probs=False,
     block_table=None,
+    seqused_k=None,
 ):
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, heads_q, dim]``, k/v ``[total_k, heads_k,
     dim]``, int32 ``cu_seqlens_*`` ``[batch + 1]``. Returns out ``[total_q, heads_q, dim]``; with
     ``return_attn_probs`` ``(out, softmax_lse [heads_q, total_q], S_dmask or None)``.
 
-    ``block_table`` (paged K/V) is not supported yet: a ValueError says so (llm-speed's paged KV is in
-    :func:`flash_attn_with_kvcache`)."""
-    if block_table is not None:
-        raise ValueError(
-            "block_table (paged K/V) is not supported by flash_attn_varlen_func yet; "
-            "flash_attn_with_kvcache takes a block_table"
-        )
+    ``block_table`` int32 ``[batch, max_pages]``: paged K/V, k/v ``[num_blocks, page_block_size, heads_k,
+    dim]``, sequence b's keys the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages
+    (forward only, as flash-attn). ``seqused_k`` int32 ``[batch]`` (a keyword beyond flash-attn 2's, as in
+    FlashAttention-3 and vLLM's build): sequence b uses only its first ``seqused_k[b]`` keys; with it and a
+    block_table, ``cu_seqlens_k`` may be None. See :func:`llm_speed.flash_attention_varlen`."""
     window, cap = _window(window_size), _softcap(softcap)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
     result = flash_attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
         scale=softmax_scale, window=window, softcap=cap, return_lse=return_attn_probs,
-        deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seqused_k=seqused_k,
+        block_table=block_table,
     )  # fmt: skip
     if not return_attn_probs:
         return result
@@ -245,7 +247,8 @@ def flash_attn_varlen_func(
             probs = _varlen_probs(
                 q.detach(), k.detach(), lse.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 _drawn_rng(state, dropout_p, q.device), dropout_p=dropout_p, scale=softmax_scale,
-                causal=causal, window=window, softcap=cap, alibi_slopes=alibi_slopes,
+                causal=causal, window=window, softcap=cap, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                block_table=block_table,
             )  # fmt: skip
     return out, lse, probs
 

@@ -157,18 +157,23 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
 
 def varlen_work(mode: str) -> Callable[..., Work | None]:
     """Cost of a packed-sequence call reported as ``(q=[Tq, Hq, D], k=[Tk, Hkv, D], cu_seqlens_q=,
-    cu_seqlens_k=, is_causal=, window=)``: FLOPs summed per sequence
+    cu_seqlens_k=, is_causal=, window=)``, keys per sequence from ``seqused_k=`` when given, k as pages
+    ``[num_pages, page_size, Hkv, D]`` with ``block_table=``: FLOPs summed per sequence
     (:func:`llm_speed.perf.kernel_costs.varlen_attention_cost`). Reads the lengths on the host: profiler only.
     """
 
     def cost(*, q: Any, k: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: bool, window: Any = None,
-             **_: Any) -> Work | None:  # fmt: skip
+             seqused_k: Any = None, block_table: Any = None, **_: Any) -> Work | None:  # fmt: skip
         if q.numel() == 0 or k.numel() == 0:
             return None
         lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
-        lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+        if seqused_k is not None:
+            lengths_k = seqused_k.tolist()
+        else:
+            lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+        heads_kv = k.shape[1] if block_table is None else k.shape[2]
         total = varlen_attention_cost(
-            lengths_q, lengths_k, q.shape[1], q.shape[2], heads_kv=k.shape[1], dtype=q.dtype,
+            lengths_q, lengths_k, q.shape[1], q.shape[2], heads_kv=heads_kv, dtype=q.dtype,
             is_causal=bool(is_causal), window=window, mode=mode,
         )  # fmt: skip
         return Work(total.flops, total.bytes_moved, q.dtype, q.device)

@@ -126,26 +126,132 @@ def validate_varlen_inputs(
     return int(max_seqlen_q), int(max_seqlen_k)
 
 
-def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_q: int, max_k: int):
-    """Reject cu_seqlens whose values do not describe the packed tensors: 0 first, non-decreasing, last =
-    total, no sequence longer than max_seqlen. Reads both tensors to the host once: call it only where
-    ``runtime.check_values(device)`` allows."""
-    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().tolist()
-    for name, values, total, longest in (
-        ("cu_seqlens_q", both[0], total_q, max_q),
-        ("cu_seqlens_k", both[1], total_k, max_k),
+def _pages_fine(q, k, v, page_multiple: int) -> bool:
+    """True when the paged layout checks of :func:`validate_paged_varlen_inputs` have nothing to say: one
+    expression over the metadata (the checks that explain what is wrong run only when it is False)."""
+    if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
+        return False
+    q_shape, k_shape, dtype = q.shape, k.shape, q.dtype
+    if len(q_shape) != 3 or len(k_shape) != 4 or k_shape != v.shape:
+        return False
+    heads_q, head_dim = q_shape[1], q_shape[2]
+    return (
+        dtype in SUPPORTED_DTYPES
+        and dtype == k.dtype
+        and dtype == v.dtype
+        and q.device == k.device == v.device
+        and k_shape[0] >= 1
+        and k_shape[1] >= 1
+        and k_shape[1] % page_multiple == 0
+        and k_shape[2] >= 1
+        and heads_q >= 1
+        and heads_q % k_shape[2] == 0
+        and k_shape[3] == head_dim
+        and 1 <= head_dim <= MAX_HEAD_DIM
+    )
+
+
+def validate_paged_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
+                                 max_seqlen_k, page_multiple: int) -> tuple[int, int]:  # fmt: skip
+    """Checks of packed queries over paged or partly used keys that need no read of tensor values. Paged
+    (``block_table`` given): k/v ``[num_pages, page_size, heads_kv, head_dim]`` (page_size a multiple of
+    ``page_multiple``), block_table int32 ``[batch, max_pages]``, cu_seqlens_k may be None when seqused_k is
+    given. ``seqused_k``: int32 ``[batch]``. All on q's device. Returns the max_seqlen_* as ints."""
+    paged = block_table is not None
+    if paged and not _pages_fine(q, k, v, page_multiple):
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] < 1:
+                raise ValueError(
+                    f"with block_table, {name} must be pages [num_pages >= 1, page_size, heads_kv, "
+                    f"head_dim], got shape {tuple(t.shape)}"
+                )
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        page_size = k.shape[1]
+        if page_size < 1 or page_size % page_multiple:
+            raise ValueError(
+                f"page_size (k dim 1) must be a positive multiple of {page_multiple}, got {page_size}"
+            )
+        check_qkv(q, k[0], v[0], "[total, heads, head_dim]")
+    if cu_seqlens_k is None:
+        if not (paged and seqused_k is not None):
+            raise TypeError("cu_seqlens_k may be None only with a block_table and seqused_k (paged keys)")
+        cu_k = cu_seqlens_q  # stands in for the shape checks below
+    else:
+        cu_k = cu_seqlens_k
+    max_q, max_k = validate_varlen_inputs(q, q if paged else k, q if paged else v, cu_seqlens_q, cu_k,
+                                          max_seqlen_q, max_seqlen_k)  # fmt: skip
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, t, shape in (
+        ("block_table", block_table, "[batch, max_pages]"),
+        ("seqused_k", seqused_k, "[batch]"),
     ):
+        if t is None:
+            continue
+        check_tensor(name, t, dtypes=(torch.int32,), dims=shape.count(",") + 1, what=shape)
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} must be {shape} with batch = {batch} (len(cu_seqlens_q) - 1), got "
+                             f"{tuple(t.shape)}")  # fmt: skip
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    return max_q, max_k
+
+
+def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_q: int, max_k: int, *,
+                         seqused_k=None, block_table=None, num_pages: int = 0):  # fmt: skip
+    """Reject cu_seqlens whose values do not describe the packed tensors: 0 first, non-decreasing, last =
+    total, no sequence longer than max_seqlen. With ``seqused_k``: each entry in ``[0, keys of its
+    sequence]``. With ``block_table`` (paged keys, ``total_k`` the table's capacity): ``cu_seqlens_k`` (if
+    given) only needs 0 first and non-decreasing, and every table entry of a page in use is in ``[0,
+    num_pages)``. Reads the tensors to the host once: call it only where ``runtime.check_values(device)``
+    allows."""
+    paged = block_table is not None
+    rows = [("cu_seqlens_q", cu_seqlens_q.tolist(), total_q, max_q)]
+    if cu_seqlens_k is not None:
+        rows.append(("cu_seqlens_k", cu_seqlens_k.tolist(), None if paged else total_k, max_k))
+    lengths_of = {}
+    for name, values, total, longest in rows:
         if values[0] != 0:
             raise ValueError(f"{name} must start at 0, got {values[0]}")
         lengths = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
         if any(n < 0 for n in lengths):
             raise ValueError(f"{name} must be non-decreasing, got {values}")
-        if values[-1] != total:
+        if total is not None and values[-1] != total:
             raise ValueError(f"{name} must end at the packed length {total}, got {values[-1]}")
-        if lengths and max(lengths) > longest:
+        if lengths and max(lengths) > longest and not (name == "cu_seqlens_k" and seqused_k is not None):
             raise ValueError(
                 f"max_seqlen_{name[-1]} is {longest} but {name} has a sequence of length {max(lengths)}"
             )
+        lengths_of[name] = lengths
+    keys = lengths_of.get("cu_seqlens_k")
+    if seqused_k is not None:
+        used = seqused_k.tolist()
+        for b, n in enumerate(used):
+            limit = total_k if paged and keys is None else keys[b]
+            if not 0 <= n <= limit:
+                what = "the block table's capacity" if paged and keys is None else f"sequence {b}'s keys"
+                raise ValueError(f"seqused_k[{b}] = {n} must be in [0, {limit}] ({what})")
+        if used and max(used) > max_k:
+            raise ValueError(f"max_seqlen_k is {max_k} but seqused_k has a sequence of {max(used)} keys")
+        keys = used
+    if paged:
+        page_size = total_k // max(1, block_table.shape[1])
+        if any(n > total_k for n in keys):
+            b = next(b for b, n in enumerate(keys) if n > total_k)
+            raise ValueError(
+                f"sequence {b} has {keys[b]} keys, more than the block table holds ({total_k} = "
+                f"{block_table.shape[1]} pages x {page_size})"
+            )
+        table = block_table.tolist()
+        for b, n in enumerate(keys):
+            for col in range(-(-n // page_size)):
+                if not 0 <= table[b][col] < num_pages:
+                    raise ValueError(
+                        f"block_table[{b}, {col}] = {table[b][col]} is not a page of k "
+                        f"(0 <= page < {num_pages})"
+                    )
 
 
 def check_scale(scale, q: torch.Tensor) -> float:

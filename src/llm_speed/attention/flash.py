@@ -68,6 +68,7 @@ from .checks import (
     prepare_attention_inputs,
     suggest_keywords,
 )
+from .decode import _cache_rows, _has_bad_page
 from .reference import (
     reference_backward,
     reference_forward,
@@ -78,6 +79,7 @@ from .reference import (
 # --- kernels --------------------------------------------------------------------------------------------
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units (read back with LOG2E)
+PAGE_SCAN: tl.constexpr = tl.constexpr(64)  # block-table entries checked per step before a paged forward
 
 
 @triton.jit
@@ -87,6 +89,24 @@ def _load_rows(
     """Load a [rows, BD] tile; rows past ``n_rows`` and columns past ``head_dim`` are not read (0)."""
     # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
     p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    return _load_tile(p, o_rows, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
+
+
+@triton.jit
+def _load_kv(p_base, o_n, stride_row, n_rows, o_d, head_dim, b_page, b_slot, stride_page,
+             EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
+    """Load a [BN, BD] tile of keys or values at positions ``o_n``: rows of ``p_base``, or with ``PAGED``
+    slot ``b_slot`` of page ``b_page`` (``decode._cache_rows``; ``stride_page`` apart)."""
+    if PAGED:
+        p = p_base + (b_page * stride_page + b_slot * stride_row)[:, None] + o_d[None, :]
+        return _load_tile(p, o_n, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
+    else:
+        return _load_rows(p_base, o_n, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
+
+
+@triton.jit
+def _load_tile(p, o_rows, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load the [rows, BD] tile at pointers ``p``, masked as :func:`_load_rows` says."""
     if EVEN_ROWS and EVEN_D:
         return tl.load(p)
     elif EVEN_ROWS:
@@ -184,6 +204,7 @@ def _lane(values, this):
 def _program(
     CU_Q,
     CU_K,
+    SEQUSED_K,
     seq_q,
     seq_kv,
     heads,
@@ -192,6 +213,8 @@ def _program(
     BLOCK: tl.constexpr,
     OVER_KEYS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    SEQUSED: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
     """Which rows this program owns: (first row of its block within its sequence, batch b, head h, first
@@ -210,6 +233,11 @@ def _program(
     block. Programs past the last block get empty sequences and write nothing. An invalid sequence gets no
     rows on the other side (no key for a query block, no query for a key block): its programs read none
     and write NaN over their own rows.
+
+    ``SEQUSED``: sequence b uses only its first ``SEQUSED_K[b]`` keys (flash-attn's ``seqused_k``); an entry
+    below 0 or past the sequence's keys makes it invalid. ``PAGED`` (forward only): the keys live in pages
+    (:func:`_pages`), sequence b has ``SEQUSED_K[b]`` keys (without ``SEQUSED``: ``CU_K[b + 1] - CU_K[b]``)
+    from position 0, and ``seq_kv`` is the block table's capacity (pages per row x page size).
     """
     pid = tl.program_id(0)
     if IS_VARLEN:
@@ -217,7 +245,12 @@ def _program(
         h = pid // grid_blocks
         o_b = tl.arange(0, BLOCK_B)
         b_start_q, b_end_q, b_valid_q = _owned_rows(CU_Q, o_b, batch, seq_q)
-        b_start_k, b_end_k, b_valid_k = _owned_rows(CU_K, o_b, batch, seq_kv)
+        if PAGED:
+            b_start_k = tl.zeros_like(o_b)
+            b_end_k = tl.zeros_like(o_b)
+            b_valid_k = o_b >= 0
+        else:
+            b_start_k, b_end_k, b_valid_k = _owned_rows(CU_K, o_b, batch, seq_kv)
         if OVER_KEYS:
             b_blocks = tl.where(o_b < batch, tl.cdiv(b_end_k - b_start_k, BLOCK), 0)
         else:
@@ -232,12 +265,21 @@ def _program(
         valid = _lane((b_valid_q & b_valid_k).to(tl.int32), this) != 0
         len_q = tl.where(spare, 0, _lane(b_end_q, this) - bos_q)
         len_k = tl.where(spare, 0, _lane(b_end_k, this) - bos_k)
+        b = tl.minimum(b_count, batch - 1)
+        if SEQUSED or PAGED:
+            if SEQUSED:
+                used = tl.load(SEQUSED_K + b)
+            else:  # paged keys without seqused_k: the lengths cu_seqlens_k gives
+                used = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
+            limit = seq_kv if PAGED else len_k
+            valid = valid & (used >= 0) & (used <= limit)
+            len_k = tl.where(spare, 0, tl.minimum(tl.maximum(used, 0), limit))
         if OVER_KEYS:
             len_q = tl.where(valid, len_q, 0)
         else:
             len_k = tl.where(valid, len_k, 0)
-        b = tl.minimum(b_count, batch - 1).to(tl.int64)
-        return start, b, h.to(tl.int64), bos_q.to(tl.int64), len_q, bos_k.to(tl.int64), len_k, valid
+        b, h, bos_q, bos_k = b.to(tl.int64), h.to(tl.int64), bos_q.to(tl.int64), bos_k.to(tl.int64)
+        return start, b, h, bos_q, len_q, bos_k, len_k, valid
     else:
         if OVER_KEYS:
             n_blocks = tl.cdiv(seq_kv, BLOCK)
@@ -442,11 +484,15 @@ def _scores(
     window_left,
     window_right,
     slope2,
+    b_page,
+    b_slot,
+    stride_kpage,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    PAGED: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -463,9 +509,10 @@ def _scores(
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
-    b_k = _load_rows(
-        p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
-    )  # [BN, BD]
+    b_k = _load_kv(
+        p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
+        EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+    )  # [BN, BD]  # fmt: skip
     b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
     if SOFTCAP:
         b_raw = tanh(b_qk * (scale / softcap))
@@ -486,6 +533,16 @@ def _scores(
 
 
 @triton.jit
+def _pages(p_table, b, o_n, seq_kv, stride_tb, stride_tp, page_size, PAGED: tl.constexpr):
+    """(page, slot) of key positions ``o_n`` through sequence b's row of the block table (``PAGED``; else
+    unused zeros): one small gather per key block, shared by the K and V loads."""
+    if PAGED:
+        return _cache_rows(p_table, b, o_n, o_n < seq_kv, stride_tb, stride_tp, page_size, PAGED=True)
+    else:
+        return 0, 0
+
+
+@triton.jit
 def _row_max_over_keys(
     b_m,
     b_q,
@@ -502,11 +559,18 @@ def _row_max_over_keys(
     window_left,
     window_right,
     slope2,
+    p_table,
+    b,
+    stride_tb,
+    stride_tp,
+    page_size,
+    stride_kpage,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    PAGED: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -516,11 +580,14 @@ def _row_max_over_keys(
 ):
     """Two-pass forward, pass 1: the running row max of the base-2 scores over keys [key_start, key_end)."""
     for start_n in range(key_start, key_end, BLOCK_N):
+        b_page, b_slot = _pages(p_table, b, start_n + tl.arange(0, BLOCK_N), seq_kv, stride_tb, stride_tp,
+                                page_size, PAGED=PAGED)  # fmt: skip
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, b_page, b_slot, stride_kpage, MASKED=MASKED, HAS_LEFT=HAS_LEFT,
+            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED, EVEN_N=EVEN_N,
+            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
@@ -551,6 +618,13 @@ def _accumulate_over_keys(
     bh,
     rng_offset,
     dropout_p,
+    p_table,
+    b,
+    stride_tb,
+    stride_tp,
+    page_size,
+    stride_kpage,
+    stride_vpage,
     MASKED: tl.constexpr,
     TWO_PASS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
@@ -558,6 +632,7 @@ def _accumulate_over_keys(
     SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
+    PAGED: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -575,16 +650,19 @@ def _accumulate_over_keys(
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        b_page, b_slot = _pages(p_table, b, o_n, seq_kv, stride_tb, stride_tp, page_size, PAGED=PAGED)
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, b_page, b_slot, stride_kpage, MASKED=MASKED, HAS_LEFT=HAS_LEFT,
+            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED, EVEN_N=EVEN_N,
+            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
-        o_n = start_n + tl.arange(0, BLOCK_N)
-        b_v = _load_rows(
-            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
-        )  # [BN, BD]
+        b_v = _load_kv(
+            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, b_page, b_slot, stride_vpage,
+            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+        )  # [BN, BD]  # fmt: skip
         if TWO_PASS:
             # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
             b_p = tl.exp2(b_raw * factor - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
@@ -618,6 +696,8 @@ def _attention_fwd_kernel(
     LSE,
     CU_Q,
     CU_K,
+    SEQUSED_K,
+    KV_TABLE,
     ALIBI,
     RNG,
     stride_qb,
@@ -635,6 +715,8 @@ def _attention_fwd_kernel(
     stride_lb,
     stride_lh,
     stride_ab,
+    stride_tb,
+    stride_tp,
     heads_q,
     group,
     seq_q,
@@ -642,6 +724,8 @@ def _attention_fwd_kernel(
     head_dim,
     batch,
     grid_blocks,
+    page_size,
+    num_pages,
     scale,
     softcap,
     window_left,
@@ -655,6 +739,8 @@ def _attention_fwd_kernel(
     DROPOUT: tl.constexpr,
     NEG_SCALE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    SEQUSED: tl.constexpr,
+    PAGED: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -674,11 +760,15 @@ def _attention_fwd_kernel(
     Both output acc / l and the LSE m + log(l). ``HAS_ALIBI``: per-(sequence, head) slopes ``ALIBI`` (row
     stride ``stride_ab``, 0 for one slope per head). ``DROPOUT`` (flash only): weights dropped with
     probability ``dropout_p`` by :func:`_dropout_keep` from the seed and offset in ``RNG``, the kept ones
-    scaled by 1 / (1 - dropout_p); the LSE is that of the weights before dropout.
+    scaled by 1 / (1 - dropout_p); the LSE is that of the weights before dropout. ``PAGED`` (packed
+    queries only): K and V are ``[num_pages, page_size, heads_kv, head_dim]`` pages (``stride_kb`` /
+    ``stride_vb`` apart), key position n of sequence b at slot ``n % page_size`` of page
+    ``KV_TABLE[b, n // page_size]``; a sequence whose pages in reach name one outside ``[0, num_pages)``
+    reads none and gets NaN rows.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
-        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=PAGED, BLOCK_B=BLOCK_B,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -688,8 +778,12 @@ def _attention_fwd_kernel(
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
     p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
-    p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
-    p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
+    if PAGED:  # the page is found per key block; stride_kb / stride_vb step over pages
+        p_k = K + h_kv * stride_kh
+        p_v = V + h_kv * stride_vh
+    else:
+        p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
+        p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
     if not SOFTCAP:
         # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
@@ -706,44 +800,59 @@ def _attention_fwd_kernel(
         start_m, seq_q, seq_kv, window_left, window_right,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )  # fmt: skip
+    if PAGED:
+        # Every page this block reaches must be in the pool: else read none of them, NaN rows.
+        bad = _has_bad_page(KV_TABLE, b, lo // page_size, tl.cdiv(hi, page_size), stride_tb, stride_tp,
+                            num_pages, BLOCK_P=PAGE_SCAN)  # fmt: skip
+        valid = valid & ~bad
+        left_end = tl.where(bad, lo, left_end)
+        mid_lo = tl.where(bad, lo, mid_lo)
+        mid_hi = tl.where(bad, lo, mid_hi)
+        hi = tl.where(bad, lo, hi)
     if TWO_PASS:
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, lo, left_end, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
+            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
             DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_lo, mid_hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
+            MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
             DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_hi, hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
+            MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
             DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
-        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+        PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False,
-        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=False, TWO_PASS=TWO_PASS,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+        PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
-        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        DROPOUT=DROPOUT, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+        PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
 
@@ -969,6 +1078,7 @@ def _flash_bwd_dkdv_kernel(
     DQ,
     CU_Q,
     CU_K,
+    SEQUSED_K,
     ALIBI,
     RNG,
     stride_qb,
@@ -1013,6 +1123,7 @@ def _flash_bwd_dkdv_kernel(
     HAS_ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    SEQUSED: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -1035,8 +1146,8 @@ def _flash_bwd_dkdv_kernel(
     and the dQ kernel computes dQ on its own (the deterministic path).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
-        BLOCK=BLOCK_N, OVER_KEYS=True, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
+        BLOCK=BLOCK_N, OVER_KEYS=True, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
     )  # fmt: skip
 
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -1178,6 +1289,7 @@ def _flash_bwd_dq_kernel(
     DQ,
     CU_Q,
     CU_K,
+    SEQUSED_K,
     ALIBI,
     RNG,
     stride_qb,
@@ -1216,6 +1328,7 @@ def _flash_bwd_dq_kernel(
     HAS_ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    SEQUSED: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -1233,8 +1346,8 @@ def _flash_bwd_dq_kernel(
     dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
-        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, BLOCK_B=BLOCK_B,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -1586,27 +1699,48 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
     return (blocks * heads,), {"batch": batch, "grid_blocks": blocks, "BLOCK_B": next_power_of_2(batch)}
 
 
+def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
+    """The fixed arguments of paged K/V ``[num_pages, page_size, heads_kv, head_dim]`` read through a block
+    table ``[batch, max_pages]``: strides (page, head, slot) and the table's."""
+    return {
+        "stride_kb": k_stride[0], "stride_kh": k_stride[2], "stride_kn": k_stride[1],
+        "stride_vb": v_stride[0], "stride_vh": v_stride[2], "stride_vn": v_stride[1],
+        "stride_tb": table_stride[0], "stride_tp": table_stride[1],
+    }  # fmt: skip
+
+
 @plan_cache
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
-    varlen, negative_scale, alibi, dropout, device,
+    varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
-    the kernel, so that the base-2 factor of the scores is positive)."""
-    heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
+    the kernel, so that the base-2 factor of the scores is positive). Packed only: ``sequsage``, keys per
+    sequence from ``seqused_k``; ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape
+    then ``[num_pages, page_size, heads_kv, head_dim]``)."""
+    paged = table_shape is not None
+    if paged:
+        num_pages, page_size, heads_kv, head_dim = k_shape
+        heads_q, seq_q, seq_kv = q_shape[1], q_shape[0], table_shape[1] * page_size  # seq_kv: the capacity
+    else:
+        heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
+        num_pages, page_size = 0, 1
     block_d = padded_head_dim(head_dim)
     cfg = attention_config("forward", block_d, dtype, hardware_of(device))
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
+    o_stride = _output_strides(q_shape, q_stride, varlen)
+    strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
+    strides.update(_paged_args(k_stride, v_stride, table_shape, table_stride) if paged else
+                   {"stride_tb": 0, "stride_tp": 0})  # fmt: skip
     return (TILED if two_pass else FORWARD).plan(
-        grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride,
-                       o=_output_strides(q_shape, q_stride, varlen)),
+        grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
         **_lse_stride_args(lse_shape, varlen), **grid_args,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
+        page_size=page_size, num_pages=num_pages,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
-        IS_VARLEN=varlen,
+        IS_VARLEN=varlen, SEQUSED=sequsage, PAGED=paged,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **dot_switches(dtype),
@@ -1617,7 +1751,7 @@ def _forward_plan(
 @plan_cache
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
-    is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device,
+    is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device, sequsage=False,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
     and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
@@ -1649,7 +1783,7 @@ def _backward_plans(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
-        EVEN_D=even_d, **dot_switches(dtype),
+        SEQUSED=sequsage, EVEN_D=even_d, **dot_switches(dtype),
         BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
@@ -1680,7 +1814,7 @@ def _backward_plans(
 
 
 def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic,
-                     alibi_slopes, dropout_p: float, rng):  # fmt: skip
+                     alibi_slopes, dropout_p: float, rng, seqused_k=None):  # fmt: skip
     """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then
     dQ.
 
@@ -1688,15 +1822,19 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     atomics (FlashAttention-2's five matmuls per tile), and a conversion writes dQ = scale * accumulator in
     q's dtype. dQ's additions come in whatever order the GPU runs the programs: run to run, its last bits can
     differ. ``deterministic``: a dQ kernel of its own recomputes S and dP (seven matmuls per tile) and every
-    output element has exactly one writer: no atomics, bitwise repeatable."""
+    output element has exactly one writer: no atomics, bitwise repeatable. ``seqused_k`` (packed): key rows
+    past a sequence's used ones have no writer, so dK and dV start at zero."""
     preprocess, dkdv, dq_plan = plans
     device = q.device
     delta = tensors.new_output(lse.shape, torch.float32, device)
     # deterministic: the accumulator is not used; any float32 tensor stands in
     dq_acc = delta if deterministic else tensors.new_output(q.shape, torch.float32, device)
     preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta, DQ_ACC=dq_acc)
-    dk = tensors.new_output(k.shape, k.dtype, device)
-    dv = tensors.new_output(v.shape, v.dtype, device)
+    if seqused_k is None:
+        dk = tensors.new_output(k.shape, k.dtype, device)
+        dv = tensors.new_output(v.shape, v.dtype, device)
+    else:
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     dq = tensors.new_output(q.shape, q.dtype, device)
     if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
         cu_q = cu_k = delta
@@ -1704,11 +1842,14 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     # without ALiBi or dropout their pointers are never read: any tensor of the plan's dtype stands in
     alibi = delta if alibi_slopes is None else alibi_slopes
     rng = delta if rng is None else rng
+    used = delta if seqused_k is None else seqused_k
     dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q, CU_K=cu_k,
-                ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap, dropout_p=dropout_p)  # fmt: skip
+                SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                dropout_p=dropout_p)  # fmt: skip
     if deterministic:
-        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k, ALIBI=alibi,
-                       RNG=rng, scale=scale, softcap=softcap, dropout_p=dropout_p)  # fmt: skip
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
+                       SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                       dropout_p=dropout_p)  # fmt: skip
     else:
         dq_plan.launch(DQ_ACC=dq_acc, DQ=dq, scale=scale)
     return dq, dk, dv
@@ -1745,9 +1886,9 @@ def attention_forward(
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
     # of the plan's dtype will do
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, ALIBI=lse if alibi_slopes is None else
-                alibi_slopes, RNG=lse if rng is None else rng, scale=scale,
-                softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
+                ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
+                scale=scale, softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
     return out, lse
 
 
@@ -1802,18 +1943,23 @@ def backward(
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-    dropout_p: float = 0.0, rng=None,
+    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None,
 ):  # fmt: skip
     """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
 
-    The values of ``cu_seqlens`` are checked on the host first where ``runtime.check_values`` allows (CPU
-    tensors by default); elsewhere nothing reads them on the host: the kernel finds each sequence's rows on
-    the device and writes NaN over the rows of a sequence whose bounds are invalid."""
+    The values of ``cu_seqlens`` (and ``seqused_k``, ``block_table``) are checked on the host first where
+    ``runtime.check_values`` allows (CPU tensors by default); elsewhere nothing reads them on the host: the
+    kernel finds each sequence's rows on the device and writes NaN over the rows of a sequence whose bounds
+    (or pages) are invalid. Paged (``block_table``): k and v are ``[num_pages, page_size, heads_kv,
+    head_dim]``, sequence b's keys the first ``seqused_k[b]`` positions of its pages (without ``seqused_k``
+    the differences of ``cu_seqlens_k``, taken in the kernel)."""
     shape, device = q.shape, q.device
     total_q, heads_q, _ = shape
-    total_k = k.shape[0]
+    paged = block_table is not None
+    total_k = block_table.shape[1] * k.shape[1] if paged else k.shape[0]  # paged: the capacity
     if runtime.check_values(device):
-        check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
+        check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k,
+                             seqused_k=seqused_k, block_table=block_table, num_pages=k.shape[0])  # fmt: skip
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0:  # no query: nothing to launch
         return torch.zeros_like(q), torch.empty((heads_q, 0), dtype=torch.float32, device=device)
@@ -1828,22 +1974,28 @@ def varlen_forward(
     if total_k:
         runtime.report_work(
             "flash_attention_varlen", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            is_causal=is_causal, window=window,
+            is_causal=is_causal, window=window, seqused_k=seqused_k, block_table=block_table,
         )  # fmt: skip
     if not triton_runs:
         return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
                                         window=window, softcap=softcap, scale=scale,
-                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng)  # fmt: skip
+                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
+                                        seqused_k=seqused_k, block_table=block_table)  # fmt: skip
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
                          window_left, window_right, softcap is not None, False, True, scale < 0.0,
-                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device)  # fmt: skip
+                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device, seqused_k is not None,
+                         block_table.shape if paged else None,
+                         block_table.stride() if paged else None)  # fmt: skip
     out = tensors.new_output(shape, q.dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
         # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
         # key row, so any tensor of k's dtype stands in for the empty K and V.
         k = v = q
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k,
+    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q,
+                CU_K=cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+                SEQUSED_K=lse if seqused_k is None else seqused_k,
+                KV_TABLE=lse if block_table is None else block_table,
                 ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
                 scale=scale, softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
     return out, lse
@@ -1852,11 +2004,14 @@ def varlen_forward(
 def varlen_backward(
     dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-    dropout_p: float = 0.0, rng=None,
+    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None,
 ):  # fmt: skip
     """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
     where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
-    outside the tensors is read or written. Paths as :func:`backward`'s."""
+    outside the tensors is read or written. Paths as :func:`backward`'s. Key rows past ``seqused_k`` get
+    zero gradients; paged K/V (``block_table``) has no backward (as in flash-attn)."""
+    if block_table is not None:
+        raise ValueError("block_table (paged K/V) is forward-only: no gradient flows into the pages")
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -1867,23 +2022,24 @@ def varlen_backward(
     deterministic = deterministic_backward(deterministic)
     runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        is_causal=is_causal, window=window, deterministic=deterministic,
+        is_causal=is_causal, window=window, deterministic=deterministic, seqused_k=seqused_k,
     )  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return varlen_reference_backward(
             dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, window=window,
             softcap=softcap, scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
+            seqused_k=seqused_k,
         )  # fmt: skip
     lse = lse.contiguous()
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = _backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
-        _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
+        _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device, seqused_k is not None,
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
     return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic,
-                            alibi_slopes, dropout_p, rng)  # fmt: skip
+                            alibi_slopes, dropout_p, rng, seqused_k)  # fmt: skip
 
 
 # --- op registration ------------------------------------------------------------------------------------

@@ -276,12 +276,30 @@ def _sequence_options(options: dict, b: int) -> dict:
     return {**options, "first": b}
 
 
-def varlen_reference_forward(q, k, v, cu_q, cu_k, **options):
+def varlen_key_rows(k, cu_k, seqused_k, block_table) -> list:
+    """Per sequence, the index of its keys' rows in ``k``: ``cu_k[b] ..`` (the first ``seqused_k[b]`` of
+    them when given), or with ``block_table`` (k ``[num_pages, page_size, heads, head_dim]``) the (page,
+    slot) of positions ``0 .. n_b - 1``, n_b from ``seqused_k`` or the differences of ``cu_k``."""
+    if block_table is None:
+        used = None if seqused_k is None else seqused_k.tolist()
+        bounds = enumerate(_sequences(cu_k))
+        return [slice(k0, k1 if used is None else k0 + used[b]) for b, (k0, k1) in bounds]
+    lengths = seqused_k.tolist() if seqused_k is not None else [k1 - k0 for k0, k1 in _sequences(cu_k)]
+    page_size = k.shape[1]
+    rows = []
+    for b, n in enumerate(lengths):
+        positions = torch.arange(n, device=k.device)
+        rows.append(_cache_slots(block_table, page_size, b, b, positions))
+    return rows
+
+
+def varlen_reference_forward(q, k, v, cu_q, cu_k, *, seqused_k=None, block_table=None, **options):
     """(out, lse ``[heads, total_q]``) of packed sequences, each through :func:`reference_forward` (reads
-    ``cu_seqlens`` on the host: CPU tensors only)."""
+    ``cu_seqlens`` on the host: CPU tensors only); keys as :func:`varlen_key_rows` says."""
     outs, lses = [], []
-    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_sequences(cu_q), _sequences(cu_k), strict=True)):
-        out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[k0:k1], v[k0:k1])),
+    key_rows = varlen_key_rows(k, cu_k, seqused_k, block_table)
+    for b, ((q0, q1), rows) in enumerate(zip(_sequences(cu_q), key_rows, strict=True)):
+        out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[rows], v[rows])),
                                      **_sequence_options(options, b))  # fmt: skip
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
@@ -290,17 +308,19 @@ def varlen_reference_forward(q, k, v, cu_q, cu_k, **options):
     return out.contiguous(), lse.contiguous()
 
 
-def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, **options):
-    """(dq, dk, dv) of packed sequences, each through :func:`reference_backward` (CPU tensors only)."""
+def varlen_reference_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *, seqused_k=None, **options):
+    """(dq, dk, dv) of packed sequences, each through :func:`reference_backward` (CPU tensors only); key
+    rows past ``seqused_k`` get zero gradients."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for b, ((q0, q1), (k0, k1)) in enumerate(zip(_sequences(cu_q), _sequences(cu_k), strict=True)):
-        if q1 > q0 and k1 > k0:
+    key_rows = varlen_key_rows(k, cu_k, seqused_k, None)
+    for b, ((q0, q1), rows) in enumerate(zip(_sequences(cu_q), key_rows, strict=True)):
+        if q1 > q0 and rows.stop > rows.start:
             grads = reference_backward(
-                *(_as_batch(t[q0:q1]) for t in (dout, q)), *(_as_batch(t[k0:k1]) for t in (k, v)),
+                *(_as_batch(t[q0:q1]) for t in (dout, q)), *(_as_batch(t[rows]) for t in (k, v)),
                 _as_batch(out[q0:q1]), lse[None, :, q0:q1], None if dlse is None else dlse[None, :, q0:q1],
                 **_sequence_options(options, b),
             )  # fmt: skip
-            dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
+            dq[q0:q1], dk[rows], dv[rows] = (g[0].transpose(0, 1) for g in grads)
     return dq, dk, dv
 
 

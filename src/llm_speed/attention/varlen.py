@@ -22,8 +22,10 @@ from .checks import (
     check_options,
     check_scale,
     suggest_keywords,
+    validate_paged_varlen_inputs,
     validate_varlen_inputs,
 )
+from .decode import PAGE_MULTIPLE
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -34,7 +36,7 @@ def _forward_op(
     k: torch.Tensor,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
     max_seqlen_q: int,
     max_seqlen_k: int,
     is_causal: bool,
@@ -46,18 +48,20 @@ def _forward_op(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     rng: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The values of cu_seqlens are checked in the implementation, on real tensors (also under torch.compile).
     return flash.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
-        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng,
+        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng, seqused_k, block_table,
     )  # fmt: skip
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                   window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-                  dropout_p=0.0, rng=None):  # fmt: skip
+                  dropout_p=0.0, rng=None, seqused_k=None, block_table=None):  # fmt: skip
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -81,17 +85,19 @@ def _backward_op(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     rng: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return flash.varlen_backward(
         dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window_left,
-        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng,
+        window_right, softcap, deterministic, alibi_slopes, dropout_p, rng, seqused_k, block_table,
     )  # fmt: skip
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal, scale,
                    window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-                   dropout_p=0.0, rng=None):  # fmt: skip
+                   dropout_p=0.0, rng=None, seqused_k=None, block_table=None):  # fmt: skip
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -130,7 +136,7 @@ def flash_attention_varlen(
     k: torch.Tensor,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
@@ -142,6 +148,8 @@ def flash_attention_varlen(
     deterministic: bool = False,
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ):
     """FlashAttention over packed sequences of different lengths (flash-attn's ``flash_attn_varlen_func``).
 
@@ -161,6 +169,19 @@ def flash_attention_varlen(
             up with atomics (five matmuls per tile; its last bits may differ run to run); ``True`` (or
             ``torch.are_deterministic_algorithms_enabled()`` when the backward runs) gives bitwise
             repeatable gradients from a dQ kernel of its own.
+        alibi_slopes, dropout_p: as :func:`llm_speed.flash_attention`.
+        seqused_k: int32 ``[batch]``: sequence b attends only to the first ``seqused_k[b]`` of its keys
+            (0 to all of them; flash-attn's ``seqused_k``); the masks align on that length. Key rows past it
+            get zero gradients.
+        block_table: int32 ``[batch, max_pages]``: paged keys and values (vLLM's PagedAttention layout, as
+            :func:`llm_speed.flash_attention_with_kvcache`): k and v are pages ``[num_pages, page_size,
+            heads_kv, head_dim]`` (page_size a multiple of 16) and key position n of sequence b sits at slot
+            ``n % page_size`` of page ``block_table[b, n // page_size]``. Sequence b has ``seqused_k[b]``
+            keys, or without seqused_k ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` (cu_seqlens_k may then be
+            None). Forward only (flash-attn's varlen backward has no block table either): a ValueError when a
+            gradient is needed. Only the entries of pages in use are read; one outside ``[0, num_pages)``
+            is rejected where values are checked, else its sequence's rows are NaN and no page outside the
+            pool is read.
 
     Sequence b attends only to its own keys. A row that sees no key (its sequence has no key, or the mask
     hides them all) outputs 0 with LSE -inf and gets zero gradients. Output ``[total_q, heads_q, head_dim]``
@@ -186,17 +207,32 @@ def flash_attention_varlen(
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
-    max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
-    )
+    if seqused_k is None and block_table is None:
+        max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+        kv_extra = ()
+    else:
+        max_seqlen_q, max_seqlen_k = validate_paged_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
+            PAGE_MULTIPLE,
+        )  # fmt: skip
+        if block_table is not None and torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+        ):
+            raise ValueError(
+                "block_table (paged K/V) is forward-only (as in flash-attn): call under torch.no_grad() or "
+                "with q, k, v that do not require grad"
+            )
+        kv_extra = (seqused_k, block_table)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)
-    if alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
+    if alibi_slopes is None and not dropout_p and not kv_extra:  # the common call: nothing more to check
         extra = ()
     else:
         batch = cu_seqlens_q.shape[0] - 1
         alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
-        extra = (alibi_slopes, *check_dropout(dropout_p, q.device))
+        extra = (alibi_slopes, *check_dropout(dropout_p, q.device), *kv_extra)
     out, lse = _forward_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, left, right,
         softcap, deterministic, *extra,

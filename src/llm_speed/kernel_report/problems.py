@@ -89,18 +89,21 @@ def attention_problem(
     sequences: int = 1,
     alibi: bool = False,
     dropout_p: float = 0.0,
+    page_size: int = 0,
 ) -> Problem:
     """A problem of an attention row: ``op`` "flash_attention", "tiled_attention" or
     "flash_attention_varlen" (forward), or with ``backward`` ("default" or "deterministic") its backward
     (``sequences`` packed sequences of ``seq / sequences`` tokens for varlen); ``alibi``: per-head ALiBi
-    slopes; ``dropout_p``: attention dropout (the kernels' HAS_ALIBI / DROPOUT variants)."""
+    slopes; ``dropout_p``: attention dropout (the kernels' HAS_ALIBI / DROPOUT variants); ``page_size``
+    (varlen forward): keys and values in pages of that size through a block table (the PAGED variant)."""
     heads_kv = heads_kv or heads
     torch_dtype = _torch_dtype(dtype)
     varlen = op.startswith("flash_attention_varlen")
     parts = [f"d{head_dim}", dtype, f"s{seq}", f"h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")]
     parts += ["causal"] * is_causal + [f"window{window}"] * (window is not None) + ["softcap"] * bool(softcap)
     parts += ["alibi"] * alibi + [f"dropout {dropout_p}"] * bool(dropout_p)
-    parts += [f"{sequences} seqs"] * varlen + ([f"bwd {backward}"] if backward else [])
+    parts += [f"{sequences} seqs"] * varlen + [f"paged {page_size}"] * bool(page_size)
+    parts += [f"bwd {backward}"] if backward else []
     options = dict(is_causal=is_causal, window=window, softcap=softcap)
     if alibi or dropout_p:
         options["dropout_p"] = dropout_p
@@ -121,6 +124,12 @@ def attention_problem(
             cu = torch.arange(0, sequences + 1, dtype=torch.int32) * length
             cu[-1] = seq
             max_len = seq - length * (sequences - 1)
+            if page_size:  # each sequence's pages one after another in the pool
+                pages = -(-max_len // page_size)
+                shape = (sequences * pages, page_size, heads_kv, head_dim)
+                k, v = torch.empty(shape, dtype=torch_dtype), torch.empty(shape, dtype=torch_dtype)
+                table = torch.arange(sequences * pages, dtype=torch.int32)
+                options["block_table"] = table.view(sequences, pages)
 
             def call():
                 return flash_attention_varlen(q, k, v, cu, cu, max_len, max_len, **options)
@@ -171,6 +180,10 @@ def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Probl
                 yield attention_problem(op, head_dim=head_dim, dtype=dtype, seq=options.seq,
                                         heads=options.heads, heads_kv=max(1, options.heads // 4),
                                         is_causal=True, backward=path, sequences=4)  # fmt: skip
+        if not backward:  # paged keys (vLLM-style prefill; forward only): once, at the largest head dim
+            yield attention_problem(op, head_dim=max(options.head_dims), dtype=dtype, seq=options.seq,
+                                    heads=options.heads, heads_kv=max(1, options.heads // 4), is_causal=True,
+                                    sequences=4, page_size=16)  # fmt: skip
 
 
 def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int = 8, heads: int = 32,
