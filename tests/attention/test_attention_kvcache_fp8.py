@@ -185,8 +185,8 @@ def test_fp8_cache_agrees_with_the_16bit_cache_of_its_dequantized_values(device)
     k32 = k8.float() * k_ds[None, None, :, None]
     v32 = v8.float() * v_ds[:, None, :, None]
     args = dict(cache_seqlens=lens.to(device), num_splits=1, return_lse=True)
-    out8, lse8 = flash_attention_with_kvcache(q.to(device), k8.to(device), v8.to(device), **args,
-                                              k_descale=k_ds.to(device), v_descale=v_ds.to(device))  # fmt: skip
+    descales = dict(k_descale=k_ds.to(device), v_descale=v_ds.to(device))
+    out8, lse8 = flash_attention_with_kvcache(q.to(device), k8.to(device), v8.to(device), **args, **descales)
     out, lse = flash_attention_with_kvcache(q.to(device), k32.to(device), v32.to(device), **args)
     torch.testing.assert_close(out8, out, atol=4e-6, rtol=4e-6)
     torch.testing.assert_close(lse8, lse, atol=4e-6, rtol=4e-6)
@@ -205,8 +205,9 @@ def test_strided_descales_give_the_contiguous_result(device):
     results = []
     for kd, vd in ((k_ds, v_ds), (k_ds.contiguous(), v_ds.contiguous())):
         kc, vc = k8.clone(), v8.clone()
-        out = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([3, 30, 0], dtype=I32,
-                                           device=device), k=k_new, v=v_new, k_descale=kd, v_descale=vd)  # fmt: skip
+        lens = torch.tensor([3, 30, 0], dtype=I32, device=device)
+        out = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, k=k_new, v=v_new, k_descale=kd,
+                                           v_descale=vd)  # fmt: skip
         results.append((out, _bytes(kc), _bytes(vc)))
     for got, want in zip(*results, strict=True):
         assert torch.equal(got, want)
@@ -320,7 +321,8 @@ def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatc
     lens = torch.tensor([64, 20, 30], dtype=I32, device=device)  # sequence 0: 64 + 1 > capacity
     with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=device):
         out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
-                                           block_table=bad_table.to(device), num_splits=1, **descales)  # fmt: skip
+                                           block_table=bad_table.to(device), num_splits=1,
+                                           **descales)  # fmt: skip
     assert out[0].isnan().all() and out[2].isnan().all()
     torch.testing.assert_close(out[1], truth[1], atol=1e-6, rtol=1e-6)
     changed_k = (_bytes(k_cache) != before_k).any(dim=(2, 3))

@@ -838,8 +838,8 @@ def _check_descales(q, k_cache, k_descale, v_descale, fp8: bool) -> None:
             raise TypeError(f"{name} must be float32, got {t.dtype}")
         if t.shape not in shapes:
             raise ValueError(
-                f"{name} must be [] or [1] (per tensor), [heads_kv={heads_kv}] (per KV head) or [batch={batch}, "
-                f"heads_kv={heads_kv}] (per sequence and KV head), got shape {tuple(t.shape)}"
+                f"{name} must be [] or [1] (per tensor), [heads_kv={heads_kv}] (per KV head) or "
+                f"[batch={batch}, heads_kv={heads_kv}] (per sequence and KV head), got shape {tuple(t.shape)}"
             )
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")

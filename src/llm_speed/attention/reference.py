@@ -403,7 +403,8 @@ def reference_kvcache(
                     k_new = apply_rotary(k_new.float(), rotary_cos.float(), rotary_sin.float(), new_pos,
                                          interleaved=rotary_interleaved)  # fmt: skip
                 else:
-                    k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos, interleaved=rotary_interleaved)
+                    k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos,
+                                         interleaved=rotary_interleaved)  # fmt: skip
             if fp8:
                 k_new = quantize_to_cache(k_new, k_scales[b], k_cache.dtype)
                 v_new = quantize_to_cache(v_new, v_scales[b], v_cache.dtype)
