@@ -225,6 +225,28 @@ def test_operator_registration_with_fp8_caches(device):
     torch.library.opcheck(decode._kvcache_op, args, test_utils=("test_faketensor",))
 
 
+def test_flash_attn_wrapper_passes_fa3_descales(device):
+    """flash_attn_interface.flash_attn_with_kvcache takes FlashAttention-3's k_descale/v_descale ([batch,
+    heads_kv]) by keyword: bitwise the result (and the appended cache) of the llm-speed call."""
+    from llm_speed import flash_attn_interface as fa
+
+    k8 = (torch.randn(2, 16, 2, 32) * 40).to(E4M3).to(device)
+    v8 = (torch.randn(2, 16, 2, 32) * 40).to(E4M3).to(device)
+    q = torch.randn(2, 1, 4, 32, dtype=BF16, device=device)
+    k_new, v_new = (torch.randn(2, 1, 2, 32, dtype=BF16, device=device) for _ in range(2))
+    lens = torch.tensor([5, 9], dtype=I32, device=device)
+    descales = dict(k_descale=torch.rand(2, 2, device=device) * 0.02 + 0.01,
+                    v_descale=torch.rand(2, 2, device=device) * 0.02 + 0.01)  # fmt: skip
+    kc, vc = k8.clone(), v8.clone()
+    out, lse = fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, causal=True,
+                                          return_softmax_lse=True, **descales)  # fmt: skip
+    kc2, vc2 = k8.clone(), v8.clone()
+    want = flash_attention_with_kvcache(q, kc2, vc2, k=k_new, v=v_new, cache_seqlens=lens, is_causal=True,
+                                        return_lse=True, **descales)  # fmt: skip
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    assert torch.equal(_bytes(kc), _bytes(kc2)) and torch.equal(_bytes(vc), _bytes(vc2))
+
+
 # --- bad input: a clear error naming the argument, before any write -----------------------------------------
 
 
