@@ -247,6 +247,23 @@ def test_flash_attn_wrapper_passes_fa3_descales(device):
     assert torch.equal(_bytes(kc), _bytes(kc2)) and torch.equal(_bytes(vc), _bytes(vc2))
 
 
+def test_op_table_counts_one_byte_per_fp8_cache_element():
+    """The op table's cost of an fp8 call (what the profiler records): the cache at 1 byte per element."""
+    from llm_speed import ops
+    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+
+    q = torch.randn(2, 1, 4, 32, dtype=BF16)
+    k_cache = torch.zeros(2, 64, 2, 32).to(E4M3)
+    lens = torch.tensor([40, 25], dtype=I32)
+    work = ops.kvcache_work(q=q, k_cache=k_cache, cache_seqlens=lens, seq_new=1, window=None)
+    costs = [kvcache_decode_cost(1, 4, 1, n, 32, heads_kv=2, dtype="bf16", seq_new=1, kv_dtype="fp8")
+             for n in (41, 26)]  # fmt: skip
+    assert work.bytes_moved == sum(c.bytes_moved for c in costs)
+    sixteen = ops.kvcache_work(q=q, k_cache=k_cache.to(BF16), cache_seqlens=lens, seq_new=1, window=None)
+    cache_bytes = 2 * 2 * 32 * (41 + 26)  # K and V, heads_kv 2, head_dim 32: 1 byte each saved
+    assert sixteen.bytes_moved - work.bytes_moved == cache_bytes + 2 * 2 * 2 * 32  # and the 2 appends
+
+
 # --- bad input: a clear error naming the argument, before any write -----------------------------------------
 
 
