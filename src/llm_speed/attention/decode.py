@@ -613,6 +613,7 @@ _Tensor = torch.Tensor
 _F32 = torch.float32
 _I32 = torch.int32
 _MINUS_INF = float("-inf")
+_E4M3, _E5M2 = FP8_DTYPES
 
 
 _NOTHING: dict = {}  # no optional input (never written)
@@ -622,10 +623,12 @@ def _descale_strides(t: torch.Tensor) -> tuple[int, int]:
     """(batch stride, head stride) the kernels read a descale with: 0 along a dim it lacks or of size 1
     (``[]``/``[1]``: one value; ``[heads_kv]``; ``[batch, heads_kv]``)."""
     shape = t.shape
+    if not shape:
+        return (0, 0)
     if len(shape) == 2:
         stride_b, stride_h = t.stride()
         return (stride_b if shape[0] > 1 else 0, stride_h if shape[1] > 1 else 0)
-    return (0, t.stride()[0]) if len(shape) == 1 and shape[0] > 1 else (0, 0)
+    return (0, t.stride()[0]) if shape[0] > 1 else (0, 0)
 
 
 def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved,
@@ -676,10 +679,16 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
         window_left, window_right, softcap is not None, num_splits, device,
     )  # fmt: skip
-    if (cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
-            and k_descale is None):  # fmt: skip
+    plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
+    if plain and k_descale is None:
         extra = _NOTHING
         append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(*plan_args)
+    elif plain:  # an fp8 cache alone (the serving case): its key without the other options' work
+        extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
+        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
+            *plan_args, False, False, None, None, fp8
+        )
     else:
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
                                                 rotary_interleaved, alibi_slopes, k_cache, k_descale,
@@ -781,10 +790,14 @@ def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> bool:
         raise ValueError("k and v must be given together (new tokens to append) or both be None")
     dtype, device = q.dtype, q.device
     fp8 = False
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+    for name, t, cache in (("k_cache", k_cache, True), ("v_cache", v_cache, True), ("k", k, False),
+                           ("v", v, False)):  # fmt: skip
         if t is not None and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
                               or t.device != device):  # fmt: skip
-            fp8 = _refuse_tensor(name, t, dtype, device) or fp8
+            if cache and (t.dtype is _E4M3 or t.dtype is _E5M2) and t.dim() == 4 and t.device == device:
+                fp8 = True
+            else:
+                _refuse_tensor(name, t, dtype, device)
     if fp8 and k_cache.dtype is not v_cache.dtype:
         raise TypeError(
             f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must share one dtype: q's, or one fp8 "
@@ -800,9 +813,8 @@ def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> bool:
     return fp8
 
 
-def _refuse_tensor(name: str, t, dtype: torch.dtype, device: torch.device) -> bool:
-    """The error for ``t``, which failed the quick test of :func:`_check_tensors`; True (no error) for an
-    fp8 cache of 4 dims on q's device."""
+def _refuse_tensor(name: str, t, dtype: torch.dtype, device: torch.device) -> None:
+    """The error for ``t``, which failed the quick tests of :func:`_check_tensors`."""
     cache = name.endswith("_cache")
     check_tensor(name, t, dtypes=FLOAT_DTYPES + FP8_DTYPES if cache else FLOAT_DTYPES)
     if t.dtype != dtype and not (cache and t.dtype in FP8_DTYPES):
@@ -810,21 +822,33 @@ def _refuse_tensor(name: str, t, dtype: torch.dtype, device: torch.device) -> bo
         raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: it must be q's dtype{other}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
-    return True
+    raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
+
+
+def _descale_fine(t, batch: int, heads_kv: int, device) -> bool:
+    """Whether ``t`` is a float32 descale of an accepted shape on ``device`` (the common case, quickly)."""
+    if type(t) is not _Tensor or t.dtype is not _F32:
+        return False
+    shape = t.shape
+    n = len(shape)
+    return (n == 0 or (n == 1 and (shape[0] == heads_kv or shape[0] == 1))
+            or (n == 2 and shape[0] == batch and shape[1] == heads_kv)) and t.device == device  # fmt: skip
 
 
 def _check_descales(q, k_cache, k_descale, v_descale, fp8: bool) -> None:
     """The descales of an fp8 cache (both required; float32 ``[]``, ``[1]``, ``[heads_kv]`` or ``[batch,
     heads_kv]`` on q's device), and none with a 16-bit cache."""
-    if not fp8:
+    if fp8:
+        batch, heads_kv, device = q.shape[0], k_cache.shape[2], q.device
+        if _descale_fine(k_descale, batch, heads_kv, device) and _descale_fine(v_descale, batch, heads_kv,
+                                                                                 device):  # fmt: skip
+            return
+    else:
         name = "k_descale" if k_descale is not None else "v_descale"
         raise ValueError(
             f"{name} is for an fp8 cache ({dtype_names(FP8_DTYPES)}); k_cache has dtype {k_cache.dtype}: "
             f"leave {name} None"
         )
-    batch, heads_kv = q.shape[0], k_cache.shape[2]
     shapes = ((), (1,), (heads_kv,), (batch, heads_kv))
     for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
         if t is None:
