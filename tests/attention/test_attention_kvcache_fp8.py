@@ -43,6 +43,9 @@ class Case:
     page_size: int | None = None
     rotary: tuple | None = None  # (rotary_dim, interleaved)
     saturate: bool = False  # appended k/v up to 4x past the format's range at their descale
+    cache_batch: int | None = None  # dense rows picked by a cache_batch_idx (descales still per sequence)
+    leftpad: list[int] | None = None
+    alibi: bool = False
     options: dict = field(default_factory=dict)
     positive: bool = False
 
@@ -57,6 +60,8 @@ CASES = [
          page_size=16, rotary=(16, False), positive=True),
     Case("dense-f16-e4m3-head-saturated-append-window-softcap", F16, E4M3, [30, 12], 48, (4, 2), 3, 3, "head",
          saturate=True, options={"window": (8, 0), "softcap": 3.0}),
+    Case("dense-bf16-e4m3-batch-index-leftpad-alibi-causal", BF16, E4M3, [12, 30, 5], 32, (4, 2), 2, 1,
+         "batch", cache_batch=4, leftpad=[3, 0, 5], alibi=True, options={"is_causal": True}),
 ]  # fmt: skip
 
 
@@ -80,9 +85,13 @@ def build(case: Case, device):
     k_rows, v_rows = descale_rows(k_descale, batch, heads_kv), descale_rows(v_descale, batch, heads_kv)
     call = dict(q=q, cache_seqlens=torch.tensor(case.lens, dtype=I32), k_descale=k_descale,
                 v_descale=v_descale, **case.options)  # fmt: skip
+    index = torch.arange(batch)
     if case.page_size is None:
-        shape = (batch, case.capacity, heads_kv, dim)
+        shape = (case.cache_batch or batch, case.capacity, heads_kv, dim)
         table = None
+        if case.cache_batch:
+            index = torch.randperm(case.cache_batch)[:batch].to(I32)
+            call["cache_batch_idx"] = index
     else:
         pages = case.capacity // case.page_size
         num_blocks = batch * pages + 3
@@ -91,11 +100,17 @@ def build(case: Case, device):
         call["block_table"] = table
     k_cache = torch.full(shape, float("nan")).to(case.cache)
     v_cache = torch.full(shape, float("nan")).to(case.cache)
+    leftpad = case.leftpad or [0] * batch
     for b, n in enumerate(case.lens):
-        pos = torch.arange(n)
-        slots = (b, pos) if table is None else (table[b, pos // case.page_size].long(), pos % case.page_size)
-        k_cache[slots] = quantize_to_cache(draw(n, heads_kv, dim), k_rows[b], case.cache)
-        v_cache[slots] = quantize_to_cache(draw(n, heads_kv, dim), v_rows[b], case.cache)
+        pos = torch.arange(leftpad[b], n)
+        slots = (int(index[b]), pos) if table is None else (table[b, pos // case.page_size].long(),
+                                                            pos % case.page_size)  # fmt: skip
+        k_cache[slots] = quantize_to_cache(draw(len(pos), heads_kv, dim), k_rows[b], case.cache)
+        v_cache[slots] = quantize_to_cache(draw(len(pos), heads_kv, dim), v_rows[b], case.cache)
+    if case.leftpad is not None:
+        call["cache_leftpad"] = torch.tensor(case.leftpad, dtype=I32)
+    if case.alibi:
+        call["alibi_slopes"] = torch.rand(batch, heads_q) * 0.3
     call.update(k_cache=k_cache, v_cache=v_cache)
     if case.seq_new:
         k_new, v_new = (draw(batch, case.seq_new, heads_kv, dim) for _ in range(2))
@@ -118,7 +133,7 @@ def run_reference(call, truth: bool):
     """reference_kvcache of the CPU inputs: q, k, v and the tables in float64 for the truth (the fp8 caches
     and the float32 descales as they are), else as given."""
     skip = ("num_splits", "return_lse")
-    wide = ("q", "k", "v", "rotary_cos", "rotary_sin")
+    wide = ("q", "k", "v", "rotary_cos", "rotary_sin", "alibi_slopes")
     kwargs = {n: (t.double() if truth and n in wide else t) for n, t in call.items() if n not in skip}
     q, k_cache, v_cache, seqlens = (kwargs.pop(n) for n in ("q", "k_cache", "v_cache", "cache_seqlens"))
     return reference_kvcache(q, k_cache, v_cache, seqlens, **kwargs)
