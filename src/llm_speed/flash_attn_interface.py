@@ -321,12 +321,17 @@ def flash_attn_with_kvcache(
     alibi_slopes=None,
     num_splits=0,
     return_softmax_lse=False,
+    *,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` (decode and chunked prefill over a dense or paged KV cache,
     appending ``k``/``v`` in place): see :func:`llm_speed.flash_attention_with_kvcache` for the semantics.
     ``cache_seqlens=None`` means every cache slot is in use (the cache's capacity), as in flash-attn.
     Returns out ``[batch, seq_q, heads_q, dim]``, with ``return_softmax_lse`` ``(out, lse [batch, heads_q,
-    seq_q])``."""
+    seq_q])``. An fp8 cache (e4m3 or e5m2) takes FlashAttention-3's ``k_descale``/``v_descale`` (keywords;
+    float32 ``[batch, heads_kv]`` as FA3, or ``[]``/``[1]``/``[heads_kv]``); q stays 16-bit (no
+    ``q_descale``)."""
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("cache_seqlens is required when k/v are appended (where would they go?)")
@@ -338,6 +343,7 @@ def flash_attn_with_kvcache(
         is_causal=causal, scale=softmax_scale, window=_window(window_size), softcap=_softcap(softcap),
         num_splits=num_splits, return_lse=return_softmax_lse, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-        rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
+        rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
 

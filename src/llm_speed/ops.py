@@ -216,8 +216,9 @@ def kvcache_work(
 ) -> Work | None:
     """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
     :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
-    can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left window).
-    Reads the lengths on the host: only the profiler calls it."""
+    can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left window), the
+    cache at its own element size (1 byte for an fp8 cache). Reads the lengths on the host: only the profiler
+    calls it."""
     _, seq_q, heads_q, head_dim = q.shape
     if q.numel() == 0:
         return None
@@ -232,7 +233,7 @@ def kvcache_work(
             continue
         cost = kvcache_decode_cost(
             1, heads_q, seq_q, visible, head_dim, heads_kv=k_cache.shape[2], dtype=q.dtype,
-            seq_new=min(seq_new, visible),
+            seq_new=min(seq_new, visible), kv_dtype=k_cache.dtype,
         )  # fmt: skip
         flops, moved = flops + cost.flops, moved + cost.bytes_moved
     return Work(flops, moved, q.dtype, q.device) if moved else None

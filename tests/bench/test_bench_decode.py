@@ -26,6 +26,36 @@ def test_dry_run_measures_every_impl(device, capsys, tmp_path):
     assert all(r["bandwidth_gb_s"] > 0 for r in rows)
     # a GPU's HBM peak comes from the spec table; a CPU has none
     assert all((r["hbm_peak_fraction"] is None) == (device.type == "cpu") for r in rows)
+    # the fp8 caches: half the cache bytes (1 byte per element against fp32's 4 here), their tokens/s
+    # against the 16-bit cache of the same layout; no such ratio on the other rows
+    by_impl = {r["impl"]: r for r in rows}
+    for fp8, sixteen in decode_bench.FP8_IMPLS.items():
+        assert by_impl[fp8]["bytes_moved"] < by_impl[sixteen]["bytes_moved"]
+        ratio = by_impl[sixteen]["timing"]["median_ms"] / by_impl[fp8]["timing"]["median_ms"]
+        assert by_impl[fp8]["vs_16bit_cache"] == pytest.approx(ratio)
+    assert all(r["vs_16bit_cache"] is None for r in rows if r["impl"] not in decode_bench.FP8_IMPLS)
+
+
+def test_fp8_rows_alone_and_their_prediction(capsys):
+    """--impl kvcache-fp8 alone runs (no 16-bit row to compare with: no ratio); the predictor counts the fp8
+    cache at 1 byte per element, labelled uncalibrated."""
+    argv = ("bench decode --device cpu --batch-sizes 1 --contexts 16 --num-heads 2 --num-kv-heads 1 "
+            "--head-dim 16 --dtype bf16 --impl kvcache-fp8 --warmup 0 --iterations 1 --no-progress "
+            "--json").split()  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [r["impl"] for r in rows] == ["kvcache-fp8"] and rows[0]["available"], rows
+    assert rows[0]["vs_16bit_cache"] is None
+    settings = decode_bench.decode_settings(
+        build_parser().parse_args(["bench", "decode", "--device", "cpu", "--dtype", "bf16"]),
+        decode_bench.torch.device("cpu"),
+    )
+    predict_row = decode_bench.predictor(settings, "h100-sxm")
+    row = {impl: decode_bench.DecodeMeasurement(case="c", impl=impl, available=True, batch=64, context=4096,
+                                                flops=1.0, bytes_moved=1.0)
+           for impl in ("kvcache", "kvcache-fp8")}  # fmt: skip
+    fp8, sixteen = predict_row(row["kvcache-fp8"]), predict_row(row["kvcache"])
+    assert not fp8.calibrated and fp8.breakdown.bytes_moved < 0.55 * sixteen.breakdown.bytes_moved
 
 
 def test_defaults_and_flags():

@@ -31,3 +31,25 @@ def test_decode_flops_match_attention_cost_and_causal_counts_visible_pairs():
 def test_decode_cost_refuses_bad_arguments(kwargs, error):
     with pytest.raises(error):
         kvcache_decode_cost(2, 8, 1, 300, 64, **kwargs)
+
+
+def test_fp8_cache_bytes_by_hand_and_prediction():
+    """An fp8 cache is read at 1 byte per element and written at 1 by the append (the new K/V read at q's
+    2); the model's decode prediction counts the same bytes, labelled uncalibrated."""
+    from llm_speed.perf.predict import predict
+
+    cost = kvcache_decode_cost(4, 32, 1, 4096, 128, heads_kv=8, dtype="bf16", seq_new=1, kv_dtype="fp8")
+    cache = 2 * 1 * 4 * 8 * 4096 * 128
+    q_out_lse = 2 * 2 * 4 * 32 * 128 + 4 * 4 * 32
+    append = 2 * (2 + 1) * 4 * 8 * 128
+    assert cost.bytes_moved == cache + q_out_lse + append
+    assert cost.flops == kvcache_decode_cost(4, 32, 1, 4096, 128, heads_kv=8, dtype="bf16").flops
+    same = kvcache_decode_cost(4, 32, 1, 4096, 128, heads_kv=8, dtype="bf16", seq_new=1, kv_dtype="bf16")
+    assert same == kvcache_decode_cost(4, 32, 1, 4096, 128, heads_kv=8, dtype="bf16", seq_new=1)
+    problem = dict(batch=64, heads_q=32, heads_kv=8, seq_q=1, seq_kv=4096, head_dim=128, dtype="bf16")
+    bf16 = predict("attention_kvcache_fwd", "h100-sxm", **problem)
+    fp8 = predict("attention_kvcache_fwd", "h100-sxm", **problem, kv_dtype="float8_e4m3fn")
+    expected = kvcache_decode_cost(64, 32, 1, 4096, 128, heads_kv=8, dtype="bf16", kv_dtype="fp8")
+    assert fp8.breakdown.bytes_moved == expected.bytes_moved
+    assert bf16.seconds / fp8.seconds > 1.7  # about half the bytes of a memory-bound step
+    assert not fp8.calibrated and "UNCALIBRATED" in fp8.source

@@ -26,6 +26,10 @@ sequence (its masks and ALiBi distances are in cache positions, unchanged); rota
 in the append kernel as it is written and to q in the attention kernel as it is loaded (float32, rounded to
 q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is added to the scores after the
 softcap.
+An fp8 cache (``float8_e4m3fn``/``float8_e5m2`` with ``k_descale``/``v_descale``, FlashAttention-3's
+names) halves the bytes decode streams: the attention kernel reads fp8 tiles and widens them exactly to q's
+dtype before ``tl.dot`` (q stays 16-bit), ``k_descale`` folded into the score scale and ``v_descale`` into the
+output; the append kernel quantizes the new k/v with the same descales.
 An option left out is a None pointer, a constexpr: its code is compiled out.
 
 Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
@@ -50,7 +54,12 @@ The optional inputs are pointers fixed to None (constexprs: their code is compil
   COS, SIN                 rotate k (append) and q (attention): [seqlen_ro, rotary_dim / 2]; q per row when
                            HAS_LEFT or HAS_RIGHT, else every query at cache_seqlens
   ALIBI                    add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
-All contiguous (a [heads_q] ALIBI has batch stride 0).
+  K_DESCALE, V_DESCALE     an fp8 cache: the descale of (sequence b, KV head h) is at b * stride_db +
+                           h * stride_dh (strides 0 for a per-tensor or per-head descale); the append
+                           kernel quantizes k/v with them (FP8_* constexprs: the fp8 GEMM's cast), the
+                           attention kernel widens the fp8 tiles to q's dtype and folds them into the score
+                           scale and the output
+All contiguous (a [heads_q] ALIBI has batch stride 0) but the descales (read through their strides).
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, public function
 (forward only: no autograd). The plain-PyTorch spec is :func:`llm_speed.attention.reference.reference_kvcache`
@@ -74,7 +83,8 @@ from ..core.dispatch import Op
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
-from ..core.tensors import check_same_device, check_tensor
+from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
+from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
 from .checks import MAX_HEAD_DIM, check_alibi_slopes, check_softcap, check_window, suggest_keywords
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -113,13 +123,37 @@ def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED: tl.constex
 
 
 @triton.jit
+def _to_cache(x, b_descale, dtype: tl.constexpr, FP8_MAX: tl.constexpr, SHIFT: tl.constexpr,
+              ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr,
+              ROUND_BY_HAND: tl.constexpr):  # fmt: skip
+    """``x`` [H, D] quantized to fp8 ``dtype`` with the descales ``b_descale`` [H] of its rows:
+    ``saturate(x / descale)`` (IEEE division in float32), rounded to nearest even, through the fp8 GEMM's
+    cast (:func:`llm_speed.matmul.fp8._to_fp8`: by hand under the interpreter, whose own cast is wrong). A NaN
+    stays NaN (a GPU's min/max would saturate it). Under the interpreter its cast of NaN (0x7C) and the
+    by-hand rounding of -0 (+0) are corrected on the bits, so the bytes are PyTorch's."""
+    y = tl.div_rn(x.to(tl.float32), b_descale[:, None])
+    q = _to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
+                MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=dtype)  # fmt: skip
+    if ROUND_BY_HAND:
+        bits = q.to(tl.uint8, bitcast=True)
+        negative = (y.to(tl.uint32, bitcast=True) >> 31) == 1
+        nan = tl.where(negative, 0xFF, 0x7F).to(tl.uint8)  # PyTorch keeps a NaN's sign
+        bits = tl.where(y != y, nan, tl.where(negative & (bits == 0), 0x80, bits))
+        return bits.to(dtype, bitcast=True)
+    return tl.where(y == y, q, y.to(dtype))
+
+
+@triton.jit
 def _append_kernel(
     K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN,
+    K_DESCALE, V_DESCALE,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    stride_cs, stride_btb, stride_btp,
+    stride_cs, stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached, cache_batch, rotary_dim,
     PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
+    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
@@ -128,7 +162,8 @@ def _append_kernel(
     written for an invalid sequence: cache_seqlens outside [0, max_cached] (max_cached = the largest length
     that leaves room for the new tokens and, with rotary, keeps every position inside COS/SIN), a leftpad
     outside [0, cache_seqlens], a cache_batch_idx outside [0, cache_batch); nor to a page outside
-    [0, num_blocks)."""
+    [0, num_blocks). An fp8 cache (K_DESCALE/V_DESCALE given) gets ``saturate(x / descale)`` rounded to
+    nearest even (:func:`_to_cache`), the descale of (b, head) at ``b * stride_db + head * stride_dh``."""
     pid = tl.program_id(0)
     i_b = pid // seq_new
     i_j = pid % seq_new
@@ -162,11 +197,22 @@ def _append_kernel(
     p_vc = V_CACHE + row * stride_vcb + slot * stride_vcs + o_h[:, None] * stride_vch + o_d[None, :]
     if COS is not None:
         o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + pos
-        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)
-        tl.store(p_kc, cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)  # float32
     else:
-        tl.store(p_kc, tl.load(p_k + o_d[None, :], mask=m), mask=m)
-    tl.store(p_vc, tl.load(p_v, mask=m), mask=m)
+        b_k = tl.load(p_k + o_d[None, :], mask=m)
+    b_v = tl.load(p_v, mask=m)
+    if K_DESCALE is not None:  # an fp8 cache: quantized with the descales of (sequence, head)
+        m_h = o_h < heads_kv
+        b_kds = tl.load(K_DESCALE + i_b * stride_kdb + o_h * stride_kdh, mask=m_h, other=1.0)
+        b_vds = tl.load(V_DESCALE + i_b * stride_vdb + o_h * stride_vdh, mask=m_h, other=1.0)
+        b_k = _to_cache(b_k, b_kds, K_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
+                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
+        b_v = _to_cache(b_v, b_vds, V_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
+                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
+    elif COS is not None:
+        b_k = cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    tl.store(p_kc, b_k, mask=m)
+    tl.store(p_vc, b_v, mask=m)
 
 
 @triton.jit
@@ -198,13 +244,13 @@ def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blo
 @triton.jit
 def _kvcache_fwd_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI,
-    OUT, LSE,
+    K_DESCALE, V_DESCALE, OUT, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_o_split, stride_ob, stride_os, stride_oh,
     stride_l_split, stride_lb, stride_lh,
-    stride_cs, stride_btb, stride_btp, stride_ab,
+    stride_cs, stride_btb, stride_btp, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
     n_row_blocks, cache_batch, rotary_dim,
     qk_scale_log2, softcap, window_left, window_right,
@@ -282,6 +328,9 @@ def _kvcache_fwd_kernel(
     if ALIBI is not None:
         # -slope * |query position - key position|, in base 2 like the scores
         b_slope = tl.load(ALIBI + i_b.to(tl.int64) * stride_ab + o_h, mask=m_r, other=0.0) * LOG2E
+    qk_scale = qk_scale_log2  # the scores' factor: with an fp8 cache, k's descale folded in (exact algebra)
+    if K_DESCALE is not None:
+        qk_scale = qk_scale_log2 * tl.load(K_DESCALE + i_b * stride_kdb + i_hkv * stride_kdh)
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -295,12 +344,12 @@ def _kvcache_fwd_kernel(
         b_page, o_slot = _cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
         m_kv = m_n[:, None] & m_d[None, :]
         p_k = K_CACHE + i_hkv * stride_kh + (b_page * stride_kb + o_slot * stride_ks)[:, None] + o_d[None, :]
-        b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
+        b_k = tl.load(p_k, mask=m_kv, other=0.0).to(Q.dtype.element_ty)  # [BN, BD] (fp8: exact upcast)
         b_s = dot(b_q, tl.trans(b_k), DOT_IN_FP32, DOT_PRECISION)  # [BM, BN] q.k, unscaled
         if HAS_SOFTCAP:
-            b_s = softcap * tanh(b_s * (qk_scale_log2 / LOG2E / softcap)) * LOG2E
+            b_s = softcap * tanh(b_s * (qk_scale / LOG2E / softcap)) * LOG2E
         else:
-            b_s = b_s * qk_scale_log2
+            b_s = b_s * qk_scale
         if ALIBI is not None:  # after the cap, as flash-attn
             b_s = b_s - b_slope[:, None] * tl.abs(o_pos[:, None] - o_n[None, :]).to(tl.float32)
         m_s = m_r[:, None] & m_n[None, :]
@@ -314,14 +363,16 @@ def _kvcache_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_shift)
         b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        if V_CACHE.dtype.element_ty != tl.float32:
-            b_p = cast(b_p, V_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+        if Q.dtype.element_ty != tl.float32:
+            b_p = cast(b_p, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
         p_v = V_CACHE + i_hkv * stride_vh + (b_page * stride_vb + o_slot * stride_vs)[:, None] + o_d[None, :]
-        b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
+        b_v = tl.load(p_v, mask=m_kv, other=0.0).to(Q.dtype.element_ty)  # [BN, BD]
         b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
         b_m = b_m_new
 
     no_key = b_l == 0.0
+    if V_DESCALE is not None:  # v's descale, once on the sum (exact algebra)
+        b_acc = b_acc * tl.load(V_DESCALE + i_b * stride_vdb + i_hkv * stride_vdh)
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
     b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
     b_out = tl.where(bad, float("nan"), b_out)  # an invalid sequence (lengths, page, index): NaN rows
@@ -386,6 +437,18 @@ KERNEL_APPEND = APPEND.name
 KERNEL_DECODE = FORWARD.name
 KERNEL_COMBINE = COMBINE.name
 APPEND_BLOCK_ELEMENTS = 4096  # append: KV heads x head_dim elements per program at most
+# The append kernel's fp8 constexprs for a 16-bit cache (unused: its quantization is compiled out).
+_NO_FP8 = dict(FP8_MAX=0.0, FP8_SHIFT=0, FP8_ROUND_MASK=0, FP8_MIN_NORMAL=0.0, FP8_SUBNORMAL_MAGIC=0.0,
+               FP8_ROUND_BY_HAND=False)  # fmt: skip
+
+
+def _fp8_switches(cache_dtype: torch.dtype | None) -> dict:
+    """The append kernel's FP8_* constexprs for a cache of ``cache_dtype`` (None: a 16-bit cache): those of
+    the fp8 GEMM's cast (:func:`llm_speed.matmul.fp8._fp8_constants`), rounding by hand under the
+    interpreter."""
+    if cache_dtype is None:
+        return _NO_FP8
+    return {"FP8_" + name.removeprefix("FP8_"): value for name, value in _fp8_constants(cache_dtype).items()}
 
 
 def choose_num_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
@@ -453,15 +516,16 @@ def _plans(
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
     has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
-    rotary: tuple | None = None, alibi_batch_stride: int | None = None,
+    rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None,
 ) -> tuple:
     """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
     split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
     ``new_strides`` = (k's strides, v's strides) when there are new tokens. The optional inputs (contiguous):
     ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
     (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
-    slopes, heads_q for [batch, heads_q]) or None. An absent input's pointer is fixed to None (a constexpr:
-    its code is compiled out)."""
+    slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
+    stride) of k_descale, the same of v_descale) or None (a 16-bit cache). An absent input's pointer is fixed
+    to None (a constexpr: its code is compiled out)."""
     batch, seq_q, heads_q, head_dim = q_shape
     heads_kv = cache_shape[2]
     paged = table_shape is not None
@@ -475,8 +539,11 @@ def _plans(
     if rotary is not None:
         max_cached = min(max_cached, seqlen_ro - rotary_span(seq_new, seq_q, per_row))
     given = (("CACHE_BATCH_IDX", batch_idx), ("CACHE_LEFTPAD", leftpad), ("COS", rotary), ("SIN", rotary))
+    given += (("K_DESCALE", fp8), ("V_DESCALE", fp8))
     absent = {name: None for name, present in given if not present}
-    optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved, **absent)
+    (s_kdb, s_kdh), (s_vdb, s_vdh) = fp8[1:] if fp8 is not None else ((0, 0), (0, 0))
+    optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved,
+                    stride_kdb=s_kdb, stride_kdh=s_kdh, stride_vdb=s_vdb, stride_vdh=s_vdh, **absent)
     append = None
     if batch and seq_new:
         (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides
@@ -490,7 +557,7 @@ def _plans(
             stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
             seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
             max_cached=max_cached, PAGED=paged, RNE_BY_HAND=rotary is not None and rne_by_hand(dtype),
-            BLOCK_H=block_h, BLOCK_D=block_d, **optional,
+            BLOCK_H=block_h, BLOCK_D=block_d, **optional, **_fp8_switches(fp8[0] if fp8 else None),
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
     if not batch or not seq_q:
@@ -546,18 +613,31 @@ _Tensor = torch.Tensor
 _F32 = torch.float32
 _I32 = torch.int32
 _MINUS_INF = float("-inf")
+_E4M3, _E5M2 = FP8_DTYPES
 
 
 _NOTHING: dict = {}  # no optional input (never written)
 
 
+def _descale_strides(t: torch.Tensor) -> tuple[int, int]:
+    """(batch stride, head stride) the kernels read a descale with: 0 along a dim it lacks or of size 1
+    (``[]``/``[1]``: one value; ``[heads_kv]``; ``[batch, heads_kv]``)."""
+    shape = t.shape
+    if not shape:
+        return (0, 0)
+    if len(shape) == 2:
+        stride_b, stride_h = t.stride()
+        return (stride_b if shape[0] > 1 else 0, stride_h if shape[1] > 1 else 0)
+    return (0, t.stride()[0]) if shape[0] > 1 else (0, 0)
+
+
 def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved,
-                     alibi_slopes):  # fmt: skip
+                     alibi_slopes, k_cache=None, k_descale=None, v_descale=None):  # fmt: skip
     """({kernel parameter: tensor} of the optional inputs given to both kernels (the slopes go to the
     attention kernel alone), their part of the plan key: (batch index given, leftpad given, rotary key or
-    None, ALiBi batch stride or None))."""
+    None, ALiBi batch stride or None, fp8 key or None))."""
     extra = {}
-    rotary = alibi_batch_stride = None
+    rotary = alibi_batch_stride = fp8 = None
     if cache_batch_idx is not None:
         extra["CACHE_BATCH_IDX"] = cache_batch_idx
     if cache_leftpad is not None:
@@ -567,17 +647,23 @@ def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rot
         extra["COS"], extra["SIN"] = rotary_cos, rotary_sin
     if alibi_slopes is not None:
         alibi_batch_stride = alibi_slopes.shape[1] if alibi_slopes.dim() == 2 else 0
-    keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride)
+    if k_descale is not None:
+        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+        extra["K_DESCALE"], extra["V_DESCALE"] = k_descale, v_descale
+    keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride, fp8)
     return extra, keys
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
             softcap, num_splits: int, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
-            rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None):  # fmt: skip
-    """Append k/v (if given; k rotated when rotary_cos/sin are) into the caches, then attend; returns
-    (out, lse). Arguments as checked by :func:`flash_attention_with_kvcache` (q, k, v with a contiguous
-    last dim; cache_batch_idx, cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens``
-    an int32 tensor). Reads no tensor value on the host; reports its work once per call."""
+            rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None, k_descale=None,
+            v_descale=None):  # fmt: skip
+    """Append k/v (if given; k rotated when rotary_cos/sin are; quantized with the descales into an fp8
+    cache) into the caches, then attend; returns (out, lse). Arguments as checked by
+    :func:`flash_attention_with_kvcache` (q, k, v with a contiguous last dim; cache_batch_idx,
+    cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens`` an int32 tensor; the
+    descales given exactly when the caches are fp8). Reads no tensor value on the host; reports its work
+    once per call."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -593,12 +679,20 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
         window_left, window_right, softcap is not None, num_splits, device,
     )  # fmt: skip
-    if cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None:
+    plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
+    if plain and k_descale is None:
         extra = _NOTHING
         append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(*plan_args)
+    elif plain:  # an fp8 cache alone (the serving case): its key without the other options' work
+        extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
+        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
+            *plan_args, False, False, None, None, fp8
+        )
     else:
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
-                                                rotary_interleaved, alibi_slopes)  # fmt: skip
+                                                rotary_interleaved, alibi_slopes, k_cache, k_descale,
+                                                v_descale)  # fmt: skip
         append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
             *plan_args, *optional_keys
         )
@@ -663,17 +757,21 @@ def _kvcache_op(
     rotary_sin: torch.Tensor | None = None,
     rotary_interleaved: bool = True,
     alibi_slopes: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(
         q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
         num_splits, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
+        k_descale, v_descale,
     )  # fmt: skip
 
 
 @_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right,
                   softcap, num_splits, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
-                  rotary_sin=None, rotary_interleaved=True, alibi_slopes=None):  # fmt: skip
+                  rotary_sin=None, rotary_interleaved=True, alibi_slopes=None, k_descale=None,
+                  v_descale=None):  # fmt: skip
     batch, seq_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seq_q), dtype=torch.float32)
 
@@ -684,16 +782,27 @@ _kvcache_call = Op(_kvcache_op, forward)  # forward only: no gradient formula
 # --- public function ------------------------------------------------------------------------------------
 
 
-def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> None:
-    """Types, ranks, dtypes (one float dtype for all) and devices; the common case in a few comparisons."""
+def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> bool:
+    """Types, ranks, dtypes (one float dtype for all, or fp8 caches of one dtype) and devices; the common
+    case in a few comparisons. Returns whether the caches are fp8."""
     check_tensor("q", q, dims=4, what="[batch, seq_q, heads_q, head_dim]")
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (new tokens to append) or both be None")
     dtype, device = q.dtype, q.device
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+    fp8 = False
+    for name, t, cache in (("k_cache", k_cache, True), ("v_cache", v_cache, True), ("k", k, False),
+                           ("v", v, False)):  # fmt: skip
         if t is not None and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
                               or t.device != device):  # fmt: skip
-            _refuse_tensor(name, t, dtype)
+            if cache and (t.dtype is _E4M3 or t.dtype is _E5M2) and t.dim() == 4 and t.device == device:
+                fp8 = True
+            else:
+                _refuse_tensor(name, t, dtype, device)
+    if fp8 and k_cache.dtype is not v_cache.dtype:
+        raise TypeError(
+            f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must share one dtype: q's, or one fp8 "
+            f"dtype ({dtype_names(FP8_DTYPES)})"
+        )
     if block_table is not None:
         if not isinstance(block_table, _Tensor):
             raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
@@ -701,16 +810,71 @@ def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> None:
             raise TypeError(f"block_table must be int32, got {block_table.dtype}")
         if block_table.device != device:
             check_same_device(q=q, block_table=block_table)
+    return fp8
 
 
-def _refuse_tensor(name: str, t, dtype: torch.dtype) -> None:
-    """The error for ``t``, which failed the quick test of :func:`_check_tensors`."""
-    check_tensor(name, t)
-    if t.dtype != dtype:
-        raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: all must share one dtype")
+def _refuse_tensor(name: str, t, dtype: torch.dtype, device: torch.device) -> None:
+    """The error for ``t``, which failed the quick tests of :func:`_check_tensors`."""
+    cache = name.endswith("_cache")
+    check_tensor(name, t, dtypes=FLOAT_DTYPES + FP8_DTYPES if cache else FLOAT_DTYPES)
+    if t.dtype != dtype and not (cache and t.dtype in FP8_DTYPES):
+        other = f" (or an fp8 dtype, {dtype_names(FP8_DTYPES)}, with k_descale/v_descale)" if cache else ""
+        raise TypeError(f"{name} dtype {t.dtype} differs from q's {dtype}: it must be q's dtype{other}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims, got shape {tuple(t.shape)}")
     raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
+
+
+def _descale_fine(t, batch: int, heads_kv: int, device) -> bool:
+    """Whether ``t`` is a float32 descale of an accepted shape on ``device`` (the common case, quickly)."""
+    if type(t) is not _Tensor or t.dtype is not _F32:
+        return False
+    shape = t.shape
+    n = len(shape)
+    return (n == 0 or (n == 1 and (shape[0] == heads_kv or shape[0] == 1))
+            or (n == 2 and shape[0] == batch and shape[1] == heads_kv)) and t.device == device  # fmt: skip
+
+
+def _check_descales(q, k_cache, k_descale, v_descale, fp8: bool) -> None:
+    """The descales of an fp8 cache (both required; float32 ``[]``, ``[1]``, ``[heads_kv]`` or ``[batch,
+    heads_kv]`` on q's device), and none with a 16-bit cache."""
+    if fp8:
+        batch, heads_kv, device = q.shape[0], k_cache.shape[2], q.device
+        if _descale_fine(k_descale, batch, heads_kv, device) and _descale_fine(v_descale, batch, heads_kv,
+                                                                                 device):  # fmt: skip
+            return
+    else:
+        name = "k_descale" if k_descale is not None else "v_descale"
+        raise ValueError(
+            f"{name} is for an fp8 cache ({dtype_names(FP8_DTYPES)}); k_cache has dtype {k_cache.dtype}: "
+            f"leave {name} None"
+        )
+    shapes = ((), (1,), (heads_kv,), (batch, heads_kv))
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            raise ValueError(
+                f"{name} is required with an fp8 cache (k_cache {k_cache.dtype}): float32 [], [heads_kv="
+                f"{heads_kv}] or [batch={batch}, heads_kv={heads_kv}]; the cache holds x / {name}"
+            )
+        if not isinstance(t, _Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (float32), got {type(t).__name__}")
+        if t.dtype is not _F32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if t.shape not in shapes:
+            raise ValueError(
+                f"{name} must be [] or [1] (per tensor), [heads_kv={heads_kv}] (per KV head) or "
+                f"[batch={batch}, heads_kv={heads_kv}] (per sequence and KV head), got shape {tuple(t.shape)}"
+            )
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _check_descale_values(k_descale, v_descale) -> None:
+    """Descales finite and > 0 (a host read: only under ``runtime.check_values``)."""
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        bad = ~(torch.isfinite(t) & (t > 0))
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be finite and > 0, got {t.reshape(-1)[bad.reshape(-1)][0].item()}")
 
 
 def _check_shapes(q, k_cache, v_cache, k, v, block_table, indexed: bool) -> int:
@@ -951,6 +1115,8 @@ def flash_attention_with_kvcache(
     rotary_sin: torch.Tensor | None = None,
     rotary_interleaved: bool = True,
     alibi_slopes: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Attention of new queries over a KV cache, dense or paged, appending new keys/values in place.
 
@@ -1003,17 +1169,31 @@ def flash_attention_with_kvcache(
             score of query i and key j, after the softcap (ALiBi, Press et al., arXiv:2108.12409; flash-attn's
             non-causal form, also used when causal: its causal kernel adds ``slope * j`` instead, which gives
             the same output and an LSE larger by ``slope * p_i``).
+        k_descale, v_descale: float32 ``[]`` or ``[1]`` (per tensor), ``[heads_kv]`` (per KV head) or
+            ``[batch, heads_kv]`` (per sequence and KV head, FlashAttention-3's layout): required exactly when
+            the caches are fp8 (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, both caches one dtype; q
+            and k/v stay float16, bfloat16 or float32). The cache holds ``x / descale``: a key is
+            ``k_cache.float() * k_descale``, a value ``v_cache.float() * v_descale``. The attention kernel
+            reads the fp8 tiles, widens them exactly to q's dtype for the products, folds ``k_descale`` into
+            the score scale and ``v_descale`` into the output (exact algebra, no dequantized copy). Appended
+            k/v (after rotary, computed in float32) are quantized in the append kernel:
+            ``saturate(x / descale)`` in float32 (IEEE division), rounded to nearest even, saturated to the
+            format's largest finite value (448 for e4m3, 57344 for e5m2; infinities too); a NaN stays NaN.
+            That is ``(x.float() / descale).clamp(-max, max).to(fp8)`` in PyTorch, bit for bit. The descales
+            are read on the device (no host read): with the value checks on they must be finite and > 0.
 
     Returns ``out`` ``[batch, seq_q, heads_q, head_dim]`` contiguous in q's dtype (and the LSE). A query that
     sees no key (an empty cache, or a causal row before the first key) outputs 0 with LSE -inf.
 
     Checks. Everything that needs no tensor value is checked before any work, so a refused call leaves the
     caches as they were: shapes, dtypes, devices, flags, ``num_splits``, ``window``, ``softcap``, ``scale``,
-    the optional inputs, and an int ``cache_seqlens`` against the capacity and the rotary tables. The checks
+    the optional inputs, the descales' presence, dtype, shape and device, and an int ``cache_seqlens`` against
+    the capacity and the rotary tables. The checks
     of tensor values (``cache_seqlens`` >= 0, ``cache_seqlens + seq_new`` <= capacity, positions inside the
     rotary tables; block-table entries of pages in use inside ``[0, num_blocks)``; no two appended tokens
     sharing a slot; ``cache_batch_idx`` entries in ``[0, cache_batch)``, distinct when appending;
-    ``cache_leftpad`` in ``[0, cache_seqlens]``) read those tensors on the host, so they run only where
+    ``cache_leftpad`` in ``[0, cache_seqlens]``; descales finite and > 0) read those tensors on the host, so
+    they run only where
     :func:`llm_speed.core.runtime.check_values` says (CPU tensors by default; ``LLM_SPEED_CHECK_INPUTS=1``/
     ``0`` forces them on/off). Without them (CUDA by default: no host synchronisation, CUDA-graph
     capturable) the kernels never read or write outside a tensor, and:
@@ -1035,7 +1215,7 @@ def flash_attention_with_kvcache(
     function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
     ``softcap=None`` and ``window=None`` here.
     """
-    _check_tensors(q, k_cache, v_cache, k, v, block_table)
+    fp8 = _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
     if rotary_interleaved is not True:
@@ -1052,6 +1232,8 @@ def flash_attention_with_kvcache(
         _check_options(q, k, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
                        alibi_slopes)  # fmt: skip
     capacity = _check_shapes(q, k_cache, v_cache, k, v, block_table, cache_batch_idx is not None)
+    if fp8 or k_descale is not None or v_descale is not None:
+        _check_descales(q, k_cache, k_descale, v_descale, fp8)
     seq_new = 0 if k is None else k.shape[1]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[3])
@@ -1065,11 +1247,13 @@ def flash_attention_with_kvcache(
     if runtime.check_values(q.device):
         _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table, cache_batch_idx, cache_leftpad,
                       rotary_limit)  # fmt: skip
+        if fp8:
+            _check_descale_values(k_descale, v_descale)
     if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
         k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
-    if optional:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
+    if optional or fp8:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
         if cache_batch_idx is not None and not cache_batch_idx.is_contiguous():
             cache_batch_idx = cache_batch_idx.contiguous()
         if cache_leftpad is not None and not cache_leftpad.is_contiguous():
@@ -1081,6 +1265,7 @@ def flash_attention_with_kvcache(
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
             cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
+            k_descale, v_descale,
         )  # fmt: skip
     else:
         out, lse = _kvcache_call(

@@ -360,10 +360,28 @@ def _cache_slots(block_table, page_size: int, b: int, row: int, positions: torch
     return block_table[b, positions // page_size].long(), positions % page_size
 
 
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def quantize_to_cache(x: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` ``[seq, heads, D]`` as an fp8 cache of ``dtype`` holds it with ``descale`` ``[heads]``:
+    ``(x.float() / descale).clamp(-max, max).to(dtype)`` (float32 division, torch's round-to-nearest-even
+    cast of the saturated value; a NaN stays NaN)."""
+    limit = FP8_MAX[dtype]
+    return (x.float() / descale.float()[:, None]).clamp(-limit, limit).to(dtype)
+
+
+def descale_rows(descale: torch.Tensor, batch: int, heads_kv: int) -> torch.Tensor:
+    """A descale ``[]``, ``[1]``, ``[heads_kv]`` or ``[batch, heads_kv]`` as ``[batch, heads_kv]``."""
+    if descale.dim() == 2:
+        return descale
+    return descale.reshape(-1).expand(heads_kv)[None].expand(batch, heads_kv)
+
+
 def reference_kvcache(
     q, k_cache, v_cache, cache_seqlens, k=None, v=None, *, block_table=None, cache_batch_idx=None,
     cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, alibi_slopes=None,
-    is_causal=False, scale=None, window=None, softcap=None,
+    is_causal=False, scale=None, window=None, softcap=None, k_descale=None, v_descale=None,
 ):  # fmt: skip
     """:func:`llm_speed.attention.decode.flash_attention_with_kvcache` in plain PyTorch, in the dtype of its
     inputs (float64 inputs: the truth; the op's dtype: the same-precision version): returns ``(out
@@ -372,9 +390,18 @@ def reference_kvcache(
     ``leftpad .. cache_seqlens + seq_new - 1``, query i at ``p_i = cache_seqlens + seq_new - seq_q + i``;
     scores ``softcap(q.k * scale) - slope * |p_i - j|``, masked to ``p_i - left <= j <= p_i + right``
     (right = 0 when causal). Rotary positions as the op's docstring. Reads the index tensors on the host (a
-    test tool)."""
+    test tool).
+
+    An fp8 cache (``k_descale``/``v_descale`` given, ``[batch, heads_kv]`` indexed by sequence): the new
+    tokens are written as :func:`quantize_to_cache` of k (rotated in float32 first, whatever q's dtype) and
+    v, and attention runs over the keys and values dequantized exactly (``cache * descale`` in float64) then
+    rounded to q's dtype: with float64 q the truth of the cache the op holds, quantization not counted."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     batch, seq_q, heads_q, dim = q.shape
+    fp8 = k_descale is not None
+    if fp8:
+        k_scales = descale_rows(k_descale, batch, k_cache.shape[2])
+        v_scales = descale_rows(v_descale, batch, k_cache.shape[2])
     seq_new = 0 if k is None else k.shape[1]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     left, right = window if window is not None else (None, None)
@@ -390,14 +417,25 @@ def reference_kvcache(
         slots = functools.partial(_cache_slots, block_table, k_cache.shape[1], b, row)
         if seq_new:
             new_pos = torch.arange(cached, cached + seq_new)
-            k_new = k[b]
+            k_new, v_new = k[b], v[b]
             if rotary_cos is not None:
-                k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos, interleaved=rotary_interleaved)
+                if fp8:  # rotated in float32, then quantized once (as the append kernel)
+                    k_new = apply_rotary(k_new.float(), rotary_cos.float(), rotary_sin.float(), new_pos,
+                                         interleaved=rotary_interleaved)  # fmt: skip
+                else:
+                    k_new = apply_rotary(k_new, rotary_cos, rotary_sin, new_pos,
+                                         interleaved=rotary_interleaved)  # fmt: skip
+            if fp8:
+                k_new = quantize_to_cache(k_new, k_scales[b], k_cache.dtype)
+                v_new = quantize_to_cache(v_new, v_scales[b], v_cache.dtype)
             k_cache[slots(new_pos)] = k_new
-            v_cache[slots(new_pos)] = v[b]
+            v_cache[slots(new_pos)] = v_new
         seqlen_k = cached + seq_new
         key_pos = torch.arange(start, seqlen_k)
         keys, values = k_cache[slots(key_pos)], v_cache[slots(key_pos)]  # [seq_k, heads_kv, D]
+        if fp8:  # dequantized exactly, rounded to q's dtype
+            keys = (keys.double() * k_scales[b].double()[:, None]).to(q.dtype)
+            values = (values.double() * v_scales[b].double()[:, None]).to(q.dtype)
         q_b = q[b]
         if rotary_cos is not None:
             q_pos = cached + (torch.arange(seq_q) if per_row else torch.zeros(seq_q, dtype=torch.long))

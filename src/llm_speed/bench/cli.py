@@ -137,8 +137,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gemm.set_defaults(func=run_gemm_command)
     decode = kinds.add_parser(
         "decode",
-        help="flash_attention_with_kvcache (dense and paged) vs torch SDPA over a dense cache",
-        description="Time one decode step (one query token per sequence) over a KV cache, batch x context.",
+        help="flash_attention_with_kvcache (dense and paged, 16-bit and fp8 caches) vs torch SDPA over a "
+        "dense cache",
+        description="Time one decode step (one query token per sequence) over a KV cache, batch x context: "
+        "dense and paged caches in --dtype, the same over fp8 (e4m3) caches (their tokens/s against the "
+        "16-bit cache's), and SDPA over a dense cache.",
     )
     decode.add_argument("--batch-sizes", type=positive_int, nargs="+", help="GPU: 1 8 32 128; CPU: 1 2")
     decode.add_argument(

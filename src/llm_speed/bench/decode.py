@@ -1,9 +1,12 @@
-"""The decode benchmark: ``flash_attention_with_kvcache`` over a dense and a paged cache against torch SDPA
-over a dense cache, for one new token per sequence, swept over batch x context.
+"""The decode benchmark: ``flash_attention_with_kvcache`` over a dense and a paged cache, each in the 16-bit
+dtype and in fp8 (e4m3, per-tensor descales), against torch SDPA over a dense cache, for one new token per
+sequence, swept over batch x context.
 
 Decode is bound by memory bandwidth: each step reads the whole visible K/V cache once. Every row reports the
-achieved GB/s of the model's minimum traffic (``kernel_costs.kvcache_decode_cost``) and, on a GPU in the
-table, that figure as a fraction of the HBM peak (``llm_speed.core.gpus``).
+achieved GB/s of the model's minimum traffic (``kernel_costs.kvcache_decode_cost``, the cache at its own
+element size) and, on a GPU in the table, that figure as a fraction of the HBM peak
+(``llm_speed.core.gpus``). An fp8 row also reports its tokens/s over the 16-bit cache's of the same layout
+(``vs_16bit_cache``; issue 35's target: >= 1.7x at batch x context >= 64 x 4096 on an H100).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from rich.console import Console
 
 from llm_speed.bench import report
 from llm_speed.bench.options import DECODE_DTYPES as DTYPES
+from llm_speed.bench.options import DECODE_FP8_IMPLS as FP8_IMPLS
 from llm_speed.bench.options import DECODE_IMPLS as IMPLS
 from llm_speed.bench.options import DECODE_TRITON_IMPLS as TRITON_IMPLS
 from llm_speed.bench.report import Measurement
@@ -71,6 +75,8 @@ class DecodeMeasurement(Measurement):
     batch: int
     context: int
     hbm_peak_fraction: float | None = None  # achieved GB/s over the GPU's HBM peak (GPUs in the table only)
+    # fp8-cache rows: the 16-bit cache's median over this one (= tokens/s ratio; > 1: the fp8 cache is faster)
+    vs_16bit_cache: float | None = None
 
 
 def check_settings(settings: DecodeSettings) -> None:
@@ -101,16 +107,25 @@ def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: 
             sdpa = torch.nn.functional.scaled_dot_product_attention
             return lambda: sdpa(q_t, k, v, enable_gqa=heads_kv != heads)
         lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-        if impl == "kvcache":
-            k_cache = torch.randn(batch, context, heads_kv, dim, device=device, dtype=dtype)
-            v_cache = torch.randn_like(k_cache)
-            table = None
-        else:  # paged, pages shuffled as a serving engine's allocator leaves them
+        table = None
+        if impl.startswith("kvcache-paged"):  # pages shuffled as a serving engine's allocator leaves them
             pages = -(-context // settings.page_size)
             shape = (batch * pages, settings.page_size, heads_kv, dim)
-            k_cache = torch.randn(shape, device=device, dtype=dtype)
-            v_cache = torch.randn_like(k_cache)
             table = torch.randperm(batch * pages, device=device).to(torch.int32).reshape(batch, pages)
+        else:
+            shape = (batch, context, heads_kv, dim)
+        if impl in FP8_IMPLS:  # randn quantized to e4m3 with one descale (|x| < 4.5: amax / 448)
+            descale = torch.tensor(4.5 / 448, device=device)
+            k_cache, v_cache = (
+                (torch.randn(shape, device=device) / descale).clamp(-448, 448).to(torch.float8_e4m3fn)
+                for _ in range(2)
+            )
+            return lambda: flash_attention_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=lens, block_table=table, k_descale=descale,
+                v_descale=descale,
+            )  # fmt: skip
+        k_cache = torch.randn(shape, device=device, dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
         return lambda: flash_attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lens, block_table=table
         )
@@ -130,11 +145,12 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
     progress = report.progress(total, "decode") if show_progress else contextlib.nullcontext(None)
     with progress as advance:
         for batch, context in cases:
-            cost = kvcache_decode_cost(
-                batch, settings.num_heads, 1, context, settings.head_dim,
-                heads_kv=settings.num_kv_heads, dtype=settings.dtype,
-            )  # fmt: skip
             for impl in settings.impls:
+                cost = kvcache_decode_cost(
+                    batch, settings.num_heads, 1, context, settings.head_dim,
+                    heads_kv=settings.num_kv_heads, dtype=settings.dtype,
+                    kv_dtype="fp8" if impl in FP8_IMPLS else None,
+                )  # fmt: skip
                 row = DecodeMeasurement(
                     case=f"batch={batch} context={context}",
                     impl=impl,
@@ -157,22 +173,35 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
     gpu, reason = report.prediction_gpu(device)
     report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
     report.add_hbm_peak_fraction(rows, gpu)
+    add_fp8_ratios(rows)
     return rows
+
+
+def add_fp8_ratios(rows: Sequence[DecodeMeasurement]) -> None:
+    """Each fp8-cache row's ``vs_16bit_cache``: the 16-bit cache's median (same layout and case) over its
+    own, i.e. its tokens/s over the 16-bit cache's."""
+    medians = {(row.impl, row.case): row.median_ms for row in rows}
+    for row in rows:
+        sixteen = medians.get((FP8_IMPLS.get(row.impl), row.case))
+        if row.median_ms and sixteen:
+            row.vs_16bit_cache = sixteen / row.median_ms
 
 
 def predictor(settings: DecodeSettings, gpu) -> Callable[[DecodeMeasurement], Any] | None:
     """Row -> the calibrated prediction of one decode step: llm-speed's split-KV kernel (dense or paged
-    cache alike: pages are whole rows) or SDPA's default backend over the dense cache."""
+    cache alike: pages are whole rows; an fp8 cache at 1 byte per element, uncalibrated) or SDPA's default
+    backend over the dense cache."""
     if gpu is None:
         return None
     from llm_speed.perf.predict import predict
 
     def predict_row(row: DecodeMeasurement):
         implementation = "vendor" if row.impl == "sdpa" else "llm-speed"
+        fp8 = {"kv_dtype": "fp8"} if row.impl in FP8_IMPLS else {}
         return predict(
             "attention_kvcache_fwd", report.prediction_gpu_id(gpu), implementation=implementation,
             batch=row.batch, heads_q=settings.num_heads, heads_kv=settings.num_kv_heads, seq_q=1,
-            seq_kv=row.context, head_dim=settings.head_dim, dtype=settings.dtype,
+            seq_kv=row.context, head_dim=settings.head_dim, dtype=settings.dtype, **fp8,
         )  # fmt: skip
 
     return predict_row
@@ -195,7 +224,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
     caption = (
         f"Config: heads={settings.num_heads}, kv_heads={settings.num_kv_heads}, "
         f"head_dim={settings.head_dim}, dtype={report.TORCH_DTYPES[settings.dtype]}, "
-        f"page_size={settings.page_size}, one new token, "
+        f"page_size={settings.page_size}, fp8 rows: e4m3 cache, one new token, "
         f"device={report.environment_device_name(device)}"
     )
     table = [
@@ -204,6 +233,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             row.context,
             row.impl,
             report.hbm_peak_cell(row),
+            f"{row.vs_16bit_cache:.2f}x" if row.vs_16bit_cache is not None else None,
             *report.common_cells(row),
         ]
         for row in rows
@@ -211,7 +241,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
     ]
     report.print_rows(
         "Decode over a KV cache",
-        ["batch", "context", "impl", "% HBM peak", *report.COMMON_COLUMNS],
+        ["batch", "context", "impl", "% HBM peak", "tokens/s vs 16-bit cache", *report.COMMON_COLUMNS],
         table,
         caption=caption,
         console=console,

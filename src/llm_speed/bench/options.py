@@ -19,8 +19,11 @@ ATTENTION_DTYPES = ("fp16", "bf16", "fp32")
 ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
 
 # --- bench decode ---
-DECODE_IMPLS = ("kvcache", "kvcache-paged", "sdpa")  # dense cache, paged cache, SDPA over a dense cache
-DECODE_TRITON_IMPLS = ("kvcache", "kvcache-paged")
+# dense cache, paged cache (in --dtype), the same over an fp8 (e4m3) cache, SDPA over a dense cache
+DECODE_IMPLS = ("kvcache", "kvcache-paged", "kvcache-fp8", "kvcache-paged-fp8", "sdpa")
+DECODE_TRITON_IMPLS = ("kvcache", "kvcache-paged", "kvcache-fp8", "kvcache-paged-fp8")
+# each fp8-cache implementation and the 16-bit one it is compared with (tokens/s ratio)
+DECODE_FP8_IMPLS = {"kvcache-fp8": "kvcache", "kvcache-paged-fp8": "kvcache-paged"}
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
 
 # --- bench ops, bench train-step ---

@@ -187,13 +187,14 @@ def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Probl
 
 
 def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int = 8, heads: int = 32,
-                   heads_kv: int = 8, page: int = 256, seq_q: int = 1,
-                   rotary_alibi: bool = False) -> Problem:  # fmt: skip
+                   heads_kv: int = 8, page: int = 256, seq_q: int = 1, rotary_alibi: bool = False,
+                   fp8: bool = False) -> Problem:  # fmt: skip
     """One decode step (``seq_q`` new tokens appended) over a paged KV cache of ``cache`` tokens; with
-    ``rotary_alibi`` flash-attn's in-kernel rotary (whole head dim, GPT-NeoX halves) and ALiBi slopes."""
+    ``rotary_alibi`` flash-attn's in-kernel rotary (whole head dim, GPT-NeoX halves) and ALiBi slopes; with
+    ``fp8`` an e4m3 cache with per-KV-head descales (the appended tokens quantized)."""
     torch_dtype = _torch_dtype(dtype)
     label = f"d{head_dim} {dtype} batch{batch} cache{cache} h{heads}/{heads_kv} page{page} q{seq_q}"
-    label += " rotary alibi" * rotary_alibi
+    label += " rotary alibi" * rotary_alibi + " fp8-e4m3 cache" * fp8
 
     def run(recording: Recording) -> None:
         import torch
@@ -201,7 +202,8 @@ def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int =
         from llm_speed.attention.decode import flash_attention_with_kvcache
 
         pages = cache // page
-        k_cache, v_cache = (torch.empty(batch * pages, page, heads_kv, head_dim, dtype=torch_dtype)
+        cache_dtype = torch.float8_e4m3fn if fp8 else torch_dtype
+        k_cache, v_cache = (torch.empty(batch * pages, page, heads_kv, head_dim, dtype=cache_dtype)
                             for _ in range(2))  # fmt: skip
         table = torch.arange(batch * pages, dtype=torch.int32).reshape(batch, pages)
         q = torch.empty(batch, seq_q, heads, head_dim, dtype=torch_dtype).normal_()
@@ -213,6 +215,8 @@ def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int =
             options = dict(rotary_cos=torch.ones(cache, half, dtype=torch_dtype), rotary_interleaved=False,
                            rotary_sin=torch.zeros(cache, half, dtype=torch_dtype),
                            alibi_slopes=torch.full((heads,), 0.05))  # fmt: skip
+        if fp8:
+            options = dict(k_descale=torch.full((heads_kv,), 0.01), v_descale=torch.full((heads_kv,), 0.01))
         with recording():
             flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v,
                                          block_table=table, is_causal=True, **options)  # fmt: skip
@@ -228,6 +232,8 @@ def _decode(op: str, options: Options) -> Iterator[Problem]:
         yield decode_problem(
             head_dim=max(options.head_dims), dtype=dtype, cache=options.seq, rotary_alibi=True
         )
+        if dtype != "fp32":  # an fp8 cache (issue 35): once, at the largest head dim
+            yield decode_problem(head_dim=max(options.head_dims), dtype=dtype, cache=options.seq, fp8=True)
 
 
 # --- GEMM ---------------------------------------------------------------------------------------------------

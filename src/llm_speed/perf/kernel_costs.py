@@ -240,6 +240,7 @@ def kvcache_decode_cost(
     dtype: Any = "fp16",
     seq_new: int = 0,
     causal: bool = False,
+    kv_dtype: Any = None,
 ) -> KernelCost:
     """FLOPs and minimum DRAM bytes of ``llm_speed.flash_attention_with_kvcache`` (decode over a KV cache).
 
@@ -252,6 +253,11 @@ def kvcache_decode_cost(
     partial results and the int32 lengths/block table are not counted: they are small beside the cache and
     not part of the minimum. At seq_q = 1 the intensity is about ``heads_q / heads_kv`` FLOP/byte: decode is
     bound by memory bandwidth on every GPU in the table.
+
+    ``kv_dtype``: the cache's dtype when it is not ``dtype`` (an fp8 cache: "fp8", ``torch.float8_e4m3fn``):
+    the cache is read at its element size ``c`` (``2*c*batch*heads_kv*context*head_dim``), and the append
+    reads the new K/V at ``e`` and writes them at ``c`` (``2*(e + c)*batch*heads_kv*seq_new*head_dim``).
+    The descales (a few floats) are not counted.
     """
     batch, heads_q, seq_q, context, head_dim, heads_kv = attention_shape(
         batch, heads_q, seq_q, context, head_dim, heads_kv
@@ -260,16 +266,14 @@ def kvcache_decode_cost(
     if seq_new > context:
         raise ValueError(f"seq_new ({seq_new}) cannot exceed context ({context}): appended keys are attended")
     element = dtype_bytes(dtype)
+    cache_element = element if kv_dtype is None else dtype_bytes(kv_dtype)
     flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, context, causal)
     # Q, O, the LSE and the visible cache are flash's forward traffic; the append comes on top.
-    read_bytes, _ = flash_attention_bytes(
-        batch * heads_q * seq_q * head_dim,
-        batch * heads_kv * context * head_dim,
-        batch * heads_q * seq_q,
-        element,
-    )
-    append_bytes = 4 * element * batch * heads_kv * seq_new * head_dim
-    return KernelCost(float(flops), float(read_bytes + append_bytes))
+    rows = batch * heads_q * seq_q
+    q_bytes, _ = flash_attention_bytes(rows * head_dim, 0, rows, element)
+    cache_bytes = 2 * cache_element * batch * heads_kv * context * head_dim
+    append_bytes = 2 * (element + cache_element) * batch * heads_kv * seq_new * head_dim
+    return KernelCost(float(flops), float(q_bytes + cache_bytes + append_bytes))
 
 
 # --- windowed and packed (varlen) FlashAttention ------------------------------------------------------
