@@ -16,6 +16,7 @@ import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
 
 from accuracy_rule import nan_poisoned_outputs
+from host_reads import host_reads_raise
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
@@ -423,10 +424,6 @@ def test_unchecked_int_cache_seqlens_is_still_checked_on_the_host(monkeypatch):
 
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
-HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-              "unique")  # fmt: skip
-
-
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, monkeypatch):
     """On the CUDA code path (simulated, launches stubbed, checks off): one plan for calls that differ only in
@@ -445,9 +442,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
         cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, decode.hardware_of(q.device))
         assert cfg.splits == 3  # 4 programs on 132 SMs, 3 key blocks of capacity
         before = runtime.launch_counts()
-        with monkeypatch.context() as patch:
-            for name in HOST_READS:
-                patch.setattr(torch.Tensor, name, _refuse(name))
+        with host_reads_raise(monkeypatch):
             for lens in [*seqlens, 5]:
                 flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
                                              block_table=table)  # fmt: skip
@@ -455,13 +450,6 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
         info = decode._plans.cache_info()
     assert (info.misses, info.hits) == (1, 3)
     assert ran == {decode.KERNEL_APPEND: 4, decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}
-
-
-def _refuse(name):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"Tensor.{name}: a host read of device data")
-
-    return refuse
 
 
 # --- the GPU build: the kernels as their plans launch them compile for sm_90 ------------------------------

@@ -18,6 +18,7 @@ import pytest
 import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
 
+from host_reads import host_reads_raise
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import apply_rotary, reference_kvcache
@@ -408,17 +409,6 @@ def test_unchecked_bad_batch_index_leftpad_and_rotary_give_nan_rows_and_no_cache
 
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
-HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-              "unique")  # fmt: skip
-
-
-def _refuse(name):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"Tensor.{name}: a host read of device data")
-
-    return refuse
-
-
 def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch):
     """On the CUDA code path (simulated, launches stubbed, checks off): calls that differ only in the values
     of cache_seqlens, cache_batch_idx, cache_leftpad, the tables and the slopes share one plan; a change of
@@ -442,9 +432,7 @@ def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch
     ]  # fmt: skip
     with launch.simulated_gpu():
         before = runtime.launch_counts()
-        with monkeypatch.context() as patch:
-            for name in HOST_READS:
-                patch.setattr(torch.Tensor, name, _refuse(name))
+        with host_reads_raise(monkeypatch):
             for change in variants:
                 flash_attention_with_kvcache(q, k_cache, v_cache, **{**call, **change})
         ran = runtime.launch_counts() - before

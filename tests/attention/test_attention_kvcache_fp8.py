@@ -18,6 +18,7 @@ import pytest
 import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
 
+from host_reads import host_reads_raise
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import FP8_MAX, descale_rows, quantize_to_cache, reference_kvcache
@@ -388,17 +389,6 @@ def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatc
 
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
-HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-              "unique")  # fmt: skip
-
-
-def _refuse(name):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"Tensor.{name}: a host read of device data")
-
-    return refuse
-
-
 def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkeypatch):
     """On the CUDA code path (simulated, launches stubbed, checks off): descale values and lengths share a
     plan; the fp8 format, the descale layout and a 16-bit cache each get their own; no host read."""
@@ -420,9 +410,7 @@ def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkey
     ]  # fmt: skip
     with launch.simulated_gpu():
         before = runtime.launch_counts()
-        with monkeypatch.context() as patch:
-            for name in HOST_READS:
-                patch.setattr(torch.Tensor, name, _refuse(name))
+        with host_reads_raise(monkeypatch):
             for change in variants:
                 args = {"k_cache": k_cache, "v_cache": v_cache, **call, **change}
                 flash_attention_with_kvcache(q, **args)

@@ -2,32 +2,15 @@
 lookup after the first call of a problem class, scale and softcap passed per call), and nothing reads tensor
 values on the host (``core.launch.simulated_gpu``: CPU tensors take the CUDA path, launches are no-ops)."""
 
-import contextlib
-
 import pytest
 import torch
 from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, fresh_plans, make_qkv
 
+from host_reads import host_reads_raise
 from llm_speed import flash_attention, tiled_attention
 from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch, runtime
-
-HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero", "unique")
-
-
-@contextlib.contextmanager
-def no_host_reads(monkeypatch):
-    """Make every way of reading a tensor's values on the host raise inside the block."""
-    with monkeypatch.context() as patch:
-        for name in HOST_READS:
-
-            def refuse(*args, _name=name, **kwargs):
-                raise AssertionError(f"host read of a tensor: Tensor.{_name}")
-
-            patch.setattr(torch.Tensor, name, refuse)
-        patch.setattr(torch, "equal", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch.equal")))
-        yield
 
 
 def _calls():
@@ -64,7 +47,7 @@ def test_no_host_reads_and_one_plan_lookup_per_launch(monkeypatch):
             call()
         made = flash._forward_plan.cache_info().misses, flash._backward_plans.cache_info().misses
         before = runtime.launch_counts()
-        with no_host_reads(monkeypatch):
+        with host_reads_raise(monkeypatch):
             for call in calls:
                 call()
         ran = runtime.launch_counts() - before

@@ -9,36 +9,12 @@ line.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import llm_speed
+from host_reads import HostRead, host_reads_raise
 from llm_speed.core import launch, runtime
-
-READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-         "unique")  # fmt: skip
-
-
-class HostRead(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def host_reads_raise(monkeypatch):
-    def refuse(name):
-        def method(*args, **kwargs):
-            raise HostRead(f"Tensor.{name} read device data on the host")
-
-        return method
-
-    with monkeypatch.context() as patch:
-        for name in READS:
-            patch.setattr(torch.Tensor, name, refuse(name))
-        for name in ("nonzero", "unique", "equal"):
-            patch.setattr(torch, name, refuse(f"torch.{name}"))
-        yield
 
 
 def _randn(*shape, grad=False):

@@ -28,6 +28,7 @@ def _quantize_checked(x, dtype, granularity):
     assert q.dtype == dtype and scale.dtype == torch.float32 and scale.shape == scale_ref.shape
     assert torch.equal(scale, scale_ref)
     assert torch.equal(q.float(), q_ref.float()), (q.float() - q_ref.float()).abs().max()
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))  # the bytes too: -0 stays -0
     return q, scale
 
 
@@ -35,11 +36,13 @@ def _quantize_checked(x, dtype, granularity):
 @pytest.mark.parametrize("granularity", ["tensor", "row", *BLOCK], ids=str)
 def test_quantize_matches_pytorch_exactly(granularity, dtype):
     """Ragged rows and columns (last 128-group partial), values far beyond 448, an all-zero 128x128 block and
-    an all-zero row, subnormal results: the same bits and scales as PyTorch's correctly rounding cast."""
+    an all-zero row, subnormal results, negative zeros: the same bytes and scales as PyTorch's correctly
+    rounding cast."""
     x = torch.randn(200, 300) * torch.logspace(-6, 1, 300)  # many results land among the subnormals
     x[3, 7], x[150, 290] = 5000.0, -1e5
     x[:128, 128:256] = 0.0
     x[190] = 0.0
+    x[7, :4] = torch.tensor([-0.0, -1e-30, 1e-30, -0.0])  # negative zeros and ones the rounding makes -0
     q, scale = _quantize_checked(x, dtype, granularity)
     assert torch.isfinite(q.float()).all() and q.float().abs().max() <= torch.finfo(dtype).max
     if granularity != "tensor":  # a zero group: the floored scale and exact zeros

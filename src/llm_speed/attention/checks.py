@@ -106,7 +106,14 @@ def validate_varlen_inputs(
     as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0
     (returned as ints)."""
     check_qkv(q, k, v, "[total, heads, head_dim]")
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+    return _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple[int, int]:
+    """``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device (``cu_seqlens_k`` None: not given),
+    max_seqlen_* ints >= 0 (returned as ints)."""
+    given = (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    for name, cu in given if cu_seqlens_k is not None else given[:1]:
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (int32 [batch + 1]), got {type(cu).__name__}")
         if cu.dtype != torch.int32:
@@ -115,7 +122,7 @@ def validate_varlen_inputs(
             raise ValueError(f"{name} must be 1-D [batch + 1] with at least one entry, got {tuple(cu.shape)}")
         if cu.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+    if cu_seqlens_k is not None and cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(
             f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got {tuple(cu_seqlens_q.shape)} and "
             f"{tuple(cu_seqlens_k.shape)}"
@@ -151,6 +158,26 @@ def _pages_fine(q, k, v, page_multiple: int) -> bool:
     )
 
 
+def _refuse_pages(q, k, v, page_multiple: int) -> None:
+    """The error for paged k/v that failed :func:`_pages_fine`."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4 or t.shape[0] < 1:
+            raise ValueError(
+                f"with block_table, {name} must be pages [num_pages >= 1, page_size, heads_kv, head_dim], "
+                f"got shape {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    page_size = k.shape[1]
+    if page_size < 1 or page_size % page_multiple:
+        raise ValueError(
+            f"page_size (k dim 1) must be a positive multiple of {page_multiple}, got {page_size}"
+        )
+    check_qkv(q, k[0], v[0], "[total, heads, head_dim]")
+
+
 def validate_paged_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
                                  max_seqlen_k, page_multiple: int) -> tuple[int, int]:  # fmt: skip
     """Checks of packed queries over paged or partly used keys that need no read of tensor values. Paged
@@ -158,31 +185,14 @@ def validate_paged_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tabl
     ``page_multiple``), block_table int32 ``[batch, max_pages]``, cu_seqlens_k may be None when seqused_k is
     given. ``seqused_k``: int32 ``[batch]``. All on q's device. Returns the max_seqlen_* as ints."""
     paged = block_table is not None
-    if paged and not _pages_fine(q, k, v, page_multiple):
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 4 or t.shape[0] < 1:
-                raise ValueError(
-                    f"with block_table, {name} must be pages [num_pages >= 1, page_size, heads_kv, "
-                    f"head_dim], got shape {tuple(t.shape)}"
-                )
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
-        page_size = k.shape[1]
-        if page_size < 1 or page_size % page_multiple:
-            raise ValueError(
-                f"page_size (k dim 1) must be a positive multiple of {page_multiple}, got {page_size}"
-            )
-        check_qkv(q, k[0], v[0], "[total, heads, head_dim]")
-    if cu_seqlens_k is None:
-        if not (paged and seqused_k is not None):
-            raise TypeError("cu_seqlens_k may be None only with a block_table and seqused_k (paged keys)")
-        cu_k = cu_seqlens_q  # stands in for the shape checks below
+    if paged:
+        if not _pages_fine(q, k, v, page_multiple):
+            _refuse_pages(q, k, v, page_multiple)
     else:
-        cu_k = cu_seqlens_k
-    max_q, max_k = validate_varlen_inputs(q, q if paged else k, q if paged else v, cu_seqlens_q, cu_k,
-                                          max_seqlen_q, max_seqlen_k)  # fmt: skip
+        check_qkv(q, k, v, "[total, heads, head_dim]")
+    if cu_seqlens_k is None and not (paged and seqused_k is not None):
+        raise TypeError("cu_seqlens_k may be None only with a block_table and seqused_k (paged keys)")
+    max_q, max_k = _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     batch = cu_seqlens_q.shape[0] - 1
     for name, t, shape in (
         ("block_table", block_table, "[batch, max_pages]"),
@@ -208,9 +218,15 @@ def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
     num_pages)``. Reads the tensors to the host once: call it only where ``runtime.check_values(device)``
     allows."""
     paged = block_table is not None
-    rows = [("cu_seqlens_q", cu_seqlens_q.tolist(), total_q, max_q)]
+    given = [t for t in (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table) if t is not None]
+    flat = torch.cat([t.reshape(-1) for t in given]).tolist()  # one copy to the host
+    read = {}
+    for name, t in (("q", cu_seqlens_q), ("k", cu_seqlens_k), ("used", seqused_k), ("table", block_table)):
+        if t is not None:
+            read[name], flat = flat[: t.numel()], flat[t.numel() :]
+    rows = [("cu_seqlens_q", read["q"], total_q, max_q)]
     if cu_seqlens_k is not None:
-        rows.append(("cu_seqlens_k", cu_seqlens_k.tolist(), None if paged else total_k, max_k))
+        rows.append(("cu_seqlens_k", read["k"], None if paged else total_k, max_k))
     lengths_of = {}
     for name, values, total, longest in rows:
         if values[0] != 0:
@@ -227,7 +243,7 @@ def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
         lengths_of[name] = lengths
     keys = lengths_of.get("cu_seqlens_k")
     if seqused_k is not None:
-        used = seqused_k.tolist()
+        used = read["used"]
         for b, n in enumerate(used):
             limit = total_k if paged and keys is None else keys[b]
             if not 0 <= n <= limit:
@@ -244,13 +260,13 @@ def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
                 f"sequence {b} has {keys[b]} keys, more than the block table holds ({total_k} = "
                 f"{block_table.shape[1]} pages x {page_size})"
             )
-        table = block_table.tolist()
+        table, width = read["table"], block_table.shape[1]
         for b, n in enumerate(keys):
             for col in range(-(-n // page_size)):
-                if not 0 <= table[b][col] < num_pages:
+                page = table[b * width + col]
+                if not 0 <= page < num_pages:
                     raise ValueError(
-                        f"block_table[{b}, {col}] = {table[b][col]} is not a page of k "
-                        f"(0 <= page < {num_pages})"
+                        f"block_table[{b}, {col}] = {page} is not a page of k (0 <= page < {num_pages})"
                     )
 
 

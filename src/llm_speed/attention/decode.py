@@ -127,20 +127,11 @@ def _to_cache(x, b_descale, dtype: tl.constexpr, FP8_MAX: tl.constexpr, SHIFT: t
               ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr,
               ROUND_BY_HAND: tl.constexpr):  # fmt: skip
     """``x`` [H, D] quantized to fp8 ``dtype`` with the descales ``b_descale`` [H] of its rows:
-    ``saturate(x / descale)`` (IEEE division in float32), rounded to nearest even, through the fp8 GEMM's
-    cast (:func:`llm_speed.matmul.fp8._to_fp8`: by hand under the interpreter, whose own cast is wrong). A NaN
-    stays NaN (a GPU's min/max would saturate it). Under the interpreter its cast of NaN (0x7C) and the
-    by-hand rounding of -0 (+0) are corrected on the bits, so the bytes are PyTorch's."""
+    ``saturate(x / descale)`` (IEEE division in float32), rounded to nearest even, NaN kept, through the fp8
+    GEMM's cast (:func:`llm_speed.matmul.fp8._to_fp8`): the bytes are PyTorch's."""
     y = tl.div_rn(x.to(tl.float32), b_descale[:, None])
-    q = _to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
-                MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=dtype)  # fmt: skip
-    if ROUND_BY_HAND:
-        bits = q.to(tl.uint8, bitcast=True)
-        negative = (y.to(tl.uint32, bitcast=True) >> 31) == 1
-        nan = tl.where(negative, 0xFF, 0x7F).to(tl.uint8)  # PyTorch keeps a NaN's sign
-        bits = tl.where(y != y, nan, tl.where(negative & (bits == 0), 0x80, bits))
-        return bits.to(dtype, bitcast=True)
-    return tl.where(y == y, q, y.to(dtype))
+    return _to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
+                   MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=dtype)  # fmt: skip
 
 
 @triton.jit

@@ -68,7 +68,7 @@ from .checks import (
     prepare_attention_inputs,
     suggest_keywords,
 )
-from .decode import _cache_rows, _has_bad_page
+from .decode import MAX_TABLE_BLOCK, _cache_rows, _has_bad_page
 from .reference import (
     reference_backward,
     reference_forward,
@@ -79,7 +79,7 @@ from .reference import (
 # --- kernels --------------------------------------------------------------------------------------------
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units (read back with LOG2E)
-PAGE_SCAN: tl.constexpr = tl.constexpr(64)  # block-table entries checked per step before a paged forward
+PAGE_SCAN: tl.constexpr = tl.constexpr(MAX_TABLE_BLOCK)  # table entries a paged forward checks per step
 
 
 @triton.jit

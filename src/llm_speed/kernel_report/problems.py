@@ -61,6 +61,18 @@ def _whole(recording: Recording) -> contextlib.AbstractContextManager:
     return recording()
 
 
+def _record(recording: Recording, call, *args, backward: bool = False) -> None:
+    """Record the kernels ``call(*args)`` launches, or with ``backward`` those its backward launches (the
+    forward runs first, unrecorded)."""
+    if not backward:
+        with recording():
+            call(*args)
+        return
+    out = call(*args)
+    with recording():
+        out.float().sum().backward()
+
+
 # --- attention ----------------------------------------------------------------------------------------------
 
 
@@ -143,13 +155,7 @@ def attention_problem(
             def call():
                 return function(q, k, v, **options)
 
-        if not grad:
-            with recording():
-                call()
-            return
-        out = call()
-        with recording():
-            out.backward(torch.empty_like(out).normal_())
+        _record(recording, call, backward=grad)
 
     return Problem(op, " ".join(parts), run)
 
@@ -330,13 +336,7 @@ def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
             args, call = (randn(rows, hidden), randn(vocab, hidden), target), fused_linear_cross_entropy
         else:
             raise ValueError(f"op: no fused problem for {op!r}")
-        if not backward:
-            with recording():
-                call(*args)
-            return
-        out = call(*args)
-        with recording():
-            out.float().sum().backward()
+        _record(recording, call, *args, backward=backward)
 
     labels = {"fused_linear_cross_entropy": dtype, "cross_entropy": f"256x32768 {dtype}",
               "apply_rotary_qk": f"seq {size // 8} {dtype}"}  # fmt: skip
@@ -393,13 +393,7 @@ def moe_problem(op: str, *, dtype: str, tokens: int = 4096, experts: int = 64, t
             args = (empty(tokens, hidden), empty(experts, 2 * intermediate, hidden),
                     empty(experts, hidden, intermediate), weights, ids)  # fmt: skip
             call = moe.fused_moe
-        if not backward:
-            with recording():
-                call(*args)
-            return
-        out = call(*args)
-        with recording():
-            out.float().sum().backward()
+        _record(recording, call, *args, backward=backward)
 
     return Problem(op, f"{tokens} tokens E{experts} k{top_k} {dtype}", run)
 

@@ -81,17 +81,25 @@ def _to_fp8(y, FP8_MAX: tl.constexpr, ROUND_BY_HAND: tl.constexpr, SHIFT: tl.con
     mantissa bits of the float32 bits with round-half-even (a carry into the exponent gives the correct next
     power of two). Subnormals (|y| < MIN_NORMAL) have a fixed spacing: adding then subtracting
     SUBNORMAL_MAGIC (a power of two whose float32 ulp is that spacing) rounds to it in float32's own RNE.
+    Under the interpreter its casts of NaN (0x7C) and of a -0 the rounding made +0 are corrected on the bits.
+
+    A NaN stays NaN, with its sign, as PyTorch's cast keeps it (a GPU's min/max would saturate it).
     """
-    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    s = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
     if ROUND_BY_HAND:
-        bits = y.to(tl.uint32, bitcast=True)
+        bits = s.to(tl.uint32, bitcast=True)
         half = (1 << (SHIFT - 1)) - 1
         normal = ((bits + (half + ((bits >> SHIFT) & 1))) & ROUND_MASK).to(tl.float32, bitcast=True)
-        a = tl.abs(y)
+        a = tl.abs(s)
         small = (a + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
-        small = tl.where(y < 0, -small, small)
-        y = tl.where(y != y, y, tl.where(a < MIN_NORMAL, small, normal))  # NaN stays NaN
-    return y.to(dtype)
+        small = tl.where(s < 0, -small, small)
+        s = tl.where(a < MIN_NORMAL, small, normal)
+        q = s.to(dtype).to(tl.uint8, bitcast=True)
+        negative = (y.to(tl.uint32, bitcast=True) >> 31) == 1
+        nan = tl.where(negative, 0xFF, 0x7F).to(tl.uint8)
+        q = tl.where(y != y, nan, tl.where(negative & (q == 0), 0x80, q))
+        return q.to(dtype, bitcast=True)
+    return tl.where(y == y, s.to(dtype), y.to(dtype))
 
 
 @triton.jit
