@@ -65,10 +65,10 @@ def test_every_reported_op_has_a_row():
 
 def test_bench_reads_its_implementations_from_the_table():
     assert options.ATTENTION_IMPLS == (
-        "flash", "tiled", "naive", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math",
-        "flash_attn",
+        "flash", "flash-fp8", "tiled", "naive", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
+        "sdpa-math", "flash_attn",
     )  # fmt: skip
-    assert options.ATTENTION_LLM_SPEED_IMPLS == ("flash", "tiled", "naive")
+    assert options.ATTENTION_LLM_SPEED_IMPLS == ("flash", "flash-fp8", "tiled", "naive")
     assert options.GEMM_IMPLS == ("llm-speed", "torch", "torch-int-mm", "torch-scaled-mm")
     assert options.GEMM_FLOAT_IMPLS == ("llm-speed", "torch")
     assert options.GEMM_INT8_IMPLS == ("llm-speed", "torch-int-mm")
@@ -98,6 +98,7 @@ def test_doctor_probes_come_from_the_table_and_a_failure_exits_1(monkeypatch, ca
 def test_doctor_probes_every_probed_row():
     assert [row.title for row in ops.probes()] == [
         "flash_attention (forward)",
+        "flash_attention (fp8 forward)",
         "flash_attention (backward)",
         "tiled_attention",
         "naive_attention",

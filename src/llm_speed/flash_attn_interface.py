@@ -92,17 +92,29 @@ def _dense_probs(q, k, lse, rng, *, dropout_p, scale, causal, window, softcap, a
     return torch.where(keep, probs, -probs).to(q.dtype)
 
 
+def _descales(q_descale, k_descale, v_descale) -> dict:
+    """FlashAttention-3's fp8 descales as llm-speed's keywords (none when none is given)."""
+    if q_descale is None and k_descale is None and v_descale is None:
+        return {}
+    return {"descale_q": q_descale, "descale_k": k_descale, "descale_v": v_descale}
+
+
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-           return_attn_probs):  # fmt: skip
+           return_attn_probs, descales=None):  # fmt: skip
     """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
     window, cap = _window(window_size), _softcap(softcap)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
-    result = flash_attention(
-        qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window, softcap=cap,
-        return_lse=return_attn_probs, deterministic=deterministic, alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p,
-    )  # fmt: skip
+    if descales:  # fp8 (FlashAttention-3's keywords)
+        result = flash_attention(qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window,
+                                 softcap=cap, return_lse=return_attn_probs, alibi_slopes=alibi_slopes,
+                                 dropout_p=dropout_p, **descales)  # fmt: skip
+    else:
+        result = flash_attention(
+            qt, kt, vt, is_causal=causal, scale=softmax_scale, window=window, softcap=cap,
+            return_lse=return_attn_probs, deterministic=deterministic, alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p,
+        )  # fmt: skip
     if not return_attn_probs:
         return result.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
     out, lse = result
@@ -128,13 +140,19 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_func``: q ``[batch, seq_q, heads_q, dim]``, k/v ``[batch, seq_k,
     heads_k, dim]`` (heads_q a multiple of heads_k), any head dim from 1 to 256. Returns out ``[batch,
     seq_q, heads_q, dim]``; with ``return_attn_probs`` ``(out, softmax_lse [batch, heads_q, seq_q],
-    S_dmask or None)``."""
+    S_dmask or None)``. fp8 (FlashAttention-3's): e4m3 q, k, v with the keywords ``q_descale``,
+    ``k_descale``, ``v_descale`` (float32 ``[batch, heads_k]``, or ``[]``/``[1]``/``[heads_k]``), bfloat16
+    out, forward only: see :func:`llm_speed.flash_attention`."""
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)  # fmt: skip
+                  deterministic, return_attn_probs, _descales(q_descale, k_descale, v_descale))  # fmt: skip
 
 
 def flash_attn_qkvpacked_func(
@@ -220,6 +238,10 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
     block_table=None,
     seqused_k=None,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, heads_q, dim]``, k/v ``[total_k, heads_k,
     dim]``, int32 ``cu_seqlens_*`` ``[batch + 1]``. Returns out ``[total_q, heads_q, dim]``; with
@@ -229,14 +251,15 @@ def flash_attn_varlen_func(
     dim]``, sequence b's keys the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages
     (forward only, as flash-attn). ``seqused_k`` int32 ``[batch]`` (a keyword beyond flash-attn 2's, as in
     FlashAttention-3 and vLLM's build): sequence b uses only its first ``seqused_k[b]`` keys; with it and a
-    block_table, ``cu_seqlens_k`` may be None. See :func:`llm_speed.flash_attention_varlen`."""
+    block_table, ``cu_seqlens_k`` may be None. fp8: ``q_descale``, ``k_descale``, ``v_descale`` as
+    :func:`flash_attn_func`'s. See :func:`llm_speed.flash_attention_varlen`."""
     window, cap = _window(window_size), _softcap(softcap)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
     result = flash_attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
         scale=softmax_scale, window=window, softcap=cap, return_lse=return_attn_probs,
         deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seqused_k=seqused_k,
-        block_table=block_table,
+        block_table=block_table, **_descales(q_descale, k_descale, v_descale),
     )  # fmt: skip
     if not return_attn_probs:
         return result

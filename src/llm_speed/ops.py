@@ -138,6 +138,7 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
         if q.numel() == 0 or k.numel() == 0:
             return None
         batch, heads_q, seq_q, head_dim = q.shape
+        out_dtype = "bf16" if q.element_size() == 1 else None  # fp8 attention writes bfloat16
         if window is not None and window != (None, None):
             # A window shrinks the FLOPs to the visible pairs (flash's minimum bytes are unchanged).
             total = window_attention_cost(
@@ -148,7 +149,7 @@ def attention_work(impl: str, mode: str) -> Callable[..., Work | None]:
         total = attention_cost(
             batch, heads_q, seq_q, k.shape[2], head_dim,
             heads_kv=k.shape[1], dtype=q.dtype, causal=bool(is_causal), mode=mode, impl=impl,
-            score_dtype=ATTENTION_SCORE_DTYPES.get(impl),
+            score_dtype=ATTENTION_SCORE_DTYPES.get(impl), out_dtype=out_dtype,
         )  # fmt: skip
         return Work(total.flops, total.bytes_moved, q.dtype, q.device)
 
@@ -628,6 +629,18 @@ def attention_probe(function: str) -> Callable[[Any], Any]:
     return probe
 
 
+def _fp8_attention_probe(device: Any) -> Any:
+    """fp8 attention (e4m3 q, k, v; per-KV-head descales), causal, GQA 4/2, head_dim 32."""
+    import torch
+
+    from llm_speed.attention.flash import flash_attention
+
+    q = torch.randn(1, 4, 9, 32, device=device).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(1, 2, 9, 32, device=device).to(torch.float8_e4m3fn) for _ in range(2))
+    descale = torch.full((2,), 0.5, device=device)
+    return flash_attention(q, k, v, is_causal=True, descale_q=descale, descale_k=descale, descale_v=descale)
+
+
 def _flash_backward_probe(device: Any) -> None:
     from llm_speed.attention.flash import flash_attention
 
@@ -728,6 +741,12 @@ OPS: tuple[Op, ...] = (
         probe=attention_probe("llm_speed.attention.flash:flash_attention"),
         label="flash_attention (forward)", bench="attention", bench_name="flash",
         alternatives=_SDPA_ALTERNATIVES, example=attention_example, baseline=_SDPA,
+    ),
+    # fp8 attention (e4m3 q, k, v with descales; forward only): the flash kernel with fp8 tensor cores
+    Op(
+        "flash_attention_fp8", "llm_speed.attention.flash:flash_attention", attention_work("flash", "fwd"),
+        probe=_fp8_attention_probe, label="flash_attention (fp8 forward)", bench="attention",
+        bench_name="flash-fp8",
     ),
     # Also tiled_attention's backward: it runs the same kernels.
     Op(

@@ -37,6 +37,7 @@ PROBLEMS = {
     "tensor_core_gemm_int8": dict(m=2048, n=4096, k=4096),
     "gemm_fp8": dict(m=4096, n=4096, k=4096),
     "flash_attention": dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, heads_kv=2, causal=True),
+    "flash_attention_fp8": dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, heads_kv=2, causal=True),
     "flash_attention_backward": dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, causal=True),
     "tiled_attention": dict(batch=2, heads_q=16, seq_q=2048, head_dim=64),
     "naive_attention": dict(batch=1, heads_q=8, seq_q=1024, head_dim=64),

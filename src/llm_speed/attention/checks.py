@@ -18,16 +18,19 @@ import numbers
 import torch
 
 from ..core.args import check_flag, check_real
-from ..core.tensors import FLOAT_DTYPES, check_tensor, last_dim_contiguous
+from ..core.tensors import FLOAT_DTYPES, check_tensor, dtype_names, last_dim_contiguous
 
 SUPPORTED_DTYPES = FLOAT_DTYPES
+FP8_DTYPES = (torch.float8_e4m3fn,)  # fp8 attention's q, k, v: e4m3, as FlashAttention-3
+# routed to fp8 attention (whose checks name what it takes)
+ANY_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_HEAD_DIM = 256  # any head_dim from 1 to 256, as flash-attn (the kernels mask the padded columns)
 
 
 _Tensor = torch.Tensor
 
 
-def _qkv_fine(q, k, v, rank: int) -> bool:
+def _qkv_fine(q, k, v, rank: int, dtypes=SUPPORTED_DTYPES) -> bool:
     """True when :func:`check_qkv` has nothing to say: one expression over the metadata, evaluated once per
     call (the checks that explain what is wrong run only when it is False)."""
     if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
@@ -37,7 +40,7 @@ def _qkv_fine(q, k, v, rank: int) -> bool:
         return False
     head_dim, heads_q, heads_kv = q_shape[-1], q_shape[1], k_shape[1]
     return (
-        dtype in SUPPORTED_DTYPES
+        dtype in dtypes
         and dtype == k.dtype
         and dtype == v.dtype
         and q.device == k.device == v.device
@@ -49,11 +52,12 @@ def _qkv_fine(q, k, v, rank: int) -> bool:
     )
 
 
-def check_qkv(q, k, v, layout: str) -> None:
-    """Checks shared by the dense and packed layouts: tensors of ``len(layout)`` dims, one accepted dtype and
-    device, k and v alike, heads (dim 1) grouped, head_dim (last) matching and supported."""
+def check_qkv(q, k, v, layout: str, dtypes=SUPPORTED_DTYPES) -> None:
+    """Checks shared by the dense and packed layouts: tensors of ``len(layout)`` dims, one dtype of
+    ``dtypes`` (fp8 attention: :data:`FP8_DTYPES`) and one device, k and v alike, heads (dim 1) grouped,
+    head_dim (last) matching and supported."""
     rank = layout.count(",") + 1
-    if _qkv_fine(q, k, v, rank):
+    if _qkv_fine(q, k, v, rank, dtypes):
         return
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
@@ -62,8 +66,12 @@ def check_qkv(q, k, v, layout: str) -> None:
         if tensor.dim() != rank:
             raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(tensor.shape)}")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {tensor.dtype}; accepted: float16, bfloat16, float32")
+        if tensor.dtype not in dtypes:
+            if tensor.dtype in ANY_FP8_DTYPES and q.dtype not in ANY_FP8_DTYPES:  # fp8 k/v with a 16-bit q
+                raise TypeError(f"{name} has dtype {tensor.dtype}, q {q.dtype}: fp8 attention takes q, k and "
+                                f"v all {dtype_names(FP8_DTYPES)}")  # fmt: skip
+            what = " (fp8 attention, FlashAttention-3's)" if dtypes == FP8_DTYPES else ""
+            raise TypeError(f"{name} has dtype {tensor.dtype}; accepted{what}: {dtype_names(dtypes)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -86,26 +94,27 @@ def check_qkv(q, k, v, layout: str) -> None:
         )
 
 
-def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              dtypes=SUPPORTED_DTYPES) -> None:  # fmt: skip
     """Raise TypeError/ValueError unless ``q, k, v`` form a valid attention call; return nothing.
 
     Accepted: q ``[batch, heads_q, seq_q, head_dim]``, k and v ``[batch, heads_kv, seq_kv, head_dim]``;
     heads_q a multiple of heads_kv (heads >= 1); head_dim from 1 to 256; one dtype among
     float16, bfloat16, float32 for all three; all three on one device. Batch and sequence lengths may be 0.
     """
-    check_qkv(q, k, v, "[batch, heads, seq, head_dim]")
+    check_qkv(q, k, v, "[batch, heads, seq, head_dim]", dtypes)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k and v batch ({k.shape[0]}) must equal q batch ({q.shape[0]})")
 
 
 def validate_varlen_inputs(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtypes=SUPPORTED_DTYPES
 ) -> tuple[int, int]:
     """Checks of the packed layout that need no read of tensor values (those are in
     :func:`check_seqlens_values`): q ``[total_q, heads_q, head_dim]``, k/v ``[total_k, heads_kv, head_dim]``
     as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0
     (returned as ints)."""
-    check_qkv(q, k, v, "[total, heads, head_dim]")
+    check_qkv(q, k, v, "[total, heads, head_dim]", dtypes)
     return _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
@@ -133,7 +142,7 @@ def _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return int(max_seqlen_q), int(max_seqlen_k)
 
 
-def _pages_fine(q, k, v, page_multiple: int) -> bool:
+def _pages_fine(q, k, v, page_multiple: int, dtypes=SUPPORTED_DTYPES) -> bool:
     """True when the paged layout checks of :func:`validate_paged_varlen_inputs` have nothing to say: one
     expression over the metadata (the checks that explain what is wrong run only when it is False)."""
     if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
@@ -143,7 +152,7 @@ def _pages_fine(q, k, v, page_multiple: int) -> bool:
         return False
     heads_q, head_dim = q_shape[1], q_shape[2]
     return (
-        dtype in SUPPORTED_DTYPES
+        dtype in dtypes
         and dtype == k.dtype
         and dtype == v.dtype
         and q.device == k.device == v.device
@@ -158,7 +167,7 @@ def _pages_fine(q, k, v, page_multiple: int) -> bool:
     )
 
 
-def _refuse_pages(q, k, v, page_multiple: int) -> None:
+def _refuse_pages(q, k, v, page_multiple: int, dtypes=SUPPORTED_DTYPES) -> None:
     """The error for paged k/v that failed :func:`_pages_fine`."""
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -175,21 +184,22 @@ def _refuse_pages(q, k, v, page_multiple: int) -> None:
         raise ValueError(
             f"page_size (k dim 1) must be a positive multiple of {page_multiple}, got {page_size}"
         )
-    check_qkv(q, k[0], v[0], "[total, heads, head_dim]")
+    check_qkv(q, k[0], v[0], "[total, heads, head_dim]", dtypes)
 
 
 def validate_paged_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
-                                 max_seqlen_k, page_multiple: int) -> tuple[int, int]:  # fmt: skip
+                                 max_seqlen_k, page_multiple: int,
+                                 dtypes=SUPPORTED_DTYPES) -> tuple[int, int]:  # fmt: skip
     """Checks of packed queries over paged or partly used keys that need no read of tensor values. Paged
     (``block_table`` given): k/v ``[num_pages, page_size, heads_kv, head_dim]`` (page_size a multiple of
     ``page_multiple``), block_table int32 ``[batch, max_pages]``, cu_seqlens_k may be None when seqused_k is
     given. ``seqused_k``: int32 ``[batch]``. All on q's device. Returns the max_seqlen_* as ints."""
     paged = block_table is not None
     if paged:
-        if not _pages_fine(q, k, v, page_multiple):
-            _refuse_pages(q, k, v, page_multiple)
+        if not _pages_fine(q, k, v, page_multiple, dtypes):
+            _refuse_pages(q, k, v, page_multiple, dtypes)
     else:
-        check_qkv(q, k, v, "[total, heads, head_dim]")
+        check_qkv(q, k, v, "[total, heads, head_dim]", dtypes)
     if cu_seqlens_k is None and not (paged and seqused_k is not None):
         raise TypeError("cu_seqlens_k may be None only with a block_table and seqused_k (paged keys)")
     max_q, max_k = _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -268,6 +278,71 @@ def check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
                     raise ValueError(
                         f"block_table[{b}, {col}] = {page} is not a page of k (0 <= page < {num_pages})"
                     )
+
+
+def descale_fine(t, batch: int, heads_kv: int, device) -> bool:
+    """Whether ``t`` is a float32 fp8 descale of an accepted shape (``[]``, ``[1]``, ``[heads_kv]``,
+    ``[batch, heads_kv]``) on ``device``: the common case, quickly (:func:`check_descale` explains a miss)."""
+    if type(t) is not _Tensor or t.dtype is not torch.float32:
+        return False
+    shape = t.shape
+    n = len(shape)
+    return (n == 0 or (n == 1 and (shape[0] == heads_kv or shape[0] == 1))
+            or (n == 2 and shape[0] == batch and shape[1] == heads_kv)) and t.device == device  # fmt: skip
+
+
+def check_descale(name: str, t, batch: int, heads_kv: int, device) -> None:
+    """An fp8 descale (FlashAttention-3's, dequantized = fp8 value * descale): float32 ``[]`` or ``[1]``
+    (per tensor), ``[heads_kv]`` (per KV head) or ``[batch, heads_kv]`` (per sequence and KV head), on
+    ``device``; raises what is wrong."""
+    if not isinstance(t, _Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (float32), got {type(t).__name__}")
+    if t.dtype is not torch.float32:
+        raise TypeError(f"{name} must be float32, got {t.dtype}")
+    if t.shape not in ((), (1,), (heads_kv,), (batch, heads_kv)):
+        raise ValueError(
+            f"{name} must be [] or [1] (per tensor), [heads_kv={heads_kv}] (per KV head) or "
+            f"[batch={batch}, heads_kv={heads_kv}] (per sequence and KV head), got shape {tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def check_descale_values(*named) -> None:
+    """Descales ``(name, tensor or None)`` finite and > 0 (a host read: only under
+    ``runtime.check_values``)."""
+    for name, t in named:
+        if t is None:
+            continue
+        bad = ~(torch.isfinite(t) & (t > 0))
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be finite and > 0, got {t.reshape(-1)[bad.reshape(-1)][0].item()}")
+
+
+DESCALE_NAMES = ("descale_q", "descale_k", "descale_v")
+
+
+def is_fp8_call(q, descale_q, descale_k, descale_v) -> bool:
+    """Whether an attention call is fp8 attention: a descale given, or q of an fp8 dtype."""
+    return (descale_q is not None or descale_k is not None or descale_v is not None
+            or getattr(q, "dtype", None) in ANY_FP8_DTYPES)  # fmt: skip
+
+
+def check_fp8_options(q, k, v, descales, dropout_p, batch: int, heads_kv: int) -> None:
+    """fp8 attention's own rules, after q/k/v's (:func:`check_qkv` with :data:`FP8_DTYPES`): each descale
+    None (1) or as :func:`check_descale`; forward only (FlashAttention-3 has no fp8 backward): no dropout
+    and no input that requires grad while grad mode is on."""
+    device = q.device
+    for name, t in zip(DESCALE_NAMES, descales, strict=True):
+        if t is not None and not descale_fine(t, batch, heads_kv, device):
+            check_descale(name, t, batch, heads_kv, device)
+    if dropout_p:
+        raise ValueError(f"fp8 attention is forward-only (inference): dropout_p must be 0, got {dropout_p!r}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, *descales)):
+        raise ValueError(
+            "fp8 attention is forward-only (FlashAttention-3 has no fp8 backward either): call it under "
+            "torch.no_grad(), or with inputs and descales that do not require grad"
+        )
 
 
 def check_scale(scale, q: torch.Tensor) -> float:

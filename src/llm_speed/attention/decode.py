@@ -85,7 +85,16 @@ from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
-from .checks import MAX_HEAD_DIM, check_alibi_slopes, check_softcap, check_window, suggest_keywords
+from .checks import (
+    MAX_HEAD_DIM,
+    check_alibi_slopes,
+    check_descale,
+    check_descale_values,
+    check_softcap,
+    check_window,
+    descale_fine,
+    suggest_keywords,
+)
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
@@ -816,23 +825,13 @@ def _refuse_tensor(name: str, t, dtype: torch.dtype, device: torch.device) -> No
     raise ValueError(f"{name} is on {t.device}, q on another device: all tensors must be on one device")
 
 
-def _descale_fine(t, batch: int, heads_kv: int, device) -> bool:
-    """Whether ``t`` is a float32 descale of an accepted shape on ``device`` (the common case, quickly)."""
-    if type(t) is not _Tensor or t.dtype is not _F32:
-        return False
-    shape = t.shape
-    n = len(shape)
-    return (n == 0 or (n == 1 and (shape[0] == heads_kv or shape[0] == 1))
-            or (n == 2 and shape[0] == batch and shape[1] == heads_kv)) and t.device == device  # fmt: skip
-
-
 def _check_descales(q, k_cache, k_descale, v_descale, fp8: bool) -> None:
     """The descales of an fp8 cache (both required; float32 ``[]``, ``[1]``, ``[heads_kv]`` or ``[batch,
     heads_kv]`` on q's device), and none with a 16-bit cache."""
     if fp8:
         batch, heads_kv, device = q.shape[0], k_cache.shape[2], q.device
-        if _descale_fine(k_descale, batch, heads_kv, device) and _descale_fine(v_descale, batch, heads_kv,
-                                                                                 device):  # fmt: skip
+        if descale_fine(k_descale, batch, heads_kv, device) and descale_fine(v_descale, batch, heads_kv,
+                                                                               device):  # fmt: skip
             return
     else:
         name = "k_descale" if k_descale is not None else "v_descale"
@@ -840,32 +839,13 @@ def _check_descales(q, k_cache, k_descale, v_descale, fp8: bool) -> None:
             f"{name} is for an fp8 cache ({dtype_names(FP8_DTYPES)}); k_cache has dtype {k_cache.dtype}: "
             f"leave {name} None"
         )
-    shapes = ((), (1,), (heads_kv,), (batch, heads_kv))
     for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
         if t is None:
             raise ValueError(
                 f"{name} is required with an fp8 cache (k_cache {k_cache.dtype}): float32 [], [heads_kv="
                 f"{heads_kv}] or [batch={batch}, heads_kv={heads_kv}]; the cache holds x / {name}"
             )
-        if not isinstance(t, _Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (float32), got {type(t).__name__}")
-        if t.dtype is not _F32:
-            raise TypeError(f"{name} must be float32, got {t.dtype}")
-        if t.shape not in shapes:
-            raise ValueError(
-                f"{name} must be [] or [1] (per tensor), [heads_kv={heads_kv}] (per KV head) or "
-                f"[batch={batch}, heads_kv={heads_kv}] (per sequence and KV head), got shape {tuple(t.shape)}"
-            )
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-
-
-def _check_descale_values(k_descale, v_descale) -> None:
-    """Descales finite and > 0 (a host read: only under ``runtime.check_values``)."""
-    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
-        bad = ~(torch.isfinite(t) & (t > 0))
-        if bool(bad.any()):
-            raise ValueError(f"{name} must be finite and > 0, got {t.reshape(-1)[bad.reshape(-1)][0].item()}")
+        check_descale(name, t, batch, heads_kv, device)
 
 
 def _check_shapes(q, k_cache, v_cache, k, v, block_table, indexed: bool) -> int:
@@ -1239,7 +1219,7 @@ def flash_attention_with_kvcache(
         _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table, cache_batch_idx, cache_leftpad,
                       rotary_limit)  # fmt: skip
         if fp8:
-            _check_descale_values(k_descale, v_descale)
+            check_descale_values(("k_descale", k_descale), ("v_descale", v_descale))
     if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):

@@ -60,16 +60,25 @@ from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..matmul.fp8 import _fp8_constants, _to_fp8
 from .checks import (
+    ANY_FP8_DTYPES,
+    DESCALE_NAMES,
+    FP8_DTYPES,
     check_alibi_slopes,
+    check_descale_values,
     check_dropout,
+    check_fp8_options,
     check_options,
+    check_scale,
     check_seqlens_values,
     prepare_attention_inputs,
     suggest_keywords,
+    validate_attention_inputs,
 )
-from .decode import MAX_TABLE_BLOCK, _cache_rows, _has_bad_page
+from .decode import MAX_TABLE_BLOCK, _cache_rows, _descale_strides, _has_bad_page
 from .reference import (
+    FP8_WEIGHTS_OFFSET,
     reference_backward,
     reference_forward,
     varlen_reference_backward,
@@ -80,6 +89,16 @@ from .reference import (
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units (read back with LOG2E)
 PAGE_SCAN: tl.constexpr = tl.constexpr(MAX_TABLE_BLOCK)  # table entries a paged forward checks per step
+# fp8 attention: the weights P go to the PV product as e4m3 (FlashAttention-3, arXiv:2407.08608), computed as
+# exp2(s2 - max + P8_OFFSET), i.e. scaled by 2**8 (FA3's Max_offset) so that they use e4m3's range up to 256
+# (max 448) instead of [0, 1], where values below 2**-9 would flush to 0; the row sums carry the same factor.
+P8_OFFSET: tl.constexpr = tl.constexpr(float(FP8_WEIGHTS_OFFSET))
+_P8 = _fp8_constants(torch.float8_e4m3fn)  # the cast's rounding constants (:func:`_weights_as`)
+P8_MAX: tl.constexpr = tl.constexpr(_P8["FP8_MAX"])
+P8_SHIFT: tl.constexpr = tl.constexpr(_P8["SHIFT"])
+P8_ROUND_MASK: tl.constexpr = tl.constexpr(_P8["ROUND_MASK"])
+P8_MIN_NORMAL: tl.constexpr = tl.constexpr(_P8["MIN_NORMAL"])
+P8_SUBNORMAL_MAGIC: tl.constexpr = tl.constexpr(_P8["SUBNORMAL_MAGIC"])
 
 
 @triton.jit
@@ -165,6 +184,29 @@ def _store_vector(p, value, o_rows, n_rows, EVEN_ROWS: tl.constexpr):
         tl.store(p + o_rows, value)
     else:
         tl.store(p + o_rows, value, mask=o_rows < n_rows)
+
+
+@triton.jit
+def _weights_as(b_p, dtype: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+    """Softmax weights ``b_p`` (float32, >= 0) as the PV product's operand dtype: fp8 e4m3 through the fp8
+    GEMM's cast (:func:`llm_speed.matmul.fp8._to_fp8`, by hand under the interpreter, whose own cast is
+    wrong), else :func:`cast`."""
+    if dtype.is_fp8():
+        # (.value: the interpreter passes a global constexpr on as the wrapper, which int arithmetic rejects)
+        return _to_fp8(b_p, FP8_MAX=P8_MAX.value, ROUND_BY_HAND=RNE_BY_HAND, SHIFT=P8_SHIFT.value,
+                       ROUND_MASK=P8_ROUND_MASK.value, MIN_NORMAL=P8_MIN_NORMAL.value,
+                       SUBNORMAL_MAGIC=P8_SUBNORMAL_MAGIC.value, dtype=dtype)  # fmt: skip
+    else:
+        return cast(b_p, dtype, RNE_BY_HAND=RNE_BY_HAND)
+
+
+@triton.jit
+def _negated(b_x):
+    """``-b_x``; an fp8 tile by flipping its sign bits (exact; fp8 has no arithmetic of its own)."""
+    if b_x.dtype.is_fp8():
+        return (b_x.to(tl.uint8, bitcast=True) ^ 0x80).to(b_x.dtype, bitcast=True)
+    else:
+        return -b_x
 
 
 @triton.jit
@@ -673,16 +715,18 @@ def _accumulate_over_keys(
             b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
             # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
             b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
+            if b_v.dtype.is_fp8():  # weights scaled by 2**P8_OFFSET for e4m3's range (one op per row)
+                b_p = tl.exp2(b_raw * factor - (b_shift - P8_OFFSET)[:, None])
+            else:
+                b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
             b_alpha = tl.exp2(b_m - b_shift)
             b_l = b_l * b_alpha + tl.sum(b_p, 1)
             if DROPOUT:
                 m_keep = _dropout_keep(seed, o_m[:, None], o_n[None, :], bh, rng_offset, dropout_p)
                 b_p = tl.where(m_keep, b_p, 0.0)
-            b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
-            b_acc = b_acc * b_alpha[:, None] + dot(
-                b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION
-            )
+            b_pv = _weights_as(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
+            b_acc = b_acc * b_alpha[:, None] + dot(b_pv, b_v, DOT_IN_FP32=DOT_IN_FP32,
+                                                   DOT_PRECISION=DOT_PRECISION)  # fmt: skip
             b_m = b_m_new
     return b_m, b_l, b_acc
 
@@ -700,6 +744,9 @@ def _attention_fwd_kernel(
     KV_TABLE,
     ALIBI,
     RNG,
+    DESCALE_Q,
+    DESCALE_K,
+    DESCALE_V,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -717,6 +764,12 @@ def _attention_fwd_kernel(
     stride_ab,
     stride_tb,
     stride_tp,
+    stride_dqb,
+    stride_dqh,
+    stride_dkb,
+    stride_dkh,
+    stride_dvb,
+    stride_dvh,
     heads_q,
     group,
     seq_q,
@@ -764,7 +817,10 @@ def _attention_fwd_kernel(
     queries only): K and V are ``[num_pages, page_size, heads_kv, head_dim]`` pages (``stride_kb`` /
     ``stride_vb`` apart), key position n of sequence b at slot ``n % page_size`` of page
     ``KV_TABLE[b, n // page_size]``; a sequence whose pages in reach name one outside ``[0, num_pages)``
-    reads none and gets NaN rows.
+    reads none and gets NaN rows. fp8 (q, k, v e4m3): the weights go to the PV product as e4m3, scaled by
+    ``2**P8_OFFSET`` (:func:`_accumulate_over_keys`); each of ``DESCALE_Q/K/V`` is a pointer to float32
+    descales (at ``b * stride_d?b + h_kv * stride_d?h``) or None (1; its code compiled out); q's and k's
+    fold into the score scale, v's into the output (exact algebra).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
@@ -785,12 +841,17 @@ def _attention_fwd_kernel(
         p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
         p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
+    # fp8: q's and k's descales are factors of the scores (> 0: the sign stays), folded into the scale
+    if DESCALE_Q is not None:
+        scale = scale * tl.load(DESCALE_Q + b * stride_dqb + h_kv * stride_dqh)
+    if DESCALE_K is not None:
+        scale = scale * tl.load(DESCALE_K + b * stride_dkb + h_kv * stride_dkh)
     if not SOFTCAP:
         # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
         # (``NEG_SCALE``, exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the
         # same weight, as with 0, while a hidden key's -inf stays -inf instead of becoming -inf * 0 = NaN).
         if NEG_SCALE:
-            b_q = -b_q
+            b_q = _negated(b_q)
         scale = tl.maximum(tl.abs(scale), 1e-30)
     b_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     b_l = tl.zeros((BLOCK_M,), tl.float32)
@@ -861,7 +922,12 @@ def _attention_fwd_kernel(
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
     if DROPOUT:
         b_out = b_out * (1.0 / (1.0 - dropout_p))
-    b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
+    b_lse2 = b_m + tl.log2(tl.where(no_key, 1.0, b_l))
+    if DESCALE_V is not None:  # fp8: v's descale, once on the output
+        b_out = b_out * tl.load(DESCALE_V + b * stride_dvb + h_kv * stride_dvh)
+    if V.dtype.element_ty.is_fp8():  # the weights' 2**P8_OFFSET leaves the row sums
+        b_lse2 = b_lse2 - P8_OFFSET
+    b_lse = tl.where(no_key, float("-inf"), b_lse2 * LN2)
     if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows shows it
         b_out = tl.where(valid, b_out, float("nan"))
         b_lse = tl.where(valid, b_lse, float("nan"))
@@ -1439,6 +1505,7 @@ BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
 DETERMINISTIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
 
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
+FP8_DTYPE = FP8_DTYPES[0]  # fp8 attention's q, k, v (FlashAttention-3's): e4m3 only
 # The preprocess kernel (delta = rowsum(dO * O)) streams rows: Triton's default launch options.
 PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
 # The dQ conversion (fp32 accumulator -> dQ) streams elements: 1024 per program, 4 warps.
@@ -1593,9 +1660,10 @@ def shipped_configs() -> tuple[ShippedConfig, ...]:
     )
 
 
-def padded_head_dim(head_dim: int) -> int:
-    """head_dim padded to a power of two, at least :data:`MIN_DOT_DIM` (``BLOCK_D``)."""
-    return max(MIN_DOT_DIM, next_power_of_2(head_dim))
+def padded_head_dim(head_dim: int, dtype: torch.dtype | None = None) -> int:
+    """head_dim padded to a power of two, at least :data:`MIN_DOT_DIM` (``BLOCK_D``); for fp8 at least 32,
+    the K of an fp8 wgmma (a 16-wide fp8 q.k^T does not compile for sm_90a)."""
+    return max(2 * MIN_DOT_DIM if dtype == FP8_DTYPE else MIN_DOT_DIM, next_power_of_2(head_dim))
 
 
 # Plans. A plan's key holds everything that fixes its arguments: shapes, strides, dtypes, the mask (causal
@@ -1713,12 +1781,14 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
+    descales=None,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
     the kernel, so that the base-2 factor of the scores is positive). Packed only: ``sequsage``, keys per
     sequence from ``seqused_k``; ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape
-    then ``[num_pages, page_size, heads_kv, head_dim]``)."""
+    then ``[num_pages, page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch
+    stride, head stride) of descale_q, descale_k and descale_v, None for one not given."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -1726,7 +1796,7 @@ def _forward_plan(
     else:
         heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
         num_pages, page_size = 0, 1
-    block_d = padded_head_dim(head_dim)
+    block_d = padded_head_dim(head_dim, dtype)
     cfg = attention_config("forward", block_d, dtype, hardware_of(device))
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
@@ -1734,6 +1804,15 @@ def _forward_plan(
     strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
     strides.update(_paged_args(k_stride, v_stride, table_shape, table_stride) if paged else
                    {"stride_tb": 0, "stride_tp": 0})  # fmt: skip
+    switches = dot_switches(dtype)
+    descales = descales or (None, None, None)
+    for name, given in zip(("DESCALE_Q", "DESCALE_K", "DESCALE_V"), descales, strict=True):
+        letter = name[-1].lower()
+        strides[f"stride_d{letter}b"], strides[f"stride_d{letter}h"] = given or (0, 0)
+        if given is None:
+            strides[name] = None  # compiled out
+    if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
+        switches["RNE_BY_HAND"] = runtime.INTERPRETED
     return (TILED if two_pass else FORWARD).plan(
         grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
         **_lse_stride_args(lse_shape, varlen), **grid_args,
@@ -1743,7 +1822,7 @@ def _forward_plan(
         IS_VARLEN=varlen, SEQUSED=sequsage, PAGED=paged,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
-        EVEN_D=head_dim == block_d, **dot_switches(dtype),
+        EVEN_D=head_dim == block_d, **switches,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
     )  # fmt: skip
 
@@ -1855,40 +1934,73 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     return dq, dk, dv
 
 
+def _descale_key(descales) -> tuple | None:
+    """The plan key of fp8 attention's (descale_q, descale_k, descale_v) (each a tensor or None): the
+    (batch stride, head stride) each is read with, None for one not given; None for 16-bit attention."""
+    if descales is None:
+        return None
+    return tuple(None if t is None else _descale_strides(t) for t in descales)
+
+
+def _descale_inputs(descales) -> dict:
+    """The forward kernel's per-call descale pointers (those given; the others are fixed None)."""
+    if descales is None:
+        return {}
+    return {name: t for name, t in zip(("DESCALE_Q", "DESCALE_K", "DESCALE_V"), descales, strict=True)
+            if t is not None}  # fmt: skip
+
+
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The forward's output dtype for inputs of ``dtype``: theirs, bfloat16 for fp8 (FlashAttention-3's)."""
+    return torch.bfloat16 if dtype == FP8_DTYPE else dtype
+
+
 def attention_forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False,
-    alibi_slopes=None, dropout_p: float = 0.0, rng=None,
+    alibi_slopes=None, dropout_p: float = 0.0, rng=None, descales=None,
 ):  # fmt: skip
     """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, of dense ``[B, H, S, D]``
-    tensors (last dim contiguous): out contiguous in q's dtype, lse float32 ``[B, Hq, Sq]``. Reports its
-    work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference. ``alibi_slopes``:
-    float32 ``[Hq]`` or ``[B, Hq]`` contiguous; ``dropout_p`` > 0 with ``rng`` the int64 (seed, offset)."""
+    tensors (last dim contiguous): out contiguous in q's dtype (bfloat16 for fp8), lse float32 ``[B, Hq,
+    Sq]``. Reports its work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference.
+    ``alibi_slopes``: float32 ``[Hq]`` or ``[B, Hq]`` contiguous; ``dropout_p`` > 0 with ``rng`` the int64
+    (seed, offset); fp8 (e4m3 q, k, v, flash only): ``descales`` = (descale_q, descale_k, descale_v), each
+    float32 ``[]``, ``[1]``, ``[Hkv]``, ``[B, Hkv]`` or None."""
     shape, device = q.shape, q.device
     batch, heads_q, seq_q, head_dim = shape
+    out_dtype = q.dtype if descales is None else torch.bfloat16  # fp8: bfloat16 out (FlashAttention-3's)
     if batch == 0 or seq_q == 0 or k.shape[2] == 0:
         # Nothing to launch. With no key at all every row sees nothing: output 0, LSE -inf.
-        out = torch.zeros(shape, dtype=q.dtype, device=device)
+        out = torch.zeros(shape, dtype=out_dtype, device=device)
         return out, torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=device)
     window = None if window_left is None and window_right is None else (window_left, window_right)
-    runtime.report_work("tiled_attention" if two_pass else "flash_attention", q=q, k=k, is_causal=is_causal,
-                        window=window)  # fmt: skip
+    name = "tiled_attention" if two_pass else "flash_attention" if descales is None else "flash_attention_fp8"
+    runtime.report_work(name, q=q, k=k, is_causal=is_causal, window=window)
     if not runtime.triton_runs_on(device):
         out, lse = reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap,
                                      scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                                     rng=rng)  # fmt: skip
+                                     rng=rng, descales=descales)  # fmt: skip
         if seq_major(shape, q.stride()):  # the layout the kernel writes
-            out = new_dense_output(shape, True, q.dtype, device).copy_(out)
+            out = new_dense_output(shape, True, out_dtype, device).copy_(out)
         return out, lse
+    # (fp8 only: the descales' part of the key; a common call hashes no more than before)
+    fp8_key = () if descales is None else (False, None, None, _descale_key(descales))
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
                          window_left, window_right, softcap is not None, two_pass, False, scale < 0.0,
-                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device)  # fmt: skip
-    out = new_dense_output(shape, seq_major(shape, q.stride()), q.dtype, device)
+                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device, *fp8_key)  # fmt: skip
+    out = new_dense_output(shape, seq_major(shape, q.stride()), out_dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
     # of the plan's dtype will do
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
-                ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
-                scale=scale, softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
+    if descales is None:
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
+                    ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
+                    scale=scale, softcap=1.0 if softcap is None else softcap,
+                    dropout_p=dropout_p)  # fmt: skip
+    else:
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
+                    ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse, scale=scale,
+                    softcap=1.0 if softcap is None else softcap, dropout_p=0.0,
+                    **_descale_inputs(descales))  # fmt: skip
     return out, lse
 
 
@@ -1943,9 +2055,10 @@ def backward(
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None,
+    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None, descales=None,
 ):  # fmt: skip
-    """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation.
+    """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation
+    (fp8: ``descales`` as :func:`attention_forward`'s, indexed by sequence; out bfloat16).
 
     The values of ``cu_seqlens`` (and ``seqused_k``, ``block_table``) are checked on the host first where
     ``runtime.check_values`` allows (CPU tensors by default); elsewhere nothing reads them on the host: the
@@ -1961,15 +2074,17 @@ def varlen_forward(
         check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k,
                              seqused_k=seqused_k, block_table=block_table, num_pages=k.shape[0])  # fmt: skip
     batch = cu_seqlens_q.shape[0] - 1
+    out_dtype = output_dtype(q.dtype)
     if total_q == 0:  # no query: nothing to launch
-        return torch.zeros_like(q), torch.empty((heads_q, 0), dtype=torch.float32, device=device)
+        lse = torch.empty((heads_q, 0), dtype=torch.float32, device=device)
+        return torch.zeros_like(q, dtype=out_dtype), lse
     if batch == 0:  # rows but no sequence: cu_seqlens (one entry, both 0 and the total) is invalid
         lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device=device)
-        return torch.full_like(q, float("nan")), lse
+        return torch.full_like(q, float("nan"), dtype=out_dtype), lse
     triton_runs = runtime.triton_runs_on(device)
     if total_k == 0 and not triton_runs:  # no key at all: every row sees nothing (output 0, LSE -inf)
         lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=device)
-        return torch.zeros_like(q), lse
+        return torch.zeros_like(q, dtype=out_dtype), lse
     window = None if window_left is None and window_right is None else (window_left, window_right)
     if total_k:
         runtime.report_work(
@@ -1980,24 +2095,32 @@ def varlen_forward(
         return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
                                         window=window, softcap=softcap, scale=scale,
                                         alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
-                                        seqused_k=seqused_k, block_table=block_table)  # fmt: skip
+                                        seqused_k=seqused_k, block_table=block_table,
+                                        descales=descales)  # fmt: skip
     plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
                          window_left, window_right, softcap is not None, False, True, scale < 0.0,
                          _alibi_dims(alibi_slopes), dropout_p > 0.0, device, seqused_k is not None,
-                         block_table.shape if paged else None,
-                         block_table.stride() if paged else None)  # fmt: skip
-    out = tensors.new_output(shape, q.dtype, device)
+                         block_table.shape if paged else None, block_table.stride() if paged else None,
+                         _descale_key(descales))  # fmt: skip
+    out = tensors.new_output(shape, out_dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
         # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
         # key row, so any tensor of k's dtype stands in for the empty K and V.
         k = v = q
-    plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q,
-                CU_K=cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
-                SEQUSED_K=lse if seqused_k is None else seqused_k,
-                KV_TABLE=lse if block_table is None else block_table,
-                ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
-                scale=scale, softcap=1.0 if softcap is None else softcap, dropout_p=dropout_p)  # fmt: skip
+    cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+    used = lse if seqused_k is None else seqused_k
+    table = lse if block_table is None else block_table
+    alibi = lse if alibi_slopes is None else alibi_slopes
+    cap = 1.0 if softcap is None else softcap
+    if descales is None:
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=used,
+                    KV_TABLE=table, ALIBI=alibi, RNG=lse if rng is None else rng, scale=scale, softcap=cap,
+                    dropout_p=dropout_p)  # fmt: skip
+    else:
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=used,
+                    KV_TABLE=table, ALIBI=alibi, RNG=lse, scale=scale, softcap=cap, dropout_p=0.0,
+                    **_descale_inputs(descales))  # fmt: skip
     return out, lse
 
 
@@ -2135,6 +2258,57 @@ _forward_call = Op(_forward_op, forward, setup_context=setup_context, backward=a
 _forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
+def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale: float, window_left=None,
+                window_right=None, softcap=None, alibi_slopes=None):  # fmt: skip
+    """(out bfloat16, lse) of fp8 attention (e4m3 q, k, v); the fp8 op's implementation. The descales'
+    values (finite, > 0) are checked on the host where ``runtime.check_values`` allows."""
+    if runtime.check_values(q.device):
+        check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
+    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap, False,
+                             alibi_slopes, descales=(descale_q, descale_k, descale_v))  # fmt: skip
+
+
+@torch.library.custom_op("llm_speed::flash_attention_fp8_forward", mutates_args=())
+def _fp8_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    descale_q: torch.Tensor | None,
+    descale_k: torch.Tensor | None,
+    descale_v: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    window_left: int | None = None,
+    window_right: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal, scale, window_left, window_right,
+                       softcap, alibi_slopes)  # fmt: skip
+
+
+@_fp8_forward_op.register_fake
+def _fp8_forward_fake(q, k, v, descale_q, descale_k, descale_v, is_causal, scale, window_left=None,
+                      window_right=None, softcap=None, alibi_slopes=None):  # fmt: skip
+    batch, heads_q, seq_q, _ = q.shape
+    out = new_dense_output(q.shape, seq_major(q.shape, q.stride()), torch.bfloat16, q.device)
+    return out, _empty(q, (batch, heads_q, seq_q), torch.float32)
+
+
+_fp8_forward_call = Op(_fp8_forward_op, fp8_forward)  # forward only: no gradient formula
+
+
+def _fp8_attention(q, k, v, descales, is_causal, scale, left, right, softcap, alibi_slopes, dropout_p):
+    """:func:`flash_attention` with e4m3 q, k, v: (out, lse)."""
+    validate_attention_inputs(q, k, v, FP8_DTYPES)
+    batch, heads_kv = q.shape[0], k.shape[1]
+    check_fp8_options(q, k, v, descales, dropout_p, batch, heads_kv)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
+    q, k, v = tensors.last_dim_contiguous(q), tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
+    return _fp8_forward_call(q, k, v, *descales, is_causal, check_scale(scale, q), left, right, softcap,
+                             alibi_slopes)  # fmt: skip
+
+
 # --- public function ------------------------------------------------------------------------------------
 
 
@@ -2152,6 +2326,9 @@ def flash_attention(
     deterministic: bool = False,
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    descale_q: torch.Tensor | None = None,
+    descale_k: torch.Tensor | None = None,
+    descale_v: torch.Tensor | None = None,
 ):
     """FlashAttention: ``softmax(q k^T * scale) v`` without ever storing the seq_q x seq_kv matrix.
 
@@ -2181,15 +2358,25 @@ def flash_attention(
             Philox from a seed and offset taken from PyTorch's generator of q's device (``torch.manual_seed``
             reproduces a call; :func:`llm_speed.attention.reference.dropout_keep` rebuilds the mask). The LSE
             is the one before dropout. Applied whenever > 0 (pass 0 in evaluation, as with flash-attn).
+        descale_q, descale_k, descale_v: fp8 attention (FlashAttention-3's, arXiv:2407.08608): q, k and v
+            ``torch.float8_e4m3fn`` (as :func:`llm_speed.quantize_fp8` makes them), each descale None (1) or
+            float32 ``[]``/``[1]`` (per tensor), ``[heads_kv]`` or ``[batch, heads_kv]`` (query head h takes
+            its KV head's, h // group, as FlashAttention-3); the dequantized inputs are ``x.float() *
+            descale``. The products run on fp8 tensor cores: q.k^T with the two descales folded into the
+            score scale, then the weights rounded to e4m3 (scaled by 2**8, FlashAttention-3's Max_offset, so
+            that they use e4m3's range) times v, v's descale applied once to the output. Output bfloat16;
+            the LSE is exact for the fp8 inputs (only the PV product sees the rounded weights). Forward only:
+            a ValueError when grad mode is on and an input requires grad, or with ``dropout_p``. Causal,
+            windows, softcap, GQA and ALiBi as for 16-bit inputs.
 
-    dtypes float16, bfloat16, float32 (all three alike); statistics and accumulation in float32; the output
-    has q's dtype, shape ``[batch, heads_q, seq_q, head_dim]`` and q's order of dims: where q is a
-    ``[batch, seq_q, heads_q, head_dim]`` tensor viewed with ``.transpose(1, 2)`` (flash-attn's and Hugging
-    Face's layout, or a slice of a packed QKV) the output is written so that ``out.transpose(1, 2)`` is
-    contiguous (no copy made); otherwise the output is contiguous. head_dim: any from 1 to 256 (padded to a
-    power of two >= 16 on chip by masked loads, never copied). Any strides with a contiguous last dim are read
-    in place (a ``[B, S, H, D]`` tensor viewed with ``.transpose(1, 2)`` costs no copy); a non-contiguous last
-    dim is copied first. Inputs are not modified.
+    dtypes float16, bfloat16, float32 (all three alike; fp8 e4m3 with the descales above); statistics and
+    accumulation in float32; the output has q's dtype (bfloat16 for fp8), shape ``[batch, heads_q, seq_q,
+    head_dim]`` and q's order of dims: where q is a ``[batch, seq_q, heads_q, head_dim]`` tensor viewed with
+    ``.transpose(1, 2)`` (flash-attn's and Hugging Face's layout, or a slice of a packed QKV) the output is
+    written so that ``out.transpose(1, 2)`` is contiguous (no copy made); otherwise the output is contiguous.
+    head_dim: any from 1 to 256 (padded to a power of two >= 16 on chip by masked loads, never copied). Any
+    strides with a contiguous last dim are read in place (a ``[B, S, H, D]`` tensor viewed with
+    ``.transpose(1, 2)`` costs no copy); a non-contiguous last dim is copied first. Inputs are not modified.
 
     Zero sizes: batch 0 or seq_q 0 give empty results; seq_kv 0 gives output 0 and LSE -inf (no key is
     visible); gradients are zeros.
@@ -2219,6 +2406,12 @@ def flash_attention(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
+    if descale_q is not None or descale_k is not None or descale_v is not None or (
+        getattr(q, "dtype", None) in ANY_FP8_DTYPES
+    ):  # fp8 attention (a descale given, or fp8 q: fp8 checks name what it takes)
+        out, lse = _fp8_attention(q, k, v, (descale_q, descale_k, descale_v), is_causal, scale, left, right,
+                                  softcap, alibi_slopes, dropout_p)  # fmt: skip
+        return (out, lse) if return_lse else out
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
     if alibi_slopes is None and not dropout_p:  # the common call: nothing more to check

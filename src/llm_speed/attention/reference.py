@@ -13,6 +13,10 @@ import torch
 
 from ..fused.reference import rotate
 
+# fp8 attention's weights reach the PV product as e4m3 scaled by 2**FP8_WEIGHTS_OFFSET (FlashAttention-3's
+# Max_offset, arXiv:2407.08608): in (0, 256] they use e4m3's range instead of flushing below 2**-9.
+FP8_WEIGHTS_OFFSET = 8
+
 
 def causal_visible(seq_q: int, seq_kv: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Boolean ``[seq_q, seq_kv]``: True where query i may see key j, i.e. ``j <= i + seq_kv - seq_q``.
@@ -124,9 +128,11 @@ def reference_attention(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_mask: torch.Tensor | None = None,
+    fp8_weights: bool = False,
 ):
     """softmax(mask(softcap(q k^T * scale) + alibi)) v in the inputs' own dtype, K/V repeated over each GQA
-    group.
+    group; ``fp8_weights``: the weights rounded to e4m3 before the product with v, as fp8 attention does
+    (:func:`softmax_times_values`).
 
     Same signature and semantics as :func:`llm_speed.flash_attention`: a row that sees no key gives output 0
     and LSE -inf (the LSE is of the capped, scaled, biased scores). Masks as :func:`visible`; ALiBi as
@@ -145,7 +151,7 @@ def reference_attention(
     if is_causal or window is not None:
         mask = visible(q.shape[2], k.shape[2], is_causal=is_causal, window=window, device=q.device)
         scores = scores.masked_fill(~mask, float("-inf"))
-    out, lse = softmax_times_values(scores, v, dropout_mask, dropout_p)
+    out, lse = softmax_times_values(scores, v, dropout_mask, dropout_p, fp8_weights)
     return (out, lse) if return_lse else out
 
 
@@ -166,10 +172,13 @@ def attention_probabilities(
 
 
 def softmax_times_values(
-    scores: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None, dropout_p: float = 0.0
+    scores: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None, dropout_p: float = 0.0,
+    fp8_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(softmax(scores) @ v, logsumexp(scores))``; a row of all -inf gives 0 and -inf, with finite grads.
     ``keep``: the dropout mask applied to the weights (kept ones scaled by 1 / (1 - dropout_p)).
+    ``fp8_weights``: fp8 attention's rounding, ``exp(s - max) * 2**FP8_WEIGHTS_OFFSET`` to e4m3 before the
+    product with v, divided by the sum of the unrounded weights (FlashAttention-3's).
 
     The row max is detached: softmax does not depend on it, and differentiating through it would turn the
     -inf rows into NaN gradients.
@@ -183,7 +192,11 @@ def softmax_times_values(
     row_sum = weights.sum(dim=-1, keepdim=True)
     no_key = row_sum == 0
     safe_sum = torch.where(no_key, torch.ones_like(row_sum), row_sum)
-    weights = weights / safe_sum
+    if fp8_weights:
+        scaled = weights * 2.0**FP8_WEIGHTS_OFFSET  # <= 256: no saturation
+        weights = scaled.to(torch.float8_e4m3fn).to(scaled.dtype) / (safe_sum * 2.0**FP8_WEIGHTS_OFFSET)
+    else:
+        weights = weights / safe_sum
     if keep is not None:
         weights = torch.where(keep, weights / (1.0 - dropout_p), torch.zeros_like(weights))
     out = weights @ v
@@ -204,16 +217,37 @@ def kernel_dropout_keep(rng, dropout_p: float, batch: int, heads: int, seq_q: in
     return dropout_keep(rng, dropout_p, bh, seq_q, seq_kv, device)
 
 
+def dequantize_attention_inputs(q, k, v, descales, dtype=torch.float32):
+    """fp8 attention's q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` in ``dtype``, each times its descale
+    (``descales`` = (descale_q, descale_k, descale_v): float32 ``[]``, ``[1]``, ``[Hkv]``, ``[B, Hkv]`` or
+    None for 1; query head h takes descale_q of its KV head h // group, as FlashAttention-3)."""
+    batch, heads_kv = q.shape[0], k.shape[1]
+    group = q.shape[1] // heads_kv
+    out = []
+    for x, descale, rep in zip((q, k, v), descales, (group, 1, 1), strict=True):
+        x = x.to(dtype)
+        if descale is not None:
+            rows = descale_rows(descale, batch, heads_kv).to(dtype).repeat_interleave(rep, dim=1)
+            x = x * rows[:, :, None, None]
+        out.append(x)
+    return out
+
+
 def reference_forward(q, k, v, *, is_causal: bool, window, softcap: float | None, scale: float,
-                      alibi_slopes=None, dropout_p: float = 0.0, rng=None, first: int = 0):  # fmt: skip
+                      alibi_slopes=None, dropout_p: float = 0.0, rng=None, first: int = 0,
+                      descales=None):  # fmt: skip
     """(out in q's dtype, lse float32) of :func:`reference_attention` computed in float32, both contiguous;
-    dropout with the kernels' mask (``rng``; ``first``: the index of the first sequence, for packed ones)."""
+    dropout with the kernels' mask (``rng``; ``first``: the index of the first sequence, for packed ones).
+    fp8 (``descales`` given): the inputs dequantized (:func:`dequantize_attention_inputs`), the weights
+    rounded as the kernel rounds them, out bfloat16."""
     keep = kernel_dropout_keep(rng, dropout_p, *q.shape[:3], k.shape[2], q.device, first)
+    fp8 = descales is not None
+    q32, k32, v32 = dequantize_attention_inputs(q, k, v, descales) if fp8 else (x.float() for x in (q, k, v))
     out, lse = reference_attention(
-        q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale, return_lse=True, window=window,
-        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_mask=keep,
+        q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_mask=keep, fp8_weights=fp8,
     )  # fmt: skip
-    return out.to(q.dtype).contiguous(), lse.contiguous()
+    return out.to(torch.bfloat16 if fp8 else q.dtype).contiguous(), lse.contiguous()
 
 
 def reference_backward(dout, q, k, v, out, lse, dlse, *, is_causal: bool, window, softcap, scale: float,
@@ -269,10 +303,14 @@ def _as_batch(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_options(options: dict, b: int) -> dict:
-    """The options of sequence b of a packed batch: its row of ``[batch, heads]`` ALiBi slopes, its index."""
+    """The options of sequence b of a packed batch: its row of ``[batch, heads]`` ALiBi slopes and of fp8
+    descales (already ``[batch, heads_kv]``), its index."""
     slopes = options.get("alibi_slopes")
     if slopes is not None and slopes.dim() == 2:
         options = {**options, "alibi_slopes": slopes[b]}
+    descales = options.get("descales")
+    if descales is not None:
+        options = {**options, "descales": tuple(None if t is None else t[b : b + 1] for t in descales)}
     return {**options, "first": b}
 
 
@@ -298,12 +336,16 @@ def varlen_reference_forward(q, k, v, cu_q, cu_k, *, seqused_k=None, block_table
     ``cu_seqlens`` on the host: CPU tensors only); keys as :func:`varlen_key_rows` says."""
     outs, lses = [], []
     key_rows = varlen_key_rows(k, cu_k, seqused_k, block_table)
+    descales = options.get("descales")
+    if descales is not None:  # per sequence: [batch, heads_kv]
+        batch, heads_kv = cu_q.shape[0] - 1, k.shape[-2]
+        options["descales"] = tuple(None if t is None else descale_rows(t, batch, heads_kv) for t in descales)
     for b, ((q0, q1), rows) in enumerate(zip(_sequences(cu_q), key_rows, strict=True)):
         out, lse = reference_forward(*(_as_batch(t) for t in (q[q0:q1], k[rows], v[rows])),
                                      **_sequence_options(options, b))  # fmt: skip
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
-    out = torch.cat(outs, 0) if outs else q.clone()
+    out = torch.cat(outs, 0) if outs else q.to(torch.bfloat16 if descales is not None else q.dtype)
     lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
     return out.contiguous(), lse.contiguous()
 

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import torch
 
-from ..core import autocast  # torch.autocast rules
+from ..core import autocast, runtime  # torch.autocast rules
 from ..core.args import check_flag
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
 from . import flash
 from .checks import (
+    DESCALE_NAMES,
+    FP8_DTYPES,
     check_alibi_slopes,
+    check_descale_values,
     check_dropout,
+    check_fp8_options,
     check_options,
     check_scale,
+    is_fp8_call,
     suggest_keywords,
     validate_paged_varlen_inputs,
     validate_varlen_inputs,
@@ -127,6 +132,81 @@ _forward_call = Op(_forward_op, flash.varlen_forward, setup_context=_setup_conte
 _forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
+def _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descale_q, descale_k,
+                 descale_v, is_causal, scale, window_left=None, window_right=None, softcap=None,
+                 alibi_slopes=None, seqused_k=None, block_table=None):  # fmt: skip
+    """(out bfloat16, lse) of fp8 attention over packed sequences; the fp8 op's implementation (the
+    descales' values checked on the host where ``runtime.check_values`` allows, like cu_seqlens')."""
+    if runtime.check_values(q.device):
+        check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
+    return flash.varlen_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
+        window_right, softcap, False, alibi_slopes, 0.0, None, seqused_k, block_table,
+        (descale_q, descale_k, descale_v),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("llm_speed::flash_attention_varlen_fp8_forward", mutates_args=())
+def _fp8_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    descale_q: torch.Tensor | None,
+    descale_k: torch.Tensor | None,
+    descale_v: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    window_left: int | None = None,
+    window_right: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fp8_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descale_q, descale_k, descale_v,
+        is_causal, scale, window_left, window_right, softcap, alibi_slopes, seqused_k, block_table,
+    )  # fmt: skip
+
+
+@_fp8_forward_op.register_fake
+def _fp8_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descale_q, descale_k,
+                      descale_v, is_causal, scale, window_left=None, window_right=None, softcap=None,
+                      alibi_slopes=None, seqused_k=None, block_table=None):  # fmt: skip
+    out = torch.empty_like(q, dtype=torch.bfloat16)
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+_fp8_forward_call = Op(_fp8_forward_op, _fp8_forward)  # forward only: no gradient formula
+
+
+def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descales, is_causal,
+                   scale, left, right, softcap, alibi_slopes, dropout_p, seqused_k, block_table):  # fmt: skip
+    """:func:`flash_attention_varlen` with e4m3 q, k, v: (out, lse)."""
+    paged = block_table is not None
+    if seqused_k is None and not paged:
+        max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, FP8_DTYPES
+        )
+    else:
+        max_seqlen_q, max_seqlen_k = validate_paged_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
+            PAGE_MULTIPLE, FP8_DTYPES,
+        )  # fmt: skip
+    batch = cu_seqlens_q.shape[0] - 1
+    check_fp8_options(q, k, v, descales, dropout_p, batch, k.shape[2] if paged else k.shape[1])
+    alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    return _fp8_forward_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, is_causal,
+        check_scale(scale, q), left, right, softcap, alibi_slopes, seqused_k, block_table,
+    )  # fmt: skip
+
+
 # --- public function ------------------------------------------------------------------------------------
 
 
@@ -150,6 +230,9 @@ def flash_attention_varlen(
     dropout_p: float = 0.0,
     seqused_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
+    descale_q: torch.Tensor | None = None,
+    descale_k: torch.Tensor | None = None,
+    descale_v: torch.Tensor | None = None,
 ):
     """FlashAttention over packed sequences of different lengths (flash-attn's ``flash_attn_varlen_func``).
 
@@ -182,6 +265,9 @@ def flash_attention_varlen(
             gradient is needed. Only the entries of pages in use are read; one outside ``[0, num_pages)``
             is rejected where values are checked, else its sequence's rows are NaN and no page outside the
             pool is read.
+        descale_q, descale_k, descale_v: fp8 attention, as :func:`llm_speed.flash_attention`'s (e4m3 q, k,
+            v, paged or not; output bfloat16; forward only), a ``[batch, heads_kv]`` descale indexed by
+            sequence.
 
     Sequence b attends only to its own keys. A row that sees no key (its sequence has no key, or the mask
     hides them all) outputs 0 with LSE -inf and gets zero gradients. Output ``[total_q, heads_q, head_dim]``
@@ -206,6 +292,11 @@ def flash_attention_varlen(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
+    if is_fp8_call(q, descale_q, descale_k, descale_v):
+        out, lse = _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  (descale_q, descale_k, descale_v), is_causal, scale, left, right, softcap,
+                                  alibi_slopes, dropout_p, seqused_k, block_table)  # fmt: skip
+        return (out, lse) if return_lse else out
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     if seqused_k is None and block_table is None:
         max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
@@ -238,3 +329,4 @@ def flash_attention_varlen(
         softcap, deterministic, *extra,
     )  # fmt: skip
     return (out, lse) if return_lse else out
+

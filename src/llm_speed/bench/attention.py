@@ -1,5 +1,8 @@
 """The attention benchmark: llm-speed's flash, tiled and naive kernels against torch SDPA (each backend on its
 own) and the ``flash_attn`` package, on one device, with the performance model's prediction beside each row.
+``flash-fp8`` is llm-speed's fp8 forward (e4m3 q, k, v quantized per tensor from the same random draws,
+bfloat16 output) whatever ``--dtype``; its ``vs_flash`` is its speed over the ``flash`` row of the same case
+(issue 35's H100 target: >= 1.4x at d=128, 16k tokens).
 
 SDPA's ``is_causal`` aligns the mask top-left and llm-speed's bottom-right; the two agree when
 seq_q == seq_kv, which is the only case benchmarked here.
@@ -19,6 +22,7 @@ from rich.console import Console
 from llm_speed._output import print_table
 from llm_speed.bench import report
 from llm_speed.bench.options import ATTENTION_DTYPES as DTYPES
+from llm_speed.bench.options import ATTENTION_FP8_IMPL as FP8_IMPL
 from llm_speed.bench.options import ATTENTION_IMPLS as IMPLS
 from llm_speed.bench.options import ATTENTION_LLM_SPEED_IMPLS as LLM_SPEED_IMPLS
 from llm_speed.bench.options import ATTENTION_MODES as MODES
@@ -41,6 +45,7 @@ SDPA_BACKENDS = {
 # math (e.g. fp32 on some GPUs) the measured/model column shows a large gap.
 COST_CLASS = {
     "flash": "flash",
+    "flash-fp8": "flash",
     "tiled": "tiled",
     "naive": "naive",
     "sdpa": "flash",
@@ -101,6 +106,7 @@ class AttentionMeasurement(Measurement):
 
     seq_len: int
     memory_saved_vs_naive_bytes: int | None = None  # naive's peak minus this one's (CUDA, when naive ran)
+    vs_flash: float | None = None  # fp8 rows: the flash row's median over this one's (same case)
 
 
 def check_settings(settings: AttentionSettings) -> None:
@@ -115,6 +121,14 @@ def check_settings(settings: AttentionSettings) -> None:
 
 def _forward(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], Any]:
     """A no-argument function computing attention with ``impl`` on [B, H, S, D] inputs."""
+    if impl == FP8_IMPL:
+        import llm_speed
+
+        # per-tensor e4m3 (quantize_fp8's scale is the descale), made before timing starts
+        (q8, dq), (k8, dk), (v8, dv) = (llm_speed.quantize_fp8(x.reshape(-1, x.shape[-1])) for x in (q, k, v))
+        q8, k8, v8 = q8.view(q.shape), k8.view(k.shape), v8.view(v.shape)
+        return lambda: llm_speed.flash_attention(q8, k8, v8, is_causal=causal, descale_q=dq, descale_k=dk,
+                                                 descale_v=dv)  # fmt: skip
     if impl in LLM_SPEED_IMPLS:
         import llm_speed
 
@@ -173,6 +187,8 @@ def _workload_builder(impl: str, settings: AttentionSettings, seq_len: int, devi
 
 def _unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
     """Why ``impl`` cannot run here at all (before trying), or None."""
+    if impl == FP8_IMPL and settings.mode != "fwd":
+        return "fp8 attention is forward-only (as FlashAttention-3's)"
     if impl == "flash_attn":
         if importlib.util.find_spec("flash_attn") is None:
             return "the flash_attn package is not installed"
@@ -223,11 +239,12 @@ def run_attention(
                     seq_len,
                     settings.head_dim,
                     heads_kv=settings.num_kv_heads,
-                    dtype=settings.dtype,
+                    dtype="fp8" if impl == FP8_IMPL else settings.dtype,
                     causal=settings.causal,
                     mode=settings.mode,
                     impl=COST_CLASS[impl],
                     score_dtype=SCORE_DTYPES.get(impl),
+                    out_dtype="bf16" if impl == FP8_IMPL else None,
                 )
                 row = AttentionMeasurement(
                     case=f"seq={seq_len}",
@@ -259,7 +276,17 @@ def run_attention(
                 on_case(rows)
     gpu, reason = report.prediction_gpu(device)
     report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
+    add_fp8_ratios(rows)
     return rows
+
+
+def add_fp8_ratios(rows: Sequence[AttentionMeasurement]) -> None:
+    """Each fp8 row's ``vs_flash``: the 16-bit flash row's median (same case) over its own."""
+    medians = {(row.impl, row.case): row.median_ms for row in rows}
+    for row in rows:
+        flash = medians.get(("flash", row.case))
+        if row.impl == FP8_IMPL and row.median_ms and flash:
+            row.vs_flash = flash / row.median_ms
 
 
 # The implementation name of each --impl in llm_speed.perf.predict (flash_attn: FlashAttention-2 itself,
@@ -273,6 +300,7 @@ PREDICTED_AS = {
     "sdpa-efficient": ("flash_attention", "sdpa-efficient"),
     "sdpa-cudnn": ("flash_attention", "sdpa-cudnn"),
     "flash_attn": ("flash_attention", "sdpa-flash"),
+    "flash-fp8": ("flash_attention_fp8", "llm-speed"),  # uncalibrated: never measured
 }
 
 
@@ -287,10 +315,13 @@ def predictor(settings: AttentionSettings, gpu) -> Callable[[AttentionMeasuremen
         if row.impl not in PREDICTED_AS:
             return None
         op, implementation = PREDICTED_AS[row.impl]
+        fp8 = row.impl == FP8_IMPL
+        if fp8 and settings.mode != "fwd":  # forward only: the row did not run
+            return None
         problem = dict(
             batch=settings.batch_size, heads_q=settings.num_heads, heads_kv=settings.num_kv_heads,
-            seq_q=row.seq_len, seq_kv=row.seq_len, head_dim=settings.head_dim, dtype=settings.dtype,
-            causal=settings.causal,
+            seq_q=row.seq_len, seq_kv=row.seq_len, head_dim=settings.head_dim,
+            dtype="fp8" if fp8 else settings.dtype, causal=settings.causal,
         )  # fmt: skip
         backward_op = "flash_attention_backward"
         ops = {"fwd": [op], "bwd": [backward_op], "fwd+bwd": [op, backward_op]}[settings.mode]
@@ -354,13 +385,14 @@ def print_attention(
             console=console,
         )
     full_rows = [
-        [row.seq_len, row.impl, *report.common_cells(row), report.mib(row.memory_saved_vs_naive_bytes)]
+        [row.seq_len, row.impl, *report.common_cells(row), report.mib(row.memory_saved_vs_naive_bytes),
+         f"{row.vs_flash:.2f}x" if row.vs_flash is not None else None]
         for row in rows
         if row.available
-    ]
+    ]  # fmt: skip
     report.print_rows(
         "Attention: every implementation",
-        ["seq", "impl", *report.COMMON_COLUMNS, "saved vs naive MiB"],
+        ["seq", "impl", *report.COMMON_COLUMNS, "saved vs naive MiB", "fp8 vs flash"],
         full_rows,
         caption=config,
         console=console,

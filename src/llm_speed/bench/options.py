@@ -14,7 +14,8 @@ from llm_speed.perf.kernel_costs import ATTENTION_MODES
 ATTENTION_LLM_SPEED_IMPLS = ops.bench_names("attention")  # flash, tiled, naive
 ATTENTION_IMPLS = ops.bench_impls("attention")  # ... then sdpa (each backend) and flash_attn
 # Each benchmark's Triton implementations: the timing notes say what their times mean off a GPU.
-ATTENTION_TRITON_IMPLS = ("flash", "tiled")
+ATTENTION_FP8_IMPL = ops.get("flash_attention_fp8").bench_name  # flash-fp8: e4m3 inputs, forward only
+ATTENTION_TRITON_IMPLS = ("flash", ATTENTION_FP8_IMPL, "tiled")
 ATTENTION_DTYPES = ("fp16", "bf16", "fp32")
 ATTENTION_MODES = ATTENTION_MODES  # fwd, bwd, fwd+bwd (the cost model's modes)
 

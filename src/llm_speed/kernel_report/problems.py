@@ -76,13 +76,15 @@ def _record(recording: Recording, call, *args, backward: bool = False) -> None:
 # --- attention ----------------------------------------------------------------------------------------------
 
 
-def _qkv(batch, heads_q, heads_kv, seq, head_dim, dtype, grad=False, packed=False):
+def _qkv(batch, heads_q, heads_kv, seq, head_dim, dtype, grad=False, packed=False, fp8=False):
     import torch
 
     if packed:
         shapes = [(seq, heads_q, head_dim)] + [(seq, heads_kv, head_dim)] * 2
     else:
         shapes = [(batch, heads_q, seq, head_dim)] + [(batch, heads_kv, seq, head_dim)] * 2
+    if fp8:  # e4m3 (fp8 attention)
+        return [torch.empty(shape).normal_().to(torch.float8_e4m3fn) for shape in shapes]
     return [torch.empty(shape, dtype=dtype).normal_().requires_grad_(grad) for shape in shapes]
 
 
@@ -102,16 +104,19 @@ def attention_problem(
     alibi: bool = False,
     dropout_p: float = 0.0,
     page_size: int = 0,
+    fp8: bool = False,
 ) -> Problem:
     """A problem of an attention row: ``op`` "flash_attention", "tiled_attention" or
     "flash_attention_varlen" (forward), or with ``backward`` ("default" or "deterministic") its backward
     (``sequences`` packed sequences of ``seq / sequences`` tokens for varlen); ``alibi``: per-head ALiBi
     slopes; ``dropout_p``: attention dropout (the kernels' HAS_ALIBI / DROPOUT variants); ``page_size``
-    (varlen forward): keys and values in pages of that size through a block table (the PAGED variant)."""
+    (varlen forward): keys and values in pages of that size through a block table (the PAGED variant);
+    ``fp8`` (forward): e4m3 q, k, v with per-KV-head descales, ``dtype`` unused (fp8 attention)."""
     heads_kv = heads_kv or heads
     torch_dtype = _torch_dtype(dtype)
     varlen = op.startswith("flash_attention_varlen")
-    parts = [f"d{head_dim}", dtype, f"s{seq}", f"h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")]
+    parts = [f"d{head_dim}", "fp8-e4m3" if fp8 else dtype, f"s{seq}",
+             f"h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")]  # fmt: skip
     parts += ["causal"] * is_causal + [f"window{window}"] * (window is not None) + ["softcap"] * bool(softcap)
     parts += ["alibi"] * alibi + [f"dropout {dropout_p}"] * bool(dropout_p)
     parts += [f"{sequences} seqs"] * varlen + [f"paged {page_size}"] * bool(page_size)
@@ -128,10 +133,13 @@ def attention_problem(
         grad = backward is not None
         if alibi:
             options["alibi_slopes"] = torch.full((heads,), 0.05)
+        if fp8:
+            options.update(descale_q=torch.full((heads_kv,), 0.01), descale_k=torch.full((heads_kv,), 0.01),
+                           descale_v=torch.full((heads_kv,), 0.01))  # fmt: skip
         if varlen:
             from llm_speed.attention.varlen import flash_attention_varlen
 
-            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad, packed=True)
+            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad, packed=True, fp8=fp8)
             length = seq // sequences
             cu = torch.arange(0, sequences + 1, dtype=torch.int32) * length
             cu[-1] = seq
@@ -139,7 +147,7 @@ def attention_problem(
             if page_size:  # each sequence's pages one after another in the pool
                 pages = -(-max_len // page_size)
                 shape = (sequences * pages, page_size, heads_kv, head_dim)
-                k, v = torch.empty(shape, dtype=torch_dtype), torch.empty(shape, dtype=torch_dtype)
+                k, v = (torch.empty(shape).to(k.dtype) for _ in range(2))
                 table = torch.arange(sequences * pages, dtype=torch.int32)
                 options["block_table"] = table.view(sequences, pages)
 
@@ -150,7 +158,7 @@ def attention_problem(
             from llm_speed.attention.tiled import tiled_attention
 
             function = tiled_attention if op.startswith("tiled") else flash_attention
-            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad)
+            q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, torch_dtype, grad, fp8=fp8)
 
             def call():
                 return function(q, k, v, **options)
@@ -177,6 +185,19 @@ def _attention(op: str, options: Options, backward: bool = False) -> Iterator[Pr
                     op, head_dim=max(options.head_dims), dtype=dtype, seq=options.seq, heads=options.heads,
                     is_causal=True, backward=path, alibi=True, dropout_p=0.1,
                 )  # fmt: skip
+
+
+def _fp8_attention(op: str, options: Options) -> Iterator[Problem]:
+    """fp8 attention (e4m3 q, k, v whatever ``--dtype``; forward only): each head dim non-causal, and packed
+    causal sequences at the largest."""
+    for head_dim in options.head_dims:
+        problem = attention_problem("flash_attention", head_dim=head_dim, dtype="bf16", seq=options.seq,
+                                    heads=options.heads, fp8=True)  # fmt: skip
+        yield dataclasses.replace(problem, op=op)
+    problem = attention_problem("flash_attention_varlen", head_dim=max(options.head_dims), dtype="bf16",
+                                seq=options.seq, heads=options.heads, heads_kv=max(1, options.heads // 4),
+                                is_causal=True, sequences=4, fp8=True)  # fmt: skip
+    yield dataclasses.replace(problem, op=op)
 
 
 def _varlen(op: str, options: Options, backward: bool = False) -> Iterator[Problem]:
@@ -451,6 +472,7 @@ def _floating(options: Options) -> list[str]:
 # One builder per op-table row with a Triton kernel (tests/kernel_report checks none is missing).
 BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "flash_attention": _attention,
+    "flash_attention_fp8": _fp8_attention,
     "flash_attention_backward": lambda op, o: _attention("flash_attention", o, backward=True),
     "tiled_attention": _attention,
     "flash_attention_varlen": _varlen,

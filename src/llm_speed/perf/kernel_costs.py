@@ -108,6 +108,7 @@ def attention_cost(
     mode: str = "fwd",
     impl: str = "flash",
     score_dtype: Any = None,
+    out_dtype: Any = None,
 ) -> KernelCost:
     """FLOPs and minimum DRAM bytes of scaled-dot-product attention.
 
@@ -132,7 +133,9 @@ def attention_cost(
       dS read for dQ and for dK) ``e*(4*Nq + 4*Nk) + 7*e_s*M``. Eager PyTorch makes more passes than this
       (scale, max, subtract, exp, sum, divide each read and write M elements), so it lands above this floor.
 
-    ``heads_kv`` (GQA/MQA) defaults to ``heads_q`` and must divide it.
+    ``heads_kv`` (GQA/MQA) defaults to ``heads_q`` and must divide it. ``out_dtype``: the forward output's
+    dtype where it is not ``dtype`` (fp8 attention reads e4m3 and writes bfloat16, FlashAttention-3's):
+    O's ``Nq`` elements are counted at its size (forward only: there is no fp8 backward).
     """
     batch, heads_q, seq_q, seq_kv, head_dim, heads_kv = attention_shape(
         batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
@@ -154,6 +157,8 @@ def attention_cost(
         forward_bytes, backward_bytes = flash_attention_bytes(q_elems, kv_elems, rows, element)
         if impl == "tiled":
             forward_bytes += element * kv_elems  # the second pass reads K again
+    if out_dtype is not None:
+        forward_bytes += (dtype_bytes(out_dtype) - element) * q_elems
     return attention_cost_for_mode(forward_flops, forward_bytes, backward_bytes, mode)
 
 

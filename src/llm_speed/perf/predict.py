@@ -83,6 +83,7 @@ THREADS_PER_WARP = 32
 GEMM_OPS = ("gemm", "tensor_core_gemm", "tensor_core_gemm_int8", "gemm_fp8")
 ATTENTION_OPS = (
     "flash_attention",
+    "flash_attention_fp8",
     "flash_attention_backward",
     "tiled_attention",
     "naive_attention",
@@ -130,6 +131,7 @@ UNMEASURED_OPS = (
     "moe_route_backward",
     "moe_sort",
     "gemm_fp8",  # the GEMM model at fp8 peaks and bytes; never measured (issue 35: no GPU figure yet)
+    "flash_attention_fp8",  # the flash forward's model at fp8 peaks and 1-byte inputs; never measured
 ) + MOE_OPS
 
 # Implementation names, and what each alias means.
@@ -1194,6 +1196,7 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
         mode=mode,
         impl=impl_class.get(op, "flash"),
         score_dtype="fp32" if op == "naive_attention" else None,
+        out_dtype="bf16" if op == "flash_attention_fp8" else None,  # e4m3 in, bfloat16 out
     )
     fraction = 1.0
     if window is not None:
@@ -1261,7 +1264,7 @@ def _predict_attention(
 ) -> tuple[_Terms, float, float]:
     if op == "attention_kvcache_fwd":
         return _predict_kvcache(spec, consts, impl, params, problem)
-    dtype = normalize_dtype(problem.pop("dtype", "fp16"))
+    dtype = normalize_dtype(problem.pop("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
     peak = _attention_peak(spec, dtype)
     shape, cost = _attention_shape(op, dtype, problem)
     forward_tile, backward_tile = _attention_tiles(params, build, shape.head_dim, dtype, problem)

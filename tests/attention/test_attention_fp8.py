@@ -1,0 +1,367 @@
+"""fp8 attention forward (FlashAttention-3's): ``flash_attention`` and ``flash_attention_varlen`` with e4m3 q,
+k, v and descale_q / descale_k / descale_v per tensor, per KV head or per sequence and KV head; causal,
+windows, softcap, GQA/MQA, ALiBi, packed and paged sequences, the output layout, bad arguments, the
+forward-only rule, the op registration and the PyTorch fallback.
+
+Truth: float64 attention over the inputs dequantized exactly (``x.float() * descale``), so the inputs'
+quantization is not counted as kernel error. The same-precision version is the float32 reference that rounds
+the weights to e4m3 as the kernel does (``reference_forward`` with descales: ``exp(s - max) * 2**8`` to e4m3
+before the product with v, bfloat16 output); 2x rule of TESTING.md on out. The LSE never sees the rounded
+weights: it must be float32-exact against the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches, nan_poisoned_outputs
+
+from llm_speed import flash_attention, flash_attention_varlen, quantize_fp8
+from llm_speed.attention import flash
+from llm_speed.attention.reference import (
+    dequantize_attention_inputs,
+    reference_attention,
+    reference_forward,
+    varlen_reference_forward,
+)
+from llm_speed.core import runtime
+
+E4M3, BF16, F32, I32 = torch.float8_e4m3fn, torch.bfloat16, torch.float32, torch.int32
+LSE_RELATIVE = 4e-6  # the LSE in float32: a few ulps of its magnitude
+
+
+@dataclass
+class Case:
+    name: str
+    batch: int
+    heads: tuple[int, int]  # (heads_q, heads_kv)
+    seq: tuple[int, int]  # (seq_q, seq_kv)
+    head_dim: int
+    descales: str  # "tensor" ([]), "one" ([1]), "head" ([heads_kv]), "batch" ([batch, heads_kv]), "none"
+    options: dict = field(default_factory=dict)
+    alibi: bool = False
+    positive: bool = False  # inputs from torch.rand: every weight rounds the same way (bias shows)
+    seq_major: bool = False  # q, k, v as [B, S, H, D] tensors viewed [B, H, S, D]
+
+
+CASES = [
+    Case("d64-mha-tensor", 2, (4, 4), (70, 70), 64, "tensor"),
+    Case("d128-gqa-head-causal-short-q", 1, (4, 2), (33, 97), 128, "head", {"is_causal": True}),
+    Case("d40-mqa-batch-window-softcap", 2, (4, 1), (50, 50), 40, "batch",
+         {"is_causal": True, "window": (10, 0), "softcap": 5.0}),
+    Case("d16-none-alibi-long-q", 1, (2, 2), (40, 17), 16, "none", {"is_causal": True}, alibi=True),
+    Case("d80-one-negative-scale-positive", 1, (2, 1), (31, 64), 80, "one", {"scale": -0.08}, positive=True),
+    Case("d256-head-seq-major-window", 1, (2, 2), (20, 45), 256, "head", {"window": (7, 5)}, seq_major=True),
+]  # fmt: skip
+
+
+def _descale(layout: str, batch: int, heads_kv: int):
+    """Descales around amax / 448 of randn data (|x| < ~4), different per head and sequence; None for none."""
+    if layout == "none":
+        return None
+    shape = {"tensor": (), "one": (1,), "head": (heads_kv,), "batch": (batch, heads_kv)}[layout]
+    return 4.0 / 448 * (0.5 + torch.rand(shape))
+
+
+def _quantize(x: torch.Tensor, descale, group: int) -> torch.Tensor:
+    """``x`` [B, H, S, D] as e4m3 of ``x / descale`` (torch's saturating cast), the descale of head h at
+    h // group."""
+    if descale is None:
+        return x.clamp(-448, 448).to(E4M3)
+    batch, heads = x.shape[:2]
+    rows = descale.reshape(-1).expand(heads // group) if descale.dim() < 2 else descale
+    rows = rows.expand(batch, heads // group).repeat_interleave(group, dim=1)
+    return (x / rows[:, :, None, None]).clamp(-448, 448).to(E4M3)
+
+
+def build(case: Case, device):
+    """(q, k, v, descales) on ``device``: e4m3 inputs and float32 descales (None where not given)."""
+    (heads_q, heads_kv), (seq_q, seq_kv), dim = case.heads, case.seq, case.head_dim
+    draw = torch.rand if case.positive else torch.randn
+    descales = tuple(_descale(case.descales, case.batch, heads_kv) for _ in range(3))
+    shapes = ((case.batch, heads_q, seq_q, dim), (case.batch, heads_kv, seq_kv, dim))
+    spread = 3.0 if case.descales == "none" else 1.0
+    q = _quantize(draw(shapes[0]) * spread, descales[0], heads_q // heads_kv)
+    k, v = (_quantize(draw(shapes[1]), d, 1) for d in descales[1:])
+    if case.seq_major:  # [B, S, H, D] storage, viewed [B, H, S, D]
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    return (q.to(device), k.to(device), v.to(device),
+            tuple(None if d is None else d.to(device) for d in descales))  # fmt: skip
+
+
+def _options(case: Case, heads_q: int) -> dict:
+    options = dict(case.options)
+    if case.alibi:
+        options["alibi_slopes"] = torch.rand(heads_q) * 0.3
+    return options
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_float64_truth(case, device, monkeypatch):
+    nan_poisoned_outputs(monkeypatch)
+    q, k, v, descales = build(case, device)
+    options = _options(case, case.heads[0])
+    on_device = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in options.items()}
+    with expect_launches(flash.FORWARD.name, device=device):
+        out, lse = flash_attention(q, k, v, descale_q=descales[0], descale_k=descales[1],
+                                   descale_v=descales[2], return_lse=True, **on_device)  # fmt: skip
+    assert out.dtype == BF16 and out.shape == q.shape and lse.dtype == F32 and lse.shape == q.shape[:3]
+    if case.seq_major:  # written so that out.transpose(1, 2) is contiguous, as for 16-bit inputs
+        assert out.transpose(1, 2).is_contiguous()
+    cpu = [t.cpu() for t in (q, k, v)]
+    cpu_descales = tuple(None if d is None else d.cpu() for d in descales)
+    scale = options.pop("scale", 1.0 / math.sqrt(case.head_dim))
+    wide = dequantize_attention_inputs(*cpu, cpu_descales, torch.float64)
+    alibi = options.get("alibi_slopes")
+    truth_options = dict(options, alibi_slopes=None if alibi is None else alibi.double())
+    truth, truth_lse = reference_attention(*wide, scale=scale, return_lse=True, **truth_options)
+    reference_options = {"window": None, "softcap": None, "is_causal": False, **options}
+    same, _ = reference_forward(*cpu, scale=scale, descales=cpu_descales, **reference_options)
+    assert_error_rule("out", out, same, truth, OUTPUT_FACTOR, BF16)
+    lse_cap = LSE_RELATIVE * max(1.0, truth_lse[torch.isfinite(truth_lse)].abs().max().item())
+    assert_error_rule("lse", lse, truth_lse, truth_lse, OUTPUT_FACTOR, cap=lse_cap)
+
+
+def test_the_weights_are_rounded_to_e4m3_scaled_by_256(device):
+    """One dominant key (value 0) and many small weights: straight to e4m3 the small weights (below 2**-10)
+    would flush to 0 and the output with them; scaled by 2**8 they are e4m3 normals, and the kernel's output
+    is within a few percent of the truth."""
+    seq_kv, dim = 64, 32
+    q = torch.zeros(1, 1, 1, dim)
+    q[..., 0] = 8.0
+    k = torch.zeros(1, 1, seq_kv, dim)
+    k[0, 0, 0, 0] = 8.0  # score 8 against <= 0.5 for the others: weights near exp(-7.7)
+    k[0, 0, 1:, 0] = torch.rand(seq_kv - 1) * 0.5
+    v = torch.randn(1, 1, seq_kv, dim)
+    v[0, 0, 0] = 0.0  # the output is the small weights' alone
+    q8, k8, v8 = (t.to(E4M3) for t in (q, k, v))
+    out = flash_attention(q8.to(device), k8.to(device), v8.to(device), scale=0.125).cpu().double()
+    wide = [t.double() for t in (q8, k8, v8)]
+    truth = reference_attention(*wide, scale=0.125)
+    weights = torch.softmax((wide[0] @ wide[1].transpose(-1, -2)) * 0.125, -1)
+    assert (weights[..., 1:] < 2.0**-10).all() and (weights[..., 1:] * 256 > 2.0**-6).all()
+    assert weights[..., 1:].to(E4M3).eq(0).all()  # what e4m3 makes of them unscaled
+    err = (out - truth).abs().max().item()
+    assert err < 0.05 * truth.abs().max().item()
+
+
+def test_descales_are_exact_factors(device):
+    """Powers-of-two descales per (sequence, KV head): the scores' descales act as the scale they multiply
+    and v's as a factor of the output, bit for bit (rounding commutes with powers of two)."""
+    batch, heads_q, heads_kv, seq, dim = 2, 4, 2, 37, 32
+    q8, k8, v8 = (torch.randn(batch, h, seq, dim).mul(20).to(E4M3).to(device)
+                  for h in (heads_q, heads_kv, heads_kv))  # fmt: skip
+    one = torch.ones((), device=device)
+    powers = torch.tensor([[2.0**-3, 2.0**-1], [2.0**-2, 2.0**-4]], device=device)  # [batch, heads_kv]
+    base = flash_attention(q8, k8, v8, scale=0.05, descale_q=one, is_causal=True)
+    scaled_v = flash_attention(q8, k8, v8, scale=0.05, descale_v=powers, is_causal=True)
+    factor = powers.repeat_interleave(heads_q // heads_kv, dim=1)[:, :, None, None]
+    assert torch.equal(scaled_v, (base.float() * factor).to(BF16))
+    for b in range(batch):
+        for h in range(heads_kv):
+            s = 0.05 * powers[b, h].item() * 2.0**-2
+            expect = flash_attention(q8[b : b + 1], k8[b : b + 1], v8[b : b + 1], scale=s, is_causal=True)
+            got = flash_attention(q8[b : b + 1], k8[b : b + 1], v8[b : b + 1], scale=0.05, is_causal=True,
+                                  descale_q=powers[b : b + 1], descale_k=torch.full((heads_kv,), 0.25,
+                                                                                  device=device))  # fmt: skip
+            heads = slice(h * 2, h * 2 + 2)
+            assert torch.equal(got[:, heads], expect[:, heads])
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["packed", "paged16"])
+def test_varlen_matches_float64_truth_and_paged_equals_packed(paged, device, monkeypatch):
+    nan_poisoned_outputs(monkeypatch)
+    heads_q, heads_kv, dim = 4, 2, 48
+    lens_q, lens_k = [5, 33, 0, 40], [9, 33, 6, 70]
+    batch = len(lens_q)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=I32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=I32)
+    descales = (4.0 / 448 * (0.5 + torch.rand(batch, heads_kv)), 4.0 / 448 * (0.5 + torch.rand(heads_kv)),
+                torch.tensor(4.0 / 448))  # fmt: skip
+    seq_of_q = torch.repeat_interleave(torch.arange(batch), torch.tensor(lens_q))
+    q_rows = descales[0][seq_of_q].repeat_interleave(heads_q // heads_kv, dim=1)[:, :, None]
+    q8 = (torch.randn(int(cu_q[-1]), heads_q, dim) / q_rows).clamp(-448, 448).to(E4M3)
+    k8 = (torch.randn(int(cu_k[-1]), heads_kv, dim) / descales[1][None, :, None]).clamp(-448, 448).to(E4M3)
+    v8 = (torch.randn(int(cu_k[-1]), heads_kv, dim) / descales[2]).clamp(-448, 448).to(E4M3)
+    options = dict(is_causal=True, window=(20, 0), softcap=8.0)
+    kv, extra = (k8, v8), {}
+    if paged:
+        page = 16
+        pages = [-(-n // page) for n in lens_k]
+        table = torch.zeros(batch, max(pages), dtype=I32)
+        order = torch.randperm(sum(pages) + 2)[: sum(pages)]
+        pool_k = torch.full((sum(pages) + 2, page, heads_kv, dim), float("nan")).to(E4M3)
+        pool_v = pool_k.clone()
+        i = 0
+        for b, n in enumerate(lens_k):
+            for c in range(pages[b]):
+                rows = slice(int(cu_k[b]) + c * page, int(cu_k[b]) + min(n, (c + 1) * page))
+                table[b, c] = order[i]
+                pool_k[order[i], : rows.stop - rows.start] = k8[rows]
+                pool_v[order[i], : rows.stop - rows.start] = v8[rows]
+                i += 1
+        kv, extra = (pool_k, pool_v), {"block_table": table.to(device)}
+    args = (q8.to(device), *(t.to(device) for t in kv), cu_q.to(device), cu_k.to(device), 40, 70)
+    with expect_launches(flash.FORWARD.name, device=device):
+        out, lse = flash_attention_varlen(*args, descale_q=descales[0].to(device),
+                                          descale_k=descales[1].to(device), descale_v=descales[2].to(device),
+                                          return_lse=True, **options, **extra)  # fmt: skip
+    assert out.dtype == BF16 and lse.shape == (heads_q, int(cu_q[-1]))
+    scale = 1.0 / math.sqrt(dim)
+    same, _ = varlen_reference_forward(q8, k8, v8, cu_q, cu_k, scale=scale, descales=descales, **options)
+    truth_out, truth_lse = [], []
+    for b in range(batch):
+        rows_q, rows_k = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        parts = [t[rows].transpose(0, 1)[None] for t, rows in ((q8, rows_q), (k8, rows_k), (v8, rows_k))]
+        seq_descales = tuple(d if d.dim() < 2 else d[b : b + 1] for d in descales)
+        wide = dequantize_attention_inputs(*parts, seq_descales, torch.float64)
+        o, l_ = reference_attention(*wide, scale=scale, return_lse=True, **options)
+        truth_out.append(o[0].transpose(0, 1))
+        truth_lse.append(l_[0])
+    truth, truth_l = torch.cat(truth_out), torch.cat(truth_lse, 1)
+    assert_error_rule("out", out, same, truth, OUTPUT_FACTOR, BF16)
+    lse_cap = LSE_RELATIVE * truth_l[torch.isfinite(truth_l)].abs().max().item()
+    assert_error_rule("lse", lse, truth_l, truth_l, OUTPUT_FACTOR, cap=lse_cap)
+    if paged:  # the same tiles in the same order: the same bits as packed keys
+        packed = flash_attention_varlen(args[0], k8.to(device), v8.to(device), *args[3:],
+                                        descale_q=descales[0].to(device), descale_k=descales[1].to(device),
+                                        descale_v=descales[2].to(device), **options)  # fmt: skip
+        assert torch.equal(out, packed)
+
+
+def test_quantize_fp8_output_feeds_it(device):
+    """quantize_fp8's (x_fp8, scale) pairs are (input, descale) pairs as they are (per tensor here)."""
+    q, k, v = (torch.randn(1, 2, 24, 64, device=device) * 3 for _ in range(3))
+    (q8, sq), (k8, sk), (v8, sv) = (quantize_fp8(t.reshape(-1, 64)) for t in (q, k, v))
+    q8, k8, v8 = (t.view(1, 2, 24, 64) for t in (q8, k8, v8))
+    out = flash_attention(q8, k8, v8, descale_q=sq, descale_k=sk, descale_v=sv, is_causal=True)
+    cpu = [t.cpu() for t in (q8, k8, v8)]
+    descales = (sq.cpu(), sk.cpu(), sv.cpu())
+    truth = reference_attention(*dequantize_attention_inputs(*cpu, descales, torch.float64), is_causal=True)
+    same, _ = reference_forward(*cpu, is_causal=True, window=None, softcap=None, scale=0.125,
+                                descales=descales)  # fmt: skip
+    assert_error_rule("out", out, same, truth, OUTPUT_FACTOR, BF16)
+
+
+def test_pytorch_fallback_rounds_like_the_kernel(monkeypatch):
+    """Where Triton cannot run (CPU without the interpreter) the float32 reference answers, with the same
+    rounding of the weights: within the 2x rule of the kernel's truth."""
+    q, k, v, descales = build(CASES[1], "cpu")
+    kernel = flash_attention(q, k, v, descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
+                             is_causal=True)  # fmt: skip
+    monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    fallback = flash_attention(q, k, v, descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
+                               is_causal=True)  # fmt: skip
+    assert fallback.dtype == BF16
+    wide = dequantize_attention_inputs(q, k, v, descales, torch.float64)
+    truth = reference_attention(*wide, is_causal=True)
+    assert_error_rule("fallback", kernel, fallback, truth, OUTPUT_FACTOR, BF16)
+
+
+def test_empty_sizes(device):
+    q = torch.zeros(0, 2, 5, 32, device=device).to(E4M3)
+    k = torch.zeros(0, 2, 7, 32, device=device).to(E4M3)
+    assert flash_attention(q, k, k).dtype == BF16
+    q = torch.zeros(1, 2, 5, 32, device=device).to(E4M3)
+    k = torch.zeros(1, 2, 0, 32, device=device).to(E4M3)
+    out, lse = flash_attention(q, k, k, return_lse=True)
+    assert out.dtype == BF16 and out.eq(0).all() and lse.eq(float("-inf")).all()
+
+
+def _fp8_inputs(device, heads_kv=2):
+    return (torch.randn(2, 4, 8, 32, device=device).to(E4M3),
+            *(torch.randn(2, heads_kv, 8, 32, device=device).to(E4M3) for _ in range(2)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (lambda q, k, v: dict(q=q.float().to(torch.float8_e5m2), k=k.float().to(torch.float8_e5m2),
+                              v=v.float().to(torch.float8_e5m2)),
+         TypeError, r"q has dtype torch.float8_e5m2; accepted \(fp8 attention.*\): float8_e4m3fn"),
+        (lambda q, k, v: dict(k=k.to(BF16)), TypeError, "k has dtype torch.bfloat16; accepted"),
+        (lambda q, k, v: dict(q=q.to(BF16)), TypeError,
+         "k has dtype torch.float8_e4m3fn, q torch.bfloat16: fp8 attention takes q, k and v all"),
+        (lambda q, k, v: dict(q=q.to(BF16), k=k.to(BF16), v=v.to(BF16), descale_q=torch.ones(())),
+         TypeError, "q has dtype torch.bfloat16; accepted"),
+        (lambda q, k, v: dict(descale_k=torch.ones(3)), ValueError, r"descale_k must be \[\] or \[1\]"),
+        (lambda q, k, v: dict(descale_v=torch.ones(2, dtype=torch.float16)), TypeError,
+         "descale_v must be float32"),
+        (lambda q, k, v: dict(descale_q=1.0), TypeError, "descale_q must be a torch.Tensor"),
+        (lambda q, k, v: dict(dropout_p=0.1), ValueError, "forward-only .*dropout_p must be 0"),
+        (lambda q, k, v: dict(descale_q=torch.ones((), requires_grad=True)), ValueError,
+         r"forward-only .*torch.no_grad\(\)"),
+    ],
+    ids=["e5m2", "mixed-k", "mixed-q", "16bit-with-descale", "descale-shape", "descale-dtype",
+         "descale-float", "dropout", "requires-grad"],
+)  # fmt: skip
+def test_bad_arguments_raise_before_any_work(change, error, match, device):
+    q, k, v = _fp8_inputs(device)
+    call = dict(q=q, k=k, v=v)
+    call.update({n: (t.to(device) if isinstance(t, torch.Tensor) and not t.requires_grad else t)
+                 for n, t in change(q, k, v).items()})  # fmt: skip
+    before = runtime.launch_count(flash.FORWARD.name)
+    with pytest.raises(error, match=match):
+        flash_attention(**call)
+    assert runtime.launch_count(flash.FORWARD.name) == before
+
+
+def test_descale_values_are_checked_where_values_are(device):
+    q, k, v = _fp8_inputs(device)
+    bad = torch.tensor([0.1, -1.0], device=device)
+    if runtime.check_values(q.device):
+        with pytest.raises(ValueError, match="descale_k must be finite and > 0, got -1.0"):
+            flash_attention(q, k, v, descale_k=bad)
+        cu = torch.tensor([0, 8, 16], dtype=I32, device=device)
+        packed_q, packed_kv = q.reshape(16, 4, 32), k.reshape(16, 2, 32)
+        with pytest.raises(ValueError, match="descale_v must be finite and > 0, got nan"):
+            flash_attention_varlen(packed_q, packed_kv, packed_kv, cu, cu, 8, 8,
+                                   descale_v=torch.tensor(float("nan"), device=device))  # fmt: skip
+
+
+def test_no_grad_mode_accepts_inputs_that_require_grad(device):
+    q, k, v = _fp8_inputs(device)
+    descale = torch.ones((), device=device, requires_grad=True)
+    with torch.no_grad():
+        out = flash_attention(q, k, v, descale_q=descale)
+    assert out.dtype == BF16 and not out.requires_grad
+
+
+def test_opcheck_and_torch_compile(device):
+    q, k, v = _fp8_inputs(device)
+    descale = torch.full((2,), 0.5, device=device)
+    args = (q, k, v, descale, None, descale, True, 0.2)
+    # (opcheck's schema test multiplies the inputs, which torch has no fp8 kernel for on the CPU)
+    torch.library.opcheck(torch.ops.llm_speed.flash_attention_fp8_forward.default, args,
+                          test_utils=("test_faketensor",))  # fmt: skip
+    torch._dynamo.reset()
+
+    def call(q, k, v, descale):
+        return flash_attention(q, k, v, descale_q=descale, descale_v=descale, is_causal=True, scale=0.2)
+
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    with expect_launches(flash.FORWARD.name, device=device):
+        got = compiled(q, k, v, descale)
+    assert torch.equal(got, call(q, k, v, descale))
+
+
+def test_flash_attn_interface_takes_flashattention3_descales(device):
+    """flash_attn_func / flash_attn_varlen_func with FlashAttention-3's q_descale, k_descale, v_descale
+    ([batch, heads_k]) on [batch, seq, heads, dim] tensors: the same bits as flash_attention."""
+    from llm_speed.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+    q, k, v = (torch.randn(2, 19, h, 32).mul(20).to(E4M3).to(device) for h in (4, 2, 2))
+    descales = [torch.rand(2, 2, device=device) * 0.1 + 0.01 for _ in range(3)]
+    out = flash_attn_func(q, k, v, causal=True, q_descale=descales[0], k_descale=descales[1],
+                          v_descale=descales[2])  # fmt: skip
+    want = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                           descale_q=descales[0], descale_k=descales[1], descale_v=descales[2])  # fmt: skip
+    assert out.dtype == BF16 and torch.equal(out, want.transpose(1, 2))
+    cu = torch.tensor([0, 19, 38], dtype=I32, device=device)
+    packed = flash_attn_varlen_func(q.reshape(38, 4, 32), k.reshape(38, 2, 32), v.reshape(38, 2, 32), cu, cu,
+                                    19, 19, causal=True, q_descale=descales[0], k_descale=descales[1],
+                                    v_descale=descales[2])  # fmt: skip
+    assert torch.equal(packed, out.reshape(38, 4, 32))
