@@ -19,11 +19,10 @@ import torch
 
 from ..core.args import check_flag, check_real
 from ..core.tensors import FLOAT_DTYPES, check_tensor, dtype_names, last_dim_contiguous
+from ..matmul.fp8 import FP8_DTYPES as ANY_FP8_DTYPES  # routed to fp8 attention (whose checks name its own)
 
 SUPPORTED_DTYPES = FLOAT_DTYPES
 FP8_DTYPES = (torch.float8_e4m3fn,)  # fp8 attention's q, k, v: e4m3, as FlashAttention-3
-# routed to fp8 attention (whose checks name what it takes)
-ANY_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_HEAD_DIM = 256  # any head_dim from 1 to 256, as flash-attn (the kernels mask the padded columns)
 
 
@@ -353,13 +352,14 @@ def check_scale(scale, q: torch.Tensor) -> float:
 
 
 def prepare_attention_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, dtypes=SUPPORTED_DTYPES
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-    """Validate, copy any tensor whose last dim is not contiguous, and resolve the default scale.
+    """Validate (q, k, v of one of ``dtypes``), copy any tensor whose last dim is not contiguous, and resolve
+    the default scale.
 
     Other strides are kept as they are: the kernels take any stride for batch, heads and sequence.
     """
-    validate_attention_inputs(q, k, v)
+    validate_attention_inputs(q, k, v, dtypes)
     return last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v), check_scale(scale, q)
 
 

@@ -62,7 +62,6 @@ from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..matmul.fp8 import _fp8_constants, _to_fp8
 from .checks import (
-    ANY_FP8_DTYPES,
     DESCALE_NAMES,
     FP8_DTYPES,
     check_alibi_slopes,
@@ -70,11 +69,10 @@ from .checks import (
     check_dropout,
     check_fp8_options,
     check_options,
-    check_scale,
     check_seqlens_values,
+    is_fp8_call,
     prepare_attention_inputs,
     suggest_keywords,
-    validate_attention_inputs,
 )
 from .decode import MAX_TABLE_BLOCK, _cache_rows, _descale_strides, _has_bad_page
 from .reference import (
@@ -1950,11 +1948,6 @@ def _descale_inputs(descales) -> dict:
             if t is not None}  # fmt: skip
 
 
-def output_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The forward's output dtype for inputs of ``dtype``: theirs, bfloat16 for fp8 (FlashAttention-3's)."""
-    return torch.bfloat16 if dtype == FP8_DTYPE else dtype
-
-
 def attention_forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False,
     alibi_slopes=None, dropout_p: float = 0.0, rng=None, descales=None,
@@ -1982,11 +1975,11 @@ def attention_forward(
         if seq_major(shape, q.stride()):  # the layout the kernel writes
             out = new_dense_output(shape, True, out_dtype, device).copy_(out)
         return out, lse
-    # (fp8 only: the descales' part of the key; a common call hashes no more than before)
-    fp8_key = () if descales is None else (False, None, None, _descale_key(descales))
-    plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, two_pass, False, scale < 0.0,
-                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device, *fp8_key)  # fmt: skip
+    key = (shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal, window_left,
+           window_right, softcap is not None, two_pass, False, scale < 0.0, _alibi_dims(alibi_slopes),
+           dropout_p > 0.0, device)  # fmt: skip
+    # (the descales' part of the key for fp8 only: a 16-bit call's key is as before)
+    plan = _forward_plan(*key) if descales is None else _forward_plan(*key, descales=_descale_key(descales))
     out = new_dense_output(shape, seq_major(shape, q.stride()), out_dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
@@ -2074,7 +2067,7 @@ def varlen_forward(
         check_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k,
                              seqused_k=seqused_k, block_table=block_table, num_pages=k.shape[0])  # fmt: skip
     batch = cu_seqlens_q.shape[0] - 1
-    out_dtype = output_dtype(q.dtype)
+    out_dtype = q.dtype if descales is None else torch.bfloat16  # fp8: bfloat16 out (FlashAttention-3's)
     if total_q == 0:  # no query: nothing to launch
         lse = torch.empty((heads_q, 0), dtype=torch.float32, device=device)
         return torch.zeros_like(q, dtype=out_dtype), lse
@@ -2300,13 +2293,11 @@ _fp8_forward_call = Op(_fp8_forward_op, fp8_forward)  # forward only: no gradien
 
 def _fp8_attention(q, k, v, descales, is_causal, scale, left, right, softcap, alibi_slopes, dropout_p):
     """:func:`flash_attention` with e4m3 q, k, v: (out, lse)."""
-    validate_attention_inputs(q, k, v, FP8_DTYPES)
+    q, k, v, scale = prepare_attention_inputs(q, k, v, scale, FP8_DTYPES)
     batch, heads_kv = q.shape[0], k.shape[1]
     check_fp8_options(q, k, v, descales, dropout_p, batch, heads_kv)
     alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
-    q, k, v = tensors.last_dim_contiguous(q), tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
-    return _fp8_forward_call(q, k, v, *descales, is_causal, check_scale(scale, q), left, right, softcap,
-                             alibi_slopes)  # fmt: skip
+    return _fp8_forward_call(q, k, v, *descales, is_causal, scale, left, right, softcap, alibi_slopes)
 
 
 # --- public function ------------------------------------------------------------------------------------
@@ -2406,9 +2397,7 @@ def flash_attention(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
-    if descale_q is not None or descale_k is not None or descale_v is not None or (
-        getattr(q, "dtype", None) in ANY_FP8_DTYPES
-    ):  # fp8 attention (a descale given, or fp8 q: fp8 checks name what it takes)
+    if is_fp8_call(q, descale_q, descale_k, descale_v):
         out, lse = _fp8_attention(q, k, v, (descale_q, descale_k, descale_v), is_causal, scale, left, right,
                                   softcap, alibi_slopes, dropout_p)  # fmt: skip
         return (out, lse) if return_lse else out

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core import autocast, runtime  # torch.autocast rules
+from ..core import (
+    autocast,  # torch.autocast rules
+    runtime,
+)
 from ..core.args import check_flag
 from ..core.dispatch import Op
 from ..core.tensors import last_dim_contiguous
@@ -19,6 +22,7 @@ from . import flash
 from .checks import (
     DESCALE_NAMES,
     FP8_DTYPES,
+    SUPPORTED_DTYPES,
     check_alibi_slopes,
     check_descale_values,
     check_dropout,
@@ -184,29 +188,6 @@ def _fp8_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 _fp8_forward_call = Op(_fp8_forward_op, _fp8_forward)  # forward only: no gradient formula
 
 
-def _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descales, is_causal,
-                   scale, left, right, softcap, alibi_slopes, dropout_p, seqused_k, block_table):  # fmt: skip
-    """:func:`flash_attention_varlen` with e4m3 q, k, v: (out, lse)."""
-    paged = block_table is not None
-    if seqused_k is None and not paged:
-        max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, FP8_DTYPES
-        )
-    else:
-        max_seqlen_q, max_seqlen_k = validate_paged_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
-            PAGE_MULTIPLE, FP8_DTYPES,
-        )  # fmt: skip
-    batch = cu_seqlens_q.shape[0] - 1
-    check_fp8_options(q, k, v, descales, dropout_p, batch, k.shape[2] if paged else k.shape[1])
-    alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
-    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
-    return _fp8_forward_call(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, is_causal,
-        check_scale(scale, q), left, right, softcap, alibi_slopes, seqused_k, block_table,
-    )  # fmt: skip
-
-
 # --- public function ------------------------------------------------------------------------------------
 
 
@@ -292,25 +273,25 @@ def flash_attention_varlen(
     """
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
-    if is_fp8_call(q, descale_q, descale_k, descale_v):
-        out, lse = _fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  (descale_q, descale_k, descale_v), is_causal, scale, left, right, softcap,
-                                  alibi_slopes, dropout_p, seqused_k, block_table)  # fmt: skip
-        return (out, lse) if return_lse else out
-    q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
+    fp8 = is_fp8_call(q, descale_q, descale_k, descale_v)
+    if fp8:
+        dtypes = FP8_DTYPES
+    else:
+        dtypes = SUPPORTED_DTYPES
+        q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     if seqused_k is None and block_table is None:
         max_seqlen_q, max_seqlen_k = validate_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtypes
         )
         kv_extra = ()
     else:
         max_seqlen_q, max_seqlen_k = validate_paged_varlen_inputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
-            PAGE_MULTIPLE,
+            PAGE_MULTIPLE, dtypes,
         )  # fmt: skip
-        if block_table is not None and torch.is_grad_enabled() and (
+        if not fp8 and block_table is not None and torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad
-        ):
+        ):  # (fp8: check_fp8_options says it is forward-only)
             raise ValueError(
                 "block_table (paged K/V) is forward-only (as in flash-attn): call under torch.no_grad() or "
                 "with q, k, v that do not require grad"
@@ -318,6 +299,15 @@ def flash_attention_varlen(
         kv_extra = (seqused_k, block_table)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)
+    if fp8:
+        batch, descales = cu_seqlens_q.shape[0] - 1, (descale_q, descale_k, descale_v)
+        check_fp8_options(q, k, v, descales, dropout_p, batch, k.shape[-2])  # heads_kv, packed or paged
+        alibi_slopes = check_alibi_slopes(alibi_slopes, batch, q.shape[1], q.device)
+        out, lse = _fp8_forward_call(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, is_causal, scale,
+            left, right, softcap, alibi_slopes, seqused_k, block_table,
+        )  # fmt: skip
+        return (out, lse) if return_lse else out
     if alibi_slopes is None and not dropout_p and not kv_extra:  # the common call: nothing more to check
         extra = ()
     else:

@@ -147,7 +147,7 @@ def attention_problem(
             if page_size:  # each sequence's pages one after another in the pool
                 pages = -(-max_len // page_size)
                 shape = (sequences * pages, page_size, heads_kv, head_dim)
-                k, v = (torch.empty(shape).to(k.dtype) for _ in range(2))
+                k, v = (torch.empty(shape, dtype=k.dtype) for _ in range(2))
                 table = torch.arange(sequences * pages, dtype=torch.int32)
                 options["block_table"] = table.view(sequences, pages)
 
