@@ -85,8 +85,9 @@ def test_shipped_configs_list_every_config_once():
 
 def test_hardware_from_device_properties():
     props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
-                                  shared_memory_per_block_optin=232448)  # fmt: skip
-    assert Hardware.from_properties(props) == Hardware("NVIDIA H100 80GB HBM3", (9, 0), 232448, 132)
+                                  shared_memory_per_block_optin=232448, L2_cache_size=52428800)  # fmt: skip
+    assert Hardware.from_properties(props) == Hardware("NVIDIA H100 80GB HBM3", (9, 0), 232448, 132, 52428800)
+    assert Hardware.from_spec("h100-sxm").l2_bytes == 50 * KIB * KIB
     # an older torch without the opt-in field: the GPU table fills it in, else CUDA's 48 KB default
     del props.shared_memory_per_block_optin
     assert Hardware.from_properties(props).smem_per_block_bytes == 227 * KIB

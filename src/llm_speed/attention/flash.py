@@ -241,6 +241,18 @@ def _lane(values, this):
 
 
 @triton.jit
+def _longest_first(pid, n_blocks, pairs, section):
+    """(query block, pair) of program ``pid`` in longest-first order (see :func:`_program`): ``pairs``
+    (batch, head) pairs of ``n_blocks`` blocks each, in sections of ``section`` pairs; within a section
+    block-major, from the last block (under a causal mask the one that sees the most keys)."""
+    per_section = section * n_blocks
+    first = (pid // per_section) * section
+    width = tl.minimum(section, pairs - first)
+    rest = pid % per_section
+    return n_blocks - 1 - rest // width, first + rest % width
+
+
+@triton.jit
 def _program(
     CU_Q,
     CU_K,
@@ -250,12 +262,14 @@ def _program(
     heads,
     batch,
     grid_blocks,
+    section,
     BLOCK: tl.constexpr,
     OVER_KEYS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     SEQUSED: tl.constexpr,
     PAGED: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    LPT: tl.constexpr,
 ):
     """Which rows this program owns: (first row of its block within its sequence, batch b, head h, first
     packed row of the sequence's queries and keys, the sequence's seq_q and seq_kv, whether its bounds are
@@ -278,11 +292,22 @@ def _program(
     below 0 or past the sequence's keys makes it invalid. ``PAGED`` (forward only): the keys live in pages
     (:func:`_pages`), sequence b has ``SEQUSED_K[b]`` keys (without ``SEQUSED``: ``CU_K[b + 1] - CU_K[b]``)
     from position 0, and ``seq_kv`` is the block table's capacity (pages per row x page size).
+
+    Launch order. By default the blocks of one (batch, head) are adjacent, in row order. ``LPT`` (query
+    blocks under causal-like masks, where a block's work grows with its index): longest first, as
+    FlashAttention-3's LPT tile scheduler (Dao-AILab/flash-attention, ``SingleTileLPTScheduler``): the
+    (batch, head) pairs go in sections of ``section`` (as many as keep their K and V in L2), and within a
+    section the block index is the major axis, heaviest block first (:func:`_longest_first`), so the last
+    programs to start are the shortest and the SMs finish together instead of waiting on the last head's
+    diagonal blocks.
     """
     pid = tl.program_id(0)
     if IS_VARLEN:
-        blk = pid % grid_blocks
-        h = pid // grid_blocks
+        if LPT:
+            blk, h = _longest_first(pid, grid_blocks, heads, section)
+        else:
+            blk = pid % grid_blocks
+            h = pid // grid_blocks
         o_b = tl.arange(0, BLOCK_B)
         b_start_q, b_end_q, b_valid_q = _owned_rows(CU_Q, o_b, batch, seq_q)
         if PAGED:
@@ -325,10 +350,14 @@ def _program(
             n_blocks = tl.cdiv(seq_kv, BLOCK)
         else:
             n_blocks = tl.cdiv(seq_q, BLOCK)
-        bh = pid // n_blocks
+        if LPT:
+            blk, bh = _longest_first(pid, n_blocks, batch * heads, section)
+        else:
+            blk = pid % n_blocks
+            bh = pid // n_blocks
         zero = (pid * 0).to(tl.int64)
         return (
-            (pid % n_blocks) * BLOCK,
+            blk * BLOCK,
             (bh // heads).to(tl.int64),
             (bh % heads).to(tl.int64),
             zero,
@@ -775,6 +804,7 @@ def _attention_fwd_kernel(
     head_dim,
     batch,
     grid_blocks,
+    section,
     page_size,
     num_pages,
     scale,
@@ -802,6 +832,7 @@ def _attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    LPT: tl.constexpr,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head).
 
@@ -821,8 +852,9 @@ def _attention_fwd_kernel(
     fold into the score scale, v's into the output (exact algebra).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=PAGED, BLOCK_B=BLOCK_B,
+        LPT=LPT,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -1210,8 +1242,9 @@ def _flash_bwd_dkdv_kernel(
     and the dQ kernel computes dQ on its own (the deterministic path).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks, 1,
         BLOCK=BLOCK_N, OVER_KEYS=True, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
+        LPT=False,
     )  # fmt: skip
 
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -1381,6 +1414,7 @@ def _flash_bwd_dq_kernel(
     head_dim,
     batch,
     grid_blocks,
+    section,
     scale,
     softcap,
     window_left,
@@ -1403,6 +1437,7 @@ def _flash_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    LPT: tl.constexpr,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head); it owns dQ for those rows.
 
@@ -1410,8 +1445,9 @@ def _flash_bwd_dq_kernel(
     dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
-        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks,
+        CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
+        LPT=LPT,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -1765,6 +1801,24 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
     return (blocks * heads,), {"batch": batch, "grid_blocks": blocks, "BLOCK_B": next_power_of_2(batch)}
 
 
+def _launch_order(
+    is_causal: bool, left, right, hardware: Hardware, pairs: int, kv_bytes: int, group: int
+) -> dict:
+    """The launch-order arguments of a query-block kernel (forward, dQ; :func:`_program`): longest first
+    (``LPT``) in sections of ``section`` of its ``pairs`` (batch, head) pairs, or row order.
+
+    Longest first only pays where a query block's work grows with its index: a causal mask, or a window
+    bounded on the right only (a left bound makes the blocks alike). A section holds as many pairs as keep
+    the K and V they stream (``kv_bytes`` per KV head, shared by ``group`` query heads) in the L2 at once,
+    so that the programs running together still share their loads there; at least one. The dK/dV kernel
+    keeps row order: its key blocks already start with the heaviest (the first keys see the most queries).
+    """
+    if not (is_causal or right is not None) or left is not None:
+        return {"section": 1, "LPT": False}
+    section = hardware.l2_bytes * group // max(1, kv_bytes)
+    return {"section": min(max(1, section), pairs), "LPT": True}
+
+
 def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
     """The fixed arguments of paged K/V ``[num_pages, page_size, heads_kv, head_dim]`` read through a block
     table ``[batch, max_pages]``: strides (page, head, slot) and the table's."""
@@ -1795,8 +1849,11 @@ def _forward_plan(
         heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
         num_pages, page_size = 0, 1
     block_d = padded_head_dim(head_dim, dtype)
-    cfg = attention_config("forward", block_d, dtype, hardware_of(device))
+    hardware = hardware_of(device)
+    cfg = attention_config("forward", block_d, dtype, hardware)
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
+    order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv)  # fmt: skip
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     o_stride = _output_strides(q_shape, q_stride, varlen)
     strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
@@ -1813,7 +1870,7 @@ def _forward_plan(
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
     return (TILED if two_pass else FORWARD).plan(
         grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
-        **_lse_stride_args(lse_shape, varlen), **grid_args,
+        **_lse_stride_args(lse_shape, varlen), **grid_args, **order,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         page_size=page_size, num_pages=num_pages,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
@@ -1882,8 +1939,11 @@ def _backward_plans(
         return preprocess, dkdv, dq
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
+    order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv)  # fmt: skip
     dq = BACKWARD_DQ.plan(
-        grid, **common, **grid_args, **_stride_args(varlen, dq=_contiguous_strides(q_shape)), heads_q=heads_q,
+        grid, **common, **grid_args, **order, **_stride_args(varlen, dq=_contiguous_strides(q_shape)),
+        heads_q=heads_q,
         EVEN_M=not varlen and seq_q % cfg.block_n == 0, EVEN_N=not varlen and seq_kv % cfg.block_m == 0,
         BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
     )  # fmt: skip
