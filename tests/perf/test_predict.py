@@ -17,9 +17,12 @@ from llm_speed.perf.predict import (
     SDPA_BACKENDS,
     UNMEASURED_OPS,
     UNMODELLED,
+    compiled_key,
     elementwise_cost,
     gemm_config_choice,
     implementations,
+    launch_order,
+    list_schedule,
     load_calibration,
     makespan,
     predict,
@@ -173,11 +176,60 @@ def test_attention_tiles_change_the_prediction():
     new = predict("flash_attention", "h100-sxm", **shape)
     assert old.breakdown.tile == (128, 32, 8, 2) and new.breakdown.tile == (128, 128, 8, 3)
     assert new.seconds < 0.75 * old.seconds  # the LARGE tier's tiles (measured: 292 -> 481 TFLOP/s)
-    forced = predict("flash_attention", "h100-sxm", config=[128, 32, 8, 2], **shape)
+    forced = predict("flash_attention", "h100-sxm", build="af147ec", config=[128, 32, 8, 2], **shape)
     assert forced.seconds == pytest.approx(old.seconds)
     causal = predict("flash_attention", "h100-sxm", causal=True, **shape)
     assert 0.45 < causal.seconds / new.seconds < 0.65
     assert new.breakdown.exp_s > 0 and new.bound == "compute"
+
+
+def test_launch_order_and_list_schedule():
+    # Causal query blocks of 1..4 key blocks, 3 pairs: row order (each pair's blocks in turn) against longest
+    # first in sections of 2 pairs (llm_speed.attention.flash._longest_first).
+    per_pair = [1, 2, 3, 4]
+    assert launch_order(per_pair, 3, None) == (1, 2, 3, 4) * 3
+    assert launch_order(per_pair, 3, 2) == (4, 4, 3, 3, 2, 2, 1, 1, 4, 3, 2, 1)
+    # 2 SMs, 2 pairs of blocks [1, 3]: in row order the second pair's 3-block program starts last, at 2,
+    # and ends alone at 5; longest first, (3, 3, 1, 1) ends at 4, the 8 blocks over 2 SMs.
+    assert list_schedule(launch_order([1, 3], 2, None), 2) == 5.0
+    assert list_schedule(launch_order([1, 3], 2, 2), 2) == 4.0
+    assert list_schedule((3,) * 9, 4) == 9.0  # equal programs: ceil(9 / 4) waves
+
+
+def test_causal_launch_order_and_backward_paths_in_the_prediction():
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128, causal=True)
+    calibration = copy.deepcopy(load_calibration())
+    current = predict("flash_attention", "h100-sxm", **shape)
+    calibration["builds"]["llm-speed"]["current"]["attention_launch"] = "row"
+    row = predict("flash_attention", "h100-sxm", calibration=calibration, **shape)
+    assert 1.03 < row.seconds / current.seconds < 1.12  # the last head's diagonal blocks no longer run alone
+    # The default backward runs 5 matmuls per tile (atomic dQ), the deterministic one 7: ~2.5x and ~3.5x the
+    # forward's FLOPs on the same tensor cores.
+    default = predict("flash_attention_backward", "h100-sxm", **shape)
+    deterministic = predict("flash_attention_backward", "h100-sxm", deterministic=True, **shape)
+    assert 1.3 < deterministic.seconds / default.seconds < 1.6
+    assert default.breakdown.kernels == 3 and deterministic.breakdown.kernels == 3
+    with pytest.raises(ValueError, match="deterministic"):
+        predict("flash_attention_backward", "h100-sxm", implementation="sdpa-flash", deterministic=1, **shape)
+
+
+def test_compiled_kernels_replace_the_estimates():
+    # af147ec's forward at 128x128 with 4 warps, as compiled for sm_90a (benchmarks/results/h100-sxm/
+    # compiled-af147ec.json): 255 registers and 10 spill instructions in its loop; the same tile on a build
+    # without compiled kernels is estimated (no spill: the kernel budgets hold shipped configurations to
+    # none).
+    calibration = load_calibration()
+    key = compiled_key("forward", False, 128, "fp16", (128, 128, 4, 3))
+    assert calibration["compiled"]["af147ec"]["kernels"][key]["loop_spills"] == 10
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128, config=[128, 128, 4, 3])
+    compiled = predict("flash_attention", "h100-sxm", build="af147ec", **shape)
+    estimated = predict("flash_attention", "h100-sxm", **shape)
+    assert compiled.seconds > estimated.seconds
+    spilled = copy.deepcopy(calibration)
+    spilled["compiled"]["af147ec"]["kernels"][key]["loop_spills"] = 0
+    assert predict("flash_attention", "h100-sxm", build="af147ec", calibration=spilled, **shape).seconds < (
+        compiled.seconds
+    )
 
 
 def test_uncalibrated_gpus_say_so():
@@ -423,6 +475,23 @@ def test_refit_from_a_results_directory(tmp_path):
     assert report["training"]["worst_abs_error"] < 0.02 and report["held_out"]["worst_abs_error"] < 0.08
     assert new["gpus"]["h100-sxm"]["ceilings"]["copy_bytes_per_s"] == 3.0e12
     assert fitted["fitted"]["files"] == ["session/gemm.json"]
+
+
+def test_a_results_directory_carries_compiled_kernels(tmp_path):
+    # benchmarks/compile_measured_tiles.py's output beside the measurements: read, keyed as predict looks it
+    # up; a kernel that could not launch (an error) is left out.
+    row = {"direction": "fwd", "kernel": "forward", "causal": True, "head_dim": 64, "dtype": "fp16",
+           "config": [128, 64, 4, 3], "registers": 237, "loop_spill_instructions": 3, "blocks_per_sm": 2,
+           "tensor_cores": "HGMMA", "error": None}  # fmt: skip
+    broken = dict(row, config=[128, 128, 8, 4], error="OutOfResources: shared memory")
+    document = {"commit": "abc1234", "target": "sm_90a", "triton": "3.6.0", "kernels": [row, broken],
+                "generated_by": calibrate.COMPILED_BY}  # fmt: skip
+    (tmp_path / "compiled-abc1234.json").write_text(json.dumps(document))
+    table = calibrate.load_results(tmp_path, gpu="h100-sxm").compiled["abc1234"]
+    key = compiled_key("forward", True, 64, "fp16", (128, 64, 4, 3))
+    assert list(table["kernels"]) == [key]
+    assert table["kernels"][key] == {"registers": 237, "loop_spills": 3, "blocks_per_sm": 2,
+                                     "tensor_cores": "HGMMA"}  # fmt: skip
 
 
 def test_a_cpu_run_is_not_a_measurement(tmp_path):

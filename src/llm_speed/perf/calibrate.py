@@ -3,8 +3,10 @@ on the rest.
 
 ``load_points(directory)`` reads every measurement under a results directory: the JSON files of ``llm-speed
 bench attention|gemm|decode`` (each timed row; the GPU from the file's ``environment.gpu_spec_id``), the
-JSON lines of ``benchmarks/attention_sweep.py`` (a tile per row), and the ceilings a GPU session records
-(``ceilings.txt``: the measured copy bandwidth; ``host_overhead.txt``: host time per call).
+JSON lines of ``benchmarks/attention_sweep.py`` (a tile per row), the ceilings a GPU session records
+(``ceilings.txt``: the measured copy bandwidth; ``host_overhead.txt``: host time per call), and what the
+compiler made of the measured commit's kernels (``benchmarks/compile_measured_tiles.py``'s JSON: programs
+per SM and spills in loops per tile, copied to the calibration's ``compiled`` tables).
 
 ``split(points)``: the held-out rule, the same for every implementation so that cuBLAS, SDPA and llm-speed
 are checked on the same shapes. Points that differ only in their size (a sequence length, a token count,
@@ -37,6 +39,7 @@ from llm_speed.perf.predict import (
     REFERENCE_GPU,
     SDPA_BACKENDS,
     Prediction,
+    compiled_key,
     family_of,
     load_calibration,
     predict,
@@ -45,7 +48,7 @@ from llm_speed.perf.predict import (
 # What each fit moves, per (family, whose kernel); every other parameter keeps its stated value. llm-speed's
 # GEMM latencies are not fitted: at the build measured on the H100 (af147ec) its host path (~218 us per
 # call) hid them on every small shape, so its device latency and memory ramp keep cuBLAS's fitted values.
-# Tile effects (wgmma rows, register budget) are fitted only for llm-speed's kernels, whose tiles vary in
+# Tile effects (wgmma rows, spills in loops) are fitted only for llm-speed's kernels, whose tiles vary in
 # the sweeps; a vendor kernel's tiles are fixed, so its efficiency is one number.
 FITTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("gemm", "vendor"): (
@@ -74,8 +77,7 @@ FITTED: dict[tuple[str, str], tuple[str, ...]] = {
         "eta",
         "n_half",
         "sync",
-        "regs_max",
-        "spill",
+        "spill_s",
         "overlap_single",
         "overlap_multi",
         "alu_per_score",
@@ -134,6 +136,7 @@ class Results:
     points: list[Point] = field(default_factory=list)
     ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)
     host_s: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # gpu -> impl -> op -> s
+    compiled: dict[str, dict[str, Any]] = field(default_factory=dict)  # commit -> compiled kernels
     files: list[str] = field(default_factory=list)
 
 
@@ -332,6 +335,10 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
                 document = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
+            if isinstance(document, dict) and document.get("generated_by") == COMPILED_BY:
+                results.compiled[document["commit"]] = _compiled_table(document, path)
+                results.files.append(display_path(path))
+                continue
             if not isinstance(document, dict) or document.get("benchmark") not in READERS:
                 continue
             environment = document.get("environment") or {}
@@ -375,6 +382,31 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
                     table["source"] = display_path(path)
             results.files.append(display_path(path))
     return results
+
+
+COMPILED_BY = "benchmarks/compile_measured_tiles.py"
+
+
+def _compiled_table(document: dict, path: Path) -> dict[str, Any]:
+    """A commit's kernels as compiled at measured tiles (``benchmarks/compile_measured_tiles.py``), keyed as
+    the model looks them up (``predict.compiled_key``): programs per SM and spill instructions inside loops.
+    Kernels that cannot launch (an ``error``: out of shared memory) have no timing to explain."""
+    kernels = {}
+    for row in document["kernels"]:
+        if row.get("error"):
+            continue
+        key = compiled_key(row["kernel"], row["causal"], row["head_dim"], row["dtype"], row["config"])
+        kernels[key] = {
+            "registers": row["registers"],
+            "loop_spills": row["loop_spill_instructions"],
+            "blocks_per_sm": row["blocks_per_sm"],
+            "tensor_cores": row["tensor_cores"],
+        }
+    return {
+        "source": display_path(path),
+        "target": f"{document.get('target')} (Triton {document.get('triton')})",
+        "kernels": kernels,
+    }
 
 
 def _sweep_build(path: Path) -> str | None:
@@ -596,6 +628,8 @@ def calibrate(
     for gpu_id, ceilings in results.ceilings.items():
         entry = calibration["gpus"].setdefault(gpu_id, copy.deepcopy(calibration["gpus"][REFERENCE_GPU]))
         entry.setdefault("ceilings", {}).update(ceilings)
+    for commit, table in results.compiled.items():
+        calibration.setdefault("compiled", {})[commit] = table
     for gpu_id, tables in results.host_s.items():
         impls = calibration["gpus"].get(gpu_id, {}).get("implementations", {})
         for name, table in tables.items():

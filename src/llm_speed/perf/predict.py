@@ -7,9 +7,11 @@ each SDPA backend, eager PyTorch). Its time is built from four terms, each a pie
 
 * **achievable compute**: the work of each program (a GEMM output tile, an attention query block) on one
   SM's tensor cores at an efficiency that depends on the tile: ``eta * N / (N + n_half)`` for a tensor-core
-  instruction of width N, times ``sync`` when a warpgroup holds fewer than 64 rows (Hopper's wgmma needs
-  64; narrower tiles run mma.sync), divided by ``1 + spill * (regs / regs_max - 1)`` when the tile's fp32
-  accumulators need more registers per thread than the budget; plus, for attention, the exponentials on
+  instruction of width N (narrower when Triton splits N across warpgroups of fewer than 64 rows each),
+  times ``sync`` below 64 rows (Hopper's wgmma needs 64; narrower tiles run mma.sync); where the
+  calibration has the kernel compiled (``compiled``: registers, spills, occupancy from the sm_90a build),
+  ``spill_s`` per register spill instruction in its loop and the compiler's programs per SM; plus, for
+  attention, the exponentials on
   the SM's special-function units (16 per clock per SM, CUDA C++ Programming Guide, arithmetic instruction
   throughput: 3.9 TFLOP/s on an H100 SXM beside 989 of tensor cores, FlashAttention-3 paper, section 3)
   with its CUDA-core bookkeeping (``alu_per_score``), of which the part not overlapped with the matmuls
@@ -17,7 +19,8 @@ each SDPA backend, eager PyTorch). Its time is built from four terms, each a pie
   each block waits at least for its prefetched tile loads (``load_s`` over the pipeline depth); plus a
   fixed cost per block iteration and per program. Programs are spread over the SMs in waves
   (:func:`makespan`: the last wave's idle SMs count, the wave quantization of
-  :mod:`llm_speed.perf.gemm_tiling`).
+  :mod:`llm_speed.perf.gemm_tiling`); attention's programs of unequal length (causal masks) in their
+  launch order, each SM taking the next as it frees (:func:`list_schedule`, :func:`launch_order`).
 * **achievable bandwidth**: DRAM traffic (the minimum bytes of :mod:`llm_speed.perf.kernel_costs`, plus
   the tile re-reads that miss the L2: ``l2_miss``) at the *measured* copy bandwidth times
   ``bandwidth_efficiency``, capped by what the SMs that have a program can pull (``sm_bandwidth`` each);
@@ -41,11 +44,12 @@ the H100's efficiencies applied to its own datasheet figures, and the prediction
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -443,21 +447,36 @@ def makespan(program_times: Iterable[float], slots: int) -> tuple[float, int, fl
     return time, count, waves, efficiency
 
 
-def tensor_core_efficiency(
-    params: dict[str, Any], rows: float, width: float, warps: int, regs: float | None = None
-) -> float:
+def tensor_core_efficiency(params: dict[str, Any], rows: float, width: float, warps: int) -> float:
     """Fraction of the dense peak one tensor-core matmul of a program reaches: ``eta * N / (N + n_half)``
-    (N = ``width``, the instruction's N), times ``sync`` when a warpgroup holds fewer than 64 of the
-    ``rows`` (no wgmma), divided by ``1 + spill * (regs / regs_max - 1)`` past the register budget."""
-    eta = float(params["eta"]) * width / (width + float(params.get("n_half", 0.0)))
-    warpgroups = max(1.0, warps / WARPS_PER_WARPGROUP)
-    if rows / warpgroups < WGMMA_ROWS or warps < WARPS_PER_WARPGROUP:
-        eta *= float(params.get("sync", 1.0))
-    budget = float(params.get("regs_max", 0.0))
-    if regs is not None and budget and regs > budget:
-        # Spilled registers go to local memory and back: a cost that grows with the excess.
-        eta /= 1.0 + float(params.get("spill", 1.0)) * (regs / budget - 1.0)
-    return eta
+    for the instruction's N. Hopper's wgmma takes 64 rows per warpgroup: with fewer than 64 ``rows`` (or
+    under 4 warps) the product runs Ampere's mma.sync instead (times ``sync``, N = ``width``); with fewer
+    than 64 rows per warpgroup, Triton splits the ``width`` across the warpgroups (its warpsPerCTA layout),
+    each issuing a narrower wgmma (N = width x rows / (64 x warpgroups))."""
+    warpgroups = max(1, warps // WARPS_PER_WARPGROUP)
+    n = float(width)
+    factor = 1.0
+    if rows < WGMMA_ROWS or warps < WARPS_PER_WARPGROUP:
+        factor = float(params.get("sync", 1.0))
+    elif rows < WGMMA_ROWS * warpgroups:
+        n = width * rows / (WGMMA_ROWS * warpgroups)
+    return factor * float(params["eta"]) * n / (n + float(params.get("n_half", 0.0)))
+
+
+@functools.lru_cache(maxsize=256)
+def list_schedule(costs: tuple[int, ...], slots: int) -> float:
+    """When the last of programs of ``costs`` (in launch order) ends on ``slots`` SMs that each take the next
+    program as they free (the hardware's block scheduler, one program at a time per SM at the SM's full
+    rate), in cost units. Equal costs: ``ceil(n / slots)`` of them; unequal ones depend on the order, which
+    is why a causal kernel launches its longest programs first."""
+    if not costs:
+        return 0.0
+    if len(set(costs)) == 1:
+        return float(math.ceil(len(costs) / slots) * costs[0])
+    free = [0] * min(slots, len(costs))
+    for cost in costs:
+        heapq.heapreplace(free, free[0] + cost)
+    return float(max(free))
 
 
 def _host_exposed(host_s: float, device_s: float, context: str, flush_s: float) -> float:
@@ -786,13 +805,17 @@ def _no_more(problem: dict[str, Any], op: str) -> None:
 
 @dataclass(frozen=True)
 class KernelPass:
-    """One kernel of an attention call, as the model sees it: its programs (``histogram``: blocks per
-    program -> how many programs), what one block iteration does (tensor-core matmuls as (rows, width,
-    FLOPs), exponentials), the registers its fp32 tiles need per thread, and its traffic (the minimum DRAM
-    bytes it must move, the bytes one block iteration loads, which the L2 serves when they are re-reads)."""
+    """One kernel of an attention call, as the model sees it: its programs (``programs``: the block
+    iterations of each, in launch order), what one block iteration does (tensor-core matmuls as (rows,
+    width, FLOPs), exponentials), the registers its fp32 tiles need per thread, and its traffic (the minimum
+    DRAM bytes it must move, the bytes one block iteration loads, which the L2 serves when they are
+    re-reads). What the compiler made of it, where the calibration has the build compiled
+    (``compiled_resources``): ``resident`` programs per SM and ``loop_spills``, the local-memory
+    instructions (register spills) inside its loops; without, the occupancy is estimated from ``regs`` and
+    no spill is assumed (the kernel budgets of ``make test`` hold every shipped configuration to none)."""
 
     name: str
-    histogram: dict[int, int]
+    programs: tuple[int, ...]
     matmuls: tuple[tuple[float, float, float], ...]
     exps: float
     warps: int
@@ -802,11 +825,16 @@ class KernelPass:
     unique_load_bytes: float  # the part of the block loads that is the minimum (read once from DRAM)
     tile: tuple[int, ...] = ()
     smem_bytes: float = 0.0  # shared memory one program holds (resident tiles + stages x streamed tiles)
+    resident: int = 0  # programs per SM as compiled (0: estimated by occupancy())
+    loop_spills: int = 0
 
 
 def occupancy(spec: GPUSpec, kernel: KernelPass, params: dict[str, Any]) -> int:
-    """Programs one SM holds at once: limited by shared memory (``smem_per_sm_kb``) and by the register
-    file (64K registers: threads x (the tile's fp32 registers + ``regs_base``), at most 255 per thread)."""
+    """Programs one SM holds at once: the compiled kernel's, else limited by shared memory
+    (``smem_per_sm_kb``) and by the register file (64K registers: threads x (the tile's fp32 registers +
+    ``regs_base``), at most 255 per thread)."""
+    if kernel.resident:
+        return kernel.resident
     smem = max(1.0, kernel.smem_bytes)
     by_smem = int(spec.smem_per_sm_kb * 1024 // smem)
     threads = kernel.warps * THREADS_PER_WARP
@@ -824,15 +852,16 @@ def block_time(
     block's exponentials on the special-function units plus ``alu_per_score`` CUDA-core operations per score
     (max, scale, subtract, convert). With two or more warpgroups one warpgroup's softmax runs while another's
     matmuls do (``overlap_multi`` of the shorter hidden), with one only the scheduler's interleaving
-    (``overlap_single``). Plus ``block_s`` of bookkeeping. The K/V (or Q/dO) tile loads are prefetched
-    ``stages - 1`` blocks ahead: a block cannot take less than ``load_s / (stages - 1)`` (one stage: the load
-    is not hidden at all); the SM's other programs (:func:`occupancy`) add their warpgroups to the overlap and
-    their stages to the prefetch depth."""
+    (``overlap_single``). Plus ``block_s`` of bookkeeping, and ``spill_s`` for each register spill
+    instruction in the loop, over the program's warpgroups (the others run while one waits). The K/V (or
+    Q/dO) tile loads are prefetched ``stages - 1`` blocks ahead: a block cannot take less than ``load_s /
+    (stages - 1)`` (one stage: the load is not hidden at all); the SM's other programs (:func:`occupancy`)
+    add their warpgroups to the overlap and their stages to the prefetch depth."""
     sms = consts.spec.sm_count
     per_sm = peak / sms
     matmul_s = 0.0
     for rows, width, flops in kernel.matmuls:
-        matmul_s += flops / (per_sm * tensor_core_efficiency(params, rows, width, kernel.warps, kernel.regs))
+        matmul_s += flops / (per_sm * tensor_core_efficiency(params, rows, width, kernel.warps))
     softmax_s = kernel.exps / (consts.sfu_per_s / sms)
     if consts.alu_per_s:
         softmax_s += kernel.exps * float(params.get("alu_per_score", 0.0)) / (consts.alu_per_s / sms)
@@ -841,6 +870,9 @@ def block_time(
     overlap = float(params.get("overlap_multi" if warpgroups >= 2 else "overlap_single", 0.0))
     seconds = max(matmul_s, softmax_s) + (1.0 - overlap) * min(matmul_s, softmax_s)
     seconds += float(params.get("block_s", 0.0))
+    # Each spill in the loop stalls its warpgroup on local memory; another warpgroup hides part of it.
+    warpgroups = max(1, kernel.warps // WARPS_PER_WARPGROUP)
+    seconds += float(params.get("spill_s", 0.0)) * kernel.loop_spills / warpgroups
     load = float(params.get("load_s", 0.0))
     stages = kernel.tile[3] if len(kernel.tile) > 3 else 2
     depth = resident * stages - 1  # tiles in flight beyond the one being consumed, over the SM's programs
@@ -853,13 +885,11 @@ def _pass_terms(params, consts: GPUConstants, peak: float, kernel: KernelPass) -
     per_sm = peak / sms
     block_s, matmul_s, exp_s = block_time(params, consts, peak, kernel)
     program_s = float(params.get("program_s", 0.0))
-    count = sum(kernel.histogram.values())
-    blocks = sum(n * c for n, c in kernel.histogram.items())
+    count = len(kernel.programs)
+    blocks = sum(kernel.programs)
     total = blocks * block_s + count * program_s
-    longest = max(kernel.histogram) * block_s + program_s if kernel.histogram else 0.0
     waves = count / sms
-    tail = (math.ceil(waves) - waves) * total / count if count else 0.0
-    compute = max(total / sms + tail, longest)
+    compute = list_schedule(kernel.programs, sms) * block_s + math.ceil(waves) * program_s
     loads = blocks * kernel.block_load_bytes
     rereads = max(0.0, loads - kernel.unique_load_bytes)
     miss = float(params.get("l2_miss", 0.0))
@@ -921,55 +951,49 @@ def _sequence(terms: Sequence[_Terms]) -> _Terms:
     )
 
 
-def query_block_histogram(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> dict[int, int]:
-    """Programs that own ``rows`` query rows and walk key blocks of ``cols``: key blocks per program ->
-    number of programs, per (batch, head). Causal (bottom-right aligned): a block of rows walks the key
-    blocks up to its last row's last visible key (the diagonal blocks whole, masked inside)."""
+def query_blocks(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> list[int]:
+    """Key blocks of ``cols`` that each program of ``rows`` query rows walks, by query block in row order.
+    Causal (bottom-right aligned): a block of rows walks the key blocks up to its last row's last visible key
+    (the diagonal blocks whole, masked inside)."""
     blocks = cdiv(seq_q, rows)
     if not causal:
-        return {cdiv(seq_kv, cols): blocks}
+        return [cdiv(seq_kv, cols)] * blocks
     offset = seq_kv - seq_q
-    histogram: dict[int, int] = {}
-    for i in range(blocks):
-        end = min(seq_kv, min((i + 1) * rows, seq_q) + offset)
-        n = cdiv(end, cols) if end > 0 else 0
-        histogram[n] = histogram.get(n, 0) + 1
-    return histogram
+    ends = (min(seq_kv, min((i + 1) * rows, seq_q) + offset) for i in range(blocks))
+    return [cdiv(end, cols) if end > 0 else 0 for end in ends]
 
 
-def key_block_histogram(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> dict[int, int]:
-    """Programs that own ``cols`` keys and walk query blocks of ``rows`` (the dK/dV kernel): query blocks per
-    program -> number of programs, per (batch, kv head, query head of the group). Causal: the blocks from
-    the first query row that sees the program's first key."""
+def key_blocks(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> list[int]:
+    """Query blocks of ``rows`` that each program of ``cols`` keys walks (the dK/dV kernel), by key block in
+    row order. Causal: the blocks from the first query row that sees the program's first key."""
     blocks = cdiv(seq_kv, cols)
     if not causal:
-        return {cdiv(seq_q, rows): blocks}
+        return [cdiv(seq_q, rows)] * blocks
     offset = seq_kv - seq_q
-    histogram: dict[int, int] = {}
-    for j in range(blocks):
-        first = max(0, j * cols - offset)
-        n = cdiv(seq_q - first, rows) if first < seq_q else 0
-        histogram[n] = histogram.get(n, 0) + 1
-    return histogram
+    firsts = (max(0, j * cols - offset) for j in range(blocks))
+    return [cdiv(seq_q - first, rows) if first < seq_q else 0 for first in firsts]
 
 
-def _scaled(histogram: dict[int, int], factor: int) -> dict[int, int]:
-    return {n: c * factor for n, c in histogram.items()}
-
-
-def _merge(histograms: Iterable[dict[int, int]]) -> dict[int, int]:
-    merged: dict[int, int] = {}
-    for histogram in histograms:
-        for n, c in histogram.items():
-            merged[n] = merged.get(n, 0) + c
-    return merged
-
-
-def _thinned(histogram: dict[int, int], fraction: float) -> dict[int, int]:
+def _thinned(blocks: list[int], fraction: float) -> list[int]:
     """Block counts scaled by ``fraction`` (a sliding window's share of the visible pairs), at least 1."""
     if fraction >= 1.0:
-        return histogram
-    return _merge({max(1, math.ceil(n * fraction)) if n else 0: c} for n, c in histogram.items())
+        return blocks
+    return [max(1, math.ceil(n * fraction)) if n else 0 for n in blocks]
+
+
+def launch_order(per_pair: Sequence[int], pairs: int, section: int | None) -> tuple[int, ...]:
+    """The programs of ``pairs`` (batch, head) pairs of blocks ``per_pair`` each, in launch order: row order
+    (``section`` None: a pair's blocks adjacent), or longest first as llm-speed's causal query-block kernels
+    launch (``llm_speed.attention.flash._longest_first``): sections of ``section`` pairs, block index major
+    within one, from the last block."""
+    if section is None:
+        return tuple(per_pair) * pairs
+    order: list[int] = []
+    for first in range(0, pairs, section):
+        width = min(section, pairs - first)
+        for n in reversed(per_pair):
+            order.extend([n] * width)
+    return tuple(order)
 
 
 @dataclass(frozen=True)
@@ -1011,16 +1035,24 @@ def _pad_dim(head_dim: int) -> int:
     return max(16, _next_power_of_2(head_dim))
 
 
-def _forward_pass(shape: AttentionShape, tile: Sequence[int], *, passes: int = 1) -> KernelPass:
+def _query_programs(shape: AttentionShape, rows: int, cols: int, section: int | None) -> tuple[int, ...]:
+    """Programs of ``rows`` query rows per (sequence, query head) over key blocks of ``cols``, in launch
+    order (:func:`launch_order`; packed sequences: a head's blocks run over the sequences in turn)."""
+    per_pair = [
+        n for q, kv in shape.sequences for n in _thinned(query_blocks(q, kv, rows, cols, shape.causal),
+                                                         shape.window_fraction)
+    ]  # fmt: skip
+    return launch_order(per_pair, shape.batch * shape.heads_q, section)
+
+
+def _forward_pass(
+    shape: AttentionShape, tile: Sequence[int], *, passes: int = 1, section: int | None = None
+) -> KernelPass:
     """The forward kernel: programs of BM query rows per (sequence, query head) walk key blocks of BN:
-    S = QK^T and O += PV per block (``passes=2``: the two-pass tiled kernel, which computes QK^T twice)."""
+    S = QK^T and O += PV per block (``passes=2``: the two-pass tiled kernel, which computes QK^T twice);
+    ``section``: launched longest first (:func:`launch_order`)."""
     bm, bn, warps = int(tile[0]), int(tile[1]), int(tile[2])
     d, e = _pad_dim(shape.head_dim), shape.element
-    histogram = _merge(
-        _scaled(query_block_histogram(q, kv, bm, bn, shape.causal), c * shape.heads_q)
-        for q, kv, c in shape.per_sequence()
-    )
-    histogram = _thinned(histogram, shape.window_fraction)
     one = 2.0 * bm * bn * d
     matmuls = ((bm, bn, one), (bm, d, one)) + (((bm, bn, one),) if passes == 2 else ())
     regs = (bm * d + bm * bn) / (THREADS_PER_WARP * warps)
@@ -1028,7 +1060,7 @@ def _forward_pass(shape: AttentionShape, tile: Sequence[int], *, passes: int = 1
     stages = int(tile[3]) if len(tile) > 3 else 2
     return KernelPass(
         "forward",
-        histogram,
+        _query_programs(shape, bm, bn, section),
         matmuls,
         exps=float(bm * bn) * passes,
         warps=warps,
@@ -1041,17 +1073,22 @@ def _forward_pass(shape: AttentionShape, tile: Sequence[int], *, passes: int = 1
     )
 
 
-def _dkdv_pass(shape: AttentionShape, tile: Sequence[int], matmuls_per_block: int) -> KernelPass:
+def _dkdv_pass(
+    shape: AttentionShape, tile: Sequence[int], matmuls_per_block: int, per_query_head: bool = False
+) -> KernelPass:
     """The dK/dV kernel (or a vendor's one-kernel backward with ``matmuls_per_block`` 5): programs own BN keys
     of one (sequence, kv head) and walk the query blocks of BM rows of every query head of the group:
     S and dP (rows BM), dV and dK (rows BN) per block, and dQ (rows BM, atomics) for a one-kernel backward."""
     bm, bn, warps = int(tile[0]), int(tile[1]), int(tile[2])
     d, e = _pad_dim(shape.head_dim), shape.element
-    histogram = _merge(
-        _scaled(key_block_histogram(q, kv, bm, bn, shape.causal), c * shape.heads_kv * shape.group)
-        for q, kv, c in shape.per_sequence()
-    )
-    histogram = _thinned(histogram, shape.window_fraction)
+    # Programs of BN keys per (sequence, kv head), in row order, each walking the group's query heads
+    # (llm-speed's); ``per_query_head``: one per query head instead, dK/dV summed over the group after.
+    group = 1 if per_query_head else shape.group
+    per_pair = [
+        n * group
+        for q, kv in shape.sequences
+        for n in _thinned(key_blocks(q, kv, bm, bn, shape.causal), shape.window_fraction)
+    ]
     one = 2.0 * bm * bn * d
     matmuls = [(bm, bn, one), (bm, bn, one), (bn, d, one), (bn, d, one)]
     if matmuls_per_block == 5:
@@ -1063,7 +1100,7 @@ def _dkdv_pass(shape: AttentionShape, tile: Sequence[int], matmuls_per_block: in
     stages = int(tile[3]) if len(tile) > 3 else 2
     return KernelPass(
         "dkdv",
-        histogram,
+        launch_order(per_pair, shape.batch * shape.heads_kv * shape.group // group, None),
         tuple(matmuls),
         exps=float(bm * bn),
         warps=warps,
@@ -1076,23 +1113,18 @@ def _dkdv_pass(shape: AttentionShape, tile: Sequence[int], matmuls_per_block: in
     )
 
 
-def _dq_pass(shape: AttentionShape, tile: Sequence[int]) -> KernelPass:
+def _dq_pass(shape: AttentionShape, tile: Sequence[int], section: int | None = None) -> KernelPass:
     """llm-speed's dQ kernel: the backward tile transposed (programs own BN query rows, walk BM keys):
     S, dP (rows BN) and dQ = dS K (rows BN) per block; Q, dO, LSE, delta read once, dQ written."""
     bm, bn, warps = int(tile[0]), int(tile[1]), int(tile[2])
     d, e = _pad_dim(shape.head_dim), shape.element
-    histogram = _merge(
-        _scaled(query_block_histogram(q, kv, bn, bm, shape.causal), c * shape.heads_q)
-        for q, kv, c in shape.per_sequence()
-    )
-    histogram = _thinned(histogram, shape.window_fraction)
     one = 2.0 * bm * bn * d
     matmuls = ((bn, bm, one), (bn, bm, one), (bn, d, one))
     regs = (bn * d + 2 * bm * bn) / (THREADS_PER_WARP * warps)
     dram = e * (3 * shape.q_elems + 2 * shape.kv_elems) + 8 * shape.rows
     return KernelPass(
         "dq",
-        histogram,
+        _query_programs(shape, bn, bm, section),
         matmuls,
         exps=float(bm * bn),
         warps=warps,
@@ -1212,6 +1244,37 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
 BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
 
 
+def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape) -> int | None:
+    """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
+    as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
+    ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), and masks that are
+    not causal-like (a window's left bound)."""
+    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0:
+        return None
+    kv_bytes = 2 * shape.kv_elems * shape.element / (shape.batch * shape.heads_kv)
+    return max(1, int(spec.l2_cache_mb * 2**20 * shape.group // max(1.0, kv_bytes)))
+
+
+def compiled_key(kernel: str, causal: bool, head_dim: int, dtype: str, tile: Sequence[int]) -> str:
+    """How the calibration's ``compiled`` tables name a kernel as compiled: ``forward/causal/128/fp16/
+    128,32,8,2`` (kernel, mask, head_dim, dtype, the tile as the op's configuration names it)."""
+    mask = "causal" if causal else "full"
+    return f"{kernel}/{mask}/{head_dim}/{dtype}/{','.join(str(int(x)) for x in tile)}"
+
+
+def _as_compiled(
+    kernel: KernelPass, calibration: Any, build: dict[str, Any], shape: AttentionShape, dtype: str, tile
+) -> KernelPass:
+    """``kernel`` with what the compiler made of it, where the calibration has its build's commit compiled
+    at this tile (``compiled`` tables: ``benchmarks/compile_measured_tiles.py``; registers, spills and
+    occupancy read from the sm_90a build, not guessed)."""
+    table = load_calibration(calibration).get("compiled", {}).get(build.get("commit") or "", {})
+    row = table.get("kernels", {}).get(compiled_key(kernel.name, shape.causal, shape.head_dim, dtype, tile))
+    if row is None:
+        return kernel
+    return replace(kernel, resident=int(row["blocks_per_sm"]), loop_spills=int(row["loop_spills"]))
+
+
 def _attention_peak(spec: GPUSpec, dtype: str) -> float:
     # fp32 attention runs an IEEE product on the CUDA cores (no TF32): the fp32 peak.
     return spec.peak_flops("fp32" if dtype == "fp32" else dtype)
@@ -1276,24 +1339,43 @@ def _predict_attention(
             cost.flops,
             cost.bytes_moved,
         )
+    llm_speed = impl == "llm-speed"
+    # llm-speed's launch order is its build's; a vendor's is stated with its parameters.
+    section = _lpt_section(spec, (build if llm_speed else params).get("attention_launch", "lpt"), shape)
+
+    def terms(kernel: KernelPass, tile: Sequence[int]) -> _Terms:
+        if llm_speed:
+            kernel = _as_compiled(kernel, calibration, build, shape, dtype, tile)
+        return _pass_terms(params, consts, peak, kernel)
+
     if not backward:
         passes = 2 if op == "tiled_attention" else 1
-        return (
-            _pass_terms(params, consts, peak, _forward_pass(shape, forward_tile, passes=passes)),
-            cost.flops,
-            cost.bytes_moved,
-        )
+        forward = _forward_pass(shape, forward_tile, passes=passes, section=section)
+        return terms(forward, forward_tile), cost.flops, cost.bytes_moved
+    deterministic = bool(problem.pop("deterministic", False)) if llm_speed else False
     # Backward: delta = rowsum(dO * O) first (O, dO read, delta written).
-    preprocess = _memory_pass_terms(
-        params, consts, "preprocess", 2 * e * shape.q_elems + 4 * shape.rows, cdiv(shape.rows, 128)
-    )
-    if impl == "llm-speed":
-        dkdv = _pass_terms(params, consts, peak, _dkdv_pass(shape, backward_tile, 4))
-        dq = _pass_terms(params, consts, peak, _dq_pass(shape, backward_tile))
+    preprocess_bytes = 2 * e * shape.q_elems + 4 * shape.rows
+    if llm_speed and (deterministic or build.get("attention_backward") == "dq_kernel"):
+        # The dQ kernel path (7 matmuls per tile): dK/dV, then dQ recomputing S and dP.
+        preprocess = _memory_pass_terms(params, consts, "preprocess", preprocess_bytes, cdiv(shape.rows, 128))
+        dkdv = terms(_dkdv_pass(shape, backward_tile, 4), backward_tile)
+        dq = terms(_dq_pass(shape, backward_tile, section), backward_tile)
         return _sequence([preprocess, dkdv, dq]), cost.flops, cost.bytes_moved
+    if llm_speed:
+        # The default path (5 matmuls, FlashAttention-2's): the preprocess also zeroes an fp32 dQ, the dK/dV
+        # kernel adds dS K to it with atomics, a conversion writes dQ (GQA's dK/dV summed in the kernel).
+        preprocess = _memory_pass_terms(
+            params, consts, "preprocess", preprocess_bytes + 4 * shape.q_elems, cdiv(shape.rows, 128)
+        )
+        main = terms(_dkdv_pass(shape, backward_tile, 5), backward_tile)
+        convert = _memory_pass_terms(
+            params, consts, "dq_convert", (4 + e) * shape.q_elems, cdiv(shape.q_elems, 1024)
+        )
+        return _sequence([preprocess, main, convert]), cost.flops, cost.bytes_moved
+    preprocess = _memory_pass_terms(params, consts, "preprocess", preprocess_bytes, cdiv(shape.rows, 128))
     # A vendor's one-kernel backward: dQ accumulated in fp32 with atomics, zeroed first and converted after;
     # GQA's dK/dV computed per query head and summed over the group afterwards.
-    main = _pass_terms(params, consts, peak, _dkdv_pass(shape, backward_tile, 5))
+    main = _pass_terms(params, consts, peak, _dkdv_pass(shape, backward_tile, 5, per_query_head=True))
     extra = 4 * shape.q_elems + (4 + e) * shape.q_elems  # zero the fp32 dQ, read it, write dQ
     if shape.group > 1:
         extra += 2 * e * shape.kv_elems * shape.group * 2  # expanded dK, dV written and read back
