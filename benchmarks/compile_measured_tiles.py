@@ -200,7 +200,8 @@ def compile_item(package: str, item: dict, target) -> dict:
         return dict(row, error=f"{type(error).__name__}: {error}"[:2000])
     row.update({name: read[name] for name in (
         "registers", "spill_store_bytes", "spill_load_bytes", "spill_instructions", "loop_spill_instructions",
-        "shared_bytes", "blocks_per_sm", "warps_per_sm", "tensor_cores", "wgmma_wait")})  # fmt: skip
+        "inner_loop_spill_instructions", "shared_bytes", "blocks_per_sm", "warps_per_sm", "tensor_cores",
+        "wgmma_wait")})  # fmt: skip
     row.update({
         "tile": dict({name: plan.fixed[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D")},
                      num_warps=plan.num_warps, num_stages=plan.num_stages),

@@ -28,8 +28,27 @@ def test_sass_loops_spills_and_instruction_kinds():
     code = analysis.Sass.parse(SASS)
     assert code.loops() == [(0x20, 0x40)]
     assert code.spill_instructions() == 2 and code.spills_in_loops() == 1  # the STL is before the loop
+    assert code.innermost_loops() == [(0x20, 0x40)]
     assert code.tensor_cores() == ["HGMMA", "HMMA"]  # wgmma kinds first
     assert code.uses_tma()
+
+
+def test_spills_between_nested_loops_are_not_inner():
+    # An outer loop (0x10-0x60) around an inner one (0x20-0x40): the STL/LDL around the inner loop run once
+    # per outer iteration, the LDL inside it once per inner iteration.
+    code = analysis.Sass.parse("""
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1], R2 ;
+        /*0020*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ ;
+        /*0030*/                   LDL R3, [R1+0x4] ;
+        /*0040*/              @P0  BRA 0x20 ;
+        /*0050*/                   LDL R2, [R1] ;
+        /*0060*/              @P1  BRA 0x10 ;
+        /*0070*/                   EXIT ;
+""")
+    assert sorted(code.loops()) == [(0x10, 0x60), (0x20, 0x40)]
+    assert code.innermost_loops() == [(0x20, 0x40)]
+    assert code.spills_in_loops() == 3 and code.spills_in_loops(code.innermost_loops()) == 1
 
 
 def test_ptx_waits_inside_loops():

@@ -73,9 +73,19 @@ class Sass:
                     loops.append((target, address))
         return loops
 
-    def spills_in_loops(self) -> int:
-        """Local-memory instructions (register spills) inside any loop body."""
+    def innermost_loops(self) -> list[tuple[int, int]]:
+        """The loop bodies that hold no other loop: where a kernel spends its iterations (an attention
+        kernel's loops over blocks, inside its loop over a GQA group's heads)."""
         loops = self.loops()
+
+        def holds_another(lo: int, hi: int) -> bool:
+            return any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)
+
+        return [(lo, hi) for lo, hi in loops if not holds_another(lo, hi)]
+
+    def spills_in_loops(self, loops: list[tuple[int, int]] | None = None) -> int:
+        """Local-memory instructions (register spills) inside any loop body (or inside ``loops``)."""
+        loops = self.loops() if loops is None else loops
         return sum(
             1
             for address, body in self.instructions

@@ -42,13 +42,17 @@ class Exception_:
 
 # Named, reasoned exceptions (none is silent). Keep each one's evidence in its reason.
 _MASKED_DKDV = (
-    "the 16-bit dK/dV kernel with per-element masks in its loops (packed sequences: ragged bounds read on "
-    "device; a window with softcap: both window edges and the cap's derivative tile) sits at 255 registers "
-    "on sm_90a and spills inside its loops at every 64-key configuration tried (64x64 with 4 and 8 warps, 1 "
-    "and 2 stages; Triton 3.6, 2026-11-24; docs/notes/attention-overlap.md). The dense, causal and GQA "
-    "kernels of the same rows do not spill in loops; 32-key tiles would, but cost the dense path (measured "
-    "150 against 391 TFLOP/s on an H100, docs/notes/attention-tuning.md), and the configuration is chosen "
-    "per head dim, not per mask. To fix in the kernel (fewer live mask tiles), then drop this entry."
+    "the 16-bit dK/dV kernel with per-element masks (packed sequences: ragged bounds read on device; a "
+    "window with softcap: both window edges and the cap's derivative tile) sits at 255 registers on sm_90a "
+    "and spills at every 64-key configuration tried (64x64 with 4 and 8 warps, 1 and 2 stages; Triton 3.6; "
+    "docs/notes/attention-overlap.md). Where (2026-11-25, d=128, 8 warps): packed sequences spill 99-105 "
+    "LDL/STL in the loop over the GQA group's query heads and none in the per-block loops, which run without "
+    "row bounds now (a ragged last query block goes to the masked edge loop: interior 984 -> 865 SASS "
+    "instructions); a window with softcap spills 366 (atomic dQ) / 204, of which 47 / 3 in the per-block "
+    "loops. The dense, causal and GQA kernels of the same rows do not spill in loops; 32-key tiles would "
+    "not, but cost the dense path (measured 150 against 391 TFLOP/s on an H100, "
+    "docs/notes/attention-tuning.md), and the configuration is chosen per head dim, not per mask. To fix in "
+    "the kernel (fewer values live across the group loop; fewer live mask tiles), then drop this entry."
 )
 _DROPOUT_DKDV = (
     "attention dropout recomputes its mask in the dK/dV kernel's loop, one Philox-4x32-10 draw per (query, "

@@ -225,6 +225,7 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "spill_load_bytes": from_log["spill_load_bytes"],
         "spill_instructions": code.spill_instructions(),
         "loop_spill_instructions": code.spills_in_loops(),
+        "inner_loop_spill_instructions": code.spills_in_loops(code.innermost_loops()),
         "loops": len(code.loops()),
         "shared_bytes": shared,
         "shared_limit": target.hardware.smem_per_block_bytes,

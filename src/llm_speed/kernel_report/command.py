@@ -8,7 +8,7 @@ import sys
 
 from llm_speed import _cli
 
-COLUMNS = ("#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops",
+COLUMNS = ("#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops (inner)",
            "smem KiB / limit", "blocks x warps /SM", "tensor cores", "wgmma wait", "TMA")  # fmt: skip
 
 
@@ -109,7 +109,8 @@ def table_row(row: dict) -> tuple:
     smem = f"{row['shared_bytes'] / 1024:.1f} / {row['shared_limit'] // 1024}"
     return (
         row["index"], row["kernel"], row["op"], row["config"], row["variant"], row["registers"], spills,
-        row["loop_spill_instructions"], smem, f"{row['blocks_per_sm']} x {row['num_warps']}",
+        f"{row['loop_spill_instructions']} ({row['inner_loop_spill_instructions']})", smem,
+        f"{row['blocks_per_sm']} x {row['num_warps']}",
         row["tensor_cores"], row["wgmma_wait"], row["tma"],
     )  # fmt: skip
 
@@ -124,7 +125,9 @@ def print_report(result: dict) -> None:
         f"({result['triton_build']})",
         COLUMNS, [table_row(row) for row in rows],
         caption="regs: per thread; wgmma wait: the deepest wgmma.wait_group N inside loops (0: every MMA is "
-        "waited for at once; - : no wgmma in a loop); blocks x warps: resident per SM (occupancy).",
+        "waited for at once; - : no wgmma in a loop); LDL/STL in loops: spill instructions in any loop "
+        "(inner: in loops that hold no other loop, run once per block); blocks x warps: resident per SM "
+        "(occupancy).",
     )  # fmt: skip
     for breach in result["breaches"]:
         _cli.console().print(f"budget: {breach}")

@@ -389,7 +389,8 @@ COMPILED_BY = "benchmarks/compile_measured_tiles.py"
 
 def _compiled_table(document: dict, path: Path) -> dict[str, Any]:
     """A commit's kernels as compiled at measured tiles (``benchmarks/compile_measured_tiles.py``), keyed as
-    the model looks them up (``predict.compiled_key``): programs per SM and spill instructions inside loops.
+    the model looks them up (``predict.compiled_key``): programs per SM and spill instructions inside the
+    innermost loops.
     Kernels that cannot launch (an ``error``: out of shared memory) have no timing to explain."""
     kernels = {}
     for row in document["kernels"]:
@@ -398,7 +399,8 @@ def _compiled_table(document: dict, path: Path) -> dict[str, Any]:
         key = compiled_key(row["kernel"], row["causal"], row["head_dim"], row["dtype"], row["config"])
         kernels[key] = {
             "registers": row["registers"],
-            "loop_spills": row["loop_spill_instructions"],
+            # spills in the loops that run once per block (an outer loop's run once per GQA head)
+            "loop_spills": row.get("inner_loop_spill_instructions", row["loop_spill_instructions"]),
             "blocks_per_sm": row["blocks_per_sm"],
             "tensor_cores": row["tensor_cores"],
         }
