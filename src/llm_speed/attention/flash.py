@@ -431,29 +431,28 @@ def _query_ranges(
     seq_kv,
     window_left,
     window_right,
-    EVEN_M: tl.constexpr,
+    WHOLE_INTERIOR: tl.constexpr,
     EVEN_N: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Query ranges of a key block (dK/dV): key j is seen by queries j - d - right .. j - d + left. The
-    interior holds whole query blocks only, so that it loads and adds without row bounds (its masks cost
-    the 255-register dK/dV kernel spills in its loop on packed sequences); a ragged last block goes to the
-    masked right edge."""
+    """Query ranges of a key block (dK/dV): key j is seen by queries j - d - right .. j - d + left.
+    ``WHOLE_INTERIOR``: the interior holds whole query blocks only, so that it loads and adds without row
+    bounds; a ragged last block goes to the masked right edge."""
     d = seq_kv - seq_q
     lo, left_end, mid_lo, mid_hi, hi = _ranges(
         start_n, BLOCK_N, -d - window_right, window_left - d, BLOCK_N - 1 - d - window_right, window_left - d,
         seq_q, HAS_LO=HAS_RIGHT, HAS_HI=HAS_LEFT, BLOCK=BLOCK_M,
     )  # fmt: skip
-    # Without a left bound every query from the diagonal on sees the keys: the interior reaches seq_q, or
-    # (``EVEN_M`` off) its last whole query block.
+    # Without a left bound every query from the diagonal on sees the keys: the interior reaches seq_q (rows
+    # past it in a bounded load contribute exact zeros), or with ``WHOLE_INTERIOR`` its last whole block.
     if not HAS_LEFT:
-        if EVEN_M:
-            mid_hi = tl.maximum(hi, mid_lo)
-        else:
+        if WHOLE_INTERIOR:
             mid_hi = tl.maximum((hi // BLOCK_M) * BLOCK_M, mid_lo)
+        else:
+            mid_hi = tl.maximum(hi, mid_lo)
     if not EVEN_N:
         # A ragged last key block masks its keys past seq_kv against every query block.
         ragged = start_n + BLOCK_N > seq_kv
@@ -1263,9 +1262,13 @@ def _flash_bwd_dkdv_kernel(
     b_dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     b_dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
 
+    # A ragged last query block (packed sequences) leaves the interior for the masked edge, so that the
+    # interior runs without row bounds (984 -> 865 SASS instructions at d = 128); not for float32, whose
+    # FMA products spill in the loop with it (sm_89, Triton 3.6).
+    WHOLE_INTERIOR: tl.constexpr = not EVEN_M and DOT_PRECISION != "ieee"
     lo, left_end, mid_lo, mid_hi, hi = _query_ranges(
         start_n, seq_q, seq_kv, window_left, window_right,
-        EVEN_M=EVEN_M, EVEN_N=EVEN_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M,
+        WHOLE_INTERIOR=WHOLE_INTERIOR, EVEN_N=EVEN_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
     )  # fmt: skip
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
@@ -1290,7 +1293,7 @@ def _flash_bwd_dkdv_kernel(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
             stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
             rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=True,  # whole query blocks (_query_ranges)
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M or WHOLE_INTERIOR,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
