@@ -160,3 +160,23 @@ def test_results_do_not_depend_on_the_sections(monkeypatch, l2_kib):
         ]
         want = reference_attention(*rows, is_causal=True)[0].transpose(0, 1)
         assert (got[cu_q[b] : cu_q[b + 1]].double() - want).abs().max() < 1e-5
+
+
+def test_the_performance_model_launches_as_the_kernels_do():
+    # llm_speed.perf.predict restates the order and the section rule without torch: same block sequence as
+    # the kernel's programs, same section for a problem as the launcher's.
+    from llm_speed.core.gpus import get_gpu
+    from llm_speed.perf.predict import AttentionShape, _lpt_section, launch_order
+
+    batch, heads, seq, block, section = 2, 3, 70, 16, 4
+    order = _order(batch=batch, heads=heads, seq=seq, block=block, section=section)
+    blocks = [start // block for start, _, _, _ in order]
+    assert blocks == list(launch_order(list(range(5)), batch * heads, section))
+
+    hardware = hardware_module.default_hardware()
+    for seq_kv, heads_q, heads_kv in ((16384, 16, 16), (4096, 32, 8), (131072, 8, 1)):
+        launcher = flash._launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
+                                       heads_q // heads_kv)  # fmt: skip
+        shape = AttentionShape(4, heads_q, heads_kv, 128, 2, True, ((seq_kv, seq_kv),))
+        model = _lpt_section(get_gpu(hardware.name), "lpt", shape)
+        assert launcher == {"section": min(model, 4 * heads_q), "LPT": True}

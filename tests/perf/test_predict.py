@@ -481,7 +481,8 @@ def test_a_results_directory_carries_compiled_kernels(tmp_path):
     # benchmarks/compile_measured_tiles.py's output beside the measurements: read, keyed as predict looks it
     # up; a kernel that could not launch (an error) is left out.
     row = {"direction": "fwd", "kernel": "forward", "causal": True, "head_dim": 64, "dtype": "fp16",
-           "config": [128, 64, 4, 3], "registers": 237, "loop_spill_instructions": 3, "blocks_per_sm": 2,
+           "config": [128, 64, 4, 3], "registers": 237, "loop_spill_instructions": 5,
+           "inner_loop_spill_instructions": 3, "blocks_per_sm": 2,
            "tensor_cores": "HGMMA", "error": None}  # fmt: skip
     broken = dict(row, config=[128, 128, 8, 4], error="OutOfResources: shared memory")
     document = {"commit": "abc1234", "target": "sm_90a", "triton": "3.6.0", "kernels": [row, broken],

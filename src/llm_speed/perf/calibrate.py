@@ -400,7 +400,7 @@ def _compiled_table(document: dict, path: Path) -> dict[str, Any]:
         kernels[key] = {
             "registers": row["registers"],
             # spills in the loops that run once per block (an outer loop's run once per GQA head)
-            "loop_spills": row.get("inner_loop_spill_instructions", row["loop_spill_instructions"]),
+            "loop_spills": row["inner_loop_spill_instructions"],
             "blocks_per_sm": row["blocks_per_sm"],
             "tensor_cores": row["tensor_cores"],
         }

@@ -430,21 +430,32 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=256)
+def list_schedule(costs: tuple[float, ...], slots: int) -> float:
+    """When the last of programs of ``costs`` (in launch order) ends on ``slots`` SMs that each take the next
+    program as they free (the hardware's block scheduler, one program at a time per SM at the SM's full
+    rate), in cost units. Equal costs: ``ceil(n / slots)`` of them; unequal ones depend on the order, which
+    is why a causal kernel launches its longest programs first."""
+    if not costs:
+        return 0.0
+    if len(set(costs)) == 1:
+        return float(math.ceil(len(costs) / slots) * costs[0])
+    free = [0] * min(slots, len(costs))
+    for cost in costs:
+        heapq.heapreplace(free, free[0] + cost)
+    return float(max(free))
+
+
 def makespan(program_times: Iterable[float], slots: int) -> tuple[float, int, float, float]:
     """(time, programs, waves, wave efficiency) of programs of the given durations on ``slots`` SMs taken in
-    launch order by whichever SM frees first: the total work over the SMs, plus the idle SM-time of the last
-    wave (``ceil(w) - w`` of an average program for w = programs / SMs). Exact for equal programs:
-    ``ceil(programs / slots)`` program times."""
-    times = list(program_times)
+    launch order by whichever SM frees first (:func:`list_schedule`; equal programs: ``ceil(programs /
+    slots)`` program times, the wave quantization)."""
+    times = tuple(program_times)
     if not times:
         return 0.0, 0, 0.0, 1.0
-    count = len(times)
-    total = sum(times)
-    waves = count / slots
-    tail = (math.ceil(waves) - waves) * total / count
-    time = max(total / slots + tail * 1.0, max(times))
-    efficiency = total / (slots * time) if time > 0 else 1.0
-    return time, count, waves, efficiency
+    time = list_schedule(times, slots)
+    efficiency = sum(times) / (slots * time) if time > 0 else 1.0
+    return time, len(times), len(times) / slots, efficiency
 
 
 def tensor_core_efficiency(params: dict[str, Any], rows: float, width: float, warps: int) -> float:
@@ -461,22 +472,6 @@ def tensor_core_efficiency(params: dict[str, Any], rows: float, width: float, wa
     elif rows < WGMMA_ROWS * warpgroups:
         n = width * rows / (WGMMA_ROWS * warpgroups)
     return factor * float(params["eta"]) * n / (n + float(params.get("n_half", 0.0)))
-
-
-@functools.lru_cache(maxsize=256)
-def list_schedule(costs: tuple[int, ...], slots: int) -> float:
-    """When the last of programs of ``costs`` (in launch order) ends on ``slots`` SMs that each take the next
-    program as they free (the hardware's block scheduler, one program at a time per SM at the SM's full
-    rate), in cost units. Equal costs: ``ceil(n / slots)`` of them; unequal ones depend on the order, which
-    is why a causal kernel launches its longest programs first."""
-    if not costs:
-        return 0.0
-    if len(set(costs)) == 1:
-        return float(math.ceil(len(costs) / slots) * costs[0])
-    free = [0] * min(slots, len(costs))
-    for cost in costs:
-        heapq.heapreplace(free, free[0] + cost)
-    return float(max(free))
 
 
 def _host_exposed(host_s: float, device_s: float, context: str, flush_s: float) -> float:
