@@ -93,6 +93,7 @@ def run(request: dict, out) -> None:
             if sass_dir is not None:
                 stem = f"{index:03d}_{plan.kernel.name}"
                 (sass_dir / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+                (sass_dir / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
                 (sass_dir / f"{stem}.sass").write_text(sass)
         except Exception as error:  # a kernel that does not compile is a finding, not a crash of the report
             row["error"] = f"{type(error).__name__}: {error}"[:2000]

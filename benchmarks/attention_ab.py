@@ -1,0 +1,120 @@
+"""A/B timings of attention variants in one process, on a GPU: the causal launch order (longest first
+against row order) and the dK/dV tile of the backward. Each variant is a patch of one launcher choice
+(``flash._launch_order`` or ``flash.attention_config`` for "backward"); plans are cleared between
+variants, and the variants alternate over ``--rounds`` rounds so that clock drift hits each the same.
+
+    python benchmarks/attention_ab.py --output ab.json
+
+Prints one line per measurement and writes every median (ms) to ``--output``. Not a test: it needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from llm_speed.attention import flash
+from llm_speed.core import launch
+
+LAUNCH_SHAPES = ((1, 16384), (4, 4096), (16, 1024))  # (batch, seq) at 16 heads, d=128, causal
+BACKWARD_TILES = ("shipped", (64, 64, 4), (64, 64, 8), (128, 64, 8))
+
+
+@contextlib.contextmanager
+def launch_order(lpt: bool):
+    saved = flash._launch_order
+    if not lpt:
+        flash._launch_order = lambda *args, **kwargs: {"section": 1, "LPT": False}
+    launch.clear_plans()
+    try:
+        yield
+    finally:
+        flash._launch_order = saved
+        launch.clear_plans()
+
+
+@contextlib.contextmanager
+def backward_tile(tile):
+    saved = flash.attention_config
+    if tile != "shipped":
+        block_m, block_n, warps = tile
+
+        def patched(direction, block_d, dtype, hardware):
+            cfg = saved(direction, block_d, dtype, hardware)
+            if direction != "backward":
+                return cfg
+            return dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_warps=warps)
+
+        flash.attention_config = patched
+    launch.clear_plans()
+    try:
+        yield
+    finally:
+        flash.attention_config = saved
+        launch.clear_plans()
+
+
+def qkv(batch, seq, heads=16, head_dim=128, dtype=torch.bfloat16, grad=False):
+    return [torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=grad)
+            for _ in range(3)]  # fmt: skip
+
+
+def time_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-backward", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("attention_ab.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    results: dict[str, list[float]] = {}
+
+    def record(name, ms):
+        results.setdefault(name, []).append(ms)
+        print(f"{name}: {ms:.4f} ms", flush=True)
+
+    for _ in range(args.rounds):
+        for batch, seq in LAUNCH_SHAPES:
+            q, k, v = qkv(batch, seq)
+            for lpt in (True, False):
+                with launch_order(lpt), torch.no_grad():
+                    fn = lambda q=q, k=k, v=v: flash.flash_attention(q, k, v, is_causal=True)  # noqa: E731
+                    fn()
+                    record(f"causal fwd {batch}x{seq} {'lpt' if lpt else 'row'}", time_ms(fn))
+        if args.skip_backward:
+            continue
+        q, k, v = qkv(1, 16384, dtype=torch.float16, grad=True)
+        dout = torch.randn_like(q)
+        for tile in BACKWARD_TILES:
+            name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
+            try:
+                with backward_tile(tile):
+                    out = flash.flash_attention(q, k, v)
+                    fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
+                        out, inputs, dout, retain_graph=True
+                    )
+                    fn()
+                    record(f"backward full 1x16384 fp16 {name}", time_ms(fn))
+            except Exception as error:  # a tile that does not fit is a finding
+                print(f"backward {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    summary = {name: {"median_ms": statistics.median(runs), "runs": runs} for name, runs in results.items()}
+    with open(args.output, "w") as file:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": summary},
+                  file, indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
