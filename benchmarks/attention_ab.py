@@ -1,7 +1,8 @@
 """A/B timings of attention variants in one process, on a GPU: the causal launch order (longest first
-against row order) and the dK/dV tile of the backward. Each variant is a patch of one launcher choice
-(``flash._launch_order`` or ``flash.attention_config`` for "backward"); plans are cleared between
-variants, and the variants alternate over ``--rounds`` rounds so that clock drift hits each the same.
+against row order) and the backward (dQ by atomics or by its own kernel; the dK/dV tile) beside cuDNN's.
+Each variant is a patch of one launcher choice (``flash._launch_order`` or ``flash.attention_config`` for
+"backward"); plans are cleared between variants, and the variants alternate over ``--rounds`` rounds so
+that clock drift hits each the same.
 
     python benchmarks/attention_ab.py --output ab.json
 
@@ -23,8 +24,14 @@ from triton.testing import do_bench
 from llm_speed.attention import flash
 from llm_speed.core import launch
 
-LAUNCH_SHAPES = ((1, 16384), (4, 4096), (16, 1024))  # (batch, seq) at 16 heads, d=128, causal
-BACKWARD_TILES = ("shipped", (64, 64, 4), (64, 64, 8), (128, 64, 8))
+LAUNCH_SHAPES = (
+    (1, 16384),
+    (2, 8192),
+    (4, 4096),
+    (8, 2048),
+    (16, 1024),
+)  # (batch, seq) at 16 heads, d=128, causal
+BACKWARD_TILES = ("shipped", (64, 64, 4), (128, 64, 8))
 
 
 @contextlib.contextmanager
@@ -97,18 +104,33 @@ def main(argv=None) -> int:
             continue
         q, k, v = qkv(1, 16384, dtype=torch.float16, grad=True)
         dout = torch.randn_like(q)
-        for tile in BACKWARD_TILES:
-            name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
-            try:
-                with backward_tile(tile):
-                    out = flash.flash_attention(q, k, v)
-                    fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
-                        out, inputs, dout, retain_graph=True
-                    )
-                    fn()
-                    record(f"backward full 1x16384 fp16 {name}", time_ms(fn))
-            except Exception as error:  # a tile that does not fit is a finding
-                print(f"backward {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+        for causal in (False, True):
+            mask = "causal" if causal else "full"
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
+                    out, inputs, dout, retain_graph=True
+                )
+                fn()
+                record(f"backward {mask} 1x16384 fp16 sdpa-cudnn", time_ms(fn))
+            for deterministic in (False, True):
+                for tile in BACKWARD_TILES:
+                    name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
+                    name += " deterministic" if deterministic else " atomic"
+                    try:
+                        with backward_tile(tile):
+                            out = flash.flash_attention(
+                                q, k, v, is_causal=causal, deterministic=deterministic
+                            )
+                            fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
+                                out, inputs, dout, retain_graph=True
+                            )
+                            fn()
+                            record(f"backward {mask} 1x16384 fp16 {name}", time_ms(fn))
+                    except Exception as error:  # a tile that does not fit is a finding
+                        print(
+                            f"backward {mask} {name}: {type(error).__name__}: {str(error)[:200]}", flush=True
+                        )
     summary = {name: {"median_ms": statistics.median(runs), "runs": runs} for name, runs in results.items()}
     with open(args.output, "w") as file:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": summary},
