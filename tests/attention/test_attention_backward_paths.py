@@ -1,11 +1,13 @@
-"""The backward's two paths: by default dQ is added in float32 by atomics from the dK/dV kernel (five matmuls,
-FlashAttention-2's) and converted by a small kernel; with ``deterministic=True`` or PyTorch's deterministic
-mode a dQ kernel of its own recomputes S and dP (seven matmuls, every dQ element one writer). The rest of the
-attention tests run the default path; here the deterministic one meets the same float64 rule on dense GQA,
-ragged and causal shapes, windows with softcap and packed sequences, and each test proves which kernels ran.
-(Under the interpreter programs run one at a time, so atomics cannot race here: the GPU tests check the
-default path's run-to-run spread.)"""
+"""The backward's two paths: dQ added in float32 by atomics from the dK/dV kernel (five matmuls,
+FlashAttention-2's) and converted by a small kernel; or a dQ kernel of its own that recomputes S and dP (seven
+matmuls, every dQ element one writer), taken with ``deterministic=True``, PyTorch's deterministic mode, and by
+default on devices whose tier says so (Hopper's 227 KB per block: the H100 that stands in under the
+interpreter). The rest of the attention tests run the default path; here each path meets the same float64
+rule on dense GQA, ragged and causal shapes, windows with softcap and packed sequences, and each test proves
+which kernels ran. (Under the interpreter programs run one at a time, so atomics cannot race here: the GPU
+tests check the run-to-run spread.)"""
 
+import dataclasses
 import functools
 
 import pytest
@@ -17,10 +19,11 @@ from test_attention_window_softcap import SMALL, check_rule
 from llm_speed import flash_attention, tiled_attention
 from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.core import runtime
+from llm_speed.core.hardware import Hardware, hardware_of
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DETERMINISTIC = tuple(kernel.name for kernel in flash.DETERMINISTIC_BACKWARD_KERNELS)
-ATOMIC = tuple(kernel.name for kernel in flash.BACKWARD_KERNELS)
+ATOMIC = tuple(kernel.name for kernel in flash.ATOMIC_BACKWARD_KERNELS)
 DQ, CONVERT = flash.BACKWARD_DQ.name, flash.BACKWARD_DQ_CONVERT.name
 
 
@@ -39,6 +42,29 @@ class Ran:
         assert self.counts[flash.BACKWARD_DKDV.name] > 0
         assert (dq > 0) != (convert > 0), self.counts
         return "deterministic" if dq else "atomic"
+
+
+def atomic_by_default(monkeypatch) -> None:
+    """Make every device's tier add dQ by atomics by default, as the tiers below Hopper's do."""
+    tier_for = flash.tier_for
+    monkeypatch.setattr(
+        flash, "tier_for", lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
+    )
+
+
+def test_default_path_follows_the_tier(device):
+    """Hopper-class devices compute dQ in a kernel of their own by default (measured faster on an H100); the
+    other tiers add it by atomics."""
+    h100, l4 = Hardware.from_spec("h100-sxm"), Hardware.from_spec("l4")
+    assert flash.tier_for(h100).dq_kernel and not flash.tier_for(l4).dq_kernel
+    expected = flash.tier_for(hardware_of(device)).dq_kernel
+    assert flash.deterministic_backward(False, device) == expected
+    assert flash.deterministic_backward(True, device)
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 1, 17, 33, 16, F16, device))
+    with Ran() as ran:
+        flash_attention(q, k, v, is_causal=True).sum().backward()
+    if runtime.triton_runs_on(device):
+        assert ran.path() == ("deterministic" if expected else "atomic")
 
 
 # (batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, is_causal, dtype)
@@ -64,6 +90,7 @@ def test_deterministic_path_matches_float64(case, device):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_both_paths_with_small_blocks_window_and_softcap(deterministic, device, monkeypatch):
     # 16 x 16 blocks: masked edges, unmasked interiors and skipped blocks on both sides of the window.
+    atomic_by_default(monkeypatch)
     pin_configs(monkeypatch, forward=SMALL, backward=SMALL)
     q, k, v = make_qkv(1, 4, 2, 45, 40, 32, F16, device, scale_q=4.0)
     fn = functools.partial(flash_attention, deterministic=deterministic)
@@ -75,7 +102,8 @@ def test_both_paths_with_small_blocks_window_and_softcap(deterministic, device, 
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_both_paths_on_packed_sequences(deterministic, device):
+def test_both_paths_on_packed_sequences(deterministic, device, monkeypatch):
+    atomic_by_default(monkeypatch)
     # GQA over packed sequences (one with no query, lengths off the block), causal window with softcap.
     q, k, v, cu_q, cu_k = packed_inputs([40, 0, 23, 5], [33, 9, 23, 70], 4, 2, 32, F32, device)
     options = dict(is_causal=True, window=(7, None), softcap=4.0)
@@ -95,7 +123,8 @@ def test_both_paths_on_packed_sequences(deterministic, device):
         assert ran.path() == ("deterministic" if deterministic else "atomic")
 
 
-def test_torch_deterministic_mode_takes_the_deterministic_path(device):
+def test_torch_deterministic_mode_takes_the_deterministic_path(device, monkeypatch):
+    atomic_by_default(monkeypatch)
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 1, 17, 33, 16, F32, device))
     was = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()

@@ -109,11 +109,18 @@ def _dense_call(**options):
 QUERY_KERNELS = (flash.FORWARD.name, "flash_attention_bwd_dq")
 
 
+@pytest.fixture
+def short_lpt(monkeypatch):
+    """Longest first from any length, so that these small problems take that path (the launcher keeps it for
+    sequences of flash.LPT_MIN_ROWS and more)."""
+    monkeypatch.setattr(flash, "LPT_MIN_ROWS", 0)
+
+
 @pytest.mark.parametrize(
     "options, lpt",
     [({"is_causal": True}, True), ({"window": (None, 3)}, True), ({}, False), ({"window": (5, 0)}, False)],
 )
-def test_only_causal_like_masks_launch_longest_first(monkeypatch, options, lpt):
+def test_only_causal_like_masks_launch_longest_first(monkeypatch, short_lpt, options, lpt):
     fixed = _plans(monkeypatch, _dense_call(**options))
     for kernel in QUERY_KERNELS:
         assert fixed[kernel]["LPT"] is lpt
@@ -122,7 +129,7 @@ def test_only_causal_like_masks_launch_longest_first(monkeypatch, options, lpt):
     assert "LPT" not in fixed["flash_attention_bwd_dkdv"]  # key blocks: row order is heaviest first already
 
 
-def test_sections_follow_the_l2(monkeypatch):
+def test_sections_follow_the_l2(monkeypatch, short_lpt):
     # K and V of a KV head: 2 x 64 keys x 32 dims x 2 bytes = 8 KiB, shared by 2 query heads; a 12 KiB L2
     # holds 3 query heads' worth
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=12 * 1024)
@@ -132,7 +139,7 @@ def test_sections_follow_the_l2(monkeypatch):
 
 
 @pytest.mark.parametrize("l2_kib", [4, 12])
-def test_results_do_not_depend_on_the_sections(monkeypatch, l2_kib):
+def test_results_do_not_depend_on_the_sections(monkeypatch, short_lpt, l2_kib):
     # Sections of 1 and 3 pairs (the last one partial) over 8 pairs: causal forward and backward, dense and
     # packed, against the float64 reference.
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=l2_kib * 1024)
@@ -166,7 +173,7 @@ def test_the_performance_model_launches_as_the_kernels_do():
     # llm_speed.perf.predict restates the order and the section rule without torch: same block sequence as
     # the kernel's programs, same section for a problem as the launcher's.
     from llm_speed.core.gpus import get_gpu
-    from llm_speed.perf.predict import AttentionShape, _lpt_section, launch_order
+    from llm_speed.perf.predict import LPT_MIN_ROWS, AttentionShape, _lpt_section, launch_order
 
     batch, heads, seq, block, section = 2, 3, 70, 16, 4
     order = _order(batch=batch, heads=heads, seq=seq, block=block, section=section)
@@ -176,7 +183,24 @@ def test_the_performance_model_launches_as_the_kernels_do():
     hardware = hardware_module.default_hardware()
     for seq_kv, heads_q, heads_kv in ((16384, 16, 16), (4096, 32, 8), (131072, 8, 1)):
         launcher = flash._launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
-                                       heads_q // heads_kv)  # fmt: skip
+                                       heads_q // heads_kv, seq_kv)  # fmt: skip
         shape = AttentionShape(4, heads_q, heads_kv, 128, 2, True, ((seq_kv, seq_kv),))
         model = _lpt_section(get_gpu(hardware.name), "lpt", shape)
-        assert launcher == {"section": min(model, 4 * heads_q), "LPT": True}
+        expected = (
+            {"section": 1, "LPT": False}
+            if model is None
+            else {"section": min(model, 4 * heads_q), "LPT": True}
+        )
+        assert launcher == expected
+        assert (model is None) == (seq_kv < flash.LPT_MIN_ROWS)
+    # below LPT_MIN_ROWS both launch in row order
+    assert LPT_MIN_ROWS == flash.LPT_MIN_ROWS
+    seq = flash.LPT_MIN_ROWS // 2
+    assert flash._launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq) == {
+        "section": 1,
+        "LPT": False,
+    }
+    assert (
+        _lpt_section(get_gpu(hardware.name), "lpt", AttentionShape(1, 16, 16, 128, 2, True, ((seq, seq),)))
+        is None
+    )

@@ -1543,10 +1543,10 @@ BACKWARD_PREPROCESS = Kernel(_flash_bwd_preprocess_kernel, "flash_attention_bwd_
 BACKWARD_DKDV = Kernel(_flash_bwd_dkdv_kernel, "flash_attention_bwd_dkdv")
 BACKWARD_DQ = Kernel(_flash_bwd_dq_kernel, "flash_attention_bwd_dq")
 BACKWARD_DQ_CONVERT = Kernel(_flash_bwd_dq_convert_kernel, "flash_attention_bwd_dq_convert")
-# The backward's two paths: the default adds dQ by atomics from the dK/dV kernel (five matmuls per tile,
-# FlashAttention-2's), then converts the fp32 accumulator; the deterministic one has a dQ kernel of its own
-# (every element one writer; seven matmuls per tile: S and dP are recomputed there).
-BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
+# The backward's two paths (``Tier.dq_kernel`` chooses the default): the atomic one adds dQ from the dK/dV
+# kernel (five matmuls per tile, FlashAttention-2's), then converts the fp32 accumulator; the deterministic
+# one has a dQ kernel of its own (every element one writer; seven matmuls per tile: S and dP recomputed).
+ATOMIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
 DETERMINISTIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
 
 MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
@@ -1593,6 +1593,9 @@ class Tier:
     name: str
     min_smem_bytes: int
     table: dict
+    # The backward's default dQ: False adds it by atomics from the dK/dV kernel (five matmuls per tile);
+    # True computes it in a kernel of its own (seven; bitwise repeatable), as ``deterministic=True`` does.
+    dq_kernel: bool = False
 
 
 def _row(entries: dict) -> dict:
@@ -1631,10 +1634,12 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
 # Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
 # 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
-# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. The backward d=128 row then moved to 8
-# warps (same tiles, the same 8 warps per SM): compiled for sm_90a (``llm-speed kernels``) the 4-warp dK/dV
-# kernel sat at 255 registers and spilled inside its loops (31 local-memory instructions non-causal with dQ
-# by atomics, 92 causal); with 8 warps it spills in no loop. Not yet measured on a GPU.
+# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. Backward, measured again on an H100 SXM
+# on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/h100-sxm/2026-11-25-call5): dQ in a
+# kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 / 12.4 ms at 64x64 w4 and
+# 27.5 / 13.8 at 64x64 w8; cuDNN 10.1 / 5.2. So this tier computes dQ in its own kernel, at 4 warps,
+# although that dK/dV kernel spills inside its loops compiled for sm_90a (8 warps spill nowhere and ran
+# 2.1x slower: each warpgroup's products are 32 rows, half a wgmma's height).
 LARGE = Tier(
     "227 KB",
     227 * KIB,
@@ -1642,9 +1647,10 @@ LARGE = Tier(
         FULL.table,
         {
             "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
-            "backward": {torch.float16: {128: (64, 64, 8, 2)}},
+            "backward": {torch.float16: {128: (64, 64, 4, 2)}},
         },
     ),
+    dq_kernel=True,
 )
 
 
@@ -1812,19 +1818,26 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
     return (blocks * heads,), {"batch": batch, "grid_blocks": blocks, "BLOCK_B": next_power_of_2(batch)}
 
 
+# Longest first from this many query rows per sequence: measured on an H100 SXM (2026-11-25, causal, d=128,
+# 16 heads, bf16; benchmarks/results/h100-sxm/2026-11-25-call5) 1.05-1.09x at 1 x 16384, 1.03x and 0.92x at
+# 2 x 8192, 0.99-1.02x at 4 x 4096 and 8 x 2048, 0.93x at 16 x 1024 (against row order).
+LPT_MIN_ROWS = 16384
+
+
 def _launch_order(
-    is_causal: bool, left, right, hardware: Hardware, pairs: int, kv_bytes: int, group: int
+    is_causal: bool, left, right, hardware: Hardware, pairs: int, kv_bytes: int, group: int, rows: int
 ) -> dict:
     """The launch-order arguments of a query-block kernel (forward, dQ; :func:`_program`): longest first
     (``LPT``) in sections of ``section`` of its ``pairs`` (batch, head) pairs, or row order.
 
     Longest first only pays where a query block's work grows with its index: a causal mask, or a window
-    bounded on the right only (a left bound makes the blocks alike). A section holds as many pairs as keep
-    the K and V they stream (``kv_bytes`` per KV head, shared by ``group`` query heads) in the L2 at once,
-    so that the programs running together still share their loads there; at least one. The dK/dV kernel
-    keeps row order: its key blocks already start with the heaviest (the first keys see the most queries).
-    """
-    if not (is_causal or right is not None) or left is not None:
+    bounded on the right only (a left bound makes the blocks alike), and only on long sequences (``rows``
+    queries per sequence, packed: in all; at least :data:`LPT_MIN_ROWS`). A section holds as many pairs as
+    keep the K and V they stream (``kv_bytes`` per KV head, shared by ``group`` query heads) in the L2 at
+    once, so that the programs running together still share their loads there; at least one. The dK/dV
+    kernel keeps row order: its key blocks already start with the heaviest (the first keys see the most
+    queries)."""
+    if not (is_causal or right is not None) or left is not None or rows < LPT_MIN_ROWS:
         return {"section": 1, "LPT": False}
     section = hardware.l2_bytes * group // max(1, kv_bytes)
     return {"section": min(max(1, section), pairs), "LPT": True}
@@ -1864,7 +1877,7 @@ def _forward_plan(
     cfg = attention_config("forward", block_d, dtype, hardware)
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
     order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv)  # fmt: skip
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q)  # fmt: skip
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     o_stride = _output_strides(q_shape, q_stride, varlen)
     strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
@@ -1951,7 +1964,7 @@ def _backward_plans(
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
     order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv)  # fmt: skip
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q)  # fmt: skip
     dq = BACKWARD_DQ.plan(
         grid, **common, **grid_args, **order, **_stride_args(varlen, dq=_contiguous_strides(q_shape)),
         heads_q=heads_q,
@@ -2078,10 +2091,15 @@ def forward(
                              alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
-def deterministic_backward(deterministic: bool) -> bool:
-    """Whether a backward takes the deterministic path: asked for, or PyTorch's deterministic mode is on
-    (``torch.use_deterministic_algorithms(True)``), read when the backward runs (PyTorch's convention)."""
-    return deterministic or torch.are_deterministic_algorithms_enabled()
+def deterministic_backward(deterministic: bool, device: torch.device) -> bool:
+    """Whether a backward on ``device`` computes dQ in a kernel of its own (the deterministic path): asked
+    for, PyTorch's deterministic mode is on (``torch.use_deterministic_algorithms(True)``, read when the
+    backward runs: PyTorch's convention), or the device's tier does by default (:attr:`Tier.dq_kernel`)."""
+    return (
+        deterministic
+        or torch.are_deterministic_algorithms_enabled()
+        or tier_for(hardware_of(device)).dq_kernel
+    )
 
 
 def backward(
@@ -2089,8 +2107,8 @@ def backward(
     softcap=None, deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
     """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
-    work. GQA gradients are summed over each query group. Default: dQ by atomics (five matmuls per tile);
-    ``deterministic`` (or PyTorch's deterministic mode): a dQ kernel of its own, bitwise repeatable."""
+    work. GQA gradients are summed over each query group. dQ by atomics (five matmuls per tile), or a dQ
+    kernel of its own, bitwise repeatable, when :func:`deterministic_backward` says so."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -2098,7 +2116,7 @@ def backward(
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
-    deterministic = deterministic_backward(deterministic)
+    deterministic = deterministic_backward(deterministic, q.device)
     runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window,
                         deterministic=deterministic)  # fmt: skip
     if not runtime.triton_runs_on(q.device):
@@ -2206,7 +2224,7 @@ def varlen_backward(
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     window = None if window_left is None and window_right is None else (window_left, window_right)
-    deterministic = deterministic_backward(deterministic)
+    deterministic = deterministic_backward(deterministic, q.device)
     runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         is_causal=is_causal, window=window, deterministic=deterministic, seqused_k=seqused_k,
@@ -2447,12 +2465,15 @@ def flash_attention(
     gradients are summed over each query group; gradients through the returned LSE are supported. Two paths
     (PyTorch's convention, flash-attn's ``deterministic``):
 
-    - default: one kernel over key blocks computes dK, dV and dQ (five matmuls per tile, FlashAttention-2's
+    - atomic: one kernel over key blocks computes dK, dV and dQ (five matmuls per tile, FlashAttention-2's
       backward), adding each block's dQ share to an fp32 accumulator with atomics. The order of those
       additions is the GPU's, so dQ's last bits can differ from run to run (dK and dV cannot);
-    - ``deterministic=True``, or whenever ``torch.are_deterministic_algorithms_enabled()`` when the backward
-      runs: dQ comes from a kernel of its own that recomputes the scores (seven matmuls per tile), every
-      gradient element has one writer, and gradients are bitwise repeatable.
+    - dQ kernel: dQ comes from a kernel of its own that recomputes the scores (seven matmuls per tile),
+      every gradient element has one writer, and gradients are bitwise repeatable. Taken with
+      ``deterministic=True``, whenever ``torch.are_deterministic_algorithms_enabled()`` when the backward
+      runs, and by default on devices with Hopper's shared memory (227 KB per block: H100, H200), where it
+      measured 1.7-1.9x faster than the atomic path (H100 SXM, d=128, 16k tokens). Other devices default
+      to the atomic path.
 
     ``deterministic`` only chooses the backward's path; the forward is always bitwise repeatable.
 

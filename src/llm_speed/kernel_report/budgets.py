@@ -63,7 +63,17 @@ _DROPOUT_DKDV = (
     "layout conversion). Not measured on a GPU. To fix in the kernel (fewer bits per entry, as flash-attn's "
     "8-bit threshold, or a smaller query block for this variant, measured first), then drop this entry."
 )
+_CAUSAL_DKDV_4_WARPS = (
+    "the H100's backward (LARGE tier, d=128) runs dK/dV at 64x64 on 4 warps with dQ in its own kernel: "
+    "compiled for sm_90a the causal kernel sits at 255 registers and spills 25 LDL/STL inside its loops "
+    "(Triton 3.6; the non-causal one spills none), and still measured fastest on an H100 SXM (2026-11-25, "
+    "1 x 16 x 16384, fp16: 7.3-7.7 ms causal against 15.4-15.6 at 8 warps, which spill nowhere but halve "
+    "each warpgroup's wgmma to 32 rows; docs/notes/attention-tuning.md). To fix in the kernel (fewer live "
+    "mask tiles on the diagonal), then drop this entry."
+)
 EXCEPTIONS: tuple[Exception_, ...] = (
+    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _CAUSAL_DKDV_4_WARPS, gpu="h100-sxm",
+               match=(("HAS_RIGHT", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
     Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
                match=(("IS_VARLEN", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
     Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",

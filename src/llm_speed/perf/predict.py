@@ -1237,14 +1237,18 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
 
 
 BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
+# Longest first only from this many query rows per sequence (packed: in all); llm_speed.attention.flash's
+# LPT_MIN_ROWS restated without torch (tests/attention/test_launch_order.py holds them equal).
+LPT_MIN_ROWS = 16384
 
 
 def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape) -> int | None:
     """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
     as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
-    ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), and masks that are
-    not causal-like (a window's left bound)."""
-    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0:
+    ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), masks that are
+    not causal-like (a window's left bound), and sequences shorter than :data:`LPT_MIN_ROWS`."""
+    rows = sum(sq for sq, _ in shape.sequences)  # dense: the one sequence's; packed: all of them
+    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0 or rows < LPT_MIN_ROWS:
         return None
     kv_bytes = 2 * shape.kv_elems * shape.element / (shape.batch * shape.heads_kv)
     return max(1, int(spec.l2_cache_mb * 2**20 * shape.group // max(1.0, kv_bytes)))
