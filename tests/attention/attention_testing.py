@@ -30,6 +30,17 @@ BACKWARD_KERNELS = tuple(
 )
 
 
+def atomic_by_default(monkeypatch) -> None:
+    """Make every device's tier add dQ by atomics by default, as the tiers below Hopper's do (the H100 that
+    stands in under the interpreter computes dQ in its own kernel)."""
+    import dataclasses
+
+    tier_for = flash.tier_for
+    monkeypatch.setattr(
+        flash, "tier_for", lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
+    )
+
+
 def fresh_plans(monkeypatch) -> None:
     """Give the attention launchers plan caches of their own for this test, so that what it patches (a
     configuration, a switch, a grid) reaches the plans it makes, and no plan made under a patch outlives

@@ -7,12 +7,17 @@ rule on dense GQA, ragged and causal shapes, windows with softcap and packed seq
 which kernels ran. (Under the interpreter programs run one at a time, so atomics cannot race here: the GPU
 tests check the run-to-run spread.)"""
 
-import dataclasses
 import functools
 
 import pytest
 import torch
-from attention_testing import assert_error_rule, check_against_reference, make_qkv, pin_configs
+from attention_testing import (
+    assert_error_rule,
+    atomic_by_default,
+    check_against_reference,
+    make_qkv,
+    pin_configs,
+)
 from test_attention_varlen import dense_per_sequence, packed_inputs
 from test_attention_window_softcap import SMALL, check_rule
 
@@ -42,14 +47,6 @@ class Ran:
         assert self.counts[flash.BACKWARD_DKDV.name] > 0
         assert (dq > 0) != (convert > 0), self.counts
         return "deterministic" if dq else "atomic"
-
-
-def atomic_by_default(monkeypatch) -> None:
-    """Make every device's tier add dQ by atomics by default, as the tiers below Hopper's do."""
-    tier_for = flash.tier_for
-    monkeypatch.setattr(
-        flash, "tier_for", lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
-    )
 
 
 def test_default_path_follows_the_tier(device):

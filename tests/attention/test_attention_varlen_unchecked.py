@@ -10,6 +10,7 @@ shows too.
 
 import pytest
 import torch
+from attention_testing import atomic_by_default
 
 from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.core import runtime, tensors
@@ -97,7 +98,11 @@ CASES = [
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "dq-kernel"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(case, deterministic, device, guarded_outputs):
+def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(
+    case, deterministic, device, guarded_outputs, monkeypatch
+):
+    if not deterministic:
+        atomic_by_default(monkeypatch)
     _, values_q, values_k, is_causal, nan_rows, exact = case
     (q, k, v), input_buffers = _inputs(device)
     (cu_q, cu_q_buffer), (cu_k, cu_k_buffer) = _cu(values_q, device), _cu(values_k, device)
