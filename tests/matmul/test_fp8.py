@@ -15,7 +15,7 @@ import torch
 
 from accuracy_rule import GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, matmul_cap
 from llm_speed.matmul import fp8
-from llm_speed.matmul.reference import gemm_fp8_reference, quantize_fp8_reference
+from llm_speed.matmul.reference import FP8_BLOCK, gemm_fp8_reference, quantize_fp8_reference
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 BLOCK = (1, 128), (128, 128)
@@ -69,7 +69,7 @@ def test_quantize_strided_views_and_many_partials(device):
     tall[2999, 1] = 77.0  # the amax in the last row block
     tall = tall.to(device)
     _, scale = _quantize_checked(tall, E5M2, "tensor")
-    assert scale == 77.0 / 57344.0
+    assert scale == torch.full((), 77.0, device=device) / 57344.0  # as the device divides (CUDA: reciprocal)
 
 
 def test_quantize_empty(device):
@@ -94,18 +94,52 @@ def _operands(m, n, k, granularity, trans_b, dtype_a=E4M3, dtype_b=E4M3, device=
     return a_q, b_q, s_a, s_b
 
 
+def _padded(x, rows, cols):
+    out = torch.zeros(rows, cols, dtype=x.dtype, device=x.device)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def _fp8_product(a, b_kn):
+    """``a @ b_kn`` of unscaled fp8 operands, float32, in the precision of the device's own fp8 matrix
+    product. CPU: float32 (each fp8 product is exact in float32; the sums are float32's). CUDA:
+    torch._scaled_mm with unit scales (cuBLASLt: tensor cores, whose fp8 accumulation keeps fewer bits than
+    float32's), the operands padded with zeros to its multiples of 16 along K and N and b made column-major,
+    as it requires; it multiplies no two e5m2 matrices, so there b goes to e4m3 times 2**-7 (e5m2's max 57344
+    is e4m3's 448 there; only values below 2 lose bits, far below the product's rounding)."""
+    if a.device.type != "cuda":
+        return a.float() @ b_kn.float()
+    factor = 1.0
+    if a.dtype == b_kn.dtype == E5M2:
+        b_kn, factor = (b_kn.float() * 2.0**-7).to(E4M3), 2.0**7
+    (m, k), n = a.shape, b_kn.shape[1]
+    k16, n16 = -(-k // 16) * 16, -(-n // 16) * 16
+    one = torch.ones((), device=a.device)
+    a16, b16 = _padded(a, m, k16), _padded(b_kn.mT, n16, k16).mT
+    return torch._scaled_mm(a16, b16, one, one, out_dtype=torch.float32)[:, :n] * factor
+
+
 def _same_precision(a, b, s_a, s_b, bias, out_dtype, trans_b, granularity):
-    """The same product in float32, on the operands' device. Tensor and row scaling: what torch._scaled_mm
-    computes (the fp8 products, exact in float32, summed in float32, then scaled per row of a and column of
-    b, plus the bias), written out, since _scaled_mm itself takes row scales on some devices and versions
-    only (the CPU's before torch 2.13: per-tensor only; cuBLASLt: not e5m2 x e5m2, B column-major). Block
-    scaling: the float32 product of the dequantized operands."""
-    if isinstance(granularity, tuple):
-        return gemm_fp8_reference(a, b, s_a, s_b, bias=bias, out_dtype=out_dtype, trans_b=trans_b,
-                                  compute_dtype=torch.float32)  # fmt: skip
+    """The same product in the device's fp8 precision (:func:`_fp8_product`), scaled as torch._scaled_mm
+    scales: the unscaled product times scale_a per row of a and scale_b per column of b (tensor: one each),
+    in float32, plus the bias. torch._scaled_mm is not called with the scales: it takes row scales on some
+    devices and versions only (the CPU's before torch 2.13: per-tensor only; cuBLASLt: bf16 output only).
+    Block scaling: one such product per 128-wide K group, each scaled by its group's scales, summed in
+    float32 (as the kernel scales each K step's product)."""
     b_kn = b.mT if trans_b else b
-    s_row, s_col = (s_a, s_b.reshape(1, -1)) if granularity == "row" else (s_a.reshape(()), s_b.reshape(()))
-    out = (a.float() @ b_kn.float()) * s_row * s_col
+    if isinstance(granularity, tuple):
+        m, k = a.shape
+        n = b_kn.shape[1]
+        s_b_kn = s_b.mT if trans_b else s_b  # [K groups, N blocks]
+        out = torch.zeros(m, n, device=a.device)
+        for g in range(-(-k // FP8_BLOCK)):
+            ks = slice(g * FP8_BLOCK, (g + 1) * FP8_BLOCK)
+            s_col = s_b_kn[g].repeat_interleave(FP8_BLOCK)[:n]
+            out += _fp8_product(a[:, ks], b_kn[ks]) * s_a[:, g : g + 1] * s_col
+    else:
+        row = granularity == "row"
+        s_row, s_col = (s_a, s_b.reshape(1, -1)) if row else (s_a.reshape(()), s_b.reshape(()))
+        out = _fp8_product(a, b_kn) * s_row * s_col
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
@@ -239,7 +273,8 @@ def test_quantize_bad_arguments(kwargs, error, match):
 def test_float8_linear_gradients(granularity, device):
     """Forward and both gradients against float64 products of the operands quantized as the recipe says
     (e4m3 forward, e5m2 output gradient; per row: each product's operands scaled along its reduction dim),
-    at most 3x (gradients) the error of the same product in float32, plus the matmul cap."""
+    at most 3x (gradients) the error of the same product in the device's fp8 precision, plus the matmul
+    cap."""
     x = torch.randn(2, 37, 96, dtype=torch.bfloat16).to(device).requires_grad_()
     weight = torch.randn(72, 96).to(device).requires_grad_()
     bias = torch.randn(72).to(device).requires_grad_()
@@ -262,8 +297,7 @@ def test_float8_linear_gradients(granularity, device):
         else:
             b_q, s_b = quantize_fp8_reference(b_hp, E4M3, "tensor")
         truth = gemm_fp8_reference(a_q, b_q, s_a, s_b, out_dtype=torch.float64, trans_b=trans_b)
-        same = gemm_fp8_reference(a_q, b_q, s_a, s_b, out_dtype=out_dtype, trans_b=trans_b,
-                                  compute_dtype=torch.float32)  # fmt: skip
+        same = _same_precision(a_q, b_q, s_a, s_b, None, out_dtype, trans_b, granularity)
         return truth, same
 
     truth, same = product(x2d, w, E4M3, torch.bfloat16, True)
