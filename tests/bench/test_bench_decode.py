@@ -36,12 +36,13 @@ def test_dry_run_measures_every_impl(device, capsys, tmp_path):
     assert all(r["vs_16bit_cache"] is None for r in rows if r["impl"] not in decode_bench.FP8_IMPLS)
 
 
-def test_fp8_rows_alone_and_their_prediction(capsys):
+def test_fp8_rows_alone_and_their_prediction(device, capsys):
     """--impl kvcache-fp8 alone runs (no 16-bit row to compare with: no ratio); the predictor counts the fp8
-    cache at 1 byte per element, labelled uncalibrated."""
-    argv = ("bench decode --device cpu --batch-sizes 1 --contexts 16 --num-heads 2 --num-kv-heads 1 "
-            "--head-dim 16 --dtype bf16 --impl kvcache-fp8 --warmup 0 --iterations 1 --no-progress "
-            "--json").split()  # fmt: skip
+    cache at 1 byte per element, labelled uncalibrated. On the device fixture's device: the fp8 cache is a
+    Triton-only row, which a CPU runs under the interpreter only (not set on a GPU machine)."""
+    argv = (f"bench decode --device {device.type} --batch-sizes 1 --contexts 16 --num-heads 2 "
+            "--num-kv-heads 1 --head-dim 16 --dtype bf16 --impl kvcache-fp8 --warmup 0 --iterations 1 "
+            "--no-progress --json").split()  # fmt: skip
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["impl"] for r in rows] == ["kvcache-fp8"] and rows[0]["available"], rows

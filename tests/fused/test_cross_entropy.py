@@ -262,7 +262,7 @@ def test_reduction_kernel_and_fallback_match_the_reference(reduction, monkeypatc
     # float32: the Triton path (the reduction kernel for "mean" and "sum") and the PyTorch fallback (CPU
     # without the interpreter), forward and backward, against the reference in the same precision
     hidden, weight, b, target = _problem(11, 24, 70, torch.float32, device, ignored=(4,))
-    out_grad = torch.randn(11).double() if reduction == "none" else torch.tensor(1.5).double()
+    out_grad = (torch.randn(11).double() if reduction == "none" else torch.tensor(1.5).double()).to(device)
     kw = {"reduction": reduction, "label_smoothing": 0.2, "softcap": 5.0}
     expected = _run(fused_linear_cross_entropy_reference, *leaves(hidden, weight, b), target, out_grad, **kw)
     kernels = KERNELS if reduction == "none" else (*KERNELS, REDUCE)
@@ -330,7 +330,9 @@ def test_matches_torch_cross_entropy_with_weights_and_smoothing(device):
         kw = dict(weight=weight, reduction=reduction, label_smoothing=0.15)
         expected = torch.nn.functional.cross_entropy(logits, target, **kw)
         torch.testing.assert_close(cross_entropy_reference(logits, target, **kw), expected)
-        got = cross_entropy(logits.float().to(device), target.to(device), **{**kw, "weight": weight.float()})
+        got = cross_entropy(
+            logits.float().to(device), target.to(device), **{**kw, "weight": weight.float().to(device)}
+        )
         torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
 
 

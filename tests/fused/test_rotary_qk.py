@@ -124,13 +124,22 @@ def test_position_ids_gather_a_table_in_the_kernel(monkeypatch, device):
     torch.testing.assert_close(apply_rotary_qk(q, k, *per_position, position_ids=position_ids), expected)
     bad = position_ids.clone()
     bad[1, 4] = table
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)  # checked (CPU tensors' default), on every device
+    before = runtime.launch_counts()
     with pytest.raises(ValueError, match=f"position_ids holds {table}"):
         apply_rotary_qk(q, k, cos, sin, position_ids=bad)
-    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)  # unchecked: the rows of the bad id turn NaN
-    oq, ok = apply_rotary_qk(q, k, cos, sin, position_ids=bad)
-    assert torch.isnan(oq[1, :, 4]).all() and torch.isnan(ok[1, :, 4]).all()
-    oq[1, :, 4] = 0
-    assert torch.isfinite(oq).all()
+    assert runtime.launch_counts() == before  # before any work
+    # unchecked (CUDA tensors' default): the rows of an id past either end turn NaN, the others are right
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    bad[0, 2] = -3
+    with expect_launches(KERNEL, device=device):
+        oq, ok = apply_rotary_qk(q, k, cos, sin, position_ids=bad)
+    rows = torch.zeros(2, 6, dtype=torch.bool, device=device)
+    rows[1, 4] = rows[0, 2] = True
+    for got, want in ((oq, expected[0]), (ok, expected[1])):
+        got, want = got.transpose(1, 2), want.transpose(1, 2)  # [batch, seq, heads, d]
+        assert torch.isnan(got[rows]).all()
+        torch.testing.assert_close(got[~rows], want[~rows], rtol=1e-6, atol=1e-6)
 
 
 def test_one_output_unused_and_empty(device):

@@ -1,6 +1,7 @@
 """FP8: quantize_fp8 (bit-exact against PyTorch's correctly rounding cast), gemm_fp8 (float64 of the
-dequantized operands as truth; at most 2x the error of torch._scaled_mm on CPU in the same precision, plus
-the matmul cap), float8_linear's gradients, Float8Linear / convert_to_float8, and the argument checks.
+dequantized operands as truth; at most 2x the error of the same product in float32, computed as
+torch._scaled_mm defines it, plus the matmul cap), float8_linear's gradients, Float8Linear /
+convert_to_float8, and the argument checks. The GEMM tests run on the ``device`` fixture's device.
 
 Every kernel output starts as NaN (tests/matmul/conftest.py); the kernels are proved to have run.
 """
@@ -14,7 +15,7 @@ import torch
 
 from accuracy_rule import GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, matmul_cap
 from llm_speed.matmul import fp8
-from llm_speed.matmul.reference import gemm_fp8_reference, quantize_fp8_reference
+from llm_speed.matmul.reference import FP8_BLOCK, gemm_fp8_reference, quantize_fp8_reference
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 BLOCK = (1, 128), (128, 128)
@@ -34,7 +35,7 @@ def _quantize_checked(x, dtype, granularity):
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "row", *BLOCK], ids=str)
-def test_quantize_matches_pytorch_exactly(granularity, dtype):
+def test_quantize_matches_pytorch_exactly(granularity, dtype, device):
     """Ragged rows and columns (last 128-group partial), values far beyond 448, an all-zero 128x128 block and
     an all-zero row, subnormal results, negative zeros: the same bytes and scales as PyTorch's correctly
     rounding cast."""
@@ -43,6 +44,7 @@ def test_quantize_matches_pytorch_exactly(granularity, dtype):
     x[:128, 128:256] = 0.0
     x[190] = 0.0
     x[7, :4] = torch.tensor([-0.0, -1e-30, 1e-30, -0.0])  # negative zeros and ones the rounding makes -0
+    x = x.to(device)
     q, scale = _quantize_checked(x, dtype, granularity)
     assert torch.isfinite(q.float()).all() and q.float().abs().max() <= torch.finfo(dtype).max
     if granularity != "tensor":  # a zero group: the floored scale and exact zeros
@@ -58,26 +60,28 @@ def test_quantize_matches_pytorch_exactly(granularity, dtype):
         assert ((deq - x).abs() <= bound).all()
 
 
-def test_quantize_strided_views_and_many_partials():
+def test_quantize_strided_views_and_many_partials(device):
     """A transposed bfloat16 view is read in place; per-tensor scaling with more row blocks than pass-1
     programs (each program walks several)."""
-    x = torch.randn(96, 40, dtype=torch.bfloat16)
+    x = torch.randn(96, 40, dtype=torch.bfloat16).to(device)
     _quantize_checked(x.mT, E4M3, "row")
     tall = torch.randn(3000, 3)
     tall[2999, 1] = 77.0  # the amax in the last row block
+    tall = tall.to(device)
     _, scale = _quantize_checked(tall, E5M2, "tensor")
-    assert scale == 77.0 / 57344.0
+    assert scale == torch.full((), 77.0, device=device) / 57344.0  # as the device divides (CUDA: reciprocal)
 
 
-def test_quantize_empty():
-    q, scale = fp8.quantize_fp8(torch.randn(0, 5), granularity="tensor")
+def test_quantize_empty(device):
+    q, scale = fp8.quantize_fp8(torch.randn(0, 5, device=device), granularity="tensor")
     assert q.shape == (0, 5) and scale.shape == () and scale > 0
 
 
-def _operands(m, n, k, granularity, trans_b, dtype_a=E4M3, dtype_b=E4M3):
-    """fp8 a [M, K] and b (stored [N, K] when trans_b, else [K, N]) with their scales at ``granularity``."""
-    a = torch.randn(m, k) * 3
-    w = torch.randn(n, k)  # b as an nn.Linear weight
+def _operands(m, n, k, granularity, trans_b, dtype_a=E4M3, dtype_b=E4M3, device="cpu"):
+    """fp8 a [M, K] and b (stored [N, K] when trans_b, else [K, N]) with their scales at ``granularity``,
+    quantized on ``device`` (the same values on every device: drawn on the CPU)."""
+    a = (torch.randn(m, k) * 3).to(device)
+    w = torch.randn(n, k).to(device)  # b as an nn.Linear weight
     g_a, g_b = (granularity, granularity) if not isinstance(granularity, tuple) else BLOCK
     a_q, s_a = fp8.quantize_fp8(a, dtype=dtype_a, granularity=g_a)
     if trans_b:
@@ -90,15 +94,55 @@ def _operands(m, n, k, granularity, trans_b, dtype_a=E4M3, dtype_b=E4M3):
     return a_q, b_q, s_a, s_b
 
 
-def _scaled_mm_cpu(a, b, s_a, s_b, bias, out_dtype, trans_b, granularity):
-    """torch._scaled_mm on CPU (same precision), or, for block scaling it does not take on CPU, the float32
-    product of the dequantized operands."""
-    if isinstance(granularity, tuple):
-        return gemm_fp8_reference(a, b, s_a, s_b, bias=bias, out_dtype=out_dtype, trans_b=trans_b,
-                                  compute_dtype=torch.float32)  # fmt: skip
+def _padded(x, rows, cols):
+    out = torch.zeros(rows, cols, dtype=x.dtype, device=x.device)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def _fp8_product(a, b_kn):
+    """``a @ b_kn`` of unscaled fp8 operands, float32, in the precision of the device's own fp8 matrix
+    product. CPU: float32 (each fp8 product is exact in float32; the sums are float32's). CUDA:
+    torch._scaled_mm with unit scales (cuBLASLt: tensor cores, whose fp8 accumulation keeps fewer bits than
+    float32's), the operands padded with zeros to its multiples of 16 along K and N and b made column-major,
+    as it requires; it multiplies no two e5m2 matrices, so there b goes to e4m3 times 2**-7 (e5m2's max 57344
+    is e4m3's 448 there; only values below 2 lose bits, far below the product's rounding)."""
+    if a.device.type != "cuda":
+        return a.float() @ b_kn.float()
+    factor = 1.0
+    if a.dtype == b_kn.dtype == E5M2:
+        b_kn, factor = (b_kn.float() * 2.0**-7).to(E4M3), 2.0**7
+    (m, k), n = a.shape, b_kn.shape[1]
+    k16, n16 = -(-k // 16) * 16, -(-n // 16) * 16
+    one = torch.ones((), device=a.device)
+    a16, b16 = _padded(a, m, k16), _padded(b_kn.mT, n16, k16).mT
+    return torch._scaled_mm(a16, b16, one, one, out_dtype=torch.float32)[:, :n] * factor
+
+
+def _same_precision(a, b, s_a, s_b, bias, out_dtype, trans_b, granularity):
+    """The same product in the device's fp8 precision (:func:`_fp8_product`), scaled as torch._scaled_mm
+    scales: the unscaled product times scale_a per row of a and scale_b per column of b (tensor: one each),
+    in float32, plus the bias. torch._scaled_mm is not called with the scales: it takes row scales on some
+    devices and versions only (the CPU's before torch 2.13: per-tensor only; cuBLASLt: bf16 output only).
+    Block scaling: one such product per 128-wide K group, each scaled by its group's scales, summed in
+    float32 (as the kernel scales each K step's product)."""
     b_kn = b.mT if trans_b else b
-    s_b = s_b.reshape(1, -1) if granularity == "row" else s_b
-    return torch._scaled_mm(a, b_kn, s_a, s_b, bias=bias, out_dtype=out_dtype)
+    if isinstance(granularity, tuple):
+        m, k = a.shape
+        n = b_kn.shape[1]
+        s_b_kn = s_b.mT if trans_b else s_b  # [K groups, N blocks]
+        out = torch.zeros(m, n, device=a.device)
+        for g in range(-(-k // FP8_BLOCK)):
+            ks = slice(g * FP8_BLOCK, (g + 1) * FP8_BLOCK)
+            s_col = s_b_kn[g].repeat_interleave(FP8_BLOCK)[:n]
+            out += _fp8_product(a[:, ks], b_kn[ks]) * s_a[:, g : g + 1] * s_col
+    else:
+        row = granularity == "row"
+        s_row, s_col = (s_a, s_b.reshape(1, -1)) if row else (s_a.reshape(()), s_b.reshape(()))
+        out = _fp8_product(a, b_kn) * s_row * s_col
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
 
 
 CASES = [  # (m, n, k, granularity, trans_b, out_dtype, bias)
@@ -114,47 +158,60 @@ CASES = [  # (m, n, k, granularity, trans_b, out_dtype, bias)
 
 @pytest.mark.parametrize(("m", "n", "k", "granularity", "trans_b", "out_dtype", "bias"), CASES,
                          ids=lambda v: str(v).replace("torch.", "").replace(" ", ""))  # fmt: skip
-def test_gemm_fp8_accuracy(m, n, k, granularity, trans_b, out_dtype, bias):
-    a, b, s_a, s_b = _operands(m, n, k, granularity, trans_b)
+def test_gemm_fp8_accuracy(m, n, k, granularity, trans_b, out_dtype, bias, device):
+    a, b, s_a, s_b = _operands(m, n, k, granularity, trans_b, device=device)
     bias_t = (
-        torch.randn(n, dtype=out_dtype if out_dtype != torch.float32 else torch.bfloat16) if bias else None
-    )
-    with expect_launches(fp8.GEMM_KERNEL, device=a.device):
+        torch.randn(n, dtype=out_dtype if out_dtype != torch.float32 else torch.bfloat16).to(device)
+        if bias else None
+    )  # fmt: skip
+    with expect_launches(fp8.GEMM_KERNEL, device=device):
         out = fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=out_dtype, bias=bias_t, trans_b=trans_b)
-    assert out.dtype == out_dtype and out.shape == (m, n)
+    assert out.dtype == out_dtype and out.shape == (m, n) and out.device == a.device
     truth = gemm_fp8_reference(a, b, s_a, s_b, bias=bias_t, out_dtype=torch.float64, trans_b=trans_b)
-    same = _scaled_mm_cpu(a, b, s_a, s_b, bias_t, out_dtype, trans_b, granularity)
+    same = _same_precision(a, b, s_a, s_b, bias_t, out_dtype, trans_b, granularity)
     assert_error_rule("gemm_fp8", out, same, truth, OUTPUT_FACTOR, cap=matmul_cap(out_dtype, truth, k))
 
 
 @pytest.mark.parametrize(("dtype_a", "dtype_b"), [(E5M2, E4M3), (E5M2, E5M2)], ids=["e5m2xe4m3", "e5m2xe5m2"])
-def test_gemm_fp8_e5m2(dtype_a, dtype_b):
-    a, b, s_a, s_b = _operands(40, 70, 200, "row", True, dtype_a, dtype_b)
-    out = fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=torch.float32, trans_b=True)
+def test_gemm_fp8_e5m2(dtype_a, dtype_b, device):
+    a, b, s_a, s_b = _operands(40, 70, 200, "row", True, dtype_a, dtype_b, device=device)
+    with expect_launches(fp8.GEMM_KERNEL, device=device):
+        out = fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=torch.float32, trans_b=True)
     truth = gemm_fp8_reference(a, b, s_a, s_b, out_dtype=torch.float64, trans_b=True)
-    same = torch._scaled_mm(a, b.mT, s_a, s_b.reshape(1, -1), out_dtype=torch.float32)
+    same = _same_precision(a, b, s_a, s_b, None, torch.float32, True, "row")
     assert_error_rule("gemm_fp8", out, same, truth, OUTPUT_FACTOR, cap=matmul_cap(torch.float32, truth, 200))
 
 
-def test_gemm_fp8_zero_sizes():
-    a = torch.zeros(3, 0, dtype=E4M3)
-    b = torch.zeros(0, 5, dtype=E4M3)
-    one = torch.ones(())
-    bias = torch.randn(5)
+def test_gemm_fp8_zero_sizes(device):
+    a = torch.zeros(3, 0, dtype=E4M3, device=device)
+    b = torch.zeros(0, 5, dtype=E4M3, device=device)
+    one = torch.ones((), device=device)
+    bias = torch.randn(5).to(device)
     out = fp8.gemm_fp8(a, b, one, one, bias=bias, out_dtype=torch.float32)
     assert torch.equal(out, bias.expand(3, 5))
     assert fp8.gemm_fp8(a[:0], b, one, one).shape == (0, 5)
 
 
-def test_gemm_fp8_matches_scaled_mm_semantics_exactly_on_grid():
-    """Small integers: every product and sum is exact, so llm-speed and torch._scaled_mm agree bit for bit
-    (same meaning of the scales, tensor and row)."""
-    a = torch.randint(-4, 5, (33, 48)).to(E4M3)
-    w = torch.randint(-4, 5, (20, 48)).to(E4M3)
-    s_a, s_b = torch.full((33, 1), 0.5), torch.full((1, 20), 2.0)
-    out = fp8.gemm_fp8(a, w.mT, s_a, s_b, out_dtype=torch.float32)
+def test_gemm_fp8_matches_scaled_mm_semantics_exactly_on_grid(device):
+    """Small integers and power-of-two scales: every product and sum is exact, so llm-speed and
+    torch._scaled_mm agree bit for bit. Per-tensor scales: torch._scaled_mm itself (every device takes
+    them; K and N multiples of 16 and B column-major, as cuBLASLt needs). Row scales, a different one for
+    each row of a and each column of b: torch._scaled_mm's meaning, ``(a @ b) * scale_a[M, 1] *
+    scale_b[1, N]``, on its unscaled product (row scales are not taken by every device's _scaled_mm)."""
+    a = torch.randint(-4, 5, (33, 48)).to(E4M3).to(device)
+    w = torch.randint(-4, 5, (32, 48)).to(E4M3).to(device)  # b = w.mT: [K, N] column-major
+    one = torch.ones((), device=device)
+    unscaled = torch._scaled_mm(a, w.mT, one, one, out_dtype=torch.float32)
+    s_a, s_b = torch.tensor(0.5, device=device), torch.tensor(4.0, device=device)
+    with expect_launches(fp8.GEMM_KERNEL, device=device):
+        out = fp8.gemm_fp8(a, w.mT, s_a, s_b, out_dtype=torch.float32)
     assert torch.equal(out, torch._scaled_mm(a, w.mT, s_a, s_b, out_dtype=torch.float32))
-    out_t = fp8.gemm_fp8(a, w, s_a, s_b.reshape(20, 1), out_dtype=torch.float32, trans_b=True)
+    assert torch.equal(out, unscaled * 2.0)
+    s_a = (2.0 ** torch.randint(-3, 4, (33, 1))).to(device)
+    s_b = (2.0 ** torch.randint(-3, 4, (1, 32))).to(device)
+    out = fp8.gemm_fp8(a, w.mT, s_a, s_b, out_dtype=torch.float32)
+    assert torch.equal(out, unscaled * s_a * s_b)
+    out_t = fp8.gemm_fp8(a, w, s_a, s_b.reshape(32, 1), out_dtype=torch.float32, trans_b=True)
     assert torch.equal(out_t, out)
 
 
@@ -213,13 +270,14 @@ def test_quantize_bad_arguments(kwargs, error, match):
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
-def test_float8_linear_gradients(granularity):
+def test_float8_linear_gradients(granularity, device):
     """Forward and both gradients against float64 products of the operands quantized as the recipe says
     (e4m3 forward, e5m2 output gradient; per row: each product's operands scaled along its reduction dim),
-    at most 3x (gradients) the error of the same product in float32, plus the matmul cap."""
-    x = torch.randn(2, 37, 96, dtype=torch.bfloat16, requires_grad=True)
-    weight = torch.randn(72, 96, requires_grad=True)
-    bias = torch.randn(72, requires_grad=True)
+    at most 3x (gradients) the error of the same product in the device's fp8 precision, plus the matmul
+    cap."""
+    x = torch.randn(2, 37, 96, dtype=torch.bfloat16).to(device).requires_grad_()
+    weight = torch.randn(72, 96).to(device).requires_grad_()
+    bias = torch.randn(72).to(device).requires_grad_()
     kernels = (fp8.GEMM_KERNEL, fp8.QUANTIZE_KERNEL)
     with expect_launches(*kernels, device=x.device):
         out = fp8.float8_linear(x, weight, bias, granularity=granularity)
@@ -239,8 +297,7 @@ def test_float8_linear_gradients(granularity):
         else:
             b_q, s_b = quantize_fp8_reference(b_hp, E4M3, "tensor")
         truth = gemm_fp8_reference(a_q, b_q, s_a, s_b, out_dtype=torch.float64, trans_b=trans_b)
-        same = gemm_fp8_reference(a_q, b_q, s_a, s_b, out_dtype=out_dtype, trans_b=trans_b,
-                                  compute_dtype=torch.float32)  # fmt: skip
+        same = _same_precision(a_q, b_q, s_a, s_b, None, out_dtype, trans_b, granularity)
         return truth, same
 
     truth, same = product(x2d, w, E4M3, torch.bfloat16, True)

@@ -80,7 +80,8 @@ def test_out_dtype_strides_and_empty_rows(device):
     b = torch.randn(3, 33, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)  # [3, 48, 33], K-major
     out = grouped_gemm(a, b, offsets, out_dtype=torch.float32)
     assert out.dtype == torch.float32
-    truth = grouped_gemm_reference(a.double(), b.double(), offsets.cpu())
+    assert out.device == a.device
+    truth = grouped_gemm_reference(a.double().cpu(), b.double().cpu(), offsets.cpu())
     torch.testing.assert_close(out.double().cpu(), truth, rtol=0, atol=48 * 2 * 2**-8)
     # no rows at all: an empty output, and zero gradients for b
     a0 = torch.randn(0, 48, device=device, requires_grad=True)
@@ -125,7 +126,11 @@ BAD = [
 
 
 @pytest.mark.parametrize(("make", "kwargs", "error", "message"), BAD)
-def test_bad_input_is_a_clear_error_before_any_work(make, kwargs, error, message, device):
+def test_bad_input_is_a_clear_error_before_any_work(make, kwargs, error, message, device, monkeypatch):
+    # the values of offsets are checked where runtime.check_values allows a host read (CPU tensors by
+    # default, CUDA ones under LLM_SPEED_CHECK_INPUTS=1): on, so every device tests the check; off, the
+    # kernel makes the rows NaN (test_unchecked_invalid_offsets_give_nan_never_out_of_bounds)
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
     a, b = torch.randn(12, 16, device=device), torch.randn(3, 16, 8, device=device)
     offsets = _offsets([4, 0, 8], device)
     before = runtime.launch_counts()
