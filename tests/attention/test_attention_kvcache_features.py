@@ -169,7 +169,14 @@ def test_matches_float64_reference_and_writes_the_caches(case, device):
     assert _same_or_both_nan(v_cache, same[3])
     if case.rotary is None:
         assert _same_or_both_nan(k_cache, same[2])
-    else:
+    elif dtype == F32:
+        # A float32 cache holds the float32 rotation itself, x1 cos - x2 sin, whose last bit depends on the
+        # order of the arithmetic: compiled code contracts it to an FMA (one rounding fewer than PyTorch's
+        # multiply, then add), a few ulps apart from the reference where the two products nearly cancel (seen
+        # on an H100). So the rule against the float64 rotation instead of equality, NaN where it is NaN.
+        assert torch.equal(k_cache.isnan(), truth[2].isnan())
+        assert_error_rule("k_cache", k_cache, same[2], truth[2], OUTPUT_FACTOR, dtype)
+    else:  # 16-bit: the float32 rotation rounded once; an FMA can move that rounding by one ulp at most
         torch.testing.assert_close(k_cache, same[2], equal_nan=True, rtol=torch.finfo(dtype).eps, atol=0)
 
 
@@ -223,13 +230,16 @@ def test_strided_option_tensors_give_the_contiguous_result(device):
     op copies them) give exactly the result of contiguous ones."""
     call = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in _dense_call().items()}
     wide = {
-        "cache_batch_idx": torch.tensor([[2, 9], [0, 9]], dtype=I32)[:, 0],
-        "cache_leftpad": torch.tensor([[1, 1], [0, 0]], dtype=I32)[:, 0],
-        "rotary_cos": torch.randn(16, 6)[:, 1:5],
-        "rotary_sin": torch.randn(16, 6)[:, 1:5],
-        "alibi_slopes": torch.rand(4, 2)[:, 1],
+        "cache_batch_idx": torch.tensor([[2, 9], [0, 9]], dtype=I32),
+        "cache_leftpad": torch.tensor([[1, 1], [0, 0]], dtype=I32),
+        "rotary_cos": torch.randn(16, 6),
+        "rotary_sin": torch.randn(16, 6),
+        "alibi_slopes": torch.rand(4, 2),
     }
-    strided = {n: t.to(device) for n, t in wide.items()}
+    columns = {"cache_batch_idx": 0, "cache_leftpad": 0, "rotary_cos": slice(1, 5), "rotary_sin": slice(1, 5),
+               "alibi_slopes": 1}  # fmt: skip
+    # sliced on the device: .to(device) of a strided CPU view makes a contiguous copy
+    strided = {n: t.to(device)[:, columns[n]] for n, t in wide.items()}
     assert not any(t.is_contiguous() for t in strided.values())
     results = []
     for options in (strided, {n: t.contiguous() for n, t in strided.items()}):

@@ -32,15 +32,19 @@ def packed_inputs(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, devi
 
 
 def dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, dtype, **options):
-    """(out, lse, dq, dk, dv) of the reference in ``dtype``, each sequence as its own dense batch of one:
-    the padded dense computation, without the padding."""
+    """(out, lse, dq, dk, dv) of the reference in ``dtype`` on the CPU, each sequence as its own dense batch
+    of one: the padded dense computation, without the padding. ALiBi slopes ``[batch, heads]``: row b for
+    sequence b."""
     leaves = [t.detach().cpu().to(dtype).requires_grad_() for t in (q, k, v)]
+    options = {n: t.cpu() if isinstance(t, torch.Tensor) else t for n, t in options.items()}
+    slopes = options.pop("alibi_slopes", None)
     outs, lses = [], []
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     for b in range(len(bounds_q) - 1):
         rows, keys = slice(bounds_q[b], bounds_q[b + 1]), slice(bounds_k[b], bounds_k[b + 1])
         dense = [t[s].transpose(0, 1).unsqueeze(0) for t, s in zip(leaves, (rows, keys, keys), strict=True)]
-        out, lse = reference_attention(*dense, return_lse=True, **options)
+        alibi = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+        out, lse = reference_attention(*dense, return_lse=True, alibi_slopes=alibi, **options)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     out, lse = torch.cat(outs), torch.cat(lses, 1)
@@ -160,7 +164,10 @@ def _good(device):
         (0, lambda q: q[None], ValueError, r"q must have 3 dims \[total, heads, head_dim\]"),
     ],
 )
-def test_bad_inputs_fail_before_any_work(position, bad, error, message, device):
+def test_bad_inputs_fail_before_any_work(position, bad, error, message, device, monkeypatch):
+    # The value checks of cu_seqlens and max_seqlen read the tensors on the host: on for every device here
+    # (CUDA's default is off, the kernels then write NaN rows: test_attention_varlen_unchecked.py).
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
     args = _good(device)
     args[position] = bad(args[position])
     before = {name: runtime.launch_count(name) for name in FORWARD_KERNELS}

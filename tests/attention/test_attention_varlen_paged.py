@@ -76,20 +76,22 @@ def test_paged_forward_is_the_packed_forward(page_size, options, device):
 
 def test_paged_alibi_gqa_and_seqused_without_cu_seqlens_k(device):
     # vLLM's call: seqused_k gives the keys, cu_seqlens_k is None; ALiBi per (sequence, head), GQA 4:1.
+    # Sequences 0 and 2 see keys (each with its own row of slopes: the reference takes row b for sequence b).
     q, k, v, cu_q, cu_k = packed_inputs(LENGTHS_Q, LENGTHS_K, 4, 1, 32, torch.bfloat16, device)
     k_pages, v_pages, table = paged_copy(k, v, cu_k, 32)
-    used = [30, 16, 1, 0]
+    used = [30, 16, 33, 0]
     slopes = torch.rand(4, 4, device=device)
     options = {"is_causal": True, "alibi_slopes": slopes}
     with expect_launches(*FORWARD_KERNELS, device=device):
-        out = flash_attention_varlen(q, k_pages, v_pages, cu_q, None, 40, 30, block_table=table,
-                                     seqused_k=torch.tensor(used, dtype=torch.int32, device=device),
-                                     **options)  # fmt: skip
+        out, lse = flash_attention_varlen(q, k_pages, v_pages, cu_q, None, 40, 33, block_table=table,
+                                          seqused_k=torch.tensor(used, dtype=torch.int32, device=device),
+                                          return_lse=True, **options)  # fmt: skip
     k_used, v_used, cu_used = repacked(k, v, cu_k, used)
     zeros = torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[1], q.shape[0])
     truth = dense_per_sequence(q, k_used, v_used, cu_q, cu_used, *zeros, torch.float64, **options)
     same = dense_per_sequence(q, k_used, v_used, cu_q, cu_used, *zeros, q.dtype, **options)
     assert_error_rule("out", out.cpu(), same[0], truth[0], 2.0, q.dtype)
+    assert_error_rule("lse", lse.cpu(), same[1], truth[1], 2.0, q.dtype)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -144,7 +146,10 @@ def test_paged_is_forward_only(device):
         )
 
 
-def test_bad_paged_arguments_name_the_argument(device):
+def test_bad_paged_arguments_name_the_argument(device, monkeypatch):
+    # The checks of the table's and the lengths' values (the last four) read them on the host: on for every
+    # device here (CUDA's default is off: test_unchecked_bad_page_and_length_give_nan_rows_only_there).
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
     q, k, v, cu_q, cu_k = packed_inputs([4, 4], [16, 20], 2, 2, 16, torch.float32, device)
     k_pages, v_pages, table = paged_copy(k, v, cu_k, 16)
 
@@ -188,6 +193,10 @@ def test_unchecked_bad_page_and_length_give_nan_rows_only_there(device, monkeypa
     bad = table.clone()
     bad[1, 1] = 10**6
     out = flash_attention_varlen(q, k_pages, v_pages, cu_q, cu_k, 6, 20, block_table=bad)
+    assert out[4:10].isnan().all()
+    assert torch.equal(out[:4], good[:4]) and torch.equal(out[10:], good[10:])
+    longer = cu_seqlens([16, 49, 5], device)  # sequence 1 claims more keys than its row's 3 pages hold
+    out = flash_attention_varlen(q, k_pages, v_pages, cu_q, longer, 6, 49, block_table=table)
     assert out[4:10].isnan().all()
     assert torch.equal(out[:4], good[:4]) and torch.equal(out[10:], good[10:])
     seqused = torch.tensor([16, 21, 5], dtype=torch.int32, device=device)  # sequence 1 has 20 keys

@@ -93,6 +93,10 @@ CASES = [
     ("first-not-zero", [2, 5, 12, 16, 22], [0, 6, 9, 17, 22], False, range(0, 5), (1, 2, 3)),
     # the last entry of cu_k is short of the 22 keys and an entry is past it
     ("k-past-and-short", [0, 5, 12, 16, 22], [0, 6, 40, 17, 20], True, range(5, 22), (0,)),
+    # the last entry of cu_q (20) is short of the 22 rows, all else valid: sequence 3 owns rows 16..21
+    ("q-short", [0, 5, 12, 16, 20], [0, 6, 9, 17, 22], False, range(16, 22), (0, 1, 2)),
+    # the last entry of cu_k (20) is short of the 22 keys, all else valid: sequence 3's queries are NaN
+    ("k-short", [0, 5, 12, 16, 22], [0, 6, 9, 17, 20], True, range(16, 22), (0, 1, 2)),
 ]
 
 
@@ -170,3 +174,20 @@ def test_the_value_check_runs_where_check_values_says(device, monkeypatch):
     out = flash_attention_varlen(q, k, v, bad, good, 64, 64)  # no check: NaN rows instead
     if runtime.triton_runs_on(device):
         assert torch.isnan(out[12:]).all() and not torch.isnan(out[:12]).any()
+
+
+def test_max_seqlen_is_checked_where_values_are_and_otherwise_unused(device, monkeypatch):
+    # max_seqlen_q/k (flash-attn's arguments) below the longest sequence: a ValueError where the values are
+    # checked; unchecked (CUDA's default) nothing depends on them (the grid comes from the totals), so the
+    # call gives exactly the result of one with the right values.
+    (q, k, v), _ = _inputs(device)
+    cu_q = torch.tensor([0, 5, 12, 16, 22], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 6, 9, 17, 22], dtype=torch.int32, device=device)
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
+    with pytest.raises(ValueError, match="max_seqlen_q is 4 but cu_seqlens_q has a sequence of length 7"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 8)
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    want = flash_attention_varlen(q, k, v, cu_q, cu_k, 7, 8, is_causal=True, return_lse=True)
+    got = flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 1, is_causal=True, return_lse=True)
+    assert not want[0].isnan().any()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -199,6 +199,12 @@ def _weights_as(b_p, dtype: tl.constexpr, RNE_BY_HAND: tl.constexpr):
 
 
 @triton.jit
+def _descale_fine(d):
+    """Whether an fp8 descale is finite and > 0 (NaN fails both comparisons)."""
+    return (d > 0.0) & (d < float("inf"))
+
+
+@triton.jit
 def _negated(b_x):
     """``-b_x``; an fp8 tile by flipping its sign bits (exact; fp8 has no arithmetic of its own)."""
     if b_x.dtype.is_fp8():
@@ -877,11 +883,16 @@ def _attention_fwd_kernel(
         p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
         p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
-    # fp8: q's and k's descales are factors of the scores (> 0: the sign stays), folded into the scale
+    # fp8: q's and k's descales are factors of the scores (> 0: the sign stays), folded into the scale. One
+    # that is not finite and > 0 (only with the host's value checks off) turns the rows it scales into NaN.
     if DESCALE_Q is not None:
-        scale = scale * tl.load(DESCALE_Q + b * stride_dqb + h_kv * stride_dqh)
+        d_q = tl.load(DESCALE_Q + b * stride_dqb + h_kv * stride_dqh)
+        valid = valid & _descale_fine(d_q)
+        scale = scale * d_q
     if DESCALE_K is not None:
-        scale = scale * tl.load(DESCALE_K + b * stride_dkb + h_kv * stride_dkh)
+        d_k = tl.load(DESCALE_K + b * stride_dkb + h_kv * stride_dkh)
+        valid = valid & _descale_fine(d_k)
+        scale = scale * d_k
     if not SOFTCAP:
         # The exp2 fold (:func:`_scores`) needs a positive factor: a negative scale's sign moves into q
         # (``NEG_SCALE``, exact), and a zero scale becomes 1e-30 (every finite score * 1e-30 rounds to the
@@ -960,11 +971,16 @@ def _attention_fwd_kernel(
         b_out = b_out * (1.0 / (1.0 - dropout_p))
     b_lse2 = b_m + tl.log2(tl.where(no_key, 1.0, b_l))
     if DESCALE_V is not None:  # fp8: v's descale, once on the output
-        b_out = b_out * tl.load(DESCALE_V + b * stride_dvb + h_kv * stride_dvh)
+        d_v = tl.load(DESCALE_V + b * stride_dvb + h_kv * stride_dvh)
+        valid = valid & _descale_fine(d_v)
+        b_out = b_out * d_v
     if V.dtype.element_ty.is_fp8():  # the weights' 2**P8_OFFSET leaves the row sums
         b_lse2 = b_lse2 - P8_OFFSET
     b_lse = tl.where(no_key, float("-inf"), b_lse2 * LN2)
-    if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows shows it
+    if IS_VARLEN:  # a sequence with invalid bounds saw no key (or a bad descale): NaN over its rows shows it
+        b_out = tl.where(valid, b_out, float("nan"))
+        b_lse = tl.where(valid, b_lse, float("nan"))
+    elif V.dtype.element_ty.is_fp8():  # a bad descale: NaN over the rows it scales
         b_out = tl.where(valid, b_out, float("nan"))
         b_lse = tl.where(valid, b_lse, float("nan"))
     p_o = O + b * stride_ob + h * stride_oh + bos_q * stride_om
@@ -2343,7 +2359,8 @@ _forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # t
 def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale: float, window_left=None,
                 window_right=None, softcap=None, alibi_slopes=None):  # fmt: skip
     """(out bfloat16, lse) of fp8 attention (e4m3 q, k, v); the fp8 op's implementation. The descales'
-    values (finite, > 0) are checked on the host where ``runtime.check_values`` allows."""
+    values (finite, > 0) are checked on the host where ``runtime.check_values`` allows; elsewhere the kernel
+    writes NaN over the rows a bad one scales."""
     if runtime.check_values(q.device):
         check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
     return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap, False,
@@ -2445,9 +2462,12 @@ def flash_attention(
             descale``. The products run on fp8 tensor cores: q.k^T with the two descales folded into the
             score scale, then the weights rounded to e4m3 (scaled by 2**8, FlashAttention-3's Max_offset, so
             that they use e4m3's range) times v, v's descale applied once to the output. Output bfloat16;
-            the LSE is exact for the fp8 inputs (only the PV product sees the rounded weights). Forward only:
-            a ValueError when grad mode is on and an input requires grad, or with ``dropout_p``. Causal,
-            windows, softcap, GQA and ALiBi as for 16-bit inputs.
+            the LSE sees only the q.k^T product, not the rounded weights (on Hopper's fp8 tensor cores that
+            product is accumulated at their precision, as ``torch._scaled_mm(..., use_fast_accum=True)``
+            and FlashAttention-3: about 1e-4 relative). Descales must be finite and > 0: checked on the host
+            where ``runtime.check_values`` says, otherwise a bad one makes the rows it scales NaN. Forward
+            only: a ValueError when grad mode is on and an input requires grad, or with ``dropout_p``.
+            Causal, windows, softcap, GQA and ALiBi as for 16-bit inputs.
 
     dtypes float16, bfloat16, float32 (all three alike; fp8 e4m3 with the descales above); statistics and
     accumulation in float32; the output has q's dtype (bfloat16 for fp8), shape ``[batch, heads_q, seq_q,
