@@ -2120,6 +2120,12 @@ def deterministic_backward(deterministic: bool, device: torch.device) -> bool:
     )
 
 
+def default_backward_kernels(device) -> tuple[Kernel, ...]:
+    """The kernels a backward on ``device`` launches unless asked for the deterministic path."""
+    dq_kernel = deterministic_backward(False, torch.device(device))
+    return DETERMINISTIC_BACKWARD_KERNELS if dq_kernel else ATOMIC_BACKWARD_KERNELS
+
+
 def backward(
     dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
     softcap=None, deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
