@@ -19,14 +19,11 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
 )
 from llm_speed.attention import flash
 from llm_speed.attention.reference import reference_attention
-from llm_speed.core.hardware import hardware_of
 
 FORWARD_KERNELS = (flash.FORWARD.name,)
 # The default backward's kernels on the device the tests run on (the H100 stand-in under the interpreter).
-_DQ_KERNEL = flash.tier_for(hardware_of("cuda" if torch.cuda.is_available() else None)).dq_kernel
 BACKWARD_KERNELS = tuple(
-    kernel.name
-    for kernel in (flash.DETERMINISTIC_BACKWARD_KERNELS if _DQ_KERNEL else flash.ATOMIC_BACKWARD_KERNELS)
+    kernel.name for kernel in flash.default_backward_kernels("cuda" if torch.cuda.is_available() else "cpu")
 )
 
 

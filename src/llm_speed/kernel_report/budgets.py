@@ -60,7 +60,9 @@ _DROPOUT_DKDV = (
     "sm_90a, which spills inside the loop (Triton 3.6, 2026-11-25, causal fp16 d=128 with ALiBi: 48 LDL/STL "
     "with atomic dQ, 10 on the deterministic path). Tried: dP before dV (70 and 0); scalar and vector "
     "counters (no change); one draw per four queries interleaved by join/reshape (worse, the interleave's "
-    "layout conversion). Not measured on a GPU. To fix in the kernel (fewer bits per entry, as flash-attn's "
+    "layout conversion). Since the H100's backward went to 4 warps with the dQ kernel (2026-11-25) the "
+    "causal ALiBi+dropout dK/dV kernel spills 167 LDL/STL in its loops. Not measured on a GPU with "
+    "dropout. To fix in the kernel (fewer bits per entry, as flash-attn's "
     "8-bit threshold, or a smaller query block for this variant, measured first), then drop this entry."
 )
 _CAUSAL_DKDV_4_WARPS = (
