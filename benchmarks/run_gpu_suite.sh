@@ -193,14 +193,14 @@ fi
 
 # The ~30 GPU tests of the quick proof: attention forward (fp16, bf16, causal or not, GQA, seq 1024) and
 # backward against float64, 50-run backward determinism, the tiled forward; GEMM in every dtype, the TMA
-# kernel across every edge, int8 exact, the linear-layer layout, both paths; a decode step replayed from a
-# CUDA graph. `--check` counts them.
+# kernel across every edge, int8 exact, the linear-layer layout, both paths, the native launch over many
+# addresses; a decode step replayed from a CUDA graph. `--check` counts them.
 QUICK_FILES=(tests/attention/test_attention_gpu.py tests/attention/test_attention_accuracy.py
     tests/matmul/test_gemm_gpu.py tests/core/test_cuda_graphs_gpu.py)
 QUICK_K="(sampled_rows and 128-1024) or (backward_at_scale and 128-1024) or deterministic_over_50 \
 or rectangular_causal_prefill or tiled_backward_matches or (square_sizes and 1024) \
 or persistent_tma_with_edges or int8_exact or (rectangular_linear_layer and 1000) or both_paths_agree \
-or gradients_at_1024 or forward_is_deterministic or one_plan_per_problem_class \
+or gradients_at_1024 or forward_is_deterministic or one_plan_per_problem_class or native_launch_over \
 or replayed_from_a_cuda_graph"
 
 case "$STEP" in

@@ -20,16 +20,22 @@ from triton_builds import BUILDS, environment
 TESTS = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("build", BUILDS)
-def test_direct_launch_passes_what_triton_passes(build):
+def _script_report(script: str, build) -> dict:
+    """The JSON report of ``tests/core/<script>`` run with ``build``'s Triton, compiled (on a stand-in GPU),
+    not interpreted."""
     env = environment(build)
-    env.pop("TRITON_INTERPRET", None)  # compiled Triton (on a stand-in GPU), not the interpreter
+    env.pop("TRITON_INTERPRET", None)
     done = subprocess.run(
-        [sys.executable, str(TESTS / "core" / "launch_script.py"), str(TESTS)],
+        [sys.executable, str(TESTS / "core" / script), str(TESTS)],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_direct_launch_passes_what_triton_passes(build):
+    report = _script_report("launch_script.py", build)
     assert report["direct_after_first"]
     assert report["grid"][0] == report["grid"][1] == [3, 2, 1]
     assert report["stream"] == [777, 777] and report["function"] == [1234, 1234]
@@ -114,3 +120,28 @@ def test_host_arithmetic():
         for b in (1, 3, 16, 64):
             assert launch.cdiv(a, b) == triton.cdiv(a, b)
     assert [launch.next_power_of_2(n) for n in (0, 1, 2, 3, 16, 17, 1000)] == [1, 1, 2, 4, 16, 32, 1024]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_native_launch_passes_what_tritons_launcher_passes(build):
+    """With Triton 3.6's CUDA launcher a plan calls its C function itself: the same arguments as Triton's own
+    launch (pointers as addresses), each descriptor's CUtensorMap encoded once per address; other Triton
+    versions keep their launcher's ``run``."""
+    report = _script_report("native_launch_script.py", build)
+    triton_call, direct_call, other_call = report["triton_call"], report["direct_call"], report["other_call"]
+    assert report["direct"]
+    if not report["triton"].startswith("3.6."):  # the launcher's own run, as before
+        assert not report["native"]
+        assert triton_call[:7] == direct_call[:7] and triton_call[9:] == direct_call[9:]
+        return
+    assert report["native"]
+    # grid (3), stream, function, cooperative, pdl, 2 scratch buffers, metadata, launch metadata, 2 hooks
+    base = 13
+    assert triton_call[: base - 2] == direct_call[: base - 2]
+    assert direct_call[base - 2 : base] == ["None", "None"]  # no hook installed: none passed
+    assert triton_call[base:] == direct_call[base:]  # every argument, the descriptor expanded, in order
+    x_address, other_address = report["addresses"]
+    assert direct_call[base][:2] == ["CUtensorMap", x_address]
+    assert other_call[base][:2] == ["CUtensorMap", other_address]
+    assert other_call[base + 8] == 0.25  # after the map, shape, strides, Y, OUT and n
+    assert report["encodings_direct"] == 2  # x and other_x once each, over four direct launches

@@ -47,8 +47,9 @@ def compile_sm90(plan, per_call):
     names = fn.arg_names
     constexpr_params = {names[i] for i in fn.constexprs}
     signature, constexprs, divisible = {}, {}, []
+    arguments = plan.arguments(per_call)
     for name in names:
-        value = plan.fixed[name] if name in plan.fixed else per_call[name]
+        value = arguments[name]
         if name in constexpr_params:
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, torch.Tensor):

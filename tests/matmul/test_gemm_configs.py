@@ -183,7 +183,7 @@ def test_simulated_gpu_launches_the_chosen_config():
         )  # fmt: skip
         assert (plan.num_warps, plan.num_stages) == (expected.num_warps, expected.num_stages)
         assert plan.grid[0] == min(H100.sm_count, -(-4096 // expected.block_n))
-        # the descriptors are made per call, with the configuration's block shapes
-        assert per_call["a_desc"].block_shape == [expected.block_m, expected.block_k]
-        assert per_call["b_desc"].block_shape == [expected.block_k, expected.block_n]
-        assert per_call["a_desc"].base is a and per_call["b_desc"].base is b
+        # the plan fixes the descriptors' layouts (the configuration's blocks); a call passes a and b
+        assert plan.descriptors["a_desc"] == ((16, 4096), (4096, 1), (expected.block_m, expected.block_k))
+        assert plan.descriptors["b_desc"] == ((4096, 4096), (4096, 1), (expected.block_k, expected.block_n))
+        assert per_call["a_desc"] is a and per_call["b_desc"] is b

@@ -4,6 +4,7 @@ import importlib
 
 import pytest
 import torch
+import triton
 from matmul_helpers import OUTPUT_FACTOR, assert_error_rule, matmul_cap, torch_same_precision
 
 import llm_speed
@@ -114,6 +115,24 @@ def test_one_plan_per_problem_class():
     assert_as_accurate_as_torch(out, x2.double() @ b.double(), x2 @ b, 512)
     llm_speed.gemm(torch.randn(1900, 512, device="cuda"), b)  # another M: another plan
     assert ops._recipe.cache_info().misses == misses + 1
+
+
+def test_native_launch_over_many_addresses():
+    """Triton 3.6's launcher is called natively (its C function, each descriptor's CUtensorMap made once per
+    address): a plan launched on more operand addresses than it keeps maps for, and on earlier addresses
+    again, is right on every call."""
+    if not has_tma():
+        pytest.skip("the TMA kernel is not used on this GPU")
+    from llm_speed.core import launch
+
+    w = torch.randn(256, 512, device="cuda", dtype=torch.float16)
+    count = launch.DESCRIPTORS_PER_PLAN + 6
+    xs = [torch.randn(200, 512, device="cuda", dtype=torch.float16) for _ in range(count)]
+    for x in [*xs, *xs[:8]]:  # past the bound (the maps start again), then addresses seen before
+        out = llm_speed.gemm(x, w, trans_b=True)
+        assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
+    plan, _ = ops.planned_launch(xs[0], w.mT, out)
+    assert plan.direct and plan.native == triton.__version__.startswith("3.6.")
 
 
 @pytest.mark.parametrize("path", ops.PATHS)

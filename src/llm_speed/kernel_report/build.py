@@ -119,7 +119,7 @@ def specialise(launch: Launch) -> Build:
     saved = JITFunction._do_compile
     JITFunction._do_compile = take
     try:
-        plan.kernel.fn[plan.grid](**plan.fixed, **launch.per_call, num_warps=plan.num_warps,
+        plan.kernel.fn[plan.grid](**plan.arguments(launch.per_call), num_warps=plan.num_warps,
                                   num_stages=plan.num_stages)  # fmt: skip
     except _Specialised as taken:
         return taken.build

@@ -42,16 +42,37 @@ def _check_operand(name: str, x, dtypes) -> None:
         )
 
 
+_Tensor = torch.Tensor
+
+
+def _operands_fine(a, b, trans_a, trans_b, dtypes) -> bool:
+    """True when the type, dtype, rank, flag and device checks of :func:`check_operands` have nothing to say:
+    one expression over the metadata per call (the checks that explain what is wrong run when it is
+    False)."""
+    return (
+        isinstance(a, _Tensor)
+        and isinstance(b, _Tensor)
+        and (trans_a is True or trans_a is False)
+        and (trans_b is True or trans_b is False)
+        and a.dtype in dtypes
+        and a.dtype == b.dtype
+        and 2 <= a.dim() <= 3
+        and 2 <= b.dim() <= 3
+        and a.device == b.device
+    )
+
+
 def check_operands(a, b, trans_a, trans_b, dtypes: tuple[torch.dtype, ...]) -> GemmShape:
     """Check a, b (type, dtype, rank, flags, device, inner and batch dims) and return the problem size."""
-    _check_operand("a", a, dtypes)
-    _check_operand("b", b, dtypes)
-    trans_a = check_flag("trans_a", trans_a)
-    trans_b = check_flag("trans_b", trans_b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
-    if a.device != b.device:
-        check_same_device(a=a, b=b)
+    if not _operands_fine(a, b, trans_a, trans_b, dtypes):
+        _check_operand("a", a, dtypes)
+        _check_operand("b", b, dtypes)
+        trans_a = check_flag("trans_a", trans_a)
+        trans_b = check_flag("trans_b", trans_b)
+        if a.dtype != b.dtype:
+            raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
+        if a.device != b.device:
+            check_same_device(a=a, b=b)
     a_shape, b_shape = a.shape, b.shape
     m, k = (a_shape[-1], a_shape[-2]) if trans_a else (a_shape[-2], a_shape[-1])
     k_b, n = (b_shape[-1], b_shape[-2]) if trans_b else (b_shape[-2], b_shape[-1])

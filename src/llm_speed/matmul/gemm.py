@@ -33,14 +33,9 @@ from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
-from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import Descriptor, Kernel, Plan, TensorDescriptor, cdiv, next_power_of_2, plan_cache
 from . import reference
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
-
-try:  # host-side tensor descriptors (TMA) exist from Triton 3.4 on
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - an older Triton: the tiled kernel serves every problem
-    TensorDescriptor = None
 
 # --- kernels --------------------------------------------------------------------------------------------
 
@@ -531,42 +526,6 @@ def _tma_suits(op_a: torch.Tensor, op_b: torch.Tensor, hardware: Hardware) -> bo
     return has_tma(hardware) and _tma_layout(op_a, op_b) is not None
 
 
-def _descriptor_maker():
-    """A function ``(base, fields) -> TensorDescriptor`` for per-call descriptors.
-
-    A recipe checks once what ``TensorDescriptor.__post_init__`` checks (16-byte aligned base, strides and
-    rows, unit last stride, positive sizes: :func:`_tma_operands`; power-of-two blocks: the tiers), so each
-    call fills a plain dataclass instance without repeating them (about 1 us a descriptor).
-    """
-    if TensorDescriptor is None:
-        return None
-    if not dataclasses.is_dataclass(TensorDescriptor) or hasattr(TensorDescriptor, "__slots__"):
-        return lambda base, fields: TensorDescriptor(base, **fields)
-    new = object.__new__
-
-    def make(base, fields):
-        descriptor = new(TensorDescriptor)
-        descriptor.__dict__.update(fields)
-        descriptor.base = base
-        return descriptor
-
-    return make
-
-
-_descriptor = _descriptor_maker()
-
-
-def _descriptor_fields(shape: list[int], strides: list[int], block_shape: list[int]) -> dict:
-    """The fields of a TensorDescriptor but its base (the defaults of this Triton's dataclass included)."""
-    fields = {
-        f.name: f.default
-        for f in dataclasses.fields(TensorDescriptor)
-        if f.default is not dataclasses.MISSING and f.name != "base"
-    }
-    fields.update(shape=shape, strides=strides, block_shape=block_shape)
-    return fields
-
-
 class _Empty:
     """An empty output: nothing to launch."""
 
@@ -636,29 +595,26 @@ class _Chunked:
 
 
 class _PersistentTma:
-    """The persistent kernel; its tensor descriptors are made per call with the configuration's blocks."""
+    """The persistent kernel; its plan fixes the layouts of a's and b's tensor descriptors, each call passes
+    the tensors."""
 
-    __slots__ = ("out_shape", "plan", "a_fields", "b_fields")
+    __slots__ = ("out_shape", "plan")
 
-    def __init__(self, out_shape, plan: Plan, a_fields: dict, b_fields: dict):
+    def __init__(self, out_shape, plan: Plan):
         self.out_shape = out_shape
         self.plan = plan
-        self.a_fields = a_fields
-        self.b_fields = b_fields
 
     def arguments(self, a, b, c, bias, out, alpha, beta) -> tuple[Plan, dict]:
         return self.plan, dict(
-            a_desc=_descriptor(a, self.a_fields), b_desc=_descriptor(b, self.b_fields),
-            c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias, out_ptr=out,
-            alpha=alpha, beta=beta,
+            a_desc=a, b_desc=b, c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias,
+            out_ptr=out, alpha=alpha, beta=beta,
         )  # fmt: skip
 
     def run(self, a, b, c, bias, out, alpha, beta) -> None:
         """Launch: :meth:`arguments`, passed directly (no dict per call)."""
         self.plan.launch(
-            a_desc=_descriptor(a, self.a_fields), b_desc=_descriptor(b, self.b_fields),
-            c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias, out_ptr=out,
-            alpha=alpha, beta=beta,
+            a_desc=a, b_desc=b, c_ptr=out if c is None else c, bias_ptr=out if bias is None else bias,
+            out_ptr=out, alpha=alpha, beta=beta,
         )  # fmt: skip
 
 
@@ -742,13 +698,14 @@ def _recipe(
         programs = INTERPRETER_PERSISTENT_PROGRAMS if interpreted else hardware.sm_count
         tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
         grid = (min(programs, tiles),)
-        plan = PERSISTENT_TMA.plan(grid, B_K_MAJOR=b_k_major, NUM_PROGRAMS=programs, **common)
-        a_fields = _descriptor_fields([m, k], [stride_am, 1], [config.block_m, config.block_k])
+        a_desc = Descriptor((m, k), (stride_am, 1), (config.block_m, config.block_k))
         if b_k_major:
-            b_fields = _descriptor_fields([n, k], [stride_bn, 1], [config.block_n, config.block_k])
+            b_desc = Descriptor((n, k), (stride_bn, 1), (config.block_n, config.block_k))
         else:
-            b_fields = _descriptor_fields([k, n], [stride_bk, 1], [config.block_k, config.block_n])
-        return _PersistentTma(out_shape, plan, a_fields, b_fields)
+            b_desc = Descriptor((k, n), (stride_bk, 1), (config.block_k, config.block_n))
+        plan = PERSISTENT_TMA.plan(grid, a_desc=a_desc, b_desc=b_desc, B_K_MAJOR=b_k_major,
+                                   NUM_PROGRAMS=programs, **common)  # fmt: skip
+        return _PersistentTma(out_shape, plan)
 
     tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
 
