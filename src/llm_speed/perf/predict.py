@@ -134,9 +134,17 @@ UNMEASURED_OPS = (
     "moe_route",
     "moe_route_backward",
     "moe_sort",
-    "gemm_fp8",  # the GEMM model at fp8 peaks and bytes; never measured (issue 35: no GPU figure yet)
-    "flash_attention_fp8",  # the flash forward's model at fp8 peaks and 1-byte inputs; never measured
 ) + MOE_OPS
+# Rows measured on a GPU but modelled with the 16-bit kernels' parameters, no fit using their points
+# (llm_speed.perf.calibrate.FITTED_DTYPES): ``calibrated=False`` too, with the reason.
+NOT_FITTED: dict[str, str] = {
+    "gemm_fp8": "the GEMM model at fp8 peaks and bytes; measured on the H100 2026-11-25 with b N-major (NN), "
+    "which the kernel transposes every K step, at 9-13x the model's time: not fitted",
+    "flash_attention_fp8": "the flash forward's model at fp8 peaks and 1-byte inputs; measured on the H100 "
+    "2026-11-25 at 2-4x the model's time (slower than the 16-bit kernel from seq 2048 on): not fitted",
+    "tensor_core_gemm_int8": "the GEMM model at int8 peaks; measured on the H100 2026-11-25 with b N-major "
+    "(NN), llm-speed's and torch._int_mm alike at about a tenth of the model's rate: not fitted",
+}
 
 # Implementation names, and what each alias means.
 SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
@@ -258,8 +266,8 @@ class Prediction:
     """What ``implementation`` of ``op`` takes on ``gpu``: ``seconds`` and the ``bound`` ("compute",
     "memory" or "latency"), with the terms in ``breakdown``, the roofline floor beside it, and where the
     parameters came from (``source``; ``calibrated`` is False when the GPU has no calibration of its
-    own, or when no GPU measurement of this op set its parameters: :data:`UNMEASURED_OPS`, the streaming
-    rows, the fused cross-entropy)."""
+    own, or when no GPU measurement of this op set its parameters: :data:`UNMEASURED_OPS`,
+    :data:`NOT_FITTED`, the streaming rows, the fused cross-entropy)."""
 
     op: str
     gpu: str
@@ -410,17 +418,35 @@ def host_table(gpu: str | GPUSpec, implementation: str, calibration: Any = None)
 
 
 def build_entry(implementation: str, build: str | None, calibration: Any = None) -> dict[str, Any]:
-    """What a build of ``implementation`` runs (tiles, host path): the calibration's ``builds`` entry;
-    ``build`` None means "current" (this checkout)."""
+    """What a build of ``implementation`` runs (tiles, host path): the calibration's ``builds`` entry named
+    ``build``, else the one entry whose ``commit`` is ``build`` (a results file names the git commit it
+    ran: the "current" entry names the commit whose kernels are this checkout's, so measurements of that
+    commit are the current build's); ``build`` None means "current" (this checkout)."""
     cal = load_calibration(calibration)
     builds = cal.get("builds", {}).get(implementation, {})
     name = build or "current"
-    if name not in builds:
-        if build is None:
-            return {}
-        known = ", ".join(builds) or "none"
-        raise ValueError(f"build {build!r} of {implementation} is not described; known: {known}")
-    return builds[name]
+    if name in builds:
+        return builds[name]
+    if build is None:
+        return {}
+    same = [entry for entry in builds.values() if _same_commit(entry.get("commit"), build)]
+    if len(same) == 1:
+        return same[0]
+    known = ", ".join(
+        f"{key} ({entry['commit']})" if entry.get("commit") and entry["commit"] != key else key
+        for key, entry in builds.items()
+    )
+    why = "described by several entries" if same else "not described"
+    raise ValueError(f"build {build!r} of {implementation} is {why}; known: {known or 'none'}")
+
+
+def _same_commit(commit: str | None, build: str) -> bool:
+    """Whether ``build`` (a commit hash, short or full) names ``commit`` (the same, at the shorter's
+    length; at least 7 hex digits as git abbreviates)."""
+    if not commit or min(len(commit), len(build)) < 7:
+        return False
+    size = min(len(commit), len(build))
+    return commit[:size].lower() == build[:size].lower()
 
 
 # --- building blocks -------------------------------------------------------------------------------------
@@ -1823,9 +1849,12 @@ def predict(
     floor = roofline(flops, moved, floor_dtype, spec).time_floor_s if moved else 0.0
     if built.get("source"):
         source = f"{source}; build {build or 'current'}: {built['source']}"
-    measured = "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS
+    measured = (
+        "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS and op not in NOT_FITTED
+    )
     if not measured:
-        source = f"UNCALIBRATED for {op} (no measurement of it on any GPU): {source}"
+        why = NOT_FITTED.get(op, "no measurement of it on any GPU")
+        source = f"UNCALIBRATED for {op} ({why}): {source}"
     elif op == "attention_kvcache_fwd" and normalize_dtype(problem.get("kv_dtype") or "fp16") == "fp8":
         measured = False  # the fitted decode parameters are a 16-bit cache's (issue 35: no fp8 figure yet)
         source = f"UNCALIBRATED for {op} over an fp8 cache (no measurement of it on any GPU): {source}"
@@ -1841,6 +1870,65 @@ def predict(
         calibrated=calibrated and consts.calibrated and measured,
         source=source,
         problem=recorded,
+    )
+
+
+def predict_call(
+    ops: Sequence[str],
+    gpu: str | GPUSpec,
+    *,
+    implementation: str = "llm-speed",
+    context: str = "bench",
+    build: str | None = None,
+    calibration: Any = None,
+    **problem: Any,
+) -> Prediction:
+    """Several ops run back to back under one timer on the same ``problem`` (a forward and its backward, as
+    ``llm-speed bench attention --mode fwd+bwd`` times them): their device times add, and so do their host
+    paths, which overlap the device as one call's would (``context``: one L2 flush before the whole call in
+    "bench"). One op: :func:`predict` itself."""
+    if len(ops) == 1:
+        return predict(ops[0], gpu, implementation=implementation, context=context, build=build,
+                       calibration=calibration, **problem)  # fmt: skip
+    context = _check_context(context)
+    parts = [
+        predict(op, gpu, implementation=implementation, context="graph", build=build, calibration=calibration,
+                **problem)
+        for op in ops
+    ]  # fmt: skip
+    spec = get_gpu(gpu)
+    consts = gpu_constants(spec, calibration)
+    device = sum(p.seconds for p in parts)
+    host = sum(p.breakdown.host_s for p in parts)
+    flush_s = consts.l2_flush_bytes / consts.copy_bytes_per_s if consts.copy_bytes_per_s else 0.0
+    exposed = _host_exposed(host, device, context, flush_s)
+    seconds = device + exposed if context == "isolated" else max(device, exposed)
+    longest = max(parts, key=lambda p: p.seconds)
+    b = [p.breakdown for p in parts]
+    breakdown = replace(
+        longest.breakdown,
+        flops=sum(x.flops for x in b),
+        bytes_moved=sum(x.bytes_moved for x in b),
+        dram_bytes=sum(x.dram_bytes for x in b),
+        compute_s=sum(x.compute_s for x in b),
+        memory_s=sum(x.memory_s for x in b),
+        latency_s=sum(x.latency_s for x in b),
+        host_s=host,
+        host_exposed_s=exposed,
+        exp_s=sum(x.exp_s for x in b),
+        kernels=sum(x.kernels for x in b),
+        notes=tuple(note for x in b for note in x.notes),
+    )
+    return replace(
+        longest,
+        op="+".join(ops),
+        seconds=seconds,
+        bound="latency" if exposed >= device else longest.bound,
+        breakdown=breakdown,
+        floor_s=sum(p.floor_s for p in parts),
+        context=context,
+        calibrated=all(p.calibrated for p in parts),
+        source="; ".join(dict.fromkeys(p.source for p in parts)),
     )
 
 
