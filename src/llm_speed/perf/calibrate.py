@@ -1,10 +1,13 @@
 """Fit the parameters of :mod:`llm_speed.perf.predict` to measurements, honestly: on part of them, checked
 on the rest.
 
-``load_points(directory)`` reads every measurement under a results directory: the JSON files of ``llm-speed
-bench attention|gemm|decode`` (each timed row; the GPU from the file's ``environment.gpu_spec_id``), the
-JSON lines of ``benchmarks/attention_sweep.py`` (a tile per row), the ceilings a GPU session records
-(``ceilings.txt``: the measured copy bandwidth; ``host_overhead.txt``: host time per call), and what the
+``load_results(directory)`` reads every measurement under a results directory: the JSON files of
+``llm-speed bench attention|gemm|decode`` (each timed row; the GPU from the file's
+``environment.gpu_spec_id``, llm-speed's build from its ``git_commit``: a ``builds`` entry of that name or
+commit; a forward+backward row is one point of two ops), the JSON lines of ``benchmarks/attention_sweep.py``
+(a tile per row), the ceilings a GPU session records (``ceilings.txt``: the measured copy bandwidth;
+``host_overhead.txt``: host time per call), a GPU run of ``llm-speed bench overhead`` (the host path per
+call of every op of the build it ran, and of PyTorch's equivalents: :func:`overhead_host_s`), and what the
 compiler made of the measured commit's kernels (``benchmarks/compile_measured_tiles.py``'s JSON: programs
 per SM and spills in loops per tile, copied to the calibration's ``compiled`` tables).
 
@@ -13,7 +16,9 @@ are checked on the same shapes. Points that differ only in their size (a sequenc
 a square GEMM's side) or in their tile form a group; sorted by that size, every second one is held out
 (the 2nd, 4th, ...). On the 2026-11-22 H100 baseline that holds out the sequence lengths 1k, 4k and 16k of
 every attention group, the token counts 16 and 2048 of every model GEMM, the 1024^3 and 4096^3 squares, and
-every second tile of the block-size sweeps.
+every second tile of the block-size sweeps. Points of kinds the parameters do not describe (:func:`kind_of`:
+8-bit kernels, the eager attention, a forward and its backward under one timer) are always held out: checked,
+never fitted.
 
 ``fit(points, calibration)``: per (implementation, family) the parameters listed in :data:`FITTED` are
 moved (Nelder-Mead on the log of each, minimising the squared log error over the training points); the rest
@@ -111,7 +116,7 @@ FRACTIONS = (
 # Where the op names of the bench JSON map to the op table (attention: by --mode).
 ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive": "llm-speed",
                              "flash-fp8": "llm-speed"}  # fmt: skip
-ATTENTION_OPS = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention",
+BENCH_ATTENTION_OPS = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention",
                  "flash-fp8": "flash_attention_fp8"}  # fmt: skip
 # The dtypes whose points the fit uses. The parameters are the 16-bit tensor-core paths' (every point of the
 # 2026-11-22 fit is fp16 or bf16); 8-bit kernels (int8, fp8) run other instructions, and the GEMMs measured so
@@ -213,7 +218,7 @@ def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -
     points = []
     for row, seconds in _timed_rows(document):
         impl = row["impl"]
-        op = ATTENTION_OPS.get(impl)
+        op = BENCH_ATTENTION_OPS.get(impl)
         implementation = ATTENTION_IMPLEMENTATIONS.get(impl, impl)
         if op is None:
             if impl not in SDPA_BACKENDS:
