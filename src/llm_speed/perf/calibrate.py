@@ -51,6 +51,7 @@ from llm_speed.perf.predict import (
     family_of,
     load_calibration,
     predict_call,
+    same_commit,
 )
 
 # What each fit moves, per (family, whose kernel); every other parameter keeps its stated value. llm-speed's
@@ -367,6 +368,91 @@ def _sweep_points(path: Path, gpu: str, build: str | None) -> list[Point]:
     return points
 
 
+# ``benchmarks/attention_ab.py``: variants of one launcher choice timed in one process, at 16 heads, d=128.
+_AB_FORWARD = re.compile(r"^causal fwd (?P<batch>\d+)x(?P<seq>\d+) (?P<order>lpt|row)$")
+_AB_BACKWARD = re.compile(
+    r"^backward (?P<mask>full|causal) (?P<batch>\d+)x(?P<seq>\d+) (?P<dtype>\w+) "
+    r"(?:(?P<vendor>sdpa-\w+)|(?P<tile>shipped|(?P<bm>\d+)x(?P<bn>\d+) w(?P<warps>\d+))"
+    r"(?: (?P<path>atomic|deterministic))?)$"
+)
+AB_HEADS, AB_HEAD_DIM = 16, 128
+# attention_ab.py replaces BM, BN and warps of the shipped backward tile: the stages stay its (d=128 fp16: 2)
+AB_BACKWARD_STAGES = 2
+
+
+def is_attention_ab(document: Any, path: Path) -> bool:
+    """Whether ``document`` is ``benchmarks/attention_ab.py``'s output (its "benchmark" key, or, as the runs
+    of 2026-11-25 wrote it without one, the file name and the "results" table of medians)."""
+    if not isinstance(document, dict):
+        return False
+    if document.get("benchmark") == "attention_ab":
+        return True
+    return path.stem.startswith("attention_ab") and isinstance(document.get("results"), dict)
+
+
+def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
+    """The points of an A/B file: the causal forward in longest-first (the build's own order) and in row
+    order (``launch_order="row"``, the patch), bf16; the backward (fp16; ``torch.autograd.grad`` of one
+    output) at the build's tile ("shipped") or a patched one (``backward_config``), by the build's default
+    path ("atomic": d1b0227's, and call 4's unnamed rows) or the dQ kernel ("deterministic"), and cuDNN's
+    beside them. Groups: one per variant but its size (the sequence; the tile), held out as elsewhere."""
+    points = []
+    for case, timing in document["results"].items():
+        seconds = float(timing["median_ms"]) / 1e3
+        source = f"{_short(path)}: {case}"
+        forward, backward = _AB_FORWARD.match(case), _AB_BACKWARD.match(case)
+        if forward:
+            batch, seq = int(forward["batch"]), int(forward["seq"])
+            problem = dict(batch=batch, heads_q=AB_HEADS, heads_kv=AB_HEADS, seq_q=seq, seq_kv=seq,
+                           head_dim=AB_HEAD_DIM, dtype="bf16", causal=True)  # fmt: skip
+            if forward["order"] == "row":
+                problem["launch_order"] = "row"
+            group = ("attention_ab", "flash_attention", forward["order"])
+            points.append(_point("flash_attention", "llm-speed", gpu, problem, seconds, source, build, group,
+                                 (seq,), case=case, row="flash"))  # fmt: skip
+        elif backward:
+            seq = int(backward["seq"])
+            problem = dict(batch=int(backward["batch"]), heads_q=AB_HEADS, heads_kv=AB_HEADS, seq_q=seq,
+                           seq_kv=seq, head_dim=AB_HEAD_DIM, dtype=backward["dtype"],
+                           causal=backward["mask"] == "causal")  # fmt: skip
+            implementation = backward["vendor"] or "llm-speed"
+            size: tuple = ()
+            if backward["bm"]:
+                tile = (int(backward["bm"]), int(backward["bn"]), int(backward["warps"]), AB_BACKWARD_STAGES)
+                problem["backward_config"] = list(tile)
+                size = tile
+            elif backward["tile"]:
+                size = (0,)  # the build's own tile sorts first
+            path_name = backward["path"] or "atomic"
+            if backward["path"] == "deterministic":
+                problem["deterministic"] = True
+            group = ("attention_ab", "flash_attention_backward", backward["mask"], implementation,
+                     path_name if implementation == "llm-speed" else "")  # fmt: skip
+            points.append(_point("flash_attention_backward", implementation, gpu, problem, seconds, source,
+                                 build, group, size, case=case,
+                                 row="flash" if implementation == "llm-speed" else implementation))  # fmt: skip
+    return points
+
+
+def _folder_environment(path: Path) -> dict[str, Any]:
+    """The environment the bench JSON files beside ``path`` share (one GPU call ran them all): GPU and git
+    commit, when they agree; empty otherwise."""
+    found: set[tuple[str | None, str | None]] = set()
+    for sibling in sorted(path.parent.glob("*.json")):
+        if sibling == path:
+            continue
+        try:
+            environment = (json.loads(sibling.read_text()) or {}).get("environment") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            continue
+        if environment.get("git_commit") and environment.get("device_type") == "cuda":
+            found.add((environment.get("gpu_spec_id"), environment["git_commit"]))
+    if len(found) != 1:
+        return {}
+    gpu, commit = found.pop()
+    return {"gpu_spec_id": gpu, "git_commit": commit, "device_type": "cuda"}
+
+
 _HOST_LINE = re.compile(r"^(?P<what>[\w.]+) (?P<shape>\S+): (?P<us>[\d.]+) us per call")
 _HOST_NAMES = {
     "llm_speed.gemm": ("llm-speed", "gemm"),
@@ -482,6 +568,21 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
                     _add_host(results.host_s.setdefault(overhead_gpu, {}).setdefault(implementation, {}),
                               values, display_path(path))  # fmt: skip
                 results.files.append(display_path(path))
+                continue
+            if is_attention_ab(document, path):
+                # the runs of 2026-11-25 wrote no environment: the GPU call's other bench files say it
+                environment = document.get("environment") or _folder_environment(path)
+                ab_gpu = environment.get("gpu_spec_id") or folder_gpu
+                commit = environment.get("git_commit")
+                if ab_gpu is None or commit is None or environment.get("device_type") != "cuda":
+                    continue  # a build that no file names: nothing to compare with
+                try:
+                    found = attention_ab_points(document, path, get_gpu(ab_gpu).id, commit[:7])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if found:
+                    results.points.extend(found)
+                    results.files.append(display_path(path))
                 continue
             if not isinstance(document, dict) or document.get("benchmark") not in READERS:
                 continue
@@ -803,7 +904,12 @@ def calibrate(
                     continue  # llm-speed's host path belongs to a build (calibration "builds"), not a GPU
                 _set_host(impls[target].setdefault("host_s", {}), table)
     for build, table in results.build_host_s.items():
-        _set_host(build_entry("llm-speed", build, calibration).setdefault("host_s", {}), table)
+        measured = build_entry("llm-speed", build, calibration)
+        _set_host(measured.setdefault("host_s", {}), table)
+        # builds that run the measured one's launcher path ("current": d1b0227's, with other defaults)
+        for entry in calibration.get("builds", {}).get("llm-speed", {}).values():
+            if entry is not measured and same_commit(entry.get("host_path_of"), build):
+                _set_host(entry.setdefault("host_s", {}), table)
     train, test = split(results.points)
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for point in train:

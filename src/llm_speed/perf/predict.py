@@ -418,10 +418,12 @@ def host_table(gpu: str | GPUSpec, implementation: str, calibration: Any = None)
 
 
 def build_entry(implementation: str, build: str | None, calibration: Any = None) -> dict[str, Any]:
-    """What a build of ``implementation`` runs (tiles, host path): the calibration's ``builds`` entry named
-    ``build``, else the one entry whose ``commit`` is ``build`` (a results file names the git commit it
-    ran: the "current" entry names the commit whose kernels are this checkout's, so measurements of that
-    commit are the current build's); ``build`` None means "current" (this checkout)."""
+    """What a build of ``implementation`` runs (tiles, host path, defaults): the calibration's ``builds``
+    entry named ``build`` (exactly, or a commit hash the name abbreviates), else the one entry that lists
+    ``build`` in its ``runs`` (later commits measured that ran the same kernels and defaults: a results file
+    names the git commit it ran); ``build`` None means "current" (this checkout). An entry's ``commit`` is
+    the commit whose compiled kernels it runs (the ``compiled`` tables); it does not make that commit's
+    measurements the entry's: "current" runs the kernels of d1b0227 with later defaults."""
     cal = load_calibration(calibration)
     builds = cal.get("builds", {}).get(implementation, {})
     name = build or "current"
@@ -429,18 +431,19 @@ def build_entry(implementation: str, build: str | None, calibration: Any = None)
         return builds[name]
     if build is None:
         return {}
-    same = [entry for entry in builds.values() if _same_commit(entry.get("commit"), build)]
+    same = [entry for key, entry in builds.items() if same_commit(key, build)]
+    if not same:
+        same = [entry for entry in builds.values() if any(same_commit(c, build) for c in entry.get("runs", ()))]
     if len(same) == 1:
         return same[0]
     known = ", ".join(
-        f"{key} ({entry['commit']})" if entry.get("commit") and entry["commit"] != key else key
-        for key, entry in builds.items()
+        key + (f" ({', '.join(entry['runs'])})" if entry.get("runs") else "") for key, entry in builds.items()
     )
     why = "described by several entries" if same else "not described"
     raise ValueError(f"build {build!r} of {implementation} is {why}; known: {known or 'none'}")
 
 
-def _same_commit(commit: str | None, build: str) -> bool:
+def same_commit(commit: str | None, build: str) -> bool:
     """Whether ``build`` (a commit hash, short or full) names ``commit`` (the same, at the shorter's
     length; at least 7 hex digits as git abbreviates)."""
     if not commit or min(len(commit), len(build)) < 7:
@@ -1268,13 +1271,14 @@ BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
 LPT_MIN_ROWS = 16384
 
 
-def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape) -> int | None:
+def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape, min_rows: int = LPT_MIN_ROWS) -> int | None:
     """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
     as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
     ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), masks that are
-    not causal-like (a window's left bound), and sequences shorter than :data:`LPT_MIN_ROWS`."""
+    not causal-like (a window's left bound), and sequences shorter than ``min_rows`` (:data:`LPT_MIN_ROWS`;
+    a build's ``attention_lpt_min_rows``: d1b0227 launched longest first at every length)."""
     rows = sum(sq for sq, _ in shape.sequences)  # dense: the one sequence's; packed: all of them
-    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0 or rows < LPT_MIN_ROWS:
+    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0 or rows < min_rows:
         return None
     kv_bytes = 2 * shape.kv_elems * shape.element / (shape.batch * shape.heads_kv)
     return max(1, int(spec.l2_cache_mb * 2**20 * shape.group // max(1.0, kv_bytes)))
@@ -1366,7 +1370,10 @@ def _predict_attention(
         )
     llm_speed = impl == "llm-speed"
     # llm-speed's launch order is its build's; a vendor's is stated with its parameters.
-    section = _lpt_section(spec, (build if llm_speed else params).get("attention_launch", "lpt"), shape)
+    # ``launch_order`` ("lpt", "row") forces one (an A/B run that patched the launcher's choice).
+    launch = build if llm_speed else params
+    order = problem.pop("launch_order", None) or launch.get("attention_launch", "lpt")
+    section = _lpt_section(spec, order, shape, int(launch.get("attention_lpt_min_rows", LPT_MIN_ROWS)))
 
     def terms(kernel: KernelPass, tile: Sequence[int]) -> _Terms:
         if llm_speed:
@@ -1778,7 +1785,8 @@ def predict(
       (BM, BN, BK, warps) to force one.
     * attention rows: ``batch, heads_q, seq_q, seq_kv`` (= seq_q), ``head_dim``, ``heads_kv``, ``dtype``
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
-      tiles. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths. KV-cache decode:
+      tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
+      kernel's backward. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths. KV-cache decode:
       ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached + new),
       ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte per cache
       element, labelled uncalibrated).
