@@ -19,20 +19,95 @@ SUITE = REPO / "benchmarks" / "results" / "h100-sxm" / "2026-11-25-suite"
 
 
 def test_a_results_commit_is_the_build_that_names_it():
-    """The "current" entry names the commit whose kernels are this checkout's: results of that commit (full or
-    abbreviated) are the current build's; another commit is refused with the known ones listed."""
+    """Results of a commit are the build entry of that name (full hash or abbreviated), or the one that lists
+    the commit in its ``runs`` (later commits that ran the same kernels and defaults); another commit is
+    refused with the known ones listed. "current" runs d1b0227's kernels with today's defaults, so
+    d1b0227's measurements are not the current build's."""
     current = build_entry("llm-speed", None)
-    assert current["commit"] == "d1b0227"
-    assert build_entry("llm-speed", "d1b0227") is current
-    assert build_entry("llm-speed", "d1b022730df471f8fc3e19ed108f4539c5a20740") is current
-    assert build_entry("llm-speed", "af147ec")["attention_backward"] == "dq_kernel"  # a named entry first
-    with pytest.raises(ValueError, match=r"build '1234567' of llm-speed is not described; known: current "
-                                         r"\(d1b0227\), af147ec"):  # fmt: skip
+    measured = build_entry("llm-speed", "d1b0227")
+    assert measured is not current and measured["commit"] == current["commit"] == "d1b0227"
+    assert build_entry("llm-speed", "d1b022730df471f8fc3e19ed108f4539c5a20740") is measured
+    assert build_entry("llm-speed", "2b2a055") is build_entry("llm-speed", "4c378d4eb0b3e9a2") is measured
+    assert (measured["attention_backward"], current["attention_backward"]) == ("atomic_dq", "dq_kernel")
+    assert measured["attention_tiles"]["backward"]["fp16"]["128"] == [64, 64, 8, 2]
+    assert current["host_path_of"] == "d1b0227"
+    assert build_entry("llm-speed", "af147ec")["attention_backward"] == "dq_kernel"
+    with pytest.raises(ValueError, match=r"build '1234567' of llm-speed is not described; known: current, "
+                                         r"d1b0227 \(2b2a055, 4c378d4\), af147ec"):  # fmt: skip
         build_entry("llm-speed", "1234567")
     twice = copy.deepcopy(load_calibration())
-    twice["builds"]["llm-speed"]["copy"] = dict(twice["builds"]["llm-speed"]["current"])
+    twice["builds"]["llm-speed"]["copy"] = dict(twice["builds"]["llm-speed"]["d1b0227"])
     with pytest.raises(ValueError, match="described by several entries"):
-        build_entry("llm-speed", "d1b0227", twice)
+        build_entry("llm-speed", "2b2a055", twice)
+
+
+def test_the_builds_of_2026_11_25_launch_and_run_their_backward():
+    """d1b0227 launched causal query blocks longest first at every length and added dQ by atomics at 64x64 x
+    8 warps; the current build launches longest first from LPT_MIN_ROWS rows only and computes dQ in its own
+    kernel at 64x64 x 4 warps: the A/B runs' "64x64 w4 deterministic" variant."""
+    short = dict(batch=4, heads_q=16, seq_q=4096, head_dim=128, dtype="bf16", causal=True)
+    current = predict("flash_attention", "h100-sxm", **short)
+    assert current.seconds == predict("flash_attention", "h100-sxm", launch_order="row", **short).seconds
+    old = predict("flash_attention", "h100-sxm", build="d1b0227", **short)
+    assert old.seconds == predict("flash_attention", "h100-sxm", build="d1b0227", launch_order="lpt",
+                                  **short).seconds  # fmt: skip
+    assert old.seconds != current.seconds
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128, dtype="fp16")
+    ab = dict(backward_config=[64, 64, 4, 2], deterministic=True)
+    for causal in (False, True):
+        default = predict("flash_attention_backward", "h100-sxm", causal=causal, **shape)
+        variant = predict("flash_attention_backward", "h100-sxm", build="4c378d4", causal=causal, **ab, **shape)
+        assert variant.seconds == pytest.approx(default.seconds)
+        atomic = predict("flash_attention_backward", "h100-sxm", build="d1b0227", causal=causal, **shape)
+        assert atomic.breakdown.tile == (64, 64, 8, 2) and atomic.breakdown.kernels == 3
+
+
+def test_atomics_priced_per_dq_element():
+    """The atomic path pays ``atomic_s`` per fp32 dQ addition: BM x d per block iteration of the dK/dV
+    kernel; the dQ kernel's path pays none."""
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128, dtype="fp16", build="d1b0227")
+    calibration = copy.deepcopy(load_calibration())
+    params = calibration["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["attention"]
+    with_atomics = predict("flash_attention_backward", "h100-sxm", calibration=calibration, **shape)
+    deterministic = predict("flash_attention_backward", "h100-sxm", calibration=calibration,
+                            deterministic=True, **shape)  # fmt: skip
+    rate = params["atomic_s"]
+    params["atomic_s"] = 0.0
+    without = predict("flash_attention_backward", "h100-sxm", calibration=calibration, **shape)
+    additions = 16 * (16384 // 64) ** 2 * 64 * 128  # block iterations x BM x d
+    assert with_atomics.seconds - without.seconds == pytest.approx(additions * rate, rel=1e-6)
+    assert predict("flash_attention_backward", "h100-sxm", calibration=calibration, deterministic=True,
+                   **shape).seconds == pytest.approx(deterministic.seconds)  # fmt: skip
+
+
+def test_attention_ab_files_as_points_of_the_build_that_ran_them():
+    """benchmarks/attention_ab.py's JSON of 2026-11-25 has no environment: its GPU and commit are the bench
+    files' beside it (the same GPU call). Each variant is its patch: row order, a backward tile, the dQ
+    kernel; cuDNN's rows are sdpa-cudnn's."""
+    points = calibrate.load_results(REPO / "benchmarks" / "results" / "h100-sxm" / "2026-11-25-call5").points
+    by_case = {p.case: p for p in points if p.source.endswith(p.case) and "attention_ab" in p.source}
+    assert len(by_case) == 24
+    row = by_case["causal fwd 2x8192 row"]
+    assert (row.op, row.build, row.problem["launch_order"], row.problem["dtype"]) == (
+        "flash_attention", "4c378d4", "row", "bf16")
+    assert "launch_order" not in by_case["causal fwd 2x8192 lpt"].problem
+    dq = by_case["backward causal 1x16384 fp16 64x64 w4 deterministic"]
+    assert (dq.op, dq.problem["backward_config"], dq.problem["deterministic"], dq.problem["causal"]) == (
+        "flash_attention_backward", [64, 64, 4, 2], True, True)
+    shipped = by_case["backward full 1x16384 fp16 shipped atomic"]
+    assert "backward_config" not in shipped.problem and "deterministic" not in shipped.problem
+    cudnn = by_case["backward full 1x16384 fp16 sdpa-cudnn"]
+    assert (cudnn.implementation, cudnn.build) == ("sdpa-cudnn", None)
+    assert all(p.fitted for p in by_case.values())
+
+
+def test_decode_points_are_their_own_kind():
+    """Decode over a KV cache is checked in its own family, fp8 caches apart, never fitted."""
+    points = calibrate.load_results(REPO / "benchmarks" / "results" / "h100-sxm" / "2026-11-25-call4").points
+    decode = [p for p in points if p.op == "attention_kvcache_fwd"]
+    assert decode and not any(p.fitted for p in decode)
+    kinds = {p.row or p.source.rsplit(" ", 1)[-1]: calibrate.kind_of(p) for p in decode}
+    assert kinds["kvcache"] == "attention decode" and kinds["kvcache-paged-fp8"] == "attention decode fp8"
 
 
 def test_overhead_wall_time_is_the_host_path():

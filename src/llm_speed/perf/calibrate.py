@@ -87,6 +87,7 @@ FITTED: dict[tuple[str, str], tuple[str, ...]] = {
         "n_half",
         "sync",
         "spill_s",
+        "atomic_s",
         "overlap_single",
         "overlap_multi",
         "alu_per_score",
@@ -312,6 +313,8 @@ def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> l
             head_dim=settings["head_dim"],
             dtype=settings["dtype"],
         )
+        if row["impl"].endswith("-fp8"):  # "kvcache-fp8", "kvcache-paged-fp8": e4m3 caches, 1 byte per element
+            problem["kv_dtype"] = "fp8"
         group = ("decode", row["impl"], settings["num_heads"], settings["num_kv_heads"], row["batch"])
         points.append(
             _point("attention_kvcache_fwd", implementation, gpu, problem, seconds,
@@ -949,13 +952,20 @@ def calibrate(
 
 def kind_of(point: Point) -> str:
     """The family a point is checked in: its op's ("gemm", "attention"), "eager attention" for the plain
-    PyTorch one (naive_attention: cuBLAS and PyTorch parameters, nothing of llm-speed's kernels), with
-    " fwd+bwd" for a forward and its backward under one timer and the dtype for 8-bit kernels ("gemm int8",
-    "attention fp8"). Only the plain families are fitted (:attr:`Point.fitted`)."""
-    family = "eager attention" if point.op == "naive_attention" else _family_of(point.op)
+    PyTorch one (naive_attention: cuBLAS and PyTorch parameters, nothing of llm-speed's kernels), "attention
+    decode" for a decode over a KV cache (another kernel: split-KV streaming, whose only GPU figures, of
+    2026-11-25, are host-bound up to batch 8), with " fwd+bwd" for a forward and its backward under one
+    timer and the dtype for 8-bit kernels and caches ("gemm int8", "attention fp8", "attention decode
+    fp8"). Only the plain families are fitted (:attr:`Point.fitted`)."""
+    if point.op == "naive_attention":
+        family = "eager attention"
+    elif point.op == "attention_kvcache_fwd":
+        family = "attention decode"
+    else:
+        family = _family_of(point.op)
     if point.then:
         family += " fwd+bwd"
-    dtype = normalize_dtype(point.problem.get("dtype", "fp16"))
+    dtype = normalize_dtype(point.problem.get("kv_dtype") or point.problem.get("dtype", "fp16"))
     if dtype not in FITTED_DTYPES:
         family += f" {dtype}"
     return family

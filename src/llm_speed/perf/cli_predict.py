@@ -182,10 +182,10 @@ def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str
     for record in records:
         key = (record["implementation"], record["family"], record["split"])
         groups.setdefault(key, []).append(abs(record["error"]))
-    lines = [f"{'implementation':<16} {'family':<17} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
+    lines = [f"{'implementation':<16} {'family':<20} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
     for (impl, family, split), values in sorted(groups.items(), key=lambda g: (*g[0][:2], order[g[0][2]])):
         lines.append(
-            f"{impl:<16} {family:<17} {split:<9} {len(values):>6} "
+            f"{impl:<16} {family:<20} {split:<9} {len(values):>6} "
             f"{statistics.median(values):>7.1%} {max(values):>7.1%}"
         )
     if points:

@@ -1399,7 +1399,18 @@ def _predict_attention(
         preprocess = _memory_pass_terms(
             params, consts, "preprocess", preprocess_bytes + 4 * shape.q_elems, cdiv(shape.rows, 128)
         )
-        main = terms(_dkdv_pass(shape, backward_tile, 5), backward_tile)
+        dkdv = _dkdv_pass(shape, backward_tile, 5)
+        main = terms(dkdv, backward_tile)
+        # Every block iteration adds its BM x d share of dQ with fp32 atomics (one red.global.add per
+        # element: Triton's tl.atomic_add): ``atomic_s`` each, device-wide, on top of the kernel's matmuls
+        # (measured on the H100 SXM 2026-11-25: the atomic path 23.8 ms at 64x64 x 4 warps, 1 x 16 x 16384
+        # d=128 fp16, against 14.3 for the dQ kernel's seven matmuls).
+        atomic_s = float(params.get("atomic_s", 0.0)) * sum(dkdv.programs) * backward_tile[0] * _pad_dim(
+            shape.head_dim
+        )
+        if atomic_s:
+            main = replace(main, latency_s=main.latency_s + atomic_s,
+                           device_s=None if main.device_s is None else main.device_s + atomic_s)  # fmt: skip
         convert = _memory_pass_terms(
             params, consts, "dq_convert", (4 + e) * shape.q_elems, cdiv(shape.q_elems, 1024)
         )
