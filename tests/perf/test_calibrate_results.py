@@ -56,7 +56,8 @@ def test_the_builds_of_2026_11_25_launch_and_run_their_backward():
     ab = dict(backward_config=[64, 64, 4, 2], deterministic=True)
     for causal in (False, True):
         default = predict("flash_attention_backward", "h100-sxm", causal=causal, **shape)
-        variant = predict("flash_attention_backward", "h100-sxm", build="4c378d4", causal=causal, **ab, **shape)
+        variant = predict("flash_attention_backward", "h100-sxm", build="4c378d4", causal=causal, **ab,
+                          **shape)  # fmt: skip
         assert variant.seconds == pytest.approx(default.seconds)
         atomic = predict("flash_attention_backward", "h100-sxm", build="d1b0227", causal=causal, **shape)
         assert atomic.breakdown.tile == (64, 64, 8, 2) and atomic.breakdown.kernels == 3

@@ -209,15 +209,16 @@ def test_causal_launch_order_and_backward_paths_in_the_prediction():
     row = predict("flash_attention", "h100-sxm", calibration=calibration, **shape)
     assert 1.03 < row.seconds / current.seconds < 1.12  # the last head's diagonal blocks no longer run alone
     # The atomic backward runs 5 matmuls per tile, the dQ kernel's path 7: ~2.5x and ~3.5x the forward's
-    # FLOPs on the same tensor cores. The H100 build takes the dQ kernel by default (measured faster: the
-    # model does not price the atomics), so its default is the deterministic path; a build that adds dQ by
-    # atomics by default differs.
+    # FLOPs on the same tensor cores, but the atomic one adds BM x d fp32 atomics per block (``atomic_s``,
+    # fitted): measured on the H100 SXM (2026-11-25, this shape) the dQ kernel's path took 0.60x the atomic
+    # one's time at 64x64 x 4 warps. The H100 build takes the dQ kernel by default, so its default is the
+    # deterministic path; a build that adds dQ by atomics by default differs.
     deterministic = predict("flash_attention_backward", "h100-sxm", deterministic=True, **shape)
     assert predict("flash_attention_backward", "h100-sxm", **shape).seconds == deterministic.seconds
     atomic = copy.deepcopy(load_calibration())
     atomic["builds"]["llm-speed"]["current"]["attention_backward"] = "atomic_dq"
     default = predict("flash_attention_backward", "h100-sxm", calibration=atomic, **shape)
-    assert 1.0 < deterministic.seconds / default.seconds < 1.6  # more FLOPs; the atomics are not priced
+    assert 0.5 < deterministic.seconds / default.seconds < 0.9  # more FLOPs, no atomics
     assert default.breakdown.kernels == 3 and deterministic.breakdown.kernels == 3
     with pytest.raises(ValueError, match="deterministic"):
         predict("flash_attention_backward", "h100-sxm", implementation="sdpa-flash", deterministic=1, **shape)
@@ -414,9 +415,10 @@ def test_the_held_out_rule(results):
     assert flags["2026-11-25-suite/gemm_fp16_2048.json: 2048x2048x2048cublas"]
     assert flags["2026-11-25-suite/gemm_int8_2048.json: 2048x2048x2048llm-speed"]  # 8-bit: never fitted
     train, test = calibrate.split(results.points)
-    # 2026-11-22: 188 and 149; 2026-11-25 adds 30 training points, 28 held out and 34 of kinds no fit uses
-    assert (len(train), len(test)) == (218, 211)
-    assert sum(not p.fitted for p in test) == 34 and all(p.fitted for p in train)
+    # 2026-11-22: 188 and 149; the 2026-11-25 suite adds 30 training points, 28 held out and 34 of kinds no
+    # fit uses; its calls 4 and 5 (A/B runs, fp8 GEMMs in NT, decode) 34, 11 and 76 (decode: 72)
+    assert (len(train), len(test)) == (252, 298)
+    assert sum(not p.fitted for p in test) == 110 and all(p.fitted for p in train)
     # cuBLAS and llm-speed are held out on the same shapes.
     gemm = {p.source for p in test if p.op == "gemm"}
     assert gemm == {p.source for p in test if p.op == "gemm" and p.implementation == "cublas"}
@@ -437,8 +439,9 @@ HELD_OUT = {
 # "2026-11-25"): the thresholds stand; each miss is named, and must still miss (fixed: remove it here).
 KNOWN_MISSES = {
     # llm-speed's GEMM at 1024^3 and 2048^3 takes ~54 us more than the model, the same at both sizes and gone
-    # from 4096^3 on: a per-call host cost at these shapes (~85-90 us) far above the tiny problem's (32 us).
-    "2026-11-25-suite/gemm_fp16_2048.json: 2048x2048x2048 [llm-speed]": -0.674,
+    # from 4096^3 on: a per-call host cost at these shapes (~85-90 us) far above the tiny problem's (32 us,
+    # the build's host path the model reads from the overhead run: it does not explain this point).
+    "2026-11-25-suite/gemm_fp16_2048.json: 2048x2048x2048 [llm-speed]": -0.677,
     # SDPA's memory-efficient kernel at d = 64 (batch 2, 8 heads): a quarter slower than the model, which its
     # d = 128 points set.
     "2026-11-25-suite/attn_fwd_fp16_s8192.json: seq=8192 [sdpa-efficient]": -0.236,

@@ -313,7 +313,7 @@ def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> l
             head_dim=settings["head_dim"],
             dtype=settings["dtype"],
         )
-        if row["impl"].endswith("-fp8"):  # "kvcache-fp8", "kvcache-paged-fp8": e4m3 caches, 1 byte per element
+        if row["impl"].endswith("-fp8"):  # "kvcache-fp8", "kvcache-paged-fp8": e4m3 caches, 1 byte each
             problem["kv_dtype"] = "fp8"
         group = ("decode", row["impl"], settings["num_heads"], settings["num_kv_heads"], row["batch"])
         points.append(
@@ -431,9 +431,9 @@ def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None)
                 problem["deterministic"] = True
             group = ("attention_ab", "flash_attention_backward", backward["mask"], implementation,
                      path_name if implementation == "llm-speed" else "")  # fmt: skip
+            row = "flash" if implementation == "llm-speed" else implementation
             points.append(_point("flash_attention_backward", implementation, gpu, problem, seconds, source,
-                                 build, group, size, case=case,
-                                 row="flash" if implementation == "llm-speed" else implementation))  # fmt: skip
+                                 build, group, size, case=case, row=row))  # fmt: skip
     return points
 
 

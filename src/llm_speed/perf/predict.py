@@ -433,7 +433,7 @@ def build_entry(implementation: str, build: str | None, calibration: Any = None)
         return {}
     same = [entry for key, entry in builds.items() if same_commit(key, build)]
     if not same:
-        same = [entry for entry in builds.values() if any(same_commit(c, build) for c in entry.get("runs", ()))]
+        same = [e for e in builds.values() if any(same_commit(c, build) for c in e.get("runs", ()))]
     if len(same) == 1:
         return same[0]
     known = ", ".join(
@@ -1271,7 +1271,9 @@ BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
 LPT_MIN_ROWS = 16384
 
 
-def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape, min_rows: int = LPT_MIN_ROWS) -> int | None:
+def _lpt_section(
+    spec: GPUSpec, order: str, shape: AttentionShape, min_rows: int = LPT_MIN_ROWS
+) -> int | None:
     """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
     as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
     ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), masks that are
@@ -1797,10 +1799,10 @@ def predict(
     * attention rows: ``batch, heads_q, seq_q, seq_kv`` (= seq_q), ``head_dim``, ``heads_kv``, ``dtype``
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
       tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
-      kernel's backward. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths. KV-cache decode:
-      ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached + new),
-      ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte per cache
-      element, labelled uncalibrated).
+      kernel's backward. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths.
+      KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
+      + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
+      per cache element, labelled uncalibrated).
     * rms_norm(_backward): ``rows, hidden``; swiglu(_backward): ``rows, width`` (or ``elements``);
       apply_rotary: ``batch, heads, seq, head_dim, rotary_dim``; fused_linear_cross_entropy(_backward):
       ``tokens, hidden, vocab``; geglu(_backward): as swiglu; apply_rotary_qk(_backward): ``batch,
