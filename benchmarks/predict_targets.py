@@ -12,6 +12,7 @@ line, to feed ``llm_speed.cli.main`` in one process), and summarizes the JSON fi
 
     python benchmarks/predict_targets.py commands attention --dtypes fp16 bf16 --out /tmp/r
     python benchmarks/predict_targets.py summarize /tmp/r
+    python benchmarks/predict_targets.py overhead /tmp/r/overhead.json   # llm-speed bench overhead's table
 
 ``summarize`` puts the calibrated prediction (``llm_speed.perf.predict``) and its error beside each measured
 time, and says whether the point was held out of the calibration's fit (``llm_speed.perf.calibrate``).
@@ -242,20 +243,38 @@ def gemm_commands(dtypes, out: str) -> list[str]:
     return lines
 
 
-def _predictions(folder: str) -> dict[tuple[str, str, str], tuple[float, float, bool]]:
-    """(file stem, case, impl) -> (measured s, predicted s, held out) for every point llm_speed.perf can
-    read in ``folder`` (its calibration's predictions: llm_speed.perf.predict)."""
-    from llm_speed.perf.calibrate import held_out, load_results, prediction_of
+def _split(points, folder: str) -> list[str]:
+    """Each point's split in the shipped calibration's fit: "fit", "held out", or "not fitted" (a kind no fit
+    uses: 8-bit, eager, forward+backward), over the directory it was fitted on (its ``last_fit``) when
+    ``folder`` is in it (the held-out rule ranks sizes across every file there), else over ``folder``."""
+    from llm_speed.perf.calibrate import held_out, load_results
+    from llm_speed.perf.predict import load_calibration
 
-    names = {"llm-speed": ("llm-speed", "flash", "tiled", "naive"), "cublas": ("torch", "torch-int-mm")}
+    fitted_on = load_calibration().get("last_fit", {}).get("directory")
+    root = Path(fitted_on) if fitted_on else None
+    if root is not None and not root.is_absolute():
+        root = Path(__file__).resolve().parents[1] / root
+    every = points
+    if root is not None and root.is_dir() and Path(folder).resolve().is_relative_to(root.resolve()):
+        every = load_results(root).points
+    key = lambda p: (p.source, p.implementation, p.then, p.row)  # noqa: E731
+    flags = dict(zip(map(key, every), held_out(every), strict=True))
+    return [
+        "not fitted" if not p.fitted else ("held out" if flags[key(p)] else "fit") for p in points
+    ]
+
+
+def _predictions(folder: str) -> dict[tuple[str, str, str], tuple[float, float, str]]:
+    """(file stem, case, impl) -> (measured s, predicted s, split) for every point llm_speed.perf can read in
+    ``folder`` (its calibration's predictions: llm_speed.perf.predict)."""
+    from llm_speed.perf.calibrate import load_results, prediction_of
+
     points = load_results(folder).points
     found = {}
-    for point, held in zip(points, held_out(points), strict=True):
-        file, _, case = point.source.partition(": ")
-        stem = Path(file).stem
+    for point, split in zip(points, _split(points, folder), strict=True):
+        stem = Path(point.source.partition(":")[0]).stem
         prediction = prediction_of(point, None).seconds
-        for impl in names.get(point.implementation, (point.implementation,)):
-            found[(stem, case, impl)] = (point.measured_s, prediction, held)
+        found[(stem, point.case, point.row)] = (point.measured_s, prediction, split)
     return found
 
 
@@ -264,7 +283,11 @@ def _ms(seconds: float | None) -> str:
 
 
 def _error(entry) -> str:
-    return "-" if entry is None else f"{entry[1] / entry[0] - 1:+.0%}"
+    return "-" if entry is None or entry[1] is None else f"{entry[1] / entry[0] - 1:+.0%}"
+
+
+# The bench rows of llm-speed's own kernels that summarize lists (its fp8 attention beside the 16-bit one).
+OURS = ("flash", "llm-speed", "flash-fp8")
 
 
 def summarize(folder: str) -> list[str]:
@@ -275,17 +298,25 @@ def summarize(folder: str) -> list[str]:
     rows = []
     for path in sorted(Path(folder).glob("*.json")):
         document = json.loads(path.read_text())
+        if "results" not in document or document.get("benchmark", "attention") not in ("attention", "gemm"):
+            continue  # the suite's summaries, the per-call overhead (its own table)
+        timed = {(r["case"], r["impl"]): r["timing"]["median_ms"] / 1e3 for r in document["results"]
+                 if r.get("available") and r.get("timing")}  # fmt: skip
         for row in document["results"]:
-            if row["impl"] not in ("flash", "llm-speed"):
+            if row["impl"] not in OURS or row.get("available") is False:
                 continue
             ratio, over = row["speedup_vs_fastest_other"], row["measured_over_predicted"]
             ours = predicted.get((path.stem, row["case"], row["impl"]))
             other = None
             if row["fastest_other"]:
-                other = predicted.get((path.stem, row["case"], row["fastest_other"]))
-            split = "-" if ours is None else ("held out" if ours[2] else "fit")
+                # measured from the file; predicted where the model reads the row (not SDPA's default backend)
+                key = (row["case"], row["fastest_other"])
+                fitted = predicted.get((path.stem, *key))
+                other = fitted or ((timed[key], None, "-") if key in timed else None)
+            split = "-" if ours is None else ours[2]
+            case = row["case"] if row["impl"] in ("flash", "llm-speed") else f"{row['case']} ({row['impl']})"
             rows.append([
-                path.stem, row["case"], split, f"{row['tflops']:.1f}" if row["tflops"] else row["reason"],
+                path.stem, case, split, f"{row['tflops']:.1f}" if row["tflops"] else row["reason"],
                 _ms(ours[0] if ours else None), _ms(ours[1] if ours else None), _error(ours),
                 row["fastest_other"] or "-", _ms(other[0] if other else None),
                 _ms(other[1] if other else None),
@@ -298,12 +329,35 @@ def summarize(folder: str) -> list[str]:
     return _table(header, rows)
 
 
+def overhead_table(path: str) -> list[str]:
+    """``llm-speed bench overhead`` on a GPU (its JSON): per op and mode, llm-speed's wall time and kernel
+    time per call beside PyTorch's equivalent's, and their ratio (the GPU target: at most 1.3x)."""
+    document = json.loads(Path(path).read_text())
+    by_case = {(r["case"], r["mode"]): r for r in document["results"]}
+    rows = []
+    for row in document["results"]:
+        if row["baseline"] is None:
+            continue
+        theirs = by_case.get((row["baseline"], row["mode"]))
+        met = "-" if row["meets_target"] is None else ("yes" if row["meets_target"] else "no")
+        rows.append([
+            row["case"], row["mode"], f"{row['us_per_call']:.1f}", f"{row['kernel_us']:.1f}", row["baseline"],
+            f"{theirs['us_per_call']:.1f}" if theirs else "-",
+            f"{theirs['kernel_us']:.1f}" if theirs else "-",
+            f"{row['vs_baseline']:.2f}" if row["vs_baseline"] else "-", met,
+        ])  # fmt: skip
+    header = ["op", "mode", "us per call", "kernel us", "PyTorch's", "its us per call", "its kernel us",
+              "ours / PyTorch's", "<= 1.3x"]  # fmt: skip
+    return _table(header, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables of the chosen part(s), the benchmark argument lines, or a summary of results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=("all", "attention", "gemm", "commands", "summarize"),
-                        default="all")  # fmt: skip
-    parser.add_argument("target", nargs="?", help="commands: attention or gemm; summarize: the JSON folder")
+    parts = ("all", "attention", "gemm", "commands", "summarize", "overhead")
+    parser.add_argument("part", nargs="?", default="all", choices=parts)
+    parser.add_argument("target", nargs="?", help="commands: attention or gemm; summarize: the JSON folder; "
+                        "overhead: a GPU run's overhead.json")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--out", default="results", help="commands: where the JSON files go")
@@ -320,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.target is None:
             parser.error("summarize needs the folder of benchmark JSON files")
         lines = summarize(args.target)
+    elif args.part == "overhead":
+        if args.target is None:
+            parser.error("overhead needs the JSON of a GPU run of llm-speed bench overhead")
+        lines = overhead_table(args.target)
     else:
         lines = []
         if args.part in ("all", "attention"):

@@ -1,10 +1,13 @@
 """Fit the parameters of :mod:`llm_speed.perf.predict` to measurements, honestly: on part of them, checked
 on the rest.
 
-``load_points(directory)`` reads every measurement under a results directory: the JSON files of ``llm-speed
-bench attention|gemm|decode`` (each timed row; the GPU from the file's ``environment.gpu_spec_id``), the
-JSON lines of ``benchmarks/attention_sweep.py`` (a tile per row), the ceilings a GPU session records
-(``ceilings.txt``: the measured copy bandwidth; ``host_overhead.txt``: host time per call), and what the
+``load_results(directory)`` reads every measurement under a results directory: the JSON files of
+``llm-speed bench attention|gemm|decode`` (each timed row; the GPU from the file's
+``environment.gpu_spec_id``, llm-speed's build from its ``git_commit``: a ``builds`` entry of that name or
+commit; a forward+backward row is one point of two ops), the JSON lines of ``benchmarks/attention_sweep.py``
+(a tile per row), the ceilings a GPU session records (``ceilings.txt``: the measured copy bandwidth;
+``host_overhead.txt``: host time per call), a GPU run of ``llm-speed bench overhead`` (the host path per
+call of every op of the build it ran, and of PyTorch's equivalents: :func:`overhead_host_s`), and what the
 compiler made of the measured commit's kernels (``benchmarks/compile_measured_tiles.py``'s JSON: programs
 per SM and spills in loops per tile, copied to the calibration's ``compiled`` tables).
 
@@ -13,7 +16,9 @@ are checked on the same shapes. Points that differ only in their size (a sequenc
 a square GEMM's side) or in their tile form a group; sorted by that size, every second one is held out
 (the 2nd, 4th, ...). On the 2026-11-22 H100 baseline that holds out the sequence lengths 1k, 4k and 16k of
 every attention group, the token counts 16 and 2048 of every model GEMM, the 1024^3 and 4096^3 squares, and
-every second tile of the block-size sweeps.
+every second tile of the block-size sweeps. Points of kinds the parameters do not describe (:func:`kind_of`:
+8-bit kernels, the eager attention, a forward and its backward under one timer) are always held out: checked,
+never fitted.
 
 ``fit(points, calibration)``: per (implementation, family) the parameters listed in :data:`FITTED` are
 moved (Nelder-Mead on the log of each, minimising the squared log error over the training points); the rest
@@ -36,13 +41,17 @@ from typing import Any
 
 from llm_speed.core.gpus import get_gpu, normalize_dtype
 from llm_speed.perf.predict import (
+    ALIASES,
+    OPS,
     REFERENCE_GPU,
     SDPA_BACKENDS,
     Prediction,
+    build_entry,
     compiled_key,
     family_of,
     load_calibration,
-    predict,
+    predict_call,
+    same_commit,
 )
 
 # What each fit moves, per (family, whose kernel); every other parameter keeps its stated value. llm-speed's
@@ -78,6 +87,7 @@ FITTED: dict[tuple[str, str], tuple[str, ...]] = {
         "n_half",
         "sync",
         "spill_s",
+        "atomic_s",
         "overlap_single",
         "overlap_multi",
         "alu_per_score",
@@ -106,13 +116,24 @@ FRACTIONS = (
     "memory_overlap",
 )
 # Where the op names of the bench JSON map to the op table (attention: by --mode).
-ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive": "llm-speed"}
+ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive": "llm-speed",
+                             "flash-fp8": "llm-speed"}  # fmt: skip
+BENCH_ATTENTION_OPS = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention",
+                 "flash-fp8": "flash_attention_fp8"}  # fmt: skip
+# The dtypes whose points the fit uses. The parameters are the 16-bit tensor-core paths' (every point of the
+# 2026-11-22 fit is fp16 or bf16); 8-bit kernels (int8, fp8) run other instructions, and the GEMMs measured so
+# far had b N-major (2026-11-25, layout NN), which 8-bit wgmma cannot read from shared memory (it takes
+# K-major operands only): their points are checked, never fitted.
+FITTED_DTYPES = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
 class Point:
     """One measured call: ``op`` of the op table with ``problem`` (predict's keywords), run by
-    ``implementation`` on ``gpu`` in ``measured_s`` (median), from ``source`` (file: case)."""
+    ``implementation`` on ``gpu`` in ``measured_s`` (median), from ``source`` (file: case). ``then``: the op
+    that ran after ``op`` under the same timer on the same problem (a forward+backward row: the backward).
+    ``case`` and ``row``: the bench file's case and implementation names (``row`` "tiled" for llm-speed's
+    tiled attention, "torch" for cuBLAS)."""
 
     op: str
     implementation: str
@@ -123,10 +144,22 @@ class Point:
     build: str | None = None
     group: tuple = ()
     size: tuple = ()
+    then: str | None = None
+    case: str = ""
+    row: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.source} [{self.implementation}]"
+        # The bench's own name where it says more than the implementation (tiled, naive, flash-fp8).
+        row = f" {self.row}" if self.row and ALIASES.get(self.row, self.row) != self.implementation else ""
+        return f"{self.source} [{self.implementation}{row}]"
+
+    @property
+    def fitted(self) -> bool:
+        """Whether a fit may use this point: it is checked in its op's own family (:func:`kind_of`): one op
+        (not a forward and its backward under one timer, whose backward's host path no GPU run has measured),
+        of a dtype of :data:`FITTED_DTYPES`, and not the eager attention (no parameter of its own)."""
+        return kind_of(self) == _family_of(self.op)
 
 
 @dataclass
@@ -135,7 +168,10 @@ class Results:
 
     points: list[Point] = field(default_factory=list)
     ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)
-    host_s: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # gpu -> impl -> op -> s
+    # gpu -> implementation -> op (or "default") -> seconds, and "source": the files
+    host_s: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # llm-speed's host path per build (the git commit a file names): build -> op -> seconds, "source"
+    build_host_s: dict[str, dict[str, Any]] = field(default_factory=dict)
     compiled: dict[str, dict[str, Any]] = field(default_factory=dict)  # commit -> compiled kernels
     files: list[str] = field(default_factory=list)
 
@@ -170,30 +206,35 @@ def _timed_rows(document: dict):
             yield row, timing["median_ms"] / 1e3
 
 
-def _point(op, implementation, gpu, problem, measured_s, source, build, group, size) -> Point:
+def _point(op, implementation, gpu, problem, measured_s, source, build, group, size, **more) -> Point:
     """A :class:`Point`; the build (git revision) is llm-speed's own, so only its points keep it."""
     return Point(op, implementation, gpu, problem, measured_s, source,
-                 build if implementation == "llm-speed" else None, group, size)  # fmt: skip
+                 build if implementation == "llm-speed" else None, group, size, **more)  # fmt: skip
 
 
 def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
     settings = document.get("settings") or {}
     mode = settings.get("mode", "fwd")
-    if mode not in ("fwd", "bwd"):
+    if mode not in ("fwd", "bwd", "fwd+bwd"):
         return []
     points = []
     for row, seconds in _timed_rows(document):
         impl = row["impl"]
-        op = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention"}.get(impl)
+        op = BENCH_ATTENTION_OPS.get(impl)
         implementation = ATTENTION_IMPLEMENTATIONS.get(impl, impl)
         if op is None:
             if impl not in SDPA_BACKENDS:
                 continue
             op = "flash_attention"
-        if mode == "bwd":
-            if op != "flash_attention":
+        then = None
+        if mode != "fwd":
+            # flash's and tiled's backward is flash's kernels; naive's PyTorch's autograd (not modelled)
+            if op not in ("flash_attention", "tiled_attention"):
                 continue
-            op = "flash_attention_backward"
+            if mode == "bwd":
+                op = "flash_attention_backward"
+            else:
+                then = "flash_attention_backward"
         seq = int(row.get("seq_len") or settings["seq_lengths"][0])
         problem = dict(
             batch=settings["batch_size"],
@@ -202,12 +243,12 @@ def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -
             seq_q=seq,
             seq_kv=seq,
             head_dim=settings["head_dim"],
-            dtype=settings["dtype"],
+            dtype="fp8" if op == "flash_attention_fp8" else settings["dtype"],
             causal=bool(settings["causal"]),
         )
         group = (
             "attention",
-            op,
+            f"{op}+{then}" if then else op,
             settings["num_heads"],
             settings["num_kv_heads"],
             settings["head_dim"],
@@ -216,9 +257,18 @@ def _attention_points(document: dict, path: Path, gpu: str, build: str | None) -
         )
         points.append(
             _point(op, implementation, gpu, problem, seconds, f"{_short(path)}: {row['case']}", build, group,
-                   (seq,))
+                   (seq,), then=then, case=row["case"], row=impl)  # fmt: skip
         )
     return points
+
+
+# (op, dtype) of each row of an fp8 GEMM file: ours and torch._scaled_mm run gemm_fp8, "torch" bf16
+# torch.matmul of the same values (llm_speed.bench.gemm).
+FP8_FILE_ROWS = {
+    "llm-speed": ("gemm_fp8", "fp8"),
+    "torch-scaled-mm": ("gemm_fp8", "fp8"),
+    "torch": ("gemm", "bf16"),
+}
 
 
 def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
@@ -228,14 +278,24 @@ def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> lis
     for row, seconds in _timed_rows(document):
         impl = row["impl"]
         implementation = "llm-speed" if impl == "llm-speed" else "cublas"
-        op = "tensor_core_gemm_int8" if dtype == "int8" else "gemm"
+        op, row_dtype = "tensor_core_gemm_int8" if dtype == "int8" else "gemm", dtype
+        if dtype == "fp8":
+            op, row_dtype = FP8_FILE_ROWS[impl]
         m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
-        problem = dict(m=m, n=n, k=k, dtype=dtype, with_bias=settings.get("epilogue", "none") != "none")
+        problem = dict(m=m, n=n, k=k, dtype=row_dtype, with_bias=settings.get("epilogue", "none") != "none")
+        if op == "gemm_fp8":
+            problem["out_dtype"] = "bf16"
         square = m == n == k
-        group = ("gemm", dtype, "square") if square else ("gemm", dtype, n, k)
+        group = ("gemm", row_dtype, "square") if square else ("gemm", row_dtype, n, k)
+        source = f"{_short(path)}: {row['case']}"
+        if dtype == "fp8":
+            # each granularity its own group (a different kernel); the bf16 rows apart from every bf16 GEMM
+            group = (*group, "fp8 file", row["case"].split()[-1])  # "4096x4096x4096 row": the granularity
+            if row_dtype != dtype:
+                source += f" ({row_dtype})"
         points.append(
-            _point(op, implementation, gpu, problem, seconds, f"{_short(path)}: {row['case']}", build, group,
-                   (m,))
+            _point(op, implementation, gpu, problem, seconds, source, build, group, (m,), case=row["case"],
+                   row=impl)  # fmt: skip
         )
     return points
 
@@ -253,6 +313,8 @@ def _decode_points(document: dict, path: Path, gpu: str, build: str | None) -> l
             head_dim=settings["head_dim"],
             dtype=settings["dtype"],
         )
+        if row["impl"].endswith("-fp8"):  # "kvcache-fp8", "kvcache-paged-fp8": e4m3 caches, 1 byte each
+            problem["kv_dtype"] = "fp8"
         group = ("decode", row["impl"], settings["num_heads"], settings["num_kv_heads"], row["batch"])
         points.append(
             _point("attention_kvcache_fwd", implementation, gpu, problem, seconds,
@@ -309,13 +371,169 @@ def _sweep_points(path: Path, gpu: str, build: str | None) -> list[Point]:
     return points
 
 
+# ``benchmarks/attention_ab.py``: variants of one launcher choice timed in one process, at 16 heads, d=128.
+_AB_FORWARD = re.compile(r"^causal fwd (?P<batch>\d+)x(?P<seq>\d+) (?P<order>lpt|row)$")
+_AB_BACKWARD = re.compile(
+    r"^backward (?P<mask>full|causal) (?P<batch>\d+)x(?P<seq>\d+) (?P<dtype>\w+) "
+    r"(?:(?P<vendor>sdpa-\w+)|(?P<tile>shipped|(?P<bm>\d+)x(?P<bn>\d+) w(?P<warps>\d+))"
+    r"(?: (?P<path>atomic|deterministic))?)$"
+)
+AB_HEADS, AB_HEAD_DIM = 16, 128
+# attention_ab.py replaces BM, BN and warps of the shipped backward tile: the stages stay its (d=128 fp16: 2)
+AB_BACKWARD_STAGES = 2
+
+
+def is_attention_ab(document: Any, path: Path) -> bool:
+    """Whether ``document`` is ``benchmarks/attention_ab.py``'s output (its "benchmark" key, or, as the runs
+    of 2026-11-25 wrote it without one, the file name and the "results" table of medians)."""
+    if not isinstance(document, dict):
+        return False
+    if document.get("benchmark") == "attention_ab":
+        return True
+    return path.stem.startswith("attention_ab") and isinstance(document.get("results"), dict)
+
+
+def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None) -> list[Point]:
+    """The points of an A/B file: the causal forward in longest-first (the build's own order) and in row
+    order (``launch_order="row"``, the patch), bf16; the backward (fp16; ``torch.autograd.grad`` of one
+    output) at the build's tile ("shipped") or a patched one (``backward_config``), by the build's default
+    path ("atomic": d1b0227's, and call 4's unnamed rows) or the dQ kernel ("deterministic"), and cuDNN's
+    beside them. Groups: one per variant but its size (the sequence; the tile), held out as elsewhere."""
+    points = []
+    for case, timing in document["results"].items():
+        seconds = float(timing["median_ms"]) / 1e3
+        source = f"{_short(path)}: {case}"
+        forward, backward = _AB_FORWARD.match(case), _AB_BACKWARD.match(case)
+        if forward:
+            batch, seq = int(forward["batch"]), int(forward["seq"])
+            problem = dict(batch=batch, heads_q=AB_HEADS, heads_kv=AB_HEADS, seq_q=seq, seq_kv=seq,
+                           head_dim=AB_HEAD_DIM, dtype="bf16", causal=True)  # fmt: skip
+            if forward["order"] == "row":
+                problem["launch_order"] = "row"
+            group = ("attention_ab", "flash_attention", forward["order"])
+            points.append(_point("flash_attention", "llm-speed", gpu, problem, seconds, source, build, group,
+                                 (seq,), case=case, row="flash"))  # fmt: skip
+        elif backward:
+            seq = int(backward["seq"])
+            problem = dict(batch=int(backward["batch"]), heads_q=AB_HEADS, heads_kv=AB_HEADS, seq_q=seq,
+                           seq_kv=seq, head_dim=AB_HEAD_DIM, dtype=backward["dtype"],
+                           causal=backward["mask"] == "causal")  # fmt: skip
+            implementation = backward["vendor"] or "llm-speed"
+            size: tuple = ()
+            if backward["bm"]:
+                tile = (int(backward["bm"]), int(backward["bn"]), int(backward["warps"]), AB_BACKWARD_STAGES)
+                problem["backward_config"] = list(tile)
+                size = tile
+            elif backward["tile"]:
+                size = (0,)  # the build's own tile sorts first
+            path_name = backward["path"] or "atomic"
+            if backward["path"] == "deterministic":
+                problem["deterministic"] = True
+            group = ("attention_ab", "flash_attention_backward", backward["mask"], implementation,
+                     path_name if implementation == "llm-speed" else "")  # fmt: skip
+            row = "flash" if implementation == "llm-speed" else implementation
+            points.append(_point("flash_attention_backward", implementation, gpu, problem, seconds, source,
+                                 build, group, size, case=case, row=row))  # fmt: skip
+    return points
+
+
+def _folder_environment(path: Path) -> dict[str, Any]:
+    """The environment the bench JSON files beside ``path`` share (one GPU call ran them all): GPU and git
+    commit, when they agree; empty otherwise."""
+    found: set[tuple[str | None, str | None]] = set()
+    for sibling in sorted(path.parent.glob("*.json")):
+        if sibling == path:
+            continue
+        try:
+            environment = (json.loads(sibling.read_text()) or {}).get("environment") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            continue
+        if environment.get("git_commit") and environment.get("device_type") == "cuda":
+            found.add((environment.get("gpu_spec_id"), environment["git_commit"]))
+    if len(found) != 1:
+        return {}
+    gpu, commit = found.pop()
+    return {"gpu_spec_id": gpu, "git_commit": commit, "device_type": "cuda"}
+
+
 _HOST_LINE = re.compile(r"^(?P<what>[\w.]+) (?P<shape>\S+): (?P<us>[\d.]+) us per call")
 _HOST_NAMES = {
     "llm_speed.gemm": ("llm-speed", "gemm"),
     "llm_speed.flash_attention": ("llm-speed", "flash_attention"),
     "torch.matmul": ("cublas", "gemm"),
-    "sdpa": ("sdpa", "flash_attention"),
+    "sdpa": ("sdpa", "default"),
 }
+
+# ``llm-speed bench overhead`` (llm_speed.bench.overhead): its cases -> the op-table rows whose host path they
+# measure. llm-speed's ops (the cases with a PyTorch baseline), then PyTorch's: (implementation, ops); "sdpa"
+# stands for every SDPA backend (the backend is chosen after the host path).
+OVERHEAD_OURS = {
+    "flash_attention": ("flash_attention",),
+    "tiled_attention": ("tiled_attention",),
+    "naive_attention": ("naive_attention",),
+    "flash_attention_varlen": ("flash_attention_varlen",),
+    "flash_attention_with_kvcache": ("attention_kvcache_fwd",),
+    "gemm": ("gemm", "tensor_core_gemm"),
+    "tensor_core_gemm_int8": ("tensor_core_gemm_int8",),
+    "rms_norm": ("rms_norm",),
+    "swiglu": ("swiglu",),
+    "apply_rotary": ("apply_rotary",),
+    "fused_linear_cross_entropy": ("fused_linear_cross_entropy",),
+}
+OVERHEAD_THEIRS = {
+    "sdpa": ("sdpa", ("default", "flash_attention")),
+    "sdpa (3 sequences)": ("sdpa", ("flash_attention_varlen",)),
+    "sdpa (decode)": ("sdpa", ("attention_kvcache_fwd",)),
+    "torch.matmul": ("cublas", ("gemm", "tensor_core_gemm", "default")),
+    "torch._int_mm": ("cublas", ("tensor_core_gemm_int8",)),
+    "F.rms_norm": ("pytorch", ("rms_norm", "default")),
+    "silu(gate) * up": ("pytorch", ("swiglu",)),
+    "rotary (eager)": ("pytorch", ("apply_rotary",)),
+    "cross_entropy(linear)": ("pytorch", ("fused_linear_cross_entropy",)),
+}
+# A figure is a host path only where the calls' kernels took well under it (the stream was host-bound).
+HOST_BOUND_FRACTION = 0.5
+
+
+def overhead_host_s(document: dict) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The host path per call that a GPU run of ``llm-speed bench overhead`` measured: (llm-speed's op ->
+    seconds, PyTorch's implementation -> op -> seconds).
+
+    Each figure is the wall time of many back-to-back calls over their number (one synchronisation at the
+    end). The device runs call i's kernels while the host prepares call i+1, so a call costs max(host,
+    device) (the model's ``stream`` context): where the kernels took well under the wall time (the
+    profiler's ``kernel_us``), the wall time per call IS the host path, the kernel time hidden under it (not
+    to subtract). A backward's host path is what a training call (forward and backward) adds to an inference
+    call, where the run has the training mode: forward + backward then add up to the training call."""
+    by_mode: dict[str, dict[str, float]] = {}
+    for row in document.get("results", []):
+        wall, kernel = row.get("us_per_call"), row.get("kernel_us")
+        if not wall or kernel is None or kernel > HOST_BOUND_FRACTION * wall:
+            continue
+        by_mode.setdefault(row["mode"], {})[row["case"]] = wall * 1e-6
+    inference, training = by_mode.get("inference", {}), by_mode.get("training", {})
+    ours: dict[str, float] = {}
+    theirs: dict[str, dict[str, float]] = {}
+    for case, seconds in inference.items():
+        if case in OVERHEAD_OURS:
+            for op in OVERHEAD_OURS[case]:
+                ours[op] = seconds
+            backward = f"{OVERHEAD_OURS[case][0]}_backward"
+            if case in training and backward in OPS:
+                ours[backward] = training[case] - seconds
+        elif case in OVERHEAD_THEIRS:
+            implementation, ops = OVERHEAD_THEIRS[case]
+            for op in ops:
+                theirs.setdefault(implementation, {})[op] = seconds
+    if "flash_attention" in ours:
+        ours["default"] = ours["flash_attention"]
+    return ours, theirs
+
+
+def _add_host(table: dict[str, Any], values: dict[str, float], source: str) -> None:
+    """Set ``values`` (op -> seconds) in a results host table, each op's file under "source"."""
+    table.update(values)
+    table.setdefault("source", {}).update(dict.fromkeys(values, source))
 
 
 def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
@@ -338,6 +556,36 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
             if isinstance(document, dict) and document.get("generated_by") == COMPILED_BY:
                 results.compiled[document["commit"]] = _compiled_table(document, path)
                 results.files.append(display_path(path))
+                continue
+            if isinstance(document, dict) and document.get("benchmark") == "overhead":
+                environment = document.get("environment") or {}
+                if environment.get("device_type") != "cuda" or not environment.get("gpu_spec_id"):
+                    continue  # a CPU run's figures are simulated (llm_speed.bench.overhead)
+                overhead_gpu = get_gpu(environment["gpu_spec_id"]).id
+                ours, theirs = overhead_host_s(document)
+                commit = environment.get("git_commit")
+                if ours and commit:
+                    table = results.build_host_s.setdefault(commit[:7], {})
+                    _add_host(table, ours, display_path(path))
+                for implementation, values in theirs.items():
+                    _add_host(results.host_s.setdefault(overhead_gpu, {}).setdefault(implementation, {}),
+                              values, display_path(path))  # fmt: skip
+                results.files.append(display_path(path))
+                continue
+            if is_attention_ab(document, path):
+                # the runs of 2026-11-25 wrote no environment: the GPU call's other bench files say it
+                environment = document.get("environment") or _folder_environment(path)
+                ab_gpu = environment.get("gpu_spec_id") or folder_gpu
+                commit = environment.get("git_commit")
+                if ab_gpu is None or commit is None or environment.get("device_type") != "cuda":
+                    continue  # a build that no file names: nothing to compare with
+                try:
+                    found = attention_ab_points(document, path, get_gpu(ab_gpu).id, commit[:7])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if found:
+                    results.points.extend(found)
+                    results.files.append(display_path(path))
                 continue
             if not isinstance(document, dict) or document.get("benchmark") not in READERS:
                 continue
@@ -378,8 +626,7 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
                 if match and match.group("what") in _HOST_NAMES:
                     impl, op = _HOST_NAMES[match.group("what")]
                     table = results.host_s.setdefault(folder_gpu, {}).setdefault(impl, {})
-                    table[op] = float(match.group("us")) * 1e-6
-                    table["source"] = display_path(path)
+                    _add_host(table, {op: float(match.group("us")) * 1e-6}, display_path(path))
             results.files.append(display_path(path))
     return results
 
@@ -427,7 +674,7 @@ def held_out(points: Sequence[Point]) -> list[bool]:
     for point in points:
         sizes.setdefault(point.group, set()).add(point.size)
     rank = {group: {size: i for i, size in enumerate(sorted(values))} for group, values in sizes.items()}
-    return [rank[p.group][p.size] % 2 == 1 for p in points]
+    return [rank[p.group][p.size] % 2 == 1 or not p.fitted for p in points]
 
 
 def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
@@ -442,8 +689,8 @@ def split(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
 
 
 def prediction_of(point: Point, calibration: Any) -> Prediction:
-    return predict(
-        point.op,
+    return predict_call(
+        (point.op, point.then) if point.then else (point.op,),
         point.gpu,
         implementation=point.implementation,
         build=point.build,
@@ -606,6 +853,25 @@ def fit_entry(
     return value
 
 
+def _set_host(host: dict[str, Any], measured: dict[str, Any]) -> None:
+    """Update a calibration's host table with what a results directory measured (op -> seconds, "source": op
+    -> file). Ops it did not measure keep their values; "source" lists each file (or description) with the
+    ops it set."""
+    values = {op: value for op, value in measured.items() if op != "source"}
+    previous = host.get("source")
+    if isinstance(previous, dict):
+        by_op = {op: origin for origin, ops in previous.items() for op in ops}
+    else:  # one description for the whole table
+        by_op = {op: str(previous or "unnamed") for op in host if op != "source"}
+    by_op.update(measured["source"])
+    host.pop("source", None)
+    host.update(values)
+    sources: dict[str, list[str]] = {}
+    for op in host:
+        sources.setdefault(by_op.get(op, "unnamed"), []).append(op)
+    host["source"] = sources
+
+
 def _family_of(op: str) -> str:
     family = family_of(op)
     return "elementwise" if family == "cross_entropy" else family
@@ -639,16 +905,19 @@ def calibrate(
             for target in targets:
                 if target == "llm-speed" or target not in impls:
                     continue  # llm-speed's host path belongs to a build (calibration "builds"), not a GPU
-                host = impls[target].setdefault("host_s", {})
-                for op, value in table.items():
-                    if op != "source":
-                        host["default" if name == "sdpa" else op] = value
-                host["source"] = table["source"]
+                _set_host(impls[target].setdefault("host_s", {}), table)
+    for build, table in results.build_host_s.items():
+        measured = build_entry("llm-speed", build, calibration)
+        _set_host(measured.setdefault("host_s", {}), table)
+        # builds that run the measured one's launcher path ("current": d1b0227's, with other defaults)
+        for entry in calibration.get("builds", {}).get("llm-speed", {}).values():
+            if entry is not measured and same_commit(entry.get("host_path_of"), build):
+                _set_host(entry.setdefault("host_s", {}), table)
     train, test = split(results.points)
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for point in train:
         family = _family_of(point.op)
-        if family in families:
+        if family in families and point.fitted:
             groups.setdefault((point.gpu, point.implementation, family), []).append(point)
     # Vendors first: llm-speed's fits take the SHARED parameters from theirs.
     order = sorted(groups, key=lambda key: (key[1] == "llm-speed", key))
@@ -668,9 +937,8 @@ def calibrate(
         )
     report = {}
     for (gpu_id, implementation, family), points in sorted(groups.items()):
-        held = [
-            p for p in test if (p.gpu, p.implementation, _family_of(p.op)) == (gpu_id, implementation, family)
-        ]
+        # held out of this fit: the points of its kind (not 8-bit, eager or forward+backward ones)
+        held = [p for p in test if (p.gpu, p.implementation, kind_of(p)) == (gpu_id, implementation, family)]
         entry = _entry(calibration, gpu_id, implementation, family)
         entry["fitted"] = {
             "files": sorted({p.source.split(":")[0] for p in points + held}),
@@ -682,8 +950,30 @@ def calibrate(
     return calibration
 
 
+def kind_of(point: Point) -> str:
+    """The family a point is checked in: its op's ("gemm", "attention"), "eager attention" for the plain
+    PyTorch one (naive_attention: cuBLAS and PyTorch parameters, nothing of llm-speed's kernels), "attention
+    decode" for a decode over a KV cache (another kernel: split-KV streaming, whose only GPU figures, of
+    2026-11-25, are host-bound up to batch 8), with " fwd+bwd" for a forward and its backward under one
+    timer and the dtype for 8-bit kernels and caches ("gemm int8", "attention fp8", "attention decode
+    fp8"). Only the plain families are fitted (:attr:`Point.fitted`)."""
+    if point.op == "naive_attention":
+        family = "eager attention"
+    elif point.op == "attention_kvcache_fwd":
+        family = "attention decode"
+    else:
+        family = _family_of(point.op)
+    if point.then:
+        family += " fwd+bwd"
+    dtype = normalize_dtype(point.problem.get("kv_dtype") or point.problem.get("dtype", "fp16"))
+    if dtype not in FITTED_DTYPES:
+        family += f" {dtype}"
+    return family
+
+
 def fit_report(points: Sequence[Point], calibration: Any) -> list[dict[str, Any]]:
-    """One record per point: where it is, split, measured and predicted ms, error, bound."""
+    """One record per point: where it is, its family (:func:`kind_of`), split ("training", "held-out", or
+    "unfitted" for kinds no fit uses), measured and predicted ms, error, bound."""
     flags = held_out(points)
     records = []
     for point, held in zip(points, flags, strict=True):
@@ -692,8 +982,11 @@ def fit_report(points: Sequence[Point], calibration: Any) -> list[dict[str, Any]
             {
                 "point": point.label,
                 "op": point.op,
+                "then": point.then,
+                "family": kind_of(point),
                 "implementation": point.implementation,
                 "held_out": held,
+                "split": "unfitted" if not point.fitted else ("held-out" if held else "training"),
                 "measured_ms": point.measured_s * 1e3,
                 "predicted_ms": prediction.milliseconds,
                 "error": prediction.seconds / point.measured_s - 1.0,

@@ -174,22 +174,22 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str]:
-    """``--check``'s table: median and worst |error| per implementation, op family and split; with
-    ``points``, then every held-out point with its measured and predicted time."""
-    from llm_speed.perf.predict import family_of
-
-    groups: dict[tuple[str, str, bool], list[float]] = {}
+    """``--check``'s table: median and worst |error| per implementation, family (``calibrate.kind_of``) and
+    split; with ``points``, then every point not fitted (held out, or of a kind no fit uses) with its
+    measured and predicted time."""
+    order = {"training": 0, "held-out": 1, "unfitted": 2}
+    groups: dict[tuple[str, str, str], list[float]] = {}
     for record in records:
-        key = (record["implementation"], family_of(record["op"]), record["held_out"])
+        key = (record["implementation"], record["family"], record["split"])
         groups.setdefault(key, []).append(abs(record["error"]))
-    lines = [f"{'implementation':<16} {'family':<10} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
-    for (impl, family, held), values in sorted(groups.items()):
+    lines = [f"{'implementation':<16} {'family':<20} {'split':<9} {'points':>6} {'median':>7} {'worst':>7}"]
+    for (impl, family, split), values in sorted(groups.items(), key=lambda g: (*g[0][:2], order[g[0][2]])):
         lines.append(
-            f"{impl:<16} {family:<10} {'held-out' if held else 'training':<9} {len(values):>6} "
+            f"{impl:<16} {family:<20} {split:<9} {len(values):>6} "
             f"{statistics.median(values):>7.1%} {max(values):>7.1%}"
         )
     if points:
-        lines += ["", "held-out points (measured ms, predicted ms, error):"]
+        lines += ["", "held-out and unfitted points (measured ms, predicted ms, error):"]
         for record in records:
             if record["held_out"]:
                 lines.append(

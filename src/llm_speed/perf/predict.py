@@ -134,9 +134,17 @@ UNMEASURED_OPS = (
     "moe_route",
     "moe_route_backward",
     "moe_sort",
-    "gemm_fp8",  # the GEMM model at fp8 peaks and bytes; never measured (issue 35: no GPU figure yet)
-    "flash_attention_fp8",  # the flash forward's model at fp8 peaks and 1-byte inputs; never measured
 ) + MOE_OPS
+# Rows measured on a GPU but modelled with the 16-bit kernels' parameters, no fit using their points
+# (llm_speed.perf.calibrate.FITTED_DTYPES): ``calibrated=False`` too, with the reason.
+NOT_FITTED: dict[str, str] = {
+    "gemm_fp8": "the GEMM model at fp8 peaks and bytes; measured on the H100 2026-11-25 with b N-major (NN), "
+    "which the kernel transposes every K step, at 9-13x the model's time: not fitted",
+    "flash_attention_fp8": "the flash forward's model at fp8 peaks and 1-byte inputs; measured on the H100 "
+    "2026-11-25 at 2-4x the model's time (slower than the 16-bit kernel from seq 2048 on): not fitted",
+    "tensor_core_gemm_int8": "the GEMM model at int8 peaks; measured on the H100 2026-11-25 with b N-major "
+    "(NN), llm-speed's and torch._int_mm alike at about a tenth of the model's rate: not fitted",
+}
 
 # Implementation names, and what each alias means.
 SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
@@ -258,8 +266,8 @@ class Prediction:
     """What ``implementation`` of ``op`` takes on ``gpu``: ``seconds`` and the ``bound`` ("compute",
     "memory" or "latency"), with the terms in ``breakdown``, the roofline floor beside it, and where the
     parameters came from (``source``; ``calibrated`` is False when the GPU has no calibration of its
-    own, or when no GPU measurement of this op set its parameters: :data:`UNMEASURED_OPS`, the streaming
-    rows, the fused cross-entropy)."""
+    own, or when no GPU measurement of this op set its parameters: :data:`UNMEASURED_OPS`,
+    :data:`NOT_FITTED`, the streaming rows, the fused cross-entropy)."""
 
     op: str
     gpu: str
@@ -410,17 +418,38 @@ def host_table(gpu: str | GPUSpec, implementation: str, calibration: Any = None)
 
 
 def build_entry(implementation: str, build: str | None, calibration: Any = None) -> dict[str, Any]:
-    """What a build of ``implementation`` runs (tiles, host path): the calibration's ``builds`` entry;
-    ``build`` None means "current" (this checkout)."""
+    """What a build of ``implementation`` runs (tiles, host path, defaults): the calibration's ``builds``
+    entry named ``build`` (exactly, or a commit hash the name abbreviates), else the one entry that lists
+    ``build`` in its ``runs`` (later commits measured that ran the same kernels and defaults: a results file
+    names the git commit it ran); ``build`` None means "current" (this checkout). An entry's ``commit`` is
+    the commit whose compiled kernels it runs (the ``compiled`` tables); it does not make that commit's
+    measurements the entry's: "current" runs the kernels of d1b0227 with later defaults."""
     cal = load_calibration(calibration)
     builds = cal.get("builds", {}).get(implementation, {})
     name = build or "current"
-    if name not in builds:
-        if build is None:
-            return {}
-        known = ", ".join(builds) or "none"
-        raise ValueError(f"build {build!r} of {implementation} is not described; known: {known}")
-    return builds[name]
+    if name in builds:
+        return builds[name]
+    if build is None:
+        return {}
+    same = [entry for key, entry in builds.items() if same_commit(key, build)]
+    if not same:
+        same = [e for e in builds.values() if any(same_commit(c, build) for c in e.get("runs", ()))]
+    if len(same) == 1:
+        return same[0]
+    known = ", ".join(
+        key + (f" ({', '.join(entry['runs'])})" if entry.get("runs") else "") for key, entry in builds.items()
+    )
+    why = "described by several entries" if same else "not described"
+    raise ValueError(f"build {build!r} of {implementation} is {why}; known: {known or 'none'}")
+
+
+def same_commit(commit: str | None, build: str) -> bool:
+    """Whether ``build`` (a commit hash, short or full) names ``commit`` (the same, at the shorter's
+    length; at least 7 hex digits as git abbreviates)."""
+    if not commit or min(len(commit), len(build)) < 7:
+        return False
+    size = min(len(commit), len(build))
+    return commit[:size].lower() == build[:size].lower()
 
 
 # --- building blocks -------------------------------------------------------------------------------------
@@ -1242,13 +1271,16 @@ BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
 LPT_MIN_ROWS = 16384
 
 
-def _lpt_section(spec: GPUSpec, order: str, shape: AttentionShape) -> int | None:
+def _lpt_section(
+    spec: GPUSpec, order: str, shape: AttentionShape, min_rows: int = LPT_MIN_ROWS
+) -> int | None:
     """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
     as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
     ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), masks that are
-    not causal-like (a window's left bound), and sequences shorter than :data:`LPT_MIN_ROWS`."""
+    not causal-like (a window's left bound), and sequences shorter than ``min_rows`` (:data:`LPT_MIN_ROWS`;
+    a build's ``attention_lpt_min_rows``: d1b0227 launched longest first at every length)."""
     rows = sum(sq for sq, _ in shape.sequences)  # dense: the one sequence's; packed: all of them
-    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0 or rows < LPT_MIN_ROWS:
+    if order != "lpt" or not shape.causal or shape.window_fraction < 1.0 or rows < min_rows:
         return None
     kv_bytes = 2 * shape.kv_elems * shape.element / (shape.batch * shape.heads_kv)
     return max(1, int(spec.l2_cache_mb * 2**20 * shape.group // max(1.0, kv_bytes)))
@@ -1340,7 +1372,10 @@ def _predict_attention(
         )
     llm_speed = impl == "llm-speed"
     # llm-speed's launch order is its build's; a vendor's is stated with its parameters.
-    section = _lpt_section(spec, (build if llm_speed else params).get("attention_launch", "lpt"), shape)
+    # ``launch_order`` ("lpt", "row") forces one (an A/B run that patched the launcher's choice).
+    launch = build if llm_speed else params
+    order = problem.pop("launch_order", None) or launch.get("attention_launch", "lpt")
+    section = _lpt_section(spec, order, shape, int(launch.get("attention_lpt_min_rows", LPT_MIN_ROWS)))
 
     def terms(kernel: KernelPass, tile: Sequence[int]) -> _Terms:
         if llm_speed:
@@ -1366,7 +1401,18 @@ def _predict_attention(
         preprocess = _memory_pass_terms(
             params, consts, "preprocess", preprocess_bytes + 4 * shape.q_elems, cdiv(shape.rows, 128)
         )
-        main = terms(_dkdv_pass(shape, backward_tile, 5), backward_tile)
+        dkdv = _dkdv_pass(shape, backward_tile, 5)
+        main = terms(dkdv, backward_tile)
+        # Every block iteration adds its BM x d share of dQ with fp32 atomics (one red.global.add per
+        # element: Triton's tl.atomic_add): ``atomic_s`` each, device-wide, on top of the kernel's matmuls
+        # (measured on the H100 SXM 2026-11-25: the atomic path 23.8 ms at 64x64 x 4 warps, 1 x 16 x 16384
+        # d=128 fp16, against 14.3 for the dQ kernel's seven matmuls).
+        atomic_s = float(params.get("atomic_s", 0.0)) * sum(dkdv.programs) * backward_tile[0] * _pad_dim(
+            shape.head_dim
+        )
+        if atomic_s:
+            main = replace(main, latency_s=main.latency_s + atomic_s,
+                           device_s=None if main.device_s is None else main.device_s + atomic_s)  # fmt: skip
         convert = _memory_pass_terms(
             params, consts, "dq_convert", (4 + e) * shape.q_elems, cdiv(shape.q_elems, 1024)
         )
@@ -1752,10 +1798,11 @@ def predict(
       (BM, BN, BK, warps) to force one.
     * attention rows: ``batch, heads_q, seq_q, seq_kv`` (= seq_q), ``head_dim``, ``heads_kv``, ``dtype``
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
-      tiles. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths. KV-cache decode:
-      ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached + new),
-      ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte per cache
-      element, labelled uncalibrated).
+      tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
+      kernel's backward. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths.
+      KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
+      + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
+      per cache element, labelled uncalibrated).
     * rms_norm(_backward): ``rows, hidden``; swiglu(_backward): ``rows, width`` (or ``elements``);
       apply_rotary: ``batch, heads, seq, head_dim, rotary_dim``; fused_linear_cross_entropy(_backward):
       ``tokens, hidden, vocab``; geglu(_backward): as swiglu; apply_rotary_qk(_backward): ``batch,
@@ -1823,9 +1870,12 @@ def predict(
     floor = roofline(flops, moved, floor_dtype, spec).time_floor_s if moved else 0.0
     if built.get("source"):
         source = f"{source}; build {build or 'current'}: {built['source']}"
-    measured = "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS
+    measured = (
+        "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS and op not in NOT_FITTED
+    )
     if not measured:
-        source = f"UNCALIBRATED for {op} (no measurement of it on any GPU): {source}"
+        why = NOT_FITTED.get(op, "no measurement of it on any GPU")
+        source = f"UNCALIBRATED for {op} ({why}): {source}"
     elif op == "attention_kvcache_fwd" and normalize_dtype(problem.get("kv_dtype") or "fp16") == "fp8":
         measured = False  # the fitted decode parameters are a 16-bit cache's (issue 35: no fp8 figure yet)
         source = f"UNCALIBRATED for {op} over an fp8 cache (no measurement of it on any GPU): {source}"
@@ -1841,6 +1891,65 @@ def predict(
         calibrated=calibrated and consts.calibrated and measured,
         source=source,
         problem=recorded,
+    )
+
+
+def predict_call(
+    ops: Sequence[str],
+    gpu: str | GPUSpec,
+    *,
+    implementation: str = "llm-speed",
+    context: str = "bench",
+    build: str | None = None,
+    calibration: Any = None,
+    **problem: Any,
+) -> Prediction:
+    """Several ops run back to back under one timer on the same ``problem`` (a forward and its backward, as
+    ``llm-speed bench attention --mode fwd+bwd`` times them): their device times add, and so do their host
+    paths, which overlap the device as one call's would (``context``: one L2 flush before the whole call in
+    "bench"). One op: :func:`predict` itself."""
+    if len(ops) == 1:
+        return predict(ops[0], gpu, implementation=implementation, context=context, build=build,
+                       calibration=calibration, **problem)  # fmt: skip
+    context = _check_context(context)
+    parts = [
+        predict(op, gpu, implementation=implementation, context="graph", build=build, calibration=calibration,
+                **problem)
+        for op in ops
+    ]  # fmt: skip
+    spec = get_gpu(gpu)
+    consts = gpu_constants(spec, calibration)
+    device = sum(p.seconds for p in parts)
+    host = sum(p.breakdown.host_s for p in parts)
+    flush_s = consts.l2_flush_bytes / consts.copy_bytes_per_s if consts.copy_bytes_per_s else 0.0
+    exposed = _host_exposed(host, device, context, flush_s)
+    seconds = device + exposed if context == "isolated" else max(device, exposed)
+    longest = max(parts, key=lambda p: p.seconds)
+    b = [p.breakdown for p in parts]
+    breakdown = replace(
+        longest.breakdown,
+        flops=sum(x.flops for x in b),
+        bytes_moved=sum(x.bytes_moved for x in b),
+        dram_bytes=sum(x.dram_bytes for x in b),
+        compute_s=sum(x.compute_s for x in b),
+        memory_s=sum(x.memory_s for x in b),
+        latency_s=sum(x.latency_s for x in b),
+        host_s=host,
+        host_exposed_s=exposed,
+        exp_s=sum(x.exp_s for x in b),
+        kernels=sum(x.kernels for x in b),
+        notes=tuple(note for x in b for note in x.notes),
+    )
+    return replace(
+        longest,
+        op="+".join(ops),
+        seconds=seconds,
+        bound="latency" if exposed >= device else longest.bound,
+        breakdown=breakdown,
+        floor_s=sum(p.floor_s for p in parts),
+        context=context,
+        calibrated=all(p.calibrated for p in parts),
+        source="; ".join(dict.fromkeys(p.source for p in parts)),
     )
 
 
