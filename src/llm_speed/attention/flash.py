@@ -760,8 +760,9 @@ def _accumulate_over_keys(
             BLOCK_D=BLOCK_D,
         )  # fmt: skip
         if V_TRANSPOSED:  # a K-major B operand in shared memory, loaded by pipelined copies along the keys
-            b_v = tl.trans(_load_columns(p_v, o_n, stride_vn, seq_kv, o_d, head_dim,
-                                         EVEN_COLS=EVEN_N or not MASKED, EVEN_D=EVEN_D))  # [BN, BD]  # fmt: skip
+            b_vt = _load_columns(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_COLS=EVEN_N or not MASKED,
+                                 EVEN_D=EVEN_D)  # [BD, BN]  # fmt: skip
+            b_v = tl.trans(b_vt)  # [BN, BD]
         else:
             b_v = _load_kv(
                 p_v, o_n, stride_vn, seq_kv, o_d, head_dim, b_page, b_slot, stride_vpage,
