@@ -2092,6 +2092,8 @@ def transposed_values(v: torch.Tensor) -> torch.Tensor:
     with the keys contiguous, each head-dim row ``cdiv(S, V_T_ALIGN) * V_T_ALIGN`` elements apart (the
     padding never read). One copy per call, 1 byte per element each way for e4m3."""
     batch, heads_kv, seq_kv, head_dim = v.shape
+    if seq_kv % V_T_ALIGN == 0:  # no padding: the plain copy (3 us on the CPU against 6)
+        return v.transpose(2, 3).contiguous()
     row = cdiv(seq_kv, V_T_ALIGN) * V_T_ALIGN
     v_t = torch.empty((batch, heads_kv, head_dim, row), dtype=v.dtype, device=v.device)[..., :seq_kv]
     return v_t.copy_(v.transpose(2, 3))
