@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches, nan_poisoned_outputs
+from attention_testing import (
+    OUTPUT_FACTOR,
+    assert_error_rule,
+    expect_launches,
+    fresh_plans,
+    nan_poisoned_outputs,
+)
 
 from llm_speed import flash_attention, flash_attention_varlen, quantize_fp8
 from llm_speed.attention import flash
@@ -156,6 +162,11 @@ def _options(case: Case, heads_q: int) -> dict:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_matches_float64_truth(case, device, monkeypatch):
     nan_poisoned_outputs(monkeypatch)
+    _check_against_truth(case, device)
+
+
+def _check_against_truth(case: Case, device) -> None:
+    """The kernel's out and LSE for ``case`` against the float64 truth, by the 2x rule (see the module)."""
     q, k, v, descales = build(case, device)
     options = _options(case, case.heads[0])
     on_device = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in options.items()}
@@ -180,6 +191,72 @@ def test_matches_float64_truth(case, device, monkeypatch):
     same_lse = _same_precision_lse(q, k, descales, scale, **options)
     lse_cap = LSE_RELATIVE * max(1.0, truth_lse[torch.isfinite(truth_lse)].abs().max().item())
     assert_error_rule("lse", lse, same_lse, truth_lse, OUTPUT_FACTOR, cap=lse_cap)
+
+
+# Ragged shapes for the transposed-V path: key counts not a multiple of the key block (64 at head_dim <= 64,
+# 128 above) nor of V^T's 16-byte row alignment, head dims below their power of two, GQA, masks.
+V_T_CASES = [
+    Case("d72-gqa-ragged-129", 1, (4, 2), (45, 129), 72, "head"),
+    Case("d40-causal-alibi-ragged-83", 2, (2, 2), (83, 83), 40, "batch", {"is_causal": True}, alibi=True),
+    Case("d96-mqa-window-softcap-ragged-150", 1, (3, 1), (61, 150), 96, "tensor",
+         {"window": (40, 9), "softcap": 6.0}),
+    Case("d128-causal-long-q-ragged-17", 1, (2, 2), (70, 17), 128, "one", {"is_causal": True}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", V_T_CASES, ids=[c.name for c in V_T_CASES])
+def test_dense_fp8_reads_v_transposed(case, device, monkeypatch):
+    """Dense fp8 attention hands the kernel V^T (keys contiguous, rows 16-byte aligned: the layout the PV
+    product's fp8 wgmma pipelines) and fixes ``V_TRANSPOSED`` in its plan; the output and LSE meet the float64
+    truth on ragged shapes. V^T's padding is NaN here: a GPU's 0 * NaN would show a read of it in the output
+    (Triton's interpreter's fp8 dot gives 0 there, so on the CPU only a non-zero weight on it would)."""
+    nan_poisoned_outputs(monkeypatch)
+    fresh_plans(monkeypatch)
+    plans, copies = [], []
+    make_plan, transpose = flash._forward_plan, flash.transposed_values
+
+    def recorded_plan(*args, **kwargs):
+        plans.append(make_plan(*args, **kwargs))
+        return plans[-1]
+
+    def nan_padded(v):
+        v_t = transpose(v)
+        batch, heads_kv, head_dim, seq_kv = v_t.shape
+        row = v_t.stride(2)
+        whole = torch.as_strided(v_t, (batch, heads_kv, head_dim, row), v_t.stride())
+        whole[..., seq_kv:].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+        copies.append(v_t)
+        return v_t
+
+    monkeypatch.setattr(flash, "_forward_plan", recorded_plan)
+    monkeypatch.setattr(flash, "transposed_values", nan_padded)
+    _check_against_truth(case, device)
+    (v_t,) = copies
+    (plan,) = plans
+    batch, (_, heads_kv), (_, seq_kv), dim = case.batch, case.heads, case.seq, case.head_dim
+    assert v_t.shape == (batch, heads_kv, dim, seq_kv) and v_t.stride(3) == 1
+    assert v_t.stride(2) % flash.V_T_ALIGN == 0 and v_t.stride(2) >= seq_kv
+    assert plan.fixed["V_TRANSPOSED"] is True and plan.fixed["stride_vn"] == v_t.stride(2)
+    assert plan.fixed["stride_vh"] == v_t.stride(1) and plan.fixed["stride_vb"] == v_t.stride(0)
+
+
+def test_v_is_transposed_for_dense_fp8_only(device, monkeypatch):
+    """16-bit attention and packed fp8 attention read V as it is (``V_TRANSPOSED`` off, no copy)."""
+    fresh_plans(monkeypatch)
+    plans = []
+    make_plan = flash._forward_plan
+
+    def recorded_plan(*args, **kwargs):
+        plans.append(make_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(flash, "_forward_plan", recorded_plan)
+    monkeypatch.setattr(flash, "transposed_values", lambda v: pytest.fail("V transposed"))
+    q, k, v = (torch.randn(1, 2, 19, 32, device=device) for _ in range(3))
+    flash_attention(q, k, v, is_causal=True)
+    cu = torch.tensor([0, 19], dtype=I32, device=device)
+    flash_attention_varlen(*(t.to(E4M3)[0].transpose(0, 1) for t in (q, k, v)), cu, cu, 19, 19)
+    assert [plan.fixed["V_TRANSPOSED"] for plan in plans] == [False, False]
 
 
 def test_the_weights_are_rounded_to_e4m3_scaled_by_256(device):

@@ -122,6 +122,23 @@ def _load_kv(p_base, o_n, stride_row, n_rows, o_d, head_dim, b_page, b_slot, str
 
 
 @triton.jit
+def _load_columns(p_base, o_cols, stride_d, n_cols, o_d, head_dim, EVEN_COLS: tl.constexpr,
+                  EVEN_D: tl.constexpr):  # fmt: skip
+    """Load the [BD, cols] tile of a transposed ``[head_dim, seq]`` operand (positions ``o_cols`` contiguous,
+    rows ``stride_d`` apart: V with ``V_TRANSPOSED``); columns past ``n_cols`` and rows past ``head_dim`` are
+    not read (0)."""
+    p = p_base + o_d[:, None].to(tl.int64) * stride_d + o_cols[None, :]
+    if EVEN_COLS and EVEN_D:
+        return tl.load(p)
+    elif EVEN_COLS:
+        return tl.load(p, mask=o_d[:, None] < head_dim, other=0.0)
+    elif EVEN_D:
+        return tl.load(p, mask=o_cols[None, :] < n_cols, other=0.0)
+    else:
+        return tl.load(p, mask=(o_d[:, None] < head_dim) & (o_cols[None, :] < n_cols), other=0.0)
+
+
+@triton.jit
 def _load_tile(p, o_rows, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
     """Load the [rows, BD] tile at pointers ``p``, masked as :func:`_load_rows` says."""
     if EVEN_ROWS and EVEN_D:
@@ -719,6 +736,7 @@ def _accumulate_over_keys(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -727,7 +745,8 @@ def _accumulate_over_keys(
     Online softmax (flash): when a key block raises the running max m, rescale l and acc by
     exp2(m_old - m_new). ``TWO_PASS`` (tiled): m is already the final row max, so nothing is rescaled.
     ``DROPOUT``: the row sums take every weight, the output only the kept ones (the caller divides by
-    1 - dropout_p once at the end), as FlashAttention does.
+    1 - dropout_p once at the end), as FlashAttention does. ``V_TRANSPOSED``: ``p_v`` points at V^T (keys
+    contiguous, head dims ``stride_vn`` apart), loaded as [BD, BN] tiles and fed transposed to the PV product.
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -740,10 +759,15 @@ def _accumulate_over_keys(
             EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D,
         )  # fmt: skip
-        b_v = _load_kv(
-            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, b_page, b_slot, stride_vpage,
-            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
-        )  # [BN, BD]  # fmt: skip
+        if V_TRANSPOSED:  # a K-major B operand in shared memory, loaded by pipelined copies along the keys
+            b_vt = _load_columns(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_COLS=EVEN_N or not MASKED,
+                                 EVEN_D=EVEN_D)  # [BD, BN]  # fmt: skip
+            b_v = tl.trans(b_vt)  # [BN, BD]
+        else:
+            b_v = _load_kv(
+                p_v, o_n, stride_vn, seq_kv, o_d, head_dim, b_page, b_slot, stride_vpage,
+                EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+            )  # [BN, BD]  # fmt: skip
         if TWO_PASS:
             # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
             b_p = tl.exp2(b_raw * factor - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])  # [BM, BN]
@@ -840,6 +864,7 @@ def _attention_fwd_kernel(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -861,7 +886,10 @@ def _attention_fwd_kernel(
     reads none and gets NaN rows. fp8 (q, k, v e4m3): the weights go to the PV product as e4m3, scaled by
     ``2**P8_OFFSET`` (:func:`_accumulate_over_keys`); each of ``DESCALE_Q/K/V`` is a pointer to float32
     descales (at ``b * stride_d?b + h_kv * stride_d?h``) or None (1; its code compiled out); q's and k's
-    fold into the score scale, v's into the output (exact algebra).
+    fold into the score scale, v's into the output (exact algebra). ``V_TRANSPOSED`` (fp8, not paged): V is
+    V^T ``[B, Hkv, D, S]`` with the keys contiguous (``stride_vn``: the head-dim stride), so that the PV
+    product's B operand is K-major in shared memory, as an fp8 wgmma needs (the transpose bit of wgmma is
+    for 16-bit types only), and its tiles stream through the software pipeline like K's.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -881,7 +909,10 @@ def _attention_fwd_kernel(
         p_v = V + h_kv * stride_vh
     else:
         p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
-        p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
+        if V_TRANSPOSED:  # keys contiguous
+            p_v = V + b * stride_vb + h_kv * stride_vh + bos_k
+        else:
+            p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
     # fp8: q's and k's descales are factors of the scores (> 0: the sign stays), folded into the scale. One
     # that is not finite and > 0 (only with the host's value checks off) turns the rows it scales into NaN.
@@ -945,7 +976,8 @@ def _attention_fwd_kernel(
         stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
@@ -953,7 +985,8 @@ def _attention_fwd_kernel(
         stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=False, TWO_PASS=TWO_PASS,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
@@ -961,7 +994,8 @@ def _attention_fwd_kernel(
         stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
     )  # fmt: skip
 
     # Rows that saw no key: l == 0 -> output 0 and LSE -inf.
@@ -1872,14 +1906,15 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None,
+    descales=None, v_transposed=False,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
     the kernel, so that the base-2 factor of the scores is positive). Packed only: ``sequsage``, keys per
     sequence from ``seqused_k``; ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape
     then ``[num_pages, page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch
-    stride, head stride) of descale_q, descale_k and descale_v, None for one not given."""
+    stride, head stride) of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V
+    comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride)."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -1916,7 +1951,7 @@ def _forward_plan(
         IS_VARLEN=varlen, SEQUSED=sequsage, PAGED=paged,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
-        EVEN_D=head_dim == block_d, **switches,
+        EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
     )  # fmt: skip
 
@@ -2047,6 +2082,23 @@ def _descale_inputs(descales) -> dict:
             if t is not None}  # fmt: skip
 
 
+# V^T's rows (one per head dim) start this many elements apart at least: 16 bytes of fp8, so that the pointer
+# of every row is 16-byte aligned and Triton specialises its stride as such (vector copies along the keys).
+V_T_ALIGN = 16
+
+
+def transposed_values(v: torch.Tensor) -> torch.Tensor:
+    """V ``[B, Hkv, S, D]`` as fp8 attention's forward reads it (``V_TRANSPOSED``): V^T ``[B, Hkv, D, S]``
+    with the keys contiguous, each head-dim row ``cdiv(S, V_T_ALIGN) * V_T_ALIGN`` elements apart (the
+    padding never read). One copy per call, 1 byte per element each way for e4m3."""
+    batch, heads_kv, seq_kv, head_dim = v.shape
+    if seq_kv % V_T_ALIGN == 0:  # no padding: the plain copy (3 us on the CPU against 6)
+        return v.transpose(2, 3).contiguous()
+    row = cdiv(seq_kv, V_T_ALIGN) * V_T_ALIGN
+    v_t = torch.empty((batch, heads_kv, head_dim, row), dtype=v.dtype, device=v.device)[..., :seq_kv]
+    return v_t.copy_(v.transpose(2, 3))
+
+
 def attention_forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False,
     alibi_slopes=None, dropout_p: float = 0.0, rng=None, descales=None,
@@ -2074,11 +2126,16 @@ def attention_forward(
         if seq_major(shape, q.stride()):  # the layout the kernel writes
             out = new_dense_output(shape, True, out_dtype, device).copy_(out)
         return out, lse
+    if descales is not None:  # fp8: V transposed once per call, so that the PV product is pipelined
+        v = transposed_values(v)
     key = (shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal, window_left,
            window_right, softcap is not None, two_pass, False, scale < 0.0, _alibi_dims(alibi_slopes),
            dropout_p > 0.0, device)  # fmt: skip
-    # (the descales' part of the key for fp8 only: a 16-bit call's key is as before)
-    plan = _forward_plan(*key) if descales is None else _forward_plan(*key, descales=_descale_key(descales))
+    # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
+    if descales is None:
+        plan = _forward_plan(*key)
+    else:
+        plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True)
     out = new_dense_output(shape, seq_major(shape, q.stride()), out_dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
     # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
