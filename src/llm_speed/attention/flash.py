@@ -1683,7 +1683,7 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
 # 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
 # w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. Backward, measured again on an H100 SXM
-# on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/uncalibrated/h100-sxm/
+# on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/h100-sxm/
 # 2026-11-25-call5): dQ in a kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 /
 # 12.4 ms at 64x64 w4 and 27.5 / 13.8 at 64x64 w8; cuDNN 10.1 / 5.2. So this tier computes dQ in its own
 # kernel, at 4 warps, although its causal dK/dV kernel spills 25 LDL/STL inside its loops compiled for sm_90a
@@ -1868,7 +1868,7 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
 
 
 # Longest first from this many query rows per sequence: measured on an H100 SXM (2026-11-25, causal, d=128,
-# 16 heads, bf16; benchmarks/results/uncalibrated/h100-sxm/2026-11-25-call5) 1.05-1.09x at 1 x 16384,
+# 16 heads, bf16; benchmarks/results/h100-sxm/2026-11-25-call5) 1.05-1.09x at 1 x 16384,
 # 1.03x and 0.92x at 2 x 8192, 0.99-1.02x at 4 x 4096 and 8 x 2048, 0.93x at 16 x 1024 (against row order).
 LPT_MIN_ROWS = 16384
 
@@ -1942,6 +1942,9 @@ def _forward_plan(
             strides[name] = None  # compiled out
     if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
+    if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
+        strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
+        strides.update({} if alibi else {"ALIBI": None}, **({} if dropout else {"RNG": None}))
     return (TILED if two_pass else FORWARD).plan(
         grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
         **_lse_stride_args(lse_shape, varlen), **grid_args, **order,
@@ -2138,18 +2141,17 @@ def attention_forward(
         plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True)
     out = new_dense_output(shape, seq_major(shape, q.stride()), out_dtype, device)
     lse = tensors.new_output(shape[:3], torch.float32, device)
-    # dense programs never read the sequence pointers, nor the slopes / seeds they have none of: any tensor
-    # of the plan's dtype will do
-    if descales is None:
-        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
-                    ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse if rng is None else rng,
-                    scale=scale, softcap=1.0 if softcap is None else softcap,
-                    dropout_p=dropout_p)  # fmt: skip
-    else:
-        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=lse, CU_K=lse, SEQUSED_K=lse, KV_TABLE=lse,
-                    ALIBI=lse if alibi_slopes is None else alibi_slopes, RNG=lse, scale=scale,
-                    softcap=1.0 if softcap is None else softcap, dropout_p=0.0,
-                    **_descale_inputs(descales))  # fmt: skip
+    softcap = 1.0 if softcap is None else softcap
+    if descales is None and alibi_slopes is None and rng is None:  # the common call: five tensors
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p)
+    else:  # the slopes, seeds and descales a class has (the plan compiled out those it has not)
+        extras = _descale_inputs(descales)
+        if alibi_slopes is not None:
+            extras["ALIBI"] = alibi_slopes
+        if rng is not None:
+            extras["RNG"] = rng
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                    **extras)  # fmt: skip
     return out, lse
 
 
