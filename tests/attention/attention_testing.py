@@ -19,6 +19,7 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
 )
 from llm_speed.attention import flash
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core import launch
 
 FORWARD_KERNELS = (flash.FORWARD.name,)
 # The default backward's kernels on the device the tests run on (the H100 stand-in under the interpreter).
@@ -47,6 +48,7 @@ def fresh_plans(monkeypatch) -> None:
     for name in ("_forward_plan", "_backward_plans"):
         original = getattr(flash, name).__wrapped__
         monkeypatch.setattr(flash, name, functools.lru_cache(maxsize=None)(original))
+    monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # it holds plans
 
 
 def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:

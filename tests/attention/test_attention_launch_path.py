@@ -94,3 +94,74 @@ def test_a_plan_per_problem_class(device, monkeypatch):
         misses = flash._forward_plan.cache_info().misses
         variant()
         assert flash._forward_plan.cache_info().misses == misses + 1
+
+
+def _checked(monkeypatch) -> list:
+    """Patch the attention checks' entry so that each full check of a call is recorded."""
+    checked = []
+    prepare = flash.prepare_attention_inputs
+    monkeypatch.setattr(flash, "prepare_attention_inputs", lambda *a: checked.append(1) or prepare(*a))
+    return checked
+
+
+def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
+    """The second dense inference call with the same metadata is served from the calls already checked: no
+    check, one launch, the same result as the first call and as float64."""
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    fresh_plans(monkeypatch)
+    checked = _checked(monkeypatch)
+    q, k, v = make_qkv(2, 4, 2, 19, 23, 32, torch.float32, device)
+    with torch.no_grad():
+        first = flash_attention(q, k, v, is_causal=True)
+        before = runtime.launch_count(FORWARD_KERNELS[0])
+        out, lse = flash_attention(q.clone(), k.clone(), v.clone(), is_causal=True, return_lse=True)
+        assert runtime.launch_count(FORWARD_KERNELS[0]) == before + 1
+        flash_attention(q, k, v, is_causal=True, scale=-0.2)  # a negative scale: another plan, checked
+        negative = flash_attention(q, k, v, is_causal=True, scale=-0.3)
+    assert checked == [1, 1] and len(flash._DENSE_CALLS) == 2
+    assert torch.equal(out, first)
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    ref, ref_lse = reference_attention(q64, k64, v64, is_causal=True, return_lse=True)
+    assert (out.double() - ref).abs().max() < 1e-5 and (lse.double() - ref_lse).abs().max() < 1e-5
+    ref = reference_attention(q64, k64, v64, is_causal=True, scale=-0.3)
+    assert (negative.double() - ref).abs().max() < 1e-5
+
+
+def test_the_checked_calls_never_skip_a_check(device, monkeypatch):
+    """A call with the metadata of one checked before still gets every error its arguments deserve, and a
+    call that needs autograd, autocast or another option goes through the op."""
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    fresh_plans(monkeypatch)
+    q, k, v = make_qkv(1, 2, 2, 9, 9, 16, torch.float32, device)
+    with torch.no_grad():
+        flash_attention(q, k, v, is_causal=True)
+        assert len(flash._DENSE_CALLS) == 1
+        with pytest.raises(TypeError, match="is_causal"):
+            flash_attention(q, k, v, is_causal=1)  # equal to True as a key, not a bool
+        with pytest.raises(ValueError, match="scale"):
+            flash_attention(q, k, v, is_causal=True, scale=float("nan"))
+        with pytest.raises(TypeError, match="return_lse"):
+            flash_attention(q, k, v, is_causal=True, return_lse="yes")
+        with pytest.raises(ValueError, match="head_dim"):
+            flash_attention(q, k[..., :8], v[..., :8], is_causal=True)
+    checked = _checked(monkeypatch)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flash_attention(*leaves, is_causal=True).sum().backward()  # autograd: through the op
+    with torch.no_grad():
+        flash_attention(q, k, v, is_causal=True, window=(2, 0))
+        flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, is_causal=True)  # copied
+        flash_attention(q, k, v, is_causal=True)
+    assert checked == [1, 1, 1] and len(flash._DENSE_CALLS) == 1
+    assert all(leaf.grad is not None for leaf in leaves)
+
+
+def test_checked_calls_are_bounded_and_cleared():
+    cache = launch.CallCache(maxsize=2)
+    cache.put(1, "a")
+    cache.put(2, "b")
+    cache.put(3, "c")  # full: it starts again
+    assert dict(cache) == {3: "c"}
+    launch.clear_plans()
+    assert not cache

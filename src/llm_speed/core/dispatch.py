@@ -25,6 +25,7 @@ import torch
 
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_level = torch._C._functorch.peek_interpreter_stack
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -88,3 +89,17 @@ def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable 
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward_)},
     )
+
+
+def plain_inference(*tensors: Any) -> bool:
+    """Whether a call on ``tensors`` may run an op's implementation with nothing around it: what :class:`Op`
+    and :class:`llm_speed.core.autocast.AutocastOp` would do themselves (nothing compiled or traced, no
+    dispatch mode, no functorch transform, no autocast, plain tensors), and no autograd graph to record. An
+    op's cached fast path (:class:`llm_speed.core.launch.CallCache`) serves only such calls."""
+    if _is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast():
+        return False
+    grad = _grad_enabled()
+    for tensor in tensors:
+        if type(tensor) is not _Tensor or (grad and tensor.requires_grad):
+            return False
+    return True

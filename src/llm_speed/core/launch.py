@@ -96,8 +96,29 @@ def plan_cache(function: Callable[..., Plan]) -> Callable[..., Plan]:
     return cached
 
 
+class CallCache(dict):
+    """An op's calls that passed every check before, by the metadata those checks read (types, shapes,
+    strides, dtypes, devices, flags): what a repeated call still does (allocate, launch) without checking
+    again. Holds plans, so :func:`clear_plans` empties it too; at most ``maxsize`` entries (then it starts
+    again). Only metadata may go into a key: the checks read nothing else."""
+
+    def __init__(self, maxsize: int = PLAN_CACHE_SIZE):
+        super().__init__()
+        self.maxsize = maxsize
+        _plan_caches.append(self)
+
+    def put(self, key: Any, value: Any) -> None:
+        if len(self) >= self.maxsize:
+            self.clear()
+        self[key] = value
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+
 def clear_plans() -> None:
-    """Forget every plan (the next call of each op makes its plans again)."""
+    """Forget every plan, and every :class:`CallCache` entry (the next call of each op makes its plans
+    again)."""
     for cached in _plan_caches:
         cached.cache_clear()
 
