@@ -454,3 +454,46 @@ def test_fp32_precision_follows_torch_switch():
 def test_reference_matches_torch_matmul():
     a, b = torch.randn(5, 7, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
     assert torch.equal(gemm_reference(a, b), a @ b)
+
+
+def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
+    """The second 16-bit inference call with the same metadata (and alignment) is served from the calls
+    checked before: no check, one launch, the same values; a call with another alignment, autograd or
+    fp32 is checked."""
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    launch.clear_plans()
+    checked = []
+    check = ops.check_operands
+    monkeypatch.setattr(ops, "check_operands", lambda *args: checked.append(1) or check(*args))
+    x, w = (rand(rows, 48, dtype=torch.bfloat16, device=device) for rows in (33, 40))
+    bias = rand(40, dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        llm_speed.gemm(x, w, trans_b=True, bias=bias, activation="silu")
+        before = runtime.launch_counts()
+        again = llm_speed.gemm(x.clone(), w, trans_b=True, bias=bias, activation="silu", alpha=0.5)
+        assert sum((runtime.launch_counts() - before).values()) == 1
+        assert len(checked) == 1 and len(ops._GEMM_CALLS) == 1
+        assert_gemm_accurate(again, x, w, trans_b=True, bias=bias, activation="silu", alpha=0.5)
+        shifted = torch.empty(33 * 48 + 4, dtype=torch.bfloat16, device=device)[4:].view(33, 48).copy_(x)
+        llm_speed.gemm(shifted, w, trans_b=True, bias=bias, activation="silu")  # 8-byte aligned: another key
+        llm_speed.gemm(x.float(), w.float(), trans_b=True)  # fp32: always checked
+    leaves = x.clone().requires_grad_(), w.clone().requires_grad_()
+    llm_speed.gemm(*leaves, trans_b=True, bias=bias, activation="silu").float().sum().backward()
+    assert len(checked) == 4 and leaves[0].grad is not None
+
+
+def test_the_checked_calls_never_skip_a_check(device):
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    a, b = rand(16, 24, dtype=torch.float16, device=device), rand(24, 8, dtype=torch.float16, device=device)
+    with torch.no_grad():
+        llm_speed.gemm(a, b)
+        with pytest.raises(TypeError, match="trans_a"):
+            llm_speed.gemm(a, b, trans_a=0)  # equal to False as a key, not a bool
+        with pytest.raises(ValueError, match="alpha"):
+            llm_speed.gemm(a, b, alpha=float("inf"))
+        with pytest.raises(ValueError, match="activation"):
+            llm_speed.gemm(a, b, activation="swish")
+        with pytest.raises(ValueError, match="bias"):
+            llm_speed.gemm(a, b, bias=rand(9, dtype=torch.float16, device=device))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 import triton
@@ -30,10 +31,19 @@ import triton.language as tl
 
 from ..core import runtime, tensors
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import Op, plain_inference
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
-from ..core.launch import Descriptor, Kernel, Plan, TensorDescriptor, cdiv, next_power_of_2, plan_cache
+from ..core.launch import (
+    CallCache,
+    Descriptor,
+    Kernel,
+    Plan,
+    TensorDescriptor,
+    cdiv,
+    next_power_of_2,
+    plan_cache,
+)  # fmt: skip
 from . import reference
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
 
@@ -754,6 +764,11 @@ def _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation,
             path=None, config=None) -> torch.Tensor:  # fmt: skip
     """Allocate ``out`` (unless given) and run the Triton kernel on a problem of checked arguments."""
     recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config, device)
+    return _run(recipe, a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, device, out)
+
+
+def _run(recipe, a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, device, out=None) -> torch.Tensor:
+    """Allocate ``out`` (unless given), report the work, and run ``recipe``."""
     if out is None:
         out = tensors.new_output(recipe.out_shape, out_dtype, device)
     if out.numel() and runtime.observed():
@@ -963,6 +978,34 @@ def _checked_gemm(a, b, dtypes, *, alpha, beta, c, trans_a, trans_b, bias, activ
     return _gemm_call(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
 
 
+class _GemmCall:
+    """A 16-bit :func:`gemm` call without ``c`` (beta 0) or ``out_dtype`` whose metadata passed every check
+    before: what a repeated call with the same metadata does, the output, the report and the launch
+    (:data:`_GEMM_CALLS`)."""
+
+    __slots__ = ("recipe", "trans_a", "trans_b", "dtype", "device")
+
+    def __init__(self, a, b, trans_a: bool, trans_b: bool, bias, activation):
+        self.trans_a, self.trans_b, self.dtype, self.device = trans_a, trans_b, a.dtype, a.device
+        self.recipe = _recipe_of(a, b, a.dtype, trans_a, trans_b, None, bias, activation, None, None, None,
+                                 a.device)  # fmt: skip
+
+    def __call__(self, a, b, bias, alpha: float) -> torch.Tensor:
+        return _run(self.recipe, a, b, self.dtype, self.trans_a, self.trans_b, None, bias, alpha, 0.0,
+                    self.device)  # fmt: skip
+
+
+# gemm calls already checked, by what the checks and the recipe read (the operands' 16-byte alignment too:
+# it picks the TMA kernel): a repeated inference call skips the checks and the op's layers.
+_GEMM_CALLS = CallCache()
+
+
+def _gemm_call_key(a, b, trans_a, trans_b, bias, activation) -> tuple:
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device, trans_a, trans_b,
+            not (a.data_ptr() | b.data_ptr()) & 15, activation,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device))  # fmt: skip
+
+
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -988,10 +1031,25 @@ def gemm(
     the dtype of a). M, N or K of 0 is allowed: an empty output, or with K == 0 the epilogue applied to a
     zero product.
     """
-    return _checked_gemm(
+    known = None  # the key of a call that _GEMM_CALLS may serve: 16-bit, no c, the default out_dtype
+    if (
+        c is None and out_dtype is None and (activation is None or type(activation) is str)
+        and type(alpha) is float and -math.inf < alpha < math.inf and type(beta) is float and beta == 0.0
+        and (trans_a is True or trans_a is False) and (trans_b is True or trans_b is False)
+        and (plain_inference(a, b) if bias is None else plain_inference(a, b, bias))
+        and a.dtype in TENSOR_CORE_DTYPES
+    ):  # fmt: skip
+        known = _gemm_call_key(a, b, trans_a, trans_b, bias, activation)
+        call = _GEMM_CALLS.get(known)
+        if call is not None:
+            return call(a, b, bias, alpha)
+    out = _checked_gemm(
         a, b, FLOAT_DTYPES, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
         activation=activation, out_dtype=out_dtype,
     )  # fmt: skip
+    if known is not None and runtime.triton_runs_on(a.device):
+        _GEMM_CALLS.put(known, _GemmCall(a, b, trans_a, trans_b, bias, activation))
+    return out
 
 
 def tensor_core_gemm(
