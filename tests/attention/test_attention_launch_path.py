@@ -6,6 +6,7 @@ import pytest
 import torch
 from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, fresh_plans, make_qkv
 
+from call_records import record_calls
 from host_reads import host_reads_raise
 from llm_speed import flash_attention, tiled_attention
 from llm_speed.attention import flash, flash_attention_varlen
@@ -96,21 +97,13 @@ def test_a_plan_per_problem_class(device, monkeypatch):
         assert flash._forward_plan.cache_info().misses == misses + 1
 
 
-def _checked(monkeypatch) -> list:
-    """Patch the attention checks' entry so that each full check of a call is recorded."""
-    checked = []
-    prepare = flash.prepare_attention_inputs
-    monkeypatch.setattr(flash, "prepare_attention_inputs", lambda *a: checked.append(1) or prepare(*a))
-    return checked
-
-
 def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     """The second dense inference call with the same metadata is served from the calls already checked: no
     check, one launch, the same result as the first call and as float64."""
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     fresh_plans(monkeypatch)
-    checked = _checked(monkeypatch)
+    checked = record_calls(monkeypatch, flash, "prepare_attention_inputs")
     q, k, v = make_qkv(2, 4, 2, 19, 23, 32, torch.float32, device)
     with torch.no_grad():
         first = flash_attention(q, k, v, is_causal=True)
@@ -119,7 +112,7 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         assert runtime.launch_count(FORWARD_KERNELS[0]) == before + 1
         flash_attention(q, k, v, is_causal=True, scale=-0.2)  # a negative scale: another plan, checked
         negative = flash_attention(q, k, v, is_causal=True, scale=-0.3)
-    assert checked == [1, 1] and len(flash._DENSE_CALLS) == 2
+    assert len(checked) == 2 and len(flash._DENSE_CALLS) == 2
     assert torch.equal(out, first)
     q64, k64, v64 = (t.double() for t in (q, k, v))
     ref, ref_lse = reference_attention(q64, k64, v64, is_causal=True, return_lse=True)
@@ -146,14 +139,14 @@ def test_the_checked_calls_never_skip_a_check(device, monkeypatch):
             flash_attention(q, k, v, is_causal=True, return_lse="yes")
         with pytest.raises(ValueError, match="head_dim"):
             flash_attention(q, k[..., :8], v[..., :8], is_causal=True)
-    checked = _checked(monkeypatch)
+    checked = record_calls(monkeypatch, flash, "prepare_attention_inputs")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     flash_attention(*leaves, is_causal=True).sum().backward()  # autograd: through the op
     with torch.no_grad():
         flash_attention(q, k, v, is_causal=True, window=(2, 0))
         flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, is_causal=True)  # copied
         flash_attention(q, k, v, is_causal=True)
-    assert checked == [1, 1, 1] and len(flash._DENSE_CALLS) == 1
+    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 1
     assert all(leaf.grad is not None for leaf in leaves)
 
 

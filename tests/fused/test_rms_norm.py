@@ -6,6 +6,7 @@ import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 import llm_speed.fused.rms_norm as rms_module
+from call_records import record_calls
 from llm_speed import rms_norm
 from llm_speed.fused.reference import rms_norm_reference
 
@@ -157,3 +158,35 @@ def test_in_place_backward_writes_dx_over_dy_with_the_same_gradients(weighted, d
     if weighted:
         torch.testing.assert_close(dw_in_place, dw, rtol=0, atol=0)
     assert not torch.equal(dy, dx) and torch.equal(dy_in_place, dx)  # dy's memory now holds dx
+
+
+def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
+    """The second inference call with the same metadata is served from the calls checked before (one
+    launch, no check, values as float64 says); every bad argument still gets its error."""
+    from llm_speed.core import launch, runtime
+
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    launch.clear_plans()
+    checked = record_calls(monkeypatch, rms_module, "_validate")
+    x = torch.randn(3, 5, 96, device=device, dtype=torch.bfloat16)
+    w = torch.randn(96, device=device, dtype=torch.float32)
+    with torch.no_grad():
+        rms_norm(x, w, eps=1e-5, offset=1.0)
+        before = runtime.launch_count(rms_module.FORWARD.name)
+        y = rms_norm(x.clone(), w, eps=1e-5, offset=1.0)
+        assert runtime.launch_count(rms_module.FORWARD.name) == before + 1 and len(checked) == 1
+        assert y.shape == x.shape
+        truth = rms_norm_reference(x.double(), w.double(), eps=1e-5, offset=1.0)
+        same = rms_norm_reference(x, w, eps=1e-5, offset=1.0)
+        assert_error_rule("rms_norm", y, same, truth, OUTPUT_FACTOR, torch.bfloat16)
+        with pytest.raises(ValueError, match="eps"):
+            rms_norm(x, w, eps=-1e-5, offset=1.0)
+        with pytest.raises(ValueError, match="casting"):
+            rms_norm(x, w, eps=1e-5, offset=1.0, casting="LLAMA")
+        with pytest.raises(TypeError, match="in_place"):
+            rms_norm(x, w, eps=1e-5, offset=1.0, in_place=1)
+        rms_norm(x, None)
+        with pytest.raises(ValueError, match="offset"):
+            rms_norm(x, None, offset=1.0)  # without a weight the offset must be 0
+    assert len(checked) == 6

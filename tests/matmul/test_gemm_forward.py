@@ -7,6 +7,7 @@ import torch
 from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
+from call_records import record_calls
 from host_reads import host_reads_raise
 from llm_speed.core import launch, runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
@@ -463,9 +464,7 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     launch.clear_plans()
-    checked = []
-    check = ops.check_operands
-    monkeypatch.setattr(ops, "check_operands", lambda *args: checked.append(1) or check(*args))
+    checked = record_calls(monkeypatch, ops, "check_operands")
     x, w = (rand(rows, 48, dtype=torch.bfloat16, device=device) for rows in (33, 40))
     bias = rand(40, dtype=torch.bfloat16, device=device)
     with torch.no_grad():

@@ -13,6 +13,7 @@ function; the plain-PyTorch spec is :func:`llm_speed.fused.reference.rms_norm_re
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -21,10 +22,10 @@ import triton.language as tl
 from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_real
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import Op, plain_inference
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
-from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .reference import compute_dtype
 
@@ -195,16 +196,23 @@ def forward(
     """(y, rstd float32 [rows]) of rows ``x2d`` [rows, hidden] (last dim contiguous); reports its work.
     ``in_place`` is the backward's (see :func:`rms_norm`)."""
     rows, hidden = x2d.shape
-    if rows:
-        runtime.report_work("rms_norm", x=x2d, weight=weight)
     if rows == 0 or not runtime.triton_runs_on(x2d.device):
+        if rows:
+            runtime.report_work("rms_norm", x=x2d, weight=weight)
         return _forward_torch(x2d, weight, eps, offset, llama)
+    dtypes = (x2d.dtype, None if weight is None else weight.dtype)
+    plan = _forward_plan(rows, hidden, x2d.stride(0), dtypes, llama, x2d.device)
+    return _launch_forward(plan, x2d, weight, eps, offset)
+
+
+def _launch_forward(plan: Plan, x2d, weight, eps: float, offset: float):
+    """Report the work, allocate (y, rstd) and launch ``plan`` (:func:`forward`'s Triton path)."""
+    rows, hidden = x2d.shape
+    runtime.report_work("rms_norm", x=x2d, weight=weight)
     y = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
     rstd = tensors.new_output((rows,), torch.float32, x2d.device)
-    dtypes = (x2d.dtype, None if weight is None else weight.dtype)
-    _forward_plan(rows, hidden, x2d.stride(0), dtypes, llama, x2d.device).launch(
-        x_ptr=x2d, w_ptr=rstd if weight is None else weight, y_ptr=y, rstd_ptr=rstd, eps=eps, offset=offset
-    )
+    plan.launch(x_ptr=x2d, w_ptr=rstd if weight is None else weight, y_ptr=y, rstd_ptr=rstd, eps=eps,
+                offset=offset)  # fmt: skip
     return y, rstd
 
 
@@ -397,10 +405,41 @@ def rms_norm(
     ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference:
     :func:`llm_speed.fused.reference.rms_norm_reference`.
     """
+    known = None  # the key of a call that _RMS_NORM_CALLS may serve: inference
+    if (
+        type(eps) is float and 0.0 <= eps < math.inf
+        and type(offset) is float and -math.inf < offset < math.inf
+        and type(casting) is str and (in_place is True or in_place is False)
+        and (plain_inference(x) if weight is None else plain_inference(x, weight))
+    ):  # fmt: skip
+        known = _rms_norm_call_key(x, weight, casting, offset)
+        plan = _RMS_NORM_CALLS.get(known)
+        if plan is not None:
+            x2d, weight = _rows_of(x, weight)
+            y, _ = _launch_forward(plan, x2d, weight, eps, offset)
+            return y if x.dim() == 2 else y.reshape(x.shape)
     eps, offset, llama, in_place = _validate(x, weight, eps, offset, casting, in_place)
-    hidden = x.shape[-1]
-    x2d = tensors.last_dim_contiguous(x.reshape(-1, hidden))
-    if weight is not None:
-        weight = tensors.last_dim_contiguous(weight)
+    x2d, weight = _rows_of(x, weight)
     y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
-    return y.reshape(x.shape)
+    if known is not None and x2d.shape[0] and runtime.triton_runs_on(x.device):
+        dtypes = (x2d.dtype, None if weight is None else weight.dtype)
+        _RMS_NORM_CALLS.put(known, _forward_plan(*x2d.shape, x2d.stride(0), dtypes, llama, x2d.device))
+    return y if x.dim() == 2 else y.reshape(x.shape)
+
+
+def _rows_of(x: torch.Tensor, weight):
+    """(x as [rows, hidden] with a contiguous last dim, weight with a contiguous last dim)."""
+    x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return tensors.last_dim_contiguous(x2d), weight if weight is None else tensors.last_dim_contiguous(weight)
+
+
+# The forward plans of inference calls whose metadata passed every check before: a repeated call with the same
+# metadata skips the checks and the op's layers (rows, report, outputs and launch remain).
+_RMS_NORM_CALLS = CallCache()
+
+
+def _rms_norm_call_key(x, weight, casting: str, offset: float) -> tuple:
+    """The key of :data:`_RMS_NORM_CALLS`: everything the checks and the plan read (the offset only as
+    given or not: without a weight it must be 0)."""
+    weight_key = None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device)
+    return x.shape, x.stride(), x.dtype, x.device, casting, offset != 0.0, weight_key
