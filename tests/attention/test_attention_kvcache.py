@@ -16,6 +16,7 @@ import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
 
 from accuracy_rule import nan_poisoned_outputs
+from call_records import record_calls
 from host_reads import host_reads_raise
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
@@ -447,8 +448,10 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
                 flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
                                              block_table=table)  # fmt: skip
         ran = runtime.launch_counts() - before
-        info = decode._plans.cache_info()
-    assert (info.misses, info.hits) == (1, 3)
+        info, checked_calls = decode._plans.cache_info(), len(decode._DECODE_CALLS)
+    # one plan: the first call makes it, the tensor-length calls after it are served from the calls already
+    # checked, the int-length call looks it up
+    assert info.misses == 1 and checked_calls == 1
     assert ran == {decode.KERNEL_APPEND: 4, decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}
 
 
@@ -577,3 +580,32 @@ def test_kernels_compile_for_h100_as_launched(tmp_path, build):
         # (0.5 KB with the continued-fraction tanh it replaced; the GPU machine's 3.6 spills 0.5 KB with it).
         pytest.xfail(f"Triton 3.9 spills in the softcap variants: {spilling}")
     assert not spilling, spilling
+
+
+# what the value checks say (off for CUDA tensors: such an entry makes NaN rows instead)
+VALUE_ERRORS = (">= 0", "cache too small", r"block_table\[1, 0\] = 4", "not a page", "same cache slot")
+
+
+def test_a_repeated_decode_step_skips_the_checks(monkeypatch):
+    """With the value checks off (as for CUDA tensors), a repeated plain decode step is served from the calls
+    checked before: no check, the same launches, the same result and appended cache; every error of the
+    metadata is still raised."""
+    from llm_speed.core import launch
+
+    if not runtime.triton_runs_on(torch.device("cpu")):
+        pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")
+    launch.clear_plans()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    checked = record_calls(monkeypatch, decode, "_check_tensors")
+    call = _good_call()
+    again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
+    first = flash_attention_with_kvcache(**call)
+    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=torch.device("cpu")):
+        out = flash_attention_with_kvcache(**again)
+    assert len(checked) == 1 and len(decode._DECODE_CALLS) == 1
+    assert torch.equal(out, first)
+    assert torch.equal(again["k_cache"], call["k_cache"]) and torch.equal(again["v_cache"], call["v_cache"])
+    for name, value, error, match in BAD:
+        if match not in VALUE_ERRORS:
+            with pytest.raises(error, match=match):
+                flash_attention_with_kvcache(**{**call, name: value})

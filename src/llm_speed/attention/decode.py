@@ -79,10 +79,10 @@ import triton.language as tl
 from ..core import runtime, tensors
 from ..core.args import check_flag, check_real, positive_int
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import Op, plain_inference
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
-from ..core.launch import Kernel, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache, Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
 from .checks import (
@@ -654,6 +654,19 @@ def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rot
     return extra, keys
 
 
+def _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, capped: bool,
+               num_splits: int) -> tuple:  # fmt: skip
+    """:func:`_plans`'s arguments but the optional inputs'."""
+    seq_new = 0 if k is None else k.shape[1]
+    paged = block_table is not None
+    return (
+        q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
+        block_table.shape if paged else None, block_table.stride() if paged else None,
+        cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
+        window_left, window_right, capped, num_splits, q.device,
+    )  # fmt: skip
+
+
 def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
             softcap, num_splits: int, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
             rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None, k_descale=None,
@@ -672,31 +685,33 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
             "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
             "TRITON_INTERPRET=1 set before importing llm_speed"
         )
-    paged = block_table is not None
-    plan_args = (
-        q_shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
-        block_table.shape if paged else None, block_table.stride() if paged else None,
-        cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
-        window_left, window_right, softcap is not None, num_splits, device,
-    )  # fmt: skip
+    plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right,
+                           softcap is not None, num_splits)  # fmt: skip
     plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
     if plain and k_descale is None:
         extra = _NOTHING
-        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(*plan_args)
+        plans = _plans(*plan_args)
     elif plain:  # an fp8 cache alone (the serving case): its key without the other options' work
         extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
         fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
-        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
-            *plan_args, False, False, None, None, fp8
-        )
+        plans = _plans(*plan_args, False, False, None, None, fp8)
     else:
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
                                                 rotary_interleaved, alibi_slopes, k_cache, k_descale,
                                                 v_descale)  # fmt: skip
-        append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = _plans(
-            *plan_args, *optional_keys
-        )
-    table = block_table if paged else cache_seqlens  # a placeholder int32 tensor when dense (never read)
+        plans = _plans(*plan_args, *optional_keys)
+    return _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left,
+                window_right, softcap, extra, cache_leftpad, alibi_slopes)  # fmt: skip
+
+
+def _run(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left,
+         window_right, softcap, extra: dict, cache_leftpad=None, alibi_slopes=None):  # fmt: skip
+    """Append, report, allocate and attend with ``plans`` (:func:`_plans`'s tuple): :func:`forward` after
+    its plans; ``extra`` the optional inputs' per-call tensors."""
+    append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = plans
+    device = q.device
+    seq_new = 0 if k is None else k.shape[1]
+    table = cache_seqlens if block_table is None else block_table  # a placeholder when dense (never read)
     # (a call spelled with **extra costs the plain call about 0.3 us: it has its own line)
     if append is not None and extra:
         append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
@@ -1064,6 +1079,20 @@ def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_tab
             raise ValueError("block_table maps the new tokens of two sequences to the same cache slot")
 
 
+# Plain decode calls already checked (no optional input, a 16-bit cache, cache_seqlens a tensor, the values
+# of index tensors not read: CUDA tensors by default), by what the checks and the plans read: a repeated step
+# with the same metadata skips the checks and the op's layers (append, report, outputs and attention remain).
+_DECODE_CALLS = CallCache()
+
+
+def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits) -> tuple:
+    """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags."""
+    tensors_in = (q, k_cache, v_cache, cache_seqlens) + (() if k is None else (k, v))
+    tensors_in += () if block_table is None else (block_table,)
+    return (*((t.shape, t.stride(), t.dtype, t.device) for t in tensors_in), k is None, block_table is None,
+            is_causal, num_splits)  # fmt: skip
+
+
 @suggest_keywords
 def flash_attention_with_kvcache(
     q: torch.Tensor,
@@ -1186,6 +1215,25 @@ def flash_attention_with_kvcache(
     function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
     ``softcap=None`` and ``window=None`` here.
     """
+    known = None  # the key of a call that _DECODE_CALLS may serve: a plain decode step
+    if (
+        window is None and softcap is None and cache_batch_idx is None and cache_leftpad is None
+        and rotary_cos is None and rotary_sin is None and alibi_slopes is None and k_descale is None
+        and v_descale is None and rotary_interleaved is True and type(num_splits) is int and num_splits >= 0
+        and (is_causal is True or is_causal is False) and (return_lse is True or return_lse is False)
+        and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
+        and type(cache_seqlens) is torch.Tensor and (k is None) == (v is None)
+        and plain_inference(q, k_cache, v_cache, cache_seqlens)
+        and (k is None or plain_inference(k, v)) and (block_table is None or plain_inference(block_table))
+        and not runtime.check_values(q.device)
+    ):  # fmt: skip
+        known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits)
+        plans = _DECODE_CALLS.get(known)
+        if plans is not None:
+            scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+            out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
+                            0 if is_causal else None, None, _NOTHING)  # fmt: skip
+            return (out, lse) if return_lse else out
     fp8 = _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
@@ -1239,7 +1287,11 @@ def flash_attention_with_kvcache(
             k_descale, v_descale,
         )  # fmt: skip
     else:
+        given = q, k, v
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
         )
+        if known is not None and given[0] is q and given[1] is k and given[2] is v and not fp8:  # no copy
+            _DECODE_CALLS.put(known, _plans(*_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                                        left, right, False, num_splits)))  # fmt: skip
     return (out, lse) if return_lse else out
