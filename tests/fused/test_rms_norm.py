@@ -190,3 +190,21 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         with pytest.raises(ValueError, match="offset"):
             rms_norm(x, None, offset=1.0)  # without a weight the offset must be 0
     assert len(checked) == 6
+
+
+def test_a_module_weight_is_served_too(device, monkeypatch):
+    """An nn.Parameter weight (a module's) in inference takes the calls already checked, as a plain tensor."""
+    from llm_speed.core import launch, runtime
+
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    launch.clear_plans()
+    checked = record_calls(monkeypatch, rms_module, "_validate")
+    weight = torch.nn.Parameter(torch.randn(64, device=device))
+    x = torch.randn(4, 64, device=device)
+    with torch.no_grad():
+        first = rms_norm(x, weight)
+        assert torch.equal(rms_norm(x, weight), first)
+    assert len(checked) == 1
+    rms_norm(x, weight).sum().backward()  # with grad: checked, through the op
+    assert len(checked) == 2 and weight.grad is not None

@@ -100,6 +100,6 @@ def plain_inference(*tensors: Any) -> bool:
         return False
     grad = _grad_enabled()
     for tensor in tensors:
-        if type(tensor) is not _Tensor or (grad and tensor.requires_grad):
+        if type(tensor) not in _PLAIN_TENSORS or (grad and tensor.requires_grad):
             return False
     return True
