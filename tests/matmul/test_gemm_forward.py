@@ -496,3 +496,18 @@ def test_the_checked_calls_never_skip_a_check(device):
             llm_speed.gemm(a, b, activation="swish")
         with pytest.raises(ValueError, match="bias"):
             llm_speed.gemm(a, b, bias=rand(9, dtype=torch.float16, device=device))
+
+
+def test_a_repeated_int8_call_skips_the_checks(device, monkeypatch):
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    launch.clear_plans()
+    checked = record_calls(monkeypatch, ops, "check_operands")
+    a = torch.randint(-128, 128, (17, 40), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, device=device)
+    expected = (a.long() @ b.long()).int()
+    assert torch.equal(llm_speed.tensor_core_gemm_int8(a, b), expected)
+    assert torch.equal(llm_speed.tensor_core_gemm_int8(a.clone(), b), expected)
+    assert len(checked) == 1
+    with pytest.raises(TypeError, match="dtype"):
+        llm_speed.tensor_core_gemm_int8(a.half(), b.half())  # same shapes and strides: still checked

@@ -979,15 +979,16 @@ def _checked_gemm(a, b, dtypes, *, alpha, beta, c, trans_a, trans_b, bias, activ
 
 
 class _GemmCall:
-    """A 16-bit :func:`gemm` call without ``c`` (beta 0) or ``out_dtype`` whose metadata passed every check
-    before: what a repeated call with the same metadata does, the output, the report and the launch
+    """A 16-bit :func:`gemm` call without ``c`` (beta 0) or ``out_dtype``, or a
+    :func:`tensor_core_gemm_int8` call (``out_dtype`` int32), whose metadata passed every check before: what
+    a repeated call with the same metadata does, the output, the report and the launch
     (:data:`_GEMM_CALLS`)."""
 
     __slots__ = ("recipe", "trans_a", "trans_b", "dtype", "device")
 
-    def __init__(self, a, b, trans_a: bool, trans_b: bool, bias, activation):
-        self.trans_a, self.trans_b, self.dtype, self.device = trans_a, trans_b, a.dtype, a.device
-        self.recipe = _recipe_of(a, b, a.dtype, trans_a, trans_b, None, bias, activation, None, None, None,
+    def __init__(self, a, b, out_dtype, trans_a=False, trans_b=False, bias=None, activation=None):
+        self.trans_a, self.trans_b, self.dtype, self.device = trans_a, trans_b, out_dtype, a.device
+        self.recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, None, bias, activation, None, None, None,
                                  a.device)  # fmt: skip
 
     def __call__(self, a, b, bias, alpha: float) -> torch.Tensor:
@@ -1048,7 +1049,7 @@ def gemm(
         activation=activation, out_dtype=out_dtype,
     )  # fmt: skip
     if known is not None and runtime.triton_runs_on(a.device):
-        _GEMM_CALLS.put(known, _GemmCall(a, b, trans_a, trans_b, bias, activation))
+        _GEMM_CALLS.put(known, _GemmCall(a, b, a.dtype, trans_a, trans_b, bias, activation))
     return out
 
 
@@ -1076,8 +1077,17 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Exact whenever the true result fits in int32, which is guaranteed for K <= 131071 (|a*b| <= 2**14 per
     product); int32 arithmetic wraps, so overflowing partial sums do not spoil a representable result.
     """
+    known = None
+    if plain_inference(a, b):  # (int8 tensors never require grad)
+        known = _gemm_call_key(a, b, None, None, None, None)  # flags None: never a float call's key
+        call = _GEMM_CALLS.get(known)
+        if call is not None:
+            return call(a, b, None, 1.0)
     check_operands(a, b, False, False, INT8_DTYPES)
-    return _gemm_int8_call(a, b)
+    out = _gemm_int8_call(a, b)
+    if known is not None and runtime.triton_runs_on(a.device):
+        _GEMM_CALLS.put(known, _GemmCall(a, b, torch.int32))
+    return out
 
 
 __all__ = [
