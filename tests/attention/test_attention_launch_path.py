@@ -158,3 +158,31 @@ def test_checked_calls_are_bounded_and_cleared():
     assert dict(cache) == {3: "c"}
     launch.clear_plans()
     assert not cache
+
+
+def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device, monkeypatch):
+    """A repeated packed inference call goes straight to the implementation, which still checks the values
+    of cu_seqlens where they may be read (CPU tensors)."""
+    from llm_speed.attention import varlen
+
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    launch.clear_plans()
+    checked = record_calls(monkeypatch, varlen, "validate_varlen_inputs")
+    q, k, v = (torch.randn(19, 4, 32, device=device) for _ in range(3))
+    cu = torch.tensor([0, 5, 12, 19], dtype=torch.int32, device=device)
+    with torch.no_grad():
+        first = flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=True)
+        again = flash_attention_varlen(q.clone(), k, v, cu, cu, 7, 7, is_causal=True)
+        assert len(checked) == 1 and torch.equal(again, first)
+        for b, (lo, hi) in enumerate(((0, 5), (5, 12), (12, 19))):
+            one = [t[lo:hi].transpose(0, 1)[None].double() for t in (q, first)]
+            ref = reference_attention(one[0], *(t[lo:hi].transpose(0, 1)[None].double() for t in (k, v)),
+                                      is_causal=True)  # fmt: skip
+            assert (one[1] - ref).abs().max() < 1e-5, b
+        if runtime.check_values(q.device):
+            bad = torch.tensor([0, 12, 5, 19], dtype=torch.int32, device=device)  # same metadata, decreasing
+            with pytest.raises(ValueError, match="cu_seqlens"):
+                flash_attention_varlen(q, k, v, bad, cu, 7, 7, is_causal=True)
+        with pytest.raises(TypeError, match="is_causal"):
+            flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=1)

@@ -9,6 +9,8 @@ them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..core import (
@@ -16,7 +18,8 @@ from ..core import (
     runtime,
 )
 from ..core.args import check_flag
-from ..core.dispatch import Op
+from ..core.dispatch import Op, plain_inference
+from ..core.launch import CallCache
 from ..core.tensors import last_dim_contiguous
 from . import flash
 from .checks import (
@@ -271,6 +274,23 @@ def flash_attention_varlen(
     CPU tensors run the kernels through the interpreter when ``TRITON_INTERPRET=1``, otherwise the PyTorch
     reference per sequence in float32.
     """
+    known = None  # the key of a call that _VARLEN_CALLS may serve: the common inference call
+    if (
+        window is None and softcap is None and alibi_slopes is None and type(dropout_p) is float
+        and not dropout_p and seqused_k is None and block_table is None and descale_q is None
+        and descale_k is None and descale_v is None and (is_causal is True or is_causal is False)
+        and (return_lse is True or return_lse is False) and (deterministic is True or deterministic is False)
+        and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
+        and type(max_seqlen_q) is int and type(max_seqlen_k) is int
+        and plain_inference(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    ):  # fmt: skip
+        known = (*((t.shape, t.stride(), t.dtype, t.device) for t in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
+                 max_seqlen_q, max_seqlen_k)  # fmt: skip
+        default_scale = _VARLEN_CALLS.get(known)
+        if default_scale is not None:  # the implementation checks the values of cu_seqlens where it may
+            out, lse = flash.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            is_causal, default_scale if scale is None else scale)  # fmt: skip
+            return (out, lse) if return_lse else out
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
     fp8 = is_fp8_call(q, descale_q, descale_k, descale_v)
@@ -297,6 +317,7 @@ def flash_attention_varlen(
                 "with q, k, v that do not require grad"
             )
         kv_extra = (seqused_k, block_table)
+    given = q, k, v
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)
     if fp8:
@@ -318,5 +339,13 @@ def flash_attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, left, right,
         softcap, deterministic, *extra,
     )  # fmt: skip
+    if known is not None and given[0] is q and given[1] is k and given[2] is v:  # nothing copied
+        _VARLEN_CALLS.put(known, check_scale(None, q))
     return (out, lse) if return_lse else out
+
+
+# Packed calls already checked, by every tensor's metadata and the two maximum lengths (what the checks read),
+# each with its default scale: a repeated inference call goes straight to the implementation (which checks
+# the values of cu_seqlens where runtime.check_values says).
+_VARLEN_CALLS = CallCache()
 
