@@ -32,6 +32,7 @@ Constexpr switches specialise one body per variant instead of near-copies:
   MASKED         this loop over blocks applies the visibility and bounds masks to the scores
   EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
   EVEN_D         head_dim is already a power of two: no head_dim mask
+  TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors
   DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND
                  the switches of :mod:`llm_speed.core.kernel_math` (``dot_switches``): bfloat16 dots widened
                  and float32 -> bfloat16 casts rounded by hand under the interpreter only; "ieee" float32
