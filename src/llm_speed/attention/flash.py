@@ -32,6 +32,7 @@ Constexpr switches specialise one body per variant instead of near-copies:
   MASKED         this loop over blocks applies the visibility and bounds masks to the scores
   EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
   EVEN_D         head_dim is already a power of two: no head_dim mask
+  TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors
   DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND
                  the switches of :mod:`llm_speed.core.kernel_math` (``dot_switches``): bfloat16 dots widened
                  and float32 -> bfloat16 casts rounded by hand under the interpreter only; "ieee" float32
@@ -59,7 +60,7 @@ from ..core.config import KernelConfig
 from ..core.dispatch import Op, plain_inference
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
-from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache, Descriptor, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..matmul.fp8 import _fp8_constants, _to_fp8
 from .checks import (
     DESCALE_NAMES,
@@ -586,6 +587,8 @@ def _scores(
     b_page,
     b_slot,
     stride_kpage,
+    k_desc,
+    desc_row,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
@@ -598,20 +601,26 @@ def _scores(
     DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """(raw scores, factor) of one [BM, BN] tile: the base-2 scores are ``raw * factor`` (raw: q.k, or the
     cap's tanh; factor: scale * log2(e), or softcap * log2(e)), raw is -inf where ``MASKED`` hides a key.
     The forward folds the factor into its exp2 (one FFMA per score, ``exp2(raw * factor - m)``) and scales
     only the row maxima (max(raw) * factor == max(raw * factor): the factor is positive), instead of
     multiplying every score first. ALiBi's bias breaks that identity: with ``HAS_ALIBI`` raw is the base-2
-    score itself (after the cap, as flash-attn) and the factor 1."""
+    score itself (after the cap, as flash-attn) and the factor 1. ``TMA`` (unmasked blocks only): K comes
+    through the tensor descriptor ``k_desc`` over the rows of K, this (sequence, head)'s starting at
+    ``desc_row``."""
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
-    # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
-    b_k = _load_kv(
-        p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
-        EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
-    )  # [BN, BD]  # fmt: skip
+    if TMA:
+        b_k = k_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
+    else:
+        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
+        b_k = _load_kv(
+            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
+            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+        )  # [BN, BD]  # fmt: skip
     b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
     if SOFTCAP:
         b_raw = tanh(b_qk * (scale / softcap))
@@ -683,10 +692,10 @@ def _row_max_over_keys(
                                 page_size, PAGED=PAGED)  # fmt: skip
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, b_page, b_slot, stride_kpage, MASKED=MASKED, HAS_LEFT=HAS_LEFT,
-            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED, EVEN_N=EVEN_N,
-            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
-            BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, b_page, b_slot, stride_kpage, None, 0, MASKED=MASKED,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
@@ -724,6 +733,9 @@ def _accumulate_over_keys(
     page_size,
     stride_kpage,
     stride_vpage,
+    k_desc,
+    v_desc,
+    desc_row,
     MASKED: tl.constexpr,
     TWO_PASS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
@@ -740,6 +752,7 @@ def _accumulate_over_keys(
     V_TRANSPOSED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Add keys [key_start, key_end) to the row sums ``b_l`` and the unnormalised output ``b_acc``.
 
@@ -748,6 +761,8 @@ def _accumulate_over_keys(
     ``DROPOUT``: the row sums take every weight, the output only the kept ones (the caller divides by
     1 - dropout_p once at the end), as FlashAttention does. ``V_TRANSPOSED``: ``p_v`` points at V^T (keys
     contiguous, head dims ``stride_vn`` apart), loaded as [BD, BN] tiles and fed transposed to the PV product.
+    ``TMA`` (the unmasked interior of a dense 16-bit forward): K and V come through the tensor descriptors
+    ``k_desc`` / ``v_desc`` over their rows, this (sequence, head)'s starting at row ``desc_row``.
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -755,12 +770,14 @@ def _accumulate_over_keys(
         b_page, b_slot = _pages(p_table, b, o_n, seq_kv, stride_tb, stride_tp, page_size, PAGED=PAGED)
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, b_page, b_slot, stride_kpage, MASKED=MASKED, HAS_LEFT=HAS_LEFT,
-            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED, EVEN_N=EVEN_N,
-            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
-            BLOCK_D=BLOCK_D,
+            window_left, window_right, slope2, b_page, b_slot, stride_kpage, k_desc, desc_row, MASKED=MASKED,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
         )  # fmt: skip
-        if V_TRANSPOSED:  # a K-major B operand in shared memory, loaded by pipelined copies along the keys
+        if TMA:
+            b_v = v_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
+        elif V_TRANSPOSED:  # a K-major B operand in shared memory, loaded by pipelined copies along the keys
             b_vt = _load_columns(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_COLS=EVEN_N or not MASKED,
                                  EVEN_D=EVEN_D)  # [BD, BN]  # fmt: skip
             b_v = tl.trans(b_vt)  # [BN, BD]
@@ -811,6 +828,8 @@ def _attention_fwd_kernel(
     DESCALE_Q,
     DESCALE_K,
     DESCALE_V,
+    K_DESC,
+    V_DESC,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -871,6 +890,7 @@ def _attention_fwd_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_B: tl.constexpr,
     LPT: tl.constexpr,
+    TMA_KV: tl.constexpr,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head).
 
@@ -890,7 +910,10 @@ def _attention_fwd_kernel(
     fold into the score scale, v's into the output (exact algebra). ``V_TRANSPOSED`` (fp8, not paged): V is
     V^T ``[B, Hkv, D, S]`` with the keys contiguous (``stride_vn``: the head-dim stride), so that the PV
     product's B operand is K-major in shared memory, as an fp8 wgmma needs (the transpose bit of wgmma is
-    for 16-bit types only), and its tiles stream through the software pipeline like K's.
+    for 16-bit types only), and its tiles stream through the software pipeline like K's. ``TMA_KV`` (dense
+    16-bit forward): ``K_DESC`` / ``V_DESC`` are tensor descriptors over the ``[B * Hkv * S, D]`` rows of K
+    and V (:func:`_tma_kv`), through which the unmasked interior loop loads its tiles (TMA); the masked edge
+    loops keep their pointer loads.
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -901,6 +924,7 @@ def _attention_fwd_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
+    desc_row = (b * (heads_q // group) + h_kv) * seq_kv  # this (sequence, head)'s first row: TMA_KV
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -974,7 +998,7 @@ def _attention_fwd_kernel(
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
         scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
-        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, None, None, 0, MASKED=True, TWO_PASS=TWO_PASS,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
@@ -983,16 +1007,16 @@ def _attention_fwd_kernel(
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
         scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
-        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=False, TWO_PASS=TWO_PASS,
-        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
-        PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, K_DESC, V_DESC, desc_row, MASKED=False,
+        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D,
+        BLOCK_D=BLOCK_D, TMA=TMA_KV,
     )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
         scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
-        stride_tb, stride_tp, page_size, stride_kb, stride_vb, MASKED=True, TWO_PASS=TWO_PASS,
+        stride_tb, stride_tp, page_size, stride_kb, stride_vb, None, None, 0, MASKED=True, TWO_PASS=TWO_PASS,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
@@ -1903,11 +1927,48 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
     }  # fmt: skip
 
 
+# TMA reads 16-byte aligned rows from a 16-byte aligned base (:func:`_tma_kv`).
+TMA_ALIGN_BYTES = 16
+# Whether dense 16-bit forwards may load their interior K/V tiles by TMA (read when a plan is made). Only
+# from BLOCK_D = 128 and without ALiBi or dropout: compiled for sm_90a (Triton 3.6) the d = 128 interior loop
+# is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal ALiBi+dropout
+# kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md, 2026-11-25).
+TMA_KV_LOADS = True
+TMA_KV_MIN_BLOCK_D = 128
+
+
+def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
+            aligned: bool):  # fmt: skip
+    """The tensor descriptors (K's, V's) of a dense forward's interior loop (``TMA_KV``), or None where it
+    keeps its pointer loads: Hopper or later, fp16/bf16, ``aligned`` (K's and V's base addresses 16-byte
+    aligned), and K and V each the ``[B * Hkv * S, D]`` rows of one tensor (contiguous past the last dim,
+    rows 16-byte aligned). Each descriptor has K's or V's rows, its blocks ``[BLOCK_N, BLOCK_D]``; the
+    interior's blocks lie inside their sequence, so a block never reaches the next (sequence, head)'s rows."""
+    if not (aligned and TMA_KV_LOADS and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
+        return None
+    batch, heads_kv, seq_kv, head_dim = k_shape
+    rows = batch * heads_kv * seq_kv
+    if rows >= 2**31 or seq_kv < block_n:
+        return None
+    layouts = []
+    for stride in (k_stride, v_stride):
+        stride_b, stride_h, stride_n, stride_d = stride
+        if (
+            stride_d != 1 or stride_n < head_dim or stride_n * dtype.itemsize % TMA_ALIGN_BYTES
+            or (heads_kv > 1 and stride_h != seq_kv * stride_n)
+            or (batch > 1 and stride_b != heads_kv * seq_kv * stride_n)
+        ):  # fmt: skip
+            return None
+        layouts.append(Descriptor((rows, head_dim), (stride_n, 1), (block_n, block_d)))
+    return tuple(layouts)
+
+
+
 @plan_cache
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None, v_transposed=False,
+    descales=None, v_transposed=False, aligned=False,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
@@ -1915,7 +1976,9 @@ def _forward_plan(
     sequence from ``seqused_k``; ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape
     then ``[num_pages, page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch
     stride, head stride) of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V
-    comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride)."""
+    comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
+    ``aligned`` (dense 16-bit): K's and V's base addresses are 16-byte aligned, so that the interior loop may
+    load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per call)."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -1943,6 +2006,10 @@ def _forward_plan(
             strides[name] = None  # compiled out
     if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
+    tma = None
+    if not (varlen or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
+        tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned)
+    strides.update(K_DESC=None, V_DESC=None) if tma is None else strides.update(K_DESC=tma[0], V_DESC=tma[1])
     if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
         strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
         strides.update({} if alibi else {"ALIBI": None}, **({} if dropout else {"RNG": None}))
@@ -1956,7 +2023,7 @@ def _forward_plan(
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, TMA_KV=tma is not None,
     )  # fmt: skip
 
 
@@ -2136,15 +2203,17 @@ def attention_forward(
                           two_pass, _alibi_dims(alibi_slopes), dropout_p > 0.0)  # fmt: skip
     # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
     if descales is None:
-        plan = _forward_plan(*key)
+        plan = _forward_plan(*key, aligned=_kv_aligned(k, v))
     else:
         plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True)
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
     softcap = 1.0 if softcap is None else softcap
     if descales is None and alibi_slopes is None and rng is None:  # the common call: five tensors
-        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p)
+        _launch_dense(plan, q, k, v, out, lse, scale, softcap, dropout_p)
     else:  # the slopes, seeds and descales a class has (the plan compiled out those it has not)
         extras = _descale_inputs(descales)
+        if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
+            extras.update(K_DESC=k, V_DESC=v)
         if alibi_slopes is not None:
             extras["ALIBI"] = alibi_slopes
         if rng is not None:
@@ -2152,6 +2221,21 @@ def attention_forward(
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p,
                     **extras)  # fmt: skip
     return out, lse
+
+
+def _kv_aligned(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether K's and V's base addresses are 16-byte aligned (``aligned`` of :func:`_forward_plan`)."""
+    return not (k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES
+
+
+def _launch_dense(plan: Plan, q, k, v, out, lse, scale: float, softcap: float, dropout_p: float) -> None:
+    """Launch a dense forward plan on its five tensors (a ``TMA_KV`` plan takes K and V twice: as pointers
+    and through its descriptors)."""
+    if plan.descriptors:
+        plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, scale=scale, softcap=softcap,
+                    dropout_p=dropout_p)  # fmt: skip
+    else:
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p)
 
 
 def _dense_plan_key(q, k, v, is_causal, negative, left, right, capped, two_pass, alibi, dropout) -> tuple:
@@ -2179,13 +2263,12 @@ class _DenseCall:
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
         self.plan = _forward_plan(*_dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0,
-                                                   False))  # fmt: skip
+                                                   False), aligned=_kv_aligned(k, v))  # fmt: skip
 
     def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
         out, lse = _dense_outputs(self.shape, self.seq_major, self.dtype, self.device)
-        self.plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=self.default_scale if scale is None else scale,
-                         softcap=1.0, dropout_p=0.0)  # fmt: skip
+        _launch_dense(self.plan, q, k, v, out, lse, self.default_scale if scale is None else scale, 1.0, 0.0)
         return out, lse
 
 
@@ -2198,7 +2281,8 @@ _DENSE_CALLS = CallCache()
 def _dense_call_key(q, k, v, is_causal, scale) -> tuple:
     """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0)  # fmt: skip
+            q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0,
+            not (k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES)  # fmt: skip
 
 
 def forward(
@@ -2647,7 +2731,7 @@ def flash_attention(
             and runtime.triton_runs_on(q.device)
             and q.shape[0] and q.shape[2] and k.shape[2]
         ):  # fmt: skip
-            _DENSE_CALLS.put(known, _DenseCall(q, k, v, is_causal, known[-1]))
+            _DENSE_CALLS.put(known, _DenseCall(q, k, v, is_causal, known[-2]))
     else:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[1], q.device)
         dropout_p, rng = check_dropout(dropout_p, q.device)

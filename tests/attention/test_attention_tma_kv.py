@@ -1,0 +1,61 @@
+"""The dense 16-bit forward's interior loop loads K and V through tensor descriptors (TMA, ``TMA_KV``) where
+their layout allows, and keeps its pointer loads elsewhere: the descriptors' output equals the pointer
+loads' bit for bit, under the 2x/3x rule, and layouts a descriptor cannot read take the pointer loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_testing import FORWARD_KERNELS, check_against_reference, expect_launches, fresh_plans, make_qkv
+
+from llm_speed import flash_attention
+from llm_speed.attention import flash
+
+
+def _plan(q, k, v, is_causal=False):
+    key = flash._dense_plan_key(q, k, v, is_causal, False, None, None, False, False, 0, False)
+    return flash._forward_plan(*key, aligned=flash._kv_aligned(k, v))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_interior_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, is_causal):
+    fresh_plans(monkeypatch)
+    # 2 sequences, 2 query heads on 1 KV head, 256 queries on 384 keys at d = 128 (128-key blocks): whole
+    # interior blocks for every query block without a mask, and for the second with a causal one.
+    q, k, v = make_qkv(2, 2, 1, 256, 384, 128, dtype, device)
+    assert _plan(q, k, v, is_causal).descriptors.keys() == {"K_DESC", "V_DESC"}
+    with expect_launches(*FORWARD_KERNELS, device=device):
+        check_against_reference(flash_attention, q, k, v, is_causal=is_causal, grads=False)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
+    fresh_plans(monkeypatch)
+    q, k, v = make_qkv(1, 2, 2, 128, 384, 128, torch.float16, device)
+    with_tma = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
+    fresh_plans(monkeypatch)
+    monkeypatch.setattr(flash, "TMA_KV_LOADS", False)
+    assert not _plan(q, k, v, is_causal).descriptors
+    without = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
+    for got, expected in zip(with_tma, without, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch):
+    fresh_plans(monkeypatch)
+    q, k, v = make_qkv(1, 2, 2, 128, 256, 128, torch.float16, device)
+    # sequence-major K and V ([B, S, H, D] viewed as [B, H, S, D]): a key block is not a run of rows
+    k_s, v_s = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    assert not _plan(q, k_s, v_s).descriptors
+    # a base address 2 bytes past a 16-byte boundary
+    k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape).copy_(k)
+    assert not flash._kv_aligned(k_off, v) and not _plan(q, k_off, v).descriptors
+    # d = 64, dropout and ALiBi: no gain or more spills in the report (flash.TMA_KV_MIN_BLOCK_D)
+    q64, k64, v64 = make_qkv(1, 2, 2, 128, 256, 64, torch.float16, device)
+    assert not _plan(q64, k64, v64).descriptors
+    key = flash._dense_plan_key(q, k, v, True, False, None, None, False, False, 1, True)
+    assert not flash._forward_plan(*key, aligned=True).descriptors
+    expected = flash_attention(q, k, v)
+    for k_other, v_other in ((k_s, v_s), (k_off, v)):
+        torch.testing.assert_close(flash_attention(q, k_other, v_other), expected, rtol=0, atol=0)
