@@ -51,6 +51,26 @@ def test_spills_between_nested_loops_are_not_inner():
     assert code.spills_in_loops() == 3 and code.spills_in_loops(code.innermost_loops()) == 1
 
 
+def test_out_of_line_blocks_jumping_back_are_not_loops():
+    # A TMA load's mbarrier wait retries in a block after EXIT (0x80-0x90) that jumps back into the loop
+    # (0x10-0x40): not a loop spanning the rest of the function; its own retry (0x80) is one. A predicated
+    # EXIT inside a loop keeps the loop.
+    code = analysis.Sass.parse("""
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*0020*/              @!P2 BRA 0x80 ;
+        /*0030*/              @P3  EXIT ;
+        /*0040*/              @P0  BRA 0x10 ;
+        /*0050*/                   LDL R2, [R1] ;
+        /*0060*/                   STG.E [R4], R2 ;
+        /*0070*/                   EXIT ;
+        /*0080*/              @!P2 BRA 0x80 ;
+        /*0090*/                   BRA 0x30 ;
+""")
+    assert sorted(code.loops()) == [(0x10, 0x40), (0x80, 0x80)]
+    assert code.spills_in_loops() == 0  # the LDL after the loop
+
+
 def test_ptx_waits_inside_loops():
     waits = analysis.ptx_waits(PTX)
     assert (waits.wgmma, waits.cp_async, waits.wgmma_outside) == (1, 2, 1)

@@ -63,13 +63,17 @@ class Sass:
         return [_opcode(body) for _, body in self.instructions]
 
     def loops(self) -> list[tuple[int, int]]:
-        """(first, last) address of each loop body: a branch back to an earlier (or its own) address."""
+        """(first, last) address of each loop body: a branch back to an earlier (or its own) address, unless
+        an unconditional ``EXIT`` lies between: that is a block placed after the function's end (TMA's
+        mbarrier wait retries) jumping back into it, not a loop (counted as one, it spanned the rest of the
+        main loop and the epilogue)."""
+        exits = [a for a, body in self.instructions if _opcode(body) == "EXIT" and "@" not in body]
         loops = []
         for address, body in self.instructions:
             match = _BRANCH.search(body)
             if match and match.group(1):
                 target = int(match.group(1), 16)
-                if target <= address:
+                if target <= address and not any(target < e < address for e in exits):
                     loops.append((target, address))
         return loops
 
