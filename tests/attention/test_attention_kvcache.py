@@ -609,3 +609,21 @@ def test_a_repeated_decode_step_skips_the_checks(monkeypatch):
         if match not in VALUE_ERRORS:
             with pytest.raises(error, match=match):
                 flash_attention_with_kvcache(**{**call, name: value})
+
+
+def test_a_repeated_step_with_copied_inputs_is_copied_again(monkeypatch):
+    """q and the new k/v with a strided last dim are copied before the kernels read them: a repeated step with
+    that metadata copies them again (the calls already checked keep only steps that copied nothing)."""
+    from llm_speed.core import launch
+
+    if not runtime.triton_runs_on(torch.device("cpu")):
+        pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")
+    launch.clear_plans()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    call = _good_call()
+    for name in ("q", "k", "v"):
+        call[name] = call[name].transpose(2, 3).contiguous().transpose(2, 3)  # last-dim stride != 1
+    again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
+    first = flash_attention_with_kvcache(**call)
+    assert torch.equal(flash_attention_with_kvcache(**again), first)
+    assert torch.equal(again["k_cache"], call["k_cache"]) and torch.equal(again["v_cache"], call["v_cache"])

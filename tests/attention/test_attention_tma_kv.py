@@ -10,11 +10,12 @@ from attention_testing import FORWARD_KERNELS, check_against_reference, expect_l
 
 from llm_speed import flash_attention
 from llm_speed.attention import flash
+from llm_speed.core import launch
 
 
 def _plan(q, k, v, is_causal=False):
     key = flash._dense_plan_key(q, k, v, is_causal, False, None, None, False, False, 0, False)
-    return flash._forward_plan(*key, aligned=flash._kv_aligned(k, v))
+    return flash._forward_plan(*key, aligned=launch.tma_aligned(k, v))
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -50,7 +51,7 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     assert not _plan(q, k_s, v_s).descriptors
     # a base address 2 bytes past a 16-byte boundary
     k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape).copy_(k)
-    assert not flash._kv_aligned(k_off, v) and not _plan(q, k_off, v).descriptors
+    assert not launch.tma_aligned(k_off, v) and not _plan(q, k_off, v).descriptors
     # d = 64, dropout and ALiBi: no gain or more spills in the report (flash.TMA_KV_MIN_BLOCK_D)
     q64, k64, v64 = make_qkv(1, 2, 2, 128, 256, 64, torch.float16, device)
     assert not _plan(q64, k64, v64).descriptors

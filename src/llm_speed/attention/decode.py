@@ -90,6 +90,7 @@ from .checks import (
     check_alibi_slopes,
     check_descale,
     check_descale_values,
+    check_scale,
     check_softcap,
     check_window,
     descale_fine,
@@ -1230,7 +1231,7 @@ def flash_attention_with_kvcache(
         known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits)
         plans = _DECODE_CALLS.get(known)
         if plans is not None:
-            scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+            scale = check_scale(None, q) if scale is None else scale
             out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
                             0 if is_causal else None, None, _NOTHING)  # fmt: skip
             return (out, lse) if return_lse else out
@@ -1255,7 +1256,7 @@ def flash_attention_with_kvcache(
         _check_descales(q, k_cache, k_descale, v_descale, fp8)
     seq_new = 0 if k is None else k.shape[1]
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[3])
+        scale = check_scale(None, q)
     if is_causal:
         right = 0
     rotary_limit = None
@@ -1268,6 +1269,7 @@ def flash_attention_with_kvcache(
                       rotary_limit)  # fmt: skip
         if fp8:
             check_descale_values(("k_descale", k_descale), ("v_descale", v_descale))
+    given = q, k, v  # (the calls already checked keep only steps that copy none of them)
     if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
@@ -1287,11 +1289,10 @@ def flash_attention_with_kvcache(
             k_descale, v_descale,
         )  # fmt: skip
     else:
-        given = q, k, v
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
         )
-        if known is not None and given[0] is q and given[1] is k and given[2] is v and not fp8:  # no copy
+        if known is not None and given[0] is q and given[1] is k and given[2] is v:
             _DECODE_CALLS.put(known, _plans(*_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                                         left, right, False, num_splits)))  # fmt: skip
     return (out, lse) if return_lse else out

@@ -60,7 +60,17 @@ from ..core.config import KernelConfig
 from ..core.dispatch import Op, plain_inference
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
-from ..core.launch import CallCache, Descriptor, Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import (
+    TMA_ALIGN_BYTES,
+    CallCache,
+    Descriptor,
+    Kernel,
+    Plan,
+    cdiv,
+    next_power_of_2,
+    plan_cache,
+    tma_aligned,
+)
 from ..matmul.fp8 import _fp8_constants, _to_fp8
 from .checks import (
     DESCALE_NAMES,
@@ -1927,8 +1937,6 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
     }  # fmt: skip
 
 
-# TMA reads 16-byte aligned rows from a 16-byte aligned base (:func:`_tma_kv`).
-TMA_ALIGN_BYTES = 16
 # Whether dense 16-bit forwards may load their interior K/V tiles by TMA (read when a plan is made). Only
 # from BLOCK_D = 128 and without ALiBi or dropout: compiled for sm_90a (Triton 3.6) the d = 128 interior loop
 # is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal ALiBi+dropout
@@ -2203,7 +2211,7 @@ def attention_forward(
                           two_pass, _alibi_dims(alibi_slopes), dropout_p > 0.0)  # fmt: skip
     # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
     if descales is None:
-        plan = _forward_plan(*key, aligned=_kv_aligned(k, v))
+        plan = _forward_plan(*key, aligned=tma_aligned(k, v))
     else:
         plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True)
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
@@ -2221,11 +2229,6 @@ def attention_forward(
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p,
                     **extras)  # fmt: skip
     return out, lse
-
-
-def _kv_aligned(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether K's and V's base addresses are 16-byte aligned (``aligned`` of :func:`_forward_plan`)."""
-    return not (k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES
 
 
 def _launch_dense(plan: Plan, q, k, v, out, lse, scale: float, softcap: float, dropout_p: float) -> None:
@@ -2263,7 +2266,7 @@ class _DenseCall:
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
         self.plan = _forward_plan(*_dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0,
-                                                   False), aligned=_kv_aligned(k, v))  # fmt: skip
+                                                   False), aligned=tma_aligned(k, v))  # fmt: skip
 
     def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
@@ -2282,7 +2285,7 @@ def _dense_call_key(q, k, v, is_causal, scale) -> tuple:
     """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0,
-            not (k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES)  # fmt: skip
+            tma_aligned(k, v))  # fmt: skip
 
 
 def forward(

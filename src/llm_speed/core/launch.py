@@ -83,6 +83,16 @@ class Descriptor(NamedTuple):
         return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block_shape))
 
 
+# TMA reads from 16-byte aligned base addresses, with 16-byte aligned strides (a descriptor's layout).
+TMA_ALIGN_BYTES = 16
+
+
+def tma_aligned(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether both tensors' base addresses are :data:`TMA_ALIGN_BYTES` aligned (a tensor descriptor may read
+    them; an op's plan key holds this per call)."""
+    return not (a.data_ptr() | b.data_ptr()) % TMA_ALIGN_BYTES
+
+
 # CUtensorMaps a plan keeps per descriptor parameter, by tensor address (then it starts again): a caching
 # allocator hands the same few addresses to a loop's tensors, and each map is 128 bytes.
 DESCRIPTORS_PER_PLAN = 64
@@ -423,8 +433,9 @@ def _descriptor_maker(layout: Descriptor) -> Callable[[torch.Tensor], Any]:
         for f in dataclasses.fields(TensorDescriptor)
         if f.default is not dataclasses.MISSING and f.name != "base"
     }
-    fields.update(shape=list(layout.shape), strides=list(layout.strides))
-    fields["block_shape"] = list(layout.block_shape)
+    fields.update(
+        shape=list(layout.shape), strides=list(layout.strides), block_shape=list(layout.block_shape)
+    )
     new = object.__new__
 
     def make(base: torch.Tensor) -> Any:

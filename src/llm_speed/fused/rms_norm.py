@@ -195,14 +195,18 @@ def forward(
 ):  # fmt: skip
     """(y, rstd float32 [rows]) of rows ``x2d`` [rows, hidden] (last dim contiguous); reports its work.
     ``in_place`` is the backward's (see :func:`rms_norm`)."""
-    rows, hidden = x2d.shape
+    rows = x2d.shape[0]
     if rows == 0 or not runtime.triton_runs_on(x2d.device):
         if rows:
             runtime.report_work("rms_norm", x=x2d, weight=weight)
         return _forward_torch(x2d, weight, eps, offset, llama)
+    return _launch_forward(_plan_of(x2d, weight, llama), x2d, weight, eps, offset)
+
+
+def _plan_of(x2d, weight, llama: bool) -> Plan:
+    """The forward plan of rows ``x2d`` (and ``weight``)."""
     dtypes = (x2d.dtype, None if weight is None else weight.dtype)
-    plan = _forward_plan(rows, hidden, x2d.stride(0), dtypes, llama, x2d.device)
-    return _launch_forward(plan, x2d, weight, eps, offset)
+    return _forward_plan(*x2d.shape, x2d.stride(0), dtypes, llama, x2d.device)
 
 
 def _launch_forward(plan: Plan, x2d, weight, eps: float, offset: float):
@@ -422,8 +426,7 @@ def rms_norm(
     x2d, weight = _rows_of(x, weight)
     y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
     if known is not None and x2d.shape[0] and runtime.triton_runs_on(x.device):
-        dtypes = (x2d.dtype, None if weight is None else weight.dtype)
-        _RMS_NORM_CALLS.put(known, _forward_plan(*x2d.shape, x2d.stride(0), dtypes, llama, x2d.device))
+        _RMS_NORM_CALLS.put(known, _plan_of(x2d, weight, llama))
     return y if x.dim() == 2 else y.reshape(x.shape)
 
 

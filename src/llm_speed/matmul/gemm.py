@@ -35,6 +35,7 @@ from ..core.dispatch import Op, plain_inference
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
 from ..core.launch import (
+    TMA_ALIGN_BYTES,
     CallCache,
     Descriptor,
     Kernel,
@@ -43,6 +44,7 @@ from ..core.launch import (
     cdiv,
     next_power_of_2,
     plan_cache,
+    tma_aligned,
 )  # fmt: skip
 from . import reference
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
@@ -253,8 +255,6 @@ PATHS = ("tiled", "persistent_tma")
 
 # CUDA caps the second grid dimension (the batch) at 65535 programs; larger batches launch in chunks.
 MAX_GRID_Y = 65535
-# Tensor descriptors need 16-byte aligned base addresses and row strides.
-TMA_ALIGN_BYTES = 16
 # tl.dot's smallest tile side: problem sides are padded to a power of two at least this (gemm_config).
 SMALLEST_TILE_SIDE = 16
 
@@ -524,7 +524,7 @@ def _tma_layout(op_a: torch.Tensor, op_b: torch.Tensor) -> bool | None:
     """:func:`_tma_operands` of 2-D tensors op(a), op(b)."""
     m, k = op_a.shape
     n = op_b.shape[1]
-    aligned = not (op_a.data_ptr() | op_b.data_ptr()) % TMA_ALIGN_BYTES
+    aligned = tma_aligned(op_a, op_b)
     return _tma_operands(m, n, k, op_a.stride(), op_b.stride(), op_a.dtype, aligned)
 
 
@@ -751,7 +751,7 @@ def _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path
     if a_dtype is torch.float32:
         tf32, aligned = fp32_input_precision() == "tf32", True
     else:  # the alignment of a and b decides the TMA path, for 16-bit operands
-        tf32, aligned = False, a_dtype is torch.int8 or not ((a.data_ptr() | b.data_ptr()) & 15)
+        tf32, aligned = False, a_dtype is torch.int8 or tma_aligned(a, b)
     return _recipe(
         a.shape, a.stride(), b.shape, b.stride(), trans_a, trans_b,
         None if c is None else (c.shape, c.stride()), None if bias is None else bias.stride(0),
@@ -1003,7 +1003,7 @@ _GEMM_CALLS = CallCache()
 
 def _gemm_call_key(a, b, trans_a, trans_b, bias, activation) -> tuple:
     return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device, trans_a, trans_b,
-            not (a.data_ptr() | b.data_ptr()) & 15, activation,
+            tma_aligned(a, b), activation,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device))  # fmt: skip
 
 
