@@ -449,9 +449,10 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
                                              block_table=table)  # fmt: skip
         ran = runtime.launch_counts() - before
         info, checked_calls = decode._plans.cache_info(), len(decode._DECODE_CALLS)
-    # one plan: the first call makes it, the tensor-length calls after it are served from the calls already
-    # checked, the int-length call looks it up
-    assert info.misses == 1 and checked_calls == 1
+    # two plans: the first call makes the one the tensor-length calls after it are served with (the calls
+    # already checked; no LSE asked for, so it stores none), the int-length call takes the op's (with the
+    # LSE it returns to the op's caller)
+    assert info.misses == 2 and checked_calls == 1
     assert ran == {decode.KERNEL_APPEND: 4, decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}
 
 
@@ -609,6 +610,33 @@ def test_a_repeated_decode_step_skips_the_checks(monkeypatch):
         if match not in VALUE_ERRORS:
             with pytest.raises(error, match=match):
                 flash_attention_with_kvcache(**{**call, name: value})
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-pass", "split"])
+def test_a_step_that_returns_no_lse_stores_none(num_splits, monkeypatch):
+    """A plain step without return_lse runs plans whose LSE stores are compiled out (the split partials then
+    share one workspace): the same output as the step that returns the LSE, and that LSE against float64."""
+    from llm_speed.core import launch
+
+    if not runtime.triton_runs_on(torch.device("cpu")):
+        pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")
+    launch.clear_plans()
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    k_cache, v_cache, _, _, _ = make_cache([70, 41], 96, 2, 32, torch.float32, "cpu", None)
+    lens = torch.tensor([70, 41], dtype=torch.int32)
+    q = torch.randn(2, 1, 4, 32)
+    out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits)
+    both = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits,
+                                        return_lse=True)  # fmt: skip
+    plans = sorted(decode._DECODE_CALLS.values(), key=lambda p: p[4] is not None)
+    assert [p[4] for p in plans] == [None, (2, 4, 1)]  # the LSE's shape, None: not stored
+    assert plans[0][1].fixed.get("LSE", "given") is (None if num_splits == 1 else "given")
+    assert (plans[0][2] is None) == (num_splits == 1) and (num_splits == 1 or plans[0][2].fixed["LSE"] is None)
+    assert torch.equal(out, both[0])
+    for b, n in enumerate(lens.tolist()):
+        keys, values = gather(k_cache, None, b, n), gather(v_cache, None, b, n)
+        ref, ref_lse = reference(q, keys, values, b, torch.float64)
+        assert (out[b].double() - ref).abs().max() < 1e-5 and (both[1][b].double() - ref_lse).abs().max() < 1e-5
 
 
 def test_a_repeated_step_with_copied_inputs_is_copied_again(monkeypatch):

@@ -108,12 +108,18 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     with torch.no_grad():
         first = flash_attention(q, k, v, is_causal=True)
         before = runtime.launch_count(FORWARD_KERNELS[0])
-        out, lse = flash_attention(q.clone(), k.clone(), v.clone(), is_causal=True, return_lse=True)
+        again = flash_attention(q.clone(), k.clone(), v.clone(), is_causal=True)
         assert runtime.launch_count(FORWARD_KERNELS[0]) == before + 1
+        # the LSE asked for: another class (the calls above store none), checked once
+        out, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+        flash_attention(q.clone(), k.clone(), v.clone(), is_causal=True, return_lse=True)
         flash_attention(q, k, v, is_causal=True, scale=-0.2)  # a negative scale: another plan, checked
         negative = flash_attention(q, k, v, is_causal=True, scale=-0.3)
-    assert len(checked) == 2 and len(flash._DENSE_CALLS) == 2
-    assert torch.equal(out, first)
+    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 3
+    assert torch.equal(again, first) and torch.equal(out, first)
+    assert sorted(call.plan.fixed.get("LSE", "given") is None for call in flash._DENSE_CALLS.values()) == [
+        False, True, True
+    ]  # the LSE's pointer compiled out where it is not returned
     q64, k64, v64 = (t.double() for t in (q, k, v))
     ref, ref_lse = reference_attention(q64, k64, v64, is_causal=True, return_lse=True)
     assert (out.double() - ref).abs().max() < 1e-5 and (lse.double() - ref_lse).abs().max() < 1e-5

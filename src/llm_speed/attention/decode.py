@@ -250,7 +250,7 @@ def _kvcache_fwd_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_o_split, stride_ob, stride_os, stride_oh,
-    stride_l_split, stride_lb, stride_lh,
+    stride_l_split, stride_lb, stride_lh, lse_offset,
     stride_cs, stride_btb, stride_btp, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
     n_row_blocks, cache_batch, rotary_dim,
@@ -386,21 +386,27 @@ def _kvcache_fwd_kernel(
         tl.store(p_out, b_out, mask=m_q)
     else:
         tl.store(p_out, cast(b_out, OUT.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_q)
-    p_lse = LSE + i_split.to(tl.int64) * stride_l_split + i_b.to(tl.int64) * stride_lb + o_h * stride_lh + o_i
-    tl.store(p_lse, b_lse, mask=m_r)
+    if LSE is not None:  # (None: not asked for, and no split to merge)
+        p_lse = (
+            LSE + lse_offset + i_split.to(tl.int64) * stride_l_split + i_b.to(tl.int64) * stride_lb
+            + o_h * stride_lh + o_i
+        )  # fmt: skip
+        tl.store(p_lse, b_lse, mask=m_r)
 
 
 @triton.jit
 def _kvcache_combine_kernel(
     OUT_PART, LSE_PART, OUT, LSE,
-    stride_o_split, stride_l_split, seq_q, heads_q, num_splits, head_dim,
+    stride_o_split, stride_l_split, lse_offset, seq_q, heads_q, num_splits, head_dim,
     RNE_BY_HAND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Merge one query row's split results: out = sum_s w_s out_s / sum_s w_s, w_s = exp(lse_s - max_s lse_s).
 
-    Partials are contiguous ``[splits, batch, seq_q, heads_q, D]`` and ``[splits, batch, heads_q, seq_q]``,
-    the results ``[batch, seq_q, heads_q, D]`` and ``[batch, heads_q, seq_q]``; one program per (b, i, h).
-    A NaN partial LSE (a split of an invalid sequence) makes the row NaN.
+    The partials share one float32 workspace (one allocation a call): contiguous ``[splits, batch, seq_q,
+    heads_q, D]`` outputs from ``OUT_PART``, ``[splits, batch, heads_q, seq_q]`` LSEs from ``LSE_PART +
+    lse_offset``; the results ``[batch, seq_q, heads_q, D]`` and ``[batch, heads_q, seq_q]`` (``LSE`` None:
+    not asked for); one program per (b, i, h). A NaN partial LSE (a split of an invalid sequence) makes the
+    row NaN.
     """
     i_row = tl.program_id(0).to(tl.int64)  # flat (b, i, h) of the output
     i_b = i_row // (seq_q * heads_q)
@@ -411,7 +417,7 @@ def _kvcache_combine_kernel(
     o_d = tl.arange(0, BLOCK_D)
     m_s = o_s < num_splits
     m_d = o_d < head_dim
-    b_lse = tl.load(LSE_PART + o_s * stride_l_split + i_lse, mask=m_s, other=float("-inf"))  # [BS]
+    b_lse = tl.load(LSE_PART + lse_offset + o_s * stride_l_split + i_lse, mask=m_s, other=float("-inf"))
     bad = tl.max(tl.where(b_lse != b_lse, 1, 0), 0) > 0  # explicit: a GPU's max may skip a NaN
     b_lse = tl.where(b_lse != b_lse, float("-inf"), b_lse)
     b_max = tl.max(b_lse, 0)
@@ -425,8 +431,9 @@ def _kvcache_combine_kernel(
     b_out = tl.where(bad, float("nan"), b_out)
     b_out = cast(b_out, OUT.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     tl.store(OUT + i_row * head_dim + o_d, b_out, mask=m_d)
-    b_lse_out = tl.where(no_key, float("-inf"), b_max + tl.log(tl.where(no_key, 1.0, b_sum)))
-    tl.store(LSE + i_lse, tl.where(bad, float("nan"), b_lse_out))
+    if LSE is not None:  # (None: not asked for)
+        b_lse_out = tl.where(no_key, float("-inf"), b_max + tl.log(tl.where(no_key, 1.0, b_sum)))
+        tl.store(LSE + i_lse, tl.where(bad, float("nan"), b_lse_out))
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -518,10 +525,13 @@ def _plans(
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
     has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
     rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None,
+    lse: bool = True,
 ) -> tuple:
-    """(append plan or None, attention plan or None, combine plan or None, shapes of out, lse and the two
-    split partials (plain tuples: cheaper to allocate from than a torch.Size)) of one problem class;
-    ``new_strides`` = (k's strides, v's strides) when there are new tokens. The optional inputs (contiguous):
+    """(append plan or None, attention plan or None, combine plan or None, shape of out, shape of the LSE or
+    None when ``lse`` is False (not asked for: its stores are compiled out), elements of the float32
+    workspace of the split partials or 0 (no split)) of one problem class; shapes are plain tuples (cheaper
+    to allocate from than a torch.Size). ``new_strides`` = (k's strides, v's strides) when there are new
+    tokens. The optional inputs (contiguous):
     ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
     (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
     slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
@@ -561,19 +571,21 @@ def _plans(
             BLOCK_H=block_h, BLOCK_D=block_d, **optional, **_fp8_switches(fp8[0] if fp8 else None),
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
+    lse_shape = (batch, heads_q, seq_q) if lse else None
     if not batch or not seq_q:
-        return append, None, None, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), None, None
+        return append, None, None, (batch, seq_q, heads_q, head_dim), lse_shape, 0
     group = heads_q // heads_kv
     cfg = kernel_config(head_dim, dtype, group * seq_q, capacity, batch * heads_kv, hardware_of(device),
                         num_splits)  # fmt: skip
     split = cfg.splits > 1
     n_row_blocks = cdiv(group * seq_q, cfg.block_m)
     # The outputs the kernel writes: the result [B, Sq, Hq, D] / LSE [B, Hq, Sq], or float32 partials with a
-    # leading split dim (all contiguous, allocated per call).
+    # leading split dim, the LSEs after the outputs in one workspace (all contiguous, allocated per call).
     out_strides = (seq_q * heads_q * head_dim, heads_q * head_dim, head_dim)
     lse_strides = (heads_q * seq_q, seq_q)
     split_o = batch * seq_q * heads_q * head_dim if split else 0
     split_l = batch * heads_q * seq_q if split else 0
+    lse_offset = cfg.splits * split_o  # (0 without a split)
     switches = dot_switches(dtype)
     attend = FORWARD.plan(
         (n_row_blocks * cfg.splits * batch * heads_kv,),
@@ -581,7 +593,7 @@ def _plans(
         stride_kb=k_strides[0], stride_ks=k_strides[1], stride_kh=k_strides[2],
         stride_vb=v_strides[0], stride_vs=v_strides[1], stride_vh=v_strides[2],
         stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
-        stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1],
+        stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1], lse_offset=lse_offset,
         stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
         stride_ab=alibi_batch_stride or 0,
         seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
@@ -595,18 +607,18 @@ def _plans(
         BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if alibi_batch_stride is not None else {"ALIBI": None}),
+        **({} if lse or split else {"LSE": None}),
     )  # fmt: skip
     combine = None
     if split:
         combine = COMBINE.plan(
-            (batch * seq_q * heads_q,), stride_o_split=split_o, stride_l_split=split_l, seq_q=seq_q,
-            heads_q=heads_q, num_splits=cfg.splits, head_dim=head_dim, RNE_BY_HAND=rne_by_hand(dtype),
-            BLOCK_S=next_power_of_2(cfg.splits), BLOCK_D=cfg.block_d, num_warps=4, num_stages=1,
+            (batch * seq_q * heads_q,), stride_o_split=split_o, stride_l_split=split_l, lse_offset=lse_offset,
+            seq_q=seq_q, heads_q=heads_q, num_splits=cfg.splits, head_dim=head_dim,
+            RNE_BY_HAND=rne_by_hand(dtype), BLOCK_S=next_power_of_2(cfg.splits), BLOCK_D=cfg.block_d,
+            num_warps=4, num_stages=1, **({} if lse else {"LSE": None}),
         )  # fmt: skip
-    parts = (None, None)
-    if split:
-        parts = (cfg.splits, batch, seq_q, heads_q, head_dim), (cfg.splits, batch, heads_q, seq_q)
-    return append, attend, combine, (batch, seq_q, heads_q, head_dim), (batch, heads_q, seq_q), *parts
+    out_shape = (batch, seq_q, heads_q, head_dim)
+    return append, attend, combine, out_shape, lse_shape, cfg.splits * (split_o + split_l)
 
 
 _LOG2E = math.log2(math.e)
@@ -708,8 +720,9 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
 def _run(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left,
          window_right, softcap, extra: dict, cache_leftpad=None, alibi_slopes=None):  # fmt: skip
     """Append, report, allocate and attend with ``plans`` (:func:`_plans`'s tuple): :func:`forward` after
-    its plans; ``extra`` the optional inputs' per-call tensors."""
-    append, attend, combine, out_shape, lse_shape, out_part_shape, lse_part_shape = plans
+    its plans; ``extra`` the optional inputs' per-call tensors. Returns (out, lse); lse None when the plans
+    store none."""
+    append, attend, combine, out_shape, lse_shape, workspace = plans
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
     table = cache_seqlens if block_table is None else block_table  # a placeholder when dense (never read)
@@ -721,32 +734,35 @@ def _run(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, sc
         append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
                       BLOCK_TABLE=table)  # fmt: skip
     if attend is None:  # no query (batch or seq_q 0): empty results
-        return torch.empty(out_shape, dtype=q.dtype, device=device), torch.empty(
-            lse_shape, dtype=_F32, device=device
-        )
+        out = torch.empty(out_shape, dtype=q.dtype, device=device)
+        return out, None if lse_shape is None else torch.empty(lse_shape, dtype=_F32, device=device)
     runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
         block_table=block_table, window=(window_left, window_right), cache_leftpad=cache_leftpad,
     )  # fmt: skip
     out = tensors.new_output(out_shape, q.dtype, device)
-    lse = tensors.new_output(lse_shape, _F32, device)
-    out_part, lse_part = out, lse  # what the attention kernel writes: the result, or the split partials
-    if combine is not None:
-        out_part = tensors.new_output(out_part_shape, _F32, device)
-        lse_part = tensors.new_output(lse_part_shape, _F32, device)
+    lse = None if lse_shape is None else tensors.new_output(lse_shape, _F32, device)
+    # What the attention kernel writes: the results, or the split partials (outputs and LSEs in one buffer)
+    part = out if combine is None else tensors.new_output((workspace,), _F32, device)
+    part_lse = lse if combine is None else part
     qk_scale_log2 = scale * _LOG2E
     cap = softcap if softcap is not None else 0.0
     if alibi_slopes is not None:
         extra = {**extra, "ALIBI": alibi_slopes}
     if extra:
+        extra = extra if part_lse is None else {**extra, "LSE": part_lse}
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap,
-                      **extra)  # fmt: skip
-    else:
+                      OUT=part, qk_scale_log2=qk_scale_log2, softcap=cap, **extra)  # fmt: skip
+    elif part_lse is not None:
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=out_part, LSE=lse_part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
-    if combine is not None:
-        combine.launch(OUT_PART=out_part, LSE_PART=lse_part, OUT=out, LSE=lse)
+                      OUT=part, LSE=part_lse, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+    else:  # the LSE's stores compiled out
+        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
+                      OUT=part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
+    if combine is not None and lse is not None:
+        combine.launch(OUT_PART=part, LSE_PART=part, OUT=out, LSE=lse)
+    elif combine is not None:
+        combine.launch(OUT_PART=part, LSE_PART=part, OUT=out)
     return out, lse
 
 
@@ -1086,12 +1102,21 @@ def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_tab
 _DECODE_CALLS = CallCache()
 
 
-def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits) -> tuple:
-    """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags."""
-    tensors_in = (q, k_cache, v_cache, cache_seqlens) + (() if k is None else (k, v))
-    tensors_in += () if block_table is None else (block_table,)
-    return (*((t.shape, t.stride(), t.dtype, t.device) for t in tensors_in), k is None, block_table is None,
-            is_causal, num_splits)  # fmt: skip
+def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
+                     return_lse) -> tuple:  # fmt: skip
+    """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags (spelled out: a loop over
+    the tensors costs 0.6 us more a call)."""
+    key = (
+        q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
+        k_cache.device, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, cache_seqlens.shape,
+        cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, is_causal, num_splits, return_lse,
+        k is None, block_table is None,
+    )  # fmt: skip
+    if k is not None:
+        key += (k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)
+    if block_table is not None:
+        key += (block_table.shape, block_table.stride(), block_table.dtype, block_table.device)
+    return key
 
 
 @suggest_keywords
@@ -1224,11 +1249,11 @@ def flash_attention_with_kvcache(
         and (is_causal is True or is_causal is False) and (return_lse is True or return_lse is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and type(cache_seqlens) is torch.Tensor and (k is None) == (v is None)
-        and plain_inference(q, k_cache, v_cache, cache_seqlens)
-        and (k is None or plain_inference(k, v)) and (block_table is None or plain_inference(block_table))
+        and plain_inference(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
         and not runtime.check_values(q.device)
     ):  # fmt: skip
-        known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits)
+        known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
+                                 return_lse)  # fmt: skip
         plans = _DECODE_CALLS.get(known)
         if plans is not None:
             scale = check_scale(None, q) if scale is None else scale
@@ -1288,11 +1313,17 @@ def flash_attention_with_kvcache(
             cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
             k_descale, v_descale,
         )  # fmt: skip
+    elif known is not None and given[0] is q and given[1] is k and given[2] is v and runtime.triton_runs_on(
+        q.device
+    ):  # a plain inference step, nothing copied: what the op would run, kept for the next such call (with
+        # the LSE's stores compiled out unless it is asked for)
+        plans = _plans(*_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
+                                   num_splits), lse=return_lse)  # fmt: skip
+        _DECODE_CALLS.put(known, plans)
+        out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
+                        None, _NOTHING)  # fmt: skip
     else:
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
         )
-        if known is not None and given[0] is q and given[1] is k and given[2] is v:
-            _DECODE_CALLS.put(known, _plans(*_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
-                                                        left, right, False, num_splits)))  # fmt: skip
     return (out, lse) if return_lse else out

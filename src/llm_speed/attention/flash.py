@@ -1053,7 +1053,8 @@ def _attention_fwd_kernel(
     p_o = O + b * stride_ob + h * stride_oh + bos_q * stride_om
     b_out = cast(b_out, O.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     _store_rows(p_o, b_out, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-    _store_vector(LSE + b * stride_lb + h * stride_lh + bos_q, b_lse, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    if LSE is not None:  # (None: an inference call that does not ask for it)
+        _store_vector(LSE + b * stride_lb + h * stride_lh + bos_q, b_lse, o_m, seq_q, EVEN_ROWS=EVEN_M)
 
 
 @triton.jit
@@ -1976,7 +1977,7 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None, v_transposed=False, aligned=False,
+    descales=None, v_transposed=False, aligned=False, lse=True,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
@@ -1986,7 +1987,8 @@ def _forward_plan(
     stride, head stride) of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V
     comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
     ``aligned`` (dense 16-bit): K's and V's base addresses are 16-byte aligned, so that the interior loop may
-    load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per call)."""
+    load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per call).
+    ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call)."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -2021,6 +2023,8 @@ def _forward_plan(
     if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
         strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
         strides.update({} if alibi else {"ALIBI": None}, **({} if dropout else {"RNG": None}))
+    if not lse:
+        strides["LSE"] = None
     return (TILED if two_pass else FORWARD).plan(
         grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
         **_lse_stride_args(lse_shape, varlen), **grid_args, **order,
@@ -2233,8 +2237,13 @@ def attention_forward(
 
 def _launch_dense(plan: Plan, q, k, v, out, lse, scale: float, softcap: float, dropout_p: float) -> None:
     """Launch a dense forward plan on its five tensors (a ``TMA_KV`` plan takes K and V twice: as pointers
-    and through its descriptors)."""
-    if plan.descriptors:
+    and through its descriptors; lse None: a plan that stores none)."""
+    if lse is None and plan.descriptors:
+        plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, scale=scale, softcap=softcap,
+                    dropout_p=dropout_p)  # fmt: skip
+    elif lse is None:
+        plan.launch(Q=q, K=k, V=v, O=out, scale=scale, softcap=softcap, dropout_p=dropout_p)
+    elif plan.descriptors:
         plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
     else:
@@ -2255,22 +2264,26 @@ def _dense_outputs(shape, like_seq_major: bool, dtype, device) -> tuple[torch.Te
 
 
 class _DenseCall:
-    """A dense forward call (no window, softcap, ALiBi, dropout or fp8; no copy of q, k, v) whose metadata
-    passed every check before: what a repeated call with the same metadata does, the report, the two
-    outputs and the launch (:data:`_DENSE_CALLS`)."""
+    """A dense inference forward call (no window, softcap, ALiBi, dropout or fp8; no copy of q, k, v) whose
+    metadata passed every check: what a call with the same metadata does, the report, the outputs and the
+    launch (:data:`_DENSE_CALLS`). ``lse`` False: the call does not return the LSE, so the plan stores none
+    (one allocation less a call)."""
 
-    __slots__ = ("plan", "shape", "seq_major", "dtype", "device", "default_scale")
+    __slots__ = ("plan", "shape", "lse_shape", "seq_major", "dtype", "device", "default_scale")
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, negative: bool):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, negative: bool,
+                 lse: bool):  # fmt: skip
         self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
+        self.lse_shape = tuple(q.shape[:3]) if lse else None
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
         self.plan = _forward_plan(*_dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0,
-                                                   False), aligned=tma_aligned(k, v))  # fmt: skip
+                                                   False), aligned=tma_aligned(k, v), lse=lse)  # fmt: skip
 
-    def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
-        out, lse = _dense_outputs(self.shape, self.seq_major, self.dtype, self.device)
+        out = new_dense_output(self.shape, self.seq_major, self.dtype, self.device)
+        lse = self.lse_shape and tensors.new_output(self.lse_shape, torch.float32, self.device)
         _launch_dense(self.plan, q, k, v, out, lse, self.default_scale if scale is None else scale, 1.0, 0.0)
         return out, lse
 
@@ -2281,10 +2294,10 @@ class _DenseCall:
 _DENSE_CALLS = CallCache()
 
 
-def _dense_call_key(q, k, v, is_causal, scale) -> tuple:
+def _dense_call_key(q, k, v, is_causal, scale, return_lse) -> tuple:
     """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0,
+            q.device, k.device, v.device, is_causal, return_lse, scale is not None and scale < 0.0,
             tma_aligned(k, v))  # fmt: skip
 
 
@@ -2713,7 +2726,7 @@ def flash_attention(
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and plain_inference(q, k, v)
     ):  # fmt: skip
-        known = _dense_call_key(q, k, v, is_causal, scale)
+        known = _dense_call_key(q, k, v, is_causal, scale, return_lse)
         call = _DENSE_CALLS.get(known)
         if call is not None:
             out, lse = call(q, k, v, is_causal, scale)
@@ -2727,14 +2740,17 @@ def flash_attention(
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     given = q, k, v
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    if alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
+    if (
+        known is not None and given[0] is q and given[1] is k and given[2] is v  # nothing copied
+        and runtime.triton_runs_on(q.device) and q.shape[0] and q.shape[2] and k.shape[2]
+    ):  # fmt: skip
+        # a plain inference call: what the op would launch, kept for the next such call (the LSE's stores
+        # compiled out unless it is asked for)
+        call = _DenseCall(q, k, v, is_causal, scale < 0.0, return_lse)
+        _DENSE_CALLS.put(known, call)
+        out, lse = call(q, k, v, is_causal, scale)
+    elif alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
         out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
-        if (
-            known is not None and given[0] is q and given[1] is k and given[2] is v  # nothing copied
-            and runtime.triton_runs_on(q.device)
-            and q.shape[0] and q.shape[2] and k.shape[2]
-        ):  # fmt: skip
-            _DENSE_CALLS.put(known, _DenseCall(q, k, v, is_causal, known[-2]))
     else:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[1], q.device)
         dropout_p, rng = check_dropout(dropout_p, q.device)

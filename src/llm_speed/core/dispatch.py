@@ -100,12 +100,17 @@ def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable 
 def plain_inference(*tensors: Any) -> bool:
     """Whether a call on ``tensors`` may run an op's implementation with nothing around it: what :class:`Op`
     and :class:`llm_speed.core.autocast.AutocastOp` would do themselves (nothing compiled or traced, no
-    dispatch mode, no functorch transform, no autocast, plain tensors), and no autograd graph to record. An
-    op's cached fast path (:class:`llm_speed.core.launch.CallCache`) serves only such calls."""
+    dispatch mode, no functorch transform, no autocast, plain tensors; None for an optional tensor not given),
+    and no autograd graph to record. An op's cached fast path (:class:`llm_speed.core.launch.CallCache`)
+    serves only such calls."""
     if _is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast():
         return False
     grad = _grad_enabled()
     for tensor in tensors:
-        if type(tensor) not in _PLAIN_TENSORS or (grad and tensor.requires_grad):
+        if type(tensor) not in _PLAIN_TENSORS:
+            if tensor is None:  # an optional tensor not given
+                continue
+            return False
+        if grad and tensor.requires_grad:
             return False
     return True
