@@ -186,10 +186,14 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
             rms_norm(x, w, eps=1e-5, offset=1.0, casting="LLAMA")
         with pytest.raises(TypeError, match="in_place"):
             rms_norm(x, w, eps=1e-5, offset=1.0, in_place=1)
-        rms_norm(x, None)
+        plain = rms_norm(x, None)
+        assert_error_rule("rms_norm", plain, rms_norm_reference(x, None), rms_norm_reference(x.double(), None),
+                          OUTPUT_FACTOR, torch.bfloat16)  # fmt: skip
         with pytest.raises(ValueError, match="offset"):
             rms_norm(x, None, offset=1.0)  # without a weight the offset must be 0
     assert len(checked) == 6
+    # inference plans store no rstd (no backward reads it): the pointer is compiled out
+    assert [plan.fixed.get("rstd_ptr", "stored") for plan in rms_module._RMS_NORM_CALLS.values()] == [None, None]
 
 
 def test_a_module_weight_is_served_too(device, monkeypatch):

@@ -55,7 +55,8 @@ def _rms_norm_fwd_kernel(
         b_y = b_y * (offset + b_w)[None, :]
     b_y = cast(b_y, y_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     tl.store(y_ptr + o_r[:, None] * stride_y + o_h[None, :], b_y, mask=m)
-    tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
+    if rstd_ptr is not None:  # (None: an inference call, no backward to read it)
+        tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
 
 
 @triton.jit
@@ -138,14 +139,16 @@ def backward_config(rows: int, hidden: int, hardware: Hardware, interpreted: boo
 
 @plan_cache
 def _forward_plan(
-    rows: int, hidden: int, stride_x: int, dtypes: tuple, llama: bool, device: torch.device
+    rows: int, hidden: int, stride_x: int, dtypes: tuple, llama: bool, device: torch.device, rstd: bool = True
 ) -> Plan:  # fmt: skip
-    """dtypes: x, weight (None without one)."""
+    """dtypes: x, weight (None without one). ``rstd`` False: rstd is not stored (its pointer compiled out;
+    no ``rstd_ptr`` per call)."""
     cfg = forward_config(rows, hidden)
     return FORWARD.plan(
         (cdiv(rows, cfg.block_m),), stride_x=stride_x, stride_y=hidden, rows=rows, hidden=hidden,
         BLOCK_R=cfg.block_m, BLOCK_H=cfg.block_n, HAS_WEIGHT=dtypes[1] is not None, LLAMA=llama,
         RNE_BY_HAND=rne_by_hand(dtypes[0]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({} if rstd else {"rstd_ptr": None}),
     )  # fmt: skip
 
 
@@ -203,20 +206,24 @@ def forward(
     return _launch_forward(_plan_of(x2d, weight, llama), x2d, weight, eps, offset)
 
 
-def _plan_of(x2d, weight, llama: bool) -> Plan:
-    """The forward plan of rows ``x2d`` (and ``weight``)."""
+def _plan_of(x2d, weight, llama: bool, rstd: bool = True) -> Plan:
+    """The forward plan of rows ``x2d`` (and ``weight``); ``rstd`` False: one that stores no rstd."""
     dtypes = (x2d.dtype, None if weight is None else weight.dtype)
-    return _forward_plan(*x2d.shape, x2d.stride(0), dtypes, llama, x2d.device)
+    return _forward_plan(*x2d.shape, x2d.stride(0), dtypes, llama, x2d.device, rstd)
 
 
 def _launch_forward(plan: Plan, x2d, weight, eps: float, offset: float):
-    """Report the work, allocate (y, rstd) and launch ``plan`` (:func:`forward`'s Triton path)."""
+    """Report the work, allocate (y, rstd) and launch ``plan`` (:func:`forward`'s Triton path); rstd None
+    when the plan stores none."""
     rows, hidden = x2d.shape
     runtime.report_work("rms_norm", x=x2d, weight=weight)
     y = tensors.new_output((rows, hidden), x2d.dtype, x2d.device)
+    w = x2d if weight is None else weight  # (without a weight: never read)
+    if "rstd_ptr" in plan.fixed:  # an inference plan
+        plan.launch(x_ptr=x2d, w_ptr=w, y_ptr=y, eps=eps, offset=offset)
+        return y, None
     rstd = tensors.new_output((rows,), torch.float32, x2d.device)
-    plan.launch(x_ptr=x2d, w_ptr=rstd if weight is None else weight, y_ptr=y, rstd_ptr=rstd, eps=eps,
-                offset=offset)  # fmt: skip
+    plan.launch(x_ptr=x2d, w_ptr=w, y_ptr=y, rstd_ptr=rstd, eps=eps, offset=offset)
     return y, rstd
 
 
@@ -414,7 +421,7 @@ def rms_norm(
         type(eps) is float and 0.0 <= eps < math.inf
         and type(offset) is float and -math.inf < offset < math.inf
         and type(casting) is str and (in_place is True or in_place is False)
-        and (plain_inference(x) if weight is None else plain_inference(x, weight))
+        and plain_inference(x, weight)
     ):  # fmt: skip
         known = _rms_norm_call_key(x, weight, casting, offset)
         plan = _RMS_NORM_CALLS.get(known)
@@ -424,9 +431,13 @@ def rms_norm(
             return y if x.dim() == 2 else y.reshape(x.shape)
     eps, offset, llama, in_place = _validate(x, weight, eps, offset, casting, in_place)
     x2d, weight = _rows_of(x, weight)
-    y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
     if known is not None and x2d.shape[0] and runtime.triton_runs_on(x.device):
-        _RMS_NORM_CALLS.put(known, _plan_of(x2d, weight, llama))
+        # an inference call: what the op would launch, but with no rstd stored, kept for the next such call
+        plan = _plan_of(x2d, weight, llama, rstd=False)
+        _RMS_NORM_CALLS.put(known, plan)
+        y, _ = _launch_forward(plan, x2d, weight, eps, offset)
+    else:
+        y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
     return y if x.dim() == 2 else y.reshape(x.shape)
 
 
