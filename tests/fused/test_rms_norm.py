@@ -6,8 +6,9 @@ import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 import llm_speed.fused.rms_norm as rms_module
-from call_records import record_calls
+from call_records import record_checks
 from llm_speed import rms_norm
+from llm_speed.core import runtime
 from llm_speed.fused.reference import rms_norm_reference
 
 KERNELS = (rms_module.FORWARD.name, rms_module.BACKWARD.name)
@@ -163,12 +164,7 @@ def test_in_place_backward_writes_dx_over_dy_with_the_same_gradients(weighted, d
 def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     """The second inference call with the same metadata is served from the calls checked before (one
     launch, no check, values as float64 says); every bad argument still gets its error."""
-    from llm_speed.core import launch, runtime
-
-    if not runtime.triton_runs_on(device):
-        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    launch.clear_plans()
-    checked = record_calls(monkeypatch, rms_module, "_validate")
+    checked = record_checks(monkeypatch, device, rms_module, "_validate")
     x = torch.randn(3, 5, 96, device=device, dtype=torch.bfloat16)
     w = torch.randn(96, device=device, dtype=torch.float32)
     with torch.no_grad():
@@ -187,23 +183,47 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         with pytest.raises(TypeError, match="in_place"):
             rms_norm(x, w, eps=1e-5, offset=1.0, in_place=1)
         plain = rms_norm(x, None)
-        assert_error_rule("rms_norm", plain, rms_norm_reference(x, None), rms_norm_reference(x.double(), None),
-                          OUTPUT_FACTOR, torch.bfloat16)  # fmt: skip
+        truth, same = rms_norm_reference(x.double(), None), rms_norm_reference(x, None)
+        assert_error_rule("rms_norm", plain, same, truth, OUTPUT_FACTOR, torch.bfloat16)
         with pytest.raises(ValueError, match="offset"):
             rms_norm(x, None, offset=1.0)  # without a weight the offset must be 0
     assert len(checked) == 6
     # inference plans store no rstd (no backward reads it): the pointer is compiled out
-    assert [plan.fixed.get("rstd_ptr", "stored") for plan in rms_module._RMS_NORM_CALLS.values()] == [None, None]
+    plans = rms_module._RMS_NORM_CALLS.values()
+    assert [plan.fixed.get("rstd_ptr", "stored") for plan in plans] == [None, None]
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-dx", "in-place"])
+def test_a_repeated_call_with_grad_records_the_node_around_the_kept_launch(in_place, device, monkeypatch):
+    """With grad, the second call with the same metadata skips the checks and the op's layers and records the
+    op's autograd node around the kept launch (a plan that stores rstd): the same output and gradients as
+    the checked call, as float64 says; ``in_place`` still writes dx over dy."""
+    checked = record_checks(monkeypatch, device, rms_module, "_validate")
+    x = torch.randn(2, 3, 64, device=device, dtype=torch.bfloat16)
+    w = torch.randn(64, device=device, dtype=torch.float32)
+    results = []
+    for _ in range(2):
+        leaves = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = rms_norm(leaves[0] * 1.0, leaves[1], offset=1.0, casting="llama", in_place=in_place)
+        seen = []
+        y.register_hook(seen.append)
+        (y.float() * torch.linspace(-1, 1, 64, device=device)).sum().backward()
+        results.append((y.detach(), leaves[0].grad, leaves[1].grad, seen[0]))
+    assert len(checked) == 1
+    for first, second in zip(*results, strict=True):
+        assert torch.equal(first, second)
+    dx, dy = results[1][1], results[1][3]
+    assert torch.equal(dy, dx) == in_place  # in place: dy's memory holds dx
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    ref = rms_norm_reference(x64, w64, offset=1.0)
+    (ref * torch.linspace(-1, 1, 64, device=device, dtype=torch.float64)).sum().backward()
+    assert (dx.double() - x64.grad).abs().max() <= 2e-2 * x64.grad.abs().max()
+    assert (results[1][2].double() - w64.grad).abs().max() <= 2e-2 * w64.grad.abs().max()
 
 
 def test_a_module_weight_is_served_too(device, monkeypatch):
     """An nn.Parameter weight (a module's) in inference takes the calls already checked, as a plain tensor."""
-    from llm_speed.core import launch, runtime
-
-    if not runtime.triton_runs_on(device):
-        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    launch.clear_plans()
-    checked = record_calls(monkeypatch, rms_module, "_validate")
+    checked = record_checks(monkeypatch, device, rms_module, "_validate")
     weight = torch.nn.Parameter(torch.randn(64, device=device))
     x = torch.randn(4, 64, device=device)
     with torch.no_grad():
@@ -211,4 +231,7 @@ def test_a_module_weight_is_served_too(device, monkeypatch):
         assert torch.equal(rms_norm(x, weight), first)
     assert len(checked) == 1
     rms_norm(x, weight).sum().backward()  # with grad: checked, through the op
+    assert len(checked) == 2 and weight.grad is not None
+    weight.grad = None
+    rms_norm(x, weight).sum().backward()  # with grad again: kept
     assert len(checked) == 2 and weight.grad is not None

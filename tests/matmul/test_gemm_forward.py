@@ -7,7 +7,7 @@ import torch
 from matmul_helpers import assert_gemm_accurate
 
 import llm_speed
-from call_records import record_calls
+from call_records import record_checks
 from host_reads import host_reads_raise
 from llm_speed.core import launch, runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
@@ -461,10 +461,7 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     """The second 16-bit inference call with the same metadata (and alignment) is served from the calls
     checked before: no check, one launch, the same values; a call with another alignment, autograd or
     fp32 is checked."""
-    if not runtime.triton_runs_on(device):
-        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    launch.clear_plans()
-    checked = record_calls(monkeypatch, ops, "check_operands")
+    checked = record_checks(monkeypatch, device, ops, "check_operands")
     x, w = (rand(rows, 48, dtype=torch.bfloat16, device=device) for rows in (33, 40))
     bias = rand(40, dtype=torch.bfloat16, device=device)
     with torch.no_grad():
@@ -479,7 +476,34 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         llm_speed.gemm(x.float(), w.float(), trans_b=True)  # fp32: always checked
     leaves = x.clone().requires_grad_(), w.clone().requires_grad_()
     llm_speed.gemm(*leaves, trans_b=True, bias=bias, activation="silu").float().sum().backward()
-    assert len(checked) == 4 and leaves[0].grad is not None
+    assert len(checked) == 3 and leaves[0].grad is not None  # with grad, the same metadata: kept too
+
+
+def test_a_repeated_call_with_grad_records_the_node_around_the_kept_launch(device, monkeypatch):
+    """With grad, the second call with the same metadata skips the checks and the op's layers and records the
+    op's autograd node around the kept launch: the same output and gradients as the checked call, and only
+    the inputs that require grad get one."""
+    checked = record_checks(monkeypatch, device, ops, "check_operands")
+    x, w = (rand(rows, 32, dtype=torch.float16, device=device) for rows in (24, 40))
+    bias = rand(40, dtype=torch.float16, device=device)
+    dy = rand(24, 40, dtype=torch.float16, device=device)
+    results = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (x, w, bias)]
+        out = llm_speed.gemm(leaves[0], leaves[1], trans_b=True, bias=leaves[2], activation="gelu", alpha=0.5)
+        out.backward(dy)
+        results.append((out.detach(), *(leaf.grad for leaf in leaves)))
+    assert len(checked) == 1 and len(ops._GEMM_CALLS) == 1  # the second call was not checked
+    for first, second in zip(*results, strict=True):
+        assert torch.equal(first, second)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, bias))
+    ref = torch.nn.functional.gelu(0.5 * x64 @ w64.T + b64)
+    ref.backward(dy.double())
+    for got, truth in zip(results[1][1:], (x64.grad, w64.grad, b64.grad), strict=True):
+        assert (got.double() - truth).abs().max() <= 2e-2 * truth.abs().max()
+    w_only = w.clone().requires_grad_()
+    llm_speed.gemm(x, w_only, trans_b=True, bias=bias, activation="gelu", alpha=0.5).backward(dy)
+    assert len(checked) == 1 and torch.equal(w_only.grad, results[1][2])  # x needs none: not computed
 
 
 def test_the_checked_calls_never_skip_a_check(device):
@@ -499,10 +523,7 @@ def test_the_checked_calls_never_skip_a_check(device):
 
 
 def test_a_repeated_int8_call_skips_the_checks(device, monkeypatch):
-    if not runtime.triton_runs_on(device):
-        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    launch.clear_plans()
-    checked = record_calls(monkeypatch, ops, "check_operands")
+    checked = record_checks(monkeypatch, device, ops, "check_operands")
     a = torch.randint(-128, 128, (17, 40), dtype=torch.int8, device=device)
     b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, device=device)
     expected = (a.long() @ b.long()).int()

@@ -14,6 +14,10 @@ serves the others cheaper:
 - the same, but an input requires grad: an ``autograd.Function`` built from the same ``setup_context`` and
   ``backward`` as the registered op's autograd (the semantics of ``register_autograd``);
 - anything else: the registered op.
+
+An op that keeps the calls it has checked (:class:`llm_speed.core.launch.CallCache`) asks
+:func:`plain_call` which of the first two a call is, and serves a repeated one itself: directly, or through
+:meth:`Op.checked`, the same autograd function around the launch it kept.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class Op:
     and ``backward(ctx, *grads)`` (registered with the library op here). Call it like the implementation,
     with positional arguments."""
 
-    __slots__ = ("impl", "library_op", "function", "apply")
+    __slots__ = ("impl", "library_op", "function", "apply", "apply_checked")
 
     def __init__(
         self,
@@ -51,7 +55,7 @@ class Op:
     ):
         self.impl = impl
         self.library_op = library_op
-        self.function = self.apply = None
+        self.function = self.apply = self.apply_checked = None
         if backward is not None:
             library_op.register_autograd(backward, setup_context=setup_context)
             self.function = _autograd_function(library_op, impl, setup_context, backward)
@@ -59,6 +63,8 @@ class Op:
             # transform has exited, a check for active transforms, which send a call to the library op here)
             # costs 2.6 us a call on the development CPU; a call with a wrapper takes Function.apply.
             self.apply = super(torch.autograd.Function, self.function).apply
+            checked = _autograd_function(library_op, impl, setup_context, backward, run_last=True)
+            self.apply_checked = super(torch.autograd.Function, checked).apply
 
     def __call__(self, *args: Any) -> Any:
         if _is_compiling() or _dispatch_modes() or _functorch_level() is not None:
@@ -78,16 +84,40 @@ class Op:
             return self.library_op(*args)
         return self.function.apply(*args) if wrapped else self.apply(*args)
 
+    def checked(self, run: Callable[..., Any], *args: Any) -> Any:
+        """A call that :func:`plain_call` finds ``AUTOGRAD`` and whose checks an op has kept: the output of
+        ``run(*args)`` (what the implementation does for ``args``, minus what the op already knows of such a
+        call) with the op's autograd node recorded, as its autograd function would."""
+        return self.apply_checked(*args, run)
 
-def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable | None, backward: Callable):
-    def forward(ctx, *args):
-        output = impl(*args)
-        if setup_context is not None:
-            setup_context(ctx=ctx, inputs=args, output=output)
-        return output
 
-    def backward_(ctx, *grads):
-        return backward(ctx, *grads)
+def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable | None, backward: Callable,
+                       run_last: bool = False):  # fmt: skip
+    """The op's ``autograd.Function``; ``run_last``: its forward runs the function passed after the
+    implementation's arguments instead (:meth:`Op.checked`; last, so that ``ctx.needs_input_grad`` keeps its
+    indices), and its backward gives that argument no gradient."""
+    if run_last:
+
+        def forward(ctx, *args):
+            output = args[-1](*args[:-1])
+            if setup_context is not None:
+                setup_context(ctx=ctx, inputs=args[:-1], output=output)
+            return output
+
+        def backward_(ctx, *grads):
+            given = backward(ctx, *grads)
+            return (*given, None) if type(given) is tuple else (given, None)
+
+    else:
+
+        def forward(ctx, *args):
+            output = impl(*args)
+            if setup_context is not None:
+                setup_context(ctx=ctx, inputs=args, output=output)
+            return output
+
+        def backward_(ctx, *grads):
+            return backward(ctx, *grads)
 
     name = getattr(library_op, "_name", getattr(impl, "__name__", "op")).replace("::", "_")
     return type(
@@ -97,20 +127,34 @@ def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable 
     )
 
 
-def plain_inference(*tensors: Any) -> bool:
-    """Whether a call on ``tensors`` may run an op's implementation with nothing around it: what :class:`Op`
-    and :class:`llm_speed.core.autocast.AutocastOp` would do themselves (nothing compiled or traced, no
-    dispatch mode, no functorch transform, no autocast, plain tensors; None for an optional tensor not given),
-    and no autograd graph to record. An op's cached fast path (:class:`llm_speed.core.launch.CallCache`)
-    serves only such calls."""
+INFERENCE = 1  # plain_call: a plain call with no autograd graph to record
+AUTOGRAD = 2  # ... one that records one
+
+
+def plain_call(*tensors: Any) -> int:
+    """What :class:`Op` and :class:`llm_speed.core.autocast.AutocastOp` would do with a call on ``tensors``
+    (None for an optional tensor not given), where an op's calls already checked
+    (:class:`llm_speed.core.launch.CallCache`) may serve it: :data:`INFERENCE`, run the implementation with
+    nothing around it (nothing compiled or traced, no dispatch mode, no functorch transform, no autocast,
+    plain tensors, no autograd graph to record); :data:`AUTOGRAD`, the same but an input requires grad (none
+    a functorch wrapper): :meth:`Op.checked`; 0, anything else (the op's full path)."""
     if _is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast():
-        return False
+        return 0
     grad = _grad_enabled()
+    mode = INFERENCE
     for tensor in tensors:
         if type(tensor) not in _PLAIN_TENSORS:
             if tensor is None:  # an optional tensor not given
                 continue
-            return False
+            return 0
         if grad and tensor.requires_grad:
-            return False
-    return True
+            if _functorch_wrapped(tensor):
+                return 0
+            mode = AUTOGRAD
+    return mode
+
+
+def plain_inference(*tensors: Any) -> bool:
+    """Whether :func:`plain_call` finds a call on ``tensors`` :data:`INFERENCE` (for the ops whose calls
+    already checked serve inference only)."""
+    return plain_call(*tensors) == INFERENCE

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_real
 from ..core.config import KernelConfig
-from ..core.dispatch import Op, plain_inference
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
@@ -345,9 +345,8 @@ def _backward(ctx, dy, _drstd):
     return dx, (dw if weight is not None else None), None, None, None, None
 
 
-_forward_call = autocast.dispatch(
-    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.FLOAT32, (0, 1)
-)
+_forward_plain = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(_forward_plain, autocast.FLOAT32, (0, 1))
 
 
 # --- public function ------------------------------------------------------------------------------------
@@ -416,29 +415,40 @@ def rms_norm(
     ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference:
     :func:`llm_speed.fused.reference.rms_norm_reference`.
     """
-    known = None  # the key of a call that _RMS_NORM_CALLS may serve: inference
+    known = None  # the key of a call that _RMS_NORM_CALLS may serve
     if (
         type(eps) is float and 0.0 <= eps < math.inf
         and type(offset) is float and -math.inf < offset < math.inf
         and type(casting) is str and (in_place is True or in_place is False)
-        and plain_inference(x, weight)
+        and (mode := plain_call(x, weight))
     ):  # fmt: skip
-        known = _rms_norm_call_key(x, weight, casting, offset)
-        plan = _RMS_NORM_CALLS.get(known)
-        if plan is not None:
+        known = _rms_norm_call_key(x, weight, casting, offset, mode)
+        kept = _RMS_NORM_CALLS.get(known)
+        if kept is not None:
             x2d, weight = _rows_of(x, weight)
-            y, _ = _launch_forward(plan, x2d, weight, eps, offset)
+            if mode == INFERENCE:
+                y, _ = _launch_forward(kept, x2d, weight, eps, offset)
+            else:  # with grad: the op's autograd node around the kept launch
+                y, _ = _forward_plain.checked(kept, x2d, weight, eps, offset, casting == "llama", in_place)
             return y if x.dim() == 2 else y.reshape(x.shape)
     eps, offset, llama, in_place = _validate(x, weight, eps, offset, casting, in_place)
     x2d, weight = _rows_of(x, weight)
-    if known is not None and x2d.shape[0] and runtime.triton_runs_on(x.device):
-        # an inference call: what the op would launch, but with no rstd stored, kept for the next such call
+    keep = known is not None and x2d.shape[0] and runtime.triton_runs_on(x.device)
+    if keep and mode == INFERENCE:
+        # what the op would launch, but with no rstd stored (no backward reads it), kept for the next call
         plan = _plan_of(x2d, weight, llama, rstd=False)
         _RMS_NORM_CALLS.put(known, plan)
         y, _ = _launch_forward(plan, x2d, weight, eps, offset)
     else:
         y, _ = _forward_call(x2d, weight, eps, offset, llama, in_place)
+        if keep:  # with grad: the launch of forward(), for Op.checked
+            _RMS_NORM_CALLS.put(known, functools.partial(_launch_kept, _plan_of(x2d, weight, llama)))
     return y if x.dim() == 2 else y.reshape(x.shape)
+
+
+def _launch_kept(plan: Plan, x2d, weight, eps: float, offset: float, llama: bool, in_place: bool):
+    """:func:`forward` of a call kept in :data:`_RMS_NORM_CALLS` with grad (the op's arguments)."""
+    return _launch_forward(plan, x2d, weight, eps, offset)
 
 
 def _rows_of(x: torch.Tensor, weight):
@@ -447,13 +457,15 @@ def _rows_of(x: torch.Tensor, weight):
     return tensors.last_dim_contiguous(x2d), weight if weight is None else tensors.last_dim_contiguous(weight)
 
 
-# The forward plans of inference calls whose metadata passed every check before: a repeated call with the same
-# metadata skips the checks and the op's layers (rows, report, outputs and launch remain).
+# Calls whose metadata passed every check before: a repeated call with the same metadata skips the checks and
+# the op's layers (rows, report, outputs and launch remain). Inference calls keep their plan, calls with grad
+# the launch Op.checked runs inside the op's autograd node.
 _RMS_NORM_CALLS = CallCache()
 
 
-def _rms_norm_call_key(x, weight, casting: str, offset: float) -> tuple:
+def _rms_norm_call_key(x, weight, casting: str, offset: float, mode: int) -> tuple:
     """The key of :data:`_RMS_NORM_CALLS`: everything the checks and the plan read (the offset only as
-    given or not: without a weight it must be 0)."""
+    given or not: without a weight it must be 0), and the :func:`plain_call` mode (an inference plan stores
+    no rstd)."""
     weight_key = None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device)
-    return x.shape, x.stride(), x.dtype, x.device, casting, offset != 0.0, weight_key
+    return x.shape, x.stride(), x.dtype, x.device, casting, offset != 0.0, weight_key, mode

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ..core import runtime, tensors
 from ..core.config import KernelConfig
-from ..core.dispatch import Op, plain_inference
+from ..core.dispatch import INFERENCE, Op, plain_call, plain_inference
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
 from ..core.launch import (
@@ -995,9 +995,14 @@ class _GemmCall:
         return _run(self.recipe, a, b, self.dtype, self.trans_a, self.trans_b, None, bias, alpha, 0.0,
                     self.device)  # fmt: skip
 
+    def forward(self, a, b, c, bias, alpha, *fixed) -> torch.Tensor:
+        """:func:`forward` of such a call (the op's arguments; the recipe fixes the others)."""
+        return self(a, b, bias, alpha)
+
 
 # gemm calls already checked, by what the checks and the recipe read (the operands' 16-byte alignment too:
-# it picks the TMA kernel): a repeated inference call skips the checks and the op's layers.
+# it picks the TMA kernel): a repeated call skips the checks and the op's layers (with grad, it records the
+# op's autograd node around the kept launch: Op.checked).
 _GEMM_CALLS = CallCache()
 
 
@@ -1037,13 +1042,15 @@ def gemm(
         c is None and out_dtype is None and (activation is None or type(activation) is str)
         and type(alpha) is float and -math.inf < alpha < math.inf and type(beta) is float and beta == 0.0
         and (trans_a is True or trans_a is False) and (trans_b is True or trans_b is False)
-        and (plain_inference(a, b) if bias is None else plain_inference(a, b, bias))
-        and a.dtype in TENSOR_CORE_DTYPES
+        and (mode := plain_call(a, b, bias)) and a.dtype in TENSOR_CORE_DTYPES
     ):  # fmt: skip
         known = _gemm_call_key(a, b, trans_a, trans_b, bias, activation)
         call = _GEMM_CALLS.get(known)
-        if call is not None:
+        if call is not None and mode == INFERENCE:
             return call(a, b, bias, alpha)
+        if call is not None:  # with grad: the op's autograd node around the kept launch
+            return _gemm_call.checked(call.forward, a, b, None, bias, alpha, 0.0, trans_a, trans_b,
+                                      activation, call.dtype)  # fmt: skip
     out = _checked_gemm(
         a, b, FLOAT_DTYPES, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, bias=bias,
         activation=activation, out_dtype=out_dtype,

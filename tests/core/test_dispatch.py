@@ -1,0 +1,74 @@
+"""core.dispatch: which path a call takes (plain_call) and the autograd node Op.checked records around a kept
+launch, on a small pure-PyTorch op (no kernel needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_speed.core.dispatch import AUTOGRAD, INFERENCE, Op, plain_call, plain_inference
+
+
+@torch.library.custom_op("llm_speed_test::scaled_product", mutates_args=())
+def _scaled_product_op(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * y * scale
+
+
+@_scaled_product_op.register_fake
+def _(x, y, scale):
+    return torch.empty_like(x)
+
+
+def _setup_context(ctx, inputs, output):
+    x, y, scale = inputs
+    ctx.save_for_backward(x, y)
+    ctx.scale = scale
+
+
+def _backward(ctx, grad):
+    x, y = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[:2]  # indices of the op's own arguments
+    return (grad * y * ctx.scale if need_x else None), (grad * x * ctx.scale if need_y else None), None
+
+
+def _impl(x, y, scale):
+    return x * y * scale
+
+
+_op = Op(_scaled_product_op, _impl, setup_context=_setup_context, backward=_backward)
+
+
+def test_plain_call_tells_inference_autograd_and_the_rest():
+    x, y = torch.randn(3), torch.randn(3)
+    leaf = torch.randn(3, requires_grad=True)
+    assert plain_call(x, y) == INFERENCE and plain_call(x, None) == INFERENCE and plain_inference(x, None)
+    assert plain_call(x, leaf) == AUTOGRAD and not plain_inference(x, leaf)
+    with torch.no_grad():
+        assert plain_call(x, leaf) == INFERENCE
+    assert plain_call(x, torch.nn.Parameter(torch.randn(3))) == AUTOGRAD
+    assert plain_call(x, 3) == 0  # not a tensor
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert plain_call(x, y) == 0
+    assert torch.func.grad(lambda t: (plain_call(t) == 0) * t.sum())(x).eq(1).all()  # a transform is active
+
+
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (True, False)], ids=["both", "y", "x"])
+def test_checked_records_the_ops_node_around_run(needs):
+    """Op.checked runs the given function for the forward and records the op's own backward: gradients as
+    the op's full path gives them, for exactly the inputs that require grad; the run function gets none."""
+    ran = []
+
+    def run(x, y, scale):
+        ran.append(scale)
+        return x * y * scale
+
+    x, y = (torch.randn(4, dtype=torch.float64, requires_grad=need) for need in needs)
+    out = _op.checked(run, x, y, 0.5)
+    out.backward(torch.ones(4, dtype=torch.float64))
+    assert ran == [0.5]
+    x2, y2 = (t.detach().requires_grad_(t.requires_grad) for t in (x, y))
+    _op(x2, y2, 0.5).backward(torch.ones(4, dtype=torch.float64))
+    for got, expected in ((x.grad, x2.grad), (y.grad, y2.grad)):
+        assert (got is None and expected is None) or torch.equal(got, expected)
+    inputs = x.detach().requires_grad_(), y.detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: _op.checked(run, a, b, 0.5), inputs)
