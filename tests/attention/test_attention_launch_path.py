@@ -152,8 +152,37 @@ def test_the_checked_calls_never_skip_a_check(device, monkeypatch):
         flash_attention(q, k, v, is_causal=True, window=(2, 0))
         flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, is_causal=True)  # copied
         flash_attention(q, k, v, is_causal=True)
-    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 1
+    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 2  # the call with grad is kept too (with its LSE)
     assert all(leaf.grad is not None for leaf in leaves)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_repeated_call_with_grad_records_the_node_around_the_kept_one(deterministic, device, monkeypatch):
+    """With grad, the second dense call with the same metadata skips the checks and the op's layers and
+    records the op's autograd node around the kept launch (a plan that stores the LSE): the same output and
+    gradients as the checked call, as float64 says, only for the inputs that require grad."""
+    if not runtime.triton_runs_on(device):
+        pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
+    fresh_plans(monkeypatch)
+    checked = record_calls(monkeypatch, flash, "prepare_attention_inputs")
+    q, k, v = make_qkv(1, 4, 2, 13, 21, 32, torch.float32, device)
+    dout = torch.randn_like(q)
+    results = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, is_causal=True, deterministic=deterministic)
+        out.backward(dout)
+        results.append((out.detach(), *(leaf.grad for leaf in leaves)))
+    assert len(checked) == 1 and len(flash._DENSE_CALLS) == 1
+    for first, second in zip(*results, strict=True):
+        assert torch.equal(first, second)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    reference_attention(q64, k64, v64, is_causal=True).backward(dout.double())
+    for got, truth in zip(results[1][1:], (q64.grad, k64.grad, v64.grad), strict=True):
+        assert (got.double() - truth).abs().max() < 1e-4
+    k_only = k.clone().requires_grad_()
+    flash_attention(q, k_only, v, is_causal=True, deterministic=deterministic).backward(dout)
+    assert len(checked) == 1 and torch.equal(k_only.grad, results[1][2])
 
 
 def test_checked_calls_are_bounded_and_cleared():
@@ -192,3 +221,13 @@ def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device,
                 flash_attention_varlen(q, k, v, bad, cu, 7, 7, is_causal=True)
         with pytest.raises(TypeError, match="is_causal"):
             flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=1)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention_varlen(*leaves, cu, cu, 7, 7, is_causal=True)  # with grad: kept too
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert len(checked) == 1 and torch.equal(out.detach(), first)
+    for b, (lo, hi) in enumerate(((0, 5), (5, 12), (12, 19))):
+        one = [t[lo:hi].transpose(0, 1)[None].double().requires_grad_() for t in (q, k, v)]
+        reference_attention(*one, is_causal=True).backward(dout[lo:hi].transpose(0, 1)[None].double())
+        for leaf, truth in zip(leaves, one, strict=True):
+            assert (leaf.grad[lo:hi].transpose(0, 1)[None].double() - truth.grad).abs().max() < 1e-4, b

@@ -84,3 +84,35 @@ def test_bad_input(gate, up, error, match):
     for fn in (swiglu, geglu):
         with pytest.raises(error, match=match):
             fn(gate, up)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_repeated_call_skips_the_checks(op, device, monkeypatch):
+    """A repeated call with the metadata of one checked before (and copied nothing) launches the kept plan:
+    in inference directly, with grad inside the op's autograd node; the same outputs and gradients, as
+    float64 says; a non-contiguous call (copied) and bad input are still checked."""
+    from call_records import record_checks
+
+    fn, reference = OPS[op]
+    checked = record_checks(monkeypatch, device, swiglu_module, "_validate")
+    gate, up, dout = (torch.randn(4, 37, device=device, dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        first = fn(gate, up)
+        with expect_launches(KERNELS[0], device=device):
+            again = fn(gate.clone(), up.clone())
+    results = [_run(fn, gate, up, dout) for _ in range(2)]
+    assert len(checked) == 1  # the first call: the others (with grad too: the same launch) were kept
+    assert torch.equal(first, again) and torch.equal(first, results[0][0])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    truth = _run(reference, *leaves(gate, up, dtype=torch.float64), dout)
+    same = _run(reference, *leaves(gate, up), dout)
+    for i, name in enumerate(("out", "dgate", "dup")):
+        factor = OUTPUT_FACTOR if i == 0 else GRAD_FACTOR
+        assert_error_rule(name, results[1][i], same[i], truth[i], factor, torch.bfloat16)
+    with torch.no_grad():
+        fn(gate.t(), up.t())  # copied to contiguous: checked every time
+        fn(gate.t(), up.t())
+        with pytest.raises(TypeError, match="dtype"):
+            fn(gate, up.float())
+    assert len(checked) == 4

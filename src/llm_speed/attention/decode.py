@@ -1317,8 +1317,10 @@ def flash_attention_with_kvcache(
         q.device
     ):  # a plain inference step, nothing copied: what the op would run, kept for the next such call (with
         # the LSE's stores compiled out unless it is asked for)
-        plans = _plans(*_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
-                                   num_splits), lse=return_lse)  # fmt: skip
+        plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
+                               num_splits)  # fmt: skip
+        # (lse passed only when False: forward() leaves it out, and so shares the plans with LSE)
+        plans = _plans(*plan_args) if return_lse else _plans(*plan_args, lse=False)
         _DECODE_CALLS.put(known, plans)
         out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
                         None, _NOTHING)  # fmt: skip

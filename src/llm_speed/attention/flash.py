@@ -57,7 +57,7 @@ from ..core import (
 )
 from ..core.args import check_flag
 from ..core.config import KernelConfig
-from ..core.dispatch import Op, plain_inference
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
 from ..core.launch import (
@@ -2277,8 +2277,10 @@ class _DenseCall:
         self.lse_shape = tuple(q.shape[:3]) if lse else None
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
-        self.plan = _forward_plan(*_dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0,
-                                                   False), aligned=tma_aligned(k, v), lse=lse)  # fmt: skip
+        key = _dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0, False)
+        # (lse passed only when False: the op's own calls leave it out, and so share the plan with LSE)
+        options = {"aligned": tma_aligned(k, v)} if lse else {"aligned": tma_aligned(k, v), "lse": False}
+        self.plan = _forward_plan(*key, **options)
 
     def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
@@ -2287,17 +2289,23 @@ class _DenseCall:
         _launch_dense(self.plan, q, k, v, out, lse, self.default_scale if scale is None else scale, 1.0, 0.0)
         return out, lse
 
+    def forward(self, q, k, v, is_causal: bool, scale: float, *fixed) -> tuple:
+        """:func:`forward` of such a call (the op's arguments; the plan fixes the others)."""
+        return self(q, k, v, is_causal, scale)
 
-# Dense calls already checked, by what the checks read: a repeated inference call (the same shapes, strides,
-# dtypes, devices and flags) skips the checks and the op's layers, as PyTorch's C++ dispatch costs nothing
-# there: 15 -> 7 us a call on the development CPU (launch stubbed), where SDPA takes 7.
+
+# Dense calls already checked, by what the checks read: a repeated call (the same shapes, strides, dtypes,
+# devices and flags) skips the checks and the op's layers, as PyTorch's C++ dispatch costs nothing there:
+# 15 -> 7 us a call on the development CPU (launch stubbed), where SDPA takes 7. With grad it records the op's
+# autograd node around the kept launch (Op.checked).
 _DENSE_CALLS = CallCache()
 
 
-def _dense_call_key(q, k, v, is_causal, scale, return_lse) -> tuple:
-    """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read."""
+def _dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
+    """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read (``lse``:
+    the LSE is stored: returned, or saved for the backward)."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, is_causal, return_lse, scale is not None and scale < 0.0,
+            q.device, k.device, v.device, is_causal, lse, scale is not None and scale < 0.0,
             tma_aligned(k, v))  # fmt: skip
 
 
@@ -2562,8 +2570,8 @@ def autograd_backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * len(ctx.args)
 
 
-_forward_call = Op(_forward_op, forward, setup_context=setup_context, backward=autograd_backward)
-_forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
+_forward_plain = Op(_forward_op, forward, setup_context=setup_context, backward=autograd_backward)
+_forward_call = autocast.dispatch(_forward_plain, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
 def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale: float, window_left=None,
@@ -2724,12 +2732,17 @@ def flash_attention(
         and (is_causal is True or is_causal is False) and (return_lse is True or return_lse is False)
         and (deterministic is True or deterministic is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
-        and plain_inference(q, k, v)
+        and (mode := plain_call(q, k, v))
     ):  # fmt: skip
-        known = _dense_call_key(q, k, v, is_causal, scale, return_lse)
+        known = _dense_call_key(q, k, v, is_causal, scale, return_lse or mode != INFERENCE)
         call = _DENSE_CALLS.get(known)
-        if call is not None:
+        if call is not None and mode == INFERENCE:
             out, lse = call(q, k, v, is_causal, scale)
+            return (out, lse) if return_lse else out
+        if call is not None:  # with grad: the op's autograd node around the kept launch
+            scale = call.default_scale if scale is None else scale
+            out, lse = _forward_plain.checked(call.forward, q, k, v, is_causal, scale, None, None, None,
+                                              deterministic)  # fmt: skip
             return (out, lse) if return_lse else out
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
@@ -2740,17 +2753,20 @@ def flash_attention(
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast
     given = q, k, v
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)
-    if (
+    keep = (
         known is not None and given[0] is q and given[1] is k and given[2] is v  # nothing copied
         and runtime.triton_runs_on(q.device) and q.shape[0] and q.shape[2] and k.shape[2]
-    ):  # fmt: skip
-        # a plain inference call: what the op would launch, kept for the next such call (the LSE's stores
-        # compiled out unless it is asked for)
+    )  # fmt: skip
+    if keep and mode == INFERENCE:
+        # what the op would launch, kept for the next such call (the LSE's stores compiled out unless it is
+        # asked for)
         call = _DenseCall(q, k, v, is_causal, scale < 0.0, return_lse)
         _DENSE_CALLS.put(known, call)
         out, lse = call(q, k, v, is_causal, scale)
     elif alibi_slopes is None and not dropout_p:  # the common call: nothing more to check
         out, lse = _forward_call(q, k, v, is_causal, scale, left, right, softcap, deterministic)
+        if keep:  # with grad: the launch of forward() with its LSE, for Op.checked
+            _DENSE_CALLS.put(known, _DenseCall(q, k, v, is_causal, scale < 0.0, True))
     else:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[1], q.device)
         dropout_p, rng = check_dropout(dropout_p, q.device)

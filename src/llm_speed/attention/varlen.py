@@ -18,7 +18,7 @@ from ..core import (
     runtime,
 )
 from ..core.args import check_flag
-from ..core.dispatch import Op, plain_inference
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.launch import CallCache
 from ..core.tensors import last_dim_contiguous
 from . import flash
@@ -135,8 +135,8 @@ def _backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * (4 + len(ctx.args))
 
 
-_forward_call = Op(_forward_op, flash.varlen_forward, setup_context=_setup_context, backward=_backward)
-_forward_call = autocast.dispatch(_forward_call, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
+_forward_plain = Op(_forward_op, flash.varlen_forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(_forward_plain, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 
 def _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descale_q, descale_k,
@@ -274,7 +274,7 @@ def flash_attention_varlen(
     CPU tensors run the kernels through the interpreter when ``TRITON_INTERPRET=1``, otherwise the PyTorch
     reference per sequence in float32.
     """
-    known = None  # the key of a call that _VARLEN_CALLS may serve: the common inference call
+    known = None  # the key of a call that _VARLEN_CALLS may serve: the common call
     if (
         window is None and softcap is None and alibi_slopes is None and type(dropout_p) is float
         and not dropout_p and seqused_k is None and block_table is None and descale_q is None
@@ -282,14 +282,20 @@ def flash_attention_varlen(
         and (return_lse is True or return_lse is False) and (deterministic is True or deterministic is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and type(max_seqlen_q) is int and type(max_seqlen_k) is int
-        and plain_inference(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        and (mode := plain_call(q, k, v, cu_seqlens_q, cu_seqlens_k))
     ):  # fmt: skip
         known = (*((t.shape, t.stride(), t.dtype, t.device) for t in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
                  max_seqlen_q, max_seqlen_k)  # fmt: skip
         default_scale = _VARLEN_CALLS.get(known)
         if default_scale is not None:  # the implementation checks the values of cu_seqlens where it may
-            out, lse = flash.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            is_causal, default_scale if scale is None else scale)  # fmt: skip
+            scale = default_scale if scale is None else scale
+            if mode == INFERENCE:
+                out, lse = flash.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                max_seqlen_k, is_causal, scale)  # fmt: skip
+            else:  # with grad: the op's autograd node around its implementation
+                out, lse = _forward_plain.checked(flash.varlen_forward, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                  max_seqlen_q, max_seqlen_k, is_causal, scale, None, None,
+                                                  None, deterministic)  # fmt: skip
             return (out, lse) if return_lse else out
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
@@ -345,7 +351,7 @@ def flash_attention_varlen(
 
 
 # Packed calls already checked, by every tensor's metadata and the two maximum lengths (what the checks read),
-# each with its default scale: a repeated inference call goes straight to the implementation (which checks
-# the values of cu_seqlens where runtime.check_values says).
+# each with its default scale: a repeated call goes straight to the implementation (which checks the values
+# of cu_seqlens where runtime.check_values says), with grad inside the op's autograd node (Op.checked).
 _VARLEN_CALLS = CallCache()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .swiglu import _validate, gated_activation
+from .swiglu import gated_activation
 
 _forward_call = gated_activation(gelu=True)  # the kernels, ops and autograd are swiglu.py's
 
@@ -34,5 +34,4 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     the backward recomputes the activation rather than saving it. Devices as :func:`llm_speed.rms_norm`.
     Reference: :func:`llm_speed.fused.reference.geglu_reference`.
     """
-    _validate(gate, up)
-    return _forward_call(gate.contiguous(), up.contiguous())
+    return _forward_call(gate, up)

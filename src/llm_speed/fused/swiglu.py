@@ -18,9 +18,9 @@ import triton.language as tl
 
 from ..core import autocast, runtime, tensors
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.kernel_math import cast, rne_by_hand, tanh
-from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .reference import compute_dtype
 
@@ -152,7 +152,7 @@ def launch_backward(dout, gate, up, gelu: bool) -> tuple[torch.Tensor, torch.Ten
 # --- op registration and autograd (one body for SwiGLU and GeGLU) ------------------------------------------
 
 
-def gated_activation(gelu: bool) -> autocast.AutocastOp:
+def gated_activation(gelu: bool) -> GatedActivation:
     """The op of one gated activation on the kernels above, SwiGLU or (``gelu``) GeGLU: its implementations
     (which report their work under the op-table rows "swiglu"/"geglu" and their "_backward" rows), the
     ``torch.library`` ops ``llm_speed::<row>_forward`` / ``_backward`` with their fakes, and the autograd that
@@ -193,7 +193,45 @@ def gated_activation(gelu: bool) -> autocast.AutocastOp:
         return backward_call(dout, gate, up)
 
     op = Op(forward_op, forward, setup_context=setup_context, backward=autograd_backward)
-    return autocast.dispatch(op, autocast.KEEP)
+    return GatedActivation(row, gelu, op, autocast.dispatch(op, autocast.KEEP))
+
+
+class GatedActivation:
+    """A gated activation's public body (:func:`swiglu`, :func:`llm_speed.geglu`): the checks, then its op;
+    a repeated call with the metadata of one that passed them (and was copied nothing) skips both and
+    launches the plan it kept: directly, or with grad inside the op's autograd node (``Op.checked``)."""
+
+    __slots__ = ("row", "gelu", "op", "call", "kept")
+
+    def __init__(self, row: str, gelu: bool, op: Op, call: autocast.AutocastOp):
+        self.row, self.gelu, self.op, self.call = row, gelu, op, call
+        self.kept = CallCache()  # launches of checked calls, by the metadata the checks read
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        mode = plain_call(gate, up)
+        if mode:
+            key = (gate.shape, gate.stride(), gate.dtype, gate.device, up.shape, up.stride(), up.dtype,
+                   up.device)  # fmt: skip
+            run = self.kept.get(key)
+            if run is not None:
+                return run(gate, up) if mode == INFERENCE else self.op.checked(run, gate, up)
+        _validate(gate, up)
+        given = gate, up
+        gate, up = gate.contiguous(), up.contiguous()
+        out = self.call(gate, up)
+        copied = given[0] is not gate or given[1] is not up
+        if mode and not copied and gate.numel() and runtime.triton_runs_on(gate.device):
+            plan = _plan(FORWARD, gate.numel(), self.gelu, (gate.dtype, up.dtype), gate.device)
+            self.kept.put(key, functools.partial(_launch_kept, self.row, plan))
+        return out
+
+
+def _launch_kept(row: str, plan: Plan, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The forward of a call :class:`GatedActivation` kept: report, allocate, launch ``plan``."""
+    runtime.report_work(row, gate=gate)
+    out = tensors.new_output(gate.shape, gate.dtype, gate.device)
+    plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
+    return out
 
 
 _forward_call = gated_activation(gelu=False)
@@ -225,5 +263,4 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     up; the backward recomputes ``sigmoid(gate)`` rather than saving it. Devices as
     :func:`llm_speed.rms_norm`. Reference: :func:`llm_speed.fused.reference.swiglu_reference`.
     """
-    _validate(gate, up)
-    return _forward_call(gate.contiguous(), up.contiguous())
+    return _forward_call(gate, up)
