@@ -1,10 +1,13 @@
-"""Where a GEMM call's time goes inside the bench loop, on a GPU: host time of the call itself, the timed
-interval `bench gemm` reports (CUDA events around the call, the L2 flushed before it), and the kernel's own
-time from `torch.profiler`, for `llm_speed.gemm` and `torch.matmul` side by side.
+"""Where a call's time goes inside the bench loop, on a GPU: host time of the call itself, the timed interval
+the bench reports (CUDA events around the call, the L2 flushed before it), and the kernel's own time from
+`torch.profiler`, for `llm_speed.gemm` against `torch.matmul`, and for a decode step of
+`flash_attention_with_kvcache` (dense and paged) against SDPA over a dense cache, side by side.
 
 On 2026-11-25 (H100 SXM) `bench gemm` measured 65 / 80 us at 1024^3 / 2048^3 against cuBLAS's 17 / 29, but
 parity at 4096^3 and 8192^3, while a tiny call cost 32 us against 18 back to back: the flush (~35 us of GPU
-time) should hide a host path that short. This measures which it is (docs/notes/launch-path.md).
+time) should hide a host path that short. `bench decode` measured 95-150 us a step at batch 1-8 against
+SDPA's 49-66, far above both host paths (54 and 27 us back to back) and the kernels' few us. This measures
+which it is (docs/notes/launch-path.md).
 
     python benchmarks/host_in_bench.py --output host_in_bench.json
 
@@ -14,6 +17,7 @@ Not a test: it needs CUDA.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -24,6 +28,8 @@ import llm_speed
 from llm_speed.bench.timing import L2_FLUSH_FACTOR, l2_cache_bytes
 
 SIZES = (512, 1024, 2048, 4096)
+DECODE = ((1, 1024), (1, 4096), (8, 4096), (32, 4096))  # (batch, context): bench decode's settings below
+HEADS, HEADS_KV, HEAD_DIM, PAGE = 32, 8, 128, 256
 
 
 def in_bench_loop(fn, flush: torch.Tensor, runs: int) -> dict:
@@ -68,6 +74,36 @@ def kernel_us(fn, runs: int) -> float:
     return total / runs
 
 
+def gemm_calls(device: torch.device):
+    """(size, impl, call) of the GEMMs."""
+    for size in SIZES:
+        a, b = (torch.randn(size, size, device=device, dtype=torch.float16) for _ in range(2))
+        yield size, "llm-speed", lambda a=a, b=b: llm_speed.gemm(a, b)
+        yield size, "torch", lambda a=a, b=b: torch.matmul(a, b)
+
+
+def decode_calls(device: torch.device):
+    """(batch x context, impl, call) of the decode steps, as `bench decode` builds them."""
+    step = llm_speed.flash_attention_with_kvcache
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for batch, context in DECODE:
+        label = f"{batch}x{context}"
+        q = torch.randn(batch, 1, HEADS, HEAD_DIM, device=device, dtype=torch.float16)
+        lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        dense = (torch.randn(batch, context, HEADS_KV, HEAD_DIM, device=device, dtype=torch.float16)
+                 for _ in range(2))  # fmt: skip
+        yield label, "kvcache", functools.partial(step, q, *dense, cache_seqlens=lens)
+        pages = -(-context // PAGE)
+        paged = (torch.randn(batch * pages, PAGE, HEADS_KV, HEAD_DIM, device=device, dtype=torch.float16)
+                 for _ in range(2))  # fmt: skip
+        table = torch.randperm(batch * pages, device=device).to(torch.int32).reshape(batch, pages)
+        yield label, "kvcache-paged", functools.partial(step, q, *paged, cache_seqlens=lens,
+                                                        block_table=table)  # fmt: skip
+        k, v = (torch.randn(batch, HEADS_KV, context, HEAD_DIM, device=device, dtype=torch.float16)
+                for _ in range(2))  # fmt: skip
+        yield label, "sdpa", functools.partial(sdpa, q.transpose(1, 2), k, v, enable_gqa=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True)
@@ -76,16 +112,13 @@ def main() -> None:
     device = torch.device("cuda")
     flush = torch.empty(L2_FLUSH_FACTOR * l2_cache_bytes(device) // 4, dtype=torch.int32, device=device)
     rows = []
-    for size in SIZES:
-        a, b = (torch.randn(size, size, device=device, dtype=torch.float16) for _ in range(2))
-        calls = (("llm-speed", lambda a=a, b=b: llm_speed.gemm(a, b)),
-                 ("torch", lambda a=a, b=b: torch.matmul(a, b)))  # fmt: skip
-        for name, fn in calls:
+    for group, calls in (("gemm", gemm_calls(device)), ("decode", decode_calls(device))):
+        for size, name, fn in calls:
             with torch.no_grad():
                 for _ in range(20):
                     fn()
                 torch.cuda.synchronize()
-                row = {"size": size, "impl": name, **in_bench_loop(fn, flush, args.runs),
+                row = {"group": group, "size": size, "impl": name, **in_bench_loop(fn, flush, args.runs),
                        "back_to_back_host_us": back_to_back(fn, args.runs), "kernel_us": kernel_us(fn, 50)}
             rows.append(row)
             print(json.dumps(row), flush=True)
