@@ -448,3 +448,39 @@ def test_cross_entropy_bad_input(kwargs, error, match):
     args = {"logits": torch.ones(3, 4), "target": torch.tensor([0, 1, 2]), **kwargs}
     with pytest.raises(error, match=match):
         cross_entropy(args.pop("logits"), args.pop("target"), **args)
+
+
+def test_a_repeated_linear_call_skips_the_metadata_checks_not_the_values(device, monkeypatch):
+    """A repeated fused_linear_cross_entropy call with the metadata of one checked before goes straight to
+    the implementation (with grad inside the op's autograd node): the same loss and gradients as the checked
+    call, as float64 says; the targets' values are still checked where they may be read."""
+    from call_records import record_checks
+
+    checked = record_checks(monkeypatch, device, ce, "_validate_linear")
+    hidden = torch.randn(12, 32, device=device)
+    weight = torch.randn(80, 32, device=device)
+    target = torch.randint(0, 80, (12,), device=device)
+    target[3] = -100
+    results = []
+    for _ in range(2):
+        h, w = leaves(hidden, weight)
+        loss = fused_linear_cross_entropy(h, w, target, label_smoothing=0.1, lse_square_scale=1e-3)
+        loss.backward()
+        results.append((loss.detach(), h.grad, w.grad))
+    with torch.no_grad():
+        again = fused_linear_cross_entropy(hidden, weight, target, label_smoothing=0.1, lse_square_scale=1e-3)
+    assert len(checked) == 1  # the first call: the others (without grad too: the same op) were kept
+    for first, second in zip(*results, strict=True):
+        assert torch.equal(first, second)
+    assert torch.equal(again, results[0][0])
+    h64, w64 = leaves(hidden, weight, dtype=torch.float64)
+    truth = fused_linear_cross_entropy_reference(h64, w64, target, label_smoothing=0.1, lse_square_scale=1e-3)
+    truth.backward()
+    assert abs(results[1][0].item() - truth.item()) <= 1e-5 * max(1.0, abs(truth.item()))
+    for got, truth in zip(results[1][1:], (h64.grad, w64.grad), strict=True):
+        assert (got.double() - truth).abs().max() <= 1e-4 * max(1.0, truth.abs().max().item())
+    if runtime.check_values(device):
+        bad = target.clone()
+        bad[0] = 80  # same metadata, a value out of range
+        with pytest.raises(ValueError, match="target"):
+            fused_linear_cross_entropy(hidden, weight, bad, label_smoothing=0.1, lse_square_scale=1e-3)

@@ -35,6 +35,7 @@ plain-PyTorch specs are :func:`llm_speed.fused.reference.cross_entropy_reference
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -43,9 +44,9 @@ import triton.language as tl
 from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_int, check_real, positive_int
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.kernel_math import cast, rne_by_hand, tanh
-from ..core.launch import PLAN_CACHE_SIZE, Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from .reference import softcapped
 
@@ -781,10 +782,9 @@ def _backward(ctx, grad, _dz, _dstats):
     return _backward_call(grad, logits, target, class_weight, stats, *ctx.args), *((None,) * 9)
 
 
-_linear_forward_call = autocast.dispatch(
-    Op(_linear_forward_op, linear_forward, setup_context=_linear_setup_context, backward=_linear_backward),
-    autocast.LOWER, (0, 1, 3),
-)
+_linear_forward_plain = Op(_linear_forward_op, linear_forward, setup_context=_linear_setup_context,
+                           backward=_linear_backward)  # fmt: skip
+_linear_forward_call = autocast.dispatch(_linear_forward_plain, autocast.LOWER, (0, 1, 3))
 _forward_call = autocast.dispatch(
     Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
 )
@@ -883,6 +883,26 @@ def fused_linear_cross_entropy(
     :func:`memory_estimate` (a formula, not a measurement). Devices as :func:`llm_speed.rms_norm`.
     Reference: :func:`llm_speed.fused.reference.fused_linear_cross_entropy_reference`.
     """
+    known = None  # the key of a call that _LINEAR_CALLS may serve: no bias, class weights or softcap
+    if (
+        bias is None and ce_weight is None and softcap is None and type(ignore_index) is int
+        and type(reduction) is str and type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0
+        and type(lse_square_scale) is float and 0.0 <= lse_square_scale < math.inf
+        and (return_z_loss is True or return_z_loss is False) and type(loss_dtype) is torch.dtype
+        and (chunk_rows is None or type(chunk_rows) is int) and (mode := plain_call(hidden, weight, target))
+    ):  # fmt: skip
+        known = (hidden.shape, hidden.stride(), hidden.dtype, hidden.device, weight.shape, weight.stride(),
+                 weight.dtype, weight.device, target.shape, target.stride(), target.dtype, target.device,
+                 ignore_index, reduction, label_smoothing, lse_square_scale, return_z_loss, loss_dtype,
+                 chunk_rows)  # fmt: skip
+        checked = _LINEAR_CALLS.get(known)
+        if checked is not None:  # (the implementation checks the targets' values where it may read them)
+            args = (hidden, weight, target, None, None, *checked, reduction, loss_dtype, return_z_loss)
+            if mode == INFERENCE:
+                loss, z, _ = linear_forward(*args)
+            else:  # with grad: the op's autograd node around its implementation
+                loss, z, _ = _linear_forward_plain.checked(linear_forward, *args)
+            return (loss, z) if return_z_loss else loss
     ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
         hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
         softcap, lse_square_scale, return_z_loss, loss_dtype,
@@ -891,7 +911,14 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale, chunk_rows,
         reduction, loss_dtype, return_z_loss,
     )  # fmt: skip
+    if known is not None:
+        _LINEAR_CALLS.put(known, (ignore_index, label_smoothing, softcap, z_scale, chunk_rows))
     return (loss, z) if return_z_loss else loss
+
+
+# fused_linear_cross_entropy calls already checked, by what the checks read, each with the numbers as the op
+# takes them: a repeated call goes straight to the implementation (with grad inside the op's autograd node).
+_LINEAR_CALLS = CallCache()
 
 
 def cross_entropy(
