@@ -1,5 +1,6 @@
 """A/B timings of attention variants in one process, on a GPU: the causal launch order (longest first
-against row order) and the backward (dQ by atomics or by its own kernel; the dK/dV tile) beside cuDNN's.
+against row order) and the backward (dQ by atomics or by its own kernel; the dK/dV tile; dQ tiles added by
+TMA bulk reductions, ``flash.TMA_DQ_ADD``) beside cuDNN's.
 Each variant is a patch of one launcher choice (``flash._launch_order`` or ``flash.attention_config`` for
 "backward"); plans are cleared between variants, and the variants alternate over ``--rounds`` rounds so
 that clock drift hits each the same.
@@ -68,6 +69,18 @@ def backward_tile(tile):
         launch.clear_plans()
 
 
+@contextlib.contextmanager
+def tma_dq_add():
+    """The backward's five-matmul path with dQ tiles added by TMA bulk reductions (flash.TMA_DQ_ADD)."""
+    launch.clear_plans()
+    flash.TMA_DQ_ADD = True
+    try:
+        yield
+    finally:
+        flash.TMA_DQ_ADD = False
+        launch.clear_plans()
+
+
 def qkv(batch, seq, heads=16, head_dim=128, dtype=torch.bfloat16, grad=False):
     return [torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=grad)
             for _ in range(3)]  # fmt: skip
@@ -131,6 +144,13 @@ def main(argv=None) -> int:
                         print(
                             f"backward {mask} {name}: {type(error).__name__}: {str(error)[:200]}", flush=True
                         )
+            with tma_dq_add():
+                out = flash.flash_attention(q, k, v, is_causal=causal)
+                fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
+                    out, inputs, dout, retain_graph=True
+                )
+                fn()
+                record(f"backward {mask} 1x16384 fp16 shipped tma-dq-add", time_ms(fn))
     summary = {name: {"median_ms": statistics.median(runs), "runs": runs} for name, runs in results.items()}
     with open(args.output, "w") as file:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": summary},

@@ -1177,6 +1177,8 @@ def _dkdv_over_queries(
     p_lse,
     p_delta,
     p_dq,
+    dq_desc,
+    dq_row,
     o_n,
     query_start,
     query_end,
@@ -1216,7 +1218,9 @@ def _dkdv_over_queries(
     dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). Every product but dQ's then has
     the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
-    fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own."""
+    fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
+    descriptor ``dq_desc`` over the accumulator's rows (``dq_row``: this head's first) by one TMA bulk
+    reduction per tile instead of an atomic per element."""
     o_d = tl.arange(0, BLOCK_D)
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
@@ -1247,7 +1251,10 @@ def _dkdv_over_queries(
         b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         if ATOMIC_DQ:
             b_dq = dot(tl.trans(b_dst), b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
-            _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+            if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD)
+                dq_desc.atomic_add([(dq_row + start_m).to(tl.int32), 0], b_dq)
+            else:
+                _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
     return b_dk, b_dv
 
 
@@ -1262,6 +1269,7 @@ def _flash_bwd_dkdv_kernel(
     DK,
     DV,
     DQ,
+    DQ_DESC,
     CU_Q,
     CU_K,
     SEQUSED_K,
@@ -1365,27 +1373,29 @@ def _flash_bwd_dkdv_kernel(
         p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
+        dq_row = bh * seq_q  # (TMA_DQ_ADD: this head's first row of the accumulator, dense)
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, lo, left_end, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
-            rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, lo, left_end,
+            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
+            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
+            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_lo, mid_hi, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
-            rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M or WHOLE_INTERIOR,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
+            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
+            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
+            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+            EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, o_n, mid_hi, hi, stride_qm, stride_dom,
-            stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
-            rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
+            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
+            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
+            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
@@ -2079,8 +2089,14 @@ def _backward_plans(
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
     dk_strides = _contiguous_strides(k_shape)
+    tma_dq = None  # TMA_DQ_ADD: dQ tiles added by TMA bulk reductions (whole query blocks, dense)
+    if atomic and TMA_DQ_ADD and hardware.has_tma and not runtime.INTERPRETED and not varlen and even_d:
+        rows = q_shape[0] * q_shape[1] * seq_q
+        if seq_q % cfg.block_m == 0 and rows < 2**31:
+            tma_dq = Descriptor((rows, head_dim), (head_dim, 1), (cfg.block_m, block_d))
     dkdv = BACKWARD_DKDV.plan(
         grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
+        DQ_DESC=tma_dq,
         heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
         EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -2137,9 +2153,14 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     alibi = delta if alibi_slopes is None else alibi_slopes
     rng = delta if rng is None else rng
     used = delta if seqused_k is None else seqused_k
-    dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q, CU_K=cu_k,
-                SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
-                dropout_p=dropout_p)  # fmt: skip
+    if dkdv.descriptors:  # TMA_DQ_ADD: the accumulator through its descriptor too
+        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, DQ_DESC=dq_acc,
+                    CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                    dropout_p=dropout_p)  # fmt: skip
+    else:
+        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q,
+                    CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                    dropout_p=dropout_p)  # fmt: skip
     if deterministic:
         dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
                        SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
@@ -2319,14 +2340,26 @@ def forward(
                              alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
+# An experiment for the next lent GPU (off until measured): where the tier computes dQ in its own kernel by
+# default (Hopper: Tier.dq_kernel), the default backward takes the five-matmul path instead, each dQ tile
+# added by one TMA bulk reduction (Triton's tensor_descriptor.atomic_add: cp.reduce.async.bulk) rather
+# than 8192 element atomics. Compiled for sm_90a (Triton 3.6, d = 128, 64 x 64 x 4 warps) the dK/dV
+# kernel's interior loop holds 1 UTMAREDG and 6 spill loads (the element atomics' version: 31 spill
+# instructions), 137 KiB of shared memory; docs/notes/attention-overlap.md. Dense, whole query blocks only;
+# compiled kernels only (the interpreter has no descriptor reduction). Set it before the first backward
+# (plans are cached).
+TMA_DQ_ADD = False
+
+
 def deterministic_backward(deterministic: bool, device: torch.device) -> bool:
     """Whether a backward on ``device`` computes dQ in a kernel of its own (the deterministic path): asked
     for, PyTorch's deterministic mode is on (``torch.use_deterministic_algorithms(True)``, read when the
-    backward runs: PyTorch's convention), or the device's tier does by default (:attr:`Tier.dq_kernel`)."""
+    backward runs: PyTorch's convention), or the device's tier does by default (:attr:`Tier.dq_kernel`;
+    not with :data:`TMA_DQ_ADD`)."""
     return (
         deterministic
         or torch.are_deterministic_algorithms_enabled()
-        or tier_for(hardware_of(device)).dq_kernel
+        or (tier_for(hardware_of(device)).dq_kernel and not TMA_DQ_ADD)
     )
 
 
