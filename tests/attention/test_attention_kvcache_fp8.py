@@ -418,3 +418,28 @@ def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkey
         info = decode._plans.cache_info()
     assert info.misses == 5  # (a plain call's plans are looked up once more, to be kept by its metadata)
     assert ran == {decode.KERNEL_APPEND: 7, decode.KERNEL_DECODE: 7}
+
+
+def test_a_repeated_fp8_step_skips_the_checks(monkeypatch):
+    """With the value checks off (as for CUDA tensors) a repeated fp8 step (one token appended, quantized by
+    the descales) is served from the calls checked before: no check, the same output and cache bytes; a
+    descale of another layout is checked, and every metadata error is still raised."""
+    from call_records import record_checks
+
+    checked = record_checks(monkeypatch, torch.device("cpu"), decode, "_check_descales")
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    call = _fp8_call()
+    again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
+    first = flash_attention_with_kvcache(**call)
+    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=torch.device("cpu")):
+        out = flash_attention_with_kvcache(**again)
+    assert len(checked) == 1 and len(decode._DECODE_CALLS) == 1
+    assert torch.equal(out, first)
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(_bytes(again[name]), _bytes(call[name]))
+    flash_attention_with_kvcache(**dict(call, v_descale=torch.full((2, 2), 0.05)))  # another layout: checked
+    assert len(checked) == 2
+    for change, error, match in BAD:
+        if "finite and > 0" not in match:  # (a value check: off here)
+            with pytest.raises(error, match=match):
+                flash_attention_with_kvcache(**{**call, **change})

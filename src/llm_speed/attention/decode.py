@@ -1103,7 +1103,7 @@ _DECODE_CALLS = CallCache()
 
 
 def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
-                     return_lse) -> tuple:  # fmt: skip
+                     return_lse, k_descale, v_descale) -> tuple:  # fmt: skip
     """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags (spelled out: a loop over
     the tensors costs 0.6 us more a call)."""
     key = (
@@ -1116,6 +1116,9 @@ def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_c
         key += (k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)
     if block_table is not None:
         key += (block_table.shape, block_table.stride(), block_table.dtype, block_table.device)
+    if k_descale is not None:
+        key += (k_descale.shape, k_descale.stride(), k_descale.dtype, k_descale.device, v_descale.shape,
+                v_descale.stride(), v_descale.dtype, v_descale.device)  # fmt: skip
     return key
 
 
@@ -1241,24 +1244,26 @@ def flash_attention_with_kvcache(
     function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
     ``softcap=None`` and ``window=None`` here.
     """
-    known = None  # the key of a call that _DECODE_CALLS may serve: a plain decode step
+    known = None  # the key of a call that _DECODE_CALLS may serve: a plain decode step (an fp8 cache too)
     if (
         window is None and softcap is None and cache_batch_idx is None and cache_leftpad is None
-        and rotary_cos is None and rotary_sin is None and alibi_slopes is None and k_descale is None
-        and v_descale is None and rotary_interleaved is True and type(num_splits) is int and num_splits >= 0
+        and rotary_cos is None and rotary_sin is None and alibi_slopes is None
+        and (k_descale is None) == (v_descale is None) and rotary_interleaved is True
+        and type(num_splits) is int and num_splits >= 0
         and (is_causal is True or is_causal is False) and (return_lse is True or return_lse is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and type(cache_seqlens) is torch.Tensor and (k is None) == (v is None)
-        and plain_inference(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+        and plain_inference(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
         and not runtime.check_values(q.device)
     ):  # fmt: skip
         known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
-                                 return_lse)  # fmt: skip
+                                 return_lse, k_descale, v_descale)  # fmt: skip
         plans = _DECODE_CALLS.get(known)
         if plans is not None:
             scale = check_scale(None, q) if scale is None else scale
+            extra = _NOTHING if k_descale is None else {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
             out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
-                            0 if is_causal else None, None, _NOTHING)  # fmt: skip
+                            0 if is_causal else None, None, extra)  # fmt: skip
             return (out, lse) if return_lse else out
     fp8 = _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
@@ -1299,7 +1304,7 @@ def flash_attention_with_kvcache(
         q = tensors.last_dim_contiguous(q)
     if k is not None and (k.stride()[3] != 1 or v.stride()[3] != 1):
         k, v = tensors.last_dim_contiguous(k), tensors.last_dim_contiguous(v)
-    if optional or fp8:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
+    if optional:  # the kernels read these contiguous (flash-attn requires it): a small copy if not
         if cache_batch_idx is not None and not cache_batch_idx.is_contiguous():
             cache_batch_idx = cache_batch_idx.contiguous()
         if cache_leftpad is not None and not cache_leftpad.is_contiguous():
@@ -1319,11 +1324,21 @@ def flash_attention_with_kvcache(
         # the LSE's stores compiled out unless it is asked for)
         plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
                                num_splits)  # fmt: skip
+        extra, cache_key = _NOTHING, ()  # an fp8 cache: its descales (forward()'s plan arguments for them)
+        if fp8:
+            extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
+            descales = (_descale_strides(k_descale), _descale_strides(v_descale))
+            cache_key = (False, False, None, None, (k_cache.dtype, *descales))
         # (lse passed only when False: forward() leaves it out, and so shares the plans with LSE)
-        plans = _plans(*plan_args) if return_lse else _plans(*plan_args, lse=False)
+        plans = _plans(*plan_args, *cache_key) if return_lse else _plans(*plan_args, *cache_key, lse=False)
         _DECODE_CALLS.put(known, plans)
         out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
-                        None, _NOTHING)  # fmt: skip
+                        None, extra)  # fmt: skip
+    elif fp8:
+        out, lse = _kvcache_call(
+            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
+            None, None, None, None, True, None, k_descale, v_descale,
+        )  # fmt: skip
     else:
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits
