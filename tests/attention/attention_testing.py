@@ -118,3 +118,20 @@ def check_against_reference(
         factor = OUTPUT_FACTOR if i < 2 else GRAD_FACTOR
         assert_error_rule(name, value, same[i], truth[i], factor, dtype)
     return got
+
+
+def repeat_decode_step(call: dict, checked: list) -> None:
+    """Run the decode step ``call`` (keywords of flash_attention_with_kvcache, one token appended) twice, on
+    equal copies of its caches: the second is served from the calls already checked (no new entry in
+    ``checked``, the append and attention kernels launched), with the first's output and cache bytes."""
+    from llm_speed.attention import decode
+
+    again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
+    first = decode.flash_attention_with_kvcache(**call)
+    seen = len(checked)
+    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=call["q"].device):
+        out = decode.flash_attention_with_kvcache(**again)
+    assert len(checked) == seen and len(decode._DECODE_CALLS) == 1
+    assert torch.equal(out, first)
+    for name in ("k_cache", "v_cache"):  # bitwise (an fp8 cache compared as bytes)
+        assert torch.equal(again[name].view(torch.uint8), call[name].view(torch.uint8))

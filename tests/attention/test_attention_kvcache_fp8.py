@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
+from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches, repeat_decode_step
 
 from host_reads import host_reads_raise
 from llm_speed.attention import decode
@@ -429,14 +429,8 @@ def test_a_repeated_fp8_step_skips_the_checks(monkeypatch):
     checked = record_checks(monkeypatch, torch.device("cpu"), decode, "_check_descales")
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     call = _fp8_call()
-    again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
-    first = flash_attention_with_kvcache(**call)
-    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=torch.device("cpu")):
-        out = flash_attention_with_kvcache(**again)
-    assert len(checked) == 1 and len(decode._DECODE_CALLS) == 1
-    assert torch.equal(out, first)
-    for name in ("k_cache", "v_cache"):
-        assert torch.equal(_bytes(again[name]), _bytes(call[name]))
+    repeat_decode_step(call, checked)
+    assert len(checked) == 1
     flash_attention_with_kvcache(**dict(call, v_descale=torch.full((2, 2), 0.05)))  # another layout: checked
     assert len(checked) == 2
     for change, error, match in BAD:
