@@ -95,7 +95,11 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-backward", action="store_true")
+    parser.add_argument("--skip-launch-order", action="store_true")
+    parser.add_argument("--backward-tiles", choices=("all", "shipped"), default="all",
+                        help="the dK/dV tiles of the backward rows: shipped, or all")  # fmt: skip
     args = parser.parse_args(argv)
+    tiles = BACKWARD_TILES if args.backward_tiles == "all" else ("shipped",)
     if not torch.cuda.is_available():
         print("attention_ab.py: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
         print(f"{name}: {ms:.4f} ms", flush=True)
 
     for _ in range(args.rounds):
-        for batch, seq in LAUNCH_SHAPES:
+        for batch, seq in () if args.skip_launch_order else LAUNCH_SHAPES:
             q, k, v = qkv(batch, seq)
             for lpt in (True, False):
                 with launch_order(lpt), torch.no_grad():
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
                 fn()
                 record(f"backward {mask} 1x16384 fp16 sdpa-cudnn", time_ms(fn))
             for deterministic in (False, True):
-                for tile in BACKWARD_TILES:
+                for tile in tiles:
                     name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
                     name += " deterministic" if deterministic else " atomic"
                     try:

@@ -12,6 +12,9 @@
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
+#   probe   the questions of docs/notes/gpu-speed-plan.md 5.8: host time against kernel time inside the
+#           bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps) and the backward's A/B
+#           (benchmarks/attention_ab.py: the dQ-kernel path, dQ by TMA reductions, cuDNN)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -44,10 +47,11 @@ quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=440; DEFAULT_WORKERS=1 ;;
 fused) BUDGET=460; DEFAULT_WORKERS=1 ;;
-*) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2; exit 2 ;;
+probe) BUDGET=440; DEFAULT_WORKERS=1 ;;
+*) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused|probe OUTDIR" >&2; exit 2 ;;
 esac
 if [ "$MODE" = dry ]; then OUT=OUTDIR; elif [ $# -ne 2 ]; then
-    echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused OUTDIR" >&2
+    echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused|probe OUTDIR" >&2
     exit 2
 else
     OUT=$2
@@ -238,6 +242,16 @@ fused)
     sub bench_ops 210 "$PY" benchmarks/gpu_bench.py ops "$RAW" "${CHECK[@]}"
     sub bench_train_step 130 "$PY" benchmarks/gpu_bench.py train-step "$RAW" "${CHECK[@]}"
     sub bench_moe 120 "$PY" benchmarks/gpu_bench.py moe "$RAW" "${CHECK[@]}"
+    ;;
+probe)
+    if [ "$MODE" = check ]; then  # (both need CUDA: on the CPU, their command lines only)
+        sub host_in_bench 60 "$PY" benchmarks/host_in_bench.py --help
+        sub attention_ab 60 "$PY" benchmarks/attention_ab.py --help
+    else
+        sub host_in_bench 150 "$PY" benchmarks/host_in_bench.py --output "$RAW/host_in_bench.json"
+        sub attention_ab 280 "$PY" benchmarks/attention_ab.py --skip-launch-order --backward-tiles shipped \
+            --output "$RAW/attention_ab.json"
+    fi
     ;;
 esac
 

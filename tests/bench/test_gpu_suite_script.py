@@ -21,7 +21,7 @@ needs_bash = pytest.mark.skipif(
 )
 
 
-STEPS = ("quick", "tests", "bench", "fused")
+STEPS = ("quick", "tests", "bench", "fused", "probe")
 # A device command may run 600 s; the machine's start (about 90 s) is not counted in it (it is in the
 # session's 30 device minutes). 540 s keeps a minute of margin.
 DEVICE_COMMAND_LIMIT_S = 540
@@ -67,6 +67,9 @@ def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
             )
     elif step == "bench":
         assert "does not parse" not in result.stdout and result.stdout.count("parses: llm-speed") >= 15
+    elif step == "probe":  # the scripts import and parse their options (they need CUDA to run)
+        assert {s["step"] for s in summary["steps"]} == {"host_in_bench", "attention_ab"}
+        assert "--output" in logs["host_in_bench.log"] and "--backward-tiles" in logs["attention_ab.log"]
     else:
         assert {s["step"] for s in summary["steps"]} == {"bench_ops", "bench_train_step", "bench_moe"}
         assert "does not parse" not in result.stdout
@@ -172,6 +175,6 @@ def test_plan_lists_each_command_with_a_timeout_that_fits():
         timeout_s, budget_s = int(row.group(1)), int(budget.group(1))
         assert budget_s + overhead_s + 30 <= timeout_s <= 600, step
         assert budget_s + overhead_s <= DEVICE_COMMAND_LIMIT_S, step
-        if step != "fused":
+        if step not in ("fused", "probe"):  # (optional steps: each fits one command on its own)
             total += start_s + budget_s + overhead_s
     assert total <= 25 * 60
