@@ -212,3 +212,39 @@ def test_bad_input(args, error, match):
     q, k, cos, sin = (args.pop(name) for name in ("q", "k", "cos", "sin"))
     with pytest.raises(error, match=match):
         apply_rotary_qk(q, k, cos, sin, **args)
+
+
+def test_a_repeated_call_skips_the_checks(device, monkeypatch):
+    """A repeated call with Hugging Face's per-position cos/sin and the metadata of one checked before
+    launches the kept plan: in inference directly, with grad inside the op's autograd node; the same outputs
+    and gradients, as float64 says; cos that requires grad is still refused."""
+    from call_records import record_checks
+
+    checked = record_checks(monkeypatch, device, rotary_qk_module, "_validate")
+    q = torch.randn(2, 4, 9, 32, device=device, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 9, 32, device=device, dtype=torch.bfloat16)
+    cos, sin = (torch.randn(2, 9, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    with torch.no_grad():
+        first = apply_rotary_qk(q, k, cos, sin)
+        with expect_launches(rotary_qk_module.KERNEL.name, device=device):
+            again = apply_rotary_qk(q.clone(), k.clone(), cos, sin)
+    results = []
+    for _ in range(2):
+        lq, lk = leaves(q, k)
+        oq, ok = apply_rotary_qk(lq, lk, cos, sin)
+        torch.autograd.backward((oq, ok), (dq, dk))
+        results.append((oq.detach(), ok.detach(), lq.grad, lk.grad))
+    assert len(checked) == 1  # the first call: the others (with grad too: the same launch) were kept
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    q64, k64 = leaves(q, k, dtype=torch.float64)
+    truth = apply_rotary_qk_reference(q64, k64, cos.double(), sin.double())
+    torch.autograd.backward(truth, (dq.double(), dk.double()))
+    same = apply_rotary_qk_reference(q, k, cos, sin)
+    for i, name in enumerate(("q", "k")):
+        assert_error_rule(name, results[1][i], same[i], truth[i], OUTPUT_FACTOR, torch.bfloat16)
+    assert (results[1][2].double() - q64.grad).abs().max() <= 2e-2 * q64.grad.abs().max()
+    with pytest.raises(ValueError, match="cos and sin get no gradient"):
+        apply_rotary_qk(q, k, cos.clone().requires_grad_(), sin)

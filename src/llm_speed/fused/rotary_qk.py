@@ -29,9 +29,9 @@ import triton.language as tl
 from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag
 from ..core.config import KernelConfig
-from ..core.dispatch import Op
+from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.kernel_math import cast, rne_by_hand
-from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import check_same_device, check_tensor
 from .reference import apply_rotary_qk_reference, rotary_qk_backward_reference
 
@@ -217,18 +217,36 @@ def _launch(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved, backward):
     q, k = tensors.last_dim_contiguous(q), tensors.last_dim_contiguous(k)
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # the kernel reads both with cos's strides
         cos, sin = cos.contiguous(), sin.contiguous()
+    plan = _plan_of(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved, backward)
+    return _launch_plan(plan, q, k, cos, sin, position_ids)
+
+
+def _plan_of(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved, backward) -> Plan:
+    """The plan of a launch on q and k with contiguous last dims and cos/sin of one stride."""
+    has_positions = position_ids is not None
     batch = q.shape[0]
-    plan = _plan(
+    return _plan(
         tuple(q.shape), tuple(k.shape), unsqueeze_dim, cos.shape[-1] // 2, (q.stride(), k.stride()),
         _cos_strides(cos, batch, has_positions),
-        _pos_strides(position_ids, batch) if has_positions else None, table_rows, interleaved, backward,
+        _pos_strides(position_ids, batch) if has_positions else None, cos.shape[-2], interleaved, backward,
         (q.dtype, k.dtype, cos.dtype, sin.dtype, position_ids.dtype if has_positions else None), q.device,
     )  # fmt: skip
+
+
+def _launch_plan(plan: Plan, q, k, cos, sin, position_ids):
+    """Allocate (q out, k out) and launch ``plan``."""
     oq = tensors.new_output(q.shape, q.dtype, q.device)
     ok = tensors.new_output(k.shape, k.dtype, k.device)
-    plan.launch(q_ptr=q, k_ptr=k, cos_ptr=cos, sin_ptr=sin, pos_ptr=position_ids if has_positions else cos,
-                oq_ptr=oq, ok_ptr=ok)  # fmt: skip
+    positions = cos if position_ids is None else position_ids  # (without positions: never read)
+    plan.launch(q_ptr=q, k_ptr=k, cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, oq_ptr=oq, ok_ptr=ok)
     return oq, ok
+
+
+def _forward_kept(plan: Plan, q, k, cos, sin, position_ids, unsqueeze_dim: int, interleaved: bool):
+    """:func:`forward` of a call kept in :data:`_ROTARY_QK_CALLS` (the op's arguments; the plan fixes the
+    others)."""
+    runtime.report_work("apply_rotary_qk", q=q, k=k, cos=cos)
+    return _launch_plan(plan, q, k, cos, sin, position_ids)
 
 
 def forward(q, k, cos, sin, position_ids, unsqueeze_dim: int, interleaved: bool):
@@ -299,9 +317,8 @@ def _backward(ctx, dq_out, dk_out):
     return dq, dk, None, None, None, None, None
 
 
-_forward_call = autocast.dispatch(
-    Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
-)
+_forward_plain = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+_forward_call = autocast.dispatch(_forward_plain, autocast.KEEP)
 
 
 # --- public function ------------------------------------------------------------------------------------
@@ -396,5 +413,30 @@ def apply_rotary_qk(
     ``torch.autocast`` nothing is cast (an elementwise op). Devices as :func:`llm_speed.rms_norm`. Reference:
     :func:`llm_speed.fused.reference.apply_rotary_qk_reference`.
     """
+    known = None  # the key of a call that _ROTARY_QK_CALLS may serve: per-position cos/sin (Hugging Face's)
+    if (
+        position_ids is None and type(unsqueeze_dim) is int and (interleaved is True or interleaved is False)
+        and (mode := plain_call(q, k, cos, sin)) and not (cos.requires_grad or sin.requires_grad)
+    ):  # fmt: skip
+        known = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, cos.shape,
+                 cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
+                 unsqueeze_dim, interleaved)  # fmt: skip
+        run = _ROTARY_QK_CALLS.get(known)
+        if run is not None and mode == INFERENCE:
+            return run(q, k, cos, sin, None, unsqueeze_dim, interleaved)
+        if run is not None:  # with grad: the op's autograd node around the kept launch
+            return _forward_plain.checked(run, q, k, cos, sin, None, unsqueeze_dim, interleaved)
     position_ids, interleaved = _validate(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved)
-    return _forward_call(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved)
+    out = _forward_call(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved)
+    if (
+        known is not None and q.numel() + k.numel() and runtime.triton_runs_on(q.device)
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride() == sin.stride() and cos.stride(-1) == 1
+    ):  # fmt: skip  (what forward() launched, with nothing copied)
+        plan = _plan_of(q, k, cos, sin, None, unsqueeze_dim, interleaved, False)
+        _ROTARY_QK_CALLS.put(known, functools.partial(_forward_kept, plan))
+    return out
+
+
+# apply_rotary_qk calls already checked (per-position cos/sin), by what the checks and the plan read: a
+# repeated call launches the kept plan, with grad inside the op's autograd node (Op.checked).
+_ROTARY_QK_CALLS = CallCache()
