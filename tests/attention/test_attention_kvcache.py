@@ -537,7 +537,7 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
         torch.device("cpu"), options.get("batch_idx", False), options.get("leftpad", False), rotary, alibi,
-        (options["fp8"], (0, 1), (0, 1)) if "fp8" in options else None,
+        (options["fp8"], (0, 1), (0, 1)) if "fp8" in options else None, lse=True,
     )
     assert combine is not None, "a split variant is meant"
     io = dict(K_CACHE="*" + cache_element, V_CACHE="*" + cache_element, CACHE_SEQLENS="*i32",

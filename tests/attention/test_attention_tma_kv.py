@@ -15,7 +15,7 @@ from llm_speed.core import launch
 
 def _plan(q, k, v, is_causal=False):
     key = flash._dense_plan_key(q, k, v, is_causal, False, None, None, False, False, 0, False)
-    return flash._forward_plan(*key, aligned=launch.tma_aligned(k, v))
+    return flash._forward_plan(*key, aligned=launch.tma_aligned(k, v), lse=True)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -56,7 +56,7 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     q64, k64, v64 = make_qkv(1, 2, 2, 128, 256, 64, torch.float16, device)
     assert not _plan(q64, k64, v64).descriptors
     key = flash._dense_plan_key(q, k, v, True, False, None, None, False, False, 1, True)
-    assert not flash._forward_plan(*key, aligned=True).descriptors
+    assert not flash._forward_plan(*key, aligned=True, lse=True).descriptors
     expected = flash_attention(q, k, v)
     for k_other, v_other in ((k_s, v_s), (k_off, v)):
         torch.testing.assert_close(flash_attention(q, k_other, v_other), expected, rtol=0, atol=0)

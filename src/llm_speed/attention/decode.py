@@ -524,14 +524,15 @@ def _plans(
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
     has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
-    rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None,
-    lse: bool = True,
+    rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None, *,
+    lse: bool,
 ) -> tuple:
     """(append plan or None, attention plan or None, combine plan or None, shape of out, shape of the LSE or
     None when ``lse`` is False (not asked for: its stores are compiled out), elements of the float32
     workspace of the split partials or 0 (no split)) of one problem class; shapes are plain tuples (cheaper
-    to allocate from than a torch.Size). ``new_strides`` = (k's strides, v's strides) when there are new
-    tokens. The optional inputs (contiguous):
+    to allocate from than a torch.Size); every caller spells ``lse``, so that a class's plans have one key
+    however they are asked for. ``new_strides`` = (k's strides, v's strides) when there are new tokens. The
+    optional inputs (contiguous):
     ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
     (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
     slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
@@ -667,6 +668,15 @@ def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rot
     return extra, keys
 
 
+def _cache_inputs(k_cache, k_descale, v_descale) -> tuple[dict, tuple]:
+    """:func:`_optional_inputs` of a call with no optional input but an fp8 cache's descales (or none: a
+    16-bit cache), without its work."""
+    if k_descale is None:
+        return _NOTHING, ()
+    fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+    return {"K_DESCALE": k_descale, "V_DESCALE": v_descale}, (False, False, None, None, fp8)
+
+
 def _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, capped: bool,
                num_splits: int) -> tuple:  # fmt: skip
     """:func:`_plans`'s arguments but the optional inputs'."""
@@ -701,18 +711,13 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right,
                            softcap is not None, num_splits)  # fmt: skip
     plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
-    if plain and k_descale is None:
-        extra = _NOTHING
-        plans = _plans(*plan_args)
-    elif plain:  # an fp8 cache alone (the serving case): its key without the other options' work
-        extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
-        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
-        plans = _plans(*plan_args, False, False, None, None, fp8)
+    if plain:  # a 16-bit cache, or an fp8 cache alone (the serving case): no other option's work
+        extra, optional_keys = _cache_inputs(k_cache, k_descale, v_descale)
     else:
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
                                                 rotary_interleaved, alibi_slopes, k_cache, k_descale,
                                                 v_descale)  # fmt: skip
-        plans = _plans(*plan_args, *optional_keys)
+    plans = _plans(*plan_args, *optional_keys, lse=True)
     return _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left,
                 window_right, softcap, extra, cache_leftpad, alibi_slopes)  # fmt: skip
 
@@ -1096,9 +1101,10 @@ def _check_values(cache_seqlens, seq_new: int, capacity: int, k_cache, block_tab
             raise ValueError("block_table maps the new tokens of two sequences to the same cache slot")
 
 
-# Plain decode calls already checked (no optional input, a 16-bit cache, cache_seqlens a tensor, the values
-# of index tensors not read: CUDA tensors by default), by what the checks and the plans read: a repeated step
-# with the same metadata skips the checks and the op's layers (append, report, outputs and attention remain).
+# Plain decode calls already checked (no optional input but an fp8 cache's descales, cache_seqlens a tensor,
+# the values of index tensors not read: CUDA tensors by default), by what the checks and the plans read: a
+# repeated step with the same metadata skips the checks and the op's layers (append, report, outputs and
+# attention remain).
 _DECODE_CALLS = CallCache()
 
 
@@ -1313,31 +1319,22 @@ def flash_attention_with_kvcache(
             rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
         if alibi_slopes is not None and not alibi_slopes.is_contiguous():
             alibi_slopes = alibi_slopes.contiguous()
-        out, lse = _kvcache_call(
-            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
-            cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
-            k_descale, v_descale,
-        )  # fmt: skip
-    elif known is not None and given[0] is q and given[1] is k and given[2] is v and runtime.triton_runs_on(
+    if known is not None and given[0] is q and given[1] is k and given[2] is v and runtime.triton_runs_on(
         q.device
     ):  # a plain inference step, nothing copied: what the op would run, kept for the next such call (with
         # the LSE's stores compiled out unless it is asked for)
         plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
                                num_splits)  # fmt: skip
-        extra, cache_key = _NOTHING, ()  # an fp8 cache: its descales (forward()'s plan arguments for them)
-        if fp8:
-            extra = {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
-            descales = (_descale_strides(k_descale), _descale_strides(v_descale))
-            cache_key = (False, False, None, None, (k_cache.dtype, *descales))
-        # (lse passed only when False: forward() leaves it out, and so shares the plans with LSE)
-        plans = _plans(*plan_args, *cache_key) if return_lse else _plans(*plan_args, *cache_key, lse=False)
+        extra, optional_keys = _cache_inputs(k_cache, k_descale, v_descale)
+        plans = _plans(*plan_args, *optional_keys, lse=return_lse)
         _DECODE_CALLS.put(known, plans)
         out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
                         None, extra)  # fmt: skip
-    elif fp8:
+    elif optional or fp8:
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,
-            None, None, None, None, True, None, k_descale, v_descale,
+            cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
+            k_descale, v_descale,
         )  # fmt: skip
     else:
         out, lse = _kvcache_call(

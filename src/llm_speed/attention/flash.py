@@ -1987,7 +1987,7 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None, v_transposed=False, aligned=False, lse=True,
+    descales=None, v_transposed=False, aligned=False, *, lse: bool,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
@@ -1998,7 +1998,8 @@ def _forward_plan(
     comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
     ``aligned`` (dense 16-bit): K's and V's base addresses are 16-byte aligned, so that the interior loop may
     load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per call).
-    ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call)."""
+    ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call); every
+    caller spells it, so that a class's plan has one key however it is asked for."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -2236,9 +2237,9 @@ def attention_forward(
                           two_pass, _alibi_dims(alibi_slopes), dropout_p > 0.0)  # fmt: skip
     # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
     if descales is None:
-        plan = _forward_plan(*key, aligned=tma_aligned(k, v))
+        plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=True)
     else:
-        plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True)
+        plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True, lse=True)
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
     softcap = 1.0 if softcap is None else softcap
     if descales is None and alibi_slopes is None and rng is None:  # the common call: five tensors
@@ -2299,9 +2300,7 @@ class _DenseCall:
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
         key = _dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0, False)
-        # (lse passed only when False: the op's own calls leave it out, and so share the plan with LSE)
-        options = {"aligned": tma_aligned(k, v)} if lse else {"aligned": tma_aligned(k, v), "lse": False}
-        self.plan = _forward_plan(*key, **options)
+        self.plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=lse)  # (with LSE: the op's own plan)
 
     def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
@@ -2450,7 +2449,7 @@ def varlen_forward(
                          window_left, window_right, softcap is not None, False, True, scale < 0.0,
                          _alibi_dims(alibi_slopes), dropout_p > 0.0, device, seqused_k is not None,
                          block_table.shape if paged else None, block_table.stride() if paged else None,
-                         _descale_key(descales))  # fmt: skip
+                         _descale_key(descales), lse=True)  # fmt: skip
     out = tensors.new_output(shape, out_dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:

@@ -96,28 +96,21 @@ def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable 
     """The op's ``autograd.Function``; ``run_last``: its forward runs the function passed after the
     implementation's arguments instead (:meth:`Op.checked`; last, so that ``ctx.needs_input_grad`` keeps its
     indices), and its backward gives that argument no gradient."""
-    if run_last:
 
-        def forward(ctx, *args):
-            output = args[-1](*args[:-1])
-            if setup_context is not None:
-                setup_context(ctx=ctx, inputs=args[:-1], output=output)
-            return output
+    def forward(ctx, *args):
+        run = impl
+        if run_last:
+            run, args = args[-1], args[:-1]
+        output = run(*args)
+        if setup_context is not None:
+            setup_context(ctx=ctx, inputs=args, output=output)
+        return output
 
-        def backward_(ctx, *grads):
-            given = backward(ctx, *grads)
-            return (*given, None) if type(given) is tuple else (given, None)
-
-    else:
-
-        def forward(ctx, *args):
-            output = impl(*args)
-            if setup_context is not None:
-                setup_context(ctx=ctx, inputs=args, output=output)
-            return output
-
-        def backward_(ctx, *grads):
-            return backward(ctx, *grads)
+    def backward_(ctx, *grads):
+        given = backward(ctx, *grads)
+        if not run_last:
+            return given
+        return (*given, None) if type(given) is tuple else (given, None)
 
     name = getattr(library_op, "_name", getattr(impl, "__name__", "op")).replace("::", "_")
     return type(

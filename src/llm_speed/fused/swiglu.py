@@ -130,7 +130,11 @@ def launch_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Te
     if n == 0 or not runtime.triton_runs_on(gate.device):
         ct = compute_dtype(gate.dtype)
         return (_activation_torch(gate.to(ct), gelu)[0] * up.to(ct)).to(gate.dtype)
-    plan = _plan(FORWARD, n, gelu, (gate.dtype, up.dtype), gate.device)
+    return _launch_plan(_plan(FORWARD, n, gelu, (gate.dtype, up.dtype), gate.device), gate, up)
+
+
+def _launch_plan(plan: Plan, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Allocate the output and launch the forward ``plan``."""
     out = tensors.new_output(gate.shape, gate.dtype, gate.device)
     plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
     return out
@@ -229,9 +233,7 @@ class GatedActivation:
 def _launch_kept(row: str, plan: Plan, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The forward of a call :class:`GatedActivation` kept: report, allocate, launch ``plan``."""
     runtime.report_work(row, gate=gate)
-    out = tensors.new_output(gate.shape, gate.dtype, gate.device)
-    plan.launch(gate_ptr=gate, up_ptr=up, out_ptr=out)
-    return out
+    return _launch_plan(plan, gate, up)
 
 
 _forward_call = gated_activation(gelu=False)
