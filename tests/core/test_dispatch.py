@@ -72,3 +72,65 @@ def test_checked_records_the_ops_node_around_run(needs):
         assert (got is None and expected is None) or torch.equal(got, expected)
     inputs = x.detach().requires_grad_(), y.detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b: _op.checked(run, a, b, 0.5), inputs)
+
+
+@torch.library.custom_op("llm_speed_test::product_and_norm", mutates_args=())
+def _product_and_norm_op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * y, (x * y).norm().reshape(1)
+
+
+@_product_and_norm_op.register_fake
+def _(x, y):
+    return torch.empty_like(x), x.new_empty(1)
+
+
+def _two_outputs_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.mark_non_differentiable(output[1])
+
+
+_backward_grads = []
+
+
+def _two_outputs_backward(ctx, grad, grad_norm):
+    _backward_grads.append((grad, grad_norm))
+    x, y = ctx.saved_tensors
+    return grad * y, grad * x
+
+
+_two_outputs = Op(_product_and_norm_op, lambda x, y: _product_and_norm_op._init_fn(x, y),
+                  setup_context=_two_outputs_setup, backward=_two_outputs_backward)  # fmt: skip
+
+
+class _NoGradient(torch.autograd.Function):
+    """Identity whose backward gives its input no gradient (None), as a backward may."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["op", "checked"])
+def test_outputs_nobody_differentiates_get_none_not_zeros(checked):
+    """An output no gradient reaches (an op's statistics: an LSE, an rstd) reaches the backward as None,
+    never as a tensor of zeros (an allocation and a memset launch per backward on a GPU); when no output's
+    gradient is defined, the op's backward is not called and no input gets a gradient."""
+    _backward_grads.clear()
+    x, y = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out, norm = _two_outputs.checked(_product_and_norm_op._init_fn, x, y) if checked else _two_outputs(x, y)
+    assert not norm.requires_grad
+    out.backward(torch.ones(4, dtype=torch.float64))
+    [(grad, grad_norm)] = _backward_grads
+    assert grad_norm is None and torch.equal(grad, torch.ones(4, dtype=torch.float64))
+    assert torch.equal(x.grad, y.detach()) and torch.equal(y.grad, x.detach())
+
+    _backward_grads.clear()
+    x2, y2 = (t.detach().requires_grad_() for t in (x, y))
+    out2, _ = _two_outputs.checked(_product_and_norm_op._init_fn, x2, y2) if checked else _two_outputs(x2, y2)
+    other = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    (_NoGradient.apply(out2) + other).sum().backward()
+    assert _backward_grads == [] and x2.grad is None and y2.grad is None and other.grad is not None

@@ -95,6 +95,7 @@ from .checks import (
     check_window,
     descale_fine,
     suggest_keywords,
+    unknown_keywords,
 )
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -1152,6 +1153,7 @@ def flash_attention_with_kvcache(
     alibi_slopes: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    **unknown,
 ):
     """Attention of new queries over a KV cache, dense or paged, appending new keys/values in place.
 
@@ -1250,6 +1252,8 @@ def flash_attention_with_kvcache(
     function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled
     ``softcap=None`` and ``window=None`` here.
     """
+    if unknown:
+        unknown_keywords(flash_attention_with_kvcache, unknown)
     known = None  # the key of a call that _DECODE_CALLS may serve: a plain decode step (an fp8 cache too)
     if (
         window is None and softcap is None and cache_batch_idx is None and cache_leftpad is None

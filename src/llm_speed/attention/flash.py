@@ -85,6 +85,7 @@ from .checks import (
     is_fp8_call,
     prepare_attention_inputs,
     suggest_keywords,
+    unknown_keywords,
 )
 from .decode import MAX_TABLE_BLOCK, _cache_rows, _descale_strides, _has_bad_page
 from .reference import (
@@ -2676,6 +2677,7 @@ def flash_attention(
     descale_q: torch.Tensor | None = None,
     descale_k: torch.Tensor | None = None,
     descale_v: torch.Tensor | None = None,
+    **unknown,
 ):
     """FlashAttention: ``softmax(q k^T * scale) v`` without ever storing the seq_q x seq_kv matrix.
 
@@ -2757,6 +2759,8 @@ def flash_attention(
     Flags must be real bools (NumPy bools accepted); flash-attn's and SDPA's argument names (``causal=``,
     ``softmax_scale=``, ``attn_mask=``, ...) get a TypeError naming ours.
     """
+    if unknown:
+        unknown_keywords(flash_attention, unknown)
     known = None  # the key of a call that _DENSE_CALLS may serve: the common inference call
     if (
         window is None and softcap is None and alibi_slopes is None and type(dropout_p) is float

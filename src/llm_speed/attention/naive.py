@@ -6,7 +6,7 @@ import torch
 
 from ..core import runtime
 from ..core.args import check_flag
-from .checks import check_softcap, check_window, prepare_attention_inputs, suggest_keywords
+from .checks import check_softcap, check_window, prepare_attention_inputs, suggest_keywords, unknown_keywords
 from .reference import apply_softcap, softmax_times_values, visible
 
 
@@ -21,6 +21,7 @@ def naive_attention(
     return_lse: bool = False,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    **unknown,
 ):
     """Attention with the ``[batch, heads_q, seq_q, seq_kv]`` score matrix materialised, in plain PyTorch ops.
 
@@ -36,6 +37,8 @@ def naive_attention(
     matmul). That quadratic traffic is what tiling removes.
     Runs on any device; on CPU it is ordinary PyTorch.
     """
+    if unknown:
+        unknown_keywords(naive_attention, unknown)
     is_causal, return_lse = check_flag("is_causal", is_causal), check_flag("return_lse", return_lse)
     window, softcap = check_window(window), check_softcap(softcap)
     q, k, v, scale = prepare_attention_inputs(q, k, v, scale)

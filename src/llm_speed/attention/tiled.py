@@ -13,7 +13,7 @@ from ..core import autocast
 from ..core.args import check_flag
 from ..core.dispatch import Op
 from . import flash
-from .checks import check_options, prepare_attention_inputs, suggest_keywords
+from .checks import check_options, prepare_attention_inputs, suggest_keywords, unknown_keywords
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -66,6 +66,7 @@ def tiled_attention(
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
     deterministic: bool = False,
+    **unknown,
 ):
     """Attention that tiles K/V through on-chip memory in two passes, without online softmax.
 
@@ -86,6 +87,8 @@ def tiled_attention(
     Registered as the ``torch.library`` operator ``llm_speed::tiled_attention_forward`` (fake
     implementation and autograd included), so ``torch.compile(fullgraph=True)`` captures it.
     """
+    if unknown:
+        unknown_keywords(tiled_attention, unknown)
     is_causal, return_lse, (left, right), softcap = check_options(is_causal, return_lse, window, softcap)
     deterministic = check_flag("deterministic", deterministic)
     q, k, v = autocast.cast_inputs(autocast.LOWER, q, k, v)  # as SDPA: mixed dtypes meet under autocast

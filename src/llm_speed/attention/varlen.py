@@ -34,6 +34,7 @@ from .checks import (
     check_scale,
     is_fp8_call,
     suggest_keywords,
+    unknown_keywords,
     validate_paged_varlen_inputs,
     validate_varlen_inputs,
 )
@@ -217,6 +218,7 @@ def flash_attention_varlen(
     descale_q: torch.Tensor | None = None,
     descale_k: torch.Tensor | None = None,
     descale_v: torch.Tensor | None = None,
+    **unknown,
 ):
     """FlashAttention over packed sequences of different lengths (flash-attn's ``flash_attn_varlen_func``).
 
@@ -274,6 +276,8 @@ def flash_attention_varlen(
     CPU tensors run the kernels through the interpreter when ``TRITON_INTERPRET=1``, otherwise the PyTorch
     reference per sequence in float32.
     """
+    if unknown:
+        unknown_keywords(flash_attention_varlen, unknown)
     known = None  # the key of a call that _VARLEN_CALLS may serve: the common call
     if (
         window is None and softcap is None and alibi_slopes is None and type(dropout_p) is float

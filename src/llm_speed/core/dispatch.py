@@ -102,11 +102,19 @@ def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable 
         if run_last:
             run, args = args[-1], args[:-1]
         output = run(*args)
+        # An output nobody differentiates (an LSE, an rstd, a z-loss) gets None, not a tensor of zeros:
+        # materialising one costs an allocation and a memset launch per backward.
+        ctx.set_materialize_grads(False)
         if setup_context is not None:
             setup_context(ctx=ctx, inputs=args, output=output)
         return output
 
     def backward_(ctx, *grads):
+        for grad in grads:
+            if grad is not None:
+                break
+        else:  # no output's gradient is defined: no input gets one
+            return (None,) * len(ctx.needs_input_grad)
         given = backward(ctx, *grads)
         if not run_last:
             return given

@@ -548,13 +548,19 @@ def linear_forward(
     )  # fmt: skip
 
 
+def _zero_bias_grad(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A dbias no row contributes to: zeros of ``[vocab]``, or without a bias an empty tensor (the autograd
+    node returns None for it: no memset of ``[vocab]`` per backward)."""
+    return weight.new_empty(0) if bias is None else weight.new_zeros((weight.shape[0],))
+
+
 def linear_backward(
     grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: torch.Tensor | None, class_weight: torch.Tensor | None, stats: torch.Tensor, ignore_index: int,
     label_smoothing: float, softcap: float, z_scale: float, chunk_rows: int, reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dhidden, dweight, dbias) of :func:`linear_forward` for the gradient ``grad`` of its loss; reports its
-    work. dbias is returned (zeros) even without a bias."""
+    work. Without a bias, dbias is an empty tensor (nobody reads it: no memset of ``[vocab]``)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     target = target.contiguous()
@@ -562,7 +568,7 @@ def linear_backward(
         runtime.report_work("fused_linear_cross_entropy_backward", hidden=hidden, weight=weight)
     dhidden = tensors.new_output(hidden.shape, hidden.dtype, device)
     if n == 0:
-        return dhidden, torch.zeros_like(weight), weight.new_zeros((vocab,))
+        return dhidden, torch.zeros_like(weight), _zero_bias_grad(weight, bias)
     sizes = _chunk_sizes(n, chunk_rows)
     stride_g = 0 if reduction != "none" else grad.stride(0)
     dtypes = (hidden.dtype, hidden.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
@@ -584,8 +590,7 @@ def linear_backward(
         if bias is not None:
             part = dlogits.sum(0, dtype=torch.float32)
             dbias = part if dbias is None else dbias.add_(part)
-    dbias = weight.new_zeros((vocab,)) if bias is None else dbias.to(weight.dtype)
-    return dhidden, dweight, dbias
+    return dhidden, dweight, _zero_bias_grad(weight, bias) if bias is None else dbias.to(weight.dtype)
 
 
 def forward(
@@ -694,8 +699,8 @@ def _linear_backward_op(
 
 
 @_linear_backward_op.register_fake
-def _linear_backward_fake(grad, hidden, weight, *_):
-    return torch.empty_like(hidden), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
+def _linear_backward_fake(grad, hidden, weight, target, bias, *_):
+    return torch.empty_like(hidden), torch.empty_like(weight), _zero_bias_grad(weight, bias)
 
 
 @torch.library.custom_op("llm_speed::cross_entropy_forward", mutates_args=())
