@@ -59,8 +59,9 @@ def command_lines(name: str, out: str) -> list[str]:
             f"--output {out}/gemm_epilogue_4096.json"
         )
     elif name == "demo":
-        # The per-call cost of every op on a tiny problem (wall and kernel time) first, then the demo.
-        lines.append(f"bench overhead --output {out}/overhead.json")
+        # The per-call cost of every op on a tiny problem (wall and kernel time; forward, forward recording
+        # the autograd node, forward and backward) first, then the demo.
+        lines.append(f"bench overhead --modes inference autograd training --output {out}/overhead.json")
         lines.append(f"demo --output-dir {out}/demo")
     elif name == "ops":
         # GPU defaults: a Llama-3-8B layer and head at 8192 tokens, bf16, every implementation. --min-time 0:

@@ -234,7 +234,7 @@ bench)
     sub bench_attention 135 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
     sub bench_gemm 135 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
     sub bench_fp8 90 "$PY" benchmarks/gpu_bench.py fp8 "$RAW" "${CHECK[@]}"
-    sub demo 80 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
+    sub demo 110 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
     ;;
 fused)
     CHECK=()

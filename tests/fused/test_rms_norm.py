@@ -12,6 +12,7 @@ from llm_speed.core import runtime
 from llm_speed.fused.reference import rms_norm_reference
 
 KERNELS = (rms_module.FORWARD.name, rms_module.BACKWARD.name)
+WEIGHTED = (*KERNELS, rms_module.WEIGHT_GRAD.name)  # with a weight: its gradient's reduction too
 
 
 def _run(fn, x, w, dy, **kw):
@@ -31,7 +32,7 @@ def _check(x, w, *, scale=1.0, **kw):
     else:
         truth = _run(rms_norm_reference, *leaves(x, w, dtype=torch.float64), dy, **kw)
         same = _run(rms_norm_reference, *leaves(x, w, dtype=None), dy, **kw)
-    with expect_launches(*KERNELS, device=x.device):
+    with expect_launches(*(KERNELS if w is None else WEIGHTED), device=x.device):
         got = _run(rms_norm, x, w, dy, **kw)
     assert got[0].dtype == dtype and got[0].shape == x.shape and (w is None or got[2].dtype == w.dtype)
     for i, name in enumerate(("y", "dx", "dw")[: 2 if w is None else 3]):
@@ -46,6 +47,29 @@ def test_accuracy_ragged_shapes(shape, dtype, device):
     x = torch.randn(shape).to(dtype).to(device)
     w = (1 + 0.3 * torch.randn(shape[-1])).to(dtype).to(device)
     _check(x, w, eps=1e-6)
+
+
+def test_weight_gradient_reduction_over_many_partial_rows(monkeypatch, device):
+    """The weight gradient's reduction in several tiles of partial rows and columns, the last ones ragged
+    (on a GPU one partial row per SM: 132 rows on an H100, in tiles of 64)."""
+    from llm_speed.core import launch
+
+    monkeypatch.setattr(rms_module, "INTERPRETER_PROGRAMS", 37)
+    monkeypatch.setattr(rms_module, "WEIGHT_GRAD_COLUMNS", 16)
+    rms_module.backward_config.cache_clear()
+    launch.clear_plans()
+    try:
+        x = torch.randn(75, 40).to(torch.bfloat16).to(device)
+        w = (1 + 0.3 * torch.randn(40)).to(torch.bfloat16).to(device)
+        _check(x, w, eps=1e-6)
+        if runtime.triton_runs_on(x.device):
+            dtypes = (x.dtype, x.dtype, w.dtype, torch.float32)
+            _, weight_grad = rms_module._backward_plan(75, 40, (40, 40, 40), dtypes, False, x.device)
+            # 40 columns in 3 programs of 16; 25 partial rows (3 rows each) in 2 tiles of 16
+            assert weight_grad.grid[0] == 3 and weight_grad.fixed["BLOCK_P"] == 16
+    finally:
+        rms_module.backward_config.cache_clear()
+        launch.clear_plans()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -81,7 +105,7 @@ def test_opcheck_and_compile_fullgraph(device):
     compiled = torch.compile(
         lambda a, b: rms_norm(a, b, offset=1.0).square().sum(), fullgraph=True, backend="aot_eager"
     )
-    with expect_launches(*KERNELS, device=device):
+    with expect_launches(*WEIGHTED, device=device):
         compiled(x, w).backward()
     gx, gw = x.grad.clone(), w.grad.clone()
     x.grad = w.grad = None

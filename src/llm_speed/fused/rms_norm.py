@@ -4,7 +4,8 @@
 weights are stored as a difference from 1, google-deepmind/gemma ``layers.py`` ``RMSNorm``). Statistics in
 float32, one read of x and one write of y per row (the unfused PyTorch expression reads and writes the row
 about five times). The backward kernel recomputes ``x * rstd`` from x and the saved per-row rstd and, like
-Liger-Kernel's ``ops/rms_norm.py``, sums the weight gradient in float32 partial rows, one per program.
+Liger-Kernel's ``ops/rms_norm.py``, sums the weight gradient in float32 partial rows, one per program; a
+second kernel sums their columns and rounds once to the weight's dtype.
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, autograd, public
 function; the plain-PyTorch spec is :func:`llm_speed.fused.reference.rms_norm_reference`.
@@ -106,12 +107,32 @@ def _rms_norm_bwd_kernel(
         tl.store(dw_partial_ptr + pid * BLOCK_H + o_h, b_dw, mask=m_h)
 
 
+@triton.jit
+def _rms_norm_dw_kernel(
+    partial_ptr, dw_ptr, programs, hidden, stride_p,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    """dweight: the column sums of the backward's float32 partial rows, rounded once to the weight's dtype
+    (one launch where ``partial.sum(0).to(dtype)`` took two)."""
+    o_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < hidden
+    b_dw = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for start in range(0, programs, BLOCK_P):
+        o_p = start + tl.arange(0, BLOCK_P)
+        m = (o_p < programs)[:, None] & m_h[None, :]
+        b_part = tl.load(partial_ptr + o_p[:, None] * stride_p + o_h[None, :], mask=m, other=0.0)
+        b_dw += tl.sum(b_part, axis=0)
+    tl.store(dw_ptr + o_h, cast(b_dw, dw_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_h)
+
+
 # --- launcher -------------------------------------------------------------------------------------------
 
 FORWARD = Kernel(_rms_norm_fwd_kernel, "rms_norm_fwd")
 BACKWARD = Kernel(_rms_norm_bwd_kernel, "rms_norm_bwd")
+WEIGHT_GRAD = Kernel(_rms_norm_dw_kernel, "rms_norm_dw")
 ROW_BLOCK_ELEMENTS = 4096  # forward: rows per program so that a program holds about this many elements
 INTERPRETER_PROGRAMS = 4  # backward under the interpreter, which runs programs one after another
+WEIGHT_GRAD_COLUMNS = 64  # the weight gradient's reduction: columns (and partial rows) per program's tile
 CASTINGS = ("float32", "llama")
 
 
@@ -155,16 +176,28 @@ def _forward_plan(
 @plan_cache
 def _backward_plan(
     rows: int, hidden: int, strides: tuple, dtypes: tuple, llama: bool, device: torch.device
-) -> Plan:  # fmt: skip
-    """strides: dy, x, dx rows. dtypes: dy, x, weight (None without one), rstd."""
+) -> tuple[Plan, Plan | None]:  # fmt: skip
+    """The backward's plan and, with a weight, its weight gradient's (the partial rows' column sums).
+    strides: dy, x, dx rows. dtypes: dy, x, weight (None without one), rstd."""
     cfg = backward_config(rows, hidden, hardware_of(device), runtime.INTERPRETED)
     stride_dy, stride_x, stride_dx = strides
-    return BACKWARD.plan(
+    backward = BACKWARD.plan(
         (cfg.splits,), stride_dy=stride_dy, stride_x=stride_x, stride_dx=stride_dx, rows=rows,
         rows_per_program=cdiv(rows, cfg.splits), hidden=hidden, BLOCK_H=cfg.block_n,
         HAS_WEIGHT=dtypes[2] is not None, LLAMA=llama, RNE_BY_HAND=rne_by_hand(dtypes[1]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if dtypes[2] is None:
+        return backward, None
+    # Columns per program: 64 gives 64 programs at hidden 4096, each summing the partial rows in tiles of
+    # up to 64 x 64 floats (16 KB in flight per program).
+    block_h = min(WEIGHT_GRAD_COLUMNS, cfg.block_n)
+    weight_grad = WEIGHT_GRAD.plan(
+        (cdiv(hidden, block_h),), programs=cfg.splits, hidden=hidden, stride_p=cfg.block_n,
+        BLOCK_P=min(WEIGHT_GRAD_COLUMNS, next_power_of_2(cfg.splits)), BLOCK_H=block_h,
+        RNE_BY_HAND=rne_by_hand(dtypes[2]), num_warps=4, num_stages=1,
+    )  # fmt: skip
+    return backward, weight_grad
 
 
 def _forward_torch(x2d, weight, eps, offset, llama):
@@ -236,16 +269,18 @@ def _backward_into(dx, dy, x2d, weight, rstd, offset, llama):
         return dx, dw
     dtypes = (dy.dtype, x2d.dtype, None if weight is None else weight.dtype, rstd.dtype)
     strides = (dy.stride(0), x2d.stride(0), dx.stride(0))
-    plan = _backward_plan(rows, hidden, strides, dtypes, llama, x2d.device)
-    # every program writes its whole partial row; the columns past hidden are never read
-    dw_partial = rstd if weight is None else tensors.new_output(
-        (plan.grid[0], plan.fixed["BLOCK_H"]), torch.float32, x2d.device
-    )  # fmt: skip
-    plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=rstd if weight is None else weight, rstd_ptr=rstd, dx_ptr=dx,
-                dw_partial_ptr=dw_partial, offset=offset)  # fmt: skip
+    plan, weight_grad = _backward_plan(rows, hidden, strides, dtypes, llama, x2d.device)
     if weight is None:
+        plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=rstd, rstd_ptr=rstd, dx_ptr=dx, dw_partial_ptr=rstd,
+                    offset=offset)  # fmt: skip
         return dx, x2d.new_empty(0)
-    return dx, dw_partial[:, :hidden].sum(0).to(weight.dtype)
+    # every program writes its whole partial row; the columns past hidden are never read
+    dw_partial = tensors.new_output((plan.grid[0], plan.fixed["BLOCK_H"]), torch.float32, x2d.device)
+    plan.launch(dy_ptr=dy, x_ptr=x2d, w_ptr=weight, rstd_ptr=rstd, dx_ptr=dx, dw_partial_ptr=dw_partial,
+                offset=offset)  # fmt: skip
+    dw = tensors.new_output((hidden,), weight.dtype, x2d.device)
+    weight_grad.launch(partial_ptr=dw_partial, dw_ptr=dw)
+    return dx, dw
 
 
 def backward(

@@ -27,29 +27,6 @@ def apply_activation(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {activation!r}")
 
 
-def activation_derivative(z: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """d act(z) / dz, elementwise, for the backward pass (z is the pre-activation)."""
-    if activation is None:
-        return torch.ones_like(z)
-    if activation == "relu":
-        return (z > 0).to(z.dtype)
-    if activation == "gelu":
-        cdf = 0.5 * (1.0 + torch.erf(z * 0.5**0.5))
-        pdf = torch.exp(-0.5 * z * z) * (2.0 * torch.pi) ** -0.5
-        return cdf + z * pdf
-    if activation == "gelu_tanh":
-        # gelu_tanh(z) = z * sigmoid(2u), u = sqrt(2/pi) * (z + 0.044715 z^3)
-        scale = (2.0 / torch.pi) ** 0.5
-        u = scale * (z + 0.044715 * z**3)
-        s = torch.sigmoid(2.0 * u)
-        du_dz = scale * (1.0 + 3.0 * 0.044715 * z * z)
-        return s + z * s * (1.0 - s) * 2.0 * du_dz
-    if activation == "silu":
-        s = torch.sigmoid(z)
-        return s * (1.0 + z * (1.0 - s))
-    raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {activation!r}")
-
-
 def gemm_reference(
     a: torch.Tensor,
     b: torch.Tensor,
