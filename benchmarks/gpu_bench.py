@@ -5,8 +5,8 @@ Each call writes its own JSON as soon as its shape is measured, so a step cut by
 every shape it finished; one process pays the torch import and CUDA start once. With ``--check`` every
 line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
 
-    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, demo, ops,
-                                                              train-step, moe or fp8
+    python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, decode, demo,
+                                                              ops, train-step, moe or fp8
     python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
 """
 
@@ -19,7 +19,7 @@ import time
 import traceback
 
 QUICK = "--warmup 5 --iterations 20 --no-progress"
-SETS = ("attention", "gemm", "demo", "ops", "train-step", "moe", "fp8")
+SETS = ("attention", "gemm", "decode", "demo", "ops", "train-step", "moe", "fp8")
 
 
 def command_lines(name: str, out: str) -> list[str]:
@@ -58,6 +58,13 @@ def command_lines(name: str, out: str) -> list[str]:
             f"{gemm} --dtype fp16 --epilogue bias+gelu --sizes 4096x4096x4096 "
             f"--output {out}/gemm_epilogue_4096.json"
         )
+    elif name == "decode":
+        # GPU defaults (contexts 1024-16384; 32 heads, 8 KV heads, d=128, fp16; dense, paged, fp8 caches and
+        # SDPA), one batch size a call so a cut step keeps the sizes it finished.
+        for batch in (1, 8, 32, 128):
+            lines.append(
+                f"bench decode --batch-sizes {batch} --no-progress --output {out}/decode_b{batch}.json"
+            )
     elif name == "demo":
         # The per-call cost of every op on a tiny problem (wall and kernel time; forward, forward recording
         # the autograd node, forward and backward) first, then the demo.

@@ -6,9 +6,9 @@
 #           had not finished in 85 s)
 #   tests   the whole test suite on the GPU in three chunks (attention, matmul, the rest), each with its
 #           own junit XML, so a chunk cut by its cap costs only that chunk
-#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured; fp8 GEMMs
-#           against torch._scaled_mm included), the
-#           per-call cost of every op (`bench overhead`) and demo
+#   bench   the benchmark sets (one shape per llm-speed call, each writing its JSON when measured: attention,
+#           GEMM, the KV-cache decode step, fp8 GEMMs against torch._scaled_mm), the per-call cost of every
+#           op (`bench overhead`: inference, autograd, training) and demo
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
@@ -231,9 +231,10 @@ tests)
 bench)
     CHECK=()
     if [ "$MODE" = check ]; then CHECK=(--check); fi
-    sub bench_attention 135 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
-    sub bench_gemm 135 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
-    sub bench_fp8 90 "$PY" benchmarks/gpu_bench.py fp8 "$RAW" "${CHECK[@]}"
+    sub bench_attention 120 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
+    sub bench_gemm 60 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
+    sub bench_decode 90 "$PY" benchmarks/gpu_bench.py decode "$RAW" "${CHECK[@]}"
+    sub bench_fp8 60 "$PY" benchmarks/gpu_bench.py fp8 "$RAW" "${CHECK[@]}"
     sub demo 110 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
     ;;
 fused)

@@ -23,6 +23,7 @@ from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import runtime
 from llm_speed.core.gpus import get_gpu
+from llm_speed.core.hardware import Hardware
 from triton_builds import BUILDS, environment
 
 
@@ -166,11 +167,26 @@ def test_empty_cache_gives_zero_and_minus_inf(device):
 
 
 def test_choose_num_splits():
-    assert decode.choose_num_splits(programs=132, key_blocks=100, sms=132) == 1  # the GPU is already full
-    assert decode.choose_num_splits(programs=8, key_blocks=1, sms=132) == 1  # one key block: nothing to split
-    assert decode.choose_num_splits(programs=8, key_blocks=3, sms=132) == 3  # at most one split per block
-    splits = decode.choose_num_splits(programs=8, key_blocks=512, sms=132)
-    assert 0.8 * 132 <= 8 * splits <= 2 * 132  # about one full wave of programs
+    assert decode.choose_num_splits(programs=264, key_blocks=100, slots=264) == 1  # the slots are full
+    assert decode.choose_num_splits(programs=8, key_blocks=1, slots=264) == 1  # one key block: no split
+    assert decode.choose_num_splits(programs=8, key_blocks=3, slots=264) == 3  # at most one split per block
+    splits = decode.choose_num_splits(programs=8, key_blocks=512, slots=264)
+    assert 0.8 * 264 <= 8 * splits <= 2 * 264  # about one full wave of programs
+
+
+@pytest.mark.parametrize(
+    "batch, context, splits",
+    [(1, 1024, 16), (8, 16384, 4), (16, 16384, 2), (32, 4096, 1), (128, 1024, 1)],
+)
+def test_default_splits_fill_two_programs_per_sm(batch, context, splits):
+    """On an H100 (132 SMs) the 4-warp kernel's default split count fills two programs per SM, as flash-attn
+    counts (``set_params_splitkv``): 8 x 16k tokens (64 programs of 8 KV heads) gets 4 splits, 256 programs
+    (one SM read 2.27 TB/s with one program on 2026-11-25, 3.06 with two); 32 sequences need none; a short
+    cache is split at most once per key block."""
+    hardware = Hardware.from_spec("h100-sxm")
+    cfg = decode.kernel_config(128, torch.float16, 4, context, batch * 8, hardware)
+    assert cfg.num_warps == 4 and cfg.splits == splits
+    assert batch * 8 * cfg.splits >= min(0.8 * 2 * 132, batch * 8 * -(-context // cfg.block_n))
 
 
 def _good_call(device="cpu"):

@@ -101,6 +101,10 @@ from .checks import (
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
 MAX_SPLITS = 128  # as flash-attn's split heuristic
+# Programs of 4 warps per SM that the split count fills: flash-attn counts two per SM for its 128-thread
+# kernel. Ours holds 2-3 per SM on sm_90a at head_dim 128 (156-179 registers); on 2026-11-25 (H100) the
+# step at batch 8 x 16k with one program per SM read 2.27 TB/s, at batch 32 x 16k with two 3.06 TB/s.
+PROGRAMS_PER_SM = 2
 MIN_DOT_DIM = 16
 MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention program
 
@@ -460,19 +464,21 @@ def _fp8_switches(cache_dtype: torch.dtype | None) -> dict:
     return {"FP8_" + name.removeprefix("FP8_"): value for name, value in _fp8_constants(cache_dtype).items()}
 
 
-def choose_num_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
-    """Split count for ``programs`` (batch x heads_kv x row blocks) over ``key_blocks`` key blocks.
+def choose_num_splits(programs: int, key_blocks: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
+    """Split count for ``programs`` (batch x heads_kv x row blocks) over ``key_blocks`` key blocks, on a GPU
+    with ``slots`` program slots (SMs x :data:`PROGRAMS_PER_SM` for a kernel of 4 warps).
 
-    flash-attn's ``num_splits_heuristic`` (Dao-AILab/flash-attention, ``csrc/flash_attn/flash_api.cpp``): no
-    split when the programs nearly fill the SMs (>= 80%); otherwise the smallest split count whose wave
-    efficiency (programs x splits / SMs over its ceiling) is within 85% of the best, skipping counts that
-    give the same blocks per split as the one below.
+    flash-attn's ``num_splits_heuristic`` (Dao-AILab/flash-attention, ``csrc/flash_attn/flash_api.cpp``),
+    which ``set_params_splitkv`` calls with twice the SM count for its 128-thread kernel: no split when the
+    programs nearly fill the slots (>= 80%); otherwise the smallest split count whose wave efficiency
+    (programs x splits / slots over its ceiling) is within 85% of the best, skipping counts that give the same
+    blocks per split as the one below.
     """
-    if programs >= 0.8 * sms or key_blocks <= 1:
+    if programs >= 0.8 * slots or key_blocks <= 1:
         return 1
-    limit = min(max_splits, sms, key_blocks)
+    limit = min(max_splits, slots, key_blocks)
     candidates = [s for s in range(1, limit + 1) if s == 1 or cdiv(key_blocks, s) != cdiv(key_blocks, s - 1)]
-    efficiency = {s: programs * s / sms / cdiv(programs * s, sms) for s in candidates}
+    efficiency = {s: programs * s / slots / cdiv(programs * s, slots) for s in candidates}
     best = max(efficiency.values())
     return next(s for s in candidates if efficiency[s] >= 0.85 * best)
 
@@ -484,7 +490,7 @@ def kernel_config(
 ) -> KernelConfig:
     """The attention kernel's tiles and split count for ``rows`` = group * seq_q query rows per KV head,
     ``capacity`` cache tokens per sequence and ``programs_kv`` = batch * heads_kv; ``num_splits`` as asked
-    (0: :func:`choose_num_splits` on ``hardware``'s SMs).
+    (0: :func:`choose_num_splits` on ``hardware``'s SMs, :data:`PROGRAMS_PER_SM` each).
 
     Decode reads each K/V tile once per program and is bound by memory: key blocks (``block_n``) of 64 rows
     (32 at head_dim 256) keep the loads wide; query tiles (``block_m``) of at most 32 rows (16 at head_dim 256
@@ -500,11 +506,12 @@ def kernel_config(
     cap_m = 16 if block_d > 128 or dtype == torch.float32 else 32
     block_m = min(cap_m, max(MIN_DOT_DIM, next_power_of_2(rows)))
     key_blocks = cdiv(capacity, block_n)
+    num_warps = 4 if block_d <= 128 else 8
     if num_splits == 0:
-        num_splits = choose_num_splits(programs_kv * cdiv(rows, block_m), key_blocks, hardware.sm_count)
+        slots = hardware.sm_count * PROGRAMS_PER_SM * 4 // num_warps  # 8 warps (head_dim 256): half as many
+        num_splits = choose_num_splits(programs_kv * cdiv(rows, block_m), key_blocks, slots)
     blocks_per_split = cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
     splits = max(1, cdiv(key_blocks, blocks_per_split))  # no split past the capacity
-    num_warps = 4 if block_d <= 128 else 8
     return KernelConfig(block_m, block_n, num_warps, 2, block_d=block_d, splits=splits)
 
 
