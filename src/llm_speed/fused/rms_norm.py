@@ -75,17 +75,24 @@ def _rms_norm_bwd_kernel(
         b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32) + offset
     b_dw = tl.zeros([BLOCK_H], dtype=tl.float32)
     row_start = pid * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, rows)
-    # 64-bit row pointers, moved one row per step (row * stride can pass 2**31 elements)
-    p_x = x_ptr + row_start.to(tl.int64) * stride_x
-    p_dy = dy_ptr + row_start.to(tl.int64) * stride_dy
+    row_end = tl.minimum(row_start + rows_per_program, rows)  # every program has a row (the launcher's grid)
+    # 64-bit row offsets (row * stride can pass 2**31 elements)
     p_dx = dx_ptr + row_start.to(tl.int64) * stride_dx
-    p_rstd = rstd_ptr + row_start
     x_ty = x_ptr.dtype.element_ty
-    for _ in range(row_start, row_end):
-        b_x = tl.load(p_x + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
-        b_dy = tl.load(p_dy + o_h, mask=m_h, other=0.0).to(tl.float32)
-        rstd = tl.load(p_rstd)
+    # Each step loads the next row before this row's reduction, so those loads are in flight while its
+    # barriers run (the last step reloads its own row: nothing past the program's rows is read). A row read
+    # is never one dx has been written over (in place, dx is dy): rows only move forward.
+    b_x_next = tl.load(x_ptr + row_start.to(tl.int64) * stride_x + o_h, mask=m_h, other=0.0)
+    b_dy_next = tl.load(dy_ptr + row_start.to(tl.int64) * stride_dy + o_h, mask=m_h, other=0.0)
+    rstd_next = tl.load(rstd_ptr + row_start)
+    for row in range(row_start, row_end):
+        b_x = b_x_next.to(tl.float32)  # [BH]
+        b_dy = b_dy_next.to(tl.float32)
+        rstd = rstd_next
+        following = tl.minimum(row + 1, row_end - 1).to(tl.int64)
+        b_x_next = tl.load(x_ptr + following * stride_x + o_h, mask=m_h, other=0.0)
+        b_dy_next = tl.load(dy_ptr + following * stride_dy + o_h, mask=m_h, other=0.0)
+        rstd_next = tl.load(rstd_ptr + following)
         b_xhat = b_x * rstd
         if HAS_WEIGHT:
             b_g = b_dy * b_w  # gradient with respect to xhat
@@ -99,10 +106,7 @@ def _rms_norm_bwd_kernel(
         # d/dx of x * rstd(x): rstd * (g - xhat * mean(g * xhat))
         b_dx = rstd * (b_g - b_xhat * (tl.sum(b_g * b_xhat, axis=0) / hidden))
         tl.store(p_dx + o_h, cast(b_dx, dx_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_h)
-        p_x += stride_x
-        p_dy += stride_dy
         p_dx += stride_dx
-        p_rstd += 1
     if HAS_WEIGHT:
         tl.store(dw_partial_ptr + pid * BLOCK_H + o_h, b_dw, mask=m_h)
 
