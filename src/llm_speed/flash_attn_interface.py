@@ -23,13 +23,16 @@ What differs from flash-attn (docs/attention.md, "Migrating from flash-attn", ha
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .attention import reference
+from .attention import flash, reference
 from .attention.checks import check_dropout, check_scale
 from .attention.decode import flash_attention_with_kvcache
 from .attention.flash import flash_attention
 from .attention.varlen import flash_attention_varlen
+from .core.dispatch import plain_inference
 
 __all__ = [
     "flash_attn_func",
@@ -102,6 +105,17 @@ def _descales(q_descale, k_descale, v_descale) -> dict:
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
            return_attn_probs, descales=None):  # fmt: skip
     """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
+    plain = (
+        not return_attn_probs and not descales and alibi_slopes is None and type(dropout_p) is float
+        and not dropout_p and (causal is True or causal is False) and type(window_size) is tuple
+        and window_size == (-1, -1) and type(softcap) is float and not softcap
+        and (softmax_scale is None or type(softmax_scale) is float and -math.inf < softmax_scale < math.inf)
+        and plain_inference(q, k, v)
+    )  # fmt: skip
+    if plain:  # a repeated plain inference call: no view made (flash.seq_major_inference)
+        out = flash.seq_major_inference(q, k, v, causal, softmax_scale)
+        if out is not None:
+            return out
     window, cap = _window(window_size), _softcap(softcap)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
@@ -116,6 +130,8 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
             dropout_p=dropout_p,
         )  # fmt: skip
     if not return_attn_probs:
+        if plain:
+            flash.keep_seq_major(q, k, v, causal, softmax_scale)
         return result.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
     out, lse = result
     probs = None
@@ -361,6 +377,17 @@ def flash_attn_with_kvcache(
         if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
             pages = 1 if block_table is None else block_table.shape[1]
             cache_seqlens = pages * k_cache.shape[1]
+    if (
+        rotary_cos is None and cache_batch_idx is None and cache_leftpad is None and alibi_slopes is None
+        and k_descale is None and v_descale is None and rotary_interleaved is True
+        and type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and not softcap
+    ):  # fmt: skip
+        # the serving step: its few arguments only (each keyword passed costs the call its binding)
+        return flash_attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
+            is_causal=causal, scale=softmax_scale, num_splits=num_splits, return_lse=return_softmax_lse,
+            rotary_sin=rotary_sin,
+        )  # fmt: skip
     return flash_attention_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
         is_causal=causal, scale=softmax_scale, window=_window(window_size), softcap=_softcap(softcap),

@@ -269,3 +269,40 @@ def test_kvcache_wrapper_takes_flash_attn_positional_layout(device):
                                         is_causal=True).transpose(1, 2)  # fmt: skip
     assert max_error(out, ref) < 1e-5 and lse.shape == (2, 4, 1)
     torch.testing.assert_close(k_cache[:, 5:6], k_new, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal, scale", [(False, None), (True, -0.3)], ids=["plain", "causal-neg-scale"])
+def test_repeated_plain_call_is_served_in_flash_attn_layout(causal, scale, device, monkeypatch):
+    """A repeated plain inference call of flash_attn_func launches the plan its first call kept, on the
+    [batch, seq, heads, dim] tensors as given: no call of flash_attention, the same output bit for bit, in
+    that layout and contiguous; a call with grad, dropout, probabilities or other metadata takes the full
+    path."""
+    from llm_speed.core import launch
+
+    launch.clear_plans()
+    calls, original = [], fa.flash_attention
+    monkeypatch.setattr(fa, "flash_attention", lambda *a, **kw: calls.append(kw) or original(*a, **kw))
+    q, k, v = (torch.randn(2, 37, h, 32, device=device, dtype=torch.float16) for h in (4, 2, 2))
+    with torch.no_grad(), expect_launches(*FORWARD_KERNELS, device=device):
+        first = fa.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
+        again = fa.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
+    assert len(calls) == 1  # the second call was served without it
+    assert again.shape == q.shape and again.is_contiguous() and torch.equal(again, first)
+    expected = _reference(q.float(), k.float(), v.float(), causal=causal, window=None, softcap=None,
+                          alibi=None, keep=None, dropout_p=0.0, scale=scale)  # fmt: skip
+    torch.testing.assert_close(again.float(), expected, rtol=2e-3, atol=2e-3)
+    with torch.no_grad():
+        fa.flash_attn_func(q, k, v, causal=not causal, softmax_scale=scale)  # other metadata
+        fa.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale, return_attn_probs=True)
+        fa.flash_attn_func(q[:, :20], k, v, causal=causal, softmax_scale=scale)
+    fa.flash_attn_func(q.requires_grad_(), k, v, causal=causal, softmax_scale=scale)  # grad to record
+    assert len(calls) == 5
+    # with a profiler listening the served call reports the problem as flash_attention would
+    from llm_speed.core import runtime
+
+    reports = []
+    monkeypatch.setattr(runtime, "_work_observers", [lambda op, problem: reports.append((op, problem))])
+    with torch.no_grad():
+        fa.flash_attn_func(q.detach(), k, v, causal=causal, softmax_scale=scale)
+    assert len(calls) == 5 and [op for op, _ in reports] == ["flash_attention"]
+    assert reports[0][1]["q"].shape == (2, 4, 37, 32) and reports[0][1]["k"].shape == (2, 2, 37, 32)

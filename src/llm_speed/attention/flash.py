@@ -2330,6 +2330,45 @@ def _dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
             tma_aligned(k, v))  # fmt: skip
 
 
+# The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its
+# [batch, seq, heads, dim] layout, keyed on those tensors as given, so a repeated call makes none of the four
+# transposed views (q, k, v in, out back) that cost ~3 us of the development CPU; the entry is the
+# _DENSE_CALLS entry its first call left (a sequence-major output, no TMA descriptor, no LSE).
+_SEQ_MAJOR_CALLS = CallCache()
+
+
+def _seq_major_key(q, k, v, is_causal: bool, scale) -> tuple:
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0,
+            tma_aligned(k, v))  # fmt: skip
+
+
+def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.Tensor | None:
+    """For flash-attn's interface: the ``[batch, seq_q, heads_q, dim]`` output of a plain inference call on
+    ``[batch, seq, heads, dim]`` tensors that an earlier call of the same metadata made through
+    :func:`flash_attention` (and :func:`keep_seq_major`); None when there is none (the caller takes the
+    full path). ``is_causal`` a bool, ``scale`` None or a finite float, no grad to record: the caller's
+    conditions."""
+    call = _SEQ_MAJOR_CALLS.get(_seq_major_key(q, k, v, is_causal, scale))
+    if call is None:
+        return None
+    if runtime.observed():  # a profiler listens: the report names [B, H, S, D] shapes
+        runtime.report_work("flash_attention", q=q.transpose(1, 2), k=k.transpose(1, 2), is_causal=is_causal,
+                            window=None)  # fmt: skip
+    out = tensors.new_output(q.shape, q.dtype, q.device)  # the plan writes q's [B, S, H, D] order
+    _launch_dense(call.plan, q, k, v, out, None, call.default_scale if scale is None else scale, 1.0, 0.0)
+    return out
+
+
+def keep_seq_major(q, k, v, is_causal: bool, scale: float | None) -> None:
+    """After :func:`flash_attention` ran on the ``transpose(1, 2)`` views of flash-attn's ``[batch, seq,
+    heads, dim]`` tensors ``q, k, v`` (no grad, no option): keep what it kept for the next such call."""
+    views = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    call = _DENSE_CALLS.get(_dense_call_key(*views, is_causal, scale, False))
+    if call is not None and call.seq_major and not call.plan.descriptors:
+        _SEQ_MAJOR_CALLS.put(_seq_major_key(q, k, v, is_causal, scale), call)
+
+
 def forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
     deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
