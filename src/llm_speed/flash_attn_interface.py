@@ -269,6 +269,16 @@ def flash_attn_varlen_func(
     FlashAttention-3 and vLLM's build): sequence b uses only its first ``seqused_k[b]`` keys; with it and a
     block_table, ``cu_seqlens_k`` may be None. fp8: ``q_descale``, ``k_descale``, ``v_descale`` as
     :func:`flash_attn_func`'s. See :func:`llm_speed.flash_attention_varlen`."""
+    if (
+        not return_attn_probs and alibi_slopes is None and seqused_k is None and block_table is None
+        and q_descale is None and k_descale is None and v_descale is None and type(window_size) is tuple
+        and window_size == (-1, -1) and type(softcap) is float and not softcap
+    ):  # fmt: skip
+        # the common call: its few arguments only (each keyword passed costs the call its binding)
+        return flash_attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
+            scale=softmax_scale, deterministic=deterministic, dropout_p=dropout_p,
+        )  # fmt: skip
     window, cap = _window(window_size), _softcap(softcap)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
     result = flash_attention_varlen(
