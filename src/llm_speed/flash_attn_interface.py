@@ -57,6 +57,12 @@ def _window(window_size) -> tuple[int | None, int | None] | None:
     return None if left is None and right is None else (left, right)
 
 
+def _no_window_or_softcap(window_size, softcap) -> bool:
+    """Whether ``window_size`` and ``softcap`` are flash-attn's defaults as it spells them ((-1, -1), 0.0):
+    the common call, which the functions below pass on with its few arguments only."""
+    return type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and not softcap
+
+
 def _softcap(softcap) -> float | None:
     """flash-attn's ``softcap``: 0.0 (the default) is off."""
     return None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap
@@ -107,8 +113,8 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
     plain = (
         not return_attn_probs and not descales and alibi_slopes is None and type(dropout_p) is float
-        and not dropout_p and (causal is True or causal is False) and type(window_size) is tuple
-        and window_size == (-1, -1) and type(softcap) is float and not softcap
+        and not dropout_p and (causal is True or causal is False)
+        and _no_window_or_softcap(window_size, softcap)
         and (softmax_scale is None or type(softmax_scale) is float and -math.inf < softmax_scale < math.inf)
         and plain_inference(q, k, v)
     )  # fmt: skip
@@ -131,7 +137,7 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
         )  # fmt: skip
     if not return_attn_probs:
         if plain:
-            flash.keep_seq_major(q, k, v, causal, softmax_scale)
+            flash.keep_seq_major((q, k, v), (qt, kt, vt), causal, softmax_scale)
         return result.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
     out, lse = result
     probs = None
@@ -271,8 +277,8 @@ def flash_attn_varlen_func(
     :func:`flash_attn_func`'s. See :func:`llm_speed.flash_attention_varlen`."""
     if (
         not return_attn_probs and alibi_slopes is None and seqused_k is None and block_table is None
-        and q_descale is None and k_descale is None and v_descale is None and type(window_size) is tuple
-        and window_size == (-1, -1) and type(softcap) is float and not softcap
+        and q_descale is None and k_descale is None and v_descale is None
+        and _no_window_or_softcap(window_size, softcap)
     ):  # fmt: skip
         # the common call: its few arguments only (each keyword passed costs the call its binding)
         return flash_attention_varlen(
@@ -390,7 +396,7 @@ def flash_attn_with_kvcache(
     if (
         rotary_cos is None and cache_batch_idx is None and cache_leftpad is None and alibi_slopes is None
         and k_descale is None and v_descale is None and rotary_interleaved is True
-        and type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and not softcap
+        and _no_window_or_softcap(window_size, softcap)
     ):  # fmt: skip
         # the serving step: its few arguments only (each keyword passed costs the call its binding)
         return flash_attention_with_kvcache(

@@ -2331,16 +2331,10 @@ def _dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
 
 
 # The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its
-# [batch, seq, heads, dim] layout, keyed on those tensors as given, so a repeated call makes none of the four
-# transposed views (q, k, v in, out back) that cost ~3 us of the development CPU; the entry is the
-# _DENSE_CALLS entry its first call left (a sequence-major output, no TMA descriptor, no LSE).
+# [batch, seq, heads, dim] layout, keyed (by _dense_call_key) on those tensors as given, so a repeated call
+# makes none of the four transposed views (q, k, v in, out back) that cost ~3 us of the development CPU; the
+# entry is the _DENSE_CALLS entry its first call left (a sequence-major output, no TMA descriptor, no LSE).
 _SEQ_MAJOR_CALLS = CallCache()
-
-
-def _seq_major_key(q, k, v, is_causal: bool, scale) -> tuple:
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, is_causal, scale is not None and scale < 0.0,
-            tma_aligned(k, v))  # fmt: skip
 
 
 def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.Tensor | None:
@@ -2349,7 +2343,7 @@ def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.
     :func:`flash_attention` (and :func:`keep_seq_major`); None when there is none (the caller takes the
     full path). ``is_causal`` a bool, ``scale`` None or a finite float, no grad to record: the caller's
     conditions."""
-    call = _SEQ_MAJOR_CALLS.get(_seq_major_key(q, k, v, is_causal, scale))
+    call = _SEQ_MAJOR_CALLS.get(_dense_call_key(q, k, v, is_causal, scale, False))
     if call is None:
         return None
     if runtime.observed():  # a profiler listens: the report names [B, H, S, D] shapes
@@ -2360,13 +2354,13 @@ def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.
     return out
 
 
-def keep_seq_major(q, k, v, is_causal: bool, scale: float | None) -> None:
-    """After :func:`flash_attention` ran on the ``transpose(1, 2)`` views of flash-attn's ``[batch, seq,
-    heads, dim]`` tensors ``q, k, v`` (no grad, no option): keep what it kept for the next such call."""
-    views = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+def keep_seq_major(given: tuple, views: tuple, is_causal: bool, scale: float | None) -> None:
+    """After :func:`flash_attention` ran on ``views``, the ``transpose(1, 2)`` of flash-attn's ``[batch, seq,
+    heads, dim]`` tensors ``given`` (q, k, v; no grad, no option): keep what it kept for the next such
+    call."""
     call = _DENSE_CALLS.get(_dense_call_key(*views, is_causal, scale, False))
     if call is not None and call.seq_major and not call.plan.descriptors:
-        _SEQ_MAJOR_CALLS.put(_seq_major_key(q, k, v, is_causal, scale), call)
+        _SEQ_MAJOR_CALLS.put(_dense_call_key(*given, is_causal, scale, False), call)
 
 
 def forward(
