@@ -1211,12 +1211,15 @@ def _dkdv_over_queries(
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    DELTA_IN_ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV, in the
     transposed orientation (FlashAttention-2's): S^T = K Q^T [BN, BM], P^T, dV += P^T dO, dP^T = V dO^T,
-    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). Every product but dQ's then has
+    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). ``DELTA_IN_ACC``: dP^T's
+    product starts from -delta (no pass over the tile after it, and delta's per-query column vector is not
+    held across the block; see the kernel for where). Every product but dQ's then has
     the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
@@ -1229,7 +1232,6 @@ def _dkdv_over_queries(
         b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
-        b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
         b_st = dot(b_k, tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         b_pt, b_dcap = _probabilities(
             b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
@@ -1243,12 +1245,21 @@ def _dkdv_over_queries(
             b_pt16 = cast(tl.where(m_keep, b_pt * keep_scale, 0.0), b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
         else:
             b_pt16 = cast(b_pt, b_do.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        if SOFTCAP:  # P * cap' now: one [BN, BM] tile held until dS instead of two
+            b_pt = b_pt * b_dcap
         # dV before dP: P^T is dead before dP^T is live (fewer registers than the other order)
         b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
-        b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
-        if DROPOUT:
-            b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
-        b_dst = cast(b_pt * (b_dpt - b_delta[None, :]) * b_dcap, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+        if DELTA_IN_ACC and not DROPOUT:
+            # dP^T - delta straight from the tensor cores: the accumulator starts at -delta
+            b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+                        acc=tl.zeros_like(b_st) - b_delta[None, :])  # fmt: skip
+        else:
+            b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+            if DROPOUT:
+                b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
+            b_dpt -= b_delta[None, :]
+        b_dst = cast(b_pt * b_dpt, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
         b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         if ATOMIC_DQ:
             b_dq = dot(tl.trans(b_dst), b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
@@ -1364,6 +1375,11 @@ def _flash_bwd_dkdv_kernel(
         WHOLE_INTERIOR=WHOLE_INTERIOR, EVEN_N=EVEN_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
     )  # fmt: skip
+    # dP^T starts from -delta in its accumulator where that compiles leaner (sm_90a, Triton 3.6, d = 128:
+    # causal 25 -> 0 spill instructions in the loops, a window with softcap 231 -> 91 in the per-block loops,
+    # the non-causal interior loop 532 -> 494 instructions); not with packed sequences (d = 128: their
+    # interior loop's spill instructions 1 -> 57; float32 at d = 64: 128 -> 248 registers).
+    DELTA_IN_ACC: tl.constexpr = not IS_VARLEN
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     for g in range(0, group):
         h = h_kv * group + g
@@ -1381,7 +1397,8 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
@@ -1389,8 +1406,8 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
             EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M,
-            BLOCK_D=BLOCK_D,
+            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
+            DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
@@ -1398,7 +1415,8 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
 
     b_dk *= scale

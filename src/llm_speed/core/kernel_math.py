@@ -73,9 +73,10 @@ def tanh(x):
 
 
 @triton.jit
-def dot(a, b, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``a @ b`` accumulated in float32 (see :func:`dot_switches`)."""
+def dot(a, b, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, acc=None):
+    """``a @ b`` accumulated in float32 (see :func:`dot_switches`), onto ``acc`` when given (a float32
+    tile the products are added to in the tensor cores' accumulator: no separate pass over the result)."""
     if DOT_IN_FP32:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-    return tl.dot(a, b, input_precision=DOT_PRECISION)
+    return tl.dot(a, b, acc=acc, input_precision=DOT_PRECISION)

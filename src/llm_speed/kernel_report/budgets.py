@@ -45,14 +45,15 @@ _MASKED_DKDV = (
     "the 16-bit dK/dV kernel with per-element masks (packed sequences: ragged bounds read on device; a "
     "window with softcap: both window edges and the cap's derivative tile) sits at 255 registers on sm_90a "
     "and spills at every 64-key configuration tried (64x64 with 4 and 8 warps, 1 and 2 stages; Triton 3.6; "
-    "docs/notes/attention-overlap.md). Where (2026-11-25, d=128, 8 warps): packed sequences spill 99-105 "
-    "LDL/STL in the loop over the GQA group's query heads and none in the per-block loops, which run without "
-    "row bounds now (a ragged last query block goes to the masked edge loop: interior 984 -> 865 SASS "
-    "instructions); a window with softcap spills 366 (atomic dQ) / 204, of which 47 / 3 in the per-block "
-    "loops. The dense, causal and GQA kernels of the same rows do not spill in loops; 32-key tiles would "
-    "not, but cost the dense path (measured 150 against 391 TFLOP/s on an H100, "
-    "docs/notes/attention-tuning.md), and the configuration is chosen per head dim, not per mask. To fix in "
-    "the kernel (fewer values live across the group loop; fewer live mask tiles), then drop this entry."
+    "docs/notes/attention-overlap.md). Where (2026-11-25, d=128, 4 warps, the H100's backward with dQ in "
+    "its own kernel): packed sequences spill 246 LDL/STL in the loop over the GQA group's query heads and 9 "
+    "in the per-block loops (1 in the interior loop, which runs without row bounds: a ragged last query "
+    "block goes to the masked edge loop); a window with softcap 374, of which 91 in the per-block loops "
+    "(231 before P took the cap's derivative and dP^T started from -delta, 2026-11-25). The dense, causal "
+    "and GQA kernels of the same rows do not spill in loops; 32-key tiles would not, but cost the dense "
+    "path (measured 150 against 391 TFLOP/s on an H100, docs/notes/attention-tuning.md), and the "
+    "configuration is chosen per head dim, not per mask. To fix in the kernel (fewer values live across "
+    "the group loop; fewer live mask tiles), then drop this entry."
 )
 _DROPOUT_DKDV = (
     "attention dropout recomputes its mask in the dK/dV kernel's loop, one Philox-4x32-10 draw per (query, "
@@ -61,21 +62,11 @@ _DROPOUT_DKDV = (
     "with atomic dQ, 10 on the deterministic path). Tried: dP before dV (70 and 0); scalar and vector "
     "counters (no change); one draw per four queries interleaved by join/reshape (worse, the interleave's "
     "layout conversion). Since the H100's backward went to 4 warps with the dQ kernel (2026-11-25) the "
-    "causal ALiBi+dropout dK/dV kernel spills 167 LDL/STL in its loops. Not measured on a GPU with "
+    "causal ALiBi+dropout dK/dV kernel spills 151 LDL/STL in its loops. Not measured on a GPU with "
     "dropout. To fix in the kernel (fewer bits per entry, as flash-attn's "
     "8-bit threshold, or a smaller query block for this variant, measured first), then drop this entry."
 )
-_CAUSAL_DKDV_4_WARPS = (
-    "the H100's backward (LARGE tier, d=128) runs dK/dV at 64x64 on 4 warps with dQ in its own kernel: "
-    "compiled for sm_90a the causal kernel sits at 255 registers and spills 25 LDL/STL inside its loops "
-    "(Triton 3.6; the non-causal one spills none), and still measured fastest on an H100 SXM (2026-11-25, "
-    "1 x 16 x 16384, fp16: 7.3-7.7 ms causal against 15.4-15.6 at 8 warps, which spill nowhere but halve "
-    "each warpgroup's wgmma to 32 rows; docs/notes/attention-tuning.md). To fix in the kernel (fewer live "
-    "mask tiles on the diagonal), then drop this entry."
-)
 EXCEPTIONS: tuple[Exception_, ...] = (
-    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _CAUSAL_DKDV_4_WARPS, gpu="h100-sxm",
-               match=(("HAS_RIGHT", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
     Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
                match=(("IS_VARLEN", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
     Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
