@@ -1,6 +1,9 @@
-"""Shared helpers of the GEMM tests: the accuracy rule (``tests/accuracy_rule.py``) for matrix products."""
+"""Shared helpers of the GEMM tests: the accuracy rule (``tests/accuracy_rule.py``) for matrix products, and
+a recorder of the GEMM launches."""
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -33,3 +36,28 @@ def assert_gemm_accurate(out: torch.Tensor, a, b, *, factor: float = OUTPUT_FACT
     k = a.shape[-2] if kwargs.get("trans_a") else a.shape[-1]
     cap = matmul_cap(out.dtype, expected, k)
     assert_error_rule("gemm", out, same_precision, expected, factor, cap=cap)
+
+
+def record_gemm_launches(monkeypatch) -> list:
+    """(plan, per-call arguments) of every ``llm_speed.matmul.gemm`` launch from here on: each recipe's plan
+    gets its launch wrapped (call ``launch.clear_plans()`` afterwards, so no later test launches a wrapped
+    plan); the kept calls are forgotten first, so the next call of each makes its recipe here."""
+    gemm = importlib.import_module("llm_speed.matmul.gemm")  # (the package's ``gemm`` is the function)
+    launches = []
+    recipe_of = gemm._recipe_of
+
+    def recording(*args):
+        recipe = recipe_of(*args)
+        plan, _ = recipe.arguments(*(None,) * 7)
+        original = plan.launch
+
+        def launch(**per_call):
+            launches.append((plan, per_call))
+            original(**per_call)
+
+        plan.launch = launch
+        return recipe
+
+    monkeypatch.setattr(gemm, "_recipe_of", recording)
+    gemm._GEMM_CALLS.clear()
+    return launches

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 import torch
-from matmul_helpers import assert_gemm_accurate
+from matmul_helpers import assert_gemm_accurate, record_gemm_launches
 
 import llm_speed
 from call_records import record_checks
@@ -68,22 +68,7 @@ def test_four_layouts_through_flags(device, trans_a, trans_b, dtype):
 def test_strided_operands_are_read_in_place(device, monkeypatch):
     """Column-major, transposed-view and stride-0 operands reach the kernel as the same memory, not copies:
     the launch gets the tensors themselves, the plan their strides."""
-    launches = []
-    recipe_of = ops._recipe_of
-
-    def recording(*args):
-        recipe = recipe_of(*args)
-        plan, _ = recipe.arguments(*(None,) * 7)
-        original = plan.launch
-
-        def launch(**per_call):
-            launches.append((plan, per_call))
-            original(**per_call)
-
-        plan.launch = launch
-        return recipe
-
-    monkeypatch.setattr(ops, "_recipe_of", recording)
+    launches = record_gemm_launches(monkeypatch)
     m, n, k = 40, 36, 50
     cases = [
         (rand(k, m, device=device).mT, rand(n, k, device=device).mT),  # both column-major

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from matmul_helpers import record_gemm_launches
 
 import llm_speed
 from llm_speed.matmul import gemm_int8_reference
@@ -68,3 +69,31 @@ def test_inputs_not_modified(device):
     a0, b0 = a.clone(), b.clone()
     llm_speed.tensor_core_gemm_int8(a, b)
     assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+def test_operands_reach_the_kernel_k_major(device, monkeypatch):
+    """wgmma reads 8-bit tiles K-major only (Triton moves any other layout through registers at every K
+    step): a [K, N] row-major b, a column-major a and a broadcast batch are copied K-major once before the
+    launch, on the first call and on a repeated one; K-major operands go to the kernel as they are."""
+    from llm_speed.core import launch
+
+    launches = record_gemm_launches(monkeypatch)
+    m, n, k = 24, 20, 48
+    cases = [
+        (int8(m, k, device=device), int8(k, n, device=device)),  # b N-major: copied
+        (int8(k, m, device=device).mT, int8(n, k, device=device).mT),  # a copied, b K-major already
+        (int8(2, m, k, device=device), int8(1, k, n, device=device).expand(2, k, n)),  # broadcast b
+    ]
+    try:
+        for a, b in cases:
+            for _ in range(2):  # the checked call, then the kept one
+                out = llm_speed.tensor_core_gemm_int8(a, b)
+                assert torch.equal(out.cpu(), gemm_int8_reference(a.cpu(), b.cpu()))
+                plan, per_call = launches[-1]
+                assert plan.fixed["stride_ak"] == 1 and plan.fixed["stride_bk"] == 1
+                assert per_call["a_ptr"].stride(-1) == 1 and per_call["b_ptr"].stride(-2) == 1
+                assert (per_call["a_ptr"] is a) == (a.stride(-1) == 1)
+                assert (per_call["b_ptr"] is b) == (b.stride(-2) == 1)
+        assert cases[2][1].stride(0) == 0 and launches[-1][1]["b_ptr"].stride(0) == 0  # still broadcast
+    finally:
+        launch.clear_plans()  # the plans' launch functions were wrapped

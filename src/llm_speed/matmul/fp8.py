@@ -476,6 +476,7 @@ def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tens
         out = reference.gemm_fp8_reference(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
                                            trans_b=trans_b, compute_dtype=torch.float32)  # fmt: skip
     else:
+        a, b = tensors.k_major(a, -1), tensors.k_major(b, -1 if trans_b else -2)  # (wgmma's 8-bit layout)
         plan = planned_gemm(a, b, scale_a, scale_b, bias, out_dtype, trans_b)
         out = tensors.new_output((m, n), out_dtype, device)
         if plan is not None:

@@ -843,10 +843,17 @@ def forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype)
     return out
 
 
+def _k_major_int8(a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """a and b as the int8 kernel reads them: K-major (copies where they are not; wgmma's 8-bit layout,
+    :func:`llm_speed.core.tensors.k_major`)."""
+    return tensors.k_major(a, -1), tensors.k_major(b, -2)
+
+
 def forward_int8(a, b) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm_int8`` op; reports its work."""
     device = a.device
     if runtime.triton_runs_on(device):
+        a, b = _k_major_int8(a, b)
         return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None, device)
     out = reference.gemm_int8_reference(a, b)
     if out.numel():
@@ -1099,11 +1106,11 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         known = _gemm_call_key(a, b, None, None, None, None)  # flags None: never a float call's key
         call = _GEMM_CALLS.get(known)
         if call is not None:
-            return call(a, b, None, 1.0)
+            return call(*_k_major_int8(a, b), None, 1.0)
     check_operands(a, b, False, False, INT8_DTYPES)
     out = _gemm_int8_call(a, b)
     if known is not None and runtime.triton_runs_on(a.device):
-        _GEMM_CALLS.put(known, _GemmCall(a, b, torch.int32))
+        _GEMM_CALLS.put(known, _GemmCall(*_k_major_int8(a, b), torch.int32))
     return out
 
 
