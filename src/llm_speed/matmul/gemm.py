@@ -1108,9 +1108,11 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if call is not None:
             return call(*_k_major_int8(a, b), None, 1.0)
     check_operands(a, b, False, False, INT8_DTYPES)
+    if runtime.triton_runs_on(a.device):
+        a, b = _k_major_int8(a, b)  # once here: the op's forward and the kept call see them K-major
     out = _gemm_int8_call(a, b)
     if known is not None and runtime.triton_runs_on(a.device):
-        _GEMM_CALLS.put(known, _GemmCall(*_k_major_int8(a, b), torch.int32))
+        _GEMM_CALLS.put(known, _GemmCall(a, b, torch.int32))
     return out
 
 
