@@ -1217,9 +1217,9 @@ def _dkdv_over_queries(
 ):
     """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV, in the
     transposed orientation (FlashAttention-2's): S^T = K Q^T [BN, BM], P^T, dV += P^T dO, dP^T = V dO^T,
-    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). ``DELTA_IN_ACC``: dP^T's
-    product starts from -delta (no pass over the tile after it, and delta's per-query column vector is not
-    held across the block; see the kernel for where). Every product but dQ's then has
+    dS^T = P^T * (dP^T - delta) * cap', dK += dS^T Q (scaled by the caller). ``DELTA_IN_ACC`` (not with
+    ``DROPOUT``): dP^T's product starts from -delta (no pass over the tile after it, and delta's per-query
+    column vector is not held across the block; see the kernel for where). Every product but dQ's then has
     the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
@@ -1250,7 +1250,7 @@ def _dkdv_over_queries(
         # dV before dP: P^T is dead before dP^T is live (fewer registers than the other order)
         b_dv += dot(b_pt16, b_do, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
         b_delta = _load_vector(p_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
-        if DELTA_IN_ACC and not DROPOUT:
+        if DELTA_IN_ACC:
             # dP^T - delta straight from the tensor cores: the accumulator starts at -delta
             b_dpt = dot(b_v, tl.trans(b_do), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
                         acc=tl.zeros_like(b_st) - b_delta[None, :])  # fmt: skip
@@ -1378,8 +1378,9 @@ def _flash_bwd_dkdv_kernel(
     # dP^T starts from -delta in its accumulator where that compiles leaner (sm_90a, Triton 3.6, d = 128:
     # causal 25 -> 0 spill instructions in the loops, a window with softcap 231 -> 91 in the per-block loops,
     # the non-causal interior loop 532 -> 494 instructions); not with packed sequences (d = 128: their
-    # interior loop's spill instructions 1 -> 57; float32 at d = 64: 128 -> 248 registers).
-    DELTA_IN_ACC: tl.constexpr = not IS_VARLEN
+    # interior loop's spill instructions 1 -> 57; float32 at d = 64: 128 -> 248 registers), nor with dropout
+    # (its mask applies to dP before delta is subtracted).
+    DELTA_IN_ACC: tl.constexpr = not IS_VARLEN and not DROPOUT
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     for g in range(0, group):
         h = h_kv * group + g

@@ -476,7 +476,8 @@ def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tens
         out = reference.gemm_fp8_reference(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
                                            trans_b=trans_b, compute_dtype=torch.float32)  # fmt: skip
     else:
-        a, b = tensors.k_major(a, -1), tensors.k_major(b, -1 if trans_b else -2)  # (wgmma's 8-bit layout)
+        if a.stride(1) != 1 or b.stride(1 if trans_b else 0) != 1:  # wgmma's 8-bit layout: K-major
+            a, b = tensors.k_major(a, -1), tensors.k_major(b, -1 if trans_b else -2)
         plan = planned_gemm(a, b, scale_a, scale_b, bias, out_dtype, trans_b)
         out = tensors.new_output((m, n), out_dtype, device)
         if plan is not None:

@@ -763,6 +763,8 @@ def _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path
 def _launch(a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, activation, device, out=None,
             path=None, config=None) -> torch.Tensor:  # fmt: skip
     """Allocate ``out`` (unless given) and run the Triton kernel on a problem of checked arguments."""
+    if a.dtype is torch.int8:  # (8-bit operands: read K-major, copied if they are not)
+        a, b = _k_major_int8(a, b)
     recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, c, bias, activation, out, path, config, device)
     return _run(recipe, a, b, out_dtype, trans_a, trans_b, c, bias, alpha, beta, device, out)
 
@@ -824,6 +826,8 @@ def planned_launch(
     """The plan and per-call arguments of :func:`launch_gemm`'s (first) launch with these arguments, without
     launching (None, {} for an empty output): the tests compile exactly what a launch would run."""
     device = out.device
+    if op_a.dtype is torch.int8:  # as _launch
+        op_a, op_b = _k_major_int8(op_a, op_b)
     recipe = _recipe_of(op_a, op_b, out.dtype, False, False, c, bias, activation, out, path, config, device)
     return recipe.arguments(op_a, op_b, c, bias, out, float(alpha), float(beta))
 
@@ -844,8 +848,8 @@ def forward(a, b, c, bias, alpha, beta, trans_a, trans_b, activation, out_dtype)
 
 
 def _k_major_int8(a, b) -> tuple[torch.Tensor, torch.Tensor]:
-    """a and b as the int8 kernel reads them: K-major (copies where they are not; wgmma's 8-bit layout,
-    :func:`llm_speed.core.tensors.k_major`)."""
+    """op(a) and op(b) as the int8 kernel reads them: K-major (copies where they are not; wgmma's 8-bit
+    layout, :func:`llm_speed.core.tensors.k_major`). int8 launches never transpose through flags."""
     return tensors.k_major(a, -1), tensors.k_major(b, -2)
 
 
@@ -853,7 +857,6 @@ def forward_int8(a, b) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm_int8`` op; reports its work."""
     device = a.device
     if runtime.triton_runs_on(device):
-        a, b = _k_major_int8(a, b)
         return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None, device)
     out = reference.gemm_int8_reference(a, b)
     if out.numel():
@@ -1001,10 +1004,12 @@ class _GemmCall:
     a repeated call with the same metadata does, the output, the report and the launch
     (:data:`_GEMM_CALLS`)."""
 
-    __slots__ = ("recipe", "trans_a", "trans_b", "dtype", "device")
+    __slots__ = ("recipe", "trans_a", "trans_b", "dtype", "device", "copies")
 
-    def __init__(self, a, b, out_dtype, trans_a=False, trans_b=False, bias=None, activation=None):
+    def __init__(self, a, b, out_dtype, trans_a=False, trans_b=False, bias=None, activation=None, *,
+                 copies=False):  # fmt: skip
         self.trans_a, self.trans_b, self.dtype, self.device = trans_a, trans_b, out_dtype, a.device
+        self.copies = copies  # int8 operands of this metadata are copied K-major before the launch
         self.recipe = _recipe_of(a, b, out_dtype, trans_a, trans_b, None, bias, activation, None, None, None,
                                  a.device)  # fmt: skip
 
@@ -1106,13 +1111,15 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         known = _gemm_call_key(a, b, None, None, None, None)  # flags None: never a float call's key
         call = _GEMM_CALLS.get(known)
         if call is not None:
-            return call(*_k_major_int8(a, b), None, 1.0)
+            return call(*_k_major_int8(a, b), None, 1.0) if call.copies else call(a, b, None, 1.0)
     check_operands(a, b, False, False, INT8_DTYPES)
+    given = a, b
     if runtime.triton_runs_on(a.device):
         a, b = _k_major_int8(a, b)  # once here: the op's forward and the kept call see them K-major
     out = _gemm_int8_call(a, b)
     if known is not None and runtime.triton_runs_on(a.device):
-        _GEMM_CALLS.put(known, _GemmCall(a, b, torch.int32))
+        copies = a is not given[0] or b is not given[1]
+        _GEMM_CALLS.put(known, _GemmCall(a, b, torch.int32, copies=copies))
     return out
 
 
