@@ -178,9 +178,14 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    # Both files checked (the folder made where allowed) before any work starts.
-    plot_path = prepare_output_path(output_dir / "roofline.png", argument="--output-dir")
-    json_path = prepare_output_path(output_dir / "demo.json", argument="--output-dir")
+    # Both files checked (the folder made where allowed) before any work starts. The folder named by
+    # --output-dir is made wherever its own parent exists: the user named it; a missing parent chain is
+    # created only inside the current directory, as for every output.
+    named = output_dir.expanduser().resolve().parent.is_dir()
+    plot_path, json_path = (
+        prepare_output_path(output_dir / name, argument="--output-dir", create_parents=named)
+        for name in ("roofline.png", "demo.json")
+    )
     detected = detect_gpu() if device.type == "cuda" else None
     gpu_id = detected.id if detected is not None else FALLBACK_GPU
     if detected is not None:

@@ -278,6 +278,23 @@ def test_demo_checks_its_output_folder_before_any_work(monkeypatch, capsys):
     assert "--output-dir: folder /nonexistent-llm-speed/demo does not exist" in capsys.readouterr().err
 
 
+def test_demo_makes_the_folder_it_is_given_where_its_parent_exists(monkeypatch, tmp_path):
+    """--output-dir outside the current directory (the GPU suite's /tmp folder): the named folder is made
+    when its parent exists, before any work (the work stops here: the check passed)."""
+    target, elsewhere = tmp_path / "demo", tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    def stop(*args, **kwargs):
+        assert target.is_dir()
+        raise SystemExit(7)
+
+    monkeypatch.setattr("llm_speed.perf.inference.analyze_inference", stop)
+    with pytest.raises(SystemExit):
+        main(["demo", "--device", "cpu", "--output-dir", str(target)])
+    assert target.is_dir()
+
+
 def test_heads_are_scaled_when_the_shortest_sequence_is_not_enough(monkeypatch):
     monkeypatch.setattr(cpu_budget, "CALL_SECONDS", 1e-6)
     argv = [

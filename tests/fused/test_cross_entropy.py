@@ -474,11 +474,13 @@ def test_a_repeated_linear_call_skips_the_metadata_checks_not_the_values(device,
         assert torch.equal(first, second)
     assert torch.equal(again, results[0][0])
     h64, w64 = leaves(hidden, weight, dtype=torch.float64)
-    truth = fused_linear_cross_entropy_reference(h64, w64, target, label_smoothing=0.1, lse_square_scale=1e-3)
+    truth = fused_linear_cross_entropy_reference(  # (leaves: on the CPU)
+        h64, w64, target.cpu(), label_smoothing=0.1, lse_square_scale=1e-3
+    )
     truth.backward()
     assert abs(results[1][0].item() - truth.item()) <= 1e-5 * max(1.0, abs(truth.item()))
     for got, truth in zip(results[1][1:], (h64.grad, w64.grad), strict=True):
-        assert (got.double() - truth).abs().max() <= 1e-4 * max(1.0, truth.abs().max().item())
+        assert (got.cpu().double() - truth).abs().max() <= 1e-4 * max(1.0, truth.abs().max().item())
     if runtime.check_values(device):
         bad = target.clone()
         bad[0] = 80  # same metadata, a value out of range

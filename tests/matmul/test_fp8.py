@@ -103,10 +103,13 @@ def _padded(x, rows, cols):
 def _fp8_product(a, b_kn):
     """``a @ b_kn`` of unscaled fp8 operands, float32, in the precision of the device's own fp8 matrix
     product. CPU: float32 (each fp8 product is exact in float32; the sums are float32's). CUDA:
-    torch._scaled_mm with unit scales (cuBLASLt: tensor cores, whose fp8 accumulation keeps fewer bits than
-    float32's), the operands padded with zeros to its multiples of 16 along K and N and b made column-major,
-    as it requires; it multiplies no two e5m2 matrices, so there b goes to e4m3 times 2**-7 (e5m2's max 57344
-    is e4m3's 448 there; only values below 2 lose bits, far below the product's rounding)."""
+    torch._scaled_mm with unit scales and ``use_fast_accum`` (cuBLASLt: the tensor cores' fp8 accumulation,
+    which keeps fewer bits than float32's, never promoted to float32 registers: as the kernel's ``tl.dot``,
+    whose ``max_num_imprecise_acc`` Triton sets to 2**30 on sm_90; cuBLAS's default promotes, and at K = 300
+    the kernel's error was 2.3-3.9x that one's, H100 2026-11-25), the operands padded with zeros to its
+    multiples of 16 along K and N and b made column-major, as it requires; it multiplies no two e5m2
+    matrices, so there b goes to e4m3 times 2**-7 (e5m2's max 57344 is e4m3's 448 there; only values below 2
+    lose bits, far below the product's rounding)."""
     if a.device.type != "cuda":
         return a.float() @ b_kn.float()
     factor = 1.0
@@ -116,7 +119,7 @@ def _fp8_product(a, b_kn):
     k16, n16 = -(-k // 16) * 16, -(-n // 16) * 16
     one = torch.ones((), device=a.device)
     a16, b16 = _padded(a, m, k16), _padded(b_kn.mT, n16, k16).mT
-    return torch._scaled_mm(a16, b16, one, one, out_dtype=torch.float32)[:, :n] * factor
+    return torch._scaled_mm(a16, b16, one, one, out_dtype=torch.float32, use_fast_accum=True)[:, :n] * factor
 
 
 def _same_precision(a, b, s_a, s_b, bias, out_dtype, trans_b, granularity):

@@ -131,7 +131,9 @@ def test_native_launch_over_many_addresses():
     for x in [*xs, *xs[:8]]:  # past the bound (the maps start again), then addresses seen before
         out = llm_speed.gemm(x, w, trans_b=True)
         assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
-    plan, _ = ops.planned_launch(xs[0], w.mT, out)
+    # the recipe of the calls above (the public call's key: b with trans_b, a fresh output)
+    recipe = ops._recipe_of(xs[0], w, out.dtype, False, True, None, None, None, None, None, None, out.device)
+    plan = recipe.plan
     assert plan.direct and plan.native == triton.__version__.startswith("3.6.")
 
 

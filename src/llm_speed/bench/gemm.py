@@ -2,8 +2,9 @@
 followed by separate bias and activation ops, ``tensor_core_gemm_int8`` against ``torch._int_mm`` for
 int8, and ``gemm_fp8`` for fp8 (``--dtype fp8``): each shape at each scaling granularity (tensor, row, 1x128
 x 128x128 blocks) against ``torch._scaled_mm`` / ``F.scaled_mm`` with the same scaling (the baseline of the
-percentages) and against bf16 ``torch.matmul`` of the same values. The fp8 operands are quantized once, before
-timing (``quantize_fp8``'s own cost is not in these rows).
+percentages; tensor and row: ``use_fast_accum``, the kernel's accumulation) and against bf16 ``torch.matmul``
+of the same values. The fp8 operands are quantized once, before timing (``quantize_fp8``'s own cost is not in
+these rows).
 """
 
 from __future__ import annotations
@@ -197,12 +198,18 @@ def _fp8_workload(impl: str, case: GemmCase, settings: GemmSettings, device: tor
         from torch.nn.functional import ScalingType, scaled_mm
 
         scale_kn = scale_w.mT  # [K/128, N/128]: blocks of the [K, N] operand
+        # cuBLAS takes the 1x128 scales M-major (strides (1, M)): torch 2.11 refused our row-major [M, K/128]
+        scale_a_m_major = scale_a.mT.contiguous().mT
         return lambda: scaled_mm(
-            a, b_kn, scale_a, ScalingType.BlockWise1x128, scale_kn, ScalingType.BlockWise128x128, bias=bias,
-            output_dtype=torch.bfloat16,
+            a, b_kn, scale_a_m_major, ScalingType.BlockWise1x128, scale_kn, ScalingType.BlockWise128x128,
+            bias=bias, output_dtype=torch.bfloat16,
         )  # fmt: skip
     scale_kn = scale_w.reshape(1, n) if gran == "row" else scale_w
-    return lambda: torch._scaled_mm(a, b_kn, scale_a, scale_kn, bias=bias, out_dtype=torch.bfloat16)
+    # use_fast_accum: the tensor cores' own fp8 accumulation, as gemm_fp8's tl.dot (Triton's default on
+    # sm_90) and the forward GEMM of torchao's Float8Linear; cuBLAS's default promotes to float32 registers.
+    return lambda: torch._scaled_mm(
+        a, b_kn, scale_a, scale_kn, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=True
+    )
 
 
 def _workload_builder(impl: str, case: GemmCase, settings: GemmSettings, device: torch.device):
