@@ -65,6 +65,44 @@ def main(argv=None) -> int:
         row["forward_only"] = round((time.perf_counter() - began) / args.calls * 1e6, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    # The engine's cost of a Python backward: x * 2 as PyTorch's own node, and as an autograd.Function whose
+    # backward runs 1 or 6 PyTorch ops (each output of the forward is a fresh tensor, as in our ops).
+    x = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
+
+    def function_with(ops: int):
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t * 2
+
+            @staticmethod
+            def backward(ctx, grad):
+                for _ in range(ops - 1):
+                    grad = grad + 0
+                return grad * 2
+
+        return lambda: Twice.apply(x)
+
+    probes = {"x * 2 (C++ node)": lambda: x * 2, "Function, 1 op": function_with(1),
+              "Function, 6 ops": function_with(6)}
+    for name, call in probes.items():
+        fn = overhead._runner(call, "training")
+        row = {"case": name}
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                for _ in range(20):
+                    fn()
+                sync()
+                best = float("inf")
+                for _ in range(3):
+                    began = time.perf_counter()
+                    for _ in range(args.calls):
+                        fn()
+                    sync()
+                    best = min(best, (time.perf_counter() - began) / args.calls * 1e6)
+            row["threads" if threads else "no_threads"] = round(best, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     for name in args.profile:
         fn = overhead._runner(by_name[name].make(device, dtype, True), "training")
         with torch.autograd.set_multithreading_enabled(False):
