@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import re
 import statistics
 import sys
 
@@ -52,13 +53,14 @@ def launch_order(lpt: bool):
 def backward_tile(tile):
     saved = flash.attention_config
     if tile != "shipped":
-        block_m, block_n, warps = tile
+        block_m, block_n, warps = tile[:3]
 
         def patched(direction, block_d, dtype, hardware):
             cfg = saved(direction, block_d, dtype, hardware)
             if direction != "backward":
                 return cfg
-            return dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_warps=warps)
+            stages = {"num_stages": tile[3]} if len(tile) > 3 else {}
+            return dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_warps=warps, **stages)
 
         flash.attention_config = patched
     launch.clear_plans()
@@ -98,8 +100,17 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-launch-order", action="store_true")
     parser.add_argument("--backward-tiles", choices=("all", "shipped"), default="all",
                         help="the dK/dV tiles of the backward rows: shipped, or all")  # fmt: skip
+    parser.add_argument("--tile", action="append", default=[], metavar="MxNwW[sS]",
+                        help="a backward tile to time (atomic dQ) besides --backward-tiles: BLOCK_M "
+                        "x BLOCK_N, warps, stages (default: the shipped config's); repeatable")  # fmt: skip
     args = parser.parse_args(argv)
     tiles = BACKWARD_TILES if args.backward_tiles == "all" else ("shipped",)
+    extra = []
+    for text in args.tile:
+        match = re.fullmatch(r"(\d+)x(\d+)w(\d+)(?:s(\d+))?", text)
+        if match is None:
+            parser.error(f"--tile: {text!r} is not MxNwW or MxNwWsS (e.g. 64x128w8s2)")
+        extra.append(tuple(int(g) for g in match.groups() if g is not None))
     if not torch.cuda.is_available():
         print("attention_ab.py: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -133,8 +144,10 @@ def main(argv=None) -> int:
             # (tile, deterministic, dQ by TMA reductions); the last: the five-matmul path on Hopper too
             variants = [(tile, det, False) for det in (False, True) for tile in tiles]
             variants.append(("shipped", False, True))
+            variants += [(tile, False, False) for tile in extra]
             for tile, deterministic, tma in variants:
                 name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
+                name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
                 name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic"
                 try:
                     with backward_tile(tile), tma_dq_add() if tma else contextlib.nullcontext():
