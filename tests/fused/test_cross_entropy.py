@@ -98,13 +98,15 @@ def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
     hidden.requires_grad_()
     fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
     assert shapes and all(rows <= 8 for rows, _ in shapes) and len(shapes) == 2 * 3  # 3 chunks, fwd and bwd
-    # The default: logits as large as hidden (Liger's rule), never under 2^16 logits, at most N rows.
+    # The default: logits as large as hidden (Liger's rule), never under 2^16 logits nor 1024 rows, at most N.
     assert ce.default_chunk_rows(23, 40, 160) == 23  # 2^16 / 160 -> 512 rows: one chunk
     assert ce.default_chunk_rows(100_000, 64, 4096) == 2048  # 100000 / ceil(4096 / 64) -> 1563 -> 2048
-    assert ce.default_chunk_rows(8192, 4096, 128256) == 256
+    assert ce.default_chunk_rows(8192, 4096, 128256) == 1024  # Liger's 256: memory-bound GEMMs
+    assert ce.default_chunk_rows(2048, 4096, 128256) == 1024  # Liger's 64
+    assert ce.default_chunk_rows(600, 4096, 128256) == 600
     llama = ce.memory_estimate(8192, 4096, 128256, itemsize=2)
-    assert llama["chunk_rows"] == 256 and llama["unfused_bytes"] == 2 * 8192 * 128256 * 2
-    assert llama["fused_bytes"] == 256 * 128256 * 2 + 8 * 8192 and round(llama["saving"]) == 64
+    assert llama["chunk_rows"] == 1024 and llama["unfused_bytes"] == 2 * 8192 * 128256 * 2
+    assert llama["fused_bytes"] == 1024 * 128256 * 2 + 8 * 8192 and round(llama["saving"]) == 16
 
 
 def test_shifting_logits_changes_nothing(device):

@@ -22,9 +22,10 @@ Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
 extra memory is one ``[C, V]`` chunk plus ``O(N)`` fp32 statistics: ``C V b + 8 N``. The default ``C`` makes
 the chunk as large as ``hidden`` itself, ``C = next_pow2(ceil(N / ceil(V / H)))``, but never below 2^16
-logits (:func:`default_chunk_rows`; a smaller chunk's launches cost more than it saves). For Llama-3-8B's head
-(H = 4096, V = 128256) with N = 8192 tokens in bfloat16: unfused ``2 * 8192 * 128256 * 2 B = 4.20 GB``; fused
-``C = 256``, ``256 * 128256 * 2 B + 64 KiB = 65.7 MB``, 64x less (:func:`memory_estimate`; a formula, not a
+logits (a smaller chunk's launches cost more than it saves) nor 1024 rows (each chunk's GEMMs read the whole
+weight: fewer rows leave them memory-bound; :func:`default_chunk_rows`). For Llama-3-8B's head (H = 4096,
+V = 128256) with N = 8192 tokens in bfloat16: unfused ``2 * 8192 * 128256 * 2 B = 4.20 GB``; fused ``C =
+1024``, ``1024 * 128256 * 2 B + 64 KiB = 263 MB``, 16x less (:func:`memory_estimate`; a formula, not a
 measurement). Hugging Face's loss also upcasts the logits to float32, which adds ``4 N V`` bytes more.
 
 Layout as :mod:`llm_speed.fused.rms_norm`: kernels, launcher, op registration, autograd, public functions; the
@@ -248,15 +249,22 @@ MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
 # A chunk holds at least this many logits: below it, a chunk's GEMM and kernel launches cost more host time
 # than its memory (128 KiB in bfloat16) is worth.
 MIN_CHUNK_LOGITS = 1 << 16
+# ... and at least this many rows (when N has them): each chunk's three GEMMs read the whole [V, H] weight
+# (and the weight gradient's accumulation reads and writes it), so rows per chunk are their FLOPs per weight
+# byte; the H100's ridge is 295 FLOP/B. Liger's rule alone gave Llama-3-8B's head 64-row chunks at N = 2048
+# (32 weight passes per GEMM): 69 of an 85 ms training step in those GEMMs, against 28.7 ms for the whole
+# unfused step (H100, 2026-11-25, benchmarks/train_step_profile.py).
+MIN_CHUNK_ROWS = 1024
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
     """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger), but
-    at least :data:`MIN_CHUNK_LOGITS` logits: ``C = next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V)))``,
-    at most N."""
+    at least :data:`MIN_CHUNK_LOGITS` logits and :data:`MIN_CHUNK_ROWS` rows (the GEMMs' intensity): ``C =
+    next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V), 1024))``, at most N."""
     liger = next_power_of_2(cdiv(n, cdiv(vocab, hidden)))
-    return max(1, min(n, max(liger, next_power_of_2(cdiv(MIN_CHUNK_LOGITS, vocab)))))
+    floor = max(MIN_CHUNK_ROWS, next_power_of_2(cdiv(MIN_CHUNK_LOGITS, vocab)))
+    return max(1, min(n, max(liger, floor)))
 
 
 def memory_estimate(
@@ -875,7 +883,7 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, label_smoothing, softcap, lse_square_scale, return_z_loss, loss_dtype: as
             :func:`cross_entropy`.
         chunk_rows: rows per chunk ``C``; default ``next_pow2(ceil(N / ceil(V / H)))``, a chunk of logits as
-            large as ``hidden``, and at least 2^16 logits (:func:`default_chunk_rows`).
+            large as ``hidden``, at least 2^16 logits and 1024 rows (:func:`default_chunk_rows`).
 
     Returns the loss in ``loss_dtype`` (float32 by default): a scalar, or ``[N]`` for ``reduction="none"``;
     with ``return_z_loss``, ``(loss, z_loss)``. Logits come from GEMMs in the inputs' dtype (under

@@ -1551,18 +1551,10 @@ def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration)
     gparams, _, _ = parameters(spec, gemm_impl, "gemm", calibration)
     peak = spec.peak_flops(dtype)
     if impl == "llm-speed":
-        # llm_speed.fused.cross_entropy.default_chunk_rows: a chunk's logits about as large as hidden, at
-        # least 2^16 logits; the weight is read once per chunk, the chunk's logits written and read back.
-        chunk = max(
-            1,
-            min(
-                tokens,
-                max(
-                    _next_power_of_2(cdiv(tokens, cdiv(vocab, hidden))),
-                    _next_power_of_2(cdiv(1 << 16, vocab)),
-                ),
-            ),
-        )
+        # the op's own chunk rule; the weight is read once per chunk, the chunk's logits written and read back
+        from llm_speed.fused.cross_entropy import default_chunk_rows
+
+        chunk = default_chunk_rows(tokens, hidden, vocab)
         logits_bytes = (4 if backward else 2) * tokens * vocab * e
     else:
         # Eager: the [N, V] logits in the dtype, upcast to fp32, log-softmax and the loss over them.
