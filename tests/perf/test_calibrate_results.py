@@ -30,10 +30,14 @@ def test_a_results_commit_is_the_build_that_names_it():
     assert build_entry("llm-speed", "2b2a055") is build_entry("llm-speed", "4c378d4eb0b3e9a2") is measured
     assert (measured["attention_backward"], current["attention_backward"]) == ("atomic_dq", "dq_kernel")
     assert measured["attention_tiles"]["backward"]["fp16"]["128"] == [64, 64, 8, 2]
-    assert current["host_path_of"] == "d1b0227"
+    assert current["host_path_of"] == "0cce093"  # the second 2026-11-25 lease measured this launch path
+    second = build_entry("llm-speed", "0cce093")
+    assert second is not current and second["commit"] == "d1b0227" and "host_path_of" not in second
+    assert build_entry("llm-speed", "b9171ef") is second and build_entry("llm-speed", "f4de76f") is current
     assert build_entry("llm-speed", "af147ec")["attention_backward"] == "dq_kernel"
-    with pytest.raises(ValueError, match=r"build '1234567' of llm-speed is not described; known: current, "
-                                         r"d1b0227 \(2b2a055, 4c378d4\), af147ec"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"build '1234567' of llm-speed is not described; known: current "
+                                         r"\(f4de76f\), 0cce093 \(5e051eb, eafec86, b9171ef\), d1b0227 "
+                                         r"\(2b2a055, 4c378d4\), af147ec"):  # fmt: skip
         build_entry("llm-speed", "1234567")
     twice = copy.deepcopy(load_calibration())
     twice["builds"]["llm-speed"]["copy"] = dict(twice["builds"]["llm-speed"]["d1b0227"])
@@ -137,7 +141,7 @@ def test_calibrate_reads_the_host_path_of_the_build_measured(tmp_path):
     folder.mkdir(parents=True)
     (folder / "gemm.json").write_text((SUITE / "gemm_fp16_4096.json").read_text())
     document = json.loads((SUITE / "overhead.json").read_text())
-    document["environment"] = dict(document["environment"], git_commit="d1b0227")
+    document["environment"] = dict(document["environment"], git_commit="0cce093")
     (folder / "overhead.json").write_text(json.dumps(document))
     cpu = dict(document, environment=dict(document["environment"], device_type="cpu", gpu_spec_id=None))
     (folder / "overhead-cpu.json").write_text(json.dumps(cpu))

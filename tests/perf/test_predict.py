@@ -171,8 +171,8 @@ def test_fixed_cost_and_context():
     seconds = {c: predict("gemm", "h100-sxm", implementation="cublas", context=c, **problem).seconds
                for c in ("graph", "bench", "stream", "isolated")}  # fmt: skip
     assert seconds["graph"] == seconds["bench"] < seconds["stream"] < seconds["isolated"]
-    # cuBLAS's host path: torch.matmul's wall time per call on the H100 (2026-11-25-suite/overhead.json)
-    assert seconds["isolated"] == pytest.approx(seconds["graph"] + 18.322e-6, rel=1e-4)
+    # cuBLAS's host path: torch.matmul's wall time per call on the H100 (2026-11-25-suite2/overhead.json)
+    assert seconds["isolated"] == pytest.approx(seconds["graph"] + 17.434e-6, rel=1e-4)
 
 
 def test_attention_tiles_change_the_prediction():
@@ -416,9 +416,11 @@ def test_the_held_out_rule(results):
     assert flags["2026-11-25-suite/gemm_int8_2048.json: 2048x2048x2048llm-speed"]  # 8-bit: never fitted
     train, test = calibrate.split(results.points)
     # 2026-11-22: 188 and 149; the 2026-11-25 suite adds 30 training points, 28 held out and 34 of kinds no
-    # fit uses; its calls 4 and 5 (A/B runs, fp8 GEMMs in NT, decode) 34, 11 and 76 (decode: 72)
-    assert (len(train), len(test)) == (252, 298)
-    assert sum(not p.fitted for p in test) == 110 and all(p.fitted for p in train)
+    # fit uses; its calls 4 and 5 (A/B runs, fp8 GEMMs in NT, decode) 34, 11 and 76 (decode: 72); the second
+    # lease's suite (0cce093) 38 training points, 20 held out and 98 unfitted (decode 60, fwd+bwd, 8-bit), its
+    # fp8 calls 3 and 7 (call3/, call7/) 12 training points (bf16 torch.matmul) and 24 unfitted
+    assert (len(train), len(test)) == (302, 440)
+    assert sum(not p.fitted for p in test) == 232 and all(p.fitted for p in train)
     # cuBLAS and llm-speed are held out on the same shapes.
     gemm = {p.source for p in test if p.op == "gemm"}
     assert gemm == {p.source for p in test if p.op == "gemm" and p.implementation == "cublas"}
@@ -440,11 +442,13 @@ HELD_OUT = {
 KNOWN_MISSES = {
     # llm-speed's GEMM at 1024^3 and 2048^3 takes ~54 us more than the model, the same at both sizes and gone
     # from 4096^3 on: a per-call host cost at these shapes (~85-90 us) far above the tiny problem's (32 us,
-    # the build's host path the model reads from the overhead run: it does not explain this point).
-    "2026-11-25-suite/gemm_fp16_2048.json: 2048x2048x2048 [llm-speed]": -0.677,
+    # the build's host path the model reads from the overhead run: it does not explain this point). Build
+    # 0cce093 (the second 2026-11-25 suite) ran the same points in 11.4 and 29.3 us.
+    "2026-11-25-suite/gemm_fp16_2048.json: 2048x2048x2048 [llm-speed]": -0.67,
     # SDPA's memory-efficient kernel at d = 64 (batch 2, 8 heads): a quarter slower than the model, which its
-    # d = 128 points set.
+    # d = 128 points set (both suites).
     "2026-11-25-suite/attn_fwd_fp16_s8192.json: seq=8192 [sdpa-efficient]": -0.236,
+    "2026-11-25-suite2/attn_fwd_fp16_s8192.json: seq=8192 [sdpa-efficient]": -0.235,
 }
 
 
@@ -461,10 +465,14 @@ def test_held_out_errors_on_the_h100(results):
             if abs(error) > worst:
                 missed[point.label] = round(error, 3)
     assert missed == KNOWN_MISSES
-    # On the attention grids alone (the 2026-11-22 baseline's, the 2026-11-25 suite's), llm-speed's attention
-    # meets both targets.
+    # On the attention grids alone (the 2026-11-22 baseline's, both 2026-11-25 suites'), llm-speed's attention
+    # meets both targets but at one point: the d = 64 forward at 2 x 8 x 2048, held out, +35.4% in the second
+    # suite (+32% in the first): the model prices d = 64's 128 x 64 tiles too slow at 2048-8192 (+35%, +26%,
+    # +16%), a miss it must own (docs/notes/performance-model-calibration.md, "2026-11-25, second lease").
     grid = [p for p in test if p.implementation == "llm-speed" and "attn_" in p.source and p.fitted]
-    assert max(abs(e) for e in calibrate.errors(grid, None)) <= 0.35
+    errors = {p.label: e for p, e in zip(grid, calibrate.errors(grid, None), strict=True)}
+    over = {label: round(e, 3) for label, e in errors.items() if abs(e) > 0.35}
+    assert over == {"2026-11-25-suite2/attn_fwd_fp16_s2048.json: seq=2048 [llm-speed]": 0.354}
 
 
 def test_shipped_calibration_records_its_fit(results):
