@@ -82,6 +82,19 @@ def test_ptxas_log_and_occupancy():
     assert analysis.ptxas_usage(log) == {
         "registers": 255, "stack_bytes": 48, "spill_store_bytes": 44, "spill_load_bytes": 52,
     }  # fmt: skip
+    assert analysis.wgmma_serialized(log) is None
+    # ptxas 12.8's advisory for gemm_fp8's per-tensor kernel before eafec86 (sm_90a), verbatim
+    advisory = (
+        "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+        "to non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+        "pipeline stage in the function '_gemm_fp8_kernel'\n"
+        "ptxas info    : Used 185 registers, used 1 barriers"
+    )
+    assert analysis.wgmma_serialized(advisory) == (
+        "non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+        "pipeline stage"
+    )
+    assert analysis.ptxas_usage(advisory)["registers"] == 185
     # H100: 255 registers x 8 warps fill the 64K register file; 224 KiB of shared memory fits once in 228.
     assert analysis.occupancy(255, 224 * 1024, 8, 228 * 1024, (9, 0)) == analysis.Occupancy(1, 8, "registers")
     assert analysis.occupancy(128, 64 * 1024, 8, 228 * 1024, (9, 0)).blocks == 2

@@ -147,6 +147,10 @@ def test_each_budget_is_read_from_the_row():
     assert found == {"shared memory"}
     assert {b.budget for b in budgets.breaches(_row(loop_spill_instructions=3))} == {"no spills in loops"}
     assert {b.budget for b in budgets.breaches(_row(tensor_cores="HMMA", wgmma=False))} == {"wgmma"}
+    serialized = budgets.breaches(_row(wgmma_serialized="non wgmma instructions defining accumulators"))
+    assert [(b.budget, b.detail) for b in serialized] == [
+        ("wgmma not serialized", "ptxas: serialized due to non wgmma instructions defining accumulators")
+    ]
     # below 64 rows, or off sm_90a, mma.sync is what there is
     assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, tile_rows=32)) == []
     assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, target="sm_89")) == []

@@ -44,10 +44,11 @@ import triton.language as tl
 
 from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag, check_int, check_real, positive_int
+from ..core.chunking import linear_cross_entropy_chunk_rows
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.kernel_math import cast, rne_by_hand, tanh
-from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from .reference import softcapped
 
@@ -246,25 +247,13 @@ MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks
 MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
 
 
-# A chunk holds at least this many logits: below it, a chunk's GEMM and kernel launches cost more host time
-# than its memory (128 KiB in bfloat16) is worth.
-MIN_CHUNK_LOGITS = 1 << 16
-# ... and at least this many rows (when N has them): each chunk's three GEMMs read the whole [V, H] weight
-# (and the weight gradient's accumulation reads and writes it), so rows per chunk are their FLOPs per weight
-# byte; the H100's ridge is 295 FLOP/B. Liger's rule alone gave Llama-3-8B's head 64-row chunks at N = 2048
-# (32 weight passes per GEMM): 69 of an 85 ms training step in those GEMMs, against 28.7 ms for the whole
-# unfused step (H100, 2026-11-25, benchmarks/train_step_profile.py).
-MIN_CHUNK_ROWS = 1024
-
-
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def default_chunk_rows(n: int, hidden: int, vocab: int) -> int:
     """Rows per chunk so that a chunk's logits ``[C, V]`` are about as large as ``hidden [N, H]`` (Liger), but
-    at least :data:`MIN_CHUNK_LOGITS` logits and :data:`MIN_CHUNK_ROWS` rows (the GEMMs' intensity): ``C =
-    next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V), 1024))``, at most N."""
-    liger = next_power_of_2(cdiv(n, cdiv(vocab, hidden)))
-    floor = max(MIN_CHUNK_ROWS, next_power_of_2(cdiv(MIN_CHUNK_LOGITS, vocab)))
-    return max(1, min(n, max(liger, floor)))
+    at least 2^16 logits and 1024 rows (the GEMMs' intensity): ``C = next_pow2(max(ceil(N / ceil(V / H)),
+    ceil(2^16 / V), 1024))``, at most N (:func:`llm_speed.core.chunking.linear_cross_entropy_chunk_rows`,
+    which the model prices too)."""
+    return linear_cross_entropy_chunk_rows(n, hidden, vocab)
 
 
 def memory_estimate(

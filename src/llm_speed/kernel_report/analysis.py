@@ -32,6 +32,19 @@ def ptxas_usage(log: str) -> dict[str, int | None]:
     }
 
 
+# ptxas's performance advisory (C7515 and its kin) when it gives up pipelining a kernel's warpgroup MMAs:
+# every wgmma then gets its own arrive and a wait for zero, whatever wait depth the PTX asked for.
+_WGMMA_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized due to (.+?) in the function")
+
+
+def wgmma_serialized(log: str) -> str | None:
+    """Why ``ptxas -v`` serialized the kernel's wgmma instructions (its words), or None when it did not. Seen
+    on sm_90a (Triton 3.6): gemm_fp8 with per-tensor scales, "non wgmma instructions defining accumulator
+    registers of a wgmma between start and end of the pipeline stage", 0.81x the per-row kernel on an H100."""
+    found = _WGMMA_SERIALIZED.findall(log)
+    return found[-1] if found else None
+
+
 def resource_usage(text: str) -> dict[str, int]:
     """``cuobjdump -res-usage`` fields (REG, STACK, SHARED, LOCAL, ...) of the first function listed."""
     return {key: int(value) for key, value in re.findall(r"\b([A-Z]+):(\d+)", text)}

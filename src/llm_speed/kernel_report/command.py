@@ -111,7 +111,8 @@ def table_row(row: dict) -> tuple:
         row["index"], row["kernel"], row["op"], row["config"], row["variant"], row["registers"], spills,
         f"{row['loop_spill_instructions']} ({row['inner_loop_spill_instructions']})", smem,
         f"{row['blocks_per_sm']} x {row['num_warps']}",
-        row["tensor_cores"], row["wgmma_wait"], row["tma"],
+        row["tensor_cores"],
+        f"{row['wgmma_wait']} serialized" if row.get("wgmma_serialized") else row["wgmma_wait"], row["tma"],
     )  # fmt: skip
 
 
@@ -125,9 +126,10 @@ def print_report(result: dict) -> None:
         f"({result['triton_build']})",
         COLUMNS, [table_row(row) for row in rows],
         caption="regs: per thread; wgmma wait: the deepest wgmma.wait_group N inside loops (0: every MMA is "
-        "waited for at once; - : no wgmma in a loop); LDL/STL in loops: spill instructions in any loop "
-        "(inner: in loops that hold no other loop, run once per block); blocks x warps: resident per SM "
-        "(occupancy).",
+        "waited for at once; - : no wgmma in a loop; serialized: ptxas serialized the wgmma whatever "
+        "the PTX's wait, its reason in the JSON's wgmma_serialized); LDL/STL in loops: spill instructions "
+        "in any loop (inner: in loops that hold no other loop, run once per block); blocks x warps: "
+        "resident per SM (occupancy).",
     )  # fmt: skip
     for breach in result["breaches"]:
         _cli.console().print(f"budget: {breach}")

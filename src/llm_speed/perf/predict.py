@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_speed.core.args import positive_int
+from llm_speed.core.chunking import linear_cross_entropy_chunk_rows
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import (
@@ -1552,9 +1553,7 @@ def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration)
     peak = spec.peak_flops(dtype)
     if impl == "llm-speed":
         # the op's own chunk rule; the weight is read once per chunk, the chunk's logits written and read back
-        from llm_speed.fused.cross_entropy import default_chunk_rows
-
-        chunk = default_chunk_rows(tokens, hidden, vocab)
+        chunk = linear_cross_entropy_chunk_rows(tokens, hidden, vocab)
         logits_bytes = (4 if backward else 2) * tokens * vocab * e
     else:
         # Eager: the [N, V] logits in the dtype, upcast to fp32, log-softmax and the loss over them.
