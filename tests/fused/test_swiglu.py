@@ -27,7 +27,7 @@ def _run(fn, gate, up, dout):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("shape", "magnitude"), [((1,), 1.0), ((3, 37), 4.0), ((2, 5, 113), 1.0), ((1031,), 30.0)]
+    ("shape", "magnitude"), [((1,), 1.0), ((3, 37), 4.0), ((2, 5, 113), 1.0), ((1031,), 30.0), ((4099,), 2.0)]
 )
 def test_accuracy(shape, magnitude, dtype, op, device):
     fn, reference = OPS[op]

@@ -83,15 +83,19 @@ def _swiglu_bwd_kernel(
 
 FORWARD = Kernel(_swiglu_fwd_kernel, "swiglu_fwd")
 BACKWARD = Kernel(_swiglu_bwd_kernel, "swiglu_bwd")
-BLOCK = 1024  # elements per program: 4 per thread with 8 warps
+# Elements per program: 16 per thread with 8 warps, two 128-bit accesses per 16-bit tensor. At 1024 (4 per
+# thread) sm_90a got 64-bit loads and stores and 115k programs at Llama-3-8B's 8192 x 14336 (H100 2026-11-25:
+# forward + backward 1.16 ms, Liger-Kernel's 16-32 per thread 1.02).
+BLOCK = 4096
+ELEMENTS_PER_THREAD = 16
 
 
 @functools.cache
 def config(n: int) -> KernelConfig:
     """``block_n`` elements per program (``block_m`` 1): :data:`BLOCK`, or ``n`` padded to a power of two
-    when smaller, with a warp per 128 elements (at most 8)."""
+    when smaller, with a warp per 32 x :data:`ELEMENTS_PER_THREAD` elements (at most 8)."""
     block = min(BLOCK, next_power_of_2(n))
-    return KernelConfig(1, block, num_warps=max(1, min(8, block // 128)), num_stages=1)
+    return KernelConfig(1, block, num_warps=max(1, min(8, block // (32 * ELEMENTS_PER_THREAD))), num_stages=1)
 
 
 @plan_cache
