@@ -36,33 +36,24 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     by_name = {case.name: case for case in overhead.CASES}
     rows = []
-    for name in ("sdpa", "torch.matmul", "F.rms_norm", "silu(gate) * up", "flash_attention", "gemm",
-                 "rms_norm", "swiglu", "apply_rotary", "fused_linear_cross_entropy"):
-        case = by_name[name]
-        fn = overhead._runner(case.make(device, dtype, True), "training")
+
+    def us_per_call(fn, repeats: int = 3) -> float:  # bench overhead's timing: fastest of `repeats` runs
+        return round(overhead._time(fn, args.calls, repeats, device, time.perf_counter), 1)
+
+    def training_row(name: str, call) -> dict:
+        """Forward + backward of ``call`` with the engine's device threads and without."""
+        fn = overhead._runner(call, "training")
         row = {"case": name}
         for threads in (True, False):
             with torch.autograd.set_multithreading_enabled(threads):
-                for _ in range(20):
-                    fn()
-                sync()
-                best = float("inf")
-                for _ in range(3):
-                    began = time.perf_counter()
-                    for _ in range(args.calls):
-                        fn()
-                    sync()
-                    best = min(best, (time.perf_counter() - began) / args.calls * 1e6)
-            row["threads" if threads else "no_threads"] = round(best, 1)
-        fwd = case.make(device, dtype, True)
-        for _ in range(20):
-            fwd()
-        sync()
-        began = time.perf_counter()
-        for _ in range(args.calls):
-            fwd()
-        sync()
-        row["forward_only"] = round((time.perf_counter() - began) / args.calls * 1e6, 1)
+                row["threads" if threads else "no_threads"] = us_per_call(fn)
+        return row
+
+    for name in ("sdpa", "torch.matmul", "F.rms_norm", "silu(gate) * up", "flash_attention", "gemm",
+                 "rms_norm", "swiglu", "apply_rotary", "fused_linear_cross_entropy"):
+        case = by_name[name]
+        row = training_row(name, case.make(device, dtype, True))
+        row["forward_only"] = us_per_call(case.make(device, dtype, True), repeats=1)
         rows.append(row)
         print(json.dumps(row), flush=True)
     # The engine's cost of a Python backward: x * 2 as PyTorch's own node, and as an autograd.Function whose
@@ -86,23 +77,8 @@ def main(argv=None) -> int:
     probes = {"x * 2 (C++ node)": lambda: x * 2, "Function, 1 op": function_with(1),
               "Function, 6 ops": function_with(6)}
     for name, call in probes.items():
-        fn = overhead._runner(call, "training")
-        row = {"case": name}
-        for threads in (True, False):
-            with torch.autograd.set_multithreading_enabled(threads):
-                for _ in range(20):
-                    fn()
-                sync()
-                best = float("inf")
-                for _ in range(3):
-                    began = time.perf_counter()
-                    for _ in range(args.calls):
-                        fn()
-                    sync()
-                    best = min(best, (time.perf_counter() - began) / args.calls * 1e6)
-            row["threads" if threads else "no_threads"] = round(best, 1)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        rows.append(training_row(name, call))
+        print(json.dumps(rows[-1]), flush=True)
     for name in args.profile:
         fn = overhead._runner(by_name[name].make(device, dtype, True), "training")
         with torch.autograd.set_multithreading_enabled(False):

@@ -246,6 +246,28 @@ def test_gemm_fp8_matches_scaled_mm_semantics_exactly_on_grid(device):
     assert torch.equal(out_t, out)
 
 
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_per_tensor_scales_of_one_element_any_shape(shape, trans_b, device):
+    """A per-tensor scale given as [1] or [1, 1] (a view into storage whose other elements are NaN) is read
+    once, whatever its strides: the kernel reads per-tensor scales through the row-wise epilogue with the
+    plan's strides 0, never the scale's own."""
+    a = torch.randint(-4, 5, (33, 48)).to(E4M3).to(device)
+    w = torch.randint(-4, 5, (32, 48)).to(E4M3).to(device)
+    b = w if trans_b else w.mT.contiguous()
+
+    def scale(value):
+        storage = torch.full((64,), float("nan"), device=device)
+        storage[0] = value
+        return storage[:1].reshape(shape)  # strides 1: a per-row reading would walk into the NaNs
+
+    s_a, s_b = scale(0.5), scale(4.0)
+    with expect_launches(fp8.GEMM_KERNEL, device=device):
+        out = fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=torch.float32, trans_b=trans_b)
+    one = torch.ones((), device=device)
+    assert torch.equal(out, fp8.gemm_fp8(a, b, one, one, out_dtype=torch.float32, trans_b=trans_b) * 2.0)
+
+
 BAD = [  # (what to change, error type, message fragment)
     ("a_dtype", TypeError, "a has dtype"),
     ("scale_dtype", TypeError, "scale_a has dtype"),

@@ -9,6 +9,8 @@ linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``), with two floors: a
 
 from __future__ import annotations
 
+from llm_speed.core.intmath import cdiv, next_power_of_2
+
 # A chunk holds at least this many logits: below it, a chunk's GEMM and kernel launches cost more host time
 # than its memory (128 KiB in bfloat16) is worth.
 MIN_CHUNK_LOGITS = 1 << 16
@@ -20,17 +22,9 @@ MIN_CHUNK_LOGITS = 1 << 16
 MIN_CHUNK_ROWS = 1024
 
 
-def _next_power_of_2(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def linear_cross_entropy_chunk_rows(n: int, hidden: int, vocab: int) -> int:
     """Rows per chunk: ``C = next_pow2(max(ceil(N / ceil(V / H)), ceil(2^16 / V), 1024))``, at most N (and at
     least 1)."""
-    liger = _next_power_of_2(_cdiv(n, _cdiv(vocab, hidden)))
-    floor = max(MIN_CHUNK_ROWS, _next_power_of_2(_cdiv(MIN_CHUNK_LOGITS, vocab)))
+    liger = next_power_of_2(cdiv(n, cdiv(vocab, hidden)))
+    floor = max(MIN_CHUNK_ROWS, next_power_of_2(cdiv(MIN_CHUNK_LOGITS, vocab)))
     return max(1, min(n, max(liger, floor)))

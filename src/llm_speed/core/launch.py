@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import runtime
+from .intmath import cdiv, next_power_of_2  # noqa: F401 (the launchers' grid helpers, imported from here)
 
 try:  # host-side tensor descriptors (TMA) exist from Triton 3.4 on
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -57,16 +58,6 @@ except ImportError:  # pragma: no cover - an older Triton: no op plans a descrip
 PLAN_CACHE_SIZE = 1024
 
 _plan_caches: list[Any] = []
-
-
-def cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` for ints, b > 0."""
-    return -(a // -b)
-
-
-def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 class Descriptor(NamedTuple):

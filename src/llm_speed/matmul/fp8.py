@@ -231,7 +231,7 @@ def _gemm_fp8_kernel(
             acc = tl.dot(b_a, b_b, acc)
         a_ptrs += a_step
         b_ptrs += b_step
-    if SCALING != 2:  # (tensor: strides 0, every lane reads the one scale)
+    if SCALING != 2:  # (tensor: the plan's strides are 0, every lane reads the one scale)
         b_sa = tl.load(sa_ptr + offs_am * stride_sam)
         b_sb = tl.load(sb_ptr + offs_bn * stride_sbn)
         acc = acc * b_sa[:, None] * b_sb[None, :]
@@ -435,9 +435,11 @@ def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_la
         return None
     scaling = scaling_of(m, n, k, sa_layout[0], sb_layout[0], trans_b)
     stride_bk, stride_bn = (b_strides[1], b_strides[0]) if trans_b else b_strides
-    sa_strides = tuple(sa_layout[1]) + (0, 0)
-    sb_strides = tuple(sb_layout[1]) + (0, 0)
-    stride_sbk, stride_sbn = (sb_strides[1], sb_strides[0]) if trans_b else sb_strides[:2]
+    if scaling == TENSOR:  # one value each, whatever its shape ([], [1], [1, 1]): every lane reads it
+        sa_strides = sb_strides = (0, 0)
+    else:
+        sa_strides, sb_strides = tuple(sa_layout[1]), tuple(sb_layout[1])
+    stride_sbk, stride_sbn = (sb_strides[1], sb_strides[0]) if trans_b else sb_strides
     if config is not None:
         pass
     elif runtime.INTERPRETED:

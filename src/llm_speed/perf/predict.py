@@ -56,6 +56,7 @@ from typing import Any
 from llm_speed.core.args import positive_int
 from llm_speed.core.chunking import linear_cross_entropy_chunk_rows
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
+from llm_speed.core.intmath import cdiv, next_power_of_2
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import (
     attention_cost,
@@ -456,10 +457,6 @@ def same_commit(commit: str | None, build: str) -> bool:
 # --- building blocks -------------------------------------------------------------------------------------
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @functools.lru_cache(maxsize=256)
 def list_schedule(costs: tuple[float, ...], slots: int) -> float:
     """When the last of programs of ``costs`` (in launch order) ends on ``slots`` SMs that each take the next
@@ -550,17 +547,13 @@ GEMM_CONFIG_TILE_INTENSITY_AT_HALF = 32
 SMALLEST_TILE_SIDE = 16
 
 
-def _next_power_of_2(value: int) -> int:
-    return 1 << (max(1, value) - 1).bit_length()
-
-
 def gemm_config_choice(m: int, n: int, k: int, tiles: Sequence[Sequence[int]], sms: int, batch: int = 1):
     """The tile llm-speed's launcher picks (``llm_speed.matmul.gemm.gemm_config``'s rule, restated here
     without torch; tests/perf checks the two agree): tiles no larger than the problem padded to a power of
     two, then the least ``waves * padded tile work / (I / (I + 32))``."""
     pool = [tuple(t) for t in tiles]
-    max_m = max(_next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(t[0] for t in pool))
-    max_n = max(_next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(t[1] for t in pool))
+    max_m = max(next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(t[0] for t in pool))
+    max_n = max(next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(t[1] for t in pool))
     fitting = [t for t in pool if t[0] <= max_m and t[1] <= max_n]
     if not fitting:
         return min(pool, key=lambda t: (t[0], t[1]))
@@ -1057,7 +1050,7 @@ class AttentionShape:
 
 
 def _pad_dim(head_dim: int) -> int:
-    return max(16, _next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def _query_programs(shape: AttentionShape, rows: int, cols: int, section: int | None) -> tuple[int, ...]:
@@ -1594,9 +1587,9 @@ def grouped_tile(rows_per_group: int, n: int, swiglu: bool = False) -> tuple[int
     torch; tests/perf checks the two agree): BLOCK_M the rows per group as a power of two (16 to 128),
     BLOCK_N 128 (64 with the SwiGLU epilogue or row tiles of 32 or less), BLOCK_K 64, 8 warps from
     128x128 accumulator elements on."""
-    block_m = min(128, max(SMALLEST_TILE_SIDE, _next_power_of_2(rows_per_group)))
+    block_m = min(128, max(SMALLEST_TILE_SIDE, next_power_of_2(rows_per_group)))
     block_n = 64 if swiglu or block_m <= 32 else 128
-    block_n = min(block_n, max(SMALLEST_TILE_SIDE, _next_power_of_2(n)))
+    block_n = min(block_n, max(SMALLEST_TILE_SIDE, next_power_of_2(n)))
     warps = 8 if block_m * block_n * (2 if swiglu else 1) >= 128 * 128 else 4
     return (block_m, block_n, 64, warps)
 
