@@ -1,9 +1,11 @@
-"""A/B timings of attention variants in one process, on a GPU: the causal launch order (longest first
-against row order) and the backward (dQ by atomics or by its own kernel; the dK/dV tile; dQ tiles added by
-TMA bulk reductions, ``flash.TMA_DQ_ADD``) beside cuDNN's.
-Each variant is a patch of one launcher choice (``flash._launch_order`` or ``flash.attention_config`` for
-"backward"); plans are cleared between variants, and the variants alternate over ``--rounds`` rounds so
-that clock drift hits each the same.
+"""A/B timings of attention variants in one process, on a GPU: the forward with and without its softmax
+overlapping the next block's QK^T (``flash.OVERLAP_HEAD_DIMS``; the one-product loop also at its former
+128x128 tile at d=128), the causal launch order (longest first against row order) and the backward (dQ by
+atomics or by its own kernel; the dK/dV tile; dQ tiles added by TMA bulk reductions, ``flash.TMA_DQ_ADD``)
+beside cuDNN's (and, forward, SDPA's flash backend).
+Each variant is a patch of one launcher choice (``flash.OVERLAP_HEAD_DIMS``, ``flash._launch_order`` or
+``flash.attention_config``); plans are cleared between variants, and the variants alternate over
+``--rounds`` rounds so that clock drift hits each the same.
 
     python benchmarks/attention_ab.py --output ab.json
 
@@ -49,15 +51,35 @@ def launch_order(lpt: bool):
         launch.clear_plans()
 
 
+FORWARD_SHAPES = ((1, 16384), (4, 4096))  # (batch, seq) at 16 heads, fp16
+# (name, head dims whose forward overlaps, forward tile at d=128 or "shipped"): shipped is "overlap" at
+# d=128 and "one-product" at d=64 (flash.OVERLAP_HEAD_DIMS)
+FORWARD_VARIANTS = (("overlap", (64, 128), "shipped"), ("one-product", (), "shipped"),
+                    ("one-product 128x128", (), (128, 128, 8, 3)))  # fmt: skip
+
+
 @contextlib.contextmanager
-def backward_tile(tile):
+def overlap_softmax(head_dims: tuple):
+    saved = flash.OVERLAP_HEAD_DIMS
+    flash.OVERLAP_HEAD_DIMS = head_dims
+    launch.clear_plans()
+    try:
+        yield
+    finally:
+        flash.OVERLAP_HEAD_DIMS = saved
+        launch.clear_plans()
+
+
+@contextlib.contextmanager
+def backward_tile(tile, direction="backward", block_d=None):
+    """Launch ``direction``'s kernels (at head dim ``block_d`` only, when given) with ``tile``."""
     saved = flash.attention_config
     if tile != "shipped":
         block_m, block_n, warps = tile[:3]
 
-        def patched(direction, block_d, dtype, hardware):
-            cfg = saved(direction, block_d, dtype, hardware)
-            if direction != "backward":
+        def patched(direction_asked, block_d_asked, dtype, hardware):
+            cfg = saved(direction_asked, block_d_asked, dtype, hardware)
+            if direction_asked != direction or block_d not in (None, block_d_asked):
                 return cfg
             stages = {"num_stages": tile[3]} if len(tile) > 3 else {}
             return dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_warps=warps, **stages)
@@ -96,6 +118,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-forward", action="store_true")
     parser.add_argument("--skip-backward", action="store_true")
     parser.add_argument("--skip-launch-order", action="store_true")
     parser.add_argument("--backward-tiles", choices=("all", "shipped"), default="all",
@@ -121,6 +144,27 @@ def main(argv=None) -> int:
         print(f"{name}: {ms:.4f} ms", flush=True)
 
     for _ in range(args.rounds):
+        for (batch, seq), head_dim, causal in (
+            () if args.skip_forward
+            else [(shape, d, c) for shape in FORWARD_SHAPES for d in (128, 64) for c in (False, True)]
+        ):  # fmt: skip
+            q, k, v = qkv(batch, seq, head_dim=head_dim, dtype=torch.float16)
+            point = f"fwd {'causal' if causal else 'full'} {batch}x16x{seq} d{head_dim} fp16"
+            with torch.no_grad():
+                for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+                    with torch.nn.attention.sdpa_kernel(getattr(torch.nn.attention.SDPBackend, backend)):
+                        fn = lambda q=q, k=k, v=v, c=causal: (  # noqa: E731
+                            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=c)
+                        )
+                        fn()
+                        record(f"{point} sdpa-{backend.split('_')[0].lower()}", time_ms(fn))
+                for name, head_dims, tile in FORWARD_VARIANTS:
+                    if tile != "shipped" and head_dim != 128:
+                        continue
+                    with overlap_softmax(head_dims), backward_tile(tile, "forward", 128):
+                        fn = lambda q=q, k=k, v=v, c=causal: flash.flash_attention(q, k, v, is_causal=c)  # noqa: E731
+                        fn()
+                        record(f"{point} {name}", time_ms(fn))
         for batch, seq in () if args.skip_launch_order else LAUNCH_SHAPES:
             q, k, v = qkv(batch, seq)
             for lpt in (True, False):

@@ -77,6 +77,33 @@ def test_ptx_waits_inside_loops():
     assert analysis.ptx_waits("wgmma.wait_group.sync.aligned 0;").wgmma is None  # no loop
 
 
+OVERLAPPED = """
+$L__BB0_1:
+	wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%r1}, %rd1, %rd2, 0, 1, 1, 0, 0;
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 0;
+	wgmma.fence.sync.aligned;
+	wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%r2}, %rd3, %rd4, 0, 1, 1, 0, 0;
+	wgmma.commit_group.sync.aligned;
+	.loc	1 2 3
+	ex2.approx.ftz.f32 	%r3, %r4;
+	ex2.approx.ftz.f32 	%r5, %r6;
+	// a comment
+	add.s32 	%r7, %r7, 1;
+	@%p1 bra 	$L__BB0_1;
+	wgmma.wait_group.sync.aligned 0;
+"""
+
+
+def test_wgmma_overlap_counts_instructions_beside_a_product_in_flight():
+    # The second product stays in flight over the two exp2s, the add and the branch, round the back edge
+    # to the first product's wait; the first is waited for at once. Directives, comments and wgmma
+    # instructions do not count.
+    assert analysis.wgmma_overlap(OVERLAPPED) == 4
+    assert analysis.wgmma_overlap(PTX) == 0  # committed, then waited for
+    assert analysis.wgmma_overlap("wgmma.commit_group.sync.aligned;") is None  # no loop
+
+
 def test_ptxas_log_and_occupancy():
     log = "ptxas info : Used 255 registers, 48 bytes stack frame, 44 bytes spill stores, 52 bytes spill loads"
     assert analysis.ptxas_usage(log) == {

@@ -151,6 +151,12 @@ def test_each_budget_is_read_from_the_row():
     assert [(b.budget, b.detail) for b in serialized] == [
         ("wgmma not serialized", "ptxas: serialized due to non wgmma instructions defining accumulators")
     ]
+    # an overlapped forward whose softmax no longer runs beside a product; a kernel built without OVERLAP
+    # is not held to it
+    stalled = _row(constexprs={"OVERLAP": True}, wgmma_overlap=88)
+    assert [b.budget for b in budgets.breaches(stalled)] == ["softmax overlaps wgmma"]
+    assert budgets.breaches(_row(constexprs={"OVERLAP": True}, wgmma_overlap=208)) == []
+    assert budgets.breaches(_row(constexprs={"OVERLAP": False}, wgmma_overlap=88)) == []
     # below 64 rows, or off sm_90a, mma.sync is what there is
     assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, tile_rows=32)) == []
     assert budgets.breaches(_row(tensor_cores="HMMA", wgmma=False, target="sm_89")) == []

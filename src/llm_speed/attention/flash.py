@@ -33,6 +33,9 @@ Constexpr switches specialise one body per variant instead of near-copies:
   EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
   EVEN_D         head_dim is already a power of two: no head_dim mask
   TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors
+  OVERLAP        (16-bit forward, Hopper) the unmasked interior loop issues the next block's QK^T before this
+                 block's softmax, so that the two overlap (FlashAttention-3's intra-warpgroup pipelining,
+                 arXiv:2407.08608 section 3.2; ``_accumulate_overlapped``)
   DOT_IN_FP32, DOT_PRECISION, RNE_BY_HAND
                  the switches of :mod:`llm_speed.core.kernel_math` (``dot_switches``): bfloat16 dots widened
                  and float32 -> bfloat16 casts rounded by hand under the interpreter only; "ieee" float32
@@ -581,6 +584,54 @@ def _capped_scores(b_qk, scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _qk(
+    b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
+    MASKED: tl.constexpr, PAGED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr = False,
+):  # fmt: skip
+    """The raw q.k products [BM, BN] of the key block at ``start_n`` (K loaded as :func:`_scores` says)."""
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    if TMA:
+        b_k = k_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
+    else:
+        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
+        b_k = _load_kv(
+            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
+            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+        )  # [BN, BD]  # fmt: skip
+    return dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
+
+
+@triton.jit
+def _scores_of(
+    b_qk, o_m, start_n, seq_q, seq_kv, scale, softcap, window_left, window_right, slope2,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """(raw scores, factor) of the q.k products ``b_qk`` of the key block at ``start_n``
+    (:func:`_scores`)."""
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    if SOFTCAP:
+        b_raw = tanh(b_qk * (scale / softcap))
+        factor = softcap * LOG2E
+    else:
+        b_raw = b_qk
+        factor = scale * LOG2E
+    if HAS_ALIBI:
+        b_raw = b_raw * factor + _alibi(o_m[:, None], o_n[None, :], seq_q, seq_kv, slope2)
+        factor = 1.0
+    if MASKED:
+        m_visible = _visible(
+            o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
+        )  # fmt: skip
+        b_raw = tl.where(m_visible, b_raw, float("-inf"))
+    return b_raw, factor
+
+
+@triton.jit
 def _scores(
     b_q,
     p_k,
@@ -622,33 +673,16 @@ def _scores(
     score itself (after the cap, as flash-attn) and the factor 1. ``TMA`` (unmasked blocks only): K comes
     through the tensor descriptor ``k_desc`` over the rows of K, this (sequence, head)'s starting at
     ``desc_row``."""
-    o_n = start_n + tl.arange(0, BLOCK_N)
-    o_d = tl.arange(0, BLOCK_D)
-    if TMA:
-        b_k = k_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
-    else:
-        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
-        b_k = _load_kv(
-            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
-            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
-        )  # [BN, BD]  # fmt: skip
-    b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
-    if SOFTCAP:
-        b_raw = tanh(b_qk * (scale / softcap))
-        factor = softcap * LOG2E
-    else:
-        b_raw = b_qk
-        factor = scale * LOG2E
-    if HAS_ALIBI:
-        b_raw = b_raw * factor + _alibi(o_m[:, None], o_n[None, :], seq_q, seq_kv, slope2)
-        factor = 1.0
-    if MASKED:
-        m_visible = _visible(
-            o_m[:, None], o_n[None, :], seq_q, seq_kv, window_left, window_right,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EVEN_M=True, EVEN_N=EVEN_N,
-        )  # fmt: skip
-        b_raw = tl.where(m_visible, b_raw, float("-inf"))
-    return b_raw, factor
+    b_qk = _qk(
+        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
+        MASKED=MASKED, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+        DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
+    )  # fmt: skip
+    return _scores_of(
+        b_qk, o_m, start_n, seq_q, seq_kv, scale, softcap, window_left, window_right, slope2, MASKED=MASKED,
+        HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=EVEN_N,
+        BLOCK_N=BLOCK_N,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -824,6 +858,161 @@ def _accumulate_over_keys(
 
 
 @triton.jit
+def _online_step(
+    b_qk, b_m, b_l, o_m, start_n, seq_q, seq_kv, scale, softcap, slope2, dtype: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, RNE_BY_HAND: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The online softmax of one unmasked key block's products ``b_qk``: (weights in ``dtype`` for the PV
+    product, the rescale factor of the rows so far, new row max, new row sums), as
+    :func:`_accumulate_over_keys` (no dropout)."""
+    b_raw, factor = _scores_of(
+        b_qk, o_m, start_n, seq_q, seq_kv, scale, softcap, 0, 0, slope2, MASKED=False, HAS_LEFT=False,
+        HAS_RIGHT=False, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=True, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
+    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_p = tl.exp2(b_raw * factor - b_shift[:, None])
+    b_alpha = tl.exp2(b_m - b_shift)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    return _weights_as(b_p, dtype, RNE_BY_HAND=RNE_BY_HAND), b_alpha, b_m_new, b_l
+
+
+@triton.jit
+def _pv_half(
+    b_acc, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """``acc + p @ V[start_n : start_n + HALF]`` (p: [BM, HALF] weights; the rows lie inside seq_kv)."""
+    if TMA:
+        b_v = v_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [HALF, BD]
+    else:
+        b_v = _load_kv(
+            p_v, start_n + tl.arange(0, HALF), stride_vn, seq_kv, tl.arange(0, BLOCK_D), head_dim, 0, 0, 0,
+            EVEN_ROWS=True, EVEN_D=EVEN_D, PAGED=False,
+        )  # fmt: skip
+    return dot(b_p, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_acc)
+
+
+@triton.jit
+def _key_halves(b_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weights of a block's first and second BLOCK_N / 2 keys: register views (no data moves)."""
+    return tl.split(tl.permute(tl.reshape(b_p, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _interior_qk(b_q, p_k, start_n, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """:func:`_qk` of an unmasked, unpaged key block."""
+    return _qk(
+        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, 0, 0, 0, k_desc, desc_row, MASKED=False, PAGED=False,
+        EVEN_N=True, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D, TMA=TMA,
+    )  # fmt: skip
+
+
+@triton.jit
+def _accumulate_overlapped(
+    b_m, b_l, b_acc, b_q, p_k, p_v, o_m, key_start, key_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
+    scale, softcap, slope2, k_desc, v_desc, desc_row, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """:func:`_accumulate_over_keys` over the unmasked interior ``[key_start, key_end)`` (whole blocks; no
+    dropout, paging or fp8), software-pipelined so that the next block's QK^T runs on the tensor cores while
+    this block's softmax runs (FlashAttention-3's intra-warpgroup overlap).
+
+    Iteration j: (1) ``acc * alpha + P_{j-1}[:, :BN/2] V_{j-1}[:BN/2]``, waited for; (2) ``S_{j+1} = q
+    K_{j+1}^T``, not waited for: Triton's pipeliner makes it asynchronous because its result is only carried
+    to the next iteration, whose uses follow the wait of (1); (3) the softmax of ``S_j``, overlapping (2);
+    (4) ``+ P_{j-1}[:, BN/2:] V_{j-1}[BN/2:]``, waited for, which also retires (2) before ``S_{j+1}`` is
+    copied into the loop-carried registers (ptxas serialises every wgmma if any instruction reads the
+    accumulator of one in flight). ``P_{j-1}`` comes through the loop in registers and through a select on
+    ``kept`` (true, which the compiler cannot tell), so that Triton keeps it a register operand of the
+    wgmma (a loop-carried operand as it is would go through shared memory). The first block, the first
+    ``S_1`` and the last two blocks are peeled off the loop."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    dtype: tl.constexpr = p_v.dtype.element_ty
+    kept = key_end >= key_start  # always true; the compiler cannot tell (see above)
+    if key_end > key_start:
+        n_last = key_end - BLOCK_N
+        b_qk = _interior_qk(b_q, p_k, key_start, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
+                            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
+                            BLOCK_D=BLOCK_D, TMA=TMA)  # fmt: skip
+        b_p, b_alpha, b_m, b_l = _online_step(
+            b_qk, b_m, b_l, o_m, key_start, seq_q, seq_kv, scale, softcap, slope2, dtype, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
+        )  # fmt: skip
+        # S_1 (one interior block only: S_0 again, unused); "kept *" ends the wait after the loop's search for
+        # the dots it waits on here, which would keep this K tile's shared memory for the whole loop
+        b_qk = kept.to(tl.float32) * _interior_qk(
+            b_q, p_k, tl.minimum(key_start + BLOCK_N, n_last), stride_kn, seq_kv, head_dim, k_desc, desc_row,
+            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D, TMA=TMA,
+        )  # fmt: skip
+        if key_end - key_start > 2 * BLOCK_N:
+            for start_n in range(key_start + BLOCK_N, n_last, BLOCK_N):
+                b_p_lo, b_p_hi = _key_halves(tl.where(kept, b_p, 0.0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+                b_acc = _pv_half(
+                    b_acc * b_alpha[:, None], b_p_lo, p_v, start_n - BLOCK_N, stride_vn, seq_kv, head_dim,
+                    v_desc, desc_row, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+                    HALF=HALF, BLOCK_D=BLOCK_D, TMA=TMA,
+                )  # fmt: skip
+                b_qk_next = _interior_qk(
+                    b_q, p_k, start_n + BLOCK_N, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
+                    DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+                    TMA=TMA,
+                )  # fmt: skip
+                b_p, b_alpha, b_m, b_l = _online_step(
+                    b_qk, b_m, b_l, o_m, start_n, seq_q, seq_kv, scale, softcap, slope2, dtype,
+                    SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
+                )  # fmt: skip
+                b_acc = _pv_half(
+                    b_acc, b_p_hi, p_v, start_n - HALF, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+                    EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=HALF,
+                    BLOCK_D=BLOCK_D, TMA=TMA,
+                )  # fmt: skip
+                b_qk = b_qk_next
+        if key_end - key_start > BLOCK_N:  # S_{n-1} is in b_qk, P_{n-2} in b_p
+            b_acc = _pv_block(
+                b_acc, b_alpha, b_p, p_v, n_last - BLOCK_N, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+                EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
+            )  # fmt: skip
+            b_p, b_alpha, b_m, b_l = _online_step(
+                b_qk, b_m, b_l, o_m, n_last, seq_q, seq_kv, scale, softcap, slope2, dtype, SOFTCAP=SOFTCAP,
+                HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
+            )  # fmt: skip
+        b_acc = _pv_block(
+            b_acc, b_alpha, b_p, p_v, n_last, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D=EVEN_D,
+            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D, TMA=TMA,
+        )  # fmt: skip
+    return b_m, b_l, b_acc
+
+
+@triton.jit
+def _pv_block(
+    b_acc, b_alpha, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """``acc * alpha + p @ V`` of the key block at ``start_n``, in the two halves :func:`_pv_half` loads."""
+    b_p_lo, b_p_hi = _key_halves(b_p, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    b_acc = _pv_half(
+        b_acc * b_alpha[:, None], b_p_lo, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
+        BLOCK_D=BLOCK_D, TMA=TMA,
+    )  # fmt: skip
+    return _pv_half(
+        b_acc, b_p_hi, p_v, start_n + BLOCK_N // 2, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+        EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
+        BLOCK_D=BLOCK_D, TMA=TMA,
+    )  # fmt: skip
+
+
+@triton.jit
 def _attention_fwd_kernel(
     Q,
     K,
@@ -902,6 +1091,7 @@ def _attention_fwd_kernel(
     BLOCK_B: tl.constexpr,
     LPT: tl.constexpr,
     TMA_KV: tl.constexpr,
+    OVERLAP: tl.constexpr = False,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head).
 
@@ -1015,15 +1205,23 @@ def _attention_fwd_kernel(
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
     )  # fmt: skip
-    b_m, b_l, b_acc = _accumulate_over_keys(
-        b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-        scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
-        stride_tb, stride_tp, page_size, stride_kb, stride_vb, K_DESC, V_DESC, desc_row, MASKED=False,
-        TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-        DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, TMA=TMA_KV,
-    )  # fmt: skip
+    if OVERLAP:
+        b_m, b_l, b_acc = _accumulate_overlapped(
+            b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv,
+            head_dim, scale, softcap, slope2, K_DESC, V_DESC, desc_row, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV,
+        )  # fmt: skip
+    else:
+        b_m, b_l, b_acc = _accumulate_over_keys(
+            b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv,
+            head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p,
+            KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb, stride_vb, K_DESC, V_DESC, desc_row,
+            MASKED=False, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+            V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV,
+        )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
         scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, KV_TABLE, b,
@@ -1747,7 +1945,9 @@ def _with(tier_table: dict, changes: dict) -> dict:
 
 # Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
 # Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
-# 481 TFLOP/s against FULL's 128x32 w8 s2 292; d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
+# 481 TFLOP/s against FULL's 128x32 w8 s2 292 and 128x64 w8 s3's 475-479 (within noise); 128x64 is shipped
+# since the overlapped forward (OVERLAP) holds two score tiles: 191 registers there, 255 and spills at
+# 128x128 (sm_90a, 2026-11-25); d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
 # w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. Backward, measured again on an H100 SXM
 # on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/h100-sxm/
 # 2026-11-25-call5): dQ in a kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 /
@@ -1761,7 +1961,7 @@ LARGE = Tier(
     _with(
         FULL.table,
         {
-            "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 128, 8, 3)}},
+            "forward": {torch.float16: {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}},
             "backward": {torch.float16: {128: (64, 64, 4, 2)}},
         },
     ),
@@ -1973,15 +2173,24 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
 # is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal ALiBi+dropout
 # kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md, 2026-11-25).
 TMA_KV_LOADS = True
+# The forward's interior loop overlapped (``OVERLAP``: :func:`_accumulate_overlapped`) where the plan allows:
+# Hopper or later (wgmma), 16-bit, 128-row query blocks (a 64-row wgmma per warpgroup), padded head dims in
+# OVERLAP_HEAD_DIMS. d = 128 only (sm_90a, Triton 3.6, 2026-11-25): d = 64's one-product kernel holds two
+# 8-warp blocks per SM (128 registers), whose products and softmaxes already interleave, and the overlapped
+# one needs 167 (one block); d = 256's 64 x 32 tiles went to 255 registers and spills. Off: the
+# one-product-at-a-time loop (the A/B switch of benchmarks/attention_ab.py).
+OVERLAP_SOFTMAX = True
+OVERLAP_HEAD_DIMS = (128,)
 TMA_KV_MIN_BLOCK_D = 128
 
 
 def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
-            aligned: bool):  # fmt: skip
+            aligned: bool, v_block_n: int | None = None):  # fmt: skip
     """The tensor descriptors (K's, V's) of a dense forward's interior loop (``TMA_KV``), or None where it
     keeps its pointer loads: Hopper or later, fp16/bf16, ``aligned`` (K's and V's base addresses 16-byte
     aligned), and K and V each the ``[B * Hkv * S, D]`` rows of one tensor (contiguous past the last dim,
-    rows 16-byte aligned). Each descriptor has K's or V's rows, its blocks ``[BLOCK_N, BLOCK_D]``; the
+    rows 16-byte aligned). Each descriptor has K's or V's rows, its blocks ``[BLOCK_N, BLOCK_D]`` (V's
+    ``[v_block_n, BLOCK_D]`` when given: the overlapped loop loads V in half blocks); the
     interior's blocks lie inside their sequence, so a block never reaches the next (sequence, head)'s rows."""
     if not (aligned and TMA_KV_LOADS and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
         return None
@@ -1990,7 +2199,7 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
     if rows >= 2**31 or seq_kv < block_n:
         return None
     layouts = []
-    for stride in (k_stride, v_stride):
+    for stride, rows_per_block in ((k_stride, block_n), (v_stride, v_block_n or block_n)):
         stride_b, stride_h, stride_n, stride_d = stride
         if (
             stride_d != 1 or stride_n < head_dim or stride_n * dtype.itemsize % TMA_ALIGN_BYTES
@@ -1998,9 +2207,8 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
             or (batch > 1 and stride_b != heads_kv * seq_kv * stride_n)
         ):  # fmt: skip
             return None
-        layouts.append(Descriptor((rows, head_dim), (stride_n, 1), (block_n, block_d)))
+        layouts.append(Descriptor((rows, head_dim), (stride_n, 1), (rows_per_block, block_d)))
     return tuple(layouts)
-
 
 
 @plan_cache
@@ -2047,9 +2255,14 @@ def _forward_plan(
             strides[name] = None  # compiled out
     if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
+    overlap = (
+        OVERLAP_SOFTMAX and hardware.has_tma and cfg.block_m >= 128 and block_d in OVERLAP_HEAD_DIMS
+        and dtype in (torch.float16, torch.bfloat16) and not (two_pass or dropout or paged or v_transposed)
+    )  # fmt: skip
     tma = None
     if not (varlen or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
-        tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned)
+        tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned,
+                      cfg.block_n // 2 if overlap else None)  # fmt: skip
     strides.update(K_DESC=None, V_DESC=None) if tma is None else strides.update(K_DESC=tma[0], V_DESC=tma[1])
     if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
         strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
@@ -2067,6 +2280,7 @@ def _forward_plan(
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, TMA_KV=tma is not None,
+        OVERLAP=overlap,
     )  # fmt: skip
 
 

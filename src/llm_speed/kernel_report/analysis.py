@@ -146,8 +146,8 @@ class PtxWaits:
     wgmma_outside: int | None  # deepest wgmma wait anywhere (a kernel with no loop)
 
 
-def ptx_waits(ptx: str) -> PtxWaits:
-    lines = ptx.splitlines()
+def _ptx_loops(lines: list[str]) -> list[tuple[int, int]]:
+    """(label line, branch line) of every branch back to a label above it: the PTX's loops."""
     labels: dict[str, int] = {}
     loops: list[tuple[int, int]] = []
     for i, line in enumerate(lines):
@@ -158,6 +158,12 @@ def ptx_waits(ptx: str) -> PtxWaits:
         branch = _PTX_BRANCH.search(stripped)
         if branch and branch.group(1) in labels:  # defined above: a loop
             loops.append((labels[branch.group(1)], i))
+    return loops
+
+
+def ptx_waits(ptx: str) -> PtxWaits:
+    lines = ptx.splitlines()
+    loops = _ptx_loops(lines)
 
     def deepest(pattern: re.Pattern, inside: bool) -> int | None:
         found = [
@@ -169,6 +175,41 @@ def ptx_waits(ptx: str) -> PtxWaits:
         return max(found) if found else None
 
     return PtxWaits(deepest(_WGMMA_WAIT, True), deepest(_CP_ASYNC_WAIT, True), deepest(_WGMMA_WAIT, False))
+
+
+_WGMMA_COMMIT = re.compile(r"\bwgmma\.commit_group\.sync\.aligned;")
+
+
+def _is_instruction(line: str) -> bool:
+    stripped = line.strip()
+    return stripped.endswith(";") and not stripped.startswith((".", "//", "{", "}"))
+
+
+def wgmma_overlap(ptx: str) -> int | None:
+    """The most PTX instructions a loop issues while one of its wgmma groups is in flight: from a
+    ``wgmma.commit_group`` to the first ``wgmma.wait_group`` after it, following the loop round its back edge
+    once; wgmma instructions themselves are not counted. None: no wgmma commit inside a loop.
+
+    This is what ``wgmma.wait_group N`` alone does not show: a product waited for with ``wait_group 0`` one
+    iteration later (issued, then the softmax, then the wait) overlaps as much as one kept in flight with
+    N = 1. A few dozen (the next block's addresses and loads) means the tensor cores wait while the rest of
+    the loop runs; hundreds mean softmax or gradient maths run beside a product."""
+    lines = ptx.splitlines()
+    best = None
+    for lo, hi in _ptx_loops(lines):
+        body = lines[lo : hi + 1]
+        for start, line in enumerate(body):
+            if not _WGMMA_COMMIT.search(line):
+                continue
+            count = 0
+            for step in range(1, len(body)):
+                later = body[(start + step) % len(body)]
+                if _WGMMA_WAIT.search(later):
+                    break
+                if _is_instruction(later) and "wgmma." not in later:
+                    count += 1
+            best = count if best is None else max(best, count)
+    return best
 
 
 def ptx_uses_tma(ptx: str) -> bool:

@@ -8,8 +8,10 @@ import sys
 
 from llm_speed import _cli
 
-COLUMNS = ("#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops (inner)",
-           "smem KiB / limit", "blocks x warps /SM", "tensor cores", "wgmma wait", "TMA")  # fmt: skip
+COLUMNS = (
+    "#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops (inner)",
+    "smem KiB / limit", "blocks x warps /SM", "tensor cores", "wgmma wait (overlap)", "TMA",
+)  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,8 +114,17 @@ def table_row(row: dict) -> tuple:
         f"{row['loop_spill_instructions']} ({row['inner_loop_spill_instructions']})", smem,
         f"{row['blocks_per_sm']} x {row['num_warps']}",
         row["tensor_cores"],
-        f"{row['wgmma_wait']} serialized" if row.get("wgmma_serialized") else row["wgmma_wait"], row["tma"],
+        wgmma_text(row), row["tma"],
     )  # fmt: skip
+
+
+def wgmma_text(row: dict) -> str:
+    """``0 (208)``: the deepest wgmma wait in loops and the most instructions issued beside a product in
+    flight; ``serialized`` where ptxas serialized the wgmma (then neither number holds on the GPU)."""
+    if row.get("wgmma_wait") is None and row.get("wgmma_overlap") is None:
+        return "-"
+    text = f"{row['wgmma_wait']} ({row.get('wgmma_overlap')})"
+    return f"{text} serialized" if row.get("wgmma_serialized") else text
 
 
 def print_report(result: dict) -> None:
@@ -125,11 +136,15 @@ def print_report(result: dict) -> None:
         f"Kernels compiled for {result['gpu']} ({target}), Triton {result['triton']} "
         f"({result['triton_build']})",
         COLUMNS, [table_row(row) for row in rows],
-        caption="regs: per thread; wgmma wait: the deepest wgmma.wait_group N inside loops (0: every MMA is "
-        "waited for at once; - : no wgmma in a loop; serialized: ptxas serialized the wgmma whatever "
-        "the PTX's wait, its reason in the JSON's wgmma_serialized); LDL/STL in loops: spill instructions "
-        "in any loop (inner: in loops that hold no other loop, run once per block); blocks x warps: "
-        "resident per SM (occupancy).",
+        caption=(
+            "regs: per thread; wgmma wait (overlap): the deepest wgmma.wait_group N inside loops (0: each"
+            " wait retires every product in flight) and, in brackets, the most instructions a loop issues"
+            " while a product is in flight (a few dozen: addresses and loads only; hundreds: softmax or "
+            "gradient maths beside the tensor cores); - : no wgmma in a loop; serialized: ptxas "
+            "serialized the wgmma whatever the PTX says, its reason in the JSON's wgmma_serialized); "
+            "LDL/STL in loops: spill instructions in any loop (inner: in loops that hold no other loop, "
+            "run once per block); blocks x warps: resident per SM (occupancy)."
+        ),
     )  # fmt: skip
     for breach in result["breaches"]:
         _cli.console().print(f"budget: {breach}")
