@@ -51,6 +51,18 @@ def fresh_plans(monkeypatch) -> None:
     monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # it holds plans
 
 
+def forward_with_switch_off(monkeypatch, switch: str, q, k, v, is_causal: bool) -> tuple:
+    """(out and LSE as shipped, out and LSE with the module switch ``flash.<switch>`` False), each from plans
+    of its own; the switch stays off for the rest of the test."""
+    from llm_speed import flash_attention
+
+    fresh_plans(monkeypatch)
+    shipped = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
+    fresh_plans(monkeypatch)
+    monkeypatch.setattr(flash, switch, False)
+    return shipped, flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
+
+
 def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
     """Launch the forward/dQ kernels with ``forward`` and the dK/dV kernel with ``backward`` (the shipped
     configuration where None) instead of ``flash.attention_config``'s choice."""

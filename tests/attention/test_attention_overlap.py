@@ -13,6 +13,7 @@ from attention_testing import (
     assert_error_rule,
     check_against_reference,
     expect_launches,
+    forward_with_switch_off,
     fresh_plans,
     make_qkv,
 )
@@ -112,7 +113,7 @@ def test_packed_sequences_overlap_too(device, overlapping):
     total = int(cu[-1])
     q, k, v = (torch.randn(total, 2, 128, dtype=torch.float16, device=device) for _ in range(3))
     out = flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
-    for b, length in enumerate(lengths):
+    for b in range(len(lengths)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
         one = [t[rows].transpose(0, 1)[None] for t in (q, k, v)]
         truth = _reference(*one, torch.float64, is_causal=True)
@@ -122,13 +123,9 @@ def test_packed_sequences_overlap_too(device, overlapping):
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_the_overlapped_loop_computes_what_the_one_product_loop_computes(device, monkeypatch, is_causal):
-    fresh_plans(monkeypatch)
     q, k, v = make_qkv(1, 2, 2, 256, 512, 128, torch.float16, device)
-    overlapped = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
-    fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "OVERLAP_SOFTMAX", False)
+    overlapped, one_product = forward_with_switch_off(monkeypatch, "OVERLAP_SOFTMAX", q, k, v, is_causal)
     assert not _plan(q, k, v).fixed["OVERLAP"]
-    one_product = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
     # the same maths in another order of float32 sums (P V in two halves of keys): close, not bitwise
     for got, expected in zip(overlapped, one_product, strict=True):
         torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3)

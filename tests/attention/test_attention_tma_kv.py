@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_testing import FORWARD_KERNELS, check_against_reference, expect_launches, fresh_plans, make_qkv
+from attention_testing import (
+    FORWARD_KERNELS,
+    check_against_reference,
+    expect_launches,
+    forward_with_switch_off,
+    fresh_plans,
+    make_qkv,
+)
 
 from llm_speed import flash_attention
 from llm_speed.attention import flash
@@ -32,13 +39,9 @@ def test_interior_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, 
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
-    fresh_plans(monkeypatch)
     q, k, v = make_qkv(1, 2, 2, 128, 384, 128, torch.float16, device)
-    with_tma = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
-    fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "TMA_KV_LOADS", False)
+    with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", q, k, v, is_causal)
     assert not _plan(q, k, v, is_causal).descriptors
-    without = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
     for got, expected in zip(with_tma, without, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
