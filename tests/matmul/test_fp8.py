@@ -221,6 +221,11 @@ def test_gemm_fp8_zero_sizes(device):
     out = fp8.gemm_fp8(a, b, one, one, bias=bias, out_dtype=torch.float32)
     assert torch.equal(out, bias.expand(3, 5))
     assert fp8.gemm_fp8(a[:0], b, one, one).shape == (0, 5)
+    # block scales of K = 0 have no K group: nothing is launched (the kernel would read group 0)
+    s_a, s_b = torch.ones(3, 0, device=device), torch.ones(0, 1, device=device)
+    assert fp8.planned_gemm(a, b, s_a, s_b, None, torch.float32, False) is None
+    assert torch.equal(fp8.gemm_fp8(a, b, s_a, s_b, bias=bias, out_dtype=torch.float32), bias.expand(3, 5))
+    assert torch.equal(fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=torch.bfloat16), torch.zeros(3, 5).to(device))
 
 
 def test_gemm_fp8_matches_scaled_mm_semantics_exactly_on_grid(device):

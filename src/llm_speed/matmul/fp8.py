@@ -183,6 +183,84 @@ def _quantize_fp8_kernel(
 
 
 @triton.jit
+def _block_scales(sa_ptr, sb_ptr, offs_am, n_block, k_tile, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                  SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """The scale of each row's product at K step ``k_tile``: A's scale of the row times B's of the tile's
+    128 x 128 block (one value: the tile's columns lie in one 128-wide block, ``n_block``) [BM]."""
+    group = (k_tile * BLOCK_K) // SCALE_BLOCK
+    b_sa = tl.load(sa_ptr + offs_am * stride_sam + group * stride_sak)
+    return b_sa * tl.load(sb_ptr + group * stride_sbk + n_block * stride_sbn)
+
+
+@triton.jit
+def _block_scaled_product(
+    a_ptr, b_ptr, sa_ptr, sb_ptr, offs_am, offs_bl, offs_br, n_block, K, stride_am, stride_ak, stride_bk,
+    stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The block-scaled product's left and right column halves ``(acc_l, acc_r)`` [BM, BN/2], each K step's
+    product scaled by its rows' scales before it joins its accumulator.
+
+    A K step's product must be finished before it is scaled, and Triton 3.6 waits for a wgmma whose result
+    the loop uses at once. So the two halves alternate: step k's left product is waited for; step k-1's
+    right product (carried from the last iteration, finished by that wait) is scaled into ``acc_r``; step k's
+    right product is issued and left in flight (its result only goes to the next iteration, whose uses follow
+    the first wait: Triton's pipeliner makes it asynchronous); the left product is scaled into ``acc_l``
+    beside it, on the CUDA cores. The carried product's registers are dead before the next one is issued,
+    so no copy reads a product in flight (ptxas would serialize every wgmma). The first step is peeled off;
+    the loop sits in an ``if`` so that the wait after it does not keep the first step's tiles allocated."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_k64 = offs_k.to(tl.int64)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k64[None, :] * stride_ak
+    bl_ptrs = b_ptr + offs_k64[:, None] * stride_bk + offs_bl[None, :] * stride_bn
+    br_ptrs = b_ptr + offs_k64[:, None] * stride_bk + offs_br[None, :] * stride_bn
+    a_step = tl.full((), BLOCK_K, tl.int64) * stride_ak
+    b_step = tl.full((), BLOCK_K, tl.int64) * stride_bk
+    kept = K > 0  # always true (K = 0 launches nothing); the compiler cannot tell
+    b_a = tl.load(a_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    b_bl = tl.load(bl_ptrs, mask=offs_k[:, None] < K, other=0.0)
+    b_br = tl.load(br_ptrs, mask=offs_k[:, None] < K, other=0.0)
+    b_s = _block_scales(sa_ptr, sb_ptr, offs_am, n_block, 0, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                        SCALE_BLOCK=SCALE_BLOCK, BLOCK_K=BLOCK_K)  # fmt: skip
+    acc_l = tl.dot(b_a, b_bl) * b_s[:, None]
+    # "kept *": the wait after the loop looks through its operands for the products it waits on, and would
+    # keep this step's tiles allocated through the loop
+    p_r = kept.to(tl.float32) * tl.dot(b_a, b_br)
+    s_r = b_s
+    acc_r = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    if K > BLOCK_K:
+        for k_tile in range(1, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k_tile * BLOCK_K
+            b_a = tl.load(a_ptrs + k_tile * a_step, mask=offs_k[None, :] < k_left, other=0.0)
+            b_bl = tl.load(bl_ptrs + k_tile * b_step, mask=offs_k[:, None] < k_left, other=0.0)
+            b_br = tl.load(br_ptrs + k_tile * b_step, mask=offs_k[:, None] < k_left, other=0.0)
+            p_l = tl.dot(b_a, b_bl)
+            acc_r += p_r * s_r[:, None]
+            p_r = tl.dot(b_a, b_br)
+            s_r = _block_scales(
+                sa_ptr, sb_ptr, offs_am, n_block, k_tile, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                SCALE_BLOCK=SCALE_BLOCK, BLOCK_K=BLOCK_K,
+            )  # fmt: skip
+            acc_l += p_l * s_r[:, None]
+    acc_r += p_r * s_r[:, None]
+    return acc_l, acc_r
+
+
+@triton.jit
+def _gemm_fp8_epilogue(acc, offs_m, offs_n, M, N, bias_ptr, out_ptr, stride_om, stride_on, stride_bias,
+                       HAS_BIAS: tl.constexpr, RNE_BY_HAND: tl.constexpr):  # fmt: skip
+    """``out[offs_m, offs_n] = acc (+ bias)`` in out's dtype, masked to [M, N]."""
+    mask_n = offs_n < N
+    if HAS_BIAS:
+        b_bias = tl.load(bias_ptr + offs_n.to(tl.int64) * stride_bias, mask=mask_n, other=0.0)
+        acc += b_bias.to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & mask_n[None, :]
+    p_out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :].to(tl.int64) * stride_on
+    tl.store(p_out, cast(acc, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=mask)
+
+
+@triton.jit
 def _gemm_fp8_kernel(
     a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn,
@@ -195,8 +273,9 @@ def _gemm_fp8_kernel(
     SCALING 0 (tensor): one scale each, applied once in the epilogue. SCALING 1 (row): sa per row of A
     (``sa_ptr + m * stride_sam``), sb per column of B (``sb_ptr + n * stride_sbn``), in the epilogue. SCALING
     2 (block): sa per (row, 128-wide K group) and sb per (128 K x 128 N block); each K step's product is
-    scaled before it joins the accumulator, so BLOCK_K must divide SCALE_BLOCK (a step never straddles two
-    groups); a partial last group is masked to zeros like any K tail.
+    scaled before it joins the accumulator (:func:`_block_scaled_product`: the tile's two column halves
+    alternate so that one half's scaling runs beside the other's product), so BLOCK_K must divide
+    SCALE_BLOCK (a step never straddles two groups); a partial last group is masked to zeros like any K tail.
     Edge rows/columns re-read a valid row/column (modulo), so only K is masked in the loop; the store is
     masked.
 
@@ -209,39 +288,43 @@ def _gemm_fp8_kernel(
     pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     offs_am = (offs_m % M).to(tl.int64)
-    offs_bn = (offs_n % N).to(tl.int64)
-    offs_k64 = offs_k.to(tl.int64)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k64[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k64[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    a_step = tl.full((), BLOCK_K, tl.int64) * stride_ak
-    b_step = tl.full((), BLOCK_K, tl.int64) * stride_bk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_tile in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k_tile * BLOCK_K
-        b_a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)  # [BM, BK]
-        b_b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)  # [BK, BN]
-        if SCALING == 2:
-            group = (k_tile * BLOCK_K) // SCALE_BLOCK
-            b_sa = tl.load(sa_ptr + offs_am * stride_sam + group * stride_sak)  # [BM]
-            b_sb = tl.load(sb_ptr + group * stride_sbk + (offs_bn // SCALE_BLOCK) * stride_sbn)  # [BN]
-            acc += tl.dot(b_a, b_b) * (b_sa[:, None] * b_sb[None, :])
-        else:
+    if SCALING == 2:
+        tl.static_assert(SCALE_BLOCK % BLOCK_N == 0, "a tile's columns must lie in one scaling block")
+        offs_l = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+        offs_r = offs_l + BLOCK_N // 2
+        acc_l, acc_r = _block_scaled_product(
+            a_ptr, b_ptr, sa_ptr, sb_ptr, offs_am, (offs_l % N).to(tl.int64), (offs_r % N).to(tl.int64),
+            (pid_n * BLOCK_N) // SCALE_BLOCK, K, stride_am, stride_ak, stride_bk, stride_bn, stride_sam,
+            stride_sak, stride_sbk, stride_sbn, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        )  # fmt: skip
+        _gemm_fp8_epilogue(acc_l, offs_m, offs_l, M, N, bias_ptr, out_ptr, stride_om, stride_on, stride_bias,
+                           HAS_BIAS=HAS_BIAS, RNE_BY_HAND=RNE_BY_HAND)  # fmt: skip
+        _gemm_fp8_epilogue(acc_r, offs_m, offs_r, M, N, bias_ptr, out_ptr, stride_om, stride_on, stride_bias,
+                           HAS_BIAS=HAS_BIAS, RNE_BY_HAND=RNE_BY_HAND)  # fmt: skip
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        offs_bn = (offs_n % N).to(tl.int64)
+        offs_k64 = offs_k.to(tl.int64)
+        a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k64[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k64[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+        a_step = tl.full((), BLOCK_K, tl.int64) * stride_ak
+        b_step = tl.full((), BLOCK_K, tl.int64) * stride_bk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k_tile in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k_tile * BLOCK_K
+            b_a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)  # [BM, BK]
+            b_b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)  # [BK, BN]
             acc = tl.dot(b_a, b_b, acc)
-        a_ptrs += a_step
-        b_ptrs += b_step
-    if SCALING != 2:  # (tensor: the plan's strides are 0, every lane reads the one scale)
+            a_ptrs += a_step
+            b_ptrs += b_step
+        # (tensor: the plan's strides are 0, every lane reads the one scale)
         b_sa = tl.load(sa_ptr + offs_am * stride_sam)
         b_sb = tl.load(sb_ptr + offs_bn * stride_sbn)
         acc = acc * b_sa[:, None] * b_sb[None, :]
-    mask_n = offs_n < N
-    if HAS_BIAS:
-        b_bias = tl.load(bias_ptr + offs_n.to(tl.int64) * stride_bias, mask=mask_n, other=0.0)
-        acc += b_bias.to(tl.float32)[None, :]
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    p_out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :].to(tl.int64) * stride_on
-    tl.store(p_out, cast(acc, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=mask)
+        _gemm_fp8_epilogue(acc, offs_m, offs_n, M, N, bias_ptr, out_ptr, stride_om, stride_on, stride_bias,
+                           HAS_BIAS=HAS_BIAS, RNE_BY_HAND=RNE_BY_HAND)  # fmt: skip
 
 
 # --- launcher -------------------------------------------------------------------------------------------
@@ -428,10 +511,10 @@ def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_la
                device, config=None) -> Plan | None:  # fmt: skip
     """The plan of one fp8 GEMM class; keyed on shapes and strides of a, b and both scales, trans_b, bias's
     stride, the dtypes (a, b, bias, out), the device and a forced configuration (tests; None chooses).
-    None for an empty output."""
+    None for an empty output or K = 0 (nothing to launch)."""
     m, k = a_shape
     n = b_shape[0] if trans_b else b_shape[1]
-    if m == 0 or n == 0:
+    if m == 0 or n == 0 or k == 0:  # (K = 0: no product; gemm_forward writes the bias or zeros)
         return None
     scaling = scaling_of(m, n, k, sa_layout[0], sb_layout[0], trans_b)
     stride_bk, stride_bn = (b_strides[1], b_strides[0]) if trans_b else b_strides
@@ -483,6 +566,8 @@ def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tens
         if plan is not None:
             plan.launch(a_ptr=a, b_ptr=b, sa_ptr=scale_a, sb_ptr=scale_b,
                         bias_ptr=out if bias is None else bias, out_ptr=out)  # fmt: skip
+        elif out.numel():  # K = 0: the empty sum (block scales then have no K group to read)
+            out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
     if m and n and runtime.observed():
         runtime.report_work("gemm_fp8", op_a=a, op_b=b.mT if trans_b else b, out=out)
     return out
