@@ -1,6 +1,8 @@
 """fused_linear_cross_entropy and cross_entropy: float64 truth (2x/3x), reductions, ignore_index, class
 weights, smoothing, softcap, z-loss, loss dtypes, chunking, all-ignored batches, registration, bad input."""
 
+import weakref
+
 import pytest
 import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
@@ -107,6 +109,26 @@ def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
     llama = ce.memory_estimate(8192, 4096, 128256, itemsize=2)
     assert llama["chunk_rows"] == 1024 and llama["unfused_bytes"] == 2 * 8192 * 128256 * 2
     assert llama["fused_bytes"] == 1024 * 128256 * 2 + 8 * 8192 and round(llama["saving"]) == 16
+
+
+def test_one_chunk_of_logits_at_a_time(monkeypatch, device):
+    # A chunk's logits are dropped before the next chunk's GEMM makes its own, forward and backward: a loop
+    # whose name still holds the last chunk while the next is made keeps two (+1 chunk at the peak: 263 MB at
+    # Llama-3-8B's head, N = 8192).
+    alive_at_each_chunk, made = [], []
+    original = ce._chunk_logits
+
+    def recording(*args):
+        alive_at_each_chunk.append(sum(ref() is not None for ref in made))
+        out = original(*args)
+        made.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(ce, "_chunk_logits", recording)
+    hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
+    hidden.requires_grad_()
+    fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
+    assert alive_at_each_chunk == [0] * 6
 
 
 def test_shifting_logits_changes_nothing(device):

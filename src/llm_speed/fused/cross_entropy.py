@@ -391,13 +391,16 @@ def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softca
     ce_rows = torch.empty(n, dtype=torch.float32, device=device)
     z_rows = torch.empty(n, dtype=torch.float32, device=device)
     lse = torch.empty(n, dtype=torch.float32, device=device)
-    for logits, t, c, zz, ll in zip(
-        chunks, _row_chunks(target, sizes), _row_chunks(ce_rows, sizes), _row_chunks(z_rows, sizes),
+    chunks = iter(chunks)  # one chunk alive at a time (see _forward)
+    for t, c, zz, ll in zip(
+        _row_chunks(target, sizes), _row_chunks(ce_rows, sizes), _row_chunks(z_rows, sizes),
         _row_chunks(lse, sizes), strict=True,
     ):  # fmt: skip
+        logits = next(chunks)
         for out, value in zip((c, zz, ll), _rows_torch(logits, t, class_weight, ignore_index, smoothing,
                                                        softcap, z_scale), strict=True):  # fmt: skip
             out.copy_(value)
+        del logits, value
     if reduction == "none":
         z = z_rows.to(loss_dtype) if return_z else z_rows.new_empty(0, dtype=loss_dtype)
         return (ce_rows + z_rows).to(loss_dtype), z, lse
@@ -483,11 +486,16 @@ def _forward(
         n, chunk_rows, vocab, stride_l, ignore_index, flags, reduction, dtypes, device
     )  # fmt: skip
     z_arg = z if return_z else loss
-    for logits, plan in zip(chunks, plans, strict=True):
+    # One chunk alive at a time: each is dropped before the next one's GEMM (a zip over the chunks would
+    # hold the last one in its reused result tuple while making the next).
+    chunks = iter(chunks)
+    for plan in plans:
+        logits = next(chunks)
         plan.launch(
             logits_ptr=logits, target_ptr=target, weight_ptr=weight_arg, loss_ptr=loss, z_ptr=z_arg,
             stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
         )  # fmt: skip
+        del logits
     if reduce is not None:
         reduce.launch(stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg)
     return loss, z, stats
@@ -587,6 +595,7 @@ def linear_backward(
         if bias is not None:
             part = dlogits.sum(0, dtype=torch.float32)
             dbias = part if dbias is None else dbias.add_(part)
+        del logits, dlogits  # before the next chunk's GEMM (else two chunks are alive at it)
     return dhidden, dweight, _zero_bias_grad(weight, bias) if bias is None else dbias.to(weight.dtype)
 
 
