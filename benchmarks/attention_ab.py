@@ -71,7 +71,7 @@ def overlap_softmax(head_dims: tuple):
 
 
 @contextlib.contextmanager
-def backward_tile(tile, direction="backward", block_d=None):
+def pinned_tile(tile, direction="backward", block_d=None):
     """Launch ``direction``'s kernels (at head dim ``block_d`` only, when given) with ``tile``."""
     saved = flash.attention_config
     if tile != "shipped":
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                 for name, head_dims, tile in FORWARD_VARIANTS:
                     if tile != "shipped" and head_dim != 128:
                         continue
-                    with overlap_softmax(head_dims), backward_tile(tile, "forward", 128):
+                    with overlap_softmax(head_dims), pinned_tile(tile, "forward", 128):
                         fn = lambda q=q, k=k, v=v, c=causal: flash.flash_attention(q, k, v, is_causal=c)  # noqa: E731
                         fn()
                         record(f"{point} {name}", time_ms(fn))
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
                 name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
                 name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic"
                 try:
-                    with backward_tile(tile), tma_dq_add() if tma else contextlib.nullcontext():
+                    with pinned_tile(tile), tma_dq_add() if tma else contextlib.nullcontext():
                         out = flash.flash_attention(q, k, v, is_causal=causal, deterministic=deterministic)
                         fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
                             out, inputs, dout, retain_graph=True

@@ -51,15 +51,15 @@ def fresh_plans(monkeypatch) -> None:
     monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # it holds plans
 
 
-def forward_with_switch_off(monkeypatch, switch: str, q, k, v, is_causal: bool) -> tuple:
-    """(out and LSE as shipped, out and LSE with the module switch ``flash.<switch>`` False), each from plans
-    of its own; the switch stays off for the rest of the test."""
+def forward_with_switch_off(monkeypatch, switch: str, off, q, k, v, is_causal: bool) -> tuple:
+    """(out and LSE as shipped, out and LSE with the module switch ``flash.<switch>`` set to ``off``), each
+    from plans of its own; the switch stays off for the rest of the test."""
     from llm_speed import flash_attention
 
     fresh_plans(monkeypatch)
     shipped = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
     fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, switch, False)
+    monkeypatch.setattr(flash, switch, off)
     return shipped, flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
 
 

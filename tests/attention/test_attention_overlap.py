@@ -48,7 +48,7 @@ def test_the_plan_overlaps_16_bit_d128_on_hopper_only(device, monkeypatch):
     assert _plan(*(t.float() for t in (q, k, v))).fixed["OVERLAP"] is False
     for head_dim in (64, 256):
         assert _plan(*make_qkv(1, 2, 2, 128, 256, head_dim, torch.float16, device)).fixed["OVERLAP"] is False
-    monkeypatch.setattr(flash, "OVERLAP_SOFTMAX", False)
+    monkeypatch.setattr(flash, "OVERLAP_HEAD_DIMS", ())
     fresh_plans(monkeypatch)
     assert _plan(q, k, v).fixed["OVERLAP"] is False
 
@@ -124,7 +124,9 @@ def test_packed_sequences_overlap_too(device, overlapping):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_the_overlapped_loop_computes_what_the_one_product_loop_computes(device, monkeypatch, is_causal):
     q, k, v = make_qkv(1, 2, 2, 256, 512, 128, torch.float16, device)
-    overlapped, one_product = forward_with_switch_off(monkeypatch, "OVERLAP_SOFTMAX", q, k, v, is_causal)
+    overlapped, one_product = forward_with_switch_off(
+        monkeypatch, "OVERLAP_HEAD_DIMS", (), q, k, v, is_causal
+    )
     assert not _plan(q, k, v).fixed["OVERLAP"]
     # the same maths in another order of float32 sums (P V in two halves of keys): close, not bitwise
     for got, expected in zip(overlapped, one_product, strict=True):

@@ -40,7 +40,7 @@ def test_interior_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
     q, k, v = make_qkv(1, 2, 2, 128, 384, 128, torch.float16, device)
-    with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", q, k, v, is_causal)
+    with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", False, q, k, v, is_causal)
     assert not _plan(q, k, v, is_causal).descriptors
     for got, expected in zip(with_tma, without, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

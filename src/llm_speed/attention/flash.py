@@ -588,7 +588,7 @@ def _qk(
     b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
     MASKED: tl.constexpr, PAGED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """The raw q.k products [BM, BN] of the key block at ``start_n`` (K loaded as :func:`_scores` says)."""
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -747,6 +747,22 @@ def _row_max_over_keys(
 
 
 @triton.jit
+def _online_softmax(b_raw, factor, b_m, b_l, FP8: tl.constexpr):
+    """One key block of the online softmax over base-2 scores ``raw * factor`` [BM, BN]: (float32 weights,
+    the rescale factor of the rows so far, new row max, new row sums). ``FP8``: the weights scaled by
+    ``2**P8_OFFSET`` for e4m3's range (one op per row; the sums carry the scale too)."""
+    b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
+    # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    if FP8:
+        b_p = tl.exp2(b_raw * factor - (b_shift - P8_OFFSET)[:, None])
+    else:
+        b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
+    b_alpha = tl.exp2(b_m - b_shift)
+    return b_p, b_alpha, b_m_new, b_l * b_alpha + tl.sum(b_p, 1)
+
+
+@triton.jit
 def _accumulate_over_keys(
     b_m,
     b_l,
@@ -838,15 +854,7 @@ def _accumulate_over_keys(
             b_p16 = cast(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
             b_acc += dot(b_p16, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         else:
-            b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
-            # A row that has seen no key yet has m = -inf; shift by 0 there so exp2 gives 0, not NaN.
-            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            if b_v.dtype.is_fp8():  # weights scaled by 2**P8_OFFSET for e4m3's range (one op per row)
-                b_p = tl.exp2(b_raw * factor - (b_shift - P8_OFFSET)[:, None])
-            else:
-                b_p = tl.exp2(b_raw * factor - b_shift[:, None])  # [BM, BN]: one FFMA, then exp2
-            b_alpha = tl.exp2(b_m - b_shift)
-            b_l = b_l * b_alpha + tl.sum(b_p, 1)
+            b_p, b_alpha, b_m_new, b_l = _online_softmax(b_raw, factor, b_m, b_l, FP8=b_v.dtype.is_fp8())
             if DROPOUT:
                 m_keep = _dropout_keep(seed, o_m[:, None], o_n[None, :], bh, rng_offset, dropout_p)
                 b_p = tl.where(m_keep, b_p, 0.0)
@@ -862,19 +870,14 @@ def _online_step(
     b_qk, b_m, b_l, o_m, start_n, seq_q, seq_kv, scale, softcap, slope2, dtype: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, RNE_BY_HAND: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """The online softmax of one unmasked key block's products ``b_qk``: (weights in ``dtype`` for the PV
-    product, the rescale factor of the rows so far, new row max, new row sums), as
-    :func:`_accumulate_over_keys` (no dropout)."""
+    """:func:`_online_softmax` of one unmasked 16-bit key block's products ``b_qk``, the weights in ``dtype``
+    for the PV product (no dropout)."""
     b_raw, factor = _scores_of(
         b_qk, o_m, start_n, seq_q, seq_kv, scale, softcap, 0, 0, slope2, MASKED=False, HAS_LEFT=False,
         HAS_RIGHT=False, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, EVEN_N=True, BLOCK_N=BLOCK_N,
     )  # fmt: skip
-    b_m_new = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
-    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_p = tl.exp2(b_raw * factor - b_shift[:, None])
-    b_alpha = tl.exp2(b_m - b_shift)
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    return _weights_as(b_p, dtype, RNE_BY_HAND=RNE_BY_HAND), b_alpha, b_m_new, b_l
+    b_p, b_alpha, b_m, b_l = _online_softmax(b_raw, factor, b_m, b_l, FP8=False)
+    return _weights_as(b_p, dtype, RNE_BY_HAND=RNE_BY_HAND), b_alpha, b_m, b_l
 
 
 @triton.jit
@@ -1091,7 +1094,7 @@ def _attention_fwd_kernel(
     BLOCK_B: tl.constexpr,
     LPT: tl.constexpr,
     TMA_KV: tl.constexpr,
-    OVERLAP: tl.constexpr = False,
+    OVERLAP: tl.constexpr,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head).
 
@@ -2178,8 +2181,7 @@ TMA_KV_LOADS = True
 # OVERLAP_HEAD_DIMS. d = 128 only (sm_90a, Triton 3.6, 2026-11-25): d = 64's one-product kernel holds two
 # 8-warp blocks per SM (128 registers), whose products and softmaxes already interleave, and the overlapped
 # one needs 167 (one block); d = 256's 64 x 32 tiles went to 255 registers and spills. Off: the
-# one-product-at-a-time loop (the A/B switch of benchmarks/attention_ab.py).
-OVERLAP_SOFTMAX = True
+# one-product-at-a-time loop: ``OVERLAP_HEAD_DIMS = ()`` (the A/B switch of benchmarks/attention_ab.py).
 OVERLAP_HEAD_DIMS = (128,)
 TMA_KV_MIN_BLOCK_D = 128
 
@@ -2256,7 +2258,7 @@ def _forward_plan(
     if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
     overlap = (
-        OVERLAP_SOFTMAX and hardware.has_tma and cfg.block_m >= 128 and block_d in OVERLAP_HEAD_DIMS
+        block_d in OVERLAP_HEAD_DIMS and hardware.has_tma and cfg.block_m >= 128
         and dtype in (torch.float16, torch.bfloat16) and not (two_pass or dropout or paged or v_transposed)
     )  # fmt: skip
     tma = None

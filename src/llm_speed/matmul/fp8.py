@@ -227,7 +227,6 @@ def _block_scaled_product(
     # "kept *": the wait after the loop looks through its operands for the products it waits on, and would
     # keep this step's tiles allocated through the loop
     p_r = kept.to(tl.float32) * tl.dot(b_a, b_br)
-    s_r = b_s
     acc_r = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     if K > BLOCK_K:
         for k_tile in range(1, tl.cdiv(K, BLOCK_K)):
@@ -236,14 +235,14 @@ def _block_scaled_product(
             b_bl = tl.load(bl_ptrs + k_tile * b_step, mask=offs_k[:, None] < k_left, other=0.0)
             b_br = tl.load(br_ptrs + k_tile * b_step, mask=offs_k[:, None] < k_left, other=0.0)
             p_l = tl.dot(b_a, b_bl)
-            acc_r += p_r * s_r[:, None]
+            acc_r += p_r * b_s[:, None]  # step k-1's right product, at step k-1's scales
             p_r = tl.dot(b_a, b_br)
-            s_r = _block_scales(
+            b_s = _block_scales(
                 sa_ptr, sb_ptr, offs_am, n_block, k_tile, stride_sam, stride_sak, stride_sbk, stride_sbn,
                 SCALE_BLOCK=SCALE_BLOCK, BLOCK_K=BLOCK_K,
             )  # fmt: skip
-            acc_l += p_l * s_r[:, None]
-    acc_r += p_r * s_r[:, None]
+            acc_l += p_l * b_s[:, None]
+    acc_r += p_r * b_s[:, None]
     return acc_l, acc_r
 
 
@@ -566,8 +565,10 @@ def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tens
         if plan is not None:
             plan.launch(a_ptr=a, b_ptr=b, sa_ptr=scale_a, sb_ptr=scale_b,
                         bias_ptr=out if bias is None else bias, out_ptr=out)  # fmt: skip
-        elif out.numel():  # K = 0: the empty sum (block scales then have no K group to read)
-            out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+        elif out.numel() and bias is not None:  # K = 0: the empty sum (block scales have no K group to read)
+            out.copy_(bias.expand(m, n))
+        elif out.numel():
+            out.zero_()
     if m and n and runtime.observed():
         runtime.report_work("gemm_fp8", op_a=a, op_b=b.mT if trans_b else b, out=out)
     return out
