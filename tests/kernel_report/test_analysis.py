@@ -49,6 +49,14 @@ def test_spills_between_nested_loops_are_not_inner():
     assert sorted(code.loops()) == [(0x10, 0x60), (0x20, 0x40)]
     assert code.innermost_loops() == [(0x20, 0x40)]
     assert code.spills_in_loops() == 3 and code.spills_in_loops(code.innermost_loops()) == 1
+    assert code.innermost_loop_lengths() == [3]  # what one inner iteration issues
+
+
+def test_loop_lengths_leave_out_the_closing_self_branch():
+    closing = "        /*0080*/                   BRA 0x80 ;\n"
+    code = analysis.Sass.parse(SASS + closing)
+    assert sorted(code.innermost_loops()) == [(0x20, 0x40), (0x80, 0x80)]
+    assert code.innermost_loop_lengths() == [3]
 
 
 def test_out_of_line_blocks_jumping_back_are_not_loops():

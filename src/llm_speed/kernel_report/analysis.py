@@ -100,6 +100,15 @@ class Sass:
 
         return [(lo, hi) for lo, hi in loops if not holds_another(lo, hi)]
 
+    def innermost_loop_lengths(self) -> list[int]:
+        """The SASS instructions of each innermost loop body, in address order: what one iteration issues
+        per warp (the function's closing self-branch, a one-instruction loop, left out)."""
+        return [
+            sum(1 for address, _ in self.instructions if lo <= address <= hi)
+            for lo, hi in sorted(self.innermost_loops())
+            if lo < hi
+        ]
+
     def spills_in_loops(self, loops: list[tuple[int, int]] | None = None) -> int:
         """Local-memory instructions (register spills) inside any loop body (or inside ``loops``)."""
         loops = self.loops() if loops is None else loops

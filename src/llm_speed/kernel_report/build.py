@@ -227,6 +227,7 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "loop_spill_instructions": code.spills_in_loops(),
         "inner_loop_spill_instructions": code.spills_in_loops(code.innermost_loops()),
         "loops": len(code.loops()),
+        "inner_loop_instructions": code.innermost_loop_lengths(),
         "shared_bytes": shared,
         "shared_limit": target.hardware.smem_per_block_bytes,
         "blocks_per_sm": occupancy.blocks,
