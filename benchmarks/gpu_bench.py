@@ -46,6 +46,12 @@ def command_lines(name: str, out: str) -> list[str]:
             f"{gemm} --dtype bf16 --layout NT --model llama-3-8b --tokens 4096 "
             f"--output {out}/gemm_llama3_8b_bf16.json"
         )
+        # decode and small-batch tokens (issue 18: M = 1 and 16 memory-bound, their GB/s against HBM's)
+        for tokens in (1, 16, 128):
+            lines.append(
+                f"{gemm} --dtype bf16 --layout NT --model llama-3-8b --tokens {tokens} "
+                f"--output {out}/gemm_llama3_8b_bf16_t{tokens}.json"
+            )
         for size in (1024, 2048, 4096, 8192):
             lines.append(
                 f"{gemm} --dtype fp16 --sizes {size}x{size}x{size} --output {out}/gemm_fp16_{size}.json"

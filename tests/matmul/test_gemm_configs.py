@@ -123,6 +123,29 @@ def test_decode_spreads_the_weights_over_every_sm():
         assert -(-n // block_n) <= H100.sm_count < -(-n // (block_n // 2))
 
 
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_decode_on_the_tma_kernel_reads_the_weights_from_every_sm(m):
+    """Llama-3-8B's weights at decode (x @ W^T, M <= 64): the persistent kernel's decode tile (64x32) gives
+    4096-row weights 128 programs (its 64x128 tile gave 32 of the H100's 132 SMs), and the widest tile
+    wins where the narrow one would only add tile starts (the 128256-row head: 64x128, 1002 tiles)."""
+    decode = LARGE.persistent_tma_decode
+    for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)):
+        config = gemm_config(m, n, k, torch.bfloat16, "persistent_tma", True, H100)
+        assert config in decode, (n, k, config)
+        assert -(-n // config.block_n) >= 0.9 * H100.sm_count
+    head = gemm_config(m, 128256, 4096, torch.bfloat16, "persistent_tma", True, H100)
+    assert (head.block_m, head.block_n) == (64, 128)
+
+
+@pytest.mark.parametrize("m", [65, 128, 1024])
+def test_the_decode_tile_is_for_decode_only(m):
+    """Past one row block the compute rule chooses as before: 64x32's many programs would re-read the
+    activations through L2 (M = 128 x 4096 x 4096 stays 128x64, 64 programs)."""
+    for n in (4096, 6144, 14336):
+        config = gemm_config(m, n, 4096, torch.bfloat16, "persistent_tma", True, H100)
+        assert config not in LARGE.persistent_tma_decode, (m, n, config)
+
+
 def test_a_few_waves_fill_the_sms_with_smaller_tiles():
     """1024^3 on an H100: 128x256 makes 32 tiles for 132 SMs; 128x64 makes 128, one nearly full wave."""
     config = gemm_config(1024, 1024, 1024, torch.float16, "tiled", False, H100)
@@ -163,7 +186,8 @@ def test_each_tier_offers_the_model_its_whole_list_for_16_bit_operands():
                            (SMALL, Hardware("ada", (8, 9), 99 * 1024, 128))):  # fmt: skip
         assert candidate_configs("tiled", torch.float16, hardware) == tier.tiled
     assert TIERS == (LARGE, MEDIUM, SMALL)
-    assert candidate_configs("persistent_tma", torch.bfloat16, H100) == LARGE.persistent_tma
+    persistent = LARGE.persistent_tma + LARGE.persistent_tma_decode
+    assert candidate_configs("persistent_tma", torch.bfloat16, H100) == persistent
     with pytest.raises(ValueError, match="not used on"):
         candidate_configs("persistent_tma", torch.float16, Hardware.from_spec("a100-sxm-80gb"))
     with pytest.raises(ValueError, match="path must be"):

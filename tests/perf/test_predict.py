@@ -353,17 +353,19 @@ def test_gemm_tile_rule_is_the_launchers():
     import torch
 
     from llm_speed.core.hardware import Hardware
-    from llm_speed.matmul.gemm import gemm_config, persistent_tma_configs
+    from llm_speed.matmul.gemm import LARGE, gemm_config
 
     hardware = Hardware.from_spec("h100-sxm")
-    tiles = [(c.block_m, c.block_n, c.block_k, c.num_warps) for c in persistent_tma_configs(hardware)]
-    shipped = load_calibration()["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["gemm"]["tiles"]
-    assert [tuple(t) for t in shipped] == tiles
+    tiles, decode = ([(c.block_m, c.block_n, c.block_k, c.num_warps) for c in listed]
+                     for listed in (LARGE.persistent_tma, LARGE.persistent_tma_decode))  # fmt: skip
+    shipped = load_calibration()["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["gemm"]
+    assert [tuple(t) for t in shipped["tiles"]] == tiles
+    assert [tuple(t) for t in shipped["decode_tiles"]] == decode
     shapes = [(1, 4096, 4096), (16, 57344, 8192), (128, 6144, 4096), (1024, 1024, 1024), (8192, 8192, 64),
-              (2048, 28672, 4096), (3, 5, 7)]  # fmt: skip
+              (2048, 28672, 4096), (3, 5, 7), (128, 4096, 4096), (64, 128256, 4096)]  # fmt: skip
     for m, n, k in shapes:
         config = gemm_config(m, n, k, torch.bfloat16, "persistent_tma", True, hardware)
-        chosen = gemm_config_choice(m, n, k, tiles, hardware.sm_count)
+        chosen = gemm_config_choice(m, n, k, tiles, hardware.sm_count, decode_tiles=decode)
         assert chosen == (config.block_m, config.block_n, config.block_k, config.num_warps), (m, n, k)
 
 

@@ -46,8 +46,9 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
+from ..core.tile_choice import choose_tile
 from . import reference
-from .gemm import SMALLEST_TILE_SIDE, _cfg, _grouped_tile, _tile_efficiency, shared_bytes
+from .gemm import _cfg, _grouped_tile, shared_bytes
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -485,23 +486,12 @@ def candidate_gemm_configs(scaling: int, hardware: Hardware) -> tuple[KernelConf
 
 @functools.cache
 def gemm_fp8_config(m: int, n: int, k: int, scaling: int, hardware: Hardware) -> KernelConfig:
-    """The fp8 GEMM's configuration: :func:`llm_speed.matmul.gemm.gemm_config`'s rule over
-    :func:`candidate_gemm_configs` (no tile side beyond the problem's padded side unless it is the
-    smallest; least ``waves * padded work / tile efficiency``). Pure and cached; the interpreter runs
-    :data:`INTERPRETER_GEMM`."""
+    """The fp8 GEMM's configuration: :func:`llm_speed.core.tile_choice.choose_tile`'s rule (the 16-bit
+    GEMM's) over :func:`candidate_gemm_configs`, one byte per operand element. Pure and cached; the
+    interpreter runs :data:`INTERPRETER_GEMM`."""
     pool = candidate_gemm_configs(scaling, hardware)
-    max_m = max(next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(c.block_m for c in pool))
-    max_n = max(next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(c.block_n for c in pool))
-    fitting = [c for c in pool if c.block_m <= max_m and c.block_n <= max_n]
-    if not fitting:
-        return min(pool, key=lambda c: (c.block_m, c.block_n))
-
-    def modelled_time(c: KernelConfig) -> float:
-        tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
-        work = c.block_m * c.block_n * max(cdiv(k, c.block_k), 1) * c.block_k
-        return cdiv(tiles, hardware.sm_count) * work / _tile_efficiency(c)
-
-    return min(fitting, key=modelled_time)
+    tiles = [(c.block_m, c.block_n, c.block_k) for c in pool]
+    return pool[choose_tile(m, n, k, tiles, hardware.sm_count, element_bytes=1)]
 
 
 @functools.cache

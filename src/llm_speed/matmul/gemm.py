@@ -42,10 +42,10 @@ from ..core.launch import (
     Plan,
     TensorDescriptor,
     cdiv,
-    next_power_of_2,
     plan_cache,
     tma_aligned,
 )  # fmt: skip
+from ..core.tile_choice import choose_tile
 from . import reference
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
 
@@ -255,8 +255,6 @@ PATHS = ("tiled", "persistent_tma")
 
 # CUDA caps the second grid dimension (the batch) at 65535 programs; larger batches launch in chunks.
 MAX_GRID_Y = 65535
-# tl.dot's smallest tile side: problem sides are padded to a power of two at least this (gemm_config).
-SMALLEST_TILE_SIDE = 16
 
 
 # Configurations, in tiers by shared memory per block (the resource the pipelined tiles fill). A configuration
@@ -274,6 +272,8 @@ class Tier:
     min_smem_bytes: int
     tiled: tuple[KernelConfig, ...]
     persistent_tma: tuple[KernelConfig, ...] = ()  # empty: this tier uses the tiled kernel only
+    # the persistent kernel's tiles for decode alone (M <= the smallest BLOCK_M; core.tile_choice)
+    persistent_tma_decode: tuple[KernelConfig, ...] = ()
 
 
 def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
@@ -301,6 +301,10 @@ LARGE = Tier(
         _cfg(128, 64, 64, 4, 4),
         _cfg(64, 128, 64, 4, 4),
     ),
+    # Decode (M <= 64), whose weights only every SM together reads at full bandwidth (4096 x 4096: 128
+    # tiles, where 64x128 made 32); eight stages keep 32 KiB of them in flight per SM, about an HBM
+    # latency's worth at an SM's share of the bandwidth.
+    persistent_tma_decode=(_cfg(64, 32, 64, 4, 8),),
 )
 
 # 163 KB per block (A100): the tiles of Triton's matmul tutorial
@@ -342,10 +346,6 @@ INTERPRETER = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_
 # walks several tiles and the persistent loop is really exercised on the CPU.
 INTERPRETER_PERSISTENT_PROGRAMS = 3
 
-# gemm_config's per-tile efficiency: a tile of arithmetic intensity I = BM*BN / (BM+BN) (FLOPs per operand
-# element loaded, per K step) runs at I / (I + TILE_INTENSITY_AT_HALF) of the tensor cores' peak.
-TILE_INTENSITY_AT_HALF = 32
-
 
 def shared_bytes(config: KernelConfig, element_bytes: int = 2) -> int:
     """Shared memory the pipelined A and B tiles of ``config`` take: stages x (BM + BN) x BK elements.
@@ -372,7 +372,8 @@ def tiled_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
 def persistent_tma_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
     """The persistent TMA kernel's candidate configurations on ``hardware`` (empty: the kernel is not
     used)."""
-    return tier_for(hardware).persistent_tma if hardware.has_tma else ()
+    tier = tier_for(hardware)
+    return tier.persistent_tma + tier.persistent_tma_decode if hardware.has_tma else ()
 
 
 def has_tma(hardware: Hardware) -> bool:
@@ -385,15 +386,11 @@ def shipped_configs() -> tuple[tuple[str, KernelConfig], ...]:
     "persistent_tma" (the tests run each directly, and compile each for sm_90)."""
     seen: dict[tuple[str, KernelConfig], None] = {}
     for tier in TIERS:
-        for path, listed in (("tiled", tier.tiled), ("persistent_tma", tier.persistent_tma)):
+        persistent = tier.persistent_tma + tier.persistent_tma_decode
+        for path, listed in (("tiled", tier.tiled), ("persistent_tma", persistent)):
             for config in listed:
                 seen[(path, config)] = None
     return tuple(seen)
-
-
-def _tile_efficiency(config: KernelConfig) -> float:
-    intensity = config.block_m * config.block_n / (config.block_m + config.block_n)
-    return intensity / (intensity + TILE_INTENSITY_AT_HALF)
 
 
 def candidate_configs(path: str, dtype: torch.dtype, hardware: Hardware) -> tuple[KernelConfig, ...]:
@@ -430,50 +427,26 @@ def gemm_config(
     ``hardware`` (:func:`tiled_configs`, :func:`persistent_tma_configs`), chosen by a cost model, never by
     timing. Pure and cached; the interpreter does not use it (it runs :data:`INTERPRETER`).
 
-    The rule, in three steps:
-
-    1. **Shared memory.** Candidates whose pipelined A and B tiles do not fit the device's shared memory per
-       block are dropped (:func:`candidate_configs`): the tiers are sized for 16-bit operands, and fp32
-       operands double the bytes (128x256x64 at 3 stages needs 288 KB in fp32).
-    2. **No tile larger than the problem.** M and N are padded to a power of two, at least 16 (tl.dot's
-       smallest side); a tile side may exceed its padded side only by being the smallest such side the
-       candidates have (M = 1 gets the tier's smallest BLOCK_M, not a 128-row tile of which 127 rows are
-       masked). When no candidate meets both sides, the one of smallest BLOCK_M (then BLOCK_N) is taken:
-       the token dimension M is the skinny one in decode.
-    3. **Least modelled time.** ``tiles = cdiv(m, BM) * cdiv(n, BN) * batch`` programs run in
-       ``waves = cdiv(tiles, SMs)`` rounds (the persistent kernel launches ``min(SMs, tiles)`` programs,
-       each walking ``cdiv(tiles, programs)`` tiles: the same rounds). A round takes a tile's work, padding
-       included (``BM * BN * cdiv(k, BK) * BK``: partial tiles cost a full tile), divided by the tile's
-       efficiency ``I / (I + 32)`` with ``I = BM*BN / (BM+BN)``, the FLOPs per operand element a tile loads
-       per K step: a larger tile reuses each loaded element over more products and amortises its epilogue,
-       so 128x256 runs at 73% of the tensor cores' peak in this model, 128x128 at 67%, 64x64 at 50%.
-       Time = ``waves * work / efficiency``; the first of the tier's list (largest first) wins a tie.
-
-    What it gives: a large problem (tiles >> SMs) takes the largest tile (128x256): the waves are nearly
-    full for every tile, and efficiency decides. A problem of a few waves' worth takes the tile that fills
-    the last wave best (1024^3 on an H100: 128x64, 128 tiles in one wave of 132 SMs, rather than 32 tiles
-    of 128x256 leaving 100 SMs idle). A skinny M (decode, M <= 64) takes BLOCK_M 64 (the smallest the
-    large tier has), with BLOCK_N just wide enough to give every SM a tile: there the weights' bytes decide,
-    and only programs spread over all SMs read them at full bandwidth.
+    Candidates whose pipelined A and B tiles do not fit the device's shared memory per block are dropped
+    first (:func:`candidate_configs`: the tiers are sized for 16-bit operands, and fp32 operands double the
+    bytes); then :func:`llm_speed.core.tile_choice.choose_tile`'s rule picks one. What it gives: a large
+    problem (tiles >> SMs) takes the largest tile (128x256): the waves are nearly full for every tile, and
+    efficiency decides. A problem of a few waves' worth takes the tile that fills the last wave best
+    (1024^3 on an H100: 128x64, 128 tiles in one wave of 132 SMs, rather than 32 tiles of 128x256 leaving
+    100 SMs idle). Decode (M <= 64 on an H100) is priced by the weights' bytes on the busiest SM, so it
+    takes the narrowest tile that spreads them over every SM (4096 x 4096 weights: 64x32, 128 programs,
+    where 64x128 gave 32).
 
     ``b_k_major`` (B read as B^T [N, K] row-major, the ``x @ W^T`` layout) does not change the choice: the
     shared memory and work of a tile are the same in both layouts (it is part of the signature so that a
     layout-specific rule would not change the callers).
     """
     pool = candidate_configs(path, dtype, hardware)
-    max_m = max(next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(c.block_m for c in pool))
-    max_n = max(next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(c.block_n for c in pool))
-    fitting = [c for c in pool if c.block_m <= max_m and c.block_n <= max_n]
-    if not fitting:
-        return min(pool, key=lambda c: (c.block_m, c.block_n))
-    sms = hardware.sm_count
-
-    def modelled_time(c: KernelConfig) -> float:
-        tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n) * batch
-        work = c.block_m * c.block_n * max(cdiv(k, c.block_k), 1) * c.block_k
-        return cdiv(tiles, sms) * work / _tile_efficiency(c)
-
-    return min(fitting, key=modelled_time)  # min keeps the first of equal times
+    tiles = [(c.block_m, c.block_n, c.block_k) for c in pool]
+    decode = tier_for(hardware).persistent_tma_decode
+    index = choose_tile(m, n, k, tiles, hardware.sm_count, batch=batch, element_bytes=dtype.itemsize,
+                        decode_only=[i for i, c in enumerate(pool) if c in decode])  # fmt: skip
+    return pool[index]
 
 
 # The fp32 matmul precision setting (torch >= 2.9); torch.backends.cuda.matmul.fp32_precision reads the same.

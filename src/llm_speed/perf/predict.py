@@ -57,6 +57,7 @@ from llm_speed.core.args import positive_int
 from llm_speed.core.chunking import linear_cross_entropy_chunk_rows
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu, normalize_dtype
 from llm_speed.core.intmath import cdiv, next_power_of_2
+from llm_speed.core.tile_choice import SMALLEST_TILE_SIDE, choose_tile
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import (
     attention_cost,
@@ -541,31 +542,14 @@ def _host_s(impl_host: dict[str, Any], op: str) -> float:
 
 # --- GEMM --------------------------------------------------------------------------------------------------
 
-# The tile rule of llm-speed's current GEMM launcher (llm_speed.matmul.gemm.gemm_config): a tile of
-# intensity I = BM*BN/(BM+BN) runs at I / (I + 32) of the peak in its own cost model.
-GEMM_CONFIG_TILE_INTENSITY_AT_HALF = 32
-SMALLEST_TILE_SIDE = 16
-
-
-def gemm_config_choice(m: int, n: int, k: int, tiles: Sequence[Sequence[int]], sms: int, batch: int = 1):
-    """The tile llm-speed's launcher picks (``llm_speed.matmul.gemm.gemm_config``'s rule, restated here
-    without torch; tests/perf checks the two agree): tiles no larger than the problem padded to a power of
-    two, then the least ``waves * padded tile work / (I / (I + 32))``."""
-    pool = [tuple(t) for t in tiles]
-    max_m = max(next_power_of_2(max(m, SMALLEST_TILE_SIDE)), min(t[0] for t in pool))
-    max_n = max(next_power_of_2(max(n, SMALLEST_TILE_SIDE)), min(t[1] for t in pool))
-    fitting = [t for t in pool if t[0] <= max_m and t[1] <= max_n]
-    if not fitting:
-        return min(pool, key=lambda t: (t[0], t[1]))
-
-    def modelled(t):
-        bm, bn, bk = t[0], t[1], t[2]
-        intensity = bm * bn / (bm + bn)
-        efficiency = intensity / (intensity + GEMM_CONFIG_TILE_INTENSITY_AT_HALF)
-        count = cdiv(m, bm) * cdiv(n, bn) * batch
-        return cdiv(count, sms) * bm * bn * max(cdiv(k, bk), 1) * bk / efficiency
-
-    return min(fitting, key=modelled)
+def gemm_config_choice(m: int, n: int, k: int, tiles: Sequence[Sequence[int]], sms: int, batch: int = 1,
+                       element_bytes: int = 2, decode_tiles: Sequence[Sequence[int]] = ()):  # fmt: skip
+    """The tile llm-speed's launcher picks among ``tiles`` and its ``decode_tiles``
+    (``llm_speed.matmul.gemm.gemm_config``'s rule, :func:`llm_speed.core.tile_choice.choose_tile`)."""
+    pool = [tuple(t) for t in tiles] + [tuple(t) for t in decode_tiles]
+    decode_only = range(len(tiles), len(pool))
+    return pool[choose_tile(m, n, k, pool, sms, batch=batch, element_bytes=element_bytes,
+                            decode_only=decode_only)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -771,7 +755,8 @@ def _predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[_Term
     if tile_override is not None:
         candidates = [tuple(int(x) for x in tile_override)]
     elif rule == "gemm_config":
-        candidates = [gemm_config_choice(m, n, k, candidates, sms, batch)]
+        candidates = [gemm_config_choice(m, n, k, candidates, sms, batch, element_bytes=in_bytes,
+                                         decode_tiles=params.get("decode_tiles", ()))]
     best = None
     for tile in candidates:
         for split in _split_choices(params, m, n, k, batch, tile, sms):
