@@ -22,9 +22,7 @@ def test_b200_gets_the_large_tiles_and_tma_like_the_h100():
     for hardware in (h100, b200):
         assert gemm_configs.tier_for(hardware) is gemm_configs.LARGE
         assert gemm_configs.has_tma(hardware)
-        large = gemm_configs.LARGE
-        shipped = large.persistent_tma + large.persistent_tma_decode
-        assert gemm_configs.persistent_tma_configs(hardware) == shipped
+        assert gemm_configs.persistent_tma_configs(hardware) == gemm_configs.LARGE.persistent_tma_shipped
 
 
 @pytest.mark.parametrize("gpu", list_gpus(), ids=lambda spec: spec.id)

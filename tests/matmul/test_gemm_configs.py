@@ -186,8 +186,7 @@ def test_each_tier_offers_the_model_its_whole_list_for_16_bit_operands():
                            (SMALL, Hardware("ada", (8, 9), 99 * 1024, 128))):  # fmt: skip
         assert candidate_configs("tiled", torch.float16, hardware) == tier.tiled
     assert TIERS == (LARGE, MEDIUM, SMALL)
-    persistent = LARGE.persistent_tma + LARGE.persistent_tma_decode
-    assert candidate_configs("persistent_tma", torch.bfloat16, H100) == persistent
+    assert candidate_configs("persistent_tma", torch.bfloat16, H100) == LARGE.persistent_tma_shipped
     with pytest.raises(ValueError, match="not used on"):
         candidate_configs("persistent_tma", torch.float16, Hardware.from_spec("a100-sxm-80gb"))
     with pytest.raises(ValueError, match="path must be"):

@@ -275,6 +275,11 @@ class Tier:
     # the persistent kernel's tiles for decode alone (M <= the smallest BLOCK_M; core.tile_choice)
     persistent_tma_decode: tuple[KernelConfig, ...] = ()
 
+    @property
+    def persistent_tma_shipped(self) -> tuple[KernelConfig, ...]:
+        """Every configuration of the persistent kernel: the general ones, then decode's."""
+        return self.persistent_tma + self.persistent_tma_decode
+
 
 def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
     return KernelConfig(m, n, warps, stages, block_k=k, group_m=8)
@@ -372,8 +377,7 @@ def tiled_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
 def persistent_tma_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:
     """The persistent TMA kernel's candidate configurations on ``hardware`` (empty: the kernel is not
     used)."""
-    tier = tier_for(hardware)
-    return tier.persistent_tma + tier.persistent_tma_decode if hardware.has_tma else ()
+    return tier_for(hardware).persistent_tma_shipped if hardware.has_tma else ()
 
 
 def has_tma(hardware: Hardware) -> bool:
@@ -386,8 +390,7 @@ def shipped_configs() -> tuple[tuple[str, KernelConfig], ...]:
     "persistent_tma" (the tests run each directly, and compile each for sm_90)."""
     seen: dict[tuple[str, KernelConfig], None] = {}
     for tier in TIERS:
-        persistent = tier.persistent_tma + tier.persistent_tma_decode
-        for path, listed in (("tiled", tier.tiled), ("persistent_tma", persistent)):
+        for path, listed in (("tiled", tier.tiled), ("persistent_tma", tier.persistent_tma_shipped)):
             for config in listed:
                 seen[(path, config)] = None
     return tuple(seen)

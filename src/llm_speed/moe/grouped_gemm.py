@@ -42,6 +42,7 @@ from ..core.hardware import KIB, Hardware, hardware_of
 from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
+from ..core.tile_choice import SMALLEST_TILE_SIDE
 from ..matmul.gemm import fp32_input_precision
 from . import reference
 from .checks import check_offsets
@@ -252,7 +253,6 @@ WGRAD = Kernel(_grouped_wgrad_kernel, "moe.grouped_wgrad")
 # and its tl.dot is a NumPy product of the whole tile: tiles just as large as the problem needs
 # (interpreter_tile), and a few persistent programs (fewer than tiles, so each walks several groups' tiles).
 INTERPRETER_PROGRAMS = 2
-SMALLEST_TILE_SIDE = 16  # tl.dot's smallest tile side
 EPILOGUE_SMEM_BYTES = 16 * KIB  # room kept beside the pipelined tiles for the epilogue's layout changes
 
 
