@@ -285,16 +285,26 @@ def cross_entropy_work(backward: bool = False) -> Callable[..., Work | None]:
     """Cost of a fused linear cross-entropy call ``(hidden=[N, H], weight=[V, H])``: the chunk GEMMs (forward:
     the logits, 2NVH; backward: logits again, dhidden and dweight, 6NVH) plus about 4 FLOPs per logit for the
     softmax, and the minimum DRAM traffic: hidden and weight read (and their gradients written, backward),
-    nothing of the ``[N, V]`` logits, which never leave the chunk."""
+    nothing of the ``[N, V]`` logits, which never leave the chunk. A forward that also makes the gradients
+    (``gradients=(dhidden?, dweight?)``, a reduced loss with grad) adds 2NVH per gradient and 4 FLOPs per
+    logit for d loss / d logits, and writes the gradients; its backward (``scaled=(tensors)``) multiplies
+    them by the loss gradient: an element's read, product and write."""
 
-    def cost(*, hidden: Any, weight: Any, **_: Any) -> Work:
+    def cost(*, hidden: Any = None, weight: Any = None, gradients: tuple = (), scaled: tuple = (),
+             **_: Any) -> Work:  # fmt: skip
+        if backward and hidden is None:
+            numel = sum(t.numel() for t in scaled)
+            moved = sum(2 * t.numel() * t.element_size() for t in scaled)
+            return Work(float(numel), moved, scaled[1].dtype, scaled[1].device)
         n, h = hidden.shape
         v = weight.shape[0]
-        operands = (n * hidden.element_size() + v * weight.element_size()) * h
-        gemms = 6.0 if backward else 2.0
-        return Work(
-            gemms * n * v * h + 4.0 * n * v, operands * (2 if backward else 1), hidden.dtype, hidden.device
-        )
+        sizes = (n * hidden.element_size(), v * weight.element_size())
+        operands = sum(sizes) * h
+        if backward:
+            return Work(6.0 * n * v * h + 4.0 * n * v, 2 * operands, hidden.dtype, hidden.device)
+        made = [size * h for size, wanted in zip(sizes, gradients, strict=False) if wanted]
+        flops = 2.0 * n * v * h * (1 + len(made)) + 4.0 * n * v * (2 if made else 1)
+        return Work(flops, operands + sum(made), hidden.dtype, hidden.device)
 
     return cost
 

@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
-from llm_speed import ops
+from llm_speed import fused_linear_cross_entropy, ops
 from llm_speed.bench import ops as ops_bench
 from llm_speed.bench import report
 from llm_speed.cli import build_parser, main
 from llm_speed.core import runtime
 from llm_speed.fused import cross_entropy, rms_norm, rotary, swiglu
+from llm_speed.profiler import CUDAProfiler
 
 TINY = (
     "--tokens 3 --hidden 40 --intermediate 24 --num-heads 2 --num-kv-heads 1 --head-dim 16 --vocab 50".split()
@@ -82,13 +83,16 @@ def test_costs_are_the_op_table_s_forward_plus_backward():
         2 * sum(e.flops for e in once),
         2 * sum(e.bytes_moved for e in once),
     )
-    h, v = torch.empty(3, 40), torch.empty(50, 40)
-    names = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
-    expected = [ops.get(n).work(hidden=h, weight=v) for n in names]
-    assert ops_bench.op_cost("linear_cross_entropy", settings) == (
-        sum(e.flops for e in expected),
-        sum(e.bytes_moved for e in expected),
-    )
+    # the linear cross-entropy: what the profiler records of a mean loss's forward + backward, which makes
+    # the gradients in the forward (6NVH) and scales them in the backward
+    h, v = torch.randn(3, 40, requires_grad=True), torch.randn(50, 40, requires_grad=True)
+    profiler = CUDAProfiler(torch.device("cpu"))
+    with profiler.profile("ce"):
+        fused_linear_cross_entropy(h, v, torch.tensor([1, 7, 49])).backward()
+    recorded = profiler.get_metrics("ce")
+    flops, moved = ops_bench.op_cost("linear_cross_entropy", settings)
+    assert (flops, moved) == (recorded.flops, recorded.bytes_moved)
+    assert flops == 6 * 3 * 50 * 40 + 8 * 3 * 50 + (3 + 50) * 40
 
 
 def test_torch_compile_runs_and_liger_installed_without_cuda_is_not_run(monkeypatch):

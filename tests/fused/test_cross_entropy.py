@@ -47,7 +47,8 @@ def test_accuracy(case, dtype, device):
     hidden, weight, b, target = _problem(
         n, h, vocab, dtype, device, bias=bias, ignored=ignored, magnitude=magnitude
     )
-    out_grad = torch.randn(n).double() if kw.get("reduction") == "none" else torch.tensor(1.0).double()
+    # a reduced loss's gradient not 1: the backward scales the gradients made in the forward
+    out_grad = torch.randn(n).double() if kw.get("reduction") == "none" else torch.tensor(0.7).double()
     tensors = [t for t in (hidden, weight, b) if t is not None]
 
     def split(ts):
@@ -99,7 +100,11 @@ def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
     hidden.requires_grad_()
     fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
-    assert shapes and all(rows <= 8 for rows, _ in shapes) and len(shapes) == 2 * 3  # 3 chunks, fwd and bwd
+    # a reduced loss with grad makes each chunk's logits once (its gradients with them); "none" twice
+    assert shapes and all(rows <= 8 for rows, _ in shapes) and len(shapes) == 3
+    rows = fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8, reduction="none")
+    rows.sum().backward()
+    assert all(rows <= 8 for rows, _ in shapes) and len(shapes) == 3 + 2 * 3  # 3 chunks, fwd and bwd
     # The default: logits as large as hidden (Liger's rule), never under 2^16 logits nor 1024 rows, at most N.
     assert ce.default_chunk_rows(23, 40, 160) == 23  # 2^16 / 160 -> 512 rows: one chunk
     assert ce.default_chunk_rows(100_000, 64, 4096) == 2048  # 100000 / ceil(4096 / 64) -> 1563 -> 2048
@@ -128,7 +133,68 @@ def test_one_chunk_of_logits_at_a_time(monkeypatch, device):
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
     hidden.requires_grad_()
     fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
-    assert alive_at_each_chunk == [0] * 6
+    rows = fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8, reduction="none")
+    rows.sum().backward()
+    assert alive_at_each_chunk == [0] * (3 + 6)  # the gradients made in the forward, then fwd and bwd
+
+
+def test_a_reduced_loss_with_grad_makes_its_gradients_in_the_forward(device):
+    # mean and sum: each chunk's d loss / d logits and its two GEMMs run while the chunk's logits exist (the
+    # backward then only multiplies by the loss gradient, in place); the gradients match the recomputing path
+    hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device, ignored=(5,))
+    for reduction in ("mean", "sum"):
+        h, w, bb = leaves(hidden, weight, b)
+        counts = {k: runtime.launch_count(k) for k in (ce.BACKWARD.name, ce.SCALE.name)}
+        loss = fused_linear_cross_entropy(h, w, target, bias=bb, chunk_rows=8, reduction=reduction)
+        after_forward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
+        (loss * 0.7).backward()
+        after_backward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
+        if runtime.triton_runs_on(device):
+            assert after_forward == {ce.BACKWARD.name: 3, ce.SCALE.name: 0}  # 3 chunks
+            assert after_backward == {ce.BACKWARD.name: 3, ce.SCALE.name: 3}  # dhidden, dweight, dbias
+        # the path that makes the logits again (the backward of reduction="none" with the same gradient)
+        h2, w2, b2 = leaves(hidden, weight, b)
+        rows = fused_linear_cross_entropy(h2, w2, target, bias=b2, chunk_rows=8, reduction="none")
+        scale = 0.7 / (22 if reduction == "mean" else 1)  # one row ignored
+        (rows.sum() * scale).backward()
+        pairs = (("dh", h.grad, h2.grad), ("dw", w.grad, w2.grad), ("db", bb.grad, b2.grad))
+        for name, got, expected in pairs:
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_gradients_made_in_the_forward_survive_a_second_backward(device):
+    # retain_graph: the first backward hands the kept gradients over (scaled in place); the second makes them
+    # again from the saved inputs, so both are right
+    hidden, weight, b, target = _problem(13, 24, 70, torch.float32, device)
+    h, w, bb = leaves(hidden, weight, b)
+    loss = fused_linear_cross_entropy(h, w, target, bias=bb, chunk_rows=4, label_smoothing=0.1)
+    loss.backward(retain_graph=True)
+    first = [t.grad.clone() for t in (h, w, bb)]
+    (2.5 * loss).backward()
+    for name, one, both in zip(("dh", "dw", "db"), first, (h.grad, w.grad, bb.grad), strict=True):
+        torch.testing.assert_close(both, 3.5 * one, rtol=1e-5, atol=1e-6, msg=name)
+    truth = _run(fused_linear_cross_entropy_reference, *leaves(hidden, weight, b, dtype=torch.float64),
+                 target.cpu(), torch.tensor(1.0).double(), label_smoothing=0.1)  # fmt: skip
+    for name, got, expected in zip(("dh", "dw", "db"), first, truth[1:], strict=True):
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden"])
+def test_a_frozen_input_gets_no_gradient_and_costs_no_gemm(frozen, device):
+    hidden, weight, _, target = _problem(13, 24, 70, torch.float32, device, bias=False)
+    h, w = leaves(hidden, weight)
+    (w if frozen == "weight" else h).requires_grad_(False)
+    fused_linear_cross_entropy(h, w, target, chunk_rows=4).backward()
+    h2, w2 = leaves(hidden, weight)
+    fused_linear_cross_entropy(h2, w2, target, chunk_rows=4, reduction="none").mean().backward()
+    kept, other = ((h, h2), w) if frozen == "weight" else ((w, w2), h)
+    assert other.grad is None
+    torch.testing.assert_close(kept[0].grad, kept[1].grad, rtol=1e-5, atol=1e-6)
+    args = (hidden, weight, target, None, None, -100, 0.0, 0.0, 0.0, 4, "mean", torch.float32, False)
+    *_, dh, dw, db = ce.linear_forward_grads(*args, frozen == "weight", frozen == "hidden", False)
+    assert (dh.numel() > 0, dw.numel() > 0, db.numel()) == (frozen == "weight", frozen == "hidden", 0)
+    with pytest.raises(ValueError, match="reduction='none' takes its per-row gradient in the backward"):
+        ce.linear_forward_grads(*args[:10], "none", *args[11:], True, True, False)
 
 
 def test_shifting_logits_changes_nothing(device):
@@ -145,17 +211,24 @@ def test_opcheck_and_compile_fullgraph(device):
     grads = {"none": torch.randn(3, device=device), "mean": torch.randn((), device=device)}
     for reduction, grad in grads.items():
         class_weight = torch.rand(20, device=device) + 0.5
+        forward = torch.ops.llm_speed.fused_linear_cross_entropy_forward
         args = (hidden, weight, target, b, class_weight, -100, 0.1, 2.0, 1e-3, 2, reduction, torch.float32,
-                True)  # fmt: skip
-        torch.library.opcheck(torch.ops.llm_speed.fused_linear_cross_entropy_forward.default, args)
-        _, _, stats = torch.ops.llm_speed.fused_linear_cross_entropy_forward(
-            *(a.detach() if torch.is_tensor(a) else a for a in args)
-        )
+                True, False, False, False)  # fmt: skip
+        torch.library.opcheck(forward.default, args)
+        stats = forward(*(a.detach() if torch.is_tensor(a) else a for a in args))[2]
         grad_args = (grad, hidden.detach(), weight.detach(), target, b.detach(), class_weight, stats)
         torch.library.opcheck(
             torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
             (*grad_args, -100, 0.1, 2.0, 1e-3, 2, reduction),
         )
+        if reduction != "none":  # a reduced loss with grad: the gradients made in the forward, then scaled
+            args = (*args[:-3], True, True, True)
+            torch.library.opcheck(forward.default, args)
+            grads = forward(*(a.detach() if torch.is_tensor(a) else a for a in args))[3:]
+            torch.library.opcheck(
+                torch.ops.llm_speed.fused_linear_cross_entropy_scale_grads.default,
+                (grad, *grads, torch.float32),
+            )
         logits = torch.randn(3, 20, device=device, requires_grad=True)
         args = (logits, target, class_weight, -100, 0.1, 2.0, 1e-3, reduction, torch.bfloat16, False)
         torch.library.opcheck(torch.ops.llm_speed.cross_entropy_forward.default, args)

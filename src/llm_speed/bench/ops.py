@@ -244,9 +244,12 @@ def op_cost(op: str, s: OpsSettings) -> tuple[float, float]:
         # apply_rotary's cos is [seq, head_dim / 2]; forward and backward run the same kernel, for q and k
         half = meta["cos"][:, : s.head_dim // 2]
         works = [ops.get("apply_rotary").work(x=meta[x], cos=half) for x in ("q", "k")] * 2
-    else:
-        names = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
-        works = [ops.get(n).work(hidden=meta["hidden"], weight=meta["weight"]) for n in names]
+    else:  # a reduced loss with grad: the gradients made in the forward, scaled by the backward
+        hidden, weight = meta["hidden"], meta["weight"]
+        works = [
+            ops.get("fused_linear_cross_entropy").work(hidden=hidden, weight=weight, gradients=(True, True)),
+            ops.get("fused_linear_cross_entropy_backward").work(scaled=(hidden, weight)),
+        ]
     return sum(w.flops for w in works), sum(w.bytes_moved for w in works)
 
 
@@ -348,9 +351,9 @@ def _compare(rows: Sequence[OpsMeasurement], gpu, dtype: str, reason: str | None
 
 
 # The op-table rows one forward + backward of each benchmarked op runs, with predict's problem for them.
-def predicted_calls(op: str, s: OpsSettings) -> list[tuple[str, dict[str, Any]]]:
-    """The calls (op table row, problem) one forward + backward of ``op`` makes (rotary: q and k, each
-    forward and backward)."""
+def predicted_calls(op: str, s: OpsSettings, impl: str) -> list[tuple[str, dict[str, Any]]]:
+    """The calls (op table row, problem) one forward + backward of ``op`` by ``impl`` (a bench ops
+    implementation name) makes (rotary: q and k, each forward and backward)."""
     if op == "rms_norm":
         return [(name, {"rows": s.tokens, "hidden": s.hidden}) for name in ("rms_norm", "rms_norm_backward")]
     if op == "swiglu":
@@ -359,7 +362,8 @@ def predicted_calls(op: str, s: OpsSettings) -> list[tuple[str, dict[str, Any]]]
         calls = [("apply_rotary", {"batch": 1, "heads": heads, "seq": s.tokens, "head_dim": s.head_dim})
                  for heads in (s.num_heads, s.num_kv_heads)]  # fmt: skip
         return calls * 2
-    problem = {"tokens": s.tokens, "hidden": s.hidden, "vocab": s.vocab}
+    # llm-speed's reduced loss with grad makes the gradients in the forward; eager's backward makes them
+    problem = {"tokens": s.tokens, "hidden": s.hidden, "vocab": s.vocab, "gradients": impl == "llm_speed"}
     return [(name, problem) for name in ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")]
 
 
@@ -379,7 +383,7 @@ def predictor(settings: OpsSettings, gpu):
         predictions = [
             predict(name, report.prediction_gpu_id(gpu), implementation=PREDICTED_AS[row.impl],
                     dtype=settings.dtype, **problem)  # fmt: skip
-            for name, problem in predicted_calls(row.op, settings)
+            for name, problem in predicted_calls(row.op, settings, row.impl)
         ]
         from dataclasses import replace
 

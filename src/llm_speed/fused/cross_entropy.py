@@ -11,12 +11,13 @@ takes four to six), which keeps its divisors for the backward. The backward kern
 logits`` row by row, recomputing the softmax from the logits and the saved log-sum-exp.
 
 The fused linear version processes rows in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM,
-the forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. The backward
-recomputes each chunk's logits, the backward kernel overwrites them in place with their gradient, and two
-GEMMs add the chunk's share to the hidden and weight gradients. The chunking follows Liger-Kernel
-(linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024, arXiv:2410.10989), which
-computes the gradients during the forward instead; recomputing costs one more ``N x H x V`` GEMM but supports
-any output gradient (``reduction="none"``) and keeps the forward free of gradient buffers.
+the forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. A reduced loss
+with grad (every training loss) makes its gradients in the forward while each chunk's logits exist, as
+Liger-Kernel does (linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``, Hsu et al. 2024,
+arXiv:2410.10989): the backward kernel overwrites the logits in place with their gradient for a loss
+gradient of 1 and two GEMMs add the chunk's share to the hidden and weight gradients; the backward scales
+them by the loss gradient, read on the device. ``reduction="none"`` (a gradient per row, unknown in the
+forward) recomputes each chunk's logits in the backward instead: one more ``N x H x V`` GEMM.
 
 Memory (itemsize ``b``, bias ignored): eager PyTorch holds at least two ``[N, V]`` tensors at once (logits and
 log-probabilities in the forward, log-probabilities and their gradient in the backward): ``2 N V b``. Here the
@@ -47,6 +48,7 @@ from ..core.args import check_choice, check_flag, check_int, check_real, positiv
 from ..core.chunking import linear_cross_entropy_chunk_rows
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
+from ..core.intmath import cdiv
 from ..core.kernel_math import cast, rne_by_hand, tanh
 from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
@@ -128,11 +130,13 @@ def _ce_fwd_kernel(
 def _ce_reduce_kernel(
     stats_ptr, target_ptr, weight_ptr, out_ptr, z_ptr, n, vocab, ignore_index,
     MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z: tl.constexpr, STORE_Z: tl.constexpr,
-    BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    SUMS: tl.constexpr, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     """One program: out = the rows' cross-entropy summed and divided (MEAN) by the class weights of the rows
     not ignored (their number without weights), plus the rows' z-loss divided by that number; a divisor of 0
-    counts as 1. z (STORE_Z) = the z-loss part. The divisors go to the end of stats for the backward."""
+    counts as 1. z (STORE_Z) = the z-loss part. The divisors go to the end of stats for the backward. Without
+    SUMS only the divisors (they depend on the targets alone: the forward that computes the gradients needs
+    them before any row's loss exists)."""
     b_ce = tl.zeros([BLOCK], dtype=tl.float32)
     b_z = tl.zeros([BLOCK], dtype=tl.float32)
     b_kept = tl.zeros([BLOCK], dtype=tl.float32)
@@ -140,9 +144,10 @@ def _ce_reduce_kernel(
     for r0 in range(0, n, BLOCK):
         o = r0 + tl.arange(0, BLOCK)
         m = o < n
-        b_ce += tl.load(stats_ptr + n + o, mask=m, other=0.0)
-        if HAS_Z:
-            b_z += tl.load(stats_ptr + 2 * n + o, mask=m, other=0.0)
+        if SUMS:
+            b_ce += tl.load(stats_ptr + n + o, mask=m, other=0.0)
+            if HAS_Z:
+                b_z += tl.load(stats_ptr + 2 * n + o, mask=m, other=0.0)
         t = tl.load(target_ptr + o, mask=m, other=0)
         kept = m & (t != ignore_index)
         b_kept += kept.to(tl.float32)
@@ -163,11 +168,12 @@ def _ce_reduce_kernel(
     else:
         ce_div = tl.full([], 1.0, tl.float32)
         z_div = tl.full([], 1.0, tl.float32)
-    z = tl.sum(b_z, axis=0) / z_div
-    loss = tl.sum(b_ce, axis=0) / ce_div + z
-    tl.store(out_ptr, cast(loss, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
-    if STORE_Z:
-        tl.store(z_ptr, cast(z, z_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+    if SUMS:
+        z = tl.sum(b_z, axis=0) / z_div
+        loss = tl.sum(b_ce, axis=0) / ce_div + z
+        tl.store(out_ptr, cast(loss, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
+        if STORE_Z:
+            tl.store(z_ptr, cast(z, z_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
     tl.store(stats_ptr + div_at, ce_div)
     tl.store(stats_ptr + div_at + 1, z_div)
 
@@ -177,11 +183,12 @@ def _ce_bwd_kernel(
     logits_ptr, dlogits_ptr, target_ptr, weight_ptr, stats_ptr, grad_ptr, row0, n, stride_l, stride_d,
     stride_g, vocab, ignore_index, smoothing, softcap, z_scale,
     BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z: tl.constexpr,
-    REDUCED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    REDUCED: tl.constexpr, UNIT_GRAD: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     """d loss / d logits of the rows of a chunk (row ``i`` is row ``row0 + i`` of the problem), written to
     dlogits (which may be logits itself: each element is read, then written). REDUCED: grad is the gradient
-    of the reduced loss, divided for every row by the divisors in stats; else one gradient per row."""
+    of the reduced loss (1 with UNIT_GRAD, grad_ptr unread), divided for every row by the divisors in stats;
+    else one gradient per row."""
     i = tl.program_id(0).to(tl.int64)
     row = row0 + i
     p_l = logits_ptr + i * stride_l
@@ -189,7 +196,10 @@ def _ce_bwd_kernel(
     t = tl.load(target_ptr + row)
     lse = tl.load(stats_ptr + row)
     if REDUCED:
-        g = tl.load(grad_ptr).to(tl.float32)
+        if UNIT_GRAD:
+            g = tl.full([], 1.0, tl.float32)
+        else:
+            g = tl.load(grad_ptr).to(tl.float32)
         div_at = 2 * n
         if HAS_Z:
             div_at += n
@@ -238,13 +248,27 @@ def _ce_bwd_kernel(
         tl.store(p_d + o_v, cast(b_dz, dlogits_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_v)
 
 
+@triton.jit
+def _ce_scale_kernel(x_ptr, out_ptr, grad_ptr, numel, BLOCK: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+    """out = x * grad (a scalar) in float32, rounded once to out's dtype; out may be x."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < numel
+    g = tl.load(grad_ptr).to(tl.float32)
+    b_x = tl.load(x_ptr + o, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + o, cast(b_x * g, out_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m)
+
+
 # --- launcher -------------------------------------------------------------------------------------------
 
 FORWARD = Kernel(_ce_fwd_kernel, "cross_entropy_fwd")
 REDUCE = Kernel(_ce_reduce_kernel, "cross_entropy_reduce")
 BACKWARD = Kernel(_ce_bwd_kernel, "cross_entropy_bwd")
+SCALE = Kernel(_ce_scale_kernel, "cross_entropy_scale")
 MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks the rest)
 MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
+# The gradients' scaling: 16 elements a thread on 8 warps (two 128-bit accesses per 16-bit element run, as
+# llm_speed.fused.swiglu's elementwise kernels).
+SCALE_BLOCK = 4096
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -285,6 +309,14 @@ def reduce_config(n: int) -> KernelConfig:
     return KernelConfig(1, block, num_warps=max(1, min(4, block // 256)), num_stages=1)
 
 
+@functools.cache
+def scale_config(numel: int) -> KernelConfig:
+    """The gradients' scaling: ``block_n`` elements per program (:data:`SCALE_BLOCK`, or ``numel`` padded to
+    a power of two when smaller), a warp per 512 of them (at most 8)."""
+    block = min(SCALE_BLOCK, next_power_of_2(numel))
+    return KernelConfig(1, block, num_warps=max(1, min(8, block // 512)), num_stages=1)
+
+
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def _chunk_sizes(n: int, chunk_rows: int) -> tuple[int, ...]:
     """Rows of each chunk: ``chunk_rows``, the last one what is left."""
@@ -304,11 +336,13 @@ def stats_size(n: int, reduced: bool, has_z: bool) -> int:
 @plan_cache
 def _forward_plans(
     n: int, chunk_rows: int, vocab: int, stride_l: int, ignore_index: int, flags: tuple, reduction: str,
-    dtypes: tuple, device: torch.device,
-) -> tuple[tuple[int, ...], tuple[Plan, ...], Plan | None]:  # fmt: skip
-    """(chunk sizes, one plan per chunk, the reduction's plan or None): one lookup per call. A chunk's plan
-    fixes the chunk's first row, so a launch takes whole target, loss and stats tensors (no per-call views).
-    flags: softcap, class weights, z-loss, z-loss returned. dtypes: logits, target, class weights, loss, z."""
+    dtypes: tuple, device: torch.device, divisors_first: bool = False,
+) -> tuple[tuple[int, ...], tuple[Plan, ...], Plan | None, Plan | None]:  # fmt: skip
+    """(chunk sizes, one plan per chunk, the reduction's plan or None, the plan writing the divisors alone
+    before the chunks or None): one lookup per call. A chunk's plan fixes the chunk's first row, so a launch
+    takes whole target, loss and stats tensors (no per-call views). flags: softcap, class weights, z-loss,
+    z-loss returned. dtypes: logits, target, class weights, loss, z. divisors_first: a reduced loss whose
+    forward also computes the gradients (which divide by the divisors)."""
     has_softcap, has_weight, has_z, store_z = flags
     reduced = reduction != "none"
     cfg = config(vocab)
@@ -320,24 +354,25 @@ def _forward_plans(
             STORE_Z=store_z, RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         ))  # fmt: skip
-    reduce = None
+    reduce = divisors = None
     if reduced:
         rcfg = reduce_config(n)
-        reduce = REDUCE.plan(
+        reduce, divisors = (REDUCE.plan(
             (1,), n=n, vocab=vocab, ignore_index=ignore_index, MEAN=reduction == "mean",
-            HAS_WEIGHT=has_weight, HAS_Z=has_z, STORE_Z=store_z, BLOCK=rcfg.block_n,
+            HAS_WEIGHT=has_weight, HAS_Z=has_z, STORE_Z=store_z, SUMS=sums, BLOCK=rcfg.block_n,
             RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
-        )  # fmt: skip
-    return _chunk_sizes(n, chunk_rows), tuple(plans), reduce
+        ) for sums in (True, False))  # fmt: skip
+    return _chunk_sizes(n, chunk_rows), tuple(plans), reduce, divisors if divisors_first else None
 
 
 @plan_cache
 def _backward_plans(
     n: int, chunk_rows: int, vocab: int, strides: tuple, ignore_index: int, flags: tuple, reduced: bool,
-    dtypes: tuple, device: torch.device,
+    dtypes: tuple, device: torch.device, unit_grad: bool = False,
 ) -> tuple[Plan, ...]:  # fmt: skip
     """One plan per chunk. strides: logits, dlogits, grad rows. flags: softcap, class weights, z-loss. dtypes:
-    logits, dlogits, target, class weights, grad."""
+    logits, dlogits, target, class weights, grad. unit_grad: the gradient of a reduced loss taken as 1 (the
+    forward that computes the gradients; the backward scales them)."""
     has_softcap, has_weight, has_z = flags
     stride_l, stride_d, stride_g = strides
     cfg = config(vocab)
@@ -346,7 +381,8 @@ def _backward_plans(
         plans.append(BACKWARD.plan(
             (rows,), row0=start, n=n, stride_l=stride_l, stride_d=stride_d, stride_g=stride_g, vocab=vocab,
             ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
-            HAS_Z=has_z, REDUCED=reduced, RNE_BY_HAND=rne_by_hand(dtypes[1]), num_warps=cfg.num_warps,
+            HAS_Z=has_z, REDUCED=reduced, UNIT_GRAD=unit_grad, RNE_BY_HAND=rne_by_hand(dtypes[1]),
+            num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
@@ -454,12 +490,13 @@ def _torch_row_gradients(grad, stats, n, reduced, has_z):
 
 def _forward(
     chunks, n, vocab, stride_l, logits_dtype, target, class_weight, ignore_index, smoothing, softcap, z_scale,
-    chunk_rows, reduction, loss_dtype, return_z, device,
+    chunk_rows, reduction, loss_dtype, return_z, device, after_chunk=None,
 ):  # fmt: skip
     """The kernels' forward over the logits chunks ``chunks`` (an iterable, each made when asked for):
     (loss, z, stats). Targets are checked on the host only where
     :func:`llm_speed.core.runtime.check_values` allows it (and always by the PyTorch fallback); otherwise an
-    invalid one makes its row's loss NaN."""
+    invalid one makes its row's loss NaN. ``after_chunk(i, logits, stats)`` (a reduced loss, the kernels
+    only) runs after chunk i's row kernel, the reduction's divisors already in stats."""
     triton_runs = runtime.triton_runs_on(device)
     if not triton_runs or runtime.check_values(device):
         _check_targets(target, vocab, ignore_index)
@@ -482,19 +519,24 @@ def _forward(
     weight_arg = class_weight if has_weight else stats  # never read without class weights
     dtypes = (logits_dtype, target.dtype, class_weight.dtype if has_weight else None, loss_dtype)
     flags = (softcap > 0, has_weight, has_z, return_z)
-    sizes, plans, reduce = _forward_plans(
-        n, chunk_rows, vocab, stride_l, ignore_index, flags, reduction, dtypes, device
+    sizes, plans, reduce, divisors = _forward_plans(
+        n, chunk_rows, vocab, stride_l, ignore_index, flags, reduction, dtypes, device,
+        after_chunk is not None,
     )  # fmt: skip
     z_arg = z if return_z else loss
+    if divisors is not None:
+        divisors.launch(stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg)
     # One chunk alive at a time: each is dropped before the next one's GEMM (a zip over the chunks would
     # hold the last one in its reused result tuple while making the next).
     chunks = iter(chunks)
-    for plan in plans:
+    for i, plan in enumerate(plans):
         logits = next(chunks)
         plan.launch(
             logits_ptr=logits, target_ptr=target, weight_ptr=weight_arg, loss_ptr=loss, z_ptr=z_arg,
             stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
         )  # fmt: skip
+        if after_chunk is not None:
+            after_chunk(i, logits, stats)
         del logits
     if reduce is not None:
         reduce.launch(stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg)
@@ -599,6 +641,122 @@ def linear_backward(
     return dhidden, dweight, _zero_bias_grad(weight, bias) if bias is None else dbias.to(weight.dtype)
 
 
+def linear_forward_grads(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float, softcap: float,
+    z_scale: float, chunk_rows: int, reduction: str, loss_dtype: torch.dtype, return_z: bool,
+    need_dhidden: bool, need_dweight: bool, need_dbias: bool,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(loss, z-loss, stats, dhidden, dweight, dbias): :func:`linear_forward`'s three, and for a reduced loss
+    the gradients asked for (``need_*``) of a loss gradient of 1, made chunk by chunk while each chunk's
+    logits exist (three GEMMs a chunk, where :func:`linear_forward` then :func:`linear_backward` take four:
+    the backward makes the logits again); :func:`scale_grads` turns them into the gradients of the loss
+    gradient. A gradient not asked for is an empty tensor and costs no GEMM; dbias is float32. Reports its
+    work."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    if (need_dhidden or need_dweight or need_dbias) and reduction == "none":
+        raise ValueError(
+            "need_dhidden, need_dweight, need_dbias: the forward makes the gradients of a reduced loss only "
+            "('mean' or 'sum'); reduction='none' takes its per-row gradient in the backward"
+        )
+    if not (need_dhidden or need_dweight or need_dbias):  # the plain forward (any reduction)
+        loss = linear_forward(hidden, weight, target, bias, class_weight, ignore_index, label_smoothing,
+                              softcap, z_scale, chunk_rows, reduction, loss_dtype, return_z)  # fmt: skip
+        return (*loss, hidden.new_empty(0), weight.new_empty(0), weight.new_empty(0, dtype=torch.float32))
+    target = target.contiguous()
+    if n == 0 or not runtime.triton_runs_on(device):
+        # nothing to chunk, or the PyTorch fallback: the forward, then the backward of a loss gradient of 1
+        loss, z, stats = linear_forward(
+            hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap, z_scale,
+            chunk_rows, reduction, loss_dtype, return_z,
+        )  # fmt: skip
+        one = torch.ones((), dtype=loss_dtype, device=device)
+        dhidden, dweight, dbias = linear_backward(
+            one, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, softcap,
+            z_scale, chunk_rows, reduction,
+        )  # fmt: skip
+        return (loss, z, stats, dhidden if need_dhidden else hidden.new_empty(0),
+                dweight if need_dweight else weight.new_empty(0),
+                dbias.float() if need_dbias else weight.new_empty(0, dtype=torch.float32))  # fmt: skip
+    runtime.report_work(
+        "fused_linear_cross_entropy", hidden=hidden, weight=weight, gradients=(need_dhidden, need_dweight)
+    )  # fmt: skip
+    sizes = _chunk_sizes(n, chunk_rows)
+    flags = (softcap > 0, class_weight is not None, z_scale > 0)
+    dtypes = (hidden.dtype, hidden.dtype, target.dtype, None if class_weight is None else class_weight.dtype,
+              torch.float32)  # fmt: skip
+    plans = _backward_plans(
+        n, chunk_rows, vocab, (vocab, vocab, 0), ignore_index, flags, True, dtypes, device, unit_grad=True
+    )  # fmt: skip
+    hidden_rows = _row_chunks(hidden, sizes)
+    dhidden = tensors.new_output(hidden.shape, hidden.dtype, device) if need_dhidden else hidden.new_empty(0)
+    dhidden_rows = _row_chunks(dhidden, sizes) if need_dhidden else None
+    summed = [None, None]  # dweight, dbias: the first chunk's product, then the sum so far
+
+    def gradients(i, logits, stats):
+        # d loss / d logits in place of the logits (grad_ptr unread: UNIT_GRAD)
+        _dlogits(plans[i], logits, logits, None, target, class_weight, stats, stats, None, ignore_index,
+                 label_smoothing, softcap, z_scale)  # fmt: skip
+        if need_dhidden:
+            torch.mm(logits, weight, out=dhidden_rows[i])
+        if need_dweight:  # in weight's dtype, one GEMM epilogue a chunk, as linear_backward
+            h = hidden_rows[i]
+            summed[0] = torch.mm(logits.t(), h) if summed[0] is None else summed[0].addmm_(logits.t(), h)
+        if need_dbias:
+            part = logits.sum(0, dtype=torch.float32)
+            summed[1] = part if summed[1] is None else summed[1].add_(part)
+
+    weight_t = weight.t()
+    chunks = (_chunk_logits(h, weight_t, bias) for h in hidden_rows)
+    loss, z, stats = _forward(
+        chunks, n, vocab, vocab, hidden.dtype, target, class_weight, ignore_index, label_smoothing, softcap,
+        z_scale, chunk_rows, reduction, loss_dtype, return_z, device, after_chunk=gradients,
+    )  # fmt: skip
+    dweight = summed[0] if need_dweight else weight.new_empty(0)
+    dbias = summed[1] if need_dbias else weight.new_empty(0, dtype=torch.float32)
+    return loss, z, stats, dhidden, dweight, dbias
+
+
+@plan_cache
+def _scale_plan(numel: int, dtypes: tuple, device: torch.device) -> Plan:
+    """The scaling of ``numel`` elements; dtypes: in, out."""
+    cfg = scale_config(numel)
+    return SCALE.plan(
+        (cdiv(numel, cfg.block_n),), numel=numel, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[1]),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _scaled(grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = x * grad (float32 maths, one rounding to out's dtype); out may be x."""
+    if x.numel() == 0:
+        return out
+    if runtime.triton_runs_on(x.device):
+        _scale_plan(x.numel(), (x.dtype, out.dtype), x.device).launch(x_ptr=x, out_ptr=out, grad_ptr=grad)
+    else:
+        out.copy_(x.float() * grad.float())
+    return out
+
+
+def scale_grads(
+    grad: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, dbias: torch.Tensor,
+    bias_dtype: torch.dtype, in_place: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dhidden, dweight, dbias) of :func:`linear_forward_grads` times the loss gradient ``grad`` (a scalar),
+    in float32 maths rounded once: new tensors, or (``in_place``) dhidden and dweight themselves; dbias in
+    ``bias_dtype``. Empty tensors (gradients not needed) stay empty. Reports its work."""
+    runtime.report_work("fused_linear_cross_entropy_backward", scaled=(dhidden, dweight, dbias))
+    device = dweight.device
+
+    def out(x, dtype):
+        return x if in_place and dtype == x.dtype else tensors.new_output(x.shape, dtype, device)
+
+    return (_scaled(grad, dhidden, out(dhidden, dhidden.dtype)),
+            _scaled(grad, dweight, out(dweight, dweight.dtype)),
+            _scaled(grad, dbias, tensors.new_output(dbias.shape, bias_dtype, device)))  # fmt: skip
+
+
 def forward(
     logits: torch.Tensor, target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int,
     label_smoothing: float, softcap: float, z_scale: float, reduction: str, loss_dtype: torch.dtype,
@@ -669,17 +827,25 @@ def _linear_forward_op(
     reduction: str,
     loss_dtype: torch.dtype,
     return_z: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return linear_forward(
+    need_dhidden: bool,
+    need_dweight: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return linear_forward_grads(
         hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap, z_scale,
-        chunk_rows, reduction, loss_dtype, return_z,
+        chunk_rows, reduction, loss_dtype, return_z, need_dhidden, need_dweight, need_dbias,
     )  # fmt: skip
 
 
 @_linear_forward_op.register_fake
 def _linear_forward_fake(hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap,
-                         z_scale, chunk_rows, reduction, loss_dtype, return_z):  # fmt: skip
-    return _loss_fake(hidden.shape[0], reduction != "none", return_z, loss_dtype, hidden, z_scale)
+                         z_scale, chunk_rows, reduction, loss_dtype, return_z, need_dhidden, need_dweight,
+                         need_dbias):  # fmt: skip
+    loss = _loss_fake(hidden.shape[0], reduction != "none", return_z, loss_dtype, hidden, z_scale)
+    dhidden = torch.empty_like(hidden) if need_dhidden else hidden.new_empty(0)
+    dweight = torch.empty_like(weight) if need_dweight else weight.new_empty(0)
+    dbias = weight.new_empty((weight.shape[0],) if need_dbias else (0,), dtype=torch.float32)
+    return (*loss, dhidden, dweight, dbias)
 
 
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_backward", mutates_args=())
@@ -707,6 +873,20 @@ def _linear_backward_op(
 @_linear_backward_op.register_fake
 def _linear_backward_fake(grad, hidden, weight, target, bias, *_):
     return torch.empty_like(hidden), torch.empty_like(weight), _zero_bias_grad(weight, bias)
+
+
+@torch.library.custom_op("llm_speed::fused_linear_cross_entropy_scale_grads", mutates_args=())
+def _scale_grads_op(
+    grad: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, dbias: torch.Tensor,
+    bias_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    return scale_grads(grad, dhidden, dweight, dbias, bias_dtype)
+
+
+@_scale_grads_op.register_fake
+def _scale_grads_fake(grad, dhidden, dweight, dbias, bias_dtype):
+    dbias = dbias.new_empty(dbias.shape, dtype=bias_dtype)
+    return torch.empty_like(dhidden), torch.empty_like(dweight), dbias
 
 
 @torch.library.custom_op("llm_speed::cross_entropy_forward", mutates_args=())
@@ -760,6 +940,7 @@ def _backward_fake(grad, logits, *_):
 # Under torch.autocast (core.autocast): the head's GEMMs take the autocast dtype, as F.linear would; the loss
 # reads any dtype and computes in float32; the backward runs in the dtypes the forward saved.
 _linear_backward_call = autocast.dispatch(Op(_linear_backward_op, linear_backward), autocast.KEEP)
+_scale_grads_call = autocast.dispatch(Op(_scale_grads_op, scale_grads), autocast.KEEP)
 _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 
@@ -768,17 +949,33 @@ _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 
 def _linear_setup_context(ctx, inputs, output):
     hidden, weight, target, bias, class_weight, ignore_index, smoothing, softcap, z_scale, chunk_rows, \
-        reduction, _loss_dtype, _return_z = inputs  # fmt: skip
-    ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
+        reduction, _loss_dtype, _return_z, *needs = inputs  # fmt: skip
+    ctx.mark_non_differentiable(*output[1:])
     ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction)
+    ctx.bias_dtype = weight.dtype if bias is None else bias.dtype
+    grads = output[3:] if any(needs) else None  # the gradients made in the forward (a reduced loss)
+    if grads is None or all(type(t) is torch.Tensor for t in grads):
+        # Eager: the gradients are kept for one backward, which scales them in place and hands them over (no
+        # copy of the head's gradient); a second backward (retain_graph) makes them again from the inputs.
+        ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[2])
+        ctx.grads = grads
+    else:  # traced (torch.compile, opcheck): saved, scaled into new tensors (the tracer's functional rule)
+        ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[2], *grads)
+        ctx.grads = None
 
 
-def _linear_backward(ctx, grad, _dz, _dstats):
-    hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
-    dhidden, dweight, dbias = _linear_backward_call(grad, hidden, weight, target, bias, class_weight, stats,
-                                                    *ctx.args)  # fmt: skip
-    return dhidden, dweight, None, (dbias if bias is not None else None), *((None,) * 9)
+def _linear_backward(ctx, grad, *_):
+    saved = ctx.saved_tensors
+    grads, ctx.grads = ctx.grads, None
+    if grads is not None and plain_call(grad, *grads) == INFERENCE:
+        dhidden, dweight, dbias = scale_grads(grad, *grads, ctx.bias_dtype, in_place=True)
+    elif grads is not None or len(saved) > 6:
+        dhidden, dweight, dbias = _scale_grads_call(grad, *(grads or saved[6:]), ctx.bias_dtype)
+    else:  # no gradients made in the forward, or already handed over: each chunk's logits made again
+        dhidden, dweight, dbias = _linear_backward_call(grad, *saved, *ctx.args)
+    need = ctx.needs_input_grad
+    return (dhidden if need[0] else None, dweight if need[1] else None, None,
+            dbias if need[3] else None, *((None,) * 12))  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):
@@ -793,7 +990,7 @@ def _backward(ctx, grad, _dz, _dstats):
     return _backward_call(grad, logits, target, class_weight, stats, *ctx.args), *((None,) * 9)
 
 
-_linear_forward_plain = Op(_linear_forward_op, linear_forward, setup_context=_linear_setup_context,
+_linear_forward_plain = Op(_linear_forward_op, linear_forward_grads, setup_context=_linear_setup_context,
                            backward=_linear_backward)  # fmt: skip
 _linear_forward_call = autocast.dispatch(_linear_forward_plain, autocast.LOWER, (0, 1, 3))
 _forward_call = autocast.dispatch(
@@ -886,8 +1083,11 @@ def fused_linear_cross_entropy(
     Returns the loss in ``loss_dtype`` (float32 by default): a scalar, or ``[N]`` for ``reduction="none"``;
     with ``return_z_loss``, ``(loss, z_loss)``. Logits come from GEMMs in the inputs' dtype (under
     ``torch.autocast``, the autocast dtype, as ``F.linear`` would); log-sum-exp, loss and ``d loss / d
-    logits`` in float32. Differentiable in hidden, weight and bias: the backward recomputes each chunk's
-    logits; the weight gradient is accumulated in weight's dtype, one GEMM per chunk.
+    logits`` in float32. Differentiable in hidden, weight and bias; the weight gradient is accumulated in
+    weight's dtype, one GEMM per chunk. A "mean" or "sum" with grad makes the gradients in the forward (three
+    GEMMs a chunk, none for a frozen input; the backward multiplies them by the loss gradient, and a second
+    backward of the same graph makes them again), so they are held from the forward to the backward;
+    ``"none"``'s backward makes each chunk's logits again (four GEMMs a chunk in all).
 
     Memory: ``O(C x V)`` beyond inputs and gradients, against at least ``2 N V`` elements unfused; for
     Llama-3-8B's head (H = 4096, V = 128256, N = 8192, bfloat16) 263 MB against 4.20 GB by
@@ -912,21 +1112,27 @@ def fused_linear_cross_entropy(
             if mode == INFERENCE:
                 loss, z, _ = linear_forward(*args)
             else:  # with grad: the op's autograd node around its implementation
-                loss, z, _ = _linear_forward_plain.checked(linear_forward, *args)
+                needs = _NO_GRADS
+                if reduction != "none":
+                    needs = (hidden.requires_grad, weight.requires_grad, False)
+                loss, z, *_ = _linear_forward_plain.checked(linear_forward_grads, *args, *needs)
             return (loss, z) if return_z_loss else loss
     ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
         hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
         softcap, lse_square_scale, return_z_loss, loss_dtype,
     )  # fmt: skip
-    loss, z, _ = _linear_forward_call(
-        hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale, chunk_rows,
-        reduction, loss_dtype, return_z_loss,
-    )  # fmt: skip
+    args = (hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale,
+            chunk_rows, reduction, loss_dtype, return_z_loss)  # fmt: skip
+    needs = _NO_GRADS  # the gradients the forward makes (a reduced loss with grad: see the docstring)
+    if reduction != "none" and torch.is_grad_enabled():
+        needs = (hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+    loss, z, *_ = _linear_forward_call(*args, *needs)
     if known is not None:
         _LINEAR_CALLS.put(known, (ignore_index, label_smoothing, softcap, z_scale, chunk_rows))
     return (loss, z) if return_z_loss else loss
 
 
+_NO_GRADS = (False, False, False)
 # fused_linear_cross_entropy calls already checked, by what the checks read, each with the numbers as the op
 # takes them: a repeated call goes straight to the implementation (with grad inside the op's autograd node).
 _LINEAR_CALLS = CallCache()

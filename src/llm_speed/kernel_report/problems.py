@@ -61,12 +61,17 @@ def _whole(recording: Recording) -> contextlib.AbstractContextManager:
     return recording()
 
 
-def _record(recording: Recording, call, *args, backward: bool = False) -> None:
+def _record(recording: Recording, call, *args, backward: bool = False, with_forward: bool = False) -> None:
     """Record the kernels ``call(*args)`` launches, or with ``backward`` those its backward launches (the
-    forward runs first, unrecorded)."""
+    forward runs first, unrecorded unless ``with_forward``: an op whose forward with grad makes the
+    gradients, the fused linear cross-entropy's)."""
     if not backward:
         with recording():
             call(*args)
+        return
+    if with_forward:
+        with recording():
+            call(*args).float().sum().backward()
         return
     out = call(*args)
     with recording():
@@ -357,7 +362,7 @@ def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
             args, call = (randn(rows, hidden), randn(vocab, hidden), target), fused_linear_cross_entropy
         else:
             raise ValueError(f"op: no fused problem for {op!r}")
-        _record(recording, call, *args, backward=backward)
+        _record(recording, call, *args, backward=backward, with_forward=base == "fused_linear_cross_entropy")
 
     labels = {"fused_linear_cross_entropy": dtype, "cross_entropy": f"256x32768 {dtype}",
               "apply_rotary_qk": f"seq {size // 8} {dtype}"}  # fmt: skip

@@ -1513,26 +1513,41 @@ def _predict_elementwise(op, spec, consts, impl, params, problem) -> tuple[_Term
 
 
 def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration):
-    """The linear cross-entropy: the logits GEMM(s) (forward 2NVH, backward 6NVH: logits again, dhidden,
-    dweight), the softmax's exponentials, and the logits' traffic (llm-speed: chunks in the dtype of
-    rows, the weight read once per chunk; eager: the whole [N, V] logits in the dtype, then in fp32)."""
+    """The linear cross-entropy: the logits GEMM(s), the softmax's exponentials, and the logits' traffic
+    (llm-speed: chunks in the dtype of rows, the weight read once per chunk; eager: the whole [N, V] logits
+    in the dtype, then in fp32). Forward 2NVH. Backward: llm-speed 6NVH (logits again, dhidden, dweight),
+    eager 4NVH (it kept the logits). ``gradients=True`` (llm-speed, a reduced loss with grad): the forward
+    makes dhidden and dweight with the logits (6NVH) and the backward only scales them by the loss
+    gradient (one pass over them)."""
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
     tokens = positive_int("tokens", problem.pop("tokens"))
     hidden = positive_int("hidden", problem.pop("hidden"))
     vocab = positive_int("vocab", problem.pop("vocab"))
+    gradients = problem.pop("gradients", False)
     _no_more(problem, op)
+    if gradients not in (True, False):
+        raise TypeError(f"gradients is {gradients!r}; accepted: True or False")
+    if gradients and impl != "llm-speed":
+        raise ValueError(f"gradients=True is llm-speed's forward (a reduced loss with grad), not {impl}'s")
     e = dtype_bytes(dtype)
     backward = op.endswith("_backward")
-    gemms = 3 if backward else 1
-    flops = gemms * 2.0 * tokens * vocab * hidden + 4.0 * tokens * vocab
-    moved = (tokens + vocab) * hidden * e * (2 if backward else 1)
+    operands = (tokens + vocab) * hidden * e
+    if backward and gradients:  # the gradients made in the forward, read, scaled and written once
+        flops, moved = float((tokens + vocab) * hidden), 2 * operands
+        return _memory_pass_terms(params, consts, "elementwise", moved, spec.sm_count), flops, moved, dtype
+    made = backward or gradients  # this call makes dhidden and dweight
+    # the logits (but eager's backward kept them), then dhidden and dweight
+    gemms = (0 if backward and impl != "llm-speed" else 1) + (2 if made else 0)
+    flops = gemms * 2.0 * tokens * vocab * hidden + 4.0 * tokens * vocab * (2 if gradients else 1)
+    moved = operands * (2 if made else 1)
     gemm_impl = "llm-speed" if impl == "llm-speed" else "cublas"
     gparams, _, _ = parameters(spec, gemm_impl, "gemm", calibration)
     peak = spec.peak_flops(dtype)
     if impl == "llm-speed":
         # the op's own chunk rule; the weight is read once per chunk, the chunk's logits written and read back
+        # (and, making the gradients, read and written by the gradient kernel and read by the two GEMMs)
         chunk = linear_cross_entropy_chunk_rows(tokens, hidden, vocab)
-        logits_bytes = (4 if backward else 2) * tokens * vocab * e
+        logits_bytes = (4 if made else 2) * tokens * vocab * e
     else:
         # Eager: the [N, V] logits in the dtype, upcast to fp32, log-softmax and the loss over them.
         chunk = tokens
@@ -1559,7 +1574,7 @@ def _predict_cross_entropy(op, spec, consts, impl, params, problem, calibration)
             )
         )
     softmax = _memory_pass_terms(params, consts, "softmax", logits_bytes, spec.sm_count)
-    exps = tokens * vocab / consts.sfu_per_s
+    exps = tokens * vocab * (2 if gradients else 1) / consts.sfu_per_s
     softmax = _Terms(**{**softmax.__dict__, "compute_s": exps, "exp_s": exps})
     return _sequence([*terms, softmax]), flops, moved, dtype
 
