@@ -48,11 +48,11 @@ from ..core.args import check_choice, check_flag, check_int, check_real, positiv
 from ..core.chunking import linear_cross_entropy_chunk_rows
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
-from ..core.intmath import cdiv
 from ..core.kernel_math import cast, rne_by_hand, tanh
-from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, next_power_of_2, plan_cache
+from ..core.launch import PLAN_CACHE_SIZE, CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from .reference import softcapped
+from .swiglu import config as elementwise_config
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -266,9 +266,6 @@ BACKWARD = Kernel(_ce_bwd_kernel, "cross_entropy_bwd")
 SCALE = Kernel(_ce_scale_kernel, "cross_entropy_scale")
 MAX_BLOCK_V = 4096  # vocabulary entries a program holds at once (the loop walks the rest)
 MAX_BLOCK_REDUCE = 1024  # rows the reduction adds per step
-# The gradients' scaling: 16 elements a thread on 8 warps (two 128-bit accesses per 16-bit element run, as
-# llm_speed.fused.swiglu's elementwise kernels).
-SCALE_BLOCK = 4096
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -307,14 +304,6 @@ def reduce_config(n: int) -> KernelConfig:
     :data:`MAX_BLOCK_REDUCE`)."""
     block = min(MAX_BLOCK_REDUCE, next_power_of_2(n))
     return KernelConfig(1, block, num_warps=max(1, min(4, block // 256)), num_stages=1)
-
-
-@functools.cache
-def scale_config(numel: int) -> KernelConfig:
-    """The gradients' scaling: ``block_n`` elements per program (:data:`SCALE_BLOCK`, or ``numel`` padded to
-    a power of two when smaller), a warp per 512 of them (at most 8)."""
-    block = min(SCALE_BLOCK, next_power_of_2(numel))
-    return KernelConfig(1, block, num_warps=max(1, min(8, block // 512)), num_stages=1)
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -361,8 +350,8 @@ def _forward_plans(
             (1,), n=n, vocab=vocab, ignore_index=ignore_index, MEAN=reduction == "mean",
             HAS_WEIGHT=has_weight, HAS_Z=has_z, STORE_Z=store_z, SUMS=sums, BLOCK=rcfg.block_n,
             RNE_BY_HAND=rne_by_hand(dtypes[3]), num_warps=rcfg.num_warps, num_stages=rcfg.num_stages,
-        ) for sums in (True, False))  # fmt: skip
-    return _chunk_sizes(n, chunk_rows), tuple(plans), reduce, divisors if divisors_first else None
+        ) if sums or divisors_first else None for sums in (True, False))  # fmt: skip
+    return _chunk_sizes(n, chunk_rows), tuple(plans), reduce, divisors
 
 
 @plan_cache
@@ -720,8 +709,9 @@ def linear_forward_grads(
 
 @plan_cache
 def _scale_plan(numel: int, dtypes: tuple, device: torch.device) -> Plan:
-    """The scaling of ``numel`` elements; dtypes: in, out."""
-    cfg = scale_config(numel)
+    """The scaling of ``numel`` elements (the elementwise ops' blocks: :func:`llm_speed.fused.swiglu.config`);
+    dtypes: in, out."""
+    cfg = elementwise_config(numel)
     return SCALE.plan(
         (cdiv(numel, cfg.block_n),), numel=numel, BLOCK=cfg.block_n, RNE_BY_HAND=rne_by_hand(dtypes[1]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -741,11 +731,12 @@ def _scaled(grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
 
 def scale_grads(
     grad: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, dbias: torch.Tensor,
-    bias_dtype: torch.dtype, in_place: bool = False,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dhidden, dweight, dbias) of :func:`linear_forward_grads` times the loss gradient ``grad`` (a scalar),
-    in float32 maths rounded once: new tensors, or (``in_place``) dhidden and dweight themselves; dbias in
-    ``bias_dtype``. Empty tensors (gradients not needed) stay empty. Reports its work."""
+    in float32 maths rounded once: new tensors, or (``in_place``) dhidden and dweight themselves; dbias (kept
+    in float32) in weight's dtype, as :func:`linear_backward` gives it. Empty tensors (gradients not needed)
+    stay empty. Reports its work."""
     runtime.report_work("fused_linear_cross_entropy_backward", scaled=(dhidden, dweight, dbias))
     device = dweight.device
 
@@ -754,7 +745,7 @@ def scale_grads(
 
     return (_scaled(grad, dhidden, out(dhidden, dhidden.dtype)),
             _scaled(grad, dweight, out(dweight, dweight.dtype)),
-            _scaled(grad, dbias, tensors.new_output(dbias.shape, bias_dtype, device)))  # fmt: skip
+            _scaled(grad, dbias, out(dbias, dweight.dtype)))  # fmt: skip
 
 
 def forward(
@@ -877,15 +868,14 @@ def _linear_backward_fake(grad, hidden, weight, target, bias, *_):
 
 @torch.library.custom_op("llm_speed::fused_linear_cross_entropy_scale_grads", mutates_args=())
 def _scale_grads_op(
-    grad: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, dbias: torch.Tensor,
-    bias_dtype: torch.dtype,
+    grad: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, dbias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    return scale_grads(grad, dhidden, dweight, dbias, bias_dtype)
+    return scale_grads(grad, dhidden, dweight, dbias)
 
 
 @_scale_grads_op.register_fake
-def _scale_grads_fake(grad, dhidden, dweight, dbias, bias_dtype):
-    dbias = dbias.new_empty(dbias.shape, dtype=bias_dtype)
+def _scale_grads_fake(grad, dhidden, dweight, dbias):
+    dbias = dbias.new_empty(dbias.shape, dtype=dweight.dtype)
     return torch.empty_like(dhidden), torch.empty_like(dweight), dbias
 
 
@@ -952,7 +942,6 @@ def _linear_setup_context(ctx, inputs, output):
         reduction, _loss_dtype, _return_z, *needs = inputs  # fmt: skip
     ctx.mark_non_differentiable(*output[1:])
     ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction)
-    ctx.bias_dtype = weight.dtype if bias is None else bias.dtype
     grads = output[3:] if any(needs) else None  # the gradients made in the forward (a reduced loss)
     if grads is None or all(type(t) is torch.Tensor for t in grads):
         # Eager: the gradients are kept for one backward, which scales them in place and hands them over (no
@@ -968,9 +957,9 @@ def _linear_backward(ctx, grad, *_):
     saved = ctx.saved_tensors
     grads, ctx.grads = ctx.grads, None
     if grads is not None and plain_call(grad, *grads) == INFERENCE:
-        dhidden, dweight, dbias = scale_grads(grad, *grads, ctx.bias_dtype, in_place=True)
+        dhidden, dweight, dbias = scale_grads(grad, *grads, in_place=True)
     elif grads is not None or len(saved) > 6:
-        dhidden, dweight, dbias = _scale_grads_call(grad, *(grads or saved[6:]), ctx.bias_dtype)
+        dhidden, dweight, dbias = _scale_grads_call(grad, *(grads or saved[6:]))
     else:  # no gradients made in the forward, or already handed over: each chunk's logits made again
         dhidden, dweight, dbias = _linear_backward_call(grad, *saved, *ctx.args)
     need = ctx.needs_input_grad
