@@ -94,6 +94,22 @@ def pinned_tile(tile, direction="backward", block_d=None):
 
 
 @contextlib.contextmanager
+def atomic_dq():
+    """The backward's five-matmul path (dQ added by element atomics from the dK/dV kernel) on a tier that
+    computes dQ in its own kernel by default (Hopper's: ``Tier.dq_kernel``), where ``deterministic=False``
+    alone keeps the dQ kernel. (Before 2026-11-25's twelfth session the "atomic" rows lacked this patch: on
+    the H100 they timed the dQ-kernel path; its rows are "atomic-dq" now.)"""
+    saved = flash.tier_for
+    flash.tier_for = lambda hardware: dataclasses.replace(saved(hardware), dq_kernel=False)
+    launch.clear_plans()
+    try:
+        yield
+    finally:
+        flash.tier_for = saved
+        launch.clear_plans()
+
+
+@contextlib.contextmanager
 def tma_dq_add():
     """The backward's five-matmul path with dQ tiles added by TMA bulk reductions (flash.TMA_DQ_ADD)."""
     launch.clear_plans()
@@ -192,9 +208,11 @@ def main(argv=None) -> int:
             for tile, deterministic, tma in variants:
                 name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
                 name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
-                name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic"
+                # "atomic-dq": the five-matmul path forced (before, "atomic" rows ran the build's default)
+                name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic-dq"
                 try:
-                    with pinned_tile(tile), tma_dq_add() if tma else contextlib.nullcontext():
+                    path = tma_dq_add() if tma else contextlib.nullcontext() if deterministic else atomic_dq()
+                    with pinned_tile(tile), path:
                         out = flash.flash_attention(q, k, v, is_causal=causal, deterministic=deterministic)
                         fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
                             out, inputs, dout, retain_graph=True

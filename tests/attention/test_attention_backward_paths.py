@@ -143,3 +143,88 @@ def test_deterministic_must_be_a_real_bool(device):
     q, k, v = make_qkv(1, 1, 1, 4, 4, 16, F32, device)
     with pytest.raises(TypeError, match="deterministic"):
         flash_attention(q, k, v, deterministic=1)
+
+
+def _record_dkdv_plans(monkeypatch) -> list:
+    """A list that receives the dK/dV plan of every backward the launcher makes or looks up, in call order."""
+    made = []
+    original = flash._backward_plans
+    monkeypatch.setattr(flash, "_backward_plans", lambda *a: made.append(original(*a)[1]) or original(*a))
+    return made
+
+
+# (batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, is_causal, dtype, halves): the atomic path takes the
+# head dim in halves at 16-bit head dims padded to 128 (the H100's 64-row tiles), not at 64 or in float32
+HALVES_CASES = [
+    (1, 4, 2, 70, 75, 128, False, F16, True),  # GQA, ragged query and key blocks
+    (1, 2, 2, 65, 130, 96, True, BF16, True),  # padded head dim: the second half is partly masked
+    (2, 2, 1, 33, 40, 64, True, F16, False),
+    (1, 2, 1, 20, 24, 128, False, F32, False),
+]
+
+
+@pytest.mark.parametrize("case", HALVES_CASES, ids=lambda c: f"d{c[5]}-{str(c[7])[6:]}-{'causal' * c[6]}")
+def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, device, monkeypatch):
+    """With dQ by atomics the dK/dV kernel may take K, Q, dK and dQ's product in two halves of the head dim
+    (``D_HALVES``: half the shared memory and registers for dQ's tile on its way to the atomics); gradients
+    as float64 says either way."""
+    b, hq, hkv, sq, skv, d, causal, dtype, halves = case
+    atomic_by_default(monkeypatch)
+    dkdv = _record_dkdv_plans(monkeypatch)
+    q, k, v = make_qkv(b, hq, hkv, sq, skv, d, dtype, device)
+    with Ran() as ran:
+        check_against_reference(flash_attention, q, k, v, is_causal=causal)
+    if runtime.triton_runs_on(device):
+        assert ran.path() == "atomic"
+        assert dkdv[-1].fixed["ATOMIC_DQ"] and dkdv[-1].fixed["D_HALVES"] == halves
+
+
+def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
+    """The dQ kernel's path (no dQ tile in the dK/dV kernel) and TMA's reductions keep the head dim whole."""
+    from llm_speed.core import launch
+
+    dkdv = _record_dkdv_plans(monkeypatch)
+    with launch.simulated_gpu():
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 128, 128, 128, F16, "cpu"))
+        for deterministic in (True, False):  # the H100's tier: the dQ kernel either way
+            flash_attention(q, k, v, deterministic=deterministic).sum().backward()
+        monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
+        flash_attention(q, k, v, is_causal=True).sum().backward()
+    assert [plan.fixed["ATOMIC_DQ"] for plan in dkdv] == [False, False, True]
+    assert not any(plan.fixed["D_HALVES"] for plan in dkdv)
+
+
+ATOMIC_COMPILE_SCRIPT = r"""
+import dataclasses, sys
+from llm_speed.attention import flash
+from llm_speed.kernel_report import worker
+tier_for = flash.tier_for
+flash.tier_for = lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
+worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
+            "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
+"""
+
+
+def test_the_atomic_path_builds_for_sm90a_at_two_blocks_per_sm(tmp_path):
+    """Compiled by the GPU machine's Triton for the H100 as launched on the atomic path (the tier's dQ kernel
+    off): the d = 128 dK/dV kernels take the head dim in halves and fit two blocks of 4 warps per SM, as the
+    dQ-kernel path's does (whole, dQ's tile took 129 KiB: one block), and the non-causal one keeps no spill
+    in its loop (it had 28 local-memory instructions there)."""
+    import json
+    import subprocess
+    import sys
+
+    from triton_builds import GPU_BUILD_ENV, environment
+
+    env = environment(GPU_BUILD_ENV, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", ATOMIC_COMPILE_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"index"')]
+    dkdv = [row for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name]
+    assert len(dkdv) >= 2 and not any(row["error"] for row in dkdv), rows
+    assert all(row["constexprs"]["ATOMIC_DQ"] and row["constexprs"]["D_HALVES"] for row in dkdv)
+    assert all(row["blocks_per_sm"] == 2 and row["shared_bytes"] <= row["shared_limit"] for row in dkdv), dkdv
+    masks = ("HAS_LEFT", "HAS_RIGHT", "HAS_ALIBI", "DROPOUT", "SOFTCAP")
+    (full,) = [row for row in dkdv if not any(row["constexprs"][name] for name in masks)]
+    assert full["loop_spill_instructions"] == 0 and full["wgmma"], full

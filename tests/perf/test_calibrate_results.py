@@ -85,6 +85,25 @@ def test_atomics_priced_per_dq_element():
                    **shape).seconds == pytest.approx(deterministic.seconds)  # fmt: skip
 
 
+def test_an_atomic_dq_row_is_the_five_matmul_path_whatever_the_build():
+    """attention_ab.py's "atomic-dq" rows force dQ by atomics where the build computes it in its own kernel by
+    default (the current one on the H100): the model prices them as the five-matmul path (``atomic_dq``), a
+    build whose default it is unchanged; the file's row names say so."""
+    shape = dict(batch=1, heads_q=16, seq_q=16384, head_dim=128, dtype="fp16", causal=False)
+    default = predict("flash_attention_backward", "h100-sxm", **shape)
+    forced = predict("flash_attention_backward", "h100-sxm", atomic_dq=True, **shape)
+    assert forced.seconds != default.seconds
+    old = dict(shape, build="d1b0227")
+    assert predict("flash_attention_backward", "h100-sxm", atomic_dq=True, **old).seconds == pytest.approx(
+        predict("flash_attention_backward", "h100-sxm", **old).seconds)
+    document = {"results": {f"backward full 1x16384 fp16 shipped {path}": {"median_ms": 12.0}
+                            for path in ("atomic-dq", "atomic", "deterministic")}}  # fmt: skip
+    points = calibrate.attention_ab_points(document, Path("attention_ab.json"), "h100-sxm", None)
+    problems = {p.case.rsplit(" ", 1)[-1]: p.problem for p in points}
+    assert problems["atomic-dq"].get("atomic_dq") and "deterministic" not in problems["atomic-dq"]
+    assert "atomic_dq" not in problems["atomic"] and problems["deterministic"]["deterministic"]
+
+
 def test_attention_ab_files_as_points_of_the_build_that_ran_them():
     """benchmarks/attention_ab.py's JSON of 2026-11-25 has no environment: its GPU and commit are the bench
     files' beside it (the same GPU call). Each variant is its patch: row order, a backward tile, the dQ

@@ -1421,6 +1421,7 @@ def _dkdv_over_queries(
     RNE_BY_HAND: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     DELTA_IN_ACC: tl.constexpr,
+    D_HALVES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -1433,15 +1434,30 @@ def _dkdv_over_queries(
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
     descriptor ``dq_desc`` over the accumulator's rows (``dq_row``: this head's first) by one TMA bulk
-    reduction per tile instead of an atomic per element."""
-    o_d = tl.arange(0, BLOCK_D)
+    reduction per tile instead of an atomic per element.
+
+    ``b_k`` and ``b_dk`` are tuples: the whole [BN, BD] tile, or with ``D_HALVES`` (atomic dQ by element)
+    its two halves along the head dim, as Q and dQ's product then come, so that dQ's product and its atomics
+    take a [BM, BD / 2] tile at a time: the accumulator's registers and the shared memory its layout
+    conversion passes through (to the atomics' vector layout) are halved. S^T is then two products into one
+    accumulator."""
+    if D_HALVES:
+        o_d = tl.arange(0, BLOCK_D // 2)  # the columns of Q, K, dK and dQ halves (the second: + BLOCK_D // 2)
+    else:
+        o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_D)  # V and dO: always whole
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
-        # [BM, BD] tiles of Q and dO
+        # [BM, BD] tiles of Q (or its halves) and dO
         b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+        if D_HALVES:
+            b_q2 = _load_rows(p_q, o_m, stride_qm, seq_q, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_M,
+                              EVEN_D=EVEN_D)  # fmt: skip
+        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
-        b_st = dot(b_k, tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        b_st = dot(b_k[0], tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        if D_HALVES:
+            b_st = dot(b_k[1], tl.trans(b_q2), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_st)
         b_pt, b_dcap = _probabilities(
             b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
             window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
@@ -1469,13 +1485,22 @@ def _dkdv_over_queries(
                 b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
             b_dpt -= b_delta[None, :]
         b_dst = cast(b_pt * b_dpt, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
-        b_dk += dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BD]
+        if D_HALVES:
+            b_dk = (dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),
+                    dot(b_dst, b_q2, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[1]))
+        else:
+            b_dk = (dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),)
         if ATOMIC_DQ:
-            b_dq = dot(tl.trans(b_dst), b_k, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BD]
+            # [BM, BD] (D_HALVES: its first half)
+            b_dq = dot(tl.trans(b_dst), b_k[0], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
             if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD)
                 dq_desc.atomic_add([(dq_row + start_m).to(tl.int32), 0], b_dq)
             else:
                 _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+            if D_HALVES:  # the second half's product after the first's atomics: one half's tile live at once
+                b_dq = dot(tl.trans(b_dst), b_k[1], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+                _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_M,
+                          EVEN_D=EVEN_D)  # fmt: skip
     return b_dk, b_dv
 
 
@@ -1546,6 +1571,7 @@ def _flash_bwd_dkdv_kernel(
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    D_HALVES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -1567,12 +1593,23 @@ def _flash_bwd_dkdv_kernel(
     )  # fmt: skip
 
     o_n = start_n + tl.arange(0, BLOCK_N)
-    o_d = tl.arange(0, BLOCK_D)
+    o_dv = tl.arange(0, BLOCK_D)
     p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
-    b_k = _load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
-    b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
-    b_dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    # K and dK: (the whole tile,) or with D_HALVES its two halves along the head dim (_dkdv_over_queries)
+    if D_HALVES:
+        o_d = tl.arange(0, BLOCK_D // 2)
+        b_k = (
+            _load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D),
+            _load_rows(p_k, o_n, stride_kn, seq_kv, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_N,
+                       EVEN_D=EVEN_D),
+        )  # fmt: skip
+        b_dk = (tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32), tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32))
+    else:
+        o_d = o_dv
+        b_k = (_load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D),)
+        b_dk = (tl.zeros((BLOCK_N, BLOCK_D), tl.float32),)
+    b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
     b_dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
 
     # A ragged last query block (packed sequences) leaves the interior for the masked edge, so that the
@@ -1607,8 +1644,8 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M,
-            BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
+            BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
@@ -1617,7 +1654,7 @@ def _flash_bwd_dkdv_kernel(
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
             EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
             DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
-            DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
@@ -1625,20 +1662,23 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, BLOCK_M=BLOCK_M,
-            BLOCK_D=BLOCK_D,
+            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
+            BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
 
-    b_dk *= scale
-    if IS_VARLEN:  # a sequence with invalid bounds saw no query: NaN over its keys' gradients
-        b_dk = tl.where(valid, b_dk, float("nan"))
-        b_dv = tl.where(valid, b_dv, float("nan"))
-    b_dk = cast(b_dk, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    b_dv = cast(b_dv, DV.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     p_dk = DK + b * stride_dkb + h_kv * stride_dkh + bos_k * stride_dkn
     p_dv = DV + b * stride_dvb + h_kv * stride_dvh + bos_k * stride_dvn
-    _store_rows(p_dk, b_dk, o_n, stride_dkn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
-    _store_rows(p_dv, b_dv, o_n, stride_dvn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
+    for half in tl.static_range(len(b_dk)):
+        b_dk_half = b_dk[half] * scale
+        if IS_VARLEN:  # a sequence with invalid bounds saw no query: NaN over its keys' gradients
+            b_dk_half = tl.where(valid, b_dk_half, float("nan"))
+        b_dk_half = cast(b_dk_half, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+        _store_rows(p_dk, b_dk_half, o_n, stride_dkn, seq_kv, o_d + half * (BLOCK_D // 2), head_dim,
+                    EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # fmt: skip
+    if IS_VARLEN:
+        b_dv = tl.where(valid, b_dv, float("nan"))
+    b_dv = cast(b_dv, DV.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    _store_rows(p_dv, b_dv, o_n, stride_dvn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
 
 
 @triton.jit
@@ -2294,6 +2334,16 @@ def _forward_plan(
     )  # fmt: skip
 
 
+def _dq_in_halves(block_d: int, block_m: int, dtype: torch.dtype) -> bool:
+    """Whether the dK/dV kernel with atomic dQ takes the head dim in halves (``D_HALVES``): 16-bit tiles of
+    64+ query rows at head dim 128 (the H100's 64 x 64). Whole, dQ's [64, 128] float32 tile passed through
+    32 KiB of shared memory on its way to the atomics' vector layout (129 KiB a block: one block of 4 warps
+    per SM) and held 64 registers a thread beside dK and dV (255 registers, 28 spill instructions in the
+    loops); in halves 16 KiB (113 KiB: two blocks per SM, as the dQ-kernel path's dK/dV kernel) and 32
+    registers (sm_90a, Triton 3.6; docs/notes/attention-overlap.md)."""
+    return block_d == 128 and block_m >= 64 and dtype != torch.float32
+
+
 @plan_cache
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
@@ -2344,6 +2394,7 @@ def _backward_plans(
         DQ_DESC=tma_dq,
         heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
         EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic,
+        D_HALVES=atomic and tma_dq is None and _dq_in_halves(block_d, cfg.block_m, dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
     if atomic:

@@ -376,7 +376,7 @@ _AB_FORWARD = re.compile(r"^causal fwd (?P<batch>\d+)x(?P<seq>\d+) (?P<order>lpt
 _AB_BACKWARD = re.compile(
     r"^backward (?P<mask>full|causal) (?P<batch>\d+)x(?P<seq>\d+) (?P<dtype>\w+) "
     r"(?:(?P<vendor>sdpa-\w+)|(?P<tile>shipped|(?P<bm>\d+)x(?P<bn>\d+) w(?P<warps>\d+))"
-    r"(?: (?P<path>atomic|deterministic))?)$"
+    r"(?: (?P<path>atomic-dq|atomic|deterministic))?)$"
 )
 AB_HEADS, AB_HEAD_DIM = 16, 128
 # attention_ab.py replaces BM, BN and warps of the shipped backward tile: the stages stay its (d=128 fp16: 2)
@@ -397,7 +397,9 @@ def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None)
     """The points of an A/B file: the causal forward in longest-first (the build's own order) and in row
     order (``launch_order="row"``, the patch), bf16; the backward (fp16; ``torch.autograd.grad`` of one
     output) at the build's tile ("shipped") or a patched one (``backward_config``), by the build's default
-    path ("atomic": d1b0227's, and call 4's unnamed rows) or the dQ kernel ("deterministic"), and cuDNN's
+    path ("atomic": d1b0227's, and call 4's unnamed rows; on later builds, whose Hopper tier computes dQ in
+    its own kernel, the same path as "deterministic"), the five-matmul path forced ("atomic-dq": dQ by
+    atomics whatever the build's default, ``atomic_dq``) or the dQ kernel ("deterministic"), and cuDNN's
     beside them. Groups: one per variant but its size (the sequence; the tile), held out as elsewhere."""
     points = []
     for case, timing in document["results"].items():
@@ -429,6 +431,8 @@ def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None)
             path_name = backward["path"] or "atomic"
             if backward["path"] == "deterministic":
                 problem["deterministic"] = True
+            elif backward["path"] == "atomic-dq":
+                problem["atomic_dq"] = True
             group = ("attention_ab", "flash_attention_backward", backward["mask"], implementation,
                      path_name if implementation == "llm-speed" else "")  # fmt: skip
             row = "flash" if implementation == "llm-speed" else implementation

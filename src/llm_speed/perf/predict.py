@@ -1366,9 +1366,11 @@ def _predict_attention(
         forward = _forward_pass(shape, forward_tile, passes=passes, section=section)
         return terms(forward, forward_tile), cost.flops, cost.bytes_moved
     deterministic = bool(problem.pop("deterministic", False)) if llm_speed else False
+    # ``atomic_dq``: the five-matmul path forced where the build's default is the dQ kernel (an A/B row)
+    atomic_dq = bool(problem.pop("atomic_dq", False)) if llm_speed else False
     # Backward: delta = rowsum(dO * O) first (O, dO read, delta written).
     preprocess_bytes = 2 * e * shape.q_elems + 4 * shape.rows
-    if llm_speed and (deterministic or build.get("attention_backward") == "dq_kernel"):
+    if llm_speed and (deterministic or (build.get("attention_backward") == "dq_kernel" and not atomic_dq)):
         # The dQ kernel path (7 matmuls per tile): dK/dV, then dQ recomputing S and dP.
         preprocess = _memory_pass_terms(params, consts, "preprocess", preprocess_bytes, cdiv(shape.rows, 128))
         dkdv = terms(_dkdv_pass(shape, backward_tile, 4), backward_tile)
@@ -1783,7 +1785,8 @@ def predict(
     * attention rows: ``batch, heads_q, seq_q, seq_kv`` (= seq_q), ``head_dim``, ``heads_kv``, ``dtype``
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
       tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
-      kernel's backward. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths.
+      kernel's backward, ``atomic_dq`` the five-matmul backward where the build's default is the dQ
+      kernel. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths.
       KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
       + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
       per cache element, labelled uncalibrated).
