@@ -130,6 +130,44 @@ def time_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def backward_ab(record, tiles, extra) -> None:
+    """The backward of 1 x 16 heads x 16384, fp16, full and causal: cuDNN's, then ours on each path and tile.
+    d = 128 with every variant; d = 64 (rows named "d64") the shipped tile on both paths, its atomic-dQ
+    kernel holding two blocks per SM whole (docs/notes/attention-overlap.md). "atomic-dq": the five-matmul
+    path forced (before 2026-11-25's thirteenth session, rows named "atomic" ran the build's default)."""
+    for head_dim in (128, 64):
+        q, k, v = qkv(1, 16384, head_dim=head_dim, dtype=torch.float16, grad=True)
+        dout = torch.randn_like(q)
+        shape = "1x16384" if head_dim == 128 else f"1x16384 d{head_dim}"
+        for causal in (False, True):
+            label = f"backward {'causal' if causal else 'full'} {shape} fp16"
+
+            def timed(out, name, inputs=(q, k, v), dout=dout, label=label):
+                fn = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
+                fn()
+                record(f"{label} {name}", time_ms(fn))
+
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                timed(out, "sdpa-cudnn")
+            # (tile, deterministic, dQ by TMA reductions)
+            shapes = tiles if head_dim == 128 else ("shipped",)
+            variants = [(tile, det, False) for det in (False, True) for tile in shapes]
+            if head_dim == 128:
+                variants += [("shipped", False, True)] + [(tile, False, False) for tile in extra]
+            for tile, deterministic, tma in variants:
+                name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
+                name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
+                name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic-dq"
+                path = tma_dq_add() if tma else contextlib.nullcontext() if deterministic else atomic_dq()
+                try:
+                    with pinned_tile(tile), path:
+                        out = flash.flash_attention(q, k, v, is_causal=causal, deterministic=deterministic)
+                        timed(out, name)
+                except Exception as error:  # a tile that does not fit (or a variant that fails) is a finding
+                    print(f"{label} {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True)
@@ -190,37 +228,7 @@ def main(argv=None) -> int:
                     record(f"causal fwd {batch}x{seq} {'lpt' if lpt else 'row'}", time_ms(fn))
         if args.skip_backward:
             continue
-        q, k, v = qkv(1, 16384, dtype=torch.float16, grad=True)
-        dout = torch.randn_like(q)
-        for causal in (False, True):
-            mask = "causal" if causal else "full"
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
-                    out, inputs, dout, retain_graph=True
-                )
-                fn()
-                record(f"backward {mask} 1x16384 fp16 sdpa-cudnn", time_ms(fn))
-            # (tile, deterministic, dQ by TMA reductions); the last: the five-matmul path on Hopper too
-            variants = [(tile, det, False) for det in (False, True) for tile in tiles]
-            variants.append(("shipped", False, True))
-            variants += [(tile, False, False) for tile in extra]
-            for tile, deterministic, tma in variants:
-                name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
-                name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
-                # "atomic-dq": the five-matmul path forced (before, "atomic" rows ran the build's default)
-                name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic-dq"
-                try:
-                    path = tma_dq_add() if tma else contextlib.nullcontext() if deterministic else atomic_dq()
-                    with pinned_tile(tile), path:
-                        out = flash.flash_attention(q, k, v, is_causal=causal, deterministic=deterministic)
-                        fn = lambda out=out, inputs=(q, k, v), dout=dout: torch.autograd.grad(  # noqa: E731
-                            out, inputs, dout, retain_graph=True
-                        )
-                        fn()
-                        record(f"backward {mask} 1x16384 fp16 {name}", time_ms(fn))
-                except Exception as error:  # a tile that does not fit (or a variant that fails) is a finding
-                    print(f"backward {mask} {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+        backward_ab(record, tiles, extra)
     summary = {name: {"median_ms": statistics.median(runs), "runs": runs} for name, runs in results.items()}
     with open(args.output, "w") as file:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": summary},

@@ -12,10 +12,10 @@
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
-#   probe   the forward's A/B (benchmarks/attention_ab.py: its softmax overlapping the next QK^T or not,
-#           SDPA's cuDNN and flash; docs/notes/gpu-speed-plan.md 5.12), host time against kernel time inside
-#           the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps; 5.8) and the backward's A/B
-#           (attention_ab.py: the dQ-kernel path, dQ by TMA reductions, cuDNN)
+#   probe   the backward's A/B (benchmarks/attention_ab.py: dQ by atomics, the dQ-kernel path, dQ by TMA
+#           reductions, cuDNN; d = 128 and 64; docs/notes/gpu-speed-plan.md 5.15), the forward's A/B (its
+#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash; 5.12) and host time against
+#           kernel time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps; 5.8)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -252,12 +252,13 @@ probe)
         sub host_in_bench 60 "$PY" benchmarks/host_in_bench.py --help
         sub attention_ab 60 "$PY" benchmarks/attention_ab.py --help
     else
-        # the forward with and without its softmax overlapping the next QK^T first (5.12), then the backward
+        # the backward's paths first (5.15: atomic dQ at two blocks per SM against the dQ kernel, d = 128 and
+        # 64), then the forward with and without its softmax overlapping the next QK^T (5.12)
+        sub attention_ab 200 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
+            --backward-tiles shipped --output "$RAW/attention_ab.json"
         sub attention_ab_forward 150 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-backward \
             --output "$RAW/attention_ab_forward.json"
         sub host_in_bench 150 "$PY" benchmarks/host_in_bench.py --output "$RAW/host_in_bench.json"
-        sub attention_ab 140 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
-            --backward-tiles shipped --output "$RAW/attention_ab.json"
     fi
     ;;
 esac

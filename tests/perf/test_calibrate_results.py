@@ -98,10 +98,14 @@ def test_an_atomic_dq_row_is_the_five_matmul_path_whatever_the_build():
         predict("flash_attention_backward", "h100-sxm", **old).seconds)
     document = {"results": {f"backward full 1x16384 fp16 shipped {path}": {"median_ms": 12.0}
                             for path in ("atomic-dq", "atomic", "deterministic")}}  # fmt: skip
+    document["results"]["backward causal 1x16384 d64 fp16 shipped atomic-dq"] = {"median_ms": 3.0}
     points = calibrate.attention_ab_points(document, Path("attention_ab.json"), "h100-sxm", None)
-    problems = {p.case.rsplit(" ", 1)[-1]: p.problem for p in points}
+    problems = {p.case.removeprefix("backward full 1x16384 fp16 shipped "): p.problem for p in points}
     assert problems["atomic-dq"].get("atomic_dq") and "deterministic" not in problems["atomic-dq"]
     assert "atomic_dq" not in problems["atomic"] and problems["deterministic"]["deterministic"]
+    assert {p["head_dim"] for p in problems.values() if not p["causal"]} == {128}
+    d64 = problems["backward causal 1x16384 d64 fp16 shipped atomic-dq"]  # d = 128 unless the row names one
+    assert (d64["head_dim"], d64["causal"], d64["atomic_dq"], d64["dtype"]) == (64, True, True, "fp16")
 
 
 def test_attention_ab_files_as_points_of_the_build_that_ran_them():

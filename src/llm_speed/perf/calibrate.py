@@ -374,7 +374,7 @@ def _sweep_points(path: Path, gpu: str, build: str | None) -> list[Point]:
 # ``benchmarks/attention_ab.py``: variants of one launcher choice timed in one process, at 16 heads, d=128.
 _AB_FORWARD = re.compile(r"^causal fwd (?P<batch>\d+)x(?P<seq>\d+) (?P<order>lpt|row)$")
 _AB_BACKWARD = re.compile(
-    r"^backward (?P<mask>full|causal) (?P<batch>\d+)x(?P<seq>\d+) (?P<dtype>\w+) "
+    r"^backward (?P<mask>full|causal) (?P<batch>\d+)x(?P<seq>\d+) (?:d(?P<head_dim>\d+) )?(?P<dtype>\w+) "
     r"(?:(?P<vendor>sdpa-\w+)|(?P<tile>shipped|(?P<bm>\d+)x(?P<bn>\d+) w(?P<warps>\d+))"
     r"(?: (?P<path>atomic-dq|atomic|deterministic))?)$"
 )
@@ -417,8 +417,9 @@ def attention_ab_points(document: dict, path: Path, gpu: str, build: str | None)
                                  (seq,), case=case, row="flash"))  # fmt: skip
         elif backward:
             seq = int(backward["seq"])
+            head_dim = int(backward["head_dim"] or AB_HEAD_DIM)  # named in the row when not 128 ("d64")
             problem = dict(batch=int(backward["batch"]), heads_q=AB_HEADS, heads_kv=AB_HEADS, seq_q=seq,
-                           seq_kv=seq, head_dim=AB_HEAD_DIM, dtype=backward["dtype"],
+                           seq_kv=seq, head_dim=head_dim, dtype=backward["dtype"],
                            causal=backward["mask"] == "causal")  # fmt: skip
             implementation = backward["vendor"] or "llm-speed"
             size: tuple = ()
