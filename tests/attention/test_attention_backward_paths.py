@@ -179,6 +179,27 @@ def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, devic
         assert dkdv[-1].fixed["ATOMIC_DQ"] and dkdv[-1].fixed["D_HALVES"] == halves
 
 
+def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch):
+    """Packed sequences (one with no query, lengths off the 64-row blocks, causal GQA) through the halves: the
+    ragged rows' masks and the invalid-bounds NaN apply to both halves of dK."""
+    atomic_by_default(monkeypatch)
+    dkdv = _record_dkdv_plans(monkeypatch)
+    q, k, v, cu_q, cu_k = packed_inputs([40, 0, 23, 70], [33, 9, 23, 70], 4, 2, 128, F16, device)
+    dout = torch.randn(q.shape, dtype=q.dtype).to(device)
+    dlse = torch.randn(q.shape[1], q.shape[0]).to(device)
+    truth = dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, torch.float64, is_causal=True)
+    same = dense_per_sequence(q, k, v, cu_q, cu_k, dout, dlse, q.dtype, is_causal=True)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with Ran() as ran:
+        out, lse = flash_attention_varlen(*leaves, cu_q, cu_k, 70, 70, return_lse=True, is_causal=True)
+        ((out * dout).sum() + torch.where(torch.isfinite(lse), lse * dlse, 0).sum()).backward()
+    got = (out.detach(), lse.detach(), *(t.grad for t in leaves))
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        assert_error_rule(name, got[i], same[i], truth[i], 2.0 if i < 2 else 3.0, q.dtype)
+    if runtime.triton_runs_on(device):
+        assert ran.path() == "atomic" and dkdv[-1].fixed["D_HALVES"] and dkdv[-1].fixed["IS_VARLEN"]
+
+
 def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
     """The dQ kernel's path (no dQ tile in the dK/dV kernel) and TMA's reductions keep the head dim whole."""
     from llm_speed.core import launch
