@@ -2005,7 +2005,9 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # 12.4 ms at 64x64 w4 and 27.5 / 13.8 at 64x64 w8; cuDNN 10.1 / 5.2. So this tier computes dQ in its own
 # kernel, at 4 warps, although its causal dK/dV kernel spills 25 LDL/STL inside its loops compiled for sm_90a
 # (the full one none; 8 warps spill nowhere and ran 2.1x slower: each warpgroup's products are 32 rows,
-# half a wgmma's height).
+# half a wgmma's height). The atomic path's dK/dV kernel measured then held one block per SM (129 KiB); with
+# the head dim in halves (``_dq_in_halves``) it holds two, as the dQ-kernel path's: not measured yet
+# (docs/notes/attention-overlap.md; ``benchmarks/attention_ab.py``'s "atomic-dq" rows decide this switch).
 LARGE = Tier(
     "227 KB",
     227 * KIB,
