@@ -97,7 +97,7 @@ def pinned_tile(tile, direction="backward", block_d=None):
 def atomic_dq():
     """The backward's five-matmul path (dQ added by element atomics from the dK/dV kernel) on a tier that
     computes dQ in its own kernel by default (Hopper's: ``Tier.dq_kernel``), where ``deterministic=False``
-    alone keeps the dQ kernel. (Before 2026-11-25's twelfth session the "atomic" rows lacked this patch: on
+    alone keeps the dQ kernel. (Before 2026-11-25's thirteenth session the "atomic" rows lacked this patch: on
     the H100 they timed the dQ-kernel path; its rows are "atomic-dq" now.)"""
     saved = flash.tier_for
     flash.tier_for = lambda hardware: dataclasses.replace(saved(hardware), dq_kernel=False)

@@ -391,7 +391,7 @@ def _kvcache_fwd_kernel(
             # Dequantized in q's dtype (one rounding, the reference's), not on the sum: a product between the
             # load and the dot makes its shared-memory tile 16-bit, read by ldmatrix.trans; an fp8 tile read
             # as the PV product's transposed operand takes byte-wide gathers (sm_90 has no 8-bit
-            # ldmatrix.trans): the loop was 1002 SASS instructions, 697 now (16-bit cache: 724).
+            # ldmatrix.trans): the loop was 1002 SASS instructions, 699 now (16-bit cache: 724).
             b_v = _dequantized(b_v, v_scale, Q.dtype.element_ty, RNE_BY_HAND)
         b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
         b_m = b_m_new

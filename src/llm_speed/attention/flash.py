@@ -126,6 +126,25 @@ def _load_rows(
 
 
 @triton.jit
+def _load_parts(p_base, o_rows, stride_row, n_rows, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+                HALVES: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """:func:`_load_rows` of a [rows, BD] tile as a tuple: (the tile,), or with ``HALVES`` its two
+    [rows, BD / 2] halves along the head dim (each its own operand, in shared memory of its own)."""
+    if HALVES:
+        o_d = tl.arange(0, BLOCK_D // 2)
+        return (
+            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D),
+            _load_rows(p_base, o_rows, stride_row, n_rows, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_ROWS,
+                       EVEN_D=EVEN_D),
+        )  # fmt: skip
+    else:
+        o_d = tl.arange(0, BLOCK_D)
+        return (
+            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D),
+        )
+
+
+@triton.jit
 def _load_kv(p_base, o_n, stride_row, n_rows, o_d, head_dim, b_page, b_slot, stride_page,
              EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
     """Load a [BN, BD] tile of keys or values at positions ``o_n``: rows of ``p_base``, or with ``PAGED``
@@ -1436,28 +1455,23 @@ def _dkdv_over_queries(
     descriptor ``dq_desc`` over the accumulator's rows (``dq_row``: this head's first) by one TMA bulk
     reduction per tile instead of an atomic per element.
 
-    ``b_k`` and ``b_dk`` are tuples: the whole [BN, BD] tile, or with ``D_HALVES`` (atomic dQ by element)
-    its two halves along the head dim, as Q and dQ's product then come, so that dQ's product and its atomics
-    take a [BM, BD / 2] tile at a time: the accumulator's registers and the shared memory its layout
+    K, Q and dK are tuples (:func:`_load_parts`): the whole tile, or with ``D_HALVES`` (atomic dQ by
+    element) its two halves along the head dim, as dQ's product then comes, so that dQ's product and its
+    atomics take a [BM, BD / 2] tile at a time: the accumulator's registers and the shared memory its layout
     conversion passes through (to the atomics' vector layout) are halved. S^T is then two products into one
     accumulator."""
-    if D_HALVES:
-        o_d = tl.arange(0, BLOCK_D // 2)  # the columns of Q, K, dK and dQ halves (the second: + BLOCK_D // 2)
-    else:
-        o_d = tl.arange(0, BLOCK_D)
     o_dv = tl.arange(0, BLOCK_D)  # V and dO: always whole
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
         # [BM, BD] tiles of Q (or its halves) and dO
-        b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-        if D_HALVES:
-            b_q2 = _load_rows(p_q, o_m, stride_qm, seq_q, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_M,
-                              EVEN_D=EVEN_D)  # fmt: skip
+        b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                          HALVES=D_HALVES, BLOCK_D=BLOCK_D)  # fmt: skip
         b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
         b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
-        b_st = dot(b_k[0], tl.trans(b_q), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
-        if D_HALVES:
-            b_st = dot(b_k[1], tl.trans(b_q2), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_st)
+        b_st = dot(b_k[0], tl.trans(b_q[0]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
+        for part in tl.static_range(1, len(b_k)):
+            b_st = dot(b_k[part], tl.trans(b_q[part]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+                       acc=b_st)  # fmt: skip
         b_pt, b_dcap = _probabilities(
             b_st, o_m[None, :], o_n[:, None], b_lse2[None, :], seq_q, seq_kv, scale, softcap, window_left,
             window_right, slope2, MASKED=MASKED, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
@@ -1484,23 +1498,22 @@ def _dkdv_over_queries(
             if DROPOUT:
                 b_dpt = tl.where(m_keep, b_dpt * keep_scale, 0.0)
             b_dpt -= b_delta[None, :]
-        b_dst = cast(b_pt * b_dpt, b_q.dtype, RNE_BY_HAND=RNE_BY_HAND)
+        b_dst = cast(b_pt * b_dpt, b_q[0].dtype, RNE_BY_HAND=RNE_BY_HAND)
         if D_HALVES:
-            b_dk = (dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),
-                    dot(b_dst, b_q2, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[1]))
+            b_dk = (dot(b_dst, b_q[0], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),
+                    dot(b_dst, b_q[1], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[1]))
         else:
-            b_dk = (dot(b_dst, b_q, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),)
+            b_dk = (dot(b_dst, b_q[0], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_dk[0]),)
         if ATOMIC_DQ:
-            # [BM, BD] (D_HALVES: its first half)
-            b_dq = dot(tl.trans(b_dst), b_k[0], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
-            if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD)
-                dq_desc.atomic_add([(dq_row + start_m).to(tl.int32), 0], b_dq)
-            else:
-                _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-            if D_HALVES:  # the second half's product after the first's atomics: one half's tile live at once
-                b_dq = dot(tl.trans(b_dst), b_k[1], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
-                _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_M,
-                          EVEN_D=EVEN_D)  # fmt: skip
+            # [BM, BD] or, D_HALVES, each half after the other's atomics (one half's tile live at once)
+            for part in tl.static_range(len(b_k)):
+                b_dq = dot(tl.trans(b_dst), b_k[part], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
+                if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD; never in halves)
+                    dq_desc.atomic_add([(dq_row + start_m).to(tl.int32), 0], b_dq)
+                else:
+                    o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dq.shape[1])
+                    _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M,
+                              EVEN_D=EVEN_D)  # fmt: skip
     return b_dk, b_dv
 
 
@@ -1597,17 +1610,11 @@ def _flash_bwd_dkdv_kernel(
     p_k = K + b * stride_kb + h_kv * stride_kh + bos_k * stride_kn
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     # K and dK: (the whole tile,) or with D_HALVES its two halves along the head dim (_dkdv_over_queries)
+    b_k = _load_parts(p_k, o_n, stride_kn, seq_kv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D, HALVES=D_HALVES,
+                      BLOCK_D=BLOCK_D)  # fmt: skip
     if D_HALVES:
-        o_d = tl.arange(0, BLOCK_D // 2)
-        b_k = (
-            _load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D),
-            _load_rows(p_k, o_n, stride_kn, seq_kv, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_N,
-                       EVEN_D=EVEN_D),
-        )  # fmt: skip
         b_dk = (tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32), tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32))
     else:
-        o_d = o_dv
-        b_k = (_load_rows(p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D),)
         b_dk = (tl.zeros((BLOCK_N, BLOCK_D), tl.float32),)
     b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
     b_dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
@@ -1668,13 +1675,13 @@ def _flash_bwd_dkdv_kernel(
 
     p_dk = DK + b * stride_dkb + h_kv * stride_dkh + bos_k * stride_dkn
     p_dv = DV + b * stride_dvb + h_kv * stride_dvh + bos_k * stride_dvn
-    for half in tl.static_range(len(b_dk)):
-        b_dk_half = b_dk[half] * scale
+    for part in tl.static_range(len(b_dk)):
+        b_dk_part = b_dk[part] * scale
         if IS_VARLEN:  # a sequence with invalid bounds saw no query: NaN over its keys' gradients
-            b_dk_half = tl.where(valid, b_dk_half, float("nan"))
-        b_dk_half = cast(b_dk_half, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-        _store_rows(p_dk, b_dk_half, o_n, stride_dkn, seq_kv, o_d + half * (BLOCK_D // 2), head_dim,
-                    EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # fmt: skip
+            b_dk_part = tl.where(valid, b_dk_part, float("nan"))
+        b_dk_part = cast(b_dk_part, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+        o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dk_part.shape[1])
+        _store_rows(p_dk, b_dk_part, o_n, stride_dkn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
     if IS_VARLEN:
         b_dv = tl.where(valid, b_dv, float("nan"))
     b_dv = cast(b_dv, DV.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
