@@ -1290,8 +1290,10 @@ def _attention_fwd_kernel(
 def _flash_bwd_preprocess_kernel(
     O,
     DO,
+    LSE,
     DLSE,
     DELTA,
+    LSE2,
     DQ_ACC,
     stride_ob,
     stride_oh,
@@ -1314,7 +1316,10 @@ def _flash_bwd_preprocess_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32); with
+    """delta_i = sum_d dO_id * O_id - dLSE_i, the per-row term of the softmax backward (fp32), and the saved
+    LSE in base 2 (:func:`_load_lse2`) into ``LSE2``, which the dK/dV and dQ kernels read as it is: the dK/dV
+    kernel reloads it per query block, where the conversion cost 43-68 SASS instructions a block on sm_90a
+    (FlashAttention-3's preprocess makes the same copy, hopper/flash_bwd_preprocess_kernel.h). With
     ``ZERO_DQ`` it also zeroes the same rows of the fp32 dQ accumulator the dK/dV kernel adds to (one launch
     fewer than a separate fill).
 
@@ -1337,6 +1342,8 @@ def _flash_bwd_preprocess_kernel(
     if HAS_DLSE:
         b_delta -= _load_vector(DLSE + o_row, o_m, seq_q, EVEN_ROWS=EVEN_M)
     _store_vector(DELTA + o_row, b_delta, o_m, seq_q, EVEN_ROWS=EVEN_M)
+    b_lse2 = _load_lse2(LSE + o_row, o_m, seq_q, EVEN_M=EVEN_M)
+    _store_vector(LSE2 + o_row, b_lse2, o_m, seq_q, EVEN_ROWS=EVEN_M)
     if ZERO_DQ:
         p_dq = DQ_ACC + b * stride_dqb + h * stride_dqh
         b_zero = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -1403,7 +1410,7 @@ def _dkdv_over_queries(
     b_v,
     p_q,
     p_do,
-    p_lse,
+    p_lse2,
     p_delta,
     p_dq,
     dq_desc,
@@ -1467,7 +1474,7 @@ def _dkdv_over_queries(
         b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
                           HALVES=D_HALVES, BLOCK_D=BLOCK_D)  # fmt: skip
         b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-        b_lse2 = _load_lse2(p_lse, o_m, seq_q, EVEN_M=EVEN_M)
+        b_lse2 = _load_vector(p_lse2, o_m, seq_q, EVEN_ROWS=EVEN_M)
         b_st = dot(b_k[0], tl.trans(b_q[0]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         for part in tl.static_range(1, len(b_k)):
             b_st = dot(b_k[part], tl.trans(b_q[part]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
@@ -1523,7 +1530,7 @@ def _flash_bwd_dkdv_kernel(
     K,
     V,
     DO,
-    LSE,
+    LSE2,
     DELTA,
     DK,
     DV,
@@ -1641,12 +1648,12 @@ def _flash_bwd_dkdv_kernel(
         bh = b * heads_kv * group + h
         p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
         p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
-        p_lse = LSE + b * stride_lb + h * stride_lh + bos_q
+        p_lse2 = LSE2 + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         dq_row = bh * seq_q  # (TMA_DQ_ADD: this head's first row of the accumulator, dense)
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, lo, left_end,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, lo, left_end,
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
@@ -1655,7 +1662,7 @@ def _flash_bwd_dkdv_kernel(
             BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
@@ -1664,7 +1671,7 @@ def _flash_bwd_dkdv_kernel(
             DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
@@ -1762,7 +1769,7 @@ def _flash_bwd_dq_kernel(
     K,
     V,
     DO,
-    LSE,
+    LSE2,
     DELTA,
     DQ,
     CU_Q,
@@ -1843,7 +1850,7 @@ def _flash_bwd_dq_kernel(
     p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
     b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
     b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-    b_lse2 = _load_lse2(LSE + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_M=EVEN_M)
+    b_lse2 = _load_vector(LSE2 + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_ROWS=EVEN_M)
     b_delta = _load_vector(DELTA + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_ROWS=EVEN_M)
     b_dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
@@ -2430,8 +2437,8 @@ def _backward_plans(
 
 def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic,
                      alibi_slopes, dropout_p: float, rng, seqused_k=None):  # fmt: skip
-    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE, then dK/dV over key blocks, then
-    dQ.
+    """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE and the LSE in base 2, then dK/dV
+    over key blocks, then dQ.
 
     Default path: the preprocess also zeroes an fp32 dQ accumulator, the dK/dV kernel adds dS K to it with
     atomics (FlashAttention-2's five matmuls per tile), and a conversion writes dQ = scale * accumulator in
@@ -2442,9 +2449,11 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     preprocess, dkdv, dq_plan = plans
     device = q.device
     delta = tensors.new_output(lse.shape, torch.float32, device)
+    lse2 = tensors.new_output(lse.shape, torch.float32, device)  # the preprocess's base-2 LSE
     # deterministic: the accumulator is not used; any float32 tensor stands in
     dq_acc = delta if deterministic else tensors.new_output(q.shape, torch.float32, device)
-    preprocess.launch(O=out, DO=dout, DLSE=delta if dlse is None else dlse, DELTA=delta, DQ_ACC=dq_acc)
+    preprocess.launch(O=out, DO=dout, LSE=lse, DLSE=delta if dlse is None else dlse, DELTA=delta, LSE2=lse2,
+                      DQ_ACC=dq_acc)  # fmt: skip
     if seqused_k is None:
         dk = tensors.new_output(k.shape, k.dtype, device)
         dv = tensors.new_output(v.shape, v.dtype, device)
@@ -2459,15 +2468,15 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     rng = delta if rng is None else rng
     used = delta if seqused_k is None else seqused_k
     if dkdv.descriptors:  # TMA_DQ_ADD: the accumulator through its descriptor too
-        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, DQ_DESC=dq_acc,
+        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, DQ_DESC=dq_acc,
                     CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
     else:
-        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q,
+        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q,
                     CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
     if deterministic:
-        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE=lse, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
                        SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                        dropout_p=dropout_p)  # fmt: skip
     else:

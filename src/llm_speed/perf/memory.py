@@ -217,7 +217,8 @@ def attention_memory(
       ``v_repeated``, each b*hq*skv*d*e), alive through the forward and saved for the backward, whose dK and
       dV then have the repeated size too. FlashAttention reads the shared K/V heads directly.
     * training, flash: saved = Q + K + V + O + L; backward peak adds dO, the fp32 dQ accumulator
-      (b*hq*sq*d*4, FlashAttention-2), delta = rowsum(dO * O) in fp32 (L-sized) and dQ, dK, dV.
+      (b*hq*sq*d*4, FlashAttention-2), delta = rowsum(dO * O) and the LSE in base 2 in fp32 (each L-sized),
+      and dQ, dK, dV.
 
     Inputs and the output are counted (they occupy memory during the call); the caller's other activations
     are not. ``heads_kv`` defaults to ``heads_q`` and must divide it.
@@ -271,6 +272,7 @@ def attention_memory(
             "grad_output": out,
             "grad_q_accum_fp32": dq_accum,
             "delta_fp32": stats,
+            "softmax_lse_log2_fp32": stats,  # the LSE in base 2, made by the preprocess (FlashAttention-3's)
             "grad_q": q,
             "grad_k": kv,
             "grad_v": kv,

@@ -1368,7 +1368,9 @@ def _predict_attention(
     deterministic = bool(problem.pop("deterministic", False)) if llm_speed else False
     # ``atomic_dq``: the five-matmul path forced where the build's default is the dQ kernel (an A/B row)
     atomic_dq = bool(problem.pop("atomic_dq", False)) if llm_speed else False
-    # Backward: delta = rowsum(dO * O) first (O, dO read, delta written).
+    # Backward: delta = rowsum(dO * O) first (O, dO read, delta written). Its copy of the LSE in base 2 (8
+    # more bytes a row) is not priced yet: it moves the shipped fit's attention errors by 0.02%; the next
+    # refit takes it in.
     preprocess_bytes = 2 * e * shape.q_elems + 4 * shape.rows
     if llm_speed and (deterministic or (build.get("attention_backward") == "dq_kernel" and not atomic_dq)):
         # The dQ kernel path (7 matmuls per tile): dK/dV, then dQ recomputing S and dP.
