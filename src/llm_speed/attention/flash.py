@@ -116,32 +116,46 @@ P8_SUBNORMAL_MAGIC: tl.constexpr = tl.constexpr(_P8["SUBNORMAL_MAGIC"])
 
 
 @triton.jit
+def _row_offsets(o_rows, stride_row, ROWS32: tl.constexpr):
+    """``o_rows * stride_row`` as a column: 64-bit, as seq * stride can pass 2**31 for long sequences in a
+    [B, S, H, D] layout, or 32-bit where the launcher found that every row of the tensors fits
+    (:func:`rows_fit_32`): a 64-bit product per address cost the backward's dK/dV loop 47 of its 451 SASS
+    instructions at d = 128 (sm_90a, Triton 3.6)."""
+    if ROWS32:
+        return o_rows[:, None] * stride_row
+    else:
+        return o_rows[:, None].to(tl.int64) * stride_row
+
+
+@triton.jit
 def _load_rows(
-    p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
-):
+    p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr = False,
+):  # fmt: skip
     """Load a [rows, BD] tile; rows past ``n_rows`` and columns past ``head_dim`` are not read (0)."""
-    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
-    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    p = p_base + _row_offsets(o_rows, stride_row, ROWS32=ROWS32) + o_d[None, :]
     return _load_tile(p, o_rows, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
 
 
 @triton.jit
 def _load_parts(p_base, o_rows, stride_row, n_rows, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
-                HALVES: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                HALVES: tl.constexpr, BLOCK_D: tl.constexpr, ROWS32: tl.constexpr = False):  # fmt: skip
     """:func:`_load_rows` of a [rows, BD] tile as a tuple: (the tile,), or with ``HALVES`` its two
     [rows, BD / 2] halves along the head dim (each its own operand, in shared memory of its own)."""
     if HALVES:
         o_d = tl.arange(0, BLOCK_D // 2)
         return (
-            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D),
+            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D,
+                       ROWS32=ROWS32),
             _load_rows(p_base, o_rows, stride_row, n_rows, o_d + BLOCK_D // 2, head_dim, EVEN_ROWS=EVEN_ROWS,
-                       EVEN_D=EVEN_D),
+                       EVEN_D=EVEN_D, ROWS32=ROWS32),
         )  # fmt: skip
     else:
         o_d = tl.arange(0, BLOCK_D)
         return (
-            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D),
-        )
+            _load_rows(p_base, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D,
+                       ROWS32=ROWS32),
+        )  # fmt: skip
 
 
 @triton.jit
@@ -188,11 +202,11 @@ def _load_tile(p, o_rows, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D
 
 @triton.jit
 def _store_rows(
-    p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr
-):
+    p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr = False,
+):  # fmt: skip
     """Store a [rows, BD] tile, skipping rows past ``n_rows`` and columns past ``head_dim``."""
-    # 64-bit row offsets: seq * stride can pass 2**31 for long sequences in a [B, S, H, D] layout.
-    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    p = p_base + _row_offsets(o_rows, stride_row, ROWS32=ROWS32) + o_d[None, :]
     if EVEN_ROWS and EVEN_D:
         tl.store(p, value)
     elif EVEN_ROWS:
@@ -205,10 +219,10 @@ def _store_rows(
 
 @triton.jit
 def _add_rows(p_base, value, o_rows, stride_row, n_rows, o_d, head_dim, EVEN_ROWS: tl.constexpr,
-              EVEN_D: tl.constexpr):  # fmt: skip
+              EVEN_D: tl.constexpr, ROWS32: tl.constexpr = False):  # fmt: skip
     """Add a [rows, BD] fp32 tile to memory with atomics (other programs add to the same rows), skipping rows
     past ``n_rows`` and columns past ``head_dim``. Relaxed order: only the sum matters."""
-    p = p_base + o_rows[:, None].to(tl.int64) * stride_row + o_d[None, :]
+    p = p_base + _row_offsets(o_rows, stride_row, ROWS32=ROWS32) + o_d[None, :]
     if EVEN_ROWS and EVEN_D:
         tl.atomic_add(p, value, sem="relaxed")
     elif EVEN_ROWS:
@@ -1313,6 +1327,7 @@ def _flash_bwd_preprocess_kernel(
     ZERO_DQ: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -1335,8 +1350,10 @@ def _flash_bwd_preprocess_kernel(
     o_d = tl.arange(0, BLOCK_D)
     p_o = O + b * stride_ob + h * stride_oh
     p_do = DO + b * stride_dob + h * stride_doh
-    b_o = _load_rows(p_o, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_o = _load_rows(p_o, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                     ROWS32=ROWS32)  # fmt: skip
+    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                      ROWS32=ROWS32)  # fmt: skip
     b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [BM]
     o_row = b * stride_lb + h * stride_lh
     if HAS_DLSE:
@@ -1347,7 +1364,8 @@ def _flash_bwd_preprocess_kernel(
     if ZERO_DQ:
         p_dq = DQ_ACC + b * stride_dqb + h * stride_dqh
         b_zero = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        _store_rows(p_dq, b_zero, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+        _store_rows(p_dq, b_zero, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                    ROWS32=ROWS32)  # fmt: skip
 
 
 @triton.jit
@@ -1442,6 +1460,7 @@ def _dkdv_over_queries(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
@@ -1468,12 +1487,16 @@ def _dkdv_over_queries(
     conversion passes through (to the atomics' vector layout) are halved. S^T is then two products into one
     accumulator."""
     o_dv = tl.arange(0, BLOCK_D)  # V and dO: always whole
+    # With the halves, Q and dO keep 64-bit offsets (sm_90a, d = 128: 32-bit ones there too left the loop
+    # at 591 SASS instructions with a spill instruction, against 635 and none; the atomics' 32-bit).
+    LOADS32: tl.constexpr = ROWS32 and not D_HALVES
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
         # [BM, BD] tiles of Q (or its halves) and dO
         b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
-                          HALVES=D_HALVES, BLOCK_D=BLOCK_D)  # fmt: skip
-        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+                          HALVES=D_HALVES, BLOCK_D=BLOCK_D, ROWS32=LOADS32)  # fmt: skip
+        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                          ROWS32=LOADS32)  # fmt: skip
         b_lse2 = _load_vector(p_lse2, o_m, seq_q, EVEN_ROWS=EVEN_M)
         b_st = dot(b_k[0], tl.trans(b_q[0]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         for part in tl.static_range(1, len(b_k)):
@@ -1520,7 +1543,7 @@ def _dkdv_over_queries(
                 else:
                     o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dq.shape[1])
                     _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M,
-                              EVEN_D=EVEN_D)  # fmt: skip
+                              EVEN_D=EVEN_D, ROWS32=ROWS32)  # fmt: skip
     return b_dk, b_dv
 
 
@@ -1587,6 +1610,7 @@ def _flash_bwd_dkdv_kernel(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
@@ -1618,12 +1642,13 @@ def _flash_bwd_dkdv_kernel(
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     # K and dK: (the whole tile,) or with D_HALVES its two halves along the head dim (_dkdv_over_queries)
     b_k = _load_parts(p_k, o_n, stride_kn, seq_kv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D, HALVES=D_HALVES,
-                      BLOCK_D=BLOCK_D)  # fmt: skip
+                      BLOCK_D=BLOCK_D, ROWS32=ROWS32)  # fmt: skip
     if D_HALVES:
         b_dk = (tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32), tl.zeros((BLOCK_N, BLOCK_D // 2), tl.float32))
     else:
         b_dk = (tl.zeros((BLOCK_N, BLOCK_D), tl.float32),)
-    b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)  # [BN, BD]
+    b_v = _load_rows(p_v, o_n, stride_vn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D,
+                     ROWS32=ROWS32)  # [BN, BD]  # fmt: skip
     b_dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
 
     # A ragged last query block (packed sequences) leaves the interior for the masked edge, so that the
@@ -1657,7 +1682,7 @@ def _flash_bwd_dkdv_kernel(
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
             BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
@@ -1666,7 +1691,8 @@ def _flash_bwd_dkdv_kernel(
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
-            EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
+            EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
+            DOT_IN_FP32=DOT_IN_FP32,
             DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
             DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
@@ -1675,7 +1701,7 @@ def _flash_bwd_dkdv_kernel(
             stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
             BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
         )  # fmt: skip
@@ -1688,11 +1714,13 @@ def _flash_bwd_dkdv_kernel(
             b_dk_part = tl.where(valid, b_dk_part, float("nan"))
         b_dk_part = cast(b_dk_part, DK.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
         o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dk_part.shape[1])
-        _store_rows(p_dk, b_dk_part, o_n, stride_dkn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
+        _store_rows(p_dk, b_dk_part, o_n, stride_dkn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D,
+                    ROWS32=ROWS32)  # fmt: skip
     if IS_VARLEN:
         b_dv = tl.where(valid, b_dv, float("nan"))
     b_dv = cast(b_dv, DV.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    _store_rows(p_dv, b_dv, o_n, stride_dvn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D)
+    _store_rows(p_dv, b_dv, o_n, stride_dvn, seq_kv, o_dv, head_dim, EVEN_ROWS=EVEN_N, EVEN_D=EVEN_D,
+                ROWS32=ROWS32)  # fmt: skip
 
 
 @triton.jit
@@ -1730,6 +1758,7 @@ def _dq_over_keys(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
@@ -1743,10 +1772,12 @@ def _dq_over_keys(
         # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is spelled
         # inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile error).
         b_k = _load_rows(
-            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
+            ROWS32=ROWS32,
         )
         b_v = _load_rows(
-            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D
+            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
+            ROWS32=ROWS32,
         )
         b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_p, b_dcap = _probabilities(
@@ -1818,6 +1849,7 @@ def _flash_bwd_dq_kernel(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
@@ -1848,8 +1880,10 @@ def _flash_bwd_dq_kernel(
     p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
     p_q = Q + b * stride_qb + h * stride_qh + bos_q * stride_qm
     p_do = DO + b * stride_dob + h * stride_doh + bos_q * stride_dom
-    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
-    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                     ROWS32=ROWS32)  # fmt: skip
+    b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                      ROWS32=ROWS32)  # fmt: skip
     b_lse2 = _load_vector(LSE2 + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_ROWS=EVEN_M)
     b_delta = _load_vector(DELTA + b * stride_lb + h * stride_lh + bos_q, o_m, seq_q, EVEN_ROWS=EVEN_M)
     b_dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -1862,7 +1896,7 @@ def _flash_bwd_dq_kernel(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
@@ -1870,7 +1904,7 @@ def _flash_bwd_dq_kernel(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
@@ -1878,7 +1912,7 @@ def _flash_bwd_dq_kernel(
         b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )  # fmt: skip
@@ -1888,7 +1922,8 @@ def _flash_bwd_dq_kernel(
         b_dq = tl.where(valid, b_dq, float("nan"))
     b_dq = cast(b_dq, DQ.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
     p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
-    _store_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    _store_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                ROWS32=ROWS32)  # fmt: skip
 
 
 @triton.jit
@@ -2137,6 +2172,24 @@ def _output_strides(q_shape: tuple, q_stride: tuple, varlen: bool) -> tuple:
     return _contiguous_strides(q_shape)
 
 
+# Rows a kernel's tiles may address past a tensor's last (a ragged last block: at most BLOCK_M or BLOCK_N) and
+# columns (BLOCK_D), both bounds of every table's configs.
+_ROW_SLACK, _COLUMN_SLACK = 256, 256
+
+
+def rows_fit_32(varlen: bool, *tensors: tuple[int, tuple]) -> bool:
+    """Whether every in-tile offset ``row * stride_row + column`` of the given tensors, each ``(rows,
+    strides)`` of a dense ``[B, H, S, D]`` or packed ``[T, H, D]`` tensor, fits in 32 bits: the kernels then
+    compute them without a 64-bit multiply (``ROWS32``; batch, head and a packed sequence's start stay
+    64-bit in the base pointer). Packed rows count from the sequence's start, bounded here by the total."""
+    limit = 2**31 - 1
+    for rows, stride in tensors:
+        stride_row = stride[0] if varlen else stride[2]
+        if (rows + _ROW_SLACK) * abs(stride_row) + _COLUMN_SLACK > limit:
+            return False
+    return True
+
+
 def _stride_args(varlen: bool, **strides: tuple) -> dict:
     """Keyword arguments ``stride_<name>b/h/<row>`` of each named tensor's strides: (batch, head, row) of a
     dense ``[B, H, S, D]`` tensor, or of a packed ``[T, H, D]`` one as a single batch."""
@@ -2378,6 +2431,12 @@ def _backward_plans(
     atomic = not deterministic
     # the fp32 dQ accumulator (default path): contiguous, q's shape
     dq_strides = _stride_args(varlen, dq=_contiguous_strides(q_shape) if atomic else (0, 0, 0, 0))
+    # 32-bit row offsets (dQ, dK, dV and the accumulator are contiguous); not for float32, whose packed dK/dV
+    # kernel took 48 more registers with them (sm_90a: two blocks per SM to one)
+    rows32 = dtype != torch.float32 and rows_fit_32(
+        varlen, *[(seq_q, st) for st in (q_stride, out_stride, dout_stride, _contiguous_strides(q_shape))],
+        *[(seq_kv, st) for st in (k_stride, v_stride, _contiguous_strides(k_shape))],
+    )  # fmt: skip
 
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
     fwd = attention_config("forward", block_d, dtype, hardware)
@@ -2386,7 +2445,7 @@ def _backward_plans(
         num_warps=PREPROCESS_WARPS, num_stages=PREPROCESS_STAGES,
         **_stride_args(varlen, o=out_stride, do=dout_stride), **dq_strides, **lse_strides,
         heads_q=heads_q, seq_q=seq_q, head_dim=head_dim, HAS_DLSE=has_dlse, ZERO_DQ=atomic,
-        EVEN_M=seq_q % fwd.block_m == 0, EVEN_D=even_d, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
+        EVEN_M=seq_q % fwd.block_m == 0, EVEN_D=even_d, ROWS32=rows32, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
     )  # fmt: skip
 
     cfg = attention_config("backward", block_d, dtype, hardware)
@@ -2395,7 +2454,7 @@ def _backward_plans(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
-        SEQUSED=sequsage, EVEN_D=even_d, **dot_switches(dtype),
+        SEQUSED=sequsage, EVEN_D=even_d, ROWS32=rows32, **dot_switches(dtype),
         BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)

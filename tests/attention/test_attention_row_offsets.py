@@ -1,0 +1,89 @@
+"""The backward kernels' row offsets (row * stride inside a tile): 32-bit where every row of every tensor fits
+(``ROWS32``, fewer instructions a block on sm_90a), else 64-bit; both meet the float64 rule."""
+
+import functools
+
+import pytest
+import torch
+from attention_testing import atomic_by_default, check_against_reference, make_qkv
+
+from llm_speed import flash_attention
+from llm_speed.attention import flash
+from llm_speed.core import launch, runtime
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+LIMIT = 2**31 - 1
+
+
+def test_rows_fit_32_counts_the_last_row_and_the_slack():
+    """A [B, S, H, D] tensor steps H * D elements a row: its last row, the slack a ragged block may address
+    past it and the columns must stay below 2**31; packed [T, H, D] tensors step stride[0] a row."""
+    heads_dim = 32 * 128
+    fits = (LIMIT - flash._COLUMN_SLACK) // heads_dim - flash._ROW_SLACK  # the most rows that fit
+    dense = (fits * heads_dim, 128, heads_dim, 1)  # [B, H, S, D] strides of a seq-major view
+    assert flash.rows_fit_32(False, (fits, dense))
+    assert not flash.rows_fit_32(False, (fits + 1, dense))
+    assert flash.rows_fit_32(True, (fits, (heads_dim, 128, 1)))
+    assert not flash.rows_fit_32(True, (fits + 1, (heads_dim, 128, 1)))
+    # one tensor past the bound is enough
+    assert not flash.rows_fit_32(False, (16, dense), (fits + 1, dense))
+    assert flash.rows_fit_32(False)  # no tensor: nothing to overflow
+
+
+def _plans(seq: int, dtype: torch.dtype, varlen: bool = False):
+    """The backward plans of a seq-major problem of ``seq`` tokens, 32 heads of 128 (shapes only)."""
+    heads, d = 32, 128
+    if varlen:
+        shape, stride = (seq, heads, d), (heads * d, d, 1)
+    else:
+        shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
+    batch = 1
+    dtypes = (dtype, dtype, dtype, F32, None)
+    return flash._backward_plans(
+        shape, shape, stride, stride, stride, stride, stride, batch, dtypes, False, True, None, 0, False,
+        varlen, False, 0, False, torch.device("cpu"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+def test_the_backward_takes_32_bit_rows_only_where_they_fit(varlen):
+    launch.clear_plans()
+    try:
+        # 16k tokens x 4096 elements a row: 2**26, far inside
+        assert all(plan.fixed["ROWS32"] for plan in _plans(16384, BF16, varlen) if "ROWS32" in plan.fixed)
+        assert sum("ROWS32" in plan.fixed for plan in _plans(16384, BF16, varlen)) >= 2
+        # 2**19 tokens x 4096: 2**31, past it
+        assert not any(plan.fixed.get("ROWS32") for plan in _plans(2**19, BF16, varlen))
+        # float32 keeps 64-bit offsets (its packed dK/dV kernel fit one block per SM instead of two with them)
+        assert not any(plan.fixed.get("ROWS32") for plan in _plans(16384, F32, varlen))
+    finally:
+        launch.clear_plans()
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch):
+    """16-bit problems small enough for 32-bit offsets, run with 64-bit ones (the path of sequences past
+    2**31 / stride rows), on both backward paths: the same float64 rule."""
+    atomic_by_default(monkeypatch)
+    monkeypatch.setattr(flash, "rows_fit_32", lambda *_: False)
+    planned = []
+    launch_backward = flash._launch_backward
+
+    def spy(plans, *args, **kwargs):
+        planned.append(plans[1].fixed["ROWS32"])  # the dK/dV kernel's
+        return launch_backward(plans, *args, **kwargs)
+
+    monkeypatch.setattr(flash, "_launch_backward", spy)
+    launch.clear_plans()
+    try:
+        q, k, v = make_qkv(1, 4, 2, 70, 70, 64, F16, device)
+        before = runtime.launch_count(flash.BACKWARD_DKDV.name)
+        check_against_reference(
+            functools.partial(flash_attention, deterministic=deterministic), q, k, v, is_causal=True
+        )
+        ran = runtime.launch_count(flash.BACKWARD_DKDV.name) - before
+    finally:
+        launch.clear_plans()
+    assert planned and not any(planned)
+    if runtime.triton_runs_on(device):
+        assert ran > 0
