@@ -15,19 +15,20 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 LIMIT = 2**31 - 1
 
 
-def test_rows_fit_32_counts_the_last_row_and_the_slack():
-    """A [B, S, H, D] tensor steps H * D elements a row: its last row, the slack a ragged block may address
-    past it and the columns must stay below 2**31; packed [T, H, D] tensors step stride[0] a row."""
-    heads_dim = 32 * 128
-    fits = (LIMIT - flash._COLUMN_SLACK) // heads_dim - flash._ROW_SLACK  # the most rows that fit
+def test_rows_fit_32_counts_the_last_row_and_the_tile():
+    """A [B, S, H, D] tensor steps H * D elements a row: its last row, the rows a ragged last tile reaches
+    past it and the tile's columns must stay below 2**31; packed [T, H, D] tensors step stride[0] a row."""
+    heads_dim, block_rows, block_d = 32 * 128, 128, 128
+    fits = (LIMIT - block_d) // heads_dim - block_rows  # the most rows that fit
     dense = (fits * heads_dim, 128, heads_dim, 1)  # [B, H, S, D] strides of a seq-major view
-    assert flash.rows_fit_32(False, (fits, dense))
-    assert not flash.rows_fit_32(False, (fits + 1, dense))
-    assert flash.rows_fit_32(True, (fits, (heads_dim, 128, 1)))
-    assert not flash.rows_fit_32(True, (fits + 1, (heads_dim, 128, 1)))
+    assert flash.rows_fit_32(False, [(fits, dense)], block_rows, block_d)
+    assert not flash.rows_fit_32(False, [(fits + 1, dense)], block_rows, block_d)
+    assert not flash.rows_fit_32(False, [(fits, dense)], block_rows + 1, block_d)  # a taller tile
+    assert flash.rows_fit_32(True, [(fits, (heads_dim, 128, 1))], block_rows, block_d)
+    assert not flash.rows_fit_32(True, [(fits + 1, (heads_dim, 128, 1))], block_rows, block_d)
     # one tensor past the bound is enough
-    assert not flash.rows_fit_32(False, (16, dense), (fits + 1, dense))
-    assert flash.rows_fit_32(False)  # no tensor: nothing to overflow
+    assert not flash.rows_fit_32(False, [(16, dense), (fits + 1, dense)], block_rows, block_d)
+    assert flash.rows_fit_32(False, [], block_rows, block_d)  # no tensor: nothing to overflow
 
 
 def _plans(seq: int, dtype: torch.dtype, varlen: bool = False):

@@ -1692,9 +1692,9 @@ def _flash_bwd_dkdv_kernel(
             window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
             HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
             EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
-            DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
-            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+            ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
             b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
@@ -2172,20 +2172,15 @@ def _output_strides(q_shape: tuple, q_stride: tuple, varlen: bool) -> tuple:
     return _contiguous_strides(q_shape)
 
 
-# Rows a kernel's tiles may address past a tensor's last (a ragged last block: at most BLOCK_M or BLOCK_N) and
-# columns (BLOCK_D), both bounds of every table's configs.
-_ROW_SLACK, _COLUMN_SLACK = 256, 256
-
-
-def rows_fit_32(varlen: bool, *tensors: tuple[int, tuple]) -> bool:
-    """Whether every in-tile offset ``row * stride_row + column`` of the given tensors, each ``(rows,
-    strides)`` of a dense ``[B, H, S, D]`` or packed ``[T, H, D]`` tensor, fits in 32 bits: the kernels then
-    compute them without a 64-bit multiply (``ROWS32``; batch, head and a packed sequence's start stay
+def rows_fit_32(varlen: bool, tensors, block_rows: int, block_d: int) -> bool:
+    """Whether every in-tile offset ``row * stride_row + column`` of ``tensors``, each ``(rows, strides)`` of
+    a dense ``[B, H, S, D]`` or packed ``[T, H, D]`` tensor, fits in 32 bits, for tiles of up to
+    ``block_rows`` rows (a ragged last one reaches past the last row) and ``block_d`` columns: the kernels
+    then compute them without a 64-bit multiply (``ROWS32``; batch, head and a packed sequence's start stay
     64-bit in the base pointer). Packed rows count from the sequence's start, bounded here by the total."""
-    limit = 2**31 - 1
     for rows, stride in tensors:
         stride_row = stride[0] if varlen else stride[2]
-        if (rows + _ROW_SLACK) * abs(stride_row) + _COLUMN_SLACK > limit:
+        if (rows + block_rows) * stride_row + block_d > 2**31 - 1:
             return False
     return True
 
@@ -2431,15 +2426,18 @@ def _backward_plans(
     atomic = not deterministic
     # the fp32 dQ accumulator (default path): contiguous, q's shape
     dq_strides = _stride_args(varlen, dq=_contiguous_strides(q_shape) if atomic else (0, 0, 0, 0))
+    fwd = attention_config("forward", block_d, dtype, hardware)  # the preprocess takes the forward's rows
+    cfg = attention_config("backward", block_d, dtype, hardware)
     # 32-bit row offsets (dQ, dK, dV and the accumulator are contiguous); not for float32, whose packed dK/dV
     # kernel took 48 more registers with them (sm_90a: two blocks per SM to one)
     rows32 = dtype != torch.float32 and rows_fit_32(
-        varlen, *[(seq_q, st) for st in (q_stride, out_stride, dout_stride, _contiguous_strides(q_shape))],
-        *[(seq_kv, st) for st in (k_stride, v_stride, _contiguous_strides(k_shape))],
+        varlen,
+        [*[(seq_q, st) for st in (q_stride, out_stride, dout_stride, _contiguous_strides(q_shape))],
+         *[(seq_kv, st) for st in (k_stride, v_stride, _contiguous_strides(k_shape))]],
+        max(fwd.block_m, cfg.block_m, cfg.block_n), block_d,
     )  # fmt: skip
 
     # delta: packed rows run as one batch of total_q rows (rows are independent here).
-    fwd = attention_config("forward", block_d, dtype, hardware)
     preprocess = BACKWARD_PREPROCESS.plan(
         (cdiv(seq_q, fwd.block_m) * (1 if varlen else batch) * heads_q,),
         num_warps=PREPROCESS_WARPS, num_stages=PREPROCESS_STAGES,
@@ -2448,7 +2446,6 @@ def _backward_plans(
         EVEN_M=seq_q % fwd.block_m == 0, EVEN_D=even_d, ROWS32=rows32, BLOCK_M=fwd.block_m, BLOCK_D=block_d,
     )  # fmt: skip
 
-    cfg = attention_config("backward", block_d, dtype, hardware)
     # What the dK/dV and dQ kernels share: strides, sizes, masking and dtype switches.
     common = dict(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,

@@ -371,8 +371,7 @@ def _backward_plans(
             (rows,), row0=start, n=n, stride_l=stride_l, stride_d=stride_d, stride_g=stride_g, vocab=vocab,
             ignore_index=ignore_index, BLOCK_V=cfg.block_n, HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
             HAS_Z=has_z, REDUCED=reduced, UNIT_GRAD=unit_grad, RNE_BY_HAND=rne_by_hand(dtypes[1]),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))  # fmt: skip
     return tuple(plans)
 
