@@ -1,5 +1,6 @@
-"""The backward kernels' row offsets (row * stride inside a tile): 32-bit where every row of every tensor fits
-(``ROWS32``, fewer instructions a block on sm_90a), else 64-bit; both meet the float64 rule."""
+"""The attention kernels' row offsets (row * stride inside a tile), forward and backward: 32-bit where every
+row of every tensor fits (``ROWS32``, fewer instructions a block on sm_90a), else 64-bit; both meet the
+float64 rule."""
 
 import functools
 
@@ -61,20 +62,54 @@ def test_the_backward_takes_32_bit_rows_only_where_they_fit(varlen):
         launch.clear_plans()
 
 
+def _forward_plan(seq: int, dtype: torch.dtype, varlen: bool = False, two_pass: bool = False):
+    """The forward plan of a seq-major problem like :func:`_plans`'."""
+    heads, d = 32, 128
+    if varlen:
+        shape, stride = (seq, heads, d), (heads * d, d, 1)
+    else:
+        shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
+    return flash._forward_plan(
+        shape, shape, stride, stride, stride, 1, dtype, True, None, 0, False, two_pass, varlen, False, 0,
+        False, torch.device("cpu"), lse=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("varlen", "two_pass"), [(False, False), (True, False), (False, True)],
+                         ids=["dense", "packed", "tiled"])  # fmt: skip
+def test_the_forward_takes_32_bit_rows_only_where_they_fit(varlen, two_pass):
+    launch.clear_plans()
+    try:
+        assert _forward_plan(16384, F16, varlen, two_pass).fixed["ROWS32"]
+        assert not _forward_plan(2**19, F16, varlen, two_pass).fixed["ROWS32"]
+        # float32: 64-bit (its packed kernels spilled in their loops with 32-bit offsets on sm_90a)
+        assert not _forward_plan(16384, F32, varlen, two_pass).fixed["ROWS32"]
+    finally:
+        launch.clear_plans()
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch):
     """16-bit problems small enough for 32-bit offsets, run with 64-bit ones (the path of sequences past
-    2**31 / stride rows), on both backward paths: the same float64 rule."""
+    2**31 / stride rows), forward and both backward paths: the same float64 rule."""
     atomic_by_default(monkeypatch)
     monkeypatch.setattr(flash, "rows_fit_32", lambda *_: False)
-    planned = []
+    planned = {"forward": [], "dkdv": []}
     launch_backward = flash._launch_backward
 
     def spy(plans, *args, **kwargs):
-        planned.append(plans[1].fixed["ROWS32"])  # the dK/dV kernel's
+        planned["dkdv"].append(plans[1].fixed["ROWS32"])
         return launch_backward(plans, *args, **kwargs)
 
+    forward_plan = flash._forward_plan
+
+    def spy_forward(*args, **kwargs):
+        plan = forward_plan(*args, **kwargs)
+        planned["forward"].append(plan.fixed["ROWS32"])
+        return plan
+
     monkeypatch.setattr(flash, "_launch_backward", spy)
+    monkeypatch.setattr(flash, "_forward_plan", spy_forward)
     launch.clear_plans()
     try:
         q, k, v = make_qkv(1, 4, 2, 70, 70, 64, F16, device)
@@ -85,6 +120,6 @@ def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch)
         ran = runtime.launch_count(flash.BACKWARD_DKDV.name) - before
     finally:
         launch.clear_plans()
-    assert planned and not any(planned)
+    assert all(planned.values()) and not any(any(flags) for flags in planned.values())
     if runtime.triton_runs_on(device):
         assert ran > 0

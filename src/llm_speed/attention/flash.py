@@ -160,14 +160,16 @@ def _load_parts(p_base, o_rows, stride_row, n_rows, head_dim, EVEN_ROWS: tl.cons
 
 @triton.jit
 def _load_kv(p_base, o_n, stride_row, n_rows, o_d, head_dim, b_page, b_slot, stride_page,
-             EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
+             EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr,
+             ROWS32: tl.constexpr = False):  # fmt: skip
     """Load a [BN, BD] tile of keys or values at positions ``o_n``: rows of ``p_base``, or with ``PAGED``
     slot ``b_slot`` of page ``b_page`` (``decode._cache_rows``; ``stride_page`` apart)."""
     if PAGED:
         p = p_base + (b_page * stride_page + b_slot * stride_row)[:, None] + o_d[None, :]
         return _load_tile(p, o_n, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
     else:
-        return _load_rows(p_base, o_n, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
+        return _load_rows(p_base, o_n, stride_row, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D,
+                          ROWS32=ROWS32)
 
 
 @triton.jit
@@ -629,7 +631,7 @@ def _qk(
     b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
     MASKED: tl.constexpr, PAGED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, ROWS32: tl.constexpr = False,
 ):  # fmt: skip
     """The raw q.k products [BM, BN] of the key block at ``start_n`` (K loaded as :func:`_scores` says)."""
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -640,7 +642,7 @@ def _qk(
         # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
         b_k = _load_kv(
             p_k, o_n, stride_kn, seq_kv, o_d, head_dim, b_page, b_slot, stride_kpage,
-            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+            EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED, ROWS32=ROWS32,
         )  # [BN, BD]  # fmt: skip
     return dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BM, BN]
 
@@ -705,6 +707,7 @@ def _scores(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     TMA: tl.constexpr = False,
+    ROWS32: tl.constexpr = False,
 ):
     """(raw scores, factor) of one [BM, BN] tile: the base-2 scores are ``raw * factor`` (raw: q.k, or the
     cap's tanh; factor: scale * log2(e), or softcap * log2(e)), raw is -inf where ``MASKED`` hides a key.
@@ -717,7 +720,7 @@ def _scores(
     b_qk = _qk(
         b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
         MASKED=MASKED, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-        DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
+        DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
     return _scores_of(
         b_qk, o_m, start_n, seq_q, seq_kv, scale, softcap, window_left, window_right, slope2, MASKED=MASKED,
@@ -771,6 +774,7 @@ def _row_max_over_keys(
     DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROWS32: tl.constexpr,
 ):
     """Two-pass forward, pass 1: the running row max of the base-2 scores over keys [key_start, key_end)."""
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -781,7 +785,7 @@ def _row_max_over_keys(
             window_left, window_right, slope2, b_page, b_slot, stride_kpage, None, 0, MASKED=MASKED,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32,
         )  # fmt: skip
         b_m = tl.maximum(b_m, tl.max(b_raw, 1) * factor)
     return b_m
@@ -854,6 +858,7 @@ def _accumulate_over_keys(
     V_TRANSPOSED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROWS32: tl.constexpr,
     TMA: tl.constexpr = False,
 ):
     """Add keys [key_start, key_end) to the row sums ``b_l`` and the unnormalised output ``b_acc``.
@@ -875,7 +880,7 @@ def _accumulate_over_keys(
             window_left, window_right, slope2, b_page, b_slot, stride_kpage, k_desc, desc_row, MASKED=MASKED,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
+            BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
         if TMA:
             b_v = v_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
@@ -886,7 +891,7 @@ def _accumulate_over_keys(
         else:
             b_v = _load_kv(
                 p_v, o_n, stride_vn, seq_kv, o_d, head_dim, b_page, b_slot, stride_vpage,
-                EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED,
+                EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D, PAGED=PAGED, ROWS32=ROWS32,
             )  # [BN, BD]  # fmt: skip
         if TWO_PASS:
             # Rows with no visible key keep max -inf; shift them by 0 so exp2 gives 0, not NaN.
@@ -925,7 +930,7 @@ def _online_step(
 def _pv_half(
     b_acc, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, ROWS32: tl.constexpr,
 ):  # fmt: skip
     """``acc + p @ V[start_n : start_n + HALF]`` (p: [BM, HALF] weights; the rows lie inside seq_kv)."""
     if TMA:
@@ -933,7 +938,7 @@ def _pv_half(
     else:
         b_v = _load_kv(
             p_v, start_n + tl.arange(0, HALF), stride_vn, seq_kv, tl.arange(0, BLOCK_D), head_dim, 0, 0, 0,
-            EVEN_ROWS=True, EVEN_D=EVEN_D, PAGED=False,
+            EVEN_ROWS=True, EVEN_D=EVEN_D, PAGED=False, ROWS32=ROWS32,
         )  # fmt: skip
     return dot(b_p, b_v, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, acc=b_acc)
 
@@ -947,12 +952,12 @@ def _key_halves(b_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _interior_qk(b_q, p_k, start_n, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D: tl.constexpr,
                  DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+                 BLOCK_D: tl.constexpr, TMA: tl.constexpr, ROWS32: tl.constexpr):  # fmt: skip
     """:func:`_qk` of an unmasked, unpaged key block."""
     return _qk(
         b_q, p_k, start_n, stride_kn, seq_kv, head_dim, 0, 0, 0, k_desc, desc_row, MASKED=False, PAGED=False,
         EVEN_N=True, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, TMA=TMA,
+        BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
 
 
@@ -962,6 +967,7 @@ def _accumulate_overlapped(
     scale, softcap, slope2, k_desc, v_desc, desc_row, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     EVEN_D: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+    ROWS32: tl.constexpr,
 ):  # fmt: skip
     """:func:`_accumulate_over_keys` over the unmasked interior ``[key_start, key_end)`` (whole blocks; no
     dropout, paging or fp8), software-pipelined so that the next block's QK^T runs on the tensor cores while
@@ -983,7 +989,7 @@ def _accumulate_overlapped(
         n_last = key_end - BLOCK_N
         b_qk = _interior_qk(b_q, p_k, key_start, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
                             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
-                            BLOCK_D=BLOCK_D, TMA=TMA)  # fmt: skip
+                            BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32)  # fmt: skip
         b_p, b_alpha, b_m, b_l = _online_step(
             b_qk, b_m, b_l, o_m, key_start, seq_q, seq_kv, scale, softcap, slope2, dtype, SOFTCAP=SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
@@ -993,7 +999,7 @@ def _accumulate_overlapped(
         b_qk = kept.to(tl.float32) * _interior_qk(
             b_q, p_k, tl.minimum(key_start + BLOCK_N, n_last), stride_kn, seq_kv, head_dim, k_desc, desc_row,
             EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
-            BLOCK_D=BLOCK_D, TMA=TMA,
+            BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
         if key_end - key_start > 2 * BLOCK_N:
             for start_n in range(key_start + BLOCK_N, n_last, BLOCK_N):
@@ -1001,12 +1007,12 @@ def _accumulate_overlapped(
                 b_acc = _pv_half(
                     b_acc * b_alpha[:, None], b_p_lo, p_v, start_n - BLOCK_N, stride_vn, seq_kv, head_dim,
                     v_desc, desc_row, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-                    HALF=HALF, BLOCK_D=BLOCK_D, TMA=TMA,
+                    HALF=HALF, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
                 b_qk_next = _interior_qk(
                     b_q, p_k, start_n + BLOCK_N, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
                     DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-                    TMA=TMA,
+                    TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
                 b_p, b_alpha, b_m, b_l = _online_step(
                     b_qk, b_m, b_l, o_m, start_n, seq_q, seq_kv, scale, softcap, slope2, dtype,
@@ -1015,14 +1021,14 @@ def _accumulate_overlapped(
                 b_acc = _pv_half(
                     b_acc, b_p_hi, p_v, start_n - HALF, stride_vn, seq_kv, head_dim, v_desc, desc_row,
                     EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=HALF,
-                    BLOCK_D=BLOCK_D, TMA=TMA,
+                    BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
                 b_qk = b_qk_next
         if key_end - key_start > BLOCK_N:  # S_{n-1} is in b_qk, P_{n-2} in b_p
             b_acc = _pv_block(
                 b_acc, b_alpha, b_p, p_v, n_last - BLOCK_N, stride_vn, seq_kv, head_dim, v_desc, desc_row,
                 EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M,
-                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA,
+                BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
             )  # fmt: skip
             b_p, b_alpha, b_m, b_l = _online_step(
                 b_qk, b_m, b_l, o_m, n_last, seq_q, seq_kv, scale, softcap, slope2, dtype, SOFTCAP=SOFTCAP,
@@ -1031,7 +1037,7 @@ def _accumulate_overlapped(
         b_acc = _pv_block(
             b_acc, b_alpha, b_p, p_v, n_last, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D=EVEN_D,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-            BLOCK_D=BLOCK_D, TMA=TMA,
+            BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
     return b_m, b_l, b_acc
 
@@ -1040,19 +1046,19 @@ def _accumulate_overlapped(
 def _pv_block(
     b_acc, b_alpha, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+    BLOCK_D: tl.constexpr, TMA: tl.constexpr, ROWS32: tl.constexpr,
 ):  # fmt: skip
     """``acc * alpha + p @ V`` of the key block at ``start_n``, in the two halves :func:`_pv_half` loads."""
     b_p_lo, b_p_hi = _key_halves(b_p, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     b_acc = _pv_half(
         b_acc * b_alpha[:, None], b_p_lo, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row,
         EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
-        BLOCK_D=BLOCK_D, TMA=TMA,
+        BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
     return _pv_half(
         b_acc, b_p_hi, p_v, start_n + BLOCK_N // 2, stride_vn, seq_kv, head_dim, v_desc, desc_row,
         EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
-        BLOCK_D=BLOCK_D, TMA=TMA,
+        BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
 
 
@@ -1136,6 +1142,7 @@ def _attention_fwd_kernel(
     LPT: tl.constexpr,
     TMA_KV: tl.constexpr,
     OVERLAP: tl.constexpr,
+    ROWS32: tl.constexpr,
 ):
     """One program = one block of BLOCK_M query rows of one (sequence, query head).
 
@@ -1158,7 +1165,8 @@ def _attention_fwd_kernel(
     for 16-bit types only), and its tiles stream through the software pipeline like K's. ``TMA_KV`` (dense
     16-bit forward): ``K_DESC`` / ``V_DESC`` are tensor descriptors over the ``[B * Hkv * S, D]`` rows of K
     and V (:func:`_tma_kv`), through which the unmasked interior loop loads its tiles (TMA); the masked edge
-    loops keep their pointer loads.
+    loops keep their pointer loads. ``ROWS32``: the row offsets of Q, K, V and O fit in 32 bits
+    (:func:`_row_offsets`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -1183,7 +1191,8 @@ def _attention_fwd_kernel(
             p_v = V + b * stride_vb + h_kv * stride_vh + bos_k
         else:
             p_v = V + b * stride_vb + h_kv * stride_vh + bos_k * stride_vn
-    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)  # [BM, BD]
+    b_q = _load_rows(p_q, o_m, stride_qm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                     ROWS32=ROWS32)  # [BM, BD]  # fmt: skip
     # fp8: q's and k's descales are factors of the scores (> 0: the sign stays), folded into the scale. One
     # that is not finite and > 0 (only with the host's value checks off) turns the rows it scales into NaN.
     if DESCALE_Q is not None:
@@ -1224,21 +1233,21 @@ def _attention_fwd_kernel(
             window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_lo, mid_hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
             MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32,
         )  # fmt: skip
         b_m = _row_max_over_keys(
             b_m, b_q, p_k, o_m, mid_hi, hi, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, slope2, KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb,
             MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32,
         )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
@@ -1247,14 +1256,14 @@ def _attention_fwd_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D,
+        BLOCK_D=BLOCK_D, ROWS32=ROWS32,
     )  # fmt: skip
     if OVERLAP:
         b_m, b_l, b_acc = _accumulate_overlapped(
             b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv,
             head_dim, scale, softcap, slope2, K_DESC, V_DESC, desc_row, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV, ROWS32=ROWS32,
         )  # fmt: skip
     else:
         b_m, b_l, b_acc = _accumulate_over_keys(
@@ -1264,7 +1273,7 @@ def _attention_fwd_kernel(
             MASKED=False, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-            V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV,
+            V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32, TMA=TMA_KV,
         )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
@@ -1273,7 +1282,7 @@ def _attention_fwd_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D,
+        BLOCK_D=BLOCK_D, ROWS32=ROWS32,
     )  # fmt: skip
 
     # Rows that saw no key: l == 0 -> output 0 and LSE -inf.
@@ -1295,7 +1304,8 @@ def _attention_fwd_kernel(
         b_lse = tl.where(valid, b_lse, float("nan"))
     p_o = O + b * stride_ob + h * stride_oh + bos_q * stride_om
     b_out = cast(b_out, O.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    _store_rows(p_o, b_out, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D)
+    _store_rows(p_o, b_out, o_m, stride_om, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                ROWS32=ROWS32)  # fmt: skip
     if LSE is not None:  # (None: an inference call that does not ask for it)
         _store_vector(LSE + b * stride_lb + h * stride_lh + bos_q, b_lse, o_m, seq_q, EVEN_ROWS=EVEN_M)
 
@@ -2378,6 +2388,13 @@ def _forward_plan(
         tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned,
                       cfg.block_n // 2 if overlap else None)  # fmt: skip
     strides.update(K_DESC=None, V_DESC=None) if tma is None else strides.update(K_DESC=tma[0], V_DESC=tma[1])
+    # 32-bit row offsets for the row-loaded tensors (paged K/V and V^T address their own way, 64-bit); not
+    # for float32, whose packed kernels spilled with them (sm_90a: d = 128 78 loop spill instructions, d = 256
+    # 1682), as the backward's took more registers
+    rows = [(seq_q, q_stride), (seq_q, o_stride)]
+    if not paged:
+        rows += [(seq_kv, k_stride)] + ([] if v_transposed else [(seq_kv, v_stride)])
+    rows32 = dtype != torch.float32 and rows_fit_32(varlen, rows, max(cfg.block_m, cfg.block_n), block_d)
     if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
         strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
         strides.update({} if alibi else {"ALIBI": None}, **({} if dropout else {"RNG": None}))
@@ -2394,7 +2411,7 @@ def _forward_plan(
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, TMA_KV=tma is not None,
-        OVERLAP=overlap,
+        OVERLAP=overlap, ROWS32=rows32,
     )  # fmt: skip
 
 
