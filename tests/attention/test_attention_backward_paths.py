@@ -149,7 +149,9 @@ def _record_dkdv_plans(monkeypatch) -> list:
     """A list that receives the dK/dV plan of every backward the launcher makes or looks up, in call order."""
     made = []
     original = flash._backward_plans
-    monkeypatch.setattr(flash, "_backward_plans", lambda *a: made.append(original(*a)[1]) or original(*a))
+    monkeypatch.setattr(
+        flash, "_backward_plans", lambda *a, **kw: made.append(original(*a, **kw)[1]) or original(*a, **kw)
+    )
     return made
 
 

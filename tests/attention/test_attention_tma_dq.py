@@ -31,7 +31,9 @@ def _record_backward_plans(monkeypatch) -> list:
     """Record every backward plan tuple the launcher makes or looks up."""
     made = []
     original = flash._backward_plans
-    monkeypatch.setattr(flash, "_backward_plans", lambda *a: made.append(original(*a)) or made[-1])
+    monkeypatch.setattr(
+        flash, "_backward_plans", lambda *a, **kw: made.append(original(*a, **kw)) or made[-1]
+    )
     return made
 
 

@@ -1442,7 +1442,9 @@ def _dkdv_over_queries(
     p_delta,
     p_dq,
     dq_desc,
-    dq_row,
+    q_desc,
+    do_desc,
+    head_row,
     o_n,
     query_start,
     query_end,
@@ -1479,6 +1481,7 @@ def _dkdv_over_queries(
     D_HALVES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Add the query blocks [query_start, query_end) of one query head to this key block's dK and dV, in the
     transposed orientation (FlashAttention-2's): S^T = K Q^T [BN, BM], P^T, dV += P^T dO, dP^T = V dO^T,
@@ -1488,8 +1491,10 @@ def _dkdv_over_queries(
     the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
-    descriptor ``dq_desc`` over the accumulator's rows (``dq_row``: this head's first) by one TMA bulk
-    reduction per tile instead of an atomic per element.
+    descriptor ``dq_desc`` over the accumulator's rows (``head_row``: this head's first) by one TMA bulk
+    reduction per tile instead of an atomic per element. ``TMA`` (whole, unmasked query blocks of a dense
+    16-bit problem; not with ``D_HALVES``): Q and dO come through the tensor descriptors ``q_desc`` /
+    ``do_desc`` over their ``[B * H * S, D]`` rows, this head's starting at ``head_row``.
 
     K, Q and dK are tuples (:func:`_load_parts`): the whole tile, or with ``D_HALVES`` (atomic dQ by
     element) its two halves along the head dim, as dQ's product then comes, so that dQ's product and its
@@ -1503,10 +1508,14 @@ def _dkdv_over_queries(
     for start_m in range(query_start, query_end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
         # [BM, BD] tiles of Q (or its halves) and dO
-        b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
-                          HALVES=D_HALVES, BLOCK_D=BLOCK_D, ROWS32=LOADS32)  # fmt: skip
-        b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
-                          ROWS32=LOADS32)  # fmt: skip
+        if TMA:
+            b_q = (q_desc.load([(head_row + start_m).to(tl.int32), 0]),)
+            b_do = do_desc.load([(head_row + start_m).to(tl.int32), 0])
+        else:
+            b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                              HALVES=D_HALVES, BLOCK_D=BLOCK_D, ROWS32=LOADS32)  # fmt: skip
+            b_do = _load_rows(p_do, o_m, stride_dom, seq_q, o_dv, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
+                              ROWS32=LOADS32)  # fmt: skip
         b_lse2 = _load_vector(p_lse2, o_m, seq_q, EVEN_ROWS=EVEN_M)
         b_st = dot(b_k[0], tl.trans(b_q[0]), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)  # [BN, BM]
         for part in tl.static_range(1, len(b_k)):
@@ -1549,7 +1558,7 @@ def _dkdv_over_queries(
             for part in tl.static_range(len(b_k)):
                 b_dq = dot(tl.trans(b_dst), b_k[part], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
                 if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD; never in halves)
-                    dq_desc.atomic_add([(dq_row + start_m).to(tl.int32), 0], b_dq)
+                    dq_desc.atomic_add([(head_row + start_m).to(tl.int32), 0], b_dq)
                 else:
                     o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dq.shape[1])
                     _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M,
@@ -1569,6 +1578,8 @@ def _flash_bwd_dkdv_kernel(
     DV,
     DQ,
     DQ_DESC,
+    Q_DESC,
+    DO_DESC,
     CU_Q,
     CU_K,
     SEQUSED_K,
@@ -1638,7 +1649,9 @@ def _flash_bwd_dkdv_kernel(
     Each dK/dV element is written once by one program, in a fixed order. With ``ATOMIC_DQ`` (the default
     path, FlashAttention-2's) it also adds dS K to the fp32 dQ accumulator ``DQ`` with atomics: five
     matmuls per tile in all, dQ's summation order left to the hardware; without it, ``DQ`` is not touched
-    and the dQ kernel computes dQ on its own (the deterministic path).
+    and the dQ kernel computes dQ on its own (the deterministic path). ``Q_DESC`` / ``DO_DESC`` (dense
+    16-bit, or None): tensor descriptors over the rows of Q and dO, through which the query blocks' tiles
+    are loaded (:func:`_dkdv_over_queries`).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks, 1,
@@ -1686,34 +1699,39 @@ def _flash_bwd_dkdv_kernel(
         p_lse2 = LSE2 + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
-        dq_row = bh * seq_q  # (TMA_DQ_ADD: this head's first row of the accumulator, dense)
+        head_row = bh * seq_q  # this head's first row of Q, dO and the accumulator, dense (descriptors)
+        # Q_DESC / DO_DESC: the interior loop's blocks are whole; the edge loops' only with EVEN_M (a ragged
+        # last block would read the next head's rows). Pointer loads left in the causal diagonal loop beside
+        # the interior's TMA held 3 spill instructions in it (sm_90a, d = 128); none with TMA in both.
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, lo, left_end,
-            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
-            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
-            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
-            BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            lo, left_end, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
+            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            TMA=Q_DESC is not None and EVEN_M,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_lo, mid_hi,
-            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
-            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT,
-            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            mid_lo, mid_hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
             EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
             ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M,
-            BLOCK_D=BLOCK_D,
+            BLOCK_D=BLOCK_D, TMA=Q_DESC is not None,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, dq_row, o_n, mid_hi, hi,
-            stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left,
-            window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT,
-            HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M,
-            EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES,
-            BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            mid_hi, hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
+            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
+            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+            EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32,
+            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
+            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+            TMA=Q_DESC is not None and EVEN_M,
         )  # fmt: skip
 
     p_dk = DK + b * stride_dkb + h_kv * stride_dkh + bos_k * stride_dkn
@@ -1742,6 +1760,9 @@ def _dq_over_keys(
     b_delta,
     p_k,
     p_v,
+    k_desc,
+    v_desc,
+    head_row,
     o_m,
     key_start,
     key_end,
@@ -1774,21 +1795,29 @@ def _dq_over_keys(
     RNE_BY_HAND: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
-    """Add keys [key_start, key_end) to dQ: dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K."""
+    """Add keys [key_start, key_end) to dQ: dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K. ``TMA``
+    (whole key blocks of a dense 16-bit problem): K and V come through the tensor descriptors ``k_desc`` /
+    ``v_desc`` over their ``[B * Hkv * S, D]`` rows, this (sequence, head)'s starting at ``head_row``."""
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
-        # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is spelled
-        # inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile error).
-        b_k = _load_rows(
-            p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
-            ROWS32=ROWS32,
-        )
-        b_v = _load_rows(
-            p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
-            ROWS32=ROWS32,
-        )
+        if TMA:
+            b_k = k_desc.load([(head_row + start_n).to(tl.int32), 0])
+            b_v = v_desc.load([(head_row + start_n).to(tl.int32), 0])
+        else:
+            # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is
+            # spelled inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile
+            # error).
+            b_k = _load_rows(
+                p_k, o_n, stride_kn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
+                ROWS32=ROWS32,
+            )
+            b_v = _load_rows(
+                p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_ROWS=EVEN_N or not MASKED, EVEN_D=EVEN_D,
+                ROWS32=ROWS32,
+            )
         b_qk = dot(b_q, tl.trans(b_k), DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
         b_p, b_dcap = _probabilities(
             b_qk, o_m[:, None], o_n[None, :], b_lse2[:, None], seq_q, seq_kv, scale, softcap, window_left,
@@ -1813,6 +1842,8 @@ def _flash_bwd_dq_kernel(
     LSE2,
     DELTA,
     DQ,
+    K_DESC,
+    V_DESC,
     CU_Q,
     CU_K,
     SEQUSED_K,
@@ -1872,7 +1903,9 @@ def _flash_bwd_dq_kernel(
     """One program = one block of BLOCK_M query rows of one (sequence, query head); it owns dQ for those rows.
 
     Walks the visible key blocks (masking only the edge and ragged ones, as the forward does):
-    dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once.
+    dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once. ``K_DESC`` / ``V_DESC``
+    (dense 16-bit, or None): tensor descriptors over the rows of K and V, through which the interior loop
+    (and with ``EVEN_N`` the edge loops) loads its tiles (:func:`_dq_over_keys`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -1883,6 +1916,7 @@ def _flash_bwd_dq_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
+    kv_row = (b * (heads_q // group) + h_kv) * seq_kv  # this (sequence, head)'s first row: K_DESC, V_DESC
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -1903,28 +1937,31 @@ def _flash_bwd_dq_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, lo, left_end, stride_kn, stride_vn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, lo, left_end, stride_kn,
+        stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None and EVEN_N,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, mid_lo, mid_hi, stride_kn,
+        stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, mid_hi, hi, stride_kn,
+        stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
         DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None and EVEN_N,
     )  # fmt: skip
 
     b_dq *= scale
@@ -2298,6 +2335,11 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
 # is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal ALiBi+dropout
 # kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md, 2026-11-25).
 TMA_KV_LOADS = True
+# The padded head dims at which dense 16-bit backwards load their streamed tiles by TMA: Q and dO in the dK/dV
+# kernel (not with the atomic path's head-dim halves), K and V in the dQ kernel (read when a plan is made).
+# sm_90a, Triton 3.6: d = 128's dK/dV loop 410 -> 353 SASS instructions; d = 64 313 -> 316 and d = 256
+# 335 -> 356 (no gain): docs/notes/attention-overlap.md.
+TMA_BACKWARD_HEAD_DIMS = (128,)
 # The forward's interior loop overlapped (``OVERLAP``: :func:`_accumulate_overlapped`) where the plan allows:
 # Hopper or later (wgmma), 16-bit, 128-row query blocks (a 64-row wgmma per warpgroup), padded head dims in
 # OVERLAP_HEAD_DIMS. d = 128 only (sm_90a, Triton 3.6, 2026-11-25): d = 64's one-product kernel holds two
@@ -2308,31 +2350,39 @@ OVERLAP_HEAD_DIMS = (128,)
 TMA_KV_MIN_BLOCK_D = 128
 
 
-def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
-            aligned: bool, v_block_n: int | None = None):  # fmt: skip
-    """The tensor descriptors (K's, V's) of a dense forward's interior loop (``TMA_KV``), or None where it
-    keeps its pointer loads: Hopper or later, fp16/bf16, ``aligned`` (K's and V's base addresses 16-byte
-    aligned), and K and V each the ``[B * Hkv * S, D]`` rows of one tensor (contiguous past the last dim,
-    rows 16-byte aligned). Each descriptor has K's or V's rows, its blocks ``[BLOCK_N, BLOCK_D]`` (V's
-    ``[v_block_n, BLOCK_D]`` when given: the overlapped loop loads V in half blocks); the
-    interior's blocks lie inside their sequence, so a block never reaches the next (sequence, head)'s rows."""
-    if not (aligned and TMA_KV_LOADS and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
+def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardware, aligned: bool):
+    """Tensor descriptors over the ``[B * H * S, D]`` rows of tensors of ``shape`` ``[B, H, S, D]`` with
+    ``strides`` (one each; blocks ``[block_rows[i], block_d]``), for a loop over whole blocks inside one
+    (sequence, head), which then never reaches the next one's rows; or None where it keeps its pointer
+    loads: Hopper or later, fp16/bf16, ``aligned`` (the base addresses 16-byte aligned), each tensor the
+    rows of one allocation (contiguous past the last dim, rows 16-byte aligned), fewer than 2**31 rows."""
+    if not (aligned and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
         return None
-    batch, heads_kv, seq_kv, head_dim = k_shape
-    rows = batch * heads_kv * seq_kv
-    if rows >= 2**31 or seq_kv < block_n:
+    batch, heads, seq, head_dim = shape
+    rows = batch * heads * seq
+    if rows >= 2**31 or seq < max(block_rows):
         return None
     layouts = []
-    for stride, rows_per_block in ((k_stride, block_n), (v_stride, v_block_n or block_n)):
-        stride_b, stride_h, stride_n, stride_d = stride
+    for (stride_b, stride_h, stride_n, stride_d), rows_per_block in zip(strides, block_rows, strict=True):
         if (
             stride_d != 1 or stride_n < head_dim or stride_n * dtype.itemsize % TMA_ALIGN_BYTES
-            or (heads_kv > 1 and stride_h != seq_kv * stride_n)
-            or (batch > 1 and stride_b != heads_kv * seq_kv * stride_n)
+            or (heads > 1 and stride_h != seq * stride_n)
+            or (batch > 1 and stride_b != heads * seq * stride_n)
         ):  # fmt: skip
             return None
         layouts.append(Descriptor((rows, head_dim), (stride_n, 1), (rows_per_block, block_d)))
     return tuple(layouts)
+
+
+def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
+            aligned: bool, v_block_n: int | None = None):  # fmt: skip
+    """The tensor descriptors (K's, V's) of a dense forward's interior loop (``TMA_KV``; :func:`_tma_rows`),
+    or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]`` when given (the
+    overlapped loop loads V in half blocks)."""
+    if not TMA_KV_LOADS:
+        return None
+    return _tma_rows(k_shape, (k_stride, v_stride), (block_n, v_block_n or block_n), block_d, dtype, hardware,
+                     aligned)  # fmt: skip
 
 
 @plan_cache
@@ -2429,10 +2479,14 @@ def _dq_in_halves(block_d: int, block_m: int, dtype: torch.dtype) -> bool:
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
     is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device, sequsage=False,
+    aligned=False,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
     and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
-    dK/dV kernel); ``deterministic``: the dQ kernel."""
+    dK/dV kernel); ``deterministic``: the dQ kernel. ``aligned`` (dense 16-bit): q's, dout's, k's and v's
+    base addresses are 16-byte aligned, so that the dK/dV kernel may load Q and dO and the dQ kernel K and V
+    through tensor descriptors (:func:`_tma_rows`; the plans then take ``Q_DESC=q, DO_DESC=dout`` and
+    ``K_DESC=k, V_DESC=v`` per call)."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     dtype = dtypes[0]
     block_d = padded_head_dim(head_dim)
@@ -2478,12 +2532,16 @@ def _backward_plans(
         rows = q_shape[0] * q_shape[1] * seq_q
         if seq_q % cfg.block_m == 0 and rows < 2**31:
             tma_dq = Descriptor((rows, head_dim), (head_dim, 1), (cfg.block_m, block_d))
+    d_halves = atomic and tma_dq is None and _dq_in_halves(block_d, cfg.block_m, dtype)
+    tma_qdo = None  # Q and dO tiles by TMA (TMA_BACKWARD_HEAD_DIMS)
+    if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or d_halves or tma_dq):
+        tma_qdo = _tma_rows(q_shape, (q_stride, dout_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
+                            hardware, aligned)  # fmt: skip
     dkdv = BACKWARD_DKDV.plan(
         grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
-        DQ_DESC=tma_dq,
+        DQ_DESC=tma_dq, Q_DESC=tma_qdo and tma_qdo[0], DO_DESC=tma_qdo and tma_qdo[1],
         heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
-        EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic,
-        D_HALVES=atomic and tma_dq is None and _dq_in_halves(block_d, cfg.block_m, dtype),
+        EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic, D_HALVES=d_halves,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
     )  # fmt: skip
     if atomic:
@@ -2499,9 +2557,15 @@ def _backward_plans(
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
     order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
                           2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q)  # fmt: skip
+    # K and V tiles by TMA, as the dK/dV kernel's Q and dO; not with ALiBi or dropout (as the forward: sm_90a,
+    # the causal ALiBi+dropout dQ kernel, at 255 registers, spilled 9 instructions in its loops with it)
+    tma_kv = None
+    if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or alibi or dropout):
+        tma_kv = _tma_rows(k_shape, (k_stride, v_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
+                           hardware, aligned)  # fmt: skip
     dq = BACKWARD_DQ.plan(
         grid, **common, **grid_args, **order, **_stride_args(varlen, dq=_contiguous_strides(q_shape)),
-        heads_q=heads_q,
+        K_DESC=tma_kv and tma_kv[0], V_DESC=tma_kv and tma_kv[1], heads_q=heads_q,
         EVEN_M=not varlen and seq_q % cfg.block_n == 0, EVEN_N=not varlen and seq_kv % cfg.block_m == 0,
         BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
     )  # fmt: skip
@@ -2540,7 +2604,11 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     alibi = delta if alibi_slopes is None else alibi_slopes
     rng = delta if rng is None else rng
     used = delta if seqused_k is None else seqused_k
-    if dkdv.descriptors:  # TMA_DQ_ADD: the accumulator through its descriptor too
+    if "Q_DESC" in dkdv.descriptors:  # TMA_QDO_LOADS: Q and dO through their descriptors too
+        dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, Q_DESC=q,
+                    DO_DESC=dout, CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale,
+                    softcap=softcap, dropout_p=dropout_p)  # fmt: skip
+    elif dkdv.descriptors:  # TMA_DQ_ADD: the accumulator through its descriptor too
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, DQ_DESC=dq_acc,
                     CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
@@ -2548,7 +2616,11 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, CU_Q=cu_q,
                     CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
-    if deterministic:
+    if deterministic and dq_plan.descriptors:  # K and V through their descriptors too
+        dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DQ=dq, K_DESC=k, V_DESC=v, CU_Q=cu_q,
+                       CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                       dropout_p=dropout_p)  # fmt: skip
+    elif deterministic:
         dq_plan.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DQ=dq, CU_Q=cu_q, CU_K=cu_k,
                        SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                        dropout_p=dropout_p)  # fmt: skip
@@ -2814,6 +2886,7 @@ def backward(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
         _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
+        aligned=tma_aligned(q, dout) and tma_aligned(k, v),
     )  # fmt: skip
     return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic,
                             alibi_slopes, dropout_p, rng)  # fmt: skip
