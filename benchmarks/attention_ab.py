@@ -1,8 +1,9 @@
 """A/B timings of attention variants in one process, on a GPU: the forward with and without its softmax
 overlapping the next block's QK^T (``flash.OVERLAP_HEAD_DIMS``; the one-product loop also at its former
 128x128 tile at d=128), the causal launch order (longest first against row order) and the backward (dQ by
-atomics or by its own kernel; the dK/dV tile; dQ tiles added by TMA bulk reductions, ``flash.TMA_DQ_ADD``)
-beside cuDNN's (and, forward, SDPA's flash backend).
+atomics or by its own kernel; the dK/dV tile; dQ tiles added by TMA bulk reductions, ``flash.TMA_DQ_ADD``;
+the streamed tiles by pointer loads instead of TMA, ``flash.TMA_BACKWARD_HEAD_DIMS``) beside cuDNN's (and,
+forward, SDPA's flash backend).
 Each variant is a patch of one launcher choice (``flash.OVERLAP_HEAD_DIMS``, ``flash._launch_order`` or
 ``flash.attention_config``); plans are cleared between variants, and the variants alternate over
 ``--rounds`` rounds so that clock drift hits each the same.
@@ -121,6 +122,20 @@ def tma_dq_add():
         launch.clear_plans()
 
 
+@contextlib.contextmanager
+def pointer_loads():
+    """The backward's streamed tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) by pointer
+    loads, as before 2026-11-26's fifteenth session, instead of TMA (flash.TMA_BACKWARD_HEAD_DIMS)."""
+    saved = flash.TMA_BACKWARD_HEAD_DIMS
+    flash.TMA_BACKWARD_HEAD_DIMS = ()
+    launch.clear_plans()
+    try:
+        yield
+    finally:
+        flash.TMA_BACKWARD_HEAD_DIMS = saved
+        launch.clear_plans()
+
+
 def qkv(batch, seq, heads=16, head_dim=128, dtype=torch.bfloat16, grad=False):
     return [torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=grad)
             for _ in range(3)]  # fmt: skip
@@ -150,16 +165,19 @@ def backward_ab(record, tiles, extra) -> None:
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 timed(out, "sdpa-cudnn")
-            # (tile, deterministic, dQ by TMA reductions)
+            # (tile, deterministic, patch: None, "tma-dq-add" or "pointer-loads")
             shapes = tiles if head_dim == 128 else ("shipped",)
-            variants = [(tile, det, False) for det in (False, True) for tile in shapes]
+            variants = [(tile, det, None) for det in (False, True) for tile in shapes]
             if head_dim == 128:
-                variants += [("shipped", False, True)] + [(tile, False, False) for tile in extra]
-            for tile, deterministic, tma in variants:
+                variants += [("shipped", False, "tma-dq-add"), ("shipped", True, "pointer-loads")]
+                variants += [(tile, False, None) for tile in extra]
+            for tile, deterministic, patch in variants:
                 name = tile if tile == "shipped" else "x".join(map(str, tile[:2])) + f" w{tile[2]}"
                 name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
-                name += " tma-dq-add" if tma else " deterministic" if deterministic else " atomic-dq"
-                path = tma_dq_add() if tma else contextlib.nullcontext() if deterministic else atomic_dq()
+                name += " deterministic" if deterministic else " atomic-dq" if patch is None else ""
+                name += f" {patch}" if patch else ""
+                path = (tma_dq_add() if patch == "tma-dq-add" else pointer_loads() if patch == "pointer-loads"
+                        else contextlib.nullcontext() if deterministic else atomic_dq())  # fmt: skip
                 try:
                     with pinned_tile(tile), path:
                         out = flash.flash_attention(q, k, v, is_causal=causal, deterministic=deterministic)
