@@ -40,10 +40,18 @@ def _descriptors(plans) -> tuple[set, set]:
 
 
 def _gradients(q, k, v, **kwargs) -> tuple:
+    """(dq, dk, dv) of an output gradient in the output's layout (sequence-major for sequence-major q)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))  # (views: the same addresses)
     out = flash_attention(q, k, v, **kwargs)
-    out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out))
+    # (float32 first: a long float16 linspace holds NaNs on the CPU)
+    values = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
+    out.backward(torch.empty_like(out).copy_(values))
     return q.grad, k.grad, v.grad
+
+
+def _seq_major(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a [B, S, H, D] tensor, viewed as [B, H, S, D] (flash-attn's and Hugging Face's)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -60,15 +68,21 @@ def test_backward_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, 
     assert made and _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
 
 
+@pytest.mark.parametrize("layout", ["head-major", "seq-major"])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
+def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal, layout):
     """Ragged sequences (200 queries, 333 keys: neither a whole number of blocks) take the descriptors in the
-    interior loops and the pointer loads at the ragged edges; the gradients equal the pointer path's."""
+    interior loops and the pointer loads at the ragged edges; the gradients equal the pointer path's. [B, S,
+    H, D] tensors take descriptors over their [B * S, H * D] rows (DESC_SEQ_MAJOR)."""
     made = _record_plans(monkeypatch)
-    q, k, v = make_qkv(1, 2, 2, 200, 333, 128, torch.float16, device)
+    q, k, v = make_qkv(2, 4, 2, 200, 333, 128, torch.float16, device)
+    if layout == "seq-major":
+        q, k, v = (_seq_major(t) for t in (q, k, v))
     fresh_plans(monkeypatch)
     with_tma = _gradients(q, k, v, is_causal=is_causal, deterministic=True)
     assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
+    seq_major = layout == "seq-major"
+    assert made[-1][1].fixed["DESC_SEQ_MAJOR"] == made[-1][2].fixed["DESC_SEQ_MAJOR"] == seq_major
     fresh_plans(monkeypatch)
     monkeypatch.setattr(flash, "TMA_BACKWARD_HEAD_DIMS", ())
     without = _gradients(q, k, v, is_causal=is_causal, deterministic=True)
@@ -83,11 +97,17 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     q, k, v = make_qkv(1, 2, 2, 128, 256, 128, torch.float16, device)
     expected = _gradients(q, k, v, deterministic=True)
     assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
-    # sequence-major Q ([B, S, H, D] viewed as [B, H, S, D]): a query block is not a run of rows; K and V
-    # are, so the dQ kernel keeps its descriptors
-    q_s = q.transpose(1, 2).contiguous().transpose(1, 2)
-    torch.testing.assert_close(_gradients(q_s, k, v, deterministic=True), expected, rtol=0, atol=0)
+    # sequence-major Q beside a head-major output gradient: one kind of descriptor origin per kernel, so the
+    # dK/dV kernel takes pointer loads (the dQ kernel's K and V keep theirs)
+    q_s = _seq_major(q)
+    q_s_grad = q_s.detach().requires_grad_()
+    head_major_grad = torch.ones(q.shape, dtype=q.dtype, device=device)
+    flash_attention(q_s_grad, k, v, deterministic=True).backward(head_major_grad)
     assert _descriptors(made[-1]) == (set(), {"K_DESC", "V_DESC"})
+    # with the output's layout for the gradient, both kernels take descriptors, of either kind
+    torch.testing.assert_close(_gradients(q_s, k, v, deterministic=True), expected, rtol=0, atol=0)
+    assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
+    assert made[-1][1].fixed["DESC_SEQ_MAJOR"] and not made[-1][2].fixed["DESC_SEQ_MAJOR"]
     # a K 2 bytes past a 16-byte boundary: no descriptor for either kernel (one alignment key per call)
     k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape).copy_(k)
     torch.testing.assert_close(_gradients(q, k_off, v, deterministic=True), expected, rtol=0, atol=0)

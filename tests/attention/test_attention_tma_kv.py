@@ -46,12 +46,42 @@ def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+def _seq_major(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a [B, S, H, D] tensor, viewed as [B, H, S, D] (flash-attn's and Hugging Face's)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sequence_major_descriptors_equal_pointer_loads(device, monkeypatch, is_causal):
+    """[B, S, H, D] K and V (and a packed QKV's slices, rows 3 H D long) take descriptors over their
+    [B * S, H * D] rows, each head a block of columns (DESC_SEQ_MAJOR): the output equals the pointer
+    loads' bit for bit."""
+    q, k, v = make_qkv(2, 4, 2, 128, 384, 128, torch.float16, device)
+    # a fused projection's [B, S, (4 + 2 + 2) * 128] output, split into q, k and v heads
+    fused = torch.randn(2, 384, 8 * 128, dtype=torch.float16, device=device)
+    packed = [fused[..., a * 128 : b * 128].view(2, 384, b - a, 128).transpose(1, 2)
+              for a, b in ((0, 4), (4, 6), (6, 8))]  # fmt: skip
+    for q_, k_, v_ in ((q, *map(_seq_major, (k, v))), packed):
+        with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", False, q_, k_, v_, is_causal)
+        monkeypatch.setattr(flash, "TMA_KV_LOADS", True)
+        fresh_plans(monkeypatch)
+        plan = _plan(q_, k_, v_, is_causal)
+        assert plan.descriptors.keys() == {"K_DESC", "V_DESC"} and plan.fixed["DESC_SEQ_MAJOR"]
+        for got, expected in zip(with_tma, without, strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    with expect_launches(*FORWARD_KERNELS, device=device):
+        check_against_reference(flash_attention, *packed, is_causal=is_causal, grads=False)
+
+
 def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch):
     fresh_plans(monkeypatch)
     q, k, v = make_qkv(1, 2, 2, 128, 256, 128, torch.float16, device)
-    # sequence-major K and V ([B, S, H, D] viewed as [B, H, S, D]): a key block is not a run of rows
-    k_s, v_s = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
-    assert not _plan(q, k_s, v_s).descriptors
+    # K head-major, V sequence-major: one kind of descriptor origin per kernel
+    k_s, v_s = (_seq_major(t) for t in (k, v))
+    assert not _plan(q, k, v_s).descriptors
+    # a sequence-major padded head dim (96 of 128): a block's columns would reach the next head
+    q96, k96, v96 = (_seq_major(t) for t in make_qkv(1, 2, 2, 128, 256, 96, torch.float16, device))
+    assert not _plan(q96, k96, v96).descriptors
     # a base address 2 bytes past a 16-byte boundary
     k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape).copy_(k)
     assert not launch.tma_aligned(k_off, v) and not _plan(q, k_off, v).descriptors
@@ -61,5 +91,5 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     key = flash._dense_plan_key(q, k, v, True, False, None, None, False, False, 1, True)
     assert not flash._forward_plan(*key, aligned=True, lse=True).descriptors
     expected = flash_attention(q, k, v)
-    for k_other, v_other in ((k_s, v_s), (k_off, v)):
+    for k_other, v_other in ((k_s, v_s), (k, v_s), (k_off, v)):
         torch.testing.assert_close(flash_attention(q, k_other, v_other), expected, rtol=0, atol=0)

@@ -32,7 +32,10 @@ Constexpr switches specialise one body per variant instead of near-copies:
   MASKED         this loop over blocks applies the visibility and bounds masks to the scores
   EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
   EVEN_D         head_dim is already a power of two: no head_dim mask
-  TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors
+  TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors;
+                 the backward's kernels take descriptors of their streamed tiles (Q_DESC, K_DESC, ...)
+  DESC_SEQ_MAJOR the descriptors are over the rows of sequence-major ``[B, S, H, D]`` tensors
+  ROWS32         row offsets in 32 bits: every row of every tensor fits (``rows_fit_32``)
   OVERLAP        (16-bit forward, Hopper) the unmasked interior loop issues the next block's QK^T before this
                  block's softmax, so that the two overlap (FlashAttention-3's intra-warpgroup pipelining,
                  arXiv:2407.08608 section 3.2; ``_accumulate_overlapped``)
@@ -627,8 +630,19 @@ def _capped_scores(b_qk, scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _desc_origin(b, h, heads, seq, head_dim, SEQ_MAJOR: tl.constexpr):
+    """(row, column) of sequence b, head h's first position in a tensor descriptor over the rows of a dense
+    tensor (:func:`_tma_rows`): head-major, the ``[B * H * S, D]`` rows, ((b * H + h) * S, 0); with
+    ``SEQ_MAJOR``, the ``[B * S, H * D]`` rows of a ``[B, S, H, D]`` one, (b * S, h * D)."""
+    if SEQ_MAJOR:
+        return b * seq, (h * head_dim).to(tl.int32)  # (a descriptor takes 32-bit coordinates)
+    else:
+        return (b * heads + h) * seq, 0
+
+
+@triton.jit
 def _qk(
-    b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
+    b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_at,
     MASKED: tl.constexpr, PAGED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TMA: tl.constexpr, ROWS32: tl.constexpr = False,
@@ -637,7 +651,7 @@ def _qk(
     o_n = start_n + tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     if TMA:
-        b_k = k_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
+        b_k = k_desc.load([(desc_at[0] + start_n).to(tl.int32), desc_at[1]])  # [BN, BD]
     else:
         # Unmasked blocks lie inside seq_kv: their loads need no row bounds either.
         b_k = _load_kv(
@@ -693,7 +707,7 @@ def _scores(
     b_slot,
     stride_kpage,
     k_desc,
-    desc_row,
+    desc_at,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
@@ -716,9 +730,9 @@ def _scores(
     multiplying every score first. ALiBi's bias breaks that identity: with ``HAS_ALIBI`` raw is the base-2
     score itself (after the cap, as flash-attn) and the factor 1. ``TMA`` (unmasked blocks only): K comes
     through the tensor descriptor ``k_desc`` over the rows of K, this (sequence, head)'s starting at
-    ``desc_row``."""
+    ``desc_at``."""
     b_qk = _qk(
-        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_row,
+        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, b_page, b_slot, stride_kpage, k_desc, desc_at,
         MASKED=MASKED, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
@@ -841,7 +855,7 @@ def _accumulate_over_keys(
     stride_vpage,
     k_desc,
     v_desc,
-    desc_row,
+    desc_at,
     MASKED: tl.constexpr,
     TWO_PASS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
@@ -869,7 +883,8 @@ def _accumulate_over_keys(
     1 - dropout_p once at the end), as FlashAttention does. ``V_TRANSPOSED``: ``p_v`` points at V^T (keys
     contiguous, head dims ``stride_vn`` apart), loaded as [BD, BN] tiles and fed transposed to the PV product.
     ``TMA`` (the unmasked interior of a dense 16-bit forward): K and V come through the tensor descriptors
-    ``k_desc`` / ``v_desc`` over their rows, this (sequence, head)'s starting at row ``desc_row``.
+    ``k_desc`` / ``v_desc`` over their rows, this (sequence, head)'s starting at ``desc_at`` (row, column:
+    :func:`_desc_origin`).
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -877,13 +892,13 @@ def _accumulate_over_keys(
         b_page, b_slot = _pages(p_table, b, o_n, seq_kv, stride_tb, stride_tp, page_size, PAGED=PAGED)
         b_raw, factor = _scores(
             b_q, p_k, o_m, start_n, stride_kn, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, b_page, b_slot, stride_kpage, k_desc, desc_row, MASKED=MASKED,
+            window_left, window_right, slope2, b_page, b_slot, stride_kpage, k_desc, desc_at, MASKED=MASKED,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, PAGED=PAGED,
             EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
             BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
         if TMA:
-            b_v = v_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [BN, BD]
+            b_v = v_desc.load([(desc_at[0] + start_n).to(tl.int32), desc_at[1]])  # [BN, BD]
         elif V_TRANSPOSED:  # a K-major B operand in shared memory, loaded by pipelined copies along the keys
             b_vt = _load_columns(p_v, o_n, stride_vn, seq_kv, o_d, head_dim, EVEN_COLS=EVEN_N or not MASKED,
                                  EVEN_D=EVEN_D)  # [BD, BN]  # fmt: skip
@@ -928,13 +943,13 @@ def _online_step(
 
 @triton.jit
 def _pv_half(
-    b_acc, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
+    b_acc, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_at, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
     TMA: tl.constexpr, ROWS32: tl.constexpr,
 ):  # fmt: skip
     """``acc + p @ V[start_n : start_n + HALF]`` (p: [BM, HALF] weights; the rows lie inside seq_kv)."""
     if TMA:
-        b_v = v_desc.load([(desc_row + start_n).to(tl.int32), 0])  # [HALF, BD]
+        b_v = v_desc.load([(desc_at[0] + start_n).to(tl.int32), desc_at[1]])  # [HALF, BD]
     else:
         b_v = _load_kv(
             p_v, start_n + tl.arange(0, HALF), stride_vn, seq_kv, tl.arange(0, BLOCK_D), head_dim, 0, 0, 0,
@@ -950,12 +965,12 @@ def _key_halves(b_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _interior_qk(b_q, p_k, start_n, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D: tl.constexpr,
+def _interior_qk(b_q, p_k, start_n, stride_kn, seq_kv, head_dim, k_desc, desc_at, EVEN_D: tl.constexpr,
                  DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, TMA: tl.constexpr, ROWS32: tl.constexpr):  # fmt: skip
     """:func:`_qk` of an unmasked, unpaged key block."""
     return _qk(
-        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, 0, 0, 0, k_desc, desc_row, MASKED=False, PAGED=False,
+        b_q, p_k, start_n, stride_kn, seq_kv, head_dim, 0, 0, 0, k_desc, desc_at, MASKED=False, PAGED=False,
         EVEN_N=True, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
@@ -964,7 +979,7 @@ def _interior_qk(b_q, p_k, start_n, stride_kn, seq_kv, head_dim, k_desc, desc_ro
 @triton.jit
 def _accumulate_overlapped(
     b_m, b_l, b_acc, b_q, p_k, p_v, o_m, key_start, key_end, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
-    scale, softcap, slope2, k_desc, v_desc, desc_row, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    scale, softcap, slope2, k_desc, v_desc, desc_at, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     EVEN_D: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
     ROWS32: tl.constexpr,
@@ -987,7 +1002,7 @@ def _accumulate_overlapped(
     kept = key_end >= key_start  # always true; the compiler cannot tell (see above)
     if key_end > key_start:
         n_last = key_end - BLOCK_N
-        b_qk = _interior_qk(b_q, p_k, key_start, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
+        b_qk = _interior_qk(b_q, p_k, key_start, stride_kn, seq_kv, head_dim, k_desc, desc_at, EVEN_D=EVEN_D,
                             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
                             BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32)  # fmt: skip
         b_p, b_alpha, b_m, b_l = _online_step(
@@ -997,7 +1012,7 @@ def _accumulate_overlapped(
         # S_1 (one interior block only: S_0 again, unused); "kept *" ends the wait after the loop's search for
         # the dots it waits on here, which would keep this K tile's shared memory for the whole loop
         b_qk = kept.to(tl.float32) * _interior_qk(
-            b_q, p_k, tl.minimum(key_start + BLOCK_N, n_last), stride_kn, seq_kv, head_dim, k_desc, desc_row,
+            b_q, p_k, tl.minimum(key_start + BLOCK_N, n_last), stride_kn, seq_kv, head_dim, k_desc, desc_at,
             EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
@@ -1006,11 +1021,11 @@ def _accumulate_overlapped(
                 b_p_lo, b_p_hi = _key_halves(tl.where(kept, b_p, 0.0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
                 b_acc = _pv_half(
                     b_acc * b_alpha[:, None], b_p_lo, p_v, start_n - BLOCK_N, stride_vn, seq_kv, head_dim,
-                    v_desc, desc_row, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+                    v_desc, desc_at, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
                     HALF=HALF, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
                 b_qk_next = _interior_qk(
-                    b_q, p_k, start_n + BLOCK_N, stride_kn, seq_kv, head_dim, k_desc, desc_row, EVEN_D=EVEN_D,
+                    b_q, p_k, start_n + BLOCK_N, stride_kn, seq_kv, head_dim, k_desc, desc_at, EVEN_D=EVEN_D,
                     DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
                     TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
@@ -1019,14 +1034,14 @@ def _accumulate_overlapped(
                     SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
                 )  # fmt: skip
                 b_acc = _pv_half(
-                    b_acc, b_p_hi, p_v, start_n - HALF, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+                    b_acc, b_p_hi, p_v, start_n - HALF, stride_vn, seq_kv, head_dim, v_desc, desc_at,
                     EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=HALF,
                     BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
                 )  # fmt: skip
                 b_qk = b_qk_next
         if key_end - key_start > BLOCK_N:  # S_{n-1} is in b_qk, P_{n-2} in b_p
             b_acc = _pv_block(
-                b_acc, b_alpha, b_p, p_v, n_last - BLOCK_N, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+                b_acc, b_alpha, b_p, p_v, n_last - BLOCK_N, stride_vn, seq_kv, head_dim, v_desc, desc_at,
                 EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M,
                 BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
             )  # fmt: skip
@@ -1035,7 +1050,7 @@ def _accumulate_overlapped(
                 HAS_ALIBI=HAS_ALIBI, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
             )  # fmt: skip
         b_acc = _pv_block(
-            b_acc, b_alpha, b_p, p_v, n_last, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D=EVEN_D,
+            b_acc, b_alpha, b_p, p_v, n_last, stride_vn, seq_kv, head_dim, v_desc, desc_at, EVEN_D=EVEN_D,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
         )  # fmt: skip
@@ -1044,19 +1059,19 @@ def _accumulate_overlapped(
 
 @triton.jit
 def _pv_block(
-    b_acc, b_alpha, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row, EVEN_D: tl.constexpr,
+    b_acc, b_alpha, b_p, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_at, EVEN_D: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TMA: tl.constexpr, ROWS32: tl.constexpr,
 ):  # fmt: skip
     """``acc * alpha + p @ V`` of the key block at ``start_n``, in the two halves :func:`_pv_half` loads."""
     b_p_lo, b_p_hi = _key_halves(b_p, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     b_acc = _pv_half(
-        b_acc * b_alpha[:, None], b_p_lo, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+        b_acc * b_alpha[:, None], b_p_lo, p_v, start_n, stride_vn, seq_kv, head_dim, v_desc, desc_at,
         EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
         BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
     return _pv_half(
-        b_acc, b_p_hi, p_v, start_n + BLOCK_N // 2, stride_vn, seq_kv, head_dim, v_desc, desc_row,
+        b_acc, b_p_hi, p_v, start_n + BLOCK_N // 2, stride_vn, seq_kv, head_dim, v_desc, desc_at,
         EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, HALF=BLOCK_N // 2,
         BLOCK_D=BLOCK_D, TMA=TMA, ROWS32=ROWS32,
     )  # fmt: skip
@@ -1141,6 +1156,7 @@ def _attention_fwd_kernel(
     BLOCK_B: tl.constexpr,
     LPT: tl.constexpr,
     TMA_KV: tl.constexpr,
+    DESC_SEQ_MAJOR: tl.constexpr,
     OVERLAP: tl.constexpr,
     ROWS32: tl.constexpr,
 ):
@@ -1165,7 +1181,8 @@ def _attention_fwd_kernel(
     for 16-bit types only), and its tiles stream through the software pipeline like K's. ``TMA_KV`` (dense
     16-bit forward): ``K_DESC`` / ``V_DESC`` are tensor descriptors over the ``[B * Hkv * S, D]`` rows of K
     and V (:func:`_tma_kv`), through which the unmasked interior loop loads its tiles (TMA); the masked edge
-    loops keep their pointer loads. ``ROWS32``: the row offsets of Q, K, V and O fit in 32 bits
+    loops keep their pointer loads; with ``DESC_SEQ_MAJOR`` over the ``[B * S, Hkv * D]`` rows of
+    sequence-major K and V (:func:`_desc_origin`). ``ROWS32``: the row offsets of Q, K, V and O fit in 32 bits
     (:func:`_row_offsets`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
@@ -1177,7 +1194,7 @@ def _attention_fwd_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
-    desc_row = (b * (heads_q // group) + h_kv) * seq_kv  # this (sequence, head)'s first row: TMA_KV
+    desc_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)  # TMA_KV
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -1261,7 +1278,7 @@ def _attention_fwd_kernel(
     if OVERLAP:
         b_m, b_l, b_acc = _accumulate_overlapped(
             b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv,
-            head_dim, scale, softcap, slope2, K_DESC, V_DESC, desc_row, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            head_dim, scale, softcap, slope2, K_DESC, V_DESC, desc_at, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI,
             EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=TMA_KV, ROWS32=ROWS32,
         )  # fmt: skip
@@ -1269,7 +1286,7 @@ def _attention_fwd_kernel(
         b_m, b_l, b_acc = _accumulate_over_keys(
             b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_lo, mid_hi, stride_kn, stride_vn, seq_q, seq_kv,
             head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset, dropout_p,
-            KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb, stride_vb, K_DESC, V_DESC, desc_row,
+            KV_TABLE, b, stride_tb, stride_tp, page_size, stride_kb, stride_vb, K_DESC, V_DESC, desc_at,
             MASKED=False, TWO_PASS=TWO_PASS, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
@@ -1444,7 +1461,7 @@ def _dkdv_over_queries(
     dq_desc,
     q_desc,
     do_desc,
-    head_row,
+    desc_at,
     o_n,
     query_start,
     query_end,
@@ -1491,10 +1508,10 @@ def _dkdv_over_queries(
     the key block as its M side and reads Q and dO as they were loaded (no transpose of a register tile).
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
-    descriptor ``dq_desc`` over the accumulator's rows (``head_row``: this head's first) by one TMA bulk
-    reduction per tile instead of an atomic per element. ``TMA`` (whole, unmasked query blocks of a dense
+    descriptor ``dq_desc`` over the accumulator's rows (``desc_at``: this head's first, row and column) by one
+    TMA bulk reduction per tile instead of an atomic per element. ``TMA`` (whole query blocks of a dense
     16-bit problem; not with ``D_HALVES``): Q and dO come through the tensor descriptors ``q_desc`` /
-    ``do_desc`` over their ``[B * H * S, D]`` rows, this head's starting at ``head_row``.
+    ``do_desc`` over their rows, this head's starting at ``desc_at`` (:func:`_desc_origin`).
 
     K, Q and dK are tuples (:func:`_load_parts`): the whole tile, or with ``D_HALVES`` (atomic dQ by
     element) its two halves along the head dim, as dQ's product then comes, so that dQ's product and its
@@ -1509,8 +1526,8 @@ def _dkdv_over_queries(
         o_m = start_m + tl.arange(0, BLOCK_M)
         # [BM, BD] tiles of Q (or its halves) and dO
         if TMA:
-            b_q = (q_desc.load([(head_row + start_m).to(tl.int32), 0]),)
-            b_do = do_desc.load([(head_row + start_m).to(tl.int32), 0])
+            b_q = (q_desc.load([(desc_at[0] + start_m).to(tl.int32), desc_at[1]]),)
+            b_do = do_desc.load([(desc_at[0] + start_m).to(tl.int32), desc_at[1]])
         else:
             b_q = _load_parts(p_q, o_m, stride_qm, seq_q, head_dim, EVEN_ROWS=EVEN_M, EVEN_D=EVEN_D,
                               HALVES=D_HALVES, BLOCK_D=BLOCK_D, ROWS32=LOADS32)  # fmt: skip
@@ -1558,7 +1575,7 @@ def _dkdv_over_queries(
             for part in tl.static_range(len(b_k)):
                 b_dq = dot(tl.trans(b_dst), b_k[part], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
                 if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD; never in halves)
-                    dq_desc.atomic_add([(head_row + start_m).to(tl.int32), 0], b_dq)
+                    dq_desc.atomic_add([(desc_at[0] + start_m).to(tl.int32), desc_at[1]], b_dq)
                 else:
                     o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dq.shape[1])
                     _add_rows(p_dq, b_dq, o_m, stride_dqm, seq_q, o_d, head_dim, EVEN_ROWS=EVEN_M,
@@ -1637,6 +1654,7 @@ def _flash_bwd_dkdv_kernel(
     RNE_BY_HAND: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     D_HALVES: tl.constexpr,
+    DESC_SEQ_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -1650,8 +1668,8 @@ def _flash_bwd_dkdv_kernel(
     path, FlashAttention-2's) it also adds dS K to the fp32 dQ accumulator ``DQ`` with atomics: five
     matmuls per tile in all, dQ's summation order left to the hardware; without it, ``DQ`` is not touched
     and the dQ kernel computes dQ on its own (the deterministic path). ``Q_DESC`` / ``DO_DESC`` (dense
-    16-bit, or None): tensor descriptors over the rows of Q and dO, through which the query blocks' tiles
-    are loaded (:func:`_dkdv_over_queries`).
+    16-bit, or None): tensor descriptors over the rows of Q and dO (``DESC_SEQ_MAJOR``: of sequence-major
+    ones), through which the query blocks' tiles are loaded (:func:`_dkdv_over_queries`).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks, 1,
@@ -1699,12 +1717,13 @@ def _flash_bwd_dkdv_kernel(
         p_lse2 = LSE2 + b * stride_lb + h * stride_lh + bos_q
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
-        head_row = bh * seq_q  # this head's first row of Q, dO and the accumulator, dense (descriptors)
+        # this head's first row and column in Q's and dO's descriptors, or the (head-major) accumulator's
+        desc_at = _desc_origin(b, h, heads_kv * group, seq_q, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)
         # Q_DESC / DO_DESC: the interior loop's blocks are whole; the edge loops' only with EVEN_M (a ragged
         # last block would read the next head's rows). Pointer loads left in the causal diagonal loop beside
         # the interior's TMA held 3 spill instructions in it (sm_90a, d = 128); none with TMA in both.
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
             lo, left_end, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
@@ -1714,7 +1733,7 @@ def _flash_bwd_dkdv_kernel(
             TMA=Q_DESC is not None and EVEN_M,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
             mid_lo, mid_hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
@@ -1724,7 +1743,7 @@ def _flash_bwd_dkdv_kernel(
             BLOCK_D=BLOCK_D, TMA=Q_DESC is not None,
         )  # fmt: skip
         b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, head_row, o_n,
+            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
             mid_hi, hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
             window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
             HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
@@ -1762,7 +1781,7 @@ def _dq_over_keys(
     p_v,
     k_desc,
     v_desc,
-    head_row,
+    desc_at,
     o_m,
     key_start,
     key_end,
@@ -1799,13 +1818,13 @@ def _dq_over_keys(
 ):
     """Add keys [key_start, key_end) to dQ: dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K. ``TMA``
     (whole key blocks of a dense 16-bit problem): K and V come through the tensor descriptors ``k_desc`` /
-    ``v_desc`` over their ``[B * Hkv * S, D]`` rows, this (sequence, head)'s starting at ``head_row``."""
+    ``v_desc`` over their rows, this (sequence, head)'s starting at ``desc_at`` (:func:`_desc_origin`)."""
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         if TMA:
-            b_k = k_desc.load([(head_row + start_n).to(tl.int32), 0])
-            b_v = v_desc.load([(head_row + start_n).to(tl.int32), 0])
+            b_k = k_desc.load([(desc_at[0] + start_n).to(tl.int32), desc_at[1]])
+            b_v = v_desc.load([(desc_at[0] + start_n).to(tl.int32), desc_at[1]])
         else:
             # Unmasked blocks lie inside seq_kv: their loads need no row bounds either. The constexpr is
             # spelled inline: a name assigned in the loop body becomes a loop value for Triton 3.6 (compile
@@ -1894,6 +1913,7 @@ def _flash_bwd_dq_kernel(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    DESC_SEQ_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -1904,8 +1924,9 @@ def _flash_bwd_dq_kernel(
 
     Walks the visible key blocks (masking only the edge and ragged ones, as the forward does):
     dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once. ``K_DESC`` / ``V_DESC``
-    (dense 16-bit, or None): tensor descriptors over the rows of K and V, through which the interior loop
-    (and with ``EVEN_N`` the edge loops) loads its tiles (:func:`_dq_over_keys`).
+    (dense 16-bit, or None): tensor descriptors over the rows of K and V (``DESC_SEQ_MAJOR``: of
+    sequence-major ones), through which the interior loop (and with ``EVEN_N`` the edge loops) loads its
+    tiles (:func:`_dq_over_keys`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -1916,7 +1937,7 @@ def _flash_bwd_dq_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
-    kv_row = (b * (heads_q // group) + h_kv) * seq_kv  # this (sequence, head)'s first row: K_DESC, V_DESC
+    kv_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)  # K/V_DESC
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -1937,7 +1958,7 @@ def _flash_bwd_dq_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, lo, left_end, stride_kn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, lo, left_end, stride_kn,
         stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
@@ -1946,7 +1967,7 @@ def _flash_bwd_dq_kernel(
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None and EVEN_N,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, mid_lo, mid_hi, stride_kn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, mid_lo, mid_hi, stride_kn,
         stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
@@ -1955,7 +1976,7 @@ def _flash_bwd_dq_kernel(
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None,
     )  # fmt: skip
     b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_row, o_m, mid_hi, hi, stride_kn,
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, mid_hi, hi, stride_kn,
         stride_vn,
         seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
         dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
@@ -2351,34 +2372,48 @@ TMA_KV_MIN_BLOCK_D = 128
 
 
 def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardware, aligned: bool):
-    """Tensor descriptors over the ``[B * H * S, D]`` rows of tensors of ``shape`` ``[B, H, S, D]`` with
-    ``strides`` (one each; blocks ``[block_rows[i], block_d]``), for a loop over whole blocks inside one
-    (sequence, head), which then never reaches the next one's rows; or None where it keeps its pointer
-    loads: Hopper or later, fp16/bf16, ``aligned`` (the base addresses 16-byte aligned), each tensor the
-    rows of one allocation (contiguous past the last dim, rows 16-byte aligned), fewer than 2**31 rows."""
+    """(tensor descriptors, sequence-major) over the rows of tensors of ``shape`` ``[B, H, S, D]`` with
+    ``strides`` (one each; blocks ``[block_rows[i], block_d]``), for loops over whole blocks inside one
+    (sequence, head), which then never reach the next one's rows; or None where they keep their pointer
+    loads. Head-major tensors (each the ``[B * H * S, D]`` rows of one allocation), or sequence-major ones
+    (each the ``[B * S, H * D]`` rows of a ``[B, S, H, D]`` layout, rows possibly longer: a slice of a
+    packed QKV; head dim unpadded, as a block's columns are the head's own), all of one kind: the kernels
+    find a head's first row and column by :func:`_desc_origin`. Hopper or later, fp16/bf16, ``aligned``
+    (the base addresses 16-byte aligned), rows 16-byte aligned, fewer than 2**31 of them."""
     if not (aligned and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
         return None
     batch, heads, seq, head_dim = shape
-    rows = batch * heads * seq
-    if rows >= 2**31 or seq < max(block_rows):
+    if seq < max(block_rows):
         return None
-    layouts = []
+    kinds, layouts = set(), []
     for (stride_b, stride_h, stride_n, stride_d), rows_per_block in zip(strides, block_rows, strict=True):
-        if (
-            stride_d != 1 or stride_n < head_dim or stride_n * dtype.itemsize % TMA_ALIGN_BYTES
-            or (heads > 1 and stride_h != seq * stride_n)
-            or (batch > 1 and stride_b != heads * seq * stride_n)
-        ):  # fmt: skip
+        if stride_d != 1 or stride_n * dtype.itemsize % TMA_ALIGN_BYTES:
             return None
-        layouts.append(Descriptor((rows, head_dim), (stride_n, 1), (rows_per_block, block_d)))
-    return tuple(layouts)
+        if stride_n >= head_dim and (heads == 1 or stride_h == seq * stride_n) and (
+            batch == 1 or stride_b == heads * seq * stride_n
+        ):  # head-major (with one head, either kind: taken as this one)
+            kinds.add(False)
+            rows, width = batch * heads * seq, head_dim
+        elif stride_h == head_dim == block_d and stride_n >= heads * head_dim and (
+            batch == 1 or stride_b == seq * stride_n
+        ):  # sequence-major
+            kinds.add(True)
+            rows, width = batch * seq, heads * head_dim
+        else:
+            return None
+        if rows >= 2**31:
+            return None
+        layouts.append(Descriptor((rows, width), (stride_n, 1), (rows_per_block, block_d)))
+    if len(kinds) != 1:
+        return None
+    return tuple(layouts), kinds.pop()
 
 
 def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
             aligned: bool, v_block_n: int | None = None):  # fmt: skip
-    """The tensor descriptors (K's, V's) of a dense forward's interior loop (``TMA_KV``; :func:`_tma_rows`),
-    or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]`` when given (the
-    overlapped loop loads V in half blocks)."""
+    """((K's, V's) tensor descriptors, sequence-major) of a dense forward's interior loop (``TMA_KV``;
+    :func:`_tma_rows`), or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]``
+    when given (the overlapped loop loads V in half blocks)."""
     if not TMA_KV_LOADS:
         return None
     return _tma_rows(k_shape, (k_stride, v_stride), (block_n, v_block_n or block_n), block_d, dtype, hardware,
@@ -2437,7 +2472,8 @@ def _forward_plan(
     if not (varlen or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
         tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned,
                       cfg.block_n // 2 if overlap else None)  # fmt: skip
-    strides.update(K_DESC=None, V_DESC=None) if tma is None else strides.update(K_DESC=tma[0], V_DESC=tma[1])
+    descs, desc_seq_major = tma or ((None, None), False)
+    strides.update(K_DESC=descs[0], V_DESC=descs[1], DESC_SEQ_MAJOR=desc_seq_major)
     # 32-bit row offsets for the row-loaded tensors (paged K/V and V^T address their own way, 64-bit); not
     # for float32, whose packed kernels spilled with them (sm_90a: d = 128 78 loop spill instructions, d = 256
     # 1682), as the backward's took more registers
@@ -2537,9 +2573,10 @@ def _backward_plans(
     if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or d_halves or tma_dq):
         tma_qdo = _tma_rows(q_shape, (q_stride, dout_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
                             hardware, aligned)  # fmt: skip
+    (q_desc, do_desc), qdo_seq_major = tma_qdo or ((None, None), False)
     dkdv = BACKWARD_DKDV.plan(
         grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
-        DQ_DESC=tma_dq, Q_DESC=tma_qdo and tma_qdo[0], DO_DESC=tma_qdo and tma_qdo[1],
+        DQ_DESC=tma_dq, Q_DESC=q_desc, DO_DESC=do_desc, DESC_SEQ_MAJOR=qdo_seq_major,
         heads_kv=heads_kv, EVEN_M=not varlen and seq_q % cfg.block_m == 0,
         EVEN_N=not varlen and seq_kv % cfg.block_n == 0, ATOMIC_DQ=atomic, D_HALVES=d_halves,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -2563,9 +2600,10 @@ def _backward_plans(
     if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or alibi or dropout):
         tma_kv = _tma_rows(k_shape, (k_stride, v_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
                            hardware, aligned)  # fmt: skip
+    (k_desc, v_desc), kv_seq_major = tma_kv or ((None, None), False)
     dq = BACKWARD_DQ.plan(
         grid, **common, **grid_args, **order, **_stride_args(varlen, dq=_contiguous_strides(q_shape)),
-        K_DESC=tma_kv and tma_kv[0], V_DESC=tma_kv and tma_kv[1], heads_q=heads_q,
+        K_DESC=k_desc, V_DESC=v_desc, DESC_SEQ_MAJOR=kv_seq_major, heads_q=heads_q,
         EVEN_M=not varlen and seq_q % cfg.block_n == 0, EVEN_N=not varlen and seq_kv % cfg.block_m == 0,
         BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m,
     )  # fmt: skip
@@ -2790,7 +2828,8 @@ def _dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
 # The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its
 # [batch, seq, heads, dim] layout, keyed (by _dense_call_key) on those tensors as given, so a repeated call
 # makes none of the four transposed views (q, k, v in, out back) that cost ~3 us of the development CPU; the
-# entry is the _DENSE_CALLS entry its first call left (a sequence-major output, no TMA descriptor, no LSE).
+# entry is the _DENSE_CALLS entry its first call left (a sequence-major output, no LSE; a TMA plan's
+# descriptors are made over the tensors as given, the same memory as the views its plan was made for).
 _SEQ_MAJOR_CALLS = CallCache()
 
 
@@ -2816,7 +2855,7 @@ def keep_seq_major(given: tuple, views: tuple, is_causal: bool, scale: float | N
     heads, dim]`` tensors ``given`` (q, k, v; no grad, no option): keep what it kept for the next such
     call."""
     call = _DENSE_CALLS.get(_dense_call_key(*views, is_causal, scale, False))
-    if call is not None and call.seq_major and not call.plan.descriptors:
+    if call is not None and call.seq_major:
         _SEQ_MAJOR_CALLS.put(_dense_call_key(*given, is_causal, scale, False), call)
 
 
