@@ -40,16 +40,24 @@ BACKWARD_TILES = ("shipped", (64, 64, 4), (128, 64, 8))
 
 
 @contextlib.contextmanager
-def launch_order(lpt: bool):
-    saved = flash._launch_order
-    if not lpt:
-        flash._launch_order = lambda *args, **kwargs: {"section": 1, "LPT": False}
+def patched(name: str, value):
+    """``flash.<name>`` set to ``value`` inside the block (a launcher switch or function), plans cleared on
+    the way in and out (a plan keeps what it read)."""
+    saved = getattr(flash, name)
+    setattr(flash, name, value)
     launch.clear_plans()
     try:
         yield
     finally:
-        flash._launch_order = saved
+        setattr(flash, name, saved)
         launch.clear_plans()
+
+
+def launch_order(lpt: bool):
+    """Longest-first (the build's own order) or row order (every program in grid order)."""
+    if lpt:
+        return patched("_launch_order", flash._launch_order)
+    return patched("_launch_order", lambda *args, **kwargs: {"section": 1, "LPT": False})
 
 
 FORWARD_SHAPES = ((1, 16384), (4, 4096))  # (batch, seq) at 16 heads, fp16
@@ -60,31 +68,6 @@ FORWARD_SHAPES = ((1, 16384), (4, 4096))  # (batch, seq) at 16 heads, fp16
 FORWARD_VARIANTS = (("overlap", (64, 128), "shipped", True), ("one-product", (), "shipped", True),
                     ("one-product 128x128", (), (128, 128, 8, 3), True),
                     ("overlap pointer-loads", (64, 128), "shipped", False))  # fmt: skip
-
-
-@contextlib.contextmanager
-def overlap_softmax(head_dims: tuple):
-    saved = flash.OVERLAP_HEAD_DIMS
-    flash.OVERLAP_HEAD_DIMS = head_dims
-    launch.clear_plans()
-    try:
-        yield
-    finally:
-        flash.OVERLAP_HEAD_DIMS = saved
-        launch.clear_plans()
-
-
-@contextlib.contextmanager
-def kv_loads(tma: bool):
-    """The forward's interior K/V loads by TMA where the plan allows (shipped), or by pointers."""
-    saved = flash.TMA_KV_LOADS
-    flash.TMA_KV_LOADS = tma
-    launch.clear_plans()
-    try:
-        yield
-    finally:
-        flash.TMA_KV_LOADS = saved
-        launch.clear_plans()
 
 
 @contextlib.contextmanager
@@ -110,46 +93,19 @@ def pinned_tile(tile, direction="backward", block_d=None):
         launch.clear_plans()
 
 
-@contextlib.contextmanager
 def atomic_dq():
     """The backward's five-matmul path (dQ added by element atomics from the dK/dV kernel) on a tier that
     computes dQ in its own kernel by default (Hopper's: ``Tier.dq_kernel``), where ``deterministic=False``
     alone keeps the dQ kernel. (Before 2026-11-25's thirteenth session the "atomic" rows lacked this patch: on
     the H100 they timed the dQ-kernel path; its rows are "atomic-dq" now.)"""
-    saved = flash.tier_for
-    flash.tier_for = lambda hardware: dataclasses.replace(saved(hardware), dq_kernel=False)
-    launch.clear_plans()
-    try:
-        yield
-    finally:
-        flash.tier_for = saved
-        launch.clear_plans()
+    tier_for = flash.tier_for
+    return patched("tier_for", lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False))
 
 
-@contextlib.contextmanager
-def tma_dq_add():
-    """The backward's five-matmul path with dQ tiles added by TMA bulk reductions (flash.TMA_DQ_ADD)."""
-    launch.clear_plans()
-    flash.TMA_DQ_ADD = True
-    try:
-        yield
-    finally:
-        flash.TMA_DQ_ADD = False
-        launch.clear_plans()
-
-
-@contextlib.contextmanager
-def pointer_loads():
-    """The backward's streamed tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) by pointer
-    loads, as before 2026-11-26's fifteenth session, instead of TMA (flash.TMA_BACKWARD_HEAD_DIMS)."""
-    saved = flash.TMA_BACKWARD_HEAD_DIMS
-    flash.TMA_BACKWARD_HEAD_DIMS = ()
-    launch.clear_plans()
-    try:
-        yield
-    finally:
-        flash.TMA_BACKWARD_HEAD_DIMS = saved
-        launch.clear_plans()
+# The backward's path patches of the A/B rows: dQ tiles added by TMA bulk reductions (flash.TMA_DQ_ADD), and
+# the streamed tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) by pointer loads, as before
+# 2026-11-26's fifteenth session, instead of TMA (flash.TMA_BACKWARD_HEAD_DIMS).
+BACKWARD_PATCHES = {"tma-dq-add": ("TMA_DQ_ADD", True), "pointer-loads": ("TMA_BACKWARD_HEAD_DIMS", ())}
 
 
 def qkv(batch, seq, heads=16, head_dim=128, dtype=torch.bfloat16, grad=False):
@@ -192,7 +148,7 @@ def backward_ab(record, tiles, extra) -> None:
                 name += f" s{tile[3]}" if tile != "shipped" and len(tile) > 3 else ""
                 name += " deterministic" if deterministic else " atomic-dq" if patch is None else ""
                 name += f" {patch}" if patch else ""
-                path = (tma_dq_add() if patch == "tma-dq-add" else pointer_loads() if patch == "pointer-loads"
+                path = (patched(*BACKWARD_PATCHES[patch]) if patch
                         else contextlib.nullcontext() if deterministic else atomic_dq())  # fmt: skip
                 try:
                     with pinned_tile(tile), path:
@@ -249,7 +205,11 @@ def main(argv=None) -> int:
                 for name, head_dims, tile, tma in FORWARD_VARIANTS:
                     if (tile != "shipped" or not tma) and head_dim != 128:
                         continue
-                    with overlap_softmax(head_dims), pinned_tile(tile, "forward", 128), kv_loads(tma):
+                    with (
+                        patched("OVERLAP_HEAD_DIMS", head_dims),
+                        pinned_tile(tile, "forward", 128),
+                        patched("TMA_KV_LOADS", tma),
+                    ):
                         fn = lambda q=q, k=k, v=v, c=causal: flash.flash_attention(q, k, v, is_causal=c)  # noqa: E731
                         fn()
                         record(f"{point} {name}", time_ms(fn))
