@@ -68,14 +68,14 @@ def test_backward_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, 
     assert made and _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
 
 
-@pytest.mark.parametrize("layout", ["head-major", "seq-major"])
-@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize(("is_causal", "layout"), [(False, "head-major"), (True, "head-major"),
+                                                   (True, "seq-major")])  # fmt: skip
 def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal, layout):
-    """Ragged sequences (200 queries, 333 keys: neither a whole number of blocks) take the descriptors in the
+    """Ragged sequences (136 queries, 200 keys: neither a whole number of blocks) take the descriptors in the
     interior loops and the pointer loads at the ragged edges; the gradients equal the pointer path's. [B, S,
     H, D] tensors take descriptors over their [B * S, H * D] rows (DESC_SEQ_MAJOR)."""
     made = _record_plans(monkeypatch)
-    q, k, v = make_qkv(2, 4, 2, 200, 333, 128, torch.float16, device)
+    q, k, v = make_qkv(2, 2, 2, 136, 200, 128, torch.float16, device)
     if layout == "seq-major":
         q, k, v = (_seq_major(t) for t in (q, k, v))
     fresh_plans(monkeypatch)
@@ -122,10 +122,45 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, set())
 
 
-def test_packed_sequences_keep_pointer_loads(device, monkeypatch):
-    fresh_plans(monkeypatch)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_packed_sequences_take_descriptors(device, monkeypatch, is_causal):
+    """Packed [T, H, D] sequences: descriptors over the [T, H * D] rows, a sequence's first row its start
+    (forward K and V, backward Q, dO, K and V); ragged sequences (40, 150 and 90 tokens) take them in their
+    interior loops only. Output and gradients equal the pointer loads' bit for bit."""
     made = _record_plans(monkeypatch)
-    q, k, v = (torch.randn(256, 2, 128, dtype=torch.float16, device=device).requires_grad_() for _ in "qkv")
-    cu = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
-    flash_attention_varlen(q, k, v, cu, cu, 128, 128, deterministic=True).sum().backward()
-    assert made and _descriptors(made[-1]) == (set(), set())
+    cu = torch.tensor([0, 40, 190, 280], dtype=torch.int32, device=device)  # 40, 150 and 90 tokens
+    total = int(cu[-1])
+    q = torch.randn(total, 2, 128, dtype=torch.float16, device=device)
+    k, v = (torch.randn(total, 1, 128, dtype=torch.float16, device=device) for _ in "kv")
+    grad = torch.empty_like(q).copy_(torch.linspace(-1, 1, q.numel(), device=device).view_as(q))
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flash_attention_varlen(*leaves, cu, cu, 150, 150, is_causal=is_causal, deterministic=True)
+        out.backward(grad)
+        return out.detach(), *(t.grad for t in leaves)
+
+    forward_plans = []
+
+    def fresh_plans_recorded():
+        fresh_plans(monkeypatch)
+        forward_plan = flash._forward_plan
+
+        def spy(*args, **kwargs):
+            forward_plans.append(forward_plan(*args, **kwargs))
+            return forward_plans[-1]
+
+        spy.__wrapped__ = forward_plan.__wrapped__  # the uncached function, which fresh_plans caches anew
+        monkeypatch.setattr(flash, "_forward_plan", spy)
+
+    fresh_plans_recorded()
+    with_tma = run()
+    assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
+    assert set(forward_plans[-1].descriptors) == {"K_DESC", "V_DESC"}
+    fresh_plans_recorded()
+    monkeypatch.setattr(flash, "TMA_BACKWARD_HEAD_DIMS", ())
+    monkeypatch.setattr(flash, "TMA_KV_LOADS", False)
+    without = run()
+    assert _descriptors(made[-1]) == (set(), set()) and not forward_plans[-1].descriptors
+    for got, expected in zip(with_tma, without, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

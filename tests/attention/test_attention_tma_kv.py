@@ -56,10 +56,10 @@ def test_sequence_major_descriptors_equal_pointer_loads(device, monkeypatch, is_
     """[B, S, H, D] K and V (and a packed QKV's slices, rows 3 H D long) take descriptors over their
     [B * S, H * D] rows, each head a block of columns (DESC_SEQ_MAJOR): the output equals the pointer
     loads' bit for bit."""
-    q, k, v = make_qkv(2, 4, 2, 128, 384, 128, torch.float16, device)
+    q, k, v = make_qkv(2, 4, 2, 128, 256, 128, torch.float16, device)
     # a fused projection's [B, S, (4 + 2 + 2) * 128] output, split into q, k and v heads
-    fused = torch.randn(2, 384, 8 * 128, dtype=torch.float16, device=device)
-    packed = [fused[..., a * 128 : b * 128].view(2, 384, b - a, 128).transpose(1, 2)
+    fused = torch.randn(2, 256, 8 * 128, dtype=torch.float16, device=device)
+    packed = [fused[..., a * 128 : b * 128].view(2, 256, b - a, 128).transpose(1, 2)
               for a, b in ((0, 4), (4, 6), (6, 8))]  # fmt: skip
     for q_, k_, v_ in ((q, *map(_seq_major, (k, v))), packed):
         with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", False, q_, k_, v_, is_causal)

@@ -630,12 +630,15 @@ def _capped_scores(b_qk, scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _desc_origin(b, h, heads, seq, head_dim, SEQ_MAJOR: tl.constexpr):
-    """(row, column) of sequence b, head h's first position in a tensor descriptor over the rows of a dense
-    tensor (:func:`_tma_rows`): head-major, the ``[B * H * S, D]`` rows, ((b * H + h) * S, 0); with
-    ``SEQ_MAJOR``, the ``[B * S, H * D]`` rows of a ``[B, S, H, D]`` one, (b * S, h * D)."""
-    if SEQ_MAJOR:
-        return b * seq, (h * head_dim).to(tl.int32)  # (a descriptor takes 32-bit coordinates)
+def _desc_origin(b, h, heads, seq, head_dim, bos, SEQ_MAJOR: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(row, column) of sequence b, head h's first position in a tensor descriptor over the rows of a tensor
+    (:func:`_tma_rows`): head-major, the ``[B * H * S, D]`` rows, ((b * H + h) * S, 0); with ``SEQ_MAJOR``,
+    the ``[B * S, H * D]`` rows of a ``[B, S, H, D]`` one, (b * S, h * D), or with ``IS_VARLEN`` the ``[T,
+    H * D]`` rows of packed sequences, (bos, h * D) (``bos``: the sequence's first row)."""
+    if IS_VARLEN:
+        return bos, (h * head_dim).to(tl.int32)  # (a descriptor takes 32-bit coordinates)
+    elif SEQ_MAJOR:
+        return b * seq, (h * head_dim).to(tl.int32)
     else:
         return (b * heads + h) * seq, 0
 
@@ -1194,7 +1197,8 @@ def _attention_fwd_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
-    desc_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)  # TMA_KV
+    desc_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, bos_k, SEQ_MAJOR=DESC_SEQ_MAJOR,
+                           IS_VARLEN=IS_VARLEN)  # TMA_KV  # fmt: skip
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -1718,7 +1722,8 @@ def _flash_bwd_dkdv_kernel(
         p_delta = DELTA + b * stride_lb + h * stride_lh + bos_q
         p_dq = DQ + b * stride_dqb + h * stride_dqh + bos_q * stride_dqm
         # this head's first row and column in Q's and dO's descriptors, or the (head-major) accumulator's
-        desc_at = _desc_origin(b, h, heads_kv * group, seq_q, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)
+        desc_at = _desc_origin(b, h, heads_kv * group, seq_q, head_dim, bos_q, SEQ_MAJOR=DESC_SEQ_MAJOR,
+                               IS_VARLEN=IS_VARLEN)  # fmt: skip
         # Q_DESC / DO_DESC: the interior loop's blocks are whole; the edge loops' only with EVEN_M (a ragged
         # last block would read the next head's rows). Pointer loads left in the causal diagonal loop beside
         # the interior's TMA held 3 spill instructions in it (sm_90a, d = 128); none with TMA in both.
@@ -1937,7 +1942,8 @@ def _flash_bwd_dq_kernel(
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
     seed, rng_offset = _load_rng(RNG, DROPOUT=DROPOUT)
     bh = b * heads_q + h
-    kv_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, SEQ_MAJOR=DESC_SEQ_MAJOR)  # K/V_DESC
+    kv_at = _desc_origin(b, h_kv, heads_q // group, seq_kv, head_dim, bos_k, SEQ_MAJOR=DESC_SEQ_MAJOR,
+                         IS_VARLEN=IS_VARLEN)  # K_DESC, V_DESC  # fmt: skip
 
     o_m = start_m + tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
@@ -2371,17 +2377,22 @@ OVERLAP_HEAD_DIMS = (128,)
 TMA_KV_MIN_BLOCK_D = 128
 
 
-def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardware, aligned: bool):
+def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardware, aligned: bool,
+              varlen: bool = False):  # fmt: skip
     """(tensor descriptors, sequence-major) over the rows of tensors of ``shape`` ``[B, H, S, D]`` with
     ``strides`` (one each; blocks ``[block_rows[i], block_d]``), for loops over whole blocks inside one
     (sequence, head), which then never reach the next one's rows; or None where they keep their pointer
     loads. Head-major tensors (each the ``[B * H * S, D]`` rows of one allocation), or sequence-major ones
     (each the ``[B * S, H * D]`` rows of a ``[B, S, H, D]`` layout, rows possibly longer: a slice of a
     packed QKV; head dim unpadded, as a block's columns are the head's own), all of one kind: the kernels
-    find a head's first row and column by :func:`_desc_origin`. Hopper or later, fp16/bf16, ``aligned``
-    (the base addresses 16-byte aligned), rows 16-byte aligned, fewer than 2**31 of them."""
+    find a head's first row and column by :func:`_desc_origin`. ``varlen``: packed ``[T, H, D]`` tensors
+    (``shape`` and ``strides`` those of :func:`_sizes`' order), sequence-major only. Hopper or later,
+    fp16/bf16, ``aligned`` (the base addresses 16-byte aligned), rows 16-byte aligned, fewer than 2**31."""
     if not (aligned and hardware.has_tma) or dtype not in (torch.float16, torch.bfloat16):
         return None
+    if varlen:  # as one sequence-major sequence of T rows
+        shape = (1, shape[1], shape[0], shape[2])
+        strides = [(0, stride[1], stride[0], stride[2]) for stride in strides]
     batch, heads, seq, head_dim = shape
     if seq < max(block_rows):
         return None
@@ -2389,14 +2400,15 @@ def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardwar
     for (stride_b, stride_h, stride_n, stride_d), rows_per_block in zip(strides, block_rows, strict=True):
         if stride_d != 1 or stride_n * dtype.itemsize % TMA_ALIGN_BYTES:
             return None
-        if stride_n >= head_dim and (heads == 1 or stride_h == seq * stride_n) and (
+        if not varlen and stride_n >= head_dim and (heads == 1 or stride_h == seq * stride_n) and (
             batch == 1 or stride_b == heads * seq * stride_n
         ):  # head-major (with one head, either kind: taken as this one)
             kinds.add(False)
             rows, width = batch * heads * seq, head_dim
-        elif stride_h == head_dim == block_d and stride_n >= heads * head_dim and (
-            batch == 1 or stride_b == seq * stride_n
-        ):  # sequence-major
+        elif (
+            (heads == 1 or stride_h == head_dim) and head_dim == block_d and stride_n >= heads * head_dim
+            and (batch == 1 or stride_b == seq * stride_n)
+        ):  # sequence-major (packed sequences: always)
             kinds.add(True)
             rows, width = batch * seq, heads * head_dim
         else:
@@ -2410,14 +2422,14 @@ def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardwar
 
 
 def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
-            aligned: bool, v_block_n: int | None = None):  # fmt: skip
+            aligned: bool, v_block_n: int | None = None, varlen: bool = False):  # fmt: skip
     """((K's, V's) tensor descriptors, sequence-major) of a dense forward's interior loop (``TMA_KV``;
     :func:`_tma_rows`), or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]``
     when given (the overlapped loop loads V in half blocks)."""
     if not TMA_KV_LOADS:
         return None
     return _tma_rows(k_shape, (k_stride, v_stride), (block_n, v_block_n or block_n), block_d, dtype, hardware,
-                     aligned)  # fmt: skip
+                     aligned, varlen)  # fmt: skip
 
 
 @plan_cache
@@ -2469,9 +2481,9 @@ def _forward_plan(
         and dtype in (torch.float16, torch.bfloat16) and not (two_pass or dropout or paged or v_transposed)
     )  # fmt: skip
     tma = None
-    if not (varlen or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
+    if not (paged or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
         tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned,
-                      cfg.block_n // 2 if overlap else None)  # fmt: skip
+                      cfg.block_n // 2 if overlap else None, varlen)  # fmt: skip
     descs, desc_seq_major = tma or ((None, None), False)
     strides.update(K_DESC=descs[0], V_DESC=descs[1], DESC_SEQ_MAJOR=desc_seq_major)
     # 32-bit row offsets for the row-loaded tensors (paged K/V and V^T address their own way, 64-bit); not
@@ -2570,9 +2582,9 @@ def _backward_plans(
             tma_dq = Descriptor((rows, head_dim), (head_dim, 1), (cfg.block_m, block_d))
     d_halves = atomic and tma_dq is None and _dq_in_halves(block_d, cfg.block_m, dtype)
     tma_qdo = None  # Q and dO tiles by TMA (TMA_BACKWARD_HEAD_DIMS)
-    if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or d_halves or tma_dq):
+    if block_d in TMA_BACKWARD_HEAD_DIMS and not (d_halves or tma_dq):
         tma_qdo = _tma_rows(q_shape, (q_stride, dout_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
-                            hardware, aligned)  # fmt: skip
+                            hardware, aligned, varlen)  # fmt: skip
     (q_desc, do_desc), qdo_seq_major = tma_qdo or ((None, None), False)
     dkdv = BACKWARD_DKDV.plan(
         grid, **common, **grid_args, **_stride_args(varlen, dk=dk_strides, dv=dk_strides), **dq_strides,
@@ -2597,9 +2609,9 @@ def _backward_plans(
     # K and V tiles by TMA, as the dK/dV kernel's Q and dO; not with ALiBi or dropout (as the forward: sm_90a,
     # the causal ALiBi+dropout dQ kernel, at 255 registers, spilled 9 instructions in its loops with it)
     tma_kv = None
-    if block_d in TMA_BACKWARD_HEAD_DIMS and not (varlen or alibi or dropout):
+    if block_d in TMA_BACKWARD_HEAD_DIMS and not (alibi or dropout):
         tma_kv = _tma_rows(k_shape, (k_stride, v_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
-                           hardware, aligned)  # fmt: skip
+                           hardware, aligned, varlen)  # fmt: skip
     (k_desc, v_desc), kv_seq_major = tma_kv or ((None, None), False)
     dq = BACKWARD_DQ.plan(
         grid, **common, **grid_args, **order, **_stride_args(varlen, dq=_contiguous_strides(q_shape)),
@@ -2980,7 +2992,7 @@ def varlen_forward(
                          window_left, window_right, softcap is not None, False, True, scale < 0.0,
                          _alibi_dims(alibi_slopes), dropout_p > 0.0, device, seqused_k is not None,
                          block_table.shape if paged else None, block_table.stride() if paged else None,
-                         _descale_key(descales), lse=True)  # fmt: skip
+                         _descale_key(descales), aligned=tma_aligned(k, v), lse=True)  # fmt: skip
     out = tensors.new_output(shape, out_dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
@@ -2992,7 +3004,11 @@ def varlen_forward(
     table = lse if block_table is None else block_table
     alibi = lse if alibi_slopes is None else alibi_slopes
     cap = 1.0 if softcap is None else softcap
-    if descales is None:
+    if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
+        plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
+                    SEQUSED_K=used, KV_TABLE=table, ALIBI=alibi, RNG=lse if rng is None else rng, scale=scale,
+                    softcap=cap, dropout_p=dropout_p)  # fmt: skip
+    elif descales is None:
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=used,
                     KV_TABLE=table, ALIBI=alibi, RNG=lse if rng is None else rng, scale=scale, softcap=cap,
                     dropout_p=dropout_p)  # fmt: skip
@@ -3038,6 +3054,7 @@ def varlen_backward(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
         _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device, seqused_k is not None,
+        aligned=tma_aligned(q, dout) and tma_aligned(k, v),
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
     return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic,
