@@ -10,6 +10,7 @@ from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule,
 import llm_speed.fused.cross_entropy as ce
 from llm_speed import cross_entropy, fused_linear_cross_entropy
 from llm_speed.core import runtime
+from llm_speed.core.launch import CallCache
 from llm_speed.fused.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
 KERNELS = (ce.FORWARD.name, ce.BACKWARD.name)
@@ -583,3 +584,25 @@ def test_a_repeated_linear_call_skips_the_metadata_checks_not_the_values(device,
         bad[0] = 80  # same metadata, a value out of range
         with pytest.raises(ValueError, match="target"):
             fused_linear_cross_entropy(hidden, weight, bad, label_smoothing=0.1, lse_square_scale=1e-3)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_repeated_one_chunk_inference_call_equals_the_checked_one(device, monkeypatch, reduction):
+    """A repeated inference call whose rows make one chunk takes the lean one-chunk path
+    (ce._one_chunk_inference): the same loss and z-loss, bit for bit, as the first (checked) call, which ran
+    the chunk loop."""
+    ran = []
+    one_chunk = ce._one_chunk_inference
+    monkeypatch.setattr(ce, "_one_chunk_inference", lambda *args: ran.append(1) or one_chunk(*args))
+    monkeypatch.setattr(ce, "_LINEAR_CALLS", CallCache())
+    hidden = torch.randn(12, 32, device=device)
+    weight = torch.randn(80, 32, device=device)
+    target = torch.randint(0, 80, (12,), device=device)
+    target[5] = -100
+    options = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3, return_z_loss=True)
+    with torch.no_grad():
+        first = fused_linear_cross_entropy(hidden, weight, target, **options)
+        again = fused_linear_cross_entropy(hidden, weight, target, **options)
+    assert (len(ran) == 1) == runtime.triton_runs_on(device)
+    for got, expected in zip(again, first, strict=True):
+        assert torch.equal(got, expected)
