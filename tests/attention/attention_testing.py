@@ -76,6 +76,25 @@ def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
     monkeypatch.setattr(flash, "attention_config", config)
 
 
+def record_backward_plans(monkeypatch) -> list:
+    """A list that receives the (preprocess, dK/dV, dQ or dQ conversion) plans of every backward launched
+    from here on, in call order (read at the launch: a later :func:`fresh_plans` keeps it working)."""
+    made = []
+    launch_backward = flash._launch_backward
+
+    def spy(plans, *args, **kwargs):
+        made.append(plans)
+        return launch_backward(plans, *args, **kwargs)
+
+    monkeypatch.setattr(flash, "_launch_backward", spy)
+    return made
+
+
+def seq_major(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a [B, S, H, D] tensor, viewed as [B, H, S, D] (flash-attn's and Hugging Face's)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def make_qkv(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dtype, device, scale_q=1.0, scale_k=1.0):
     q = (torch.randn(batch, heads_q, seq_q, head_dim) * scale_q).to(dtype).to(device)
     k = (torch.randn(batch, heads_kv, seq_kv, head_dim) * scale_k).to(dtype).to(device)

@@ -17,6 +17,7 @@ from attention_testing import (
     check_against_reference,
     make_qkv,
     pin_configs,
+    record_backward_plans,
 )
 from test_attention_varlen import dense_per_sequence, packed_inputs
 from test_attention_window_softcap import SMALL, check_rule
@@ -145,16 +146,6 @@ def test_deterministic_must_be_a_real_bool(device):
         flash_attention(q, k, v, deterministic=1)
 
 
-def _record_dkdv_plans(monkeypatch) -> list:
-    """A list that receives the dK/dV plan of every backward the launcher makes or looks up, in call order."""
-    made = []
-    original = flash._backward_plans
-    monkeypatch.setattr(
-        flash, "_backward_plans", lambda *a, **kw: made.append(original(*a, **kw)[1]) or original(*a, **kw)
-    )
-    return made
-
-
 # (batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, is_causal, dtype, halves): the atomic path takes the
 # head dim in halves at 16-bit head dims padded to 128 (the H100's 64-row tiles), not at 64 or in float32
 HALVES_CASES = [
@@ -172,20 +163,20 @@ def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, devic
     as float64 says either way."""
     b, hq, hkv, sq, skv, d, causal, dtype, halves = case
     atomic_by_default(monkeypatch)
-    dkdv = _record_dkdv_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     q, k, v = make_qkv(b, hq, hkv, sq, skv, d, dtype, device)
     with Ran() as ran:
         check_against_reference(flash_attention, q, k, v, is_causal=causal)
     if runtime.triton_runs_on(device):
         assert ran.path() == "atomic"
-        assert dkdv[-1].fixed["ATOMIC_DQ"] and dkdv[-1].fixed["D_HALVES"] == halves
+        assert made[-1][1].fixed["ATOMIC_DQ"] and made[-1][1].fixed["D_HALVES"] == halves
 
 
 def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch):
     """Packed sequences (one with no query, lengths off the 64-row blocks, causal GQA) through the halves: the
     ragged rows' masks and the invalid-bounds NaN apply to both halves of dK."""
     atomic_by_default(monkeypatch)
-    dkdv = _record_dkdv_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     q, k, v, cu_q, cu_k = packed_inputs([40, 0, 23, 70], [33, 9, 23, 70], 4, 2, 128, F16, device)
     dout = torch.randn(q.shape, dtype=q.dtype).to(device)
     dlse = torch.randn(q.shape[1], q.shape[0]).to(device)
@@ -199,20 +190,21 @@ def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch):
     for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
         assert_error_rule(name, got[i], same[i], truth[i], 2.0 if i < 2 else 3.0, q.dtype)
     if runtime.triton_runs_on(device):
-        assert ran.path() == "atomic" and dkdv[-1].fixed["D_HALVES"] and dkdv[-1].fixed["IS_VARLEN"]
+        assert ran.path() == "atomic" and made[-1][1].fixed["D_HALVES"] and made[-1][1].fixed["IS_VARLEN"]
 
 
 def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
     """The dQ kernel's path (no dQ tile in the dK/dV kernel) and TMA's reductions keep the head dim whole."""
     from llm_speed.core import launch
 
-    dkdv = _record_dkdv_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     with launch.simulated_gpu():
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 128, 128, 128, F16, "cpu"))
         for deterministic in (True, False):  # the H100's tier: the dQ kernel either way
             flash_attention(q, k, v, deterministic=deterministic).sum().backward()
         monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
         flash_attention(q, k, v, is_causal=True).sum().backward()
+    dkdv = [plans[1] for plans in made]
     assert [plan.fixed["ATOMIC_DQ"] for plan in dkdv] == [False, False, True]
     assert not any(plan.fixed["D_HALVES"] for plan in dkdv)
 

@@ -15,23 +15,12 @@ from attention_testing import (
     expect_launches,
     fresh_plans,
     make_qkv,
+    record_backward_plans,
+    seq_major,
 )
 
 from llm_speed import flash_attention, flash_attention_varlen
 from llm_speed.attention import flash
-
-
-def _record_plans(monkeypatch) -> list:
-    """The (preprocess, dK/dV, dQ) plans of every backward launched from here on."""
-    made = []
-    launch_backward = flash._launch_backward
-
-    def spy(plans, *args, **kwargs):
-        made.append(plans)
-        return launch_backward(plans, *args, **kwargs)
-
-    monkeypatch.setattr(flash, "_launch_backward", spy)
-    return made
 
 
 def _descriptors(plans) -> tuple[set, set]:
@@ -49,16 +38,12 @@ def _gradients(q, k, v, **kwargs) -> tuple:
     return q.grad, k.grad, v.grad
 
 
-def _seq_major(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values in a [B, S, H, D] tensor, viewed as [B, H, S, D] (flash-attn's and Hugging Face's)."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_backward_loads_by_descriptor_keep_the_rule(device, monkeypatch, dtype, is_causal):
     fresh_plans(monkeypatch)
-    made = _record_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     # 2 sequences, 2 query heads on 1 KV head, 256 queries on 384 keys: whole blocks everywhere
     q, k, v = make_qkv(2, 2, 1, 256, 384, 128, dtype, device)
     with expect_launches(*BACKWARD_KERNELS, device=device):
@@ -74,15 +59,15 @@ def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal, la
     """Ragged sequences (136 queries, 200 keys: neither a whole number of blocks) take the descriptors in the
     interior loops and the pointer loads at the ragged edges; the gradients equal the pointer path's. [B, S,
     H, D] tensors take descriptors over their [B * S, H * D] rows (DESC_SEQ_MAJOR)."""
-    made = _record_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     q, k, v = make_qkv(2, 2, 2, 136, 200, 128, torch.float16, device)
     if layout == "seq-major":
-        q, k, v = (_seq_major(t) for t in (q, k, v))
+        q, k, v = (seq_major(t) for t in (q, k, v))
     fresh_plans(monkeypatch)
     with_tma = _gradients(q, k, v, is_causal=is_causal, deterministic=True)
     assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
-    seq_major = layout == "seq-major"
-    assert made[-1][1].fixed["DESC_SEQ_MAJOR"] == made[-1][2].fixed["DESC_SEQ_MAJOR"] == seq_major
+    is_seq_major = layout == "seq-major"
+    assert made[-1][1].fixed["DESC_SEQ_MAJOR"] == made[-1][2].fixed["DESC_SEQ_MAJOR"] == is_seq_major
     fresh_plans(monkeypatch)
     monkeypatch.setattr(flash, "TMA_BACKWARD_HEAD_DIMS", ())
     without = _gradients(q, k, v, is_causal=is_causal, deterministic=True)
@@ -93,13 +78,13 @@ def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal, la
 
 def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch):
     fresh_plans(monkeypatch)
-    made = _record_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     q, k, v = make_qkv(1, 2, 2, 128, 256, 128, torch.float16, device)
     expected = _gradients(q, k, v, deterministic=True)
     assert _descriptors(made[-1]) == ({"Q_DESC", "DO_DESC"}, {"K_DESC", "V_DESC"})
     # sequence-major Q beside a head-major output gradient: one kind of descriptor origin per kernel, so the
     # dK/dV kernel takes pointer loads (the dQ kernel's K and V keep theirs)
-    q_s = _seq_major(q)
+    q_s = seq_major(q)
     q_s_grad = q_s.detach().requires_grad_()
     head_major_grad = torch.ones(q.shape, dtype=q.dtype, device=device)
     flash_attention(q_s_grad, k, v, deterministic=True).backward(head_major_grad)
@@ -127,7 +112,7 @@ def test_packed_sequences_take_descriptors(device, monkeypatch, is_causal):
     """Packed [T, H, D] sequences: descriptors over the [T, H * D] rows, a sequence's first row its start
     (forward K and V, backward Q, dO, K and V); ragged sequences (40, 150 and 90 tokens) take them in their
     interior loops only. Output and gradients equal the pointer loads' bit for bit."""
-    made = _record_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     cu = torch.tensor([0, 40, 190, 280], dtype=torch.int32, device=device)  # 40, 150 and 90 tokens
     total = int(cu[-1])
     q = torch.randn(total, 2, 128, dtype=torch.float16, device=device)

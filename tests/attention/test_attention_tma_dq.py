@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from attention_testing import fresh_plans, make_qkv
+from attention_testing import fresh_plans, make_qkv, record_backward_plans
 
 from llm_speed import flash_attention
 from llm_speed.attention import flash
@@ -27,16 +27,6 @@ def test_it_is_off_by_default_and_hopper_keeps_its_dq_kernel():
     assert flash.deterministic_backward(False, torch.device("cpu"))
 
 
-def _record_backward_plans(monkeypatch) -> list:
-    """Record every backward plan tuple the launcher makes or looks up."""
-    made = []
-    original = flash._backward_plans
-    monkeypatch.setattr(
-        flash, "_backward_plans", lambda *a, **kw: made.append(original(*a, **kw)) or made[-1]
-    )
-    return made
-
-
 def _dkdv(plans):
     (dkdv,) = [p for p in plans if p.kernel is flash.BACKWARD_DKDV]
     return dkdv
@@ -50,7 +40,7 @@ def test_the_atomic_path_plan_takes_the_accumulator_through_a_descriptor(monkeyp
     monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
     assert not flash.deterministic_backward(False, torch.device("cpu"))
     assert flash.deterministic_backward(True, torch.device("cpu"))  # asked for: still the dQ kernel
-    made = _record_backward_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     with launch.simulated_gpu():
         for seq in (128, 100):
             q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, seq, seq, 128, torch.float16, "cpu"))
@@ -69,7 +59,7 @@ def test_the_interpreter_runs_the_same_path_with_element_atomics(monkeypatch, de
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     fresh_plans(monkeypatch)
     monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
-    made = _record_backward_plans(monkeypatch)
+    made = record_backward_plans(monkeypatch)
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 32, 32, 32, torch.float32, device))
     dout = torch.randn_like(q)
     flash_attention(q, k, v, is_causal=True).backward(dout)

@@ -13,6 +13,7 @@ from attention_testing import (
     forward_with_switch_off,
     fresh_plans,
     make_qkv,
+    seq_major,
 )
 
 from llm_speed import flash_attention
@@ -46,10 +47,6 @@ def test_descriptor_loads_equal_pointer_loads(device, monkeypatch, is_causal):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def _seq_major(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values in a [B, S, H, D] tensor, viewed as [B, H, S, D] (flash-attn's and Hugging Face's)."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_sequence_major_descriptors_equal_pointer_loads(device, monkeypatch, is_causal):
@@ -61,7 +58,7 @@ def test_sequence_major_descriptors_equal_pointer_loads(device, monkeypatch, is_
     fused = torch.randn(2, 256, 8 * 128, dtype=torch.float16, device=device)
     packed = [fused[..., a * 128 : b * 128].view(2, 256, b - a, 128).transpose(1, 2)
               for a, b in ((0, 4), (4, 6), (6, 8))]  # fmt: skip
-    for q_, k_, v_ in ((q, *map(_seq_major, (k, v))), packed):
+    for q_, k_, v_ in ((q, *map(seq_major, (k, v))), packed):
         with_tma, without = forward_with_switch_off(monkeypatch, "TMA_KV_LOADS", False, q_, k_, v_, is_causal)
         monkeypatch.setattr(flash, "TMA_KV_LOADS", True)
         fresh_plans(monkeypatch)
@@ -77,10 +74,10 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     fresh_plans(monkeypatch)
     q, k, v = make_qkv(1, 2, 2, 128, 256, 128, torch.float16, device)
     # K head-major, V sequence-major: one kind of descriptor origin per kernel
-    k_s, v_s = (_seq_major(t) for t in (k, v))
+    k_s, v_s = (seq_major(t) for t in (k, v))
     assert not _plan(q, k, v_s).descriptors
     # a sequence-major padded head dim (96 of 128): a block's columns would reach the next head
-    q96, k96, v96 = (_seq_major(t) for t in make_qkv(1, 2, 2, 128, 256, 96, torch.float16, device))
+    q96, k96, v96 = (seq_major(t) for t in make_qkv(1, 2, 2, 128, 256, 96, torch.float16, device))
     assert not _plan(q96, k96, v96).descriptors
     # a base address 2 bytes past a 16-byte boundary
     k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape).copy_(k)

@@ -32,8 +32,8 @@ Constexpr switches specialise one body per variant instead of near-copies:
   MASKED         this loop over blocks applies the visibility and bounds masks to the scores
   EVEN_M/EVEN_N  seq_q / seq_kv is a multiple of the block: no row/column bounds masks on loads and stores
   EVEN_D         head_dim is already a power of two: no head_dim mask
-  TMA_KV         (dense 16-bit forward) the unmasked interior loop loads K and V through tensor descriptors;
-                 the backward's kernels take descriptors of their streamed tiles (Q_DESC, K_DESC, ...)
+  TMA_KV         (16-bit forward, not paged) the unmasked interior loop loads K and V through tensor
+                 descriptors; the backward's kernels take descriptors of their streamed tiles (Q_DESC, ...)
   DESC_SEQ_MAJOR the descriptors are over the rows of sequence-major ``[B, S, H, D]`` tensors
   ROWS32         row offsets in 32 bits: every row of every tensor fits (``rows_fit_32``)
   OVERLAP        (16-bit forward, Hopper) the unmasked interior loop issues the next block's QK^T before this
@@ -885,9 +885,9 @@ def _accumulate_over_keys(
     ``DROPOUT``: the row sums take every weight, the output only the kept ones (the caller divides by
     1 - dropout_p once at the end), as FlashAttention does. ``V_TRANSPOSED``: ``p_v`` points at V^T (keys
     contiguous, head dims ``stride_vn`` apart), loaded as [BD, BN] tiles and fed transposed to the PV product.
-    ``TMA`` (the unmasked interior of a dense 16-bit forward): K and V come through the tensor descriptors
-    ``k_desc`` / ``v_desc`` over their rows, this (sequence, head)'s starting at ``desc_at`` (row, column:
-    :func:`_desc_origin`).
+    ``TMA`` (the unmasked interior of a 16-bit forward, not paged): K and V come through the tensor
+    descriptors ``k_desc`` / ``v_desc`` over their rows, this (sequence, head)'s starting at ``desc_at`` (row,
+    column: :func:`_desc_origin`).
     """
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -1181,12 +1181,12 @@ def _attention_fwd_kernel(
     fold into the score scale, v's into the output (exact algebra). ``V_TRANSPOSED`` (fp8, not paged): V is
     V^T ``[B, Hkv, D, S]`` with the keys contiguous (``stride_vn``: the head-dim stride), so that the PV
     product's B operand is K-major in shared memory, as an fp8 wgmma needs (the transpose bit of wgmma is
-    for 16-bit types only), and its tiles stream through the software pipeline like K's. ``TMA_KV`` (dense
-    16-bit forward): ``K_DESC`` / ``V_DESC`` are tensor descriptors over the ``[B * Hkv * S, D]`` rows of K
-    and V (:func:`_tma_kv`), through which the unmasked interior loop loads its tiles (TMA); the masked edge
-    loops keep their pointer loads; with ``DESC_SEQ_MAJOR`` over the ``[B * S, Hkv * D]`` rows of
-    sequence-major K and V (:func:`_desc_origin`). ``ROWS32``: the row offsets of Q, K, V and O fit in 32 bits
-    (:func:`_row_offsets`).
+    for 16-bit types only), and its tiles stream through the software pipeline like K's. ``TMA_KV`` (16-bit,
+    not paged): ``K_DESC`` / ``V_DESC`` are tensor descriptors over the ``[B * Hkv * S, D]`` rows of K and V
+    (:func:`_tma_kv`), through which the unmasked interior loop loads its tiles (TMA); the masked edge loops
+    keep their pointer loads; with ``DESC_SEQ_MAJOR`` over the ``[B * S, Hkv * D]`` rows of sequence-major
+    K and V, with ``IS_VARLEN`` the ``[T, Hkv * D]`` rows of packed ones (:func:`_desc_origin`). ``ROWS32``:
+    the row offsets of Q, K, V and O fit in 32 bits (:func:`_row_offsets`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -1513,8 +1513,8 @@ def _dkdv_over_queries(
     With ``ATOMIC_DQ`` also dQ += dS K into the fp32 accumulator at ``p_dq`` (unscaled), by atomics: the
     fifth matmul, where the deterministic path recomputes S and dP in a dQ kernel of its own; with a
     descriptor ``dq_desc`` over the accumulator's rows (``desc_at``: this head's first, row and column) by one
-    TMA bulk reduction per tile instead of an atomic per element. ``TMA`` (whole query blocks of a dense
-    16-bit problem; not with ``D_HALVES``): Q and dO come through the tensor descriptors ``q_desc`` /
+    TMA bulk reduction per tile instead of an atomic per element. ``TMA`` (whole query blocks of a 16-bit
+    problem; not with ``D_HALVES``): Q and dO come through the tensor descriptors ``q_desc`` /
     ``do_desc`` over their rows, this head's starting at ``desc_at`` (:func:`_desc_origin`).
 
     K, Q and dK are tuples (:func:`_load_parts`): the whole tile, or with ``D_HALVES`` (atomic dQ by
@@ -1671,9 +1671,10 @@ def _flash_bwd_dkdv_kernel(
     Each dK/dV element is written once by one program, in a fixed order. With ``ATOMIC_DQ`` (the default
     path, FlashAttention-2's) it also adds dS K to the fp32 dQ accumulator ``DQ`` with atomics: five
     matmuls per tile in all, dQ's summation order left to the hardware; without it, ``DQ`` is not touched
-    and the dQ kernel computes dQ on its own (the deterministic path). ``Q_DESC`` / ``DO_DESC`` (dense
-    16-bit, or None): tensor descriptors over the rows of Q and dO (``DESC_SEQ_MAJOR``: of sequence-major
-    ones), through which the query blocks' tiles are loaded (:func:`_dkdv_over_queries`).
+    and the dQ kernel computes dQ on its own (the deterministic path). ``Q_DESC`` / ``DO_DESC`` (16-bit,
+    or None): tensor descriptors over the rows of Q and dO (``DESC_SEQ_MAJOR``: of sequence-major ones;
+    ``IS_VARLEN``: of packed ones), through which the query blocks' tiles are loaded
+    (:func:`_dkdv_over_queries`).
     """
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks, 1,
@@ -1724,39 +1725,22 @@ def _flash_bwd_dkdv_kernel(
         # this head's first row and column in Q's and dO's descriptors, or the (head-major) accumulator's
         desc_at = _desc_origin(b, h, heads_kv * group, seq_q, head_dim, bos_q, SEQ_MAJOR=DESC_SEQ_MAJOR,
                                IS_VARLEN=IS_VARLEN)  # fmt: skip
-        # Q_DESC / DO_DESC: the interior loop's blocks are whole; the edge loops' only with EVEN_M (a ragged
-        # last block would read the next head's rows). Pointer loads left in the causal diagonal loop beside
-        # the interior's TMA held 3 spill instructions in it (sm_90a, d = 128); none with TMA in both.
-        b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
-            lo, left_end, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
-            EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
-            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
-            TMA=Q_DESC is not None and EVEN_M,
-        )  # fmt: skip
-        b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
-            mid_lo, mid_hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=False,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
-            EVEN_M=EVEN_M or WHOLE_INTERIOR, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
-            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-            ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M,
-            BLOCK_D=BLOCK_D, TMA=Q_DESC is not None,
-        )  # fmt: skip
-        b_dk, b_dv = _dkdv_over_queries(
-            b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at, o_n,
-            mid_hi, hi, stride_qm, stride_dom, stride_dqm, seq_q, seq_kv, head_dim, scale, softcap,
-            window_left, window_right, slope2, seed, bh, rng_offset, dropout_p, MASKED=True,
-            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
-            EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32,
-            DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, ATOMIC_DQ=ATOMIC_DQ,
-            DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
-            TMA=Q_DESC is not None and EVEN_M,
-        )  # fmt: skip
+        # The left edge (masked), the interior, the right edge (masked), in this order. Q_DESC / DO_DESC: the
+        # interior's blocks are whole; the edges' only with EVEN_M (a ragged last block would read the next
+        # head's rows). Pointer loads left in the causal diagonal loop beside the interior's TMA held 3 spill
+        # instructions in it (sm_90a, d = 128); none with TMA in both.
+        for segment in tl.static_range(3):
+            b_dk, b_dv = _dkdv_over_queries(
+                b_dk, b_dv, b_k, b_v, p_q, p_do, p_lse2, p_delta, p_dq, DQ_DESC, Q_DESC, DO_DESC, desc_at,
+                o_n, (lo, mid_lo, mid_hi)[segment], (left_end, mid_hi, hi)[segment], stride_qm, stride_dom,
+                stride_dqm, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed,
+                bh, rng_offset, dropout_p, MASKED=segment != 1, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
+                EVEN_M=EVEN_M or (segment == 1 and WHOLE_INTERIOR), EVEN_N=EVEN_N, EVEN_D=EVEN_D,
+                ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
+                ATOMIC_DQ=ATOMIC_DQ, DELTA_IN_ACC=DELTA_IN_ACC, D_HALVES=D_HALVES, BLOCK_M=BLOCK_M,
+                BLOCK_D=BLOCK_D, TMA=Q_DESC is not None and (EVEN_M or segment == 1),
+            )  # fmt: skip
 
     p_dk = DK + b * stride_dkb + h_kv * stride_dkh + bos_k * stride_dkn
     p_dv = DV + b * stride_dvb + h_kv * stride_dvh + bos_k * stride_dvn
@@ -1822,7 +1806,7 @@ def _dq_over_keys(
     TMA: tl.constexpr = False,
 ):
     """Add keys [key_start, key_end) to dQ: dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K. ``TMA``
-    (whole key blocks of a dense 16-bit problem): K and V come through the tensor descriptors ``k_desc`` /
+    (whole key blocks of a 16-bit problem): K and V come through the tensor descriptors ``k_desc`` /
     ``v_desc`` over their rows, this (sequence, head)'s starting at ``desc_at`` (:func:`_desc_origin`)."""
     o_d = tl.arange(0, BLOCK_D)
     for start_n in range(key_start, key_end, BLOCK_N):
@@ -1929,9 +1913,9 @@ def _flash_bwd_dq_kernel(
 
     Walks the visible key blocks (masking only the edge and ragged ones, as the forward does):
     dP = dO V^T, dS = P * (dP - delta) * cap', dQ += dS K * scale. Written once. ``K_DESC`` / ``V_DESC``
-    (dense 16-bit, or None): tensor descriptors over the rows of K and V (``DESC_SEQ_MAJOR``: of
-    sequence-major ones), through which the interior loop (and with ``EVEN_N`` the edge loops) loads its
-    tiles (:func:`_dq_over_keys`).
+    (16-bit, or None): tensor descriptors over the rows of K and V (``DESC_SEQ_MAJOR``: of sequence-major
+    ones; ``IS_VARLEN``: of packed ones), through which the interior loop (and with ``EVEN_N`` the edge
+    loops) loads its tiles (:func:`_dq_over_keys`).
     """
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
@@ -1963,33 +1947,20 @@ def _flash_bwd_dq_kernel(
         start_m, seq_q, seq_kv, window_left, window_right,
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
     )  # fmt: skip
-    b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, lo, left_end, stride_kn,
-        stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
-        dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
-        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None and EVEN_N,
-    )  # fmt: skip
-    b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, mid_lo, mid_hi, stride_kn,
-        stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
-        dropout_p, MASKED=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
-        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None,
-    )  # fmt: skip
-    b_dq = _dq_over_keys(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, mid_hi, hi, stride_kn,
-        stride_vn,
-        seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
-        dropout_p, MASKED=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
-        HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
-        DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TMA=K_DESC is not None and EVEN_N,
-    )  # fmt: skip
+    # The left edge (masked), the interior, the right edge (masked), in this order; K_DESC / V_DESC as the
+    # dK/dV kernel's Q_DESC / DO_DESC: the interior's blocks are whole, the edges' only with EVEN_N.
+    for segment in tl.static_range(3):
+        start = lo if segment == 0 else mid_lo if segment == 1 else mid_hi
+        end = left_end if segment == 0 else mid_hi if segment == 1 else hi
+        b_dq = _dq_over_keys(
+            b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, start, end, stride_kn,
+            stride_vn, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
+            rng_offset, dropout_p, MASKED=segment != 1, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
+            EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
+            RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            TMA=K_DESC is not None and (EVEN_N or segment == 1),
+        )  # fmt: skip
 
     b_dq *= scale
     if IS_VARLEN:  # a sequence with invalid bounds saw no key: NaN over its rows' gradients
@@ -2357,13 +2328,15 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
     }  # fmt: skip
 
 
-# Whether dense 16-bit forwards may load their interior K/V tiles by TMA (read when a plan is made). Only
-# from BLOCK_D = 128 and without ALiBi or dropout: compiled for sm_90a (Triton 3.6) the d = 128 interior loop
-# is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal ALiBi+dropout
-# kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md, 2026-11-25).
+# Whether 16-bit forwards (not paged) may load their interior K/V tiles by TMA (read when a plan is made).
+# Only from BLOCK_D = 128 and without ALiBi or dropout: compiled for sm_90a (Triton 3.6) the d = 128 interior
+# loop is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal
+# ALiBi+dropout kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md,
+# 2026-11-25).
 TMA_KV_LOADS = True
-# The padded head dims at which dense 16-bit backwards load their streamed tiles by TMA: Q and dO in the dK/dV
-# kernel (not with the atomic path's head-dim halves), K and V in the dQ kernel (read when a plan is made).
+# The padded head dims at which 16-bit backwards (dense or packed) load their streamed tiles by TMA: Q and dO
+# in the dK/dV kernel (not with the atomic path's head-dim halves), K and V in the dQ kernel (read when a
+# plan is made).
 # sm_90a, Triton 3.6: d = 128's dK/dV loop 410 -> 353 SASS instructions; d = 64 313 -> 316 and d = 256
 # 335 -> 356 (no gain): docs/notes/attention-overlap.md.
 TMA_BACKWARD_HEAD_DIMS = (128,)
@@ -2423,7 +2396,7 @@ def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardwar
 
 def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hardware: Hardware,
             aligned: bool, v_block_n: int | None = None, varlen: bool = False):  # fmt: skip
-    """((K's, V's) tensor descriptors, sequence-major) of a dense forward's interior loop (``TMA_KV``;
+    """((K's, V's) tensor descriptors, sequence-major) of a forward's interior loop (``TMA_KV``;
     :func:`_tma_rows`), or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]``
     when given (the overlapped loop loads V in half blocks)."""
     if not TMA_KV_LOADS:
@@ -2445,8 +2418,9 @@ def _forward_plan(
     then ``[num_pages, page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch
     stride, head stride) of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V
     comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
-    ``aligned`` (dense 16-bit): K's and V's base addresses are 16-byte aligned, so that the interior loop may
-    load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per call).
+    ``aligned`` (16-bit, not paged): K's and V's base addresses are 16-byte aligned, so that the interior loop
+    may load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per
+    call).
     ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call); every
     caller spells it, so that a class's plan has one key however it is asked for."""
     paged = table_shape is not None
@@ -2531,7 +2505,7 @@ def _backward_plans(
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
     and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
-    dK/dV kernel); ``deterministic``: the dQ kernel. ``aligned`` (dense 16-bit): q's, dout's, k's and v's
+    dK/dV kernel); ``deterministic``: the dQ kernel. ``aligned`` (16-bit): q's, dout's, k's and v's
     base addresses are 16-byte aligned, so that the dK/dV kernel may load Q and dO and the dQ kernel K and V
     through tensor descriptors (:func:`_tma_rows`; the plans then take ``Q_DESC=q, DO_DESC=dout`` and
     ``K_DESC=k, V_DESC=v`` per call)."""
@@ -2654,7 +2628,7 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     alibi = delta if alibi_slopes is None else alibi_slopes
     rng = delta if rng is None else rng
     used = delta if seqused_k is None else seqused_k
-    if "Q_DESC" in dkdv.descriptors:  # TMA_QDO_LOADS: Q and dO through their descriptors too
+    if "Q_DESC" in dkdv.descriptors:  # TMA_BACKWARD_HEAD_DIMS: Q and dO through their descriptors too
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, Q_DESC=q,
                     DO_DESC=dout, CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale,
                     softcap=softcap, dropout_p=dropout_p)  # fmt: skip
