@@ -65,7 +65,7 @@ from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.hardware import KIB, Hardware, hardware_of
-from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh
+from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh, uniform_switch, warp_uniform
 from ..core.launch import (
     TMA_ALIGN_BYTES,
     CallCache,
@@ -355,6 +355,7 @@ def _program(
     PAGED: tl.constexpr,
     BLOCK_B: tl.constexpr,
     LPT: tl.constexpr,
+    UNIFORM: tl.constexpr = False,
 ):
     """Which rows this program owns: (first row of its block within its sequence, batch b, head h, first
     packed row of the sequence's queries and keys, the sequence's seq_q and seq_kv, whether its bounds are
@@ -385,6 +386,12 @@ def _program(
     section the block index is the major axis, heaviest block first (:func:`_longest_first`), so the last
     programs to start are the shortest and the SMs finish together instead of waiting on the last head's
     diagonal blocks.
+
+    ``UNIFORM`` (packed; :func:`~llm_speed.core.kernel_math.warp_uniform`): what a program reads of its
+    sequence comes out of reductions across lanes, which ptxas cannot see the threads agree on; passed
+    through ``redux.sync`` it sits in uniform registers, as a dense program's sizes do (sm_90a, d = 128,
+    4 x 1024 tokens, the main loops in SASS instructions: forward 464 -> 431, dQ 370 -> 288, dK/dV 520 ->
+    422).
     """
     pid = tl.program_id(0)
     if IS_VARLEN:
@@ -428,6 +435,10 @@ def _program(
             len_q = tl.where(valid, len_q, 0)
         else:
             len_k = tl.where(valid, len_k, 0)
+        start, b = warp_uniform(start, REDUX=UNIFORM), warp_uniform(b, REDUX=UNIFORM)
+        bos_q, bos_k = warp_uniform(bos_q, REDUX=UNIFORM), warp_uniform(bos_k, REDUX=UNIFORM)
+        len_q, len_k = warp_uniform(len_q, REDUX=UNIFORM), warp_uniform(len_k, REDUX=UNIFORM)
+        valid = warp_uniform(valid, REDUX=UNIFORM) != 0
         b, h, bos_q, bos_k = b.to(tl.int64), h.to(tl.int64), bos_q.to(tl.int64), bos_k.to(tl.int64)
         return start, b, h, bos_q, len_q, bos_k, len_k, valid
     else:
@@ -1144,6 +1155,7 @@ def _attention_fwd_kernel(
     DROPOUT: tl.constexpr,
     NEG_SCALE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    UNIFORM: tl.constexpr,
     SEQUSED: tl.constexpr,
     PAGED: tl.constexpr,
     EVEN_M: tl.constexpr,
@@ -1191,7 +1203,7 @@ def _attention_fwd_kernel(
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=PAGED, BLOCK_B=BLOCK_B,
-        LPT=LPT,
+        LPT=LPT, UNIFORM=UNIFORM,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -1648,6 +1660,7 @@ def _flash_bwd_dkdv_kernel(
     HAS_ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    UNIFORM: tl.constexpr,
     SEQUSED: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -1679,7 +1692,7 @@ def _flash_bwd_dkdv_kernel(
     start_n, b, h_kv, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_kv, batch, grid_blocks, 1,
         BLOCK=BLOCK_N, OVER_KEYS=True, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
-        LPT=False,
+        LPT=False, UNIFORM=UNIFORM,
     )  # fmt: skip
 
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -1894,6 +1907,7 @@ def _flash_bwd_dq_kernel(
     HAS_ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    UNIFORM: tl.constexpr,
     SEQUSED: tl.constexpr,
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -1920,7 +1934,7 @@ def _flash_bwd_dq_kernel(
     start_m, b, h, bos_q, seq_q, bos_k, seq_kv, valid = _program(
         CU_Q, CU_K, SEQUSED_K, seq_q, seq_kv, heads_q, batch, grid_blocks, section,
         BLOCK=BLOCK_M, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=SEQUSED, PAGED=False, BLOCK_B=BLOCK_B,
-        LPT=LPT,
+        LPT=LPT, UNIFORM=UNIFORM,
     )  # fmt: skip
     h_kv = h // group
     slope2 = _load_slope2(ALIBI, b, h, stride_ab, HAS_ALIBI=HAS_ALIBI)
@@ -2478,7 +2492,7 @@ def _forward_plan(
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         page_size=page_size, num_pages=num_pages,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
-        IS_VARLEN=varlen, SEQUSED=sequsage, PAGED=paged,
+        IS_VARLEN=varlen, UNIFORM=varlen and uniform_switch(hardware), SEQUSED=sequsage, PAGED=paged,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
@@ -2544,7 +2558,8 @@ def _backward_plans(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
-        SEQUSED=sequsage, EVEN_D=even_d, ROWS32=rows32, **dot_switches(dtype),
+        UNIFORM=varlen and uniform_switch(hardware), SEQUSED=sequsage, EVEN_D=even_d, ROWS32=rows32,
+        **dot_switches(dtype),
         BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
