@@ -3,7 +3,8 @@ overlapping the next block's QK^T (``flash.OVERLAP_HEAD_DIMS``; the one-product 
 128x128 tile at d=128; the overlapped loop with K/V by pointers, ``flash.TMA_KV_LOADS``), the causal launch
 order (longest first against row order) and the backward (dQ by atomics or by its own kernel; the dK/dV
 tile; dQ tiles added by TMA bulk reductions, ``flash.TMA_DQ_ADD``; the streamed tiles by pointer loads
-instead of TMA, ``flash.TMA_BACKWARD_HEAD_DIMS``) beside cuDNN's (and, forward, SDPA's flash backend).
+instead of TMA, ``flash.TMA_BACKWARD_HEAD_DIMS``) beside cuDNN's (and, forward, SDPA's flash backend), and
+(``--packed``) packed sequences with their bounds in uniform registers or not (``flash.uniform_switch``).
 Each variant is a patch of one launcher choice (``flash.OVERLAP_HEAD_DIMS``, ``flash._launch_order`` or
 ``flash.attention_config``); plans are cleared between variants, and the variants alternate over
 ``--rounds`` rounds so that clock drift hits each the same.
@@ -158,6 +159,37 @@ def backward_ab(record, tiles, extra) -> None:
                     print(f"{label} {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
 
 
+# Packed sequences (flash_attention_varlen, as Hugging Face's padded batches reach it): 8 ragged causal
+# sequences, 16384 tokens, 16 query heads on 4, d = 128, bf16; the sequences' bounds in uniform registers
+# (``UNIFORM``, redux.sync: sm_90a interior loops forward 464 -> 431, dQ 370 -> 288, dK/dV 520 -> 422) or, as
+# before 2026-11-26's sixteenth session, in per-thread ones.
+PACKED_LENGTHS = (3000, 1000, 2500, 1500, 4000, 500, 2384, 1500)
+
+
+def packed_ab(record) -> None:
+    """Forward and backward (the build's default path) of the packed problem, UNIFORM on and off."""
+    from llm_speed.attention.varlen import flash_attention_varlen
+
+    total = sum(PACKED_LENGTHS)
+    cu = torch.tensor([0, *PACKED_LENGTHS], device="cuda").cumsum(0).to(torch.int32)
+    q = torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))  # fmt: skip
+    dout = torch.randn_like(q)
+    longest = max(PACKED_LENGTHS)
+    label = f"packed causal {len(PACKED_LENGTHS)} seqs {total} tokens h16/4 d128 bf16"
+    for name, switch in (("uniform", flash.uniform_switch), ("per-thread", lambda hardware: False)):
+        with patched("uniform_switch", switch):
+            call = lambda: flash_attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=True)  # noqa: E731
+            with torch.no_grad():
+                call()
+                record(f"fwd {label} {name}", time_ms(call))
+            out = call()
+            grads = lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+            grads()
+            record(f"backward {label} {name}", time_ms(grads))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True)
@@ -165,6 +197,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-forward", action="store_true")
     parser.add_argument("--skip-backward", action="store_true")
     parser.add_argument("--skip-launch-order", action="store_true")
+    parser.add_argument("--packed", action="store_true", help="also the packed sequences' A/B (UNIFORM)")
     parser.add_argument("--backward-tiles", choices=("all", "shipped"), default="all",
                         help="the dK/dV tiles of the backward rows: shipped, or all")  # fmt: skip
     parser.add_argument("--tile", action="append", default=[], metavar="MxNwW[sS]",
@@ -220,6 +253,8 @@ def main(argv=None) -> int:
                     fn = lambda q=q, k=k, v=v: flash.flash_attention(q, k, v, is_causal=True)  # noqa: E731
                     fn()
                     record(f"causal fwd {batch}x{seq} {'lpt' if lpt else 'row'}", time_ms(fn))
+        if args.packed:
+            packed_ab(record)
         if args.skip_backward:
             continue
         backward_ab(record, tiles, extra)

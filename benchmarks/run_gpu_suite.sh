@@ -14,7 +14,8 @@
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
 #   probe   the backward's A/B (benchmarks/attention_ab.py: dQ by atomics, the dQ-kernel path, dQ by TMA
 #           reductions, cuDNN; d = 128 and 64; docs/notes/gpu-speed-plan.md 5.15), the forward's A/B (its
-#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash; 5.12) and host time against
+#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash; 5.12), packed sequences with
+#           their bounds in uniform registers or not, and host time against
 #           kernel time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps; 5.8)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
@@ -197,16 +198,18 @@ EOF
 fi
 
 # The ~30 GPU tests of the quick proof: attention forward (fp16, bf16, causal or not, GQA, seq 1024) and
-# backward against float64, 50-run backward determinism, the tiled forward; GEMM in every dtype, the TMA
+# backward against float64, 50-run backward determinism, the tiled forward, packed sequences (their bounds
+# in uniform registers: redux.sync, warp_uniform); GEMM in every dtype, the TMA
 # kernel across every edge, int8 exact, the linear-layer layout, both paths, the native launch over many
 # addresses; a decode step replayed from a CUDA graph. `--check` counts them.
 QUICK_FILES=(tests/attention/test_attention_gpu.py tests/attention/test_attention_accuracy.py
+    tests/attention/test_attention_varlen.py tests/core/test_warp_uniform.py
     tests/matmul/test_gemm_gpu.py tests/core/test_cuda_graphs_gpu.py)
 QUICK_K="(sampled_rows and 128-1024) or (backward_at_scale and 128-1024) or deterministic_over_50 \
 or rectangular_causal_prefill or tiled_backward_matches or (square_sizes and 1024) \
 or persistent_tma_with_edges or int8_exact or (rectangular_linear_layer and 1000) or both_paths_agree \
 or gradients_at_1024 or forward_is_deterministic or one_plan_per_problem_class or native_launch_over \
-or replayed_from_a_cuda_graph"
+or replayed_from_a_cuda_graph or mixed_lengths_gqa_against_dense or reduced_loop_bound"
 
 case "$STEP" in
 quick)
@@ -254,11 +257,14 @@ probe)
     else
         # the backward's paths first (5.15: atomic dQ at two blocks per SM against the dQ kernel, d = 128 and
         # 64), then the forward with and without its softmax overlapping the next QK^T (5.12)
-        sub attention_ab 200 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
+        sub attention_ab 190 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
             --backward-tiles shipped --output "$RAW/attention_ab.json"
-        sub attention_ab_forward 150 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-backward \
+        sub attention_ab_forward 130 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-backward \
             --output "$RAW/attention_ab_forward.json"
-        sub host_in_bench 150 "$PY" benchmarks/host_in_bench.py --output "$RAW/host_in_bench.json"
+        # packed sequences' bounds in uniform registers or not (2026-11-26), forward and backward
+        sub attention_ab_packed 70 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
+            --skip-backward --packed --rounds 3 --output "$RAW/attention_ab_packed.json"
+        sub host_in_bench 120 "$PY" benchmarks/host_in_bench.py --output "$RAW/host_in_bench.json"
     fi
     ;;
 esac
