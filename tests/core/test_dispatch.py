@@ -134,3 +134,38 @@ def test_outputs_nobody_differentiates_get_none_not_zeros(checked):
     other = torch.randn(4, dtype=torch.float64, requires_grad=True)
     (_NoGradient.apply(out2) + other).sum().backward()
     assert _backward_grads == [] and x2.grad is None and y2.grad is None and other.grad is not None
+
+
+@torch.library.custom_op("llm_speed_test::product_and_sum", mutates_args=())
+def _product_and_sum_op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * y, (x * y).sum().reshape(1)
+
+
+@_product_and_sum_op.register_fake
+def _(x, y):
+    return torch.empty_like(x), x.new_empty(1)
+
+
+def test_checked_outputs_returns_the_leading_outputs_only():
+    """Op(checked_outputs=k): Op.checked returns the first k outputs (setup_context still sees them all and
+    may mark the others), the backward gets their gradients alone; the op's full path returns every
+    output."""
+    seen, grads_seen = [], []
+
+    def setup(ctx, inputs, output):
+        seen.append(len(output))
+        _two_outputs_setup(ctx, inputs, output)
+
+    def backward(ctx, *grads):
+        grads_seen.append(len(grads))
+        x, y = ctx.saved_tensors
+        return grads[0] * y, grads[0] * x
+
+    op = Op(_product_and_sum_op, lambda x, y: _product_and_sum_op._init_fn(x, y), setup_context=setup,
+            backward=backward, checked_outputs=1)  # fmt: skip
+    x, y = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    (out,) = op.checked(_product_and_sum_op._init_fn, x, y)
+    out.sum().backward()
+    assert seen == [2] and grads_seen == [1]
+    assert torch.equal(x.grad, y.detach()) and torch.equal(y.grad, x.detach())
+    assert len(op(x.detach().requires_grad_(), y)) == 2

@@ -145,14 +145,15 @@ def test_a_reduced_loss_with_grad_makes_its_gradients_in_the_forward(device):
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device, ignored=(5,))
     for reduction in ("mean", "sum"):
         h, w, bb = leaves(hidden, weight, b)
-        counts = {k: runtime.launch_count(k) for k in (ce.BACKWARD.name, ce.SCALE.name)}
+        counts = {k: runtime.launch_count(k) for k in (ce.BACKWARD.name, ce.SCALE.name, ce.REDUCE.name)}
         loss = fused_linear_cross_entropy(h, w, target, bias=bb, chunk_rows=8, reduction=reduction)
         after_forward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
         (loss * 0.7).backward()
         after_backward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
         if runtime.triton_runs_on(device):
-            assert after_forward == {ce.BACKWARD.name: 3, ce.SCALE.name: 0}  # 3 chunks
-            assert after_backward == {ce.BACKWARD.name: 3, ce.SCALE.name: 3}  # dhidden, dweight, dbias
+            # 3 chunks; the divisors before the first chunk's gradients, the sums after the last chunk's row
+            assert after_forward == {ce.BACKWARD.name: 3, ce.SCALE.name: 0, ce.REDUCE.name: 2}
+            assert after_backward == {ce.BACKWARD.name: 3, ce.SCALE.name: 3, ce.REDUCE.name: 2}  # dh, dw, db
         # the path that makes the logits again (the backward of reduction="none" with the same gradient)
         h2, w2, b2 = leaves(hidden, weight, b)
         rows = fused_linear_cross_entropy(h2, w2, target, bias=b2, chunk_rows=8, reduction="none")
@@ -586,23 +587,38 @@ def test_a_repeated_linear_call_skips_the_metadata_checks_not_the_values(device,
             fused_linear_cross_entropy(hidden, weight, bad, label_smoothing=0.1, lse_square_scale=1e-3)
 
 
+@pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_a_repeated_one_chunk_inference_call_equals_the_checked_one(device, monkeypatch, reduction):
-    """A repeated inference call whose rows make one chunk takes the lean one-chunk path
-    (ce._one_chunk_inference): the same loss and z-loss, bit for bit, as the first (checked) call, which ran
-    the chunk loop."""
+def test_a_repeated_one_chunk_call_equals_the_checked_one(device, monkeypatch, reduction, grad):
+    """A repeated call whose rows make one chunk takes a lean one-chunk path (ce._LinearCall: called for
+    inference, its forward with grad and a reduced loss): the same loss, z-loss and gradients, bit for bit,
+    as the first (checked) call, which ran the chunk loop; with grad one reduction launch (the gradients read
+    the divisors it writes), not two."""
     ran = []
-    one_chunk = ce._one_chunk_inference
-    monkeypatch.setattr(ce, "_one_chunk_inference", lambda *args: ran.append(1) or one_chunk(*args))
+    for name in ("__call__", "forward"):
+        real = getattr(ce._LinearCall, name)
+        monkeypatch.setattr(
+            ce._LinearCall, name, lambda *args, real=real, name=name: ran.append(name) or real(*args)
+        )
     monkeypatch.setattr(ce, "_LINEAR_CALLS", CallCache())
     hidden = torch.randn(12, 32, device=device)
     weight = torch.randn(80, 32, device=device)
     target = torch.randint(0, 80, (12,), device=device)
     target[5] = -100
     options = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3, return_z_loss=True)
-    with torch.no_grad():
-        first = fused_linear_cross_entropy(hidden, weight, target, **options)
-        again = fused_linear_cross_entropy(hidden, weight, target, **options)
-    assert (len(ran) == 1) == runtime.triton_runs_on(device)
-    for got, expected in zip(again, first, strict=True):
+    results = []
+    for _ in range(2):
+        h, w = leaves(hidden, weight) if grad else (hidden, weight)
+        reduces = runtime.launch_count(ce.REDUCE.name)
+        with torch.set_grad_enabled(grad):
+            loss, z = fused_linear_cross_entropy(h, w, target, **options)
+        reduces = runtime.launch_count(ce.REDUCE.name) - reduces
+        if grad:
+            loss.sum().backward()
+        results.append((loss.detach(), z, *((h.grad, w.grad) if grad else ())))
+    lean = "__call__" if not grad else "forward" if reduction != "none" else None
+    assert ran == ([lean] if lean and runtime.triton_runs_on(device) else [])
+    if runtime.triton_runs_on(device):
+        assert reduces == (reduction != "none")
+    for got, expected in zip(*results, strict=True):
         assert torch.equal(got, expected)

@@ -331,7 +331,8 @@ def _forward_plans(
     before the chunks or None): one lookup per call. A chunk's plan fixes the chunk's first row, so a launch
     takes whole target, loss and stats tensors (no per-call views). flags: softcap, class weights, z-loss,
     z-loss returned. dtypes: logits, target, class weights, loss, z. divisors_first: a reduced loss whose
-    forward also computes the gradients (which divide by the divisors)."""
+    forward also computes the gradients of more than one chunk (all but the last chunk's read the divisors
+    before the reduction runs)."""
     has_softcap, has_weight, has_z, store_z = flags
     reduced = reduction != "none"
     cfg = config(vocab)
@@ -484,7 +485,8 @@ def _forward(
     (loss, z, stats). Targets are checked on the host only where
     :func:`llm_speed.core.runtime.check_values` allows it (and always by the PyTorch fallback); otherwise an
     invalid one makes its row's loss NaN. ``after_chunk(i, logits, stats)`` (a reduced loss, the kernels
-    only) runs after chunk i's row kernel, the reduction's divisors already in stats."""
+    only) runs after chunk i's row kernel, the reduction's divisors already in stats (the last chunk's: after
+    the whole reduction)."""
     triton_runs = runtime.triton_runs_on(device)
     if not triton_runs or runtime.check_values(device):
         _check_targets(target, vocab, ignore_index)
@@ -507,9 +509,11 @@ def _forward(
     weight_arg = class_weight if has_weight else stats  # never read without class weights
     dtypes = (logits_dtype, target.dtype, class_weight.dtype if has_weight else None, loss_dtype)
     flags = (softcap > 0, has_weight, has_z, return_z)
+    # A chunk's gradients divide by the reduction's divisors: the reduction writes them after the last
+    # chunk's row kernel, before that chunk's gradients; earlier chunks need them first (one launch more).
     sizes, plans, reduce, divisors = _forward_plans(
         n, chunk_rows, vocab, stride_l, ignore_index, flags, reduction, dtypes, device,
-        after_chunk is not None,
+        after_chunk is not None and n > chunk_rows,
     )  # fmt: skip
     z_arg = z if return_z else loss
     if divisors is not None:
@@ -517,17 +521,20 @@ def _forward(
     # One chunk alive at a time: each is dropped before the next one's GEMM (a zip over the chunks would
     # hold the last one in its reused result tuple while making the next).
     chunks = iter(chunks)
+    last = len(plans) - 1
     for i, plan in enumerate(plans):
         logits = next(chunks)
         plan.launch(
             logits_ptr=logits, target_ptr=target, weight_ptr=weight_arg, loss_ptr=loss, z_ptr=z_arg,
             stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
         )  # fmt: skip
+        if i == last and reduce is not None:
+            reduce.launch(
+                stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg
+            )  # fmt: skip
         if after_chunk is not None:
             after_chunk(i, logits, stats)
         del logits
-    if reduce is not None:
-        reduce.launch(stats_ptr=stats, target_ptr=target, weight_ptr=weight_arg, out_ptr=loss, z_ptr=z_arg)
     return loss, z, stats
 
 
@@ -581,39 +588,6 @@ def linear_forward(
         chunks, n, vocab, vocab, hidden.dtype, target, class_weight, ignore_index, label_smoothing, softcap,
         z_scale, chunk_rows, reduction, loss_dtype, return_z, hidden.device,
     )  # fmt: skip
-
-
-def _one_chunk_inference(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: None, class_weight: None,
-    ignore_index: int, label_smoothing: float, softcap: float, z_scale: float, chunk_rows: int,
-    reduction: str, loss_dtype: torch.dtype, return_z: bool,
-):  # fmt: skip
-    """:func:`linear_forward`'s loss (with ``return_z``, (loss, z-loss)) of a call whose rows make one chunk
-    (1 <= N <= ``chunk_rows``), with no bias or class weights, on a device the kernels run on: the same
-    GEMM and launches without the chunk loop's machinery, for a repeated call that
-    :func:`fused_linear_cross_entropy` checked before (its host time 22% less on the development CPU, launch
-    stubbed: 31.9 -> 25.0 us beside SDPA's 9.3, 2026-11-26)."""
-    n, vocab = hidden.shape[0], weight.shape[0]
-    device = hidden.device
-    target = target.contiguous()
-    if runtime.check_values(device):
-        _check_targets(target, vocab, ignore_index)
-    runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
-    reduced = reduction != "none"
-    has_z = z_scale > 0
-    _, (plan,), reduce, _ = _forward_plans(
-        n, chunk_rows, vocab, vocab, ignore_index, (softcap > 0, False, has_z, return_z), reduction,
-        (hidden.dtype, target.dtype, None, loss_dtype), device,
-    )  # fmt: skip
-    stats = tensors.new_output((stats_size(n, reduced, has_z),), torch.float32, device)
-    loss = tensors.new_output(() if reduced else (n,), loss_dtype, device)
-    z = tensors.new_output(loss.shape, loss_dtype, device) if return_z else loss  # (z_ptr: loss when unasked)
-    logits = _chunk_logits(hidden, weight.t(), bias)
-    plan.launch(logits_ptr=logits, target_ptr=target, weight_ptr=stats, loss_ptr=loss, z_ptr=z,
-                stats_ptr=stats, smoothing=label_smoothing, softcap=softcap, z_scale=z_scale)  # fmt: skip
-    if reduce is not None:
-        reduce.launch(stats_ptr=stats, target_ptr=target, weight_ptr=stats, out_ptr=loss, z_ptr=z)
-    return (loss, z) if return_z else loss
 
 
 def _zero_bias_grad(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -1011,8 +985,9 @@ def _backward(ctx, grad, _dz, _dstats):
     return _backward_call(grad, logits, target, class_weight, stats, *ctx.args), *((None,) * 9)
 
 
+# A checked call returns (loss, z) alone: fused_linear_cross_entropy reads nothing else.
 _linear_forward_plain = Op(_linear_forward_op, linear_forward_grads, setup_context=_linear_setup_context,
-                           backward=_linear_backward)  # fmt: skip
+                           backward=_linear_backward, checked_outputs=2)  # fmt: skip
 _linear_forward_call = autocast.dispatch(_linear_forward_plain, autocast.LOWER, (0, 1, 3))
 _forward_call = autocast.dispatch(
     Op(_forward_op, forward, setup_context=_setup_context, backward=_backward), autocast.KEEP
@@ -1127,19 +1102,20 @@ def fused_linear_cross_entropy(
                  weight.dtype, weight.device, target.shape, target.stride(), target.dtype, target.device,
                  ignore_index, reduction, label_smoothing, lse_square_scale, return_z_loss, loss_dtype,
                  chunk_rows)  # fmt: skip
-        checked = _LINEAR_CALLS.get(known)
-        if checked is not None:  # (the implementation checks the targets' values where it may read them)
-            args = (hidden, weight, target, None, None, *checked, reduction, loss_dtype, return_z_loss)
-            one_chunk = 0 < hidden.shape[0] <= checked[4]  # (checked: ..., chunk_rows)
-            if mode == INFERENCE and one_chunk and runtime.triton_runs_on(hidden.device):
-                return _one_chunk_inference(*args)
+        call = _LINEAR_CALLS.get(known)
+        if call is not None:  # (the implementation checks the targets' values where it may read them)
+            if call.forward_plan is not None and mode == INFERENCE:
+                return call(hidden, weight, target)
+            args = (hidden, weight, target, None, None, *call.numbers, reduction, loss_dtype, return_z_loss)
             if mode == INFERENCE:
                 loss, z, _ = linear_forward(*args)
             else:  # with grad: the op's autograd node around its implementation
                 needs = _NO_GRADS
                 if reduction != "none":
                     needs = (hidden.requires_grad, weight.requires_grad, False)
-                loss, z, *_ = _linear_forward_plain.checked(linear_forward_grads, *args, *needs)
+                lean = call.forward_plan is not None and reduction != "none"
+                run = call.forward if lean and (needs[0] or needs[1]) else linear_forward_grads
+                loss, z = _linear_forward_plain.checked(run, *args, *needs)
             return (loss, z) if return_z_loss else loss
     ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
         hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
@@ -1152,13 +1128,101 @@ def fused_linear_cross_entropy(
         needs = (hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
     loss, z, *_ = _linear_forward_call(*args, *needs)
     if known is not None:
-        _LINEAR_CALLS.put(known, (ignore_index, label_smoothing, softcap, z_scale, chunk_rows))
+        numbers = (ignore_index, label_smoothing, softcap, z_scale, chunk_rows)
+        call = _LinearCall(hidden, weight, target, numbers, reduction, loss_dtype, return_z_loss)
+        _LINEAR_CALLS.put(known, call)
     return (loss, z) if return_z_loss else loss
 
 
+class _LinearCall:
+    """A :func:`fused_linear_cross_entropy` call without bias, class weights or softcap whose metadata passed
+    every check before (:data:`_LINEAR_CALLS`): its numbers as the op takes them (ignore_index,
+    label_smoothing, softcap, z_scale, chunk_rows) and, where its rows make one chunk (1 <= N <=
+    chunk_rows) on a device the kernels run on, the plans of a lean path: one GEMM and the row and
+    reduction kernels, and for a reduced loss with grad the gradient kernel and two GEMMs, without the
+    chunk loop's machinery or a plan lookup (host time on the development CPU, launch stubbed, 8 x 16 x 64:
+    with grad 40-46 -> 28.5-31 us, inference 14.5 -> 12.4 us; docs/notes/launch-path.md). The same launches,
+    GEMMs and dtypes as the chunk loop: bit for bit its results."""
+
+    __slots__ = ("numbers", "loss_dtype", "return_z", "loss_shape", "device", "forward_plan", "reduce_plan",
+                 "gradient_plan", "stats_size")  # fmt: skip
+
+    def __init__(self, hidden, weight, target, numbers, reduction, loss_dtype, return_z):
+        ignore_index, _, softcap, z_scale, chunk_rows = numbers
+        n, vocab = hidden.shape[0], weight.shape[0]
+        reduced = reduction != "none"
+        self.numbers, self.loss_dtype, self.return_z = numbers, loss_dtype, return_z
+        self.loss_shape = () if reduced else (n,)
+        self.device = device = hidden.device
+        self.forward_plan = self.reduce_plan = self.gradient_plan = None
+        if not (0 < n <= chunk_rows and runtime.triton_runs_on(device)):
+            return
+        has_z = z_scale > 0
+        _, (self.forward_plan,), self.reduce_plan, _ = _forward_plans(
+            n, chunk_rows, vocab, vocab, ignore_index, (softcap > 0, False, has_z, return_z), reduction,
+            (hidden.dtype, target.dtype, None, loss_dtype), device,
+        )  # fmt: skip
+        if reduced:  # the gradients read the divisors the reduction leaves in stats
+            dtypes = (hidden.dtype, hidden.dtype, target.dtype, None, torch.float32)
+            (self.gradient_plan,) = _backward_plans(
+                n, chunk_rows, vocab, (vocab, vocab, 0), ignore_index, (softcap > 0, False, has_z), True,
+                dtypes, device, unit_grad=True,
+            )  # fmt: skip
+        self.stats_size = stats_size(n, reduced, has_z)
+
+    def _loss(self, hidden, weight, target, z_alone):
+        """(loss, z, stats, logits); z the loss itself unless asked for or ``z_alone``."""
+        ignore_index, smoothing, softcap, z_scale, _ = self.numbers
+        device = self.device
+        if runtime.check_values(device):
+            _check_targets(target, weight.shape[0], ignore_index)
+        stats = tensors.new_output((self.stats_size,), torch.float32, device)
+        loss = tensors.new_output(self.loss_shape, self.loss_dtype, device)
+        z = z_arg = loss  # (z_ptr: the loss when unasked, as _forward)
+        if self.return_z:
+            z = z_arg = tensors.new_output(loss.shape, self.loss_dtype, device)
+        elif z_alone:
+            z = tensors.new_output((0,), self.loss_dtype, device)
+        logits = torch.mm(hidden, weight.t())
+        self.forward_plan.launch(
+            logits_ptr=logits, target_ptr=target, weight_ptr=stats, loss_ptr=loss, z_ptr=z_arg,
+            stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
+        )  # fmt: skip
+        if self.reduce_plan is not None:
+            self.reduce_plan.launch(
+                stats_ptr=stats, target_ptr=target, weight_ptr=stats, out_ptr=loss, z_ptr=z_arg
+            )  # fmt: skip
+        return loss, z, stats, logits
+
+    def __call__(self, hidden, weight, target):
+        """:func:`linear_forward`'s loss (with ``return_z``, (loss, z-loss)): the inference call."""
+        runtime.report_work("fused_linear_cross_entropy", hidden=hidden, weight=weight)
+        loss, z, _, _ = self._loss(hidden, weight, target.contiguous(), False)
+        return (loss, z) if self.return_z else loss
+
+    def forward(self, hidden, weight, target, bias, class_weight, *args):
+        """:func:`linear_forward_grads` of a reduced loss with a gradient asked for (the op's arguments;
+        without a bias never ``need_dbias``)."""
+        need_dhidden, need_dweight = args[-3:-1]
+        ignore_index, smoothing, softcap, z_scale, _ = self.numbers
+        runtime.report_work(
+            "fused_linear_cross_entropy", hidden=hidden, weight=weight, gradients=(need_dhidden, need_dweight)
+        )  # fmt: skip
+        target = target.contiguous()
+        loss, z, stats, logits = self._loss(hidden, weight, target, True)
+        # d loss / d logits in place of the logits (grad_ptr unread: UNIT_GRAD), then its two GEMMs
+        self.gradient_plan.launch(
+            logits_ptr=logits, dlogits_ptr=logits, target_ptr=target, weight_ptr=stats, stats_ptr=stats,
+            grad_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
+        )  # fmt: skip
+        dhidden = torch.mm(logits, weight) if need_dhidden else hidden.new_empty(0)
+        dweight = torch.mm(logits.t(), hidden) if need_dweight else weight.new_empty(0)
+        return loss, z, stats, dhidden, dweight, weight.new_empty(0, dtype=torch.float32)
+
+
 _NO_GRADS = (False, False, False)
-# fused_linear_cross_entropy calls already checked, by what the checks read, each with the numbers as the op
-# takes them: a repeated call goes straight to the implementation (with grad inside the op's autograd node).
+# fused_linear_cross_entropy calls already checked, by what the checks read: a repeated call goes straight to
+# the implementation or the lean one-chunk path (with grad inside the op's autograd node).
 _LINEAR_CALLS = CallCache()
 
 
