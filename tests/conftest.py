@@ -19,6 +19,21 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """``--dist loadgroup`` (``make test``) sends the tests marked ``xdist_group`` to one worker by a
+    "@group" suffix pytest-xdist adds to their node ids; under pytest 9.2 its ``item._nodeid`` no longer
+    reaches the id (now ``item._id``), so the group's tests spread over both workers and one waited on the
+    kernel report's compile lock (~60 s). Add the suffix where it is missing."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})  # fmt: skip
+        if names and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
 @pytest.fixture
 def device() -> torch.device:
     """The device the kernels are tested on: the GPU when there is one, else the CPU (interpreter)."""
