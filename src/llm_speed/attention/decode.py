@@ -28,8 +28,10 @@ q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is adde
 softcap.
 An fp8 cache (``float8_e4m3fn``/``float8_e5m2`` with ``k_descale``/``v_descale``, FlashAttention-3's
 names) halves the bytes decode streams: the attention kernel reads fp8 tiles and widens them exactly to q's
-dtype before ``tl.dot`` (q stays 16-bit), ``k_descale`` folded into the score scale, values dequantized in q's
-dtype (``v * v_descale``, one rounding); the append kernel quantizes the new k/v with the same descales.
+dtype before ``tl.dot`` (q stays 16-bit), ``k_descale`` folded into the score scale; with a 16-bit q the
+values' product runs in float16 (every e4m3 and e5m2 value is one exactly, and P in [0, 1] is rounded once,
+as in q's dtype) and ``v_descale`` scales its float32 sum (a float32 q: values dequantized in float32); the
+append kernel quantizes the new k/v with the same descales.
 An option left out is a None pointer, a constexpr: its code is compiled out.
 
 Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
@@ -248,15 +250,6 @@ def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blo
 
 
 @triton.jit
-def _dequantized(b_x, scale, dtype: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """An fp8 tile times its descale (already in ``dtype``), in ``dtype``: one rounding, correctly rounded
-    (under the interpreter, whose bfloat16 arithmetic is not, in float32 rounded by hand)."""
-    if RNE_BY_HAND:
-        return cast(b_x.to(tl.float32) * scale.to(tl.float32), dtype, RNE_BY_HAND=True)
-    return b_x.to(dtype) * scale
-
-
-@triton.jit
 def _kvcache_fwd_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI,
     K_DESCALE, V_DESCALE, OUT, LSE,
@@ -346,9 +339,17 @@ def _kvcache_fwd_kernel(
     qk_scale = qk_scale_log2  # the scores' factor: with an fp8 cache, k's descale folded in (exact algebra)
     if K_DESCALE is not None:
         qk_scale = qk_scale_log2 * tl.load(K_DESCALE + i_b * stride_kdb + i_hkv * stride_kdh)
-    if V_DESCALE is not None:  # rounded to q's dtype, as the reference dequantizes
-        v_scale = cast(tl.load(V_DESCALE + i_b * stride_vdb + i_hkv * stride_vdh), Q.dtype.element_ty,
-                       RNE_BY_HAND=RNE_BY_HAND)  # fmt: skip
+    # An fp8 cache with a 16-bit q: P and V in float16 (V exact), v_descale on the float32 sum. In bfloat16
+    # each tile took a second cast (e4m3 -> f16 -> bf16: sm_90a d = 128 loop 887 -> 796 SASS instructions)
+    # and v * v_descale could round; in float16 it cannot overflow (|v| <= 448 for e4m3, 57344 for e5m2).
+    PV_F16: tl.constexpr = V_DESCALE is not None and Q.dtype.element_ty != tl.float32
+    if V_DESCALE is not None:
+        v_scale = tl.load(V_DESCALE + i_b * stride_vdb + i_hkv * stride_vdh)
+        # A 1 the compiler cannot fold (NaN for a descale of 0, inf or NaN): a product between V's load and
+        # its dot makes V's shared-memory tile 16-bit, read by ldmatrix.trans; the fp8 tile read as the PV
+        # product's transposed operand takes byte-wide gathers (no 8-bit ldmatrix.trans on sm_90): the loop
+        # was 1002 SASS instructions (16-bit cache: 724).
+        v_one = (v_scale / v_scale).to(tl.float16)
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -381,21 +382,23 @@ def _kvcache_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_shift)
         b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        if Q.dtype.element_ty != tl.float32:
+        if PV_F16:
+            b_p = cast(b_p, tl.float16, RNE_BY_HAND=RNE_BY_HAND)
+        elif Q.dtype.element_ty != tl.float32:
             b_p = cast(b_p, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
         p_v = V_CACHE + i_hkv * stride_vh + (b_page * stride_vb + o_slot * stride_vs)[:, None] + o_d[None, :]
         b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
-        if V_DESCALE is None:
+        if PV_F16:
+            b_v = b_v.to(tl.float16) * v_one
+        elif V_DESCALE is None:
             b_v = b_v.to(Q.dtype.element_ty)
-        else:
-            # Dequantized in q's dtype (one rounding, the reference's), not on the sum: a product between the
-            # load and the dot makes its shared-memory tile 16-bit, read by ldmatrix.trans; an fp8 tile read
-            # as the PV product's transposed operand takes byte-wide gathers (sm_90 has no 8-bit
-            # ldmatrix.trans): the loop was 1002 SASS instructions, 699 now (16-bit cache: 724).
-            b_v = _dequantized(b_v, v_scale, Q.dtype.element_ty, RNE_BY_HAND)
+        else:  # a float32 q: dequantized exactly in float32
+            b_v = b_v.to(tl.float32) * v_scale
         b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
         b_m = b_m_new
 
+    if PV_F16:
+        b_acc = b_acc * v_scale
     no_key = b_l == 0.0
     b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
     b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
@@ -1236,9 +1239,10 @@ def flash_attention_with_kvcache(
             the caches are fp8 (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, both caches one dtype; q
             and k/v stay float16, bfloat16 or float32). The cache holds ``x / descale``: a key is
             ``k_cache.float() * k_descale``, a value ``v_cache.float() * v_descale``. The attention kernel
-            reads the fp8 tiles, widens them exactly to q's dtype for the products, folds ``k_descale`` into
-            the score scale (exact algebra) and multiplies each value tile by ``v_descale`` in q's dtype (one
-            rounding, as dequantizing into q's dtype; no dequantized copy in memory). Appended
+            reads the fp8 tiles, widens the keys exactly to q's dtype, folds ``k_descale`` into the score
+            scale (exact algebra), and with a 16-bit q takes the values' product in float16 (the values
+            exact, the weights rounded once) and scales its float32 sum by ``v_descale`` (a float32 q: the
+            values dequantized in float32); no dequantized copy in memory. Appended
             k/v (after rotary, computed in float32) are quantized in the append kernel:
             ``saturate(x / descale)`` in float32 (IEEE division), rounded to nearest even, saturated to the
             format's largest finite value (448 for e4m3, 57344 for e5m2; infinities too); a NaN stays NaN.
