@@ -136,6 +136,7 @@ def test_outputs_nobody_differentiates_get_none_not_zeros(checked):
     assert _backward_grads == [] and x2.grad is None and y2.grad is None and other.grad is not None
 
 
+# An op of its own: Op(...) registers its autograd with the library op, which would replace _two_outputs'.
 @torch.library.custom_op("llm_speed_test::product_and_sum", mutates_args=())
 def _product_and_sum_op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x * y, (x * y).sum().reshape(1)

@@ -382,8 +382,8 @@ def _kvcache_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_shift)
         b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        if PV_F16:
-            b_p = cast(b_p, tl.float16, RNE_BY_HAND=RNE_BY_HAND)
+        if PV_F16:  # (RNE_BY_HAND rounds to bfloat16's bits: not for float16, which the interpreter rounds)
+            b_p = b_p.to(tl.float16)
         elif Q.dtype.element_ty != tl.float32:
             b_p = cast(b_p, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
         p_v = V_CACHE + i_hkv * stride_vh + (b_page * stride_vb + o_slot * stride_vs)[:, None] + o_d[None, :]

@@ -1113,8 +1113,8 @@ def fused_linear_cross_entropy(
                 needs = _NO_GRADS
                 if reduction != "none":
                     needs = (hidden.requires_grad, weight.requires_grad, False)
-                lean = call.forward_plan is not None and reduction != "none"
-                run = call.forward if lean and (needs[0] or needs[1]) else linear_forward_grads
+                lean = call.gradient_plan is not None and (needs[0] or needs[1])  # one chunk, reduced
+                run = call.forward if lean else linear_forward_grads
                 loss, z = _linear_forward_plain.checked(run, *args, *needs)
             return (loss, z) if return_z_loss else loss
     ignore_index, label_smoothing, softcap, z_scale, return_z_loss, chunk_rows = _validate_linear(
@@ -1203,7 +1203,7 @@ class _LinearCall:
     def forward(self, hidden, weight, target, bias, class_weight, *args):
         """:func:`linear_forward_grads` of a reduced loss with a gradient asked for (the op's arguments;
         without a bias never ``need_dbias``)."""
-        need_dhidden, need_dweight = args[-3:-1]
+        need_dhidden, need_dweight, _ = args[-3:]
         ignore_index, smoothing, softcap, z_scale, _ = self.numbers
         runtime.report_work(
             "fused_linear_cross_entropy", hidden=hidden, weight=weight, gradients=(need_dhidden, need_dweight)
@@ -1211,10 +1211,8 @@ class _LinearCall:
         target = target.contiguous()
         loss, z, stats, logits = self._loss(hidden, weight, target, True)
         # d loss / d logits in place of the logits (grad_ptr unread: UNIT_GRAD), then its two GEMMs
-        self.gradient_plan.launch(
-            logits_ptr=logits, dlogits_ptr=logits, target_ptr=target, weight_ptr=stats, stats_ptr=stats,
-            grad_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
-        )  # fmt: skip
+        _dlogits(self.gradient_plan, logits, logits, None, target, None, stats, stats, None, ignore_index,
+                 smoothing, softcap, z_scale)  # fmt: skip
         dhidden = torch.mm(logits, weight) if need_dhidden else hidden.new_empty(0)
         dweight = torch.mm(logits.t(), hidden) if need_dweight else weight.new_empty(0)
         return loss, z, stats, dhidden, dweight, weight.new_empty(0, dtype=torch.float32)
