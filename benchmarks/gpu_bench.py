@@ -65,11 +65,24 @@ def command_lines(name: str, out: str) -> list[str]:
             f"--output {out}/gemm_epilogue_4096.json"
         )
     elif name == "decode":
-        # GPU defaults (contexts 1024-16384; 32 heads, 8 KV heads, d=128, fp16; dense, paged, fp8 caches and
-        # SDPA), one batch size a call so a cut step keeps the sizes it finished.
-        for batch in (1, 8, 32, 128):
+        # Issue 39's grid: bf16, batch x context 1 x 4k to 256 x 8k, 32 query heads of d = 128 on 4 KV heads
+        # (GQA 8:1: every cache, dense and paged at 256 tokens a page, 16-bit and fp8, and SDPA) and on 32
+        # (MHA: the 16-bit caches and SDPA), pages of 16 tokens (the paged caches); each step eager and
+        # replayed from a CUDA graph. One batch size a call, so a cut step keeps the sizes it finished.
+        grid = "--dtype bf16 --contexts 4096 8192 --num-heads 32 --no-progress"
+        for batch in (1, 16, 64, 256):
             lines.append(
-                f"bench decode --batch-sizes {batch} --no-progress --output {out}/decode_b{batch}.json"
+                f"bench decode {grid} --batch-sizes {batch} --num-kv-heads 4 "
+                f"--output {out}/decode_gqa_b{batch}.json"
+            )
+            lines.append(
+                f"bench decode {grid} --batch-sizes {batch} --num-kv-heads 32 "
+                f"--impl kvcache kvcache-paged sdpa --output {out}/decode_mha_b{batch}.json"
+            )
+            lines.append(
+                f"bench decode {grid} --batch-sizes {batch} --num-kv-heads 4 --page-size 16 "
+                "--impl kvcache-paged kvcache-paged-fp8 "
+                f"--output {out}/decode_gqa_p16_b{batch}.json"
             )
     elif name == "demo":
         # The per-call cost of every op on a tiny problem (wall and kernel time; forward, forward recording
@@ -96,8 +109,9 @@ def command_lines(name: str, out: str) -> list[str]:
         # memory (NN measured 0.14x: the kernel transposes b through registers every K step).
         for size in ("4096x4096x4096", "8192x8192x4096"):
             label = size.split("x")[0]
-            lines.append(f"{gemm} --dtype fp8 --layout NT --sizes {size} "
-                         f"--output {out}/gemm_fp8_{label}.json")
+            lines.append(
+                f"{gemm} --dtype fp8 --layout NT --sizes {size} --output {out}/gemm_fp8_{label}.json"
+            )
     else:
         raise ValueError(f"unknown set {name!r}; expected {', '.join(SETS)}")
     return lines

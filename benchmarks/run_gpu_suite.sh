@@ -237,7 +237,7 @@ bench)
     if [ "$MODE" = check ]; then CHECK=(--check); fi
     sub bench_attention 120 "$PY" benchmarks/gpu_bench.py attention "$RAW" "${CHECK[@]}"
     sub bench_gemm 60 "$PY" benchmarks/gpu_bench.py gemm "$RAW" "${CHECK[@]}"
-    sub bench_decode 90 "$PY" benchmarks/gpu_bench.py decode "$RAW" "${CHECK[@]}"
+    sub bench_decode 150 "$PY" benchmarks/gpu_bench.py decode "$RAW" "${CHECK[@]}"
     sub bench_fp8 60 "$PY" benchmarks/gpu_bench.py fp8 "$RAW" "${CHECK[@]}"
     sub demo 110 "$PY" benchmarks/gpu_bench.py demo "$RAW" "${CHECK[@]}"
     ;;

@@ -73,7 +73,8 @@ def pytest_counts(raw: Path) -> dict | None:
 
 
 def benchmark_files(raw: Path) -> dict:
-    """Per benchmark JSON: how many rows ran and which implementations did not (with the first reason)."""
+    """Per benchmark JSON: how many rows ran and which implementations did not (with the first reason); for
+    decode rows, which implementations' CUDA-graph capture failed (``graph_failed``, first reason)."""
     found = {}
     for path in sorted(raw.glob("*.json")):
         if path.name in ("versions.json", "doctor.json"):
@@ -83,15 +84,19 @@ def benchmark_files(raw: Path) -> dict:
         except (OSError, ValueError) as error:
             found[path.name] = {"error": f"unreadable: {error}"}
             continue
-        not_run = {}
+        not_run, graph_failed = {}, {}
         for row in results:
             if not row.get("available", True):
                 not_run.setdefault(row.get("impl"), row.get("reason"))
+            elif str(row.get("graph_reason") or "").startswith("capture failed"):
+                graph_failed.setdefault(row.get("impl"), row["graph_reason"])
         found[path.name] = {
             "rows": len(results),
             "rows_run": sum(1 for r in results if r.get("available")),
             "not_run": not_run,
         }
+        if graph_failed:
+            found[path.name]["graph_failed"] = graph_failed
     return found
 
 

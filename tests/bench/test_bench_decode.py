@@ -34,6 +34,46 @@ def test_dry_run_measures_every_impl(device, capsys, tmp_path):
         ratio = by_impl[sixteen]["timing"]["median_ms"] / by_impl[fp8]["timing"]["median_ms"]
         assert by_impl[fp8]["vs_16bit_cache"] == pytest.approx(ratio)
     assert all(r["vs_16bit_cache"] is None for r in rows if r["impl"] not in decode_bench.FP8_IMPLS)
+    # each step replayed from a CUDA graph on a GPU (every implementation captures: no host sync in a step)
+    if device.type == "cuda":
+        assert all(r["graph_ms"] > 0 and r["graph_bandwidth_gb_s"] > 0 for r in rows), rows
+        assert all(r["graph_reason"] is None for r in rows)
+    else:
+        assert all(r["graph_ms"] is None and r["graph_bandwidth_gb_s"] is None for r in rows)
+        assert all(r["graph_reason"] == "CUDA graphs need a CUDA device (ran on cpu)" for r in rows)
+
+
+def test_no_graph_skips_the_replay_and_says_so(capsys):
+    argv = (
+        "bench decode --device cpu --batch-sizes 1 --contexts 16 --num-heads 2 --num-kv-heads 1 "
+        "--head-dim 16 --impl sdpa --warmup 0 --iterations 1 --no-graph --no-progress --json"
+    ).split()
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["settings"]["graph"] is False
+    [row] = document["results"]
+    assert row["available"] and row["graph_ms"] is None
+    assert row["graph_reason"] == "not asked for (--no-graph)"
+
+
+def test_a_refused_capture_keeps_the_eager_figures(monkeypatch):
+    """A capture that raises (a step that synchronises with the host, say) leaves graph_ms None with the
+    capture's error, and the row's eager timing stands."""
+    args = build_parser().parse_args("bench decode --device cpu --impl sdpa".split())
+    settings = decode_bench.decode_settings(args, decode_bench.torch.device("cpu"))
+    row = decode_bench.DecodeMeasurement(
+        case="c", impl="sdpa", available=True, batch=1, context=16, flops=1.0, bytes_moved=1.0
+    )
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+
+    monkeypatch.setattr(decode_bench.timing, "measure", refuse)
+    replay = decode_bench._graph_timer(row, settings, decode_bench.torch.device("cuda"))
+    replay(lambda: None)
+    assert row.graph_ms is None and row.available
+    reason = "capture failed: RuntimeError: operation not permitted when stream is capturing"
+    assert row.graph_reason == reason
 
 
 def test_fp8_rows_alone_and_their_prediction(device, capsys):

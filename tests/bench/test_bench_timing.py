@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from llm_speed.bench import timing as timing_module
-from llm_speed.bench.timing import HOST_TIMER, measure, peak_memory, runs_still_needed, summarize
+from llm_speed.bench.timing import (
+    GRAPH_TIMER,
+    HOST_TIMER,
+    measure,
+    peak_memory,
+    runs_still_needed,
+    summarize,
+)
 
 
 def test_host_timer_measures_a_sleep():
@@ -77,6 +84,15 @@ def test_not_callable_is_a_type_error():
         measure(42, device="cpu")
 
 
+def test_graph_timer_refuses_a_cpu_device_by_name():
+    calls = []
+    with pytest.raises(ValueError, match="device: CUDA graphs need a CUDA device"):
+        measure(lambda: calls.append(1), device="cpu", graph=True)
+    assert not calls  # refused before any work
+    with pytest.raises(ValueError, match="iterations"):
+        measure(lambda: None, device="cpu", graph=True, iterations=0)
+
+
 def test_peak_memory_on_cpu_is_none_with_a_reason():
     result = peak_memory(lambda: torch.ones(4), device="cpu")
     assert result.peak_bytes is None and result.above_baseline_bytes is None
@@ -92,6 +108,19 @@ def test_cuda_timer_and_peak_memory():
     assert timing.l2_flush_bytes >= torch.cuda.get_device_properties(0).L2_cache_size
     memory = peak_memory(lambda: torch.empty(256, 1024, 1024, dtype=torch.uint8, device="cuda"), "cuda")
     assert memory.above_baseline_bytes >= 256 * 1024 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replays_are_timed_and_compute():
+    """Every replay runs the captured call: one eager warm-up, the capture (which runs nothing), one
+    untimed replay and the timed ones each add ``a`` once."""
+    a = torch.ones(1024, device="cuda")
+    out = torch.zeros_like(a)
+    timing = measure(lambda: out.add_(a), warmup=1, iterations=5, device="cuda", graph=True)
+    assert timing.timer == GRAPH_TIMER and timing.iterations >= 5 and timing.median_ms > 0
+    torch.cuda.synchronize()
+    assert torch.all(out == 2 + timing.iterations)
 
 
 def test_timing_notes_name_only_the_triton_ops_that_were_timed():

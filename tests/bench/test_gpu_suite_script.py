@@ -126,6 +126,17 @@ def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
             }
         )
     )
+    (raw / "decode_gqa_b1.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"impl": "kvcache", "available": True, "graph_reason": None},
+                    {"impl": "sdpa", "available": True, "graph_reason": "capture failed: RuntimeError: x"},
+                    {"impl": "kvcache-fp8", "available": True, "graph_reason": "not asked for (--no-graph)"},
+                ]
+            }
+        )
+    )
     (raw / "pytest.log").write_text("FAILED tests/a.py::test_bad\n1 failed, 1 passed, 1 skipped\n")
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
@@ -145,6 +156,12 @@ def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
         "rows": 2,
         "rows_run": 1,
         "not_run": {"torch._int_mm": "not on this GPU"},
+    }
+    assert summary["benchmarks"]["decode_gqa_b1.json"] == {
+        "rows": 3,
+        "rows_run": 3,
+        "not_run": {},
+        "graph_failed": {"sdpa": "capture failed: RuntimeError: x"},
     }
     text = (out / "summary.txt").read_text()
     assert "FAILED tests.a::test_bad" in text and "timed out" in text and "1 failed, 1 passed" in text

@@ -141,7 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "dense cache",
         description="Time one decode step (one query token per sequence) over a KV cache, batch x context: "
         "dense and paged caches in --dtype, the same over fp8 (e4m3) caches (their tokens/s against the "
-        "16-bit cache's), and SDPA over a dense cache.",
+        "16-bit cache's), and SDPA over a dense cache; on a GPU each step also replayed from a CUDA graph.",
     )
     decode.add_argument("--batch-sizes", type=positive_int, nargs="+", help="GPU: 1 8 32 128; CPU: 1 2")
     decode.add_argument(
@@ -153,6 +153,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decode.add_argument("--page-size", type=positive_int, help="tokens per page, a multiple of 16 (GPU 256)")
     decode.add_argument("--dtype", choices=options.DECODE_DTYPES, help="GPU fp16, CPU fp32")
     decode.add_argument("--impl", nargs="+", choices=options.DECODE_IMPLS, help="default: all of them")
+    decode.add_argument(
+        "--no-graph",
+        action="store_true",
+        help="skip timing each step replayed from a CUDA graph (the 'graph ms' column; GPU only)",
+    )
     _add_common(decode, None)
     decode.set_defaults(func=run_decode_command)
     ops_parser = kinds.add_parser(

@@ -7,6 +7,11 @@ achieved GB/s of the model's minimum traffic (``kernel_costs.kvcache_decode_cost
 element size) and, on a GPU in the table, that figure as a fraction of the HBM peak
 (``llm_speed.core.gpus``). An fp8 row also reports its tokens/s over the 16-bit cache's of the same layout
 (``vs_16bit_cache``; issue 35's target: >= 1.7x at batch x context >= 64 x 4096 on an H100).
+
+On a GPU each row is also timed replayed from a CUDA graph (``graph_ms``; ``--no-graph`` skips it): the
+same step without the host's launch path, as a serving engine that captures its decode step runs it. At
+small batches an eagerly launched step can take longer to launch than to run, so the two columns differ
+most there; a row that cannot be captured says why in ``graph_reason``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from llm_speed.bench import report
+from llm_speed.bench import report, timing
 from llm_speed.bench.options import DECODE_DTYPES as DTYPES
 from llm_speed.bench.options import DECODE_FP8_IMPLS as FP8_IMPLS
 from llm_speed.bench.options import DECODE_IMPLS as IMPLS
@@ -66,6 +71,7 @@ class DecodeSettings:
     warmup: int
     iterations: int
     device: str
+    graph: bool = True  # also time each step replayed from a CUDA graph (CUDA devices)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -77,6 +83,11 @@ class DecodeMeasurement(Measurement):
     hbm_peak_fraction: float | None = None  # achieved GB/s over the GPU's HBM peak (GPUs in the table only)
     # fp8-cache rows: the 16-bit cache's median over this one (= tokens/s ratio; > 1: the fp8 cache is faster)
     vs_16bit_cache: float | None = None
+    # The step replayed from a CUDA graph (no host launch path): median ms and GB/s of the same minimum
+    # traffic; None with ``graph_reason`` where not measured (a CPU run, --no-graph, a capture refused).
+    graph_ms: float | None = None
+    graph_bandwidth_gb_s: float | None = None
+    graph_reason: str | None = None
 
 
 def check_settings(settings: DecodeSettings) -> None:
@@ -166,6 +177,7 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
                     device=device,
                     warmup=settings.warmup,
                     iterations=settings.iterations,
+                    then=_graph_timer(row, settings, device),
                 )
                 rows.append(row)
                 if advance is not None:
@@ -175,6 +187,32 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
     report.add_hbm_peak_fraction(rows, gpu)
     add_fp8_ratios(rows)
     return rows
+
+
+def _graph_timer(row: DecodeMeasurement, settings: DecodeSettings, device: torch.device):
+    """The ``then`` of :func:`report.run_measurement`: time the row's step replayed from a CUDA graph, or
+    say why not. A capture that fails leaves the eager figures standing."""
+    if not settings.graph:
+        row.graph_reason = "not asked for (--no-graph)"
+        return None
+    if device.type != "cuda":
+        row.graph_reason = f"CUDA graphs need a CUDA device (ran on {device.type})"
+        return None
+
+    def replay(workload: Callable[[], Any]) -> None:
+        try:
+            replayed = timing.measure(
+                workload, warmup=settings.warmup, iterations=settings.iterations, device=device, graph=True
+            )
+        except Exception as error:  # a refused capture is reported on the row, not raised
+            lines = str(error).strip().splitlines()
+            row.graph_reason = f"capture failed: {type(error).__name__}: {lines[0] if lines else ''}".strip()
+            return
+        row.graph_ms = replayed.median_ms
+        seconds = replayed.median_ms * 1e-3
+        row.graph_bandwidth_gb_s = row.bytes_moved / seconds / 1e9 if seconds > 0 else None
+
+    return replay
 
 
 def add_fp8_ratios(rows: Sequence[DecodeMeasurement]) -> None:
@@ -234,6 +272,7 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             row.impl,
             report.hbm_peak_cell(row),
             f"{row.vs_16bit_cache:.2f}x" if row.vs_16bit_cache is not None else None,
+            f"{row.graph_ms:.4g}" if row.graph_ms is not None else None,
             *report.common_cells(row),
         ]
         for row in rows
@@ -241,7 +280,15 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
     ]
     report.print_rows(
         "Decode over a KV cache",
-        ["batch", "context", "impl", "% HBM peak", "tokens/s vs 16-bit cache", *report.COMMON_COLUMNS],
+        [
+            "batch",
+            "context",
+            "impl",
+            "% HBM peak",
+            "tokens/s vs 16-bit cache",
+            "graph ms",
+            *report.COMMON_COLUMNS,
+        ],
         table,
         caption=caption,
         console=console,
@@ -273,6 +320,7 @@ def decode_settings(args: argparse.Namespace, device: torch.device) -> DecodeSet
         warmup=pick("warmup"),
         iterations=pick("iterations"),
         device=str(device),
+        graph=not args.no_graph,
     )
     check_settings(settings)
     return settings

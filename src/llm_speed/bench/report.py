@@ -237,6 +237,7 @@ def run_measurement(
     iterations: int,
     min_time_s: float = 0.0,
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    then: Callable[[Callable[[], Any]], None] | None = None,
 ) -> Measurement:
     """Time the workload that ``build()`` returns; a failure marks ``row`` unavailable with the reason.
 
@@ -244,6 +245,8 @@ def run_measurement(
     no-argument function to time. ``context`` is entered around everything (e.g. an SDPA backend choice), so
     its own cost is not timed. The first call of the workload doubles as the availability check; warnings
     raised by a refusal (SDPA explains why a backend cannot run through warnings) join the reason.
+    ``then(workload)``, where given, runs after the timing, in the same context and with the same inputs
+    (the decode benchmark's CUDA-graph replay); it records its own figures and failures on the row.
     """
     caught: list[warnings.WarningMessage] = []
     try:
@@ -257,6 +260,8 @@ def run_measurement(
                 workload, warmup=warmup, iterations=iterations, device=device, min_time_s=min_time_s
             )
             memory: PeakMemory = peak_memory(workload, device)
+            if then is not None:
+                then(workload)
     except Exception as error:  # any refusal (shape, dtype, OOM, missing backward) is reported, not raised
         row.available = False
         row.timing = None

@@ -23,6 +23,7 @@ import torch
 from llm_speed.core.runtime import resolve_device
 
 CUDA_TIMER = "cuda-events"
+GRAPH_TIMER = "cuda-events, CUDA graph replay"
 HOST_TIMER = "host (CPU timer)"
 
 # The most timed runs of one measurement, whatever min_time_s asks (a workload of microseconds would
@@ -130,6 +131,7 @@ def measure(
     device: torch.device | str | None = None,
     flush_l2: bool = True,
     min_time_s: float = 0.0,
+    graph: bool = False,
 ) -> Timing:
     """Time ``fn()`` (called with no arguments) at least ``iterations`` times after ``warmup`` untimed calls,
     and on until the timed runs add up to ``min_time_s`` seconds (at most :data:`MAX_ITERATIONS` runs).
@@ -137,18 +139,46 @@ def measure(
     ``device`` picks the timer: CUDA events on a CUDA device (the L2 cache is flushed before every timed run
     when ``flush_l2``; the flush itself is not timed), the host clock on the CPU. ``None`` means the current
     CUDA device when there is one, else the CPU.
+
+    ``graph`` (a CUDA device only; ValueError naming ``device`` otherwise): capture one call of ``fn`` in a
+    CUDA graph and time its replays instead: the device time without the host's launch path, as a serving
+    engine that replays its decode step sees it. ``fn`` first runs ``warmup`` times (at least once) on a side
+    stream, as ``torch.cuda.graphs`` asks (lazy initialisation, compiles and allocator growth stay out of the
+    capture); a call that cannot be captured (a host synchronisation) raises what the capture raised.
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     check_run_counts(warmup, iterations, min_time_s)
     device = resolve_device(device)
+    if graph and device.type != "cuda":
+        raise ValueError(f"device: CUDA graphs need a CUDA device, got {device}")
     if device.type == "cuda":
+        if graph:
+            with torch.cuda.device(device):
+                replay = _captured(fn, warmup, device).replay
+                timing = _measure_cuda(replay, warmup=warmup, iterations=iterations, device=device,
+                                       flush_l2=flush_l2, min_time_s=min_time_s)  # fmt: skip
+            return dataclasses.replace(timing, timer=GRAPH_TIMER)
         return _measure_cuda(
             fn, warmup=warmup, iterations=iterations, device=device, flush_l2=flush_l2, min_time_s=min_time_s
         )
     if device.type != "cpu":
         raise ValueError(f"device: expected a cuda or cpu device, got {device}")
     return _measure_host(fn, warmup=warmup, iterations=iterations, min_time_s=min_time_s)
+
+
+def _captured(fn: Callable[[], Any], warmup: int, device: torch.device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one call of ``fn``, after ``warmup`` (at least one) calls on a side stream."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def _measure_host(fn: Callable[[], Any], *, warmup: int, iterations: int, min_time_s: float) -> Timing:
