@@ -208,6 +208,32 @@ def test_fp8_cache_agrees_with_the_16bit_cache_of_its_dequantized_values(device)
     torch.testing.assert_close(lse8, lse, atol=4e-6, rtol=4e-6)
 
 
+def test_bf16_queries_of_any_magnitude_over_an_fp8_cache(device):
+    """A bfloat16 q over an fp8 cache multiplies K in float16, its rows first scaled by powers of two into
+    float16's range: rows of one GQA group past float16's largest value (~1e5), ordinary, zero and tiny
+    (2**-130, bfloat16 subnormals) all meet the float64 truth (a row cast to float16 as it is would be inf,
+    its output NaN)."""
+    batch, heads_kv, dim = 2, 1, 64
+    q = torch.randn(batch, 1, 4, dim)
+    q[:, :, 0] *= 3e4  # |q| up to ~1e5
+    q[:, :, 2] = 0.0
+    q[:, :, 3] = q[:, :, 3].sign() * 2.0**-130
+    q = q.to(BF16)
+    assert q[:, :, 0].float().abs().max() > torch.finfo(F16).max
+    k8, v8 = ((torch.randn(batch, 48, heads_kv, dim) * 100).to(E4M3) for _ in range(2))
+    descale = torch.tensor([0.01])
+    lens = torch.tensor([48, 21], dtype=I32)
+    call = dict(q=q, k_cache=k8, v_cache=v8, cache_seqlens=lens, k_descale=descale, v_descale=descale,
+                scale=1e-4)  # fmt: skip
+    on_device = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in call.items()}
+    with expect_launches(decode.KERNEL_DECODE, device=device):
+        out, lse = flash_attention_with_kvcache(**on_device, return_lse=True)
+    truth, same = run_reference(call, True), run_reference(call, False)
+    assert out.isfinite().all() and lse.isfinite().all()
+    assert_error_rule("out", out, same[0], truth[0], OUTPUT_FACTOR, BF16)
+    assert_error_rule("lse", lse, same[1], truth[1], OUTPUT_FACTOR, BF16)
+
+
 def test_strided_descales_give_the_contiguous_result(device):
     """[batch, heads_kv] descales as a transposed view, [heads_kv] as a strided slice: read through their
     strides, bitwise the result of contiguous copies."""
