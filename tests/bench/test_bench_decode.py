@@ -34,11 +34,21 @@ def test_dry_run_measures_every_impl(device, capsys, tmp_path):
         ratio = by_impl[sixteen]["timing"]["median_ms"] / by_impl[fp8]["timing"]["median_ms"]
         assert by_impl[fp8]["vs_16bit_cache"] == pytest.approx(ratio)
     assert all(r["vs_16bit_cache"] is None for r in rows if r["impl"] not in decode_bench.FP8_IMPLS)
+    # llm-speed's rows against SDPA's, whichever row is the fastest other
+    sdpa = by_impl["sdpa"]
+    assert sdpa["vs_sdpa"] is None and sdpa["graph_vs_sdpa"] is None
+    for r in rows:
+        if r["impl"] != "sdpa":
+            assert r["vs_sdpa"] == pytest.approx(sdpa["timing"]["median_ms"] / r["timing"]["median_ms"])
     # each step replayed from a CUDA graph on a GPU (every implementation captures: no host sync in a step)
     if device.type == "cuda":
         assert all(r["graph_ms"] > 0 and r["graph_bandwidth_gb_s"] > 0 for r in rows), rows
         assert all(r["graph_reason"] is None for r in rows)
+        for r in rows:
+            if r["impl"] != "sdpa":
+                assert r["graph_vs_sdpa"] == pytest.approx(sdpa["graph_ms"] / r["graph_ms"])
     else:
+        assert all(r["graph_vs_sdpa"] is None for r in rows)
         assert all(r["graph_ms"] is None and r["graph_bandwidth_gb_s"] is None for r in rows)
         assert all(r["graph_reason"] == "CUDA graphs need a CUDA device (ran on cpu)" for r in rows)
 

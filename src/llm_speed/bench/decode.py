@@ -88,6 +88,10 @@ class DecodeMeasurement(Measurement):
     graph_ms: float | None = None
     graph_bandwidth_gb_s: float | None = None
     graph_reason: str | None = None
+    # llm-speed's rows against SDPA over a dense cache (issue 39's ">= 1.0x SDPA"): SDPA's median over this
+    # row's, eager and replayed from a graph (> 1: this row is faster); None on SDPA's own row or without it
+    vs_sdpa: float | None = None
+    graph_vs_sdpa: float | None = None
 
 
 def check_settings(settings: DecodeSettings) -> None:
@@ -186,7 +190,23 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
     report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
     report.add_hbm_peak_fraction(rows, gpu)
     add_fp8_ratios(rows)
+    add_sdpa_ratios(rows)
     return rows
+
+
+def add_sdpa_ratios(rows: Sequence[DecodeMeasurement]) -> None:
+    """Each llm-speed row's ``vs_sdpa`` and ``graph_vs_sdpa``: SDPA's median (same case) over its own, eager
+    and replayed from a CUDA graph. The speedup column compares with the fastest other row, which may be
+    another of llm-speed's caches; this one answers "faster than SDPA?"."""
+    sdpa = {row.case: row for row in rows if row.impl == "sdpa"}
+    for row in rows:
+        other = sdpa.get(row.case)
+        if row.impl == "sdpa" or other is None:
+            continue
+        if row.median_ms and other.median_ms:
+            row.vs_sdpa = other.median_ms / row.median_ms
+        if row.graph_ms and other.graph_ms:
+            row.graph_vs_sdpa = other.graph_ms / row.graph_ms
 
 
 def _graph_timer(row: DecodeMeasurement, settings: DecodeSettings, device: torch.device):
@@ -272,7 +292,9 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             row.impl,
             report.hbm_peak_cell(row),
             f"{row.vs_16bit_cache:.2f}x" if row.vs_16bit_cache is not None else None,
+            f"{row.vs_sdpa:.2f}x" if row.vs_sdpa is not None else None,
             f"{row.graph_ms:.4g}" if row.graph_ms is not None else None,
+            f"{row.graph_vs_sdpa:.2f}x" if row.graph_vs_sdpa is not None else None,
             *report.common_cells(row),
         ]
         for row in rows
@@ -286,7 +308,9 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             "impl",
             "% HBM peak",
             "tokens/s vs 16-bit cache",
+            "vs SDPA",
             "graph ms",
+            "graph vs SDPA",
             *report.COMMON_COLUMNS,
         ],
         table,
