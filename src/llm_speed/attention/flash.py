@@ -1964,16 +1964,14 @@ def _flash_bwd_dq_kernel(
     # The left edge (masked), the interior, the right edge (masked), in this order; K_DESC / V_DESC as the
     # dK/dV kernel's Q_DESC / DO_DESC: the interior's blocks are whole, the edges' only with EVEN_N.
     for segment in tl.static_range(3):
-        start = lo if segment == 0 else mid_lo if segment == 1 else mid_hi
-        end = left_end if segment == 0 else mid_hi if segment == 1 else hi
         b_dq = _dq_over_keys(
-            b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m, start, end, stride_kn,
-            stride_vn, seq_q, seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh,
-            rng_offset, dropout_p, MASKED=segment != 1, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-            SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N,
-            EVEN_D=EVEN_D, ROWS32=ROWS32, DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION,
-            RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-            TMA=K_DESC is not None and (EVEN_N or segment == 1),
+            b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, K_DESC, V_DESC, kv_at, o_m,
+            (lo, mid_lo, mid_hi)[segment], (left_end, mid_hi, hi)[segment], stride_kn, stride_vn, seq_q,
+            seq_kv, head_dim, scale, softcap, window_left, window_right, slope2, seed, bh, rng_offset,
+            dropout_p, MASKED=segment != 1, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, EVEN_M=EVEN_M, EVEN_N=EVEN_N, EVEN_D=EVEN_D, ROWS32=ROWS32,
+            DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D, TMA=K_DESC is not None and (EVEN_N or segment == 1),
         )  # fmt: skip
 
     b_dq *= scale
