@@ -67,10 +67,14 @@ def nan_poisoned_outputs(monkeypatch) -> None:
 
 
 @contextlib.contextmanager
-def expect_launches(*kernel_names, device):
-    """Assert each named Triton kernel ran inside the block, when Triton can run on ``device``."""
-    before = {name: runtime.launch_count(name) for name in kernel_names}
+def expect_launches(*kernel_names, device, only: bool = False):
+    """Assert each named Triton kernel ran inside the block (with ``only``, and no other kernel), when
+    Triton can run on ``device``."""
+    before = runtime.launch_counts()
     yield
     if runtime.triton_runs_on(device):
+        ran = runtime.launch_counts() - before
         for name in kernel_names:
-            assert runtime.launch_count(name) > before[name], f"Triton kernel {name} did not run"
+            assert ran[name] > 0, f"Triton kernel {name} did not run"
+        if only:
+            assert set(ran) == set(kernel_names), f"expected only {sorted(set(kernel_names))} to run: {ran}"

@@ -151,16 +151,29 @@ def check_against_reference(
     return got
 
 
+def decode_kernels(q, heads_kv: int, seq_new: int, split: bool = False) -> list[str]:
+    """The kernels a flash_attention_with_kvcache call of query ``q`` launches: the attention kernel, the
+    combine kernel when ``split``, and the append kernel when there are new tokens that the attention kernel
+    does not write itself (more query rows per KV head than one tile)."""
+    from llm_speed.attention import decode
+
+    _, seq_q, heads_q, head_dim = q.shape
+    names = [decode.KERNEL_DECODE] + [decode.KERNEL_COMBINE] * split
+    if seq_new and not decode.appends_in_attention(heads_q // heads_kv * seq_q, head_dim, q.dtype):
+        names.append(decode.KERNEL_APPEND)
+    return names
+
+
 def repeat_decode_step(call: dict, checked: list) -> None:
     """Run the decode step ``call`` (keywords of flash_attention_with_kvcache, one token appended) twice, on
     equal copies of its caches: the second is served from the calls already checked (no new entry in
-    ``checked``, the append and attention kernels launched), with the first's output and cache bytes."""
+    ``checked``, the attention kernel launched, appending), with the first's output and cache bytes."""
     from llm_speed.attention import decode
 
     again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
     first = decode.flash_attention_with_kvcache(**call)
     seen = len(checked)
-    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=call["q"].device):
+    with expect_launches(decode.KERNEL_DECODE, device=call["q"].device, only=True):
         out = decode.flash_attention_with_kvcache(**again)
     assert len(checked) == seen and len(decode._DECODE_CALLS) == 1
     assert torch.equal(out, first)

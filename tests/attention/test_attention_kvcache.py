@@ -21,7 +21,7 @@ from host_reads import host_reads_raise
 from llm_speed.attention import decode
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
-from llm_speed.core import runtime
+from llm_speed.core import launch, runtime
 from llm_speed.core.gpus import get_gpu
 from llm_speed.core.hardware import Hardware
 from triton_builds import BUILDS, environment
@@ -371,8 +371,8 @@ def test_unchecked_bad_cache_seqlens_give_nan_rows_and_no_cache_access(
     before_k, before_v = k_cache.clone(), v_cache.clone()
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     _finite_outputs(monkeypatch)
-    launched = [decode.KERNEL_APPEND, decode.KERNEL_DECODE] + [decode.KERNEL_COMBINE] * (num_splits > 1)
-    with expect_launches(*launched, device=device):
+    launched = [decode.KERNEL_DECODE] + [decode.KERNEL_COMBINE] * (num_splits > 1)  # (appending too)
+    with expect_launches(*launched, device=device, only=True):
         out, lse = flash_attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device), **kwargs
         )
@@ -439,6 +439,96 @@ def test_unchecked_int_cache_seqlens_is_still_checked_on_the_host(monkeypatch):
         flash_attention_with_kvcache(q, k_cache, v_cache, **call)
 
 
+# --- the new tokens written by the attention kernel (one launch) or by the append kernel -----------------
+
+E4M3 = torch.float8_e4m3fn
+# (name, q dtype, cache dtype, page size, (heads_q, heads_kv), seq_q, seq_new, lens, num_splits, options):
+# splits of 64 keys over 192 (three), the new tokens of some sequences crossing from one split into the next.
+APPENDS = [
+    ("dense-across-splits", torch.float16, torch.float16, None, (8, 2), 1, 3, [62, 0, 127], 3, {}),
+    ("paged-across-splits-causal", torch.bfloat16, torch.bfloat16, 16, (4, 4), 2, 2, [63, 10, 126], 3,
+     {"is_causal": True}),
+    ("rotary-batch-index-one-split", torch.float16, torch.float16, None, (4, 2), 1, 2, [5, 64, 30], 1,
+     {"rotary": True, "batch_index": True}),
+    ("fp8-paged-rotary-across-splits", torch.bfloat16, E4M3, 16, (8, 2), 1, 4, [61, 190 - 4, 0], 3,
+     {"rotary": True, "fp8": True}),
+    ("fp8-leftpad-window", torch.float32, E4M3, None, (2, 1), 3, 3, [64, 9, 100], 2,
+     {"fp8": True, "leftpad": True, "window": (5, 1)}),
+]  # fmt: skip
+
+
+def _append_call(case, device):
+    _, dtype, cache_dtype, page_size, (heads_q, heads_kv), seq_q, seq_new, lens, num_splits, options = case
+    capacity, dim = 192, 32
+    k_cache, v_cache, table, _, _ = make_cache(lens, capacity, heads_kv, dim, dtype, device, page_size)
+    k_cache, v_cache = torch.nan_to_num(k_cache).to(cache_dtype), torch.nan_to_num(v_cache).to(cache_dtype)
+    batch = len(lens)
+    call = dict(q=torch.randn(batch, seq_q, heads_q, dim, device=device, dtype=dtype), k_cache=k_cache,
+                v_cache=v_cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device),
+                k=torch.randn(batch, seq_new, heads_kv, dim, device=device, dtype=dtype),
+                v=torch.randn(batch, seq_new, heads_kv, dim, device=device, dtype=dtype), block_table=table,
+                num_splits=num_splits, return_lse=True, is_causal=options.get("is_causal", False),
+                window=options.get("window"))  # fmt: skip
+    if options.get("rotary"):
+        angle = torch.rand(capacity, dim // 2) * 6.3
+        call.update(rotary_cos=angle.cos().to(device, dtype), rotary_sin=angle.sin().to(device, dtype))
+    if options.get("batch_index"):
+        call["cache_batch_idx"] = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    if options.get("leftpad"):
+        call["cache_leftpad"] = torch.tensor([3, 0, 50], dtype=torch.int32, device=device)
+    if options.get("fp8"):
+        call.update(k_descale=torch.full((heads_kv,), 0.02, device=device), v_descale=torch.tensor(0.03))
+        call["v_descale"] = call["v_descale"].to(device)
+    return call
+
+
+@pytest.mark.parametrize("case", APPENDS, ids=[c[0] for c in APPENDS])
+def test_the_attention_kernel_appends_as_the_append_kernel_does(case, device, monkeypatch):
+    """A decode step's new tokens written by the attention kernel itself (one launch, no append kernel):
+    the same cache bytes and the same outputs as with the append kernel before it, also when a sequence's
+    new tokens cross from one split's keys into the next (each split writes its own)."""
+    call = _append_call(case, device)
+    split = case[8] > 1
+    q, heads_kv = call["q"], call["k_cache"].shape[2]
+    assert decode.appends_in_attention(q.shape[2] // heads_kv * q.shape[1], q.shape[3], q.dtype)
+    fused = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
+    with expect_launches(decode.KERNEL_DECODE, *[decode.KERNEL_COMBINE] * split, device=device, only=True):
+        out, lse = flash_attention_with_kvcache(**fused)
+    launch.clear_plans()
+    monkeypatch.setattr(decode, "appends_in_attention", lambda rows, head_dim, dtype: False)
+    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, *[decode.KERNEL_COMBINE] * split,
+                         device=device, only=True):  # fmt: skip
+        out_apart, lse_apart = flash_attention_with_kvcache(**call)
+    monkeypatch.undo()
+    launch.clear_plans()
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(fused[name].view(torch.uint8), call[name].view(torch.uint8)), name
+    assert torch.equal(out, out_apart) and torch.equal(lse, lse_apart)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_more_query_rows_than_a_tile_take_the_append_kernel(paged, device):
+    """group x seq_q = 8 x 8 = 64 rows per KV head: two query tiles would race on the new keys, so the
+    append kernel writes them first; the cache holds them exactly and the output matches float64."""
+    lens, capacity, heads_kv, dim, seq_new = [20, 0], 64, 1, 16, 8
+    k_cache, v_cache, table, k_log, v_log = make_cache(lens, capacity, heads_kv, dim, torch.float16, device,
+                                                       16 if paged else None)  # fmt: skip
+    q = torch.randn(2, 8, 8, dim, device=device, dtype=torch.float16)
+    k_new, v_new = (torch.randn(2, seq_new, heads_kv, dim, device=device, dtype=torch.float16) for _ in "kv")
+    assert not decode.appends_in_attention(8 * 8, dim, torch.float16)
+    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=device):
+        out = flash_attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, block_table=table,
+                                           cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device),
+                                           is_causal=True)  # fmt: skip
+    for b, n in enumerate(lens):
+        keys, values = gather(k_cache, table, b, n + seq_new), gather(v_cache, table, b, n + seq_new)
+        assert torch.equal(keys, torch.cat([k_log[b, :n], k_new[b].cpu()]))
+        assert torch.equal(values, torch.cat([v_log[b, :n], v_new[b].cpu()]))
+        truth = reference(q, keys, values, b, torch.float64, is_causal=True)
+        same = reference(q, keys, values, b, torch.float16, is_causal=True)
+        assert_error_rule("out", out[b], same[0], truth[0], OUTPUT_FACTOR, torch.float16)
+
+
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
@@ -469,7 +559,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
     # already checked; no LSE asked for, so it stores none), the int-length call takes the op's (with the
     # LSE it returns to the op's caller)
     assert info.misses == 2 and checked_calls == 1
-    assert ran == {decode.KERNEL_APPEND: 4, decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}
+    assert ran == {decode.KERNEL_DECODE: 4, decode.KERNEL_COMBINE: 4}  # (the attention kernel appends)
 
 
 # --- the GPU build: the kernels as their plans launch them compile for sm_90 ------------------------------
@@ -517,12 +607,15 @@ def build(plan, pointers, target):
 
 
 # (dtype, head_dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, window, softcap, flash-attn options):
-# the richest variants; options: cache_batch_idx, cache_leftpad, rotary (rotary_dim, interleaved, tables in
-# float32), ALiBi slopes of 1 or 2 dims, an fp8 cache (its dtype; descales per KV head). The paged fp8 cache
-# is compiled as launched by the kernel report (tests/kernel_report): this build does not specialise ints
-# divisible by 16 nor aligned pointers, which there costs the paged 16-bit and fp8 kernels alike about 0.5-0.8
-# KB of loop spills that the real launch does not have (160 and 157 registers, no spill, Triton 3.6).
+# the richest variants, the new tokens written by the attention kernel where group * seq_q fits one query
+# tile, by the append kernel where it does not (the first and last rows: 64 rows); options: cache_batch_idx,
+# cache_leftpad, rotary (rotary_dim, interleaved, tables in float32), ALiBi slopes of 1 or 2 dims, an fp8
+# cache (its dtype; descales per KV head). The paged fp8 cache is compiled as launched by the kernel report
+# (tests/kernel_report): this build does not specialise ints divisible by 16 nor aligned pointers, which
+# there costs the paged 16-bit and fp8 kernels alike about 0.5-0.8 KB of loop spills that the real launch
+# does not have (160 and 157 registers, no spill, Triton 3.6).
 PROBLEMS = [
+    (torch.bfloat16, 128, 2, 32, 8, 16, 16, True, (7, 0), True, {}),
     (torch.bfloat16, 128, 2, 32, 8, 4, 4, True, (7, 0), True, {}),
     (torch.float32, 256, 2, 8, 2, 1, 1, True, (None, None), True, {}),
     (torch.float16, 64, 1, 8, 8, 1, 1, False, (None, 0), False, {}),
@@ -533,6 +626,8 @@ PROBLEMS = [
      {"fp8": torch.float8_e4m3fn, "batch_idx": True, "leftpad": True}),
     (torch.float16, 128, 2, 32, 8, 2, 2, False, (None, None), True,
      {"fp8": torch.float8_e5m2, "rotary": (128, False, False)}),
+    (torch.bfloat16, 128, 2, 32, 8, 16, 16, False, (None, 0), False,
+     {"fp8": torch.float8_e4m3fn, "batch_idx": True, "rotary": (64, True, True)}),
 ]
 target = GPUTarget("cuda", int(sys.argv[1]), 32)
 capacity, page = 4096, 256
@@ -561,11 +656,15 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
               K_DESCALE="*fp32", V_DESCALE="*fp32")
     if rotary is not None:
         io.update(COS="*" + ELEMENT[rotary[2]], SIN="*" + ELEMENT[rotary[2]])
+    assert (append is None) == decode.appends_in_attention(heads_q // heads_kv * seq_q, dim, dtype)
+    io.update(K="*" + element, V="*" + element)
     for plan, pointers in (
-        (append, dict(io, K="*" + element, V="*" + element)),
+        (append, io),
         (attend, dict(io, Q="*" + element, OUT="*fp32", LSE="*fp32")),
         (combine, dict(OUT_PART="*fp32", LSE_PART="*fp32", OUT="*" + element, LSE="*fp32")),
     ):
+        if plan is None:
+            continue
         row = {"dtype": element, "cache": cache_element, "head_dim": dim, "softcap": softcap,
                "options": sorted(options), **build(plan, pointers, target)}
         print(json.dumps(row), flush=True)
@@ -586,7 +685,8 @@ def test_kernels_compile_for_h100_as_launched(tmp_path, build):
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 3 * 7
+    assert len(rows) == 9 * 2 + 2  # an attention and a combine kernel a problem, two append kernels
+    assert sum(row["kernel"] == decode.KERNEL_APPEND for row in rows) == 2
     limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block
     assert all(row["shared_bytes"] <= limit for row in rows), rows
     if build is not None:

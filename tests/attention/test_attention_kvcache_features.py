@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches
+from attention_testing import OUTPUT_FACTOR, assert_error_rule, decode_kernels, expect_launches
 
 from host_reads import host_reads_raise
 from llm_speed.attention import decode
@@ -155,8 +155,7 @@ def _same_or_both_nan(a, b):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_matches_float64_reference_and_writes_the_caches(case, device):
     on_device, call = build(case, device)
-    kernels = [decode.KERNEL_DECODE] + [decode.KERNEL_APPEND] * bool(case.seq_new)
-    with expect_launches(*kernels, device=device):
+    with expect_launches(*decode_kernels(on_device["q"], case.heads[1], case.seq_new), device=device):
         out, lse = flash_attention_with_kvcache(**on_device, return_lse=True)
     truth = run_reference(call, torch.float64)
     same = run_reference(call, None)
@@ -399,8 +398,7 @@ def test_unchecked_bad_batch_index_leftpad_and_rotary_give_nan_rows_and_no_cache
     before_k, before_v = k_cache.clone(), v_cache.clone()
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     _finite_outputs(monkeypatch)
-    launched = [decode.KERNEL_APPEND, decode.KERNEL_DECODE] + [decode.KERNEL_COMBINE] * (num_splits > 1)
-    with expect_launches(*launched, device=device):
+    with expect_launches(*decode_kernels(q, 2, seq_new, num_splits > 1), device=device, only=True):
         out, lse = call(k_cache, v_cache, broken["idx"], broken["leftpad"], 151)
     for b in range(7):
         if b in bad:
@@ -448,4 +446,4 @@ def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch
         ran = runtime.launch_counts() - before
         info = decode._plans.cache_info()
     assert (info.misses, info.hits) == (6, 1)
-    assert ran == {decode.KERNEL_APPEND: 7, decode.KERNEL_DECODE: 7}
+    assert ran == {decode.KERNEL_DECODE: 7}  # (the attention kernel appends the new tokens)

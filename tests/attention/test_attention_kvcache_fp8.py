@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches, repeat_decode_step
+from attention_testing import (
+    OUTPUT_FACTOR,
+    assert_error_rule,
+    decode_kernels,
+    expect_launches,
+    repeat_decode_step,
+)
 
 from host_reads import host_reads_raise
 from llm_speed.attention import decode
@@ -147,8 +153,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_matches_float64_truth_and_quantizes_the_appended_tokens(case, device):
     on_device, call = build(case, device)
-    kernels = [decode.KERNEL_DECODE] + [decode.KERNEL_APPEND] * bool(case.seq_new)
-    with expect_launches(*kernels, device=device):
+    with expect_launches(*decode_kernels(on_device["q"], case.heads[1], case.seq_new), device=device):
         out, lse = flash_attention_with_kvcache(**on_device, return_lse=True)
     truth, same = run_reference(call, True), run_reference(call, False)
     assert out.shape == call["q"].shape and out.dtype == case.dtype and lse.dtype == F32
@@ -400,7 +405,7 @@ def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatc
     before_k, before_v = _bytes(k_cache).clone(), _bytes(v_cache).clone()
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     lens = torch.tensor([64, 20, 30], dtype=I32, device=device)  # sequence 0: 64 + 1 > capacity
-    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, device=device):
+    with expect_launches(decode.KERNEL_DECODE, device=device, only=True):  # (appending too)
         out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
                                            block_table=bad_table.to(device), num_splits=1,
                                            **descales)  # fmt: skip
@@ -443,7 +448,7 @@ def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkey
         ran = runtime.launch_counts() - before
         info = decode._plans.cache_info()
     assert info.misses == 5  # (a plain call's plans are looked up once more, to be kept by its metadata)
-    assert ran == {decode.KERNEL_APPEND: 7, decode.KERNEL_DECODE: 7}
+    assert ran == {decode.KERNEL_DECODE: 7}  # (the attention kernel appends the new tokens)
 
 
 def test_a_repeated_fp8_step_skips_the_checks(monkeypatch):

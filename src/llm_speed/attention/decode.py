@@ -34,13 +34,16 @@ as in q's dtype) and ``v_descale`` scales its float32 sum (a float32 q: values d
 append kernel quantizes the new k/v with the same descales.
 An option left out is a None pointer, a constexpr: its code is compiled out.
 
-Kernels. The append kernel (one program per new token and block of KV heads) writes k/v rows to their slots
-before the attention kernel runs. The attention kernel has one program per (query-row block, split,
-batch * kv head), on a 1-D grid. The rows of a program are the ``group = heads_q / heads_kv`` query heads that
-share its KV head times the ``seq_q`` query positions, row ``r`` being position ``r // group`` of head
-``r % group``: with GQA a decode step reads each K/V tile once for the whole group, and the rows fill the M
-dimension of ``tl.dot`` (>= 16). Key rows are gathered one by one through the block table when paged, so any
-``page_size`` works with any key block. Naming: ``p_`` pointers, ``b_`` blocks, ``o_`` offsets, ``m_`` masks;
+Kernels. In a decode step (the query rows of a KV head fit one tile, :func:`appends_in_attention`) the
+attention kernel writes the new k/v rows itself: each (sequence, KV head, split) program writes those of its
+split's key range, then a block barrier, then reads its keys (flash-attn 2's ``Append_KV``); otherwise the
+append kernel (one program per new token and block of KV heads) writes them before. The attention kernel has
+one program per (query-row block, split, batch * kv head), on a 1-D grid. The rows of a program are the
+``group = heads_q / heads_kv`` query heads that share its KV head times the ``seq_q`` query positions, row
+``r`` being position ``r // group`` of head ``r % group``: with GQA a decode step reads each K/V tile once for
+the whole group, and the rows fill the M dimension of ``tl.dot`` (>= 16). Key rows are gathered one by one
+through the block table when paged, so any ``page_size`` works with any key block.
+Naming: ``p_`` pointers, ``b_`` blocks, ``o_`` offsets, ``m_`` masks;
 BM rows, BN keys, BD padded head_dim. Scores are in base 2 (``exp2``); the LSE in HBM is in natural-log units.
 
 Constexpr switches:
@@ -56,6 +59,8 @@ The optional inputs are pointers fixed to None (constexprs: their code is compil
   COS, SIN                 rotate k (append) and q (attention): [seqlen_ro, rotary_dim / 2]; q per row when
                            HAS_LEFT or HAS_RIGHT, else every query at cache_seqlens
   ALIBI                    add -ALIBI[b, h] * |p_i - j| to the scores (after the softcap)
+  K, V                     (attention kernel) the new tokens it writes, BLOCK_J rows at a time (None: no new
+                           token, or the append kernel writes them)
   K_DESCALE, V_DESCALE     an fp8 cache: the descale of (sequence b, KV head h) is at b * stride_db +
                            h * stride_dh (strides 0 for a per-tensor or per-head descale); the append
                            kernel quantizes k/v with them (FP8_* constexprs: the fp8 GEMM's cast), the
@@ -152,6 +157,57 @@ def _to_cache(x, b_descale, dtype: tl.constexpr, FP8_MAX: tl.constexpr, SHIFT: t
 
 
 @triton.jit
+def _append_rows(
+    K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b, i_row, o_j, o_h, o_pos, m_row,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    head_dim, page_size, num_blocks, rotary_dim,
+    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
+    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Write rows (new token ``o_j``, KV head ``o_h``) of sequence ``i_b`` at cache positions ``o_pos`` (all
+    [R]; rows outside ``m_row`` skipped): slot (``i_row``, pos) when dense, (block_table[i_b, pos //
+    page_size], pos % page_size) when paged, a page outside [0, num_blocks) never written; k rotated at its
+    position first with COS/SIN; an fp8 cache (K_DESCALE/V_DESCALE given) gets ``saturate(x / descale)``
+    rounded to nearest even (:func:`_to_cache`), the descale of (i_b, head) at ``i_b * stride_db +
+    head * stride_dh``."""
+    if PAGED:
+        p_table = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (o_pos // page_size) * stride_btp
+        b_page = tl.load(p_table, mask=m_row, other=-1)
+        m_row = m_row & (b_page >= 0) & (b_page < num_blocks)
+        o_row = tl.where(m_row, b_page, 0).to(tl.int64)
+        o_slot = (o_pos % page_size).to(tl.int64)
+    else:
+        o_row = tl.zeros_like(o_pos).to(tl.int64) + i_row
+        o_slot = o_pos.to(tl.int64)
+    o_d = tl.arange(0, BLOCK_D)
+    m = m_row[:, None] & (o_d < head_dim)[None, :]
+    p_k = K + i_b.to(tl.int64) * stride_kb + (o_j * stride_ks + o_h * stride_kh)[:, None]
+    p_v = V + i_b.to(tl.int64) * stride_vb + (o_j * stride_vs + o_h * stride_vh)[:, None] + o_d[None, :]
+    p_kc = K_CACHE + (o_row * stride_kcb + o_slot * stride_kcs + o_h * stride_kch)[:, None] + o_d[None, :]
+    p_vc = V_CACHE + (o_row * stride_vcb + o_slot * stride_vcs + o_h * stride_vch)[:, None] + o_d[None, :]
+    if COS is not None:
+        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)  # float32
+    else:
+        b_k = tl.load(p_k + o_d[None, :], mask=m)
+    b_v = tl.load(p_v, mask=m)
+    if K_DESCALE is not None:  # an fp8 cache: quantized with the descales of (sequence, head)
+        b_kds = tl.load(K_DESCALE + i_b * stride_kdb + o_h * stride_kdh, mask=m_row, other=1.0)
+        b_vds = tl.load(V_DESCALE + i_b * stride_vdb + o_h * stride_vdh, mask=m_row, other=1.0)
+        b_k = _to_cache(b_k, b_kds, K_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
+                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
+        b_v = _to_cache(b_v, b_vds, V_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
+                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
+    elif COS is not None:
+        b_k = cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
+    tl.store(p_kc, b_k, mask=m)
+    tl.store(p_vc, b_v, mask=m)
+
+
+@triton.jit
 def _append_kernel(
     K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN,
     K_DESCALE, V_DESCALE,
@@ -165,13 +221,11 @@ def _append_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
-    ``cache_seqlens[b] + j``: slot (cache_batch_idx[b] or b, pos) when dense, (block_table[b, pos //
-    page_size], pos % page_size) when paged; k rotated at that position first with COS/SIN. Nothing is
-    written for an invalid sequence: cache_seqlens outside [0, max_cached] (max_cached = the largest length
-    that leaves room for the new tokens and, with rotary, keeps every position inside COS/SIN), a leftpad
-    outside [0, cache_seqlens], a cache_batch_idx outside [0, cache_batch); nor to a page outside
-    [0, num_blocks). An fp8 cache (K_DESCALE/V_DESCALE given) gets ``saturate(x / descale)`` rounded to
-    nearest even (:func:`_to_cache`), the descale of (b, head) at ``b * stride_db + head * stride_dh``."""
+    ``cache_seqlens[b] + j`` (:func:`_append_rows`), in the calls whose attention kernel does not write them
+    itself (no query, or several query-row blocks per KV head). Nothing is written for an invalid sequence:
+    cache_seqlens outside [0, max_cached] (max_cached = the largest length that leaves room for the new
+    tokens and, with rotary, keeps every position inside COS/SIN), a leftpad outside [0, cache_seqlens], a
+    cache_batch_idx outside [0, cache_batch); nor to a page outside [0, num_blocks)."""
     pid = tl.program_id(0)
     i_b = pid // seq_new
     i_j = pid % seq_new
@@ -180,47 +234,24 @@ def _append_kernel(
     if CACHE_LEFTPAD is not None:
         left_pad = tl.load(CACHE_LEFTPAD + i_b)
         ok = ok & (left_pad >= 0) & (left_pad <= cached)
-    pos = tl.where(ok, cached, 0) + i_j  # < capacity (and < seqlen_ro with rotary) when ok
-    if PAGED:
-        b_page = tl.load(BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (pos // page_size) * stride_btp,
-                         mask=ok, other=-1)  # fmt: skip
-        ok = ok & (b_page >= 0) & (b_page < num_blocks)
-        row = tl.where(ok, b_page, 0).to(tl.int64)
-        slot = (pos % page_size).to(tl.int64)
-    else:
-        if CACHE_BATCH_IDX is not None:
-            i_cache = tl.load(CACHE_BATCH_IDX + i_b)
-            ok = ok & (i_cache >= 0) & (i_cache < cache_batch)
-            row = tl.where(ok, i_cache, 0).to(tl.int64)
-        else:
-            row = i_b.to(tl.int64)
-        slot = pos.to(tl.int64)
+    i_row = i_b.to(tl.int64)  # the dense cache's row (PAGED: never with a batch index)
+    if CACHE_BATCH_IDX is not None:
+        i_cache = tl.load(CACHE_BATCH_IDX + i_b)
+        ok = ok & (i_cache >= 0) & (i_cache < cache_batch)
+        i_row = tl.where(ok, i_cache, 0).to(tl.int64)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    o_d = tl.arange(0, BLOCK_D)
-    # no head to write when the slot is invalid (a scalar mask broadcast fails under the interpreter)
-    m = (o_h < tl.where(ok, heads_kv, 0))[:, None] & (o_d < head_dim)[None, :]
-    p_k = K + i_b.to(tl.int64) * stride_kb + i_j * stride_ks + o_h[:, None] * stride_kh
-    p_v = V + i_b.to(tl.int64) * stride_vb + i_j * stride_vs + o_h[:, None] * stride_vh + o_d[None, :]
-    p_kc = K_CACHE + row * stride_kcb + slot * stride_kcs + o_h[:, None] * stride_kch + o_d[None, :]
-    p_vc = V_CACHE + row * stride_vcb + slot * stride_vcs + o_h[:, None] * stride_vch + o_d[None, :]
-    if COS is not None:
-        o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + pos
-        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)  # float32
-    else:
-        b_k = tl.load(p_k + o_d[None, :], mask=m)
-    b_v = tl.load(p_v, mask=m)
-    if K_DESCALE is not None:  # an fp8 cache: quantized with the descales of (sequence, head)
-        m_h = o_h < heads_kv
-        b_kds = tl.load(K_DESCALE + i_b * stride_kdb + o_h * stride_kdh, mask=m_h, other=1.0)
-        b_vds = tl.load(V_DESCALE + i_b * stride_vdb + o_h * stride_vdh, mask=m_h, other=1.0)
-        b_k = _to_cache(b_k, b_kds, K_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
-                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
-        b_v = _to_cache(b_v, b_vds, V_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
-                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
-    elif COS is not None:
-        b_k = cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    tl.store(p_kc, b_k, mask=m)
-    tl.store(p_vc, b_v, mask=m)
+    # no head to write when the sequence is invalid (a scalar mask broadcast fails under the interpreter)
+    m_h = o_h < tl.where(ok, heads_kv, 0)
+    o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + (tl.where(ok, cached, 0) + i_j)  # < capacity when ok
+    _append_rows(
+        K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b, i_row,
+        tl.zeros([BLOCK_H], dtype=tl.int32) + i_j, o_h, o_pos, m_h,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+        stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+        head_dim, page_size, num_blocks, rotary_dim, PAGED, INTERLEAVED, RNE_BY_HAND,
+        FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK, FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND, BLOCK_D,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -267,10 +298,11 @@ def _float16_rows(b_x):
 @triton.jit
 def _kvcache_fwd_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI,
-    K_DESCALE, V_DESCALE, OUT, LSE,
+    K_DESCALE, V_DESCALE, OUT, LSE, K, V,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
+    stride_nkb, stride_nks, stride_nkh, stride_nvb, stride_nvs, stride_nvh,
     stride_o_split, stride_ob, stride_os, stride_oh,
     stride_l_split, stride_lb, stride_lh, lse_offset,
     stride_cs, stride_btb, stride_btp, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
@@ -280,7 +312,10 @@ def _kvcache_fwd_kernel(
     PAGED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
+    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_m = pid % n_row_blocks
@@ -306,6 +341,26 @@ def _kvcache_fwd_kernel(
         i_cache = tl.where(bad, 0, i_cache)
     seqlen_k = tl.where(bad, 0, cached + seq_new)  # end of the keys visible to this sequence
     lo = i_split * split_len
+    if K is not None:
+        # The new tokens of this split's key range, written by this program before it reads a key (one
+        # query-row block per KV head: no other program reads them), as the append kernel would.
+        start = tl.where(bad, 0, cached)
+        first_j = tl.maximum(lo - start, 0)
+        last_j = tl.where(bad, 0, tl.minimum(lo + split_len - start, seq_new))
+        for j in range(first_j, last_j, BLOCK_J):
+            o_j = j + tl.arange(0, BLOCK_J)
+            _append_rows(
+                K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b,
+                i_cache.to(tl.int64), o_j, tl.zeros([BLOCK_J], dtype=tl.int32) + i_hkv, start + o_j,
+                o_j < last_j,
+                stride_nkb, stride_nks, stride_nkh, stride_nvb, stride_nvs, stride_nvh,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                head_dim, page_size, num_blocks, rotary_dim, PAGED, INTERLEAVED, RNE_BY_HAND,
+                FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK, FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND,
+                BLOCK_D,
+            )  # fmt: skip
+        tl.debug_barrier()  # every thread's stores before any thread's loads of the keys
     if PAGED:
         # The pages in use of this split's key range: one outside the pool makes the sequence's rows NaN
         # (every split of the range [0, seqlen_k) checks its own part; the combine kernel spreads the NaN).
@@ -497,6 +552,7 @@ KERNEL_APPEND = APPEND.name
 KERNEL_DECODE = FORWARD.name
 KERNEL_COMBINE = COMBINE.name
 APPEND_BLOCK_ELEMENTS = 4096  # append: KV heads x head_dim elements per program at most
+FUSED_APPEND_ELEMENTS = 512  # new tokens x head_dim per step of the attention kernel's append
 # The append kernel's fp8 constexprs for a 16-bit cache (unused: its quantization is compiled out).
 _NO_FP8 = dict(FP8_MAX=0.0, FP8_SHIFT=0, FP8_ROUND_MASK=0, FP8_MIN_NORMAL=0.0, FP8_SUBNORMAL_MAGIC=0.0,
                FP8_ROUND_BY_HAND=False)  # fmt: skip
@@ -530,6 +586,20 @@ def choose_num_splits(programs: int, key_blocks: int, slots: int, max_splits: in
     return next(s for s in candidates if efficiency[s] >= 0.85 * best)
 
 
+def max_block_m(head_dim: int, dtype: torch.dtype) -> int:
+    """The attention kernel's largest query tile: 32 rows, 16 at head_dim > 128 or in float32 (the fp32
+    accumulator and both tiles stay in registers)."""
+    return 16 if head_dim > 128 or dtype == torch.float32 else 32
+
+
+def appends_in_attention(rows: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether a call with new tokens and ``rows`` = group * seq_q query rows per KV head has the attention
+    kernel write them (one launch): its rows fit one query tile, so one program per (sequence, KV head,
+    split) reads each new key and can write it first; else (several tiles would race on them) the append
+    kernel runs before."""
+    return 0 < rows <= max_block_m(head_dim, dtype)
+
+
 @functools.cache
 def kernel_config(
     head_dim: int, dtype: torch.dtype, rows: int, capacity: int, programs_kv: int, hardware: Hardware,
@@ -550,8 +620,7 @@ def kernel_config(
     """
     block_d = max(MIN_DOT_DIM, next_power_of_2(head_dim))
     block_n = 32 if block_d > 128 else 64
-    cap_m = 16 if block_d > 128 or dtype == torch.float32 else 32
-    block_m = min(cap_m, max(MIN_DOT_DIM, next_power_of_2(rows)))
+    block_m = min(max_block_m(head_dim, dtype), max(MIN_DOT_DIM, next_power_of_2(rows)))
     key_blocks = cdiv(capacity, block_n)
     num_warps = 4 if block_d <= 128 else 8
     if num_splits == 0:
@@ -611,9 +680,14 @@ def _plans(
     (s_kdb, s_kdh), (s_vdb, s_vdh) = fp8[1:] if fp8 is not None else ((0, 0), (0, 0))
     optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved,
                     stride_kdb=s_kdb, stride_kdh=s_kdh, stride_vdb=s_vdb, stride_vdh=s_vdh, **absent)
+    fp8_switches = _fp8_switches(fp8[0] if fp8 else None)
+    lse_shape = (batch, heads_q, seq_q) if lse else None
+    group = heads_q // heads_kv
+    attending = batch and seq_q
+    fused = bool(batch and seq_new) and appends_in_attention(group * seq_q, head_dim, dtype)
+    (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides if seq_new else ((0,) * 4, (0,) * 4)
     append = None
-    if batch and seq_new:
-        (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides
+    if batch and seq_new and not fused:
         block_d = next_power_of_2(head_dim)
         block_h = min(next_power_of_2(heads_kv), max(1, APPEND_BLOCK_ELEMENTS // block_d))
         append = APPEND.plan(
@@ -624,13 +698,11 @@ def _plans(
             stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
             seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
             max_cached=max_cached, PAGED=paged, RNE_BY_HAND=rotary is not None and rne_by_hand(dtype),
-            BLOCK_H=block_h, BLOCK_D=block_d, **optional, **_fp8_switches(fp8[0] if fp8 else None),
+            BLOCK_H=block_h, BLOCK_D=block_d, **optional, **fp8_switches,
             num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
         )  # fmt: skip
-    lse_shape = (batch, heads_q, seq_q) if lse else None
-    if not batch or not seq_q:
+    if not attending:
         return append, None, None, (batch, seq_q, heads_q, head_dim), lse_shape, 0
-    group = heads_q // heads_kv
     cfg = kernel_config(head_dim, dtype, group * seq_q, capacity, batch * heads_kv, hardware_of(device),
                         num_splits)  # fmt: skip
     split = cfg.splits > 1
@@ -648,6 +720,7 @@ def _plans(
         stride_qb=q_strides[0], stride_qs=q_strides[1], stride_qh=q_strides[2],
         stride_kb=k_strides[0], stride_ks=k_strides[1], stride_kh=k_strides[2],
         stride_vb=v_strides[0], stride_vs=v_strides[1], stride_vh=v_strides[2],
+        stride_nkb=s_kb, stride_nks=s_ks, stride_nkh=s_kh, stride_nvb=s_vb, stride_nvs=s_vs, stride_nvh=s_vh,
         stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
         stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1], lse_offset=lse_offset,
         stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
@@ -658,12 +731,14 @@ def _plans(
         window_left=window_left if window_left is not None else 0,
         window_right=window_right if window_right is not None else 0,
         PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional,
+        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional, **fp8_switches,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+        BLOCK_J=max(1, min(cfg.block_n, FUSED_APPEND_ELEMENTS // cfg.block_d)),
         BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if alibi_batch_stride is not None else {"ALIBI": None}),
         **({} if lse or split else {"LSE": None}),
+        **({} if fused else {"K": None, "V": None}),
     )  # fmt: skip
     combine = None
     if split:
@@ -809,6 +884,8 @@ def _run(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, sc
     cap = softcap if softcap is not None else 0.0
     if alibi_slopes is not None:
         extra = {**extra, "ALIBI": alibi_slopes}
+    if append is None and seq_new:  # the attention kernel appends them (see _plans)
+        extra = {**extra, "K": k, "V": v}
     if extra:
         extra = extra if part_lse is None else {**extra, "LSE": part_lse}
         attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
@@ -1269,7 +1346,7 @@ def flash_attention_with_kvcache(
             scale (exact algebra), and with a 16-bit q takes the values' product in float16 (the values
             exact, the weights rounded once) and scales its float32 sum by ``v_descale`` (a float32 q: the
             values dequantized in float32); no dequantized copy in memory. Appended
-            k/v (after rotary, computed in float32) are quantized in the append kernel:
+            k/v (after rotary, computed in float32) are quantized as they are written:
             ``saturate(x / descale)`` in float32 (IEEE division), rounded to nearest even, saturated to the
             format's largest finite value (448 for e4m3, 57344 for e5m2; infinities too); a NaN stays NaN.
             That is ``(x.float() / descale).clamp(-max, max).to(fp8)`` in PyTorch, bit for bit. The descales
