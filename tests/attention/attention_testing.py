@@ -45,10 +45,13 @@ def fresh_plans(monkeypatch) -> None:
     it."""
     import functools
 
+    from llm_speed.attention import varlen
+
     for name in ("_forward_plan", "_backward_plans"):
         original = getattr(flash, name).__wrapped__
         monkeypatch.setattr(flash, name, functools.lru_cache(maxsize=None)(original))
-    monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # it holds plans
+    monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # they hold plans
+    monkeypatch.setattr(varlen, "_VARLEN_CALLS", launch.CallCache())
 
 
 def forward_with_switch_off(monkeypatch, switch: str, off, q, k, v, is_causal: bool) -> tuple:

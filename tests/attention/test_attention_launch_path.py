@@ -196,8 +196,9 @@ def test_checked_calls_are_bounded_and_cleared():
 
 
 def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device, monkeypatch):
-    """A repeated packed inference call goes straight to the implementation, which still checks the values
-    of cu_seqlens where they may be read (CPU tensors)."""
+    """A repeated packed inference call goes straight to its kept launch (no check of the metadata, no plan
+    lookup), which still checks the values of cu_seqlens where they may be read (CPU tensors); causal or not
+    are two classes."""
     from llm_speed.attention import varlen
 
     if not runtime.triton_runs_on(device):
@@ -210,11 +211,18 @@ def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device,
         first = flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=True)
         again = flash_attention_varlen(q.clone(), k, v, cu, cu, 7, 7, is_causal=True)
         assert len(checked) == 1 and torch.equal(again, first)
+        lookups = flash._forward_plan.cache_info()
+        flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=True)
+        assert flash._forward_plan.cache_info() == lookups  # the kept launch: no plan looked up
+        full = flash_attention_varlen(q, k, v, cu, cu, 7, 7)  # not causal: a class of its own
+        assert torch.equal(flash_attention_varlen(q, k, v, cu, cu, 7, 7), full)
+        assert len(checked) == 2 and len(varlen._VARLEN_CALLS) == 2
         for b, (lo, hi) in enumerate(((0, 5), (5, 12), (12, 19))):
-            one = [t[lo:hi].transpose(0, 1)[None].double() for t in (q, first)]
-            ref = reference_attention(one[0], *(t[lo:hi].transpose(0, 1)[None].double() for t in (k, v)),
-                                      is_causal=True)  # fmt: skip
-            assert (one[1] - ref).abs().max() < 1e-5, b
+            for causal, got in ((True, first), (False, full)):
+                one = [t[lo:hi].transpose(0, 1)[None].double() for t in (q, got)]
+                ref = reference_attention(one[0], *(t[lo:hi].transpose(0, 1)[None].double() for t in (k, v)),
+                                          is_causal=causal)  # fmt: skip
+                assert (one[1] - ref).abs().max() < 1e-5, (b, causal)
         if runtime.check_values(q.device):
             bad = torch.tensor([0, 12, 5, 19], dtype=torch.int32, device=device)  # same metadata, decreasing
             with pytest.raises(ValueError, match="cu_seqlens"):
@@ -225,7 +233,7 @@ def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device,
     out = flash_attention_varlen(*leaves, cu, cu, 7, 7, is_causal=True)  # with grad: kept too
     dout = torch.randn_like(out)
     out.backward(dout)
-    assert len(checked) == 1 and torch.equal(out.detach(), first)
+    assert len(checked) == 2 and torch.equal(out.detach(), first)
     for b, (lo, hi) in enumerate(((0, 5), (5, 12), (12, 19))):
         one = [t[lo:hi].transpose(0, 1)[None].double().requires_grad_() for t in (q, k, v)]
         reference_attention(*one, is_causal=True).backward(dout[lo:hi].transpose(0, 1)[None].double())

@@ -3006,6 +3006,59 @@ def varlen_forward(
     return out, lse
 
 
+class VarlenCall:
+    """A packed call (no window, softcap, ALiBi, dropout, ``seqused_k``, block table or fp8; no copy of q, k,
+    v) whose metadata passed every check: what :func:`varlen_forward` does for a call with the same metadata
+    (``flash_attention_varlen``'s calls already checked), without looking its plan up again: the value checks
+    where ``runtime.check_values`` says, the report, the outputs and the launch. A call with no query row, no
+    sequence or no key, or whose kernels cannot run on its device, keeps ``plan`` None and takes
+    :func:`varlen_forward` whole."""
+
+    __slots__ = ("plan", "shape", "lse_shape", "dtype", "device", "default_scale", "total_k")
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 is_causal: bool, negative: bool):  # fmt: skip
+        self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
+        self.lse_shape = (q.shape[1], q.shape[0])
+        self.default_scale = check_scale(None, q)
+        self.total_k = k.shape[0]
+        batch = cu_seqlens_q.shape[0] - 1
+        self.plan = None
+        if q.shape[0] and batch and self.total_k and runtime.triton_runs_on(q.device):
+            self.plan = _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype,
+                                      is_causal, None, None, False, False, True, negative, _alibi_dims(None),
+                                      False, q.device, False, None, None, _descale_key(None),
+                                      aligned=tma_aligned(k, v), lse=True)  # fmt: skip
+
+    def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                is_causal: bool, scale: float, *fixed) -> tuple:  # fmt: skip
+        """:func:`varlen_forward` of such a call (the op's arguments; the plan fixes the others)."""
+        plan = self.plan
+        if plan is None:
+            return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                  scale)  # fmt: skip
+        device = self.device
+        if runtime.check_values(device):
+            check_seqlens_values(cu_seqlens_q, cu_seqlens_k, self.shape[0], self.total_k, max_seqlen_q,
+                                 max_seqlen_k)  # fmt: skip
+        runtime.report_work(
+            "flash_attention_varlen", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            is_causal=is_causal, window=None, seqused_k=None, block_table=None,
+        )  # fmt: skip
+        out = tensors.new_output(self.shape, self.dtype, device)
+        lse = tensors.new_output(self.lse_shape, torch.float32, device)
+        cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+        if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
+            plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
+                        SEQUSED_K=lse, KV_TABLE=lse, ALIBI=lse, RNG=lse, scale=scale, softcap=1.0,
+                        dropout_p=0.0)  # fmt: skip
+        else:
+            plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=lse,
+                        KV_TABLE=lse, ALIBI=lse, RNG=lse, scale=scale, softcap=1.0,
+                        dropout_p=0.0)  # fmt: skip
+        return out, lse
+
+
 def varlen_backward(
     dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal: bool, scale: float,
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,

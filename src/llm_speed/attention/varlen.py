@@ -19,7 +19,7 @@ from ..core import (
 )
 from ..core.args import check_flag
 from ..core.dispatch import INFERENCE, Op, plain_call
-from ..core.launch import CallCache
+from ..core.launch import CallCache, tma_aligned
 from ..core.tensors import last_dim_contiguous
 from . import flash
 from .checks import (
@@ -288,16 +288,16 @@ def flash_attention_varlen(
         and type(max_seqlen_q) is int and type(max_seqlen_k) is int
         and (mode := plain_call(q, k, v, cu_seqlens_q, cu_seqlens_k))
     ):  # fmt: skip
-        known = (*((t.shape, t.stride(), t.dtype, t.device) for t in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
-                 max_seqlen_q, max_seqlen_k)  # fmt: skip
-        default_scale = _VARLEN_CALLS.get(known)
-        if default_scale is not None:  # the implementation checks the values of cu_seqlens where it may
-            scale = default_scale if scale is None else scale
+        known = _varlen_call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                 scale)  # fmt: skip
+        call = _VARLEN_CALLS.get(known)
+        if call is not None:  # the kept launch checks the values of cu_seqlens where it may
+            scale = call.default_scale if scale is None else scale
             if mode == INFERENCE:
-                out, lse = flash.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                max_seqlen_k, is_causal, scale)  # fmt: skip
-            else:  # with grad: the op's autograd node around its implementation
-                out, lse = _forward_plain.checked(flash.varlen_forward, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                out, lse = call.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        is_causal, scale)  # fmt: skip
+            else:  # with grad: the op's autograd node around the kept launch
+                out, lse = _forward_plain.checked(call.forward, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                   max_seqlen_q, max_seqlen_k, is_causal, scale, None, None,
                                                   None, deterministic)  # fmt: skip
             return (out, lse) if return_lse else out
@@ -350,12 +350,26 @@ def flash_attention_varlen(
         softcap, deterministic, *extra,
     )  # fmt: skip
     if known is not None and given[0] is q and given[1] is k and given[2] is v:  # nothing copied
-        _VARLEN_CALLS.put(known, check_scale(None, q))
+        _VARLEN_CALLS.put(known, flash.VarlenCall(q, k, v, cu_seqlens_q, is_causal, scale < 0.0))
     return (out, lse) if return_lse else out
 
 
-# Packed calls already checked, by every tensor's metadata and the two maximum lengths (what the checks read),
-# each with its default scale: a repeated call goes straight to the implementation (which checks the values
-# of cu_seqlens where runtime.check_values says), with grad inside the op's autograd node (Op.checked).
+# Packed calls already checked, by every tensor's metadata, the two maximum lengths (what the checks read) and
+# what the plan reads besides (causal, a negative scale, K's and V's 16-byte alignment), each with its launch
+# (flash.VarlenCall): a repeated call skips the checks and the plan lookup (the kept launch still checks the
+# values of cu_seqlens where runtime.check_values says), with grad inside the op's autograd node (Op.checked).
 _VARLEN_CALLS = CallCache()
+
+
+def _varlen_call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                     scale) -> tuple:  # fmt: skip
+    """The key of :data:`_VARLEN_CALLS` (spelled out: a generator over the five tensors costs ~1 us more)."""
+    key = (
+        q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
+        v.dtype, v.device, cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
+        max_seqlen_q, max_seqlen_k, is_causal, scale is not None and scale < 0.0, tma_aligned(k, v),
+    )  # fmt: skip
+    if cu_seqlens_k is None:
+        return key
+    return (*key, cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.device)
 
