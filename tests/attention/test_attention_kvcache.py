@@ -477,8 +477,8 @@ def _append_call(case, device):
     if options.get("leftpad"):
         call["cache_leftpad"] = torch.tensor([3, 0, 50], dtype=torch.int32, device=device)
     if options.get("fp8"):
-        call.update(k_descale=torch.full((heads_kv,), 0.02, device=device), v_descale=torch.tensor(0.03))
-        call["v_descale"] = call["v_descale"].to(device)
+        call.update(k_descale=torch.full((heads_kv,), 0.02, device=device),
+                    v_descale=torch.tensor(0.03, device=device))  # fmt: skip
     return call
 
 

@@ -2975,35 +2975,55 @@ def varlen_forward(
                                         alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
                                         seqused_k=seqused_k, block_table=block_table,
                                         descales=descales)  # fmt: skip
-    plan = _forward_plan(shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, softcap is not None, False, True, scale < 0.0,
-                         _alibi_dims(alibi_slopes), dropout_p > 0.0, device, seqused_k is not None,
-                         block_table.shape if paged else None, block_table.stride() if paged else None,
-                         _descale_key(descales), aligned=tma_aligned(k, v), lse=True)  # fmt: skip
+    plan = _varlen_plan(q, k, v, batch, is_causal, scale < 0.0, window_left, window_right,
+                        softcap is not None, alibi_slopes, dropout_p > 0.0, seqused_k is not None,
+                        block_table, descales)  # fmt: skip
     out = tensors.new_output(shape, out_dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
         # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
         # key row, so any tensor of k's dtype stands in for the empty K and V.
         k = v = q
+    _launch_varlen(plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale,
+                   1.0 if softcap is None else softcap, dropout_p, seqused_k, block_table, alibi_slopes, rng,
+                   descales)  # fmt: skip
+    return out, lse
+
+
+def _varlen_plan(q, k, v, batch: int, is_causal: bool, negative: bool, window_left=None, window_right=None,
+                 capped: bool = False, alibi_slopes=None, dropout: bool = False, seqused: bool = False,
+                 block_table=None, descales=None) -> Plan:  # fmt: skip
+    """The forward plan of a packed call of ``batch`` sequences (with the LSE, which the op returns)."""
+    paged = block_table is not None
+    return _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
+                         window_left, window_right, capped, False, True, negative, _alibi_dims(alibi_slopes),
+                         dropout, q.device, seqused, block_table.shape if paged else None,
+                         block_table.stride() if paged else None, _descale_key(descales),
+                         aligned=tma_aligned(k, v), lse=True)  # fmt: skip
+
+
+def _launch_varlen(plan: Plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale: float,
+                   softcap: float = 1.0, dropout_p: float = 0.0, seqused_k=None, block_table=None,
+                   alibi_slopes=None, rng=None, descales=None) -> None:  # fmt: skip
+    """Launch a packed forward plan (a ``TMA_KV`` plan takes K and V through its descriptors too); an input
+    not given stands in as ``lse`` (the plan compiles its reads out)."""
     cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
     used = lse if seqused_k is None else seqused_k
     table = lse if block_table is None else block_table
     alibi = lse if alibi_slopes is None else alibi_slopes
-    cap = 1.0 if softcap is None else softcap
+    rng = lse if rng is None else rng
     if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
         plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
-                    SEQUSED_K=used, KV_TABLE=table, ALIBI=alibi, RNG=lse if rng is None else rng, scale=scale,
-                    softcap=cap, dropout_p=dropout_p)  # fmt: skip
+                    SEQUSED_K=used, KV_TABLE=table, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
+                    dropout_p=dropout_p)  # fmt: skip
     elif descales is None:
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=used,
-                    KV_TABLE=table, ALIBI=alibi, RNG=lse if rng is None else rng, scale=scale, softcap=cap,
+                    KV_TABLE=table, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
-    else:
+    else:  # fp8 (forward only: no dropout)
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=used,
-                    KV_TABLE=table, ALIBI=alibi, RNG=lse, scale=scale, softcap=cap, dropout_p=0.0,
+                    KV_TABLE=table, ALIBI=alibi, RNG=lse, scale=scale, softcap=softcap, dropout_p=0.0,
                     **_descale_inputs(descales))  # fmt: skip
-    return out, lse
 
 
 class VarlenCall:
@@ -3025,10 +3045,7 @@ class VarlenCall:
         batch = cu_seqlens_q.shape[0] - 1
         self.plan = None
         if q.shape[0] and batch and self.total_k and runtime.triton_runs_on(q.device):
-            self.plan = _forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype,
-                                      is_causal, None, None, False, False, True, negative, _alibi_dims(None),
-                                      False, q.device, False, None, None, _descale_key(None),
-                                      aligned=tma_aligned(k, v), lse=True)  # fmt: skip
+            self.plan = _varlen_plan(q, k, v, batch, is_causal, negative)
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                 is_causal: bool, scale: float, *fixed) -> tuple:  # fmt: skip
@@ -3047,15 +3064,7 @@ class VarlenCall:
         )  # fmt: skip
         out = tensors.new_output(self.shape, self.dtype, device)
         lse = tensors.new_output(self.lse_shape, torch.float32, device)
-        cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
-        if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
-            plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
-                        SEQUSED_K=lse, KV_TABLE=lse, ALIBI=lse, RNG=lse, scale=scale, softcap=1.0,
-                        dropout_p=0.0)  # fmt: skip
-        else:
-            plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k, SEQUSED_K=lse,
-                        KV_TABLE=lse, ALIBI=lse, RNG=lse, scale=scale, softcap=1.0,
-                        dropout_p=0.0)  # fmt: skip
+        _launch_varlen(plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale)
         return out, lse
 
 
