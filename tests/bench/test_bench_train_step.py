@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from llm_speed.bench import ops as ops_bench  # noqa: E402
-from llm_speed.bench import train_step  # noqa: E402
+from llm_speed.bench import report, train_step  # noqa: E402
+from llm_speed.bench.timing import PeakMemory  # noqa: E402
 from llm_speed.cli import main  # noqa: E402
 from llm_speed.perf.models import get_model  # noqa: E402
 
@@ -47,6 +48,27 @@ def test_every_variant_has_a_row_and_the_losses_agree(tmp_path, monkeypatch):
     )
     with table.open() as handle:
         assert [r["impl"] for r in csv.DictReader(handle)] == ["transformers", "llm_speed", "liger"]
+
+
+def test_peak_beyond_the_weights_and_gradients(tmp_path, monkeypatch, capsys):
+    """Peak memory is measured on CUDA only: a stand-in peak shows what each row subtracts (every parameter
+    and its gradient, 2 x 4 bytes each in float32) and the table's column."""
+    monkeypatch.setattr(ops_bench, "liger_installed", lambda: False)
+    peak = 10 * 2**20
+
+    def fake_peak(fn, device=None):
+        fn()
+        return PeakMemory(peak_bytes=peak, above_baseline_bytes=peak)
+
+    monkeypatch.setattr(report, "peak_memory", fake_peak)
+    assert main(_argv(tmp_path, "--impl", "transformers", "llm_speed", "--json")) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    for row in rows:
+        parameters = row["bytes_moved"] / (5 * 4)  # bytes_moved: 5 x parameters x 4 bytes (module docstring)
+        assert row["peak_memory_bytes"] == peak
+        assert row["peak_beyond_parameters_bytes"] == peak - 2 * 4 * parameters > 0
+    assert main(_argv(tmp_path, "--impl", "transformers")) == 0
+    assert "peak beyond weights+grads" in capsys.readouterr().out
 
 
 def test_liger_on_a_cpu_is_not_run_with_the_reason(tmp_path, monkeypatch, capsys):

@@ -3,6 +3,9 @@ in float64 (loss, logits, every parameter's gradient, by the 2x/3x rule), the Tr
 and a 20-step AdamW training run under bfloat16 autocast whose loss curve stays close to the unpatched one."""
 
 import copy
+import gc
+import inspect
+import weakref
 
 import pytest
 import torch
@@ -45,6 +48,28 @@ def _loss_and_grads(model, ids, labels):
     out = model(input_ids=ids, labels=labels, **moe)  # MoE: the router's aux loss in the loss
     out.loss.backward()
     return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_patched_model_is_freed_with_its_last_reference(model_type):
+    """apply() replaces forwards on the instance; a bound method stored there is a reference cycle that kept a
+    patched model (on a GPU: its weights and gradients) alive after del until the cycle collector ran."""
+    patched, _, _ = models(model_type, layers=1)
+    hf.apply(patched)
+    ids = torch.randint(0, VOCAB, (1, 8))
+    moe = {"output_router_logits": True} if model_type in MOE_BLOCKS else {}
+    copied = copy.deepcopy(patched)  # the copy's forwards bound to the copy, not to the original
+    assert copied.forward.__self__ is copied and patched.forward.__self__ is patched
+    # HF's generate reads the forward's parameters (logits_to_keep): the patched one shows the original's
+    assert inspect.signature(patched.forward) == inspect.signature(models(model_type, layers=1)[1].forward)
+    gc.disable()  # freed by reference counting alone
+    try:
+        patched(input_ids=ids, labels=ids, **moe).loss.backward()
+        refs = [weakref.ref(patched), weakref.ref(patched.lm_head.weight), weakref.ref(copied)]
+        del patched, copied
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -19,7 +19,10 @@ writing the weights: ``5 P b``), a lower bound, so no roofline time is predicted
 
 Liger's patch replaces functions and classes of the family's ``modeling_<family>`` module for every model;
 they are put back when its row is done. On the CPU the times are of the interpreter or the PyTorch fallback
-and say nothing about a GPU; peak memory is measured on CUDA only. Needs ``pip install llm-speed[hf]``.
+and say nothing about a GPU; peak memory is measured on CUDA only. The device holds one variant's model at a
+time (the starting weights wait in host memory), and each row also has its peak beyond the weights and their
+gradients (``peak_beyond_parameters_bytes``: activations, logits and temporaries). Needs
+``pip install llm-speed[hf]``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -71,6 +75,9 @@ class StepMeasurement(Measurement):
 
     tokens: int
     tokens_per_s: float | None = None
+    # peak_memory_bytes minus the weights and their gradients (which every variant holds once its backward
+    # is done): the activations, logits and temporaries at the step's peak, what a patch can change
+    peak_beyond_parameters_bytes: int | None = None
     loss: float | None = None  # at the starting weights, shared by every variant
     loss_difference: float | None = None  # loss - the unpatched model's loss
 
@@ -255,8 +262,14 @@ def run_train_step(
     torch.manual_seed(0)
     with torch.device(device):  # initialised on the device: a CPU init of billions of weights takes minutes
         base = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch_dt)
+    # Kept in host memory between variants: on the device this spare copy (2.97 GB for two layers of
+    # Llama-3-8B) was counted in every variant's peak memory.
+    base = base.to("cpu")
     ids = torch.randint(0, hf_config.vocab_size, (settings.batch, settings.seq), device=device)
-    flops, moved = _costs(config, settings, sum(p.numel() for p in base.parameters()))
+    parameters = sum(p.numel() for p in base.parameters())
+    flops, moved = _costs(config, settings, parameters)
+    # every parameter requires grad: at the end of a backward, weights and gradients are both allocated
+    held = 2 * parameters * torch_dt.itemsize
     tokens = settings.batch * settings.seq
     layers = hf_config.num_hidden_layers
     case = f"{settings.model} ({settings.family}) layers={layers} batch={settings.batch} seq={settings.seq}"
@@ -275,7 +288,7 @@ def run_train_step(
             else:
 
                 def build(variant=variant, row=row) -> Callable[[], Any]:
-                    model = copy.deepcopy(base)
+                    model = copy.deepcopy(base).to(device)
                     _patch(variant, model, settings.family)
                     with torch.no_grad():
                         row.loss = float(model(input_ids=ids, labels=ids).loss)
@@ -298,6 +311,11 @@ def run_train_step(
                 )  # fmt: skip
                 if not row.available:
                     row.loss = None
+                elif row.peak_memory_bytes is not None:
+                    row.peak_beyond_parameters_bytes = row.peak_memory_bytes - held
+                # a variant whose patch made reference cycles (methods bound on instances) holds its model
+                # until the cycle collector runs: freed here, not counted in the next variant's peak
+                gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             rows.append(row)
@@ -340,6 +358,7 @@ def print_train_step(settings: TrainStepSettings, rows: Sequence[StepMeasurement
             f"{row.tokens_per_s:.4g}" if row.tokens_per_s is not None else None,
             f"{row.loss:.5f}" if row.loss is not None else None,
             f"{row.loss_difference:+.2e}" if row.loss_difference is not None else None,
+            report.mib(row.peak_beyond_parameters_bytes),
             *report.common_cells(row),
         ]
         for row in rows
@@ -349,7 +368,8 @@ def print_train_step(settings: TrainStepSettings, rows: Sequence[StepMeasurement
         f"{rows[0].case if rows else settings.model}, dtype={report.TORCH_DTYPES[settings.dtype]}, "
         f"device={report.environment_device_name(device)}; loss at the starting weights"
     )
-    columns = ["variant", "tokens", "tokens/s", "loss", "loss - transformers", *report.COMMON_COLUMNS]
+    columns = ["variant", "tokens", "tokens/s", "loss", "loss - transformers",
+               "peak beyond weights+grads MiB", *report.COMMON_COLUMNS]  # fmt: skip
     report.print_rows("Training step", columns, table, caption=caption, console=console)
     report.print_unavailable(rows, console)
     for note in report.timing_notes(device, TRITON_IMPLS, rows):

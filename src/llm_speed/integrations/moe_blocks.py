@@ -26,8 +26,6 @@ this function for the models it patches.
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +34,7 @@ from ..core.tensors import FLOAT_DTYPES
 from ..fused.swiglu import swiglu
 from ..moe.fused_moe import fused_moe
 from ..moe.routing import moe_route
+from .forwards import replace_forward
 
 # block class -> (model_type, router kind, name of its shared-expert MLP or None)
 BLOCKS = {
@@ -101,11 +100,6 @@ def _shared_mlp_forward(self, x):
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
-def _replace_forward(module: nn.Module, forward) -> None:
-    module._llm_speed_original_forward = module.forward
-    module.forward = types.MethodType(forward, module)
-
-
 def _is_silu(config) -> bool:
     return getattr(config, "hidden_act", None) in ("silu", "swish")
 
@@ -141,12 +135,12 @@ def patch_moe_blocks(model: nn.Module) -> list[str]:
         if getattr(experts, "has_bias", False) or getattr(experts, "is_transposed", False):
             continue  # not the [E, 2I, H] / [E, H, I] layout without biases that fused_moe takes
         names.append(name)
-        _replace_forward(gate, ROUTERS[router])
+        replace_forward(gate, ROUTERS[router])
         experts._llm_speed_silu = _is_silu(config) if config is not None else False
-        _replace_forward(experts, _experts_forward)
+        replace_forward(experts, _experts_forward)
         mlp = getattr(block, shared, None) if shared else None
         if mlp is not None and _is_silu(getattr(mlp, "config", config)):
-            _replace_forward(mlp, _shared_mlp_forward)
+            replace_forward(mlp, _shared_mlp_forward)
         block._llm_speed_moe = True
     return names
 

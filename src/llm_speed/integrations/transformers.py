@@ -62,6 +62,7 @@ from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import fused_linear_cross_entropy
 from ..fused.rotary_qk import apply_rotary_qk
 from ..nn import GatedMLP, RMSNorm
+from .forwards import replace_forward
 from .moe_blocks import patch_moe_blocks
 
 try:
@@ -468,12 +469,6 @@ def _fused_loss_forward(self, *args, **kwargs):
     return type(outputs)(loss=loss, **fields)
 
 
-def _replace_forward(module: nn.Module, forward) -> None:
-    module._llm_speed_original_forward = module.forward
-    module._llm_speed_signature = inspect.signature(type(module).forward)
-    module.forward = forward.__get__(module)
-
-
 # --- apply ------------------------------------------------------------------------------------------------
 
 
@@ -539,7 +534,7 @@ def apply(
             report["attention"] = True
     if cross_entropy:
         if hasattr(model, "lm_head") and hasattr(model, "model"):
-            _replace_forward(model, _fused_loss_forward)
+            replace_forward(model, _fused_loss_forward)
             report["cross_entropy"] = True
         else:
             skipped["cross_entropy"] = f"{type(model).__name__} has no lm_head (not a *ForCausalLM model)"
