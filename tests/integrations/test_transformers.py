@@ -107,8 +107,8 @@ def _finite_float64_masks(monkeypatch):
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma2"])
 def test_padded_batch_runs_varlen_and_matches_float64(model_type, device, monkeypatch):
-    # llama: the 2-D padding mask; mistral and gemma2: windows of 4 < 11 tokens, so transformers builds the
-    # 4-D mask, which is checked and unpadded (gemma2 also softcaps attention logits and mixes full layers)
+    # the 2-D padding mask; mistral and gemma2 with windows of 4 < 11 tokens, which the layers apply
+    # (gemma2 also softcaps attention logits and mixes full layers)
     patched, same, truth = _padded_models(model_type, device)
     _finite_float64_masks(monkeypatch)
     assert hf.apply(patched)["attention"]
@@ -184,6 +184,53 @@ def test_padding_mask_is_checked_once_per_forward(monkeypatch):
     with torch.no_grad():
         patched(input_ids=ids, attention_mask=mask)
     assert len(calls) == 1  # two layers, one mask: one check, one host sync
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma2"])
+def test_no_4d_mask_and_one_compiled_graph(model_type, monkeypatch):
+    """Plain causal and the config's sliding window (4 < 11 tokens: the layers apply it) build no
+    [batch, 1, q, kv] mask, and torch.compile traces the patched model in one graph, as the unpatched one:
+    no hook registered per call (the loss's), no host sync in the mask."""
+    patched, _, _ = _padded_models(model_type)
+    hf.apply(patched)
+    built = []
+    sdpa_mask = hf.sdpa_mask
+    monkeypatch.setattr(hf, "sdpa_mask", lambda *a, **k: built.append(1) or sdpa_mask(*a, **k))
+    ids = torch.randint(0, 97, (2, SEQ))
+    with torch.no_grad():
+        patched(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert built == []
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_window_agrees_is_the_kernels_window_over_real_tokens():
+    # brute force: the real keys a query sees through the model's window (positions) and the kernel's (ranks)
+    torch.manual_seed(0)
+    key_valid = torch.rand(64, 12) < 0.7
+    for left in (0, 1, 3, 20):
+        got = hf._window_agrees(key_valid, left)
+        for row, valid in enumerate(key_valid.tolist()):
+            real = [p for p, v in enumerate(valid) if v]
+            for p, v in enumerate(valid):
+                if v:
+                    rank = real.index(p)
+                    by_position = [k for k in real if p - left <= k <= p]
+                    assert bool(got[row, p]) == (by_position == real[max(0, rank - left) : rank + 1])
+                else:
+                    assert bool(got[row, p])
+
+
+def test_a_window_spanning_an_inner_pad_is_refused():
+    patched, _, _ = _padded_models("mistral")  # window 4
+    hf.apply(patched)
+    ids = torch.randint(0, 97, (1, SEQ))
+    mask = torch.ones(1, SEQ, dtype=torch.long)
+    mask[0, 5] = 0  # the query at position 8 sees positions 5-8 by position, 4 real tokens by rank
+    with pytest.raises(ValueError, match="a window that spans a pad"):
+        patched(input_ids=ids, attention_mask=mask)
+    assert not hf._active()
 
 
 def test_unsupported_masks_are_refused_and_plain_masks_accepted():

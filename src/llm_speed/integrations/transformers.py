@@ -31,14 +31,16 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
 
 Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
 function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
-``is_causal`` (plain causal, or a window no shorter than the keys), so no ``[batch, 1, q, kv]`` mask is built;
+``is_causal`` (plain causal, or a window no shorter than the keys) and for the config's sliding window (the
+layers pass it to the attention, as to flash-attention-2), so no ``[batch, 1, q, kv]`` mask is built;
 otherwise transformers' 4-D SDPA mask, which is checked element by element against causal (and windowed)
-attention over each row's real tokens. Either way the real tokens are found once per forward per mask (a few
-small host syncs), not per layer. Query i is taken as the token of key ``kv_len - q_len + i`` (no cache, or a
-dynamic cache in generation); a token whose own key no query sees is a padded one. Attention outputs zeros at
-padded positions, as transformers' flash-attention-2 path does (eager attention computes other values there):
-a label predicted from a padded position (a left-padded row's first real token) is trained on a different
-hidden state, so set such labels to -100.
+attention over each row's real tokens (a 2-D mask of a windowed layer: that no window spans a pad). Either
+way the real tokens are found once per forward per mask (a few small host syncs), not per layer. Query i is
+taken as the token of key ``kv_len - q_len + i`` (no cache, or a dynamic cache in generation); a token whose
+own key no query sees is a padded one. Attention outputs zeros at padded positions, as transformers'
+flash-attention-2 path does (eager attention computes other values there): a label predicted from a padded
+position (a left-padded row's first real token) is trained on a different hidden state, so set such labels
+to -100.
 
 Refused with a ValueError naming what is accepted, never silently changed: masks that are neither causal
 nor padding (packed sequences in one row, custom or bidirectional patterns, additive biases), padded
@@ -166,13 +168,25 @@ def _refuse_mask(reason: str):
     )
 
 
+def _window_agrees(key_valid: torch.Tensor, left: int) -> torch.Tensor:
+    """[batch, kv_len] bool: whether a query at each position sees the same real keys through a window of
+    ``left + 1`` positions (the model's mask) as through one of ``left + 1`` real tokens (the varlen kernel,
+    which counts by rank among a row's real tokens): the real keys among its last ``left + 1`` positions are
+    ``min(left + 1, rank + 1)``, i.e. no pad lies inside its window after a real token. True at padding."""
+    width = left + 1
+    seen = key_valid.to(torch.int32).cumsum(1)  # real tokens up to and including each position
+    before = nn.functional.pad(seen, (width, 0))[:, : seen.shape[1]]  # ... up to position p - width
+    return ((seen - before) == seen.clamp(max=width)) | ~key_valid
+
+
 def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None):
     """None for a plain causal (windowed) mask; the unpadding of a padding mask; ValueError otherwise.
 
     Query i is the token of key ``kv_len - q_len + i`` (transformers' masks with no cache or a dynamic
-    cache). A 4-D mask is checked element by element against what the varlen kernel computes: causal and
-    windowed by each token's rank among the real tokens of its row, so left, right and inner padding all
-    work while the window does not span a pad.
+    cache). The varlen kernel is causal and windowed by each token's rank among the real tokens of its row,
+    so left, right and inner padding all work while the window does not span a pad: a 4-D mask is checked
+    element by element against that, a 2-D one of a windowed layer (``left`` not None) by
+    :func:`_window_agrees`.
     """
     if mask.dim() == 2:
         if tuple(mask.shape) != (batch, kv_len):
@@ -184,6 +198,8 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
             if not bool(((mask == 0) | (mask == 1)).all()):
                 _refuse_mask("a 2-D mask with values other than 0 and 1")
         checks = [key_valid.all(), key_valid[:, kv_len - q_len :].all()]
+        if left is not None:  # a windowed layer: the window the kernel applies over each row's real tokens
+            checks.append(_window_agrees(key_valid, left)[:, kv_len - q_len :].all())
     elif mask.dim() == 4:
         if mask.shape[0] not in (1, batch) or tuple(mask.shape[1:]) != (1, q_len, kv_len):
             _refuse_mask(f"4-D mask of shape {tuple(mask.shape)}, expected [{batch}, 1, {q_len}, {kv_len}]")
@@ -293,14 +309,24 @@ def llm_speed_mask(
 ):  # fmt: skip
     """The mask function registered for ``"llm_speed"`` (transformers' ``AttentionMaskInterface``).
 
-    When the caller allows replacing the mask by ``is_causal`` (plain causal, or a sliding window no shorter
-    than the keys) and queries and keys line up (``q_length`` 1 or ``kv_length``): ``None`` without padding,
+    When the caller allows replacing the mask by ``is_causal`` (plain causal, a sliding window no shorter
+    than the keys, or the config's sliding window, which the layers apply) and queries and keys line up
+    (``q_length`` 1 or ``kv_length``): ``None`` without padding,
     else the 2-D bool padding mask ``[batch, kv_length]`` (no ``[batch, 1, q, kv]`` mask is built). Otherwise
     transformers' 4-D SDPA mask, which :func:`llm_speed_attention` checks once per forward.
     """
+    # A sliding window of the model's config: the layers pass it to the attention, which applies it (as
+    # transformers' flash-attention-2 mask does), so the [batch, 1, q, kv] mask need not be built either.
+    # (local_size is also a chunk size for chunked attention, which is not a window.)
+    config = kwargs.get("config")
+    sliding = (
+        local_size is not None and getattr(config, "sliding_window", None) == local_size
+        and getattr(config, "attention_chunk_size", None) is None
+    )  # fmt: skip
     structure_is_causal = (
-        allow_is_causal_skip and q_length in (1, kv_length) and (local_size is None or kv_length < local_size)
-    )
+        allow_is_causal_skip and q_length in (1, kv_length)
+        and (local_size is None or kv_length < local_size or sliding)
+    )  # fmt: skip
     if structure_is_causal:
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         if padding is None:
@@ -424,6 +450,14 @@ def _keep_no_logits(device: torch.device) -> torch.Tensor:
     return _NO_LOGITS[device]
 
 
+def _capture_output(module: nn.Module, _args, output) -> None:
+    """The base model's forward hook, registered once by apply: keeps its output for the fused loss's
+    forward, only while that forward runs. (Registering a hook per call, as before, broke torch.compile's
+    graph in two places and sent the loss's forward back to eager.)"""
+    if module._llm_speed_capture:
+        module._llm_speed_captured = output
+
+
 def _fused_loss_forward(self, *args, **kwargs):
     bound = self._llm_speed_signature.bind(self, *args, **kwargs)
     arguments = dict(bound.arguments)
@@ -433,15 +467,16 @@ def _fused_loss_forward(self, *args, **kwargs):
     if labels is None:
         return self._llm_speed_original_forward(*args, **kwargs)
     arguments["labels"] = None
-    captured = []
-    handle = self.model.register_forward_hook(lambda _m, _a, out: captured.append(out))
+    base_model = self.model
+    base_model._llm_speed_capture = True
     try:
         device = self.lm_head.weight.device
         keep = _keep_no_logits(device)
         outputs = self._llm_speed_original_forward(**arguments, **extra, logits_to_keep=keep)
+        base = base_model._llm_speed_captured
     finally:
-        handle.remove()
-    base = captured[-1]
+        base_model._llm_speed_capture = False
+        base_model._llm_speed_captured = None
     hidden = base.last_hidden_state if isinstance(base, ModelOutput) else base[0]
     shift = extra.get("shift_labels")
     if shift is None:  # as transformers' ForCausalLMLoss: position t predicts label t + 1
@@ -535,6 +570,9 @@ def apply(
     if cross_entropy:
         if hasattr(model, "lm_head") and hasattr(model, "model"):
             replace_forward(model, _fused_loss_forward)
+            model.model._llm_speed_capture = False
+            model.model._llm_speed_captured = None
+            model.model.register_forward_hook(_capture_output)
             report["cross_entropy"] = True
         else:
             skipped["cross_entropy"] = f"{type(model).__name__} has no lm_head (not a *ForCausalLM model)"
