@@ -27,11 +27,13 @@ in the append kernel as it is written and to q in the attention kernel as it is 
 q's dtype, as flash-attn's ``rotary.h``); ALiBi's ``-slope * |p_i - j|`` is added to the scores after the
 softcap.
 An fp8 cache (``float8_e4m3fn``/``float8_e5m2`` with ``k_descale``/``v_descale``, FlashAttention-3's
-names) halves the bytes decode streams: the attention kernel reads fp8 tiles and widens them exactly to q's
-dtype before ``tl.dot`` (q stays 16-bit), ``k_descale`` folded into the score scale; with a 16-bit q the
-values' product runs in float16 (every e4m3 and e5m2 value is one exactly, and P in [0, 1] is rounded once,
-as in q's dtype) and ``v_descale`` scales its float32 sum (a float32 q: values dequantized in float32); the
-append kernel quantizes the new k/v with the same descales.
+names) halves the bytes decode streams: the attention kernel reads fp8 tiles and widens them exactly before
+``tl.dot``, the keys to q's dtype (to float16 for a bfloat16 q, whose rows it scales by powers of two into
+float16's range, the factors folded into the scores), ``k_descale`` folded into the score scale; with a
+16-bit q the values' product runs in float16 (every e4m3 and e5m2 value is one exactly, and P in [0, 1] is
+rounded once, as in q's dtype) and ``v_descale`` scales its float32 sum (a float32 q: values dequantized in
+float32); new k/v are quantized with the same descales as they are written (by the append kernel or the
+attention kernel).
 An option left out is a None pointer, a constexpr: its code is compiled out.
 
 Kernels. In a decode step (the query rows of a KV head fit one tile, :func:`appends_in_attention`) the
@@ -64,7 +66,8 @@ The optional inputs are pointers fixed to None (constexprs: their code is compil
   K_DESCALE, V_DESCALE     an fp8 cache: the descale of (sequence b, KV head h) is at b * stride_db +
                            h * stride_dh (strides 0 for a per-tensor or per-head descale); the append
                            kernel quantizes k/v with them (FP8_* constexprs: the fp8 GEMM's cast), the
-                           attention kernel widens the fp8 tiles to q's dtype and folds them into the score
+                           attention kernel widens the fp8 tiles exactly (keys to q's dtype, float16 for a
+                           bfloat16 q; values to float16 with a 16-bit q) and folds them into the score
                            scale and the output
 All contiguous (a [heads_q] ALIBI has batch stride 0) but the descales (read through their strides).
 
@@ -1342,11 +1345,12 @@ def flash_attention_with_kvcache(
             the caches are fp8 (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, both caches one dtype; q
             and k/v stay float16, bfloat16 or float32). The cache holds ``x / descale``: a key is
             ``k_cache.float() * k_descale``, a value ``v_cache.float() * v_descale``. The attention kernel
-            reads the fp8 tiles, widens the keys exactly to q's dtype, folds ``k_descale`` into the score
-            scale (exact algebra), and with a 16-bit q takes the values' product in float16 (the values
-            exact, the weights rounded once) and scales its float32 sum by ``v_descale`` (a float32 q: the
-            values dequantized in float32); no dequantized copy in memory. Appended
-            k/v (after rotary, computed in float32) are quantized as they are written:
+            reads the fp8 tiles, widens the keys exactly to q's dtype (to float16 for a bfloat16 q, whose
+            rows are scaled by powers of two into float16's range, exactly, the factors folded into the
+            scores), folds ``k_descale`` into the score scale (exact algebra), and with a 16-bit q takes the
+            values' product in float16 (the values exact, the weights rounded once) and scales its float32
+            sum by ``v_descale`` (a float32 q: the values dequantized in float32); no dequantized copy in
+            memory. Appended k/v (after rotary, computed in float32) are quantized as they are written:
             ``saturate(x / descale)`` in float32 (IEEE division), rounded to nearest even, saturated to the
             format's largest finite value (448 for e4m3, 57344 for e5m2; infinities too); a NaN stays NaN.
             That is ``(x.float() / descale).clamp(-max, max).to(fp8)`` in PyTorch, bit for bit. The descales

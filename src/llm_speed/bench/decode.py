@@ -225,8 +225,7 @@ def _graph_timer(row: DecodeMeasurement, settings: DecodeSettings, device: torch
                 workload, warmup=settings.warmup, iterations=settings.iterations, device=device, graph=True
             )
         except Exception as error:  # a refused capture is reported on the row, not raised
-            lines = str(error).strip().splitlines()
-            row.graph_reason = f"capture failed: {type(error).__name__}: {lines[0] if lines else ''}".strip()
+            row.graph_reason = f"capture failed: {report._reason(error, ())}"
             return
         row.graph_ms = replayed.median_ms
         seconds = replayed.median_ms * 1e-3

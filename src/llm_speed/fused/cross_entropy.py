@@ -1183,7 +1183,7 @@ class _LinearCall:
             z = z_arg = tensors.new_output(loss.shape, self.loss_dtype, device)
         elif z_alone:
             z = tensors.new_output((0,), self.loss_dtype, device)
-        logits = torch.mm(hidden, weight.t())
+        logits = _chunk_logits(hidden, weight.t(), None)
         self.forward_plan.launch(
             logits_ptr=logits, target_ptr=target, weight_ptr=stats, loss_ptr=loss, z_ptr=z_arg,
             stats_ptr=stats, smoothing=smoothing, softcap=softcap, z_scale=z_scale,
