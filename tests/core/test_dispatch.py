@@ -74,14 +74,21 @@ def test_checked_records_the_ops_node_around_run(needs):
     assert torch.autograd.gradcheck(lambda a, b: _op.checked(run, a, b, 0.5), inputs)
 
 
-@torch.library.custom_op("llm_speed_test::product_and_norm", mutates_args=())
-def _product_and_norm_op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return x * y, (x * y).norm().reshape(1)
+def _product_and_statistic_op(name: str, statistic):
+    """A custom op ``llm_speed_test::<name>`` of two outputs: x * y and ``statistic(x * y)`` as [1]."""
+
+    @torch.library.custom_op(f"llm_speed_test::{name}", mutates_args=())
+    def op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * y, statistic(x * y).reshape(1)
+
+    @op.register_fake
+    def _(x, y):
+        return torch.empty_like(x), x.new_empty(1)
+
+    return op
 
 
-@_product_and_norm_op.register_fake
-def _(x, y):
-    return torch.empty_like(x), x.new_empty(1)
+_product_and_norm_op = _product_and_statistic_op("product_and_norm", torch.linalg.vector_norm)
 
 
 def _two_outputs_setup(ctx, inputs, output):
@@ -137,14 +144,7 @@ def test_outputs_nobody_differentiates_get_none_not_zeros(checked):
 
 
 # An op of its own: Op(...) registers its autograd with the library op, which would replace _two_outputs'.
-@torch.library.custom_op("llm_speed_test::product_and_sum", mutates_args=())
-def _product_and_sum_op(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return x * y, (x * y).sum().reshape(1)
-
-
-@_product_and_sum_op.register_fake
-def _(x, y):
-    return torch.empty_like(x), x.new_empty(1)
+_product_and_sum_op = _product_and_statistic_op("product_and_sum", torch.sum)
 
 
 def test_checked_outputs_returns_the_leading_outputs_only():
