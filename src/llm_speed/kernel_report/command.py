@@ -1,5 +1,5 @@
 """``llm-speed kernels``: every op's kernels compiled for a GPU that is not there, as their launchers launch
-them, and what the compiler made of each (docs/notes/kernel-report.md)."""
+them, and what the compiler made of each (docs/guides/kernel-report.md)."""
 
 from __future__ import annotations
 
