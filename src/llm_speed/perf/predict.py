@@ -656,8 +656,7 @@ def _gemm_terms(
         # Each tile row of B is dequantized once per row of tiles (once for a decode GEMV).
         weights = batch * k * n * cdiv(m, bm) if batch > 1 else k * n * cdiv(m, bm)
         dequant_s = weights * dequant["ops_per_weight"] / dequant["ops_per_s"]
-        overlap = dequant["overlap"]
-        memory = max(memory, dequant_s) + (1.0 - overlap) * min(memory, dequant_s)
+        memory = with_dequant(memory, dequant_s, dequant["overlap"])
     latency = kernels * float(params.get("latency_s", 0.0))
     return _Terms(
         compute_s=compute,
@@ -707,6 +706,24 @@ def _dequant(
     ops = float(table.get("ops_per_weight", {}).get(weight_dtype, table.get("ops_per_weight_default", 1.0)))
     rate = consts.conversions_per_s if method == "convert" else consts.alu_per_s
     return {"ops_per_weight": ops, "ops_per_s": rate, "overlap": float(table["overlap"])}
+
+
+def with_dequant(memory_s: float, dequant_s: float, overlap: float) -> float:
+    """A quantized weight stream's time with its dequantization on the CUDA cores: the longer of the two,
+    plus the part of the shorter that does not overlap it (``overlap`` in [0, 1])."""
+    return max(memory_s, dequant_s) + (1.0 - overlap) * min(memory_s, dequant_s)
+
+
+def dequant_model(
+    gpu: str | GPUSpec, weight_dtype: str, *, implementation: str = "vendor", method: str | None = None,
+    calibration: Any = None,
+) -> dict[str, float]:  # fmt: skip
+    """The dequantization model :func:`predict` gives ``implementation``'s GEMMs with weights stored in
+    ``weight_dtype`` on ``gpu``: ``ops_per_weight``, ``ops_per_s`` (the units that run them) and
+    ``overlap`` with the weight stream (:func:`with_dequant`); ``method`` as predict's ``dequant``."""
+    params, _, _ = parameters(gpu, resolve_implementation("gemm", implementation), "gemm", calibration)
+    method = method or params.get("dequant_default", "convert")
+    return _dequant(gpu_constants(gpu, calibration), params, method, normalize_dtype(weight_dtype))
 
 
 def _predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[_Terms, float, float, dict]:
