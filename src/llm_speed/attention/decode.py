@@ -832,8 +832,9 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     cache) into the caches, then attend; returns (out, lse). Arguments as checked by
     :func:`flash_attention_with_kvcache` (q, k, v with a contiguous last dim; cache_batch_idx,
     cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens`` an int32 tensor; the
-    descales given exactly when the caches are fp8). Reads no tensor value on the host; reports its work
-    once per call."""
+    descales given exactly when the caches are fp8). The Triton path reads no tensor value on the host
+    (where Triton cannot run, the float32 reference reads the CPU index tensors); reports its work once per
+    call."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
