@@ -20,10 +20,15 @@ import math
 import pytest
 import torch
 
-from accuracy_rule import ERROR_CAP, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule
+from accuracy_rule import GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule
 from llm_speed import flash_attn_interface as fa
 
 F16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs(nan_poisoned):
+    """Kernel outputs start as NaN (tests/conftest.py): an element a kernel forgets to write fails."""
 
 
 # --- the reference (flash-attn's test semantics, written out) ---------------------------------------------
@@ -459,7 +464,7 @@ def test_flash_attn_kvcache(case, device):
             q_ro.to(work), k_ref.to(work), v_ref.to(work), key_mask=key_mask, causal=causal,
             window_size=window_size, alibi=None if slopes is None else slopes.cpu(),
         ))  # fmt: skip
-    assert_error_rule("out", out, results[1], results[0], OUTPUT_FACTOR, dtype, cap=2 * ERROR_CAP[dtype])
+    assert_error_rule("out", out, results[1], results[0], OUTPUT_FACTOR, dtype)
 
 
 # --- test_flash_attn_bwd_overflow / _bwd_transpose / _bwd_varlen_overflow / _deterministic ----------------
