@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 import reprlib
 from collections.abc import Mapping
@@ -92,8 +93,10 @@ def _no_window_or_softcap(window_size, softcap) -> bool:
 
 
 def _softcap(softcap) -> float | None:
-    """flash-attn's ``softcap``: 0.0 (the default) is off."""
-    return None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap
+    """flash-attn's ``softcap``: 0.0 (the default), or any value <= 0, is off (its kernels cap only when
+    ``softcap > 0``, csrc/flash_attn/flash_api.cpp); anything else goes to the checks of ``softcap``."""
+    real = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
+    return None if softcap is None or (real and softcap <= 0) else softcap
 
 
 def _generator_state(device: torch.device):

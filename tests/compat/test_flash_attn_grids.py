@@ -550,3 +550,16 @@ def test_a_window_that_is_no_pair_of_ints_is_refused(window_size, match):
     q = torch.randn(1, 4, 2, 16)
     with pytest.raises(TypeError, match=f"window_size {match}|window_size must be a {match}"):
         fa.flash_attn_func(q, q, q, window_size=window_size)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 0, -1.0, -30], ids=["0.0", "int-0", "negative", "int-negative"])
+def test_softcap_at_or_below_zero_is_off(softcap, device):
+    """flash-attn caps only when ``softcap > 0`` (csrc/flash_attn/flash_api.cpp): anything else is off."""
+    q = torch.randn(1, 6, 2, 16, device=device)
+    expected = fa.flash_attn_func(q, q, q, causal=True)
+    torch.testing.assert_close(fa.flash_attn_func(q, q, q, causal=True, softcap=softcap), expected, rtol=0,
+                               atol=0)  # fmt: skip
+    cache, lens = torch.randn(1, 8, 2, 16, device=device), 6
+    expected = fa.flash_attn_with_kvcache(q[:, :1], cache, cache, cache_seqlens=lens)
+    got = fa.flash_attn_with_kvcache(q[:, :1], cache, cache, cache_seqlens=lens, softcap=softcap)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
