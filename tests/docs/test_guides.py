@@ -28,7 +28,8 @@ def _files():
         path = REPO / top
         candidates = [path] if path.is_file() else sorted(path.rglob("*"))
         for file in candidates:
-            if file.is_file() and file.suffix in SUFFIXES and "__pycache__" not in file.parts:
+            generated = any(part == "__pycache__" or part.endswith(".egg-info") for part in file.parts)
+            if file.is_file() and file.suffix in SUFFIXES and not generated:
                 if "results" in file.relative_to(REPO).parts[:2]:
                     continue  # measurement files, not prose
                 yield file

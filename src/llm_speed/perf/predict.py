@@ -94,8 +94,10 @@ from llm_speed.perf.prediction.elementwise import (
 )
 from llm_speed.perf.prediction.gemm import (
     DEQUANT_METHODS,
+    dequant_terms,
     gemm_config_choice,
     predict_gemm,
+    with_dequant,
 )
 from llm_speed.perf.prediction.moe import (
     grouped_tile,
@@ -183,7 +185,10 @@ __all__ = [
     "compiled_key",
     "elementwise_cost",
     "family_of",
+    "dequant_model",
+    "dequant_terms",
     "gemm_config_choice",
+    "with_dequant",
     "gpu_constants",
     "grouped_tile",
     "host_table",
@@ -412,6 +417,18 @@ def _breakdown(terms: Terms, flops: float, moved: float, host_s: float, exposed:
         kernels=terms.kernels,
         notes=terms.notes,
     )
+
+
+def dequant_model(
+    gpu: str | GPUSpec, weight_dtype: str, *, implementation: str = "vendor", method: str | None = None,
+    calibration: Any = None,
+) -> dict[str, float]:  # fmt: skip
+    """The dequantization model :func:`predict` gives ``implementation``'s GEMMs with weights stored in
+    ``weight_dtype`` on ``gpu``: ``ops_per_weight``, ``ops_per_s`` (the units that run them) and
+    ``overlap`` with the weight stream (:func:`with_dequant`); ``method`` as predict's ``dequant``."""
+    params, _, _ = parameters(gpu, resolve_implementation("gemm", implementation), "gemm", calibration)
+    method = method or params.get("dequant_default", "convert")
+    return dequant_terms(gpu_constants(gpu, calibration), params, method, normalize_dtype(weight_dtype))
 
 
 def predict_work(

@@ -81,8 +81,7 @@ def gemm_terms(
         # Each tile row of B is dequantized once per row of tiles (once for a decode GEMV).
         weights = batch * k * n * cdiv(m, bm) if batch > 1 else k * n * cdiv(m, bm)
         dequant_s = weights * dequant["ops_per_weight"] / dequant["ops_per_s"]
-        overlap = dequant["overlap"]
-        memory = max(memory, dequant_s) + (1.0 - overlap) * min(memory, dequant_s)
+        memory = with_dequant(memory, dequant_s, dequant["overlap"])
     latency = kernels * float(params.get("latency_s", 0.0))
     return Terms(
         compute_s=compute,
@@ -123,15 +122,23 @@ def _split_choices(params: dict[str, Any], m: int, n: int, k: int, batch: int, t
 DEQUANT_METHODS = ("convert", "lop3")
 
 
-def _dequant(
+def dequant_terms(
     consts: GPUConstants, params: dict[str, Any], method: str, weight_dtype: str
 ) -> dict[str, float]:
+    """The dequantization of ``weight_dtype`` weights by ``method``: ``ops_per_weight``, ``ops_per_s`` (the
+    units that run them) and ``overlap`` with the weight stream (:func:`with_dequant`)."""
     table = params.get("dequant", {}).get(method)
     if table is None:
         raise ValueError(f"dequant {method!r} has no parameters; accepted: {', '.join(DEQUANT_METHODS)}")
     ops = float(table.get("ops_per_weight", {}).get(weight_dtype, table.get("ops_per_weight_default", 1.0)))
     rate = consts.conversions_per_s if method == "convert" else consts.alu_per_s
     return {"ops_per_weight": ops, "ops_per_s": rate, "overlap": float(table["overlap"])}
+
+
+def with_dequant(memory_s: float, dequant_s: float, overlap: float) -> float:
+    """A quantized weight stream's time with its dequantization on the CUDA cores: the longer of the two,
+    plus the part of the shorter that does not overlap it (``overlap`` in [0, 1])."""
+    return max(memory_s, dequant_s) + (1.0 - overlap) * min(memory_s, dequant_s)
 
 
 def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms, float, float, dict]:
@@ -165,7 +172,7 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
             scale_bytes / positive_int("group_size", group_size) if group_size is not None else 0.0
         )
         method = dequant_method or params.get("dequant_default", "convert")
-        dequant = _dequant(consts, params, method, weight_dtype)
+        dequant = dequant_terms(consts, params, method, weight_dtype)
         cost_bytes = cost.bytes_moved - k * n * in_bytes * (batch if batch > 1 else 1) + k * n * b_bytes
         cost = type(cost)(cost.flops, cost_bytes)
     extra = 0.0
