@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli
-from llm_speed._output import dump_json, prepare_output_path
+from llm_speed._output import dump_json, prepare_output_folder, prepare_output_path
 
 if TYPE_CHECKING:  # torch and the benchmarks are imported when the demo runs, not when the parser is built
     import torch
@@ -178,12 +178,10 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    # Both files checked (the folder made where allowed) before any work starts. The folder named by
-    # --output-dir is made wherever its own parent exists: the user named it; a missing parent chain is
-    # created only inside the current directory, as for every output.
-    named = output_dir.expanduser().resolve().parent.is_dir()
+    # The folder and both files checked (the folder made where allowed) before any work starts.
+    prepare_output_folder(output_dir, argument="--output-dir")
     plot_path, json_path = (
-        prepare_output_path(output_dir / name, argument="--output-dir", create_parents=named)
+        prepare_output_path(output_dir / name, argument="--output-dir")
         for name in ("roofline.png", "demo.json")
     )
     detected = detect_gpu() if device.type == "cuda" else None

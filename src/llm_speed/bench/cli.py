@@ -396,8 +396,8 @@ def run_attention_command(args: argparse.Namespace) -> int:
     from llm_speed.bench import attention as attention_bench
     from llm_speed.bench import cpu_budget
 
-    settings = attention_settings(args)
     _check_outputs(args)
+    settings = attention_settings(args)
     settings = _fit_to_cpu(
         args, settings, cpu_budget.scale_attention, cpu_budget.attention_estimate, _side_console(args)
     )
@@ -418,8 +418,8 @@ def run_gemm_command(args: argparse.Namespace) -> int:
     from llm_speed.bench import cpu_budget
     from llm_speed.bench import gemm as gemm_bench
 
-    settings = gemm_settings(args)
     _check_outputs(args)
+    settings = gemm_settings(args)
     settings = _fit_to_cpu(
         args, settings, cpu_budget.scale_gemm, cpu_budget.gemm_estimate, _side_console(args)
     )
@@ -497,8 +497,8 @@ def run_ops_command(args: argparse.Namespace) -> int:
     """``llm-speed bench ops``."""
     from llm_speed.bench import ops as ops_bench
 
-    settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, ops_bench.results_payload)
     rows = ops_bench.run_ops(settings, show_progress=not args.no_progress, on_case=writer.partial)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
@@ -508,8 +508,8 @@ def run_moe_command(args: argparse.Namespace) -> int:
     """``llm-speed bench moe``."""
     from llm_speed.bench import moe as moe_bench
 
-    settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, moe_bench.results_payload)
     rows = moe_bench.run_moe(settings, show_progress=not args.no_progress, on_case=writer.partial)
     title = f"MoE experts {settings.mode}, {settings.dtype}"
@@ -520,8 +520,8 @@ def run_train_step_command(args: argparse.Namespace) -> int:
     """``llm-speed bench train-step``."""
     from llm_speed.bench import train_step as train_step_bench
 
-    settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, train_step_bench.results_payload)
     rows = train_step_bench.run_train_step(
         settings, show_progress=not args.no_progress, on_case=writer.partial
