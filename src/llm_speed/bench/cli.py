@@ -359,10 +359,29 @@ def _fit_to_cpu(args: argparse.Namespace, settings, scale, estimate, console: Co
 
 
 class _Writer:
-    """Writes the JSON and CSV files after every case (``complete: false``) and once at the end."""
+    """Runs the benchmark (on a CPU between two yardstick timings, :mod:`llm_speed.bench.cpu_load`) and writes
+    the JSON and CSV files after every case (``complete: false``) and once at the end."""
 
     def __init__(self, args: argparse.Namespace, settings, payload_fn) -> None:
         self.args, self.settings, self.payload_fn = args, settings, payload_fn
+        self.verdict = None
+
+    def run(self, benchmark, *, partial: bool = True):
+        """``benchmark(settings, ...)``'s rows (written after every case where ``partial``); on a busy CPU
+        with every ratio between them withheld."""
+        import torch
+
+        from llm_speed.bench import cpu_load
+
+        options: dict[str, Any] = {"show_progress": not self.args.no_progress}
+        if partial:
+            options["on_case"] = self.partial
+        with cpu_load.watch(torch.device(self.settings.device)) as watch:
+            rows = benchmark(self.settings, **options)
+        self.verdict = watch.verdict(rows)
+        if self.verdict is not None and self.verdict.busy:
+            cpu_load.withhold_ratios(rows)
+        return rows
 
     def partial(self, rows) -> None:
         if self.args.output or self.args.csv:
@@ -370,9 +389,13 @@ class _Writer:
 
     def write(self, rows, *, complete: bool) -> dict[str, Any]:
         from llm_speed._output import dump_json
-        from llm_speed.bench import report
+        from llm_speed.bench import cpu_load, report
 
-        payload = {**self.payload_fn(self.settings, rows), "complete": complete}
+        payload = {
+            **self.payload_fn(self.settings, rows),
+            "cpu_load": cpu_load.verdict_record(self.verdict),
+            "complete": complete,
+        }
         if self.args.output:
             dump_json(payload, self.args.output)
         if self.args.csv:
@@ -387,7 +410,7 @@ def run_decode_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, decode_bench.results_payload)
-    rows = decode_bench.run_decode(settings, show_progress=not args.no_progress)
+    rows = writer.run(decode_bench.run_decode, partial=False)
     return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")
 
 
@@ -402,7 +425,7 @@ def run_attention_command(args: argparse.Namespace) -> int:
         args, settings, cpu_budget.scale_attention, cpu_budget.attention_estimate, _side_console(args)
     )
     writer = _Writer(args, settings, attention_bench.results_payload)
-    rows = attention_bench.run_attention(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(attention_bench.run_attention)
     return _finish(
         args,
         settings,
@@ -424,7 +447,7 @@ def run_gemm_command(args: argparse.Namespace) -> int:
         args, settings, cpu_budget.scale_gemm, cpu_budget.gemm_estimate, _side_console(args)
     )
     writer = _Writer(args, settings, gemm_bench.results_payload)
-    rows = gemm_bench.run_gemm(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(gemm_bench.run_gemm)
     return _finish(
         args,
         settings,
@@ -453,6 +476,8 @@ def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
     else:
         print_fn(settings, rows, console)
     side = _side_console(args)
+    if writer.verdict is not None:
+        side.print(f"note: {writer.verdict.note()}", highlight=False, markup=False)
     for flag in ("output", "csv"):
         if getattr(args, flag):
             side.print(f"results written to {getattr(args, flag)}", highlight=False)
@@ -500,7 +525,7 @@ def run_ops_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, ops_bench.results_payload)
-    rows = ops_bench.run_ops(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(ops_bench.run_ops)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
 
 
@@ -511,7 +536,7 @@ def run_moe_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, moe_bench.results_payload)
-    rows = moe_bench.run_moe(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"
     return _finish(args, settings, rows, writer, moe_bench.print_moe, title)
 
@@ -523,9 +548,7 @@ def run_train_step_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, train_step_bench.results_payload)
-    rows = train_step_bench.run_train_step(
-        settings, show_progress=not args.no_progress, on_case=writer.partial
-    )
+    rows = writer.run(train_step_bench.run_train_step)
     return _finish(
         args, settings, rows, writer, train_step_bench.print_train_step, f"training step, {settings.model}"
     )
