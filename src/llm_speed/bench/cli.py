@@ -339,19 +339,22 @@ def _check_outputs(args: argparse.Namespace) -> None:
             prepare_output_path(path, argument=f"--{flag}")
 
 
-def _fit_to_cpu(args: argparse.Namespace, settings, scale, estimate, console: Console):
-    """On a CPU: scale the sizes (unless --full-size) and print what changed and the estimated run time."""
+def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, console: Console):
+    """On a CPU: time each implementation's calibration calls, scale the sizes to them (unless --full-size),
+    and print what changed and the estimated run time."""
     from llm_speed.bench import cpu_budget
 
     if not settings.device.startswith("cpu"):
         return settings
+    costs = calibrate(settings)
     notes: list[str] = []
     if not args.full_size:
-        settings, notes = scale(settings)
+        settings, notes = scale(settings, costs)
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(
-        f"note: estimated run time on this CPU: about {cpu_budget.duration_text(estimate(settings))}",
+        f"note: estimated run time on this CPU: about {cpu_budget.duration_text(estimate(settings, costs))} "
+        "(from calibration calls timed here)",
         highlight=False,
         markup=False,
     )
@@ -422,7 +425,12 @@ def run_attention_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = attention_settings(args)
     settings = _fit_to_cpu(
-        args, settings, cpu_budget.scale_attention, cpu_budget.attention_estimate, _side_console(args)
+        args,
+        settings,
+        cpu_budget.calibrate_attention,
+        cpu_budget.scale_attention,
+        cpu_budget.attention_estimate,
+        _side_console(args),
     )
     writer = _Writer(args, settings, attention_bench.results_payload)
     rows = writer.run(attention_bench.run_attention)
@@ -444,7 +452,12 @@ def run_gemm_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = gemm_settings(args)
     settings = _fit_to_cpu(
-        args, settings, cpu_budget.scale_gemm, cpu_budget.gemm_estimate, _side_console(args)
+        args,
+        settings,
+        cpu_budget.calibrate_gemm,
+        cpu_budget.scale_gemm,
+        cpu_budget.gemm_estimate,
+        _side_console(args),
     )
     writer = _Writer(args, settings, gemm_bench.results_payload)
     rows = writer.run(gemm_bench.run_gemm)
