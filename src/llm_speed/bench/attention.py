@@ -250,6 +250,7 @@ def run_attention(
                 row = AttentionMeasurement(
                     case=f"seq={seq_len}",
                     impl=impl,
+                    dtype="fp8" if impl == FP8_IMPL else None,
                     available=False,
                     seq_len=seq_len,
                     flops=cost.flops,

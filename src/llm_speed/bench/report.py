@@ -92,6 +92,9 @@ class Measurement:
     reason: str | None = None  # why the implementation did not run (unavailable, refused the shape, OOM)
     flops: float
     bytes_moved: float  # the performance model's minimum DRAM traffic for this implementation
+    # The dtype the implementation computes in, where it is not the run's (an fp8 row of a bf16 run): the
+    # roof a plot puts the row under.
+    dtype: str | None = None
     timing: Timing | None = None
     tflops: float | None = None
     bandwidth_gb_s: float | None = None
