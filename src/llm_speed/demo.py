@@ -165,18 +165,6 @@ def _takeaways(attention_rows, gemm_rows, device: torch.device, busy: bool = Fal
     return lines
 
 
-def _watched(run, settings, device: torch.device):
-    """``run(settings)``'s rows and the CPU's load verdict (None on a GPU); ratios withheld when busy."""
-    from llm_speed.bench import cpu_load
-
-    with cpu_load.watch(device) as watch:
-        rows = run(settings)
-    verdict = watch.verdict(rows)
-    if verdict is not None and verdict.busy:
-        cpu_load.withhold_ratios(rows)
-    return rows, verdict
-
-
 def _print_load(verdict, console: Console) -> None:
     if verdict is not None:
         console.print(f"• {verdict.note()}", highlight=False, markup=False)
@@ -222,7 +210,8 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     console.rule("2/4  Attention measured on this device")
     attention = attention_settings(device, model_id)
-    attention_rows, attention_load = _watched(attention_bench.run_attention, attention, device)
+    run = attention_bench.run_attention
+    attention_rows, attention_load = cpu_load.watched_run(device, lambda: run(attention))
     _compact_table(
         f"causal attention, batch {attention.batch_size}, "
         f"heads {attention.num_heads}/{attention.num_kv_heads} "
@@ -235,7 +224,7 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     console.rule("3/4  GEMM measured on this device")
     gemm = gemm_settings(device, model_id)
-    gemm_rows, gemm_load = _watched(gemm_bench.run_gemm, gemm, device)
+    gemm_rows, gemm_load = cpu_load.watched_run(device, lambda: gemm_bench.run_gemm(gemm))
     shapes = f"{model_id} weight GEMMs, {gemm.tokens} tokens" if gemm.model else "square GEMMs"
     _compact_table(f"{shapes}, {gemm.dtype}, layout {gemm.layout}", gemm_rows, device, console)
     _print_load(gemm_load, console)

@@ -124,11 +124,11 @@ def test_the_demo_on_a_busy_cpu_withholds_ratios_and_ranks_nothing(monkeypatch):
     simulate(monkeypatch, cpu_share=0.3)
     rows = [row("flash", [79.9]), row("naive", [0.397])]
 
-    def run(settings):
+    def run():
         report.add_comparisons(rows, None, "fp32", "cpu")
         return rows
 
-    measured, verdict = demo._watched(run, None, torch.device("cpu"))
+    measured, verdict = cpu_load.watched_run(torch.device("cpu"), run)
     assert verdict.busy and all(r.speedup_vs_fastest_other is None for r in measured)
     for r in measured:
         r.seq_len = 128
@@ -142,3 +142,17 @@ def test_a_gpu_run_is_not_watched(monkeypatch):
     with cpu_load.watch(torch.device("cuda")) as watched:
         pass
     assert watched.verdict([]) is None
+
+
+def test_bench_op_and_overhead_print_no_ratio_on_a_busy_machine(capsys, monkeypatch):
+    simulate(monkeypatch, cpu_share=0.4)
+    assert main(["bench", "op", "rms_norm", "--device", "cpu", "--size", "16", "--warmup", "0",
+                 "--iterations", "1"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "machine was busy" in printed and "speed-up vs baseline" not in printed
+    assert main(["bench", "overhead", "--device", "cpu", "--ops", "rms_norm", "--modes", "inference",
+                 "--calls", "2", "--repeats", "1", "--json"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["cpu_load"]["busy"] is True and "machine was busy" in captured.err
+    assert all(row["vs_baseline"] is None and row["vs_sdpa"] is None for row in document["results"])

@@ -379,11 +379,8 @@ class _Writer:
         options: dict[str, Any] = {"show_progress": not self.args.no_progress}
         if partial:
             options["on_case"] = self.partial
-        with cpu_load.watch(torch.device(self.settings.device)) as watch:
-            rows = benchmark(self.settings, **options)
-        self.verdict = watch.verdict(rows)
-        if self.verdict is not None and self.verdict.busy:
-            cpu_load.withhold_ratios(rows)
+        device = torch.device(self.settings.device)
+        rows, self.verdict = cpu_load.watched_run(device, lambda: benchmark(self.settings, **options))
         return rows
 
     def partial(self, rows) -> None:
@@ -514,6 +511,7 @@ _OP_DEFAULTS = {"size": (4096, 64), "warmup": (10, 1), "iterations": (50, 3)}
 def run_op_command(args: argparse.Namespace) -> int:
     """``llm-speed bench op NAME``."""
     from llm_speed._output import dump_json
+    from llm_speed.bench import cpu_load
     from llm_speed.bench import op as op_bench
 
     device = _cli.resolve_device(args.device)
@@ -523,11 +521,16 @@ def run_op_command(args: argparse.Namespace) -> int:
         key: value if value is not None else _OP_DEFAULTS[key][0 if on_gpu else 1]
         for key, value in chosen.items()
     }
-    rows = op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
+    rows, verdict = cpu_load.watched_run(
+        device, lambda: op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
+    )
+    busy = verdict is not None and verdict.busy
     if args.json:
-        dump_json(op_bench.results_payload(rows))
+        dump_json({**op_bench.results_payload(rows), "cpu_load": cpu_load.verdict_record(verdict)})
     else:
-        op_bench.print_op(rows, _cli.console())
+        op_bench.print_op(rows, _cli.console(), ratios=not busy)
+    if verdict is not None:
+        _side_console(args).print(f"note: {verdict.note()}", highlight=False, markup=False)
     return 0
 
 
@@ -569,8 +572,10 @@ def run_train_step_command(args: argparse.Namespace) -> int:
 
 def run_overhead_command(args: argparse.Namespace) -> int:
     """``llm-speed bench overhead``."""
+    import contextlib
+
     from llm_speed._output import dump_json, prepare_output_path
-    from llm_speed.bench import overhead
+    from llm_speed.bench import cpu_load, overhead
 
     device = _cli.resolve_device(args.device)
     if args.output is not None:
@@ -582,14 +587,18 @@ def run_overhead_command(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "device": str(device),
     }
-    rows = overhead.measure(
-        device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
-    )
+    with cpu_load.pinned_threads() if device.type == "cpu" else contextlib.nullcontext():
+        rows, verdict = cpu_load.watched_run(device, lambda: overhead.measure(
+            device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
+        ))  # fmt: skip
     payload = overhead.results_payload(rows, device, settings)
+    payload["cpu_load"] = cpu_load.verdict_record(verdict)
     if args.output is not None:
         dump_json(payload, args.output)
     if args.json:
         dump_json(payload)
     else:
         overhead.print_rows(rows, _cli.console())
+    if verdict is not None:
+        _side_console(args).print(f"note: {verdict.note()}", highlight=False, markup=False)
     return 0

@@ -188,6 +188,17 @@ def probe() -> Yardstick:
         return measure_yardstick()
 
 
+def watched_run(device: torch.device, run: Callable[[], Any]) -> tuple[Any, LoadVerdict | None]:
+    """``run()``'s rows between two yardstick timings (:func:`watch`), and the verdict; on a busy CPU every
+    ratio between the rows is withheld (:func:`withhold_ratios`)."""
+    with watch(device) as watched:
+        rows = run()
+    verdict = watched.verdict(rows)
+    if verdict is not None and verdict.busy:
+        withhold_ratios(rows)
+    return rows, verdict
+
+
 def withhold_ratios(rows: Sequence[Any]) -> None:
     """Clear every field that compares one row's time with another's (each row class lists them in
     ``RATIO_FIELDS``): a busy machine's times are printed, their ratios are not."""
