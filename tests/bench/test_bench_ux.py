@@ -208,9 +208,13 @@ def test_gpu_sized_problems_are_scaled_on_a_cpu_with_a_note():
 def test_the_cost_per_call_is_fitted_from_two_measured_calls():
     cost = cpu_budget.fit_cost([(1e6, 0.003), (8e6, 0.010)])  # 1 ms per MFLOP after 2 ms
     assert cost.fixed_s == pytest.approx(0.002) and cost.seconds_per_flop == pytest.approx(1e-9)
-    # one call, or a larger call that was not slower (noise): through the origin and the larger call
+    # one call: through the origin
     assert cpu_budget.fit_cost([(8e6, 0.010)]) == cpu_budget.CallCost(0.0, 0.010 / 8e6)
-    assert cpu_budget.fit_cost([(1e6, 0.012), (8e6, 0.010)]) == cpu_budget.CallCost(0.0, 0.010 / 8e6)
+    # a smaller call slowed by noise (here as slow as the larger): the time per FLOP stays at least half the
+    # larger call's average, so a large problem never looks cheap
+    noisy = cpu_budget.fit_cost([(1e6, 0.012), (8e6, 0.010)])
+    assert noisy.seconds_per_flop == pytest.approx(0.5 * 0.010 / 8e6)
+    assert noisy.seconds(8e6) == pytest.approx(0.010) and noisy.seconds(8e9) > 0.5 * 0.010 * 1000
 
 
 def test_the_estimate_comes_from_calibration_calls_measured_here():

@@ -41,17 +41,19 @@ class CallCost:
 
 
 def fit_cost(points: list[tuple[float, float]]) -> CallCost:
-    """The cost line through measured (flops, seconds) calls: through the two largest, or through the origin
-    and the only one (also when the larger call was not slower: noise, so the time per FLOP is an upper
-    bound)."""
+    """The cost line through measured (flops, seconds) calls: through the two largest, its time per FLOP at
+    least half the largest call's time over its FLOPs (noise on the smaller call must not make the line so
+    flat that a large problem looks cheap: that error would cost hours, the other way only a smaller
+    problem); through the origin and the only call when there is one."""
     ordered = sorted(points)
     f_large, t_large = ordered[-1]
+    through_origin = t_large / f_large
     if len(ordered) > 1:
         f_small, t_small = ordered[-2]
-        if f_large > f_small and t_large > t_small:
-            per_flop = (t_large - t_small) / (f_large - f_small)
-            return CallCost(fixed_s=max(0.0, t_small - per_flop * f_small), seconds_per_flop=per_flop)
-    return CallCost(fixed_s=0.0, seconds_per_flop=t_large / f_large)
+        if f_large > f_small:
+            per_flop = max((t_large - t_small) / (f_large - f_small), through_origin / 2)
+            return CallCost(fixed_s=max(0.0, t_large - per_flop * f_large), seconds_per_flop=per_flop)
+    return CallCost(fixed_s=0.0, seconds_per_flop=through_origin)
 
 
 # Implementation -> its measured cost per call.

@@ -37,7 +37,7 @@ MARKER_SIZE = 8  # points
 COINCIDENT_POINTS = 3.0
 RING_POINTS = 5.0
 # Points of one group this close share one label (written at their centre).
-LABEL_JOIN_POINTS = 14.0
+LABEL_JOIN_POINTS = 10.0
 FIGURE_SIZE = (9.0, 5.5)
 # The axes' share of the figure, for turning a distance in decades into one on the page before drawing.
 AXES_WIDTH_SHARE, AXES_HEIGHT_SHARE = 0.8, 0.7
@@ -119,14 +119,17 @@ class _Label:
 
 def _label(items: list[_Placed], indices: list[int], dtype_name: str, *, above: bool, x_low: float) -> _Label:
     """One label for points that sit close together: their names (each with its dtype where it is not the
-    plot's), three a line, at their centre."""
+    plot's) in the order of their intensity, at their centre."""
     names = list(dict.fromkeys(
         item.point.label + (f" ({item.dtype})" if item.dtype != dtype_name else "") for item in items
     ))  # fmt: skip
-    text = "\n".join(", ".join(names[i : i + 3]) for i in range(0, len(names), 3))
+    per_line = 3 if max(map(len, names)) <= 16 else 1  # short op names share a line; long ones get their own
+    text = "\n".join(", ".join(names[i : i + per_line]) for i in range(0, len(names), per_line))
+    colors = {item.color for item in items}
     x = math.exp(sum(math.log(max(item.x, x_low)) for item in items) / len(items))
     y = math.exp(sum(math.log(item.y) for item in items) / len(items))
-    return _Label(text, (x, y), items[0].color, "label " + " ".join(map(str, indices)), above)
+    color = items[0].color if len(colors) == 1 else "dimgray"  # one label for points of several colours
+    return _Label(text, (x, y), color, "label " + " ".join(map(str, indices)), above)
 
 
 def _spots(above: bool) -> list[tuple[float, float, str, str]]:
