@@ -120,3 +120,23 @@ def test_a_bench_plot_puts_an_fp8_row_under_the_fp8_roof(tmp_path, monkeypatch):
     plots.plot_rows(rows, tmp_path / "r.png", device=torch.device("cpu"), dtype="bf16", title="t",
                     console=report.output_console())  # fmt: skip
     assert drawn["dtype"] == "bf16" and [p.dtype for p in drawn["points"]] == [None, "fp8"]
+
+
+def test_the_bar_chart_legend_is_under_the_bars_and_names_the_predictions(tmp_path, monkeypatch):
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to look at it
+    rows = [
+        report.Measurement(case=name, impl="torch", available=True, flops=2 * 16 * 4096 * 4096,
+                           bytes_moved=2 * (2 * 16 * 4096 + 4096 * 4096), timing=summarize([1.0], HOST_TIMER))
+        for name in ("qkv", "o", "gate_up", "down")
+    ]  # fmt: skip
+    assert plots.plot_rows(rows, tmp_path / "bars.png", device=torch.device("cpu"), dtype="bf16", title="t",
+                           console=report.output_console())  # fmt: skip
+    (figure,) = kept
+    axes = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    legend = axes.get_legend()
+    assert not legend.get_window_extent(renderer).overlaps(axes.get_window_extent(renderer))
+    assert any("prediction" in text.get_text() for text in legend.get_texts())
+    monkeypatch.undo()
+    plt.close(figure)
