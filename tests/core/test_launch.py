@@ -62,7 +62,9 @@ def _plan(n: int) -> launch.Plan:
     return ADD.plan((launch.cdiv(n, 16),), num_warps=1, num_stages=1, n=n, BLOCK=16)
 
 
-@pytest.mark.skipif(not runtime.INTERPRETED, reason="the interpreter runs the kernel on CPU tensors")
+@pytest.mark.skipif(
+    not runtime.INTERPRETED, reason="checks the interpreter's launch; kernels run compiled here (a GPU)"
+)
 def test_interpreted_plan_runs_the_kernel_every_time():
     x, y = torch.randn(40), torch.randn(40)
     plan = _plan(40)
