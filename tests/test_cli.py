@@ -216,3 +216,26 @@ def test_kernels_progress_goes_to_stderr_as_the_workers_report(terminal):
     counts = [line.split(": ")[1].split(" ")[0] for line in lines[1:]]
     assert counts == ([f"{n}/30" for n in range(31)] if terminal else [f"{n}/30" for n in range(0, 31, 3)])
     assert stream.getvalue().endswith("30/30 kernels compiled (0 s)\n")
+
+
+def test_readme_attention_table_states_the_head_dims_the_code_accepts():
+    from llm_speed.attention.checks import MAX_HEAD_DIM
+
+    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| sizes |")]
+    assert f"`head_dim` any integer from 1 to {MAX_HEAD_DIM}" in row, row
+
+
+def test_readme_model_commands_stay_within_the_models_context(capsys):
+    # A README example that warns (e.g. a KV cache past the model's context) teaches the wrong thing.
+    import shlex
+
+    lines = [line.split("#")[0].strip() for line in (REPO / "README.md").read_text().splitlines()]
+    commands = [line for line in lines if line.startswith(("llm-speed kv-cache", "llm-speed analyze"))]
+    assert any("kv-cache" in command for command in commands), commands
+    for command in commands:
+        argv = [a for a in shlex.split(command)[1:] if not a.endswith(".png")]
+        if "--plot" in argv:
+            argv.remove("--plot")
+        assert cli.main(argv) == 0, command
+        out, err = capsys.readouterr()
+        assert "exceed" not in out + err and "Warning" not in out + err, (command, out[-800:], err)
