@@ -138,6 +138,8 @@ def missing_arguments(
                 break
             except TypeError:  # a list expected: try the next stand-in
                 continue
+            except Exception:  # noqa: BLE001 (the op refuses the stand-in otherwise: stop with those found)
+                return missing
         else:
             break
     return missing
