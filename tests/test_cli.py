@@ -24,6 +24,8 @@ MODEL_COMMANDS = (
     ["vram", "--seq-len", "1024", "--num-heads", "8", "--head-dim", "64", "--json"],
     ["kv-cache", "--model", "llama-3-8b", "--seq-len", "1024", "--json"],
     ["analyze", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--json"],
+    ["analyze", "--model", "llama-3-8b", "--json"],  # the GPU detected without torch
+    ["predict", "gemm", "m=64", "n=64", "k=64", "--json"],
     ["mfu", "--gpu", "h100-sxm", "--ms", "1", "--gemm", "1024,1024,1024", "--json"],
     ["waves", "--gpu", "h100-sxm", "--gemm", "4096x4096x4096", "--json"],
     ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--json"],
