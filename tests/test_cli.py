@@ -24,6 +24,8 @@ MODEL_COMMANDS = (
     ["vram", "--seq-len", "1024", "--num-heads", "8", "--head-dim", "64", "--json"],
     ["kv-cache", "--model", "llama-3-8b", "--seq-len", "1024", "--json"],
     ["analyze", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--json"],
+    ["analyze", "--model", "llama-3-8b", "--json"],  # the GPU detected without torch
+    ["predict", "gemm", "m=64", "n=64", "k=64", "--json"],
     ["mfu", "--gpu", "h100-sxm", "--ms", "1", "--gemm", "1024,1024,1024", "--json"],
     ["waves", "--gpu", "h100-sxm", "--gemm", "4096x4096x4096", "--json"],
     ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--json"],
@@ -128,3 +130,114 @@ def test_every_command_module_registers_itself():
 def test_shared_cli_module_imports_no_command():
     edges = imports_of(SRC / "llm_speed" / "_cli.py", "llm_speed._cli")
     assert all(edge.startswith(("llm_speed._output", "llm_speed.core.")) for edge in edges), edges
+
+
+def _driver_folder(tmp_path: Path, model: str | None) -> Path:
+    """A stand-in for /proc/driver/nvidia/gpus holding one GPU of ``model`` (None: no GPU)."""
+    folder = tmp_path / "gpus"
+    if model is not None:
+        (folder / "0000:18:00.0").mkdir(parents=True)
+        (folder / "0000:18:00.0" / "information").write_text(f"Model: \t\t {model}\nIRQ:  \t\t 42\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "why"),
+    [
+        (None, "h100-sxm", "no GPU here, so the default"),
+        ("NVIDIA H200", "h200", "the GPU in this machine, NVIDIA H200"),
+        ("NVIDIA Quadro Z9", "h100-sxm", "NVIDIA Quadro Z9 is not in the GPU table, so the default"),
+    ],
+)
+def test_predict_and_analyze_default_to_this_machines_gpu_and_say_which(
+    tmp_path, monkeypatch, capsys, model, gpu, why
+):
+    from llm_speed.perf import _cli_common
+
+    monkeypatch.setattr(_cli_common, "NVIDIA_DRIVER_GPUS", _driver_folder(tmp_path, model))
+    assert cli.main(["predict", "gemm", "m=4096", "n=4096", "k=4096"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"gemm on {gpu},") and f"--gpu {gpu} ({why};" in err
+    assert cli.main(["analyze", "--model", "llama-3-8b", "--seq-len", "64", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f'"gpu": "{gpu}"' in out and f"llm-speed analyze: --gpu {gpu} ({why};" in err
+    assert cli.main(["predict", "gemm", "m=64", "n=64", "k=64", "--gpu", "a100"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("gemm on a100") and not err  # a GPU given is used as is, without a word
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing"),
+    [
+        (["gemm", "m=64"], "gemm: missing problem arguments n, k"),
+        (["flash_attention"], "flash_attention: missing problem arguments batch, heads_q, seq_q, head_dim"),
+        (["flash_attention_varlen"], "missing problem arguments lengths_q, heads_q, head_dim"),
+        (["fused_moe", "tokens=8"], "missing problem arguments hidden, intermediate, experts, top_k"),
+        (["gemm", "m=64", "n=64"], "gemm: missing problem argument 'k'"),
+    ],
+)
+def test_predict_names_every_missing_problem_argument_at_once(argv, missing, capsys):
+    assert cli.main(["predict", *argv, "--gpu", "h100"]) == 2
+    assert missing in capsys.readouterr().err
+
+
+def test_predict_rejects_a_value_of_the_wrong_kind_without_a_traceback(capsys):
+    assert cli.main(["predict", "gemm", "m=x", "n=64", "k=64", "--gpu", "h100"]) == 2
+    assert "gemm: m must be an int" in capsys.readouterr().err
+
+
+def test_predict_prints_a_launch_figure_only_where_the_calibration_fitted_one(capsys):
+    assert cli.main(["predict", "gemm", "m=4096", "n=4096", "k=4096", "--gpu", "h100"]) == 0
+    fixed = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("fixed")]
+    # The GEMM fit put its fixed cost elsewhere (latency_s at the fit's floor, 1e-15 s): no "1e-12 ms".
+    assert fixed and "e-" not in fixed[0] and "no launch term (1 kernel" in fixed[0], fixed
+    argv = ["flash_attention", "batch=1", "heads_q=16", "seq_q=4096", "head_dim=128", "--gpu", "h100"]
+    assert cli.main(["predict", *argv]) == 0
+    fixed = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("fixed")]
+    assert fixed and " us launch and start/end on the device (1 kernel)" in fixed[0], fixed
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_kernels_progress_goes_to_stderr_as_the_workers_report(terminal):
+    import io
+
+    from llm_speed.kernel_report.command import Progress
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return terminal
+
+    stream = Stream()
+    progress = Progress("h100-sxm", stream)
+    progress(0, None)  # a worker has not counted its kernels yet
+    for compiled in range(31):
+        progress(compiled, 30)
+    lines = stream.getvalue().replace("\r\033[K", "\n").split("\n")
+    lines = [line for line in lines if line]
+    assert lines[0] == "llm-speed kernels: capturing the ops' launches for h100-sxm (no GPU needed)..."
+    counts = [line.split(": ")[1].split(" ")[0] for line in lines[1:]]
+    assert counts == ([f"{n}/30" for n in range(31)] if terminal else [f"{n}/30" for n in range(0, 31, 3)])
+    assert stream.getvalue().endswith("30/30 kernels compiled (0 s)\n")
+
+
+def test_readme_attention_table_states_the_head_dims_the_code_accepts():
+    from llm_speed.attention.checks import MAX_HEAD_DIM
+
+    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| sizes |")]
+    assert f"`head_dim` any integer from 1 to {MAX_HEAD_DIM}" in row, row
+
+
+def test_readme_model_commands_stay_within_the_models_context(capsys):
+    # A README example that warns (e.g. a KV cache past the model's context) teaches the wrong thing.
+    import shlex
+
+    lines = [line.split("#")[0].strip() for line in (REPO / "README.md").read_text().splitlines()]
+    commands = [line for line in lines if line.startswith(("llm-speed kv-cache", "llm-speed analyze"))]
+    assert any("kv-cache" in command for command in commands), commands
+    for command in commands:
+        argv = [a for a in shlex.split(command)[1:] if not a.endswith(".png")]
+        if "--plot" in argv:
+            argv.remove("--plot")
+        assert cli.main(argv) == 0, command
+        out, err = capsys.readouterr()
+        assert "exceed" not in out + err and "Warning" not in out + err, (command, out[-800:], err)

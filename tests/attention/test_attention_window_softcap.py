@@ -138,7 +138,7 @@ def test_flags_must_be_real_bools(fn, device):
 )
 def test_foreign_argument_names_get_ours(fn, keyword, hint):
     if keyword in inspect.signature(fn).parameters:
-        pytest.skip(f"{fn.__name__} takes {keyword}=")
+        pytest.skip(f"{fn.__name__} accepts {keyword}= itself: there it is not a foreign name")
     positional = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}': {hint}"):
         fn(*[None] * len(positional), **{keyword: True})  # refused before any argument is read

@@ -16,7 +16,10 @@ from llm_speed.attention.reference import reference_attention
 from llm_speed.core import hardware as hardware_module
 from llm_speed.core import launch, runtime
 
-pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the Triton interpreter")
+pytestmark = pytest.mark.skipif(
+    not runtime.INTERPRETED,
+    reason="checks the order the interpreter runs programs in; kernels run compiled here (a GPU)",
+)
 
 
 @triton.jit

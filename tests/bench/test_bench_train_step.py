@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)")
 
 from llm_speed.bench import ops as ops_bench  # noqa: E402
 from llm_speed.bench import report, train_step  # noqa: E402

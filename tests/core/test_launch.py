@@ -62,7 +62,9 @@ def _plan(n: int) -> launch.Plan:
     return ADD.plan((launch.cdiv(n, 16),), num_warps=1, num_stages=1, n=n, BLOCK=16)
 
 
-@pytest.mark.skipif(not runtime.INTERPRETED, reason="the interpreter runs the kernel on CPU tensors")
+@pytest.mark.skipif(
+    not runtime.INTERPRETED, reason="checks the interpreter's launch; kernels run compiled here (a GPU)"
+)
 def test_interpreted_plan_runs_the_kernel_every_time():
     x, y = torch.randn(40), torch.randn(40)
     plan = _plan(40)
@@ -145,3 +147,27 @@ def test_native_launch_passes_what_tritons_launcher_passes(build):
     assert other_call[base][:2] == ["CUtensorMap", other_address]
     assert other_call[base + 8] == 0.25  # after the map, shape, strides, Y, OUT and n
     assert report["encodings_direct"] == 2  # x and other_x once each, over four direct launches
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="kernels run compiled here (a GPU): no interpreter")
+def test_an_interpreted_launch_gives_the_user_no_numpy_warning(device):
+    import warnings
+
+    import numpy
+
+    import llm_speed
+
+    # GELU's tanh from exp overflows to inf on large inputs, by design: numpy warned 57 times in the suite.
+    x = torch.randn(32, 64, device=device) * 40
+    w = torch.randn(48, 64, device=device)
+    reference = torch.nn.functional.gelu(x.double() @ w.double().T, approximate="tanh")
+    for _ in range(2):  # the first launch (Triton's own path) and a later one
+        before = runtime.launch_counts()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = llm_speed.gemm(x, w, trans_b=True, activation="gelu_tanh")
+        assert runtime.launch_counts() - before, "the Triton kernel did not run"
+        assert not caught, [str(warning.message) for warning in caught]
+        torch.testing.assert_close(out.double(), reference, atol=2e-3, rtol=1e-4)
+    with pytest.warns(RuntimeWarning, match="overflow"):  # numpy's own settings are left as they were
+        numpy.exp(numpy.float32(1000.0))

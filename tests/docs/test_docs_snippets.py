@@ -69,7 +69,7 @@ def test_python_snippets_run(page, tmp_path, monkeypatch):
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}: {c[:60]}" for p, c in COMMANDS])
 def test_shell_commands_run(page, command, tmp_path, monkeypatch, capsys):
     if command in NOT_RUN:
-        pytest.skip(NOT_RUN[command])
+        pytest.skip(f"`{command}` is not run here: {NOT_RUN[command]}")
     argv = shlex.split(command)
     assert argv[0] == "llm-speed", f"{page}: unknown command {command!r}; run it here or list it in NOT_RUN"
     argv = argv[1:]

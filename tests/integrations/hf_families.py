@@ -7,7 +7,9 @@ import copy
 
 import torch
 
-transformers = __import__("pytest").importorskip("transformers")
+transformers = __import__("pytest").importorskip(
+    "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+)
 
 VOCAB = 64
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

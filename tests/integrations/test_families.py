@@ -10,7 +10,9 @@ import weakref
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+)
 
 from hf_families import CONFIGS, VOCAB, models  # noqa: E402
 

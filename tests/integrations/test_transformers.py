@@ -5,7 +5,9 @@ import copy
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+)
 
 from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402

@@ -398,7 +398,9 @@ def test_float8_llama_trains_like_bf16():
     learns a fixed batch for 20 AdamW steps next to its bf16 copy: from ln(64) down to about 0.3, the two
     losses stay within 0.02 + 5% of the bf16 loss at every step (with all seven linears in fp8: 0.014 at
     most)."""
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip(
+        "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+    )
     from llm_speed.nn import convert_to_float8
 
     config = transformers.LlamaConfig(

@@ -24,7 +24,9 @@ from llm_speed.core.hardware import Hardware
 from llm_speed.matmul.gemm import candidate_configs, persistent_tma_configs, shared_bytes, tiled_configs
 from triton_builds import BUILDS, environment
 
-pytest.importorskip("triton.backends.nvidia")
+pytest.importorskip(
+    "triton.backends.nvidia", reason="compiles for sm_90: this Triton build has no NVIDIA backend"
+)
 
 H100 = Hardware.from_spec("h100-sxm")
 

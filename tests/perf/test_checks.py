@@ -51,7 +51,7 @@ def test_check_flag_takes_bools_and_numpy_bools_only():
 
 
 def test_check_flag_refuses_tensors_with_a_hint():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (a dependency of llm-speed)")
     with pytest.raises(TypeError, match=r"is_causal must be a bool .*got torch.Tensor .*tensor.item\(\)"):
         check_flag("is_causal", torch.tensor(True))
 

@@ -82,8 +82,10 @@ def test_gpu_spec_json_and_inline(tmp_path, capsys):
         ["analyze", "--model", "llama-3-8b", "--gpu-spec", str(spec_file), "--seq-len", "64", "--json"],
     )
     assert payload["gpu"] == "h100-capped"
-    assert main(["analyze", "--model", "llama-3-8b", "--seq-len", "64"]) == 2
-    assert "exactly one of --gpu" in capsys.readouterr().err
+    assert main(["roofline", "--gemm", "64x64x64"]) == 2
+    assert "give one of --gpu ID and --gpu-spec" in capsys.readouterr().err
+    assert main(["roofline", "--gpu", "h100", "--gpu-spec", str(spec_file), "--gemm", "64x64x64"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_new_gpus_are_sourced():

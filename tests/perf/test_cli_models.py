@@ -96,7 +96,7 @@ def test_analyze(capsys):
 
 
 def test_analyze_plot(tmp_path, capsys):
-    pytest.importorskip("llm_speed.perf.plot")
+    pytest.importorskip("llm_speed.perf.plot", reason="draws the plot: needs matplotlib")
     path = tmp_path / "roofline.png"
     assert (
         main(["analyze", "--model", "llama-3-8b", "--gpu", "h100", "--seq-len", "256", "--plot", str(path)])

@@ -151,6 +151,18 @@ class Kernel:
         return f"Kernel({self.name})"
 
 
+def _interpreter_arithmetic() -> contextlib.AbstractContextManager:
+    """Under the interpreter numpy evaluates the kernel's arithmetic, and reports an exp that overflows to
+    inf (GELU's tanh from exp does, by design) as a RuntimeWarning the user never asked for; a GPU does that
+    arithmetic silently. So numpy's floating-point warnings are off during an interpreted launch, and only
+    then."""
+    if not runtime.INTERPRETED:
+        return contextlib.nullcontext()
+    import numpy
+
+    return numpy.errstate(all="ignore")
+
+
 class Plan:
     """One kernel, one grid, its launch options, the arguments fixed for a problem class (``fixed``) and the
     layouts of its tensor-descriptor parameters (``descriptors``).
@@ -193,11 +205,12 @@ class Plan:
         arguments = self.arguments(per_call)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         device = _cuda_device_of(per_call)
-        if device is not None and device != _current_device():
-            with torch.cuda.device(device):
+        with _interpreter_arithmetic():
+            if device is not None and device != _current_device():
+                with torch.cuda.device(device):
+                    compiled = launcher(**arguments, **options)
+            else:
                 compiled = launcher(**arguments, **options)
-        else:
-            compiled = launcher(**arguments, **options)
         runtime.record_launch(self.kernel.name)
         return compiled
 

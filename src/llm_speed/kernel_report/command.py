@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from llm_speed import _cli
 
@@ -89,7 +90,7 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     options["backward"] = list(dict.fromkeys(args.backward or ("default", "deterministic")))
     result = report.run_report(
         gpu=gpu, ops=args.op, options=options, problem_set="shipped" if args.shipped else "default",
-        workers=args.workers, build=build, sass_dir=args.sass,
+        workers=args.workers, build=build, sass_dir=args.sass, progress=Progress(gpu),
     )  # fmt: skip
     failing, _ = budgets.check(result["rows"])
     result["breaches"] = [str(b) for b in failing]
@@ -103,6 +104,37 @@ def run_kernels_command(args: argparse.Namespace) -> int:
         print(f"llm-speed kernels: {len(failing)} budget breaches", file=sys.stderr)
         return 1
     return 0
+
+
+class Progress:
+    """The report's progress on stderr (stdout may be JSON): what runs now, then each kernel compiled; on a
+    terminal one line rewritten in place, elsewhere a line per tenth of the kernels."""
+
+    def __init__(self, gpu: str, stream=None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.perf_counter()
+        self.in_place = self.stream.isatty()
+        self.shown = -1
+        self._say(f"llm-speed kernels: capturing the ops' launches for {gpu} (no GPU needed)...")
+
+    def __call__(self, compiled: int, total: int | None) -> None:
+        if total is None:
+            return
+        step = 1 if self.in_place else max(1, total // 10)
+        due = compiled in (0, total) or compiled >= self.shown + step
+        if compiled == self.shown or not due:
+            return
+        self.shown = compiled
+        elapsed = time.perf_counter() - self.started
+        self._say(f"llm-speed kernels: {compiled}/{total} kernels compiled ({elapsed:.0f} s)",
+                  last=compiled == total)  # fmt: skip
+
+    def _say(self, text: str, last: bool = False) -> None:
+        if self.in_place:
+            self.stream.write("\r\033[K" + text + ("\n" if last else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
 
 
 def table_row(row: dict) -> tuple:

@@ -13,6 +13,9 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 
 GPU_BUILD_ENV = "LLM_SPEED_TRITON_GPU"
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[2]  # the directory holding llm_speed/
@@ -38,6 +41,10 @@ def worker_environment(build: str | None, cache_dir: str) -> dict[str, str]:
     return env
 
 
+def _drain(stream, into: list[str]) -> None:
+    into.append(stream.read())
+
+
 def run_report(
     *,
     gpu: str = "h100-sxm",
@@ -48,6 +55,7 @@ def run_report(
     build: str | None = None,
     sass_dir: str | None = None,
     timeout: float = 900,
+    progress: Callable[[int, int | None], None] | None = None,
 ) -> dict:
     """Compile the kernels of the problems and read them (:mod:`llm_speed.kernel_report.worker`).
 
@@ -56,13 +64,33 @@ def run_report(
     problems) or "tier" (the tier's attention configurations only).
 
     Returns ``{"gpu", "triton_build", "rows": [...]}`` with one row per distinct kernel, in the order the
-    problems first launch them. ``workers`` processes share the compiles (default: the CPU count)."""
+    problems first launch them. ``workers`` processes share the compiles (default: the CPU count).
+    ``progress(compiled, total)`` is called as the workers report: once the kernel count is known (total
+    None until then), and after each kernel."""
     workers = max(1, workers or os.cpu_count() or 1)
     request = {"gpu": gpu, "set": problem_set, "ops": ops, "options": options or {}, "sass_dir": sass_dir}
     if sass_dir:
         pathlib.Path(sass_dir).mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    totals: list[int] = []
+    lock = threading.Lock()
+
+    def collect(stream) -> None:
+        # Each worker prints its kernel count first, then one row per compiled kernel, as it goes.
+        for line in stream:
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            with lock:
+                if "kernels" in record:
+                    totals.append(record["kernels"])
+                else:
+                    rows.append(record)
+                if progress is not None:
+                    progress(len(rows), totals[0] if totals else None)
+
     with tempfile.TemporaryDirectory(prefix="llm-speed-kernels-") as cache:
-        processes = []
+        processes, readers, errors = [], [], []
         for shard in range(workers):
             env = worker_environment(build, os.path.join(cache, str(shard)))
             process = subprocess.Popen(
@@ -70,24 +98,30 @@ def run_report(
                  json.dumps(dict(request, shard=shard, shards=workers))],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             )  # fmt: skip
+            error: list[str] = []
+            readers += [
+                threading.Thread(target=collect, args=(process.stdout,), daemon=True),
+                threading.Thread(target=_drain, args=(process.stderr, error), daemon=True),
+            ]
+            readers[-2].start()
+            readers[-1].start()
             processes.append(process)
-        rows, total, failures = [], None, []
+            errors.append(error)
+        deadline = time.monotonic() + timeout
+        failures = []
         for process in processes:
             try:
-                out, err = process.communicate(timeout=timeout)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-                out, err = process.communicate()
-                failures.append(f"a worker ran past {timeout:.0f} s")
-            for line in out.splitlines():
-                if line.startswith("{"):
-                    record = json.loads(line)
-                    if "kernels" in record:
-                        total = record["kernels"]
-                    else:
-                        rows.append(record)
+                process.wait()
+                failures.append(f"a worker ran past {timeout:g} s")
+        for reader in readers:
+            reader.join()
+        for process, error in zip(processes, errors, strict=True):
             if process.returncode:
-                failures.append(err[-3000:])
+                failures.append("".join(error)[-3000:])
+    total = totals[0] if totals else None
     if failures:
         raise RuntimeError("the kernel report's workers failed:\n" + "\n".join(failures))
     rows.sort(key=lambda row: row["index"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec
 from llm_speed.perf.efficiency import Efficiency, calibrate_from_bench
@@ -14,17 +16,62 @@ GPU_SPEC_HELP = (
 )
 
 
+# What a command that can default its GPU models when this machine has none the table knows (as the demo).
+FALLBACK_GPU = "h100-sxm"
+# The NVIDIA kernel driver's folder per GPU (Linux); each holds an ``information`` file with a "Model:" line.
+NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
+DEFAULT_GPU_HELP = f"GPU id (see `llm-speed gpus`; default: this machine's GPU, else {FALLBACK_GPU})"
+
+
 def add_gpu_arguments(parser: argparse.ArgumentParser, *, gpu_help: str) -> None:
-    """``--gpu ID`` or ``--gpu-spec FILE|k=v,...`` (one of them is required)."""
+    """``--gpu ID`` or ``--gpu-spec FILE|k=v,...`` (at most one of them)."""
     parser.add_argument("--gpu", default=None, help=gpu_help)
     parser.add_argument("--gpu-spec", default=None, metavar="FILE|K=V,...", help=GPU_SPEC_HELP)
 
 
-def gpu_from_args(args: argparse.Namespace) -> GPUSpec:
-    """The GPU named by ``--gpu`` or described by ``--gpu-spec``; ValueError when both or neither is given."""
-    if (args.gpu is None) == (args.gpu_spec is None):
-        raise ValueError("give exactly one of --gpu ID and --gpu-spec FILE|K=V,...")
+def gpu_from_args(args: argparse.Namespace, *, default: bool = False) -> GPUSpec:
+    """The GPU named by ``--gpu`` or described by ``--gpu-spec``; ValueError when both are given, and when
+    neither is unless ``default`` (then :func:`default_gpu`)."""
+    if args.gpu is not None and args.gpu_spec is not None:
+        raise ValueError("give one of --gpu ID and --gpu-spec FILE|K=V,..., not both")
+    if args.gpu is None and args.gpu_spec is None:
+        if not default:
+            raise ValueError("give one of --gpu ID and --gpu-spec FILE|K=V,...")
+        return get_gpu(default_gpu(args.command))
     return get_gpu(args.gpu) if args.gpu is not None else load_gpu_spec(args.gpu_spec)
+
+
+def driver_gpu_name(folder: Path | None = None) -> str | None:
+    """The model name of this machine's first NVIDIA GPU (in PCI bus order) as its driver reports it, e.g.
+    "NVIDIA H100 80GB HBM3" (the name torch.cuda.get_device_name gives), else None. Read from the driver's
+    files rather than through torch, so that the model commands start without importing torch."""
+    try:
+        devices = sorted((folder or NVIDIA_DRIVER_GPUS).iterdir())
+    except OSError:
+        return None
+    for device in devices:
+        try:
+            text = (device / "information").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model" and value.strip():
+                return value.strip()
+    return None
+
+
+def default_gpu(command: str, folder: Path | None = None) -> str:
+    """The GPU id a command models when given none: this machine's GPU when the table has it, else
+    :data:`FALLBACK_GPU`. Says which on stderr (stdout may be JSON)."""
+    name = driver_gpu_name(folder)
+    try:
+        gpu, why = get_gpu(name).id, f"the GPU in this machine, {name}"
+    except (TypeError, ValueError):
+        gpu = FALLBACK_GPU
+        why = f"{name} is not in the GPU table, so the default" if name else "no GPU here, so the default"
+    print(f"llm-speed {command}: --gpu {gpu} ({why}; --gpu ID to choose another)", file=sys.stderr)
+    return gpu
 
 
 def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:

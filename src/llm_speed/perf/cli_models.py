@@ -15,6 +15,7 @@ from llm_speed._cli import console as new_console
 from llm_speed._output import dump_json, prepare_output_path, print_table
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import (
+    DEFAULT_GPU_HELP,
     add_efficiency_arguments,
     add_gpu_arguments,
     efficiency_from_args,
@@ -280,7 +281,7 @@ def _plot_analysis(analysis: InferenceAnalysis, gpu, path) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
     plot_path = prepare_output_path(args.plot, argument="--plot") if args.plot else None
-    gpu = gpu_from_args(args)
+    gpu = gpu_from_args(args, default=True)
     config = resolve_model(args.model)
     analysis = analyze_inference(
         config,
@@ -447,7 +448,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "analyze", help="prefill and decode of a model on one or more GPUs, op by op: floors and estimates"
     )
     parser.add_argument("--model", required=True, help=model_help)
-    add_gpu_arguments(parser, gpu_help="GPU id (see `llm-speed gpus`)")
+    add_gpu_arguments(parser, gpu_help=DEFAULT_GPU_HELP)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048, help="prompt length")
     parser.add_argument("--decode-tokens", type=int, default=256)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from typing import Any
 
 from llm_speed._output import prepare_output_path
 from llm_speed.core.gpus import get_gpu
 from llm_speed.perf import calibrate
+from llm_speed.perf._cli_common import DEFAULT_GPU_HELP, default_gpu
 from llm_speed.perf.predict import (
     CALIBRATION_ENV,
     CONTEXTS,
@@ -27,6 +29,8 @@ from llm_speed.perf.predict import (
     predict,
 )
 
+# A fitted launch cost below a nanosecond is the fit's lower bound, not a time: no launch term is shown.
+NO_LAUNCH_TERM_S = 1e-9
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -97,32 +101,67 @@ def describe(prediction: Prediction) -> list[str]:
             f"{b.achievable_bandwidth / 1e12:.3g} TB/s (minimum {b.bytes_moved / 1e6:.4g} MB); "
             f"the L2 serves {b.l2_bytes / 1e6:.4g} MB of re-reads"
         )
-    lines.append(
-        f"  fixed      {_ms(b.latency_s)} launch and start/end on the device ({b.kernels} kernel"
-        f"{'s' if b.kernels > 1 else ''}); host path {b.host_s * 1e6:.3g} us per call, "
-        f"{b.host_exposed_s * 1e6:.3g} us of it shows"
-    )
+    kernels = f"{b.kernels} kernel{'s' if b.kernels > 1 else ''}"
+    host = f"host path {b.host_s * 1e6:.3g} us per call, {b.host_exposed_s * 1e6:.3g} us of it shows"
+    if b.latency_s >= NO_LAUNCH_TERM_S:
+        launch = f"{b.latency_s * 1e6:.3g} us launch and start/end on the device ({kernels})"
+    else:
+        launch = f"no launch term ({kernels}: the calibration fitted it to 0 for this op)"
+    lines.append(f"  fixed      {launch}; {host}")
     for note in b.notes:
         lines.append(f"  note       {note}")
     lines.append(f"  source     {prediction.source}")
     return lines
 
 
+_MISSING = re.compile(r"missing problem argument '(\w+)'")
+
+
+def missing_arguments(
+    op: str, gpu: str, problem: dict[str, Any], options: dict[str, Any], error: ValueError
+) -> list[str]:
+    """Every problem argument ``op`` needs and ``problem`` lacks, from ``error`` (predict's first) on.
+
+    predict stops at the first argument it misses; each later one is found by predicting again with a
+    stand-in for those already found (1, or [1] where a list is expected), until the error is about
+    something else."""
+    missing: list[str] = []
+    trial = dict(problem)
+    while (match := _MISSING.search(str(error))) and match.group(1) not in trial:
+        missing.append(match.group(1))
+        for stand_in in (1, [1]):
+            trial[match.group(1)] = stand_in
+            try:
+                predict(op, gpu, **options, **trial)
+                return missing
+            except ValueError as next_error:
+                error = next_error
+                break
+            except TypeError:  # a list expected: try the next stand-in
+                continue
+            except Exception:  # noqa: BLE001 (the op refuses the stand-in otherwise: stop with those found)
+                return missing
+        else:
+            break
+    return missing
+
+
 def _predict(args: argparse.Namespace) -> int:
     if args.op is None:
         raise ValueError("predict: give an OP (see --list), or --calibrate DIR / --check DIR")
-    if args.gpu is None:
-        raise ValueError("predict: --gpu is required (a GPU id of `llm-speed gpus`)")
     problem = parse_problem(args.problem)
-    prediction = predict(
-        args.op,
-        args.gpu,
-        implementation=args.implementation,
-        context=args.context,
-        build=args.build,
-        calibration=args.calibration,
-        **problem,
-    )
+    gpu = args.gpu if args.gpu is not None else default_gpu(args.command)
+    options = {"implementation": args.implementation, "context": args.context, "build": args.build,
+               "calibration": args.calibration}  # fmt: skip
+    try:
+        prediction = predict(args.op, gpu, **options, **problem)
+    except ValueError as error:
+        missing = missing_arguments(args.op, gpu, problem, options, error)
+        if len(missing) > 1:
+            raise ValueError(f"{args.op}: missing problem arguments {', '.join(missing)}") from error
+        raise
+    except TypeError as error:  # a KEY=VALUE of the wrong kind (m=x): bad input, not a bug
+        raise ValueError(f"{args.op}: {error}") from error
     if args.json:
         print(json.dumps(prediction.to_dict(), indent=1))
     else:
@@ -239,7 +278,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="the problem: m=4096 n=4096 k=4096, batch=1 heads_q=16 seq_q=4096 head_dim=128 ...",
     )
-    parser.add_argument("--gpu", default=None, help="GPU id (see `llm-speed gpus`)")
+    parser.add_argument("--gpu", default=None, help=DEFAULT_GPU_HELP)
     parser.add_argument(
         "--implementation",
         default="llm-speed",
