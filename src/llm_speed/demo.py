@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli
 from llm_speed._output import dump_json, prepare_output_folder, prepare_output_path
+from llm_speed.perf._cli_common import FALLBACK_GPU  # analysed when no GPU is detected
 
 if TYPE_CHECKING:  # torch and the benchmarks are imported when the demo runs, not when the parser is built
     import torch
@@ -23,7 +24,6 @@ if TYPE_CHECKING:  # torch and the benchmarks are imported when the demo runs, n
     from llm_speed.bench import report
 
 DEFAULT_MODEL = "llama-3-8b"
-FALLBACK_GPU = "h100-sxm"  # analysed when no GPU is detected
 DEFAULT_OUTPUT_DIR = "llm-speed-demo"
 # Inference scenario of the analysis: one request, a 2048-token prompt, 256 generated tokens.
 ANALYSIS = {"batch_size": 1, "seq_len": 2048, "decode_tokens": 256, "dtype": "bf16"}
