@@ -18,11 +18,12 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
   hooks, so a gradient-checkpointing recomputation takes the same path), leaving other models alone;
 - attention, registered as ``"llm_speed"`` with transformers' ``AttentionInterface`` (so
   ``from_pretrained(..., attn_implementation="llm_speed")`` works once this module is imported) and with
-  ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded batches
-  (``attention_mask`` with zeros) run :func:`llm_speed.flash_attention_varlen` on the real tokens only, with
-  zeros at padded positions. Both are causal with the model's scaling, GQA, sliding window (Mistral, Qwen,
-  Gemma-2/3's local layers, Phi-3) and attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are
-  padded to the query head dim;
+  ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded and
+  packed batches (``attention_mask`` with zeros, position_ids that restart) run
+  :func:`llm_speed.flash_attention_varlen` on the real tokens only, with zeros at padded positions; a static
+  cache's decode steps under torch.compile :func:`llm_speed.flash_attention_with_kvcache`. All are causal
+  with the model's scaling, GQA, sliding window (Mistral, Qwen, Gemma-2/3's local layers, Phi-3) and
+  attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are padded to the query head dim;
 - the loss: with ``labels``, the causal-LM forward runs with no logits built and returns
   :func:`llm_speed.fused_linear_cross_entropy` of the last hidden states and ``lm_head`` (shifted labels or
   ``shift_labels``, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as transformers'
@@ -32,21 +33,34 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
 Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
 function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
 ``is_causal`` (plain causal, or a window no shorter than the keys) and for the config's sliding window (the
-layers pass it to the attention, as to flash-attention-2), so no ``[batch, 1, q, kv]`` mask is built;
-otherwise transformers' 4-D SDPA mask, which is checked element by element against causal (and windowed)
-attention over each row's real tokens (a 2-D mask of a windowed layer: that no window spans a pad). Either
-way the real tokens are found once per forward per mask (a few small host syncs), not per layer. Query i is
-taken as the token of key ``kv_len - q_len + i`` (no cache, or a dynamic cache in generation); a token whose
-own key no query sees is a padded one. Attention outputs zeros at padded positions, as transformers'
+layers pass it to the attention, as to flash-attention-2), so no ``[batch, 1, q, kv]`` mask is built, as long
+as the queries are the last keys (no cache, or a dynamic one); otherwise transformers' 4-D SDPA mask, which is
+checked element by element against causal (and windowed) attention over each row's real tokens (a 2-D mask
+of a windowed layer: that no window spans a pad). Either way the real tokens are found once per forward per
+mask (a few small host syncs), not per layer. Attention outputs zeros at padded positions, as transformers'
 flash-attention-2 path does (eager attention computes other values there): a label predicted from a padded
 position (a left-padded row's first real token) is trained on a different hidden state, so set such labels
 to -100.
 
-Refused with a ValueError naming what is accepted, never silently changed: masks that are neither causal
-nor padding (packed sequences in one row, custom or bidirectional patterns, additive biases), padded
-queries after a cache (a static cache's empty slots), packed ``cu_seq_lens_*`` arguments, attention dropout
-in training, and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's
-original code.
+Static cache (``generate(..., cache_implementation="static")``, a ``StaticCache``, chunked prefill): the 4-D
+mask says where the queries sit in the cache (the last key a real query sees is its own). Eager, the keys
+are cropped to the last query (one host read per forward) and the call is the padded case above. Under
+``torch.compile`` (generate's compiled decode, ``fullgraph=True``) nothing is read on the host:
+:func:`llm_speed.flash_attention_with_kvcache` attends from each row's first real key up to each query, both
+taken from the mask on the device, with zeros at padded queries; that path does not check the mask element
+by element, so a row's real keys must be one run (left padding, what generate makes).
+
+Packing (padding-free batches, as TRL's ``DataCollatorWithFlattening``): position_ids that restart inside a
+row (transformers reads them when there is no cache: ``use_cache=False``, or training) or a block-diagonal
+causal 4-D mask run :func:`llm_speed.flash_attention_varlen` on the packed sequences; a real token that sees
+no earlier key begins a sequence.
+
+The model's original attention (the one ``apply`` replaced; eager where the attention weights are asked for
+or SDPA refuses the softcap) runs, with one warning per reason per process, for ``output_attentions=True``
+and for masks the kernels cannot compute: other custom or bidirectional patterns, additive biases, a window
+spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank, a 2-D
+mask with values other than 0/1), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
+and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's original code.
 """
 
 from __future__ import annotations
@@ -674,9 +688,9 @@ def apply(
     then it is kept and ``skipped["attention"]`` says so; True replaces any; False none. The replaced
     implementation is what a call the kernels cannot compute (``output_attentions=True``, other masks) runs.
 
-    Padded batches (an ``attention_mask`` with zeros, left or right padding) run the varlen attention on their
-    real tokens, with zeros at padded positions; masks that are neither causal nor padding (packed
-    sequences, custom patterns, biases) raise a ValueError naming what is accepted (module docstring).
+    Padded and packed batches run the varlen attention on their real tokens, with zeros at padded positions;
+    a static cache its valid keys; ``output_attentions=True`` and masks the kernels cannot compute (custom
+    patterns, biases) the replaced attention, with one warning (module docstring).
 
     ``cross_entropy`` needs a ``*ForCausalLM`` model (``lm_head`` and ``model``). Calling apply twice returns
     the first report and patches nothing more. ValueError for other model types; ImportError without
