@@ -93,3 +93,51 @@ def test_compiled_static_cache_generation_in_one_graph(model_type, monkeypatch):
         expected = same.generate(ids, **options)
     assert runtime.launch_count(decode.FORWARD.name) - before == NEW - 1  # the compiled decode steps
     assert torch.equal(got, expected)
+
+
+def _reference(query, key, value, visible, scale, softcap):
+    """Masked softmax attention in the inputs' precision (GQA by repeating the KV heads); rows that see no
+    key give 0."""
+    group = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(group, 1) for t in (key, value))
+    scores = query @ key.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    weights = scores.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num(0.0)
+    return (weights @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, 5.0)])
+def test_both_static_cache_paths_match_float64(window, softcap, monkeypatch):
+    """The compiled path (flash_attention_with_kvcache from the mask, no host read) and the eager one (keys
+    cropped, varlen) on a left-padded static cache with 2 queries after 5 cached tokens, GQA, a window and a
+    softcap; the empty slots hold 1e4 (none may leak), and the padded query outputs zeros."""
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    torch.manual_seed(0)
+    batch, heads, kv_heads, slots, dim, q_len, offset = 2, 4, 2, 12, 16, 2, 5
+    query = torch.randn(batch, heads, q_len, dim)
+    key, value = (torch.randn(batch, kv_heads, slots, dim) for _ in range(2))
+    key[:, :, offset + q_len :], value[:, :, offset + q_len :] = 1e4, 1e4
+    real = torch.ones(batch, slots, dtype=torch.bool)
+    real[1, :3] = False  # left padding
+    real[0, offset + 1] = False  # and a padded query (its key hidden from every query)
+    real[0, :2] = False
+    position = torch.arange(offset, offset + q_len)[:, None]
+    keys = torch.arange(slots)[None, :]
+    visible = (keys <= position) & real[:, None, :]
+    if window is not None:
+        visible &= keys > position - window
+    mask = visible[:, None]  # [batch, 1, q_len, slots], as transformers' sdpa_mask
+    scale = dim**-0.5
+    options = dict(scale=scale, window=None if window is None else (window - 1, 0), softcap=softcap)
+    before = runtime.launch_count(decode.FORWARD.name)
+    compiled = hf._static_cache_attention(query, key, value, mask, options)
+    assert runtime.launch_count(decode.FORWARD.name) > before  # the Triton kernel, not a fallback
+    eager, _ = hf.llm_speed_attention(None, query, key, value, mask, scaling=scale, sliding_window=window,
+                                      softcap=softcap)  # fmt: skip
+    query_real = real[:, offset : offset + q_len]
+    same = _reference(query, key, value, mask, scale, softcap)
+    truth = _reference(*(t.double() for t in (query, key, value)), mask, scale, softcap)
+    for name, got in (("compiled", compiled), ("eager", eager)):
+        assert torch.all(got[~query_real] == 0), name
+        _assert_rule(name, got[query_real], same[query_real], truth[query_real])

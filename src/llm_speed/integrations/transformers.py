@@ -380,7 +380,7 @@ def _static_cache_attention(query, key, value, mask, options):
         cache_leftpad=first, is_causal=True, scale=options["scale"], window=options["window"],
         softcap=options["softcap"],
     )  # fmt: skip
-    return out * query_valid[:, :, None, None]
+    return torch.where(query_valid[:, :, None, None], out, 0)
 
 
 def llm_speed_attention(
