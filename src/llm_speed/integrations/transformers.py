@@ -55,8 +55,8 @@ row (transformers reads them when there is no cache: ``use_cache=False``, or tra
 causal 4-D mask run :func:`llm_speed.flash_attention_varlen` on the packed sequences; a real token that sees
 no earlier key begins a sequence.
 
-The model's original attention (the one ``apply`` replaced; eager where the attention weights are asked for
-or SDPA refuses the softcap) runs, with one warning per reason per process, for ``output_attentions=True``
+The model's original attention (SDPA if ``apply`` replaced it, else eager; eager where the attention weights
+are asked for or for a softcap) runs, with one warning per reason per process, for ``output_attentions=True``
 and for masks the kernels cannot compute: other custom or bidirectional patterns, additive biases, a window
 spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank, a 2-D
 mask with values other than 0/1), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
@@ -330,11 +330,13 @@ def _dense_mask(attention_mask, batch: int, q_len: int, kv_len: int, left: int |
 
 def _original_attention(module, reason, query, key, value, attention_mask, scaling, dropout, sliding_window,
                         softcap, kwargs):  # fmt: skip
-    """Run the call through the model's original attention (eager where the attention weights are asked for,
-    or where SDPA refuses the softcap), with the equivalent 4-D mask; one warning per reason per process."""
-    output_attentions = kwargs.get("output_attentions", False)
+    """Run the call through the model's original attention if that was SDPA, else (and where the attention
+    weights are asked for, or for a softcap) the module's eager attention, with the equivalent 4-D mask; one
+    warning per reason per process."""
+    # SDPA where the model had it (it takes any 4-D mask), else eager: flash-attention and flex attention
+    # take no such mask, and SDPA neither returns weights nor takes a softcap
     name = getattr(module, "_llm_speed_original", "sdpa")
-    if output_attentions or softcap is not None or name not in AttentionInterface._global_mapping:
+    if kwargs.get("output_attentions", False) or softcap is not None or name != "sdpa":
         name = "eager"
     if name == "eager":
         function = getattr(importlib.import_module(type(module).__module__), "eager_attention_forward", None)
@@ -342,7 +344,7 @@ def _original_attention(module, reason, query, key, value, attention_mask, scali
             raise ValueError(f"llm_speed attention cannot run this call ({reason}) and the module of "
                              f"{type(module).__name__} has no eager_attention_forward")  # fmt: skip
     else:
-        function = AttentionInterface._global_mapping[name]
+        function = AttentionInterface()["sdpa"]
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"llm_speed attention: {reason}; such calls run the model's original attention "
