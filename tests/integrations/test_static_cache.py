@@ -141,3 +141,27 @@ def test_both_static_cache_paths_match_float64(window, softcap, monkeypatch):
     for name, got in (("compiled", compiled), ("eager", eager)):
         assert torch.all(got[~query_real] == 0), name
         _assert_rule(name, got[query_real], same[query_real], truth[query_real])
+
+
+def test_compiled_generation_with_all_outputs(monkeypatch):
+    """As test_generate_compilation_all_outputs: output_attentions=True under the compiled decode
+    (fullgraph) runs the model's eager attention for those calls (one warning) and returns its weights."""
+    patched, same, _ = models("llama", layers=1)
+    hf.apply(patched)
+    same.set_attn_implementation("eager")
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
+    monkeypatch.setattr(hf, "_WARNED", set())
+    config = transformers.CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True
+    ids, mask = _prompt()
+    options = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                   cache_implementation="static", return_dict_in_generate=True, output_attentions=True,
+                   output_logits=True)  # fmt: skip
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.warns(UserWarning, match="output_attentions=True") as record:
+        got = patched.generate(ids, compile_config=config, **options)
+        expected = same.generate(ids, **options)
+    assert sum("llm_speed attention" in str(w.message) for w in record) == 1
+    assert torch.equal(got.sequences, expected.sequences) and len(got.attentions) == NEW
+    for step in range(NEW):
+        torch.testing.assert_close(got.attentions[step][0], expected.attentions[step][0], rtol=0, atol=1e-6)

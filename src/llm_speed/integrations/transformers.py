@@ -68,6 +68,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import sys
 import threading
 import warnings
 
@@ -339,7 +340,7 @@ def _original_attention(module, reason, query, key, value, attention_mask, scali
     if kwargs.get("output_attentions", False) or softcap is not None or name != "sdpa":
         name = "eager"
     if name == "eager":
-        function = getattr(importlib.import_module(type(module).__module__), "eager_attention_forward", None)
+        function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
         if function is None:
             raise ValueError(f"llm_speed attention cannot run this call ({reason}) and the module of "
                              f"{type(module).__name__} has no eager_attention_forward")  # fmt: skip
