@@ -74,16 +74,18 @@ def test_chunked_prefill_into_a_static_cache(model_type):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma2"])
-def test_compiled_static_cache_generation_in_one_graph(model_type, monkeypatch):
+def test_compiled_static_cache_generation_in_one_graph(model_type, device, monkeypatch):
     """generate's compiled decode (fullgraph=True, as test_generate_compile_model_forward_fullgraph): the
     decode steps run flash_attention_with_kvcache with each row's valid keys read from the mask on the device
-    (no host read, so the CPU's value checks, which read tensors, are off); the same tokens as unpatched."""
-    patched, same, _ = models(model_type, layers=1)
+    (no host read, so the CPU's value checks, which read tensors, are off); the same tokens as unpatched. On
+    a GPU through inductor, as generate compiles there by default."""
+    patched, same, _ = models(model_type, layers=1, device=device)
     hf.apply(patched)
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
-    config = transformers.CompileConfig(fullgraph=True, backend="eager")  # dynamo's graph, no C++ build
+    backend = "eager" if device.type == "cpu" else "inductor"  # the CPU: dynamo's graph, no C++ build
+    config = transformers.CompileConfig(fullgraph=True, backend=backend)
     config._compile_all_devices = True  # generate compiles only on accelerators unless told
-    ids, mask = _prompt()
+    ids, mask = _prompt(device)
     options = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
                    cache_implementation="static")  # fmt: skip
     torch._dynamo.reset()
