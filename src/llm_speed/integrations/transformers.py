@@ -48,7 +48,7 @@ are cropped to the last query (one host read per forward) and the call is the pa
 ``torch.compile`` (generate's compiled decode, ``fullgraph=True``) nothing is read on the host:
 :func:`llm_speed.flash_attention_with_kvcache` attends from each row's first real key up to each query, both
 taken from the mask on the device, with zeros at padded queries; that path does not check the mask element
-by element, so a row's real keys must be one run (left padding, what generate makes).
+by element: a row's real keys must be one run (left padding, what generate makes), else its outputs are NaN.
 
 Packing (padding-free batches, as TRL's ``DataCollatorWithFlattening``): position_ids that restart inside a
 row (transformers reads them when there is no cache: ``use_cache=False``, or training) or a block-diagonal
@@ -367,8 +367,9 @@ def _static_cache_attention(query, key, value, mask, options):
     """Queries over a static cache under torch.compile, with no host read: the queries' position and each
     row's first real key come from the 4-D mask on the device, and
     :func:`llm_speed.flash_attention_with_kvcache` attends over the keys from that first one up to each query
-    (zeros at padded queries). The mask is not checked element by element here (that needs the host): a
-    row's real keys must be one run (left padding)."""
+    (zeros at padded queries). The mask is not checked element by element here (that needs the host); a row
+    whose real keys up to the last query are not one run (a pad after its first real key: a right-padded
+    prompt) gets NaN outputs, as the decode kernel marks invalid rows, not a result over the pads."""
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
     visible = (mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0).expand(batch, q_len, kv_len)
@@ -383,7 +384,11 @@ def _static_cache_attention(query, key, value, mask, options):
         cache_leftpad=first, is_causal=True, scale=options["scale"], window=options["window"],
         softcap=options["softcap"],
     )  # fmt: skip
-    return torch.where(query_valid[:, :, None, None], out, 0)
+    slots = torch.arange(kv_len, device=query.device)
+    inside = (slots >= first[:, None]) & (slots < used[:, None])
+    one_run = (key_valid | ~inside).all(1)
+    out = torch.where(query_valid[:, :, None, None], out, 0)
+    return torch.where(one_run[:, None, None, None], out, float("nan"))
 
 
 def llm_speed_attention(
