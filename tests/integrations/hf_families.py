@@ -72,3 +72,20 @@ def models(model_type: str, layers: int = 2, device="cpu", seed: int = 0):
                 p.add_(0.2 * torch.randn_like(p))
     base.to(device)
     return base, copy.deepcopy(base), copy.deepcopy(base).double()
+
+
+def finite_float64_masks(monkeypatch, model_type: str = "gemma2"):
+    """Eager attention (Gemma-2's default) takes its softmax in float32: float64's finfo.min in the mask
+    becomes -inf there, and a row that sees no key (padding) NaN, which reaches real tokens through 0 * NaN.
+    Clamped to float32's min, the float64 model computes what the float32 one does, without NaN."""
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    original = modeling.eager_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if attention_mask is not None and attention_mask.dtype == torch.float64:
+            attention_mask = attention_mask.clamp(min=torch.finfo(torch.float32).min)
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(modeling, "eager_attention_forward", attention)

@@ -1,6 +1,7 @@
 """Hugging Face integration: tiny random models patched in one line match the unpatched float64 model."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
 )
+
+from hf_families import finite_float64_masks  # noqa: E402
 
 from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402
@@ -91,28 +94,12 @@ def _padded_models(model_type, device="cpu"):
     return base, copy.deepcopy(base), copy.deepcopy(base).double()
 
 
-def _finite_float64_masks(monkeypatch):
-    """Gemma-2's eager attention takes its softmax in float32: float64's finfo.min in the mask becomes -inf
-    there, and a row that sees no key (padding) NaN, which reaches real tokens through 0 * NaN. Clamped to
-    float32's min, the float64 model computes what the float32 one does, without NaN."""
-    from transformers.models.gemma2 import modeling_gemma2
-
-    original = modeling_gemma2.eager_attention_forward
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        if attention_mask is not None and attention_mask.dtype == torch.float64:
-            attention_mask = attention_mask.clamp(min=torch.finfo(torch.float32).min)
-        return original(module, query, key, value, attention_mask, **kwargs)
-
-    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", attention)
-
-
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "gemma2"])
 def test_padded_batch_runs_varlen_and_matches_float64(model_type, device, monkeypatch):
     # the 2-D padding mask; mistral and gemma2 with windows of 4 < 11 tokens, which the layers apply
     # (gemma2 also softcaps attention logits and mixes full layers)
     patched, same, truth = _padded_models(model_type, device)
-    _finite_float64_masks(monkeypatch)
+    finite_float64_masks(monkeypatch)
     assert hf.apply(patched)["attention"]
     ids, mask, labels = _padded_batch(device)
     ops = []
@@ -162,7 +149,7 @@ def test_padding_at_either_end_gives_the_unpadded_result():
 def test_left_padded_generation_with_a_cache_matches_float64(monkeypatch):
     # prefill with a padding mask, then decode steps of one real query against the cached keys
     patched, same, truth = _padded_models("gemma2")  # sliding-window layers keep a shorter cache
-    _finite_float64_masks(monkeypatch)
+    finite_float64_masks(monkeypatch)
     hf.apply(patched)
     ids = torch.randint(1, 97, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
@@ -224,36 +211,48 @@ def test_window_agrees_is_the_kernels_window_over_real_tokens():
                     assert bool(got[row, p])
 
 
-def test_a_window_spanning_an_inner_pad_is_refused():
-    patched, _, _ = _padded_models("mistral")  # window 4
+def _one_fallback_warning(record, match):
+    ours = [str(w.message) for w in record if "llm_speed attention" in str(w.message)]
+    assert len(ours) == 1 and re.search(match, ours[0]), ours  # one warning for the call, not one per layer
+
+
+def test_a_window_spanning_an_inner_pad_runs_the_original_attention(monkeypatch):
+    patched, same, _ = _padded_models("mistral")  # window 4
     hf.apply(patched)
+    monkeypatch.setattr(hf, "_WARNED", set())
     ids = torch.randint(0, 97, (1, SEQ))
     mask = torch.ones(1, SEQ, dtype=torch.long)
     mask[0, 5] = 0  # the query at position 8 sees positions 5-8 by position, 4 real tokens by rank
-    with pytest.raises(ValueError, match="a window that spans a pad"):
-        patched(input_ids=ids, attention_mask=mask)
+    with torch.no_grad(), pytest.warns(UserWarning) as record:
+        got = patched(input_ids=ids, attention_mask=mask).logits
+    _one_fallback_warning(record, r"a window that spans a pad.*original attention \(sdpa\)")
+    with torch.no_grad():
+        torch.testing.assert_close(got, same(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
     assert not hf._active()
 
 
-def test_unsupported_masks_are_refused_and_plain_masks_accepted():
-    patched, _, _ = _models("llama")
+def test_masks_the_kernels_cannot_compute_fall_back_and_malformed_ones_are_refused(monkeypatch):
+    patched, same, _ = _models("llama")
     hf.apply(patched)
+    monkeypatch.setattr(hf, "_WARNED", set())
     ids = torch.randint(0, 97, (2, 6))
     ones = torch.ones(2, 6, dtype=torch.long)
     assert patched(input_ids=ids, attention_mask=ones).logits.shape == (2, 6, 97)
     causal = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6)
     assert patched(input_ids=ids, attention_mask=causal).logits.shape == (2, 6, 97)
-    block = causal.clone()
-    block[..., 3:, :3] = False  # two packed sequences of 3 tokens in each row: not causal, not padding
-    with pytest.raises(ValueError, match=r"not causal: packed sequences.*accepted: None, a 2-D padding mask"):
-        patched(input_ids=ids, attention_mask=block)
     bias = torch.zeros(2, 1, 6, 6).masked_fill(~causal, float("-inf"))
     bias[..., 0] = -0.5  # an additive bias is not a mask
-    with pytest.raises(ValueError, match="a bias"):
-        patched(input_ids=ids, attention_mask=bias)
+    bidirectional = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    for mask, reason in ((bias, "a bias"), (bidirectional, "bidirectional")):
+        with torch.no_grad(), pytest.warns(UserWarning) as record:
+            got = patched(input_ids=ids, attention_mask=mask).logits
+        _one_fallback_warning(record, reason)
+        with torch.no_grad():
+            expected = same(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match=r"shape \(2, 1, 6, 5\), expected \[2, 1, 6, 6\]"):
         patched(input_ids=ids, attention_mask=causal[..., :5])
-    assert not hf._active()  # the failed forwards left no patched-attention state behind
+    assert not hf._active()  # the failed forward left no patched-attention state behind
     with pytest.raises(ValueError, match="sliding_window must be a positive int"):
         hf.llm_speed_attention(None, *(torch.randn(1, 2, 4, 16) for _ in range(3)), None, sliding_window=0)
 
@@ -266,6 +265,10 @@ def test_attn_implementation_name_and_apply_checks(device):
     assert runtime.launch_count(flash.FORWARD.name) > before
     report = hf.apply(model)
     assert hf.apply(model) is report  # a second call patches nothing more
+    with pytest.raises(TypeError, match="rotary must be a bool, got int"):
+        hf.apply(model, rotary=1)
+    with pytest.raises(TypeError, match="attention must be a bool or None, got str"):
+        hf.apply(model, attention="eager")
     with pytest.raises(TypeError, match="rotary must be a bool"):
         hf.apply(model, rotary=1)
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):

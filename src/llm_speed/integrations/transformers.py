@@ -18,11 +18,12 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
   hooks, so a gradient-checkpointing recomputation takes the same path), leaving other models alone;
 - attention, registered as ``"llm_speed"`` with transformers' ``AttentionInterface`` (so
   ``from_pretrained(..., attn_implementation="llm_speed")`` works once this module is imported) and with
-  ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded batches
-  (``attention_mask`` with zeros) run :func:`llm_speed.flash_attention_varlen` on the real tokens only, with
-  zeros at padded positions. Both are causal with the model's scaling, GQA, sliding window (Mistral, Qwen,
-  Gemma-2/3's local layers, Phi-3) and attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are
-  padded to the query head dim;
+  ``AttentionMaskInterface``. Batches without padding run :func:`llm_speed.flash_attention`; padded and
+  packed batches (``attention_mask`` with zeros, position_ids that restart) run
+  :func:`llm_speed.flash_attention_varlen` on the real tokens only, with zeros at padded positions; a static
+  cache's decode steps under torch.compile :func:`llm_speed.flash_attention_with_kvcache`. All are causal
+  with the model's scaling, GQA, sliding window (Mistral, Qwen, Gemma-2/3's local layers, Phi-3) and
+  attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are padded to the query head dim;
 - the loss: with ``labels``, the causal-LM forward runs with no logits built and returns
   :func:`llm_speed.fused_linear_cross_entropy` of the last hidden states and ``lm_head`` (shifted labels or
   ``shift_labels``, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as transformers'
@@ -32,21 +33,34 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
 Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
 function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
 ``is_causal`` (plain causal, or a window no shorter than the keys) and for the config's sliding window (the
-layers pass it to the attention, as to flash-attention-2), so no ``[batch, 1, q, kv]`` mask is built;
-otherwise transformers' 4-D SDPA mask, which is checked element by element against causal (and windowed)
-attention over each row's real tokens (a 2-D mask of a windowed layer: that no window spans a pad). Either
-way the real tokens are found once per forward per mask (a few small host syncs), not per layer. Query i is
-taken as the token of key ``kv_len - q_len + i`` (no cache, or a dynamic cache in generation); a token whose
-own key no query sees is a padded one. Attention outputs zeros at padded positions, as transformers'
+layers pass it to the attention, as to flash-attention-2), so no ``[batch, 1, q, kv]`` mask is built, as long
+as the queries are the last keys (no cache, or a dynamic one); otherwise transformers' 4-D SDPA mask, which is
+checked element by element against causal (and windowed) attention over each row's real tokens (a 2-D mask
+of a windowed layer: that no window spans a pad). Either way the real tokens are found once per forward per
+mask (a few small host syncs), not per layer. Attention outputs zeros at padded positions, as transformers'
 flash-attention-2 path does (eager attention computes other values there): a label predicted from a padded
 position (a left-padded row's first real token) is trained on a different hidden state, so set such labels
 to -100.
 
-Refused with a ValueError naming what is accepted, never silently changed: masks that are neither causal
-nor padding (packed sequences in one row, custom or bidirectional patterns, additive biases), padded
-queries after a cache (a static cache's empty slots), packed ``cu_seq_lens_*`` arguments, attention dropout
-in training, and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's
-original code.
+Static cache (``generate(..., cache_implementation="static")``, a ``StaticCache``, chunked prefill): the 4-D
+mask says where the queries sit in the cache (the last key a real query sees is its own). Eager, the keys
+are cropped to the last query (one host read per forward) and the call is the padded case above. Under
+``torch.compile`` (generate's compiled decode, ``fullgraph=True``) nothing is read on the host:
+:func:`llm_speed.flash_attention_with_kvcache` attends from each row's first real key up to each query, both
+taken from the mask on the device, with zeros at padded queries; that path does not check the mask element
+by element: a row's real keys must be one run (left padding, what generate makes), else its outputs are NaN.
+
+Packing (padding-free batches, as TRL's ``DataCollatorWithFlattening``): position_ids that restart inside a
+row (transformers reads them when there is no cache: ``use_cache=False``, or training) or a block-diagonal
+causal 4-D mask run :func:`llm_speed.flash_attention_varlen` on the packed sequences; a real token that sees
+no earlier key begins a sequence.
+
+The model's original attention (SDPA if ``apply`` replaced it, else eager; eager where the attention weights
+are asked for or for a softcap) runs, with one warning per reason per process, for ``output_attentions=True``
+and for masks the kernels cannot compute: other custom or bidirectional patterns, additive biases, a window
+spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank, a 2-D
+mask with values other than 0/1), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
+and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's original code.
 """
 
 from __future__ import annotations
@@ -54,12 +68,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import sys
 import threading
+import warnings
 
 import torch
 from torch import nn
 
-from ..attention import flash_attention, flash_attention_varlen
+from ..attention import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import fused_linear_cross_entropy
 from ..fused.rotary_qk import apply_rotary_qk
@@ -143,29 +159,49 @@ def _require_transformers():
 
 ACCEPTED_MASKS = (
     "None, a 2-D padding mask [batch, kv_len] of 0/1, or a 4-D [batch, 1, q_len, kv_len] mask (bool, or "
-    "additive with 0 and large negative values) that is causal, with the layer's sliding window if any, "
-    "restricted to the real tokens of a padding mask"
+    "additive with 0 and large negative values) that is causal over each row's real tokens or over the "
+    "packed sequences of a row (block-diagonal), with the layer's sliding window if any; a cache's empty "
+    "slots after the queries"
 )
 
 
-class _Unpadded:
-    """Where the real tokens of a padded batch are: computed once per mask, reused by the layers."""
+class _Inexpressible(ValueError):
+    """A well-formed mask that the kernels cannot compute: that call runs the model's original attention."""
 
-    def __init__(self, key_valid: torch.Tensor, q_len: int):
-        query_valid = key_valid[:, key_valid.shape[1] - q_len :]  # query i is key kv_len - q_len + i
-        lengths = torch.stack([query_valid.sum(1), key_valid.sum(1)])  # [2, batch]
-        cu = nn.functional.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
-        self.cu_q, self.cu_k = cu[0], cu[1]
-        self.q_batch, self.q_pos = query_valid.nonzero(as_tuple=True)  # host syncs (nonzero's size)
-        self.k_batch, self.k_pos = key_valid.nonzero(as_tuple=True)
-        self.max_q, self.max_k = lengths.max(1).values.tolist()
+
+class _Unpadded:
+    """Where the real tokens of a padded (or packed) batch are: computed once per mask, reused by the layers.
+
+    ``starts`` (only when the queries are all the keys): [batch, kv_len] bool, the real tokens that begin a
+    sequence (each row's first, and in a packed row each that sees no earlier key); without it each row is one
+    sequence, its queries the last ``q_len`` keys."""
+
+    def __init__(self, key_valid: torch.Tensor, q_len: int, starts: torch.Tensor | None = None):
+        if starts is None:
+            query_valid = key_valid[:, key_valid.shape[1] - q_len :]  # query i is key kv_len - q_len + i
+            lengths = torch.stack([query_valid.sum(1), key_valid.sum(1)])  # [2, batch]
+            cu = nn.functional.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
+            self.cu_q, self.cu_k = cu[0], cu[1]
+            self.q_batch, self.q_pos = query_valid.nonzero(as_tuple=True)  # host syncs (nonzero's size)
+            self.k_batch, self.k_pos = key_valid.nonzero(as_tuple=True)
+            self.max_q, self.max_k = lengths.max(1).values.tolist()
+            return
+        self.q_batch, self.q_pos = key_valid.nonzero(as_tuple=True)  # row-major: each sequence contiguous
+        sequence = starts[self.q_batch, self.q_pos].cumsum(0) - 1  # of each real token
+        lengths = torch.bincount(sequence)
+        self.cu_q = self.cu_k = nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        self.k_batch, self.k_pos = self.q_batch, self.q_pos
+        self.max_q = self.max_k = int(lengths.max()) if lengths.numel() else 0
 
 
 def _refuse_mask(reason: str):
     raise ValueError(
-        f"llm_speed attention got an attention_mask it cannot compute ({reason}); accepted: "
-        f"{ACCEPTED_MASKS}. Use attn_implementation 'sdpa' for other masks"
+        f"llm_speed attention got an attention_mask it cannot read ({reason}); accepted: {ACCEPTED_MASKS}"
     )
+
+
+def _inexpressible(reason: str):
+    raise _Inexpressible(f"an attention_mask the kernels cannot compute ({reason})")
 
 
 def _window_agrees(key_valid: torch.Tensor, left: int) -> torch.Tensor:
@@ -179,15 +215,32 @@ def _window_agrees(key_valid: torch.Tensor, left: int) -> torch.Tensor:
     return ((seen - before) == seen.clamp(max=width)) | ~key_valid
 
 
-def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None):
-    """None for a plain causal (windowed) mask; the unpadding of a padding mask; ValueError otherwise.
+def _query_offset(visible: torch.Tensor) -> torch.Tensor:
+    """The key position of query 0 under a [batch, q_len, kv_len] bool mask, as a 0-d tensor (no host read):
+    the last key a real query sees is its own, and the queries are consecutive; -1 if no query sees a key.
+    (A padded query after the real ones sees only earlier keys: the largest such offset is the real one.)"""
+    q_len, kv_len = visible.shape[1:]
+    last = kv_len - 1 - visible.flip(2).to(torch.int8).argmax(2)  # [batch, q_len]
+    offsets = last - torch.arange(q_len, device=visible.device)
+    return torch.where(visible.any(2), offsets, -1).amax()
 
-    Query i is the token of key ``kv_len - q_len + i`` (transformers' masks with no cache or a dynamic
-    cache). The varlen kernel is causal and windowed by each token's rank among the real tokens of its row,
-    so left, right and inner padding all work while the window does not span a pad: a 4-D mask is checked
-    element by element against that, a 2-D one of a windowed layer (``left`` not None) by
-    :func:`_window_agrees`.
+
+def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None):
+    """``(keys, unpadding)``: the queries use the first ``keys`` keys (fewer than ``kv_len`` with a static
+    cache's empty slots after them); ``unpadding`` None for plain causal (windowed) attention over those keys,
+    else an :class:`_Unpadded`. ValueError for a malformed mask, :class:`_Inexpressible` for a pattern the
+    kernels do not compute.
+
+    A 2-D mask and a 4-D one with as many queries as keys: query i is the token of key ``kv_len - q_len + i``
+    (transformers' masks with no cache or a dynamic cache). A 4-D mask with fewer queries than keys says where
+    the queries are (:func:`_query_offset`; a static cache). The varlen kernel is causal and windowed by each
+    token's rank among the real tokens of its sequence, so left, right and inner padding all work while the
+    window does not span a pad: a 4-D mask is checked element by element against that, a 2-D one of a windowed
+    layer (``left`` not None) by :func:`_window_agrees`. A 4-D mask with as many queries as keys may pack
+    several sequences in a row (block-diagonal causal, as transformers builds from position_ids that restart):
+    a real token that sees no earlier key begins a sequence.
     """
+    keys, starts = kv_len, None
     if mask.dim() == 2:
         if tuple(mask.shape) != (batch, kv_len):
             _refuse_mask(f"2-D mask of shape {tuple(mask.shape)}, expected [{batch}, {kv_len}]")
@@ -197,7 +250,7 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
             key_valid = mask != 0
             if not bool(((mask == 0) | (mask == 1)).all()):
                 _refuse_mask("a 2-D mask with values other than 0 and 1")
-        checks = [key_valid.all(), key_valid[:, kv_len - q_len :].all()]
+        checks = [key_valid.all(), torch.ones((), dtype=torch.bool, device=mask.device)]
         if left is not None:  # a windowed layer: the window the kernel applies over each row's real tokens
             checks.append(_window_agrees(key_valid, left)[:, kv_len - q_len :].all())
     elif mask.dim() == 4:
@@ -205,41 +258,137 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
             _refuse_mask(f"4-D mask of shape {tuple(mask.shape)}, expected [{batch}, 1, {q_len}, {kv_len}]")
         visible = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
         visible = visible.expand(batch, q_len, kv_len)
+        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2))
+                                                 .all()):  # fmt: skip
+            _inexpressible("an additive mask with values other than 0 and large negative ones: a bias")
+        if q_len != kv_len:  # a static cache: its empty slots after the queries are cropped
+            offset = int(_query_offset(visible))
+            keys = offset + q_len if offset >= 0 else kv_len
+            if keys > kv_len or bool(visible[:, :, keys:].any()):
+                _inexpressible("not causal: a query sees a key after its own")
+            visible = visible[:, :, :keys]
         key_valid = visible.any(1)  # a real key is visible at least to its own query
-        query_valid = key_valid[:, kv_len - q_len :]
+        query_valid = key_valid[:, keys - q_len :]
         rank = key_valid.cumsum(1) - 1  # position of each real key among its row's real tokens
-        rank_q, rank_k = rank[:, kv_len - q_len :, None], rank[:, None, :]
+        if q_len == keys:  # packed sequences: a real token that sees no earlier key begins one
+            first = visible.to(torch.int8).argmax(2)
+            starts = key_valid & (first == torch.arange(keys, device=mask.device))
+        else:
+            starts = key_valid & (rank == 0)
+        sequence = starts.cumsum(1)
+        rank_q, rank_k = rank[:, keys - q_len :, None], rank[:, None, :]
         expected = key_valid[:, None, :] & (rank_k <= rank_q)
+        expected &= sequence[:, None, :] == sequence[:, keys - q_len :, None]
         if left is not None:
             expected &= rank_k >= rank_q - left
         agrees = (visible == expected) | ~query_valid[:, :, None]  # rows of padding tokens output zeros
-        checks = [key_valid.all(), query_valid.all(), agrees.all()]
-        if mask.dtype != torch.bool:
-            checks.append(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
+        checks = [key_valid.all(), (starts.sum(1) <= 1).all(), agrees.all()]
+        if q_len != keys:
+            starts = None
     else:
         _refuse_mask(f"a {mask.dim()}-D mask")
-    all_real, queries_real, *ok = torch.stack(checks).tolist()  # one host sync for every check
-    if len(ok) > 1 and not ok[1]:
-        _refuse_mask("an additive mask with values other than 0 and large negative ones (a bias)")
+    all_real, one_sequence, *ok = torch.stack(checks).tolist()  # one host sync for every check
     if ok and not ok[0]:
-        _refuse_mask("not causal: packed sequences, a custom pattern, or a window that spans a pad")
-    if all_real:
-        return None
-    if q_len != kv_len and not queries_real:
-        _refuse_mask("padding among the queries after a cache, as a static cache's empty slots give")
-    return _Unpadded(key_valid, q_len)
+        _inexpressible("not causal over each sequence's real tokens: a custom or bidirectional pattern, or a "
+                       "window that spans a pad")  # fmt: skip
+    if all_real and one_sequence:
+        return keys, None
+    return keys, _Unpadded(key_valid, q_len, starts if not one_sequence else None)
 
 
-def _unpadding(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None) -> _Unpadded | None:
-    """:func:`_classify_mask`, cached on the mask tensor: transformers passes one mask object to every layer
-    of a forward, so the check and its host syncs happen once per forward (per mask kind), not per layer."""
+def _unpadding(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None):
+    """:func:`_classify_mask`, cached on the mask tensor (an :class:`_Inexpressible` too): transformers passes
+    one mask object to every layer of a forward, so the check and its host syncs happen once per forward (per
+    mask kind), not per layer."""
     cache = getattr(mask, "_llm_speed_unpadding", None)
     if cache is None:
         cache = mask._llm_speed_unpadding = {}
     key = (batch, q_len, kv_len, left)
     if key not in cache:
-        cache[key] = _classify_mask(mask, batch, q_len, kv_len, left)
+        try:
+            cache[key] = _classify_mask(mask, batch, q_len, kv_len, left)
+        except _Inexpressible as error:
+            cache[key] = error
     return cache[key]
+
+
+_WARNED: set[str] = set()  # fallback reasons warned about in this process (as transformers' warning_once)
+
+
+def _dense_mask(attention_mask, batch: int, q_len: int, kv_len: int, left: int | None, device):
+    """The [batch, 1, q_len, kv_len] bool mask that None or a 2-D padding mask stands for here: causal with
+    query i at key ``kv_len - q_len + i``, the layer's window by position, the padding's keys hidden."""
+    position = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    keys = torch.arange(kv_len, device=device)[None, :]
+    visible = keys <= position
+    if left is not None:
+        visible = visible & (keys >= position - left)
+    visible = visible.expand(batch, 1, q_len, kv_len)
+    if attention_mask is not None:
+        visible = visible & attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+    return visible
+
+
+def _original_attention(module, reason, query, key, value, attention_mask, scaling, dropout, sliding_window,
+                        softcap, kwargs):  # fmt: skip
+    """Run the call through the model's original attention if that was SDPA, else (and where the attention
+    weights are asked for, or for a softcap) the module's eager attention, with the equivalent 4-D mask; one
+    warning per reason per process."""
+    # SDPA where the model had it (it takes any 4-D mask), else eager: flash-attention and flex attention
+    # take no such mask, and SDPA neither returns weights nor takes a softcap
+    name = getattr(module, "_llm_speed_original", "sdpa")
+    if kwargs.get("output_attentions", False) or softcap is not None or name != "sdpa":
+        name = "eager"
+    if name == "eager":
+        function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if function is None:
+            raise ValueError(f"llm_speed attention cannot run this call ({reason}) and the module of "
+                             f"{type(module).__name__} has no eager_attention_forward")  # fmt: skip
+    else:
+        function = AttentionInterface()["sdpa"]
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"llm_speed attention: {reason}; such calls run the model's original attention "
+                      f"({name}) instead", UserWarning, stacklevel=3)  # fmt: skip
+    batch, _, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    mask = attention_mask
+    if mask is None or mask.dim() == 2:
+        left = None if sliding_window is None else sliding_window - 1
+        mask = _dense_mask(mask, batch, q_len, kv_len, left, query.device)
+    if name == "eager" and mask.dtype == torch.bool:  # eager adds the mask to the scores
+        mask = torch.where(mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+    options = {} if softcap is None else {"softcap": softcap}
+    return function(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+                    sliding_window=sliding_window, **options, **kwargs)  # fmt: skip
+
+
+def _static_cache_attention(query, key, value, mask, options):
+    """Queries over a static cache under torch.compile, with no host read: the queries' position and each
+    row's first real key come from the 4-D mask on the device, and
+    :func:`llm_speed.flash_attention_with_kvcache` attends over the keys from that first one up to each query
+    (zeros at padded queries). The mask is not checked element by element here (that needs the host); a row
+    whose real keys up to the last query are not one run (a pad after its first real key: a right-padded
+    prompt) gets NaN outputs, as the decode kernel marks invalid rows, not a result over the pads."""
+    batch, _, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    visible = (mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0).expand(batch, q_len, kv_len)
+    offset = _query_offset(visible).clamp(min=0)
+    key_valid = visible.any(1)
+    first = key_valid.to(torch.int8).argmax(1).to(torch.int32)
+    used = (offset + q_len).to(torch.int32).expand(batch).contiguous()
+    positions = (offset + torch.arange(q_len, device=query.device)).clamp(max=kv_len - 1)
+    query_valid = key_valid.gather(1, positions.expand(batch, q_len))
+    out = flash_attention_with_kvcache(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=used,
+        cache_leftpad=first, is_causal=True, scale=options["scale"], window=options["window"],
+        softcap=options["softcap"],
+    )  # fmt: skip
+    slots = torch.arange(kv_len, device=query.device)
+    inside = (slots >= first[:, None]) & (slots < used[:, None])
+    one_run = (key_valid | ~inside).all(1)
+    out = torch.where(query_valid[:, :, None, None], out, 0)
+    return torch.where(one_run[:, None, None, None], out, float("nan"))
 
 
 def llm_speed_attention(
@@ -252,11 +401,13 @@ def llm_speed_attention(
     head_dim may differ: MLA's narrower values are padded with zeros, the output cropped, as transformers'
     flash-attention path does); returns ``([batch, q_len, heads, v_head_dim], None)``. GQA, the model's
     ``scaling``, a ``sliding_window`` of W tokens (``window=(W - 1, 0)``) and attention logit ``softcap`` are
-    passed on. No mask, or a plain causal
-    one: :func:`llm_speed.flash_attention`. A padding mask: the real tokens are packed and run through
-    :func:`llm_speed.flash_attention_varlen` (causal per sequence), and the output is scattered back with
-    zeros at padded positions (as transformers' flash-attention-2 path). ValueError for other masks, dropout
-    and non-causal configs rather than a different result.
+    passed on. No mask, or a plain causal one: :func:`llm_speed.flash_attention`. A padding mask, or packed
+    sequences: the real tokens are packed and run through :func:`llm_speed.flash_attention_varlen` (causal per
+    sequence), and the output is scattered back with zeros at padded positions (as transformers'
+    flash-attention-2 path). A static cache: the keys up to the last query (eager), or
+    :func:`llm_speed.flash_attention_with_kvcache` over the cache (under torch.compile).
+    ``output_attentions=True`` and masks the kernels cannot compute run the model's original attention, with
+    one warning; ValueError for malformed masks, dropout and non-causal configs.
     """
     if dropout:
         raise ValueError(f"llm_speed attention has no dropout; got attention dropout {dropout} (set it to 0)")
@@ -264,13 +415,17 @@ def llm_speed_attention(
         raise ValueError("llm_speed attention is causal only; this model's config has is_causal=False")
     if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
         raise ValueError(
-            "llm_speed attention does not take packed sequences (cu_seq_lens_q/cu_seq_lens_k); pass padded "
-            "batches with an attention_mask"
+            "llm_speed attention does not take packed sequences as cu_seq_lens_q/cu_seq_lens_k; pass "
+            "position_ids that restart at each sequence, or a padded batch with an attention_mask"
         )
     if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
                                        or sliding_window < 1):  # fmt: skip
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     window = None if sliding_window is None else (sliding_window - 1, 0)
+    original = (module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap, kwargs)
+    if kwargs.get("output_attentions", False):
+        return _original_attention(module, "output_attentions=True asks for the attention weights, which the "
+                                   "kernels never form", *original[1:])  # fmt: skip
     device_type = query.device.type
     if not (query.dtype == key.dtype == value.dtype) and torch.is_autocast_enabled(device_type):
         # under autocast, as SDPA: q, k, v in the autocast dtype (Qwen3's and OLMo-2's q/k norms give float32
@@ -279,6 +434,18 @@ def llm_speed_attention(
         query, key, value = (t.to(dtype) if t.dtype in FLOAT_DTYPES else t for t in (query, key, value))
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
+    if q_len > kv_len:
+        raise ValueError(f"llm_speed attention needs q_len <= kv_len, got {q_len} queries and {kv_len} keys")
+    keys, unpadded = kv_len, None
+    compiled_cache = (
+        attention_mask is not None and attention_mask.dim() == 4 and q_len != kv_len
+        and torch.compiler.is_compiling()
+    )  # fmt: skip
+    if attention_mask is not None and not compiled_cache:
+        plan = _unpadding(attention_mask, batch, q_len, kv_len, None if window is None else window[0])
+        if isinstance(plan, _Inexpressible):
+            return _original_attention(module, str(plan), *original[1:])
+        keys, unpadded = plan
     v_head_dim = value.shape[-1]
     if v_head_dim != head_dim:  # MLA (DeepSeek): zeros pad the narrower side (no score or output changes)
         scaling = head_dim**-0.5 if scaling is None else scaling
@@ -286,19 +453,18 @@ def llm_speed_attention(
             value = nn.functional.pad(value, (0, head_dim - v_head_dim))
         else:
             query, key = (nn.functional.pad(t, (0, v_head_dim - head_dim)) for t in (query, key))
-    if q_len > kv_len:
-        raise ValueError(f"llm_speed attention needs q_len <= kv_len, got {q_len} queries and {kv_len} keys")
-    unpadded = None
-    options = dict(is_causal=True, scale=scaling, window=window, softcap=softcap)
-    if attention_mask is not None:
-        unpadded = _unpadding(attention_mask, batch, q_len, kv_len, None if window is None else window[0])
+    options = dict(scale=scaling, window=window, softcap=softcap)
+    if compiled_cache:
+        return _static_cache_attention(query, key, value, attention_mask, options)[..., :v_head_dim], None
+    if keys < kv_len:  # a static cache's empty slots
+        key, value = key[:, :, :keys], value[:, :, :keys]
     if unpadded is None:
-        out = flash_attention(query, key, value, **options)
+        out = flash_attention(query, key, value, is_causal=True, **options)
         return out.transpose(1, 2)[..., :v_head_dim], None
     u = unpadded
     q = query.transpose(1, 2)[u.q_batch, u.q_pos]  # [real queries, heads, head_dim]
     k, v = (t.transpose(1, 2)[u.k_batch, u.k_pos] for t in (key, value))
-    packed = flash_attention_varlen(q, k, v, u.cu_q, u.cu_k, u.max_q, u.max_k, **options)
+    packed = flash_attention_varlen(q, k, v, u.cu_q, u.cu_k, u.max_q, u.max_k, is_causal=True, **options)
     out = packed.new_zeros(batch, q_len, heads, packed.shape[-1]).index_put((u.q_batch, u.q_pos), packed)
     return out[..., :v_head_dim], None
 
@@ -310,10 +476,12 @@ def llm_speed_mask(
     """The mask function registered for ``"llm_speed"`` (transformers' ``AttentionMaskInterface``).
 
     When the caller allows replacing the mask by ``is_causal`` (plain causal, a sliding window no shorter
-    than the keys, or the config's sliding window, which the layers apply) and queries and keys line up
-    (``q_length`` 1 or ``kv_length``): ``None`` without padding,
+    than the keys, or the config's sliding window, which the layers apply) and the queries are the last keys
+    (no cache, or a dynamic one: ``q_offset + q_length == kv_offset + kv_length``): ``None`` without padding,
     else the 2-D bool padding mask ``[batch, kv_length]`` (no ``[batch, 1, q, kv]`` mask is built). Otherwise
-    transformers' 4-D SDPA mask, which :func:`llm_speed_attention` checks once per forward.
+    (a static cache, whose ``q_offset`` is a tensor and whose empty slots follow the queries; packed
+    sequences; custom mask functions) transformers' 4-D SDPA mask, which :func:`llm_speed_attention` reads
+    once per forward.
     """
     # A sliding window of the model's config: the layers pass it to the attention, which applies it (as
     # transformers' flash-attention-2 mask does), so the [batch, 1, q, kv] mask need not be built either.
@@ -324,7 +492,7 @@ def llm_speed_mask(
         and getattr(config, "attention_chunk_size", None) is None
     )  # fmt: skip
     structure_is_causal = (
-        allow_is_causal_skip and q_length in (1, kv_length)
+        allow_is_causal_skip and isinstance(q_offset, int) and q_offset + q_length == kv_offset + kv_length
         and (local_size is None or kv_length < local_size or sliding)
     )  # fmt: skip
     if structure_is_causal:
@@ -514,17 +682,23 @@ def apply(
     mlp: bool = True,
     moe: bool = True,
     rotary: bool = True,
-    attention: bool = True,
+    attention: bool | None = None,
     cross_entropy: bool = True,
 ) -> dict:
     """Patch ``model`` (a causal LM of one of :data:`SUPPORTED` families from transformers) in place; see the
     module docstring for what each switch swaps. Returns what was patched: ``{"model_type": str, "rms_norm":
     n modules, "mlp": n modules, "moe": n sparse MoE blocks, "rotary": bool, "attention": bool,
+    "attention_replaced": the attn_implementation it replaced (None if attention was not patched),
     "cross_entropy": bool, "skipped": {part: reason}}``.
 
-    Padded batches (an ``attention_mask`` with zeros, left or right padding) run the varlen attention on their
-    real tokens, with zeros at padded positions; masks that are neither causal nor padding (packed
-    sequences, custom patterns, biases) raise a ValueError naming what is accepted (module docstring).
+    ``attention``: None (default) replaces the model's attention unless it was built with
+    ``attn_implementation="eager"`` where SDPA was available (transformers' default, so eager was asked for):
+    then it is kept and ``skipped["attention"]`` says so; True replaces any; False none. The replaced
+    implementation is what a call the kernels cannot compute (``output_attentions=True``, other masks) runs.
+
+    Padded and packed batches run the varlen attention on their real tokens, with zeros at padded positions;
+    a static cache its valid keys; ``output_attentions=True`` and masks the kernels cannot compute (custom
+    patterns, biases) the replaced attention, with one warning (module docstring).
 
     ``cross_entropy`` needs a ``*ForCausalLM`` model (``lm_head`` and ``model``). Calling apply twice returns
     the first report and patches nothing more. ValueError for other model types; ImportError without
@@ -534,8 +708,9 @@ def apply(
     switches = dict(rms_norm=rms_norm, mlp=mlp, moe=moe, rotary=rotary, attention=attention,
                     cross_entropy=cross_entropy)  # fmt: skip
     for name, value in switches.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if not isinstance(value, bool) and not (name == "attention" and value is None):
+            accepted = "a bool or None" if name == "attention" else "a bool"
+            raise TypeError(f"{name} must be {accepted}, got {type(value).__name__}")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         kind = type(model).__name__
         raise TypeError(f"model must be a transformers model (an nn.Module with .config), got {kind}")
@@ -548,7 +723,8 @@ def apply(
     modeling = importlib.import_module(family.module)
     skipped: dict[str, str] = {}
     report = {"model_type": model_type, "rms_norm": 0, "mlp": 0, "moe": 0, "rotary": False,
-              "attention": False, "cross_entropy": False, "skipped": skipped}  # fmt: skip
+              "attention": False, "attention_replaced": None, "cross_entropy": False,
+              "skipped": skipped}  # fmt: skip
     if rms_norm:
         report["rms_norm"] = _swap_norms(model, family)
     if moe and family.moe:  # before the MLPs: the shared experts then become GatedMLPs like any MLP
@@ -560,13 +736,22 @@ def apply(
         for _parent, _attribute, module in _children(model, family.module, "Attention"):
             _track(module)
         report["rotary"] = True
-    if attention:
+    current = model.config._attn_implementation
+    # transformers' default is SDPA, eager only for models without it (Gemma-2): eager beside SDPA was asked
+    if attention is None and current == "eager" and getattr(model, "_supports_sdpa", False):
+        skipped["attention"] = ("the model was built with attn_implementation='eager'; apply(model, "
+                                "attention=True) replaces it")  # fmt: skip
+    elif attention is not False:
         reason = _attention_unsupported(model.config)
         if reason:
             skipped["attention"] = reason
         else:
+            if current != ATTENTION_NAME:  # what the calls the kernels cannot compute run instead
+                for _parent, _attribute, module in _children(model, family.module, "Attention"):
+                    module._llm_speed_original = current
             model.set_attn_implementation(ATTENTION_NAME)
             report["attention"] = True
+            report["attention_replaced"] = current
     if cross_entropy:
         if hasattr(model, "lm_head") and hasattr(model, "model"):
             replace_forward(model, _fused_loss_forward)
