@@ -9,7 +9,9 @@ import re
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+)
 
 from hf_families import VOCAB, config, finite_float64_masks, models  # noqa: E402
 

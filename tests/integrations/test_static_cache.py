@@ -5,7 +5,9 @@ same greedy tokens as the unpatched model, logits by the 2x rule against float64
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers: pip install -e '.[hf]' (in .[dev] too)"
+)
 
 from hf_families import CONFIGS, VOCAB, finite_float64_masks, models  # noqa: E402
 
