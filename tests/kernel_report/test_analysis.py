@@ -134,3 +134,44 @@ def test_ptxas_log_and_occupancy():
     assert analysis.occupancy(255, 224 * 1024, 8, 228 * 1024, (9, 0)) == analysis.Occupancy(1, 8, "registers")
     assert analysis.occupancy(128, 64 * 1024, 8, 228 * 1024, (9, 0)).blocks == 2
     assert analysis.occupancy(64, 300 * 1024, 4, 228 * 1024, (9, 0)).blocks == 0  # does not fit
+
+
+# A warp-specialized kernel as Triton 3.6 writes it (sm_90a, the Gluon GEMM; argument lists shortened).
+TTGIR = """
+module attributes {"ttg.num-ctas" = 1 : i32, "ttg.num-warps" = 8 : i32, ttg.target = "cuda:90"} {
+    ttg.warp_specialize(%a_desc, %b_desc) attributes {requestedRegisters = array<i32: 24, 32>}
+    default {
+      ttg.warp_yield loc(#loc)
+    }
+    partition0(%arg18: !tt.tensordesc<tensor<128x64xf16, #shared>> loc(unknown)) num_warps(1) {
+      ttg.warp_return loc(#loc1)
+    }
+    partition1(%arg19: i32 loc(unknown)) num_warps(4) {
+      ttg.warp_return loc(#loc1)
+    }
+"""
+WS_PTX = """
+.maxnreg 168
+.reqntid 416
+	setmaxnreg.inc.sync.aligned.u32 	240;
+	mbarrier.try_wait.parity.shared::cta.b64 	%p1, [%r1], %r2;
+	setmaxnreg.dec.sync.aligned.u32 	24;
+	mbarrier.try_wait.parity.shared::cta.b64 	%p2, [%r3], %r4;
+	setmaxnreg.inc.sync.aligned.u32 	240;
+"""
+
+
+def test_partitions_registers_and_waits_of_a_warp_specialized_kernel():
+    assert analysis.partitions(TTGIR, WS_PTX) == [
+        analysis.Partition("default", 8, 240),
+        analysis.Partition("worker0", 1, 24),
+        analysis.Partition("worker1", 4, 32),
+    ]
+    assert analysis.setmaxnreg(WS_PTX) == ["inc 240", "dec 24"]
+    assert analysis.mbarrier_waits(WS_PTX) == 2
+    assert analysis.launched_warps(WS_PTX) == 13
+    # no setmaxnreg above the workers' requests: the default partition's count is not known from the PTX
+    assert analysis.partitions(TTGIR, "")[0] == analysis.Partition("default", 8, None)
+    assert analysis.partitions("module {}", WS_PTX) is None  # not warp-specialized
+    assert analysis.launched_warps("") is None
+    assert analysis.tma_loads(analysis.Sass.parse(SASS)) == 1

@@ -120,7 +120,8 @@ def test_both_backward_paths_and_every_kernel_row_are_compiled(reports):
     l4_rows = reports("l4")["rows"]
     assert {k.name for k in flash.DETERMINISTIC_BACKWARD_KERNELS} <= {row["kernel"] for row in rows}
     assert {k.name for k in flash.ATOMIC_BACKWARD_KERNELS} <= {row["kernel"] for row in l4_rows}
-    assert {entry.split(":")[0] for row in rows for entry in row["problems"]} == set(problems.BUILDERS)
+    reported = {entry.split(":")[0] for row in rows for entry in row["problems"]}
+    assert reported == set(problems.BUILDERS) | set(problems.GLUON_BUILDERS)
     dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name]
     l4_dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in l4_rows if row["kernel"] == flash.BACKWARD_DKDV.name]
     assert set(dkdv) == {False} and True in l4_dkdv
@@ -225,3 +226,18 @@ def test_an_exception_excuses_only_what_it_names():
     assert len(failing) == 1 and unused == [excuse]
     assert len(budgets.check([_row(shared_bytes=4096)], (excuse,))[0]) == 1  # another budget
     assert all(e.reason for e in budgets.EXCEPTIONS)
+
+
+def test_a_warp_specialized_kernel_keeps_its_register_split_and_tma():
+    parts = [dict(name="default", warps=8, registers=240), dict(name="worker0", warps=1, registers=24)]
+
+    def broken(partitions=parts, tma_loads=3):
+        return [b.budget for b in budgets.breaches(_row(partitions=partitions, tma_loads=tma_loads))]
+
+    assert broken() == []
+    assert broken([dict(parts[0], registers=200), parts[1]]) == ["consumer registers"]
+    assert broken([parts[0], dict(parts[1], registers=64)]) == ["producer registers"]
+    assert broken([parts[0], dict(parts[1], registers=None)]) == ["producer registers"]  # no setmaxnreg
+    assert broken(tma_loads=0) == ["tma loads"]
+    # a kernel without partitions is not held to them
+    assert budgets.breaches(_row(tma_loads=0)) == []

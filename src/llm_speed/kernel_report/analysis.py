@@ -225,6 +225,69 @@ def ptx_uses_tma(ptx: str) -> bool:
     return "cp.async.bulk.tensor" in ptx
 
 
+# --- warp specialization (Gluon's ``warp_specialize``) ------------------------------------------------------
+
+_MODULE_WARPS = re.compile(r'"ttg\.num-warps" = (\d+)')
+_REQUESTED = re.compile(r"ttg\.warp_specialize\(.*requestedRegisters = array<i32: ([\d, ]+)>")
+_PARTITION = re.compile(r"^\s*partition(\d+)\(.*\) num_warps\((\d+)\)", re.MULTILINE)
+_SETMAXNREG = re.compile(r"\bsetmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);")
+_MBARRIER_WAIT = re.compile(r"\bmbarrier\.try_wait\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One partition of a warp-specialized kernel: its warps and the registers per thread it runs with
+    (None: no ``setmaxnreg`` for it, the launch's count applies)."""
+
+    name: str
+    warps: int
+    registers: int | None
+
+
+def partitions(ttgir: str, ptx: str) -> list[Partition] | None:
+    """The partitions of a warp-specialized kernel (None for any other): the default one (the kernel's
+    ``num_warps``) first, then each worker as its TTGIR ``ttg.warp_specialize`` declares it (warps, and the
+    registers it requests, which Triton sets by ``setmaxnreg``). The default partition's registers are the
+    largest ``setmaxnreg.inc`` of the PTX (what the workers gave up, taken back), when it exceeds every
+    worker's request; ptxas's own count otherwise."""
+    if "ttg.warp_specialize" not in ttgir:
+        return None
+    module = _MODULE_WARPS.search(ttgir)
+    requested = _REQUESTED.search(ttgir)
+    registers = [int(r) for r in requested.group(1).split(",")] if requested else []
+    workers = sorted((int(i), int(w)) for i, w in _PARTITION.findall(ttgir))
+    raised = [int(v) for kind, v in _SETMAXNREG.findall(ptx) if kind == "inc"]
+    default = max(raised) if raised and max(raised) > max(registers, default=0) else None
+    found = [Partition("default", int(module.group(1)) if module else 0, default)]
+    for index, warps in workers:
+        found.append(Partition(f"worker{index}", warps, registers[index] if index < len(registers) else None))
+    return found
+
+
+_REQNTID = re.compile(r"^\s*\.reqntid\s+(\d+)", re.MULTILINE)
+
+
+def launched_warps(ptx: str) -> int | None:
+    """The warps a block launches with (PTX ``.reqntid``, which Triton sets), None where absent."""
+    found = _REQNTID.search(ptx)
+    return int(found.group(1)) // 32 if found else None
+
+
+def setmaxnreg(ptx: str) -> list[str]:
+    """The distinct ``setmaxnreg`` of the PTX, in order: ``dec 24``, ``inc 240``."""
+    return list(dict.fromkeys(f"{kind} {value}" for kind, value in _SETMAXNREG.findall(ptx)))
+
+
+def mbarrier_waits(ptx: str) -> int:
+    """mbarrier waits in the PTX (``mbarrier.try_wait``, each in its retry loop)."""
+    return len(_MBARRIER_WAIT.findall(ptx))
+
+
+def tma_loads(code: Sass) -> int:
+    """TMA loads (``UTMALDG``) in the SASS."""
+    return sum(1 for op in code.opcodes() if op == "UTMALDG")
+
+
 # --- occupancy ----------------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,10 @@ the kernel report; ``llm-speed kernels --check`` exits 1 when one fails):
 - **softmax overlaps wgmma**: an attention forward built to overlap (``OVERLAP``) keeps a product in flight
   over at least :data:`OVERLAP_MIN_INSTRUCTIONS` PTX instructions of its loop (the report's
   ``wgmma_overlap``): the softmax, not only the next block's addresses.
+- **consumer registers**, **producer registers**, **tma loads**: a warp-specialized kernel (the Gluon
+  kernels, :mod:`llm_speed.gluon`) runs its default partition at :data:`CONSUMER_MIN_REGISTERS` registers or
+  more and every worker partition at :data:`PRODUCER_MAX_REGISTERS` or fewer (``setmaxnreg``, read from the
+  TTGIR and PTX), and loads by TMA (``UTMALDG``).
 
 A shipped configuration that breaks one is changed (a smaller tile, fewer stages), or, for a real trade-off,
 listed in :data:`EXCEPTIONS` with its reason. Nothing is excused silently, and an exception that excuses
@@ -24,7 +28,15 @@ from __future__ import annotations
 import dataclasses
 
 BUDGETS = ("compiles", "shared memory", "no spills in loops", "wgmma", "wgmma not serialized",
-           "softmax overlaps wgmma")  # fmt: skip
+           "softmax overlaps wgmma", "consumer registers", "producer registers", "tma loads")  # fmt: skip
+
+# A warp-specialized kernel (Gluon's ``warp_specialize``; issue 73's targets: FlashAttention-3 gives its
+# consumer warpgroups more registers than the producer's, arXiv:2407.08608 section 3.1): the consumers (the
+# default partition, whose warpgroups issue the wgmma) take back at least this many registers per thread by
+# ``setmaxnreg``...
+CONSUMER_MIN_REGISTERS = 224
+# ... and every worker (the TMA producer) gives its registers up to at most this many.
+PRODUCER_MAX_REGISTERS = 56
 
 # The forward's loops issue 70-120 PTX instructions beside a product in flight without the overlap (the PV
 # product over the next block's addresses and loads: sm_90a, Triton 3.6, d = 64 and 128, 2026-11-25) and
@@ -136,6 +148,24 @@ def breaches(row: dict) -> list[Breach]:
             row, "softmax overlaps wgmma",
             f"{overlap} PTX instructions beside a product in flight (< {OVERLAP_MIN_INSTRUCTIONS})",
         ))  # fmt: skip
+    parts = row.get("partitions")
+    if parts:
+        consumers, workers = parts[0], parts[1:]
+        if (consumers["registers"] or row["registers"] or 0) < CONSUMER_MIN_REGISTERS:
+            found.append(Breach(
+                row, "consumer registers",
+                f"the default partition ({consumers['warps']} warps) runs at {consumers['registers']} "
+                f"registers (< {CONSUMER_MIN_REGISTERS})",
+            ))  # fmt: skip
+        for worker in workers:
+            if worker["registers"] is None or worker["registers"] > PRODUCER_MAX_REGISTERS:
+                found.append(Breach(
+                    row, "producer registers",
+                    f"{worker['name']} ({worker['warps']} warps) runs at {worker['registers']} registers "
+                    f"(> {PRODUCER_MAX_REGISTERS}, or no setmaxnreg)",
+                ))  # fmt: skip
+        if not row.get("tma_loads"):
+            found.append(Breach(row, "tma loads", "no UTMALDG in the SASS"))
     return found
 
 

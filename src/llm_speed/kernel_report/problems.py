@@ -511,18 +511,49 @@ BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
 }
 
 
+# --- Gluon kernels (not op-table rows: reached explicitly until a GPU proof selects them) -------------------
+
+
+def gluon_gemm_problem(*, size: int, dtype: str, trans_b: bool = False) -> Problem:
+    """:func:`llm_speed.gluon.gemm.gemm` at size^3 (``b`` [N, K] with ``trans_b``: an ``nn.Linear``
+    weight)."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.gluon.gemm import gemm
+
+        a = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
+        b = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
+        with recording():
+            gemm(a, b, trans_b=trans_b)
+
+    return Problem("gluon_gemm", f"{size}^3 {dtype}" + " b^T" * trans_b, run)
+
+
+def _gluon_gemm(op: str, options: Options) -> Iterator[Problem]:
+    for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
+        yield gluon_gemm_problem(size=options.size, dtype=dtype)
+    yield gluon_gemm_problem(size=options.size, dtype="bf16", trans_b=True)
+
+
+GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {"gluon_gemm": _gluon_gemm}
+
+
 def default_problems(ops: tuple[str, ...] | None, options: Options) -> list[Problem]:
-    """The problems of ``ops`` (row names; None: every row with a builder, in table order)."""
+    """The problems of ``ops`` (op-table row names, or Gluon kernels of :data:`GLUON_BUILDERS`; None: every
+    row with a builder, in table order, then every Gluon kernel)."""
     from llm_speed import ops as table
 
-    names = ops or tuple(name for name in table.names() if name in BUILDERS)
+    builders = {**BUILDERS, **GLUON_BUILDERS}
+    names = ops or (*(name for name in table.names() if name in BUILDERS), *GLUON_BUILDERS)
     problems = []
     for name in names:
-        if name not in BUILDERS:
+        if name not in builders:
             row = table.get(name)  # ValueError listing the rows for an unknown name
             reason = "plain PyTorch: no kernel" if row.plain_pytorch else "no problem builder"
             raise ValueError(f"op: {name!r} has no kernel to report ({reason})")
-        for problem in BUILDERS[name](name, options):
+        for problem in builders[name](name, options):
             problems.append(dataclasses.replace(problem, op=name))
     return problems
 
