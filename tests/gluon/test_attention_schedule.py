@@ -6,6 +6,7 @@ fp16 and bf16, rows that see no key; and the protocol checks failing where the b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,8 +14,9 @@ import torch
 
 from accuracy_rule import ERROR_CAP, OUTPUT_FACTOR, assert_error_rule, max_error
 from llm_speed.attention.reference import reference_attention
+from llm_speed.core.hardware import Hardware
+from llm_speed.gluon import attention, gemm_schedule
 from llm_speed.gluon import attention_schedule as model
-from llm_speed.gluon import gemm_schedule
 
 SMALL = model.Schedule(block_m=64, block_n=32, stages=2, programs=5, section=2)
 
@@ -49,11 +51,14 @@ def test_head_dims_gqa_and_dtypes(head_dim, heads_kv, dtype):
     _check(*_inputs(2, 4, heads_kv, 96, 80, head_dim, dtype), True, SMALL)
 
 
-def test_the_planned_tile_and_positive_inputs():
-    # the kernel's tile: 128 query rows (64 per warpgroup) x 128 keys, two ring slots
-    planned = model.Schedule(block_m=128, block_n=128, stages=2, programs=3, section=8)
-    _check(*_inputs(1, 2, 1, 300, 260, 128, torch.bfloat16, positive=True), True, planned)
-    _check(*_inputs(1, 2, 2, 300, 260, 64, torch.float16), False, planned, seed=1)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_kernels_plan_and_positive_inputs(head_dim):
+    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128; two ring
+    # slots), its grid cut to 3 programs so that each runs several work items
+    plan = attention._plan(1, 2, 1, 300, 260, head_dim, torch.bfloat16, True, Hardware.from_spec("h100-sxm"))
+    planned = dataclasses.replace(model.from_plan(plan), programs=3)
+    _check(*_inputs(1, 2, 1, 300, 260, head_dim, torch.bfloat16, positive=True), True, planned)
+    _check(*_inputs(1, 2, 2, 300, 260, head_dim, torch.float16), False, planned, seed=1)
 
 
 def test_rows_that_see_no_key_give_zero_and_minus_infinity():

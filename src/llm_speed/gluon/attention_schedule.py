@@ -1,6 +1,6 @@
-"""A PyTorch model of the schedule planned for the Gluon forward attention on Hopper (issue 73, stage 1), run
-on a CPU: the structure FlashAttention-3 describes (Shah et al. 2024, arXiv:2407.08608, sections 3.1-3.2),
-block by block, so that the kernel can be written against a schedule already checked against float64.
+"""A PyTorch model of the Gluon forward attention's schedule (:mod:`llm_speed.gluon.attention`, issue 73,
+stage 1), run on a CPU: the structure FlashAttention-3 describes (Shah et al. 2024, arXiv:2407.08608,
+sections 3.1-3.2), block by block, checked against float64 where the kernel itself cannot run.
 
 Per persistent program, three partitions run as agents interleaved by a seeded random scheduler:
 
@@ -54,6 +54,13 @@ class Schedule:
     stages: int = 2
     programs: int = 132
     section: int = 8
+
+
+def from_plan(plan) -> Schedule:
+    """The :class:`Schedule` of a Gluon forward plan (:func:`llm_speed.gluon.attention._plan`): its tile,
+    ring depth, persistent grid and section width."""
+    f = plan.fixed
+    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"])
 
 
 def work_items(n_blocks: int, pairs: int, *, longest_first: bool, section: int) -> list[tuple[int, int]]:

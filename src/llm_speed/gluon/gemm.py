@@ -42,13 +42,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..core import runtime, tensors
+from ..core import tensors
 from ..core.config import KernelConfig
 from ..core.hardware import Hardware, hardware_of
 from ..core.launch import TMA_ALIGN_BYTES, Kernel, cdiv
 from ..core.tensors import check_same_device, check_tensor
 from . import compat
-from .launch import DescriptorLayout, GluonPlan
+from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
 
@@ -169,8 +169,6 @@ GEMM = Kernel(gluon_gemm_kernel, "gluon_gemm")
 
 DTYPES = (torch.float16, torch.bfloat16)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-# The capability the kernel is built for: wgmma and setmaxnreg exist on sm_90a only (Blackwell has neither).
-CAPABILITY = (9, 0)
 _BARRIER_BYTES = 8
 
 
@@ -245,18 +243,7 @@ def _check(a, b, trans_b: bool) -> tuple[int, int, int]:
             )
     if n * a.element_size() % TMA_ALIGN_BYTES:
         raise ValueError(f"b: N = {n} output columns must be a multiple of 8 (the output's TMA store)")
-    device = a.device
-    simulated = runtime.SIMULATED_GPU and device.type == "cpu"
-    if device.type != "cuda" and not simulated:
-        raise ValueError(
-            f"a is on {device}: llm_speed.gluon.gemm runs on CUDA devices of compute capability "
-            f"{CAPABILITY[0]}.{CAPABILITY[1]} only (sm_90a: H100, H200); use llm_speed.gemm"
-        )
-    capability = tuple(hardware_of(device).compute_capability)
-    if capability != CAPABILITY:
-        raise ValueError(f"a is on {device} of compute capability {capability[0]}.{capability[1]}: "
-                         f"llm_speed.gluon.gemm runs on {CAPABILITY[0]}.{CAPABILITY[1]} only (sm_90a: H100, "
-                         "H200); use llm_speed.gemm")  # fmt: skip
+    check_device("a", a, "llm_speed.gluon.gemm")
     return m, n, k
 
 

@@ -17,7 +17,28 @@ from typing import Any
 import torch
 
 from ..core import runtime
+from ..core.hardware import hardware_of
 from ..core.launch import Kernel
+
+# The capability the Gluon kernels are built for: wgmma and setmaxnreg exist on sm_90a only (Blackwell has
+# neither).
+CAPABILITY = (9, 0)
+
+
+def check_device(name: str, tensor: torch.Tensor, function: str) -> None:
+    """ValueError naming ``name`` unless ``tensor`` is on a CUDA device of compute capability
+    :data:`CAPABILITY` (or, under :func:`llm_speed.core.launch.simulated_gpu`, a CPU tensor standing for one
+    of the stand-in GPU)."""
+    device = tensor.device
+    wanted = f"{CAPABILITY[0]}.{CAPABILITY[1]}"
+    if device.type != "cuda" and not (runtime.SIMULATED_GPU and device.type == "cpu"):
+        raise ValueError(f"{name} is on {device}: {function} runs on CUDA devices of compute capability "
+                         f"{wanted} only (sm_90a: H100, H200)")  # fmt: skip
+    capability = tuple(hardware_of(device).compute_capability)
+    if capability != CAPABILITY:
+        raise ValueError(f"{name} is on {device} of compute capability {capability[0]}.{capability[1]}: "
+                         f"{function} runs on {wanted} only (sm_90a: H100, H200)")  # fmt: skip
+
 
 # Called with (plan, per-call arguments) for every launch under a simulated GPU (the kernel report's capture).
 _observers: list[Callable[[GluonPlan, dict], None]] = []
