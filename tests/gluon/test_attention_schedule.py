@@ -15,7 +15,7 @@ import torch
 from accuracy_rule import ERROR_CAP, OUTPUT_FACTOR, assert_error_rule, max_error
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core.hardware import Hardware
-from llm_speed.gluon import attention, gemm_schedule
+from llm_speed.gluon import attention, protocol
 from llm_speed.gluon import attention_schedule as model
 
 SMALL = model.Schedule(block_m=64, block_n=32, stages=2, programs=5, section=2)
@@ -106,12 +106,12 @@ def test_a_broken_protocol_is_caught(monkeypatch):
         yield True
 
     with monkeypatch.context() as patch:
-        patch.setattr(model, "_wait", never_blocks)
-        with pytest.raises(gemm_schedule.ScheduleError, match="read [KV] slot"):
+        patch.setattr(protocol, "wait", never_blocks)
+        with pytest.raises(protocol.ScheduleError, match="read [KV] slot"):
             model.forward(q, k, v, schedule=SMALL)
     with monkeypatch.context() as patch:  # no arrival completes a phase: every partition waits forever
-        patch.setattr(gemm_schedule._Barrier, "arrive", lambda self: None)
-        with pytest.raises(gemm_schedule.ScheduleError, match="a hang"):
+        patch.setattr(protocol.Barrier, "arrive", lambda self: None)
+        with pytest.raises(protocol.ScheduleError, match="a hang"):
             model.forward(q, k, v, schedule=SMALL)
 
 

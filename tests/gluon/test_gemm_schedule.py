@@ -11,6 +11,7 @@ from accuracy_rule import OUTPUT_FACTOR, assert_error_rule, matmul_cap
 from llm_speed.core.hardware import Hardware
 from llm_speed.gluon import gemm as gluon_gemm
 from llm_speed.gluon import gemm_schedule as model
+from llm_speed.gluon import protocol
 
 H100 = Hardware.from_spec("h100-sxm")
 
@@ -78,12 +79,12 @@ def test_a_broken_protocol_is_caught(monkeypatch):
         yield True
 
     with monkeypatch.context() as patch:
-        patch.setattr(model, "_wait", never_blocks)
-        with pytest.raises(model.ScheduleError, match="read slot"):
+        patch.setattr(protocol, "wait", never_blocks)
+        with pytest.raises(protocol.ScheduleError, match="read slot"):
             model.gemm(a, b, schedule)
     with monkeypatch.context() as patch:  # no arrival completes a phase: every partition waits forever
-        patch.setattr(model._Barrier, "arrive", lambda self: None)
-        with pytest.raises(model.ScheduleError, match="a hang"):
+        patch.setattr(protocol.Barrier, "arrive", lambda self: None)
+        with pytest.raises(protocol.ScheduleError, match="a hang"):
             model.gemm(a, b, schedule)
 
 

@@ -22,7 +22,8 @@ Per persistent program, three partitions run as agents interleaved by a seeded r
   last query block first), program p taking items p, p + P, ...
 
 A slot read by a product is checked when the product retires (the latest a wgmma may read shared memory):
-a slot refilled too early, or every agent blocked (a hang on the GPU), raises :class:`ScheduleError`.
+a slot refilled too early, or every agent blocked (a hang on the GPU), raises
+:class:`~llm_speed.gluon.protocol.ScheduleError`.
 Not modelled: wgmma's order of additions inside a block, timing.
 """
 
@@ -37,7 +38,7 @@ import torch
 
 from ..attention.reference import visible
 from ..core.launch import cdiv
-from .gemm_schedule import ScheduleError, _Barrier, _interleave, _wait
+from . import protocol
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -102,8 +103,8 @@ class _Program:
         self.group = q.shape[1] // k.shape[1]
         s = schedule
         self.rings = {name: [None] * s.stages for name in ("k", "v")}  # (tag, block) per slot
-        self.ready = {name: [_Barrier() for _ in range(s.stages)] for name in ("k", "v")}
-        self.empty = {name: [_Barrier(WARPGROUPS) for _ in range(s.stages)] for name in ("k", "v")}
+        self.ready = {name: [protocol.Barrier() for _ in range(s.stages)] for name in ("k", "v")}
+        self.empty = {name: [protocol.Barrier(WARPGROUPS) for _ in range(s.stages)] for name in ("k", "v")}
         self.turn = 0  # the warpgroup whose turn it is to issue its products
 
     def _blocks(self, block: int) -> int:
@@ -123,7 +124,7 @@ class _Program:
             for j in range(self._blocks(block)):
                 slot, parity = filled % s.stages, ((filled // s.stages) & 1) ^ 1
                 for name, x in (("k", self.k), ("v", self.v)):  # K first: QK^T needs it first
-                    yield from _wait(self.empty[name][slot], parity)
+                    yield from protocol.wait(self.empty[name][slot], parity)
                     self.rings[name][slot] = ((block, pair, j), self._kv(x, pair, j))
                     self.ready[name][slot].arrive()
                     yield True
@@ -133,8 +134,9 @@ class _Program:
         """The block in ``name``'s ring slot, which must be ``tag``'s (read as the product retires)."""
         got, block = self.rings[name][slot] or (None, None)
         if got != tag:
-            raise ScheduleError(f"program {self.program}: a product of {tag} read {name.upper()} slot {slot} "
-                                f"holding {got}")  # fmt: skip
+            raise protocol.ScheduleError(
+                f"program {self.program}: a product of {tag} read {name.upper()} slot {slot} holding {got}"
+            )
         return block
 
     def consumer(self, w: int) -> Iterator[bool]:
@@ -156,9 +158,9 @@ class _Program:
             for j in range(blocks + 1):  # step j: QK^T of block j (j < blocks) beside PV of block j - 1
                 here, before = used % s.stages, (used - 1) % s.stages
                 if j < blocks:
-                    yield from _wait(self.ready["k"][here], (used // s.stages) & 1)
+                    yield from protocol.wait(self.ready["k"][here], (used // s.stages) & 1)
                 if j > 0:
-                    yield from _wait(self.ready["v"][before], ((used - 1) // s.stages) & 1)
+                    yield from protocol.wait(self.ready["v"][before], ((used - 1) // s.stages) & 1)
                 while self.turn != w:  # ping-pong: wait for the other warpgroup to issue its products
                     yield False
                 issued_s = (here, (block, pair, j)) if j < blocks else None
@@ -225,7 +227,7 @@ def forward(q, k, v, *, is_causal: bool = False, scale: float | None = None, sch
     for program in range(min(schedule.programs, len(items))):
         mine = items[program :: schedule.programs]
         state = _Program(q, k, v, out, lse, mine, schedule, is_causal, scale, program)
-        _interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, program)
+        protocol.interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, program)
     return out, lse
 
 

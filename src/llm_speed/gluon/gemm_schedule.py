@@ -6,9 +6,9 @@ split of each tile's rows between the two consumer warpgroups, fp32 accumulation
 
 The producer and the consumers of each program run as two agents interleaved by a seeded random scheduler,
 so a protocol fault shows on a CPU: a consumer reading a slot the producer has refilled (the product
-retires against another tile's data: :class:`ScheduleError`), or both agents blocked (a hang on the GPU:
-:class:`ScheduleError` too). A product reads its slot when it retires (the latest a wgmma may read
-shared memory), which is the worst case for a slot released too early.
+retires against another tile's data), or both agents blocked (a hang on the GPU); either raises
+:class:`~llm_speed.gluon.protocol.ScheduleError`. A product reads its slot when it retires (the latest a
+wgmma may read shared memory), which is the worst case for a slot released too early.
 
 What it does not model: wgmma's order of additions inside one K step, and timing.
 """
@@ -23,12 +23,9 @@ from collections.abc import Iterator
 import torch
 
 from ..core.launch import cdiv
+from . import protocol
 
 WARPGROUPS = 2  # the consumers: two warpgroups, each owning half of a tile's rows
-
-
-class ScheduleError(RuntimeError):
-    """The schedule broke its protocol: data overwritten before use, or every agent blocked."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,31 +63,6 @@ def program_tiles(program: int, programs: int, tiles: int) -> range:
     return range(program, tiles, programs)
 
 
-class _Barrier:
-    """An mbarrier: arrivals complete a phase; ``passed(parity)`` is ``mbarrier.try_wait.parity`` (true once
-    the phase of that parity has completed, so a fresh barrier passes parity 1 at once)."""
-
-    def __init__(self, count: int = 1):
-        self.count = count
-        self.pending = count
-        self.completed = 0
-
-    def arrive(self) -> None:
-        self.pending -= 1
-        if self.pending == 0:
-            self.completed += 1
-            self.pending = self.count
-
-    def passed(self, parity: int) -> bool:
-        return self.completed % 2 != parity
-
-
-def _wait(barrier: _Barrier, parity: int) -> Iterator[bool]:
-    while not barrier.passed(parity):
-        yield False  # blocked
-    yield True
-
-
 def _padded(x: torch.Tensor, rows: slice, columns: slice, shape: tuple[int, int]) -> torch.Tensor:
     """A TMA load: the box at (rows, columns), zero where it lies past the tensor."""
     box = torch.zeros(shape, dtype=x.dtype)
@@ -112,8 +84,8 @@ class _Program:
         self.k_steps = cdiv(k, s.block_k)
         self.tiles = program_tiles(program, s.programs, self.tiles_m * self.tiles_n)
         self.ring: list[tuple | None] = [None] * s.stages  # (tag, A box [BM, BK], B box [BK, BN])
-        self.ready = [_Barrier() for _ in range(s.stages)]
-        self.empty = [_Barrier() for _ in range(s.stages)]
+        self.ready = [protocol.Barrier() for _ in range(s.stages)]
+        self.empty = [protocol.Barrier() for _ in range(s.stages)]
 
     def _load(self, row: int, column: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.s
@@ -131,7 +103,7 @@ class _Program:
             row, column = tile_coordinates(tile, self.tiles_m, self.tiles_n, s.group_m)
             for step in range(self.k_steps):
                 slot = filled % s.stages
-                yield from _wait(self.empty[slot], ((filled // s.stages) & 1) ^ 1)
+                yield from protocol.wait(self.empty[slot], ((filled // s.stages) & 1) ^ 1)
                 self.ring[slot] = ((tile, step), *self._load(row, column, step))
                 self.ready[slot].arrive()  # the TMA's bytes have landed
                 filled += 1
@@ -147,7 +119,7 @@ class _Program:
             slot, tag = in_flight.popleft()
             got, box_a, box_b = self.ring[slot] or (None, None, None)
             if got != tag:
-                raise ScheduleError(
+                raise protocol.ScheduleError(
                     f"program {self.program}: the product of (tile, step) {tag} read slot {slot} refilled "
                     f"with {got}"
                 )
@@ -159,7 +131,7 @@ class _Program:
             acc.zero_()
             for step in range(self.k_steps):
                 slot = used % s.stages
-                yield from _wait(self.ready[slot], (used // s.stages) & 1)
+                yield from protocol.wait(self.ready[slot], (used // s.stages) & 1)
                 in_flight.append((slot, (tile, step)))
                 while len(in_flight) > 1:  # warpgroup_mma_wait(1)
                     retire()
@@ -186,25 +158,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, schedule: Schedule, *, seed: int = 0)
     rng = random.Random(seed)
     for program in range(schedule.programs):
         state = _Program(a, b, out, schedule, program)
-        _interleave([state.producer(), state.consumers()], rng, program)
+        protocol.interleave([state.producer(), state.consumers()], rng, program)
     return out
-
-
-def _interleave(agents: list[Iterator[bool]], rng: random.Random, program: int) -> None:
-    """Step randomly chosen agents until all finish; ScheduleError when every live agent is blocked."""
-    live = list(agents)
-    blocked: set[int] = set()
-    while live:
-        index = rng.randrange(len(live))
-        try:
-            progressed = next(live[index])
-        except StopIteration:
-            live.pop(index)
-            blocked = set()
-            continue
-        if progressed:
-            blocked = set()
-        else:
-            blocked.add(id(live[index]))
-            if len(blocked) == len(live):
-                raise ScheduleError(f"program {program}: every partition is waiting on an mbarrier (a hang)")
