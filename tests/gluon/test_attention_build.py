@@ -45,6 +45,7 @@ def test_two_consumer_warpgroups_and_a_producer(row):
 def test_wgmma_fed_by_tma_with_the_pv_in_flight(row):
     assert row["tensor_cores"] == "HGMMA" and row["wgmma"]
     assert row["wgmma_wait"] == 1  # S retires while the PV stays in flight over the softmax
+    assert row["wgmma_in_flight"] >= budgets.OVERLAP_MIN_INSTRUCTIONS  # the softmax beside it, not addresses
     assert row["tma"] and row["tma_loads"] >= 3  # Q, K, V
     assert row["mbarrier_waits"] >= 8  # ready, empty, Q and turn barriers
     assert row["spill_instructions"] == 0 and row["shared_bytes"] <= row["shared_limit"]

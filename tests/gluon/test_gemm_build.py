@@ -52,6 +52,7 @@ def test_wgmma_fed_by_tma_with_a_product_in_flight(rows):
     for row in rows:
         assert row["tensor_cores"] == "HGMMA" and row["wgmma"]
         assert row["wgmma_wait"] == 1  # the K loop keeps one product in flight while it waits for a slot
+        assert row["wgmma_in_flight"] > 0
         assert row["tma"] and row["tma_loads"] >= 2
         assert row["mbarrier_waits"] >= 2  # the producer's wait for an empty slot, the consumers' for data
         assert row["spill_instructions"] == 0 and row["spill_store_bytes"] == 0

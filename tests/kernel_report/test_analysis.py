@@ -175,3 +175,22 @@ def test_partitions_registers_and_waits_of_a_warp_specialized_kernel():
     assert analysis.partitions("module {}", WS_PTX) is None  # not warp-specialized
     assert analysis.launched_warps("") is None
     assert analysis.tma_loads(analysis.Sass.parse(SASS)) == 1
+
+
+def test_instructions_beside_a_product_left_in_flight_by_a_wait():
+    # two products committed, S retired at once (wait 1), the softmax, then the PV retired (wait 0)
+    ptx = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 1;
+	max.f32 	%f1, %f2, %f3;
+	ex2.approx.f32 	%f4, %f1;
+	add.f32 	%f5, %f5, %f4;
+	wgmma.wait_group.sync.aligned 0;
+	@%p1 bra 	$L__BB0_1;
+"""
+    assert analysis.wgmma_overlap(ptx) == 0  # commit -> the next wait: nothing between
+    assert analysis.wgmma_in_flight(ptx) == 3  # the softmax runs beside the PV
+    assert analysis.wgmma_in_flight(PTX) == 2  # the cp.async wait and the branch, round to the same wait
+    assert analysis.wgmma_in_flight("") is None

@@ -221,6 +221,33 @@ def wgmma_overlap(ptx: str) -> int | None:
     return best
 
 
+def wgmma_in_flight(ptx: str) -> int | None:
+    """The most PTX instructions a loop issues after a ``wgmma.wait_group N`` with N >= 1 (a product left in
+    flight) and before the next ``wgmma.wait_group``, following the loop round its back edge once; wgmma
+    instructions themselves are not counted. None: no such wait inside a loop.
+
+    :func:`wgmma_overlap` counts from a commit to the first wait after it; a kernel that commits two
+    products and at once waits for all but the last (FlashAttention-3's intra-warpgroup overlap: S retired,
+    the PV kept in flight) runs its softmax after that wait, which only this count sees."""
+    lines = ptx.splitlines()
+    best = None
+    for lo, hi in _ptx_loops(lines):
+        body = lines[lo : hi + 1]
+        for start, line in enumerate(body):
+            waited = _WGMMA_WAIT.search(line)
+            if not waited or int(waited.group(1)) < 1:
+                continue
+            count = 0
+            for step in range(1, len(body)):
+                later = body[(start + step) % len(body)]
+                if _WGMMA_WAIT.search(later):
+                    break
+                if _is_instruction(later) and "wgmma." not in later:
+                    count += 1
+            best = count if best is None else max(best, count)
+    return best
+
+
 def ptx_uses_tma(ptx: str) -> bool:
     return "cp.async.bulk.tensor" in ptx
 

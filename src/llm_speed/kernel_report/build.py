@@ -240,6 +240,7 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "wgmma": any(op in analysis.WGMMA_OPCODES for op in tensor_cores),
         "wgmma_wait": waits.wgmma,
         "wgmma_overlap": analysis.wgmma_overlap(ptx),
+        "wgmma_in_flight": analysis.wgmma_in_flight(ptx),
         "wgmma_serialized": analysis.wgmma_serialized(log),
         "cp_async_wait": waits.cp_async,
         "tma": code.uses_tma() or analysis.ptx_uses_tma(ptx),

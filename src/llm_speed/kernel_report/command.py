@@ -121,13 +121,15 @@ def table_row(row: dict) -> tuple:
 
 
 def partitions_text(row: dict) -> str:
-    """``8x240 + 1x24``: a warp-specialized kernel's partitions, default first (warps x registers per thread,
-    ``?`` where no setmaxnreg sets them), with its mbarrier waits; - for any other kernel."""
+    """``8x240 + 1x24, 2 mbarrier waits, 49 in flight``: a warp-specialized kernel's partitions, default
+    first (warps x registers per thread, ``?`` where no setmaxnreg sets them), its mbarrier waits and the most
+    instructions a loop issues after a ``wgmma.wait_group N >= 1`` (the report's ``wgmma_in_flight``); - for
+    any other kernel."""
     parts = row.get("partitions")
     if not parts:
         return "-"
     text = " + ".join(f"{p['warps']}x{p['registers'] if p['registers'] is not None else '?'}" for p in parts)
-    return f"{text}, {row['mbarrier_waits']} mbarrier waits"
+    return f"{text}, {row['mbarrier_waits']} mbarrier waits, {row.get('wgmma_in_flight')} in flight"
 
 
 def wgmma_text(row: dict) -> str:
@@ -157,7 +159,8 @@ def print_report(result: dict) -> None:
             "LDL/STL in loops: spill instructions in any loop (inner: in loops that hold no other loop, "
             "run once per block); blocks x warps: resident per SM (occupancy); partitions: a "
             "warp-specialized (Gluon) kernel's default partition and workers, warps x registers per thread "
-            "after setmaxnreg."
+            "after setmaxnreg, its mbarrier waits, and the most instructions a loop issues after a wgmma "
+            "wait that leaves a product in flight (the softmax beside the PV: hundreds)."
         ),
     )  # fmt: skip
     for breach in result["breaches"]:
