@@ -203,12 +203,18 @@ def wgmma_overlap(ptx: str) -> int | None:
     iteration later (issued, then the softmax, then the wait) overlaps as much as one kept in flight with
     N = 1. A few dozen (the next block's addresses and loads) means the tensor cores wait while the rest of
     the loop runs; hundreds mean softmax or gradient maths run beside a product."""
+    return _most_before_a_wait(ptx, lambda line: bool(_WGMMA_COMMIT.search(line)))
+
+
+def _most_before_a_wait(ptx: str, starts) -> int | None:
+    """The most non-wgmma PTX instructions a loop issues from a line where ``starts(line)`` to the next
+    ``wgmma.wait_group``, following the loop round its back edge once; None: no such line in a loop."""
     lines = ptx.splitlines()
     best = None
     for lo, hi in _ptx_loops(lines):
         body = lines[lo : hi + 1]
         for start, line in enumerate(body):
-            if not _WGMMA_COMMIT.search(line):
+            if not starts(line):
                 continue
             count = 0
             for step in range(1, len(body)):
@@ -229,23 +235,12 @@ def wgmma_in_flight(ptx: str) -> int | None:
     :func:`wgmma_overlap` counts from a commit to the first wait after it; a kernel that commits two
     products and at once waits for all but the last (FlashAttention-3's intra-warpgroup overlap: S retired,
     the PV kept in flight) runs its softmax after that wait, which only this count sees."""
-    lines = ptx.splitlines()
-    best = None
-    for lo, hi in _ptx_loops(lines):
-        body = lines[lo : hi + 1]
-        for start, line in enumerate(body):
-            waited = _WGMMA_WAIT.search(line)
-            if not waited or int(waited.group(1)) < 1:
-                continue
-            count = 0
-            for step in range(1, len(body)):
-                later = body[(start + step) % len(body)]
-                if _WGMMA_WAIT.search(later):
-                    break
-                if _is_instruction(later) and "wgmma." not in later:
-                    count += 1
-            best = count if best is None else max(best, count)
-    return best
+
+    def leaves_one(line: str) -> bool:
+        waited = _WGMMA_WAIT.search(line)
+        return bool(waited) and int(waited.group(1)) >= 1
+
+    return _most_before_a_wait(ptx, leaves_one)
 
 
 def ptx_uses_tma(ptx: str) -> bool:
