@@ -36,7 +36,6 @@ from collections.abc import Iterator
 
 import torch
 
-from ..attention.reference import visible
 from ..core.launch import cdiv
 from . import protocol
 
@@ -215,7 +214,7 @@ def forward(q, k, v, *, is_causal: bool = False, scale: float | None = None, sch
             seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out, lse) of attention over q [B, H, Sq, D], k and v [B, H_kv, Skv, D] (H a multiple of H_kv) as the
     schedule computes them on the CPU, ``out`` in q's dtype, ``lse`` float32 in natural-log units; causal
-    masks aligned bottom-right (:func:`llm_speed.attention.reference.visible`). Entries no program writes
+    masks aligned bottom-right (as :func:`llm_speed.attention.reference.visible`). Entries no program writes
     stay NaN."""
     batch, heads, seq_q, _ = q.shape
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -229,8 +228,3 @@ def forward(q, k, v, *, is_causal: bool = False, scale: float | None = None, sch
         state = _Program(q, k, v, out, lse, mine, schedule, is_causal, scale, program)
         protocol.interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, program)
     return out, lse
-
-
-def causal_mask(seq_q: int, seq_kv: int) -> torch.Tensor:
-    """The mask the model applies (bottom-right aligned), for tests: :func:`visible` with ``is_causal``."""
-    return visible(seq_q, seq_kv, is_causal=True)
