@@ -134,3 +134,63 @@ def test_ptxas_log_and_occupancy():
     assert analysis.occupancy(255, 224 * 1024, 8, 228 * 1024, (9, 0)) == analysis.Occupancy(1, 8, "registers")
     assert analysis.occupancy(128, 64 * 1024, 8, 228 * 1024, (9, 0)).blocks == 2
     assert analysis.occupancy(64, 300 * 1024, 4, 228 * 1024, (9, 0)).blocks == 0  # does not fit
+
+
+# A warp-specialized kernel as Triton 3.6 writes it (sm_90a, the Gluon GEMM; argument lists shortened).
+TTGIR = """
+module attributes {"ttg.num-ctas" = 1 : i32, "ttg.num-warps" = 8 : i32, ttg.target = "cuda:90"} {
+    ttg.warp_specialize(%a_desc, %b_desc) attributes {requestedRegisters = array<i32: 24, 32>}
+    default {
+      ttg.warp_yield loc(#loc)
+    }
+    partition0(%arg18: !tt.tensordesc<tensor<128x64xf16, #shared>> loc(unknown)) num_warps(1) {
+      ttg.warp_return loc(#loc1)
+    }
+    partition1(%arg19: i32 loc(unknown)) num_warps(4) {
+      ttg.warp_return loc(#loc1)
+    }
+"""
+WS_PTX = """
+.maxnreg 168
+.reqntid 416
+	setmaxnreg.inc.sync.aligned.u32 	240;
+	mbarrier.try_wait.parity.shared::cta.b64 	%p1, [%r1], %r2;
+	setmaxnreg.dec.sync.aligned.u32 	24;
+	mbarrier.try_wait.parity.shared::cta.b64 	%p2, [%r3], %r4;
+	setmaxnreg.inc.sync.aligned.u32 	240;
+"""
+
+
+def test_partitions_registers_and_waits_of_a_warp_specialized_kernel():
+    assert analysis.partitions(TTGIR, WS_PTX) == [
+        analysis.Partition("default", 8, 240),
+        analysis.Partition("worker0", 1, 24),
+        analysis.Partition("worker1", 4, 32),
+    ]
+    assert analysis.setmaxnreg(WS_PTX) == ["inc 240", "dec 24"]
+    assert analysis.mbarrier_waits(WS_PTX) == 2
+    assert analysis.launched_warps(WS_PTX) == 13
+    # no setmaxnreg above the workers' requests: the default partition's count is not known from the PTX
+    assert analysis.partitions(TTGIR, "")[0] == analysis.Partition("default", 8, None)
+    assert analysis.partitions("module {}", WS_PTX) is None  # not warp-specialized
+    assert analysis.launched_warps("") is None
+    assert analysis.tma_loads(analysis.Sass.parse(SASS)) == 1
+
+
+def test_instructions_beside_a_product_left_in_flight_by_a_wait():
+    # two products committed, S retired at once (wait 1), the softmax, then the PV retired (wait 0)
+    ptx = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 1;
+	max.f32 	%f1, %f2, %f3;
+	ex2.approx.f32 	%f4, %f1;
+	add.f32 	%f5, %f5, %f4;
+	wgmma.wait_group.sync.aligned 0;
+	@%p1 bra 	$L__BB0_1;
+"""
+    assert analysis.wgmma_overlap(ptx) == 0  # commit -> the next wait: nothing between
+    assert analysis.wgmma_in_flight(ptx) == 3  # the softmax runs beside the PV
+    assert analysis.wgmma_in_flight(PTX) == 2  # the cp.async wait and the branch, round to the same wait
+    assert analysis.wgmma_in_flight("") is None

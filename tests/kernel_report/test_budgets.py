@@ -120,7 +120,8 @@ def test_both_backward_paths_and_every_kernel_row_are_compiled(reports):
     l4_rows = reports("l4")["rows"]
     assert {k.name for k in flash.DETERMINISTIC_BACKWARD_KERNELS} <= {row["kernel"] for row in rows}
     assert {k.name for k in flash.ATOMIC_BACKWARD_KERNELS} <= {row["kernel"] for row in l4_rows}
-    assert {entry.split(":")[0] for row in rows for entry in row["problems"]} == set(problems.BUILDERS)
+    reported = {entry.split(":")[0] for row in rows for entry in row["problems"]}
+    assert reported == set(problems.BUILDERS) | set(problems.GLUON_DEFAULT)
     dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name]
     l4_dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in l4_rows if row["kernel"] == flash.BACKWARD_DKDV.name]
     assert set(dkdv) == {False} and True in l4_dkdv
@@ -225,3 +226,26 @@ def test_an_exception_excuses_only_what_it_names():
     assert len(failing) == 1 and unused == [excuse]
     assert len(budgets.check([_row(shared_bytes=4096)], (excuse,))[0]) == 1  # another budget
     assert all(e.reason for e in budgets.EXCEPTIONS)
+
+
+def test_a_warp_specialized_kernel_keeps_its_register_split_and_tma():
+    parts = [dict(name="default", warps=8, registers=240), dict(name="worker0", warps=1, registers=24)]
+
+    def broken(partitions=parts, tma_loads=3, registers=168):  # launched: 12 warps at 168
+        row = _row(partitions=partitions, tma_loads=tma_loads, registers=registers, launched_warps=12)
+        return [b.budget for b in budgets.breaches(row)]
+
+    assert broken() == []  # 8 x 240 + 4 x 24 = 12 x 168: the pool exactly
+    assert broken([dict(parts[0], registers=200), parts[1]]) == ["consumer registers"]
+    greedy = [parts[0], dict(parts[1], registers=64)]  # neither lean producer nor full consumer, and too many
+    assert broken(greedy) == ["consumer registers", "producer registers", "register pool"]
+    assert broken([parts[0], dict(parts[1], registers=None)]) == ["producer registers"]  # no setmaxnreg
+    assert broken(tma_loads=0) == ["tma loads"]
+    # the forward's split: a second consumer warpgroup as a worker, a producer warpgroup
+    forward = [dict(name="default", warps=4, registers=256), dict(name="worker0", warps=4, registers=224),
+               dict(name="worker1", warps=4, registers=24)]  # fmt: skip
+    assert broken(forward) == []
+    too_many = [forward[0], dict(forward[1], registers=240), dict(forward[2], warps=1)]
+    assert broken(too_many) == ["register pool"]  # 256 + 240 + 24 per lane, the 1-warp producer's whole group
+    # a kernel without partitions is not held to them
+    assert budgets.breaches(_row(tma_loads=0)) == []

@@ -203,12 +203,18 @@ def wgmma_overlap(ptx: str) -> int | None:
     iteration later (issued, then the softmax, then the wait) overlaps as much as one kept in flight with
     N = 1. A few dozen (the next block's addresses and loads) means the tensor cores wait while the rest of
     the loop runs; hundreds mean softmax or gradient maths run beside a product."""
+    return _most_before_a_wait(ptx, lambda line: bool(_WGMMA_COMMIT.search(line)))
+
+
+def _most_before_a_wait(ptx: str, starts) -> int | None:
+    """The most non-wgmma PTX instructions a loop issues from a line where ``starts(line)`` to the next
+    ``wgmma.wait_group``, following the loop round its back edge once; None: no such line in a loop."""
     lines = ptx.splitlines()
     best = None
     for lo, hi in _ptx_loops(lines):
         body = lines[lo : hi + 1]
         for start, line in enumerate(body):
-            if not _WGMMA_COMMIT.search(line):
+            if not starts(line):
                 continue
             count = 0
             for step in range(1, len(body)):
@@ -221,8 +227,87 @@ def wgmma_overlap(ptx: str) -> int | None:
     return best
 
 
+def wgmma_in_flight(ptx: str) -> int | None:
+    """The most PTX instructions a loop issues after a ``wgmma.wait_group N`` with N >= 1 (a product left in
+    flight) and before the next ``wgmma.wait_group``, following the loop round its back edge once; wgmma
+    instructions themselves are not counted. None: no such wait inside a loop.
+
+    :func:`wgmma_overlap` counts from a commit to the first wait after it; a kernel that commits two
+    products and at once waits for all but the last (FlashAttention-3's intra-warpgroup overlap: S retired,
+    the PV kept in flight) runs its softmax after that wait, which only this count sees."""
+
+    def leaves_one(line: str) -> bool:
+        waited = _WGMMA_WAIT.search(line)
+        return bool(waited) and int(waited.group(1)) >= 1
+
+    return _most_before_a_wait(ptx, leaves_one)
+
+
 def ptx_uses_tma(ptx: str) -> bool:
     return "cp.async.bulk.tensor" in ptx
+
+
+# --- warp specialization (Gluon's ``warp_specialize``) ------------------------------------------------------
+
+_MODULE_WARPS = re.compile(r'"ttg\.num-warps" = (\d+)')
+_REQUESTED = re.compile(r"ttg\.warp_specialize\(.*requestedRegisters = array<i32: ([\d, ]+)>")
+_PARTITION = re.compile(r"^\s*partition(\d+)\(.*\) num_warps\((\d+)\)", re.MULTILINE)
+_SETMAXNREG = re.compile(r"\bsetmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);")
+_MBARRIER_WAIT = re.compile(r"\bmbarrier\.try_wait\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One partition of a warp-specialized kernel: its warps and the registers per thread it runs with
+    (None: no ``setmaxnreg`` for it, the launch's count applies)."""
+
+    name: str
+    warps: int
+    registers: int | None
+
+
+def partitions(ttgir: str, ptx: str) -> list[Partition] | None:
+    """The partitions of a warp-specialized kernel (None for any other): the default one (the kernel's
+    ``num_warps``) first, then each worker as its TTGIR ``ttg.warp_specialize`` declares it (warps, and the
+    registers it requests, which Triton sets by ``setmaxnreg``). The default partition's registers are the
+    largest ``setmaxnreg.inc`` of the PTX (what the workers gave up, taken back), when it exceeds every
+    worker's request; ptxas's own count otherwise."""
+    if "ttg.warp_specialize" not in ttgir:
+        return None
+    module = _MODULE_WARPS.search(ttgir)
+    requested = _REQUESTED.search(ttgir)
+    registers = [int(r) for r in requested.group(1).split(",")] if requested else []
+    workers = sorted((int(i), int(w)) for i, w in _PARTITION.findall(ttgir))
+    raised = [int(v) for kind, v in _SETMAXNREG.findall(ptx) if kind == "inc"]
+    default = max(raised) if raised and max(raised) > max(registers, default=0) else None
+    found = [Partition("default", int(module.group(1)) if module else 0, default)]
+    for index, warps in workers:
+        found.append(Partition(f"worker{index}", warps, registers[index] if index < len(registers) else None))
+    return found
+
+
+_REQNTID = re.compile(r"^\s*\.reqntid\s+(\d+)", re.MULTILINE)
+
+
+def launched_warps(ptx: str) -> int | None:
+    """The warps a block launches with (PTX ``.reqntid``, which Triton sets), None where absent."""
+    found = _REQNTID.search(ptx)
+    return int(found.group(1)) // 32 if found else None
+
+
+def setmaxnreg(ptx: str) -> list[str]:
+    """The distinct ``setmaxnreg`` of the PTX, in order: ``dec 24``, ``inc 240``."""
+    return list(dict.fromkeys(f"{kind} {value}" for kind, value in _SETMAXNREG.findall(ptx)))
+
+
+def mbarrier_waits(ptx: str) -> int:
+    """mbarrier waits in the PTX (``mbarrier.try_wait``, each in its retry loop)."""
+    return len(_MBARRIER_WAIT.findall(ptx))
+
+
+def tma_loads(code: Sass) -> int:
+    """TMA loads (``UTMALDG``) in the SASS."""
+    return sum(1 for op in code.opcodes() if op == "UTMALDG")
 
 
 # --- occupancy ----------------------------------------------------------------------------------------------

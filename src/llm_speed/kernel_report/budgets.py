@@ -13,6 +13,11 @@ the kernel report; ``llm-speed kernels --check`` exits 1 when one fails):
 - **softmax overlaps wgmma**: an attention forward built to overlap (``OVERLAP``) keeps a product in flight
   over at least :data:`OVERLAP_MIN_INSTRUCTIONS` PTX instructions of its loop (the report's
   ``wgmma_overlap``): the softmax, not only the next block's addresses.
+- **consumer registers**, **producer registers**, **register pool**, **tma loads**: a warp-specialized
+  kernel (the Gluon kernels, :mod:`llm_speed.gluon`) runs its default partition and every worker above
+  :data:`PRODUCER_MAX_REGISTERS` at :data:`CONSUMER_MIN_REGISTERS` registers or more, has a producer worker
+  at :data:`PRODUCER_MAX_REGISTERS` or fewer (``setmaxnreg``, read from the TTGIR and PTX), holds no more
+  registers in all than its launch gave it, and loads by TMA (``UTMALDG``).
 
 A shipped configuration that breaks one is changed (a smaller tile, fewer stages), or, for a real trade-off,
 listed in :data:`EXCEPTIONS` with its reason. Nothing is excused silently, and an exception that excuses
@@ -24,7 +29,21 @@ from __future__ import annotations
 import dataclasses
 
 BUDGETS = ("compiles", "shared memory", "no spills in loops", "wgmma", "wgmma not serialized",
-           "softmax overlaps wgmma")  # fmt: skip
+           "softmax overlaps wgmma", "consumer registers", "producer registers", "register pool",
+           "tma loads")  # fmt: skip
+
+# A warp-specialized kernel (Gluon's ``warp_specialize``; issue 73's targets: FlashAttention-3 gives its
+# consumer warpgroups more registers than the producer's, arXiv:2407.08608 section 3.1): the consumers (the
+# default partition, whose warpgroups issue the wgmma) take back at least this many registers per thread by
+# ``setmaxnreg``...
+CONSUMER_MIN_REGISTERS = 224
+# ... and a producer (a worker that only issues TMA copies) gives its registers up to at most this many. A
+# worker above it is a consumer (the forward's second warpgroup), held to CONSUMER_MIN_REGISTERS.
+PRODUCER_MAX_REGISTERS = 56
+# setmaxnreg moves registers within the block's pool (PTX ISA, "setmaxnreg"): what the partitions hold, each
+# in whole warpgroups, must fit what the block was launched with, or a TRY_ALLOC spins for ever (a hang).
+# Triton 3.6 gave the forward's default partition 256 beside workers at 240 and 24: 520 per lane > 504.
+WARPGROUP_WARPS = 4
 
 # The forward's loops issue 70-120 PTX instructions beside a product in flight without the overlap (the PV
 # product over the next block's addresses and loads: sm_90a, Triton 3.6, d = 64 and 128, 2026-11-25) and
@@ -82,12 +101,27 @@ _DROPOUT_DKDV = (
     "8-bit threshold, or a smaller query block for this variant, measured first), then drop this entry."
 )
 EXCEPTIONS: tuple[Exception_, ...] = (
-    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
-               match=(("IS_VARLEN", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
-    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _MASKED_DKDV, gpu="h100-sxm",
-               match=(("HAS_LEFT", True), ("SOFTCAP", True), ("DOT_PRECISION", "tf32"))),  # fmt: skip
-    Exception_("flash_attention_bwd_dkdv", "no spills in loops", _DROPOUT_DKDV, gpu="h100-sxm",
-               match=(("DROPOUT", True),)),  # fmt: skip
+    Exception_(
+        "flash_attention_bwd_dkdv",
+        "no spills in loops",
+        _MASKED_DKDV,
+        gpu="h100-sxm",
+        match=(("IS_VARLEN", True), ("DOT_PRECISION", "tf32")),
+    ),  # fmt: skip
+    Exception_(
+        "flash_attention_bwd_dkdv",
+        "no spills in loops",
+        _MASKED_DKDV,
+        gpu="h100-sxm",
+        match=(("HAS_LEFT", True), ("SOFTCAP", True), ("DOT_PRECISION", "tf32")),
+    ),  # fmt: skip
+    Exception_(
+        "flash_attention_bwd_dkdv",
+        "no spills in loops",
+        _DROPOUT_DKDV,
+        gpu="h100-sxm",
+        match=(("DROPOUT", True),),
+    ),  # fmt: skip
 )
 
 
@@ -136,6 +170,39 @@ def breaches(row: dict) -> list[Breach]:
             row, "softmax overlaps wgmma",
             f"{overlap} PTX instructions beside a product in flight (< {OVERLAP_MIN_INSTRUCTIONS})",
         ))  # fmt: skip
+    parts = row.get("partitions")
+    if parts:
+        found += _partition_breaches(row, parts)
+    return found
+
+
+def _partition_breaches(row: dict, parts: list[dict]) -> list[Breach]:
+    found = []
+    consumers = [parts[0]] + [p for p in parts[1:] if (p["registers"] or 0) > PRODUCER_MAX_REGISTERS]
+    for part in consumers:
+        if (part["registers"] or 0) < CONSUMER_MIN_REGISTERS:
+            found.append(Breach(
+                row, "consumer registers",
+                f"{part['name']} ({part['warps']} warps) runs at {part['registers']} registers "
+                f"(< {CONSUMER_MIN_REGISTERS})",
+            ))  # fmt: skip
+    lean = [p for p in parts[1:] if p["registers"] is not None and p["registers"] <= PRODUCER_MAX_REGISTERS]
+    if not lean:
+        detail = f"no worker at {PRODUCER_MAX_REGISTERS} registers or fewer (setmaxnreg)"
+        found.append(Breach(row, "producer registers", detail))
+    launched = row.get("launched_warps")
+    if launched and row["registers"] and all(p["registers"] for p in parts):
+        held = sum(-(-p["warps"] // WARPGROUP_WARPS) * WARPGROUP_WARPS * p["registers"] for p in parts)
+        pool = launched * row["registers"]
+        if held > pool:
+            split = " + ".join(f"{p['warps']}x{p['registers']}" for p in parts)
+            found.append(Breach(
+                row, "register pool",
+                f"partitions ({split} warps x registers, in whole warpgroups) hold {held} x 32 registers > "
+                f"the {pool} x 32 launched ({launched} warps x {row['registers']})",
+            ))  # fmt: skip
+    if not row.get("tma_loads"):
+        found.append(Breach(row, "tma loads", "no UTMALDG in the SASS"))
     return found
 
 

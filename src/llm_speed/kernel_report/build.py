@@ -215,7 +215,9 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
     ptx = compiled.asm.get("ptx", "")
     waits = analysis.ptx_waits(ptx)
     shared = int(compiled.metadata.shared)
-    occupancy = analysis.occupancy(registers or 0, shared, plan.num_warps, target.smem_per_sm,
+    # A warp-specialized kernel launches its workers' warps too (PTX .reqntid), in whole warpgroups.
+    warps = analysis.launched_warps(ptx) or plan.num_warps
+    occupancy = analysis.occupancy(registers or 0, shared, warps, target.smem_per_sm,
                                    target.capability)  # fmt: skip
     tensor_cores = code.tensor_cores()
     return {
@@ -230,6 +232,7 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "inner_loop_instructions": code.innermost_loop_lengths(),
         "shared_bytes": shared,
         "shared_limit": target.hardware.smem_per_block_bytes,
+        "launched_warps": warps,
         "blocks_per_sm": occupancy.blocks,
         "warps_per_sm": occupancy.warps,
         "occupancy_limited_by": occupancy.limited_by,
@@ -237,8 +240,24 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "wgmma": any(op in analysis.WGMMA_OPCODES for op in tensor_cores),
         "wgmma_wait": waits.wgmma,
         "wgmma_overlap": analysis.wgmma_overlap(ptx),
+        "wgmma_in_flight": analysis.wgmma_in_flight(ptx),
         "wgmma_serialized": analysis.wgmma_serialized(log),
         "cp_async_wait": waits.cp_async,
         "tma": code.uses_tma() or analysis.ptx_uses_tma(ptx),
         "tile_rows": tile_rows(plan),
+        **warp_specialization(compiled, ptx, code),
+    }
+
+
+def warp_specialization(compiled: Any, ptx: str, code: analysis.Sass) -> dict:
+    """The fields of a warp-specialized kernel (empty for any other): each partition's warps and registers,
+    the ``setmaxnreg`` it issues, its mbarrier waits and its TMA loads."""
+    parts = analysis.partitions(compiled.asm.get("ttgir", ""), ptx)
+    if parts is None:
+        return {}
+    return {
+        "partitions": [dataclasses.asdict(part) for part in parts],
+        "setmaxnreg": analysis.setmaxnreg(ptx),
+        "mbarrier_waits": analysis.mbarrier_waits(ptx),
+        "tma_loads": analysis.tma_loads(code),
     }

@@ -3,8 +3,10 @@
 
 A plan's first launch (``Plan._first``) is where it meets its per-call tensors; recording it there gives the
 plan (kernel, grid, fixed arguments, ``num_warps``, ``num_stages``) and the tensors and floats of the call,
-whose dtypes and 16-byte alignment Triton specialises on. The launchers see the stand-in GPU given here (its
-shared memory picks their tier), exactly as they would see a real one of that kind.
+whose dtypes and 16-byte alignment Triton specialises on. A Gluon kernel's launch
+(:class:`llm_speed.gluon.launch.GluonPlan`) is recorded the same way, through the observer its plans call.
+The launchers see the stand-in GPU given here (its shared memory picks their tier), exactly as they would
+see a real one of that kind.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from llm_speed.core import hardware as hardware_module
 from llm_speed.core import launch
 from llm_speed.core.hardware import Hardware
+from llm_speed.gluon import launch as gluon_launch
 from llm_speed.kernel_report.problems import Problem
 
 
@@ -26,7 +29,7 @@ class Launch:
 
     op: str
     problem: str
-    plan: launch.Plan
+    plan: Any  # launch.Plan, or a Gluon kernel's GluonPlan
     per_call: dict[str, Any]
 
 
@@ -65,7 +68,13 @@ def capture(problems: list[Problem], hardware: Hardware) -> list[Launch]:
         finally:
             on[0] = False
 
+    def gluon(plan, per_call: dict) -> None:  # Gluon kernels launch through their own plans
+        if on[0]:
+            problem = current[-1]
+            launches.append(Launch(problem.op, problem.label, plan, dict(per_call)))
+
     launch.Plan._first = first
+    remove_gluon = gluon_launch.add_observer(gluon)
     try:
         with stand_in(hardware), launch.simulated_gpu(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -75,4 +84,5 @@ def capture(problems: list[Problem], hardware: Hardware) -> list[Launch]:
                 problem.run(recording)
     finally:
         launch.Plan._first = original
+        remove_gluon()
     return launches

@@ -12,6 +12,7 @@ from llm_speed import _cli
 COLUMNS = (
     "#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops (inner)",
     "smem KiB / limit", "blocks x warps /SM", "tensor cores", "wgmma wait (overlap)", "TMA",
+    "partitions warps x regs",
 )  # fmt: skip
 
 
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "wgmma wait inside loops, and TMA.",
     )
     parser.add_argument("--op", action="append", metavar="NAME",
-                        help="an op-table row (repeat; default: every row with a kernel)")  # fmt: skip
+                        help="an op-table row or a Gluon kernel (gluon_gemm, gluon_attention_fwd) (repeat; "
+                        "default: every row with a kernel, and gluon_gemm)")  # fmt: skip
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip
@@ -71,7 +73,7 @@ def run_kernels_command(args: argparse.Namespace) -> int:
 
     gpu = get_gpu(args.gpu).id  # ValueError naming the known GPUs
     for name in args.op or ():
-        if name not in problems.BUILDERS:
+        if name not in problems.BUILDERS and name not in problems.GLUON_BUILDERS:
             row = ops.get(name)  # ValueError listing the rows for an unknown name
             raise _cli.CommandError(f"--op: {name} has no kernel to compile"
                                     + (" (plain PyTorch)" if row.plain_pytorch else ""))  # fmt: skip
@@ -140,16 +142,28 @@ class Progress:
 def table_row(row: dict) -> tuple:
     if row.get("error"):
         return (row["index"], row["kernel"], row["op"], row["config"], row["variant"], "error",
-                row["error"].splitlines()[0][:80], *("",) * 6)  # fmt: skip
+                row["error"].splitlines()[0][:80], *("",) * 7)  # fmt: skip
     spills = f"{row['spill_store_bytes']}/{row['spill_load_bytes']}" if row["spill_store_bytes"] else "0"
     smem = f"{row['shared_bytes'] / 1024:.1f} / {row['shared_limit'] // 1024}"
     return (
         row["index"], row["kernel"], row["op"], row["config"], row["variant"], row["registers"], spills,
         f"{row['loop_spill_instructions']} ({row['inner_loop_spill_instructions']})", smem,
-        f"{row['blocks_per_sm']} x {row['num_warps']}",
+        f"{row['blocks_per_sm']} x {row.get('launched_warps') or row['num_warps']}",
         row["tensor_cores"],
-        wgmma_text(row), row["tma"],
+        wgmma_text(row), row["tma"], partitions_text(row),
     )  # fmt: skip
+
+
+def partitions_text(row: dict) -> str:
+    """``8x240 + 1x24, 2 mbarrier waits, 49 in flight``: a warp-specialized kernel's partitions, default
+    first (warps x registers per thread, ``?`` where no setmaxnreg sets them), its mbarrier waits and the most
+    instructions a loop issues after a ``wgmma.wait_group N >= 1`` (the report's ``wgmma_in_flight``); - for
+    any other kernel."""
+    parts = row.get("partitions")
+    if not parts:
+        return "-"
+    text = " + ".join(f"{p['warps']}x{p['registers'] if p['registers'] is not None else '?'}" for p in parts)
+    return f"{text}, {row['mbarrier_waits']} mbarrier waits, {row.get('wgmma_in_flight')} in flight"
 
 
 def wgmma_text(row: dict) -> str:
@@ -177,7 +191,10 @@ def print_report(result: dict) -> None:
             "gradient maths beside the tensor cores); - : no wgmma in a loop; serialized: ptxas "
             "serialized the wgmma whatever the PTX says, its reason in the JSON's wgmma_serialized); "
             "LDL/STL in loops: spill instructions in any loop (inner: in loops that hold no other loop, "
-            "run once per block); blocks x warps: resident per SM (occupancy)."
+            "run once per block); blocks x warps: resident per SM (occupancy); partitions: a "
+            "warp-specialized (Gluon) kernel's default partition and workers, warps x registers per thread "
+            "after setmaxnreg, its mbarrier waits, and the most instructions a loop issues after a wgmma "
+            "wait that leaves a product in flight (the softmax beside the PV: hundreds)."
         ),
     )  # fmt: skip
     for breach in result["breaches"]:

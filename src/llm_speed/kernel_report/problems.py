@@ -40,6 +40,7 @@ class Options:
     dtypes: tuple[str, ...] = ("fp16",)
     # attention backward: "default" (dQ by atomics, five matmuls) and/or "deterministic" (a dQ kernel)
     backward: tuple[str, ...] = ("default", "deterministic")
+    causal: tuple[bool, ...] = (False, True)  # the Gluon forward's masks (its compiles are long)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,18 +512,81 @@ BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
 }
 
 
+# --- Gluon kernels (not op-table rows: reached explicitly until a GPU proof selects them) -------------------
+
+
+def gluon_gemm_problem(*, size: int, dtype: str, trans_b: bool = False) -> Problem:
+    """:func:`llm_speed.gluon.gemm.gemm` at size^3 (``b`` [N, K] with ``trans_b``: an ``nn.Linear``
+    weight)."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.gluon.gemm import gemm
+
+        a = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
+        b = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
+        with recording():
+            gemm(a, b, trans_b=trans_b)
+
+    return Problem("gluon_gemm", f"{size}^3 {dtype}" + " b^T" * trans_b, run)
+
+
+def _gluon_gemm(op: str, options: Options) -> Iterator[Problem]:
+    for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
+        yield gluon_gemm_problem(size=options.size, dtype=dtype)
+    yield gluon_gemm_problem(size=options.size, dtype="bf16", trans_b=True)
+
+
+def gluon_attention_problem(*, head_dim: int, dtype: str, seq: int, heads: int, heads_kv: int | None = None,
+                            is_causal: bool = False) -> Problem:  # fmt: skip
+    """:func:`llm_speed.gluon.attention.forward` over one sequence of ``seq`` tokens."""
+    heads_kv = heads_kv or heads
+
+    def run(recording: Recording) -> None:
+        from llm_speed.gluon.attention import forward
+
+        q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, _torch_dtype(dtype))
+        with recording():
+            forward(q, k, v, is_causal=is_causal)
+
+    label = f"d{head_dim} {dtype} s{seq} h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")
+    return Problem("gluon_attention_fwd", label + " causal" * is_causal, run)
+
+
+def _gluon_attention(op: str, options: Options) -> Iterator[Problem]:
+    """Causal and not at each head dim (64 and 128 of ``options.head_dims``), in each 16-bit dtype."""
+    for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
+        for head_dim in [d for d in options.head_dims if d in (64, 128)]:
+            for is_causal in options.causal:
+                yield gluon_attention_problem(head_dim=head_dim, dtype=dtype, seq=options.seq,
+                                              heads=options.heads, is_causal=is_causal)  # fmt: skip
+
+
+GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
+    "gluon_gemm": _gluon_gemm,
+    "gluon_attention_fwd": _gluon_attention,
+}
+# The Gluon kernels of the default set (and so of make test's shipped set). The forward attention takes
+# 4-20 s a compile on one core of the shared development CPU (sm_90a, Triton 3.6): `--op
+# gluon_attention_fwd` reports it, and tests/gluon compiles one variant of it.
+GLUON_DEFAULT = ("gluon_gemm",)
+
+
 def default_problems(ops: tuple[str, ...] | None, options: Options) -> list[Problem]:
-    """The problems of ``ops`` (row names; None: every row with a builder, in table order)."""
+    """The problems of ``ops`` (op-table row names, or Gluon kernels of :data:`GLUON_BUILDERS`; None: every
+    row with a builder, in table order, then the Gluon kernels of :data:`GLUON_DEFAULT`)."""
     from llm_speed import ops as table
 
-    names = ops or tuple(name for name in table.names() if name in BUILDERS)
+    builders = {**BUILDERS, **GLUON_BUILDERS}
+    names = ops or (*(name for name in table.names() if name in BUILDERS), *GLUON_DEFAULT)
     problems = []
     for name in names:
-        if name not in BUILDERS:
+        if name not in builders:
             row = table.get(name)  # ValueError listing the rows for an unknown name
             reason = "plain PyTorch: no kernel" if row.plain_pytorch else "no problem builder"
             raise ValueError(f"op: {name!r} has no kernel to report ({reason})")
-        for problem in BUILDERS[name](name, options):
+        for problem in builders[name](name, options):
             problems.append(dataclasses.replace(problem, op=name))
     return problems
 

@@ -1,0 +1,347 @@
+"""The forward attention in Gluon for Hopper (sm_90a), written to the schedule of
+:mod:`llm_speed.gluon.attention_schedule` (issue 73, stage 1): FlashAttention-3's structure (Shah et al.
+2024, arXiv:2407.08608, sections 3.1-3.2).
+
+- a **producer** warpgroup (one warp's work; 24 registers by ``setmaxnreg``) loads each work item's Q tile
+  and its K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a
+  slot is refilled once both consumer warpgroups have arrived on its "empty" one);
+- two **consumer warpgroups**, the default partition and a 4-warp worker, each own 64 of a tile's 128 query
+  rows and take turns (**ping-pong**) to issue their products, passing the turn through a pair of mbarriers
+  (Gluon has no named-barrier API), so one warpgroup's softmax runs under the other's wgmma. The worker
+  asks for :data:`CONSUMER_REGISTERS`; Triton gives the default partition the rest (256, sm_90a, Triton
+  3.6), and the three must fit the block's launch (docs/gluon.md: "register pool");
+- within a warpgroup, the next block's QK^T is issued beside the previous block's PV, **before this
+  block's softmax** (``warpgroup_mma_wait(1)`` retires S and keeps the PV in flight); O is rescaled once the
+  PV has retired; the softmax is base 2 with the scale folded into one multiply; P goes to wgmma from
+  registers in the inputs' dtype;
+- a **persistent** grid, work items in row order or, under a causal mask, longest first.
+
+The output and the LSE (natural log) are stored with masked stores (a TMA store of a 2-D view would write
+past a head's last row into the next head's).
+
+Compiled for sm_90a by the kernel report (tests/gluon); never selected, and not yet run on a GPU.
+
+Layout: kernels, launcher, public function.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from ..core import tensors
+from ..core.hardware import Hardware, hardware_of
+from ..core.launch import Kernel, cdiv
+from . import compat
+from .gemm import PRODUCER_REGISTERS
+from .launch import DescriptorLayout, GluonPlan, check_device
+
+# --- kernels --------------------------------------------------------------------------------------------
+
+# A whole warpgroup, as FlashAttention-3's producer (one warp issues the copies): the block is launched in
+# whole warpgroups whatever a worker declares.
+PRODUCER_WARPS = gl.constexpr(4)
+# 256 (the default partition, Triton's choice) + 224 + 24 = 504 = 12 warps x 168, the block's pool.
+CONSUMER_REGISTERS = gl.constexpr(224)
+LOG2E = gl.constexpr(math.log2(math.e))
+LN2 = gl.constexpr(math.log(2.0))
+WARPGROUP_ROWS = 64  # one warpgroup's rows: wgmma's M
+_HALF = gl.constexpr(WARPGROUP_ROWS)
+
+
+@gluon.jit
+def _work_item(index, n_blocks, pairs, section, LONGEST_FIRST: gl.constexpr):
+    """(query block, batch-head pair) of work item ``index`` (``attention_schedule.work_items``)."""
+    if LONGEST_FIRST:
+        per_section = section * n_blocks
+        first = (index // per_section) * section
+        width = gl.minimum(section, pairs - first)
+        rest = index % per_section
+        block = n_blocks - 1 - rest // width
+        pair = first + rest % width
+    else:
+        block = index % n_blocks
+        pair = index // n_blocks
+    return block, pair
+
+
+@gluon.jit
+def _key_blocks(block, seq_q, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                IS_CAUSAL: gl.constexpr):  # fmt: skip
+    """Key blocks query block ``block`` reads (``attention_schedule.key_blocks``)."""
+    blocks = gl.cdiv(seq_kv, BLOCK_N)
+    if IS_CAUSAL:
+        last_key = gl.minimum((block + 1) * BLOCK_M, seq_q) - 1 + seq_kv - seq_q
+        blocks = gl.maximum(0, gl.minimum(blocks, gl.cdiv(last_key + 1, BLOCK_N)))
+    return blocks
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready,
+              v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+    STAGES: gl.constexpr = k_ring.shape[0]
+    filled = 0
+    done = 0
+    for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
+        block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
+        kv_row = ((pair // heads) * heads_kv + (pair % heads) // (heads // heads_kv)) * seq_kv
+        mbarrier.wait(q_empty, (done & 1) ^ 1)  # both warpgroups are done with the last tile's Q
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+        for w in gl.static_range(2):  # each warpgroup's half of the tile
+            compat.tma_load(q_desc, [pair * seq_q + block * BLOCK_M + w * (BLOCK_M // 2), 0], q_ready,
+                            q_tiles.index(w))  # fmt: skip
+        for j in range(_key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)):
+            slot = filled % STAGES
+            parity = ((filled // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), parity)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            compat.tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
+            mbarrier.wait(v_empty.index(slot), parity)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            compat.tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
+            filled += 1
+        done += 1
+
+
+@gluon.jit
+def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr):  # fmt: skip
+    """One block's base-2 online softmax: (weights, new maximum, rescale factor, new sum)."""
+    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    seen = gl.expand_dims(keys < seq_kv, 0)
+    if IS_CAUSAL:
+        seen = seen & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows + (seq_kv - seq_q), 1))
+    s = gl.where(seen, s * scale2, -float("inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=1))
+    base = gl.where(m_new == -float("inf"), 0.0, m_new)  # no key seen yet: no inf - inf
+    alpha = gl.exp2(m - base)
+    p = gl.exp2(s - gl.expand_dims(base, 1))
+    return p, m_new, alpha, l * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              turn, out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2,
+              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_DIM: gl.constexpr):  # fmt: skip
+    """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile."""
+    STAGES: gl.constexpr = k_ring.shape[0]
+    HALF: gl.constexpr = _HALF
+    dtype: gl.constexpr = q_tiles.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q = q_tiles.index(w)
+    used = 0
+    turns = 0  # turns taken: the turn barriers' phases
+    done = 0
+    for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
+        block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
+        rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=row_layout)
+        n = _key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        m = gl.full([HALF], -float("inf"), gl.float32, row_layout)
+        l = gl.zeros([HALF], gl.float32, row_layout)
+        o = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(q_ready, done & 1)
+        if n == 0:  # no key for any row: one turn, as every tile takes n + 1
+            mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
+            mbarrier.arrive(turn.index(1 - w))
+            turns += 1
+        else:
+            # block 0: QK^T alone
+            slot = used % STAGES
+            mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
+            mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
+            s = hopper.warpgroup_mma(q, k_ring.index(slot).permute((1, 0)),
+                              gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
+                              use_acc=False, is_async=True)  # fmt: skip
+            mbarrier.arrive(turn.index(1 - w))
+            turns += 1
+            s = hopper.warpgroup_mma_wait(0, deps=(s,))
+            mbarrier.arrive(k_empty.index(slot))
+            p, m, alpha, l = _softmax_step(
+                s, m, l, rows, 0, seq_q, seq_kv, scale2, s_layout, BLOCK_N, IS_CAUSAL
+            )
+            used += 1
+            for j in range(1, n):
+                # the next QK^T beside the previous PV, both before this block's softmax
+                slot = used % STAGES
+                before = (used - 1) % STAGES
+                mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
+                mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
+                mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
+                s = hopper.warpgroup_mma(q, k_ring.index(slot).permute((1, 0)),
+                                  gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
+                                  use_acc=False, is_async=True)  # fmt: skip
+                weights = gl.convert_layout(p.to(dtype), p_layout)
+                o = hopper.warpgroup_mma(weights, v_ring.index(before), o, is_async=True)
+                mbarrier.arrive(turn.index(1 - w))
+                turns += 1
+                s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; the PV stays in flight
+                mbarrier.arrive(k_empty.index(slot))
+                p, m, alpha, l = _softmax_step(s, m, l, rows, j * BLOCK_N, seq_q, seq_kv, scale2, s_layout,
+                                               BLOCK_N, IS_CAUSAL)  # fmt: skip
+                o = hopper.warpgroup_mma_wait(0, deps=(o,))
+                mbarrier.arrive(v_empty.index(before))
+                o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                used += 1
+            # the last block's PV
+            before = (used - 1) % STAGES
+            mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
+            mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
+            weights = gl.convert_layout(p.to(dtype), p_layout)
+            o = hopper.warpgroup_mma(weights, v_ring.index(before), o, is_async=True)
+            mbarrier.arrive(turn.index(1 - w))
+            turns += 1
+            o = hopper.warpgroup_mma_wait(0, deps=(o,))
+            mbarrier.arrive(v_empty.index(before))
+        mbarrier.arrive(q_empty)
+        done += 1
+        # out = O / l (0 where no key), LSE = (m + log2 l) ln 2 (-inf where no key)
+        seen = l > 0
+        inverse = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+        o = o * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1)
+        out_rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
+        columns = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        offsets = (pair * seq_q + gl.expand_dims(out_rows, 1)).to(gl.int64) * HEAD_DIM + gl.expand_dims(
+            columns, 0
+        )
+        gl.store(out_ptr + offsets, o.to(dtype), mask=gl.expand_dims(out_rows < seq_q, 1))
+        lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, -float("inf"))
+        gl.store(lse_ptr + pair.to(gl.int64) * seq_q + rows, lse, mask=rows < seq_q)
+
+
+@gluon.jit
+def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, seq_kv, heads, heads_kv,
+                               n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr,
+                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                               STAGES: gl.constexpr):  # fmt: skip
+    gl.static_assert(BLOCK_M == 2 * 64)
+    q_tiles = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=2)  # both warpgroups
+    for slot in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(slot), count=1)
+        mbarrier.init(v_ready.index(slot), count=1)
+        mbarrier.init(k_empty.index(slot), count=2)
+        mbarrier.init(v_empty.index(slot), count=2)
+    for w in gl.static_range(2):
+        mbarrier.init(turn.index(w), count=1)
+    fence_async_shared()
+    # (the argument tuples are written out: a tuple held in a variable turns its constexprs into tensors)
+    gl.warp_specialize([
+        (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
+                       BLOCK_M, BLOCK_N, HEAD_DIM)),
+        (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
+                       BLOCK_M, BLOCK_N, HEAD_DIM)),
+        (_producer, (q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty,
+                     v_ready, v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL,
+                     BLOCK_M, BLOCK_N)),
+    ], [4, PRODUCER_WARPS], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
+
+
+ATTENTION_FWD = Kernel(gluon_attention_fwd_kernel, "gluon_attention_fwd")
+
+# --- launcher -------------------------------------------------------------------------------------------
+
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+BLOCK_M = 2 * WARPGROUP_ROWS
+STAGES = 2
+# Batch-head pairs per longest-first section (as the Triton forward's default section).
+SECTION = 8
+
+
+def key_block(head_dim: int) -> int:
+    """Keys per K/V block: 128 at d = 64; 64 at d = 128, where 128 keys spilled a consumer held to 224
+    registers (84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06: the register split above)."""
+    return 128 if head_dim <= 64 else 64
+
+
+@functools.cache
+def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_dim: int, dtype: torch.dtype,
+          is_causal: bool, hardware: Hardware) -> GluonPlan:  # fmt: skip
+    gl_dtype = _GL_DTYPES[dtype]
+
+    def layout(shape):
+        return DescriptorLayout(shape, gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype))
+
+    block_n = key_block(head_dim)
+    n_blocks = cdiv(seq_q, BLOCK_M)
+    items = n_blocks * batch * heads
+    return GluonPlan(
+        ATTENTION_FWD, (min(items, hardware.sm_count), 1, 1),
+        dict(seq_q=seq_q, seq_kv=seq_kv, heads=heads, heads_kv=heads_kv, n_blocks=n_blocks,
+             pairs=batch * heads,
+             section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
+             STAGES=STAGES),
+        dict(q_desc=layout((WARPGROUP_ROWS, head_dim)), k_desc=layout((block_n, head_dim)),
+             v_desc=layout((block_n, head_dim))),
+        4, STAGES,
+    )  # fmt: skip
+
+
+# --- public function ------------------------------------------------------------------------------------
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
+    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
+    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
+    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, S, D]")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}; it must match q's ({q.dtype})")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [B, H, S, D] (its 2-D view feeds a TMA descriptor)")
+    if type(is_causal) is not bool:
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    tensors.check_same_device(q=q, k=k, v=v)
+    batch, heads, seq_q, head_dim = q.shape
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k and v must both be [{batch}, H_kv, Skv, {head_dim}], got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")  # fmt: skip
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"q's {heads} heads must be a multiple of k's {heads_kv}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    check_device("q", q, "llm_speed.gluon.attention")
+    device = q.device
+    out = tensors.new_output(q.shape, q.dtype, device)
+    lse = tensors.new_output((batch, heads, seq_q), torch.float32, device)
+    if out.numel() == 0:
+        return out, lse
+    if seq_kv == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal, hardware_of(device))
+    plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=v.view(-1, head_dim),
+                out_ptr=out, lse_ptr=lse, scale2=float(scale) * math.log2(math.e))  # fmt: skip
+    return out, lse

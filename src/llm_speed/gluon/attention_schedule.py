@@ -1,0 +1,230 @@
+"""A PyTorch model of the Gluon forward attention's schedule (:mod:`llm_speed.gluon.attention`, issue 73,
+stage 1), run on a CPU: the structure FlashAttention-3 describes (Shah et al. 2024, arXiv:2407.08608,
+sections 3.1-3.2), block by block, checked against float64 where the kernel itself cannot run.
+
+Per persistent program, three partitions run as agents interleaved by a seeded random scheduler:
+
+- a **producer** loads K and V blocks into two rings of ``stages`` slots (TMA), each slot with a "ready"
+  mbarrier and an "empty" one that both consumer warpgroups must arrive on before it is refilled;
+- two **consumer warpgroups**, each owning half of the query tile's rows (64 of 128), in **ping-pong**: a
+  warpgroup issues its pair of products for a block only on its turn, then hands the turn to the other
+  (FA3's inter-warpgroup schedule, named barriers in the kernel), so one warpgroup's softmax runs under the
+  other's matrix products;
+- within a warpgroup (FA3's Algorithm 2, intra-warpgroup overlap): the **next block's QK^T is issued before
+  this block's softmax** is finished with, beside the previous block's PV; the softmax of block j then
+  runs while PV of block j - 1 is in flight, and O is rescaled once that product has retired;
+- the softmax is in base 2 with the **scale folded** into one multiply (``s2 = (q.k) * scale * log2(e)``,
+  ``p = exp2(s2 - m)``, as llm-speed's Triton forward), P is rounded to the inputs' dtype for the PV
+  product (wgmma's A operand from registers), O and l accumulate in fp32, and the LSE is stored in natural
+  log units (``(m + log2 l) * ln 2``); a row that sees no key gets output 0 and LSE -inf;
+- the grid is **persistent**: work items (query block, batch-head pair) in row order, or under a causal
+  mask **longest first** (llm-speed's ``_longest_first``: sections of ``section`` pairs, block-major, the
+  last query block first), program p taking items p, p + P, ...
+
+A slot read by a product is checked when the product retires (the latest a wgmma may read shared memory):
+a slot refilled too early, or every agent blocked (a hang on the GPU), raises
+:class:`~llm_speed.gluon.protocol.ScheduleError`.
+Not modelled: wgmma's order of additions inside a block, timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Iterator
+
+import torch
+
+from ..core.launch import cdiv
+from . import protocol
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+WARPGROUPS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The forward's tile (``block_m`` query rows per program, split between the two warpgroups;
+    ``block_n`` keys per K/V block), ring depth, persistent grid and longest-first section width."""
+
+    block_m: int = 128
+    block_n: int = 128
+    stages: int = 2
+    programs: int = 132
+    section: int = 8
+
+
+def from_plan(plan) -> Schedule:
+    """The :class:`Schedule` of a Gluon forward plan (:func:`llm_speed.gluon.attention._plan`): its tile,
+    ring depth, persistent grid and section width."""
+    f = plan.fixed
+    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"])
+
+
+def work_items(n_blocks: int, pairs: int, *, longest_first: bool, section: int) -> list[tuple[int, int]]:
+    """(query block, batch-head pair) of each work item in launch order: row order (the blocks of one pair
+    adjacent), or longest first (``_longest_first`` of llm-speed's Triton forward: sections of ``section``
+    pairs, block-major inside a section, from the last block)."""
+    items = []
+    for index in range(n_blocks * pairs):
+        if longest_first:
+            per_section = section * n_blocks
+            first = (index // per_section) * section
+            width = min(section, pairs - first)
+            rest = index % per_section
+            items.append((n_blocks - 1 - rest // width, first + rest % width))
+        else:
+            items.append((index % n_blocks, index // n_blocks))
+    return items
+
+
+def key_blocks(block: int, block_m: int, block_n: int, seq_q: int, seq_kv: int, is_causal: bool) -> int:
+    """How many key blocks query block ``block`` reads (from the first): all of them, or under a causal mask
+    (bottom-right aligned) those up to its last row's last visible key; 0 when no row sees a key."""
+    blocks = cdiv(seq_kv, block_n)
+    if not is_causal:
+        return blocks
+    last_row = min((block + 1) * block_m, seq_q) - 1
+    last_key = last_row + seq_kv - seq_q
+    return max(0, min(blocks, cdiv(last_key + 1, block_n)))
+
+
+class _Program:
+    """One persistent program's rings, barriers and partitions."""
+
+    def __init__(self, q, k, v, out, lse, items, schedule: Schedule, is_causal: bool, scale: float, program):
+        self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
+        self.items, self.s, self.is_causal, self.program = items, schedule, is_causal, program
+        self.scale2 = scale * LOG2E  # the scale folded into the base-2 exponent
+        self.heads, self.seq_q, self.seq_kv = q.shape[1], q.shape[2], k.shape[2]
+        self.group = q.shape[1] // k.shape[1]
+        s = schedule
+        self.rings = {name: [None] * s.stages for name in ("k", "v")}  # (tag, block) per slot
+        self.ready = {name: [protocol.Barrier() for _ in range(s.stages)] for name in ("k", "v")}
+        self.empty = {name: [protocol.Barrier(WARPGROUPS) for _ in range(s.stages)] for name in ("k", "v")}
+        self.turn = 0  # the warpgroup whose turn it is to issue its products
+
+    def _blocks(self, block: int) -> int:
+        s = self.s
+        return key_blocks(block, s.block_m, s.block_n, self.seq_q, self.seq_kv, self.is_causal)
+
+    def _kv(self, x, pair: int, j: int) -> torch.Tensor:
+        b, h = divmod(pair, self.heads)
+        box = torch.zeros(self.s.block_n, x.shape[-1], dtype=x.dtype)  # TMA zero-fills past seq_kv
+        part = x[b, h // self.group, j * self.s.block_n : (j + 1) * self.s.block_n]
+        box[: part.shape[0]] = part
+        return box
+
+    def producer(self) -> Iterator[bool]:
+        s, filled = self.s, 0
+        for block, pair in self.items:
+            for j in range(self._blocks(block)):
+                slot, parity = filled % s.stages, ((filled // s.stages) & 1) ^ 1
+                for name, x in (("k", self.k), ("v", self.v)):  # K first: QK^T needs it first
+                    yield from protocol.wait(self.empty[name][slot], parity)
+                    self.rings[name][slot] = ((block, pair, j), self._kv(x, pair, j))
+                    self.ready[name][slot].arrive()
+                    yield True
+                filled += 1
+
+    def _read(self, name: str, slot: int, tag: tuple) -> torch.Tensor:
+        """The block in ``name``'s ring slot, which must be ``tag``'s (read as the product retires)."""
+        got, block = self.rings[name][slot] or (None, None)
+        if got != tag:
+            raise protocol.ScheduleError(
+                f"program {self.program}: a product of {tag} read {name.upper()} slot {slot} holding {got}"
+            )
+        return block
+
+    def consumer(self, w: int) -> Iterator[bool]:
+        """Warpgroup ``w``: rows [w * block_m / 2, (w + 1) * block_m / 2) of each query tile."""
+        s, used = self.s, 0  # used: K/V blocks this warpgroup has taken from the rings
+        half = s.block_m // WARPGROUPS
+        for block, pair in self.items:
+            b, h = divmod(pair, self.heads)
+            first = block * s.block_m + w * half
+            rows = torch.arange(first, first + half)
+            q = torch.zeros(half, self.q.shape[-1], dtype=self.q.dtype)  # TMA zero-fills past seq_q
+            part = self.q[b, h, first : first + half]
+            q[: part.shape[0]] = part
+            m = torch.full((half,), -math.inf)
+            l = torch.zeros(half)
+            o = torch.zeros(half, self.v.shape[-1])
+            p = None  # the weights of the block whose PV is next
+            blocks = self._blocks(block)
+            for j in range(blocks + 1):  # step j: QK^T of block j (j < blocks) beside PV of block j - 1
+                here, before = used % s.stages, (used - 1) % s.stages
+                if j < blocks:
+                    yield from protocol.wait(self.ready["k"][here], (used // s.stages) & 1)
+                if j > 0:
+                    yield from protocol.wait(self.ready["v"][before], ((used - 1) // s.stages) & 1)
+                while self.turn != w:  # ping-pong: wait for the other warpgroup to issue its products
+                    yield False
+                issued_s = (here, (block, pair, j)) if j < blocks else None
+                issued_pv = (before, (block, pair, j - 1), p) if j > 0 else None
+                self.turn = 1 - w
+                yield True
+                alpha = None
+                if issued_s is not None:  # S retires first (the PV stays in flight): then the softmax
+                    k_block = self._read("k", *issued_s)
+                    self.empty["k"][issued_s[0]].arrive()
+                    scores = (q.float() @ k_block.float().T) * self.scale2
+                    keys = torch.arange(j * s.block_n, (j + 1) * s.block_n)
+                    seen = (keys < self.seq_kv)[None, :] & self._visible(rows, keys)
+                    scores = scores.masked_fill(~seen, -math.inf)
+                    m_new = torch.maximum(m, scores.amax(dim=1))
+                    base = torch.where(m_new == -math.inf, 0.0, m_new)  # no key seen yet: no inf - inf
+                    alpha = torch.exp2(m - base)
+                    p_next = torch.exp2(scores - base[:, None])
+                    l = l * alpha + p_next.sum(dim=1)
+                    m = m_new
+                    yield True
+                if issued_pv is not None:  # then the PV, and only then O's rescale to the new maximum
+                    at, tag, weights = issued_pv
+                    v_block = self._read("v", at, tag)
+                    o += weights.to(self.v.dtype).float() @ v_block.float()
+                    self.empty["v"][at].arrive()
+                if alpha is not None:
+                    o *= alpha[:, None]
+                    p = p_next
+                    used += 1
+                yield True
+            self._store(b, h, first, o, l, m)
+
+    def _visible(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        if not self.is_causal:
+            return torch.ones(len(rows), len(keys), dtype=torch.bool)
+        return keys[None, :] <= rows[:, None] + (self.seq_kv - self.seq_q)
+
+    def _store(self, b, h, first, o, l, m) -> None:
+        rows = slice(first, min(first + o.shape[0], self.seq_q))
+        count = rows.stop - rows.start
+        if count <= 0:
+            return
+        seen = l > 0
+        out = torch.where(seen[:, None], o / torch.where(seen, l, 1.0)[:, None], 0.0)
+        self.out[b, h, rows] = out[:count].to(self.out.dtype)
+        lse = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * LN2, -math.inf)
+        self.lse[b, h, rows] = lse[:count]
+
+
+def forward(q, k, v, *, is_causal: bool = False, scale: float | None = None, schedule: Schedule = Schedule(),
+            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out, lse) of attention over q [B, H, Sq, D], k and v [B, H_kv, Skv, D] (H a multiple of H_kv) as the
+    schedule computes them on the CPU, ``out`` in q's dtype, ``lse`` float32 in natural-log units; causal
+    masks aligned bottom-right (as :func:`llm_speed.attention.reference.visible`). Entries no program writes
+    stay NaN."""
+    batch, heads, seq_q, _ = q.shape
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.full(q.shape, math.nan, dtype=q.dtype)
+    lse = torch.full((batch, heads, seq_q), math.nan)
+    n_blocks = cdiv(seq_q, schedule.block_m)
+    items = work_items(n_blocks, batch * heads, longest_first=is_causal, section=schedule.section)
+    rng = random.Random(seed)
+    for program in range(min(schedule.programs, len(items))):
+        mine = items[program :: schedule.programs]
+        state = _Program(q, k, v, out, lse, mine, schedule, is_causal, scale, program)
+        protocol.interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, program)
+    return out, lse

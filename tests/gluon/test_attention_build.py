@@ -1,0 +1,51 @@
+"""The Gluon forward attention compiled for sm_90a on this CPU, exactly as
+:func:`llm_speed.gluon.attention.forward` launches it on an H100 (the kernel report), by the GPU machine's
+Triton 3.6: one variant (d = 128, causal; 4-20 s of compile), which keeps every budget and has the
+structure it is built for: two consumer warpgroups (the default partition and a 4-warp worker) at >= 224
+registers, a producer warpgroup at 24, within the block's register pool; wgmma with the PV kept in flight
+(``wait_group 1``) over the softmax; TMA loads; mbarrier waits; no spills."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_speed.kernel_report import budgets, report
+
+pytestmark = pytest.mark.xdist_group("kernel_report")
+
+
+@pytest.fixture(scope="module")
+def row():
+    build = report.gpu_build()
+    if build is None:
+        pytest.skip(f"the GPU machine's Triton is not unpacked ({report.GPU_BUILD_ENV} unset): `make test`")
+    options = {"head_dims": [128], "causal": [True], "dtypes": ["bf16"]}
+    result = report.run_report(gpu="h100-sxm", ops=["gluon_attention_fwd"], options=options, workers=1,
+                               build=build, timeout=600)  # fmt: skip
+    assert result["triton"] == "3.6.0"
+    (only,) = result["rows"]
+    return only
+
+
+def test_it_keeps_every_budget(row):
+    failing, _ = budgets.check([row])
+    assert not failing, "\n".join(str(breach) for breach in failing)
+    assert row["problems"] == ["gluon_attention_fwd: d128 bf16 s4096 h16 causal"]
+    assert row["config"] == "M128 N64 w4 s2" and row["variant"] == "IS_CAUSAL"
+
+
+def test_two_consumer_warpgroups_and_a_producer(row):
+    first, second, producer = row["partitions"]
+    assert (first["warps"], second["warps"], producer["warps"]) == (4, 4, 4)
+    assert min(first["registers"], second["registers"]) >= budgets.CONSUMER_MIN_REGISTERS
+    assert producer["registers"] == 24
+    assert row["launched_warps"] == 12
+
+
+def test_wgmma_fed_by_tma_with_the_pv_in_flight(row):
+    assert row["tensor_cores"] == "HGMMA" and row["wgmma"]
+    assert row["wgmma_wait"] == 1  # S retires while the PV stays in flight over the softmax
+    assert row["wgmma_in_flight"] >= budgets.OVERLAP_MIN_INSTRUCTIONS  # the softmax beside it, not addresses
+    assert row["tma"] and row["tma_loads"] >= 3  # Q, K, V
+    assert row["mbarrier_waits"] >= 8  # ready, empty, Q and turn barriers
+    assert row["spill_instructions"] == 0 and row["shared_bytes"] <= row["shared_limit"]
