@@ -153,6 +153,38 @@ def benchmark_files(raw: Path) -> dict:
     return found
 
 
+OURS = ("flash", "flash-fp8", "llm-speed", "llm_speed", "kvcache", "kvcache-paged", "kvcache-fp8",
+        "kvcache-paged-fp8")  # fmt: skip
+
+
+def headline(raw: Path) -> list[str]:
+    """One line per row of ours in every benchmark JSON: its median, and how it compares with the fastest
+    other implementation of the same case (the bench commands' own ``speedup_vs_fastest_other``); decode rows
+    also replayed from a CUDA graph; the fused kernels with the profiler's kernel time and GB/s."""
+    lines = []
+    for path in sorted(raw.glob("*.json")):
+        try:
+            results = json.loads(path.read_text()).get("results", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for row in results if isinstance(results, list) else []:
+            if not row.get("available"):
+                continue
+            if "kernel_ms" in row:  # fused_kernel_time.py
+                times = f"wall {row['wall_ms']:.3f} ms, kernel {row['kernel_ms']:.3f} ms"
+                lines.append(
+                    f"  {path.stem}: {row['op']} {row['impl']}: {times}, {row['kernel_gbps']:.0f} GB/s"
+                )
+            elif row.get("impl") in OURS and (row.get("timing") or {}).get("median_ms") is not None:
+                text = f"  {path.stem}: {row['case']} {row['impl']}: {row['timing']['median_ms']:.4g} ms"
+                if row.get("speedup_vs_fastest_other") is not None:
+                    text += f", {row['speedup_vs_fastest_other']:.2f}x {row['fastest_other']}"
+                if row.get("graph_ms"):
+                    text += f"; graph {row['graph_ms']:.4g} ms"
+                lines.append(text)
+    return lines
+
+
 def problems(summary: dict) -> list[str]:
     """Every step that did not pass and every failed test, named: the summary's first lines."""
     found = [f"{s['step']}: {s['status']}" for s in summary["steps"] if s["status"] != "passed"]
@@ -244,6 +276,13 @@ def main(raw_dir: str, out_dir: str) -> int:
         )
         lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
     lines += proof_text(summary)
+    rows = headline(raw)
+    if rows:
+        lines += [
+            "",
+            "ours against the fastest other row of its case (each JSON's ratio; above 1x: ours faster):",
+        ]
+        lines += rows
     for name, info in summary["benchmarks"].items():
         if "rows" in info:
             not_run = "".join(f"; not run: {impl} ({reason})" for impl, reason in info["not_run"].items())

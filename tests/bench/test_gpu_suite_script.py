@@ -322,8 +322,22 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
         '{"kernel": "k1", "hash": "a", "cache_hit": true, "compile_us": 1000}\n'
         '{"kernel": "k2", "hash": "b", "cache_hit": false, "compile_us": 500000}\n'
     )
+    (raw / "fused_kernel_time.json").write_text(json.dumps({"results": [
+        {"op": "rms_norm", "impl": "llm_speed", "available": True, "wall_ms": 1.25, "kernel_ms": 0.9,
+         "kernel_gbps": 2978.0},
+        {"op": "rms_norm", "impl": "liger", "available": False, "reason": "not installed"},
+    ]}))  # fmt: skip
+    (raw / "gemm_bf16_512.json").write_text(json.dumps({"results": [
+        {"case": "512x512x512", "impl": "llm-speed", "available": True, "timing": {"median_ms": 0.0123},
+         "fastest_other": "torch", "speedup_vs_fastest_other": 0.8},
+        {"case": "512x512x512", "impl": "torch", "available": True, "timing": {"median_ms": 0.0098}},
+    ]}))  # fmt: skip
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
                    check=True, timeout=60)  # fmt: skip
+    text = (out / "summary.txt").read_text()
+    assert "  fused_kernel_time: rms_norm llm_speed: wall 1.250 ms, kernel 0.900 ms, 2978 GB/s" in text
+    assert "  gemm_bf16_512: 512x512x512 llm-speed: 0.0123 ms, 0.80x torch" in text
+    assert "torch: 0.0098" not in text  # the alternatives are the ratio's other side, not rows of their own
     summary = json.loads((out / "summary.json").read_text())
     assert summary["problems"] == [
         "correct_decode: timed out after 120 s",
