@@ -60,3 +60,21 @@ def test_without_the_variable_nothing_is_logged_or_imported(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import sys; print('triton' in sys.modules)"], env=env,
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_triton_key_read_from_the_files_is_the_one_triton_computes(build):
+    """benchmarks/triton_key.py (the key of a wheel another Python loads) agrees with ``triton_key()``."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from triton_key import triton_key_sha256
+
+    code = (
+        "import hashlib, pathlib, triton\nfrom triton.runtime.cache import triton_key\n"
+        "print(pathlib.Path(triton.__file__).parents[1])\n"
+        "print(hashlib.sha256(triton_key().encode()).hexdigest())"
+    )
+    env = environment(build)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    root, imported = done.stdout.split()
+    assert triton_key_sha256(Path(root)) == imported
