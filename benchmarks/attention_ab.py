@@ -121,7 +121,7 @@ def time_ms(fn) -> float:
 def backward_ab(record, tiles, extra) -> None:
     """The backward of 1 x 16 heads x 16384, fp16, full and causal: cuDNN's, then ours on each path and tile.
     d = 128 with every variant; d = 64 (rows named "d64") the shipped tile on both paths, its atomic-dQ
-    kernel holding two blocks per SM whole (docs/notes/attention-overlap.md). "atomic-dq": the five-matmul
+    kernel holding two blocks per SM whole (docs/guides/attention-hopper.md). "atomic-dq": the five-matmul
     path forced (before 2026-11-25's thirteenth session, rows named "atomic" ran the build's default)."""
     for head_dim in (128, 64):
         q, k, v = qkv(1, 16384, head_dim=head_dim, dtype=torch.float16, grad=True)

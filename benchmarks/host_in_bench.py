@@ -7,7 +7,7 @@ On 2026-11-25 (H100 SXM) `bench gemm` measured 65 / 80 us at 1024^3 / 2048^3 aga
 parity at 4096^3 and 8192^3, while a tiny call cost 32 us against 18 back to back: the flush (~35 us of GPU
 time) should hide a host path that short. `bench decode` measured 88-153 us a step (16-bit caches, batch
 1-8, contexts 1024-4096) against SDPA's 49-66, far above both host paths (54 and 27 us back to back) and the
-kernels' few us. This measures which it is (docs/notes/launch-path.md).
+kernels' few us. This measures which it is (docs/guides/host-path.md).
 
     python benchmarks/host_in_bench.py --output host_in_bench.json
 

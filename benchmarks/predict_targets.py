@@ -2,7 +2,8 @@
 
 Every figure is either computed by ``llm_speed.perf`` (attention_cost, gemm_cost, roofline, wave_quantization,
 gemm_shapes) for an H100 SXM, or is a published TFLOP/s figure quoted by the issues, turned into a time.
-Nothing here is measured. docs/notes/gpu-speed-plan.md holds this script's exact output.
+Nothing here is measured. docs/guides/attention-hopper.md and docs/guides/gemm.md hold this script's exact
+output (the attention and the GEMM tables).
 
     python benchmarks/predict_targets.py              # every table
     python benchmarks/predict_targets.py attention    # issue 6 only (or: gemm, issue 7 only)

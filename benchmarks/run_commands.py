@@ -1,6 +1,6 @@
 """Run `llm-speed` command lines read from stdin in one process (one torch import and CUDA start for all).
 
-Used by the GPU tuning calls (docs/notes/gpu-speed-plan.md section 5.1): each line is one CLI call, as
+Used by the GPU tuning calls (docs/guides/gpu-plan.md, "Tuning calls"): each line is one CLI call, as
 `benchmarks/predict_targets.py commands` prints them; a failing line is reported and the next one runs.
 """
 

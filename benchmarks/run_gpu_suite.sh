@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run, as device commands that each fit one 10-minute command with margin (docs/notes/gpu-speed-plan.md
+# The GPU run, as device commands that each fit one 10-minute command with margin (docs/guides/gpu-plan.md
 # lists them in order with their timeout_s). Each STEP is one command:
 #   quick   versions, `llm-speed doctor` (non-zero when an op fails) and ~30 GPU tests over every kernel
 #           family, 8 workers: the proof that the kernels run (150 s; on the first H100 run, cold, 27 tests
@@ -13,10 +13,10 @@
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
 #   probe   the backward's A/B (benchmarks/attention_ab.py: dQ by atomics, the dQ-kernel path, dQ by TMA
-#           reductions, cuDNN; d = 128 and 64; docs/notes/gpu-speed-plan.md 5.15), the forward's A/B (its
-#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash; 5.12), packed sequences with
+#           reductions, cuDNN; d = 128 and 64; docs/guides/attention-hopper.md), the forward's A/B (its
+#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash), packed sequences with
 #           their bounds in uniform registers or not, and host time against
-#           kernel time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps; 5.8)
+#           kernel time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -33,7 +33,7 @@
 # Environment: PYTHON (default python3); LLM_SPEED_GIT_COMMIT (the commit to record: the device machine's
 # copy has no .git); PYTEST_WORKERS (default: quick 8, tests 12); SUITE_ALLOW_CPU=1 runs for real without a
 # GPU (tests of this script only).
-# Wheels: every .whl in ROOT/.whl (git-excluded; liger_kernel's, say: docs/notes/gpu-speed-plan.md 5.0 gives
+# Wheels: every .whl in ROOT/.whl (git-excluded; liger_kernel's, say: docs/guides/gpu-plan.md gives
 # the download command) is installed offline into /tmp/site, which joins PYTHONPATH after ROOT/src.
 # Exit code: 0 when every sub-step passed, 1 when one failed, timed out or was skipped, 2 on bad use.
 set -u
@@ -328,8 +328,8 @@ probe)
         sub host_in_bench 60 "$PY" benchmarks/host_in_bench.py --help
         sub attention_ab 60 "$PY" benchmarks/attention_ab.py --help
     else
-        # the backward's paths first (5.15: atomic dQ at two blocks per SM against the dQ kernel, d = 128 and
-        # 64), then the forward with and without its softmax overlapping the next QK^T (5.12)
+        # the backward's paths first (atomic dQ at two blocks per SM against the dQ kernel, d = 128 and
+        # 64), then the forward with and without its softmax overlapping the next QK^T
         sub attention_ab 190 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
             --backward-tiles shipped --output "$RAW/attention_ab.json"
         sub attention_ab_forward 130 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-backward \

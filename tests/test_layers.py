@@ -22,8 +22,8 @@ MODEL = ("llm_speed.perf",)
 OPS = ("llm_speed.attention", "llm_speed.matmul", "llm_speed.fused", "llm_speed.moe",
        "llm_speed.distributed.ring", "llm_speed.distributed.layout")  # fmt: skip
 # The model's command and plotting modules belong to the command line above (they print through _cli).
-COMMANDS = ("llm_speed.perf.cli_hardware", "llm_speed.perf.cli_models", "llm_speed.perf._cli_common",
-            "llm_speed.perf.plot")  # fmt: skip
+COMMANDS = ("llm_speed.perf.cli_hardware", "llm_speed.perf.cli_models", "llm_speed.perf.cli_predict",
+            "llm_speed.perf._cli_common", "llm_speed.perf.plot")  # fmt: skip
 # What each layer may import (its own modules and those below).
 ALLOWED = {CORE: CORE, MODEL: CORE + MODEL, OPS: CORE + OPS}
 

@@ -6,7 +6,6 @@ import dataclasses
 import enum
 import json
 import math
-import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -102,7 +101,9 @@ def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool
 
     One rule for every file a command writes: a missing parent folder is created only when it lies inside
     the current working directory (or ``create_parents`` asks for it); anywhere else it is an error naming
-    ``argument``. A path that is an existing folder, or whose folder cannot be written, is an error too.
+    ``argument``. A path that is an existing folder, or that cannot be opened for writing, is an error too:
+    the file is opened (for appending, so an existing file keeps its content) and removed again when it did
+    not exist, since a permission check alone passes for root and for paths such as ``/proc/x``.
     Returns the path, resolved.
     """
     out = Path(path).expanduser().resolve()
@@ -116,9 +117,33 @@ def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool
                 f"{argument}: folder {parent} does not exist (folders are created only inside the current "
                 "directory); create it first or choose another path"
             )
-        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            reason = error.strerror or error
+            raise ValueError(f"{argument}: cannot create folder {parent}: {reason}") from None
     elif not parent.is_dir():
         raise ValueError(f"{argument}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{argument}: folder {parent} is not writable")
+    existed = out.exists()
+    try:
+        with open(out, "a"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{argument}: cannot write {path}: {error.strerror or error}") from None
+    if not existed:
+        out.unlink(missing_ok=True)
+    return out
+
+
+def prepare_output_folder(path: str | Path, *, argument: str) -> Path:
+    """Check a folder a command writes files into, before any work starts; returns it, resolved.
+
+    The folder is made when missing if its own parent exists (the user named it) or it lies inside the
+    current directory, as :func:`prepare_output_path` makes parents; a file can then be created in it (one is
+    created and removed again), or the error names ``argument``.
+    """
+    out = Path(path).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{argument}: {path} is a file; give a folder")
+    prepare_output_path(out / ".llm-speed-write-check", argument=argument, create_parents=out.parent.is_dir())
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli
-from llm_speed._output import dump_json, prepare_output_path
+from llm_speed._output import dump_json, prepare_output_folder, prepare_output_path
 
 if TYPE_CHECKING:  # torch and the benchmarks are imported when the demo runs, not when the parser is built
     import torch
@@ -102,6 +102,7 @@ def gemm_settings(device: torch.device, model_id: str) -> gemm_bench.GemmSetting
 def _compact_table(
     title: str, rows: Sequence[report.Measurement], device: torch.device, console: Console
 ) -> None:
+    """The rows' times; the ratio column only on a GPU (on a CPU the takeaways say no ratio is drawn)."""
     from llm_speed.bench import report
 
     columns = [
@@ -126,7 +127,7 @@ def _compact_table(
                 f"{row.median_ms:.3g} [{report.spread(row.timing)}]",
                 row.tflops,
                 row.bandwidth_gb_s,
-                report.speedup_cell(row),
+                report.speedup_cell(row) if device.type == "cuda" else None,
                 row.predicted_ms,
                 f"{row.measured_over_predicted:.1f}x" if row.measured_over_predicted is not None else None,
             ]
@@ -134,11 +135,11 @@ def _compact_table(
     report.print_rows(title, columns, cells, caption=report.environment_device_name(device), console=console)
 
 
-def _takeaways(attention_rows, gemm_rows, device: torch.device) -> list[str]:
-    """Two or three sentences computed from the measurements."""
+def _takeaways(attention_rows, gemm_rows, device: torch.device, busy: bool = False) -> list[str]:
+    """Two or three sentences computed from the measurements (no ranking from a busy CPU's times)."""
     lines = []
     measured = [r for r in attention_rows if r.median_ms is not None]
-    if measured:
+    if measured and not busy:
         longest = max(r.seq_len for r in measured)
         at_longest = sorted((r for r in measured if r.seq_len == longest), key=lambda r: r.median_ms)
         ranking = ", ".join(f"{r.impl} {r.median_ms:.3g} ms" for r in at_longest)
@@ -164,13 +165,18 @@ def _takeaways(attention_rows, gemm_rows, device: torch.device) -> list[str]:
     return lines
 
 
+def _print_load(verdict, console: Console) -> None:
+    if verdict is not None:
+        console.print(f"• {verdict.note()}", highlight=False, markup=False)
+
+
 def run_demo(output_dir: str | Path, model_id: str, device: torch.device, console: Console) -> dict[str, Any]:
     """Run the four demo steps, print them, write ``roofline.png`` and ``demo.json``; returns the JSON."""
     import torch
 
     from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import cpu_load, report
     from llm_speed.bench import gemm as gemm_bench
-    from llm_speed.bench import report
     from llm_speed.bench.plots import plot_rows
     from llm_speed.core.gpus import detect_gpu
     from llm_speed.perf.cli_models import print_inference_analysis
@@ -178,12 +184,10 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    # Both files checked (the folder made where allowed) before any work starts. The folder named by
-    # --output-dir is made wherever its own parent exists: the user named it; a missing parent chain is
-    # created only inside the current directory, as for every output.
-    named = output_dir.expanduser().resolve().parent.is_dir()
+    # The folder and both files checked (the folder made where allowed) before any work starts.
+    prepare_output_folder(output_dir, argument="--output-dir")
     plot_path, json_path = (
-        prepare_output_path(output_dir / name, argument="--output-dir", create_parents=named)
+        prepare_output_path(output_dir / name, argument="--output-dir")
         for name in ("roofline.png", "demo.json")
     )
     detected = detect_gpu() if device.type == "cuda" else None
@@ -206,7 +210,8 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
 
     console.rule("2/4  Attention measured on this device")
     attention = attention_settings(device, model_id)
-    attention_rows = attention_bench.run_attention(attention)
+    run = attention_bench.run_attention
+    attention_rows, attention_load = cpu_load.watched_run(device, lambda: run(attention))
     _compact_table(
         f"causal attention, batch {attention.batch_size}, "
         f"heads {attention.num_heads}/{attention.num_kv_heads} "
@@ -215,12 +220,14 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
         device,
         console,
     )
+    _print_load(attention_load, console)
 
     console.rule("3/4  GEMM measured on this device")
     gemm = gemm_settings(device, model_id)
-    gemm_rows = gemm_bench.run_gemm(gemm)
+    gemm_rows, gemm_load = cpu_load.watched_run(device, lambda: gemm_bench.run_gemm(gemm))
     shapes = f"{model_id} weight GEMMs, {gemm.tokens} tokens" if gemm.model else "square GEMMs"
     _compact_table(f"{shapes}, {gemm.dtype}, layout {gemm.layout}", gemm_rows, device, console)
+    _print_load(gemm_load, console)
 
     console.rule("4/4  Roofline")
     plotted = plot_rows(
@@ -232,12 +239,15 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
         console=console,
     )
     notes = report.timing_notes(device, ["flash", "tiled", "llm-speed gemm"])
-    for line in [*_takeaways(attention_rows, gemm_rows, device), *notes]:
+    busy = any(load is not None and load.busy for load in (attention_load, gemm_load))
+    for line in [*_takeaways(attention_rows, gemm_rows, device, busy), *notes]:
         console.print(f"• {line}", highlight=False, markup=False)
     payload = {
         "analysis": analysis,
         "attention": attention_bench.results_payload(attention, attention_rows),
         "gemm": gemm_bench.results_payload(gemm, gemm_rows),
+        "cpu_load": {"attention": cpu_load.verdict_record(attention_load),
+                     "gemm": cpu_load.verdict_record(gemm_load)},  # fmt: skip
         "roofline_png": str(plot_path) if plotted else None,
         "elapsed_s": time.perf_counter() - started,
     }

@@ -18,12 +18,22 @@ What differs from flash-attn (docs/attention.md, "Migrating from flash-attn", ha
   O(seq_q * seq_k) per head): a tool for tests on small problems, as flash-attn says of its own.
 - The dropout mask is llm-speed's own Philox stream (seeded from PyTorch's generator of q's device, so
   ``torch.manual_seed`` reproduces a call), not bit-identical to flash-attn's.
-- float32 inputs are accepted (flash-attn takes float16 and bfloat16 only).
+- float32 inputs are accepted (flash-attn takes float16 and bfloat16 only), and CPU tensors (the kernels
+  under ``TRITON_INTERPRET=1``, else the PyTorch reference, ``flash_attn_with_kvcache`` included).
+
+Arguments take flash-attn's forms: ``window_size`` any indexable pair of integers (a tuple, a list, a
+two-element integer tensor as flash-attn's tests draw it); a paged ``flash_attn_varlen_func`` whose inputs
+require grad runs its forward and raises only if a gradient is asked of it (flash-attn has no backward there).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
+import operator
+import reprlib
+from collections.abc import Mapping
 
 import torch
 
@@ -46,15 +56,34 @@ __all__ = [
 
 
 def _window(window_size) -> tuple[int | None, int | None] | None:
-    """flash-attn's ``window_size=(left, right)`` with -1 (any negative) for an unbounded side."""
+    """flash-attn's ``window_size=(left, right)``, -1 (any negative) for an unbounded side: any pair it
+    indexes (a tuple, a list, a two-element integer tensor or array: its tests pass ``torch.randint(0,
+    seqlen_k, (2,))``), each side an integer (Python, NumPy or a one-element integer tensor)."""
     if type(window_size) is tuple and window_size == (-1, -1):  # the default: one comparison
         return None
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right), -1 for unbounded, got {window_size!r}")
-    left, right = window_size
-    left = None if isinstance(left, int) and not isinstance(left, bool) and left < 0 else left
-    right = None if isinstance(right, int) and not isinstance(right, bool) and right < 0 else right
-    return None if left is None and right is None else (left, right)
+    try:
+        pair = not isinstance(window_size, str | bytes | Mapping) and len(window_size) == 2
+        window_size[1]
+    except (TypeError, KeyError, IndexError):  # no len() (a 0-d tensor, an int) or not indexable
+        pair = False
+    if not pair:
+        raise TypeError(
+            "window_size must be a pair (left, right) of ints, -1 for unbounded (a tuple, list or "
+            f"two-element tensor), got {reprlib.repr(window_size)}"
+        )
+    sides = []
+    for name, side in zip(("left", "right"), (window_size[0], window_size[1]), strict=True):
+        if isinstance(side, bool) or getattr(side, "dtype", None) == torch.bool:
+            raise TypeError(f"window_size {name} must be an int (-1 for unbounded), got {side!r}")
+        try:
+            value = operator.index(side)
+        except TypeError:
+            raise TypeError(
+                f"window_size {name} must be an int (-1 for unbounded), got {type(side).__name__} "
+                f"{reprlib.repr(side)}"
+            ) from None
+        sides.append(None if value < 0 else value)
+    return None if sides == [None, None] else (sides[0], sides[1])
 
 
 def _no_window_or_softcap(window_size, softcap) -> bool:
@@ -64,8 +93,10 @@ def _no_window_or_softcap(window_size, softcap) -> bool:
 
 
 def _softcap(softcap) -> float | None:
-    """flash-attn's ``softcap``: 0.0 (the default) is off."""
-    return None if softcap is None or (not isinstance(softcap, bool) and softcap == 0) else softcap
+    """flash-attn's ``softcap``: 0.0 (the default), or any value <= 0, is off (its kernels cap only when
+    ``softcap > 0``, csrc/flash_attn/flash_api.cpp); anything else goes to the checks of ``softcap``."""
+    real = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
+    return None if softcap is None or (real and softcap <= 0) else softcap
 
 
 def _generator_state(device: torch.device):
@@ -242,6 +273,22 @@ def _varlen_probs(q, k, lse, cu_q, cu_k, max_q, max_k, rng, *, dropout_p, scale,
     return probs
 
 
+class _PagedForward(torch.autograd.Function):
+    """A paged forward (``block_table=``) of inputs that require grad: run (grad off inside, as in any
+    autograd function), its outputs in the graph, and an error only if a gradient is asked for."""
+
+    @staticmethod
+    def forward(ctx, run, q, k, v):
+        return run(q, k, v)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "flash_attn_varlen_func with block_table (paged K/V) has no backward, as in flash-attn: call it "
+            "under torch.no_grad() or with packed k/v (no block_table) to train"
+        )
+
+
 def flash_attn_varlen_func(
     q,
     k,
@@ -287,12 +334,19 @@ def flash_attn_varlen_func(
         )  # fmt: skip
     window, cap = _window(window_size), _softcap(softcap)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
-    result = flash_attention_varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal,
-        scale=softmax_scale, window=window, softcap=cap, return_lse=return_attn_probs,
-        deterministic=deterministic, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seqused_k=seqused_k,
-        block_table=block_table, **_descales(q_descale, k_descale, v_descale),
+    run = functools.partial(
+        flash_attention_varlen, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, is_causal=causal, scale=softmax_scale,
+        window=window, softcap=cap, return_lse=return_attn_probs, deterministic=deterministic,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, seqused_k=seqused_k, block_table=block_table,
+        **_descales(q_descale, k_descale, v_descale),
     )  # fmt: skip
+    if block_table is not None and torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)
+    ):  # flash-attn runs a paged forward whatever its inputs; only its backward is missing
+        result = _PagedForward.apply(run, q, k, v)
+    else:
+        result = run(q, k, v)
     if not return_attn_probs:
         return result
     out, lse = result

@@ -281,10 +281,10 @@ def test_git_commit_from_the_environment_wins(monkeypatch):
 
 
 def test_plan_lists_each_command_with_a_timeout_that_fits():
-    """docs/notes/gpu-speed-plan.md gives each step's device command and timeout_s: each timeout covers the
+    """docs/guides/gpu-plan.md gives each step's device command and timeout_s: each timeout covers the
     step's budget with margin, and the correctness sequence (quick, tests, bench) with three cold starts fits
     25 of the 30 device minutes; the optional fused step fits one command on its own."""
-    plan = (REPO / "docs" / "notes" / "gpu-speed-plan.md").read_text()
+    plan = (REPO / "docs" / "guides" / "gpu-plan.md").read_text()
     script = SCRIPT.read_text()
     start_s, overhead_s = 90, 30  # a cold machine's start; versions, kill grace and packing
     total = 0

@@ -1,4 +1,4 @@
-"""benchmarks/predict_targets.py: the model tables behind docs/notes/gpu-speed-plan.md."""
+"""benchmarks/predict_targets.py: the model tables of docs/guides/attention-hopper.md and gemm.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "predict_targets.py"
-NOTES = REPO / "docs" / "notes" / "gpu-speed-plan.md"
+GUIDES = {
+    part: REPO / "docs" / "guides" / name
+    for part, name in (("attention", "attention-hopper.md"), ("gemm", "gemm.md"))
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +33,12 @@ def _output(predict, *argv: str) -> str:
     return buffer.getvalue()
 
 
-def test_notes_hold_the_exact_output(predict):
-    """The notes must be regenerated whenever the model or the grid changes."""
-    notes = NOTES.read_text()
-    for part in ("attention", "gemm"):
-        assert _output(predict, part) in notes, f"docs/notes/gpu-speed-plan.md: {part} tables are stale"
+def test_guides_hold_the_exact_output(predict):
+    """The guides' model tables must be regenerated whenever the model or the grid changes."""
+    for part, guide in GUIDES.items():
+        assert _output(predict, part) in guide.read_text(), (
+            f"docs/guides/{guide.name}: {part} tables are stale"
+        )
 
 
 def test_command_lines_parse_and_cover_the_grid(predict, tmp_path):

@@ -131,7 +131,7 @@ def test_attention_ab_files_as_points_of_the_build_that_ran_them():
 
 def test_decode_points_are_their_own_kind():
     """Decode over a KV cache is checked in its own family, fp8 caches apart, never fitted."""
-    points = calibrate.load_results(REPO / "benchmarks" / "results" / "h100-sxm" / "2b2a055-ab-fp8-decode").points
+    points = calibrate.load_results(SUITE.parent / "2b2a055-ab-fp8-decode").points
     decode = [p for p in points if p.op == "attention_kvcache_fwd"]
     assert decode and not any(p.fitted for p in decode)
     kinds = {p.row or p.source.rsplit(" ", 1)[-1]: calibrate.kind_of(p) for p in decode}

@@ -11,7 +11,7 @@ from llm_speed.perf.predict import OPS, load_calibration, predict
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "benchmarks" / "results" / "h100-sxm"
-NOTE = REPO / "docs" / "notes" / "performance-model-calibration.md"
+NOTE = REPO / "docs" / "guides" / "model-calibration.md"
 
 
 def _run(capsys, argv):
@@ -80,7 +80,7 @@ def test_calibrate_refits_from_a_results_directory(tmp_path, capsys):
 
 
 def test_the_calibration_note_is_the_check_output(capsys):
-    """docs/notes/performance-model-calibration.md quotes ``--check`` (and its held-out points) exactly."""
+    """docs/guides/model-calibration.md quotes ``--check`` (and its held-out points) exactly."""
     code, out, _ = _run(capsys, ["--check", str(H100), "--points"])
     assert code == 0
     table, points = out.rstrip("\n").split("\n\n", 1)

@@ -415,7 +415,7 @@ def test_the_held_out_rule(results):
     assert not flags["af147ec-baseline/gemm_bf16_llama-3-70b_t8192.json: qkv 8192x10240x8192llm-speed"]
     assert flags["af147ec-baseline/gemm_bf16_square.json: 4096x4096x4096cublas"]
     assert flags["d1b0227-quick-tests-bench/gemm_fp16_2048.json: 2048x2048x2048cublas"]
-    assert flags["d1b0227-quick-tests-bench/gemm_int8_2048.json: 2048x2048x2048llm-speed"]  # 8-bit: never fitted
+    assert flags["d1b0227-quick-tests-bench/gemm_int8_2048.json: 2048x2048x2048llm-speed"]  # 8-bit: unfitted
     train, test = calibrate.split(results.points)
     # 2026-11-22: 188 and 149; the 2026-11-25 suite adds 30 training points, 28 held out and 34 of kinds no
     # fit uses; its calls 4 and 5 (A/B runs, fp8 GEMMs in NT, decode) 34, 11 and 76 (decode: 72); the second
@@ -439,8 +439,9 @@ HELD_OUT = {
 }
 
 
-# Held-out points beyond their family's worst above, with why (docs/notes/performance-model-calibration.md,
-# "2026-11-25"): the thresholds stand; each miss is named, and must still miss (fixed: remove it here).
+# Held-out points beyond their family's worst above, with why (docs/guides/model-calibration.md, "The first
+# 2026-11-25 lease (L2)"): the thresholds stand; each miss is named, and must still miss (fixed: remove it
+# here).
 KNOWN_MISSES = {
     # llm-speed's GEMM at 1024^3 and 2048^3 takes ~54 us more than the model, the same at both sizes and gone
     # from 4096^3 on: a per-call host cost at these shapes (~85-90 us) far above the tiny problem's (32 us,
@@ -470,7 +471,7 @@ def test_held_out_errors_on_the_h100(results):
     # On the attention grids alone (the 2026-11-22 baseline's, both 2026-11-25 suites'), llm-speed's attention
     # meets both targets but at one point: the d = 64 forward at 2 x 8 x 2048, held out, +35.4% in the second
     # suite (+32% in the first): the model prices d = 64's 128 x 64 tiles too slow at 2048-8192 (+35%, +26%,
-    # +16%), a miss it must own (docs/notes/performance-model-calibration.md, "2026-11-25, second lease").
+    # +16%), a miss it must own (docs/guides/model-calibration.md, "The second 2026-11-25 lease (L3)").
     grid = [p for p in test if p.implementation == "llm-speed" and "attn_" in p.source and p.fitted]
     errors = {p.label: e for p, e in zip(grid, calibrate.errors(grid, None), strict=True)}
     over = {label: round(e, 3) for label, e in errors.items() if abs(e) > 0.35}

@@ -95,6 +95,7 @@ from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import CallCache, Kernel, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
+from . import reference
 from .checks import (
     MAX_HEAD_DIM,
     check_alibi_slopes,
@@ -831,16 +832,22 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     cache) into the caches, then attend; returns (out, lse). Arguments as checked by
     :func:`flash_attention_with_kvcache` (q, k, v with a contiguous last dim; cache_batch_idx,
     cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens`` an int32 tensor; the
-    descales given exactly when the caches are fp8). Reads no tensor value on the host; reports its work
-    once per call."""
+    descales given exactly when the caches are fp8). The Triton path reads no tensor value on the host
+    (where Triton cannot run, the float32 reference reads the CPU index tensors); reports its work once per
+    call."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
-    if not runtime.triton_runs_on(device) and q_shape[0] and (q_shape[1] or seq_new):
-        raise runtime.TritonUnavailable(
-            "flash_attention_with_kvcache runs Triton kernels only: use CUDA tensors, or CPU tensors with "
-            "TRITON_INTERPRET=1 set before importing llm_speed"
-        )
+    if not runtime.triton_runs_on(device):  # the float32 PyTorch reference, appending in place
+        if q_shape[0] and q_shape[1]:
+            runtime.report_work("attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens,
+                                seq_new=seq_new, block_table=block_table, window=(window_left, window_right),
+                                cache_leftpad=cache_leftpad)  # fmt: skip
+        return reference.kvcache_forward(
+            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
+            cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
+            k_descale, v_descale,
+        )  # fmt: skip
     plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right,
                            softcap is not None, num_splits)  # fmt: skip
     plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
@@ -1383,7 +1390,9 @@ def flash_attention_with_kvcache(
       ends up holding one of the two tokens.
 
     Forward only (no autograd). Runs the Triton kernels on CUDA tensors, and on CPU tensors under
-    ``TRITON_INTERPRET=1``. The kernels read ``cache_batch_idx``, ``cache_leftpad``, the rotary tables and
+    ``TRITON_INTERPRET=1``; other CPU tensors run the PyTorch reference in float32
+    (:func:`llm_speed.attention.reference.kvcache_forward`: every option, the append in place, NaN rows for
+    invalid entries as above). The kernels read ``cache_batch_idx``, ``cache_leftpad``, the rotary tables and
     the slopes contiguous: one that is not is copied (flash-attn refuses it). Unknown keywords from flash-attn
     (``causal``, ``softmax_scale``, ``window_size``, ``return_softmax_lse``) get a hint naming this
     function's argument; flash-attn's ``softcap=0.0`` and ``window_size=(-1, -1)`` are spelled

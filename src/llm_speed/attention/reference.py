@@ -420,26 +420,45 @@ def descale_rows(descale: torch.Tensor, batch: int, heads_kv: int) -> torch.Tens
     return descale.reshape(-1).expand(heads_kv)[None].expand(batch, heads_kv)
 
 
+def _kvcache_sequence_valid(cached: int, seq_new: int, capacity: int, start: int, row: int, cache_rows: int,
+                            rotary_limit: tuple[int, int] | None) -> bool:  # fmt: skip
+    """Whether a sequence's values let the op touch the cache (what ``decode._check_values`` checks where
+    values are checked; elsewhere the kernels skip such a sequence and return NaN for it). ``rotary_limit``:
+    (rows of the rotary tables, positions past cache_seqlens read from them) or None."""
+    inside = 0 <= cached and cached + seq_new <= capacity and 0 <= start <= cached and 0 <= row < cache_rows
+    return inside and (rotary_limit is None or cached + rotary_limit[1] <= rotary_limit[0])
+
+
 def reference_kvcache(
     q, k_cache, v_cache, cache_seqlens, k=None, v=None, *, block_table=None, cache_batch_idx=None,
     cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, alibi_slopes=None,
-    is_causal=False, scale=None, window=None, softcap=None, k_descale=None, v_descale=None,
+    is_causal=False, scale=None, window=None, softcap=None, k_descale=None, v_descale=None, in_place=False,
+    compute_dtype=None,
 ):  # fmt: skip
     """:func:`llm_speed.attention.decode.flash_attention_with_kvcache` in plain PyTorch, in the dtype of its
-    inputs (float64 inputs: the truth; the op's dtype: the same-precision version): returns ``(out
-    [batch, seq_q, heads_q, D], lse [batch, heads_q, seq_q], k_cache, v_cache)`` with the new tokens
-    written into copies of the caches (k rotated first when rotary). Per sequence b: keys at cache positions
-    ``leftpad .. cache_seqlens + seq_new - 1``, query i at ``p_i = cache_seqlens + seq_new - seq_q + i``;
-    scores ``softcap(q.k * scale) - slope * |p_i - j|``, masked to ``p_i - left <= j <= p_i + right``
-    (right = 0 when causal). Rotary positions as the op's docstring. Reads the index tensors on the host (a
-    test tool).
+    inputs (float64 inputs: the truth; the op's dtype: the same-precision version) or in ``compute_dtype``:
+    returns ``(out [batch, seq_q, heads_q, D], lse [batch, heads_q, seq_q], k_cache, v_cache)`` with the new
+    tokens written into copies of the caches (k rotated first when rotary), or with ``in_place`` into the
+    caches given (then returned). Per sequence b: keys at cache positions ``leftpad .. cache_seqlens + seq_new
+    - 1``, query i at ``p_i = cache_seqlens + seq_new - seq_q + i``; scores ``softcap(q.k * scale) - slope *
+    |p_i - j|``, masked to ``p_i - left <= j <= p_i + right`` (right = 0 when causal). Rotary positions as
+    the op's docstring. Reads the index tensors on the host.
+
+    Values the op's value checks refuse give what its kernels give where those checks are off: a sequence
+    with ``cache_seqlens`` outside ``[0, capacity - seq_new]``, a position past the rotary tables, a leftpad
+    outside ``[0, cache_seqlens]`` or a ``cache_batch_idx`` outside the cache writes nothing and gets NaN
+    output and LSE; a block-table entry outside the pool of a page in use gets no new token (the sequence's
+    others are written) and NaN output and LSE.
 
     An fp8 cache (``k_descale``/``v_descale`` given, ``[batch, heads_kv]`` indexed by sequence): the new
     tokens are written as :func:`quantize_to_cache` of k (rotated in float32 first, whatever q's dtype) and
     v, and attention runs over the keys and values dequantized exactly (``cache * descale`` in float64) then
-    rounded to q's dtype: with float64 q the truth of the cache the op holds, quantization not counted."""
-    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    rounded to q's dtype (or ``compute_dtype``): with float64 q the truth of the cache the op holds,
+    quantization not counted."""
+    if not in_place:
+        k_cache, v_cache = k_cache.clone(), v_cache.clone()
     batch, seq_q, heads_q, dim = q.shape
+    work = q.dtype if compute_dtype is None else compute_dtype
     fp8 = k_descale is not None
     if fp8:
         k_scales = descale_rows(k_descale, batch, k_cache.shape[2])
@@ -451,14 +470,32 @@ def reference_kvcache(
         right = 0
     lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else [cache_seqlens] * batch
     per_row = left is not None or right is not None
+    page_size = k_cache.shape[1]
+    capacity = page_size * (1 if block_table is None else block_table.shape[1])
+    rotary_limit = None
+    if rotary_cos is not None:  # positions cache_seqlens + [0, span) are rotated (decode.rotary_span)
+        rotary_limit = (rotary_cos.shape[0], max(seq_new, seq_q if per_row else min(seq_q, 1)))
+    lse_dtype = torch.float32 if compute_dtype is not None else q.dtype
+    nan_out = q.new_full((seq_q, heads_q, dim), math.nan)  # a sequence whose values the op refuses
+    nan_lse = torch.full((heads_q, seq_q), math.nan, dtype=lse_dtype, device=q.device)
     outs, lses = [], []
     for b in range(batch):
         cached = lens[b]
         start = int(cache_leftpad[b]) if cache_leftpad is not None else 0
         row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
-        slots = functools.partial(_cache_slots, block_table, k_cache.shape[1], b, row)
+        seqlen_k = cached + seq_new
+        if not _kvcache_sequence_valid(cached, seq_new, capacity, start, row, k_cache.shape[0], rotary_limit):
+            outs.append(nan_out)
+            lses.append(nan_lse)
+            continue
+        slots = functools.partial(_cache_slots, block_table, page_size, b, row)
+        pages_ok = True
+        if block_table is not None:  # entries of the pages in use outside the pool are never dereferenced
+            pages = block_table[b, : -(-seqlen_k // page_size)].long()
+            good = (pages >= 0) & (pages < k_cache.shape[0])
+            pages_ok = bool(good.all())
         if seq_new:
-            new_pos = torch.arange(cached, cached + seq_new)
+            new_pos = torch.arange(cached, seqlen_k)
             k_new, v_new = k[b], v[b]
             if rotary_cos is not None:
                 if fp8:  # rotated in float32, then quantized once (as the append kernel)
@@ -470,18 +507,27 @@ def reference_kvcache(
             if fp8:
                 k_new = quantize_to_cache(k_new, k_scales[b], k_cache.dtype)
                 v_new = quantize_to_cache(v_new, v_scales[b], v_cache.dtype)
-            k_cache[slots(new_pos)] = k_new
-            v_cache[slots(new_pos)] = v_new
-        seqlen_k = cached + seq_new
+            if not pages_ok:  # only the tokens whose page is inside the pool
+                writable = good[new_pos // page_size]
+                new_pos, k_new, v_new = new_pos[writable], k_new[writable], v_new[writable]
+            k_cache[slots(new_pos)] = k_new.to(k_cache.dtype)
+            v_cache[slots(new_pos)] = v_new.to(v_cache.dtype)
+        if not pages_ok:
+            outs.append(nan_out)
+            lses.append(nan_lse)
+            continue
         key_pos = torch.arange(start, seqlen_k)
         keys, values = k_cache[slots(key_pos)], v_cache[slots(key_pos)]  # [seq_k, heads_kv, D]
-        if fp8:  # dequantized exactly, rounded to q's dtype
-            keys = (keys.double() * k_scales[b].double()[:, None]).to(q.dtype)
-            values = (values.double() * v_scales[b].double()[:, None]).to(q.dtype)
+        if fp8:  # dequantized exactly, rounded to the working dtype
+            keys = (keys.double() * k_scales[b].double()[:, None]).to(work)
+            values = (values.double() * v_scales[b].double()[:, None]).to(work)
+        else:
+            keys, values = keys.to(work), values.to(work)
         q_b = q[b]
         if rotary_cos is not None:
             q_pos = cached + (torch.arange(seq_q) if per_row else torch.zeros(seq_q, dtype=torch.long))
             q_b = apply_rotary(q_b, rotary_cos, rotary_sin, q_pos, interleaved=rotary_interleaved)
+        q_b = q_b.to(work)
         group = heads_q // keys.shape[1]
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads_q, seq_k, D]
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)
@@ -496,8 +542,25 @@ def reference_kvcache(
         if right is not None:
             mask &= key_pos[None, :] <= query_pos[:, None] + right
         out, lse = softmax_times_values(scores.masked_fill(~mask, float("-inf")), values)
-        outs.append(out.transpose(0, 1))
-        lses.append(lse)
+        outs.append(out.transpose(0, 1).to(q.dtype))
+        lses.append(lse.to(lse_dtype))
     out = torch.stack(outs) if outs else q.new_empty(q.shape)
-    lse = torch.stack(lses) if lses else q.new_empty((batch, heads_q, seq_q))
+    lse = torch.stack(lses) if lses else q.new_empty((batch, heads_q, seq_q), dtype=lse_dtype)
     return out, lse, k_cache, v_cache
+
+
+def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left,
+                    window_right, softcap, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
+                    rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None, k_descale=None,
+                    v_descale=None):  # fmt: skip
+    """(out in q's dtype, lse float32) of the KV-cache op where Triton cannot run: :func:`reference_kvcache`
+    in float32, the new k/v appended into ``k_cache``/``v_cache`` in place (arguments as
+    ``decode.forward`` takes them, already checked)."""
+    window = None if window_left is None and window_right is None else (window_left, window_right)
+    out, lse, _, _ = reference_kvcache(
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table=block_table, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes, scale=scale, window=window,
+        softcap=softcap, k_descale=k_descale, v_descale=v_descale, in_place=True, compute_dtype=torch.float32,
+    )  # fmt: skip
+    return out.contiguous(), lse.contiguous()

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import importlib.util
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -107,6 +107,7 @@ class AttentionMeasurement(Measurement):
     seq_len: int
     memory_saved_vs_naive_bytes: int | None = None  # naive's peak minus this one's (CUDA, when naive ran)
     vs_flash: float | None = None  # fp8 rows: the flash row's median over this one's (same case)
+    RATIO_FIELDS: ClassVar[tuple[str, ...]] = (*Measurement.RATIO_FIELDS, "vs_flash")
 
 
 def check_settings(settings: AttentionSettings) -> None:
@@ -249,6 +250,7 @@ def run_attention(
                 row = AttentionMeasurement(
                     case=f"seq={seq_len}",
                     impl=impl,
+                    dtype="fp8" if impl == FP8_IMPL else None,
                     available=False,
                     seq_len=seq_len,
                     flops=cost.flops,
@@ -373,8 +375,10 @@ def print_attention(
         saved = None
         if torch_row.peak_memory_bytes is not None and flash_row.peak_memory_bytes is not None:
             saved = f"{(torch_row.peak_memory_bytes - flash_row.peak_memory_bytes) / report.MIB:.1f}MB"
-        interval = report.ratio_range(torch_row.timing, flash_row.timing)
-        speedup = report.ratio_text(torch_row.median_ms / flash_row.median_ms, interval)
+        speedup = None  # withheld (a busy CPU: llm_speed.bench.cpu_load) when the full table has none
+        if flash_row.speedup_vs_fastest_other is not None:
+            interval = report.ratio_range(torch_row.timing, flash_row.timing)
+            speedup = report.ratio_text(torch_row.median_ms / flash_row.median_ms, interval)
         short_rows.append([seq_len, torch_row.median_ms, flash_row.median_ms, speedup, saved])
     if short_rows:
         print_table(

@@ -339,19 +339,22 @@ def _check_outputs(args: argparse.Namespace) -> None:
             prepare_output_path(path, argument=f"--{flag}")
 
 
-def _fit_to_cpu(args: argparse.Namespace, settings, scale, estimate, console: Console):
-    """On a CPU: scale the sizes (unless --full-size) and print what changed and the estimated run time."""
+def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, console: Console):
+    """On a CPU: time each implementation's calibration calls, scale the sizes to them (unless --full-size),
+    and print what changed and the estimated run time."""
     from llm_speed.bench import cpu_budget
 
     if not settings.device.startswith("cpu"):
         return settings
+    costs = calibrate(settings)
     notes: list[str] = []
     if not args.full_size:
-        settings, notes = scale(settings)
+        settings, notes = scale(settings, costs)
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(
-        f"note: estimated run time on this CPU: about {cpu_budget.duration_text(estimate(settings))}",
+        f"note: estimated run time on this CPU: about {cpu_budget.duration_text(estimate(settings, costs))} "
+        "(from calibration calls timed here)",
         highlight=False,
         markup=False,
     )
@@ -359,10 +362,26 @@ def _fit_to_cpu(args: argparse.Namespace, settings, scale, estimate, console: Co
 
 
 class _Writer:
-    """Writes the JSON and CSV files after every case (``complete: false``) and once at the end."""
+    """Runs the benchmark (on a CPU between two yardstick timings, :mod:`llm_speed.bench.cpu_load`) and writes
+    the JSON and CSV files after every case (``complete: false``) and once at the end."""
 
     def __init__(self, args: argparse.Namespace, settings, payload_fn) -> None:
         self.args, self.settings, self.payload_fn = args, settings, payload_fn
+        self.verdict = None
+
+    def run(self, benchmark, *, partial: bool = True):
+        """``benchmark(settings, ...)``'s rows (written after every case where ``partial``); on a busy CPU
+        with every ratio between them withheld."""
+        import torch
+
+        from llm_speed.bench import cpu_load
+
+        options: dict[str, Any] = {"show_progress": not self.args.no_progress}
+        if partial:
+            options["on_case"] = self.partial
+        device = torch.device(self.settings.device)
+        rows, self.verdict = cpu_load.watched_run(device, lambda: benchmark(self.settings, **options))
+        return rows
 
     def partial(self, rows) -> None:
         if self.args.output or self.args.csv:
@@ -370,9 +389,13 @@ class _Writer:
 
     def write(self, rows, *, complete: bool) -> dict[str, Any]:
         from llm_speed._output import dump_json
-        from llm_speed.bench import report
+        from llm_speed.bench import cpu_load, report
 
-        payload = {**self.payload_fn(self.settings, rows), "complete": complete}
+        payload = {
+            **self.payload_fn(self.settings, rows),
+            "cpu_load": cpu_load.verdict_record(self.verdict),
+            "complete": complete,
+        }
         if self.args.output:
             dump_json(payload, self.args.output)
         if self.args.csv:
@@ -387,7 +410,7 @@ def run_decode_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, decode_bench.results_payload)
-    rows = decode_bench.run_decode(settings, show_progress=not args.no_progress)
+    rows = writer.run(decode_bench.run_decode, partial=False)
     return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")
 
 
@@ -396,13 +419,18 @@ def run_attention_command(args: argparse.Namespace) -> int:
     from llm_speed.bench import attention as attention_bench
     from llm_speed.bench import cpu_budget
 
-    settings = attention_settings(args)
     _check_outputs(args)
+    settings = attention_settings(args)
     settings = _fit_to_cpu(
-        args, settings, cpu_budget.scale_attention, cpu_budget.attention_estimate, _side_console(args)
+        args,
+        settings,
+        cpu_budget.calibrate_attention,
+        cpu_budget.scale_attention,
+        cpu_budget.attention_estimate,
+        _side_console(args),
     )
     writer = _Writer(args, settings, attention_bench.results_payload)
-    rows = attention_bench.run_attention(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(attention_bench.run_attention)
     return _finish(
         args,
         settings,
@@ -418,13 +446,18 @@ def run_gemm_command(args: argparse.Namespace) -> int:
     from llm_speed.bench import cpu_budget
     from llm_speed.bench import gemm as gemm_bench
 
-    settings = gemm_settings(args)
     _check_outputs(args)
+    settings = gemm_settings(args)
     settings = _fit_to_cpu(
-        args, settings, cpu_budget.scale_gemm, cpu_budget.gemm_estimate, _side_console(args)
+        args,
+        settings,
+        cpu_budget.calibrate_gemm,
+        cpu_budget.scale_gemm,
+        cpu_budget.gemm_estimate,
+        _side_console(args),
     )
     writer = _Writer(args, settings, gemm_bench.results_payload)
-    rows = gemm_bench.run_gemm(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(gemm_bench.run_gemm)
     return _finish(
         args,
         settings,
@@ -453,6 +486,8 @@ def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
     else:
         print_fn(settings, rows, console)
     side = _side_console(args)
+    if writer.verdict is not None:
+        side.print(f"note: {writer.verdict.note()}", highlight=False, markup=False)
     for flag in ("output", "csv"):
         if getattr(args, flag):
             side.print(f"results written to {getattr(args, flag)}", highlight=False)
@@ -476,6 +511,7 @@ _OP_DEFAULTS = {"size": (4096, 64), "warmup": (10, 1), "iterations": (50, 3)}
 def run_op_command(args: argparse.Namespace) -> int:
     """``llm-speed bench op NAME``."""
     from llm_speed._output import dump_json
+    from llm_speed.bench import cpu_load
     from llm_speed.bench import op as op_bench
 
     device = _cli.resolve_device(args.device)
@@ -485,11 +521,16 @@ def run_op_command(args: argparse.Namespace) -> int:
         key: value if value is not None else _OP_DEFAULTS[key][0 if on_gpu else 1]
         for key, value in chosen.items()
     }
-    rows = op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
+    rows, verdict = cpu_load.watched_run(
+        device, lambda: op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
+    )
+    busy = verdict is not None and verdict.busy
     if args.json:
-        dump_json(op_bench.results_payload(rows))
+        dump_json({**op_bench.results_payload(rows), "cpu_load": cpu_load.verdict_record(verdict)})
     else:
-        op_bench.print_op(rows, _cli.console())
+        op_bench.print_op(rows, _cli.console(), ratios=not busy)
+    if verdict is not None:
+        _side_console(args).print(f"note: {verdict.note()}", highlight=False, markup=False)
     return 0
 
 
@@ -497,10 +538,10 @@ def run_ops_command(args: argparse.Namespace) -> int:
     """``llm-speed bench ops``."""
     from llm_speed.bench import ops as ops_bench
 
-    settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, ops_bench.results_payload)
-    rows = ops_bench.run_ops(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(ops_bench.run_ops)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
 
 
@@ -508,10 +549,10 @@ def run_moe_command(args: argparse.Namespace) -> int:
     """``llm-speed bench moe``."""
     from llm_speed.bench import moe as moe_bench
 
-    settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, moe_bench.results_payload)
-    rows = moe_bench.run_moe(settings, show_progress=not args.no_progress, on_case=writer.partial)
+    rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"
     return _finish(args, settings, rows, writer, moe_bench.print_moe, title)
 
@@ -520,12 +561,10 @@ def run_train_step_command(args: argparse.Namespace) -> int:
     """``llm-speed bench train-step``."""
     from llm_speed.bench import train_step as train_step_bench
 
-    settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     _check_outputs(args)
+    settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     writer = _Writer(args, settings, train_step_bench.results_payload)
-    rows = train_step_bench.run_train_step(
-        settings, show_progress=not args.no_progress, on_case=writer.partial
-    )
+    rows = writer.run(train_step_bench.run_train_step)
     return _finish(
         args, settings, rows, writer, train_step_bench.print_train_step, f"training step, {settings.model}"
     )
@@ -533,8 +572,10 @@ def run_train_step_command(args: argparse.Namespace) -> int:
 
 def run_overhead_command(args: argparse.Namespace) -> int:
     """``llm-speed bench overhead``."""
+    import contextlib
+
     from llm_speed._output import dump_json, prepare_output_path
-    from llm_speed.bench import overhead
+    from llm_speed.bench import cpu_load, overhead
 
     device = _cli.resolve_device(args.device)
     if args.output is not None:
@@ -546,14 +587,18 @@ def run_overhead_command(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "device": str(device),
     }
-    rows = overhead.measure(
-        device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
-    )
+    with cpu_load.pinned_threads() if device.type == "cpu" else contextlib.nullcontext():
+        rows, verdict = cpu_load.watched_run(device, lambda: overhead.measure(
+            device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
+        ))  # fmt: skip
     payload = overhead.results_payload(rows, device, settings)
+    payload["cpu_load"] = cpu_load.verdict_record(verdict)
     if args.output is not None:
         dump_json(payload, args.output)
     if args.json:
         dump_json(payload)
     else:
         overhead.print_rows(rows, _cli.console())
+    if verdict is not None:
+        _side_console(args).print(f"note: {verdict.note()}", highlight=False, markup=False)
     return 0

@@ -1,50 +1,119 @@
 """Benchmarks on a CPU: scale problems that would take minutes per call, and estimate the run time first.
 
-GPU-sized problems on a CPU take hours: Triton's interpreter runs a kernel at roughly 0.02-0.1 GFLOP/s
-(measured on a 2-core machine: a 256^3 fp32 GEMM in 0.25 s, causal attention at seq 512 in 0.9 s), so
-``bench attention --seq-lengths 4096 --head-dim 128 --mode fwd+bwd`` would run for more than an hour. On a CPU
-the commands halve the largest dimension until one call fits :data:`CALL_FLOP_BUDGET` (about a second),
-print what they changed, and print the estimated run time before starting. ``--full-size`` keeps the sizes.
+GPU-sized problems on a CPU take hours: Triton's interpreter runs a kernel at roughly 0.02-0.1 GFLOP/s, so
+``bench attention --seq-lengths 4096 --head-dim 128 --mode fwd+bwd`` would run for more than an hour. How
+fast each implementation runs here is measured, not assumed (an assumed 10 GFLOP/s for PyTorch's GEMM
+estimated "about 62 s" for a run that took 15 s): :func:`calibrate_attention` and :func:`calibrate_gemm` time
+one call of every implementation at two small sizes of the problem asked for, and fit a fixed cost plus a
+cost per FLOP (:class:`CallCost`). On a CPU the commands then halve the largest dimension until one call of
+the slowest implementation takes about :data:`CALL_SECONDS`, print what they changed, and print the
+estimated run time before starting. ``--full-size`` keeps the sizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
 
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
-from llm_speed.bench.options import ATTENTION_TRITON_IMPLS, GEMM_TRITON_IMPLS
-from llm_speed.core.runtime import INTERPRETED
 
-# Throughput assumed for the estimate: the interpreter's (measured as above, rounded down) for the Triton
-# kernels, PyTorch's CPU kernels on a few cores for everything else (and for llm-speed's CPU fallbacks). CPU
-# attention is ten times slower than a CPU GEMM (measured on 2 cores: bf16 fwd+bwd at seq 2048, head_dim 128,
-# about 0.5 GFLOP/s across the implementations; a bf16 GEMM of 1024x2048x2048 about 10 GFLOP/s), and an fp16
-# GEMM fifty times slower than that (PyTorch has no fast fp16 CPU matmul: 0.24 GFLOP/s at the same size).
-INTERPRETER_FLOP_S = 5e7
-TORCH_CPU_FLOP_S = {"gemm": 1e10, "attention": 5e8, "gemm fp16": 2e8}
-# One call of the slowest implementation should take about a second at those rates.
+# One call of the slowest implementation should take about this long.
 CALL_SECONDS = 1.0
 # The smallest size a dimension is scaled to (tl.dot's smallest tile side).
 MIN_SIZE = 16
-TRITON_IMPLS = (*ATTENTION_TRITON_IMPLS, *GEMM_TRITON_IMPLS)
+# The calibration calls: the problem asked for at these sizes (or its own, when smaller) and at half of them;
+# large enough to span several of the interpreter's tiles, small enough to take well under a second.
+CALIBRATION_SEQ = 128
+CALIBRATION_GEMM_SIDE = 128
 
 
-def _flop_rate(impls: tuple[str, ...], kind: str) -> float:
-    """The throughput of the slowest implementation in ``impls`` here; ``kind`` is "gemm", "gemm fp16" or
-    "attention"."""
-    interpreted = INTERPRETED and any(impl in TRITON_IMPLS for impl in impls)
-    return INTERPRETER_FLOP_S if interpreted else TORCH_CPU_FLOP_S[kind]
+@dataclasses.dataclass(frozen=True)
+class CallCost:
+    """Seconds one call of an implementation takes on this CPU: ``fixed_s + flops * seconds_per_flop``."""
+
+    fixed_s: float
+    seconds_per_flop: float
+
+    def seconds(self, flops: float) -> float:
+        return self.fixed_s + flops * self.seconds_per_flop
 
 
-def _gemm_kind(settings: GemmSettings) -> str:
-    return "gemm fp16" if settings.dtype == "fp16" else "gemm"
+def fit_cost(points: list[tuple[float, float]]) -> CallCost:
+    """The cost line through measured (flops, seconds) calls: through the two largest, its time per FLOP at
+    least half the largest call's time over its FLOPs (noise on the smaller call must not make the line so
+    flat that a large problem looks cheap: that error would cost hours, the other way only a smaller
+    problem); through the origin and the only call when there is one."""
+    ordered = sorted(points)
+    f_large, t_large = ordered[-1]
+    through_origin = t_large / f_large
+    if len(ordered) > 1:
+        f_small, t_small = ordered[-2]
+        if f_large > f_small:
+            per_flop = max((t_large - t_small) / (f_large - f_small), through_origin / 2)
+            return CallCost(fixed_s=max(0.0, t_large - per_flop * f_large), seconds_per_flop=per_flop)
+    return CallCost(fixed_s=0.0, seconds_per_flop=through_origin)
 
 
-def call_flop_budget(impls: tuple[str, ...], kind: str) -> float:
-    """The FLOPs one call may take on this CPU: about :data:`CALL_SECONDS` of the slowest implementation."""
-    return CALL_SECONDS * _flop_rate(impls, kind)
+# Implementation -> its measured cost per call.
+Costs = Mapping[str, CallCost]
+
+
+def _calibrated(rows, work: Callable[[object], float]) -> dict[str, CallCost]:
+    """Per implementation that ran, the cost line through its rows' medians (``work(row)``: its FLOPs)."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row.median_ms is not None:
+            points.setdefault(row.impl, []).append((work(row), row.median_ms * 1e-3))
+    return {impl: fit_cost(found) for impl, found in points.items()}
+
+
+# One timed call per size and implementation (the availability check is the warm-up).
+_CALIBRATION_RUNS = {"warmup": 0, "iterations": 1, "min_time_s": 0.0}
+
+
+def calibrate_attention(settings: AttentionSettings, run: Callable | None = None) -> dict[str, CallCost]:
+    """Each implementation's cost per call here, from one timed call at :data:`CALIBRATION_SEQ` (or the
+    longest length asked for, when shorter) and at half of it, with batch 1 and one key/value head (its
+    query heads, head_dim, dtype, mode and mask as asked). ``run``: the benchmark (default: run_attention)."""
+    from llm_speed.bench.attention import run_attention
+
+    longest = min(max(settings.seq_lengths), CALIBRATION_SEQ)
+    small = dataclasses.replace(
+        settings, seq_lengths=tuple(dict.fromkeys((max(1, longest // 2), longest))), batch_size=1,
+        num_heads=settings.num_heads // settings.num_kv_heads, num_kv_heads=1, **_CALIBRATION_RUNS,
+    )  # fmt: skip
+    rows = (run or run_attention)(small, show_progress=False)
+    return _calibrated(rows, lambda row: _attention_flops(small, row.seq_len))
+
+
+def calibrate_gemm(settings: GemmSettings, run: Callable | None = None) -> dict[str, CallCost]:
+    """Each implementation's cost per call here, from one timed call of the largest case asked for with each
+    side cut to :data:`CALIBRATION_GEMM_SIDE`, and of half of that. ``run``: the benchmark (default:
+    run_gemm)."""
+    from llm_speed.bench.gemm import run_gemm
+
+    largest = max(settings.cases, key=lambda case: case.m * case.n * case.k)
+    sides = [min(side, CALIBRATION_GEMM_SIDE) for side in (largest.m, largest.n, largest.k)]
+    cases = tuple(dict.fromkeys(
+        GemmCase("", *(max(1, side // divisor) for side in sides)) for divisor in (2, 1)
+    ))  # fmt: skip
+    small = dataclasses.replace(settings, cases=cases, model=None, tokens=None, **_CALIBRATION_RUNS)
+    rows = (run or run_gemm)(small, show_progress=False)
+    return _calibrated(rows, lambda row: 2.0 * row.m * row.n * row.k)
+
+
+def slowest_seconds(costs: Costs, flops: float) -> float:
+    """One call's time of the slowest implementation (0 when none ran in the calibration)."""
+    return max((cost.seconds(flops) for cost in costs.values()), default=0.0)
+
+
+def rates_text(costs: Costs, flops: float) -> str:
+    """``flash 0.05, torch 90 GFLOP/s``: each implementation's measured rate at ``flops`` per call."""
+    rates = [f"{impl} {flops / cost.seconds(flops) / 1e9:.2g}" for impl, cost in costs.items()
+             if cost.seconds(flops) > 0]  # fmt: skip
+    return f"{', '.join(rates)} GFLOP/s" if rates else "no implementation ran"
 
 
 def _halved(size: int) -> int:
@@ -52,16 +121,14 @@ def _halved(size: int) -> int:
     return max(MIN_SIZE, size // 2 // MIN_SIZE * MIN_SIZE)
 
 
-def estimate_seconds(call_flops: list[float], impls: tuple[str, ...], settings, kind: str) -> float:
-    """Estimated run time: per case and implementation, warm-up plus timed runs (at least ``min_time_s``),
-    at the slowest implementation's throughput (an upper estimate for the faster ones)."""
-    rate = _flop_rate(impls, kind)
+def estimate_seconds(call_flops: list[float], costs: Costs, settings) -> float:
+    """Estimated run time: per case and implementation, the availability call, the warm-up and the timed
+    runs (at least ``min_time_s``), at each implementation's measured cost."""
     total = 0.0
     for flops in call_flops:
-        call = flops / rate
-        timed = max(settings.iterations * call, settings.min_time_s)
-        # + the availability check and the peak-memory run
-        total += len(impls) * (settings.warmup * call + timed + 2 * call)
+        for cost in costs.values():
+            call = cost.seconds(flops)
+            total += (1 + settings.warmup) * call + max(settings.iterations * call, settings.min_time_s)
     return total
 
 
@@ -78,14 +145,18 @@ def _attention_flops(settings: AttentionSettings, seq_len: int) -> float:
     )  # fmt: skip
 
 
-def scale_attention(settings: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
-    """Sequence lengths halved until one call fits the CPU budget (then the heads, when the shortest length
+def _too_slow(costs: Costs, flops: float) -> bool:
+    return slowest_seconds(costs, flops) > CALL_SECONDS
+
+
+def scale_attention(settings: AttentionSettings, costs: Costs) -> tuple[AttentionSettings, list[str]]:
+    """Sequence lengths halved until one call of the slowest implementation (``costs``, measured with
+    :func:`calibrate_attention`) takes about :data:`CALL_SECONDS` (then the heads, when the shortest length
     is not enough); the notes say what changed."""
-    budget = call_flop_budget(settings.impls, "attention")
     scaled = []
     for seq_len in settings.seq_lengths:
         new = seq_len
-        while new > MIN_SIZE and _attention_flops(settings, new) > budget:
+        while new > MIN_SIZE and _too_slow(costs, _attention_flops(settings, new)):
             new = _halved(new)
         scaled.append(new)
     notes = []
@@ -95,11 +166,12 @@ def scale_attention(settings: AttentionSettings) -> tuple[AttentionSettings, lis
         )
         notes.append(
             f"CPU run: sequence lengths scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(estimated {_flop_rate(settings.impls, 'attention') / 1e9:g} GFLOP/s); --full-size keeps them"
+            f"(measured at seq {max(scaled)}: {rates_text(costs, _attention_flops(settings, max(scaled)))}); "
+            "--full-size keeps them"
         )
     scaled_settings = dataclasses.replace(settings, seq_lengths=tuple(dict.fromkeys(scaled)))
     # Still too big at the shortest length: halve the heads, keeping the query heads per K/V head.
-    while _attention_flops(scaled_settings, max(scaled)) > budget:
+    while _too_slow(costs, _attention_flops(scaled_settings, max(scaled))):
         kv_heads = max(1, scaled_settings.num_kv_heads // 2)
         heads = max(kv_heads, scaled_settings.num_heads // 2 // kv_heads * kv_heads)
         if (heads, kv_heads) == (scaled_settings.num_heads, scaled_settings.num_kv_heads):
@@ -114,9 +186,9 @@ def scale_attention(settings: AttentionSettings) -> tuple[AttentionSettings, lis
     return scaled_settings, notes
 
 
-def _scale_gemm_case(case: GemmCase, budget: float) -> GemmCase:
+def _scale_gemm_case(case: GemmCase, costs: Costs) -> GemmCase:
     m, n, k = case.m, case.n, case.k
-    while 2.0 * m * n * k > budget and max(m, n, k) > MIN_SIZE:
+    while _too_slow(costs, 2.0 * m * n * k) and max(m, n, k) > MIN_SIZE:
         largest = max(m, n, k)
         if m == largest:
             m = _halved(m)
@@ -127,10 +199,10 @@ def _scale_gemm_case(case: GemmCase, budget: float) -> GemmCase:
     return dataclasses.replace(case, m=m, n=n, k=k)
 
 
-def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
-    """GEMM sizes whose largest dimension is halved until one call fits the CPU budget; notes say so."""
-    budget = call_flop_budget(settings.impls, _gemm_kind(settings))
-    cases = tuple(_scale_gemm_case(case, budget) for case in settings.cases)
+def scale_gemm(settings: GemmSettings, costs: Costs) -> tuple[GemmSettings, list[str]]:
+    """GEMM sizes whose largest dimension is halved until one call of the slowest implementation (``costs``,
+    measured with :func:`calibrate_gemm`) takes about :data:`CALL_SECONDS`; notes say so."""
+    cases = tuple(_scale_gemm_case(case, costs) for case in settings.cases)
     notes = []
     changed = [(old, new) for old, new in zip(settings.cases, cases, strict=True) if old != new]
     if changed:
@@ -138,25 +210,25 @@ def scale_gemm(settings: GemmSettings) -> tuple[GemmSettings, list[str]]:
             f"{old.name + ' ' if old.name else ''}{old.m}x{old.n}x{old.k} -> {new.m}x{new.n}x{new.k}"
             for old, new in changed
         )
+        largest = max(2.0 * case.m * case.n * case.k for case in cases)
         notes.append(
             f"CPU run: GEMM sizes scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(estimated {_flop_rate(settings.impls, _gemm_kind(settings)) / 1e9:g} GFLOP/s); "
-            "--full-size keeps them"
+            f"(measured: {rates_text(costs, largest)}); --full-size keeps them"
         )
     # Two sizes scaled to the same one are measured once.
     return dataclasses.replace(settings, cases=tuple(dict.fromkeys(cases))), notes
 
 
-def attention_estimate(settings: AttentionSettings) -> float:
-    """Estimated seconds for an attention benchmark on this CPU."""
+def attention_estimate(settings: AttentionSettings, costs: Costs) -> float:
+    """Estimated seconds for an attention benchmark on this CPU at the measured ``costs``."""
     flops = [_attention_flops(settings, seq_len) for seq_len in settings.seq_lengths]
-    return estimate_seconds(flops, settings.impls, settings, "attention")
+    return estimate_seconds(flops, costs, settings)
 
 
-def gemm_estimate(settings: GemmSettings) -> float:
-    """Estimated seconds for a GEMM benchmark on this CPU."""
+def gemm_estimate(settings: GemmSettings, costs: Costs) -> float:
+    """Estimated seconds for a GEMM benchmark on this CPU at the measured ``costs``."""
     flops = [2.0 * case.m * case.n * case.k for case in settings.cases]
-    return estimate_seconds(flops, settings.impls, settings, _gemm_kind(settings))
+    return estimate_seconds(flops, costs, settings)
 
 
 def duration_text(seconds: float) -> str:

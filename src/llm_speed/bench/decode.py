@@ -20,7 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -92,6 +92,9 @@ class DecodeMeasurement(Measurement):
     # row's, eager and replayed from a graph (> 1: this row is faster); None on SDPA's own row or without it
     vs_sdpa: float | None = None
     graph_vs_sdpa: float | None = None
+    RATIO_FIELDS: ClassVar[tuple[str, ...]] = (
+        *Measurement.RATIO_FIELDS, "vs_16bit_cache", "vs_sdpa", "graph_vs_sdpa",
+    )  # fmt: skip
 
 
 def check_settings(settings: DecodeSettings) -> None:

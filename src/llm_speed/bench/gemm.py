@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -92,6 +92,10 @@ class GemmMeasurement(Measurement):
     # Its range over the two p20–p80 intervals, and whether that range contains 100% (no real difference).
     percent_of_baseline_range: tuple[float, float] | None = None
     percent_within_noise: bool | None = None
+    RATIO_FIELDS: ClassVar[tuple[str, ...]] = (
+        *report.Measurement.RATIO_FIELDS,
+        "percent_of_baseline", "percent_of_baseline_range", "percent_within_noise",
+    )  # fmt: skip
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -283,6 +287,8 @@ def run_gemm(
                 row = GemmMeasurement(
                     case=label,
                     impl=impl,
+                    # an fp8 run's bf16 baseline (torch.matmul of the same values) computes in bf16
+                    dtype="bf16" if settings.dtype == "fp8" and impl == baseline_impl("bf16") else None,
                     available=False,
                     name=case.name,
                     m=case.m,

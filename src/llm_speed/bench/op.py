@@ -107,24 +107,21 @@ def results_payload(rows: Sequence[OpMeasurement]) -> dict[str, Any]:
     }
 
 
-def print_op(rows: Sequence[OpMeasurement], console: Any) -> None:
-    """One table: time (median, p20-p80), rates from the row's cost, and the speed-up over the baseline."""
+def print_op(rows: Sequence[OpMeasurement], console: Any, *, ratios: bool = True) -> None:
+    """One table: time (median, p20-p80), rates from the row's cost, and the speed-up over the baseline
+    (with ``ratios``: not after a busy CPU run)."""
     baseline = next((row.median_ms for row in rows if row.impl != LLM_SPEED), None)
     first = rows[0]
+    table = []
+    for row in rows:
+        cells = [row.impl, row.median_ms, f"{row.p20_ms:.3g}-{row.p80_ms:.3g}", row.tflops, row.gb_per_s]
+        if ratios:
+            cells.append(f"{baseline / row.median_ms:.3g}x" if baseline and row.median_ms > 0 else None)
+        table.append(cells)
     print_table(
         f"{first.op}: size {first.size}, {first.dtype}, {first.device}",
-        ["impl", "median ms", "p20-p80 ms", "TFLOP/s", "GB/s", "speed-up vs baseline"],
-        [
-            [
-                row.impl,
-                row.median_ms,
-                f"{row.p20_ms:.3g}-{row.p80_ms:.3g}",
-                row.tflops,
-                row.gb_per_s,
-                f"{baseline / row.median_ms:.3g}x" if baseline and row.median_ms > 0 else None,
-            ]
-            for row in rows
-        ],
+        ["impl", "median ms", "p20-p80 ms", "TFLOP/s", "GB/s", *(["speed-up vs baseline"] if ratios else [])],
+        table,
         caption=f"{first.iterations} timed runs ({first.timer}); FLOPs and bytes from llm_speed.ops",
         console=console,
     )

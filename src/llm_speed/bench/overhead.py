@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -251,6 +251,8 @@ class Row:
     vs_sdpa: float | None = None  # us_per_call / SDPA's inference us_per_call (CPU yardstick)
     target: float | None = None
     meets_target: bool | None = None
+    # what compares this row's time with another's (withheld when the machine was busy)
+    RATIO_FIELDS: ClassVar[tuple[str, ...]] = ("vs_baseline", "vs_sdpa", "meets_target")
 
 
 def _runner(call: Callable[[], Any], mode: str) -> Callable[[], Any]:

@@ -62,13 +62,14 @@ def plot_rows(
         title += f"\n(measured on {gpu.name})"
     else:
         gpu = get_gpu(MODELLED_GPU)
-        # One prediction per distinct problem: implementations with the same cost share a point.
-        distinct: dict[tuple[str, float, float], list[str]] = {}
+        # One prediction per distinct problem: implementations with the same cost and dtype share a point.
+        distinct: dict[tuple[str, float, float, str | None], list[str]] = {}
         for row in rows:
             if row.bytes_moved > 0:
-                distinct.setdefault((row.case, row.flops, row.bytes_moved), []).append(row.impl)
-        plotted = [next(r for r in rows if (r.case, r.flops, r.bytes_moved) == key) for key in distinct]
-        labels = [f"{case} [{', '.join(impls)}]" for (case, _, _), impls in distinct.items()]
+                distinct.setdefault((row.case, row.flops, row.bytes_moved, row.dtype), []).append(row.impl)
+        firsts = {(r.case, r.flops, r.bytes_moved, r.dtype): r for r in reversed(rows)}
+        plotted = [firsts[key] for key in distinct]
+        labels = [f"{case} [{', '.join(impls)}]" for (case, _, _, _), impls in distinct.items()]
         achieved = [None] * len(plotted)
         title += (
             f"\n(the model's predictions for {gpu.name}; this CPU's timings are not plotted: they belong on "
@@ -82,7 +83,7 @@ def plot_rows(
         console.print(f"bar chart written to {path} (points would overlap on a roofline)", highlight=False)
         return True
     points = [
-        PlotPoint(label, row.flops, row.bytes_moved, flops_per_s)
+        PlotPoint(label, row.flops, row.bytes_moved, flops_per_s, dtype=row.dtype)
         for label, row, flops_per_s in zip(labels, plotted, achieved, strict=True)
     ]
     plot_roofline(gpu, points, path, dtype=dtype, title=title)
@@ -100,7 +101,9 @@ def _plot_bars(rows, labels, achieved, path, *, gpu, dtype: str, title: str) -> 
 
     from llm_speed.perf.roofline import roofline
 
-    predicted = [roofline(row.flops, row.bytes_moved, dtype, gpu).attainable_flops / 1e12 for row in rows]
+    predicted = [
+        roofline(row.flops, row.bytes_moved, row.dtype or dtype, gpu).attainable_flops / 1e12 for row in rows
+    ]
     height = 0.4
     figure, axes = plt.subplots(figsize=(10, 1.0 + 0.45 * len(rows)))
     positions = list(range(len(rows)))
@@ -115,7 +118,9 @@ def _plot_bars(rows, labels, achieved, path, *, gpu, dtype: str, title: str) -> 
     axes.invert_yaxis()
     axes.set_xlabel("TFLOP/s")
     axes.set_title(title, fontsize=9)
-    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    # under the axes: out of the bars' way, not a third of the width beside them
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (1.0 + 0.45 * len(rows))), ncol=2,
+                frameon=False)  # fmt: skip
     axes.grid(True, axis="x", linewidth=0.3)
     figure.tight_layout()
     figure.savefig(Path(path), dpi=120, bbox_inches="tight")

@@ -17,13 +17,14 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llm_speed import __version__
+from llm_speed.bench.cpu_load import CPU_TIMING_THREADS
 from llm_speed.bench.timing import PeakMemory, Timing, check_run_counts, measure, peak_memory
 from llm_speed.core.runtime import INTERPRETED
 
@@ -81,12 +82,19 @@ def check_choices(name: str, values: Sequence[str], accepted: Sequence[str]) -> 
 class Measurement:
     """One implementation on one case. A figure that could not be obtained is None, with a reason field."""
 
+    # The fields that compare this row's time with another row's (withheld when the machine was busy).
+    RATIO_FIELDS: ClassVar[tuple[str, ...]] = (
+        "fastest_other", "speedup_vs_fastest_other", "speedup_range", "speedup_within_noise",
+    )  # fmt: skip
     case: str  # short label of the shape, e.g. "seq=512" or "qkv 4096x6144x4096"
     impl: str
     available: bool
     reason: str | None = None  # why the implementation did not run (unavailable, refused the shape, OOM)
     flops: float
     bytes_moved: float  # the performance model's minimum DRAM traffic for this implementation
+    # The dtype the implementation computes in, where it is not the run's (an fp8 row of a bf16 run): the
+    # roof a plot puts the row under.
+    dtype: str | None = None
     timing: Timing | None = None
     tflops: float | None = None
     bandwidth_gb_s: float | None = None
@@ -184,7 +192,7 @@ def environment_device_name(device: torch.device) -> str:
     """The GPU's name, or a description of the CPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.machine()}, {torch.get_num_threads()} torch threads)"
+    return f"CPU ({platform.machine()}, timed on {CPU_TIMING_THREADS} of {os.cpu_count()} cores)"
 
 
 def timing_notes(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from llm_speed.bench.cpu_load import CPU_TIMING_THREADS, pinned_threads
 from llm_speed.core.runtime import resolve_device
 
 CUDA_TIMER = "cuda-events"
@@ -132,13 +133,16 @@ def measure(
     flush_l2: bool = True,
     min_time_s: float = 0.0,
     graph: bool = False,
+    threads: int | None = CPU_TIMING_THREADS,
 ) -> Timing:
     """Time ``fn()`` (called with no arguments) at least ``iterations`` times after ``warmup`` untimed calls,
     and on until the timed runs add up to ``min_time_s`` seconds (at most :data:`MAX_ITERATIONS` runs).
 
     ``device`` picks the timer: CUDA events on a CUDA device (the L2 cache is flushed before every timed run
     when ``flush_l2``; the flush itself is not timed), the host clock on the CPU. ``None`` means the current
-    CUDA device when there is one, else the CPU.
+    CUDA device when there is one, else the CPU. On the CPU the warm-up and the timed runs use ``threads``
+    threads (:data:`llm_speed.bench.cpu_load.CPU_TIMING_THREADS` by default; the previous count is restored
+    after; None keeps the current count).
 
     ``graph`` (a CUDA device only; ValueError naming ``device`` otherwise): capture one call of ``fn`` in a
     CUDA graph and time its replays instead: the device time without the host's launch path, as a serving
@@ -164,7 +168,10 @@ def measure(
         )
     if device.type != "cpu":
         raise ValueError(f"device: expected a cuda or cpu device, got {device}")
-    return _measure_host(fn, warmup=warmup, iterations=iterations, min_time_s=min_time_s)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: expected an integer >= 1 or None, got {threads!r}")
+    with pinned_threads(threads):
+        return _measure_host(fn, warmup=warmup, iterations=iterations, min_time_s=min_time_s)
 
 
 def _captured(fn: Callable[[], Any], warmup: int, device: torch.device) -> torch.cuda.CUDAGraph:

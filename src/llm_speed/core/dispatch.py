@@ -5,7 +5,7 @@ Every op registers its implementation with ``torch.library.custom_op`` (and ``re
 ``register_autograd``): that is what ``torch.compile``, ``torch.library.opcheck``, tensor subclasses and
 dispatch modes see. Its dispatch costs host time, though: about 10 us per call, and about 35 us more when it
 records an autograd node (the custom op wraps a generated ``autograd.Function`` in two redispatches; measured
-on a CPU, ``docs/notes/launch-path.md``). :class:`Op` keeps the registered op for the calls that need it and
+on a CPU, ``docs/guides/host-path.md``). :class:`Op` keeps the registered op for the calls that need it and
 serves the others cheaper:
 
 - nothing is being compiled or traced (no dispatch mode, no functorch transform), every tensor is a plain

@@ -4,7 +4,7 @@
 specialisation (dtype, 16-byte alignment, integers equal to 1 or divisible by 16), build a cache key from them
 and the options, look the compiled kernel up, and build launch metadata for its hooks: 13-30 us of host time
 per launch before the kernel is queued (measured on a CPU with compiling and launching stubbed,
-``docs/notes/launch-path.md``). Here the work is done once per problem class, in a :class:`Plan`::
+``docs/guides/host-path.md``). Here the work is done once per problem class, in a :class:`Plan`::
 
     plan = KERNEL.plan(grid, num_warps=4, num_stages=2, **arguments_fixed_for_the_class)
     plan.launch(**per_call_arguments)   # the tensors, and float scalars such as a scale
@@ -27,7 +27,7 @@ down: it calls the launcher's compiled C function itself, with the tensors' addr
 then neither calls ``data_ptr`` nor asks the driver about each pointer) and each descriptor's CUtensorMap
 made once per plan and address, not once per call. Triton's Python wrapper around that function costs 0.7 us
 a call on the development CPU and its per-call descriptors 3 us more, before the two driver encodings
-(``docs/notes/launch-path.md``). Other Triton versions get their launcher's own ``run``.
+(``docs/guides/host-path.md``). Other Triton versions get their launcher's own ``run``.
 
 Host arithmetic here is plain Python (:func:`cdiv`, :func:`next_power_of_2`): ``triton.cdiv`` costs 1.9 us
 a call against 0.03 us for the same arithmetic.

@@ -1141,7 +1141,7 @@ class _LinearCall:
     chunk_rows) on a device the kernels run on, the plans of a lean path: one GEMM and the row and
     reduction kernels, and for a reduced loss with grad the gradient kernel and two GEMMs, without the
     chunk loop's machinery or a plan lookup (host time on the development CPU, launch stubbed, 8 x 16 x 64:
-    with grad 40-46 -> 28.5-31 us, inference 14.5 -> 12.4 us; docs/notes/launch-path.md). The same launches,
+    with grad 40-46 -> 28.5-31 us, inference 14.5 -> 12.4 us; docs/guides/host-path.md). The same launches,
     GEMMs and dtypes as the chunk loop: bit for bit its results."""
 
     __slots__ = ("numbers", "loss_dtype", "return_z", "loss_shape", "device", "forward_plan", "reduce_plan",

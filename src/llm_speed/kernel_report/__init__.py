@@ -7,5 +7,5 @@ Modules: ``problems`` (what to launch: one builder per op-table row, and the pro
 shipped configuration), ``capture`` (the plans the ops make for them, under a simulated GPU), ``build`` and
 ``worker`` (compile and disassemble, in a process of the Triton build checked), ``analysis`` (reading the
 ptxas log, SASS and PTX; occupancy), ``budgets`` (what ``make test`` requires of every shipped kernel),
-``report`` (runs the workers) and ``command`` (the CLI). Documented in docs/notes/kernel-report.md.
+``report`` (runs the workers) and ``command`` (the CLI). Documented in docs/guides/kernel-report.md.
 """

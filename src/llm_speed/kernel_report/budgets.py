@@ -56,7 +56,7 @@ _MASKED_DKDV = (
     "the 16-bit dK/dV kernel with per-element masks (packed sequences: ragged bounds read on device; a "
     "window with softcap: both window edges and the cap's derivative tile) sits at 255 registers on sm_90a "
     "and spills at every 64-key configuration tried (64x64 with 4 and 8 warps, 1 and 2 stages; Triton 3.6; "
-    "docs/notes/attention-overlap.md). Where (2026-11-26, d=128, 4 warps, the H100's backward with dQ in "
+    "docs/guides/attention-hopper.md). Where (2026-11-26, d=128, 4 warps, the H100's backward with dQ in "
     "its own kernel, packed scalars in uniform registers): packed sequences spill 207 LDL/STL in the loop "
     "over the GQA group's query heads (between its per-block loops) and 85 in the per-block loops (4 in the"
     " interior loop, which runs without row bounds: a ragged last query block goes to the masked edge "
@@ -66,7 +66,7 @@ _MASKED_DKDV = (
     "-delta). The dense, causal and GQA kernels of the shipped rows (whole blocks) do not spill in loops; "
     "dense ragged lengths do (4000 tokens, causal, 16 heads on 4: 141, 44 in the per-block loops); "
     "32-key tiles would not, but cost the dense path (measured 150 against 391 TFLOP/s on an H100, "
-    "docs/notes/attention-tuning.md), and the configuration is chosen per head dim, not per mask. To fix in"
+    "docs/guides/attention-hopper.md), and the configuration is chosen per head dim, not per mask. To fix in"
     " the kernel (fewer values live across the group loop; fewer live mask tiles), then drop this entry."
 )
 _DROPOUT_DKDV = (

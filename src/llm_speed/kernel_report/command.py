@@ -1,5 +1,5 @@
 """``llm-speed kernels``: every op's kernels compiled for a GPU that is not there, as their launchers launch
-them, and what the compiler made of each (docs/notes/kernel-report.md)."""
+them, and what the compiler made of each (docs/guides/kernel-report.md)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     import pathlib
 
     from llm_speed import ops
-    from llm_speed._output import dump_json, prepare_output_path
+    from llm_speed._output import dump_json, prepare_output_folder, prepare_output_path
     from llm_speed.core.gpus import get_gpu
     from llm_speed.kernel_report import budgets, problems, report
 
@@ -76,6 +76,8 @@ def run_kernels_command(args: argparse.Namespace) -> int:
                                     + (" (plain PyTorch)" if row.plain_pytorch else ""))  # fmt: skip
     if args.output:
         prepare_output_path(args.output, argument="--output")
+    if args.sass:
+        prepare_output_folder(args.sass, argument="--sass")
     build = args.triton or report.gpu_build()
     if args.triton and not (pathlib.Path(args.triton) / "triton").is_dir():
         raise _cli.CommandError(f"--triton: {args.triton} holds no triton package")

@@ -23,7 +23,8 @@ captured in a CUDA graph.
 
 Under Triton's interpreter the float32 -> fp8 cast is done on the bits by hand (:func:`_to_fp8`),
 because the interpreter's own cast rounds wrongly where the rounding carries into the next power of two and
-does not saturate (docs/notes: TESTING.md); compiled Triton uses the hardware's ``cvt.rn.satfinite``.
+does not saturate (docs/fp8.md, "Interpreter rounding"); compiled Triton uses the hardware's
+``cvt.rn.satfinite``.
 
 Layout (every op module): kernels, launcher (configuration, plans, launch), op registration, autograd, public
 functions. The plain-PyTorch spec: :mod:`llm_speed.matmul.reference` (``quantize_fp8_reference``,

@@ -15,6 +15,7 @@ import json
 import statistics
 from typing import Any
 
+from llm_speed._output import prepare_output_path
 from llm_speed.core.gpus import get_gpu
 from llm_speed.perf import calibrate
 from llm_speed.perf.predict import (
@@ -157,6 +158,8 @@ def _summary_lines(entries: dict[str, Any]) -> list[str]:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    if args.output:
+        prepare_output_path(args.output, argument="--output")
     new = calibrate.calibrate(args.calibrate, base=args.calibration, gpu=args.gpu, iterations=args.iterations)
     if args.output:
         from pathlib import Path

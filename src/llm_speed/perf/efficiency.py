@@ -11,12 +11,12 @@ except where said):
 * ``memory = 0.7``: gpt-fast's bf16 Llama-2-7B decode reads its weights at 1,397 GB/s on an A100-80GB
   (2,039 GB/s datasheet), 0.685 (pytorch-labs/gpt-fast README, "Benchmarks" table; A100s power-limited to
   330 W). The golden tests fit nothing else to that table's other rows.
+* Weight-only quantized weights (int8, int4) carry no factor of their own: :func:`llm_speed.perf.inference.
+  analyze_inference` dequantizes them with :mod:`llm_speed.perf.predict`'s model (conversions on the CUDA
+  cores, overlapped with the weight stream), whose share of the stream's time the ``memory`` factor slows
+  alike.
 * ``compute = 0.7``: a round figure for large bf16 GEMMs (no published table is fitted); measure your own
   with ``llm-speed bench gemm --output FILE`` and :func:`calibrate_from_bench`.
-* ``weight_dequant``: weight-only quantized GEMV kernels stream their (fewer) bytes more slowly than bf16 ones
-  because they dequantize on the fly. gpt-fast's Llama-2-7B rows: int8 1,069 GB/s, int4 (group 32) 863 GB/s
-  against 1,397 GB/s bf16: 0.77 and 0.62 of the bf16 rate. fp8: 1.0, for want of a published figure
-  (with ``dtype="fp8"`` the fp8 tensor cores read the weights directly and no factor applies).
 * ``collective = 0.8``: NCCL's ring protocol carries a 128-byte payload per NVLink packet, so the effective
   bus bandwidth is about 80% of the line rate: ~240 of 300 GB/s on A100 (~230 measured) and ~370 of 450 GB/s
   on H100 (NCCL maintainer S. Jeaugey in NVIDIA/nccl-tests issues #149 and #212).
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,6 @@ class Efficiency:
 
     compute: float = 0.7
     memory: float = 0.7
-    weight_dequant: dict[str, float] = field(default_factory=lambda: {"int8": 0.77, "int4": 0.62, "fp8": 1.0})
     collective: float = 0.8
     nvls: float = 0.6875
     collective_latency_s: float = 28e-6
@@ -70,29 +69,12 @@ class Efficiency:
     def __post_init__(self) -> None:
         for name in ("compute", "memory", "collective", "nvls"):
             _fraction(name, getattr(self, name))
-        if not isinstance(self.weight_dequant, dict):
-            raise TypeError(
-                f"weight_dequant must be a dict of dtype -> fraction, got {self.weight_dequant!r}"
-            )
-        for dtype, value in self.weight_dequant.items():
-            _fraction(f"weight_dequant[{dtype!r}]", value)
         non_negative_number("collective_latency_s", self.collective_latency_s)
-
-    def __hash__(self) -> int:
-        return hash((self.compute, self.memory, self.collective, self.nvls, self.collective_latency_s))
-
-    def dequant(self, weight_dtype: str, compute_dtype: str) -> float:
-        """The factor on memory efficiency for a GEMM whose weights are stored in ``weight_dtype``: 1 when
-        they are stored in the compute dtype, else ``weight_dequant[weight_dtype]`` (1 when not listed)."""
-        if weight_dtype == compute_dtype:
-            return 1.0
-        return self.weight_dequant.get(weight_dtype, 1.0)
 
 
 FLOOR = Efficiency(
     compute=1.0,
     memory=1.0,
-    weight_dequant={},
     collective=1.0,
     nvls=1.0,
     collective_latency_s=0.0,

@@ -22,6 +22,9 @@ Model (stated once):
 
 * Weight-only quantization: weights stored in ``weight_dtype`` (int8, int4, fp8) with one ``scale_bytes``
   scale per ``weight_group_size`` elements are read at those bytes; the GEMMs still compute in ``dtype``.
+  Their realistic times add the dequantization as :mod:`llm_speed.perf.predict` models it (the vendor's
+  GEMMs: one conversion per weight on the CUDA cores, partly overlapped with the weight stream), the
+  floors do not.
   The embedding table stays in ``dtype`` (gpt-fast and most weight-only schemes quantize linear layers only).
 * Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, section 3): every GPU holds 1/tp of the heads, the
   MLP width and the vocabulary (KV heads replicated when there are fewer than tp); each layer ends its
@@ -31,7 +34,7 @@ Model (stated once):
   stage in turn, so a step's time is the sum of the stages plus pp-1 point-to-point activation sends
   (latency view: no micro-batch overlap between stages). pp divides the memory, not the step time.
 * Floors use the datasheet peaks and line rates; realistic times use :class:`~llm_speed.perf.efficiency.
-  Efficiency` (compute, memory, dequantization, collective efficiency and latency).
+  Efficiency` (compute, memory, collective efficiency and latency) and predict's dequantization model.
 
 At batch 1 and a short context, prefill GEMMs have intensity ~ L when the weights dominate the traffic,
 decode GEMMs ~1 (a GEMV): which is why batching decode matters.
@@ -57,7 +60,7 @@ from llm_speed.perf.kernel_costs import (
 )
 from llm_speed.perf.kv_cache import kv_cache_size
 from llm_speed.perf.models import ModelConfig, gemm_shapes, param_count, resolve_model
-from llm_speed.perf.predict import Prediction, predict, predict_work
+from llm_speed.perf.predict import Prediction, dequant_model, predict, predict_work, with_dequant
 from llm_speed.perf.roofline import roofline
 from llm_speed.perf.training import attention_pairs
 
@@ -81,7 +84,7 @@ class InferenceOp:
     intensity: float
     bound: str
     time_floor_s: float
-    realistic_time_s: float  # with the analysis' Efficiency (compute, memory, dequantization)
+    realistic_time_s: float  # with the analysis' Efficiency (compute, memory) and predict's dequantization
     predicted_time_s: float = 0.0  # calibrated prediction (llm_speed.perf.predict), summed over ``count``
     predicted_bound: str = ""  # compute, memory or latency (per call)
 
@@ -315,6 +318,16 @@ class _OpBuilder:
         self.weights, self.efficiency = weights, efficiency
         self.predictor = predictor
         self.ops: list[InferenceOp] = []
+        # Weights read quantized: the realistic estimate dequantizes them as predict models the vendor's
+        # GEMMs (llm-speed has no weight-only kernel of its own; its predictions model it as cuBLAS's).
+        self.calibration = None if predictor is None else predictor.calibration
+        self.dequant_overlap = 1.0
+        self.storage: dict[str, Any] = {}  # predict's problem arguments of the weights' storage
+        if weights.dtype != dtype:
+            model = dequant_model(gpu, weights.dtype, implementation="vendor", calibration=self.calibration)
+            self.dequant_overlap = model["overlap"]
+            self.storage = dict(weight_dtype=weights.dtype, group_size=weights.group_size,
+                                scale_bytes=weights.scale_bytes)  # fmt: skip
 
     def add(
         self,
@@ -322,24 +335,27 @@ class _OpBuilder:
         cost: KernelCost,
         count: int,
         *,
-        reads_weights: bool = False,
+        dequant_share: float = 0.0,
         predict_as: tuple | None = None,
     ) -> None:
-        """One op run ``count`` times; ``predict_as``: (op table row or None, its problem, family) for the
-        calibrated prediction (None: a kernel known by its FLOPs and bytes)."""
+        """One op run ``count`` times; ``dequant_share``: the dequantization of its weights (read quantized)
+        in seconds per second of its memory time, overlapped with that time as
+        :func:`llm_speed.perf.predict.with_dequant` says; ``predict_as``: (op table row or None, its problem,
+        family) for the calibrated prediction (None: a kernel known by its FLOPs and bytes)."""
         flops, bytes_moved = cost.flops * count, cost.bytes_moved * count
         point = roofline(flops, bytes_moved, self.dtype, self.gpu)
-        memory = self.efficiency.memory
-        if reads_weights:
-            memory *= self.efficiency.dequant(self.weights.dtype, self.dtype)
         realistic = realistic_time(
             flops,
             bytes_moved,
             point.peak_flops,
             point.memory_bandwidth,
             compute=self.efficiency.compute,
-            memory=memory,
+            memory=self.efficiency.memory,
         )
+        if dequant_share:
+            stream_s = bytes_moved / (point.memory_bandwidth * self.efficiency.memory)
+            memory_s = with_dequant(stream_s, dequant_share * stream_s, self.dequant_overlap)
+            realistic = max(flops / (point.peak_flops * self.efficiency.compute), memory_s)
         predicted, bound = 0.0, ""
         if self.predictor is not None and count:
             prediction = self.predictor(self.dtype, cost, predict_as)
@@ -361,14 +377,26 @@ class _OpBuilder:
         )
 
     def weight_gemm(self, name: str, m: float, n: int, k: int, count: int) -> None:
-        """out[m, n] = A[m, k] @ W[k, n]: activations in the compute dtype, W at the stored bytes."""
+        """out[m, n] = A[m, k] @ W[k, n]: activations in the compute dtype, W at the stored bytes. Weights
+        stored in another dtype are dequantized as :func:`llm_speed.perf.predict.predict` models this GEMM
+        (the conversions per weight, once per row of tiles, on the units that run them, overlapped with the
+        weight stream): the realistic estimate takes predict's dequantization time as a share of predict's
+        DRAM time, so that its ``memory`` efficiency slows both alike (measured end to end, e.g. gpt-fast's
+        power-capped A100s, it covers clocks as well as bandwidth)."""
         e = dtype_bytes(self.dtype)
         cost = KernelCost(2.0 * m * n * k, (m * k + m * n) * e + k * n * self.weights.bytes_per_element)
-        problem: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
-        if self.weights.dtype != self.dtype:
-            problem.update(weight_dtype=self.weights.dtype, group_size=self.weights.group_size,
-                           scale_bytes=self.weights.scale_bytes)  # fmt: skip
-        self.add(name, cost, count, reads_weights=True, predict_as=("gemm", problem, "gemm"))
+        problem: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k), **self.storage}
+        share = self.dequant_share(problem)
+        self.add(name, cost, count, dequant_share=share, predict_as=("gemm", problem, "gemm"))
+
+    def dequant_share(self, problem: dict[str, Any]) -> float:
+        """predict's dequantization time of the GEMM ``problem`` (its weights as :attr:`storage` says) per
+        second of its DRAM time; 0 for weights in the compute dtype."""
+        if not self.storage:
+            return 0.0
+        terms = predict("gemm", self.gpu, implementation="vendor", context="graph",
+                        calibration=self.calibration, dtype=self.dtype, **problem).breakdown  # fmt: skip
+        return terms.dequant_s / (terms.dram_bytes / terms.achievable_bandwidth)
 
 
 def _phase_ops(
@@ -515,21 +543,19 @@ def _moe_ops(builder: _OpBuilder, config: ModelConfig, tokens: int, e: float) ->
     # Predicted as a batch of GEMMs, one per expert hit, each over its share of the routed tokens.
     experts_hit = max(1, round(hit))
     per_expert = max(1, math.ceil(routed / experts_hit))
-    storage = {}
-    if builder.weights.dtype != builder.dtype:
-        storage = dict(weight_dtype=builder.weights.dtype, group_size=builder.weights.group_size,
-                       scale_bytes=builder.weights.scale_bytes)  # fmt: skip
+    up_problem = {"m": per_expert, "n": up, "k": h, "batch": experts_hit, **builder.storage}
     builder.add(
         "expert_gate_up" if config.gated_mlp else "expert_up",
         KernelCost(2.0 * routed * h * up, gemm_bytes_up),
         moe_layers,
-        reads_weights=True,
-        predict_as=("gemm", {"m": per_expert, "n": up, "k": h, "batch": experts_hit, **storage}, "gemm"),
+        dequant_share=builder.dequant_share(up_problem),
+        predict_as=("gemm", up_problem, "gemm"),
     )
     builder.add("expert_activation", _activation(config, routed, width, e), moe_layers)
+    down_problem = {"m": per_expert, "n": h, "k": width, "batch": experts_hit, **builder.storage}
     builder.add(
-        "expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers, reads_weights=True,
-        predict_as=("gemm", {"m": per_expert, "n": h, "k": width, "batch": experts_hit, **storage}, "gemm"),
+        "expert_down", KernelCost(2.0 * routed * width * h, gemm_bytes_down), moe_layers,
+        dequant_share=builder.dequant_share(down_problem), predict_as=("gemm", down_problem, "gemm"),
     )  # fmt: skip
     if config.num_shared_experts:
         shared = _activation(config, tokens, width * config.num_shared_experts, e)
