@@ -14,7 +14,7 @@ TRITON_GPU_STAMP := $(TRITON_GPU_DIR)/.installed
 # Two workers match CI's two cores; the Triton interpreter is single-threaded.
 TEST_WORKERS ?= 2
 
-.PHONY: setup test demo lint clean gpu-quick
+.PHONY: setup test demo lint clean gpu-quick gpu-proof
 
 setup: $(STAMP)
 
@@ -42,6 +42,12 @@ demo: setup
 GPU_OUT ?= gpu-quick-out
 gpu-quick:
 	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh quick $(GPU_OUT)
+
+# The one-lease proof (budget 480 s, issue 70): every family and candidate launch choice against float64,
+# the headline rows, the A/B with the time left -> GPU_PROOF_OUT (summary.txt, summary.json, results.tar.gz).
+GPU_PROOF_OUT ?= gpu-proof-out
+gpu-proof:
+	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh proof $(GPU_PROOF_OUT)
 
 lint: setup
 	$(BIN)/ruff check .

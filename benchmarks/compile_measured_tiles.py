@@ -2,9 +2,10 @@
 compiler made of them: registers, spills (bytes, and local-memory instructions inside loops), shared
 memory, occupancy, tensor-core instructions and the wgmma wait depth of the loop.
 
-The H100 block-size sweeps (``benchmarks/results/h100-sxm/2026-11-22-call4/sweep.jsonl``, ``call5/
-sweep2.jsonl``) timed commit af147ec's kernels. A performance model that explains those timings needs the
-real registers, spills and occupancy of each measured kernel, not today's kernels at the same tile. So:
+The H100 block-size sweeps (``benchmarks/results/h100-sxm/unrecorded-tile-sweep-1/sweep.jsonl``,
+``unrecorded-tile-sweep-2/sweep2.jsonl``) timed commit af147ec's kernels. A performance model that explains
+those timings needs the real registers, spills and occupancy of each measured kernel, not today's kernels at
+the same tile. So:
 
 1. ``git archive`` the commit's ``src/llm_speed`` into a temporary directory as the package
    ``llm_speed_at_<sha>`` (every ``llm_speed`` name in its sources rewritten, torch.library namespaces
@@ -37,8 +38,8 @@ packed=None)``, ``launch.Masking(is_causal=...)``, tiles from ``forward_config(b
 ``KERNELS`` below. The current checkout must have ``llm_speed.kernel_report``. No GPU is needed.
 
     python benchmarks/compile_measured_tiles.py --commit af147ec \\
-        --sweeps benchmarks/results/h100-sxm/2026-11-22-call4/sweep.jsonl \\
-                 benchmarks/results/h100-sxm/2026-11-22-call5/sweep2.jsonl \\
+        --sweeps benchmarks/results/h100-sxm/unrecorded-tile-sweep-1/sweep.jsonl \\
+                 benchmarks/results/h100-sxm/unrecorded-tile-sweep-2/sweep2.jsonl \\
         --output benchmarks/results/h100-sxm/compiled-af147ec.json
 
 (run with the repository's Python, ``.venv/bin/python``, from the repository root).

@@ -6,7 +6,10 @@ every shape it finished; one process pays the torch import and CUDA start once. 
 line is only parsed by the real ``llm-speed`` argument parser (a CPU dry run: the flags exist).
 
     python benchmarks/gpu_bench.py SET OUTDIR [--check]      SET: attention, gemm, decode, demo,
-                                                              ops, train-step, moe or fp8
+                                                              ops, train-step, moe, fp8, or the
+                                                              proof's proof-attention, proof-gemm,
+                                                              proof-fp8, proof-decode, proof-ce,
+                                                              proof-train-step
     python benchmarks/gpu_bench.py --list SET OUTDIR          print the command lines
 """
 
@@ -19,11 +22,81 @@ import time
 import traceback
 
 QUICK = "--warmup 5 --iterations 20 --no-progress"
-SETS = ("attention", "gemm", "decode", "demo", "ops", "train-step", "moe", "fp8")
+# The proof's headline (issue 70 1b): few runs a row, since its 240 s hold the cold compiles too.
+PROOF = "--warmup 3 --iterations 10 --min-time 0 --no-progress"
+PROOF_SETS = ("proof-attention", "proof-gemm", "proof-fp8", "proof-decode", "proof-ce", "proof-train-step")
+SETS = ("attention", "gemm", "decode", "demo", "ops", "train-step", "moe", "fp8", *PROOF_SETS)
+SDPA_BACKENDS = "sdpa-flash sdpa-efficient sdpa-cudnn"
+
+
+def proof_lines(name: str, out: str) -> list[str]:
+    """The headline rows of ``run_gpu_suite.sh proof``, each against its alternatives in this process."""
+    lines = []
+    if name == "proof-attention":
+        # docs/guides/attention-hopper.md's points: batch 2, 8 heads, d = 64, fp16, against every SDPA
+        # backend (math too: 2 x 8 x 8192^2 scores fit)
+        for mode in ("fwd", "fwd+bwd"):
+            for seq in (512, 1024, 2048, 4096, 8192):
+                lines.append(
+                    f"bench attention {PROOF} --dtype fp16 --mode {mode} --batch-size 2 --num-heads 8 "
+                    f"--head-dim 64 --seq-lengths {seq} "
+                    f"--impl flash {SDPA_BACKENDS} sdpa-math "
+                    f"--output {out}/attn_d64_{mode.replace('+', '_')}_s{seq}.json"
+                )
+        # d = 128 at 16k tokens, 16 heads and GQA 4:1, causal and not. No sdpa-math: its backward keeps
+        # 16 x 16384^2 probabilities and their gradients (tens of GB) and takes seconds a call.
+        for mode in ("fwd", "fwd+bwd"):
+            for causal in ("", "--causal "):
+                for kv in (16, 4):
+                    label = f"{'causal' if causal else 'full'}_{'mha' if kv == 16 else 'gqa'}"
+                    lines.append(
+                        f"bench attention {PROOF} --dtype bf16 --mode {mode} {causal}--batch-size 1 "
+                        f"--num-heads 16 --num-kv-heads {kv} --head-dim 128 --seq-lengths 16384 "
+                        f"--impl flash {SDPA_BACKENDS} "
+                        f"--output {out}/attn_d128_{mode.replace('+', '_')}_{label}_s16384.json"
+                    )
+    elif name == "proof-gemm":
+        for size in (512, 1024, 2048, 4096, 8192):
+            lines.append(
+                f"bench gemm {PROOF} --dtype bf16 --sizes {size}x{size}x{size} --impl llm-speed torch "
+                f"--output {out}/gemm_bf16_{size}.json"
+            )
+        for tokens in (1, 16, 4096):
+            lines.append(
+                f"bench gemm {PROOF} --dtype bf16 --layout NT --model llama-3-8b --tokens {tokens} "
+                f"--impl llm-speed torch --output {out}/gemm_bf16_llama3_8b_m{tokens}.json"
+            )
+    elif name == "proof-fp8":
+        # per tensor, per row and blockwise, each against torch._scaled_mm (fast accumulation) and bf16
+        lines.append(f"bench gemm {PROOF} --dtype fp8 --layout NT --sizes 4096x4096x4096 "
+                     f"--output {out}/gemm_fp8_4096.json")  # fmt: skip
+    elif name == "proof-decode":
+        # bf16, 32 query heads on 8 KV heads of d = 128 (the GPU defaults), 4k context: dense, 16-token
+        # pages, SDPA; eager and replayed from a CUDA graph. One batch a call.
+        for batch in (1, 8, 64):
+            lines.append(
+                f"bench decode --warmup 3 --iterations 20 --no-progress --dtype bf16 --contexts 4096 "
+                f"--batch-sizes {batch} --page-size 16 --impl kvcache kvcache-paged sdpa "
+                f"--output {out}/decode_bf16_b{batch}_c4096.json"
+            )
+    elif name == "proof-ce":
+        # V = 128256, N = 8192, H = 4096 (the GPU defaults): time and peak memory, every implementation
+        lines.append(
+            "bench ops --ops linear_cross_entropy --tokens 8192 --hidden 4096 --vocab 128256 --warmup 2 "
+            f"--iterations 5 --min-time 0 --no-progress --output {out}/linear_cross_entropy.json"
+        )
+    elif name == "proof-train-step":
+        lines.append(
+            "bench train-step --model llama-3-8b --layers 2 --seq 2048 --warmup 1 --iterations 3 "
+            f"--no-progress --output {out}/train_step_llama3_8b_2layers.json"
+        )
+    return lines
 
 
 def command_lines(name: str, out: str) -> list[str]:
     """The ``llm-speed`` argument lines of one set; each writes ``out/<label>.json``."""
+    if name in PROOF_SETS:
+        return proof_lines(name, out)
     lines = []
     attention, gemm = f"bench attention {QUICK}", f"bench gemm {QUICK}"
     if name == "attention":

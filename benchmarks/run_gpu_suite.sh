@@ -44,16 +44,42 @@ case "${1:-}" in
 --dry-run) MODE=dry; shift ;;
 esac
 STEP=${1:-}
+# The proof's budget table (issue 70), seconds per part; BUDGET is their sum, held to 480 by a CPU test
+# (tests/bench/test_gpu_suite_script.py) so that one 540-s device command holds it with a minute to spare.
+PROOF_BUDGETS=(
+    "setup 15"              # versions, the carried wheels, packing the summaries between parts
+    "correctness 150"       # every family against float64, then each candidate launch choice
+    "headline_attention 75" # d=64 guide points fwd and fwd+bwd, d=128 16k, against every SDPA backend
+    "headline_gemm 35"      # bf16 squares 512^3..8192^3, Llama-3-8B weights at M = 1, 16, 4096
+    "headline_fp8 15"       # fp8 4096^3 per tensor / row / block against torch._scaled_mm
+    "headline_decode 25"    # bf16 batch 1/8/64 x 4k, dense and 16-token pages, eager and graph, SDPA
+    "headline_fused 40"     # rms_norm, SwiGLU, rotary at 65536 tokens: wall, kernel time and GB/s
+    "headline_ce 15"        # linear cross-entropy V=128256 N=8192 H=4096: time, peak memory
+    "headline_train_step 35" # bench train-step llama-3-8b, 2 layers
+    "ab 75"                 # each candidate against the shipped policy at its target, the time left
+)
+proof_budget() {  # proof_budget PART -> its seconds
+    local row
+    for row in "${PROOF_BUDGETS[@]}"; do
+        if [ "${row%% *}" = "$1" ]; then echo "${row#* }"; return; fi
+    done
+    echo "run_gpu_suite.sh: no budget for $1" >&2
+    exit 2
+}
+PROOF_TOTAL=0
+for row in "${PROOF_BUDGETS[@]}"; do PROOF_TOTAL=$((PROOF_TOTAL + ${row#* })); done
+
 case "$STEP" in
+proof) BUDGET=$PROOF_TOTAL; DEFAULT_WORKERS=2 ;;
 quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=440; DEFAULT_WORKERS=1 ;;
 fused) BUDGET=460; DEFAULT_WORKERS=1 ;;
 probe) BUDGET=440; DEFAULT_WORKERS=1 ;;
-*) echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused|probe OUTDIR" >&2; exit 2 ;;
+*) echo "usage: $0 [--check|--dry-run] proof|quick|tests|bench|fused|probe OUTDIR" >&2; exit 2 ;;
 esac
-if [ "$MODE" = dry ]; then OUT=OUTDIR; elif [ $# -ne 2 ]; then
-    echo "usage: $0 [--check|--dry-run] quick|tests|bench|fused|probe OUTDIR" >&2
+if [ "$MODE" = dry ]; then OUT=OUTDIR; echo "[$STEP] budget ${BUDGET}s"; elif [ $# -ne 2 ]; then
+    echo "usage: $0 [--check|--dry-run] proof|quick|tests|bench|fused|probe OUTDIR" >&2
     exit 2
 else
     OUT=$2
@@ -102,6 +128,14 @@ if [ "$MODE" != dry ]; then
 else
     RAW=OUTDIR
 fi
+if [ "$STEP" = proof ] && [ "$MODE" != dry ]; then
+    # Cold by construction: an empty Triton cache (outside RAW: it is not archived), and every compile or
+    # cache load of every process logged by Triton's compilation listener (benchmarks/proof_site).
+    export TRITON_CACHE_DIR="$RAW.triton-cache"
+    mkdir -p "$TRITON_CACHE_DIR" || exit 2
+    export LLM_SPEED_COMPILE_LOG="$RAW/triton_compiles.jsonl"
+    export PYTHONPATH="$ROOT/benchmarks/proof_site:$PYTHONPATH"
+fi
 
 # Carried wheels (no network on the device machine): installed offline, never fetched.
 WHEELS=()
@@ -140,10 +174,8 @@ sub() {
     shift 2
     local left=$((BUDGET - (SECONDS - START)))
     if [ "$cap" -gt "$left" ]; then cap=$left; fi
-    if [ "$MODE" = dry ]; then
-        printf "[%s/%s] cap %ss:" "$STEP" "$name" "$cap"
-        printf " %q" "$@"
-        echo
+    if [ "$MODE" = dry ]; then  # one write per line: a background sub-step prints beside this one
+        echo "$(printf "[%s/%s] cap %ss:" "$STEP" "$name" "$cap"; printf " %q" "$@")"
         return
     fi
     if [ "$cap" -lt "$MIN_STEP_S" ]; then
@@ -187,6 +219,14 @@ import llm_speed
 info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "triton": triton.__version__, "llm_speed": getattr(llm_speed, "__version__", "?"),
         "cuda_available": torch.cuda.is_available()}
+try:  # what Triton's cache keys start with (docs/benchmarks.md: why a cache built elsewhere misses)
+    import hashlib
+    from triton.runtime.cache import triton_key
+    from triton.backends.nvidia.compiler import get_ptxas_version
+    info["triton_key_sha256"] = hashlib.sha256(triton_key().encode()).hexdigest()
+    info["ptxas"] = get_ptxas_version(90).strip().splitlines()[-1]
+except Exception as error:  # a Triton without these names: the summary says so
+    info["triton_key_error"] = f"{type(error).__name__}: {error}"
 if torch.cuda.is_available():
     props = torch.cuda.get_device_properties(0)
     info.update(device=props.name, compute_capability=f"{props.major}.{props.minor}",
@@ -212,10 +252,43 @@ or gradients_at_1024 or forward_is_deterministic or one_plan_per_problem_class o
 or replayed_from_a_cuda_graph or mixed_lengths_gqa_against_dense or reduced_loop_bound"
 
 case "$STEP" in
+proof)
+    CHECK=()
+    if [ "$MODE" = check ]; then CHECK=(--check); fi
+    # a. correctness: each family in its own pytest process with its own timeout, 8 at once, then each
+    # candidate launch choice through its families (benchmarks/proof_correctness.py)
+    CAP=$(proof_budget correctness)
+    sub correctness "$CAP" "$PY" benchmarks/proof_correctness.py "$RAW" --budget-s $((CAP - 12)) \
+        --parallel 8 --workers "$WORKERS" "${CHECK[@]}"
+    # b. the headline: each set one process, each row against its alternatives, each JSON written as soon
+    # as its shape is measured (a cut part keeps them)
+    for SET in attention gemm fp8 decode; do
+        sub "headline_$SET" "$(proof_budget "headline_$SET")" "$PY" benchmarks/gpu_bench.py "proof-$SET" \
+            "$RAW" "${CHECK[@]}"
+    done
+    sub headline_fused "$(proof_budget headline_fused)" "$PY" benchmarks/fused_kernel_time.py \
+        --output "$RAW/fused_kernel_time.json" "${CHECK[@]}"
+    sub headline_ce "$(proof_budget headline_ce)" "$PY" benchmarks/gpu_bench.py proof-ce "$RAW" "${CHECK[@]}"
+    sub headline_train_step "$(proof_budget headline_train_step)" "$PY" benchmarks/gpu_bench.py \
+        proof-train-step "$RAW" "${CHECK[@]}"
+    # c. A/B with the time left (a final pack's seconds kept back): each candidate against the shipped
+    # policy at its own target, rounds interleaved, medians over every round
+    AB_CAP=$(proof_budget ab)
+    if [ "$MODE" = run ]; then AB_CAP=$((BUDGET - (SECONDS - START) - 5)); fi
+    if [ "$MODE" = dry ] || "$PY" benchmarks/attention_ab.py --help 2>/dev/null | grep -q -- --candidates; then
+        sub ab "$AB_CAP" "$PY" benchmarks/attention_ab.py --candidates --budget-s $((AB_CAP - 20 > 10 ? AB_CAP - 20 : 10)) \
+            --json "$RAW/attention_ab.json" "${CHECK[@]}"
+    else
+        echo "benchmarks/attention_ab.py has no --candidates option (the launch policy's A/B is not in this tree)" \
+            | tee "$RAW/ab.log"
+        printf "ab\tabsent\t0\t%s\n" "$AB_CAP" >> "$RAW/summary.tsv"
+    fi
+    ;;
 quick)
     # doctor compiles its probes while the tests compile theirs: 16 cores, so side by side.
     sub doctor 60 "$PY" -m llm_speed.cli doctor --output "$RAW/doctor.json" &
     DOCTOR=$!
+    if [ "$MODE" = dry ]; then wait "$DOCTOR"; fi  # the listing in one order
     # shellcheck disable=SC2046
     sub pytest_quick 140 "$PY" -m pytest "${QUICK_FILES[@]}" -k "$QUICK_K" $(xdist) "${PYTEST_COMMON[@]}" \
         --junitxml="$RAW/pytest_quick.xml"
@@ -271,7 +344,7 @@ esac
 
 if [ "$MODE" = dry ]; then exit 0; fi
 pack
-rm -rf "$RAW"
+rm -rf "$RAW" "$RAW.triton-cache"
 echo "step $STEP ($MODE): $((SECONDS - START))s; results in $OUT: summary.txt, summary.json, results.tar.gz"
 cat "$OUT/summary.txt" 2>/dev/null
 exit "$FAILED"

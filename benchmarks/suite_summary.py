@@ -26,6 +26,13 @@ def read_steps(raw: Path) -> list[dict]:
         name, code, seconds, cap = line.split("\t")
         if code == "skipped":
             status = "skipped (budget spent)"
+        elif code == "absent":  # the step's script lacks what it needs; its log says what
+            log = raw / f"{name}.log"
+            status = (
+                "not run: " + (log.read_text().strip().splitlines() or ["?"])[0]
+                if log.exists()
+                else "not run"
+            )
         elif code == "0":
             status = "passed"
         elif code in TIMED_OUT:
@@ -47,7 +54,11 @@ def read_steps(raw: Path) -> list[dict]:
 
 def pytest_counts(raw: Path) -> dict | None:
     """Test counts summed over every pytest*.xml junit file, or None when pytest wrote none (not run)."""
-    paths = sorted(raw.glob("pytest*.xml"))
+    return pytest_counts_of(sorted(raw.glob("pytest*.xml")))
+
+
+def pytest_counts_of(paths: list[Path]) -> dict | None:
+    """Test counts summed over these junit files, or None when there are none."""
     if not paths:
         return None
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed_tests": [], "files": []}
@@ -72,12 +83,54 @@ def pytest_counts(raw: Path) -> dict | None:
     return counts
 
 
+def pytest_by_file(raw: Path) -> dict:
+    """{junit file stem: {passed, failed, skipped}} for the proof's per-family files (pytest_correct_*,
+    pytest_cand_*): one line per family in the summary."""
+    found = {}
+    for path in sorted(raw.glob("pytest_c*.xml")):
+        counts = pytest_counts_of([path])
+        if counts is not None:
+            name = path.stem.removeprefix("pytest_")
+            found[name] = {key: counts[key] for key in ("passed", "failures", "errors", "skipped")}
+    return found
+
+
+def compiles(raw: Path) -> dict | None:
+    """Triton's compiles in every process (RAW/triton_compiles.jsonl, benchmarks/proof_site): kernels built
+    here and their compiler seconds (summed over processes, which compile side by side), and kernels loaded
+    from the file cache (a kernel another process of the run had built first)."""
+    path = raw / "triton_compiles.jsonl"
+    if not path.exists():
+        return None
+    built, loaded, seconds, unreadable = 0, 0, 0.0, 0
+    kernels = set()
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            unreadable += 1
+            continue
+        kernels.add(entry.get("hash"))
+        if entry.get("cache_hit"):
+            loaded += 1
+        else:
+            built += 1
+            seconds += entry.get("compile_us", 0) / 1e6
+    return {
+        "compiled_here": built,
+        "compile_seconds_summed": round(seconds, 1),
+        "loaded_from_cache": loaded,
+        "distinct_kernels": len(kernels),
+        "unreadable_lines": unreadable,
+    }
+
+
 def benchmark_files(raw: Path) -> dict:
     """Per benchmark JSON: how many rows ran and which implementations did not (with the first reason); for
     decode rows, which implementations' CUDA-graph capture failed (``graph_failed``, first reason)."""
     found = {}
     for path in sorted(raw.glob("*.json")):
-        if path.name in ("versions.json", "doctor.json"):
+        if path.name in ("versions.json", "doctor.json", "candidates.json"):
             continue
         try:
             results = json.loads(path.read_text()).get("results", [])
@@ -100,6 +153,76 @@ def benchmark_files(raw: Path) -> dict:
     return found
 
 
+OURS = ("flash", "flash-fp8", "llm-speed", "llm_speed", "kvcache", "kvcache-paged", "kvcache-fp8",
+        "kvcache-paged-fp8")  # fmt: skip
+
+
+def headline(raw: Path) -> list[str]:
+    """One line per row of ours in every benchmark JSON: its median, and how it compares with the fastest
+    other implementation of the same case (the bench commands' own ``speedup_vs_fastest_other``); decode rows
+    also replayed from a CUDA graph; the fused kernels with the profiler's kernel time and GB/s."""
+    lines = []
+    for path in sorted(raw.glob("*.json")):
+        try:
+            results = json.loads(path.read_text()).get("results", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for row in results if isinstance(results, list) else []:
+            if not row.get("available"):
+                continue
+            if "kernel_ms" in row:  # fused_kernel_time.py
+                times = f"wall {row['wall_ms']:.3f} ms, kernel {row['kernel_ms']:.3f} ms"
+                lines.append(
+                    f"  {path.stem}: {row['op']} {row['impl']}: {times}, {row['kernel_gbps']:.0f} GB/s"
+                )
+            elif row.get("impl") in OURS and (row.get("timing") or {}).get("median_ms") is not None:
+                text = f"  {path.stem}: {row['case']} {row['impl']}: {row['timing']['median_ms']:.4g} ms"
+                if row.get("speedup_vs_fastest_other") is not None:
+                    text += f", {row['speedup_vs_fastest_other']:.2f}x {row['fastest_other']}"
+                if row.get("graph_ms"):
+                    text += f"; graph {row['graph_ms']:.4g} ms"
+                lines.append(text)
+    return lines
+
+
+def problems(summary: dict) -> list[str]:
+    """Every step that did not pass and every failed test, named: the summary's first lines."""
+    found = [f"{s['step']}: {s['status']}" for s in summary["steps"] if s["status"] != "passed"]
+    if summary["pytest"] is not None:
+        found += [f"FAILED {name}" for name in summary["pytest"]["failed_tests"]]
+    for name, info in summary["benchmarks"].items():
+        if "error" in info:
+            found.append(f"{name}: {info['error']}")
+    return found
+
+
+def proof_text(summary: dict) -> list[str]:
+    """The proof's lines: junit counts per family, the candidates' families, Triton's compiles."""
+    text = []
+    if summary["families"]:
+        text += ["", "correctness by family (junit):"]
+        for name, c in summary["families"].items():
+            failed = c["failures"] + c["errors"]
+            text.append(f"  {name:<40} {c['passed']:>4} passed {failed:>3} failed {c['skipped']:>3} skipped")
+    candidates = summary["candidates"]
+    if candidates is not None:
+        text.append("")
+        if candidates.get("skipped_reason"):
+            text.append(f"candidate launch choices: none run ({candidates['skipped_reason']})")
+        text += [
+            f"candidate {name}: families {', '.join(info['families']) or 'none'}"
+            for name, info in (candidates.get("candidates") or {}).items()
+        ]
+    c = summary["triton_compiles"]
+    if c is not None:
+        text += ["", (
+            f"Triton: {c['compiled_here']} kernels compiled here ({c['compile_seconds_summed']} s of "
+            f"compiler time, summed over processes), {c['loaded_from_cache']} loaded from the run's file "
+            f"cache, {c['distinct_kernels']} distinct"
+        )]  # fmt: skip
+    return text
+
+
 def write_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(text)
@@ -115,18 +238,31 @@ def main(raw_dir: str, out_dir: str) -> int:
     except (OSError, ValueError):
         versions = {"error": "versions.json missing or unreadable (see it in results.tar.gz)"}
     steps = read_steps(raw)
+    try:
+        candidates = json.loads((raw / "candidates.json").read_text())
+    except (OSError, ValueError):
+        candidates = None
     summary = {
         "date_utc": header.get("date_utc"),
         "git_commit": header.get("git_commit"),
         "versions": versions,
         "steps": steps,
         "pytest": pytest_counts(raw),
+        "families": pytest_by_file(raw),
+        "candidates": candidates,
+        "triton_compiles": compiles(raw),
         "benchmarks": benchmark_files(raw),
         "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest*.xml, demo/, environment.txt)",
     }
+    summary["problems"] = problems(summary)
     write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
 
     lines = [f"llm-speed GPU suite, {summary['date_utc']}, commit {summary['git_commit']}"]
+    if summary["problems"]:
+        lines.append(f"PROBLEMS ({len(summary['problems'])}):")
+        lines.extend(f"  {problem}" for problem in summary["problems"])
+    else:
+        lines.append("no failures: every step passed")
     lines.append("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
     lines.append("")
     for s in steps:
@@ -139,6 +275,14 @@ def main(raw_dir: str, out_dir: str) -> int:
             f"{counts['errors']} errors, {counts['skipped']} skipped"
         )
         lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
+    lines += proof_text(summary)
+    rows = headline(raw)
+    if rows:
+        lines += [
+            "",
+            "ours against the fastest other row of its case (each JSON's ratio; above 1x: ours faster):",
+        ]
+        lines += rows
     for name, info in summary["benchmarks"].items():
         if "rows" in info:
             not_run = "".join(f"; not run: {impl} ({reason})" for impl, reason in info["not_run"].items())

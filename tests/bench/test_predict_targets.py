@@ -104,7 +104,7 @@ def test_gemm_point_and_parts(predict):
 
 def test_h100_results_page_is_the_summary_of_its_json(predict):
     """docs/h100-results.md holds the exact output of its command over the committed measurements."""
-    results = REPO / "benchmarks" / "results" / "h100-sxm" / "2026-11-22-baseline"
+    results = REPO / "benchmarks" / "results" / "h100-sxm" / "af147ec-baseline"
     table = _output(predict, "summarize", str(results))
     assert table.count("\n") == 2 + 48 + 55  # 48 attention points, 55 GEMM shapes
     assert table in (REPO / "docs" / "h100-results.md").read_text()

@@ -32,6 +32,11 @@ NOT_RUN = {
         "the GPU suite refuses to run without a GPU; tests/bench/test_gpu_suite_script.py tests the script"
     ),
     "make gpu-quick": "runs the GPU suite's quick step, which refuses to run without a GPU (see above)",
+    "LLM_SPEED_GIT_COMMIT=$(git rev-parse HEAD) PYTHON=python3 "
+    "benchmarks/run_gpu_suite.sh proof gpu-results": (
+        "the GPU suite refuses to run without a GPU; tests/bench/test_gpu_suite_script.py checks it"
+    ),
+    "make gpu-proof": "runs the GPU suite's proof step, which refuses to run without a GPU (see above)",
 }
 
 

@@ -14,7 +14,7 @@ SEARCHED = ("README.md", "Makefile", "docs", "benchmarks", "tests", "src")
 SUFFIXES = {".md", ".py", ".sh", ".toml", ""}
 GUIDE_REF = re.compile(r"(?:docs/)?guides/([\w.-]+\.md)")
 NOTES_REF = re.compile(r"docs/notes\b")
-# Results folders as the guides' tables give them (`2026-11-25-suite2/call8/`), relative to the results root.
+# Results folders as the guides' tables give them (`b9171ef-fused/`), relative to the results root.
 RESULTS_ROOT = REPO / "benchmarks" / "results"
 RESULTS_ROW = re.compile(r"^\| [\w.-]+ \| `([^`]+)`", re.MULTILINE)
 # docs/notes/ references that the attention package still holds: issue 72's attention-by-role change rewrites

@@ -61,7 +61,7 @@ def test_calibrate_refits_from_a_results_directory(tmp_path, capsys):
     folder = tmp_path / "h100-sxm" / "session"
     folder.mkdir(parents=True)
     for name in ("gemm_bf16_square.json", "ceilings.txt"):
-        shutil.copy(H100 / "2026-11-22-baseline" / name, folder / name)
+        shutil.copy(H100 / "af147ec-baseline" / name, folder / name)
     out = tmp_path / "calibration.json"
     code, text, _ = _run(capsys, ["--calibrate", str(tmp_path), "--output", str(out), "--iterations", "20"])
     assert code == 0 and "h100-sxm/cublas/gemm" in text and f"written to {out}" in text

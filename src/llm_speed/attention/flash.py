@@ -2107,7 +2107,7 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # 128x128 (sm_90a, 2026-11-25); d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
 # w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. Backward, measured again on an H100 SXM
 # on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/h100-sxm/
-# 2026-11-25-call5): dQ in a kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 /
+# 4c378d4-ab-fp8): dQ in a kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 /
 # 12.4 ms at 64x64 w4 and 27.5 / 13.8 at 64x64 w8; cuDNN 10.1 / 5.2. So this tier computes dQ in its own
 # kernel, at 4 warps, although its causal dK/dV kernel spills 25 LDL/STL inside its loops compiled for sm_90a
 # (the full one none; 8 warps spill nowhere and ran 2.1x slower: each warpgroup's products are 32 rows,
@@ -2306,7 +2306,7 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
 
 
 # Longest first from this many query rows per sequence: measured on an H100 SXM (2026-11-25, causal, d=128,
-# 16 heads, bf16; benchmarks/results/h100-sxm/2026-11-25-call5) 1.05-1.09x at 1 x 16384,
+# 16 heads, bf16; benchmarks/results/h100-sxm/4c378d4-ab-fp8) 1.05-1.09x at 1 x 16384,
 # 1.03x and 0.92x at 2 x 8192, 0.99-1.02x at 4 x 4096 and 8 x 2048, 0.93x at 16 x 1024 (against row order).
 LPT_MIN_ROWS = 16384
 

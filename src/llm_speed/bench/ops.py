@@ -285,7 +285,7 @@ def _function(op: str, impl: str) -> Callable[..., Any]:
     return _liger_fn(op)
 
 
-def _builder(op: str, impl: str, s: OpsSettings, device: torch.device) -> Callable[[], Callable[[], Any]]:
+def step_builder(op: str, impl: str, s: OpsSettings, device: torch.device) -> Callable[[], Callable[[], Any]]:
     """A function that makes the inputs and returns one forward + backward step to time."""
 
     def build() -> Callable[[], Any]:
@@ -330,7 +330,7 @@ def run_ops(
                 else:
                     report.run_measurement(
                         row,
-                        _builder(op, impl, settings, device),
+                        step_builder(op, impl, settings, device),
                         device=device,
                         warmup=settings.warmup,
                         iterations=settings.iterations,

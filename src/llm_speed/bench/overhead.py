@@ -286,7 +286,7 @@ def _time(
     return best * 1e6
 
 
-def _kernel_us(fn: Callable[[], Any], calls: int) -> float:
+def kernel_us(fn: Callable[[], Any], calls: int) -> float:
     """Device time per call of the CUDA kernels ``fn`` runs (``torch.profiler``)."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as profile:
@@ -338,7 +338,7 @@ def measure(
             with path, torch.set_grad_enabled(grad):
                 fn = _runner(case.make(device, dtype, grad), mode)
                 us = _time(fn, calls if mode != "training" else max(1, calls // 4), repeats, device, clock)
-                kernel = _kernel_us(fn, min(calls, 100)) if on_gpu else None
+                kernel = kernel_us(fn, min(calls, 100)) if on_gpu else None
             times[(name, mode)] = us
             rows.append(Row(name, mode, us, kernel_us=kernel))
     sdpa = times.get((YARDSTICK, "inference"))

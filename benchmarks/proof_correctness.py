@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""The correctness part of ``run_gpu_suite.sh proof``: every kernel family's GPU tests against float64, each
+family in its own pytest process with its own timeout, several at once, then each candidate launch choice
+(``llm_speed.core.policy.CANDIDATES``) through the families it changes, with ``LLM_SPEED_POLICY=<name>``.
+
+A hang or a fault costs its own family only: every process has a deadline (its cap, and never past the
+part's end), gets SIGINT at it (pytest still writes its junit XML) and SIGKILL a grace period later. Each
+job appends its row to RAW/summary.tsv (as ``run_gpu_suite.sh``'s sub-steps do) and writes
+RAW/<job>.log and RAW/pytest_<job>.xml; RAW/candidates.json says which candidates ran where, or why none did.
+
+    python benchmarks/proof_correctness.py RAW_DIR --budget-s 150 [--parallel 8] [--workers 2]
+    python benchmarks/proof_correctness.py RAW_DIR --check      collect every selection on the CPU
+
+Standard library only in this process (the families import torch in their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Tests that check the host side, the CPU interpreter, or compile for a GPU that is not there: they prove
+# nothing more on the GPU and cost the part its time.
+HOST_ONLY = (
+    "opcheck or torch_compile or compile_fullgraph or compile_with or compile_for or builds_for or "
+    "cpu_without_interpreter or interpreter_runs or bad_ or refused or registration or checks_name or "
+    "_errors or skips_the_checks or skip_a_check or nothing_is_read or plans_depend or plan_per_problem"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family: the pytest selection that proves it, and what it covers (for the summary)."""
+
+    name: str
+    covers: str
+    paths: tuple[str, ...]
+    keyword: str = ""  # -k, joined to "not (HOST_ONLY)"
+    cap_s: int = 120
+
+
+_A = "tests/attention/"
+FAMILIES = (
+    Family(
+        "flash",
+        "flash forward + default backward: d 64/128/256, causal, window + softcap, GQA, ALiBi, dropout, "
+        "sequence-major layout, K/V by TMA and by pointers, the overlapped d=128 loop, 32-bit rows",
+        (
+            f"{_A}test_attention_accuracy.py",
+            f"{_A}test_attention_semantics.py",
+            f"{_A}test_attention_window_softcap.py",
+            f"{_A}test_attention_overlap.py",
+            f"{_A}test_attention_tma_kv.py",
+            f"{_A}test_attention_row_offsets.py",
+            f"{_A}test_attention_gpu.py",
+            f"{_A}test_flash_attn_interface.py",
+        ),
+        "(not test_attention_gpu.py or sampled_rows or rectangular_causal) and not varlen and not kvcache "
+        "and not deterministic_backward",
+    ),
+    Family(
+        "flash_bwd",
+        "both backward paths (dQ by atomics, the dQ kernel, dQ by TMA reductions), TMA and pointer loads, "
+        "determinism",
+        (
+            f"{_A}test_attention_backward_paths.py",
+            f"{_A}test_attention_tma_backward.py",
+            f"{_A}test_attention_tma_dq.py",
+            f"{_A}test_attention_gpu.py",
+            f"{_A}test_flash_attn_interface.py",
+        ),
+        "(not test_attention_gpu.py or backward) and (not test_flash_attn_interface.py or deterministic)",
+    ),
+    Family(
+        "varlen",
+        "packed sequences (bounds in uniform registers) and paged varlen, forward and backward",
+        (
+            f"{_A}test_attention_varlen.py",
+            f"{_A}test_attention_varlen_paged.py",
+            f"{_A}test_attention_varlen_unchecked.py",
+            "tests/core/test_warp_uniform.py",
+            f"{_A}test_flash_attn_interface.py",
+        ),
+        "not test_flash_attn_interface.py or varlen",
+    ),
+    Family(
+        "decode",
+        "decode over dense and paged caches, with append in the attention kernel, fp8 caches, rotary, splits",
+        (
+            f"{_A}test_attention_kvcache.py",
+            f"{_A}test_attention_kvcache_features.py",
+            f"{_A}test_attention_kvcache_fp8.py",
+            f"{_A}test_attention_kvcache_gpu.py",
+        ),
+        "not cuda_graph",
+    ),
+    Family(
+        "fp8_attention",
+        "fp8 attention (dense, packed, paged) and its weight cast",
+        (f"{_A}test_attention_fp8.py",),
+    ),
+    Family(
+        "gemm",
+        "GEMM fp16/bf16/fp32/int8, the TMA kernel's edges, epilogues, layouts, gradients",
+        (
+            "tests/matmul/test_gemm_forward.py",
+            "tests/matmul/test_gemm_int8.py",
+            "tests/matmul/test_gemm_gpu.py",
+            "tests/matmul/test_gemm_bf16_rounding.py",
+            "tests/matmul/test_gemm_autograd.py",
+        ),
+        "not 8192 and not 4096",
+    ),
+    Family(
+        "gemm_fp8",
+        "fp8 GEMM per tensor, per row and blockwise, fp8 linear layers",
+        ("tests/matmul/test_fp8.py",),
+    ),
+    Family("fused", "rms_norm, SwiGLU, rotary, linear cross-entropy: forward and backward", ("tests/fused",)),
+    Family(
+        "moe", "routing, grouped GEMM, the fused MoE layer forward and backward", ("tests/moe",), "not bench"
+    ),
+    Family(
+        "cuda_graph",
+        "one decode step captured in a CUDA graph and replayed (new lengths and pages too); a training step "
+        "under reduce-overhead",
+        ("tests/core/test_cuda_graphs_gpu.py", f"{_A}test_attention_kvcache_gpu.py"),
+        "not test_attention_kvcache_gpu.py or cuda_graph",
+    ),
+)
+BY_NAME = {f.name: f for f in FAMILIES}
+
+# A candidate's family, from the words of its name and target (Candidate.target: the op and shape it is
+# A/B'd at): the first rule whose word appears wins; no word at all reruns the attention families.
+_CANDIDATE_WORDS = (
+    (("decode", "kvcache", "append"), ("decode", "cuda_graph")),
+    (("varlen", "packed", "uniform"), ("varlen",)),
+    (("fp8_attention", "fp8 attention", "weight_cast", "fp8_weight"), ("fp8_attention",)),
+    (("gemm", "matmul", "linear"), ("gemm", "gemm_fp8")),
+    (("backward", "bwd", "dq"), ("flash_bwd",)),
+    (("forward", "fwd", "overlap"), ("flash",)),
+)
+
+
+def candidate_families(name: str, target: object) -> tuple[str, ...]:
+    """The families a candidate launch choice is proven through (see ``_CANDIDATE_WORDS``)."""
+    if isinstance(target, dict) and target.get("family") in BY_NAME:
+        return (target["family"],)
+    words = f"{name} {target}".lower()
+    for keys, families in _CANDIDATE_WORDS:
+        if any(key in words for key in keys):
+            return families
+    return ("flash", "flash_bwd")
+
+
+def load_candidates(python: str) -> tuple[dict[str, object], str | None]:
+    """{candidate name: target} from ``llm_speed.core.policy`` in a child process (the families' Python and
+    PYTHONPATH), or ({}, why there are none)."""
+    code = (
+        "import json\nfrom llm_speed.core.policy import CANDIDATES\n"
+        "print(json.dumps({n: getattr(c, 'target', None) for n, c in CANDIDATES.items()}, default=repr))"
+    )
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {}, f"reading llm_speed.core.policy.CANDIDATES failed: {error}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {}, f"llm_speed.core.policy.CANDIDATES could not be read ({last})"
+    return json.loads(done.stdout.strip().splitlines()[-1]), None
+
+
+@dataclass
+class Job:
+    name: str  # correct_<family> or cand_<candidate>_<family>
+    family: Family
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    log: object = None
+    began: float = 0.0
+    deadline: float = 0.0
+    interrupted: bool = False
+
+
+def pytest_command(python: str, raw: Path, job: Job, workers: int, check: bool) -> list[str]:
+    family = job.family
+    keyword = f"not ({HOST_ONLY})" + (f" and ({family.keyword})" if family.keyword else "")
+    command = [python, "-m", "pytest", *family.paths, "-k", keyword, "-p", "no:cacheprovider", "-rfE"]
+    if check:
+        return [*command, "--collect-only", "-q", "-p", "no:xdist"]
+    command += ["-q", "--durations=5", f"--junitxml={raw / f'pytest_{job.name}.xml'}"]
+    command += ["-n", str(workers)] if workers > 1 else ["-p", "no:xdist"]
+    return command
+
+
+def _record(raw: Path, name: str, code: str, seconds: float, cap: float) -> None:
+    with open(raw / "summary.tsv", "a") as table:
+        table.write(f"{name}\t{code}\t{int(seconds)}\t{int(cap)}\n")
+
+
+@dataclass
+class Runner:
+    """Runs jobs in order, ``parallel`` at a time, each until its family's cap or the part's end."""
+
+    raw: Path
+    python: str
+    budget_s: float
+    parallel: int
+    workers: int
+    check: bool
+    grace_s: float = 8.0
+    min_start_s: float = 10.0
+
+    @property
+    def threads(self) -> int:
+        """CPU threads per pytest worker: the cores shared by every worker of every family at once."""
+        return max(1, (os.cpu_count() or 1) // (self.parallel * self.workers))
+
+    def run(self, jobs: list[Job]) -> int:
+        """The number of jobs that did not pass (failed, cut or never started)."""
+        self.end = time.monotonic() + self.budget_s
+        waiting, running, bad = list(jobs), [], 0
+        try:
+            while waiting or running:
+                bad += self._start(waiting, running)
+                time.sleep(0.2)
+                bad += self._poll(running)
+        except KeyboardInterrupt:  # the suite's cap: stop every family, keep what each wrote, record the cut
+            for job in running:
+                os.killpg(job.process.pid, signal.SIGINT)
+            for job in running:
+                try:
+                    job.process.wait(timeout=self.grace_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(job.process.pid, signal.SIGKILL)
+                job.log.close()
+                _record(self.raw, job.name, "124", time.monotonic() - job.began, job.deadline - job.began)
+            raise
+        return bad
+
+    def _start(self, waiting: list[Job], running: list[Job]) -> int:
+        skipped = 0
+        while waiting and len(running) < self.parallel:
+            job = waiting.pop(0)
+            left = self.end - time.monotonic()
+            if left < self.min_start_s:
+                print(
+                    f"[proof/{job.name}] skipped: {left:.0f} s of the part's {self.budget_s:.0f} s left",
+                    flush=True,
+                )
+                _record(self.raw, job.name, "skipped", 0, max(left, 0))
+                skipped += 1
+                continue
+            job.began = time.monotonic()
+            job.deadline = job.began + min(job.family.cap_s, left)
+            command = pytest_command(self.python, self.raw, job, self.workers, self.check)
+            print(
+                f"[proof/{job.name}] (cap {job.deadline - job.began:.0f} s) {' '.join(command)}", flush=True
+            )
+            job.log = open(self.raw / f"{job.name}.log", "w")  # noqa: SIM115 - closed when the job ends
+            job.process = subprocess.Popen(
+                command,
+                stdout=job.log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "OMP_NUM_THREADS": str(self.threads), **job.env},
+                start_new_session=True,
+            )
+            running.append(job)
+        return skipped
+
+    def _poll(self, running: list[Job]) -> int:
+        bad = 0
+        for job in list(running):
+            code = job.process.poll()
+            now = time.monotonic()
+            if code is None:
+                if now >= job.deadline and not job.interrupted:
+                    os.killpg(job.process.pid, signal.SIGINT)  # pytest writes its junit on SIGINT
+                    job.interrupted = True
+                elif now >= job.deadline + self.grace_s:
+                    os.killpg(job.process.pid, signal.SIGKILL)
+                continue
+            running.remove(job)
+            job.log.close()
+            status = "124" if job.interrupted else str(code)
+            _record(self.raw, job.name, status, now - job.began, job.deadline - job.began)
+            print(f"[proof/{job.name}] exit {status} after {now - job.began:.0f} s", flush=True)
+            bad += status != "0"
+        return bad
+
+
+def plan(python: str, check: bool, only: list[str] | None) -> tuple[list[Job], dict]:
+    """The jobs (every family, then each candidate through its families) and the candidates' record."""
+    families = [BY_NAME[name] for name in only] if only else list(FAMILIES)
+    jobs = [Job(f"correct_{f.name}", f) for f in families]
+    candidates, reason = load_candidates(python)
+    record: dict = {"candidates": {}, "skipped_reason": reason}
+    for name, target in candidates.items():
+        chosen = [f for f in candidate_families(name, target) if f in {x.name for x in families}]
+        record["candidates"][name] = {"target": target, "families": chosen}
+        jobs += [Job(f"cand_{name}_{f}", BY_NAME[f], {"LLM_SPEED_POLICY": name}) for f in chosen]
+    if check:  # a CPU check collects each selection once: a candidate's run is its family's with one variable
+        jobs = [job for job in jobs if not job.env]
+    return jobs, record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("raw", type=Path, help="the suite's raw folder (summary.tsv, logs, junit XML)")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="the whole part ends within this")
+    parser.add_argument("--parallel", type=int, default=8, help="family processes at once")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per family process")
+    parser.add_argument("--families", nargs="+", choices=sorted(BY_NAME), help="default: all of them")
+    parser.add_argument("--check", action="store_true", help="collect every selection (CPU), run no test")
+    args = parser.parse_args(argv)
+    for name in ("budget_s", "parallel", "workers"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.raw.is_dir():
+        parser.error(f"RAW_DIR {args.raw} is not a folder")
+    if not (args.raw / "summary.tsv").exists():
+        (args.raw / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n")
+    python = sys.executable
+    jobs, record = plan(python, args.check, args.families)
+    (args.raw / "candidates.json").write_text(json.dumps(record, indent=1, default=repr) + "\n")
+    if record["skipped_reason"]:
+        print(f"[proof] candidate launch choices not run: {record['skipped_reason']}", flush=True)
+    parallel = min(args.parallel, 2) if args.check else args.parallel
+    runner = Runner(args.raw, python, args.budget_s, parallel, args.workers, args.check)
+    try:
+        bad = runner.run(jobs)
+    except KeyboardInterrupt:  # the suite's cap: each running family was already told (see run_jobs)
+        return 124
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
