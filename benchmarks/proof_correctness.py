@@ -130,6 +130,13 @@ FAMILIES = (
         "moe", "routing, grouped GEMM, the fused MoE layer forward and backward", ("tests/moe",), "not bench"
     ),
     Family(
+        "gluon",
+        "the warp-specialized Gluon GEMM and forward attention (candidates, selected nowhere): a broken barrier "
+        "hangs, so they run apart from every shipped family",
+        ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_attention_gpu.py"),
+        cap_s=90,
+    ),
+    Family(
         "cuda_graph",
         "one decode step captured in a CUDA graph and replayed (new lengths and pages too); a training step "
         "under reduce-overhead",
