@@ -24,6 +24,7 @@ from llm_speed.attention.reference import causal_visible, reference_attention
 from llm_speed.core import runtime
 from llm_speed.core.config import KernelConfig
 from llm_speed.core.hardware import hardware_of
+from llm_speed.core.policy import current_policy
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
 
@@ -253,7 +254,8 @@ def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     # forward and dK/dV (default path with dQ by atomics), and the deterministic path's dK/dV and dQ kernels
     # (the preprocess and dQ conversion grids are one block per row block, or per element block, too); where
     # the tier computes dQ in its own kernel by default (the H100) both calls share those plans
-    assert len(grids) == (3 if flash.tier_for(hardware_of(device)).dq_kernel else 4)
+    dq_kernel = flash.tier_dq_kernel(flash.tier_for(hardware_of(device)), current_policy())
+    assert len(grids) == (3 if dq_kernel else 4)
     for n_rows, block, batch, heads, varlen in grids:
         assert batch == 3 and heads in (4, 2) and n_rows in (37, 21) and not varlen
         grid, _ = real_grid(n_rows, block, batch, heads, False)

@@ -15,6 +15,7 @@ from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import hardware as hardware_module
 from llm_speed.core import launch, runtime
+from llm_speed.core.policy import SHIPPED
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="runs the Triton interpreter")
 
@@ -110,10 +111,10 @@ QUERY_KERNELS = (flash.FORWARD.name, "flash_attention_bwd_dq")
 
 
 @pytest.fixture
-def short_lpt(monkeypatch):
+def short_lpt(policy):
     """Longest first from any length, so that these small problems take that path (the launcher keeps it for
-    sequences of flash.LPT_MIN_ROWS and more)."""
-    monkeypatch.setattr(flash, "LPT_MIN_ROWS", 0)
+    sequences of the policy's ``lpt_min_rows`` and more)."""
+    policy(lpt_min_rows=0)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +184,7 @@ def test_the_performance_model_launches_as_the_kernels_do():
     hardware = hardware_module.default_hardware()
     for seq_kv, heads_q, heads_kv in ((16384, 16, 16), (4096, 32, 8), (131072, 8, 1)):
         launcher = flash._launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
-                                       heads_q // heads_kv, seq_kv)  # fmt: skip
+                                       heads_q // heads_kv, seq_kv, SHIPPED)  # fmt: skip
         shape = AttentionShape(4, heads_q, heads_kv, 128, 2, True, ((seq_kv, seq_kv),))
         model = _lpt_section(get_gpu(hardware.name), "lpt", shape)
         expected = (
@@ -192,11 +193,11 @@ def test_the_performance_model_launches_as_the_kernels_do():
             else {"section": min(model, 4 * heads_q), "LPT": True}
         )
         assert launcher == expected
-        assert (model is None) == (seq_kv < flash.LPT_MIN_ROWS)
-    # below LPT_MIN_ROWS both launch in row order
-    assert LPT_MIN_ROWS == flash.LPT_MIN_ROWS
-    seq = flash.LPT_MIN_ROWS // 2
-    assert flash._launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq) == {
+        assert (model is None) == (seq_kv < SHIPPED.lpt_min_rows)
+    # below lpt_min_rows both launch in row order
+    assert LPT_MIN_ROWS == SHIPPED.lpt_min_rows
+    seq = SHIPPED.lpt_min_rows // 2
+    assert flash._launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq, SHIPPED) == {
         "section": 1,
         "LPT": False,
     }

@@ -91,10 +91,12 @@ from ..core.args import check_flag, check_real, positive_int
 from ..core.config import KernelConfig
 from ..core.dispatch import Op, plain_inference
 from ..core.hardware import Hardware, hardware_of
-from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
+from ..core.kernel_math import LN2, LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
 from ..core.launch import CallCache, Kernel, cdiv, next_power_of_2, plan_cache
+from ..core.policy import LaunchPolicy, current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
-from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
+from ..core.tile_choice import SMALLEST_TILE_SIDE as MIN_DOT_DIM
+from ..matmul.fp8 import FP8_DTYPES, fp8_constants, to_fp8
 from .checks import (
     MAX_HEAD_DIM,
     check_alibi_slopes,
@@ -108,14 +110,12 @@ from .checks import (
     unknown_keywords,
 )
 
-LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
 MAX_SPLITS = 128  # as flash-attn's split heuristic
 # Programs of 4 warps per SM that the split count fills: flash-attn counts two per SM for its 128-thread
 # kernel. Ours holds 2-3 per SM on sm_90a at head_dim 128 (156-179 registers); on 2026-11-25 (H100) the
 # step at batch 8 x 16k with one program per SM read 2.27 TB/s, at batch 32 x 16k with two 3.06 TB/s.
 PROGRAMS_PER_SM = 2
-MIN_DOT_DIM = 16
 MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention program
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -153,9 +153,9 @@ def _to_cache(x, b_descale, dtype: tl.constexpr, FP8_MAX: tl.constexpr, SHIFT: t
               ROUND_BY_HAND: tl.constexpr):  # fmt: skip
     """``x`` [H, D] quantized to fp8 ``dtype`` with the descales ``b_descale`` [H] of its rows:
     ``saturate(x / descale)`` (IEEE division in float32), rounded to nearest even, NaN kept, through the fp8
-    GEMM's cast (:func:`llm_speed.matmul.fp8._to_fp8`): the bytes are PyTorch's."""
+    GEMM's cast (:func:`llm_speed.matmul.fp8.to_fp8`): the bytes are PyTorch's."""
     y = tl.div_rn(x.to(tl.float32), b_descale[:, None])
-    return _to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
+    return to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
                    MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=dtype)  # fmt: skip
 
 
@@ -258,7 +258,7 @@ def _append_kernel(
 
 
 @triton.jit
-def _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED: tl.constexpr):
+def cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED: tl.constexpr):
     """(page, slot) of key positions ``o_n`` of sequence ``i_b``, as int64 [BN]: through the block table
     when paged, else (i_b, o_n). Positions outside ``m_n`` do not read the table."""
     if PAGED:
@@ -270,7 +270,7 @@ def _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, P
 
 
 @triton.jit
-def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blocks, BLOCK_P: tl.constexpr):
+def has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blocks, BLOCK_P: tl.constexpr):
     """Whether a block-table entry of sequence ``i_b`` among logical pages [first, last) is outside
     [0, num_blocks)."""
     b_bad = tl.zeros([BLOCK_P], dtype=tl.int32)
@@ -368,7 +368,7 @@ def _kvcache_fwd_kernel(
         # The pages in use of this split's key range: one outside the pool makes the sequence's rows NaN
         # (every split of the range [0, seqlen_k) checks its own part; the combine kernel spreads the NaN).
         last_page = tl.cdiv(tl.minimum(lo + split_len, seqlen_k), page_size)
-        bad = bad | _has_bad_page(BLOCK_TABLE, i_b, lo // page_size, last_page, stride_btb, stride_btp,
+        bad = bad | has_bad_page(BLOCK_TABLE, i_b, lo // page_size, last_page, stride_btb, stride_btp,
                                   num_blocks, BLOCK_P)  # fmt: skip
         seqlen_k = tl.where(bad, 0, seqlen_k)
     shift = seqlen_k - seq_q  # query i sits at key position i + shift (bottom-right alignment)
@@ -440,7 +440,7 @@ def _kvcache_fwd_kernel(
         m_n = o_n < seqlen_k  # slots past the valid tokens are never read: they may hold anything
         if CACHE_LEFTPAD is not None:
             m_n = m_n & (o_n >= first_key)  # nor the left padding
-        b_page, o_slot = _cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
+        b_page, o_slot = cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
         m_kv = m_n[:, None] & m_d[None, :]
         p_k = K_CACHE + i_hkv * stride_kh + (b_page * stride_kb + o_slot * stride_ks)[:, None] + o_d[None, :]
         b_k = tl.load(p_k, mask=m_kv, other=0.0).to(b_q.dtype)  # [BN, BD] (fp8: exact upcast)
@@ -563,11 +563,11 @@ _NO_FP8 = dict(FP8_MAX=0.0, FP8_SHIFT=0, FP8_ROUND_MASK=0, FP8_MIN_NORMAL=0.0, F
 
 def _fp8_switches(cache_dtype: torch.dtype | None) -> dict:
     """The append kernel's FP8_* constexprs for a cache of ``cache_dtype`` (None: a 16-bit cache): those of
-    the fp8 GEMM's cast (:func:`llm_speed.matmul.fp8._fp8_constants`), rounding by hand under the
+    the fp8 GEMM's cast (:func:`llm_speed.matmul.fp8.fp8_constants`), rounding by hand under the
     interpreter."""
     if cache_dtype is None:
         return _NO_FP8
-    return {"FP8_" + name.removeprefix("FP8_"): value for name, value in _fp8_constants(cache_dtype).items()}
+    return {"FP8_" + name.removeprefix("FP8_"): value for name, value in fp8_constants(cache_dtype).items()}
 
 
 def choose_num_splits(programs: int, key_blocks: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
@@ -595,12 +595,16 @@ def max_block_m(head_dim: int, dtype: torch.dtype) -> int:
     return 16 if head_dim > 128 or dtype == torch.float32 else 32
 
 
-def appends_in_attention(rows: int, head_dim: int, dtype: torch.dtype) -> bool:
+def appends_in_attention(
+    rows: int, head_dim: int, dtype: torch.dtype, policy: LaunchPolicy | None = None
+) -> bool:
     """Whether a call with new tokens and ``rows`` = group * seq_q query rows per KV head has the attention
-    kernel write them (one launch): its rows fit one query tile, so one program per (sequence, KV head,
-    split) reads each new key and can write it first; else (several tiles would race on them) the append
-    kernel runs before."""
-    return 0 < rows <= max_block_m(head_dim, dtype)
+    kernel write them (one launch), under ``policy`` (None: the current one) with its
+    ``decode_append_in_attention``: its rows fit one query tile, so one program per (sequence, KV head,
+    split) reads each new key and can write it first; else (several tiles would race on them, or the
+    policy says no) the append kernel runs before."""
+    policy = current_policy() if policy is None else policy
+    return policy.decode_append_in_attention and 0 < rows <= max_block_m(head_dim, dtype)
 
 
 @functools.cache
@@ -652,7 +656,7 @@ def _plans(
     new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
     has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
     rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None, *,
-    lse: bool,
+    lse: bool, policy: LaunchPolicy,
 ) -> tuple:
     """(append plan or None, attention plan or None, combine plan or None, shape of out, shape of the LSE or
     None when ``lse`` is False (not asked for: its stores are compiled out), elements of the float32
@@ -664,7 +668,8 @@ def _plans(
     (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
     slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
     stride) of k_descale, the same of v_descale) or None (a 16-bit cache). An absent input's pointer is fixed
-    to None (a constexpr: its code is compiled out)."""
+    to None (a constexpr: its code is compiled out). ``policy``: the launch choices
+    (:func:`appends_in_attention`)."""
     batch, seq_q, heads_q, head_dim = q_shape
     heads_kv = cache_shape[2]
     paged = table_shape is not None
@@ -687,7 +692,7 @@ def _plans(
     lse_shape = (batch, heads_q, seq_q) if lse else None
     group = heads_q // heads_kv
     attending = batch and seq_q
-    fused = bool(batch and seq_new) and appends_in_attention(group * seq_q, head_dim, dtype)
+    fused = bool(batch and seq_new) and appends_in_attention(group * seq_q, head_dim, dtype, policy)
     (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides if seq_new else ((0,) * 4, (0,) * 4)
     append = None
     if batch and seq_new and not fused:
@@ -766,7 +771,7 @@ _E4M3, _E5M2 = FP8_DTYPES
 _NOTHING: dict = {}  # no optional input (never written)
 
 
-def _descale_strides(t: torch.Tensor) -> tuple[int, int]:
+def descale_strides(t: torch.Tensor) -> tuple[int, int]:
     """(batch stride, head stride) the kernels read a descale with: 0 along a dim it lacks or of size 1
     (``[]``/``[1]``: one value; ``[heads_kv]``; ``[batch, heads_kv]``)."""
     shape = t.shape
@@ -795,7 +800,7 @@ def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rot
     if alibi_slopes is not None:
         alibi_batch_stride = alibi_slopes.shape[1] if alibi_slopes.dim() == 2 else 0
     if k_descale is not None:
-        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+        fp8 = (k_cache.dtype, descale_strides(k_descale), descale_strides(v_descale))
         extra["K_DESCALE"], extra["V_DESCALE"] = k_descale, v_descale
     keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride, fp8)
     return extra, keys
@@ -806,7 +811,7 @@ def _cache_inputs(k_cache, k_descale, v_descale) -> tuple[dict, tuple]:
     16-bit cache), without its work."""
     if k_descale is None:
         return _NOTHING, ()
-    fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
+    fp8 = (k_cache.dtype, descale_strides(k_descale), descale_strides(v_descale))
     return {"K_DESCALE": k_descale, "V_DESCALE": v_descale}, (False, False, None, None, fp8)
 
 
@@ -850,7 +855,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
         extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
                                                 rotary_interleaved, alibi_slopes, k_cache, k_descale,
                                                 v_descale)  # fmt: skip
-    plans = _plans(*plan_args, *optional_keys, lse=True)
+    plans = _plans(*plan_args, *optional_keys, lse=True, policy=current_policy())
     return _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left,
                 window_right, softcap, extra, cache_leftpad, alibi_slopes)  # fmt: skip
 
@@ -1245,13 +1250,13 @@ _DECODE_CALLS = CallCache()
 
 def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
                      return_lse, k_descale, v_descale) -> tuple:  # fmt: skip
-    """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags (spelled out: a loop over
-    the tensors costs 0.6 us more a call)."""
+    """The key of :data:`_DECODE_CALLS`: every tensor's metadata, the flags (spelled out: a loop over
+    the tensors costs 0.6 us more a call) and the launch policy."""
     key = (
         q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
         k_cache.device, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, cache_seqlens.shape,
         cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, is_causal, num_splits, return_lse,
-        k is None, block_table is None,
+        k is None, block_table is None, current_policy(),
     )  # fmt: skip
     if k is not None:
         key += (k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)
@@ -1467,7 +1472,7 @@ def flash_attention_with_kvcache(
         plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
                                num_splits)  # fmt: skip
         extra, optional_keys = _cache_inputs(k_cache, k_descale, v_descale)
-        plans = _plans(*plan_args, *optional_keys, lse=return_lse)
+        plans = _plans(*plan_args, *optional_keys, lse=return_lse, policy=current_policy())
         _DECODE_CALLS.put(known, plans)
         out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
                         None, extra)  # fmt: skip

@@ -36,6 +36,7 @@ Constexpr switches specialise one body per variant instead of near-copies:
                  descriptors; the backward's kernels take descriptors of their streamed tiles (Q_DESC, ...)
   DESC_SEQ_MAJOR the descriptors are over the rows of sequence-major ``[B, S, H, D]`` tensors
   ROWS32         row offsets in 32 bits: every row of every tensor fits (``rows_fit_32``)
+  FP8_GPU_CAST   (fp8) the softmax weights take the GPU's own e4m3 cast (``_weights_as``)
   OVERLAP        (16-bit forward, Hopper) the unmasked interior loop issues the next block's QK^T before this
                  block's softmax, so that the two overlap (FlashAttention-3's intra-warpgroup pipelining,
                  arXiv:2407.08608 section 3.2; ``_accumulate_overlapped``)
@@ -65,7 +66,7 @@ from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.hardware import KIB, Hardware, hardware_of
-from ..core.kernel_math import LOG2E, cast, dot, dot_switches, tanh, uniform_switch, warp_uniform
+from ..core.kernel_math import LN2, LOG2E, cast, dot, dot_switches, tanh, uniform_switch, warp_uniform
 from ..core.launch import (
     TMA_ALIGN_BYTES,
     CallCache,
@@ -77,7 +78,10 @@ from ..core.launch import (
     plan_cache,
     tma_aligned,
 )
-from ..matmul.fp8 import _fp8_constants, _to_fp8
+from ..core.policy import LaunchPolicy, current_policy
+from ..core.tiers import Tier, first_fitting
+from ..core.tile_choice import SMALLEST_TILE_SIDE as MIN_DOT_DIM  # tl.dot needs every tile dim >= 16
+from ..matmul.fp8 import fp8_constants, to_fp8
 from .checks import (
     DESCALE_NAMES,
     FP8_DTYPES,
@@ -93,7 +97,7 @@ from .checks import (
     suggest_keywords,
     unknown_keywords,
 )
-from .decode import MAX_TABLE_BLOCK, _cache_rows, _descale_strides, _has_bad_page
+from .decode import MAX_TABLE_BLOCK, cache_rows, descale_strides, has_bad_page
 from .reference import (
     FP8_WEIGHTS_OFFSET,
     reference_backward,
@@ -104,13 +108,12 @@ from .reference import (
 
 # --- kernels --------------------------------------------------------------------------------------------
 
-LN2: tl.constexpr = tl.constexpr(math.log(2.0))  # LSE is stored in natural-log units (read back with LOG2E)
 PAGE_SCAN: tl.constexpr = tl.constexpr(MAX_TABLE_BLOCK)  # table entries a paged forward checks per step
 # fp8 attention: the weights P go to the PV product as e4m3 (FlashAttention-3, arXiv:2407.08608), computed as
 # exp2(s2 - max + P8_OFFSET), i.e. scaled by 2**8 (FA3's Max_offset) so that they use e4m3's range up to 256
 # (max 448) instead of [0, 1], where values below 2**-9 would flush to 0; the row sums carry the same factor.
 P8_OFFSET: tl.constexpr = tl.constexpr(float(FP8_WEIGHTS_OFFSET))
-_P8 = _fp8_constants(torch.float8_e4m3fn)  # the cast's rounding constants (:func:`_weights_as`)
+_P8 = fp8_constants(torch.float8_e4m3fn)  # the cast's rounding constants (:func:`_weights_as`)
 P8_MAX: tl.constexpr = tl.constexpr(_P8["FP8_MAX"])
 P8_SHIFT: tl.constexpr = tl.constexpr(_P8["SHIFT"])
 P8_ROUND_MASK: tl.constexpr = tl.constexpr(_P8["ROUND_MASK"])
@@ -166,7 +169,7 @@ def _load_kv(p_base, o_n, stride_row, n_rows, o_d, head_dim, b_page, b_slot, str
              EVEN_ROWS: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr,
              ROWS32: tl.constexpr = False):  # fmt: skip
     """Load a [BN, BD] tile of keys or values at positions ``o_n``: rows of ``p_base``, or with ``PAGED``
-    slot ``b_slot`` of page ``b_page`` (``decode._cache_rows``; ``stride_page`` apart)."""
+    slot ``b_slot`` of page ``b_page`` (``decode.cache_rows``; ``stride_page`` apart)."""
     if PAGED:
         p = p_base + (b_page * stride_page + b_slot * stride_row)[:, None] + o_d[None, :]
         return _load_tile(p, o_n, n_rows, o_d, head_dim, EVEN_ROWS=EVEN_ROWS, EVEN_D=EVEN_D)
@@ -256,20 +259,20 @@ def _store_vector(p, value, o_rows, n_rows, EVEN_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _weights_as(b_p, dtype: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def _weights_as(b_p, dtype: tl.constexpr, RNE_BY_HAND: tl.constexpr, GPU_CAST: tl.constexpr = True):
     """Softmax weights ``b_p`` (float32, >= 0) as the PV product's operand dtype: fp8 e4m3, else
     :func:`cast`.
 
-    fp8: the weights are at most ``2**P8_OFFSET`` (256, inside e4m3's 448), so compiled they take the GPU's
-    cast alone (``cvt.rn.satfinite``: round to nearest even, NaN kept); the fp8 GEMM's general cast
-    (:func:`llm_speed.matmul.fp8._to_fp8`) clamps and selects NaN first, which cost 64 FMNMX, 32 more
-    conversions and the byte selects of a 32-weight thread's block (sm_90a). Under the interpreter, whose own
-    cast is wrong, that cast rounds by hand."""
+    fp8: the weights are at most ``2**P8_OFFSET`` (256, inside e4m3's 448), so compiled they may take the
+    GPU's cast alone (``GPU_CAST``: ``cvt.rn.satfinite``, round to nearest even, NaN kept) instead of the fp8
+    GEMM's general cast (:func:`llm_speed.matmul.fp8.to_fp8`), which clamps and selects NaN first: 64
+    FMNMX, 32 more conversions and the byte selects of a 32-weight thread's block (sm_90a). Under the
+    interpreter, whose own cast is wrong, the general cast rounds by hand."""
     if dtype.is_fp8():
-        if RNE_BY_HAND:
+        if RNE_BY_HAND or not GPU_CAST:
             # (.value: the interpreter passes a global constexpr on as the wrapper, which int arithmetic
             # rejects)
-            return _to_fp8(b_p, FP8_MAX=P8_MAX.value, ROUND_BY_HAND=RNE_BY_HAND, SHIFT=P8_SHIFT.value,
+            return to_fp8(b_p, FP8_MAX=P8_MAX.value, ROUND_BY_HAND=RNE_BY_HAND, SHIFT=P8_SHIFT.value,
                            ROUND_MASK=P8_ROUND_MASK.value, MIN_NORMAL=P8_MIN_NORMAL.value,
                            SUBNORMAL_MAGIC=P8_SUBNORMAL_MAGIC.value, dtype=dtype)  # fmt: skip
         return b_p.to(dtype)
@@ -762,7 +765,7 @@ def _pages(p_table, b, o_n, seq_kv, stride_tb, stride_tp, page_size, PAGED: tl.c
     """(page, slot) of key positions ``o_n`` through sequence b's row of the block table (``PAGED``; else
     unused zeros): one small gather per key block, shared by the K and V loads."""
     if PAGED:
-        return _cache_rows(p_table, b, o_n, o_n < seq_kv, stride_tb, stride_tp, page_size, PAGED=True)
+        return cache_rows(p_table, b, o_n, o_n < seq_kv, stride_tb, stride_tp, page_size, PAGED=True)
     else:
         return 0, 0
 
@@ -887,6 +890,7 @@ def _accumulate_over_keys(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ROWS32: tl.constexpr,
+    FP8_GPU_CAST: tl.constexpr,
     TMA: tl.constexpr = False,
 ):
     """Add keys [key_start, key_end) to the row sums ``b_l`` and the unnormalised output ``b_acc``.
@@ -933,7 +937,7 @@ def _accumulate_over_keys(
             if DROPOUT:
                 m_keep = _dropout_keep(seed, o_m[:, None], o_n[None, :], bh, rng_offset, dropout_p)
                 b_p = tl.where(m_keep, b_p, 0.0)
-            b_pv = _weights_as(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND)
+            b_pv = _weights_as(b_p, b_v.dtype, RNE_BY_HAND=RNE_BY_HAND, GPU_CAST=FP8_GPU_CAST)
             b_acc = b_acc * b_alpha[:, None] + dot(b_pv, b_v, DOT_IN_FP32=DOT_IN_FP32,
                                                    DOT_PRECISION=DOT_PRECISION)  # fmt: skip
             b_m = b_m_new
@@ -1164,6 +1168,7 @@ def _attention_fwd_kernel(
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    FP8_GPU_CAST: tl.constexpr,
     V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -1253,7 +1258,7 @@ def _attention_fwd_kernel(
     )  # fmt: skip
     if PAGED:
         # Every page this block reaches must be in the pool: else read none of them, NaN rows.
-        bad = _has_bad_page(KV_TABLE, b, lo // page_size, tl.cdiv(hi, page_size), stride_tb, stride_tp,
+        bad = has_bad_page(KV_TABLE, b, lo // page_size, tl.cdiv(hi, page_size), stride_tb, stride_tp,
                             num_pages, BLOCK_P=PAGE_SCAN)  # fmt: skip
         valid = valid & ~bad
         left_end = tl.where(bad, lo, left_end)
@@ -1289,7 +1294,7 @@ def _attention_fwd_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, ROWS32=ROWS32,
+        BLOCK_D=BLOCK_D, ROWS32=ROWS32, FP8_GPU_CAST=FP8_GPU_CAST,
     )  # fmt: skip
     if OVERLAP:
         b_m, b_l, b_acc = _accumulate_overlapped(
@@ -1307,6 +1312,7 @@ def _attention_fwd_kernel(
             HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT, PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D,
             DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND,
             V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ROWS32=ROWS32, TMA=TMA_KV,
+            FP8_GPU_CAST=FP8_GPU_CAST,
         )  # fmt: skip
     b_m, b_l, b_acc = _accumulate_over_keys(
         b_m, b_l, b_acc, b_q, p_k, p_v, o_m, mid_hi, hi, stride_kn, stride_vn, seq_q, seq_kv, head_dim,
@@ -1315,7 +1321,7 @@ def _attention_fwd_kernel(
         HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, SOFTCAP=SOFTCAP, HAS_ALIBI=HAS_ALIBI, DROPOUT=DROPOUT,
         PAGED=PAGED, EVEN_N=EVEN_N, EVEN_D=EVEN_D, DOT_IN_FP32=DOT_IN_FP32,
         DOT_PRECISION=DOT_PRECISION, RNE_BY_HAND=RNE_BY_HAND, V_TRANSPOSED=V_TRANSPOSED, BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, ROWS32=ROWS32,
+        BLOCK_D=BLOCK_D, ROWS32=ROWS32, FP8_GPU_CAST=FP8_GPU_CAST,
     )  # fmt: skip
 
     # Rows that saw no key: l == 0 -> output 0 and LSE -inf.
@@ -1590,7 +1596,7 @@ def _dkdv_over_queries(
             # [BM, BD] or, D_HALVES, each half after the other's atomics (one half's tile live at once)
             for part in tl.static_range(len(b_k)):
                 b_dq = dot(tl.trans(b_dst), b_k[part], DOT_IN_FP32=DOT_IN_FP32, DOT_PRECISION=DOT_PRECISION)
-                if dq_desc is not None:  # one TMA bulk reduction of the tile (TMA_DQ_ADD; never in halves)
+                if dq_desc is not None:  # one TMA bulk reduction (backward_tma_dq_add; never in halves)
                     dq_desc.atomic_add([(desc_at[0] + start_m).to(tl.int32), desc_at[1]], b_dq)
                 else:
                     o_d = part * (BLOCK_D // 2) + tl.arange(0, b_dq.shape[1])
@@ -2012,13 +2018,12 @@ BACKWARD_PREPROCESS = Kernel(_flash_bwd_preprocess_kernel, "flash_attention_bwd_
 BACKWARD_DKDV = Kernel(_flash_bwd_dkdv_kernel, "flash_attention_bwd_dkdv")
 BACKWARD_DQ = Kernel(_flash_bwd_dq_kernel, "flash_attention_bwd_dq")
 BACKWARD_DQ_CONVERT = Kernel(_flash_bwd_dq_convert_kernel, "flash_attention_bwd_dq_convert")
-# The backward's two paths (``Tier.dq_kernel`` chooses the default): the atomic one adds dQ from the dK/dV
+# The backward's two paths (``tier_dq_kernel`` chooses the default): the atomic one adds dQ from the dK/dV
 # kernel (five matmuls per tile, FlashAttention-2's), then converts the fp32 accumulator; the deterministic
 # one has a dQ kernel of its own (every element one writer; seven matmuls per tile: S and dP recomputed).
 ATOMIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ_CONVERT)
 DETERMINISTIC_BACKWARD_KERNELS = (BACKWARD_PREPROCESS, BACKWARD_DKDV, BACKWARD_DQ)
 
-MIN_DOT_DIM = 16  # tl.dot needs every tile dim >= 16
 FP8_DTYPE = FP8_DTYPES[0]  # fp8 attention's q, k, v (FlashAttention-3's): e4m3 only
 # The preprocess kernel (delta = rowsum(dO * O)) streams rows: Triton's default launch options.
 PREPROCESS_WARPS, PREPROCESS_STAGES = 4, 3
@@ -2052,19 +2057,14 @@ DTYPE_CLASSES = (torch.float16, torch.float32)  # bfloat16 uses float16's row
 
 
 @dataclasses.dataclass(frozen=True)
-class Tier:
-    """Configurations for devices with at least ``min_smem_bytes`` of shared memory per block.
+class AttentionTier(Tier):
+    """Attention's configurations for devices with at least ``min_smem_bytes`` of shared memory per block.
 
     ``table[direction][dtype class][padded head_dim]`` is a :class:`KernelConfig` (``block_d`` unset: the
     row serves every head dim padded up to its key; :func:`attention_config` sets it).
     """
 
-    name: str
-    min_smem_bytes: int
     table: dict
-    # The backward's default dQ: False adds it by atomics from the dK/dV kernel (five matmuls per tile);
-    # True computes it in a kernel of its own (seven; bitwise repeatable), as ``deterministic=True`` does.
-    dq_kernel: bool = False
 
 
 def _row(entries: dict) -> dict:
@@ -2072,7 +2072,7 @@ def _row(entries: dict) -> dict:
 
 
 # Per padded head_dim: (block_m, block_n, num_warps, num_stages).
-FULL = Tier(
+FULL = AttentionTier(
     "99 KB",
     99 * KIB,
     {
@@ -2100,21 +2100,11 @@ def _with(tier_table: dict, changes: dict) -> dict:
     return table
 
 
-# Devices with Hopper's 227 KB per block: larger 16-bit tiles, measured on an H100 SXM (torch 2.11,
-# Triton 3.6, fp16, 16k tokens, non-causal; docs/notes/attention-tuning.md): forward d=128 128x128 w8 s3
-# 481 TFLOP/s against FULL's 128x32 w8 s2 292 and 128x64 w8 s3's 475-479 (within noise); 128x64 is shipped
-# since the overlapped forward (OVERLAP) holds two score tiles: 191 registers there, 255 and spills at
-# 128x128 (sm_90a, 2026-11-25); d=64 128x64 w8 s3 410 against 392; backward d=128 64x64
-# w4 s2 391 against 32x64 w8 s2 150. The other rows are FULL's. Backward, measured again on an H100 SXM
-# on 2026-11-25 (1 x 16 heads x 16384, d=128, fp16; benchmarks/results/h100-sxm/
-# 2026-11-25-call5): dQ in a kernel of its own at 64x64 w4 14.1 ms full, 7.3 causal; dQ by atomics 23.8 /
-# 12.4 ms at 64x64 w4 and 27.5 / 13.8 at 64x64 w8; cuDNN 10.1 / 5.2. So this tier computes dQ in its own
-# kernel, at 4 warps, although its causal dK/dV kernel spills 25 LDL/STL inside its loops compiled for sm_90a
-# (the full one none; 8 warps spill nowhere and ran 2.1x slower: each warpgroup's products are 32 rows,
-# half a wgmma's height). The atomic path's dK/dV kernel measured then held one block per SM (129 KiB); with
-# the head dim in halves (``_dq_in_halves``) it holds two, as the dQ-kernel path's: not measured yet
-# (docs/notes/attention-overlap.md; ``benchmarks/attention_ab.py``'s "atomic-dq" rows decide this switch).
-LARGE = Tier(
+# Devices with Hopper's 227 KB per block: larger 16-bit tiles, chosen by measurements on an H100 SXM
+# (docs/guides/attention-hopper.md): forward 128x64 w8 s3 at d=64 and 128 (128x128 was no faster, and the
+# overlapped loop's two score tiles spill there), backward d=128 64x64 w4 s2. Whether the tier's backward
+# computes dQ in its own kernel is a launch choice (core.policy: ``backward_dq_kernel_tiers``).
+LARGE = AttentionTier(
     "227 KB",
     227 * KIB,
     _with(
@@ -2124,7 +2114,6 @@ LARGE = Tier(
             "backward": {torch.float16: {128: (64, 64, 4, 2)}},
         },
     ),
-    dq_kernel=True,
 )
 
 
@@ -2133,7 +2122,7 @@ def _compact(config: KernelConfig) -> KernelConfig:
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2), num_stages=1)
 
 
-COMPACT = Tier(
+COMPACT = AttentionTier(
     "under 99 KB",
     0,
     {
@@ -2147,12 +2136,9 @@ COMPACT = Tier(
 TIERS = (LARGE, FULL, COMPACT)  # largest first
 
 
-def tier_for(hardware: Hardware) -> Tier:
-    """The first tier (largest first) whose shared memory the device has."""
-    for tier in TIERS:
-        if hardware.smem_per_block_bytes >= tier.min_smem_bytes:
-            return tier
-    return TIERS[-1]
+def tier_for(hardware: Hardware) -> AttentionTier:
+    """The attention tier of ``hardware`` (:func:`llm_speed.core.tiers.first_fitting`)."""
+    return first_fitting(TIERS, hardware)
 
 
 @functools.cache
@@ -2305,26 +2291,22 @@ def _grid(n_rows: int, block: int, batch: int, heads: int, varlen: bool) -> tupl
     return (blocks * heads,), {"batch": batch, "grid_blocks": blocks, "BLOCK_B": next_power_of_2(batch)}
 
 
-# Longest first from this many query rows per sequence: measured on an H100 SXM (2026-11-25, causal, d=128,
-# 16 heads, bf16; benchmarks/results/h100-sxm/2026-11-25-call5) 1.05-1.09x at 1 x 16384,
-# 1.03x and 0.92x at 2 x 8192, 0.99-1.02x at 4 x 4096 and 8 x 2048, 0.93x at 16 x 1024 (against row order).
-LPT_MIN_ROWS = 16384
-
-
 def _launch_order(
-    is_causal: bool, left, right, hardware: Hardware, pairs: int, kv_bytes: int, group: int, rows: int
+    is_causal: bool, left, right, hardware: Hardware, pairs: int, kv_bytes: int, group: int, rows: int,
+    policy: LaunchPolicy,
 ) -> dict:
     """The launch-order arguments of a query-block kernel (forward, dQ; :func:`_program`): longest first
     (``LPT``) in sections of ``section`` of its ``pairs`` (batch, head) pairs, or row order.
 
     Longest first only pays where a query block's work grows with its index: a causal mask, or a window
     bounded on the right only (a left bound makes the blocks alike), and only on long sequences (``rows``
-    queries per sequence, packed: in all; at least :data:`LPT_MIN_ROWS`). A section holds as many pairs as
+    queries per sequence, packed: in all; at least ``policy.lpt_min_rows``). A section holds as many pairs as
     keep the K and V they stream (``kv_bytes`` per KV head, shared by ``group`` query heads) in the L2 at
     once, so that the programs running together still share their loads there; at least one. The dK/dV
     kernel keeps row order: its key blocks already start with the heaviest (the first keys see the most
     queries)."""
-    if not (is_causal or right is not None) or left is not None or rows < LPT_MIN_ROWS:
+    min_rows = policy.lpt_min_rows
+    if not (is_causal or right is not None) or left is not None or min_rows is None or rows < min_rows:
         return {"section": 1, "LPT": False}
     section = hardware.l2_bytes * group // max(1, kv_bytes)
     return {"section": min(max(1, section), pairs), "LPT": True}
@@ -2338,28 +2320,6 @@ def _paged_args(k_stride, v_stride, table_shape, table_stride) -> dict:
         "stride_vb": v_stride[0], "stride_vh": v_stride[2], "stride_vn": v_stride[1],
         "stride_tb": table_stride[0], "stride_tp": table_stride[1],
     }  # fmt: skip
-
-
-# Whether 16-bit forwards (not paged) may load their interior K/V tiles by TMA (read when a plan is made).
-# Only from BLOCK_D = 128 and without ALiBi or dropout: compiled for sm_90a (Triton 3.6) the d = 128 interior
-# loop is 597 -> 493 SASS instructions with it, the d = 64 one 304 -> 308 (no gain), and the causal
-# ALiBi+dropout kernel (255 registers) spills 36 B instead of 20 (docs/notes/attention-overlap.md,
-# 2026-11-25).
-TMA_KV_LOADS = True
-# The padded head dims at which 16-bit backwards (dense or packed) load their streamed tiles by TMA: Q and dO
-# in the dK/dV kernel (not with the atomic path's head-dim halves), K and V in the dQ kernel (read when a
-# plan is made).
-# sm_90a, Triton 3.6: d = 128's dK/dV loop 410 -> 353 SASS instructions; d = 64 313 -> 316 and d = 256
-# 335 -> 356 (no gain): docs/notes/attention-overlap.md.
-TMA_BACKWARD_HEAD_DIMS = (128,)
-# The forward's interior loop overlapped (``OVERLAP``: :func:`_accumulate_overlapped`) where the plan allows:
-# Hopper or later (wgmma), 16-bit, 128-row query blocks (a 64-row wgmma per warpgroup), padded head dims in
-# OVERLAP_HEAD_DIMS. d = 128 only (sm_90a, Triton 3.6, 2026-11-25): d = 64's one-product kernel holds two
-# 8-warp blocks per SM (128 registers), whose products and softmaxes already interleave, and the overlapped
-# one needs 167 (one block); d = 256's 64 x 32 tiles went to 255 registers and spills. Off: the
-# one-product-at-a-time loop: ``OVERLAP_HEAD_DIMS = ()`` (the A/B switch of benchmarks/attention_ab.py).
-OVERLAP_HEAD_DIMS = (128,)
-TMA_KV_MIN_BLOCK_D = 128
 
 
 def _tma_rows(shape, strides, block_rows, block_d: int, dtype, hardware: Hardware, aligned: bool,
@@ -2411,8 +2371,6 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
     """((K's, V's) tensor descriptors, sequence-major) of a forward's interior loop (``TMA_KV``;
     :func:`_tma_rows`), or None where it keeps its pointer loads. V's blocks are ``[v_block_n, BLOCK_D]``
     when given (the overlapped loop loads V in half blocks)."""
-    if not TMA_KV_LOADS:
-        return None
     return _tma_rows(k_shape, (k_stride, v_stride), (block_n, v_block_n or block_n), block_d, dtype, hardware,
                      aligned, varlen)  # fmt: skip
 
@@ -2421,7 +2379,7 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
 def _forward_plan(
     q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
     varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None, v_transposed=False, aligned=False, *, lse: bool,
+    descales=None, v_transposed=False, aligned=False, *, lse: bool, policy: LaunchPolicy,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
     sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
@@ -2434,7 +2392,8 @@ def _forward_plan(
     may load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per
     call).
     ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call); every
-    caller spells it, so that a class's plan has one key however it is asked for."""
+    caller spells it, so that a class's plan has one key however it is asked for. ``policy``: the launch
+    choices (:mod:`llm_speed.core.policy`; every caller passes the current one)."""
     paged = table_shape is not None
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
@@ -2447,7 +2406,8 @@ def _forward_plan(
     cfg = attention_config("forward", block_d, dtype, hardware)
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
     order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q)  # fmt: skip
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q,
+                          policy)  # fmt: skip
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     o_stride = _output_strides(q_shape, q_stride, varlen)
     strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
@@ -2462,12 +2422,15 @@ def _forward_plan(
             strides[name] = None  # compiled out
     if dtype == FP8_DTYPE:  # bfloat16 output and e4m3 weights: both casts rounded by hand when interpreted
         switches["RNE_BY_HAND"] = runtime.INTERPRETED
+    # The overlapped interior loop (``OVERLAP``: :func:`_accumulate_overlapped`) needs Hopper's wgmma and
+    # 128-row query blocks (a 64-row wgmma per warpgroup).
     overlap = (
-        block_d in OVERLAP_HEAD_DIMS and hardware.has_tma and cfg.block_m >= 128
+        block_d in policy.forward_overlap_head_dims and hardware.has_tma and cfg.block_m >= 128
         and dtype in (torch.float16, torch.bfloat16) and not (two_pass or dropout or paged or v_transposed)
     )  # fmt: skip
     tma = None
-    if not (paged or two_pass or alibi or dropout or v_transposed) and block_d >= TMA_KV_MIN_BLOCK_D:
+    tma_kv_dims = policy.forward_tma_kv_head_dims
+    if not (paged or two_pass or alibi or dropout or v_transposed) and block_d in tma_kv_dims:
         tma = _tma_kv(k_shape, k_stride, v_stride, dtype, cfg.block_n, block_d, hardware, aligned,
                       cfg.block_n // 2 if overlap else None, varlen)  # fmt: skip
     descs, desc_seq_major = tma or ((None, None), False)
@@ -2478,7 +2441,9 @@ def _forward_plan(
     rows = [(seq_q, q_stride), (seq_q, o_stride)]
     if not paged:
         rows += [(seq_kv, k_stride)] + ([] if v_transposed else [(seq_kv, v_stride)])
-    rows32 = dtype != torch.float32 and rows_fit_32(varlen, rows, max(cfg.block_m, cfg.block_n), block_d)
+    rows32 = policy.rows32 and dtype != torch.float32 and rows_fit_32(
+        varlen, rows, max(cfg.block_m, cfg.block_n), block_d
+    )
     if not varlen:  # pointers a dense class never reads are compiled out: a call passes only its tensors
         strides.update(CU_Q=None, CU_K=None, SEQUSED_K=None, KV_TABLE=None)
         strides.update({} if alibi else {"ALIBI": None}, **({} if dropout else {"RNG": None}))
@@ -2490,12 +2455,13 @@ def _forward_plan(
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         page_size=page_size, num_pages=num_pages,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
-        IS_VARLEN=varlen, UNIFORM=varlen and uniform_switch(hardware), SEQUSED=sequsage, PAGED=paged,
+        IS_VARLEN=varlen, UNIFORM=varlen and policy.uniform_bounds and uniform_switch(hardware),
+        SEQUSED=sequsage, PAGED=paged,
         NEG_SCALE=negative_scale and not capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, TMA_KV=tma is not None,
-        OVERLAP=overlap, ROWS32=rows32,
+        OVERLAP=overlap, ROWS32=rows32, FP8_GPU_CAST=dtype == FP8_DTYPE and policy.fp8_weights_gpu_cast,
     )  # fmt: skip
 
 
@@ -2513,14 +2479,14 @@ def _dq_in_halves(block_d: int, block_m: int, dtype: torch.dtype) -> bool:
 def _backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
     is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device, sequsage=False,
-    aligned=False,
+    aligned=False, *, policy: LaunchPolicy,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
     and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
     dK/dV kernel); ``deterministic``: the dQ kernel. ``aligned`` (16-bit): q's, dout's, k's and v's
     base addresses are 16-byte aligned, so that the dK/dV kernel may load Q and dO and the dQ kernel K and V
     through tensor descriptors (:func:`_tma_rows`; the plans then take ``Q_DESC=q, DO_DESC=dout`` and
-    ``K_DESC=k, V_DESC=v`` per call)."""
+    ``K_DESC=k, V_DESC=v`` per call). ``policy``: the launch choices."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     dtype = dtypes[0]
     block_d = padded_head_dim(head_dim)
@@ -2535,7 +2501,7 @@ def _backward_plans(
     cfg = attention_config("backward", block_d, dtype, hardware)
     # 32-bit row offsets (dQ, dK, dV and the accumulator are contiguous); not for float32, whose packed dK/dV
     # kernel took 48 more registers with them (sm_90a: two blocks per SM to one)
-    rows32 = dtype != torch.float32 and rows_fit_32(
+    rows32 = policy.rows32 and dtype != torch.float32 and rows_fit_32(
         varlen,
         [*[(seq_q, st) for st in (q_stride, out_stride, dout_stride, _contiguous_strides(q_shape))],
          *[(seq_kv, st) for st in (k_stride, v_stride, _contiguous_strides(k_shape))]],
@@ -2556,20 +2522,22 @@ def _backward_plans(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
-        UNIFORM=varlen and uniform_switch(hardware), SEQUSED=sequsage, EVEN_D=even_d, ROWS32=rows32,
+        UNIFORM=varlen and policy.uniform_bounds and uniform_switch(hardware), SEQUSED=sequsage,
+        EVEN_D=even_d, ROWS32=rows32,
         **dot_switches(dtype),
         BLOCK_D=block_d, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     grid, grid_args = _grid(seq_kv, cfg.block_n, batch, heads_kv, varlen)
     dk_strides = _contiguous_strides(k_shape)
-    tma_dq = None  # TMA_DQ_ADD: dQ tiles added by TMA bulk reductions (whole query blocks, dense)
-    if atomic and TMA_DQ_ADD and hardware.has_tma and not runtime.INTERPRETED and not varlen and even_d:
+    tma_dq = None  # dQ tiles added by TMA bulk reductions (whole query blocks, dense)
+    if (atomic and policy.backward_tma_dq_add and hardware.has_tma and not runtime.INTERPRETED and not varlen
+            and even_d):  # fmt: skip
         rows = q_shape[0] * q_shape[1] * seq_q
         if seq_q % cfg.block_m == 0 and rows < 2**31:
             tma_dq = Descriptor((rows, head_dim), (head_dim, 1), (cfg.block_m, block_d))
     d_halves = atomic and tma_dq is None and _dq_in_halves(block_d, cfg.block_m, dtype)
-    tma_qdo = None  # Q and dO tiles by TMA (TMA_BACKWARD_HEAD_DIMS)
-    if block_d in TMA_BACKWARD_HEAD_DIMS and not (d_halves or tma_dq):
+    tma_qdo = None  # Q and dO tiles by TMA
+    if block_d in policy.backward_tma_head_dims and not (d_halves or tma_dq):
         tma_qdo = _tma_rows(q_shape, (q_stride, dout_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
                             hardware, aligned, varlen)  # fmt: skip
     (q_desc, do_desc), qdo_seq_major = tma_qdo or ((None, None), False)
@@ -2592,11 +2560,12 @@ def _backward_plans(
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
     order = _launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q)  # fmt: skip
+                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q,
+                          policy)  # fmt: skip
     # K and V tiles by TMA, as the dK/dV kernel's Q and dO; not with ALiBi or dropout (as the forward: sm_90a,
     # the causal ALiBi+dropout dQ kernel, at 255 registers, spilled 9 instructions in its loops with it)
     tma_kv = None
-    if block_d in TMA_BACKWARD_HEAD_DIMS and not (alibi or dropout):
+    if block_d in policy.backward_tma_head_dims and not (alibi or dropout):
         tma_kv = _tma_rows(k_shape, (k_stride, v_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
                            hardware, aligned, varlen)  # fmt: skip
     (k_desc, v_desc), kv_seq_major = tma_kv or ((None, None), False)
@@ -2641,11 +2610,11 @@ def _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: fl
     alibi = delta if alibi_slopes is None else alibi_slopes
     rng = delta if rng is None else rng
     used = delta if seqused_k is None else seqused_k
-    if "Q_DESC" in dkdv.descriptors:  # TMA_BACKWARD_HEAD_DIMS: Q and dO through their descriptors too
+    if "Q_DESC" in dkdv.descriptors:  # backward_tma_head_dims: Q and dO through their descriptors too
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, Q_DESC=q,
                     DO_DESC=dout, CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale,
                     softcap=softcap, dropout_p=dropout_p)  # fmt: skip
-    elif dkdv.descriptors:  # TMA_DQ_ADD: the accumulator through its descriptor too
+    elif dkdv.descriptors:  # backward_tma_dq_add: the accumulator through its descriptor too
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, DQ_DESC=dq_acc,
                     CU_Q=cu_q, CU_K=cu_k, SEQUSED_K=used, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
                     dropout_p=dropout_p)  # fmt: skip
@@ -2671,7 +2640,7 @@ def _descale_key(descales) -> tuple | None:
     (batch stride, head stride) each is read with, None for one not given; None for 16-bit attention."""
     if descales is None:
         return None
-    return tuple(None if t is None else _descale_strides(t) for t in descales)
+    return tuple(None if t is None else descale_strides(t) for t in descales)
 
 
 def _descale_inputs(descales) -> dict:
@@ -2732,9 +2701,10 @@ def attention_forward(
                           two_pass, _alibi_dims(alibi_slopes), dropout_p > 0.0)  # fmt: skip
     # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
     if descales is None:
-        plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=True)
+        plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=True, policy=current_policy())
     else:
-        plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True, lse=True)
+        plan = _forward_plan(*key, descales=_descale_key(descales), v_transposed=True, lse=True,
+                             policy=current_policy())
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
     softcap = 1.0 if softcap is None else softcap
     if descales is None and alibi_slopes is None and rng is None:  # the common call: five tensors
@@ -2795,7 +2765,8 @@ class _DenseCall:
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
         key = _dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0, False)
-        self.plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=lse)  # (with LSE: the op's own plan)
+        # (with LSE: the op's own plan)
+        self.plan = _forward_plan(*key, aligned=tma_aligned(k, v), lse=lse, policy=current_policy())
 
     def __call__(self, q, k, v, is_causal: bool, scale: float | None) -> tuple:
         runtime.report_work("flash_attention", q=q, k=k, is_causal=is_causal, window=None)
@@ -2818,10 +2789,10 @@ _DENSE_CALLS = CallCache()
 
 def _dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
     """The key of :data:`_DENSE_CALLS`: everything the checks and the plan of such a call read (``lse``:
-    the LSE is stored: returned, or saved for the backward)."""
+    the LSE is stored: returned, or saved for the backward; the launch policy)."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, is_causal, lse, scale is not None and scale < 0.0,
-            tma_aligned(k, v))  # fmt: skip
+            tma_aligned(k, v), current_policy())  # fmt: skip
 
 
 # The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its
@@ -2868,26 +2839,22 @@ def forward(
                              alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
-# An experiment for the next lent GPU (off until measured): where the tier computes dQ in its own kernel by
-# default (Hopper: Tier.dq_kernel), the default backward takes the five-matmul path instead, each dQ tile
-# added by one TMA bulk reduction (Triton's tensor_descriptor.atomic_add: cp.reduce.async.bulk) rather
-# than 8192 element atomics. Compiled for sm_90a (Triton 3.6, d = 128, 64 x 64 x 4 warps) the dK/dV
-# kernel's interior loop holds 1 UTMAREDG and 6 spill loads (the element atomics' version: 31 spill
-# instructions), 137 KiB of shared memory; docs/notes/attention-overlap.md. Dense, whole query blocks only;
-# compiled kernels only (the interpreter has no descriptor reduction). Set it before the first backward
-# (plans are cached).
-TMA_DQ_ADD = False
+def tier_dq_kernel(tier: AttentionTier, policy: LaunchPolicy) -> bool:
+    """Whether ``tier``'s default backward computes dQ in a kernel of its own (seven matmuls per tile,
+    bitwise repeatable, as ``deterministic=True``) instead of adding it by atomics from the dK/dV kernel
+    (five): the policy's ``backward_dq_kernel_tiers``, not with its ``backward_tma_dq_add``."""
+    return tier.name in policy.backward_dq_kernel_tiers and not policy.backward_tma_dq_add
 
 
 def deterministic_backward(deterministic: bool, device: torch.device) -> bool:
     """Whether a backward on ``device`` computes dQ in a kernel of its own (the deterministic path): asked
     for, PyTorch's deterministic mode is on (``torch.use_deterministic_algorithms(True)``, read when the
-    backward runs: PyTorch's convention), or the device's tier does by default (:attr:`Tier.dq_kernel`;
-    not with :data:`TMA_DQ_ADD`)."""
+    backward runs: PyTorch's convention), or the device's tier does by default (:func:`tier_dq_kernel`
+    under the current policy)."""
     return (
         deterministic
         or torch.are_deterministic_algorithms_enabled()
-        or (tier_for(hardware_of(device)).dq_kernel and not TMA_DQ_ADD)
+        or tier_dq_kernel(tier_for(hardware_of(device)), current_policy())
     )
 
 
@@ -2924,7 +2891,7 @@ def backward(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
         _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
-        aligned=tma_aligned(q, dout) and tma_aligned(k, v),
+        aligned=tma_aligned(q, dout) and tma_aligned(k, v), policy=current_policy(),
     )  # fmt: skip
     return _launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic,
                             alibi_slopes, dropout_p, rng)  # fmt: skip
@@ -2999,7 +2966,7 @@ def _varlen_plan(q, k, v, batch: int, is_causal: bool, negative: bool, window_le
                          window_left, window_right, capped, False, True, negative, _alibi_dims(alibi_slopes),
                          dropout, q.device, seqused, block_table.shape if paged else None,
                          block_table.stride() if paged else None, _descale_key(descales),
-                         aligned=tma_aligned(k, v), lse=True)  # fmt: skip
+                         aligned=tma_aligned(k, v), lse=True, policy=current_policy())  # fmt: skip
 
 
 def _launch_varlen(plan: Plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale: float,
@@ -3103,7 +3070,7 @@ def varlen_backward(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
         dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
         _alibi_dims(alibi_slopes), dropout_p > 0.0, q.device, seqused_k is not None,
-        aligned=tma_aligned(q, dout) and tma_aligned(k, v),
+        aligned=tma_aligned(q, dout) and tma_aligned(k, v), policy=current_policy(),
     )  # fmt: skip
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
     return _launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic,
@@ -3118,7 +3085,7 @@ def _empty(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
 
 
 @torch.library.custom_op("llm_speed::flash_attention_forward", mutates_args=())
-def _forward_op(
+def forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -3136,7 +3103,7 @@ def _forward_op(
                    dropout_p, rng)  # fmt: skip
 
 
-@_forward_op.register_fake
+@forward_op.register_fake
 def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None, softcap=None,
                  deterministic=False, alibi_slopes=None, dropout_p=0.0, rng=None):  # fmt: skip
     """Shapes and dtypes of (out, lse) for fake tensors; shared with the tiled forward operator."""
@@ -3146,7 +3113,7 @@ def forward_fake(q, k, v, is_causal, scale, window_left=None, window_right=None,
 
 
 @torch.library.custom_op("llm_speed::flash_attention_backward", mutates_args=())
-def _backward_op(
+def backward_op(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -3168,14 +3135,14 @@ def _backward_op(
                     deterministic, alibi_slopes, dropout_p, rng)  # fmt: skip
 
 
-@_backward_op.register_fake
+@backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dlse, is_causal, scale, window_left=None, window_right=None,
                    softcap=None, deterministic=False, alibi_slopes=None, dropout_p=0.0,
                    rng=None):  # fmt: skip
     return _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
 
 
-_backward_call = Op(_backward_op, backward)
+_backward_call = Op(backward_op, backward)
 _backward_call = autocast.dispatch(_backward_call, autocast.KEEP)  # torch.autocast: as saved (issue 34)
 
 
@@ -3199,7 +3166,7 @@ def autograd_backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * len(ctx.args)
 
 
-_forward_plain = Op(_forward_op, forward, setup_context=setup_context, backward=autograd_backward)
+_forward_plain = Op(forward_op, forward, setup_context=setup_context, backward=autograd_backward)
 _forward_call = autocast.dispatch(_forward_plain, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
 
 

@@ -18,7 +18,7 @@ import torch
 
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-_launches: collections.Counter[str] = collections.Counter()
+launch_counter: collections.Counter[str] = collections.Counter()
 
 
 def _interpreter_index_of_one_element_blocks() -> None:
@@ -101,17 +101,17 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
 
 def record_launch(kernel_name: str) -> None:
     """Count one launch of ``kernel_name``; tests use the count to prove which implementation ran."""
-    _launches[kernel_name] += 1
+    launch_counter[kernel_name] += 1
 
 
 def launch_count(kernel_name: str) -> int:
     """How many times ``kernel_name`` was launched in this process."""
-    return _launches[kernel_name]
+    return launch_counter[kernel_name]
 
 
 def launch_counts() -> collections.Counter[str]:
     """A copy of every kernel's launch count; subtract two copies to see what ran in between."""
-    return collections.Counter(_launches)
+    return collections.Counter(launch_counter)
 
 
 # Who wants to hear about the work each op is asked to do (the profiler registers one, see

@@ -558,3 +558,48 @@ def shipped_problems(backward_paths: tuple[str, ...] = ("default", "deterministi
         for path in backward_paths:
             problems.append(attention_problem(op + "_backward", backward=path, **common))
     return problems
+
+
+# --- the candidate launch choices (llm_speed.core.policy.CANDIDATES) ---------------------------------------
+
+
+def _under(candidate: str, problem: Problem) -> Problem:
+    """``problem`` made under the policy of ``candidate`` (its label ends in ``[candidate]``)."""
+
+    def run(recording: Recording) -> None:
+        from llm_speed.core.policy import use_policy
+
+        with use_policy(candidate):
+            problem.run(recording)
+
+    return dataclasses.replace(problem, label=f"{problem.label} [{candidate}]", run=run)
+
+
+def candidate_problems() -> list[Problem]:
+    """Each candidate launch choice's kernels (off as shipped until a GPU proves them), built as the
+    candidate's policy launches them, at the problems its choice changes: the budgets hold for them too, so
+    that a candidate the GPU proves can ship as built."""
+    d128 = dict(head_dim=128, dtype="fp16")
+    packed = dict(op="flash_attention_varlen", dtype="fp16", heads_kv=4, is_causal=True, sequences=4)
+    chosen = {
+        "forward-overlap": [attention_problem("flash_attention", **d128, is_causal=c) for c in (False, True)],
+        "forward-tma-kv": [attention_problem("flash_attention", **d128)],
+        "forward-overlap-tma-kv": [attention_problem("flash_attention", **d128, is_causal=c)
+                                   for c in (False, True)],  # fmt: skip
+        "backward-tma": [attention_problem("flash_attention_backward", **d128, is_causal=c,
+                                           backward="deterministic") for c in (False, True)],  # fmt: skip
+        "rows32": [attention_problem("flash_attention", head_dim=64, dtype="fp16", is_causal=True),
+                   attention_problem("flash_attention_backward", head_dim=64, dtype="fp16", is_causal=True,
+                                     backward="deterministic")],  # fmt: skip
+        "uniform-bounds": [
+            attention_problem(**dict(packed, op=packed["op"] + suffix), head_dim=head_dim, backward=path)
+            for head_dim in (64, 128) for suffix, path in (("", None), ("_backward", "deterministic"))
+        ],
+        "decode-append": [decode_problem(head_dim=128, dtype="fp16")],
+        "fp8-weights-gpu-cast": [
+            dataclasses.replace(attention_problem("flash_attention", head_dim=d, dtype="bf16", fp8=True),
+                                op="flash_attention_fp8") for d in (64, 128)
+        ],  # fmt: skip
+    }
+    return [_under(name, problem) for name, problems in chosen.items() for problem in problems]
+
