@@ -17,7 +17,7 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
     max_error,
     nan_poisoned_outputs,
 )
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch
 from llm_speed.core.policy import use_policy
@@ -44,10 +44,12 @@ def fresh_plans(monkeypatch) -> None:
 
     from llm_speed.attention import varlen
 
-    for name in ("_forward_plan", "_backward_plans"):
-        original = getattr(flash, name).__wrapped__
-        monkeypatch.setattr(flash, name, functools.lru_cache(maxsize=None)(original))
-    monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # they hold plans
+    for name in ("forward_plan", "backward_plans"):
+        original = getattr(launcher, name).__wrapped__
+        monkeypatch.setattr(launcher, name, functools.lru_cache(maxsize=None)(original))
+    dense_calls = launch.CallCache()  # they hold plans
+    monkeypatch.setattr(launcher, "DENSE_CALLS", dense_calls)
+    monkeypatch.setattr(flash, "DENSE_CALLS", dense_calls)
     monkeypatch.setattr(varlen, "_VARLEN_CALLS", launch.CallCache())
 
 
@@ -71,20 +73,20 @@ def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
     def config(direction, block_d, dtype, hardware):
         return pinned[direction] or real(direction, block_d, dtype, hardware)
 
-    monkeypatch.setattr(flash, "attention_config", config)
+    monkeypatch.setattr(plans, "attention_config", config)
 
 
 def record_backward_plans(monkeypatch) -> list:
     """A list that receives the (preprocess, dK/dV, dQ or dQ conversion) plans of every backward launched
     from here on, in call order (read at the launch: a later :func:`fresh_plans` keeps it working)."""
     made = []
-    launch_backward = flash._launch_backward
+    launch_backward = launcher.launch_backward
 
     def spy(plans, *args, **kwargs):
         made.append(plans)
         return launch_backward(plans, *args, **kwargs)
 
-    monkeypatch.setattr(flash, "_launch_backward", spy)
+    monkeypatch.setattr(launcher, "launch_backward", spy)
     return made
 
 

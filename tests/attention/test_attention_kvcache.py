@@ -18,12 +18,12 @@ from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches,
 from accuracy_rule import nan_poisoned_outputs
 from call_records import record_calls
 from host_reads import host_reads_raise
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch, runtime
 from llm_speed.core.gpus import get_gpu
-from llm_speed.core.hardware import Hardware
+from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.core.policy import use_policy
 from triton_builds import BUILDS, environment
 
@@ -548,7 +548,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
     seqlens = [torch.tensor(lens, dtype=torch.int32) for lens in lens_sets]
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     with launch.simulated_gpu():
-        cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, decode.hardware_of(q.device))
+        cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, hardware_of(q.device))
         assert cfg.splits == 3  # 4 programs on 132 SMs, 3 key blocks of capacity
         before = runtime.launch_counts()
         with host_reads_raise(monkeypatch):
@@ -556,7 +556,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
                 flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
                                              block_table=table)  # fmt: skip
         ran = runtime.launch_counts() - before
-        info, checked_calls = decode._plans.cache_info(), len(decode._DECODE_CALLS)
+        info, checked_calls = decode_launch.step_plans.cache_info(), len(decode._DECODE_CALLS)
     # two plans: the first call makes the one the tensor-length calls after it are served with (the calls
     # already checked; no LSE asked for, so it stores none), the int-length call takes the op's (with the
     # LSE it returns to the op's caller)
@@ -572,7 +572,7 @@ import json, pathlib, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.core.policy import CANDIDATES
 from llm_speed.kernel_report.analysis import Sass
 
@@ -648,7 +648,7 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
         rotary = (capacity + seq_q, rotary_dim, torch.float32 if f32_tables else dtype, interleaved)
     if "alibi" in options:
         alibi = heads_q if options["alibi"] == 2 else 0  # batch stride of the slopes
-    append, attend, combine, *_ = decode._plans.__wrapped__(
+    append, attend, combine, *_ = decode_launch.step_plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,

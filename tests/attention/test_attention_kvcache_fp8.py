@@ -25,7 +25,7 @@ from attention_testing import (
 )
 
 from host_reads import host_reads_raise
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import FP8_MAX, descale_rows, quantize_to_cache, reference_kvcache
 from llm_speed.core import runtime
@@ -451,7 +451,7 @@ def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkey
                 args = {"k_cache": k_cache, "v_cache": v_cache, **call, **change}
                 flash_attention_with_kvcache(q, **args)
         ran = runtime.launch_counts() - before
-        info = decode._plans.cache_info()
+        info = decode_launch.step_plans.cache_info()
     assert info.misses == 5  # (a plain call's plans are looked up once more, to be kept by its metadata)
     assert ran == {decode.KERNEL_DECODE: 7}  # (the attention kernel appends the new tokens)
 

@@ -9,7 +9,7 @@ import torch
 from attention_testing import atomic_by_default, check_against_reference, make_qkv, record_backward_plans
 
 from llm_speed import flash_attention
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher
 from llm_speed.core import launch, runtime
 from llm_speed.core.policy import current_policy
 
@@ -48,7 +48,7 @@ def _plans(seq: int, dtype: torch.dtype, varlen: bool = False):
         shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
     batch = 1
     dtypes = (dtype, dtype, dtype, F32, None)
-    return flash._backward_plans(
+    return launcher.backward_plans(
         shape, shape, stride, stride, stride, stride, stride, batch, dtypes, False, True, None, 0, False,
         varlen, False, 0, False, torch.device("cpu"), policy=current_policy(),
     )  # fmt: skip
@@ -76,7 +76,7 @@ def _forward_plan(seq: int, dtype: torch.dtype, varlen: bool = False, two_pass: 
         shape, stride = (seq, heads, d), (heads * d, d, 1)
     else:
         shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
-    return flash._forward_plan(
+    return launcher.forward_plan(
         shape, shape, stride, stride, stride, 1, dtype, True, None, 0, False, two_pass, varlen, False, 0,
         False, torch.device("cpu"), lse=True, policy=current_policy(),
     )  # fmt: skip
@@ -104,14 +104,14 @@ def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch,
     policy(rows32=False)
     backward_plans = record_backward_plans(monkeypatch)
     forward_flags = []
-    forward_plan = flash._forward_plan
+    forward_plan = launcher.forward_plan
 
     def spy_forward(*args, **kwargs):
         plan = forward_plan(*args, **kwargs)
         forward_flags.append(plan.fixed["ROWS32"])
         return plan
 
-    monkeypatch.setattr(flash, "_forward_plan", spy_forward)
+    monkeypatch.setattr(launcher, "forward_plan", spy_forward)
     launch.clear_plans()
     try:
         q, k, v = make_qkv(1, 4, 2, 70, 70, 64, F16, device)

@@ -20,7 +20,7 @@ from attention_testing import (
 )
 
 from llm_speed import flash_attention, flash_attention_varlen
-from llm_speed.attention import flash
+from llm_speed.attention import launcher
 from llm_speed.core.policy import use_policy
 
 
@@ -136,14 +136,14 @@ def test_packed_sequences_take_descriptors(device, monkeypatch, is_causal):
 
     def fresh_plans_recorded():
         fresh_plans(monkeypatch)
-        forward_plan = flash._forward_plan
+        forward_plan = launcher.forward_plan
 
         def spy(*args, **kwargs):
             forward_plans.append(forward_plan(*args, **kwargs))
             return forward_plans[-1]
 
         spy.__wrapped__ = forward_plan.__wrapped__  # the uncached function, which fresh_plans caches anew
-        monkeypatch.setattr(flash, "_forward_plan", spy)
+        monkeypatch.setattr(launcher, "forward_plan", spy)
 
     fresh_plans_recorded()
     with_tma = run()

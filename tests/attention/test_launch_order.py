@@ -1,7 +1,7 @@
-"""Longest-first launch order of causal attention's query-block kernels (``flash._program`` with ``LPT``,
-as FlashAttention-3's LPT scheduler): every block of every (batch, head) is owned by exactly one program,
-the heaviest blocks start first within each L2 section, only causal-like masks get it, and the results do
-not change."""
+"""Longest-first launch order of causal attention's query-block kernels (``blocks.program_block`` with
+``LPT``, as FlashAttention-3's LPT scheduler): every block of every (batch, head) is owned by exactly one
+program, the heaviest blocks start first within each L2 section, only causal-like masks get it, and the
+results do not change."""
 
 import dataclasses
 
@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from attention_testing import fresh_plans, make_qkv, run_with_grads
 
-from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention import blocks, configs, flash, flash_attention_varlen, launcher, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import hardware as hardware_module
 from llm_speed.core import launch, runtime
@@ -25,7 +25,7 @@ def _order_kernel(
     OUT, CU_Q, CU_K, seq_q, seq_kv, heads, batch, grid_blocks, section,
     BLOCK: tl.constexpr, IS_VARLEN: tl.constexpr, LPT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    start, b, h, bos_q, len_q, bos_k, len_k, valid = flash._program(
+    start, b, h, bos_q, len_q, bos_k, len_k, valid = blocks.program_block(
         CU_Q, CU_K, CU_Q, seq_q, seq_kv, heads, batch, grid_blocks, section,
         BLOCK=BLOCK, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=False, PAGED=False, BLOCK_B=BLOCK_B,
         LPT=LPT,
@@ -39,7 +39,7 @@ def _order_kernel(
 
 def _order(*, batch, heads, seq, block, section, cu=None):
     """(start, b, h, rows) of each query-block program, in program order; ``section`` None: row order."""
-    grid, args = flash._grid(seq, block, batch, heads, cu is not None)
+    grid, args = plans._grid(seq, block, batch, heads, cu is not None)
     out = torch.full((grid[0], 4), -1, dtype=torch.int64)
     cu = torch.tensor(cu if cu is not None else [0], dtype=torch.int32)
     _order_kernel[grid](
@@ -86,15 +86,15 @@ def _plans(monkeypatch, call):
     """The forward and backward plans ``call`` makes (fresh caches), launched as no-ops on CPU tensors."""
     fresh_plans(monkeypatch)
     made = []
-    for name in ("_forward_plan", "_backward_plans"):
-        real = getattr(flash, name)
+    for name in ("forward_plan", "backward_plans"):
+        real = getattr(launcher, name)
 
         def recording(*args, _real=real, **kwargs):
             plan = _real(*args, **kwargs)
             made.extend(plan if isinstance(plan, tuple) else (plan,))
             return plan
 
-        monkeypatch.setattr(flash, name, recording)
+        monkeypatch.setattr(launcher, name, recording)
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     with launch.simulated_gpu():
         call()
@@ -134,7 +134,7 @@ def test_sections_follow_the_l2(monkeypatch, short_lpt):
     # K and V of a KV head: 2 x 64 keys x 32 dims x 2 bytes = 8 KiB, shared by 2 query heads; a 12 KiB L2
     # holds 3 query heads' worth
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=12 * 1024)
-    monkeypatch.setattr(flash, "hardware_of", lambda device=None: small)
+    monkeypatch.setattr(plans, "hardware_of", lambda device=None: small)
     fixed = _plans(monkeypatch, _dense_call(is_causal=True))
     assert [fixed[kernel]["section"] for kernel in QUERY_KERNELS] == [3, 3]
 
@@ -144,7 +144,7 @@ def test_results_do_not_depend_on_the_sections(monkeypatch, short_lpt, l2_kib):
     # Sections of 1 and 3 pairs (the last one partial) over 8 pairs: causal forward and backward, dense and
     # packed, against the float64 reference.
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=l2_kib * 1024)
-    monkeypatch.setattr(flash, "hardware_of", lambda device=None: small)
+    monkeypatch.setattr(plans, "hardware_of", lambda device=None: small)
     fresh_plans(monkeypatch)
     q, k, v = make_qkv(2, 4, 2, 37, 45, 32, torch.float32, "cpu")
     dout = torch.randn_like(q)
@@ -183,7 +183,7 @@ def test_the_performance_model_launches_as_the_kernels_do():
 
     hardware = hardware_module.default_hardware()
     for seq_kv, heads_q, heads_kv in ((16384, 16, 16), (4096, 32, 8), (131072, 8, 1)):
-        launcher = flash._launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
+        launcher = configs.launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
                                        heads_q // heads_kv, seq_kv, SHIPPED)  # fmt: skip
         shape = AttentionShape(4, heads_q, heads_kv, 128, 2, True, ((seq_kv, seq_kv),))
         model = _lpt_section(get_gpu(hardware.name), "lpt", shape)
@@ -197,7 +197,7 @@ def test_the_performance_model_launches_as_the_kernels_do():
     # below lpt_min_rows both launch in row order
     assert LPT_MIN_ROWS == SHIPPED.lpt_min_rows
     seq = SHIPPED.lpt_min_rows // 2
-    assert flash._launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq, SHIPPED) == {
+    assert configs.launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq, SHIPPED) == {
         "section": 1,
         "LPT": False,
     }

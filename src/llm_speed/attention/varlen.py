@@ -263,7 +263,7 @@ def flash_attention_varlen(
 
     Grid: ``cdiv(total, block) + batch`` programs per head, an upper bound on the real work that needs no
     read of the lengths on the host; the per-sequence block counts are summed on the device and each program
-    finds its sequence from ``cu_seqlens`` on the device (``flash._program``), so the grid grows with the
+    finds its sequence from ``cu_seqlens`` on the device (``program_block``), so the grid grows with the
     tokens, not with batch x max_seqlen.
 
     Values of ``cu_seqlens``: where ``llm_speed.core.runtime.check_values`` says so (CPU tensors by default,
