@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from llm_speed.attention import launcher
 from llm_speed.core import launch, policy
 from llm_speed.core.policy import CANDIDATES, PROOFS, SHIPPED, LaunchPolicy, current_policy, use_policy
 
@@ -150,3 +151,15 @@ def test_the_ab_script_plans_a_candidate_on_the_cpu(capsys):
     with pytest.raises(SystemExit):
         module.main(["--check", "--candidates", "faster"])
     assert "accepted: forward-overlap" in capsys.readouterr().err
+
+
+def test_calls_already_checked_are_keyed_on_the_policy():
+    """A kept call's key holds the policy's number: equal policies share it, another policy gets its own."""
+    q, k, v = (torch.randn(1, 2, 64, 64, dtype=torch.float16) for _ in range(3))
+    keys = []
+    for name in ("shipped", "forward-overlap", "shipped"):
+        with use_policy(name):
+            keys.append(launcher.dense_call_key(q, k, v, False, None, False))
+    with use_policy(dataclasses.replace(CANDIDATES["forward-overlap"].policy)):  # an equal policy
+        keys.append(launcher.dense_call_key(q, k, v, False, None, False))
+    assert keys[0] == keys[2] and keys[1] == keys[3] and keys[0] != keys[1]

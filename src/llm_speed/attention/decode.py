@@ -87,7 +87,7 @@ from ..core import runtime, tensors
 from ..core.args import check_flag, check_real, positive_int
 from ..core.dispatch import Op, plain_inference
 from ..core.launch import CallCache
-from ..core.policy import current_policy
+from ..core.policy import current_number, current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..matmul.fp8 import FP8_DTYPES
 from .checks import (
@@ -481,7 +481,7 @@ def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_c
         q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
         k_cache.device, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, cache_seqlens.shape,
         cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, is_causal, num_splits, return_lse,
-        k is None, block_table is None, current_policy(),
+        k is None, block_table is None, current_number(),
     )  # fmt: skip
     if k is not None:
         key += (k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)

@@ -16,7 +16,7 @@ from ..core.launch import (
     Plan,
     tma_aligned,
 )
-from ..core.policy import current_policy
+from ..core.policy import current_number, current_policy
 from .backward_kernels import ATOMIC_BACKWARD_KERNELS, DETERMINISTIC_BACKWARD_KERNELS
 from .checks import (
     check_scale,
@@ -166,7 +166,7 @@ def dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
     the LSE is stored: returned, or saved for the backward; the launch policy)."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, is_causal, lse, scale is not None and scale < 0.0,
-            tma_aligned(k, v), current_policy())  # fmt: skip
+            tma_aligned(k, v), current_number())  # fmt: skip
 
 
 # The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its

@@ -20,7 +20,7 @@ from ..core import (
 from ..core.args import check_flag
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.launch import CallCache, tma_aligned
-from ..core.policy import current_policy
+from ..core.policy import current_number
 from ..core.tensors import last_dim_contiguous
 from . import flash
 from .checks import (
@@ -370,7 +370,7 @@ def _varlen_call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
         v.dtype, v.device, cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
         max_seqlen_q, max_seqlen_k, is_causal, scale is not None and scale < 0.0, tma_aligned(k, v),
-        current_policy(),
+        current_number(),
     )  # fmt: skip
     if cu_seqlens_k is None:
         return key

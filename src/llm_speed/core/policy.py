@@ -196,11 +196,20 @@ def _from_environment() -> LaunchPolicy:
 
 
 _current = _from_environment()
+# Each distinct policy's number: what the calls already checked put in their keys (an int hashes in C; the
+# policy's own hash is a Python call, a tenth of a microsecond on a 7 us call).
+_numbers: dict[LaunchPolicy, int] = {}
+_current_number = _numbers.setdefault(_current, len(_numbers))
 
 
 def current_policy() -> LaunchPolicy:
     """The policy launches made now follow."""
     return _current
+
+
+def current_number() -> int:
+    """The current policy's number, the same for equal policies: a key of calls already checked."""
+    return _current_number
 
 
 def _resolve(policy_or_candidate_name, field_changes: dict) -> LaunchPolicy:
@@ -233,14 +242,14 @@ def use_policy(
     """Launch under ``policy_or_candidate_name`` (a :class:`LaunchPolicy`, a candidate's name, "shipped", or
     None: the current policy) with ``field_changes`` applied, inside the block; yields that policy. Plans
     are keyed on the policy, so nothing made under another is reused."""
-    global _current
+    global _current, _current_number
     policy = _resolve(policy_or_candidate_name, field_changes)
-    saved = _current
-    _current = policy
+    saved = _current, _current_number
+    _current, _current_number = policy, _numbers.setdefault(policy, len(_numbers))
     try:
         yield policy
     finally:
-        _current = saved
+        _current, _current_number = saved
 
 
 def proof_lines() -> list[tuple[str, str, str]]:
