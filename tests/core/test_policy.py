@@ -117,10 +117,11 @@ def test_plans_are_keyed_on_the_policy():
 
 
 @pytest.mark.skipif(bool(os.environ.get("LLM_SPEED_POLICY")), reason="a candidate policy is in force")
-def test_doctor_names_every_unproven_choice(capsys):
-    from llm_speed import cli
+def test_doctor_names_every_unproven_choice(capsys, monkeypatch):
+    from llm_speed import cli, doctor
 
-    assert cli.main(["doctor", "--device", "cpu", "--json"]) in (0, 1)
+    monkeypatch.setattr(doctor, "dispatch", lambda device: {})  # the ops' probes: tested elsewhere
+    assert cli.main(["doctor", "--device", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["launch_policy"]
     assert report["policy"] == "shipped"
     rows = {row["choice"]: row for row in report["choices"]}
@@ -131,7 +132,7 @@ def test_doctor_names_every_unproven_choice(capsys):
         assert rows[field]["proof"].startswith("unproven") and rows[field]["shipped"] == repr(OFF[field])
     assert "4c378d4" in rows["lpt_min_rows"]["proof"]
     assert rows["backward base-2 LSE"]["proof"].startswith("not a switch")
-    cli.main(["doctor", "--device", "cpu"])
+    assert cli.main(["doctor", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "forward_overlap_head_dims" in text and "unproven" in text
 
