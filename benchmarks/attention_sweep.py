@@ -1,6 +1,6 @@
 """Time flash attention under several block configurations in one process (a GPU tuning call).
 
-Each configuration replaces the shipped one (``attention.flash.attention_config``, plans made afresh), is
+Each configuration replaces the shipped one (``attention.plans.attention_config``, plans made afresh), is
 checked against PyTorch SDPA on the same inputs (max error, so a fast but wrong configuration shows), and
 is timed with ``triton.testing.do_bench`` (median) beside SDPA's cuDNN and flash backends. One JSON line
 per measurement on stdout. On the CPU (``--smoke``) it runs tiny shapes through the interpreter.
@@ -18,7 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llm_speed.attention import flash, flash_attention
+from llm_speed.attention import flash_attention
+from llm_speed.attention import plans as attention_plans
 from llm_speed.core.config import KernelConfig
 from llm_speed.core.launch import clear_plans
 from llm_speed.perf.kernel_costs import attention_cost
@@ -116,12 +117,12 @@ def main(argv=None) -> int:
     references: dict = {}
     for direction, name, head_dim, entry in plans:
         config = KernelConfig(*entry)
-        original = flash.attention_config
+        original = attention_plans.attention_config
 
         def pinned(direction, block_d, dtype, hardware, name=name, config=config, original=original):
             return config if direction == name else original(direction, block_d, dtype, hardware)
 
-        flash.attention_config = pinned
+        attention_plans.attention_config = pinned
         clear_plans()  # plans made under another configuration
         try:
             for row in measure(
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
             ):
                 print(json.dumps(row), flush=True)
         finally:
-            flash.attention_config = original
+            attention_plans.attention_config = original
             clear_plans()
     return 0
 

@@ -131,7 +131,7 @@ FAMILIES = (
     ),
     Family(
         "gluon",
-        "the warp-specialized Gluon GEMM and forward attention (candidates, selected nowhere): a broken barrier "
+        "the warp-specialized Gluon GEMM and forward attention (selected nowhere yet): a broken barrier "
         "hangs, so they run apart from every shipped family",
         ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_attention_gpu.py"),
         cap_s=90,

@@ -12,11 +12,9 @@
 #   fused   `bench ops` (Llama-3-8B layer and head at 8192 tokens, bf16: llm-speed, eager, torch.compile,
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
-#   probe   the backward's A/B (benchmarks/attention_ab.py: dQ by atomics, the dQ-kernel path, dQ by TMA
-#           reductions, cuDNN; d = 128 and 64; docs/guides/attention-hopper.md), the forward's A/B (its
-#           softmax overlapping the next QK^T or not, SDPA's cuDNN and flash), packed sequences with
-#           their bounds in uniform registers or not, and host time against
-#           kernel time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps)
+#   probe   the launch policy's A/B (benchmarks/attention_ab.py: every candidate of llm_speed.core.policy
+#           against the shipped policy at its own target, rounds interleaved) and host time against kernel
+#           time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the
 #                               pytest counts and failed test names, the benchmark rows
@@ -324,19 +322,14 @@ fused)
     sub bench_moe 230 "$PY" benchmarks/gpu_bench.py moe "$RAW" "${CHECK[@]}"
     ;;
 probe)
-    if [ "$MODE" = check ]; then  # (both need CUDA: on the CPU, their command lines only)
+    if [ "$MODE" = check ]; then  # host_in_bench needs CUDA: on the CPU, its command line only
         sub host_in_bench 60 "$PY" benchmarks/host_in_bench.py --help
-        sub attention_ab 60 "$PY" benchmarks/attention_ab.py --help
+        sub attention_ab 60 "$PY" benchmarks/attention_ab.py --check
     else
-        # the backward's paths first (atomic dQ at two blocks per SM against the dQ kernel, d = 128 and
-        # 64), then the forward with and without its softmax overlapping the next QK^T
-        sub attention_ab 190 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
-            --backward-tiles shipped --output "$RAW/attention_ab.json"
-        sub attention_ab_forward 130 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-backward \
-            --output "$RAW/attention_ab_forward.json"
-        # packed sequences' bounds in uniform registers or not (2026-11-26), forward and backward
-        sub attention_ab_packed 70 "$PY" benchmarks/attention_ab.py --skip-launch-order --skip-forward \
-            --skip-backward --packed --rounds 3 --output "$RAW/attention_ab_packed.json"
+        # every candidate launch choice against the shipped policy at its own target, rounds interleaved,
+        # medians over every round (the proof's A/B with the whole of this step's time)
+        sub attention_ab 310 "$PY" benchmarks/attention_ab.py --rounds 5 --budget-s 280 \
+            --json "$RAW/attention_ab.json"
         sub host_in_bench 120 "$PY" benchmarks/host_in_bench.py --output "$RAW/host_in_bench.json"
     fi
     ;;

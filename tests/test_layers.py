@@ -33,6 +33,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from ... import`` in ``package`` reads from."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def imports_of(path: Path, module: str) -> set[str]:
     """The llm_speed / cuda_llm_ops modules ``module`` imports anywhere in its file (function bodies too), not
     counting ``if TYPE_CHECKING:`` blocks."""
@@ -51,11 +61,7 @@ def imports_of(path: Path, module: str) -> set[str]:
         if isinstance(node, ast.Import):
             edges.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = imported_from(node, package)
             edges.add(base)
             edges.update(f"{base}.{alias.name}" for alias in node.names)
     return {edge for edge in edges if edge.startswith(("llm_speed", "cuda_llm_ops"))}
@@ -122,3 +128,55 @@ def test_the_foundations_torch_free_modules_stay_torch_free():
         modules = {alias.name for node in top if isinstance(node, ast.Import) for alias in node.names}
         modules |= {node.module or "" for node in top if isinstance(node, ast.ImportFrom)}
         assert not any(m.split(".")[0] in ("torch", "triton", "numpy") for m in modules), name
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(path: Path, module: str, modules: set[str]) -> list[str]:
+    """Where ``module`` takes a private name (``_x``, not a dunder) of another llm_speed module: ``from m
+    import _x``, or ``m._x`` with ``m`` bound to an imported llm_speed module. A private module itself
+    (``llm_speed._cli``: a shared module of the command line) is a module, not a name."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = imported_from(node, package)
+            if not base.startswith("llm_speed"):
+                continue
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in modules:
+                    aliases[alias.asname or alias.name] = target
+                elif _private(alias.name) and base != module:
+                    found.append(f"{module}:{node.lineno} imports {base}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("llm_speed") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and aliases[node.value.id] != module):  # fmt: skip
+            found.append(f"{module}:{node.lineno} takes {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_takes_a_private_name_of_another():
+    """A name another module needs is public (in a shared module where several need it): a private one
+    may change with its module alone."""
+    files = {module_name(path): path for path in SRC.rglob("*.py")}
+    found = [use for module, path in sorted(files.items()) for use in private_uses(path, module, set(files))]
+    assert not found, "private names taken across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_rule_sees_both_spellings(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from llm_speed.attention.decode import _x\nfrom llm_speed.core import runtime\n"
+                    "runtime._y\nfrom llm_speed import _cli\n_cli.console\n")  # fmt: skip
+    modules = {"llm_speed.core.runtime", "llm_speed._cli", "llm_speed.attention.decode"}
+    assert private_uses(path, "llm_speed.other.m", modules) == [
+        "llm_speed.other.m:1 imports llm_speed.attention.decode._x",
+        "llm_speed.other.m:3 takes llm_speed.core.runtime._y",
+    ]

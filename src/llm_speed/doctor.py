@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # torch is imported when the command runs, not when the parse
 _PROBE_SEQ = ops.PROBE_SEQ
 _PROBE_HEAD_DIM = ops.PROBE_HEAD_DIM
 FAILS = "fails"  # how a failing probe's "runs" entry starts
-UNAVAILABLE = "not available here"  # a Triton-only op on a device Triton cannot run on (not a failure)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -110,9 +109,6 @@ def dispatch(device: torch.device) -> dict[str, dict[str, Any]]:
         before = runtime.launch_counts()
         try:
             op.run_probe(device)
-        except runtime.TritonUnavailable as error:  # by design: a Triton-only op on a device Triton lacks
-            result[op.title] = {"runs": f"{UNAVAILABLE}: {str(error).splitlines()[0]}", "kernels": []}
-            continue
         except Exception as error:  # a failing op is reported, and the others still checked
             result[op.title] = {
                 "runs": f"{FAILS}: {type(error).__name__}: {str(error).splitlines()[0]}",
@@ -157,7 +153,22 @@ def doctor_report(device: torch.device) -> dict[str, Any]:
         "sdpa_backends": sdpa_backends(device),
         "flash_attn_installed": _flash_attn_installed(),
         "dispatch": dispatch(device),
+        "launch_policy": launch_policy(),
     }
+
+
+def launch_policy() -> dict[str, Any]:
+    """The launch policy in force (``LLM_SPEED_POLICY`` names a candidate, else the shipped one) and each
+    launch choice's shipped value with its GPU proof, or "unproven" (then off as shipped)."""
+    from llm_speed.core import policy
+
+    current = policy.current_policy()
+    name = next((c.name for c in policy.CANDIDATES.values() if c.policy == current), None)
+    choices = []
+    for choice, shipped, proof in policy.proof_lines():
+        in_force = repr(getattr(current, choice)) if choice in policy.PROOFS else "-"
+        choices.append({"choice": choice, "shipped": shipped, "in_force": in_force, "proof": proof})
+    return {"policy": "shipped" if current == policy.SHIPPED else name or "custom", "choices": choices}
 
 
 def _flash_attn_installed() -> bool:
@@ -167,7 +178,7 @@ def _flash_attn_installed() -> bool:
 
 
 def print_doctor(info: dict[str, Any], console: Console | None = None) -> None:
-    """The report as three short tables."""
+    """The report as four short tables."""
     from llm_speed._output import print_table
 
     console = console or _cli.console()
@@ -204,6 +215,13 @@ def print_doctor(info: dict[str, Any], console: Console | None = None) -> None:
         "What llm-speed runs here",
         ["op", "runs", "Triton kernels launched"],
         [[op, entry["runs"], ", ".join(entry["kernels"]) or None] for op, entry in info["dispatch"].items()],
+        console=console,
+    )
+    launch = info["launch_policy"]
+    print_table(
+        f"Launch choices (policy: {launch['policy']})",
+        ["choice", "shipped", "in force", "GPU proof"],
+        [[c["choice"], c["shipped"], c["in_force"], c["proof"]] for c in launch["choices"]],
         console=console,
     )
 

@@ -17,9 +17,10 @@ from accuracy_rule import (  # noqa: F401  (re-exported: the attention tests imp
     max_error,
     nan_poisoned_outputs,
 )
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch
+from llm_speed.core.policy import use_policy
 
 FORWARD_KERNELS = (flash.FORWARD.name,)
 # The default backward's kernels on the device the tests run on (the H100 stand-in under the interpreter).
@@ -28,15 +29,11 @@ BACKWARD_KERNELS = tuple(
 )
 
 
-def atomic_by_default(monkeypatch) -> None:
-    """Make every device's tier add dQ by atomics by default, as the tiers below Hopper's do (the H100 that
-    stands in under the interpreter computes dQ in its own kernel)."""
-    import dataclasses
-
-    tier_for = flash.tier_for
-    monkeypatch.setattr(
-        flash, "tier_for", lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
-    )
+def atomic_by_default(policy) -> None:
+    """Make every device's tier add dQ by atomics by default (the ``policy`` fixture: no tier in the
+    policy's ``backward_dq_kernel_tiers``), as the tiers below Hopper's do (the H100 that stands in under the
+    interpreter computes dQ in its own kernel)."""
+    policy(backward_dq_kernel_tiers=())
 
 
 def fresh_plans(monkeypatch) -> None:
@@ -47,23 +44,23 @@ def fresh_plans(monkeypatch) -> None:
 
     from llm_speed.attention import varlen
 
-    for name in ("_forward_plan", "_backward_plans"):
-        original = getattr(flash, name).__wrapped__
-        monkeypatch.setattr(flash, name, functools.lru_cache(maxsize=None)(original))
-    monkeypatch.setattr(flash, "_DENSE_CALLS", launch.CallCache())  # they hold plans
+    for name in ("forward_plan", "backward_plans"):
+        original = getattr(launcher, name).__wrapped__
+        monkeypatch.setattr(launcher, name, functools.lru_cache(maxsize=None)(original))
+    dense_calls = launch.CallCache()  # they hold plans
+    monkeypatch.setattr(launcher, "DENSE_CALLS", dense_calls)
+    monkeypatch.setattr(flash, "DENSE_CALLS", dense_calls)
     monkeypatch.setattr(varlen, "_VARLEN_CALLS", launch.CallCache())
 
 
-def forward_with_switch_off(monkeypatch, switch: str, off, q, k, v, is_causal: bool) -> tuple:
-    """(out and LSE as shipped, out and LSE with the module switch ``flash.<switch>`` set to ``off``), each
-    from plans of its own; the switch stays off for the rest of the test."""
+def forward_with_choice(q, k, v, is_causal: bool, **changes) -> tuple:
+    """(out and LSE under the current launch policy, out and LSE with ``changes`` to it), each from plans of
+    its own (plans are keyed on the policy)."""
     from llm_speed import flash_attention
 
-    fresh_plans(monkeypatch)
     shipped = flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
-    fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, switch, off)
-    return shipped, flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
+    with use_policy(**changes):
+        return shipped, flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
 
 
 def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
@@ -76,20 +73,20 @@ def pin_configs(monkeypatch, *, forward=None, backward=None) -> None:
     def config(direction, block_d, dtype, hardware):
         return pinned[direction] or real(direction, block_d, dtype, hardware)
 
-    monkeypatch.setattr(flash, "attention_config", config)
+    monkeypatch.setattr(plans, "attention_config", config)
 
 
 def record_backward_plans(monkeypatch) -> list:
     """A list that receives the (preprocess, dK/dV, dQ or dQ conversion) plans of every backward launched
     from here on, in call order (read at the launch: a later :func:`fresh_plans` keeps it working)."""
     made = []
-    launch_backward = flash._launch_backward
+    launch_backward = launcher.launch_backward
 
     def spy(plans, *args, **kwargs):
         made.append(plans)
         return launch_backward(plans, *args, **kwargs)
 
-    monkeypatch.setattr(flash, "_launch_backward", spy)
+    monkeypatch.setattr(launcher, "launch_backward", spy)
     return made
 
 
@@ -170,13 +167,14 @@ def decode_kernels(q, heads_kv: int, seq_new: int, split: bool = False) -> list[
 def repeat_decode_step(call: dict, checked: list) -> None:
     """Run the decode step ``call`` (keywords of flash_attention_with_kvcache, one token appended) twice, on
     equal copies of its caches: the second is served from the calls already checked (no new entry in
-    ``checked``, the attention kernel launched, appending), with the first's output and cache bytes."""
+    ``checked``, the kernels of :func:`decode_kernels` launched), with the first's output and cache bytes."""
     from llm_speed.attention import decode
 
     again = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
     first = decode.flash_attention_with_kvcache(**call)
     seen = len(checked)
-    with expect_launches(decode.KERNEL_DECODE, device=call["q"].device, only=True):
+    q, heads_kv = call["q"], call["k_cache"].shape[2]
+    with expect_launches(*decode_kernels(q, heads_kv, call["k"].shape[1]), device=q.device, only=True):
         out = decode.flash_attention_with_kvcache(**again)
     assert len(checked) == seen and len(decode._DECODE_CALLS) == 1
     assert torch.equal(out, first)

@@ -26,6 +26,7 @@ from llm_speed import flash_attention, tiled_attention
 from llm_speed.attention import flash, flash_attention_varlen
 from llm_speed.core import runtime
 from llm_speed.core.hardware import Hardware, hardware_of
+from llm_speed.core.policy import current_policy
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DETERMINISTIC = tuple(kernel.name for kernel in flash.DETERMINISTIC_BACKWARD_KERNELS)
@@ -54,8 +55,10 @@ def test_default_path_follows_the_tier(device):
     """Hopper-class devices compute dQ in a kernel of their own by default (measured faster on an H100); the
     other tiers add it by atomics."""
     h100, l4 = Hardware.from_spec("h100-sxm"), Hardware.from_spec("l4")
-    assert flash.tier_for(h100).dq_kernel and not flash.tier_for(l4).dq_kernel
-    expected = flash.tier_for(hardware_of(device)).dq_kernel
+    policy = current_policy()
+    assert flash.tier_dq_kernel(flash.tier_for(h100), policy)
+    assert not flash.tier_dq_kernel(flash.tier_for(l4), policy)
+    expected = flash.tier_dq_kernel(flash.tier_for(hardware_of(device)), policy)
     assert flash.deterministic_backward(False, device) == expected
     assert flash.deterministic_backward(True, device)
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 1, 17, 33, 16, F16, device))
@@ -86,9 +89,9 @@ def test_deterministic_path_matches_float64(case, device):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_both_paths_with_small_blocks_window_and_softcap(deterministic, device, monkeypatch):
+def test_both_paths_with_small_blocks_window_and_softcap(deterministic, device, monkeypatch, policy):
     # 16 x 16 blocks: masked edges, unmasked interiors and skipped blocks on both sides of the window.
-    atomic_by_default(monkeypatch)
+    atomic_by_default(policy)
     pin_configs(monkeypatch, forward=SMALL, backward=SMALL)
     q, k, v = make_qkv(1, 4, 2, 45, 40, 32, F16, device, scale_q=4.0)
     fn = functools.partial(flash_attention, deterministic=deterministic)
@@ -100,8 +103,8 @@ def test_both_paths_with_small_blocks_window_and_softcap(deterministic, device, 
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_both_paths_on_packed_sequences(deterministic, device, monkeypatch):
-    atomic_by_default(monkeypatch)
+def test_both_paths_on_packed_sequences(deterministic, device, monkeypatch, policy):
+    atomic_by_default(policy)
     # GQA over packed sequences (one with no query, lengths off the block), causal window with softcap.
     q, k, v, cu_q, cu_k = packed_inputs([40, 0, 23, 5], [33, 9, 23, 70], 4, 2, 32, F32, device)
     options = dict(is_causal=True, window=(7, None), softcap=4.0)
@@ -121,8 +124,8 @@ def test_both_paths_on_packed_sequences(deterministic, device, monkeypatch):
         assert ran.path() == ("deterministic" if deterministic else "atomic")
 
 
-def test_torch_deterministic_mode_takes_the_deterministic_path(device, monkeypatch):
-    atomic_by_default(monkeypatch)
+def test_torch_deterministic_mode_takes_the_deterministic_path(device, monkeypatch, policy):
+    atomic_by_default(policy)
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 1, 17, 33, 16, F32, device))
     was = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -157,12 +160,12 @@ HALVES_CASES = [
 
 
 @pytest.mark.parametrize("case", HALVES_CASES, ids=lambda c: f"d{c[5]}-{str(c[7])[6:]}-{'causal' * c[6]}")
-def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, device, monkeypatch):
+def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, device, monkeypatch, policy):
     """With dQ by atomics the dK/dV kernel may take K, Q, dK and dQ's product in two halves of the head dim
     (``D_HALVES``: half the shared memory and registers for dQ's tile on its way to the atomics); gradients
     as float64 says either way."""
     b, hq, hkv, sq, skv, d, causal, dtype, halves = case
-    atomic_by_default(monkeypatch)
+    atomic_by_default(policy)
     made = record_backward_plans(monkeypatch)
     q, k, v = make_qkv(b, hq, hkv, sq, skv, d, dtype, device)
     with Ran() as ran:
@@ -172,10 +175,10 @@ def test_the_atomic_path_with_the_head_dim_in_halves_matches_float64(case, devic
         assert made[-1][1].fixed["ATOMIC_DQ"] and made[-1][1].fixed["D_HALVES"] == halves
 
 
-def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch):
+def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch, policy):
     """Packed sequences (one with no query, lengths off the 64-row blocks, causal GQA) through the halves: the
     ragged rows' masks and the invalid-bounds NaN apply to both halves of dK."""
-    atomic_by_default(monkeypatch)
+    atomic_by_default(policy)
     made = record_backward_plans(monkeypatch)
     q, k, v, cu_q, cu_k = packed_inputs([40, 0, 23, 70], [33, 9, 23, 70], 4, 2, 128, F16, device)
     dout = torch.randn(q.shape, dtype=q.dtype).to(device)
@@ -193,7 +196,7 @@ def test_the_atomic_path_in_halves_on_packed_sequences(device, monkeypatch):
         assert ran.path() == "atomic" and made[-1][1].fixed["D_HALVES"] and made[-1][1].fixed["IS_VARLEN"]
 
 
-def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
+def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch, policy):
     """The dQ kernel's path (no dQ tile in the dK/dV kernel) and TMA's reductions keep the head dim whole."""
     from llm_speed.core import launch
 
@@ -202,7 +205,7 @@ def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 128, 128, 128, F16, "cpu"))
         for deterministic in (True, False):  # the H100's tier: the dQ kernel either way
             flash_attention(q, k, v, deterministic=deterministic).sum().backward()
-        monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
+        policy(backward_tma_dq_add=True)
         flash_attention(q, k, v, is_causal=True).sum().backward()
     dkdv = [plans[1] for plans in made]
     assert [plan.fixed["ATOMIC_DQ"] for plan in dkdv] == [False, False, True]
@@ -210,13 +213,12 @@ def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch):
 
 
 ATOMIC_COMPILE_SCRIPT = r"""
-import dataclasses, sys
-from llm_speed.attention import flash
+import sys
+from llm_speed.core.policy import use_policy
 from llm_speed.kernel_report import worker
-tier_for = flash.tier_for
-flash.tier_for = lambda hardware: dataclasses.replace(tier_for(hardware), dq_kernel=False)
-worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
-            "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
+with use_policy(backward_dq_kernel_tiers=()):
+    worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
+                "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
 """
 
 

@@ -30,7 +30,7 @@ from attention_testing import (
 )
 
 from llm_speed import flash_attention, flash_attention_varlen, quantize_fp8
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher
 from llm_speed.attention.checks import DESCALE_NAMES
 from llm_speed.attention.reference import (
     apply_softcap,
@@ -213,7 +213,7 @@ def test_dense_fp8_reads_v_transposed(case, device, monkeypatch):
     nan_poisoned_outputs(monkeypatch)
     fresh_plans(monkeypatch)
     plans, copies = [], []
-    make_plan, transpose = flash._forward_plan, flash.transposed_values
+    make_plan, transpose = launcher.forward_plan, flash.transposed_values
 
     def recorded_plan(*args, **kwargs):
         plans.append(make_plan(*args, **kwargs))
@@ -228,8 +228,8 @@ def test_dense_fp8_reads_v_transposed(case, device, monkeypatch):
         copies.append(v_t)
         return v_t
 
-    monkeypatch.setattr(flash, "_forward_plan", recorded_plan)
-    monkeypatch.setattr(flash, "transposed_values", nan_padded)
+    monkeypatch.setattr(launcher, "forward_plan", recorded_plan)
+    monkeypatch.setattr(launcher, "transposed_values", nan_padded)
     _check_against_truth(case, device)
     (v_t,) = copies
     (plan,) = plans
@@ -244,14 +244,14 @@ def test_v_is_transposed_for_dense_fp8_only(device, monkeypatch):
     """16-bit attention and packed fp8 attention read V as it is (``V_TRANSPOSED`` off, no copy)."""
     fresh_plans(monkeypatch)
     plans = []
-    make_plan = flash._forward_plan
+    make_plan = launcher.forward_plan
 
     def recorded_plan(*args, **kwargs):
         plans.append(make_plan(*args, **kwargs))
         return plans[-1]
 
-    monkeypatch.setattr(flash, "_forward_plan", recorded_plan)
-    monkeypatch.setattr(flash, "transposed_values", lambda v: pytest.fail("V transposed"))
+    monkeypatch.setattr(launcher, "forward_plan", recorded_plan)
+    monkeypatch.setattr(launcher, "transposed_values", lambda v: pytest.fail("V transposed"))
     q, k, v = (torch.randn(1, 2, 19, 32, device=device) for _ in range(3))
     flash_attention(q, k, v, is_causal=True)
     cu = torch.tensor([0, 19], dtype=I32, device=device)

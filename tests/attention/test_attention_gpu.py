@@ -57,19 +57,12 @@ def test_backward_at_scale_matches_float64(seq, head_dim, dtype, is_causal):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_backward_with_tma_dq_additions_matches_float64(head_dim, is_causal, monkeypatch):
-    """flash.TMA_DQ_ADD (an experiment, off by default): the five-matmul path with each dQ tile added by one
-    TMA bulk reduction, checked as the shipped backward is."""
-    from llm_speed.attention import flash
-    from llm_speed.core import launch
-
-    monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
-    launch.clear_plans()
-    try:
-        q, k, v = make_qkv(2, 4, 2, 1024, 1024, head_dim, torch.bfloat16, "cuda")
-        check_against_reference(flash_attention, q, k, v, is_causal=is_causal, reference_device="cuda")
-    finally:
-        launch.clear_plans()
+def test_backward_with_tma_dq_additions_matches_float64(head_dim, is_causal, policy):
+    """The policy's ``backward_tma_dq_add`` (measured slower, off by default): the five-matmul path with
+    each dQ tile added by one TMA bulk reduction, checked as the shipped backward is."""
+    policy(backward_tma_dq_add=True)
+    q, k, v = make_qkv(2, 4, 2, 1024, 1024, head_dim, torch.bfloat16, "cuda")
+    check_against_reference(flash_attention, q, k, v, is_causal=is_causal, reference_device="cuda")
 
 
 def test_rectangular_causal_prefill_at_scale():

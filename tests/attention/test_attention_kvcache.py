@@ -18,12 +18,13 @@ from attention_testing import OUTPUT_FACTOR, assert_error_rule, expect_launches,
 from accuracy_rule import nan_poisoned_outputs
 from call_records import record_calls
 from host_reads import host_reads_raise
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch, runtime
 from llm_speed.core.gpus import get_gpu
-from llm_speed.core.hardware import Hardware
+from llm_speed.core.hardware import Hardware, hardware_of
+from llm_speed.core.policy import use_policy
 from triton_builds import BUILDS, environment
 
 
@@ -352,10 +353,11 @@ def _same_or_both_nan(a, b):
 
 @pytest.mark.parametrize("paged, num_splits", [(False, 1), (True, 3)], ids=["dense-one-split", "paged-split"])
 def test_unchecked_bad_cache_seqlens_give_nan_rows_and_no_cache_access(
-    paged, num_splits, device, monkeypatch
+    paged, num_splits, device, monkeypatch, policy
 ):
     """cache_seqlens < 0 or past the capacity: those sequences' rows and LSE NaN, their slots untouched; the
-    others exactly as in a valid call of the same shapes."""
+    others exactly as in a valid call of the same shapes (the new tokens written by the attention kernel)."""
+    policy(decode_append_in_attention=True)
     capacity, seq_new, heads_kv, dim = 192, 2, 2, 32
     good = [7, 60, 0, 190, 100]
     lens = [-3, 60, 191, 190, -(2**31)]  # 191 + 2 > 192; 190 + 2 = 192 fits exactly
@@ -483,10 +485,12 @@ def _append_call(case, device):
 
 
 @pytest.mark.parametrize("case", APPENDS, ids=[c[0] for c in APPENDS])
-def test_the_attention_kernel_appends_as_the_append_kernel_does(case, device, monkeypatch):
-    """A decode step's new tokens written by the attention kernel itself (one launch, no append kernel):
-    the same cache bytes and the same outputs as with the append kernel before it, also when a sequence's
-    new tokens cross from one split's keys into the next (each split writes its own)."""
+def test_the_attention_kernel_appends_as_the_append_kernel_does(case, device, policy):
+    """A decode step's new tokens written by the attention kernel itself (one launch, no append kernel; the
+    policy's ``decode_append_in_attention``): the same cache bytes and the same outputs as with the append
+    kernel before it, also when a sequence's new tokens cross from one split's keys into the next (each
+    split writes its own)."""
+    policy(decode_append_in_attention=True)
     call = _append_call(case, device)
     split = case[8] > 1
     q, heads_kv = call["q"], call["k_cache"].shape[2]
@@ -494,13 +498,10 @@ def test_the_attention_kernel_appends_as_the_append_kernel_does(case, device, mo
     fused = dict(call, k_cache=call["k_cache"].clone(), v_cache=call["v_cache"].clone())
     with expect_launches(decode.KERNEL_DECODE, *[decode.KERNEL_COMBINE] * split, device=device, only=True):
         out, lse = flash_attention_with_kvcache(**fused)
-    launch.clear_plans()
-    monkeypatch.setattr(decode, "appends_in_attention", lambda rows, head_dim, dtype: False)
-    with expect_launches(decode.KERNEL_APPEND, decode.KERNEL_DECODE, *[decode.KERNEL_COMBINE] * split,
-                         device=device, only=True):  # fmt: skip
+    with use_policy(decode_append_in_attention=False), expect_launches(
+        decode.KERNEL_APPEND, decode.KERNEL_DECODE, *[decode.KERNEL_COMBINE] * split, device=device, only=True
+    ):
         out_apart, lse_apart = flash_attention_with_kvcache(**call)
-    monkeypatch.undo()
-    launch.clear_plans()
     for name in ("k_cache", "v_cache"):
         assert torch.equal(fused[name].view(torch.uint8), call[name].view(torch.uint8)), name
     assert torch.equal(out, out_apart) and torch.equal(lse, lse_apart)
@@ -532,11 +533,12 @@ def test_more_query_rows_than_a_tile_take_the_append_kernel(paged, device):
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
-def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, monkeypatch):
+def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, monkeypatch, policy):
     """On the CUDA code path (simulated, launches stubbed, checks off): one plan for calls that differ only in
     the values of cache_seqlens (and of the block table), a split count from the capacity, and no tensor
-    value read on the host."""
-    from llm_speed.core import launch
+    value read on the host (the new tokens written by the attention kernel)."""
+
+    policy(decode_append_in_attention=True)
 
     lens_sets = ([0, 0], [1, 150], [190, 3])
     page_size = 16 if paged else None
@@ -546,7 +548,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
     seqlens = [torch.tensor(lens, dtype=torch.int32) for lens in lens_sets]
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     with launch.simulated_gpu():
-        cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, decode.hardware_of(q.device))
+        cfg = decode.kernel_config(64, torch.float32, 2, 192, 4, hardware_of(q.device))
         assert cfg.splits == 3  # 4 programs on 132 SMs, 3 key blocks of capacity
         before = runtime.launch_counts()
         with host_reads_raise(monkeypatch):
@@ -554,7 +556,7 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
                 flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k_new, v=v_new,
                                              block_table=table)  # fmt: skip
         ran = runtime.launch_counts() - before
-        info, checked_calls = decode._plans.cache_info(), len(decode._DECODE_CALLS)
+        info, checked_calls = decode_launch.step_plans.cache_info(), len(decode._DECODE_CALLS)
     # two plans: the first call makes the one the tensor-length calls after it are served with (the calls
     # already checked; no LSE asked for, so it stores none), the int-length call takes the op's (with the
     # LSE it returns to the op's caller)
@@ -570,8 +572,11 @@ import json, pathlib, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
+from llm_speed.core.policy import CANDIDATES
 from llm_speed.kernel_report.analysis import Sass
+
+POLICY = CANDIDATES["decode-append"].policy  # the new tokens written by the attention kernel where they fit
 
 ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
@@ -643,12 +648,12 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
         rotary = (capacity + seq_q, rotary_dim, torch.float32 if f32_tables else dtype, interleaved)
     if "alibi" in options:
         alibi = heads_q if options["alibi"] == 2 else 0  # batch stride of the slopes
-    append, attend, combine, *_ = decode._plans.__wrapped__(
+    append, attend, combine, *_ = decode_launch.step_plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
         (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
         torch.device("cpu"), options.get("batch_idx", False), options.get("leftpad", False), rotary, alibi,
-        (options["fp8"], (0, 1), (0, 1)) if "fp8" in options else None, lse=True,
+        (options["fp8"], (0, 1), (0, 1)) if "fp8" in options else None, lse=True, policy=POLICY,
     )
     assert combine is not None, "a split variant is meant"
     io = dict(K_CACHE="*" + cache_element, V_CACHE="*" + cache_element, CACHE_SEQLENS="*i32",
@@ -656,7 +661,7 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
               K_DESCALE="*fp32", V_DESCALE="*fp32")
     if rotary is not None:
         io.update(COS="*" + ELEMENT[rotary[2]], SIN="*" + ELEMENT[rotary[2]])
-    assert (append is None) == decode.appends_in_attention(heads_q // heads_kv * seq_q, dim, dtype)
+    assert (append is None) == decode.appends_in_attention(heads_q // heads_kv * seq_q, dim, dtype, POLICY)
     io.update(K="*" + element, V="*" + element)
     for plan, pointers in (
         (append, io),
@@ -707,7 +712,6 @@ def test_a_repeated_decode_step_skips_the_checks(monkeypatch):
     """With the value checks off (as for CUDA tensors), a repeated plain decode step is served from the calls
     checked before: no check, the same launches, the same result and appended cache; every error of the
     metadata is still raised."""
-    from llm_speed.core import launch
 
     if not runtime.triton_runs_on(torch.device("cpu")):
         pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")
@@ -727,7 +731,6 @@ def test_a_repeated_decode_step_skips_the_checks(monkeypatch):
 def test_a_step_that_returns_no_lse_stores_none(num_splits, monkeypatch):
     """A plain step without return_lse runs plans whose LSE stores are compiled out (the split partials then
     share one workspace): the same output as the step that returns the LSE, and that LSE against float64."""
-    from llm_speed.core import launch
 
     if not runtime.triton_runs_on(torch.device("cpu")):
         pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")
@@ -755,7 +758,6 @@ def test_a_step_that_returns_no_lse_stores_none(num_splits, monkeypatch):
 def test_a_repeated_step_with_copied_inputs_is_copied_again(monkeypatch):
     """q and the new k/v with a strided last dim are copied before the kernels read them: a repeated step with
     that metadata copies them again (the calls already checked keep only steps that copied nothing)."""
-    from llm_speed.core import launch
 
     if not runtime.triton_runs_on(torch.device("cpu")):
         pytest.skip("Triton cannot run on the CPU without TRITON_INTERPRET=1")

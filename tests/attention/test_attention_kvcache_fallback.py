@@ -62,9 +62,9 @@ def test_strided_caches_are_written_in_place(without_triton):
 
 
 @pytest.mark.parametrize("paged, num_splits", [(False, 1), (True, 3)], ids=["dense", "paged"])
-def test_unchecked_bad_cache_seqlens(paged, num_splits, without_triton, monkeypatch):
+def test_unchecked_bad_cache_seqlens(paged, num_splits, without_triton, monkeypatch, policy):
     dense.test_unchecked_bad_cache_seqlens_give_nan_rows_and_no_cache_access(
-        paged, num_splits, CPU, monkeypatch
+        paged, num_splits, CPU, monkeypatch, policy
     )
 
 
@@ -78,8 +78,8 @@ def test_unchecked_bad_batch_index_leftpad_and_rotary(without_triton, monkeypatc
     )
 
 
-def test_unchecked_bad_fp8_entries(without_triton, monkeypatch):
-    fp8.test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(CPU, monkeypatch)
+def test_unchecked_bad_fp8_entries(without_triton, monkeypatch, policy):
+    fp8.test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(CPU, monkeypatch, policy)
 
 
 def test_bad_input_is_still_refused_before_any_write(without_triton):

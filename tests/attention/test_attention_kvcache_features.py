@@ -19,7 +19,7 @@ import torch
 from attention_testing import OUTPUT_FACTOR, assert_error_rule, decode_kernels, expect_launches
 
 from host_reads import host_reads_raise
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import apply_rotary, reference_kvcache
 from llm_speed.core import runtime
@@ -417,12 +417,14 @@ def test_unchecked_bad_batch_index_leftpad_and_rotary_give_nan_rows_and_no_cache
 
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
-def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch):
+def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch, policy):
     """On the CUDA code path (simulated, launches stubbed, checks off): calls that differ only in the values
     of cache_seqlens, cache_batch_idx, cache_leftpad, the tables and the slopes share one plan; a change of
     option (interleaving, slopes per batch, rotary_dim, an option left out, causal) is a new plan; no tensor
-    value is read on the host."""
+    value is read on the host (the new tokens written by the attention kernel)."""
     from llm_speed.core import launch
+
+    policy(decode_append_in_attention=True)
 
     call = _dense_call()
     q, k_cache, v_cache = call.pop("q"), call.pop("k_cache"), call.pop("v_cache")
@@ -444,6 +446,6 @@ def test_plans_depend_on_shapes_and_options_only_and_nothing_is_read(monkeypatch
             for change in variants:
                 flash_attention_with_kvcache(q, k_cache, v_cache, **{**call, **change})
         ran = runtime.launch_counts() - before
-        info = decode._plans.cache_info()
+        info = decode_launch.step_plans.cache_info()
     assert (info.misses, info.hits) == (6, 1)
     assert ran == {decode.KERNEL_DECODE: 7}  # (the attention kernel appends the new tokens)

@@ -25,7 +25,7 @@ from attention_testing import (
 )
 
 from host_reads import host_reads_raise
-from llm_speed.attention import decode
+from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.decode import flash_attention_with_kvcache
 from llm_speed.attention.reference import FP8_MAX, descale_rows, quantize_to_cache, reference_kvcache
 from llm_speed.core import runtime
@@ -386,9 +386,11 @@ def test_boundaries_accepted(device):
 # --- value checks off (the CUDA default): invalid entries give NaN rows, touch nothing --------------------
 
 
-def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatch):
+def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatch, policy):
     """cache_seqlens past the capacity and a block-table entry outside the pool, with an fp8 paged cache:
-    those sequences' rows NaN and nothing of theirs appended; the others as in a valid call."""
+    those sequences' rows NaN and nothing of theirs appended (by the attention kernel); the others as in a
+    valid call."""
+    policy(decode_append_in_attention=True)
     capacity, page_size, heads_kv, dim = 64, 16, 2, 16
     pages = capacity // page_size
     table = torch.randperm(3 * pages).reshape(3, pages).to(I32)
@@ -420,10 +422,13 @@ def test_unchecked_bad_entries_give_nan_rows_and_no_fp8_write(device, monkeypatc
 
 # --- per-call host work: plans from shapes only, no host read of device data ------------------------------
 
-def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkeypatch):
+def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkeypatch, policy):
     """On the CUDA code path (simulated, launches stubbed, checks off): descale values and lengths share a
-    plan; the fp8 format, the descale layout and a 16-bit cache each get their own; no host read."""
+    plan; the fp8 format, the descale layout and a 16-bit cache each get their own; no host read (the new
+    tokens written by the attention kernel)."""
     from llm_speed.core import launch
+
+    policy(decode_append_in_attention=True)
 
     call = _fp8_call()
     q, k_cache, v_cache = call.pop("q"), call.pop("k_cache"), call.pop("v_cache")
@@ -446,7 +451,7 @@ def test_plans_key_the_cache_dtype_and_descale_layout_and_nothing_is_read(monkey
                 args = {"k_cache": k_cache, "v_cache": v_cache, **call, **change}
                 flash_attention_with_kvcache(q, **args)
         ran = runtime.launch_counts() - before
-        info = decode._plans.cache_info()
+        info = decode_launch.step_plans.cache_info()
     assert info.misses == 5  # (a plain call's plans are looked up once more, to be kept by its metadata)
     assert ran == {decode.KERNEL_DECODE: 7}  # (the attention kernel appends the new tokens)
 

@@ -9,7 +9,7 @@ from attention_testing import BACKWARD_KERNELS, FORWARD_KERNELS, fresh_plans, ma
 from call_records import record_calls
 from host_reads import host_reads_raise
 from llm_speed import flash_attention, tiled_attention
-from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention import flash, flash_attention_varlen, launcher
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch, runtime
 
@@ -46,13 +46,14 @@ def test_no_host_reads_and_one_plan_lookup_per_launch(monkeypatch):
         calls = _calls()
         for call in calls:  # first calls make the plans (host reads allowed: nothing may need them anyway)
             call()
-        made = flash._forward_plan.cache_info().misses, flash._backward_plans.cache_info().misses
+        made = launcher.forward_plan.cache_info().misses, launcher.backward_plans.cache_info().misses
         before = runtime.launch_counts()
         with host_reads_raise(monkeypatch):
             for call in calls:
                 call()
         ran = runtime.launch_counts() - before
-        assert (flash._forward_plan.cache_info().misses, flash._backward_plans.cache_info().misses) == made
+        misses = (launcher.forward_plan.cache_info().misses, launcher.backward_plans.cache_info().misses)
+        assert misses == made
     # forward: flash 2 calls x (grad + no-grad) + varlen 1, tiled 1 x 2; backward: 4 calls x 3 kernels
     assert ran[FORWARD_KERNELS[0]] == 5 and ran[flash.TILED.name] == 2
     assert all(ran[name] == 4 for name in BACKWARD_KERNELS)
@@ -70,7 +71,7 @@ def test_scale_and_softcap_are_per_call(device, monkeypatch):
         results.append(out)
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
-    assert flash._forward_plan.cache_info().misses == 1  # one plan served both calls
+    assert launcher.forward_plan.cache_info().misses == 1  # one plan served both calls
     assert not torch.equal(results[0], results[1])
 
 
@@ -82,7 +83,7 @@ def test_a_plan_per_problem_class(device, monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 9, 9, 16, torch.float32, device)
     flash_attention(q, k, v)
     flash_attention(q.clone(), k.clone(), v.clone())
-    assert flash._forward_plan.cache_info().misses == 1
+    assert launcher.forward_plan.cache_info().misses == 1
     for variant in (
         lambda: flash_attention(q, k, v, is_causal=True),
         lambda: flash_attention(q, k, v, window=(2, 3)),
@@ -92,9 +93,9 @@ def test_a_plan_per_problem_class(device, monkeypatch):
         lambda: flash_attention(q.half(), k.half(), v.half()),
         lambda: flash_attention(q[:, :, :5], k, v),
     ):
-        misses = flash._forward_plan.cache_info().misses
+        misses = launcher.forward_plan.cache_info().misses
         variant()
-        assert flash._forward_plan.cache_info().misses == misses + 1
+        assert launcher.forward_plan.cache_info().misses == misses + 1
 
 
 def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
@@ -115,9 +116,9 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         flash_attention(q.clone(), k.clone(), v.clone(), is_causal=True, return_lse=True)
         flash_attention(q, k, v, is_causal=True, scale=-0.2)  # a negative scale: another plan, checked
         negative = flash_attention(q, k, v, is_causal=True, scale=-0.3)
-    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 3
+    assert len(checked) == 3 and len(launcher.DENSE_CALLS) == 3
     assert torch.equal(again, first) and torch.equal(out, first)
-    assert sorted(call.plan.fixed.get("LSE", "given") is None for call in flash._DENSE_CALLS.values()) == [
+    assert sorted(call.plan.fixed.get("LSE", "given") is None for call in launcher.DENSE_CALLS.values()) == [
         False, True, True
     ]  # the LSE's pointer compiled out where it is not returned
     q64, k64, v64 = (t.double() for t in (q, k, v))
@@ -136,7 +137,7 @@ def test_the_checked_calls_never_skip_a_check(device, monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 9, 9, 16, torch.float32, device)
     with torch.no_grad():
         flash_attention(q, k, v, is_causal=True)
-        assert len(flash._DENSE_CALLS) == 1
+        assert len(launcher.DENSE_CALLS) == 1
         with pytest.raises(TypeError, match="is_causal"):
             flash_attention(q, k, v, is_causal=1)  # equal to True as a key, not a bool
         with pytest.raises(ValueError, match="scale"):
@@ -152,7 +153,8 @@ def test_the_checked_calls_never_skip_a_check(device, monkeypatch):
         flash_attention(q, k, v, is_causal=True, window=(2, 0))
         flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, is_causal=True)  # copied
         flash_attention(q, k, v, is_causal=True)
-    assert len(checked) == 3 and len(flash._DENSE_CALLS) == 2  # the call with grad is kept too (with its LSE)
+    # the call with grad is kept too (with its LSE)
+    assert len(checked) == 3 and len(launcher.DENSE_CALLS) == 2
     assert all(leaf.grad is not None for leaf in leaves)
 
 
@@ -173,7 +175,7 @@ def test_a_repeated_call_with_grad_records_the_node_around_the_kept_one(determin
         out = flash_attention(*leaves, is_causal=True, deterministic=deterministic)
         out.backward(dout)
         results.append((out.detach(), *(leaf.grad for leaf in leaves)))
-    assert len(checked) == 1 and len(flash._DENSE_CALLS) == 1
+    assert len(checked) == 1 and len(launcher.DENSE_CALLS) == 1
     for first, second in zip(*results, strict=True):
         assert torch.equal(first, second)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
@@ -211,9 +213,9 @@ def test_a_repeated_varlen_call_skips_the_metadata_checks_not_the_values(device,
         first = flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=True)
         again = flash_attention_varlen(q.clone(), k, v, cu, cu, 7, 7, is_causal=True)
         assert len(checked) == 1 and torch.equal(again, first)
-        lookups = flash._forward_plan.cache_info()
+        lookups = launcher.forward_plan.cache_info()
         flash_attention_varlen(q, k, v, cu, cu, 7, 7, is_causal=True)
-        assert flash._forward_plan.cache_info() == lookups  # the kept launch: no plan looked up
+        assert launcher.forward_plan.cache_info() == lookups  # the kept launch: no plan looked up
         full = flash_attention_varlen(q, k, v, cu, cu, 7, 7)  # not causal: a class of its own
         assert torch.equal(flash_attention_varlen(q, k, v, cu, cu, 7, 7), full)
         assert len(checked) == 2 and len(varlen._VARLEN_CALLS) == 2

@@ -9,8 +9,15 @@ import torch
 from attention_testing import atomic_by_default, check_against_reference, make_qkv, record_backward_plans
 
 from llm_speed import flash_attention
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher
 from llm_speed.core import launch, runtime
+from llm_speed.core.policy import current_policy
+
+
+@pytest.fixture(autouse=True)
+def _rows32(policy):
+    """The launch choice these tests are about, unproven on a GPU and so off as shipped: selected here."""
+    policy(rows32=True)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 LIMIT = 2**31 - 1
@@ -41,9 +48,9 @@ def _plans(seq: int, dtype: torch.dtype, varlen: bool = False):
         shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
     batch = 1
     dtypes = (dtype, dtype, dtype, F32, None)
-    return flash._backward_plans(
+    return launcher.backward_plans(
         shape, shape, stride, stride, stride, stride, stride, batch, dtypes, False, True, None, 0, False,
-        varlen, False, 0, False, torch.device("cpu"),
+        varlen, False, 0, False, torch.device("cpu"), policy=current_policy(),
     )  # fmt: skip
 
 
@@ -69,9 +76,9 @@ def _forward_plan(seq: int, dtype: torch.dtype, varlen: bool = False, two_pass: 
         shape, stride = (seq, heads, d), (heads * d, d, 1)
     else:
         shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
-    return flash._forward_plan(
+    return launcher.forward_plan(
         shape, shape, stride, stride, stride, 1, dtype, True, None, 0, False, two_pass, varlen, False, 0,
-        False, torch.device("cpu"), lse=True,
+        False, torch.device("cpu"), lse=True, policy=current_policy(),
     )  # fmt: skip
 
 
@@ -89,21 +96,22 @@ def test_the_forward_takes_32_bit_rows_only_where_they_fit(varlen, two_pass):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch):
+def test_64_bit_rows_meet_the_rule_at_16_bit(deterministic, device, monkeypatch, policy):
     """16-bit problems small enough for 32-bit offsets, run with 64-bit ones (the path of sequences past
-    2**31 / stride rows), forward and both backward paths: the same float64 rule."""
-    atomic_by_default(monkeypatch)
-    monkeypatch.setattr(flash, "rows_fit_32", lambda *_: False)
+    2**31 / stride rows, and of the policy without ``rows32``), forward and both backward paths: the same
+    float64 rule."""
+    atomic_by_default(policy)
+    policy(rows32=False)
     backward_plans = record_backward_plans(monkeypatch)
     forward_flags = []
-    forward_plan = flash._forward_plan
+    forward_plan = launcher.forward_plan
 
     def spy_forward(*args, **kwargs):
         plan = forward_plan(*args, **kwargs)
         forward_flags.append(plan.fixed["ROWS32"])
         return plan
 
-    monkeypatch.setattr(flash, "_forward_plan", spy_forward)
+    monkeypatch.setattr(launcher, "forward_plan", spy_forward)
     launch.clear_plans()
     try:
         q, k, v = make_qkv(1, 4, 2, 70, 70, 64, F16, device)

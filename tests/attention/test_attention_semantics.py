@@ -18,12 +18,13 @@ from attention_testing import (
 )
 
 from llm_speed import flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import flash
+from llm_speed.attention import flash, launcher, plans
 from llm_speed.attention.checks import prepare_attention_inputs
 from llm_speed.attention.reference import causal_visible, reference_attention
 from llm_speed.core import runtime
 from llm_speed.core.config import KernelConfig
 from llm_speed.core.hardware import hardware_of
+from llm_speed.core.policy import current_policy
 
 ALL_FUNCTIONS = [flash_attention, tiled_attention, naive_attention]
 
@@ -211,8 +212,8 @@ def test_cpu_without_interpreter_runs_the_reference(monkeypatch):
     q, k, v = make_qkv(2, 4, 2, 70, 150, 40, torch.float16, "cpu")
     with pytest.MonkeyPatch.context() as patch:
         calls = []
-        real = flash.reference_forward
-        patch.setattr(flash, "reference_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        real = launcher.reference_forward
+        patch.setattr(launcher, "reference_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
         check_against_reference(flash_attention, q, k, v, is_causal=True, dlse=True)
         assert calls
     check_against_reference(tiled_attention, q, k, v, is_causal=True)
@@ -241,9 +242,9 @@ def test_zero_sizes(fn, batch, seq_q, seq_kv, device):
 def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     # CUDA caps grid axis 1 at 65535: batch * heads must not live there (large-batch decode passes it).
     grids = []
-    real_grid = flash._grid
+    real_grid = plans._grid
     fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "_grid", lambda *args: grids.append(args) or real_grid(*args))
+    monkeypatch.setattr(plans, "_grid", lambda *args: grids.append(args) or real_grid(*args))
     q, k, v = make_qkv(3, 4, 2, 37, 21, 16, torch.float16, device)
     dout = torch.randn(q.shape, dtype=q.dtype, device=device)
     run_with_grads(flash_attention, q, k, v, dout)
@@ -253,7 +254,8 @@ def test_every_launch_uses_a_one_dimensional_grid(device, monkeypatch):
     # forward and dK/dV (default path with dQ by atomics), and the deterministic path's dK/dV and dQ kernels
     # (the preprocess and dQ conversion grids are one block per row block, or per element block, too); where
     # the tier computes dQ in its own kernel by default (the H100) both calls share those plans
-    assert len(grids) == (3 if flash.tier_for(hardware_of(device)).dq_kernel else 4)
+    dq_kernel = flash.tier_dq_kernel(flash.tier_for(hardware_of(device)), current_policy())
+    assert len(grids) == (3 if dq_kernel else 4)
     for n_rows, block, batch, heads, varlen in grids:
         assert batch == 3 and heads in (4, 2) and n_rows in (37, 21) and not varlen
         grid, _ = real_grid(n_rows, block, batch, heads, False)

@@ -1,7 +1,8 @@
-"""flash.TMA_DQ_ADD (an experiment, off by default): on Hopper the default backward takes the five-matmul path
-with each dQ tile added by one TMA bulk reduction. The plumbing on the CPU (the plan's descriptor, the path,
-the interpreter's gradients through the same path with element atomics), the build for sm_90a under the GPU
-machine's Triton; the values on a GPU in test_attention_gpu.py."""
+"""The launch policy's ``backward_tma_dq_add`` (measured slower on an H100, off by default): on Hopper the
+default backward takes the five-matmul path with each dQ tile added by one TMA bulk reduction. The plumbing on
+the CPU (the plan's descriptor, the path, the interpreter's gradients through the same path with element
+atomics), the build for sm_90a under the GPU machine's Triton; the values on a GPU in
+test_attention_gpu.py."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from llm_speed.attention import flash
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch, runtime
 from llm_speed.core.hardware import hardware_of
+from llm_speed.core.policy import SHIPPED, current_policy
 from triton_builds import GPU_BUILD_ENV, environment
 
 
 def test_it_is_off_by_default_and_hopper_keeps_its_dq_kernel():
-    assert flash.TMA_DQ_ADD is False
-    assert flash.tier_for(hardware_of(torch.device("cpu"))).dq_kernel  # the stand-in hardware: an H100
+    assert SHIPPED.backward_tma_dq_add is False
+    # the stand-in hardware: an H100
+    assert flash.tier_dq_kernel(flash.tier_for(hardware_of(torch.device("cpu"))), current_policy())
     assert flash.deterministic_backward(False, torch.device("cpu"))
 
 
@@ -32,12 +35,12 @@ def _dkdv(plans):
     return dkdv
 
 
-def test_the_atomic_path_plan_takes_the_accumulator_through_a_descriptor(monkeypatch):
+def test_the_atomic_path_plan_takes_the_accumulator_through_a_descriptor(monkeypatch, policy):
     """On the CUDA code path (simulated: the H100's hardware, launches stubbed) the dK/dV plan gets a
     descriptor over the fp32 dQ accumulator's [B * H * S, D] rows, in [BLOCK_M, BLOCK_D] tiles, and each
     launch passes the accumulator through it; a ragged query block keeps the element atomics."""
     fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
+    policy(backward_tma_dq_add=True)
     assert not flash.deterministic_backward(False, torch.device("cpu"))
     assert flash.deterministic_backward(True, torch.device("cpu"))  # asked for: still the dQ kernel
     made = record_backward_plans(monkeypatch)
@@ -51,14 +54,14 @@ def test_the_atomic_path_plan_takes_the_accumulator_through_a_descriptor(monkeyp
     assert with_desc.fixed["ATOMIC_DQ"] and not ragged.descriptors and ragged.fixed["DQ_DESC"] is None
 
 
-def test_the_interpreter_runs_the_same_path_with_element_atomics(monkeypatch, device):
+def test_the_interpreter_runs_the_same_path_with_element_atomics(monkeypatch, device, policy):
     """Under the interpreter (no descriptor reduction there) the switch still takes the atomic path on the
     H100's tier, with element atomics; compiled on such a GPU, through the descriptor: gradients as float64
     says."""
     if not runtime.triton_runs_on(device):
         pytest.skip("Triton cannot run on this device (CPU without TRITON_INTERPRET=1)")
     fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "TMA_DQ_ADD", True)
+    policy(backward_tma_dq_add=True)
     made = record_backward_plans(monkeypatch)
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 32, 32, 32, torch.float32, device))
     dout = torch.randn_like(q)
@@ -78,11 +81,11 @@ def test_the_interpreter_runs_the_same_path_with_element_atomics(monkeypatch, de
 
 COMPILE_SCRIPT = r"""
 import json, sys
-from llm_speed.attention import flash
+from llm_speed.core.policy import use_policy
 from llm_speed.kernel_report import worker
-flash.TMA_DQ_ADD = True
-worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
-            "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
+with use_policy(backward_tma_dq_add=True):
+    worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
+                "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
 """
 
 

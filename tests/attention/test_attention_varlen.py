@@ -12,7 +12,7 @@ from attention_testing import (
     fresh_plans,
 )
 
-from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention import flash_attention_varlen, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import runtime
 
@@ -104,9 +104,9 @@ def test_grid_grows_with_tokens_not_batch_times_longest(device, monkeypatch):
     # One long sequence and many short ones: the grid is bounded by cdiv(total, block) + batch per head,
     # far below batch x cdiv(max_seqlen, block); each program finds its sequence's block on the device.
     grids = []
-    real_grid = flash._grid
+    real_grid = plans._grid
     fresh_plans(monkeypatch)
-    monkeypatch.setattr(flash, "_grid", lambda *args: grids.append((args, real_grid(*args))) or grids[-1][1])
+    monkeypatch.setattr(plans, "_grid", lambda *args: grids.append((args, real_grid(*args))) or grids[-1][1])
     lengths = [200] + [1] * 15
     q, k, v, cu_q, cu_k = packed_inputs(lengths, lengths, 2, 2, 16, torch.float32, device)
     out = flash_attention_varlen(q, k, v, cu_q, cu_k, 200, 200)

@@ -103,10 +103,10 @@ CASES = [
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "dq-kernel"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_invalid_bounds_give_nan_rows_and_nothing_out_of_bounds(
-    case, deterministic, device, guarded_outputs, monkeypatch
+    case, deterministic, device, guarded_outputs, monkeypatch, policy
 ):
     if not deterministic:
-        atomic_by_default(monkeypatch)
+        atomic_by_default(policy)
     _, values_q, values_k, is_causal, nan_rows, exact = case
     (q, k, v), input_buffers = _inputs(device)
     (cu_q, cu_q_buffer), (cu_k, cu_k_buffer) = _cu(values_q, device), _cu(values_k, device)

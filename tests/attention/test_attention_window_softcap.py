@@ -21,7 +21,7 @@ from attention_testing import (
 )
 
 from llm_speed import flash_attention, naive_attention, tiled_attention
-from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention import flash, flash_attention_varlen, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import runtime
 from llm_speed.core.config import KernelConfig
@@ -170,9 +170,9 @@ def test_bf16_positive_inputs_round_to_nearest_even(device, monkeypatch):
 
     assert dk_error_ratio() <= 3.0
     if runtime.INTERPRETED:  # compiled Triton rounds to nearest even by itself
-        real = flash.dot_switches
+        real = plans.dot_switches
         fresh_plans(monkeypatch)
-        monkeypatch.setattr(flash, "dot_switches", lambda dtype: dict(real(dtype), RNE_BY_HAND=False))
+        monkeypatch.setattr(plans, "dot_switches", lambda dtype: dict(real(dtype), RNE_BY_HAND=False))
         assert dk_error_ratio() > 3.0  # truncation: the check above catches it
 
 

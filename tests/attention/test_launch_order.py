@@ -1,7 +1,7 @@
-"""Longest-first launch order of causal attention's query-block kernels (``flash._program`` with ``LPT``,
-as FlashAttention-3's LPT scheduler): every block of every (batch, head) is owned by exactly one program,
-the heaviest blocks start first within each L2 section, only causal-like masks get it, and the results do
-not change."""
+"""Longest-first launch order of causal attention's query-block kernels (``blocks.program_block`` with
+``LPT``, as FlashAttention-3's LPT scheduler): every block of every (batch, head) is owned by exactly one
+program, the heaviest blocks start first within each L2 section, only causal-like masks get it, and the
+results do not change."""
 
 import dataclasses
 
@@ -11,10 +11,11 @@ import triton
 import triton.language as tl
 from attention_testing import fresh_plans, make_qkv, run_with_grads
 
-from llm_speed.attention import flash, flash_attention_varlen
+from llm_speed.attention import blocks, configs, flash, flash_attention_varlen, launcher, plans
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import hardware as hardware_module
 from llm_speed.core import launch, runtime
+from llm_speed.core.policy import SHIPPED
 
 pytestmark = pytest.mark.skipif(
     not runtime.INTERPRETED,
@@ -27,7 +28,7 @@ def _order_kernel(
     OUT, CU_Q, CU_K, seq_q, seq_kv, heads, batch, grid_blocks, section,
     BLOCK: tl.constexpr, IS_VARLEN: tl.constexpr, LPT: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    start, b, h, bos_q, len_q, bos_k, len_k, valid = flash._program(
+    start, b, h, bos_q, len_q, bos_k, len_k, valid = blocks.program_block(
         CU_Q, CU_K, CU_Q, seq_q, seq_kv, heads, batch, grid_blocks, section,
         BLOCK=BLOCK, OVER_KEYS=False, IS_VARLEN=IS_VARLEN, SEQUSED=False, PAGED=False, BLOCK_B=BLOCK_B,
         LPT=LPT,
@@ -41,7 +42,7 @@ def _order_kernel(
 
 def _order(*, batch, heads, seq, block, section, cu=None):
     """(start, b, h, rows) of each query-block program, in program order; ``section`` None: row order."""
-    grid, args = flash._grid(seq, block, batch, heads, cu is not None)
+    grid, args = plans._grid(seq, block, batch, heads, cu is not None)
     out = torch.full((grid[0], 4), -1, dtype=torch.int64)
     cu = torch.tensor(cu if cu is not None else [0], dtype=torch.int32)
     _order_kernel[grid](
@@ -88,15 +89,15 @@ def _plans(monkeypatch, call):
     """The forward and backward plans ``call`` makes (fresh caches), launched as no-ops on CPU tensors."""
     fresh_plans(monkeypatch)
     made = []
-    for name in ("_forward_plan", "_backward_plans"):
-        real = getattr(flash, name)
+    for name in ("forward_plan", "backward_plans"):
+        real = getattr(launcher, name)
 
         def recording(*args, _real=real, **kwargs):
             plan = _real(*args, **kwargs)
             made.extend(plan if isinstance(plan, tuple) else (plan,))
             return plan
 
-        monkeypatch.setattr(flash, name, recording)
+        monkeypatch.setattr(launcher, name, recording)
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     with launch.simulated_gpu():
         call()
@@ -113,10 +114,10 @@ QUERY_KERNELS = (flash.FORWARD.name, "flash_attention_bwd_dq")
 
 
 @pytest.fixture
-def short_lpt(monkeypatch):
+def short_lpt(policy):
     """Longest first from any length, so that these small problems take that path (the launcher keeps it for
-    sequences of flash.LPT_MIN_ROWS and more)."""
-    monkeypatch.setattr(flash, "LPT_MIN_ROWS", 0)
+    sequences of the policy's ``lpt_min_rows`` and more)."""
+    policy(lpt_min_rows=0)
 
 
 @pytest.mark.parametrize(
@@ -136,7 +137,7 @@ def test_sections_follow_the_l2(monkeypatch, short_lpt):
     # K and V of a KV head: 2 x 64 keys x 32 dims x 2 bytes = 8 KiB, shared by 2 query heads; a 12 KiB L2
     # holds 3 query heads' worth
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=12 * 1024)
-    monkeypatch.setattr(flash, "hardware_of", lambda device=None: small)
+    monkeypatch.setattr(plans, "hardware_of", lambda device=None: small)
     fixed = _plans(monkeypatch, _dense_call(is_causal=True))
     assert [fixed[kernel]["section"] for kernel in QUERY_KERNELS] == [3, 3]
 
@@ -146,7 +147,7 @@ def test_results_do_not_depend_on_the_sections(monkeypatch, short_lpt, l2_kib):
     # Sections of 1 and 3 pairs (the last one partial) over 8 pairs: causal forward and backward, dense and
     # packed, against the float64 reference.
     small = dataclasses.replace(hardware_module.default_hardware(), l2_bytes=l2_kib * 1024)
-    monkeypatch.setattr(flash, "hardware_of", lambda device=None: small)
+    monkeypatch.setattr(plans, "hardware_of", lambda device=None: small)
     fresh_plans(monkeypatch)
     q, k, v = make_qkv(2, 4, 2, 37, 45, 32, torch.float32, "cpu")
     dout = torch.randn_like(q)
@@ -173,10 +174,10 @@ def test_results_do_not_depend_on_the_sections(monkeypatch, short_lpt, l2_kib):
 
 
 def test_the_performance_model_launches_as_the_kernels_do():
-    # llm_speed.perf.predict restates the order and the section rule without torch: same block sequence as
-    # the kernel's programs, same section for a problem as the launcher's.
+    # llm_speed.perf.predict models the order and the section rule without torch (reading the shipped
+    # policy's lpt_min_rows): same block sequence as the kernel's programs, same section as the launcher's.
     from llm_speed.core.gpus import get_gpu
-    from llm_speed.perf.predict import LPT_MIN_ROWS, AttentionShape, _lpt_section, launch_order
+    from llm_speed.perf.predict import LPT_MIN_ROWS, AttentionShape, launch_order, lpt_section
 
     batch, heads, seq, block, section = 2, 3, 70, 16, 4
     order = _order(batch=batch, heads=heads, seq=seq, block=block, section=section)
@@ -185,25 +186,25 @@ def test_the_performance_model_launches_as_the_kernels_do():
 
     hardware = hardware_module.default_hardware()
     for seq_kv, heads_q, heads_kv in ((16384, 16, 16), (4096, 32, 8), (131072, 8, 1)):
-        launcher = flash._launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
-                                       heads_q // heads_kv, seq_kv)  # fmt: skip
+        launcher = configs.launch_order(True, None, None, hardware, 4 * heads_q, 2 * seq_kv * 128 * 2,
+                                       heads_q // heads_kv, seq_kv, SHIPPED)  # fmt: skip
         shape = AttentionShape(4, heads_q, heads_kv, 128, 2, True, ((seq_kv, seq_kv),))
-        model = _lpt_section(get_gpu(hardware.name), "lpt", shape)
+        model = lpt_section(get_gpu(hardware.name), "lpt", shape)
         expected = (
             {"section": 1, "LPT": False}
             if model is None
             else {"section": min(model, 4 * heads_q), "LPT": True}
         )
         assert launcher == expected
-        assert (model is None) == (seq_kv < flash.LPT_MIN_ROWS)
-    # below LPT_MIN_ROWS both launch in row order
-    assert LPT_MIN_ROWS == flash.LPT_MIN_ROWS
-    seq = flash.LPT_MIN_ROWS // 2
-    assert flash._launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq) == {
+        assert (model is None) == (seq_kv < SHIPPED.lpt_min_rows)
+    # below lpt_min_rows both launch in row order
+    assert LPT_MIN_ROWS == SHIPPED.lpt_min_rows
+    seq = SHIPPED.lpt_min_rows // 2
+    assert configs.launch_order(True, None, None, hardware, 16, 2 * seq * 256, 1, seq, SHIPPED) == {
         "section": 1,
         "LPT": False,
     }
     assert (
-        _lpt_section(get_gpu(hardware.name), "lpt", AttentionShape(1, 16, 16, 128, 2, True, ((seq, seq),)))
+        lpt_section(get_gpu(hardware.name), "lpt", AttentionShape(1, 16, 16, 128, 2, True, ((seq, seq),)))
         is None
     )

@@ -74,7 +74,7 @@ def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
         assert "does not parse" not in result.stdout and result.stdout.count("parses: llm-speed") >= 15
     elif step == "probe":  # the scripts import and parse their options (they need CUDA to run)
         assert {s["step"] for s in summary["steps"]} == {"host_in_bench", "attention_ab"}
-        assert "--output" in logs["host_in_bench.log"] and "--backward-tiles" in logs["attention_ab.log"]
+        assert "--output" in logs["host_in_bench.log"] and "forward-overlap" in logs["attention_ab.log"]
     else:
         assert {s["step"] for s in summary["steps"]} == {"bench_ops", "bench_train_step", "bench_moe"}
         assert "does not parse" not in result.stdout
@@ -108,7 +108,7 @@ def test_the_proof_checks_on_the_cpu_in_under_two_minutes(tmp_path):
         logs = {Path(n).name: archive.extractfile(n).read().decode() for n in archive.getnames()
                 if n.endswith(".log")}  # fmt: skip
     for name in families:  # each family collected tests of its own, and no collection error
-        collected = re.search(r"(\d+)/\d+ tests collected", logs[f"{name}.log"])
+        collected = re.search(r"(\d+)(?:/\d+)? tests collected", logs[f"{name}.log"])
         assert collected and int(collected.group(1)) > 0 and "rror" not in logs[f"{name}.log"], name
     text = (out / "summary.txt").read_text()
     assert text.splitlines()[1].startswith(("PROBLEMS", "no failures")), text[:500]

@@ -197,7 +197,7 @@ def _record_order(events: list[str]):
     """Patch the p2p start, the flash ops and the waits so that their order lands in ``events``."""
     from llm_speed.attention import flash
 
-    start, forward, backward = dist.batch_isend_irecv, flash._forward_op, flash._backward_op
+    start, forward, backward = dist.batch_isend_irecv, flash.forward_op, flash.backward_op
 
     class Waited:
         def __init__(self, work, name):
@@ -220,11 +220,11 @@ def _record_order(events: list[str]):
         return run
 
     dist.batch_isend_irecv = started
-    flash._forward_op, flash._backward_op = kernel(forward, "fwd"), kernel(backward, "bwd")
+    flash.forward_op, flash.backward_op = kernel(forward, "fwd"), kernel(backward, "bwd")
 
     def restore():
         dist.batch_isend_irecv = start
-        flash._forward_op, flash._backward_op = forward, backward
+        flash.forward_op, flash.backward_op = forward, backward
 
     return restore
 

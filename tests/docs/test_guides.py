@@ -17,10 +17,6 @@ NOTES_REF = re.compile(r"docs/notes\b")
 # Results folders as the guides' tables give them (`b9171ef-fused/`), relative to the results root.
 RESULTS_ROOT = REPO / "benchmarks" / "results"
 RESULTS_ROW = re.compile(r"^\| [\w.-]+ \| `([^`]+)`", re.MULTILINE)
-# docs/notes/ references that the attention package still holds: issue 72's attention-by-role change rewrites
-# those comments (they map to docs/guides/attention-hopper.md). Empty this when it lands; the test then holds
-# the package to no reference at all.
-PENDING_NOTES = {"src/llm_speed/attention/flash.py": 6}
 
 
 def _files():
@@ -54,7 +50,7 @@ def test_nothing_refers_to_docs_notes():
         if count:
             found[str(file.relative_to(REPO))] = count
     assert not (REPO / "docs" / "notes").exists()
-    assert found == PENDING_NOTES
+    assert found == {}, found
 
 
 def test_the_index_lists_every_guide_and_every_guide_has_its_parts():

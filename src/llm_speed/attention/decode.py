@@ -79,23 +79,17 @@ is given).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
-import triton
-import triton.language as tl
 
 from ..core import runtime, tensors
 from ..core.args import check_flag, check_real, positive_int
-from ..core.config import KernelConfig
 from ..core.dispatch import Op, plain_inference
-from ..core.hardware import Hardware, hardware_of
-from ..core.kernel_math import LOG2E, cast, dot, dot_switches, rne_by_hand, tanh
-from ..core.launch import CallCache, Kernel, cdiv, next_power_of_2, plan_cache
+from ..core.launch import CallCache
+from ..core.policy import current_number, current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
-from ..matmul.fp8 import FP8_DTYPES, _fp8_constants, _to_fp8
-from . import reference
+from ..matmul.fp8 import FP8_DTYPES
 from .checks import (
     MAX_HEAD_DIM,
     check_alibi_slopes,
@@ -108,809 +102,38 @@ from .checks import (
     suggest_keywords,
     unknown_keywords,
 )
+from .decode_kernels import KERNEL_APPEND, KERNEL_COMBINE, KERNEL_DECODE
+from .decode_launch import (
+    NO_INPUTS,
+    appends_in_attention,
+    cache_inputs,
+    choose_num_splits,
+    forward,
+    kernel_config,
+    rotary_span,
+    run_step,
+    step_plan_args,
+    step_plans,
+)
 
-LN2: tl.constexpr = tl.constexpr(math.log(2.0))
-PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
-MAX_SPLITS = 128  # as flash-attn's split heuristic
-# Programs of 4 warps per SM that the split count fills: flash-attn counts two per SM for its 128-thread
-# kernel. Ours holds 2-3 per SM on sm_90a at head_dim 128 (156-179 registers); on 2026-11-25 (H100) the
-# step at batch 8 x 16k with one program per SM read 2.27 TB/s, at batch 32 x 16k with two 3.06 TB/s.
-PROGRAMS_PER_SM = 2
-MIN_DOT_DIM = 16
-MAX_TABLE_BLOCK = 64  # block-table entries checked per step by an attention program
+# The op's public function, and the names other modules read from the op module (kernels and launch live in
+# decode_kernels.py and decode_launch.py).
+__all__ = [
+    "flash_attention_with_kvcache",
+    "KERNEL_APPEND",
+    "KERNEL_COMBINE",
+    "KERNEL_DECODE",
+    "appends_in_attention",
+    "choose_num_splits",
+    "kernel_config",
+    "rotary_span",
+]
 
-# --- kernels --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _rotated(p_x, m_x, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED: tl.constexpr):
-    """Rows ``p_x + d`` (``p_x`` [M, 1] row pointers, mask ``m_x`` [M, BD]) as float32, dims below
-    ``rotary_dim`` rotated by the angles of positions ``o_pos`` [M] (rows of the contiguous ``COS``/``SIN``
-    [seqlen_ro, rotary_dim / 2]): pairs (2c, 2c + 1) when INTERLEAVED (GPT-J), else (c, c + rotary_dim / 2)
-    (GPT-NeoX), ``(x, y) -> (x cos - y sin, x sin + y cos)`` with the angle of pair c. Other dims pass
-    through exactly. The partner of each dim is a second load of the same row (cached lines); masked rows
-    read no angle."""
-    half = rotary_dim // 2
-    if INTERLEAVED:
-        first = (o_d % 2) == 0
-        o_pair = o_d ^ 1
-        o_c = o_d // 2
-    else:
-        first = o_d < half
-        o_pair = tl.where(first, o_d + half, o_d - half)
-        o_c = tl.where(first, o_d, o_d - half)
-    m_rot = m_x & (o_d < rotary_dim)[None, :]
-    b_x = tl.load(p_x + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
-    b_pair = tl.load(p_x + o_pair[None, :], mask=m_rot, other=0.0).to(tl.float32)
-    o_angle = o_pos[:, None].to(tl.int64) * half + o_c[None, :]
-    b_cos = tl.load(COS + o_angle, mask=m_rot, other=1.0).to(tl.float32)
-    b_sin = tl.load(SIN + o_angle, mask=m_rot, other=0.0).to(tl.float32)
-    return b_x * b_cos + b_pair * tl.where(first[None, :], -b_sin, b_sin)
-
-
-@triton.jit
-def _to_cache(x, b_descale, dtype: tl.constexpr, FP8_MAX: tl.constexpr, SHIFT: tl.constexpr,
-              ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr,
-              ROUND_BY_HAND: tl.constexpr):  # fmt: skip
-    """``x`` [H, D] quantized to fp8 ``dtype`` with the descales ``b_descale`` [H] of its rows:
-    ``saturate(x / descale)`` (IEEE division in float32), rounded to nearest even, NaN kept, through the fp8
-    GEMM's cast (:func:`llm_speed.matmul.fp8._to_fp8`): the bytes are PyTorch's."""
-    y = tl.div_rn(x.to(tl.float32), b_descale[:, None])
-    return _to_fp8(y, FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT, ROUND_MASK=ROUND_MASK,
-                   MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=dtype)  # fmt: skip
-
-
-@triton.jit
-def _append_rows(
-    K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b, i_row, o_j, o_h, o_pos, m_row,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    head_dim, page_size, num_blocks, rotary_dim,
-    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
-    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
-    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Write rows (new token ``o_j``, KV head ``o_h``) of sequence ``i_b`` at cache positions ``o_pos`` (all
-    [R]; rows outside ``m_row`` skipped): slot (``i_row``, pos) when dense, (block_table[i_b, pos //
-    page_size], pos % page_size) when paged, a page outside [0, num_blocks) never written; k rotated at its
-    position first with COS/SIN; an fp8 cache (K_DESCALE/V_DESCALE given) gets ``saturate(x / descale)``
-    rounded to nearest even (:func:`_to_cache`), the descale of (i_b, head) at ``i_b * stride_db +
-    head * stride_dh``."""
-    if PAGED:
-        p_table = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (o_pos // page_size) * stride_btp
-        b_page = tl.load(p_table, mask=m_row, other=-1)
-        m_row = m_row & (b_page >= 0) & (b_page < num_blocks)
-        o_row = tl.where(m_row, b_page, 0).to(tl.int64)
-        o_slot = (o_pos % page_size).to(tl.int64)
-    else:
-        o_row = tl.zeros_like(o_pos).to(tl.int64) + i_row
-        o_slot = o_pos.to(tl.int64)
-    o_d = tl.arange(0, BLOCK_D)
-    m = m_row[:, None] & (o_d < head_dim)[None, :]
-    p_k = K + i_b.to(tl.int64) * stride_kb + (o_j * stride_ks + o_h * stride_kh)[:, None]
-    p_v = V + i_b.to(tl.int64) * stride_vb + (o_j * stride_vs + o_h * stride_vh)[:, None] + o_d[None, :]
-    p_kc = K_CACHE + (o_row * stride_kcb + o_slot * stride_kcs + o_h * stride_kch)[:, None] + o_d[None, :]
-    p_vc = V_CACHE + (o_row * stride_vcb + o_slot * stride_vcs + o_h * stride_vch)[:, None] + o_d[None, :]
-    if COS is not None:
-        b_k = _rotated(p_k, m, o_d, COS, SIN, o_pos, rotary_dim, INTERLEAVED)  # float32
-    else:
-        b_k = tl.load(p_k + o_d[None, :], mask=m)
-    b_v = tl.load(p_v, mask=m)
-    if K_DESCALE is not None:  # an fp8 cache: quantized with the descales of (sequence, head)
-        b_kds = tl.load(K_DESCALE + i_b * stride_kdb + o_h * stride_kdh, mask=m_row, other=1.0)
-        b_vds = tl.load(V_DESCALE + i_b * stride_vdb + o_h * stride_vdh, mask=m_row, other=1.0)
-        b_k = _to_cache(b_k, b_kds, K_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
-                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
-        b_v = _to_cache(b_v, b_vds, V_CACHE.dtype.element_ty, FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK,
-                        FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND)  # fmt: skip
-    elif COS is not None:
-        b_k = cast(b_k, K_CACHE.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    tl.store(p_kc, b_k, mask=m)
-    tl.store(p_vc, b_v, mask=m)
-
-
-@triton.jit
-def _append_kernel(
-    K, V, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN,
-    K_DESCALE, V_DESCALE,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    stride_cs, stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    seq_new, heads_kv, head_dim, page_size, num_blocks, max_cached, cache_batch, rotary_dim,
-    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, RNE_BY_HAND: tl.constexpr,
-    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
-    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Write new token ``j`` of sequence ``b`` (program (b * seq_new + j, head block)) at position
-    ``cache_seqlens[b] + j`` (:func:`_append_rows`), in the calls whose attention kernel does not write them
-    itself (no query, or several query-row blocks per KV head). Nothing is written for an invalid sequence:
-    cache_seqlens outside [0, max_cached] (max_cached = the largest length that leaves room for the new
-    tokens and, with rotary, keeps every position inside COS/SIN), a leftpad outside [0, cache_seqlens], a
-    cache_batch_idx outside [0, cache_batch); nor to a page outside [0, num_blocks)."""
-    pid = tl.program_id(0)
-    i_b = pid // seq_new
-    i_j = pid % seq_new
-    cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
-    ok = (cached >= 0) & (cached <= max_cached)
-    if CACHE_LEFTPAD is not None:
-        left_pad = tl.load(CACHE_LEFTPAD + i_b)
-        ok = ok & (left_pad >= 0) & (left_pad <= cached)
-    i_row = i_b.to(tl.int64)  # the dense cache's row (PAGED: never with a batch index)
-    if CACHE_BATCH_IDX is not None:
-        i_cache = tl.load(CACHE_BATCH_IDX + i_b)
-        ok = ok & (i_cache >= 0) & (i_cache < cache_batch)
-        i_row = tl.where(ok, i_cache, 0).to(tl.int64)
-    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    # no head to write when the sequence is invalid (a scalar mask broadcast fails under the interpreter)
-    m_h = o_h < tl.where(ok, heads_kv, 0)
-    o_pos = tl.zeros([BLOCK_H], dtype=tl.int32) + (tl.where(ok, cached, 0) + i_j)  # < capacity when ok
-    _append_rows(
-        K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b, i_row,
-        tl.zeros([BLOCK_H], dtype=tl.int32) + i_j, o_h, o_pos, m_h,
-        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-        stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-        head_dim, page_size, num_blocks, rotary_dim, PAGED, INTERLEAVED, RNE_BY_HAND,
-        FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK, FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND, BLOCK_D,
-    )  # fmt: skip
-
-
-@triton.jit
-def _cache_rows(BLOCK_TABLE, i_b, o_n, m_n, stride_btb, stride_btp, page_size, PAGED: tl.constexpr):
-    """(page, slot) of key positions ``o_n`` of sequence ``i_b``, as int64 [BN]: through the block table
-    when paged, else (i_b, o_n). Positions outside ``m_n`` do not read the table."""
-    if PAGED:
-        p_table = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb + (o_n // page_size) * stride_btp
-        b_page = tl.load(p_table, mask=m_n, other=0).to(tl.int64)
-        return b_page, (o_n % page_size).to(tl.int64)
-    else:
-        return tl.zeros_like(o_n).to(tl.int64) + i_b, o_n.to(tl.int64)
-
-
-@triton.jit
-def _has_bad_page(BLOCK_TABLE, i_b, first, last, stride_btb, stride_btp, num_blocks, BLOCK_P: tl.constexpr):
-    """Whether a block-table entry of sequence ``i_b`` among logical pages [first, last) is outside
-    [0, num_blocks)."""
-    b_bad = tl.zeros([BLOCK_P], dtype=tl.int32)
-    p_row = BLOCK_TABLE + i_b.to(tl.int64) * stride_btb
-    for start in range(first, last, BLOCK_P):
-        o_p = start + tl.arange(0, BLOCK_P)
-        m_p = o_p < last
-        b_page = tl.load(p_row + o_p * stride_btp, mask=m_p, other=0)
-        b_bad += tl.where(m_p & ((b_page < 0) | (b_page >= num_blocks)), 1, 0)
-    return tl.max(b_bad, 0) > 0
-
-
-@triton.jit
-def _float16_rows(b_x):
-    """A bfloat16 tile as float16, each row times the power of two that puts its largest magnitude in
-    [2**14, 2**15), and the factors back ([rows] float32). Exact for every value down to 2**-32 of its row's
-    largest (float16 keeps 11 significant bits against bfloat16's 8; smaller ones round to float16's
-    subnormal step, under 2**-38 of it); a row of zeros or subnormals scales by 2**126, one holding inf or
-    NaN by 2**-114, so that both factors stay normal float32 numbers."""
-    b_amax = tl.max(tl.abs(b_x.to(tl.float32)), 1)
-    e = (b_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: amax in [2**(e-127), 2**(e-126))
-    e = tl.maximum(e, 15)
-    b_scale = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2**(141 - e)
-    b_unscale = ((e - 14) << 23).to(tl.float32, bitcast=True)  # 2**(e - 141)
-    return (b_x.to(tl.float32) * b_scale[:, None]).to(tl.float16), b_unscale
-
-
-@triton.jit
-def _kvcache_fwd_kernel(
-    Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, CACHE_BATCH_IDX, CACHE_LEFTPAD, COS, SIN, ALIBI,
-    K_DESCALE, V_DESCALE, OUT, LSE, K, V,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_nkb, stride_nks, stride_nkh, stride_nvb, stride_nvs, stride_nvh,
-    stride_o_split, stride_ob, stride_os, stride_oh,
-    stride_l_split, stride_lb, stride_lh, lse_offset,
-    stride_cs, stride_btb, stride_btp, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    seq_q, seq_new, max_cached, heads_kv, group, head_dim, page_size, num_blocks, split_len, num_splits,
-    n_row_blocks, cache_batch, rotary_dim,
-    qk_scale_log2, softcap, window_left, window_right,
-    PAGED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, RNE_BY_HAND: tl.constexpr,
-    FP8_MAX: tl.constexpr, FP8_SHIFT: tl.constexpr, FP8_ROUND_MASK: tl.constexpr,
-    FP8_MIN_NORMAL: tl.constexpr, FP8_SUBNORMAL_MAGIC: tl.constexpr, FP8_ROUND_BY_HAND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    i_m = pid % n_row_blocks
-    i_split = (pid // n_row_blocks) % num_splits
-    i_bh = pid // (n_row_blocks * num_splits)
-    i_b = i_bh // heads_kv
-    i_hkv = i_bh % heads_kv
-
-    # An invalid sequence reads no key and gets NaN rows: cache_seqlens negative or leaving no room for the
-    # new tokens (or, with rotary, putting a position past COS/SIN: max_cached folds both), a leftpad
-    # outside [0, cache_seqlens], a cache_batch_idx outside the cache.
-    cached = tl.load(CACHE_SEQLENS + i_b * stride_cs)
-    bad = (cached < 0) | (cached > max_cached)  # max_cached <= capacity - seq_new: no int32 overflow
-    first_key = 0  # keys [first_key, seqlen_k) are the sequence's (absolute cache positions)
-    if CACHE_LEFTPAD is not None:
-        left_pad = tl.load(CACHE_LEFTPAD + i_b)
-        bad = bad | (left_pad < 0) | (left_pad > cached)
-        first_key = tl.where(bad, 0, left_pad)
-    i_cache = i_b  # the dense cache's row (PAGED: never with a batch index)
-    if CACHE_BATCH_IDX is not None:
-        i_cache = tl.load(CACHE_BATCH_IDX + i_b)
-        bad = bad | (i_cache < 0) | (i_cache >= cache_batch)
-        i_cache = tl.where(bad, 0, i_cache)
-    seqlen_k = tl.where(bad, 0, cached + seq_new)  # end of the keys visible to this sequence
-    lo = i_split * split_len
-    if K is not None:
-        # The new tokens of this split's key range, written by this program before it reads a key (one
-        # query-row block per KV head: no other program reads them), as the append kernel would.
-        start = tl.where(bad, 0, cached)
-        first_j = tl.maximum(lo - start, 0)
-        last_j = tl.where(bad, 0, tl.minimum(lo + split_len - start, seq_new))
-        for j in range(first_j, last_j, BLOCK_J):
-            o_j = j + tl.arange(0, BLOCK_J)
-            _append_rows(
-                K, V, K_CACHE, V_CACHE, BLOCK_TABLE, COS, SIN, K_DESCALE, V_DESCALE, i_b,
-                i_cache.to(tl.int64), o_j, tl.zeros([BLOCK_J], dtype=tl.int32) + i_hkv, start + o_j,
-                o_j < last_j,
-                stride_nkb, stride_nks, stride_nkh, stride_nvb, stride_nvs, stride_nvh,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                stride_btb, stride_btp, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-                head_dim, page_size, num_blocks, rotary_dim, PAGED, INTERLEAVED, RNE_BY_HAND,
-                FP8_MAX, FP8_SHIFT, FP8_ROUND_MASK, FP8_MIN_NORMAL, FP8_SUBNORMAL_MAGIC, FP8_ROUND_BY_HAND,
-                BLOCK_D,
-            )  # fmt: skip
-        tl.debug_barrier()  # every thread's stores before any thread's loads of the keys
-    if PAGED:
-        # The pages in use of this split's key range: one outside the pool makes the sequence's rows NaN
-        # (every split of the range [0, seqlen_k) checks its own part; the combine kernel spreads the NaN).
-        last_page = tl.cdiv(tl.minimum(lo + split_len, seqlen_k), page_size)
-        bad = bad | _has_bad_page(BLOCK_TABLE, i_b, lo // page_size, last_page, stride_btb, stride_btp,
-                                  num_blocks, BLOCK_P)  # fmt: skip
-        seqlen_k = tl.where(bad, 0, seqlen_k)
-    shift = seqlen_k - seq_q  # query i sits at key position i + shift (bottom-right alignment)
-    n_rows = seq_q * group
-    o_r = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    m_r = o_r < n_rows
-    o_i = o_r // group  # query position of each row
-    o_h = i_hkv * group + o_r % group  # query head of each row
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < head_dim
-
-    # Keys any row of this block may see, intersected with this program's split (empty when none).
-    first_i = (i_m * BLOCK_M) // group
-    last_i = tl.minimum((i_m * BLOCK_M + BLOCK_M - 1) // group, seq_q - 1)
-    hi = tl.minimum(lo + split_len, seqlen_k)
-    if HAS_RIGHT:
-        hi = tl.minimum(hi, last_i + shift + window_right + 1)
-    if HAS_LEFT:
-        lo = tl.maximum(lo, first_i + shift - window_left)
-    if CACHE_LEFTPAD is not None:
-        lo = tl.maximum(lo, first_key)
-    lo = (lo // BLOCK_N) * BLOCK_N  # split_len is a multiple of BLOCK_N: still inside this split
-
-    p_q = Q + i_b.to(tl.int64) * stride_qb + o_i[:, None].to(tl.int64) * stride_qs + o_h[:, None] * stride_qh
-    m_q = m_r[:, None] & m_d[None, :]
-    if COS is not None:
-        # Query i at position cache_seqlens + i when causal or windowed, else every query at cache_seqlens
-        # (flash-attn's rule). An invalid sequence (NaN rows) reads no angle: its positions may be anywhere.
-        if HAS_LEFT or HAS_RIGHT:
-            o_ro = cached + o_i
-        else:
-            o_ro = cached + o_i * 0
-        m_live = (o_r < tl.where(bad, 0, n_rows))[:, None] & m_d[None, :]
-        b_q = _rotated(p_q, m_live, o_d, COS, SIN, o_ro, rotary_dim, INTERLEAVED)
-        b_q = cast(b_q, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)  # rounded as flash-attn does
-    else:
-        b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BM, BD]
-    if ALIBI is not None:
-        # -slope * |query position - key position|, in base 2 like the scores
-        b_slope = tl.load(ALIBI + i_b.to(tl.int64) * stride_ab + o_h, mask=m_r, other=0.0) * LOG2E
-    qk_scale = qk_scale_log2  # the scores' factor: with an fp8 cache, k's descale folded in (exact algebra)
-    if K_DESCALE is not None:
-        qk_scale = qk_scale_log2 * tl.load(K_DESCALE + i_b * stride_kdb + i_hkv * stride_kdh)
-    # An fp8 cache with a bfloat16 q: QK^T in float16 too, q's rows scaled by powers of two into float16's
-    # range (exact: float16 has the longer significand) and the factor back folded into the scores' scale.
-    # Each K tile then takes one conversion (e4m3 -> f16) instead of two (e4m3 -> f16 -> bf16).
-    QK_F16: tl.constexpr = K_DESCALE is not None and Q.dtype.element_ty == tl.bfloat16
-    if QK_F16:
-        b_q, b_unscale = _float16_rows(b_q)
-        b_qk_scale = qk_scale * b_unscale  # [BM]
-    # An fp8 cache with a 16-bit q: P and V in float16 (V exact), v_descale on the float32 sum. In bfloat16
-    # each tile took a second cast (e4m3 -> f16 -> bf16: sm_90a d = 128 loop 887 -> 796 SASS instructions)
-    # and v * v_descale could round; in float16 it cannot overflow (|v| <= 448 for e4m3, 57344 for e5m2).
-    PV_F16: tl.constexpr = V_DESCALE is not None and Q.dtype.element_ty != tl.float32
-    if V_DESCALE is not None:
-        v_scale = tl.load(V_DESCALE + i_b * stride_vdb + i_hkv * stride_vdh)
-        # A 1 the compiler cannot fold (NaN for a descale of 0, inf or NaN): a product between V's load and
-        # its dot makes V's shared-memory tile 16-bit, read by ldmatrix.trans; the fp8 tile read as the PV
-        # product's transposed operand takes byte-wide gathers (no 8-bit ldmatrix.trans on sm_90): the loop
-        # was 1002 SASS instructions (16-bit cache: 724).
-        v_one = (v_scale / v_scale).to(tl.float16)
-
-    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    o_pos = o_i + shift  # [BM]
-    for start_n in range(lo, hi, BLOCK_N):
-        o_n = start_n + tl.arange(0, BLOCK_N)  # [BN]
-        m_n = o_n < seqlen_k  # slots past the valid tokens are never read: they may hold anything
-        if CACHE_LEFTPAD is not None:
-            m_n = m_n & (o_n >= first_key)  # nor the left padding
-        b_page, o_slot = _cache_rows(BLOCK_TABLE, i_cache, o_n, m_n, stride_btb, stride_btp, page_size, PAGED)
-        m_kv = m_n[:, None] & m_d[None, :]
-        p_k = K_CACHE + i_hkv * stride_kh + (b_page * stride_kb + o_slot * stride_ks)[:, None] + o_d[None, :]
-        b_k = tl.load(p_k, mask=m_kv, other=0.0).to(b_q.dtype)  # [BN, BD] (fp8: exact upcast)
-        b_s = dot(b_q, tl.trans(b_k), DOT_IN_FP32, DOT_PRECISION)  # [BM, BN] q.k, unscaled
-        if HAS_SOFTCAP:
-            if QK_F16:
-                b_s = b_s * b_unscale[:, None]
-            b_s = softcap * tanh(b_s * (qk_scale / LOG2E / softcap)) * LOG2E
-        elif QK_F16:
-            b_s = b_s * b_qk_scale[:, None]
-        else:
-            b_s = b_s * qk_scale
-        if ALIBI is not None:  # after the cap, as flash-attn
-            b_s = b_s - b_slope[:, None] * tl.abs(o_pos[:, None] - o_n[None, :]).to(tl.float32)
-        m_s = m_r[:, None] & m_n[None, :]
-        if HAS_RIGHT:
-            m_s = m_s & (o_n[None, :] <= o_pos[:, None] + window_right)
-        if HAS_LEFT:
-            m_s = m_s & (o_n[None, :] >= o_pos[:, None] - window_left)
-        b_s = tl.where(m_s, b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # a row with no key yet: exp2(-inf) = 0
-        b_alpha = tl.exp2(b_m - b_shift)
-        b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        if PV_F16:  # (RNE_BY_HAND rounds to bfloat16's bits: not for float16, which the interpreter rounds)
-            b_p = b_p.to(tl.float16)
-        elif Q.dtype.element_ty != tl.float32:
-            b_p = cast(b_p, Q.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-        p_v = V_CACHE + i_hkv * stride_vh + (b_page * stride_vb + o_slot * stride_vs)[:, None] + o_d[None, :]
-        b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
-        if PV_F16:
-            b_v = b_v.to(tl.float16) * v_one
-        elif V_DESCALE is None:
-            b_v = b_v.to(Q.dtype.element_ty)
-        else:  # a float32 q: dequantized exactly in float32
-            b_v = b_v.to(tl.float32) * v_scale
-        b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v, DOT_IN_FP32, DOT_PRECISION)
-        b_m = b_m_new
-
-    if PV_F16:
-        b_acc = b_acc * v_scale
-    no_key = b_l == 0.0
-    b_out = b_acc / tl.where(no_key, 1.0, b_l)[:, None]
-    b_lse = tl.where(no_key, float("-inf"), (b_m + tl.log2(tl.where(no_key, 1.0, b_l))) * LN2)
-    b_out = tl.where(bad, float("nan"), b_out)  # an invalid sequence (lengths, page, index): NaN rows
-    b_lse = tl.where(bad, float("nan"), b_lse)
-    p_out = (
-        OUT + i_split.to(tl.int64) * stride_o_split + i_b.to(tl.int64) * stride_ob
-        + o_i[:, None].to(tl.int64) * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
-    )  # fmt: skip
-    if SPLIT:
-        tl.store(p_out, b_out, mask=m_q)
-    else:
-        tl.store(p_out, cast(b_out, OUT.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND), mask=m_q)
-    if LSE is not None:  # (None: not asked for, and no split to merge)
-        p_lse = (
-            LSE + lse_offset + i_split.to(tl.int64) * stride_l_split + i_b.to(tl.int64) * stride_lb
-            + o_h * stride_lh + o_i
-        )  # fmt: skip
-        tl.store(p_lse, b_lse, mask=m_r)
-
-
-@triton.jit
-def _kvcache_combine_kernel(
-    OUT_PART, LSE_PART, OUT, LSE,
-    stride_o_split, stride_l_split, lse_offset, seq_q, heads_q, num_splits, head_dim,
-    RNE_BY_HAND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Merge one query row's split results: out = sum_s w_s out_s / sum_s w_s, w_s = exp(lse_s - max_s lse_s).
-
-    The partials share one float32 workspace (one allocation a call): contiguous ``[splits, batch, seq_q,
-    heads_q, D]`` outputs from ``OUT_PART``, ``[splits, batch, heads_q, seq_q]`` LSEs from ``LSE_PART +
-    lse_offset``; the results ``[batch, seq_q, heads_q, D]`` and ``[batch, heads_q, seq_q]`` (``LSE`` None:
-    not asked for); one program per (b, i, h). A NaN partial LSE (a split of an invalid sequence) makes the
-    row NaN.
-    """
-    i_row = tl.program_id(0).to(tl.int64)  # flat (b, i, h) of the output
-    i_b = i_row // (seq_q * heads_q)
-    i_i = (i_row // heads_q) % seq_q
-    i_h = i_row % heads_q
-    i_lse = (i_b * heads_q + i_h) * seq_q + i_i
-    o_s = tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, BLOCK_D)
-    m_s = o_s < num_splits
-    m_d = o_d < head_dim
-    b_lse = tl.load(LSE_PART + lse_offset + o_s * stride_l_split + i_lse, mask=m_s, other=float("-inf"))
-    bad = tl.max(tl.where(b_lse != b_lse, 1, 0), 0) > 0  # explicit: a GPU's max may skip a NaN
-    b_lse = tl.where(b_lse != b_lse, float("-inf"), b_lse)
-    b_max = tl.max(b_lse, 0)
-    b_max = tl.where(b_max == float("-inf"), 0.0, b_max)
-    b_w = tl.exp2((b_lse - b_max) * LOG2E)  # a split that saw no key weighs 0
-    b_sum = tl.sum(b_w, 0)
-    no_key = b_sum == 0.0
-    p_o = OUT_PART + o_s[:, None].to(tl.int64) * stride_o_split + i_row * head_dim + o_d[None, :]
-    b_o = tl.load(p_o, mask=m_s[:, None] & m_d[None, :], other=0.0)  # [BS, BD]
-    b_out = tl.sum(b_o * b_w[:, None], 0) / tl.where(no_key, 1.0, b_sum)  # [BD]
-    b_out = tl.where(bad, float("nan"), b_out)
-    b_out = cast(b_out, OUT.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND)
-    tl.store(OUT + i_row * head_dim + o_d, b_out, mask=m_d)
-    if LSE is not None:  # (None: not asked for)
-        b_lse_out = tl.where(no_key, float("-inf"), b_max + tl.log(tl.where(no_key, 1.0, b_sum)))
-        tl.store(LSE + i_lse, tl.where(bad, float("nan"), b_lse_out))
-
-
-# --- launcher -------------------------------------------------------------------------------------------
-
-APPEND = Kernel(_append_kernel, "kvcache_append")
-FORWARD = Kernel(_kvcache_fwd_kernel, "kvcache_attention_fwd")
-COMBINE = Kernel(_kvcache_combine_kernel, "kvcache_attention_combine")
-KERNEL_APPEND = APPEND.name
-KERNEL_DECODE = FORWARD.name
-KERNEL_COMBINE = COMBINE.name
-APPEND_BLOCK_ELEMENTS = 4096  # append: KV heads x head_dim elements per program at most
-FUSED_APPEND_ELEMENTS = 512  # new tokens x head_dim per step of the attention kernel's append
-# The append kernel's fp8 constexprs for a 16-bit cache (unused: its quantization is compiled out).
-_NO_FP8 = dict(FP8_MAX=0.0, FP8_SHIFT=0, FP8_ROUND_MASK=0, FP8_MIN_NORMAL=0.0, FP8_SUBNORMAL_MAGIC=0.0,
-               FP8_ROUND_BY_HAND=False)  # fmt: skip
-
-
-def _fp8_switches(cache_dtype: torch.dtype | None) -> dict:
-    """The append kernel's FP8_* constexprs for a cache of ``cache_dtype`` (None: a 16-bit cache): those of
-    the fp8 GEMM's cast (:func:`llm_speed.matmul.fp8._fp8_constants`), rounding by hand under the
-    interpreter."""
-    if cache_dtype is None:
-        return _NO_FP8
-    return {"FP8_" + name.removeprefix("FP8_"): value for name, value in _fp8_constants(cache_dtype).items()}
-
-
-def choose_num_splits(programs: int, key_blocks: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
-    """Split count for ``programs`` (batch x heads_kv x row blocks) over ``key_blocks`` key blocks, on a GPU
-    with ``slots`` program slots (SMs x :data:`PROGRAMS_PER_SM` for a kernel of 4 warps).
-
-    flash-attn's ``num_splits_heuristic`` (Dao-AILab/flash-attention, ``csrc/flash_attn/flash_api.cpp``),
-    which ``set_params_splitkv`` calls with twice the SM count for its 128-thread kernel: no split when the
-    programs nearly fill the slots (>= 80%); otherwise the smallest split count whose wave efficiency
-    (programs x splits / slots over its ceiling) is within 85% of the best, skipping counts that give the same
-    blocks per split as the one below.
-    """
-    if programs >= 0.8 * slots or key_blocks <= 1:
-        return 1
-    limit = min(max_splits, slots, key_blocks)
-    candidates = [s for s in range(1, limit + 1) if s == 1 or cdiv(key_blocks, s) != cdiv(key_blocks, s - 1)]
-    efficiency = {s: programs * s / slots / cdiv(programs * s, slots) for s in candidates}
-    best = max(efficiency.values())
-    return next(s for s in candidates if efficiency[s] >= 0.85 * best)
-
-
-def max_block_m(head_dim: int, dtype: torch.dtype) -> int:
-    """The attention kernel's largest query tile: 32 rows, 16 at head_dim > 128 or in float32 (the fp32
-    accumulator and both tiles stay in registers)."""
-    return 16 if head_dim > 128 or dtype == torch.float32 else 32
-
-
-def appends_in_attention(rows: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether a call with new tokens and ``rows`` = group * seq_q query rows per KV head has the attention
-    kernel write them (one launch): its rows fit one query tile, so one program per (sequence, KV head,
-    split) reads each new key and can write it first; else (several tiles would race on them) the append
-    kernel runs before."""
-    return 0 < rows <= max_block_m(head_dim, dtype)
-
-
-@functools.cache
-def kernel_config(
-    head_dim: int, dtype: torch.dtype, rows: int, capacity: int, programs_kv: int, hardware: Hardware,
-    num_splits: int = 0,
-) -> KernelConfig:
-    """The attention kernel's tiles and split count for ``rows`` = group * seq_q query rows per KV head,
-    ``capacity`` cache tokens per sequence and ``programs_kv`` = batch * heads_kv; ``num_splits`` as asked
-    (0: :func:`choose_num_splits` on ``hardware``'s SMs, :data:`PROGRAMS_PER_SM` each).
-
-    Decode reads each K/V tile once per program and is bound by memory: key blocks (``block_n``) of 64 rows
-    (32 at head_dim 256) keep the loads wide; query tiles (``block_m``) of at most 32 rows (16 at head_dim 256
-    or in float32) keep the fp32 accumulator and both tiles in registers; ``block_m`` is at least 16, the
-    smallest ``tl.dot`` tile. ``splits``: at most MAX_SPLITS (the combine kernel holds every split of a row
-    at once) and one key block of the capacity per split; the key range of split s is
-    ``[s * L, (s + 1) * L)`` with ``L = cdiv(key_blocks, splits) * block_n`` (:func:`split_len`).
-    Compiled for sm_90 (Triton 3.9) they need at most 84 KB of shared memory and spill at most about 1 KB
-    per thread (16-bit, head_dim 128, paged and split); most variants spill nothing.
-    """
-    block_d = max(MIN_DOT_DIM, next_power_of_2(head_dim))
-    block_n = 32 if block_d > 128 else 64
-    block_m = min(max_block_m(head_dim, dtype), max(MIN_DOT_DIM, next_power_of_2(rows)))
-    key_blocks = cdiv(capacity, block_n)
-    num_warps = 4 if block_d <= 128 else 8
-    if num_splits == 0:
-        slots = hardware.sm_count * PROGRAMS_PER_SM * 4 // num_warps  # 8 warps (head_dim 256): half as many
-        num_splits = choose_num_splits(programs_kv * cdiv(rows, block_m), key_blocks, slots)
-    blocks_per_split = cdiv(max(key_blocks, 1), max(1, min(num_splits, MAX_SPLITS, key_blocks)))
-    splits = max(1, cdiv(key_blocks, blocks_per_split))  # no split past the capacity
-    return KernelConfig(block_m, block_n, num_warps, 2, block_d=block_d, splits=splits)
-
-
-def split_len(cfg: KernelConfig, capacity: int) -> int:
-    """Keys per split of ``cfg`` over a cache of ``capacity`` tokens: whole key blocks."""
-    return cdiv(cdiv(capacity, cfg.block_n), cfg.splits) * cfg.block_n
-
-
-def rotary_span(seq_new: int, seq_q: int, per_row: bool) -> int:
-    """Positions ``cache_seqlens + [0, span)`` a call with rotary reads angles for: the new keys', and the
-    queries' (``seq_q`` of them when ``per_row``, causal or windowed; else all at ``cache_seqlens``)."""
-    return max(seq_new, seq_q if per_row else min(seq_q, 1))
-
-
-@plan_cache
-def _plans(
-    q_shape: tuple, q_strides: tuple, cache_shape: tuple, k_strides: tuple, v_strides: tuple,
-    table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
-    new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
-    has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
-    rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None, *,
-    lse: bool,
-) -> tuple:
-    """(append plan or None, attention plan or None, combine plan or None, shape of out, shape of the LSE or
-    None when ``lse`` is False (not asked for: its stores are compiled out), elements of the float32
-    workspace of the split partials or 0 (no split)) of one problem class; shapes are plain tuples (cheaper
-    to allocate from than a torch.Size); every caller spells ``lse``, so that a class's plans have one key
-    however they are asked for. ``new_strides`` = (k's strides, v's strides) when there are new tokens. The
-    optional inputs (contiguous):
-    ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
-    (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
-    slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
-    stride) of k_descale, the same of v_descale) or None (a 16-bit cache). An absent input's pointer is fixed
-    to None (a constexpr: its code is compiled out)."""
-    batch, seq_q, heads_q, head_dim = q_shape
-    heads_kv = cache_shape[2]
-    paged = table_shape is not None
-    page_size = cache_shape[1]
-    capacity = table_shape[1] * page_size if paged else cache_shape[1]
-    num_blocks = cache_shape[0] if paged else 0
-    stride_btb, stride_btp = table_strides if paged else (0, 0)
-    seqlen_ro, rotary_dim, _, interleaved = rotary or (1, 0, None, False)
-    per_row = window_left is not None or window_right is not None
-    max_cached = capacity - seq_new  # the largest valid cache_seqlens
-    if rotary is not None:
-        max_cached = min(max_cached, seqlen_ro - rotary_span(seq_new, seq_q, per_row))
-    given = (("CACHE_BATCH_IDX", batch_idx), ("CACHE_LEFTPAD", leftpad), ("COS", rotary), ("SIN", rotary))
-    given += (("K_DESCALE", fp8), ("V_DESCALE", fp8))
-    absent = {name: None for name, present in given if not present}
-    (s_kdb, s_kdh), (s_vdb, s_vdh) = fp8[1:] if fp8 is not None else ((0, 0), (0, 0))
-    optional = dict(cache_batch=cache_shape[0], rotary_dim=rotary_dim, INTERLEAVED=interleaved,
-                    stride_kdb=s_kdb, stride_kdh=s_kdh, stride_vdb=s_vdb, stride_vdh=s_vdh, **absent)
-    fp8_switches = _fp8_switches(fp8[0] if fp8 else None)
-    lse_shape = (batch, heads_q, seq_q) if lse else None
-    group = heads_q // heads_kv
-    attending = batch and seq_q
-    fused = bool(batch and seq_new) and appends_in_attention(group * seq_q, head_dim, dtype)
-    (s_kb, s_ks, s_kh, _), (s_vb, s_vs, s_vh, _) = new_strides if seq_new else ((0,) * 4, (0,) * 4)
-    append = None
-    if batch and seq_new and not fused:
-        block_d = next_power_of_2(head_dim)
-        block_h = min(next_power_of_2(heads_kv), max(1, APPEND_BLOCK_ELEMENTS // block_d))
-        append = APPEND.plan(
-            (batch * seq_new, cdiv(heads_kv, block_h)),
-            stride_kb=s_kb, stride_ks=s_ks, stride_kh=s_kh, stride_vb=s_vb, stride_vs=s_vs, stride_vh=s_vh,
-            stride_kcb=k_strides[0], stride_kcs=k_strides[1], stride_kch=k_strides[2],
-            stride_vcb=v_strides[0], stride_vcs=v_strides[1], stride_vch=v_strides[2],
-            stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
-            seq_new=seq_new, heads_kv=heads_kv, head_dim=head_dim, page_size=page_size, num_blocks=num_blocks,
-            max_cached=max_cached, PAGED=paged, RNE_BY_HAND=rotary is not None and rne_by_hand(dtype),
-            BLOCK_H=block_h, BLOCK_D=block_d, **optional, **fp8_switches,
-            num_warps=min(8, max(1, block_h * block_d // 512)), num_stages=1,
-        )  # fmt: skip
-    if not attending:
-        return append, None, None, (batch, seq_q, heads_q, head_dim), lse_shape, 0
-    cfg = kernel_config(head_dim, dtype, group * seq_q, capacity, batch * heads_kv, hardware_of(device),
-                        num_splits)  # fmt: skip
-    split = cfg.splits > 1
-    n_row_blocks = cdiv(group * seq_q, cfg.block_m)
-    # The outputs the kernel writes: the result [B, Sq, Hq, D] / LSE [B, Hq, Sq], or float32 partials with a
-    # leading split dim, the LSEs after the outputs in one workspace (all contiguous, allocated per call).
-    out_strides = (seq_q * heads_q * head_dim, heads_q * head_dim, head_dim)
-    lse_strides = (heads_q * seq_q, seq_q)
-    split_o = batch * seq_q * heads_q * head_dim if split else 0
-    split_l = batch * heads_q * seq_q if split else 0
-    lse_offset = cfg.splits * split_o  # (0 without a split)
-    switches = dot_switches(dtype)
-    attend = FORWARD.plan(
-        (n_row_blocks * cfg.splits * batch * heads_kv,),
-        stride_qb=q_strides[0], stride_qs=q_strides[1], stride_qh=q_strides[2],
-        stride_kb=k_strides[0], stride_ks=k_strides[1], stride_kh=k_strides[2],
-        stride_vb=v_strides[0], stride_vs=v_strides[1], stride_vh=v_strides[2],
-        stride_nkb=s_kb, stride_nks=s_ks, stride_nkh=s_kh, stride_nvb=s_vb, stride_nvs=s_vs, stride_nvh=s_vh,
-        stride_o_split=split_o, stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
-        stride_l_split=split_l, stride_lb=lse_strides[0], stride_lh=lse_strides[1], lse_offset=lse_offset,
-        stride_cs=seqlens_stride, stride_btb=stride_btb, stride_btp=stride_btp,
-        stride_ab=alibi_batch_stride or 0,
-        seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
-        head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, split_len=split_len(cfg, capacity),
-        num_splits=cfg.splits, n_row_blocks=n_row_blocks,
-        window_left=window_left if window_left is not None else 0,
-        window_right=window_right if window_right is not None else 0,
-        PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional, **fp8_switches,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
-        BLOCK_J=max(1, min(cfg.block_n, FUSED_APPEND_ELEMENTS // cfg.block_d)),
-        BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({} if alibi_batch_stride is not None else {"ALIBI": None}),
-        **({} if lse or split else {"LSE": None}),
-        **({} if fused else {"K": None, "V": None}),
-    )  # fmt: skip
-    combine = None
-    if split:
-        combine = COMBINE.plan(
-            (batch * seq_q * heads_q,), stride_o_split=split_o, stride_l_split=split_l, lse_offset=lse_offset,
-            seq_q=seq_q, heads_q=heads_q, num_splits=cfg.splits, head_dim=head_dim,
-            RNE_BY_HAND=rne_by_hand(dtype), BLOCK_S=next_power_of_2(cfg.splits), BLOCK_D=cfg.block_d,
-            num_warps=4, num_stages=1, **({} if lse else {"LSE": None}),
-        )  # fmt: skip
-    out_shape = (batch, seq_q, heads_q, head_dim)
-    return append, attend, combine, out_shape, lse_shape, cfg.splits * (split_o + split_l)
-
-
-_LOG2E = math.log2(math.e)
 _Tensor = torch.Tensor
 _F32 = torch.float32
 _I32 = torch.int32
-_MINUS_INF = float("-inf")
 _E4M3, _E5M2 = FP8_DTYPES
-
-
-_NOTHING: dict = {}  # no optional input (never written)
-
-
-def _descale_strides(t: torch.Tensor) -> tuple[int, int]:
-    """(batch stride, head stride) the kernels read a descale with: 0 along a dim it lacks or of size 1
-    (``[]``/``[1]``: one value; ``[heads_kv]``; ``[batch, heads_kv]``)."""
-    shape = t.shape
-    if not shape:
-        return (0, 0)
-    if len(shape) == 2:
-        stride_b, stride_h = t.stride()
-        return (stride_b if shape[0] > 1 else 0, stride_h if shape[1] > 1 else 0)
-    return (0, t.stride()[0]) if shape[0] > 1 else (0, 0)
-
-
-def _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved,
-                     alibi_slopes, k_cache=None, k_descale=None, v_descale=None):  # fmt: skip
-    """({kernel parameter: tensor} of the optional inputs given to both kernels (the slopes go to the
-    attention kernel alone), their part of the plan key: (batch index given, leftpad given, rotary key or
-    None, ALiBi batch stride or None, fp8 key or None))."""
-    extra = {}
-    rotary = alibi_batch_stride = fp8 = None
-    if cache_batch_idx is not None:
-        extra["CACHE_BATCH_IDX"] = cache_batch_idx
-    if cache_leftpad is not None:
-        extra["CACHE_LEFTPAD"] = cache_leftpad
-    if rotary_cos is not None:
-        rotary = (rotary_cos.shape[0], 2 * rotary_cos.shape[1], rotary_cos.dtype, rotary_interleaved)
-        extra["COS"], extra["SIN"] = rotary_cos, rotary_sin
-    if alibi_slopes is not None:
-        alibi_batch_stride = alibi_slopes.shape[1] if alibi_slopes.dim() == 2 else 0
-    if k_descale is not None:
-        fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
-        extra["K_DESCALE"], extra["V_DESCALE"] = k_descale, v_descale
-    keys = (cache_batch_idx is not None, cache_leftpad is not None, rotary, alibi_batch_stride, fp8)
-    return extra, keys
-
-
-def _cache_inputs(k_cache, k_descale, v_descale) -> tuple[dict, tuple]:
-    """:func:`_optional_inputs` of a call with no optional input but an fp8 cache's descales (or none: a
-    16-bit cache), without its work."""
-    if k_descale is None:
-        return _NOTHING, ()
-    fp8 = (k_cache.dtype, _descale_strides(k_descale), _descale_strides(v_descale))
-    return {"K_DESCALE": k_descale, "V_DESCALE": v_descale}, (False, False, None, None, fp8)
-
-
-def _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, capped: bool,
-               num_splits: int) -> tuple:  # fmt: skip
-    """:func:`_plans`'s arguments but the optional inputs'."""
-    seq_new = 0 if k is None else k.shape[1]
-    paged = block_table is not None
-    return (
-        q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
-        block_table.shape if paged else None, block_table.stride() if paged else None,
-        cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
-        window_left, window_right, capped, num_splits, q.device,
-    )  # fmt: skip
-
-
-def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left, window_right,
-            softcap, num_splits: int, cache_batch_idx=None, cache_leftpad=None, rotary_cos=None,
-            rotary_sin=None, rotary_interleaved: bool = True, alibi_slopes=None, k_descale=None,
-            v_descale=None):  # fmt: skip
-    """Append k/v (if given; k rotated when rotary_cos/sin are; quantized with the descales into an fp8
-    cache) into the caches, then attend; returns (out, lse). Arguments as checked by
-    :func:`flash_attention_with_kvcache` (q, k, v with a contiguous last dim; cache_batch_idx,
-    cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens`` an int32 tensor; the
-    descales given exactly when the caches are fp8). The Triton path reads no tensor value on the host
-    (where Triton cannot run, the float32 reference reads the CPU index tensors); reports its work once per
-    call."""
-    q_shape = q.shape
-    device = q.device
-    seq_new = 0 if k is None else k.shape[1]
-    if not runtime.triton_runs_on(device):  # the float32 PyTorch reference, appending in place
-        if q_shape[0] and q_shape[1]:
-            runtime.report_work("attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens,
-                                seq_new=seq_new, block_table=block_table, window=(window_left, window_right),
-                                cache_leftpad=cache_leftpad)  # fmt: skip
-        return reference.kvcache_forward(
-            q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left, window_right, softcap,
-            cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
-            k_descale, v_descale,
-        )  # fmt: skip
-    plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right,
-                           softcap is not None, num_splits)  # fmt: skip
-    plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
-    if plain:  # a 16-bit cache, or an fp8 cache alone (the serving case): no other option's work
-        extra, optional_keys = _cache_inputs(k_cache, k_descale, v_descale)
-    else:
-        extra, optional_keys = _optional_inputs(cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin,
-                                                rotary_interleaved, alibi_slopes, k_cache, k_descale,
-                                                v_descale)  # fmt: skip
-    plans = _plans(*plan_args, *optional_keys, lse=True)
-    return _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left,
-                window_right, softcap, extra, cache_leftpad, alibi_slopes)  # fmt: skip
-
-
-def _run(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left,
-         window_right, softcap, extra: dict, cache_leftpad=None, alibi_slopes=None):  # fmt: skip
-    """Append, report, allocate and attend with ``plans`` (:func:`_plans`'s tuple): :func:`forward` after
-    its plans; ``extra`` the optional inputs' per-call tensors. Returns (out, lse); lse None when the plans
-    store none."""
-    append, attend, combine, out_shape, lse_shape, workspace = plans
-    device = q.device
-    seq_new = 0 if k is None else k.shape[1]
-    table = cache_seqlens if block_table is None else block_table  # a placeholder when dense (never read)
-    # (a call spelled with **extra costs the plain call about 0.3 us: it has its own line)
-    if append is not None and extra:
-        append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
-                      BLOCK_TABLE=table, **extra)  # fmt: skip
-    elif append is not None:
-        append.launch(K=k, V=v, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens,
-                      BLOCK_TABLE=table)  # fmt: skip
-    if attend is None:  # no query (batch or seq_q 0): empty results
-        out = torch.empty(out_shape, dtype=q.dtype, device=device)
-        return out, None if lse_shape is None else torch.empty(lse_shape, dtype=_F32, device=device)
-    runtime.report_work(
-        "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
-        block_table=block_table, window=(window_left, window_right), cache_leftpad=cache_leftpad,
-    )  # fmt: skip
-    out = tensors.new_output(out_shape, q.dtype, device)
-    lse = None if lse_shape is None else tensors.new_output(lse_shape, _F32, device)
-    # What the attention kernel writes: the results, or the split partials (outputs and LSEs in one buffer)
-    part = out if combine is None else tensors.new_output((workspace,), _F32, device)
-    part_lse = lse if combine is None else part
-    qk_scale_log2 = scale * _LOG2E
-    cap = softcap if softcap is not None else 0.0
-    if alibi_slopes is not None:
-        extra = {**extra, "ALIBI": alibi_slopes}
-    if append is None and seq_new:  # the attention kernel appends them (see _plans)
-        extra = {**extra, "K": k, "V": v}
-    if extra:
-        extra = extra if part_lse is None else {**extra, "LSE": part_lse}
-        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=part, qk_scale_log2=qk_scale_log2, softcap=cap, **extra)  # fmt: skip
-    elif part_lse is not None:
-        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=part, LSE=part_lse, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
-    else:  # the LSE's stores compiled out
-        attend.launch(Q=q, K_CACHE=k_cache, V_CACHE=v_cache, CACHE_SEQLENS=cache_seqlens, BLOCK_TABLE=table,
-                      OUT=part, qk_scale_log2=qk_scale_log2, softcap=cap)  # fmt: skip
-    if combine is not None and lse is not None:
-        combine.launch(OUT_PART=part, LSE_PART=part, OUT=out, LSE=lse)
-    elif combine is not None:
-        combine.launch(OUT_PART=part, LSE_PART=part, OUT=out)
-    return out, lse
+PAGE_MULTIPLE = 16  # page_size must be a multiple of this (flash-attn asks 256, vLLM 16)
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -1252,13 +475,13 @@ _DECODE_CALLS = CallCache()
 
 def _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
                      return_lse, k_descale, v_descale) -> tuple:  # fmt: skip
-    """The key of :data:`_DECODE_CALLS`: every tensor's metadata and the flags (spelled out: a loop over
-    the tensors costs 0.6 us more a call)."""
+    """The key of :data:`_DECODE_CALLS`: every tensor's metadata, the flags (spelled out: a loop over
+    the tensors costs 0.6 us more a call) and the launch policy."""
     key = (
         q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
         k_cache.device, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, cache_seqlens.shape,
         cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, is_causal, num_splits, return_lse,
-        k is None, block_table is None,
+        k is None, block_table is None, current_number(),
     )  # fmt: skip
     if k is not None:
         key += (k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)
@@ -1417,8 +640,8 @@ def flash_attention_with_kvcache(
         plans = _DECODE_CALLS.get(known)
         if plans is not None:
             scale = check_scale(None, q) if scale is None else scale
-            extra = _NOTHING if k_descale is None else {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
-            out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
+            extra = NO_INPUTS if k_descale is None else {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
+            out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
                             0 if is_causal else None, None, extra)  # fmt: skip
             return (out, lse) if return_lse else out
     fp8 = _check_tensors(q, k_cache, v_cache, k, v, block_table)
@@ -1473,12 +696,12 @@ def flash_attention_with_kvcache(
         q.device
     ):  # a plain inference step, nothing copied: what the op would run, kept for the next such call (with
         # the LSE's stores compiled out unless it is asked for)
-        plan_args = _plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right, False,
-                               num_splits)  # fmt: skip
-        extra, optional_keys = _cache_inputs(k_cache, k_descale, v_descale)
-        plans = _plans(*plan_args, *optional_keys, lse=return_lse)
+        plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right,
+                                   False, num_splits)  # fmt: skip
+        extra, optional_keys = cache_inputs(k_cache, k_descale, v_descale)
+        plans = step_plans(*plan_args, *optional_keys, lse=return_lse, policy=current_policy())
         _DECODE_CALLS.put(known, plans)
-        out, lse = _run(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
+        out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
                         None, extra)  # fmt: skip
     elif optional or fp8:
         out, lse = _kvcache_call(

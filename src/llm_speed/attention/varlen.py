@@ -20,6 +20,7 @@ from ..core import (
 from ..core.args import check_flag
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.launch import CallCache, tma_aligned
+from ..core.policy import current_number
 from ..core.tensors import last_dim_contiguous
 from . import flash
 from .checks import (
@@ -262,7 +263,7 @@ def flash_attention_varlen(
 
     Grid: ``cdiv(total, block) + batch`` programs per head, an upper bound on the real work that needs no
     read of the lengths on the host; the per-sequence block counts are summed on the device and each program
-    finds its sequence from ``cu_seqlens`` on the device (``flash._program``), so the grid grows with the
+    finds its sequence from ``cu_seqlens`` on the device (``program_block``), so the grid grows with the
     tokens, not with batch x max_seqlen.
 
     Values of ``cu_seqlens``: where ``llm_speed.core.runtime.check_values`` says so (CPU tensors by default,
@@ -363,11 +364,13 @@ _VARLEN_CALLS = CallCache()
 
 def _varlen_call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                      scale) -> tuple:  # fmt: skip
-    """The key of :data:`_VARLEN_CALLS`: every tensor's metadata, the two lengths and what the plan reads."""
+    """The key of :data:`_VARLEN_CALLS`: every tensor's metadata, the two lengths and what the plan reads
+    (the launch policy too)."""
     key = (
         q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
         v.dtype, v.device, cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
         max_seqlen_q, max_seqlen_k, is_causal, scale is not None and scale < 0.0, tma_aligned(k, v),
+        current_number(),
     )  # fmt: skip
     if cu_seqlens_k is None:
         return key

@@ -228,7 +228,7 @@ def _graph_timer(row: DecodeMeasurement, settings: DecodeSettings, device: torch
                 workload, warmup=settings.warmup, iterations=settings.iterations, device=device, graph=True
             )
         except Exception as error:  # a refused capture is reported on the row, not raised
-            row.graph_reason = f"capture failed: {report._reason(error, ())}"
+            row.graph_reason = f"capture failed: {report.refusal_reason(error, ())}"
             return
         row.graph_ms = replayed.median_ms
         seconds = replayed.median_ms * 1e-3

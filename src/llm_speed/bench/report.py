@@ -273,7 +273,7 @@ def run_measurement(
     except Exception as error:  # any refusal (shape, dtype, OOM, missing backward) is reported, not raised
         row.available = False
         row.timing = None
-        row.reason = _reason(error, caught)
+        row.reason = refusal_reason(error, caught)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return row
@@ -286,7 +286,7 @@ def run_measurement(
     return row
 
 
-def _reason(error: BaseException, caught: Sequence[warnings.WarningMessage]) -> str:
+def refusal_reason(error: BaseException, caught: Sequence[warnings.WarningMessage]) -> str:
     lines = str(error).strip().splitlines()
     text = f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
     if isinstance(error, torch.cuda.OutOfMemoryError):

@@ -26,6 +26,8 @@ import triton.language as tl
 from . import runtime
 
 LOG2E: tl.constexpr = tl.constexpr(math.log2(math.e))
+# base-2 to natural log: an LSE kept in base 2 in a kernel is stored in natural-log units
+LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 
 
 def rne_by_hand(dtype: torch.dtype) -> bool:

@@ -326,7 +326,7 @@ class Plan:
         slow = self._slow if device is not None else _count_only(self.kernel.name)
         self.launch = namespace["_factory"](
             run, compiled.function, compiled.packed_metadata, stream, slow, self._misuse, dtypes,
-            runtime._launches, self.kernel.name, current, device, knobs_runtime, _idle, cooperative, pdl,
+            runtime.launch_counter, self.kernel.name, current, device, knobs_runtime, _idle, cooperative, pdl,
             descriptors, *constants,
         )  # fmt: skip
         self.direct = device is not None

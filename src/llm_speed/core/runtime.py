@@ -18,7 +18,7 @@ import torch
 
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-_launches: collections.Counter[str] = collections.Counter()
+launch_counter: collections.Counter[str] = collections.Counter()
 
 
 def _interpreter_index_of_one_element_blocks() -> None:
@@ -44,11 +44,6 @@ def _interpreter_index_of_one_element_blocks() -> None:
 
 if INTERPRETED:
     _interpreter_index_of_one_element_blocks()
-
-
-class TritonUnavailable(RuntimeError):
-    """An op with no PyTorch fallback was given tensors Triton cannot run on (CPU without the interpreter).
-    ``llm-speed doctor`` reports such an op as not available on the device, not as failing."""
 
 
 # Set by llm_speed.core.launch.simulated_gpu(): CPU tensors then take the code path of CUDA ones (the compiled
@@ -101,17 +96,17 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
 
 def record_launch(kernel_name: str) -> None:
     """Count one launch of ``kernel_name``; tests use the count to prove which implementation ran."""
-    _launches[kernel_name] += 1
+    launch_counter[kernel_name] += 1
 
 
 def launch_count(kernel_name: str) -> int:
     """How many times ``kernel_name`` was launched in this process."""
-    return _launches[kernel_name]
+    return launch_counter[kernel_name]
 
 
 def launch_counts() -> collections.Counter[str]:
     """A copy of every kernel's launch count; subtract two copies to see what ran in between."""
-    return collections.Counter(_launches)
+    return collections.Counter(launch_counter)
 
 
 # Who wants to hear about the work each op is asked to do (the profiler registers one, see

@@ -146,7 +146,7 @@ def _ring_forward(q, k, v, plan: _Plan):
         block = plan.block(source)
         if block is not None:
             rows, cols, causal = block
-            block_out, block_lse = _flash._forward_op(
+            block_out, block_lse = _flash.forward_op(
                 q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], is_causal=causal, scale=plan.scale
             )
             _merge(out, lse, rows, block_out, block_lse)
@@ -170,7 +170,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, plan: _Plan):
         grads = None
         if block is not None:
             rows, cols, causal = block
-            grads = _flash._backward_op(
+            grads = _flash.backward_op(
                 dout[:, :, rows],
                 q[:, :, rows],
                 kv[0][:, :, cols],

@@ -622,3 +622,66 @@ def shipped_problems(backward_paths: tuple[str, ...] = ("default", "deterministi
         for path in backward_paths:
             problems.append(attention_problem(op + "_backward", backward=path, **common))
     return problems
+
+
+# --- the candidate launch choices (llm_speed.core.policy.CANDIDATES) ---------------------------------------
+
+
+def _under(name: str, problem: Problem) -> Problem:
+    """``problem`` made under the policy ``name`` (a candidate's, or one of :data:`COMBINED`; its label
+    ends in ``[name]``)."""
+
+    def run(recording: Recording) -> None:
+        from llm_speed.core.policy import CANDIDATES, use_policy
+
+        with use_policy(CANDIDATES[name].policy if name in CANDIDATES else COMBINED[name]()):
+            problem.run(recording)
+
+    return dataclasses.replace(problem, label=f"{problem.label} [{name}]", run=run)
+
+
+def _uniform_with_tma():
+    from llm_speed.core.policy import CANDIDATES
+
+    uniform = CANDIDATES["uniform-bounds"].policy
+    return dataclasses.replace(uniform, forward_tma_kv_head_dims=(128, 256), backward_tma_head_dims=(128,))
+
+
+# Policies of several candidates at once, where a budget compares builds that take them together (packed
+# sequences' loops against the dense ones, both with the TMA loads at d = 128).
+COMBINED = {"uniform-bounds+tma": _uniform_with_tma}
+
+
+def candidate_problems() -> list[Problem]:
+    """Each candidate launch choice's kernels (off as shipped until a GPU proves them), built as the
+    candidate's policy launches them, at a problem its choice changes: the budgets hold for them too, so
+    that a candidate the GPU proves can ship as built."""
+    d128 = dict(head_dim=128, dtype="fp16")
+    packed = dict(dtype="fp16", heads_kv=4, is_causal=True, sequences=4)
+    bwd = dict(backward="deterministic")
+    chosen = {
+        "forward-overlap": [attention_problem("flash_attention", **d128)],
+        "forward-tma-kv": [attention_problem("flash_attention", **d128)],
+        "forward-overlap-tma-kv": [attention_problem("flash_attention", **d128, is_causal=c)
+                                   for c in (False, True)],  # fmt: skip
+        "backward-tma": [attention_problem("flash_attention_backward", **d128, is_causal=True, **bwd)],
+        "rows32": [attention_problem("flash_attention", head_dim=64, dtype="fp16", is_causal=True),
+                   attention_problem("flash_attention_backward", head_dim=64, dtype="fp16", is_causal=True,
+                                     **bwd)],  # fmt: skip
+        "uniform-bounds": [
+            attention_problem("flash_attention_varlen", head_dim=64, **packed),
+            attention_problem("flash_attention_varlen_backward", head_dim=64, **packed, **bwd),
+        ],
+        "uniform-bounds+tma": [
+            attention_problem("flash_attention", **d128, is_causal=True),
+            attention_problem("flash_attention_backward", **d128, is_causal=True, **bwd),
+            attention_problem("flash_attention_varlen", head_dim=128, **packed),
+            attention_problem("flash_attention_varlen_backward", head_dim=128, **packed, **bwd),
+        ],
+        "decode-append": [decode_problem(head_dim=128, dtype="fp16")],
+        "fp8-weights-gpu-cast": [dataclasses.replace(
+            attention_problem("flash_attention", head_dim=64, dtype="bf16", fp8=True),
+            op="flash_attention_fp8",
+        )],  # fmt: skip
+    }
+    return [_under(name, problem) for name, problems in chosen.items() for problem in problems]

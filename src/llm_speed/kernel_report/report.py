@@ -60,8 +60,9 @@ def run_report(
     """Compile the kernels of the problems and read them (:mod:`llm_speed.kernel_report.worker`).
 
     ``problem_set``: "default" (the op-table rows' problems, :func:`problems.default_problems`), "shipped"
-    (every attention configuration of the GPU's tier, :func:`problems.shipped_problems`, and the default
-    problems) or "tier" (the tier's attention configurations only).
+    (every attention configuration of the GPU's tier, :func:`problems.shipped_problems`, the default
+    problems and the candidate launch choices', :func:`problems.candidate_problems`) or "tier" (the
+    tier's attention configurations only).
 
     Returns ``{"gpu", "triton_build", "rows": [...]}`` with one row per distinct kernel, in the order the
     problems first launch them. ``workers`` processes share the compiles (default: the CPU count).

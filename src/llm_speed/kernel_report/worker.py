@@ -8,7 +8,8 @@ on ``PYTHONPATH`` by :mod:`llm_speed.kernel_report.report`), its kernels must be
 compiled and ``ptxas`` logs its registers and spills. Every worker captures the same launches in the same
 order and compiles the kernels ``shard``, ``shard + shards``, ... of them.
 
-Request: ``{"gpu": "h100-sxm", "set": "default" | "shipped" | "tier", "ops": [...] | null, "options": {...},
+Request (the "shipped" set includes the candidate launch choices' problems): ``{"gpu": "h100-sxm", "set":
+"default" | "shipped" | "tier", "ops": [...] | null, "options": {...},
 "shard": 0, "shards": 2, "sass_dir": null | "DIR"}``.
 """
 
@@ -31,7 +32,7 @@ def _problems(request: dict):
     if request.get("set") == "shipped":
         return problems.shipped_problems(options.backward) + problems.default_problems(
             tuple(request["ops"]) if request.get("ops") else None, options
-        )
+        ) + problems.candidate_problems()
     return problems.default_problems(tuple(request["ops"]) if request.get("ops") else None, options)
 
 

@@ -21,7 +21,7 @@ partials itself (at most a few KB, read from L2), compute the scale, and cast it
 writes the scale. Nothing is read on the host and nothing is sized from tensor values, so the call can be
 captured in a CUDA graph.
 
-Under Triton's interpreter the float32 -> fp8 cast is done on the bits by hand (:func:`_to_fp8`),
+Under Triton's interpreter the float32 -> fp8 cast is done on the bits by hand (:func:`to_fp8`),
 because the interpreter's own cast rounds wrongly where the rounding carries into the next power of two and
 does not saturate (docs/fp8.md, "Interpreter rounding"); compiled Triton uses the hardware's
 ``cvt.rn.satfinite``.
@@ -49,7 +49,7 @@ from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..core.tile_choice import choose_tile
 from . import reference
-from .gemm import _cfg, _grouped_tile, shared_bytes
+from .gemm import gemm_tile, grouped_tile, shared_bytes
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -73,7 +73,7 @@ SCALINGS = ("tensor", "row", "block")
 
 
 @triton.jit
-def _to_fp8(y, FP8_MAX: tl.constexpr, ROUND_BY_HAND: tl.constexpr, SHIFT: tl.constexpr,
+def to_fp8(y, FP8_MAX: tl.constexpr, ROUND_BY_HAND: tl.constexpr, SHIFT: tl.constexpr,
             ROUND_MASK: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr,
             dtype: tl.constexpr):  # fmt: skip
     """Saturate float32 ``y`` to +-FP8_MAX and cast it to fp8 ``dtype``, rounding to nearest even.
@@ -178,7 +178,7 @@ def _quantize_fp8_kernel(
         m = m_r[:, None] & (o < c_end)[None, :]
         p_x = x_ptr + o_r[:, None] * stride_xr + o.to(tl.int64)[None, :] * stride_xc
         b_x = tl.load(p_x, mask=m, other=0.0).to(tl.float32)
-        b_q = _to_fp8(b_x / b_scale[:, None], FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT,
+        b_q = to_fp8(b_x / b_scale[:, None], FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT,
                       ROUND_MASK=ROUND_MASK, MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC,
                       dtype=q_ptr.dtype.element_ty)  # fmt: skip
         tl.store(q_ptr + o_r[:, None] * stride_qr + o.to(tl.int64)[None, :], b_q, mask=m)
@@ -286,7 +286,7 @@ def _gemm_fp8_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
+    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_am = (offs_m % M).to(tl.int64)
@@ -343,8 +343,8 @@ INTERPRETER_AMAX_PROGRAMS = 3
 QUANTIZE_TILE_ELEMENTS = 4096
 
 
-def _fp8_constants(dtype: torch.dtype) -> dict:
-    """The rounding constexprs of :func:`_to_fp8` for ``dtype`` (mantissa bits, smallest normal)."""
+def fp8_constants(dtype: torch.dtype) -> dict:
+    """The rounding constexprs of :func:`to_fp8` for ``dtype`` (mantissa bits, smallest normal)."""
     mantissa, min_exp = (3, -6) if dtype == torch.float8_e4m3fn else (2, -14)
     shift = 23 - mantissa
     return dict(
@@ -421,7 +421,7 @@ def _quantize_plans(rows, cols, strides, x_dtype, dtype, granularity, device) ->
         stride_xr=stride_xr, stride_xc=stride_xc, stride_qr=cols,
         stride_sr=shape[1] if len(shape) == 2 else 0, stride_sc=1 if len(shape) == 2 else 0,
         MODE=_MODES[granularity], NUM_PARTIALS=next_power_of_2(partials), AMAX_FLOOR=AMAX_FLOOR,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=config.num_warps, num_stages=1, **_fp8_constants(dtype),
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=config.num_warps, num_stages=1, **fp8_constants(dtype),
     )  # fmt: skip
     return _QuantizePlans(amax, quantize, shape, partials)
 
@@ -457,12 +457,12 @@ def _granularity_value(name: str):
 # The fp8 GEMM's tiles on devices with 227 KB of shared memory per block (H100, H200, B200): BLOCK_K 128
 # (one scaling block, the K a 64-row fp8 wgmma consumes in 4 steps of 32), 3-4 stages.
 GEMM_CONFIGS = (
-    _cfg(128, 256, 128, 8, 3),
-    _cfg(128, 128, 128, 8, 4),
-    _cfg(128, 128, 128, 4, 4),
-    _cfg(128, 64, 128, 4, 4),
-    _cfg(64, 128, 128, 4, 4),
-    _cfg(64, 64, 128, 4, 4),
+    gemm_tile(128, 256, 128, 8, 3),
+    gemm_tile(128, 128, 128, 8, 4),
+    gemm_tile(128, 128, 128, 4, 4),
+    gemm_tile(128, 64, 128, 4, 4),
+    gemm_tile(64, 128, 128, 4, 4),
+    gemm_tile(64, 64, 128, 4, 4),
 )
 # The interpreter: 64x64 tiles (its cost is per program, not per element); BLOCK_K 64 divides 128, so
 # a block-scaled K step stays inside one scaling group.

@@ -45,6 +45,7 @@ from ..core.launch import (
     plan_cache,
     tma_aligned,
 )  # fmt: skip
+from ..core.tiers import Tier, first_fitting
 from ..core.tile_choice import choose_tile
 from . import reference
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
@@ -58,7 +59,7 @@ _GELU_CUBIC = tl.constexpr(0.044715)  # the cubic coefficient of the tanh form o
 
 
 @triton.jit
-def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Map a linear tile index to (pid_m, pid_n) so GROUP_M consecutive programs share B columns in L2.
 
     Tiles are visited column by column inside bands of GROUP_M tile rows: programs running at the same time
@@ -161,7 +162,7 @@ def _gemm_tiled_kernel(
     batch = tl.program_id(1).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
+    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -223,7 +224,7 @@ def _gemm_persistent_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS):
-        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
+        pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -265,11 +266,9 @@ MAX_GRID_Y = 65535
 
 
 @dataclasses.dataclass(frozen=True)
-class Tier:
-    """The configurations for devices with at least ``min_smem_bytes`` of shared memory per block."""
+class GemmTier(Tier):
+    """The GEMM's configurations for devices with at least ``min_smem_bytes`` of shared memory per block."""
 
-    name: str
-    min_smem_bytes: int
     tiled: tuple[KernelConfig, ...]
     persistent_tma: tuple[KernelConfig, ...] = ()  # empty: this tier uses the tiled kernel only
     # the persistent kernel's tiles for decode alone (M <= the smallest BLOCK_M; core.tile_choice)
@@ -281,63 +280,63 @@ class Tier:
         return self.persistent_tma + self.persistent_tma_decode
 
 
-def _cfg(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
+def gemm_tile(m: int, n: int, k: int, warps: int, stages: int) -> KernelConfig:
     return KernelConfig(m, n, warps, stages, block_k=k, group_m=8)
 
 
 # 227 KB per block (H100, H200, B200): big tiles with 3-4 pipeline stages; the largest needs 144 KB.
-LARGE = Tier(
+LARGE = GemmTier(
     "227 KB",
     227 * KIB,
     tiled=(
-        _cfg(128, 256, 64, 8, 3),
-        _cfg(128, 128, 64, 8, 4),
-        _cfg(128, 128, 32, 4, 4),
-        _cfg(128, 64, 64, 4, 4),
-        _cfg(64, 128, 64, 4, 4),
-        _cfg(64, 64, 64, 4, 4),
-        _cfg(64, 32, 32, 2, 5),
+        gemm_tile(128, 256, 64, 8, 3),
+        gemm_tile(128, 128, 64, 8, 4),
+        gemm_tile(128, 128, 32, 4, 4),
+        gemm_tile(128, 64, 64, 4, 4),
+        gemm_tile(64, 128, 64, 4, 4),
+        gemm_tile(64, 64, 64, 4, 4),
+        gemm_tile(64, 32, 32, 2, 5),
     ),
     # The persistent kernel fed by tensor descriptors (TMA); fp16/bf16 only.
     persistent_tma=(
-        _cfg(128, 256, 64, 8, 3),
-        _cfg(128, 128, 64, 8, 4),
-        _cfg(128, 128, 64, 4, 3),
-        _cfg(128, 64, 64, 4, 4),
-        _cfg(64, 128, 64, 4, 4),
+        gemm_tile(128, 256, 64, 8, 3),
+        gemm_tile(128, 128, 64, 8, 4),
+        gemm_tile(128, 128, 64, 4, 3),
+        gemm_tile(128, 64, 64, 4, 4),
+        gemm_tile(64, 128, 64, 4, 4),
     ),
     # Decode (M <= 64), whose weights only every SM together reads at full bandwidth (4096 x 4096: 128
     # tiles, where 64x128 made 32); eight stages keep 32 KiB of them in flight per SM, about an HBM
     # latency's worth at an SM's share of the bandwidth.
-    persistent_tma_decode=(_cfg(64, 32, 64, 4, 8),),
+    persistent_tma_decode=(gemm_tile(64, 32, 64, 4, 8),),
 )
 
 # 163 KB per block (A100): the tiles of Triton's matmul tutorial
 # (https://triton-lang.org/main/getting-started/tutorials/03-matrix-multiplication.html); at most 72 KB.
-MEDIUM = Tier(
+MEDIUM = GemmTier(
     "163 KB",
     163 * KIB,
     tiled=(
-        _cfg(128, 256, 32, 8, 3),
-        _cfg(128, 128, 32, 4, 4),
-        _cfg(128, 64, 32, 4, 4),
-        _cfg(64, 128, 32, 4, 4),
-        _cfg(64, 64, 32, 4, 4),
-        _cfg(64, 32, 32, 2, 5),
-        _cfg(32, 64, 32, 2, 5),
+        gemm_tile(128, 256, 32, 8, 3),
+        gemm_tile(128, 128, 32, 4, 4),
+        gemm_tile(128, 64, 32, 4, 4),
+        gemm_tile(64, 128, 32, 4, 4),
+        gemm_tile(64, 64, 32, 4, 4),
+        gemm_tile(64, 32, 32, 2, 5),
+        gemm_tile(32, 64, 32, 2, 5),
     ),
 )
 
 # 99 KB per block (Ada, consumer Blackwell) and anything smaller: at most 48 KB.
-SMALL = Tier(
+SMALL = GemmTier(
     "99 KB",
     99 * KIB,
     tiled=(
-        _cfg(128, 128, 32, 4, 3),
-        _cfg(128, 64, 32, 4, 3),
-        _cfg(64, 128, 32, 4, 3),
-        _cfg(64, 64, 32, 4, 3),
-        _cfg(32, 64, 32, 2, 3),
+        gemm_tile(128, 128, 32, 4, 3),
+        gemm_tile(128, 64, 32, 4, 3),
+        gemm_tile(64, 128, 32, 4, 3),
+        gemm_tile(64, 64, 32, 4, 3),
+        gemm_tile(32, 64, 32, 2, 3),
     ),
 )
 
@@ -361,12 +360,9 @@ def shared_bytes(config: KernelConfig, element_bytes: int = 2) -> int:
     return config.num_stages * (config.block_m + config.block_n) * config.block_k * element_bytes
 
 
-def tier_for(hardware: Hardware) -> Tier:
-    """The first tier (largest first) whose shared memory the device has; the smallest tier otherwise."""
-    for tier in TIERS:
-        if hardware.smem_per_block_bytes >= tier.min_smem_bytes:
-            return tier
-    return TIERS[-1]
+def tier_for(hardware: Hardware) -> GemmTier:
+    """The GEMM tier of ``hardware`` (:func:`llm_speed.core.tiers.first_fitting`)."""
+    return first_fitting(TIERS, hardware)
 
 
 def tiled_configs(hardware: Hardware) -> tuple[KernelConfig, ...]:

@@ -51,12 +51,12 @@ from . import reference
 from .checks import check_expert_ids, check_topk
 from .grouped_gemm import (
     INTERPRETER_PROGRAMS,
-    _schedule,
-    _stages,
-    _tf32,
+    grouped_schedule,
     interpreter_tile,
+    pipeline_stages,
     run_grouped,
     run_wgrad,
+    uses_tf32,
 )
 from .routing import sort_copies
 
@@ -194,7 +194,7 @@ def _moe_backward_kernel(
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(I, BLOCK_N)
-    starts, ends, tiles, tile_ends, bad = _schedule(
+    starts, ends, tiles, tile_ends, bad = grouped_schedule(
         offsets_ptr, total, groups, num_n, BLOCK_M=BLOCK_M, BLOCK_E=BLOCK_E
     )
     o_g = tl.arange(0, BLOCK_E)
@@ -237,7 +237,8 @@ def backward_config(rows_per_group: int, element_bytes: int, hardware: Hardware)
     BLOCK_N 64, BLOCK_K 64, stages as deep as shared memory allows (not tuned on a GPU yet)."""
     block_m = min(64, max(16, rows_per_group))
     per_stage = (2 * block_m + 3 * 64) * 64 * element_bytes
-    return KernelConfig(block_m, 64, 8 if block_m >= 64 else 4, _stages(per_stage, hardware), block_k=64)
+    warps = 8 if block_m >= 64 else 4
+    return KernelConfig(block_m, 64, warps, pipeline_stages(per_stage, hardware), block_k=64)
 
 
 @plan_cache
@@ -379,7 +380,7 @@ def backward(dout, hidden, w_gate_up, w_down, topk_weights, topk_ids, order, off
         strides = (hidden.stride(0), dout.stride(0), w_gate_up.stride(), w_down.stride())
         dtypes = (dtype, w_gate_up.dtype, w_down.dtype, topk_weights.dtype)
         plan = _backward_plan(
-            copies, hidden_size, inter, experts, top_k, strides, dtypes, _tf32(dtype), device
+            copies, hidden_size, inter, experts, top_k, strides, dtypes, uses_tf32(dtype), device
         )
         dh = tensors.new_output((copies, 2 * inter), dtype, device)
         act = tensors.new_output((copies, inter), dtype, device)

@@ -62,7 +62,7 @@ def _offsets_bad(offsets_ptr, total, groups, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _schedule(offsets_ptr, total, groups, num_n, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+def grouped_schedule(offsets_ptr, total, groups, num_n, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
     """The persistent order of a grouped launch, for every group at once (vectors over BLOCK_E >= groups + 1
     entries; entry ``groups`` is the rows past the last offset, empty unless the offsets end early).
 
@@ -149,8 +149,8 @@ def _grouped_gemm_kernel(
 
     ``num_programs`` programs each walk the tiles ``t = pid, pid + num_programs, ...`` of the sequence
     (group 0's tiles, group 1's, ..., then a last group of the rows past the final offset, which is empty
-    unless the offsets end early: :func:`_schedule`); a tile finds its group among the running tile counts
-    with one vector comparison. Within a group, tile t covers rows ``pid_m`` and columns ``pid_n`` with
+    unless the offsets end early: :func:`grouped_schedule`); a tile finds its group among the running tile
+    counts with one vector comparison. Within a group, tile t covers rows ``pid_m`` and columns ``pid_n`` with
     ``pid_m`` varying fastest, so programs running together share B_g's column panel. The group bounds are
     clamped into ``[0, total]`` and every row belongs to a tile: invalid offsets change what is computed
     (NaN), never which memory is touched.
@@ -160,7 +160,7 @@ def _grouped_gemm_kernel(
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    starts, ends, tiles, tile_ends, bad = _schedule(
+    starts, ends, tiles, tile_ends, bad = grouped_schedule(
         offsets_ptr, total, groups, num_n, BLOCK_M=BLOCK_M, BLOCK_E=BLOCK_E
     )
     o_g = tl.arange(0, BLOCK_E)
@@ -256,7 +256,7 @@ INTERPRETER_PROGRAMS = 2
 EPILOGUE_SMEM_BYTES = 16 * KIB  # room kept beside the pipelined tiles for the epilogue's layout changes
 
 
-def _stages(config_bytes_per_stage: int, hardware: Hardware) -> int:
+def pipeline_stages(config_bytes_per_stage: int, hardware: Hardware) -> int:
     """The deepest pipeline (4, 3 or 2 stages) whose tiles fit the device's shared memory per block."""
     room = hardware.smem_per_block_bytes - EPILOGUE_SMEM_BYTES
     for stages in (4, 3, 2):
@@ -295,7 +295,7 @@ def grouped_config(
     accumulators = block_m * block_n * (2 if swiglu else 1)
     warps = 8 if accumulators >= 128 * 128 else 4
     per_stage = (block_m + block_n * (2 if swiglu else 1)) * block_k * element_bytes
-    return KernelConfig(block_m, block_n, warps, _stages(per_stage, hardware), block_k=block_k)
+    return KernelConfig(block_m, block_n, warps, pipeline_stages(per_stage, hardware), block_k=block_k)
 
 
 @functools.cache
@@ -305,10 +305,10 @@ def wgrad_config(m: int, n: int, element_bytes: int, hardware: Hardware) -> Kern
     block_n = 128 if n >= 128 else max(SMALLEST_TILE_SIDE, min(64, next_power_of_2(n)))
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     per_stage = (block_m + block_n) * 64 * element_bytes
-    return KernelConfig(block_m, block_n, warps, _stages(per_stage, hardware), block_k=64)
+    return KernelConfig(block_m, block_n, warps, pipeline_stages(per_stage, hardware), block_k=64)
 
 
-def _tf32(dtype: torch.dtype) -> bool:
+def uses_tf32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and fp32_input_precision() == "tf32"
 
 
@@ -385,7 +385,7 @@ def run_grouped(
         return
     plan = _grouped_plan(
         total, n, k, b.shape[0], a.stride(), b_strides, out.stride(), (a.dtype, b.dtype, out.dtype),
-        gather_div, swiglu, _tf32(a.dtype), a.device,
+        gather_div, swiglu, uses_tf32(a.dtype), a.device,
     )  # fmt: skip
     plan.launch(a_ptr=a, b_ptr=b, out_ptr=out, offsets_ptr=offsets,
                 order_ptr=offsets if order is None else order)  # fmt: skip
@@ -410,7 +410,7 @@ def run_wgrad(
     plan = _wgrad_plan(
         total, m, n, groups, a.stride(), b.stride(), out.stride(),
         (a.dtype, b.dtype, out.dtype, None if scale is None else scale.dtype), gathers, scale is not None,
-        _tf32(a.dtype), a.device,
+        uses_tf32(a.dtype), a.device,
     )  # fmt: skip
     plan.launch(a_ptr=a, b_ptr=b, out_ptr=out, offsets_ptr=offsets,
                 order_ptr=offsets if order is None else order,

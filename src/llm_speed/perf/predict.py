@@ -142,9 +142,6 @@ from llm_speed.perf.prediction.terms import (
 )
 from llm_speed.perf.roofline import roofline
 
-# The name tests/attention/test_launch_order.py imports (the attention cost model calls it lpt_section).
-_lpt_section = lpt_section
-
 # The public names of the parts, importable from here as before the split.
 __all__ = [
     "ALIASES",
@@ -197,6 +194,7 @@ __all__ = [
     "launch_order",
     "list_schedule",
     "load_calibration",
+    "lpt_section",
     "makespan",
     "occupancy",
     "parameters",

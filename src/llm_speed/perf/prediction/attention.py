@@ -12,6 +12,7 @@ from typing import Any
 from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv, next_power_of_2
+from llm_speed.core.policy import SHIPPED
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import (
     attention_cost,
@@ -58,7 +59,7 @@ def _thinned(blocks: list[int], fraction: float) -> list[int]:
 def launch_order(per_pair: Sequence[int], pairs: int, section: int | None) -> tuple[int, ...]:
     """The programs of ``pairs`` (batch, head) pairs of blocks ``per_pair`` each, in launch order: row order
     (``section`` None: a pair's blocks adjacent), or longest first as llm-speed's causal query-block kernels
-    launch (``llm_speed.attention.flash._longest_first``): sections of ``section`` pairs, block index major
+    launch (``llm_speed.attention.blocks._longest_first``): sections of ``section`` pairs, block index major
     within one, from the last block."""
     if section is None:
         return tuple(per_pair) * pairs
@@ -317,13 +318,13 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
 
 BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
 # Longest first only from this many query rows per sequence (packed: in all); llm_speed.attention.flash's
-# LPT_MIN_ROWS restated without torch (tests/attention/test_launch_order.py holds them equal).
-LPT_MIN_ROWS = 16384
+# The kernels' rule, read from the shipped launch policy (torch-free), not restated.
+LPT_MIN_ROWS = SHIPPED.lpt_min_rows
 
 
 def lpt_section(spec: GPUSpec, order: str, shape: AttentionShape, min_rows: int = LPT_MIN_ROWS) -> int | None:
     """The (batch, head) pairs per section of a longest-first launch of the query-block kernels (llm-speed's
-    as ``llm_speed.attention.flash._launch_order`` does it), or None where they launch in row order:
+    as ``llm_speed.attention.configs.launch_order`` does it), or None where they launch in row order:
     ``order`` "row" (llm-speed's builds before it; a vendor's kernel that launches so), masks that are
     not causal-like (a window's left bound), and sequences shorter than ``min_rows`` (:data:`LPT_MIN_ROWS`;
     a build's ``attention_lpt_min_rows``: d1b0227 launched longest first at every length)."""
