@@ -91,11 +91,11 @@ def test_compiled_static_cache_generation_in_one_graph(model_type, device, monke
     options = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
                    cache_implementation="static")  # fmt: skip
     torch._dynamo.reset()
-    before = runtime.launch_count(decode.FORWARD.name)
+    before = runtime.launch_count(decode.KERNEL_DECODE)
     with torch.no_grad():
         got = patched.generate(ids, compile_config=config, **options)
         expected = same.generate(ids, **options)
-    assert runtime.launch_count(decode.FORWARD.name) - before == NEW - 1  # the compiled decode steps
+    assert runtime.launch_count(decode.KERNEL_DECODE) - before == NEW - 1  # the compiled decode steps
     assert torch.equal(got, expected)
 
 
@@ -135,9 +135,9 @@ def test_both_static_cache_paths_match_float64(window, softcap, monkeypatch):
     mask = visible[:, None]  # [batch, 1, q_len, slots], as transformers' sdpa_mask
     scale = dim**-0.5
     options = dict(scale=scale, window=None if window is None else (window - 1, 0), softcap=softcap)
-    before = runtime.launch_count(decode.FORWARD.name)
+    before = runtime.launch_count(decode.KERNEL_DECODE)
     compiled = hf._static_cache_attention(query, key, value, mask, options)
-    assert runtime.launch_count(decode.FORWARD.name) > before  # the Triton kernel, not a fallback
+    assert runtime.launch_count(decode.KERNEL_DECODE) > before  # the Triton kernel, not a fallback
     eager, _ = hf.llm_speed_attention(None, query, key, value, mask, scaling=scale, sliding_window=window,
                                       softcap=softcap)  # fmt: skip
     query_real = real[:, offset : offset + q_len]
