@@ -25,7 +25,7 @@ from llm_speed.core import launch, runtime
 from llm_speed.core.gpus import get_gpu
 from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.core.policy import use_policy
-from triton_builds import BUILDS, environment
+from triton_builds import GPU_BUILD_ENV, environment
 
 
 @pytest.fixture(autouse=True)
@@ -676,16 +676,17 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
 '''
 
 
-@pytest.mark.parametrize("build", BUILDS)
-def test_kernels_compile_for_h100_as_launched(tmp_path, build):
+def test_kernels_compile_for_h100_as_launched(tmp_path):
     """The append, attention (paged, split, window, softcap, GQA, the flash-attn options: batch index,
     leftpad, rotary, ALiBi, and fp8 caches) and combine kernels, with the arguments their plans fix, compile
-    for sm_90 under the installed Triton and the GPU machine's, fit the shared memory and do not spill
-    wholesale; on the GPU machine's Triton the variants with options spill nothing inside a loop."""
+    for sm_90 under the GPU machine's Triton, fit the shared memory, do not spill wholesale, and the variants
+    with options spill nothing inside a loop. Only the GPU machine's build: the installed Triton (the dev
+    pin, which no GPU of ours runs) spills about 4 KB in the softcap variants with core.kernel_math.tanh, a
+    known difference, and compiling the twenty kernels with it too cost `make test` 35 s."""
     pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
     h100 = get_gpu("h100-sxm")
     major, minor = h100.compute_capability
-    env = environment(build, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
+    env = environment(GPU_BUILD_ENV, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(major * 10 + minor)],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -694,13 +695,8 @@ def test_kernels_compile_for_h100_as_launched(tmp_path, build):
     assert sum(row["kernel"] == decode.KERNEL_APPEND for row in rows) == 2
     limit = (h100.smem_per_sm_kb - 1) * 1024  # opt-in maximum per block
     assert all(row["shared_bytes"] <= limit for row in rows), rows
-    if build is not None:
-        assert not [row for row in rows if row["options"] and row["loop_spills"]], rows
+    assert not [row for row in rows if row["options"] and row["loop_spills"]], rows
     spilling = [row for row in rows if row["stack_bytes"] > MAX_SPILL_BYTES]
-    if build is None and spilling and all(row["softcap"] for row in spilling):
-        # Known: Triton 3.9 spills about 4 KB per thread in the softcap variants with core.kernel_math.tanh
-        # (0.5 KB with the continued-fraction tanh it replaced; the GPU machine's 3.6 spills 0.5 KB with it).
-        pytest.xfail(f"Triton 3.9 spills in the softcap variants: {spilling}")
     assert not spilling, spilling
 
 
