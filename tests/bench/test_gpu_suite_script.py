@@ -25,7 +25,10 @@ needs_bash = pytest.mark.skipif(
 )
 
 
-STEPS = ("quick", "tests", "bench", "fused", "probe")
+# The steps whose CPU check runs here. `tests` is left out: its check only collects this very suite in three
+# chunks (37 s of make test's 2 cores), which make test's own collection already proves; its sub-steps and
+# caps are held by the dry run below (test_sub_step_caps_fit_each_device_command).
+STEPS = ("quick", "bench", "fused", "probe")
 PROOF_LIMIT_S = 480  # issue 70: the proof ends within 480 s, so one 540-s device command holds it
 # A device command may run 600 s; the machine's start (about 90 s) is not counted in it (it is in the
 # session's 30 device minutes). 540 s keeps a minute of margin.
@@ -65,11 +68,6 @@ def test_every_device_command_completes_in_cpu_check_mode(tmp_path, step):
         assert {s["step"] for s in summary["steps"]} == {"doctor", "pytest_quick"}
         collected = re.search(r"(\d+)/\d+ tests collected", logs["pytest_quick.log"])
         assert collected and 25 <= int(collected.group(1)) <= 40, logs["pytest_quick.log"][-500:]
-    elif step == "tests":
-        for name in ("pytest_attention", "pytest_matmul", "pytest_rest"):
-            assert (
-                re.search(r"\d+ tests collected", logs[f"{name}.log"]) and "ERROR" not in logs[f"{name}.log"]
-            )
     elif step == "bench":
         assert "does not parse" not in result.stdout and result.stdout.count("parses: llm-speed") >= 15
     elif step == "probe":  # the scripts import and parse their options (they need CUDA to run)
@@ -178,7 +176,7 @@ def test_candidates_are_proven_through_the_families_they_change():
 @needs_bash
 def test_sub_step_caps_fit_each_device_command(tmp_path):
     """Each step's caps (dry run) sum to at most its budget, which fits one device command with margin."""
-    for step in STEPS:
+    for step in (*STEPS, "tests"):
         result = _suite(tmp_path, "--dry-run", step)
         assert result.returncode == 0, result.stderr
         caps = [int(cap) for cap in re.findall(r"\] cap (\d+)s:", result.stdout)]
