@@ -133,16 +133,23 @@ def test_the_proofs_budget_table_holds_it_to_480_s(tmp_path):
     assert {k: int(v) for k, v in caps.items()} == {k: v for k, v in budgets.items() if k != "setup"}
 
 
-def test_a_hanging_family_costs_only_itself(tmp_path):
-    """The correctness runner gives each family its own process and deadline: one that hangs is cut there
-    (SIGINT, recorded as timed out) while the others pass, and a job that cannot start in time is skipped."""
+def _family_tree(tmp_path, **files: str) -> tuple:
+    """(tests folder holding test_<name>.py for each of ``files``, a raw folder with its summary's header)."""
     tests = tmp_path / "tests"
     tests.mkdir()
-    (tests / "test_ok.py").write_text("import time\n\ndef test_ok():\n    time.sleep(1.5)\n")
-    (tests / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(600)\n")
+    for name, text in files.items():
+        (tests / f"test_{name}.py").write_text(text)
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n")
+    return tests, raw
+
+
+def test_a_hanging_family_costs_only_itself(tmp_path):
+    """The correctness runner gives each family its own process and deadline: one that hangs is cut there
+    (SIGINT, recorded as timed out) while the others pass, and a job that cannot start in time is skipped."""
+    tests, raw = _family_tree(tmp_path, ok="import time\n\ndef test_ok():\n    time.sleep(1.5)\n",
+                              hang="import time\n\ndef test_hang():\n    time.sleep(600)\n")  # fmt: skip
     family = proof_correctness.Family
     jobs = [
         proof_correctness.Job("correct_hang", family("hang", "", (str(tests / "test_hang.py"),), cap_s=6)),
@@ -150,7 +157,7 @@ def test_a_hanging_family_costs_only_itself(tmp_path):
         proof_correctness.Job("correct_late", family("late", "", (str(tests / "test_ok.py"),))),
     ]
     # both first jobs start with 21 s left; "late" finds under 20 s once "ok" is done
-    runner = proof_correctness.Runner(raw, sys.executable, budget_s=21, parallel=2, workers=1, check=False,
+    runner = proof_correctness.Runner(raw, sys.executable, budget_s=21, parallel=2, workers=1,
                                       grace_s=5, min_start_s=20)  # fmt: skip
     began = time.monotonic()
     bad = runner.run(jobs)
@@ -160,6 +167,24 @@ def test_a_hanging_family_costs_only_itself(tmp_path):
     assert rows == {"correct_hang": "124", "correct_ok": "0", "correct_late": "skipped"}, rows
     assert bad == 2
     assert 'failures="0"' in (raw / "pytest_correct_ok.xml").read_text()
+
+
+def test_the_check_collects_each_selection_in_one_process_and_names_a_broken_one(tmp_path):
+    """`--check` collects every family's selection in turn in one process: each gets its own log and row,
+    a selection whose module does not import is recorded as failed, and the one after it still collects."""
+    tests, raw = _family_tree(tmp_path, ok="def test_a():\n    pass\n\ndef test_b():\n    pass\n",
+                              broken="import no_such_module_here\n\ndef test_c():\n    pass\n")  # fmt: skip
+    family = proof_correctness.Family
+    selections = (("ok", "ok", ""), ("broken", "broken", ""), ("one", "ok", "test_b"))
+    jobs = [proof_correctness.Job(f"correct_{name}", family(name, "", (str(tests / f"test_{file}.py"),), kw))
+            for name, file, kw in selections]  # fmt: skip
+    bad = proof_correctness.check_jobs(sys.executable, raw, jobs, budget_s=60)
+    rows = dict(line.split("\t")[:2] for line in (raw / "summary.tsv").read_text().splitlines()[1:])
+    assert bad == 1 and rows["correct_ok"] == "0" and rows["correct_one"] == "0", rows
+    assert rows["correct_broken"] not in ("0", "124"), rows
+    assert "2 tests collected" in (raw / "correct_ok.log").read_text()
+    assert "1/2 tests collected" in (raw / "correct_one.log").read_text()
+    assert "no_such_module_here" in (raw / "correct_broken.log").read_text()
 
 
 def test_candidates_are_proven_through_the_families_they_change():
