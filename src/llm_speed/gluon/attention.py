@@ -306,12 +306,10 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
 # --- public function ------------------------------------------------------------------------------------
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
-    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
-    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
-    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+def check_arguments(q, k, v, is_causal, scale) -> float:
+    """The softmax scale (``1/sqrt(D)`` for None) once q, k, v, ``is_causal`` and ``scale`` are what the
+    Gluon attention kernels take (:func:`forward`); TypeError / ValueError naming the argument otherwise.
+    The device is checked apart (:func:`llm_speed.gluon.launch.check_device`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, S, D]")
         if x.dtype != q.dtype:
@@ -325,7 +323,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(f"k and v must both be [{batch}, H_kv, Skv, {head_dim}], got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")  # fmt: skip
-    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    heads_kv = k.shape[1]
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"q's {heads} heads must be a multiple of k's {heads_kv}")
     if head_dim not in HEAD_DIMS:
@@ -333,6 +331,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
+    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
+    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
+    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    scale = check_arguments(q, k, v, is_causal, scale)
+    batch, heads, seq_q, head_dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
     check_device("q", q, "llm_speed.gluon.attention")
     device = q.device
     out = tensors.new_output(q.shape, q.dtype, device)
