@@ -316,6 +316,8 @@ def check_arguments(q, k, v, is_causal, scale) -> float:
             raise TypeError(f"{name} has dtype {x.dtype}; it must match q's ({q.dtype})")
         if not x.is_contiguous():
             raise ValueError(f"{name} must be contiguous [B, H, S, D] (its 2-D view feeds a TMA descriptor)")
+        if x.data_ptr() % 16:
+            raise ValueError(f"{name} must start 16-byte aligned (a TMA descriptor's base)")
     if type(is_causal) is not bool:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     tensors.check_same_device(q=q, k=k, v=v)

@@ -260,16 +260,17 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-             dout: torch.Tensor, *, is_causal: bool = False,
-             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+             dout: torch.Tensor, *, is_causal: bool = False, scale: float | None = None,
+             dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(dq, dk, dv) of softmax(q k^T * scale) v by the warp-specialized Gluon backward, from the forward's
     ``out`` and ``lse`` (float32 [B, H, Sq], natural log, as :func:`llm_speed.gluon.attention.forward`
     returns it) and the output gradient ``dout``: q, out, dout [B, H, Sq, D], k and v [B, H_kv, Skv, D],
     contiguous (``dout`` is made contiguous), H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks
-    aligned bottom-right. dk and dv are summed over each K/V head's query group. dq is added by fp32
-    atomics: not bitwise repeatable. CUDA tensors on a compute capability 9.0 GPU only (anything else:
-    ValueError before any work). Unproven on a GPU; selected nowhere."""
-    check_arguments(q, k, v, is_causal, scale)
+    aligned bottom-right. ``dlse``: the gradient of ``lse`` where the LSE was used too (float32 like it; it
+    enters delta = rowsum(dO * O) - dLSE). dk and dv are summed over each K/V head's query group. dq is
+    added by fp32 atomics: not bitwise repeatable. CUDA tensors on a compute capability 9.0 GPU only
+    (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    scale = check_arguments(q, k, v, is_causal, scale)
     batch, heads, seq_q, head_dim = q.shape
     for name, x in (("out", out), ("dout", dout)):
         tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, Sq, D]")
@@ -281,10 +282,13 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     tensors.check_tensor("lse", lse, dtypes=(torch.float32,), dims=3, what="[B, H, Sq]")
     if lse.shape != q.shape[:3]:
         raise ValueError(f"lse must be {tuple(q.shape[:3])} (q's [B, H, Sq]), got {tuple(lse.shape)}")
-    tensors.check_same_device(q=q, k=k, v=v, out=out, lse=lse, dout=dout)
+    if dlse is not None:
+        tensors.check_tensor("dlse", dlse, dtypes=(torch.float32,), dims=3, what="[B, H, Sq]")
+        if dlse.shape != lse.shape:
+            raise ValueError(f"dlse must be {tuple(lse.shape)} like lse, got {tuple(dlse.shape)}")
+    tensors.check_same_device(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse)
     check_device("q", q, "llm_speed.gluon.attention_bwd")
     heads_kv, seq_kv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     device = q.device
     dk = tensors.new_output(k.shape, k.dtype, device)
     dv = tensors.new_output(v.shape, v.dtype, device)
@@ -293,6 +297,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     dout = dout.contiguous()
     lse = lse.contiguous()
     delta = (dout.float() * out.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse
     dq = torch.zeros(q.shape, dtype=torch.float32, device=device)
     plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal)
     plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=v.view(-1, head_dim),
