@@ -9,23 +9,16 @@ flight (``wait_group 1``) over the softmax; TMA loads of K, V, Q and dO; mbarrie
 from __future__ import annotations
 
 import pytest
+from gluon_cases import compiled_row
 
-from llm_speed.kernel_report import budgets, report
+from llm_speed.kernel_report import budgets
 
 pytestmark = pytest.mark.xdist_group("kernel_report")
 
 
 @pytest.fixture(scope="module")
 def row():
-    build = report.gpu_build()
-    if build is None:
-        pytest.skip(f"the GPU machine's Triton is not unpacked ({report.GPU_BUILD_ENV} unset): `make test`")
-    options = {"head_dims": [128], "causal": [False], "dtypes": ["bf16"]}
-    result = report.run_report(gpu="h100-sxm", ops=["gluon_attention_bwd"], options=options, workers=1,
-                               build=build, timeout=600)  # fmt: skip
-    assert result["triton"] == "3.6.0"
-    (only,) = result["rows"]
-    return only
+    return compiled_row("gluon_attention_bwd", 128, False, "bf16")
 
 
 def test_it_keeps_every_budget(row):
