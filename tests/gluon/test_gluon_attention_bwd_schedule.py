@@ -147,3 +147,21 @@ def test_the_exponent_is_base_2_with_the_scale_folded_in():
     truth = _gradients(q.double(), k.double(), v.double(), dout.double(), False, 0.3)
     dq, _, _ = model.backward(q, k, v, out, lse, dout, scale=0.3)
     assert max_error(dq, truth[0]) <= 0.05 * truth[0].abs().max().item()
+
+
+def test_the_lse_gradient_enters_through_delta():
+    # loss = sum(out * dout) + sum(lse * dlse): dS = P (dP - (rowsum(dO * O) - dLSE))
+    q, k, v, dout = _inputs(1, 2, 1, 70, 90, 64, torch.float16)
+    dlse = torch.randn(1, 2, 70)
+    out, lse = forward_model.forward(q, k, v, is_causal=True, schedule=FORWARD)
+    grads = model.backward(q, k, v, out, lse, dout, is_causal=True, dlse=dlse)
+
+    def gradients(dtype):
+        leaves = [x.detach().to(dtype).requires_grad_(True) for x in (q, k, v)]
+        o, m = reference_attention(*leaves, is_causal=True, return_lse=True)
+        ((o * dout.to(dtype)).sum() + (m * dlse.to(m.dtype)).sum()).backward()
+        return [x.grad for x in leaves]
+
+    for name, got, torch_grad, exact in zip("qkv", grads, gradients(q.dtype), gradients(torch.float64),
+                                            strict=True):  # fmt: skip
+        assert_error_rule(f"d{name} with dLSE", got, torch_grad, exact, GRAD_FACTOR, q.dtype)

@@ -177,13 +177,16 @@ class _Program:
         self.dv[b, hk, keys] = dv[:count].to(dtype)
 
 
-def backward(q, k, v, out, lse, dout, *, is_causal: bool = False, scale: float | None = None,
+def backward(q, k, v, out, lse, dout, *, is_causal: bool = False, scale: float | None = None, dlse=None,
              schedule: Schedule = Schedule(), seed: int = 0) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(dq, dk, dv) of attention over q [B, H, Sq, D], k and v [B, H_kv, Skv, D] (H a multiple of H_kv) as
     the schedule computes them on the CPU from the forward's ``out`` and ``lse`` (float32, natural log) and
-    the output gradient ``dout``; each in its input's dtype. dK and dV entries no program writes stay NaN."""
+    the output gradient ``dout`` (and ``dlse``, the LSE's, where it was used: delta = rowsum(dO * O) -
+    dLSE); each in its input's dtype. dK and dV entries no program writes stay NaN."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     delta = (dout.float() * out.float()).sum(-1)  # as llm_speed.gluon.attention_bwd.backward
+    if dlse is not None:
+        delta = delta - dlse
     dq = torch.zeros(q.shape)  # the fp32 buffer the atomics add into
     dk = torch.full(k.shape, math.nan, dtype=k.dtype)
     dv = torch.full(v.shape, math.nan, dtype=v.dtype)
