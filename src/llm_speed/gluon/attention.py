@@ -30,6 +30,7 @@ import functools
 import math
 
 import torch
+from triton import constexpr_function
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
@@ -53,6 +54,12 @@ LOG2E = gl.constexpr(math.log2(math.e))
 LN2 = gl.constexpr(math.log(2.0))
 WARPGROUP_ROWS = 64  # one warpgroup's rows: wgmma's M
 _HALF = gl.constexpr(WARPGROUP_ROWS)
+
+
+@constexpr_function
+def warpgroup_layout(columns):
+    """The register layout of one warpgroup's wgmma accumulator (64 rows x ``columns``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
 
 
 @gluon.jit
@@ -135,10 +142,8 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     STAGES: gl.constexpr = k_ring.shape[0]
     HALF: gl.constexpr = _HALF
     dtype: gl.constexpr = q_tiles.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    s_layout: gl.constexpr = warpgroup_layout(BLOCK_N)
+    o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q = q_tiles.index(w)

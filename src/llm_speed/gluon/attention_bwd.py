@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..core import tensors
 from ..core.launch import Kernel, cdiv
 from . import compat
-from .attention import DTYPES, WARPGROUP_ROWS, check_arguments
+from .attention import DTYPES, WARPGROUP_ROWS, check_arguments, warpgroup_layout
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -98,14 +98,11 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
     HALF: gl.constexpr = _HALF
     dtype: gl.constexpr = q_ring.dtype
     # S and dP are [queries, this warpgroup's keys]: the LSE and delta are per row (2 registers a lane)
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])  # fmt: skip
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    s_layout: gl.constexpr = warpgroup_layout(HALF)
+    acc_layout: gl.constexpr = warpgroup_layout(HEAD_DIM)
     DQ_SPLIT: gl.constexpr = HEAD_DIM // 64
     DQ_COLUMNS: gl.constexpr = HEAD_DIM // DQ_SPLIT
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLUMNS, 16])  # fmt: skip
+    dq_layout: gl.constexpr = warpgroup_layout(DQ_COLUMNS)
     key_block = gl.program_id(0) // kv_pairs
     kv_pair = gl.program_id(0) % kv_pairs
     group = heads // heads_kv
