@@ -228,7 +228,7 @@ ATTENTION_BWD = Kernel(gluon_attention_bwd_kernel, "gluon_attention_bwd")
 # --- launcher -------------------------------------------------------------------------------------------
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-BLOCK_M = 64  # queries per block: wgmma's N for S^T and dP^T, its M for dQ
+BLOCK_M = 64  # queries per block: wgmma's M for S, dP and dQ
 BLOCK_N = 2 * WARPGROUP_ROWS  # keys per program, 64 per consumer warpgroup
 STAGES = 2
 
