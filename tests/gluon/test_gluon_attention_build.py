@@ -8,23 +8,16 @@ registers, a producer warpgroup at 24, within the block's register pool; wgmma w
 from __future__ import annotations
 
 import pytest
+from gluon_cases import compiled_row
 
-from llm_speed.kernel_report import budgets, report
+from llm_speed.kernel_report import budgets
 
 pytestmark = pytest.mark.xdist_group("kernel_report")
 
 
 @pytest.fixture(scope="module")
 def row():
-    build = report.gpu_build()
-    if build is None:
-        pytest.skip(f"the GPU machine's Triton is not unpacked ({report.GPU_BUILD_ENV} unset): `make test`")
-    options = {"head_dims": [128], "causal": [True], "dtypes": ["bf16"]}
-    result = report.run_report(gpu="h100-sxm", ops=["gluon_attention_fwd"], options=options, workers=1,
-                               build=build, timeout=600)  # fmt: skip
-    assert result["triton"] == "3.6.0"
-    (only,) = result["rows"]
-    return only
+    return compiled_row("gluon_attention_fwd", 128, True, "bf16")
 
 
 def test_it_keeps_every_budget(row):

@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gluon_cases import HOPPER_ONLY, SHAPES
 
 from accuracy_rule import OUTPUT_FACTOR, assert_error_rule, expect_launches, max_error
 from llm_speed.attention.reference import reference_attention
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-        reason="needs a compute capability 9.0 GPU (H100, H200)",
-    ),
-]
-
-# (batch, heads, heads_kv, seq_q, seq_kv)
-SHAPES = [(2, 16, 16, 4096, 4096), (1, 32, 8, 1024, 1024), (3, 8, 1, 113, 127), (2, 4, 2, 129, 17),
-          (1, 4, 4, 1, 1), (1, 8, 2, 300, 2000)]  # fmt: skip
+pytestmark = HOPPER_ONLY
 
 
 @pytest.fixture(autouse=True)

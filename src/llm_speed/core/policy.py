@@ -58,6 +58,12 @@ class LaunchPolicy:
     # fp8 attention converts its softmax weights (in [0, 256]) to e4m3 with the GPU's cast alone, instead of
     # the fp8 GEMM's general cast (clamp and NaN select first).
     fp8_weights_gpu_cast: bool = False
+    # Head dims at which a 16-bit dense attention forward on a compute capability 9.0 GPU runs the
+    # warp-specialized Gluon kernel (llm_speed.gluon.attention; what it takes: llm_speed.gluon.select).
+    gluon_forward_head_dims: tuple[int, ...] = ()
+    # Likewise the backward (llm_speed.gluon.attention_bwd: dQ by atomics, so never where a deterministic
+    # backward is asked for).
+    gluon_backward_head_dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -134,6 +140,9 @@ PROOFS: dict[str, Proof | None] = {
     "uniform_bounds": None,
     "decode_append_in_attention": None,
     "fp8_weights_gpu_cast": None,
+    # Never run on a GPU (issue 73; docs/gluon.md).
+    "gluon_forward_head_dims": None,
+    "gluon_backward_head_dims": None,
 }
 
 # Changes since the last GPU run that rewrote a kernel and left no switch: the proof's correctness step (the
@@ -171,6 +180,8 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("uniform-bounds", _PACKED, uniform_bounds=True),
         _candidate("decode-append", _DECODE, decode_append_in_attention=True),
         _candidate("fp8-weights-gpu-cast", _FP8, fp8_weights_gpu_cast=True),
+        _candidate("gluon-forward", _FWD_D128, gluon_forward_head_dims=(128,)),
+        _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
     )
 }
 

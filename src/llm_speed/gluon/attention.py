@@ -30,6 +30,7 @@ import functools
 import math
 
 import torch
+from triton import constexpr_function
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
@@ -53,6 +54,12 @@ LOG2E = gl.constexpr(math.log2(math.e))
 LN2 = gl.constexpr(math.log(2.0))
 WARPGROUP_ROWS = 64  # one warpgroup's rows: wgmma's M
 _HALF = gl.constexpr(WARPGROUP_ROWS)
+
+
+@constexpr_function
+def warpgroup_layout(columns):
+    """The register layout of one warpgroup's wgmma accumulator (64 rows x ``columns``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
 
 
 @gluon.jit
@@ -135,10 +142,8 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     STAGES: gl.constexpr = k_ring.shape[0]
     HALF: gl.constexpr = _HALF
     dtype: gl.constexpr = q_tiles.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    s_layout: gl.constexpr = warpgroup_layout(BLOCK_N)
+    o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q = q_tiles.index(w)
@@ -306,18 +311,18 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
 # --- public function ------------------------------------------------------------------------------------
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
-    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
-    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
-    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+def check_arguments(q, k, v, is_causal, scale) -> float:
+    """The softmax scale (``1/sqrt(D)`` for None) once q, k, v, ``is_causal`` and ``scale`` are what the
+    Gluon attention kernels take (:func:`forward`); TypeError / ValueError naming the argument otherwise.
+    The device is checked apart (:func:`llm_speed.gluon.launch.check_device`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, S, D]")
         if x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}; it must match q's ({q.dtype})")
         if not x.is_contiguous():
             raise ValueError(f"{name} must be contiguous [B, H, S, D] (its 2-D view feeds a TMA descriptor)")
+        if x.data_ptr() % 16:
+            raise ValueError(f"{name} must start 16-byte aligned (a TMA descriptor's base)")
     if type(is_causal) is not bool:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     tensors.check_same_device(q=q, k=k, v=v)
@@ -325,7 +330,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(f"k and v must both be [{batch}, H_kv, Skv, {head_dim}], got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")  # fmt: skip
-    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    heads_kv = k.shape[1]
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"q's {heads} heads must be a multiple of k's {heads_kv}")
     if head_dim not in HEAD_DIMS:
@@ -333,6 +338,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
+    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
+    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
+    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    scale = check_arguments(q, k, v, is_causal, scale)
+    batch, heads, seq_q, head_dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
     check_device("q", q, "llm_speed.gluon.attention")
     device = q.device
     out = tensors.new_output(q.shape, q.dtype, device)

@@ -269,24 +269,34 @@ class Partition:
 def partitions(ttgir: str, ptx: str) -> list[Partition] | None:
     """The partitions of a warp-specialized kernel (None for any other): the default one (the kernel's
     ``num_warps``) first, then each worker as its TTGIR ``ttg.warp_specialize`` declares it (warps, and the
-    registers it requests, which Triton sets by ``setmaxnreg``). The default partition's registers are the
-    largest ``setmaxnreg.inc`` of the PTX (what the workers gave up, taken back), when it exceeds every
-    worker's request; ptxas's own count otherwise."""
+    registers it requests, which Triton sets by ``setmaxnreg``). The default partition runs with what the
+    launch's pool (``.reqntid`` x ``.maxnreg``) leaves after the workers (whole warpgroups), rounded down
+    to 8, where the PTX sets that count by ``setmaxnreg`` (Triton 3.6's split: 256 beside workers at 224 and
+    24, 24 beside two at 240); else the largest ``setmaxnreg.inc`` (what the workers gave up, taken back),
+    when it exceeds every worker's request; ptxas's own count otherwise."""
     if "ttg.warp_specialize" not in ttgir:
         return None
     module = _MODULE_WARPS.search(ttgir)
     requested = _REQUESTED.search(ttgir)
     registers = [int(r) for r in requested.group(1).split(",")] if requested else []
     workers = sorted((int(i), int(w)) for i, w in _PARTITION.findall(ttgir))
+    warps = int(module.group(1)) if module else 0
+    counts = [int(v) for _, v in _SETMAXNREG.findall(ptx)]
     raised = [int(v) for kind, v in _SETMAXNREG.findall(ptx) if kind == "inc"]
     default = max(raised) if raised and max(raised) > max(registers, default=0) else None
-    found = [Partition("default", int(module.group(1)) if module else 0, default)]
+    launched, limit = launched_warps(ptx), _MAXNREG.search(ptx)
+    if launched and limit and warps and len(registers) == len(workers):
+        given = sum(-(-w // 4) * 4 * r for (_, w), r in zip(workers, registers, strict=True))
+        left = (launched * int(limit.group(1)) - given) // warps // 8 * 8
+        default = left if left in counts else default
+    found = [Partition("default", warps, default)]
     for index, warps in workers:
         found.append(Partition(f"worker{index}", warps, registers[index] if index < len(registers) else None))
     return found
 
 
 _REQNTID = re.compile(r"^\s*\.reqntid\s+(\d+)", re.MULTILINE)
+_MAXNREG = re.compile(r"^\s*\.maxnreg\s+(\d+)", re.MULTILINE)
 
 
 def launched_warps(ptx: str) -> int | None:

@@ -14,9 +14,10 @@ the kernel report; ``llm-speed kernels --check`` exits 1 when one fails):
   over at least :data:`OVERLAP_MIN_INSTRUCTIONS` PTX instructions of its loop (the report's
   ``wgmma_overlap``): the softmax, not only the next block's addresses.
 - **consumer registers**, **producer registers**, **register pool**, **tma loads**: a warp-specialized
-  kernel (the Gluon kernels, :mod:`llm_speed.gluon`) runs its default partition and every worker above
-  :data:`PRODUCER_MAX_REGISTERS` at :data:`CONSUMER_MIN_REGISTERS` registers or more, has a producer worker
-  at :data:`PRODUCER_MAX_REGISTERS` or fewer (``setmaxnreg``, read from the TTGIR and PTX), holds no more
+  kernel (the Gluon kernels, :mod:`llm_speed.gluon`) runs every partition above
+  :data:`PRODUCER_MAX_REGISTERS` (and its default partition, unless that is the lean one) at
+  :data:`CONSUMER_MIN_REGISTERS` registers or more, has a producer partition at
+  :data:`PRODUCER_MAX_REGISTERS` or fewer (``setmaxnreg``, read from the TTGIR and PTX), holds no more
   registers in all than its launch gave it, and loads by TMA (``UTMALDG``).
 
 A shipped configuration that breaks one is changed (a smaller tile, fewer stages), or, for a real trade-off,
@@ -178,7 +179,9 @@ def breaches(row: dict) -> list[Breach]:
 
 def _partition_breaches(row: dict, parts: list[dict]) -> list[Breach]:
     found = []
-    consumers = [parts[0]] + [p for p in parts[1:] if (p["registers"] or 0) > PRODUCER_MAX_REGISTERS]
+    # the default partition is a consumer unless it is known to run lean (the backward's producer)
+    lean = [p for p in parts if p["registers"] is not None and p["registers"] <= PRODUCER_MAX_REGISTERS]
+    consumers = [p for p in parts if p not in lean and (p is parts[0] or p["registers"] is not None)]
     for part in consumers:
         if (part["registers"] or 0) < CONSUMER_MIN_REGISTERS:
             found.append(Breach(
@@ -186,9 +189,8 @@ def _partition_breaches(row: dict, parts: list[dict]) -> list[Breach]:
                 f"{part['name']} ({part['warps']} warps) runs at {part['registers']} registers "
                 f"(< {CONSUMER_MIN_REGISTERS})",
             ))  # fmt: skip
-    lean = [p for p in parts[1:] if p["registers"] is not None and p["registers"] <= PRODUCER_MAX_REGISTERS]
     if not lean:
-        detail = f"no worker at {PRODUCER_MAX_REGISTERS} registers or fewer (setmaxnreg)"
+        detail = f"no partition at {PRODUCER_MAX_REGISTERS} registers or fewer (setmaxnreg)"
         found.append(Breach(row, "producer registers", detail))
     launched = row.get("launched_warps")
     if launched and row["registers"] and all(p["registers"] for p in parts):

@@ -28,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "wgmma wait inside loops, and TMA.",
     )
     parser.add_argument("--op", action="append", metavar="NAME",
-                        help="an op-table row or a Gluon kernel (gluon_gemm, gluon_attention_fwd) (repeat; "
-                        "default: every row with a kernel, and gluon_gemm)")  # fmt: skip
+                        help="an op-table row or a Gluon kernel (gluon_gemm, gluon_attention_fwd, "
+                        "gluon_attention_bwd) (repeat; default: every row with a kernel, and "
+                        "gluon_gemm)")  # fmt: skip
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip

@@ -555,21 +555,46 @@ def gluon_attention_problem(*, head_dim: int, dtype: str, seq: int, heads: int, 
 
 
 def _gluon_attention(op: str, options: Options) -> Iterator[Problem]:
-    """Causal and not at each head dim (64 and 128 of ``options.head_dims``), in each 16-bit dtype."""
+    """Causal and not at each head dim (64 and 128 of ``options.head_dims``), in each 16-bit dtype: the
+    forward or (``gluon_attention_bwd``) the backward."""
+    make = gluon_attention_bwd_problem if op == "gluon_attention_bwd" else gluon_attention_problem
     for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
         for head_dim in [d for d in options.head_dims if d in (64, 128)]:
             for is_causal in options.causal:
-                yield gluon_attention_problem(head_dim=head_dim, dtype=dtype, seq=options.seq,
-                                              heads=options.heads, is_causal=is_causal)  # fmt: skip
+                yield make(head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
+                           is_causal=is_causal)  # fmt: skip
+
+
+def gluon_attention_bwd_problem(*, head_dim: int, dtype: str, seq: int, heads: int,
+                                heads_kv: int | None = None, is_causal: bool = False) -> Problem:  # fmt: skip
+    """:func:`llm_speed.gluon.attention_bwd.backward` over one sequence of ``seq`` tokens (out and lse drawn:
+    the build does not depend on their values)."""
+    heads_kv = heads_kv or heads
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.gluon.attention_bwd import backward
+
+        q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, _torch_dtype(dtype))
+        out, dout = torch.empty_like(q).normal_(), torch.empty_like(q).normal_()
+        lse = torch.empty(q.shape[:3]).normal_()
+        with recording():
+            backward(q, k, v, out, lse, dout, is_causal=is_causal)
+
+    label = f"d{head_dim} {dtype} s{seq} h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")
+    return Problem("gluon_attention_bwd", label + " causal" * is_causal, run)
 
 
 GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "gluon_gemm": _gluon_gemm,
     "gluon_attention_fwd": _gluon_attention,
+    "gluon_attention_bwd": _gluon_attention,
 }
 # The Gluon kernels of the default set (and so of make test's shipped set). The forward attention takes
 # 4-20 s a compile on one core of the shared development CPU (sm_90a, Triton 3.6): `--op
-# gluon_attention_fwd` reports it, and tests/gluon compiles one variant of it.
+# gluon_attention_fwd` reports it, and tests/gluon compiles one variant of it; the backward likewise (`--op
+# gluon_attention_bwd`).
 GLUON_DEFAULT = ("gluon_gemm",)
 
 

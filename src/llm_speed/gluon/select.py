@@ -1,0 +1,129 @@
+"""Whether an attention call may run the Gluon kernels (issue 73, stage 3): pure choices over the call's
+tensors, options and launch policy, with no launch. The attention launcher asks
+:func:`gluon_forward_applies` / :func:`gluon_backward_applies` and runs its Triton kernels wherever the
+answer is False: other GPUs, CPU tensors, the interpreter, shapes or options the Gluon kernels do not take,
+and every head dim the policy does not name (none as shipped: no GPU has proven them;
+``llm_speed.core.policy``, candidates ``gluon-forward`` and ``gluon-backward``). The ``*_refusal``
+functions say why not, for tests and ``doctor``."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import runtime
+from ..core.hardware import hardware_of
+from ..core.policy import LaunchPolicy, current_policy
+from .attention import DTYPES, HEAD_DIMS
+from .launch import CAPABILITY
+
+
+def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, *, window, softcap, alibi_slopes,
+             dropout_p: float, descales, two_pass: bool) -> str | None:  # fmt: skip
+    """Why the Gluon kernels do not take this call (shared by both directions), or None."""
+    tensors = (q, k, v)
+    if not all(isinstance(x, torch.Tensor) for x in tensors):
+        return "q, k and v are not all tensors"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not dense [B, H, S, D] tensors (packed sequences or a paged cache)"
+    head_dim = q.shape[-1]
+    if head_dim not in head_dims:
+        return f"head dim {head_dim} not in the policy's {field} {head_dims}"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim}: the Gluon kernels take {HEAD_DIMS}"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or descales is not None:
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp16 or bf16 alike only (no fp8)"
+    if window is not None and window != (None, None):
+        return "a sliding window"
+    if softcap is not None:
+        return "a softcap"
+    if alibi_slopes is not None:
+        return "ALiBi slopes"
+    if dropout_p:
+        return "dropout"
+    if two_pass:
+        return "the two-pass (tiled) forward was asked for"
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != head_dim:
+        return "k and v shapes that do not match q's"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return "q's heads are not a multiple of k's"
+    if q.numel() == 0 or k.shape[2] == 0:
+        return "an empty batch, query or key sequence"
+    if not all(x.is_contiguous() for x in tensors):
+        return "not contiguous [B, H, S, D] (the kernels read a 2-D view by TMA)"
+    if any(x.data_ptr() % 16 for x in tensors):
+        return "a base that is not 16-byte aligned (TMA)"
+    if len({x.device for x in tensors}) != 1:
+        return "tensors on several devices"
+    return device_refusal(q.device)
+
+
+def device_refusal(device: torch.device) -> str | None:
+    """Why the Gluon kernels do not run on ``device`` (not CUDA, or not compute capability 9.0), or None.
+    Under :func:`llm_speed.core.launch.simulated_gpu` a CPU device stands for the stand-in GPU (as
+    :func:`llm_speed.gluon.launch.check_device` takes it): the A/B's ``--check`` and the kernel report see
+    the launch a GPU would make."""
+    if device.type == "cpu" and runtime.SIMULATED_GPU:
+        capability = tuple(hardware_of(device).compute_capability)
+    elif device.type != "cuda":
+        return f"tensors on {device}, not CUDA"
+    else:
+        capability = tuple(torch.cuda.get_device_capability(device))
+    if capability != CAPABILITY:
+        return f"compute capability {capability}, not {CAPABILITY} (sm_90a)"
+    return None
+
+
+def gluon_forward_refusal(q, k, v, *, window=None, softcap=None, alibi_slopes=None, dropout_p: float = 0.0,
+                          descales=None, two_pass: bool = False,
+                          policy: LaunchPolicy | None = None) -> str | None:  # fmt: skip
+    """Why :func:`llm_speed.gluon.attention.forward` does not take this dense attention forward under
+    ``policy`` (None: the current one), or None when it does. ``window``: (left, right) or None; ``descales``:
+    fp8's, None for 16-bit."""
+    policy = current_policy() if policy is None else policy
+    return _refusal(q, k, v, policy.gluon_forward_head_dims, "gluon_forward_head_dims", window=window,
+                    softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, descales=descales,
+                    two_pass=two_pass)  # fmt: skip
+
+
+def gluon_forward_applies(q, k, v, *, window=None, softcap=None, alibi_slopes=None, dropout_p: float = 0.0,
+                          descales=None, two_pass: bool = False,
+                          policy: LaunchPolicy | None = None) -> bool:  # fmt: skip
+    """True when the attention launcher's dense forward should run the Gluon forward
+    (:func:`gluon_forward_refusal` finds no reason not to)."""
+    return gluon_forward_refusal(q, k, v, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                 dropout_p=dropout_p, descales=descales, two_pass=two_pass,
+                                 policy=policy) is None  # fmt: skip
+
+
+def gluon_backward_refusal(q, k, v, out, dout, *, deterministic: bool = False, window=None, softcap=None,
+                           alibi_slopes=None, dropout_p: float = 0.0,
+                           policy: LaunchPolicy | None = None) -> str | None:  # fmt: skip
+    """Why :func:`llm_speed.gluon.attention_bwd.backward` does not take this dense attention backward under
+    ``policy``, or None when it does. ``deterministic``: a bitwise-repeatable backward was asked for (the
+    call's flag or ``torch.are_deterministic_algorithms_enabled()``; not a tier's default dQ kernel): the
+    Gluon backward adds dQ by atomics, so it refuses."""
+    policy = current_policy() if policy is None else policy
+    why = _refusal(q, k, v, policy.gluon_backward_head_dims, "gluon_backward_head_dims", window=window,
+                   softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, descales=None,
+                   two_pass=False)  # fmt: skip
+    if why is not None:
+        return why
+    if deterministic or torch.are_deterministic_algorithms_enabled():
+        return "a deterministic backward was asked for (the Gluon backward adds dQ by atomics)"
+    for name, x in (("out", out), ("dout", dout)):
+        if not (isinstance(x, torch.Tensor) and x.shape == q.shape and x.dtype == q.dtype
+                and x.device == q.device):  # fmt: skip
+            return f"{name} is not a {tuple(q.shape)} {q.dtype} tensor on q's device"
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        return "out is not contiguous and 16-byte aligned"
+    return None
+
+
+def gluon_backward_applies(q, k, v, out, dout, *, deterministic: bool = False, window=None, softcap=None,
+                           alibi_slopes=None, dropout_p: float = 0.0,
+                           policy: LaunchPolicy | None = None) -> bool:  # fmt: skip
+    """True when the attention launcher's dense backward should run the Gluon backward
+    (:func:`gluon_backward_refusal` finds no reason not to)."""
+    return gluon_backward_refusal(q, k, v, out, dout, deterministic=deterministic, window=window,
+                                  softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                  policy=policy) is None  # fmt: skip

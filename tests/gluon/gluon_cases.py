@@ -1,0 +1,35 @@
+"""What the Gluon attention tests share: the GPU tests' marks and shapes, and one kernel-report row compiled
+for an H100 by the GPU machine's Triton 3.6 (the build tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_speed.kernel_report import report
+
+HOPPER_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+        reason="needs a compute capability 9.0 GPU (H100, H200)",
+    ),
+]
+
+# (batch, heads, heads_kv, seq_q, seq_kv): MHA and GQA, ragged lengths both ways, one token
+SHAPES = [(2, 16, 16, 4096, 4096), (1, 32, 8, 1024, 1024), (3, 8, 1, 113, 127), (2, 4, 2, 129, 17),
+          (1, 4, 4, 1, 1), (1, 8, 2, 300, 2000)]  # fmt: skip
+
+
+def compiled_row(op: str, head_dim: int, is_causal: bool, dtype: str) -> dict:
+    """The kernel report's one row for Gluon kernel ``op`` at that variant (4096 tokens, 16 heads), compiled
+    for an H100 with Triton 3.6; skips where that Triton is not unpacked (outside ``make test``)."""
+    build = report.gpu_build()
+    if build is None:
+        pytest.skip(f"the GPU machine's Triton is not unpacked ({report.GPU_BUILD_ENV} unset): `make test`")
+    options = {"head_dims": [head_dim], "causal": [is_causal], "dtypes": [dtype]}
+    result = report.run_report(gpu="h100-sxm", ops=[op], options=options, workers=1, build=build,
+                               timeout=600)  # fmt: skip
+    assert result["triton"] == "3.6.0"
+    (only,) = result["rows"]
+    return only
