@@ -630,8 +630,9 @@ _VARIANTS = (
 def shipped_problems(backward_paths: tuple[str, ...] = ("default", "deterministic")) -> list[Problem]:
     """Problems that make the launchers pick every row of the attention tier of the stand-in GPU (dtype
     class x head dim x direction, each head dim 64, 128 and 256 once; float16's rows once in float16 and once
-    in bfloat16), forward (flash and tiled) and backward (both paths), in rotating mask variants; the other
-    ops' configurations follow from their sizes and are those of :func:`default_problems`."""
+    in bfloat16), forward and backward (both paths), in rotating mask variants; the other ops'
+    configurations, and the lesson's two-pass forward (``tiled_attention``, the flash kernel's tiles with a
+    second pass), follow from their sizes and are those of :func:`default_problems`."""
     problems = []
     rows = [(dtype, head_dim) for head_dim in (64, 128, 256) for dtype in ("fp16", "bf16", "fp32")]
     for i, (dtype, head_dim) in enumerate(rows):
@@ -644,8 +645,6 @@ def shipped_problems(backward_paths: tuple[str, ...] = ("default", "deterministi
         seq, heads = (1000, 8) if variant.get("sequences") else (4096, 16)
         common = dict(head_dim=head_dim, dtype=dtype, seq=seq, heads=heads, **variant)
         problems.append(attention_problem(op, **common))
-        if op == "flash_attention":
-            problems.append(attention_problem("tiled_attention", **common))
         for path in backward_paths:
             problems.append(attention_problem(op + "_backward", backward=path, **common))
     return problems
