@@ -1,0 +1,170 @@
+"""The mask and score options of one attention call as one value: :class:`ScoreMods`.
+
+Which keys a query sees (the causal flag and a local window) and how its scores change before the softmax
+(a softcap, ALiBi slopes, dropout with its random state) travel from the op implementations through the
+launchers, the plans and the reference as one immutable value, in the spirit of FlexAttention's
+``mask_mod``/``score_mod`` (PyTorch, ``torch.nn.attention.flex_attention``) and FlashAttention-4's mask module
+(Dao-AILab/flash-attention ``flash_attn/cute/mask.py``): host-side only, the kernels keep their constexpr
+switches, which the plans read off the value's :attr:`ScoreMods.key`.
+
+The ``torch.library`` ops keep flat, schema-typed arguments (``torch.compile`` and fake tensors read those):
+a call crosses the op boundary flat (:meth:`ScoreMods.op_args`) and the implementation rebuilds the value
+once (:func:`from_op`). The public functions check each option with ``checks.py`` before any work
+(:func:`checked` for a value built from a user's arguments)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import NamedTuple
+
+import torch
+
+from ..core.args import check_flag
+from .checks import check_alibi_slopes, check_dropout, check_softcap, check_window
+
+
+class MaskKey(NamedTuple):
+    """What a plan reads of a call's options (hashable, no tensor): the causal flag, the window's sides as
+    given (None: unbounded), whether scores are capped, the dims of the ALiBi slopes (0 without; 1:
+    ``[heads_q]``; 2: ``[batch, heads_q]``) and whether dropout is on."""
+
+    is_causal: bool = False
+    left: int | None = None
+    right: int | None = None
+    capped: bool = False
+    alibi: int = 0
+    dropout: bool = False
+
+    @property
+    def has_left(self) -> bool:
+        """Keys are bounded on the left (``HAS_LEFT``)."""
+        return self.left is not None
+
+    @property
+    def has_right(self) -> bool:
+        """Keys are bounded on the right (``HAS_RIGHT``): a causal mask is a right bound of 0."""
+        return self.is_causal or self.right is not None
+
+    @property
+    def right_bound(self) -> int:
+        """The right bound the kernels take (``window_right``): 0 when causal or unbounded."""
+        return 0 if self.is_causal or self.right is None else self.right
+
+
+_Fields = namedtuple(
+    "_Fields", ("is_causal", "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "rng",
+                "key"),
+)  # fmt: skip
+
+
+class ScoreMods(_Fields):
+    """The mask and score options of one call, immutable. Fields as the kernels read them (already checked:
+    build one from a user's arguments with :func:`checked`):
+
+    - ``is_causal``: query i sees keys ``j <= i + seq_kv - seq_q`` (bottom-right aligned);
+    - ``window_left``, ``window_right``: the local window's sides, None for an unbounded one;
+    - ``softcap``: ``c`` (scores become ``c * tanh(s / c)``) or None;
+    - ``alibi_slopes``: float32 ``[heads_q]`` or ``[batch, heads_q]`` contiguous, or None;
+    - ``dropout_p`` in [0, 1) and ``rng``, the int64 (seed, offset) of its Philox draws (None when 0);
+    - ``key``: the :class:`MaskKey` plans are keyed on, made once here.
+
+    A tuple underneath (cheap to make, read and hash); equal when every option is and the tensors are the
+    same objects."""
+
+    __slots__ = ()
+
+    def __new__(cls, is_causal: bool = False, window_left: int | None = None,
+                window_right: int | None = None, softcap: float | None = None,
+                alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
+                rng: torch.Tensor | None = None):  # fmt: skip
+        key = MaskKey(is_causal, window_left, window_right, softcap is not None,
+                      0 if alibi_slopes is None else alibi_slopes.dim(), dropout_p > 0.0)  # fmt: skip
+        fields = (is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng, key)
+        return tuple.__new__(cls, fields)
+
+    def __getnewargs__(self):  # copy and pickle rebuild the key
+        return tuple(self[:7])
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not ScoreMods:
+            return NotImplemented
+        return (self[:4] == other[:4] and self.dropout_p == other.dropout_p
+                and self.alibi_slopes is other.alibi_slopes and self.rng is other.rng)  # fmt: skip
+
+    def __ne__(self, other) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((*self[:4], self.dropout_p, id(self.alibi_slopes), id(self.rng)))
+
+    def __repr__(self) -> str:
+        shown = [f"{name}={value!r}" for name, value in zip(self._fields[:7], self[:7], strict=True)
+                 if value is not _DEFAULTS[name]]  # fmt: skip
+        return f"ScoreMods({', '.join(shown)})"
+
+    @property
+    def window(self) -> tuple[int | None, int | None] | None:
+        """``(left, right)`` as the public functions take it, None without a window."""
+        if self.window_left is None and self.window_right is None:
+            return None
+        return self.window_left, self.window_right
+
+    @property
+    def capped(self) -> bool:
+        return self.softcap is not None
+
+    @property
+    def alibi_dims(self) -> int:
+        return self.key.alibi
+
+    @property
+    def dropout(self) -> bool:
+        return self.key.dropout
+
+    @property
+    def cap(self) -> float:
+        """The kernels' ``softcap`` argument (1.0, never read, when scores are not capped)."""
+        return 1.0 if self.softcap is None else self.softcap
+
+    @property
+    def extras(self) -> bool:
+        """Whether the call has a per-call tensor (ALiBi slopes, dropout's rng) for the kernels."""
+        return self.alibi_slopes is not None or self.rng is not None
+
+    def op_args(self) -> tuple:
+        """The flat op arguments, in the schemas' order: (is_causal, window_left, window_right, softcap,
+        alibi_slopes, dropout_p, rng); :func:`from_op` takes them back."""
+        return tuple(self[:7])
+
+
+_DEFAULTS = {"is_causal": False, "window_left": None, "window_right": None, "softcap": None,
+             "alibi_slopes": None, "dropout_p": 0.0, "rng": None}  # fmt: skip
+
+# The common calls' values, made once: no construction on their path.
+NO_MODS = ScoreMods()
+CAUSAL = ScoreMods(True)
+
+
+def from_op(is_causal: bool, window_left=None, window_right=None, softcap=None, alibi_slopes=None,
+            dropout_p: float = 0.0, rng=None) -> ScoreMods:  # fmt: skip
+    """The value of an op's flat arguments (already checked by the public function: the op boundary's
+    other direction is :meth:`ScoreMods.op_args`)."""
+    if (window_left is None and window_right is None and softcap is None and alibi_slopes is None
+            and rng is None and not dropout_p):  # fmt: skip
+        return CAUSAL if is_causal else NO_MODS
+    return ScoreMods(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
+
+
+def checked(is_causal=False, window=None, softcap=None, alibi_slopes=None, dropout_p=0.0, *, batch: int,
+            heads_q: int, device) -> ScoreMods:  # fmt: skip
+    """The value of a user's arguments, each checked as the public functions check it (a ValueError or
+    TypeError naming the argument): ``is_causal`` a bool, ``window`` None or ``(left, right)``, ``softcap``
+    None or a finite float > 0, ``alibi_slopes`` float32 ``[heads_q]`` or ``[batch, heads_q]`` on
+    ``device``, ``dropout_p`` in [0, 1) (its (seed, offset) drawn here from ``device``'s generator)."""
+    is_causal = check_flag("is_causal", is_causal)
+    left, right = check_window(window) or (None, None)
+    softcap = check_softcap(softcap)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, batch, heads_q, device)
+    dropout_p, rng = check_dropout(dropout_p, device)
+    return from_op(is_causal, left, right, softcap, alibi_slopes, dropout_p, rng)
