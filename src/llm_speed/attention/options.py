@@ -1,16 +1,18 @@
 """The mask and score options of one attention call as one value: :class:`ScoreMods`.
 
-Which keys a query sees (the causal flag and a local window) and how its scores change before the softmax
-(a softcap, ALiBi slopes, dropout with its random state) travel from the op implementations through the
-launchers, the plans and the reference as one immutable value, in the spirit of FlexAttention's
-``mask_mod``/``score_mod`` (PyTorch, ``torch.nn.attention.flex_attention``) and FlashAttention-4's mask module
-(Dao-AILab/flash-attention ``flash_attn/cute/mask.py``): host-side only, the kernels keep their constexpr
-switches, which the plans read off the value's :attr:`ScoreMods.key`.
+Which keys a query sees (the causal flag and a local window) and how its scores change before the softmax (a
+softcap, ALiBi slopes, dropout with its random state) travel from the op implementations through the
+launchers and the plans as one immutable value (the reference takes its fields), in the spirit of
+FlexAttention's ``mask_mod``/``score_mod`` (PyTorch, ``torch.nn.attention.flex_attention``) and
+FlashAttention-4's mask module (Dao-AILab/flash-attention ``flash_attn/cute/mask.py``): host-side only, the
+kernels keep their constexpr switches, which the plans read off the value's :attr:`ScoreMods.key`.
 
-The ``torch.library`` ops keep flat, schema-typed arguments (``torch.compile`` and fake tensors read those):
-a call crosses the op boundary flat (:meth:`ScoreMods.op_args`) and the implementation rebuilds the value
-once (:func:`from_op`). The public functions check each option with ``checks.py`` before any work
-(:func:`checked` for a value built from a user's arguments)."""
+The ``torch.library`` ops keep flat, schema-typed arguments (``torch.compile``, fake tensors and autograd's
+saved arguments read those): a call crosses the op boundary as the schema's ``is_causal``, ``window_left``,
+``window_right``, ``softcap``, ``alibi_slopes``, ``dropout_p`` and ``rng``, and each op implementation
+rebuilds the value once, with :func:`from_op` (no construction for the common calls: :data:`NO_MODS`,
+:data:`CAUSAL`). The public functions check each option with ``checks.py`` before any work, so a value holds
+checked options only."""
 
 from __future__ import annotations
 
@@ -18,9 +20,6 @@ from collections import namedtuple
 from typing import NamedTuple
 
 import torch
-
-from ..core.args import check_flag
-from .checks import check_alibi_slopes, check_dropout, check_softcap, check_window
 
 
 class MaskKey(NamedTuple):
@@ -58,8 +57,8 @@ _Fields = namedtuple(
 
 
 class ScoreMods(_Fields):
-    """The mask and score options of one call, immutable. Fields as the kernels read them (already checked:
-    build one from a user's arguments with :func:`checked`):
+    """The mask and score options of one call, immutable. Fields as the kernels read them (checked by the
+    public functions):
 
     - ``is_causal``: query i sees keys ``j <= i + seq_kv - seq_q`` (bottom-right aligned);
     - ``window_left``, ``window_right``: the local window's sides, None for an unbounded one;
@@ -86,14 +85,13 @@ class ScoreMods(_Fields):
         return tuple(self[:7])
 
     def __eq__(self, other) -> bool:
-        if type(other) is not ScoreMods:
-            return NotImplemented
+        if type(other) is not ScoreMods:  # not even a tuple of the same fields: a value, not a sequence
+            return False
         return (self[:4] == other[:4] and self.dropout_p == other.dropout_p
                 and self.alibi_slopes is other.alibi_slopes and self.rng is other.rng)  # fmt: skip
 
     def __ne__(self, other) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
+        return not self.__eq__(other)
 
     def __hash__(self) -> int:
         return hash((*self[:4], self.dropout_p, id(self.alibi_slopes), id(self.rng)))
@@ -132,11 +130,6 @@ class ScoreMods(_Fields):
         """Whether the call has a per-call tensor (ALiBi slopes, dropout's rng) for the kernels."""
         return self.alibi_slopes is not None or self.rng is not None
 
-    def op_args(self) -> tuple:
-        """The flat op arguments, in the schemas' order: (is_causal, window_left, window_right, softcap,
-        alibi_slopes, dropout_p, rng); :func:`from_op` takes them back."""
-        return tuple(self[:7])
-
 
 _DEFAULTS = {"is_causal": False, "window_left": None, "window_right": None, "softcap": None,
              "alibi_slopes": None, "dropout_p": 0.0, "rng": None}  # fmt: skip
@@ -148,23 +141,10 @@ CAUSAL = ScoreMods(True)
 
 def from_op(is_causal: bool, window_left=None, window_right=None, softcap=None, alibi_slopes=None,
             dropout_p: float = 0.0, rng=None) -> ScoreMods:  # fmt: skip
-    """The value of an op's flat arguments (already checked by the public function: the op boundary's
-    other direction is :meth:`ScoreMods.op_args`)."""
+    """The value of an op's flat arguments, already checked by the public function (the schemas' names:
+    each op passes those it has)."""
     if (window_left is None and window_right is None and softcap is None and alibi_slopes is None
             and rng is None and not dropout_p):  # fmt: skip
         return CAUSAL if is_causal else NO_MODS
     return ScoreMods(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
 
-
-def checked(is_causal=False, window=None, softcap=None, alibi_slopes=None, dropout_p=0.0, *, batch: int,
-            heads_q: int, device) -> ScoreMods:  # fmt: skip
-    """The value of a user's arguments, each checked as the public functions check it (a ValueError or
-    TypeError naming the argument): ``is_causal`` a bool, ``window`` None or ``(left, right)``, ``softcap``
-    None or a finite float > 0, ``alibi_slopes`` float32 ``[heads_q]`` or ``[batch, heads_q]`` on
-    ``device``, ``dropout_p`` in [0, 1) (its (seed, offset) drawn here from ``device``'s generator)."""
-    is_causal = check_flag("is_causal", is_causal)
-    left, right = check_window(window) or (None, None)
-    softcap = check_softcap(softcap)
-    alibi_slopes = check_alibi_slopes(alibi_slopes, batch, heads_q, device)
-    dropout_p, rng = check_dropout(dropout_p, device)
-    return from_op(is_causal, left, right, softcap, alibi_slopes, dropout_p, rng)
