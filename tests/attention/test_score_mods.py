@@ -82,13 +82,13 @@ def test_derived_mask_properties(mods, left, right, has_left, has_right):
 
 def test_derived_score_properties():
     assert not NO_MODS.capped and NO_MODS.cap == 1.0 and not NO_MODS.dropout and NO_MODS.alibi_dims == 0
-    assert not NO_MODS.extras and NO_MODS.window is None
+    assert NO_MODS.window is None and ScoreMods(window_left=3).window == (3, None)
     capped = ScoreMods(softcap=30.0)
-    assert capped.capped and capped.cap == 30.0 and not capped.extras
+    assert capped.capped and capped.cap == 30.0
     slopes = ScoreMods(alibi_slopes=torch.ones(3, 4))
-    assert slopes.alibi_dims == 2 and slopes.extras
+    assert slopes.alibi_dims == 2 and not slopes.dropout
     dropped = ScoreMods(dropout_p=0.5, rng=torch.zeros(2, dtype=torch.int64))
-    assert dropped.dropout and dropped.extras and dropped.alibi_dims == 0
+    assert dropped.dropout and dropped.alibi_dims == 0 and not dropped.capped
 
 
 def test_from_op_makes_nothing_for_the_common_calls():
@@ -96,6 +96,10 @@ def test_from_op_makes_nothing_for_the_common_calls():
     assert from_op(False, None, None, None, None, 0.0, None) is NO_MODS
     mods = from_op(True, 3, None, 20.0)
     assert mods == ScoreMods(True, 3, None, 20.0) and mods is not CAUSAL
+    assert from_op(True, 3, None, 20.0) is mods  # options without a tensor: made once
+    assert from_op(True, 3, None, 20) is not mods and type(from_op(True, 3, None, 20).softcap) is int
+    slopes = torch.ones(4)
+    assert from_op(True, 3, None, 20.0, slopes) is not from_op(True, 3, None, 20.0, slopes)  # (per call)
     assert from_op(False, None, 0) == ScoreMods(False, None, 0) != CAUSAL  # (the decode step's causal)
     assert decode_launch.DECODE_CAUSAL.key.has_right and decode_launch.DECODE_CAUSAL.key.right_bound == 0
 

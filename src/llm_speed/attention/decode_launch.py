@@ -311,7 +311,6 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     reads no tensor value on the host (where Triton cannot run, the float32 reference reads the CPU index
     tensors); reports its work once per call. The op's implementation: its window, cap and slopes made one
     :class:`ScoreMods`."""
-    mods = from_op(False, window_left, window_right, softcap, alibi_slopes)
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -325,6 +324,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
             cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
             k_descale, v_descale,
         )  # fmt: skip
+    mods = from_op(False, window_left, window_right, softcap, alibi_slopes)
     plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, mods, num_splits)
     plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
     if plain:  # a 16-bit cache, or an fp8 cache alone (the serving case): no other option's work

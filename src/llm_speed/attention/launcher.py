@@ -74,10 +74,10 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
         plan = forward_plan(*key, descales=descale_key(descales), v_transposed=True, lse=True,
                              policy=current_policy())
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
-    if descales is None and not mods.extras:  # the common call: five tensors
+    if descales is None and mods.alibi_slopes is None and mods.rng is None:  # the common call: five tensors
         _launch_dense(plan, q, k, v, out, lse, scale, mods.cap, mods.dropout_p)
     else:  # the slopes, seeds and descales a class has (the plan compiled out those it has not)
-        extras = descale_inputs(descales)
+        extras = {} if descales is None else descale_inputs(descales)
         if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
             extras.update(K_DESC=k, V_DESC=v)
         if mods.alibi_slopes is not None:

@@ -16,6 +16,7 @@ checked options only."""
 
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 from typing import NamedTuple
 
@@ -50,9 +51,10 @@ class MaskKey(NamedTuple):
         return 0 if self.is_causal or self.right is None else self.right
 
 
+_new = tuple.__new__  # a namedtuple's own __new__ is a Python function: half the cost of a value
 _Fields = namedtuple(
     "_Fields", ("is_causal", "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "rng",
-                "key"),
+                "key", "window", "cap"),
 )  # fmt: skip
 
 
@@ -65,10 +67,12 @@ class ScoreMods(_Fields):
     - ``softcap``: ``c`` (scores become ``c * tanh(s / c)``) or None;
     - ``alibi_slopes``: float32 ``[heads_q]`` or ``[batch, heads_q]`` contiguous, or None;
     - ``dropout_p`` in [0, 1) and ``rng``, the int64 (seed, offset) of its Philox draws (None when 0);
-    - ``key``: the :class:`MaskKey` plans are keyed on, made once here.
+    - derived once here, read on every call: ``key``, the :class:`MaskKey` plans are keyed on; ``window``,
+      ``(left, right)`` as the public functions take it (None without a window: the profiler's report);
+      ``cap``, the kernels' ``softcap`` argument (1.0, never read, when scores are not capped).
 
-    A tuple underneath (cheap to make, read and hash); equal when every option is and the tensors are the
-    same objects."""
+    A tuple underneath: cheap to make and hash, its fields read in C (a property costs a Python call on
+    every launch); equal when every option is and the tensors are the same objects."""
 
     __slots__ = ()
 
@@ -76,10 +80,11 @@ class ScoreMods(_Fields):
                 window_right: int | None = None, softcap: float | None = None,
                 alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
                 rng: torch.Tensor | None = None):  # fmt: skip
-        key = MaskKey(is_causal, window_left, window_right, softcap is not None,
-                      0 if alibi_slopes is None else alibi_slopes.dim(), dropout_p > 0.0)  # fmt: skip
-        fields = (is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng, key)
-        return tuple.__new__(cls, fields)
+        key = _new(MaskKey, (is_causal, window_left, window_right, softcap is not None,
+                             0 if alibi_slopes is None else alibi_slopes.dim(), dropout_p > 0.0))  # fmt: skip
+        window = None if window_left is None and window_right is None else (window_left, window_right)
+        return _new(cls, (is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng, key,
+                          window, 1.0 if softcap is None else softcap))  # fmt: skip
 
     def __getnewargs__(self):  # copy and pickle rebuild the key
         return tuple(self[:7])
@@ -102,13 +107,6 @@ class ScoreMods(_Fields):
         return f"ScoreMods({', '.join(shown)})"
 
     @property
-    def window(self) -> tuple[int | None, int | None] | None:
-        """``(left, right)`` as the public functions take it, None without a window."""
-        if self.window_left is None and self.window_right is None:
-            return None
-        return self.window_left, self.window_right
-
-    @property
     def capped(self) -> bool:
         return self.softcap is not None
 
@@ -119,16 +117,6 @@ class ScoreMods(_Fields):
     @property
     def dropout(self) -> bool:
         return self.key.dropout
-
-    @property
-    def cap(self) -> float:
-        """The kernels' ``softcap`` argument (1.0, never read, when scores are not capped)."""
-        return 1.0 if self.softcap is None else self.softcap
-
-    @property
-    def extras(self) -> bool:
-        """Whether the call has a per-call tensor (ALiBi slopes, dropout's rng) for the kernels."""
-        return self.alibi_slopes is not None or self.rng is not None
 
 
 _DEFAULTS = {"is_causal": False, "window_left": None, "window_right": None, "softcap": None,
@@ -142,9 +130,16 @@ CAUSAL = ScoreMods(True)
 def from_op(is_causal: bool, window_left=None, window_right=None, softcap=None, alibi_slopes=None,
             dropout_p: float = 0.0, rng=None) -> ScoreMods:  # fmt: skip
     """The value of an op's flat arguments, already checked by the public function (the schemas' names:
-    each op passes those it has)."""
-    if (window_left is None and window_right is None and softcap is None and alibi_slopes is None
-            and rng is None and not dropout_p):  # fmt: skip
-        return CAUSAL if is_causal else NO_MODS
+    each op passes those it has). Values without a tensor are made once (:func:`_tensor_free`)."""
+    if alibi_slopes is None and rng is None and not dropout_p:
+        if window_left is None and window_right is None and softcap is None:
+            return CAUSAL if is_causal else NO_MODS
+        return _tensor_free(is_causal, window_left, window_right, softcap)
     return ScoreMods(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
 
+
+# A model has a few windows and caps: a lookup instead of a new value a call (typed: a value holds the types
+# it was given)
+@functools.lru_cache(maxsize=256, typed=True)
+def _tensor_free(is_causal: bool, window_left, window_right, softcap) -> ScoreMods:
+    return ScoreMods(is_causal, window_left, window_right, softcap)
