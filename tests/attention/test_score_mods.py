@@ -29,6 +29,8 @@ def test_defaults_and_fields():
     assert mods.key == MaskKey(True, 7, None, True, 2, True)
     assert mods.alibi_slopes is slopes and mods.rng is rng and mods.dropout_p == 0.25
     assert repr(ScoreMods(True, 7, softcap=30.0)) == "ScoreMods(is_causal=True, window_left=7, softcap=30.0)"
+    assert repr(ScoreMods(window_right=0, dropout_p=float("0.0"))) == "ScoreMods(window_right=0)"
+    assert repr(ScoreMods(alibi_slopes=slopes)).startswith("ScoreMods(alibi_slopes=tensor(")
 
 
 def test_immutable():

@@ -102,8 +102,11 @@ class ScoreMods(_Fields):
         return hash((*self[:4], self.dropout_p, id(self.alibi_slopes), id(self.rng)))
 
     def __repr__(self) -> str:
-        shown = [f"{name}={value!r}" for name, value in zip(self._fields[:7], self[:7], strict=True)
-                 if value is not _DEFAULTS[name]]  # fmt: skip
+        shown = []
+        for name, value in zip(self._fields[:7], self[:7], strict=True):
+            default = _DEFAULTS[name]
+            if (value is not None) if default is None else value != default:  # (tensors: by None only)
+                shown.append(f"{name}={value!r}")
         return f"ScoreMods({', '.join(shown)})"
 
     @property
