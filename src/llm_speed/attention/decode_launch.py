@@ -363,7 +363,7 @@ def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table
         return out, None if lse_shape is None else torch.empty(lse_shape, dtype=_F32, device=device)
     runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
-        block_table=block_table, window=(mods.window_left, mods.window_right), cache_leftpad=cache_leftpad,
+        block_table=block_table, window=mods.window, cache_leftpad=cache_leftpad,
     )  # fmt: skip
     out = tensors.new_output(out_shape, q.dtype, device)
     lse = None if lse_shape is None else tensors.new_output(lse_shape, _F32, device)
@@ -371,7 +371,9 @@ def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table
     part = out if combine is None else tensors.new_output((workspace,), _F32, device)
     part_lse = lse if combine is None else part
     qk_scale_log2 = scale * _LOG2E
-    cap = mods.softcap if mods.softcap is not None else 0.0
+    cap = mods.softcap
+    if cap is None:  # (not read: HAS_SOFTCAP off)
+        cap = 0.0
     if mods.alibi_slopes is not None:
         extra = {**extra, "ALIBI": mods.alibi_slopes}
     if append is None and seq_new:  # the attention kernel appends them (see step_plans)

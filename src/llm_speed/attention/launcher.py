@@ -347,9 +347,13 @@ def _launch_varlen(plan: Plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sc
     cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
     used = lse if seqused_k is None else seqused_k
     table = lse if block_table is None else block_table
-    alibi = lse if mods.alibi_slopes is None else mods.alibi_slopes
-    rng = lse if mods.rng is None else mods.rng
-    softcap, dropout_p = mods.cap, mods.dropout_p
+    if mods is NO_MODS:  # the calls already checked: nothing to read
+        alibi = rng = lse
+        softcap, dropout_p = 1.0, 0.0
+    else:
+        alibi = lse if mods.alibi_slopes is None else mods.alibi_slopes
+        rng = lse if mods.rng is None else mods.rng
+        softcap, dropout_p = mods.cap, mods.dropout_p
     if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
         plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
                     SEQUSED_K=used, KV_TABLE=table, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
