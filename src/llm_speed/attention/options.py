@@ -141,8 +141,8 @@ def from_op(is_causal: bool, window_left=None, window_right=None, softcap=None, 
     return ScoreMods(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
 
 
-# A model has a few windows and caps: a lookup instead of a new value a call (typed: a value holds the types
-# it was given)
-@functools.lru_cache(maxsize=256, typed=True)
+# A model has a few windows and caps: a lookup instead of a new value a call (the checks and the ops' schemas
+# give ints and floats, so 30 and 30.0 never meet here)
+@functools.lru_cache(maxsize=256)
 def _tensor_free(is_causal: bool, window_left, window_right, softcap) -> ScoreMods:
     return ScoreMods(is_causal, window_left, window_right, softcap)
