@@ -573,6 +573,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from llm_speed.attention import decode, decode_launch
+from llm_speed.attention.options import MaskKey
 from llm_speed.core.policy import CANDIDATES
 from llm_speed.kernel_report.analysis import Sass
 
@@ -651,8 +652,9 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
     append, attend, combine, *_ = decode_launch.step_plans.__wrapped__(
         (batch, seq_q, heads_q, dim), strides((batch, seq_q, heads_q, dim)), cache, strides(cache),
         strides(cache), (batch, capacity // page) if paged else None,
-        (capacity // page, 1) if paged else None, 1, seq_new, new, dtype, left, right, softcap, 0,
-        torch.device("cpu"), options.get("batch_idx", False), options.get("leftpad", False), rotary, alibi,
+        (capacity // page, 1) if paged else None, 1, seq_new, new, dtype,
+        MaskKey(False, left, right, softcap), 0, torch.device("cpu"), options.get("batch_idx", False),
+        options.get("leftpad", False), rotary, alibi,
         (options["fp8"], (0, 1), (0, 1)) if "fp8" in options else None, lse=True, policy=POLICY,
     )
     assert combine is not None, "a split variant is meant"

@@ -20,6 +20,7 @@ from attention_testing import (
 
 from llm_speed import flash_attention
 from llm_speed.attention import flash, flash_attention_varlen, launcher
+from llm_speed.attention.options import MaskKey
 from llm_speed.attention.reference import reference_attention
 from llm_speed.core import launch
 from llm_speed.core.gpus import get_gpu
@@ -40,7 +41,7 @@ def _reference(q, k, v, dtype, **options):
 
 
 def _plan(q, k, v, is_causal=False, alibi=0, dropout=False, two_pass=False):
-    key = launcher._dense_plan_key(q, k, v, is_causal, False, None, None, False, two_pass, alibi, dropout)
+    key = launcher.dense_plan_key(q, k, v, MaskKey(is_causal, alibi=alibi, dropout=dropout), False, two_pass)
     return launcher.forward_plan(*key, aligned=launch.tma_aligned(k, v), lse=True, policy=current_policy())
 
 

@@ -10,6 +10,7 @@ from attention_testing import atomic_by_default, check_against_reference, make_q
 
 from llm_speed import flash_attention
 from llm_speed.attention import flash, launcher
+from llm_speed.attention.options import MaskKey
 from llm_speed.core import launch, runtime
 from llm_speed.core.policy import current_policy
 
@@ -49,8 +50,8 @@ def _plans(seq: int, dtype: torch.dtype, varlen: bool = False):
     batch = 1
     dtypes = (dtype, dtype, dtype, F32, None)
     return launcher.backward_plans(
-        shape, shape, stride, stride, stride, stride, stride, batch, dtypes, False, True, None, 0, False,
-        varlen, False, 0, False, torch.device("cpu"), policy=current_policy(),
+        shape, shape, stride, stride, stride, stride, stride, batch, dtypes, False, MaskKey(True, None, 0),
+        varlen, False, torch.device("cpu"), policy=current_policy(),
     )  # fmt: skip
 
 
@@ -77,8 +78,8 @@ def _forward_plan(seq: int, dtype: torch.dtype, varlen: bool = False, two_pass: 
     else:
         shape, stride = (1, heads, seq, d), (seq * heads * d, d, heads * d, 1)
     return launcher.forward_plan(
-        shape, shape, stride, stride, stride, 1, dtype, True, None, 0, False, two_pass, varlen, False, 0,
-        False, torch.device("cpu"), lse=True, policy=current_policy(),
+        shape, shape, stride, stride, stride, 1, dtype, MaskKey(True, None, 0), two_pass, varlen, False,
+        torch.device("cpu"), lse=True, policy=current_policy(),
     )  # fmt: skip
 
 

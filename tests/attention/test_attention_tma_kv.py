@@ -18,6 +18,7 @@ from attention_testing import (
 
 from llm_speed import flash_attention
 from llm_speed.attention import launcher
+from llm_speed.attention.options import MaskKey
 from llm_speed.core import launch
 from llm_speed.core.policy import current_policy, use_policy
 
@@ -29,7 +30,7 @@ def _tma_kv_loads(policy):
 
 
 def _plan(q, k, v, is_causal=False):
-    key = launcher._dense_plan_key(q, k, v, is_causal, False, None, None, False, False, 0, False)
+    key = launcher.dense_plan_key(q, k, v, MaskKey(is_causal), False)
     return launcher.forward_plan(*key, aligned=launch.tma_aligned(k, v), lse=True, policy=current_policy())
 
 
@@ -91,7 +92,7 @@ def test_layouts_a_descriptor_cannot_read_keep_pointer_loads(device, monkeypatch
     # d = 64, dropout and ALiBi: no gain or more spills in the report (the candidate's head dims)
     q64, k64, v64 = make_qkv(1, 2, 2, 128, 256, 64, torch.float16, device)
     assert not _plan(q64, k64, v64).descriptors
-    key = launcher._dense_plan_key(q, k, v, True, False, None, None, False, False, 1, True)
+    key = launcher.dense_plan_key(q, k, v, MaskKey(True, alibi=1, dropout=True), False)
     assert not launcher.forward_plan(*key, aligned=True, lse=True, policy=current_policy()).descriptors
     expected = flash_attention(q, k, v)
     for k_other, v_other in ((k_s, v_s), (k, v_s), (k_off, v)):

@@ -449,6 +449,10 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.
     rule); returned contiguous (every attention entry point with ALiBi checks it here)."""
     if alibi_slopes is None:
         return None
+    if (type(alibi_slopes) is torch.Tensor and alibi_slopes.dtype is torch.float32
+            and (alibi_slopes.shape == (heads_q,) or alibi_slopes.shape == (batch, heads_q))
+            and alibi_slopes.device == device and alibi_slopes.is_contiguous()):  # fmt: skip
+        return alibi_slopes  # the common case in a few comparisons (the checks below explain the others)
     check_tensor("alibi_slopes", alibi_slopes, dtypes=(torch.float32,))
     if alibi_slopes.shape != (heads_q,) and alibi_slopes.shape != (batch, heads_q):
         raise ValueError(
@@ -465,6 +469,8 @@ def check_dropout(dropout_p, device) -> tuple[float, torch.Tensor | None]:
     ``(seed, offset)`` pair drawn on ``device`` from PyTorch's default generator there (so
     ``torch.manual_seed`` reproduces a call, and a CUDA graph replays fresh draws): the kernels' Philox key
     and counter."""
+    if type(dropout_p) is float and dropout_p == 0.0:  # off: nothing to check
+        return 0.0, None
     dropout_p = check_real("dropout_p", dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")

@@ -104,6 +104,7 @@ from .checks import (
 )
 from .decode_kernels import KERNEL_APPEND, KERNEL_COMBINE, KERNEL_DECODE
 from .decode_launch import (
+    DECODE_CAUSAL,
     NO_INPUTS,
     appends_in_attention,
     cache_inputs,
@@ -115,6 +116,7 @@ from .decode_launch import (
     step_plan_args,
     step_plans,
 )
+from .options import NO_MODS
 
 # The op's public function, and the names other modules read from the op module (kernels and launch live in
 # decode_kernels.py and decode_launch.py).
@@ -641,8 +643,8 @@ def flash_attention_with_kvcache(
         if plans is not None:
             scale = check_scale(None, q) if scale is None else scale
             extra = NO_INPUTS if k_descale is None else {"K_DESCALE": k_descale, "V_DESCALE": v_descale}
-            out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, None,
-                            0 if is_causal else None, None, extra)  # fmt: skip
+            out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale,
+                                DECODE_CAUSAL if is_causal else NO_MODS, extra)  # fmt: skip
             return (out, lse) if return_lse else out
     fp8 = _check_tensors(q, k_cache, v_cache, k, v, block_table)
     is_causal = check_flag("is_causal", is_causal)
@@ -696,13 +698,12 @@ def flash_attention_with_kvcache(
         q.device
     ):  # a plain inference step, nothing copied: what the op would run, kept for the next such call (with
         # the LSE's stores compiled out unless it is asked for)
-        plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, left, right,
-                                   False, num_splits)  # fmt: skip
+        mods = DECODE_CAUSAL if is_causal else NO_MODS  # (no window: known)
+        plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, mods, num_splits)
         extra, optional_keys = cache_inputs(k_cache, k_descale, v_descale)
         plans = step_plans(*plan_args, *optional_keys, lse=return_lse, policy=current_policy())
         _DECODE_CALLS.put(known, plans)
-        out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right,
-                        None, extra)  # fmt: skip
+        out, lse = run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, mods, extra)
     elif optional or fp8:
         out, lse = _kvcache_call(
             q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, left, right, softcap, num_splits,

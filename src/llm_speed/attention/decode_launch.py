@@ -19,6 +19,7 @@ from ..matmul.fp8 import fp8_constants
 from . import reference
 from .blocks import MAX_TABLE_BLOCK
 from .decode_kernels import APPEND, COMBINE, FORWARD
+from .options import MaskKey, ScoreMods, from_op
 
 MAX_SPLITS = 128  # as flash-attn's split heuristic
 # Programs of 4 warps per SM that the split count fills: flash-attn counts two per SM for its 128-thread
@@ -126,8 +127,8 @@ def rotary_span(seq_new: int, seq_q: int, per_row: bool) -> int:
 def step_plans(
     q_shape: tuple, q_strides: tuple, cache_shape: tuple, k_strides: tuple, v_strides: tuple,
     table_shape: tuple | None, table_strides: tuple | None, seqlens_stride: int, seq_new: int,
-    new_strides: tuple | None, dtype: torch.dtype, window_left: int | None, window_right: int | None,
-    has_softcap: bool, num_splits: int, device: torch.device, batch_idx: bool = False, leftpad: bool = False,
+    new_strides: tuple | None, dtype: torch.dtype, mask: MaskKey, num_splits: int, device: torch.device,
+    batch_idx: bool = False, leftpad: bool = False,
     rotary: tuple | None = None, alibi_batch_stride: int | None = None, fp8: tuple | None = None, *,
     lse: bool, policy: LaunchPolicy,
 ) -> tuple:
@@ -135,8 +136,9 @@ def step_plans(
     None when ``lse`` is False (not asked for: its stores are compiled out), elements of the float32
     workspace of the split partials or 0 (no split)) of one problem class; shapes are plain tuples (cheaper
     to allocate from than a torch.Size); every caller spells ``lse``, so that a class's plans have one key
-    however they are asked for. ``new_strides`` = (k's strides, v's strides) when there are new tokens. The
-    optional inputs (contiguous):
+    however they are asked for. ``new_strides`` = (k's strides, v's strides) when there are new tokens;
+    ``mask``: the call's :attr:`ScoreMods.key` (the window and the cap; causal already a right bound of 0).
+    The optional inputs (contiguous):
     ``batch_idx`` and ``leftpad`` whether ``cache_batch_idx``/``cache_leftpad`` are given, ``rotary`` =
     (seqlen_ro, rotary_dim, the tables' dtype, interleaved) or None, ``alibi_batch_stride`` (0 for [heads_q]
     slopes, heads_q for [batch, heads_q]) or None, ``fp8`` = (the caches' fp8 dtype, (batch stride, head
@@ -151,7 +153,7 @@ def step_plans(
     num_blocks = cache_shape[0] if paged else 0
     stride_btb, stride_btp = table_strides if paged else (0, 0)
     seqlen_ro, rotary_dim, _, interleaved = rotary or (1, 0, None, False)
-    per_row = window_left is not None or window_right is not None
+    per_row = mask.has_left or mask.has_right
     max_cached = capacity - seq_new  # the largest valid cache_seqlens
     if rotary is not None:
         max_cached = min(max_cached, seqlen_ro - rotary_span(seq_new, seq_q, per_row))
@@ -209,10 +211,9 @@ def step_plans(
         seq_q=seq_q, seq_new=seq_new, max_cached=max_cached, heads_kv=heads_kv, group=group,
         head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, split_len=split_len(cfg, capacity),
         num_splits=cfg.splits, n_row_blocks=n_row_blocks,
-        window_left=window_left if window_left is not None else 0,
-        window_right=window_right if window_right is not None else 0,
-        PAGED=paged, HAS_LEFT=window_left is not None, HAS_RIGHT=window_right is not None,
-        HAS_SOFTCAP=has_softcap, SPLIT=split, **switches, **optional, **fp8_switches,
+        window_left=mask.left if mask.left is not None else 0, window_right=mask.right_bound,
+        PAGED=paged, HAS_LEFT=mask.has_left, HAS_RIGHT=mask.has_right, HAS_SOFTCAP=mask.capped, SPLIT=split,
+        **switches, **optional, **fp8_switches,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
         BLOCK_J=max(1, min(cfg.block_n, FUSED_APPEND_ELEMENTS // cfg.block_d)),
         BLOCK_P=next_power_of_2(min(max(1, table_shape[1] if paged else 1), MAX_TABLE_BLOCK)),
@@ -285,8 +286,8 @@ def cache_inputs(k_cache, k_descale, v_descale) -> tuple[dict, tuple]:
     return {"K_DESCALE": k_descale, "V_DESCALE": v_descale}, (False, False, None, None, fp8)
 
 
-def step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right,
-                   capped: bool, num_splits: int) -> tuple:  # fmt: skip
+def step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, mods: ScoreMods,
+                   num_splits: int) -> tuple:  # fmt: skip
     """:func:`step_plans`'s arguments but the optional inputs'."""
     seq_new = 0 if k is None else k.shape[1]
     paged = block_table is not None
@@ -294,7 +295,7 @@ def step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window
         q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape if paged else None, block_table.stride() if paged else None,
         cache_seqlens.stride(0), seq_new, (k.stride(), v.stride()) if seq_new else None, q.dtype,
-        window_left, window_right, capped, num_splits, q.device,
+        mods.key, num_splits, q.device,
     )  # fmt: skip
 
 
@@ -306,9 +307,10 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
     cache) into the caches, then attend; returns (out, lse). Arguments as checked by
     :func:`flash_attention_with_kvcache` (q, k, v with a contiguous last dim; cache_batch_idx,
     cache_leftpad, the rotary tables and the slopes contiguous; ``cache_seqlens`` an int32 tensor; the
-    descales given exactly when the caches are fp8). The Triton path reads no tensor value on the host
-    (where Triton cannot run, the float32 reference reads the CPU index tensors); reports its work once per
-    call."""
+    descales given exactly when the caches are fp8; a causal mask as ``window_right`` 0). The Triton path
+    reads no tensor value on the host (where Triton cannot run, the float32 reference reads the CPU index
+    tensors); reports its work once per call. The op's implementation: its window, cap and slopes made one
+    :class:`ScoreMods`."""
     q_shape = q.shape
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -322,8 +324,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
             cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, alibi_slopes,
             k_descale, v_descale,
         )  # fmt: skip
-    plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left,
-                               window_right, softcap is not None, num_splits)  # fmt: skip
+    mods = from_op(False, window_left, window_right, softcap, alibi_slopes)
+    plan_args = step_plan_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, mods, num_splits)
     plain = cache_batch_idx is None and cache_leftpad is None and rotary_cos is None and alibi_slopes is None
     if plain:  # a 16-bit cache, or an fp8 cache alone (the serving case): no other option's work
         extra, optional_keys = cache_inputs(k_cache, k_descale, v_descale)
@@ -332,15 +334,19 @@ def forward(q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
                                                 rotary_interleaved, alibi_slopes, k_cache, k_descale,
                                                 v_descale)  # fmt: skip
     plans = step_plans(*plan_args, *optional_keys, lse=True, policy=current_policy())
-    return run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, window_left,
-                window_right, softcap, extra, cache_leftpad, alibi_slopes)  # fmt: skip
+    return run_step(plans, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale, mods, extra,
+                    cache_leftpad)  # fmt: skip
 
 
-def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float, window_left,
-         window_right, softcap, extra: dict, cache_leftpad=None, alibi_slopes=None):  # fmt: skip
-    """Append, report, allocate and attend with ``plans`` (:func:`step_plans`'s tuple): :func:`forward` after
-    its plans; ``extra`` the optional inputs' per-call tensors. Returns (out, lse); lse None when the plans
-    store none."""
+# A causal decode step's options as the kernels take them: a right bound of 0
+DECODE_CAUSAL = from_op(False, None, 0)
+
+
+def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table, scale: float,
+             mods: ScoreMods, extra: dict, cache_leftpad=None):  # fmt: skip
+    """Append, report, allocate and attend with ``plans`` (:func:`step_plans`'s tuple) under ``mods``:
+    :func:`forward` after its plans; ``extra`` the optional inputs' per-call tensors but the slopes (in
+    ``mods``). Returns (out, lse); lse None when the plans store none."""
     append, attend, combine, out_shape, lse_shape, workspace = plans
     device = q.device
     seq_new = 0 if k is None else k.shape[1]
@@ -357,7 +363,7 @@ def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table
         return out, None if lse_shape is None else torch.empty(lse_shape, dtype=_F32, device=device)
     runtime.report_work(
         "attention_kvcache_fwd", q=q, k_cache=k_cache, cache_seqlens=cache_seqlens, seq_new=seq_new,
-        block_table=block_table, window=(window_left, window_right), cache_leftpad=cache_leftpad,
+        block_table=block_table, window=mods.window, cache_leftpad=cache_leftpad,
     )  # fmt: skip
     out = tensors.new_output(out_shape, q.dtype, device)
     lse = None if lse_shape is None else tensors.new_output(lse_shape, _F32, device)
@@ -365,9 +371,11 @@ def run_step(plans: tuple, q, k_cache, v_cache, cache_seqlens, k, v, block_table
     part = out if combine is None else tensors.new_output((workspace,), _F32, device)
     part_lse = lse if combine is None else part
     qk_scale_log2 = scale * _LOG2E
-    cap = softcap if softcap is not None else 0.0
-    if alibi_slopes is not None:
-        extra = {**extra, "ALIBI": alibi_slopes}
+    cap = mods.softcap
+    if cap is None:  # (not read: HAS_SOFTCAP off)
+        cap = 0.0
+    if mods.alibi_slopes is not None:
+        extra = {**extra, "ALIBI": mods.alibi_slopes}
     if append is None and seq_new:  # the attention kernel appends them (see step_plans)
         extra = {**extra, "K": k, "V": v}
     if extra:

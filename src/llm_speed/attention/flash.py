@@ -104,10 +104,12 @@ from .launcher import (
     deterministic_backward,
     forward,
     keep_seq_major,
+    packed_forward,
     seq_major_inference,
     varlen_backward,
     varlen_forward,
 )
+from .options import from_op
 from .plans import V_T_ALIGN, new_dense_output, seq_major, transposed_values
 
 # The op's public function, and the family's names other modules read from the op module (the kernels,
@@ -137,6 +139,7 @@ __all__ = [
     "default_backward_kernels",
     "deterministic_backward",
     "keep_seq_major",
+    "packed_forward",
     "seq_major_inference",
     "varlen_backward",
     "varlen_forward",
@@ -244,8 +247,8 @@ def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale
     writes NaN over the rows a bad one scales."""
     if runtime.check_values(q.device):
         check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
-    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap, False,
-                             alibi_slopes, descales=(descale_q, descale_k, descale_v))  # fmt: skip
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes)
+    return attention_forward(q, k, v, scale, mods, descales=(descale_q, descale_k, descale_v))
 
 
 @torch.library.custom_op("llm_speed::flash_attention_fp8_forward", mutates_args=())

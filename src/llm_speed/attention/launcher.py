@@ -23,8 +23,8 @@ from .checks import (
     check_seqlens_values,
 )
 from .configs import tier_dq_kernel, tier_for
+from .options import CAUSAL, NO_MODS, ScoreMods, from_op
 from .plans import (
-    alibi_dims,
     backward_plans,
     descale_inputs,
     descale_key,
@@ -42,16 +42,12 @@ from .reference import (
 )
 
 
-def attention_forward(
-    q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None, two_pass=False,
-    alibi_slopes=None, dropout_p: float = 0.0, rng=None, descales=None,
-):  # fmt: skip
+def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, descales=None):
     """(out, lse) of the flash forward, or with ``two_pass`` the tiled one, of dense ``[B, H, S, D]``
-    tensors (last dim contiguous): out contiguous in q's dtype (bfloat16 for fp8), lse float32 ``[B, Hq,
-    Sq]``. Reports its work; runs the Triton kernel wherever it can run, else the float32 PyTorch reference.
-    ``alibi_slopes``: float32 ``[Hq]`` or ``[B, Hq]`` contiguous; ``dropout_p`` > 0 with ``rng`` the int64
-    (seed, offset); fp8 (e4m3 q, k, v, flash only): ``descales`` = (descale_q, descale_k, descale_v), each
-    float32 ``[]``, ``[1]``, ``[Hkv]``, ``[B, Hkv]`` or None."""
+    tensors (last dim contiguous) under the mask and score options ``mods``: out contiguous in q's dtype
+    (bfloat16 for fp8), lse float32 ``[B, Hq, Sq]``. Reports its work; runs the Triton kernel wherever it can
+    run, else the float32 PyTorch reference. fp8 (e4m3 q, k, v, flash only): ``descales`` = (descale_q,
+    descale_k, descale_v), each float32 ``[]``, ``[1]``, ``[Hkv]``, ``[B, Hkv]`` or None."""
     shape, device = q.shape, q.device
     batch, heads_q, seq_q, head_dim = shape
     out_dtype = q.dtype if descales is None else torch.bfloat16  # fp8: bfloat16 out (FlashAttention-3's)
@@ -59,20 +55,18 @@ def attention_forward(
         # Nothing to launch. With no key at all every row sees nothing: output 0, LSE -inf.
         out = torch.zeros(shape, dtype=out_dtype, device=device)
         return out, torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=device)
-    window = None if window_left is None and window_right is None else (window_left, window_right)
     name = "tiled_attention" if two_pass else "flash_attention" if descales is None else "flash_attention_fp8"
-    runtime.report_work(name, q=q, k=k, is_causal=is_causal, window=window)
+    runtime.report_work(name, q=q, k=k, is_causal=mods.is_causal, window=mods.window)
     if not runtime.triton_runs_on(device):
-        out, lse = reference_forward(q, k, v, is_causal=is_causal, window=window, softcap=softcap,
-                                     scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                                     rng=rng, descales=descales)  # fmt: skip
+        out, lse = reference_forward(q, k, v, is_causal=mods.is_causal, window=mods.window,
+                                     softcap=mods.softcap, scale=scale, alibi_slopes=mods.alibi_slopes,
+                                     dropout_p=mods.dropout_p, rng=mods.rng, descales=descales)  # fmt: skip
         if seq_major(shape, q.stride()):  # the layout the kernel writes
             out = new_dense_output(shape, True, out_dtype, device).copy_(out)
         return out, lse
     if descales is not None:  # fp8: V transposed once per call, so that the PV product is pipelined
         v = transposed_values(v)
-    key = _dense_plan_key(q, k, v, is_causal, scale < 0.0, window_left, window_right, softcap is not None,
-                          two_pass, alibi_dims(alibi_slopes), dropout_p > 0.0)  # fmt: skip
+    key = dense_plan_key(q, k, v, mods.key, scale < 0.0, two_pass)
     # (the descales' and V's layout part of the key for fp8 only: a 16-bit call's key is as before)
     if descales is None:
         plan = forward_plan(*key, aligned=tma_aligned(k, v), lse=True, policy=current_policy())
@@ -80,18 +74,17 @@ def attention_forward(
         plan = forward_plan(*key, descales=descale_key(descales), v_transposed=True, lse=True,
                              policy=current_policy())
     out, lse = _dense_outputs(shape, seq_major(shape, q.stride()), out_dtype, device)
-    softcap = 1.0 if softcap is None else softcap
-    if descales is None and alibi_slopes is None and rng is None:  # the common call: five tensors
-        _launch_dense(plan, q, k, v, out, lse, scale, softcap, dropout_p)
+    if descales is None and mods.alibi_slopes is None and mods.rng is None:  # the common call: five tensors
+        _launch_dense(plan, q, k, v, out, lse, scale, mods.cap, mods.dropout_p)
     else:  # the slopes, seeds and descales a class has (the plan compiled out those it has not)
-        extras = descale_inputs(descales)
+        extras = {} if descales is None else descale_inputs(descales)
         if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
             extras.update(K_DESC=k, V_DESC=v)
-        if alibi_slopes is not None:
-            extras["ALIBI"] = alibi_slopes
-        if rng is not None:
-            extras["RNG"] = rng
-        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p,
+        if mods.alibi_slopes is not None:
+            extras["ALIBI"] = mods.alibi_slopes
+        if mods.rng is not None:
+            extras["RNG"] = mods.rng
+        plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=mods.cap, dropout_p=mods.dropout_p,
                     **extras)  # fmt: skip
     return out, lse
 
@@ -111,10 +104,11 @@ def _launch_dense(plan: Plan, q, k, v, out, lse, scale: float, softcap: float, d
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=softcap, dropout_p=dropout_p)
 
 
-def _dense_plan_key(q, k, v, is_causal, negative, left, right, capped, two_pass, alibi, dropout) -> tuple:
-    """The :func:`forward_plan` arguments of a dense forward."""
-    return (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.shape[0], q.dtype, is_causal, left, right,
-            capped, two_pass, False, negative, alibi, dropout, q.device)  # fmt: skip
+def dense_plan_key(q, k, v, mask, negative: bool, two_pass: bool = False) -> tuple:
+    """The :func:`forward_plan` arguments of a dense forward (``mask``: the call's
+    :attr:`ScoreMods.key`)."""
+    return (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.shape[0], q.dtype, mask, two_pass, False,
+            negative, q.device)  # fmt: skip
 
 
 def _dense_outputs(shape, like_seq_major: bool, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +132,7 @@ class DenseCall:
         self.lse_shape = tuple(q.shape[:3]) if lse else None
         self.seq_major = seq_major(q.shape, q.stride())
         self.default_scale = check_scale(None, q)
-        key = _dense_plan_key(q, k, v, is_causal, negative, None, None, False, False, 0, False)
+        key = dense_plan_key(q, k, v, (CAUSAL if is_causal else NO_MODS).key, negative)
         # (with LSE: the op's own plan)
         self.plan = forward_plan(*key, aligned=tma_aligned(k, v), lse=lse, policy=current_policy())
 
@@ -207,10 +201,11 @@ def forward(
     q, k, v, is_causal: bool, scale: float, window_left=None, window_right=None, softcap=None,
     deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
-    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation
-    (``deterministic`` is the backward's, kept for it by the autograd context)."""
-    return attention_forward(q, k, v, is_causal, scale, window_left, window_right, softcap, False,
-                             alibi_slopes, dropout_p, rng)  # fmt: skip
+    """(out, lse) of the flash forward (:func:`attention_forward`); the op's implementation, its flat
+    arguments made one :class:`ScoreMods` (``deterministic`` is the backward's, kept for it by the autograd
+    context)."""
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
+    return attention_forward(q, k, v, scale, mods)
 
 
 def deterministic_backward(deterministic: bool, device: torch.device) -> bool:
@@ -235,42 +230,56 @@ def backward(
     dout, q, k, v, out, lse, dlse, is_causal: bool, scale: float, window_left=None, window_right=None,
     softcap=None, deterministic=False, alibi_slopes=None, dropout_p: float = 0.0, rng=None,
 ):  # fmt: skip
-    """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); reports its
-    work. GQA gradients are summed over each query group. dQ by atomics (five matmuls per tile), or a dQ
-    kernel of its own, bitwise repeatable, when :func:`deterministic_backward` says so."""
+    """(dq, dk, dv) of the dense forward (flash or tiled: both save Q, K, V, O and the LSE); the backward
+    op's implementation, its flat arguments made one :class:`ScoreMods`."""
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
+    return attention_backward(dout, q, k, v, out, lse, dlse, scale, mods, deterministic)
+
+
+def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, mods: ScoreMods, deterministic: bool):
+    """(dq, dk, dv) of a dense forward under ``mods``; reports its work. GQA gradients are summed over each
+    query group. dQ by atomics (five matmuls per tile), or a dQ kernel of its own, bitwise repeatable, when
+    :func:`deterministic_backward` says so."""
     dout = tensors.last_dim_contiguous(dout)
     if dlse is not None:
         dlse = dlse.contiguous()
     if q.numel() == 0 or k.numel() == 0:
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    window = None if window_left is None and window_right is None else (window_left, window_right)
     deterministic = deterministic_backward(deterministic, q.device)
-    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=is_causal, window=window,
+    runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mods.is_causal, window=mods.window,
                         deterministic=deterministic)  # fmt: skip
     if not runtime.triton_runs_on(q.device):
-        return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, window=window,
-                                  softcap=softcap, scale=scale, alibi_slopes=alibi_slopes,
-                                  dropout_p=dropout_p, rng=rng)  # fmt: skip
+        return reference_backward(dout, q, k, v, out, lse, dlse, is_causal=mods.is_causal,
+                                  window=mods.window, softcap=mods.softcap, scale=scale,
+                                  alibi_slopes=mods.alibi_slopes, dropout_p=mods.dropout_p,
+                                  rng=mods.rng)  # fmt: skip
     lse = lse.contiguous()
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), q.shape[0], dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, False, deterministic,
-        alibi_dims(alibi_slopes), dropout_p > 0.0, q.device,
+        dlse is not None, mods.key, False, deterministic, q.device,
         aligned=tma_aligned(q, dout) and tma_aligned(k, v), policy=current_policy(),
     )  # fmt: skip
-    return launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, softcap, deterministic,
-                            alibi_slopes, dropout_p, rng)  # fmt: skip
+    return launch_backward(plans, dout, q, k, v, out, lse, dlse, None, None, scale, mods, deterministic)
 
 
 def varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
-    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None, descales=None,
+    dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None,
 ):  # fmt: skip
-    """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences; the packed op's implementation
-    (fp8: ``descales`` as :func:`attention_forward`'s, indexed by sequence; out bfloat16).
+    """(out, lse) of packed sequences (:func:`packed_forward`); the packed op's implementation, its flat
+    arguments made one :class:`ScoreMods`."""
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
+    return packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mods,
+                          seqused_k, block_table)  # fmt: skip
+
+
+def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, scale: float,
+                   mods: ScoreMods, seqused_k=None, block_table=None, descales=None):  # fmt: skip
+    """(out ``[Tq, Hq, D]``, lse float32 ``[Hq, Tq]``) of packed sequences under ``mods`` (fp8:
+    ``descales`` as :func:`attention_forward`'s, indexed by sequence; out bfloat16).
 
     The values of ``cu_seqlens`` (and ``seqused_k``, ``block_table``) are checked on the host first where
     ``runtime.check_values`` allows (CPU tensors by default); elsewhere nothing reads them on the host: the
@@ -297,55 +306,54 @@ def varlen_forward(
     if total_k == 0 and not triton_runs:  # no key at all: every row sees nothing (output 0, LSE -inf)
         lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=device)
         return torch.zeros_like(q, dtype=out_dtype), lse
-    window = None if window_left is None and window_right is None else (window_left, window_right)
     if total_k:
         runtime.report_work(
             "flash_attention_varlen", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            is_causal=is_causal, window=window, seqused_k=seqused_k, block_table=block_table,
+            is_causal=mods.is_causal, window=mods.window, seqused_k=seqused_k, block_table=block_table,
         )  # fmt: skip
     if not triton_runs:
-        return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
-                                        window=window, softcap=softcap, scale=scale,
-                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
-                                        seqused_k=seqused_k, block_table=block_table,
+        return varlen_reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=mods.is_causal,
+                                        window=mods.window, softcap=mods.softcap, scale=scale,
+                                        alibi_slopes=mods.alibi_slopes, dropout_p=mods.dropout_p,
+                                        rng=mods.rng, seqused_k=seqused_k, block_table=block_table,
                                         descales=descales)  # fmt: skip
-    plan = _varlen_plan(q, k, v, batch, is_causal, scale < 0.0, window_left, window_right,
-                        softcap is not None, alibi_slopes, dropout_p > 0.0, seqused_k is not None,
-                        block_table, descales)  # fmt: skip
+    plan = _varlen_plan(q, k, v, batch, mods.key, scale < 0.0, seqused_k is not None, block_table, descales)
     out = tensors.new_output(shape, out_dtype, device)
     lse = tensors.new_output((heads_q, total_q), torch.float32, device)
     if total_k == 0:
         # No key: the kernel still runs, to write 0 and -inf (NaN where cu_seqlens_q is invalid); it reads no
         # key row, so any tensor of k's dtype stands in for the empty K and V.
         k = v = q
-    _launch_varlen(plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale,
-                   1.0 if softcap is None else softcap, dropout_p, seqused_k, block_table, alibi_slopes, rng,
+    _launch_varlen(plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, mods, seqused_k, block_table,
                    descales)  # fmt: skip
     return out, lse
 
 
-def _varlen_plan(q, k, v, batch: int, is_causal: bool, negative: bool, window_left=None, window_right=None,
-                 capped: bool = False, alibi_slopes=None, dropout: bool = False, seqused: bool = False,
-                 block_table=None, descales=None) -> Plan:  # fmt: skip
-    """The forward plan of a packed call of ``batch`` sequences (with the LSE, which the op returns)."""
+def _varlen_plan(q, k, v, batch: int, mask, negative: bool, seqused: bool = False, block_table=None,
+                 descales=None) -> Plan:  # fmt: skip
+    """The forward plan of a packed call of ``batch`` sequences (with the LSE, which the op returns);
+    ``mask``: the call's :attr:`ScoreMods.key`."""
     paged = block_table is not None
-    return forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, is_causal,
-                         window_left, window_right, capped, False, True, negative, alibi_dims(alibi_slopes),
-                         dropout, q.device, seqused, block_table.shape if paged else None,
-                         block_table.stride() if paged else None, descale_key(descales),
-                         aligned=tma_aligned(k, v), lse=True, policy=current_policy())  # fmt: skip
+    return forward_plan(q.shape, k.shape, q.stride(), k.stride(), v.stride(), batch, q.dtype, mask, False,
+                        True, negative, q.device, seqused, block_table.shape if paged else None,
+                        block_table.stride() if paged else None, descale_key(descales),
+                        aligned=tma_aligned(k, v), lse=True, policy=current_policy())  # fmt: skip
 
 
 def _launch_varlen(plan: Plan, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale: float,
-                   softcap: float = 1.0, dropout_p: float = 0.0, seqused_k=None, block_table=None,
-                   alibi_slopes=None, rng=None, descales=None) -> None:  # fmt: skip
+                   mods: ScoreMods = NO_MODS, seqused_k=None, block_table=None, descales=None) -> None:
     """Launch a packed forward plan (a ``TMA_KV`` plan takes K and V through its descriptors too); an input
     not given stands in as ``lse`` (the plan compiles its reads out)."""
     cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
     used = lse if seqused_k is None else seqused_k
     table = lse if block_table is None else block_table
-    alibi = lse if alibi_slopes is None else alibi_slopes
-    rng = lse if rng is None else rng
+    if mods is NO_MODS:  # the calls already checked: nothing to read
+        alibi = rng = lse
+        softcap, dropout_p = 1.0, 0.0
+    else:
+        alibi = lse if mods.alibi_slopes is None else mods.alibi_slopes
+        rng = lse if mods.rng is None else mods.rng
+        softcap, dropout_p = mods.cap, mods.dropout_p
     if plan.descriptors:  # TMA_KV: K and V through the interior loop's descriptors too
         plan.launch(Q=q, K=k, V=v, K_DESC=k, V_DESC=v, O=out, LSE=lse, CU_Q=cu_seqlens_q, CU_K=cu_k,
                     SEQUSED_K=used, KV_TABLE=table, ALIBI=alibi, RNG=rng, scale=scale, softcap=softcap,
@@ -379,7 +387,7 @@ class VarlenCall:
         batch = cu_seqlens_q.shape[0] - 1
         self.plan = None
         if q.shape[0] and batch and self.total_k and runtime.triton_runs_on(q.device):
-            self.plan = _varlen_plan(q, k, v, batch, is_causal, negative)
+            self.plan = _varlen_plan(q, k, v, batch, (CAUSAL if is_causal else NO_MODS).key, negative)
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                 is_causal: bool, scale: float, *fixed) -> tuple:  # fmt: skip
@@ -407,10 +415,19 @@ def varlen_backward(
     window_left=None, window_right=None, softcap=None, deterministic=False, alibi_slopes=None,
     dropout_p: float = 0.0, rng=None, seqused_k=None, block_table=None,
 ):  # fmt: skip
-    """(dq, dk, dv) of :func:`varlen_forward`; reports its work. Never reads ``cu_seqlens`` on the host
-    where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence, and nothing
-    outside the tensors is read or written. Paths as :func:`backward`'s. Key rows past ``seqused_k`` get
-    zero gradients; paged K/V (``block_table``) has no backward (as in flash-attn)."""
+    """(dq, dk, dv) of :func:`varlen_forward`; the packed backward op's implementation, its flat arguments
+    made one :class:`ScoreMods` (:func:`packed_backward`)."""
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng)
+    return packed_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, scale, mods,
+                           deterministic, seqused_k, block_table)  # fmt: skip
+
+
+def packed_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, scale: float,
+                    mods: ScoreMods, deterministic: bool, seqused_k=None, block_table=None):  # fmt: skip
+    """(dq, dk, dv) of :func:`packed_forward` under ``mods``; reports its work. Never reads ``cu_seqlens``
+    on the host where Triton runs; invalid bounds give NaN (or zero) gradients on the rows of their sequence,
+    and nothing outside the tensors is read or written. Paths as :func:`attention_backward`'s. Key rows past
+    ``seqused_k`` get zero gradients; paged K/V (``block_table``) has no backward (as in flash-attn)."""
     if block_table is not None:
         raise ValueError("block_table (paged K/V) is forward-only: no gradient flows into the pages")
     dout = tensors.last_dim_contiguous(dout)
@@ -419,26 +436,23 @@ def varlen_backward(
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    window = None if window_left is None and window_right is None else (window_left, window_right)
     deterministic = deterministic_backward(deterministic, q.device)
     runtime.report_work(
         "flash_attention_varlen_backward", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        is_causal=is_causal, window=window, deterministic=deterministic, seqused_k=seqused_k,
+        is_causal=mods.is_causal, window=mods.window, deterministic=deterministic, seqused_k=seqused_k,
     )  # fmt: skip
     if not runtime.triton_runs_on(q.device):
         return varlen_reference_backward(
-            dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, window=window,
-            softcap=softcap, scale=scale, alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng=rng,
-            seqused_k=seqused_k,
+            dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, is_causal=mods.is_causal,
+            window=mods.window, softcap=mods.softcap, scale=scale, alibi_slopes=mods.alibi_slopes,
+            dropout_p=mods.dropout_p, rng=mods.rng, seqused_k=seqused_k,
         )  # fmt: skip
     lse = lse.contiguous()
     dtypes = (q.dtype, out.dtype, dout.dtype, lse.dtype, None if dlse is None else dlse.dtype)
     plans = backward_plans(
         q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(), batch, dtypes,
-        dlse is not None, is_causal, window_left, window_right, softcap is not None, True, deterministic,
-        alibi_dims(alibi_slopes), dropout_p > 0.0, q.device, seqused_k is not None,
+        dlse is not None, mods.key, True, deterministic, q.device, seqused_k is not None,
         aligned=tma_aligned(q, dout) and tma_aligned(k, v), policy=current_policy(),
     )  # fmt: skip
-    cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-    return launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, softcap, deterministic,
-                            alibi_slopes, dropout_p, rng, seqused_k)  # fmt: skip
+    return launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, scale, mods,
+                           deterministic, seqused_k)  # fmt: skip

@@ -35,10 +35,12 @@ from .configs import (
 )
 from .decode_launch import descale_strides
 from .forward_kernels import FORWARD, TILED
+from .options import MaskKey, ScoreMods
 
-# Plans. A plan's key holds everything that fixes its arguments: shapes, strides, dtypes, the mask (causal
-# flag, window sizes, whether scores are capped), the layout and the device. Per call: the tensors, the
-# scale and the cap (floats). Outputs are allocated contiguous, so their strides follow from the shapes.
+# Plans. A plan's key holds everything that fixes its arguments: shapes, strides, dtypes, the mask and score
+# options' MaskKey (causal flag, window sizes, whether scores are capped, ALiBi's dims, dropout on), the
+# layout and the device. Per call: the tensors, the scale and the cap (floats). Outputs are allocated
+# contiguous, so their strides follow from the shapes.
 
 _ROW_LETTER = {"q": "m", "o": "m", "do": "m", "dq": "m", "k": "n", "v": "n", "dk": "n", "dv": "n"}
 
@@ -93,26 +95,18 @@ def _lse_stride_args(lse_shape: tuple, varlen: bool) -> dict:
     return {"stride_lb": strides[0], "stride_lh": strides[1]}
 
 
-def alibi_dims(alibi_slopes) -> int:
-    """0 without ALiBi, else the dims of the slopes (1: ``[heads_q]``, 2: ``[batch, heads_q]``)."""
-    return 0 if alibi_slopes is None else alibi_slopes.dim()
-
-
-def _mask_args(is_causal: bool, left: int | None, right: int | None, capped: bool, alibi: int, heads_q: int,
-               dropout: bool) -> dict:  # fmt: skip
-    """The fixed arguments of the scores: the causal flag folded into the window's right side; ``alibi`` the
-    dims of the slopes (0 without; 1: one per head; 2: ``[batch, heads_q]``); ``dropout`` on or off."""
-    if is_causal:
-        right = 0
+def _mask_args(mask: MaskKey, heads_q: int) -> dict:
+    """The fixed arguments of the scores (:class:`MaskKey`): the causal flag folded into the window's right
+    side; the ALiBi slopes' batch stride (``[batch, heads_q]`` slopes only); dropout on or off."""
     return {
-        "stride_ab": heads_q if alibi == 2 else 0,
-        "HAS_ALIBI": alibi > 0,
-        "DROPOUT": dropout,
-        "window_left": left if left is not None else 0,
-        "window_right": right if right is not None else 0,
-        "HAS_LEFT": left is not None,
-        "HAS_RIGHT": right is not None,
-        "SOFTCAP": capped,
+        "stride_ab": heads_q if mask.alibi == 2 else 0,
+        "HAS_ALIBI": mask.alibi > 0,
+        "DROPOUT": mask.dropout,
+        "window_left": mask.left if mask.left is not None else 0,
+        "window_right": mask.right_bound,
+        "HAS_LEFT": mask.has_left,
+        "HAS_RIGHT": mask.has_right,
+        "SOFTCAP": mask.capped,
     }
 
 
@@ -202,24 +196,25 @@ def _tma_kv(k_shape, k_stride, v_stride, dtype, block_n: int, block_d: int, hard
 
 @plan_cache
 def forward_plan(
-    q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, is_causal, left, right, capped, two_pass,
-    varlen, negative_scale, alibi, dropout, device, sequsage=False, table_shape=None, table_stride=None,
-    descales=None, v_transposed=False, aligned=False, *, lse: bool, policy: LaunchPolicy,
+    q_shape, k_shape, q_stride, k_stride, v_stride, batch, dtype, mask: MaskKey, two_pass, varlen,
+    negative_scale, device, sequsage=False, table_shape=None, table_stride=None, descales=None,
+    v_transposed=False, aligned=False, *, lse: bool, policy: LaunchPolicy,
 ) -> Plan:  # fmt: skip
     """The forward (flash, or with ``two_pass`` tiled) plan of one problem class; ``batch``: the number of
-    sequences (packed: ``len(cu_seqlens) - 1``); ``negative_scale``: the scale is below 0 (q is negated in
-    the kernel, so that the base-2 factor of the scores is positive). Packed only: ``sequsage``, keys per
-    sequence from ``seqused_k``; ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape
-    then ``[num_pages, page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch
-    stride, head stride) of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V
-    comes as :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
-    ``aligned`` (16-bit, not paged): K's and V's base addresses are 16-byte aligned, so that the interior loop
-    may load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v`` per
-    call).
-    ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per call); every
-    caller spells it, so that a class's plan has one key however it is asked for. ``policy``: the launch
-    choices (:mod:`llm_speed.core.policy`; every caller passes the current one)."""
+    sequences (packed: ``len(cu_seqlens) - 1``); ``mask``: the call's :attr:`ScoreMods.key`;
+    ``negative_scale``: the scale is below 0 (q is negated in the kernel, so that the base-2 factor of the
+    scores is positive). Packed only: ``sequsage``, keys per sequence from ``seqused_k``;
+    ``table_shape``/``table_stride``, the block table's of paged K/V (k's shape then ``[num_pages,
+    page_size, heads_kv, head_dim]``). fp8 (e4m3 q, k, v): ``descales``, the (batch stride, head stride)
+    of descale_q, descale_k and descale_v, None for one not given; ``v_transposed``, V comes as
+    :func:`transposed_values` makes it (``v_stride`` then V^T's: batch, head, head-dim stride).
+    ``aligned`` (16-bit, not paged): K's and V's base addresses are 16-byte aligned, so that the interior
+    loop may load through tensor descriptors (:func:`_tma_kv`; the plan then takes ``K_DESC=k, V_DESC=v``
+    per call). ``lse`` False (flash only): the LSE is not stored (its pointer compiled out; no ``LSE`` per
+    call); every caller spells it, so that a class's plan has one key however it is asked for. ``policy``:
+    the launch choices (:mod:`llm_speed.core.policy`; every caller passes the current one)."""
     paged = table_shape is not None
+    alibi, dropout = mask.alibi, mask.dropout
     if paged:
         num_pages, page_size, heads_kv, head_dim = k_shape
         heads_q, seq_q, seq_kv = q_shape[1], q_shape[0], table_shape[1] * page_size  # seq_kv: the capacity
@@ -230,9 +225,9 @@ def forward_plan(
     hardware = hardware_of(device)
     cfg = attention_config("forward", block_d, dtype, hardware)
     grid, grid_args = _grid(seq_q, cfg.block_m, batch, heads_q, varlen)
-    order = launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q,
-                          policy)  # fmt: skip
+    order = launch_order(mask.is_causal, mask.left, mask.right, hardware,
+                         heads_q if varlen else batch * heads_q, 2 * seq_kv * head_dim * dtype.itemsize,
+                         heads_q // heads_kv, seq_q, policy)  # fmt: skip
     lse_shape = (heads_q, seq_q) if varlen else (batch, heads_q, seq_q)
     o_stride = _output_strides(q_shape, q_stride, varlen)
     strides = _stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, o=o_stride)
@@ -279,10 +274,10 @@ def forward_plan(
         **_lse_stride_args(lse_shape, varlen), **grid_args, **order,
         heads_q=heads_q, group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
         page_size=page_size, num_pages=num_pages,
-        **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), TWO_PASS=two_pass,
+        **_mask_args(mask, heads_q), TWO_PASS=two_pass,
         IS_VARLEN=varlen, UNIFORM=varlen and policy.uniform_bounds and uniform_switch(hardware),
         SEQUSED=sequsage, PAGED=paged,
-        NEG_SCALE=negative_scale and not capped,
+        NEG_SCALE=negative_scale and not mask.capped,
         EVEN_M=not varlen and seq_q % cfg.block_m == 0, EVEN_N=not varlen and seq_kv % cfg.block_n == 0,
         EVEN_D=head_dim == block_d, **switches, V_TRANSPOSED=v_transposed,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, TMA_KV=tma is not None,
@@ -293,15 +288,15 @@ def forward_plan(
 @plan_cache
 def backward_plans(
     q_shape, k_shape, q_stride, k_stride, v_stride, out_stride, dout_stride, batch, dtypes, has_dlse,
-    is_causal, left, right, capped, varlen, deterministic, alibi, dropout, device, sequsage=False,
-    aligned=False, *, policy: LaunchPolicy,
+    mask: MaskKey, varlen, deterministic, device, sequsage=False, aligned=False, *, policy: LaunchPolicy,
 ) -> tuple[Plan, Plan, Plan]:  # fmt: skip
     """(preprocess, dK/dV, dQ) plans of one backward problem class; ``dtypes``: those of q, out, dout, lse
-    and dlse (None without). The default path's third plan is the dQ conversion (dQ added by atomics in the
-    dK/dV kernel); ``deterministic``: the dQ kernel. ``aligned`` (16-bit): q's, dout's, k's and v's
-    base addresses are 16-byte aligned, so that the dK/dV kernel may load Q and dO and the dQ kernel K and V
-    through tensor descriptors (:func:`_tma_rows`; the plans then take ``Q_DESC=q, DO_DESC=dout`` and
-    ``K_DESC=k, V_DESC=v`` per call). ``policy``: the launch choices."""
+    and dlse (None without); ``mask``: the forward call's :attr:`ScoreMods.key`. The default path's third
+    plan is the dQ conversion (dQ added by atomics in the dK/dV kernel); ``deterministic``: the dQ kernel.
+    ``aligned`` (16-bit): q's, dout's, k's and v's base addresses are 16-byte aligned, so that the dK/dV
+    kernel may load Q and dO and the dQ kernel K and V through tensor descriptors (:func:`_tma_rows`; the
+    plans then take ``Q_DESC=q, DO_DESC=dout`` and ``K_DESC=k, V_DESC=v`` per call). ``policy``: the
+    launch choices."""
     heads_q, heads_kv, seq_q, seq_kv, head_dim = _sizes(q_shape, k_shape, varlen)
     dtype = dtypes[0]
     block_d = padded_head_dim(head_dim)
@@ -336,7 +331,7 @@ def backward_plans(
     common = dict(
         **_stride_args(varlen, q=q_stride, k=k_stride, v=v_stride, do=dout_stride), **lse_strides,
         group=heads_q // heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim,
-        **_mask_args(is_causal, left, right, capped, alibi, heads_q, dropout), IS_VARLEN=varlen,
+        **_mask_args(mask, heads_q), IS_VARLEN=varlen,
         UNIFORM=varlen and policy.uniform_bounds and uniform_switch(hardware), SEQUSED=sequsage,
         EVEN_D=even_d, ROWS32=rows32,
         **dot_switches(dtype),
@@ -374,13 +369,13 @@ def backward_plans(
         return preprocess, dkdv, dq
     # dQ holds Q, dO and the fp32 dQ accumulator [BM, BD]; K and V stream, like the forward.
     grid, grid_args = _grid(seq_q, cfg.block_n, batch, heads_q, varlen)
-    order = launch_order(is_causal, left, right, hardware, heads_q if varlen else batch * heads_q,
-                          2 * seq_kv * head_dim * dtype.itemsize, heads_q // heads_kv, seq_q,
-                          policy)  # fmt: skip
+    order = launch_order(mask.is_causal, mask.left, mask.right, hardware,
+                         heads_q if varlen else batch * heads_q, 2 * seq_kv * head_dim * dtype.itemsize,
+                         heads_q // heads_kv, seq_q, policy)  # fmt: skip
     # K and V tiles by TMA, as the dK/dV kernel's Q and dO; not with ALiBi or dropout (as the forward: sm_90a,
     # the causal ALiBi+dropout dQ kernel, at 255 registers, spilled 9 instructions in its loops with it)
     tma_kv = None
-    if block_d in policy.backward_tma_head_dims and not (alibi or dropout):
+    if block_d in policy.backward_tma_head_dims and not (mask.alibi or mask.dropout):
         tma_kv = _tma_rows(k_shape, (k_stride, v_stride), (cfg.block_m, cfg.block_m), block_d, dtype,
                            hardware, aligned, varlen)  # fmt: skip
     (k_desc, v_desc), kv_seq_major = tma_kv or ((None, None), False)
@@ -393,8 +388,8 @@ def backward_plans(
     return preprocess, dkdv, dq
 
 
-def launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, softcap, deterministic,
-                     alibi_slopes, dropout_p: float, rng, seqused_k=None):  # fmt: skip
+def launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: float, mods: ScoreMods,
+                    deterministic, seqused_k=None):  # fmt: skip
     """Launch the three backward kernels: delta = rowsum(dO * O) - dLSE and the LSE in base 2, then dK/dV
     over key blocks, then dQ.
 
@@ -420,10 +415,10 @@ def launch_backward(plans, dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale: flo
     dq = tensors.new_output(q.shape, q.dtype, device)
     if cu_q is None:  # dense programs never read the sequence pointers: any tensor of the plan's dtype
         cu_q = cu_k = delta
-    softcap = 1.0 if softcap is None else softcap
+    softcap, dropout_p = mods.cap, mods.dropout_p
     # without ALiBi or dropout their pointers are never read: any tensor of the plan's dtype stands in
-    alibi = delta if alibi_slopes is None else alibi_slopes
-    rng = delta if rng is None else rng
+    alibi = delta if mods.alibi_slopes is None else mods.alibi_slopes
+    rng = delta if mods.rng is None else mods.rng
     used = delta if seqused_k is None else seqused_k
     if "Q_DESC" in dkdv.descriptors:  # backward_tma_head_dims: Q and dO through their descriptors too
         dkdv.launch(Q=q, K=k, V=v, DO=dout, LSE2=lse2, DELTA=delta, DK=dk, DV=dv, DQ=dq_acc, Q_DESC=q,

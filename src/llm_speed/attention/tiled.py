@@ -14,6 +14,7 @@ from ..core.args import check_flag
 from ..core.dispatch import Op
 from . import flash
 from .checks import check_options, prepare_attention_inputs, suggest_keywords, unknown_keywords
+from .options import from_op
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -23,9 +24,8 @@ def forward(
     deterministic=False,
 ):  # fmt: skip
     """(out, lse) of the two-pass forward; the op's implementation (``deterministic``: the backward's)."""
-    return flash.attention_forward(
-        q, k, v, is_causal, scale, window_left, window_right, softcap, two_pass=True
-    )
+    mods = from_op(is_causal, window_left, window_right, softcap)
+    return flash.attention_forward(q, k, v, scale, mods, two_pass=True)
 
 
 @torch.library.custom_op("llm_speed::tiled_attention_forward", mutates_args=())

@@ -40,6 +40,7 @@ from .checks import (
     validate_varlen_inputs,
 )
 from .decode import PAGE_MULTIPLE
+from .options import from_op
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -148,11 +149,9 @@ def _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     descales' values checked on the host where ``runtime.check_values`` allows, like cu_seqlens')."""
     if runtime.check_values(q.device):
         check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
-    return flash.varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
-        window_right, softcap, False, alibi_slopes, 0.0, None, seqused_k, block_table,
-        (descale_q, descale_k, descale_v),
-    )  # fmt: skip
+    mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes)
+    return flash.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mods,
+                                seqused_k, block_table, (descale_q, descale_k, descale_v))  # fmt: skip
 
 
 @torch.library.custom_op("llm_speed::flash_attention_varlen_fp8_forward", mutates_args=())
