@@ -132,10 +132,11 @@ FAMILIES = (
     ),
     Family(
         "gluon",
-        "the warp-specialized Gluon GEMM and forward attention (selected nowhere yet): a broken barrier "
-        "hangs, so they run apart from every shipped family",
-        ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_attention_gpu.py"),
-        cap_s=90,
+        "the warp-specialized Gluon GEMM, forward and backward attention (selected only by the candidates "
+        "gluon-forward / gluon-backward): a broken barrier hangs: they run apart from the shipped families",
+        ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_attention_gpu.py",
+         "tests/gluon/test_gluon_attention_bwd_gpu.py"),
+        cap_s=120,
     ),
     Family(
         "cuda_graph",

@@ -103,13 +103,14 @@ from .launcher import (
     dense_call_key,
     deterministic_backward,
     forward,
+    gluon_forward_takes,
     keep_seq_major,
     packed_forward,
     seq_major_inference,
     varlen_backward,
     varlen_forward,
 )
-from .options import from_op
+from .options import CAUSAL, NO_MODS, from_op
 from .plans import V_T_ALIGN, new_dense_output, seq_major, transposed_values
 
 # The op's public function, and the family's names other modules read from the op module (the kernels,
@@ -425,6 +426,7 @@ def flash_attention(
     keep = (
         known is not None and given[0] is q and given[1] is k and given[2] is v  # nothing copied
         and runtime.triton_runs_on(q.device) and q.shape[0] and q.shape[2] and k.shape[2]
+        and not gluon_forward_takes(q, k, v, scale, CAUSAL if is_causal else NO_MODS)  # launched anew
     )  # fmt: skip
     if keep and mode == INFERENCE:
         # what the op would launch, kept for the next such call (the LSE's stores compiled out unless it is

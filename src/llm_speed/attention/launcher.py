@@ -55,6 +55,11 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
         # Nothing to launch. With no key at all every row sees nothing: output 0, LSE -inf.
         out = torch.zeros(shape, dtype=out_dtype, device=device)
         return out, torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=device)
+    if gluon_forward_takes(q, k, v, scale, mods, two_pass, descales):
+        from ..gluon import attention as gluon_attention
+
+        runtime.report_work("flash_attention", q=q, k=k, is_causal=mods.is_causal, window=None)
+        return gluon_attention.forward(q, k, v, is_causal=mods.is_causal, scale=scale)
     name = "tiled_attention" if two_pass else "flash_attention" if descales is None else "flash_attention_fp8"
     runtime.report_work(name, q=q, k=k, is_causal=mods.is_causal, window=mods.window)
     if not runtime.triton_runs_on(device):
@@ -87,6 +92,33 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
         plan.launch(Q=q, K=k, V=v, O=out, LSE=lse, scale=scale, softcap=mods.cap, dropout_p=mods.dropout_p,
                     **extras)  # fmt: skip
     return out, lse
+
+
+def gluon_forward_takes(q, k, v, scale: float, mods: ScoreMods, two_pass=False, descales=None) -> bool:
+    """Whether this dense forward runs the Gluon forward (issue 73): only where the launch policy names its
+    head dim (none as shipped: one attribute read, and the Gluon package is not imported) and
+    :func:`llm_speed.gluon.select.gluon_forward_applies` takes the call; a positive scale (the kernel folds
+    it into its exp2 argument after the running maximum)."""
+    if not current_policy().gluon_forward_head_dims or not scale > 0.0:
+        return False
+    from ..gluon.select import gluon_forward_applies
+
+    return gluon_forward_applies(q, k, v, window=mods.window, softcap=mods.softcap,
+                                 alibi_slopes=mods.alibi_slopes, dropout_p=mods.dropout_p, descales=descales,
+                                 two_pass=two_pass)  # fmt: skip
+
+
+def gluon_backward_takes(dout, q, k, v, out, scale: float, mods: ScoreMods, deterministic: bool) -> bool:
+    """Whether this dense backward runs the Gluon backward: only where the launch policy names its head dim
+    and :func:`llm_speed.gluon.select.gluon_backward_applies` takes the call (``deterministic``: the caller's
+    flag; a tier's default dQ kernel does not refuse it, an asked-for bitwise-repeatable backward does)."""
+    if not current_policy().gluon_backward_head_dims or not scale > 0.0:
+        return False
+    from ..gluon.select import gluon_backward_applies
+
+    return gluon_backward_applies(q, k, v, out, dout, deterministic=deterministic, window=mods.window,
+                                  softcap=mods.softcap, alibi_slopes=mods.alibi_slopes,
+                                  dropout_p=mods.dropout_p)  # fmt: skip
 
 
 def _launch_dense(plan: Plan, q, k, v, out, lse, scale: float, softcap: float, dropout_p: float) -> None:
@@ -246,6 +278,13 @@ def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, mods: ScoreM
     if q.numel() == 0 or k.numel() == 0:
         # Empty batch or sequence: no score exists, so every gradient is 0.
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if gluon_backward_takes(dout, q, k, v, out, scale, mods, deterministic):
+        from ..gluon import attention_bwd as gluon_attention_bwd
+
+        runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mods.is_causal, window=None,
+                            deterministic=False)  # fmt: skip
+        return gluon_attention_bwd.backward(q, k, v, out, lse, dout, is_causal=mods.is_causal, scale=scale,
+                                            dlse=dlse)  # fmt: skip
     deterministic = deterministic_backward(deterministic, q.device)
     runtime.report_work("flash_attention_backward", q=q, k=k, is_causal=mods.is_causal, window=mods.window,
                         deterministic=deterministic)  # fmt: skip

@@ -19,7 +19,8 @@
 The output and the LSE (natural log) are stored with masked stores (a TMA store of a 2-D view would write
 past a head's last row into the next head's).
 
-Compiled for sm_90a by the kernel report (tests/gluon); never selected, and not yet run on a GPU.
+Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as shipped), not yet
+run on a GPU.
 
 Layout: kernels, launcher, public function.
 """
@@ -346,7 +347,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
     [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
     bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
-    GPU only (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    GPU only (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention`` launches it
+    only under a launch policy naming it (candidate ``gluon-forward``)."""
     scale = check_arguments(q, k, v, is_causal, scale)
     batch, heads, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]

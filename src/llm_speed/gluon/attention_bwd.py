@@ -20,7 +20,8 @@
 
 Causal masks are aligned bottom-right; a key block starts at the first query block that sees any of its
 keys. Key blocks are launched first to last over every K/V head: under a causal mask the longest first.
-Compiled for sm_90a by the kernel report (tests/gluon); selected nowhere, and not yet run on a GPU.
+Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as shipped), not yet
+run on a GPU.
 
 Layout: kernels, launcher, public function.
 """
@@ -266,7 +267,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     aligned bottom-right. ``dlse``: the gradient of ``lse`` where the LSE was used too (float32 like it; it
     enters delta = rowsum(dO * O) - dLSE). dk and dv are summed over each K/V head's query group. dq is
     added by fp32 atomics: not bitwise repeatable. CUDA tensors on a compute capability 9.0 GPU only
-    (anything else: ValueError before any work). Unproven on a GPU; selected nowhere."""
+    (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention``'s backward launches
+    it only under a launch policy naming it (candidate ``gluon-backward``)."""
     scale = check_arguments(q, k, v, is_causal, scale)
     batch, heads, seq_q, head_dim = q.shape
     for name, x in (("out", out), ("dout", dout)):
