@@ -8,7 +8,8 @@ choose their configurations for the stand-in GPU and make their plans, and nothi
 compiles what those plans would launch (:mod:`llm_speed.kernel_report.capture`).
 
 Sizes are those of a model, not of a test: attention over 4096 tokens of 16 heads (as the benchmarks run it,
-head dims 64 and 128), GEMMs of 4096^3, fused ops over 4096 x 4096. Their host cost here is allocation only,
+head dims 64 and 128), GEMMs of 4096^3, fused ops over 4096 x 4096. Their host cost here is allocation only
+(the large inputs are left unfilled: nothing reads them, and filling them was most of a report's capture),
 apart from the fused cross-entropy, whose chunk logits are a ``torch.mm`` on the CPU (so its problem keeps
 a vocabulary past the largest tile, 4096 entries, and few rows).
 """
@@ -90,8 +91,8 @@ def _qkv(batch, heads_q, heads_kv, seq, head_dim, dtype, grad=False, packed=Fals
     else:
         shapes = [(batch, heads_q, seq, head_dim)] + [(batch, heads_kv, seq, head_dim)] * 2
     if fp8:  # e4m3 (fp8 attention)
-        return [torch.empty(shape).normal_().to(torch.float8_e4m3fn) for shape in shapes]
-    return [torch.empty(shape, dtype=dtype).normal_().requires_grad_(grad) for shape in shapes]
+        return [torch.empty(shape, dtype=torch.float8_e4m3fn) for shape in shapes]
+    return [torch.empty(shape, dtype=dtype).requires_grad_(grad) for shape in shapes]
 
 
 def attention_problem(
@@ -239,7 +240,7 @@ def decode_problem(*, head_dim: int, dtype: str, cache: int = 4096, batch: int =
         k_cache, v_cache = (torch.empty(batch * pages, page, heads_kv, head_dim, dtype=cache_dtype)
                             for _ in range(2))  # fmt: skip
         table = torch.arange(batch * pages, dtype=torch.int32).reshape(batch, pages)
-        q = torch.empty(batch, seq_q, heads, head_dim, dtype=torch_dtype).normal_()
+        q = torch.empty(batch, seq_q, heads, head_dim, dtype=torch_dtype)
         k, v = (torch.empty(batch, seq_q, heads_kv, head_dim, dtype=torch_dtype) for _ in range(2))
         lengths = torch.full((batch,), cache - seq_q, dtype=torch.int32)
         options = {}
@@ -284,7 +285,7 @@ def gemm_problem(op: str, *, size: int, dtype: str) -> Problem:
             a, b = (torch.zeros(size, size, dtype=torch.int8) for _ in range(2))
             function = gemm.tensor_core_gemm_int8
         else:
-            a, b = (torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_() for _ in range(2))
+            a, b = (torch.empty(size, size, dtype=_torch_dtype(dtype)) for _ in range(2))
             function = gemm.tensor_core_gemm if op == "tensor_core_gemm" else gemm.gemm
         with recording():
             function(a, b)
@@ -317,7 +318,7 @@ def fused_problem(op: str, *, size: int, dtype: str) -> Problem:
         import torch
 
         def randn(*shape):
-            return torch.empty(shape, dtype=torch_dtype).normal_().requires_grad_(backward)
+            return torch.empty(shape, dtype=torch_dtype).requires_grad_(backward)
 
         if base == "rms_norm":
             from llm_speed.fused.rms_norm import rms_norm
@@ -448,7 +449,7 @@ def fp8_problem(op: str, *, size: int, granularity) -> Problem:
         from llm_speed.matmul import fp8
 
         if op == "quantize_fp8":
-            x = torch.empty(size, size, dtype=torch.bfloat16).normal_()
+            x = torch.empty(size, size, dtype=torch.bfloat16)
             with recording():
                 fp8.quantize_fp8(x, granularity=granularity)
             return
@@ -524,8 +525,8 @@ def gluon_gemm_problem(*, size: int, dtype: str, trans_b: bool = False) -> Probl
 
         from llm_speed.gluon.gemm import gemm
 
-        a = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
-        b = torch.empty(size, size, dtype=_torch_dtype(dtype)).normal_()
+        a = torch.empty(size, size, dtype=_torch_dtype(dtype))
+        b = torch.empty(size, size, dtype=_torch_dtype(dtype))
         with recording():
             gemm(a, b, trans_b=trans_b)
 
@@ -577,8 +578,8 @@ def gluon_attention_bwd_problem(*, head_dim: int, dtype: str, seq: int, heads: i
         from llm_speed.gluon.attention_bwd import backward
 
         q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, _torch_dtype(dtype))
-        out, dout = torch.empty_like(q).normal_(), torch.empty_like(q).normal_()
-        lse = torch.empty(q.shape[:3]).normal_()
+        out, dout = torch.empty_like(q), torch.empty_like(q)
+        lse = torch.empty(q.shape[:3])
         with recording():
             backward(q, k, v, out, lse, dout, is_causal=is_causal)
 
