@@ -155,8 +155,8 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
             last = rows + (start + diagonal)
         s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; dP stays in flight
         # The mask replaces S before the one multiply-add, and under a causal mask only on the blocks that
-        # cross the diagonal (FlashAttention-3 masks those alone): where(P) after the exp2, or a mask on
-        # every block, spilled 4-9 LDL/STL in the loop at d = 128 (docs/gluon.md)
+        # cross the diagonal (FlashAttention-3 masks those alone): elsewhere (where(P) after the exp2, on
+        # S * scale2, on every block) it spilled 4-10 LDL/STL in the loop at d = 128 (docs/gluon.md)
         if IS_CAUSAL:
             if start + diagonal < HALF - 1:  # row 0 misses the last key: a block on the diagonal
                 s = gl.where(gl.expand_dims(key_index, 0) <= gl.expand_dims(last, 1), s, masked)
