@@ -2,8 +2,8 @@
 ``flash_attention`` (the Gluon forward and backward under autograd), against float64 under the 3x gradient
 rule against plain PyTorch in the inputs' dtype: head dims 64 and 128, causal or not, MHA and GQA (dK and dV
 summed over the group), ragged lengths both ways, fp16 and bf16, gradients poisoned with NaN first; rows
-that see no key get dQ 0. A broken mbarrier protocol (the Q/dO ring) hangs the GPU process: run it in its
-own process with a timeout."""
+that see no key get dQ 0; negative and zero scales. A broken mbarrier protocol (the Q/dO ring) hangs the
+GPU process: run it in its own process with a timeout."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def _poison_outputs(nan_poisoned):
     """Kernel outputs start as NaN (tests/conftest.py)."""
 
 
-def _gradients(q, k, v, dout, is_causal):
+def _gradients(q, k, v, dout, is_causal, scale=None):
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
-    reference_attention(*leaves, is_causal=is_causal).backward(dout.to(leaves[0].dtype))
+    reference_attention(*leaves, is_causal=is_causal, scale=scale).backward(dout.to(leaves[0].dtype))
     return [x.grad for x in leaves]
 
 
@@ -50,6 +50,28 @@ def test_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is_cau
         assert_error_rule(f"gluon d{name}", got, torch_grad, exact, GRAD_FACTOR, dtype)
     if is_causal and seq_q > seq_kv:  # rows that see no key: dQ 0
         assert not grads[0][:, :, : seq_q - seq_kv].any()
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_hidden_keys_stay_hidden_under_any_scale(is_causal, scale):
+    # the kernel hides a key by its score (+inf under a negative scale); a zero scale is launched as a zero
+    # Q; 300 queries over 200 keys: under the causal mask rows 0..99 see no key (LSE -inf)
+    from llm_speed.gluon.attention import forward
+    from llm_speed.gluon.attention_bwd import backward
+
+    q = torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 1, 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = forward(q, k, v, is_causal=is_causal, scale=scale)
+    with expect_launches("gluon_attention_bwd", device=q.device):
+        grads = backward(q, k, v, out, lse, dout, is_causal=is_causal, scale=scale)
+    torch.cuda.synchronize()
+    truth = _gradients(q.double(), k.double(), v.double(), dout.double(), is_causal, scale)
+    same_precision = _gradients(q, k, v, dout, is_causal, scale)
+    for name, got, torch_grad, exact in zip("qkv", grads, same_precision, truth, strict=True):
+        assert not got.isnan().any(), f"d{name}: NaN"
+        assert_error_rule(f"gluon d{name}", got, torch_grad, exact, GRAD_FACTOR, torch.bfloat16)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -2,8 +2,9 @@
 (:mod:`llm_speed.gluon.attention_bwd_schedule`), against float64 under the 3x gradient rule: a producer
 filling Q/dO rings, two consumer warpgroups of 64 keys each, dK and dV summed over the GQA group, dQ added
 in fp32, the LSE as the forward's schedule writes it; ragged lengths both ways, causal or not, head dims 64
-and 128, fp16 and bf16 (positive inputs too), rows that see no key and keys no row sees; and the protocol
-checks failing where the barriers are broken."""
+and 128, fp16 and bf16 (positive inputs too), rows that see no key and keys no row sees, the causal mask on
+the blocks that cross the diagonal only, negative and zero scales; and the protocol checks failing where
+the barriers are broken."""
 
 from __future__ import annotations
 
@@ -85,6 +86,24 @@ def test_rows_that_see_no_key_get_zero_gradients():
     dq, dk, dv = _check(*_inputs(1, 2, 1, 200, 20, 64, torch.float16), True)
     assert torch.equal(dq[:, :, :180], torch.zeros_like(dq[:, :, :180]))
     assert model.query_blocks(0, 64, 128, 200, 20, True) == (2, 2)  # rows 128.. (block 2) hold row 180
+
+
+@pytest.mark.parametrize("offset", [61, 62, 63, 126, 127])
+def test_causal_blocks_are_masked_where_they_cross_the_diagonal(offset):
+    # only query blocks where row 0 misses a warpgroup's last key are masked (seq_kv - seq_q - key0 + start
+    # < 63): at offsets 62 and 126 a block sits one key short of needing none, for warpgroup 0 and 1
+    _check(*_inputs(1, 2, 1, 140, 140 + offset, 64, torch.float16), True)
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_hidden_keys_stay_hidden_under_any_scale(scale, is_causal):
+    # a hidden key's score is +inf under a negative scale (-inf once scaled), and a zero scale reads Q as
+    # zeros: -inf * 0 would be NaN; the causal cases hold rows that see no key (LSE -inf)
+    q, k, v, dout = _inputs(1, 2, 1, 100, 70, 64, torch.bfloat16)
+    dq, dk, _ = _check(q, k, v, dout, is_causal, scale=scale)
+    if scale == 0:
+        assert torch.equal(dq, torch.zeros_like(dq)) and torch.equal(dk, torch.zeros_like(dk))
 
 
 @pytest.mark.parametrize(("seq_q", "seq_kv", "is_causal"),

@@ -18,10 +18,11 @@
   and a dQ that is not bitwise repeatable. The deterministic backward stays llm-speed's Triton kernel;
 - delta = rowsum(dO * O) is computed by PyTorch before the launch (two elementwise ops).
 
-Causal masks are aligned bottom-right; a key block starts at the first query block that sees any of its
-keys. Key blocks are launched first to last over every K/V head: under a causal mask the longest first.
-Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as shipped), not yet
-run on a GPU.
+Causal masks are aligned bottom-right and applied, as FA3 does, only to the query blocks that cross the
+diagonal (a hidden key's score -inf before the exp2); a key block starts at the first query block that sees
+any of its keys. Key blocks are launched first to last over every K/V head: under a causal mask the
+longest first. Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as
+shipped), not yet run on a GPU.
 
 Layout: kernels, launcher, public function.
 """
@@ -92,9 +93,11 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_tiles, v_tiles, q_ring, do_ring
 @gluon.jit
 def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready, q_ready, do_ready, empty,
               dq_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, seq_q, seq_kv, heads, heads_kv, kv_pairs, scale,
-              scale2, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              scale2, masked, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_DIM: gl.constexpr):  # fmt: skip
-    """Warpgroup ``w``: keys [64 w, 64 w + 64) of the program's key block, against every query block."""
+    """Warpgroup ``w``: keys [64 w, 64 w + 64) of the program's key block, against every query block.
+    ``masked``: the score a hidden key gets, -inf or +inf as the scale is positive or negative (then
+    ``masked * scale2`` is -inf and P 0; a zero scale is launched as a zero Q, positive ``scale2``)."""
     STAGES: gl.constexpr = q_ring.shape[0]
     HALF: gl.constexpr = _HALF
     dtype: gl.constexpr = q_ring.dtype
@@ -143,16 +146,23 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
         in_q = rows < seq_q - start
         # rows past seq_q (the next head's, or TMA's zeros) get LSE +inf: P = 0 there with no mask
         lse2 = gl.load(lse_ptr + first_row + rows, mask=in_q, other=float("inf")) * LOG2E
+        # a row that sees no key (LSE -inf) takes +inf too: its hidden scores' exponent is not -inf - -inf
+        lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = gl.load(delta_ptr + first_row + rows, mask=in_q, other=0.0)
         if IS_CAUSAL:  # a visible key is below seq_kv for every row below seq_q
             # (key - key0) <= row + (start + seq_kv - seq_q - key0), everything variable on the rows' side:
             # [rows, keys] of key - row would be hoisted out of the loop (32 registers a lane, spilled)
             last = rows + (start + diagonal)
-            seen = gl.expand_dims(key_index, 0) <= gl.expand_dims(last, 1)
-        else:
-            seen = gl.expand_dims(keys < seq_kv, 0)
         s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; dP stays in flight
-        p = gl.where(seen, gl.exp2(s * scale2 - gl.expand_dims(lse2, 1)), 0.0)
+        # The mask replaces S before the one multiply-add, and under a causal mask only on the blocks that
+        # cross the diagonal (FlashAttention-3 masks those alone): elsewhere (where(P) after the exp2, on
+        # S * scale2, on every block) it spilled 4-10 LDL/STL in the loop at d = 128 (docs/gluon.md)
+        if IS_CAUSAL:
+            if start + diagonal < HALF - 1:  # row 0 misses the last key: a block on the diagonal
+                s = gl.where(gl.expand_dims(key_index, 0) <= gl.expand_dims(last, 1), s, masked)
+        else:
+            s = gl.where(gl.expand_dims(keys < seq_kv, 0), s, masked)
+        p = gl.exp2(s * scale2 - gl.expand_dims(lse2, 1))
         dp = hopper.warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(delta, 1))
         # P and dS reach the dK/dV products transposed, through shared memory
@@ -190,7 +200,7 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
 
 @gluon.jit
 def gluon_attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                               seq_q, seq_kv, heads, heads_kv, kv_pairs, scale, scale2,
+                               seq_q, seq_kv, heads, heads_kv, kv_pairs, scale, scale2, masked,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_N == 2 * 64)
@@ -217,10 +227,10 @@ def gluon_attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, 
                      do_ready, empty, seq_q, seq_kv, heads, heads_kv, kv_pairs, IS_CAUSAL, BLOCK_M, BLOCK_N)),
         (_consumer, (0, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready, q_ready, do_ready,
                      empty, dq_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, seq_q, seq_kv, heads, heads_kv,
-                     kv_pairs, scale, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
+                     kv_pairs, scale, scale2, masked, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
         (_consumer, (1, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready, q_ready, do_ready,
                      empty, dq_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, seq_q, seq_kv, heads, heads_kv,
-                     kv_pairs, scale, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
+                     kv_pairs, scale, scale2, masked, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
     ], [4, 4], [BWD_CONSUMER_REGISTERS, BWD_CONSUMER_REGISTERS])  # fmt: skip
 
 
@@ -300,7 +310,13 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         delta = delta - dlse
     dq = torch.zeros(q.shape, dtype=torch.float32, device=device)
     plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal)
-    plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=v.view(-1, head_dim),
-                do_desc=dout.view(-1, head_dim), dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, lse_ptr=lse,
-                delta_ptr=delta, scale=scale, scale2=scale * math.log2(math.e))  # fmt: skip
+    # the kernel hides a key by its score (-inf or +inf, as the scale's sign turns it into -inf); a zero scale
+    # makes every score 0 whatever Q is, so Q is read as zeros with a positive scale2 (dQ and dK still take
+    # the zero scale)
+    scores_q = torch.zeros_like(q) if scale == 0 else q
+    plan.launch(q_desc=scores_q.view(-1, head_dim), k_desc=k.view(-1, head_dim),
+                v_desc=v.view(-1, head_dim), do_desc=dout.view(-1, head_dim), dq_ptr=dq, dk_ptr=dk, dv_ptr=dv,
+                lse_ptr=lse, delta_ptr=delta, scale=scale,
+                scale2=(scale if scale != 0 else 1.0) * math.log2(math.e),
+                masked=-math.inf if scale >= 0 else math.inf)  # fmt: skip
     return dq.to(q.dtype), dk, dv

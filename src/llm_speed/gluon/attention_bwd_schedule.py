@@ -18,7 +18,9 @@ random scheduler:
 - the tiles are read as the kernel's TMA reads them: rows of the [B * H * S, D] view, so rows past a head's
   length are the next head's (zeros past the tensor's end), and the masks keep them out;
 - causal masks are bottom-right aligned: row r sees key c iff c <= r + seq_kv - seq_q; a key block starts
-  at the first query block that sees any of its keys.
+  at the first query block that sees any of its keys. A hidden key's score is replaced (-inf, or +inf
+  under a negative scale) before the exp2, under a causal mask only in the query blocks that cross the
+  diagonal (the others see all 64 keys); a row that sees no key (LSE -inf) takes LSE +inf.
 
 A slot read by a product is checked when the product retires (the latest a wgmma may read shared memory):
 a slot refilled too early, or every agent blocked (a hang on the GPU), raises
@@ -85,7 +87,10 @@ class _Program:
         self.q, self.k, self.v, self.dout, self.lse, self.delta = tensors
         self.dq, self.dk, self.dv = grads
         self.key_block, self.kv_pair, self.s, self.is_causal = key_block, kv_pair, schedule, is_causal
-        self.scale, self.scale2 = scale, scale * LOG2E
+        # a zero scale runs as a zero Q (every score 0) with a positive scale2, so hidden keys' scores can be
+        # -inf; a negative one hides them as +inf (times scale2: -inf), as the kernel's launcher does
+        self.scale, self.scale2 = scale, (scale if scale != 0 else 1.0) * LOG2E
+        self.masked = -math.inf if scale >= 0 else math.inf
         heads, heads_kv = self.q.shape[1], self.k.shape[1]
         self.seq_q, self.seq_kv, self.group = self.q.shape[2], self.k.shape[2], heads // heads_kv
         self.q_pair0 = (kv_pair // heads_kv) * heads + (kv_pair % heads_kv) * self.group
@@ -151,15 +156,19 @@ class _Program:
             count = max(0, min(s.block_m, self.seq_q - start))
             lse2 = torch.full((s.block_m,), math.inf)  # rows past seq_q: P = 0 with no mask
             lse2[:count] = self.lse[b, h, start : start + count] * LOG2E
+            lse2[lse2 == -math.inf] = math.inf  # a row that sees no key: P = 0, never exp2(-inf + inf)
             delta = torch.zeros(s.block_m)
             delta[:count] = self.delta[b, h, start : start + count]
             scores = q_tile.float() @ k_tile.float().T
             dp = do_tile.float() @ v_tile.float().T
+            diagonal = self.seq_kv - self.seq_q - key0  # row r sees key index <= r + start + diagonal
             if self.is_causal:
-                seen = key_index[None, :] <= (rows + (start + self.seq_kv - self.seq_q - key0))[:, None]
+                if start + diagonal < self.half - 1:  # only blocks crossing the diagonal are masked
+                    seen = key_index[None, :] <= (rows + (start + diagonal))[:, None]
+                    scores = torch.where(seen, scores, self.masked)
             else:
-                seen = (key0 + key_index < self.seq_kv)[None, :].expand(s.block_m, -1)
-            p = torch.where(seen, torch.exp2(scores * self.scale2 - lse2[:, None]), 0.0)
+                scores = torch.where((key0 + key_index < self.seq_kv)[None, :], scores, self.masked)
+            p = torch.exp2(scores * self.scale2 - lse2[:, None])
             ds = p * (dp - delta[:, None])
             yield True  # S and dP retired: the softmax, and P and dS to shared memory
             p16, ds16 = p.to(dtype).float(), ds.to(dtype).float()
@@ -191,10 +200,11 @@ def backward(q, k, v, out, lse, dout, *, is_causal: bool = False, scale: float |
     dk = torch.full(k.shape, math.nan, dtype=k.dtype)
     dv = torch.full(v.shape, math.nan, dtype=v.dtype)
     kv_pairs = k.shape[0] * k.shape[1]
+    scores_q = torch.zeros_like(q) if scale == 0 else q  # as the launcher (the consumer's scale2)
     rng = random.Random(seed)
     for index in range(cdiv(k.shape[2], schedule.block_n) * kv_pairs):  # key-block major, as the grid
         key_block, kv_pair = divmod(index, kv_pairs)
-        state = _Program((q, k, v, dout, lse, delta), (dq, dk, dv), key_block, kv_pair, schedule, is_causal,
-                         scale)  # fmt: skip
+        state = _Program((scores_q, k, v, dout, lse, delta), (dq, dk, dv), key_block, kv_pair, schedule,
+                         is_causal, scale)  # fmt: skip
         protocol.interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, index)
     return dq.to(q.dtype), dk, dv
