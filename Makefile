@@ -21,8 +21,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_PIN) $(TRITON_PIN)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# --no-compile: modules are byte-compiled when first imported (a few hundred) instead of all at install
+	# (torch's and transformers' thousands: ~15 s of CPU in each set-up)
+	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_PIN) $(TRITON_PIN)
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
 	touch $(STAMP)
 
 $(TRITON_GPU_STAMP): Makefile | $(STAMP)
