@@ -97,8 +97,8 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
 def gluon_forward_takes(q, k, v, scale: float, mods: ScoreMods, two_pass=False, descales=None) -> bool:
     """Whether this dense forward runs the Gluon forward (issue 73): only where the launch policy names its
     head dim (none as shipped: one attribute read, and the Gluon package is not imported) and
-    :func:`llm_speed.gluon.select.gluon_forward_applies` takes the call; a positive scale (the kernel folds
-    it into its exp2 argument after the running maximum)."""
+    :func:`llm_speed.gluon.select.gluon_forward_applies` takes the call; a positive scale (the Gluon
+    forward's schedule model and GPU tests cover positive scales only)."""
     if not current_policy().gluon_forward_head_dims or not scale > 0.0:
         return False
     from ..gluon.select import gluon_forward_applies
