@@ -60,7 +60,7 @@ CONSUMER_WARPS = 8  # two warpgroups: the kernel's num_warps
 
 
 @gluon.jit
-def _tile_coordinates(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+def tile_coordinates(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
     """(row, column) of tile ``tile`` in the grouped order: column by column inside bands of ``GROUP_M`` tile
     rows (the same order :func:`llm_speed.gluon.gemm_schedule.tile_coordinates` models)."""
     per_band = GROUP_M * tiles_n
@@ -71,7 +71,7 @@ def _tile_coordinates(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps,
+def tma_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps,
               GROUP_M: gl.constexpr, TRANS_B: gl.constexpr):  # fmt: skip
     """Load A and B tiles by TMA into the ring, slot after slot, across every tile of this program."""
     STAGES: gl.constexpr = a_ring.shape[0]
@@ -81,7 +81,7 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     filled = 0  # slots filled so far by this program: slot filled % STAGES, round filled // STAGES
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
-        row, column = _tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
+        row, column = tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
         for step in range(k_steps):
             slot = filled % STAGES
             # A slot's first round finds it free: waiting on the phase before the barrier's first passes.
@@ -111,7 +111,7 @@ def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k
                                                          instr_shape=[16, INSTR_N, K_WIDTH])  # fmt: skip
     used = 0  # slots consumed so far by this program (the producer's count, one behind or more)
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
-        row, column = _tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
+        row, column = tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         for step in range(k_steps):
             slot = used % STAGES
@@ -155,7 +155,7 @@ def gluon_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: gl.constexpr, BL
     gl.warp_specialize([
         (_consumers, (c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k_steps, GROUP_M,
                       TRANS_B, INSTR_N)),
-        (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps, GROUP_M,
+        (tma_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps, GROUP_M,
                      TRANS_B)),
     ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])  # fmt: skip
     for slot in gl.static_range(STAGES):

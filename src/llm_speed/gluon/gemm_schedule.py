@@ -51,7 +51,7 @@ def from_plan(plan) -> Schedule:
 
 def tile_coordinates(tile: int, tiles_m: int, tiles_n: int, group_m: int) -> tuple[int, int]:
     """(tile row, tile column) of linear tile ``tile``: column by column inside bands of ``group_m`` tile rows
-    (the kernel's ``_tile_coordinates``)."""
+    (the kernel's ``llm_speed.gluon.gemm.tile_coordinates``)."""
     per_band = group_m * tiles_n
     first_row = (tile // per_band) * group_m
     rows = min(tiles_m - first_row, group_m)
@@ -71,7 +71,7 @@ def _padded(x: torch.Tensor, rows: slice, columns: slice, shape: tuple[int, int]
     return box
 
 
-class _Program:
+class Program:
     """One persistent program: its ring, barriers, and the two partitions as agents (generators yielding
     whether they progressed)."""
 
@@ -157,6 +157,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, schedule: Schedule, *, seed: int = 0)
     out = torch.full((a.shape[0], n), float("nan"), dtype=a.dtype)
     rng = random.Random(seed)
     for program in range(schedule.programs):
-        state = _Program(a, b, out, schedule, program)
+        state = Program(a, b, out, schedule, program)
         protocol.interleave([state.producer(), state.consumers()], rng, program)
     return out

@@ -539,6 +539,32 @@ def _gluon_gemm(op: str, options: Options) -> Iterator[Problem]:
     yield gluon_gemm_problem(size=options.size, dtype="bf16", trans_b=True)
 
 
+def gluon_gemm_fp8_problem(*, size: int, out_dtype: str = "bf16", bias: bool = False) -> Problem:
+    """:func:`llm_speed.gluon.gemm_fp8.gemm_fp8` at size^3: e4m3 ``a`` and ``b`` [N, K] with 1x128 and
+    128x128 block scales."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.gluon.gemm_fp8 import gemm_fp8
+
+        a = torch.empty(size, size, dtype=torch.float8_e4m3fn)
+        b = torch.empty(size, size, dtype=torch.float8_e4m3fn)
+        groups = -(-size // 128)
+        scale_a, scale_b = torch.empty(size, groups), torch.empty(groups, groups)
+        out_dtype_ = _torch_dtype(out_dtype)
+        with recording():
+            gemm_fp8(a, b, scale_a, scale_b, out_dtype=out_dtype_,
+                     bias=torch.empty(size, dtype=out_dtype_) if bias else None)  # fmt: skip
+
+    return Problem("gluon_gemm_fp8", f"{size}^3 e4m3 1x128/128x128 -> {out_dtype}" + " bias" * bias, run)
+
+
+def _gluon_gemm_fp8(op: str, options: Options) -> Iterator[Problem]:
+    yield gluon_gemm_fp8_problem(size=options.size)
+    yield gluon_gemm_fp8_problem(size=options.size, out_dtype="fp16", bias=True)
+
+
 def gluon_attention_problem(*, head_dim: int, dtype: str, seq: int, heads: int, heads_kv: int | None = None,
                             is_causal: bool = False) -> Problem:  # fmt: skip
     """:func:`llm_speed.gluon.attention.forward` over one sequence of ``seq`` tokens."""
@@ -589,6 +615,7 @@ def gluon_attention_bwd_problem(*, head_dim: int, dtype: str, seq: int, heads: i
 
 GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "gluon_gemm": _gluon_gemm,
+    "gluon_gemm_fp8": _gluon_gemm_fp8,
     "gluon_attention_fwd": _gluon_attention,
     "gluon_attention_bwd": _gluon_attention,
 }
