@@ -204,7 +204,8 @@ def _check(a, b, scale_a, scale_b, out_dtype, bias) -> tuple[int, int, int]:
     groups = cdiv(k, SCALE_BLOCK)
     for name, scale, shape, what in (
         ("scale_a", scale_a, (m, groups), "[M, cdiv(K, 128)]: one per row and 128-wide K group"),
-        ("scale_b", scale_b, (cdiv(n, SCALE_BLOCK), groups), "[cdiv(N, 128), cdiv(K, 128)]: one per 128x128 block"),
+        ("scale_b", scale_b, (cdiv(n, SCALE_BLOCK), groups),
+         "[cdiv(N, 128), cdiv(K, 128)]: one per 128x128 block"),
     ):  # fmt: skip
         check_tensor(name, scale, dtypes=(torch.float32,), dims=2, what=what)
         if tuple(scale.shape) != shape:
@@ -230,8 +231,15 @@ def _check(a, b, scale_a, scale_b, out_dtype, bias) -> tuple[int, int, int]:
     return m, n, k
 
 
-def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
-             out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def gemm_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``(a * scale_a) @ (b * scale_b).T + bias`` by the warp-specialized persistent Gluon kernel, each
     128-wide K group's product promoted into an fp32 accumulator at its scales.
 
