@@ -44,6 +44,13 @@ def make_call(target: dict, device: str) -> Callable[[], object]:
     from llm_speed.attention.varlen import flash_attention_varlen
 
     op, backward = target["op"], target["pass"] == "forward+backward"
+    if op == "gemm_fp8":  # block scaling, b an nn.Linear weight [N, K] (candidate gluon-gemm-fp8)
+        from llm_speed.matmul.fp8 import gemm_fp8, quantize_fp8
+
+        a, s_a = quantize_fp8(torch.randn(target["m"], target["k"], device=device), granularity=(1, 128))
+        b, s_b = quantize_fp8(torch.randn(target["n"], target["k"], device=device), granularity=(128, 128))
+        out_dtype = _dtype(target["out_dtype"])
+        return lambda: gemm_fp8(a, b, s_a, s_b, out_dtype=out_dtype, trans_b=True)
     dtype = _dtype(target["dtype"])
     heads, kv_heads, head_dim = target["heads"], target.get("kv_heads", target["heads"]), target["head_dim"]
 

@@ -141,3 +141,54 @@ def test_the_output_comes_from_new_output(nan_poisoned):
     with simulated_gpu():
         out = gluon_fp8.gemm_fp8(*_args())
     assert out.isnan().all()
+
+
+def _block_call(m=256, n=384, k=512, **changes):
+    """gemm_fp8's arguments at 1x128 x 128x128 scaling, b [N, K]: the call the candidate policy gives the
+    Gluon kernel; ``changes`` replaces some."""
+    a, b, s_a, s_b = _args(m, n, k)
+    call = dict(a=a, b=b, scale_a=s_a, scale_b=s_b, out_dtype=torch.bfloat16, trans_b=True)
+    call.update(changes)
+    return call
+
+
+REFUSED = [
+    ("b [K, N]", lambda: _block_call(trans_b=False), "b is [K, N]"),
+    ("e5m2", lambda: _block_call(a=torch.zeros(256, 512).to(E5M2)), "e4m3 operands only"),
+    ("fp32 out", lambda: _block_call(out_dtype=torch.float32), "bfloat16 or float16 only"),
+    ("row scales", lambda: _block_call(scale_a=torch.ones(256, 1), scale_b=torch.ones(384, 1)),
+     "not 1x128 x 128x128"),
+    ("tensor scales", lambda: _block_call(scale_a=torch.ones(()), scale_b=torch.ones(())),
+     "not 1x128 x 128x128"),
+    ("a transposed", lambda: _block_call(a=torch.zeros(512, 256).to(E4M3).T), "a is not K-contiguous"),
+    ("N ragged", lambda: _block_call(n=380), "N = 380"),
+    ("empty", lambda: _block_call(m=0), "an empty problem"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "make", "reason"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_the_choice_refuses_what_the_kernel_does_not_take(case, make, reason):
+    from llm_speed.core.policy import use_policy
+    from llm_speed.gluon.gemm_fp8_select import gluon_gemm_fp8_applies, gluon_gemm_fp8_refusal
+
+    call = make()
+    with simulated_gpu(), use_policy("gluon-gemm-fp8"):
+        assert reason in (gluon_gemm_fp8_refusal(**call) or "")
+        assert not gluon_gemm_fp8_applies(**call)
+
+
+def test_the_choice_takes_block_scaling_under_the_candidate_only():
+    from llm_speed.core.policy import CANDIDATES, SHIPPED, use_policy
+    from llm_speed.gluon.gemm_fp8_select import gluon_gemm_fp8_applies, gluon_gemm_fp8_refusal
+
+    call = _block_call(m=1, n=8, k=16)  # one row, one partial group: [1, 1] scales, block or per tensor alike
+    candidate = CANDIDATES["gluon-gemm-fp8"]
+    assert candidate.target["op"] == "gemm_fp8" and candidate.target["scaling"] == "block"
+    with simulated_gpu():
+        assert gluon_gemm_fp8_refusal(**call, policy=SHIPPED) == "the policy's gluon_gemm_fp8 is off"
+        with use_policy("gluon-gemm-fp8"):
+            assert gluon_gemm_fp8_applies(**_block_call()) and gluon_gemm_fp8_applies(**call)
+        with use_policy("gluon-gemm-fp8"), stand_in(Hardware.from_spec("b200")):
+            assert "compute capability" in gluon_gemm_fp8_refusal(**_block_call())
+    with use_policy("gluon-gemm-fp8"):  # a CPU tensor with no simulated GPU
+        assert "not CUDA" in gluon_gemm_fp8_refusal(**_block_call())

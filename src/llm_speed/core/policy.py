@@ -64,6 +64,9 @@ class LaunchPolicy:
     # Likewise the backward (llm_speed.gluon.attention_bwd: dQ by atomics, so never where a deterministic
     # backward is asked for).
     gluon_backward_head_dims: tuple[int, ...] = ()
+    # Block-scaled (1x128 x 128x128) e4m3 GEMMs with b [N, K] on a compute capability 9.0 GPU run the
+    # warp-specialized Gluon kernel (llm_speed.gluon.gemm_fp8; which calls: llm_speed.gluon.gemm_fp8_select).
+    gluon_gemm_fp8: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -143,6 +146,7 @@ PROOFS: dict[str, Proof | None] = {
     # Never run on a GPU (issue 73; docs/gluon.md).
     "gluon_forward_head_dims": None,
     "gluon_backward_head_dims": None,
+    "gluon_gemm_fp8": None,
 }
 
 # Changes since the last GPU run that rewrote a kernel and left no switch: the proof's correctness step (the
@@ -162,6 +166,10 @@ _DECODE = {"op": "flash_attention_with_kvcache", "pass": "forward", "batch": 8, 
            "cache": 4096, "new_tokens": 1, "head_dim": 128, "dtype": "bfloat16"}  # fmt: skip
 _FP8 = {"op": "flash_attention_fp8", "pass": "forward", "batch": 1, "heads": 16, "seq": 16384, "head_dim": 64,
         "dtype": "float8_e4m3fn", "causal": False}  # fmt: skip
+# DeepSeek-V3's block scaling at 4096^3: e4m3 a with 1x128 scales, b an nn.Linear weight [N, K] with 128x128.
+_FP8_BLOCK_GEMM = {"op": "gemm_fp8", "pass": "forward", "m": 4096, "n": 4096, "k": 4096,
+                   "dtype": "float8_e4m3fn", "scaling": "block", "trans_b": True, "out_dtype": "bfloat16",
+                   "family": "gemm_fp8"}  # fmt: skip
 
 
 def _candidate(name: str, target: dict, **on) -> Candidate:
@@ -182,6 +190,7 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("fp8-weights-gpu-cast", _FP8, fp8_weights_gpu_cast=True),
         _candidate("gluon-forward", _FWD_D128, gluon_forward_head_dims=(128,)),
         _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
+        _candidate("gluon-gemm-fp8", _FP8_BLOCK_GEMM, gluon_gemm_fp8=True),
     )
 }
 
