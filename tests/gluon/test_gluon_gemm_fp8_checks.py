@@ -114,7 +114,8 @@ def test_a_simulated_h100_launch_is_the_plan(bias):
     assert per_call["bias_ptr"] is (bias_t if bias else out)
     descriptors = plan.arguments(per_call)
     assert descriptors["a_desc"].block_shape == descriptors["b_desc"].block_shape == [128, 128]
-    assert descriptors["c_desc"].block_shape == [128, 128]
+    assert descriptors["c_desc"].block_shape == [64, 128]  # each consumer warpgroup stores its rows
+    assert plan.num_warps == 4  # the default partition: one consumer warpgroup
 
 
 def test_empty_problems_launch_nothing():

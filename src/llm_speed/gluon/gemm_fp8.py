@@ -5,9 +5,13 @@ group (``scale_a`` [M, cdiv(K, 128)]) and e4m3 ``b`` [N, K] (an ``nn.Linear`` we
 (arXiv:2412.19437, section 3.3.2) and of :func:`llm_speed.matmul.fp8.gemm_fp8` with ``trans_b=True``.
 
 The structure is :mod:`llm_speed.gluon.gemm`'s: a one-warp TMA **producer** (the same
-:func:`~llm_speed.gluon.gemm.tma_producer`) fills a ring of A and B tiles, two consumer warpgroups (the
-default partition, 8 warps) own 64 of a tile's 128 rows each, and the grid is persistent over the same
-grouped tile order. What differs is the **promotion** (DeepSeek-V3, section 3.3.2, "Increasing
+:func:`~llm_speed.gluon.gemm.tma_producer`) fills a ring of A and B tiles, two consumer warpgroups own 64 of
+a tile's 128 rows each, and the grid is persistent over the same grouped tile order. Here each consumer
+warpgroup is a partition of its own (the default one, and a worker), freeing each slot by its own arrival
+(the "empty" barriers count two) and storing its own rows: Triton puts a barrier across a partition's warps
+at every mbarrier wait and arrive, so in one 8-warp partition the two warpgroups would promote in lockstep,
+with no product of theirs in flight; apart, one may promote while the other's product runs. What differs
+from the GEMM is the **promotion** (DeepSeek-V3, section 3.3.2, "Increasing
 Accumulation Precision"; deepseek-ai/DeepGEMM's README): Hopper's fp8 wgmma accumulates in fewer bits than
 fp32, so each K step of 128 (one scaling group) runs as its own wgmma into a fresh product, and once it has
 retired the consumers add it, times ``scale_a[row, step] * scale_b[n block, step]``, into a separate fp32
@@ -53,7 +57,7 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.launch import TMA_ALIGN_BYTES, Kernel, cdiv
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from . import compat
-from .gemm import CONSUMER_WARPS, PRODUCER_REGISTERS, PRODUCER_WARPS, tile_coordinates, tma_producer
+from .gemm import PRODUCER_REGISTERS, PRODUCER_WARPS, tile_coordinates, tma_producer
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -61,39 +65,51 @@ from .launch import DescriptorLayout, GluonPlan, check_device
 # The side of a scaling group along K and of a block of b's scales (DeepSeek-V3's 1x128 and 128x128).
 SCALE_BLOCK = 128
 _SCALE_BLOCK = gl.constexpr(SCALE_BLOCK)  # the same, as the kernels read it
+# Each consumer warpgroup is a partition of its own (the default one and a worker), so that neither waits
+# for the other at its mbarrier waits and arrives (Triton syncs a partition's warps there).
+WARPGROUP_WARPS = 4
+CONSUMER_WARPS = gl.constexpr(WARPGROUP_WARPS)
+# The worker consumer's registers: the default partition runs with what the block's pool (12 warps x 168 =
+# 504 a lane) leaves after the workers: 504 - 224 - 24 = 256 (docs/gluon.md, the forward attention's split).
+WORKER_CONSUMER_REGISTERS = gl.constexpr(224)
 
 
 @gluon.jit
-def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, sa_ptr, sb_ptr, bias_ptr, M, N, tiles_m, tiles_n,
-               k_steps, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_bias, GROUP_M: gl.constexpr,
-               HAS_BIAS: gl.constexpr):  # fmt: skip
-    """Two warpgroups: per K step one wgmma into a fresh product, waited for, then promoted into the fp32
-    accumulator at the step's scales; after a tile, the bias and a TMA store."""
+def _consumer(c_desc, a_ring, b_ring, ready, empty, c_tiles, sa_ptr, sb_ptr, bias_ptr, M, N, tiles_m, tiles_n,
+              k_steps, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_bias, GROUP_M: gl.constexpr,
+              HAS_BIAS: gl.constexpr, WARPGROUP: gl.constexpr):  # fmt: skip
+    """One consumer warpgroup, rows [WARPGROUP * 64, + 64) of each tile: per K step one wgmma into a fresh
+    product, waited for, its slot freed (the other warpgroup frees it too: the barrier counts both), then
+    promoted into the fp32 accumulator at the step's scales; after a tile, the bias and a TMA store of its
+    rows."""
     STAGES: gl.constexpr = a_ring.shape[0]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    ROWS: gl.constexpr = c_desc.block_type.shape[0]  # a warpgroup's rows of the tile
+    BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     K_WIDTH: gl.constexpr = 256 // a_ring.dtype.primitive_bitwidth  # wgmma's K per instruction: 32 for fp8
-    # Warps stacked along M: warpgroup w holds rows [w * BLOCK_M / 2, (w + 1) * BLOCK_M / 2) of the tile.
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                          instr_shape=[16, BLOCK_N, K_WIDTH])  # fmt: skip
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    c_tile = c_tiles.index(WARPGROUP)
     used = 0  # slots consumed so far by this program
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         row, column = tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
-        rows = row * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        first = row * BLOCK_M + WARPGROUP * ROWS
+        rows = first + gl.arange(0, ROWS, layout=row_layout)
         # Rows past M (zero-filled A, clipped by the store) read row M - 1's scales rather than none.
         sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
         sb_block = sb_ptr + column * stride_sbn  # BLOCK_N == SCALE_BLOCK: the tile's one block of b's scales
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
         for step in range(k_steps):
             slot = used % STAGES
-            scale = gl.load(sa_rows + step * stride_sak) * gl.load(sb_block + step * stride_sbk)  # [BM]
+            scale = gl.load(sa_rows + step * stride_sak) * gl.load(sb_block + step * stride_sbk)  # [ROWS]
             mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
-            product = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)),
-                                    gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout), use_acc=False,
+            product = warpgroup_mma(a_ring.index(slot).slice(WARPGROUP * ROWS, ROWS),
+                                    b_ring.index(slot).permute((1, 0)),
+                                    gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout), use_acc=False,
                                     is_async=True)  # fmt: skip
             product = warpgroup_mma_wait(0, deps=(product,))
-            mbarrier.arrive(empty.index(slot))  # the product has read its slot
+            mbarrier.arrive(empty.index(slot))  # this warpgroup's product has read the slot
             acc += product * gl.expand_dims(scale, 1)
             used += 1
         if HAS_BIAS:
@@ -103,7 +119,7 @@ def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, sa_ptr, sb_ptr, bia
         tma.store_wait(0)  # the previous tile's store has left c_tile
         c_tile.store(acc.to(c_desc.dtype))
         fence_async_shared()
-        compat.tma_store(c_desc, [row * BLOCK_M, column * BLOCK_N], c_tile)
+        compat.tma_store(c_desc, [first, column * BLOCK_N], c_tile)
     tma.store_wait(0)
 
 
@@ -114,27 +130,30 @@ def gluon_gemm_fp8_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N
                           HAS_BIAS: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_K == _SCALE_BLOCK and BLOCK_N == _SCALE_BLOCK,
                      "a K step is one scaling group and a tile's columns one block of b's scales")
-    gl.static_assert(c_desc.block_type.shape[0] == BLOCK_M and c_desc.block_type.shape[1] == BLOCK_N)
+    gl.static_assert(c_desc.block_type.shape[0] * 2 == BLOCK_M and c_desc.block_type.shape[1] == BLOCK_N)
     gl.static_assert(a_desc.block_type.shape[1] == BLOCK_K and b_desc.block_type.shape[0] == BLOCK_N)
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_tile = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_tiles = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for slot in gl.static_range(STAGES):
         mbarrier.init(ready.index(slot), count=1)
-        mbarrier.init(empty.index(slot), count=1)
+        mbarrier.init(empty.index(slot), count=2)  # both consumer warpgroups free each slot
     fence_async_shared()
     tiles_m = gl.cdiv(M, BLOCK_M)
     tiles_n = gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
-        (_consumers, (c_desc, a_ring, b_ring, ready, empty, c_tile, sa_ptr, sb_ptr, bias_ptr, M, N, tiles_m,
-                      tiles_n, k_steps, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_bias, GROUP_M,
-                      HAS_BIAS)),
+        (_consumer, (c_desc, a_ring, b_ring, ready, empty, c_tiles, sa_ptr, sb_ptr, bias_ptr, M, N, tiles_m,
+                     tiles_n, k_steps, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_bias, GROUP_M,
+                     HAS_BIAS, 0)),
+        (_consumer, (c_desc, a_ring, b_ring, ready, empty, c_tiles, sa_ptr, sb_ptr, bias_ptr, M, N, tiles_m,
+                     tiles_n, k_steps, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_bias, GROUP_M,
+                     HAS_BIAS, 1)),
         (tma_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps, GROUP_M,
                         True)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])  # fmt: skip
+    ], [CONSUMER_WARPS, PRODUCER_WARPS], [WORKER_CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
     for slot in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(slot))
         mbarrier.invalidate(empty.index(slot))
@@ -165,7 +184,7 @@ def gemm_fp8_config(hardware: Hardware) -> KernelConfig:
             f"{hardware.name}: {hardware.smem_per_block_bytes} B of shared memory per block do "
             f"not hold two {block_m}x{block_n}x{block_k} fp8 ring slots and the output tile"
         )
-    return KernelConfig(block_m, block_n, CONSUMER_WARPS, max(fits), block_k=block_k, group_m=8)
+    return KernelConfig(block_m, block_n, WARPGROUP_WARPS, max(fits), block_k=block_k, group_m=8)
 
 
 @functools.cache
@@ -186,7 +205,7 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, has_bias: bool, scale_
              stride_sbk=stride_sbk, stride_bias=bias_stride, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
              STAGES=config.num_stages, GROUP_M=config.group_m, HAS_BIAS=has_bias),
         dict(a_desc=layout((bm, bk), gl.float8e4nv), b_desc=layout((bn, bk), gl.float8e4nv),
-             c_desc=layout((bm, bn), out_gl)),
+             c_desc=layout((bm // 2, bn), out_gl)),  # each warpgroup stores its rows
         config.num_warps, config.num_stages,
     )  # fmt: skip
 

@@ -1,13 +1,16 @@
 """A PyTorch model of the block-scaled fp8 Gluon GEMM's schedule (:mod:`llm_speed.gluon.gemm_fp8`), run on a
 CPU where Gluon has no interpreter. The producer, ring, barriers, persistent programs and grouped tile order
 are :mod:`llm_speed.gluon.gemm_schedule`'s (the kernel shares its producer); what this adds is the
-consumers' promotion, at the kernel's points:
+consumers' promotion, at the kernel's points, in each of the two consumer warpgroups (partitions of their
+own in the kernel, agents of their own here; a slot is refilled once both have freed it):
 
 - per K step one product of the slot's A and B boxes, from zero (the kernel's ``use_acc=False`` wgmma),
-  read when it retires, the slot released at once (``warpgroup_mma_wait(0)``, then the "empty" arrive);
-- then ``acc = fma(product, scale_a[row, group] * scale_b[n block, group], acc)`` in fp32, per warpgroup's
-  rows; rows past M take row M - 1's scale (their A is zero, their output clipped);
-- after the tile, the bias added in fp32 and one rounding to the output dtype, clipped at M and N.
+  over the warpgroup's 64 rows, read when it retires, the slot freed at once (``warpgroup_mma_wait(0)``, then
+  the warpgroup's "empty" arrive);
+- then ``acc = fma(product, scale_a[row, group] * scale_b[n block, group], acc)`` in fp32; rows past M take
+  row M - 1's scale (their A is zero, their output clipped);
+- after the tile, the bias added in fp32 and one rounding to the output dtype, the warpgroup's rows
+  stored, clipped at M and N.
 
 The product of one step is summed in fp32 here; Hopper's fp8 wgmma keeps fewer bits inside a step
 (DeepSeek-V3, arXiv:2412.19437 section 3.3.2), which is why the kernel promotes every 128-wide step: the GPU
@@ -36,14 +39,21 @@ def from_plan(plan) -> Schedule:
     return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["BLOCK_K"], f["STAGES"], f["GROUP_M"], plan.grid[0], True)
 
 
+# The kernel's "empty" barriers count an arrival from each consumer warpgroup: a slot is refilled only once
+# both products reading it have retired.
+EMPTY_ARRIVALS = WARPGROUPS
+
+
 class Program(gemm_schedule.Program):
-    """One persistent program: the GEMM model's producer and ring, with the promoting consumers."""
+    """One persistent program: the GEMM model's producer and ring, and the two consumer warpgroups as agents
+    of their own (the kernel's two consumer partitions), each promoting its rows."""
 
     def __init__(self, a, b, out, schedule: Schedule, program: int, scale_a, scale_b, bias):
         if not schedule.trans_b or SCALE_BLOCK % schedule.block_k or SCALE_BLOCK % schedule.block_n:
             raise ValueError(f"{schedule}: b must be [N, K] (trans_b) and block_k, block_n must divide "
                              f"{SCALE_BLOCK}")  # fmt: skip
         super().__init__(a, b, out, schedule, program)
+        self.empty = [protocol.Barrier(EMPTY_ARRIVALS) for _ in range(schedule.stages)]
         self.scale_a, self.scale_b, self.bias = scale_a, scale_b, bias
 
     def step_scale(self, rows: torch.Tensor, column: int, step: int) -> torch.Tensor:
@@ -53,41 +63,43 @@ class Program(gemm_schedule.Program):
         block = column * s.block_n // SCALE_BLOCK
         return self.scale_a[rows, group] * self.scale_b[block, group]
 
-    def consumers(self) -> Iterator[bool]:
+    def consumer(self, warpgroup: int) -> Iterator[bool]:
+        """Consumer warpgroup ``warpgroup``: rows [warpgroup * BM / 2, + BM / 2) of every tile."""
         s, used = self.s, 0
         half = s.block_m // WARPGROUPS
-        acc = torch.zeros(WARPGROUPS, half, s.block_n)
+        mine = slice(warpgroup * half, (warpgroup + 1) * half)
+        acc = torch.zeros(half, s.block_n)
         for tile in self.tiles:
             row, column = tile_coordinates(tile, self.tiles_m, self.tiles_n, s.group_m)
-            rows = (row * s.block_m + torch.arange(s.block_m)).clamp(max=self.m - 1)
+            first = row * s.block_m + warpgroup * half
+            rows = (first + torch.arange(half)).clamp(max=self.m - 1)
             acc.zero_()
             for step in range(self.k_steps):
                 slot = used % s.stages
-                scale = self.step_scale(rows, column, step).reshape(WARPGROUPS, half, 1)
+                scale = self.step_scale(rows, column, step).reshape(half, 1)
                 yield from protocol.wait(self.ready[slot], (used // s.stages) & 1)
                 yield True  # the product issued; it reads its slot when it retires
                 got, box_a, box_b = self.ring[slot] or (None, None, None)
                 if got != (tile, step):
                     raise protocol.ScheduleError(
-                        f"program {self.program}: the product of (tile, step) {(tile, step)} read slot "
-                        f"{slot} refilled with {got}"
+                        f"program {self.program}: warpgroup {warpgroup}'s product of (tile, step) "
+                        f"{(tile, step)} read slot {slot} refilled with {got}"
                     )
-                product = (box_a.float() @ box_b.float()).reshape(WARPGROUPS, half, s.block_n)
-                self.empty[slot].arrive()  # warpgroup_mma_wait(0): retired, the slot goes back
+                product = box_a[mine].float() @ box_b.float()
+                self.empty[slot].arrive()  # warpgroup_mma_wait(0): retired, this warpgroup frees the slot
                 # one FMA per element: the exact product rounded once with the sum
                 acc.copy_((acc.double() + product.double() * scale.double()).float())
                 used += 1
                 yield True
-            tile_out = acc.reshape(s.block_m, s.block_n)
+            out = acc
             columns = slice(column * s.block_n, min((column + 1) * s.block_n, self.n))
             if self.bias is not None:
                 bias = torch.zeros(s.block_n)
                 bias[: columns.stop - columns.start] = self.bias[columns].float()
-                tile_out = tile_out + bias
-            out_rows = slice(row * s.block_m, min((row + 1) * s.block_m, self.m))
-            tile_out = tile_out.to(self.out.dtype)  # the TMA store clips
-            self.out[out_rows, columns] = tile_out[: out_rows.stop - out_rows.start,
-                                                   : columns.stop - columns.start]  # fmt: skip
+                out = out + bias
+            out_rows = slice(first, max(first, min(first + half, self.m)))  # the TMA store clips
+            self.out[out_rows, columns] = out.to(self.out.dtype)[: out_rows.stop - out_rows.start,
+                                                                 : columns.stop - columns.start]  # fmt: skip
             yield True
 
 
@@ -101,5 +113,6 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     rng = random.Random(seed)
     for program in range(schedule.programs):
         state = Program(a, b, out, schedule, program, scale_a.float(), scale_b.float(), bias)
-        protocol.interleave([state.producer(), state.consumers()], rng, program)
+        agents = [state.producer()] + [state.consumer(w) for w in range(WARPGROUPS)]
+        protocol.interleave(agents, rng, program)
     return out
