@@ -70,10 +70,8 @@ def _same_precision(a, b, s_a, s_b, bias, out_dtype):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
-def test_against_float64_and_the_triton_block_path(m, n, k, out_dtype, bias):
-    from llm_speed.core.policy import use_policy
+def test_against_float64(m, n, k, out_dtype, bias):
     from llm_speed.gluon.gemm_fp8 import gemm_fp8
-    from llm_speed.matmul import fp8
     from llm_speed.matmul.reference import gemm_fp8_reference
 
     a, b, s_a, s_b = _operands(m, n, k)
@@ -83,12 +81,27 @@ def test_against_float64_and_the_triton_block_path(m, n, k, out_dtype, bias):
     torch.cuda.synchronize()
     assert not out.isnan().any(), "an output element no program wrote"
     truth = gemm_fp8_reference(a, b, s_a, s_b, bias=bias_t, out_dtype=torch.float64, trans_b=True)
-    cap = matmul_cap(out_dtype, truth, k)
     same = _same_precision(a, b, s_a, s_b, bias_t, out_dtype)
-    assert_error_rule("gluon gemm fp8", out, same, truth, OUTPUT_FACTOR, cap=cap)
+    assert_error_rule("gluon gemm fp8", out, same, truth, OUTPUT_FACTOR, cap=matmul_cap(out_dtype, truth, k))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_against_the_triton_block_path(m, n, k):
+    """The 2x rule with llm-speed's Triton block-scaled kernel (as shipped) as the same-precision product:
+    the Gluon kernel is no less accurate than the path it would replace (bf16 out, no bias: the Triton
+    kernel's compiles kept few)."""
+    from llm_speed.core.policy import use_policy
+    from llm_speed.gluon.gemm_fp8 import gemm_fp8
+    from llm_speed.matmul import fp8
+    from llm_speed.matmul.reference import gemm_fp8_reference
+
+    a, b, s_a, s_b = _operands(m, n, k)
+    out = gemm_fp8(a, b, s_a, s_b)
     with use_policy("shipped"), expect_launches(fp8.GEMM_KERNEL, device=a.device):
-        triton = fp8.gemm_fp8(a, b, s_a, s_b, out_dtype=out_dtype, bias=bias_t, trans_b=True)
-    assert_error_rule("gluon gemm fp8 vs the Triton block path", out, triton, truth, OUTPUT_FACTOR, cap=cap)
+        triton = fp8.gemm_fp8(a, b, s_a, s_b, trans_b=True)
+    truth = gemm_fp8_reference(a, b, s_a, s_b, out_dtype=torch.float64, trans_b=True)
+    assert_error_rule("gluon gemm fp8 vs the Triton block path", out, triton, truth, OUTPUT_FACTOR,
+                      cap=matmul_cap(torch.bfloat16, truth, k))  # fmt: skip
 
 
 def test_positive_inputs_and_repeatable():
