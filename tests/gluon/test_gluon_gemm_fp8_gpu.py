@@ -116,3 +116,19 @@ def test_positive_inputs_and_repeatable():
                       cap=matmul_cap(torch.bfloat16, truth, 1024))  # fmt: skip
     for _ in range(10):  # one program per tile at a time and a fixed K order: bitwise the same every time
         assert torch.equal(gemm_fp8(a, b, s_a, s_b), first)
+
+
+def test_the_build_that_ran_keeps_no_local_memory():
+    """The GPU machine's own build of each variant launched (bf16 out; fp16 with a bias), as its driver
+    loaded it: no local memory (no spill: what `llm-speed kernels --op gluon_gemm_fp8` shows on a CPU) and
+    the default partition of one warpgroup."""
+    from llm_speed.gluon.gemm_fp8 import GEMM_FP8, gemm_fp8
+
+    a, b, s_a, s_b = _operands(256, 256, 512)
+    gemm_fp8(a, b, s_a, s_b)
+    gemm_fp8(a, b, s_a, s_b, out_dtype=torch.float16, bias=torch.zeros(256, device="cuda"))
+    torch.cuda.synchronize()
+    built = list(GEMM_FP8.fn.device_caches[torch.cuda.current_device()][0].values())
+    assert len(built) >= 2
+    for kernel in built:
+        assert kernel.n_spills == 0 and kernel.metadata.num_warps == 4
