@@ -132,8 +132,9 @@ FAMILIES = (
     ),
     Family(
         "gluon",
-        "the warp-specialized Gluon GEMM, forward and backward attention (selected only by the candidates "
-        "gluon-forward / gluon-backward): a broken barrier hangs: they run apart from the shipped families",
+        "the warp-specialized Gluon GEMMs (16-bit, block-scaled fp8), forward and backward attention "
+        "(selected only by the candidates gluon-forward / gluon-backward / gluon-gemm-fp8): a broken barrier "
+        "hangs: they run apart from the shipped families",
         ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_attention_gpu.py",
          "tests/gluon/test_gluon_attention_bwd_gpu.py", "tests/gluon/test_gluon_gemm_fp8_gpu.py"),
         cap_s=120,
