@@ -22,7 +22,7 @@ The scales are not in the ring: they are a few hundred bytes per tile, read by t
 with plain loads (two ``scale_a`` values and one ``scale_b`` per thread and step, from L2), issued before
 the step's mbarrier wait so that their latency hides behind the wait and the product. ``scale_a`` is
 [M, K/128] with K groups along its rows, which a TMA box cannot take (its inner dimension would be one
-4-byte value; DeepGEMM stores that scale transposed for this reason).
+4-byte value; DeepGEMM's README requires that scale "TMA-aligned and transposed" instead).
 
 TMA zero-fills past M, N and K and clips the store, so M, N and K need no padding; K need not be a multiple
 of 128 (its last group is partial, as :func:`llm_speed.matmul.fp8.gemm_fp8` allows). TMA needs 16-byte rows:
