@@ -10,8 +10,9 @@ a tile's 128 rows each, and the grid is persistent over the same grouped tile or
 warpgroup is a partition of its own (the default one, and a worker), freeing each slot by its own arrival
 (the "empty" barriers count two) and storing its own rows: Triton puts a barrier across a partition's warps
 at every mbarrier wait and arrive, so in one 8-warp partition the two warpgroups would promote in lockstep,
-with no product of theirs in flight; apart, one may promote while the other's product runs. What differs
-from the GEMM is the **promotion** (DeepSeek-V3, section 3.3.2, "Increasing
+with no product of theirs in flight; apart, one may promote while the other's product runs (the overlap
+DeepSeek-V3's section 3.3.2 counts on for two warpgroups on the H800). What differs from the GEMM is the
+**promotion** (DeepSeek-V3, section 3.3.2, "Increasing
 Accumulation Precision"; deepseek-ai/DeepGEMM's README): Hopper's fp8 wgmma accumulates in fewer bits than
 fp32, so each K step of 128 (one scaling group) runs as its own wgmma into a fresh product, and once it has
 retired the consumers add it, times ``scale_a[row, step] * scale_b[n block, step]``, into a separate fp32
