@@ -5,19 +5,18 @@ group (``scale_a`` [M, cdiv(K, 128)]) and e4m3 ``b`` [N, K] (an ``nn.Linear`` we
 (arXiv:2412.19437, section 3.3.2) and of :func:`llm_speed.matmul.fp8.gemm_fp8` with ``trans_b=True``.
 
 The structure is :mod:`llm_speed.gluon.gemm`'s: a one-warp TMA **producer** (the same
-:func:`~llm_speed.gluon.gemm.tma_producer`) fills a ring of A and B tiles, two consumer warpgroups own 64 of
-a tile's 128 rows each, and the grid is persistent over the same grouped tile order. Here each consumer
-warpgroup is a partition of its own (the default one, and a worker), freeing each slot by its own arrival
-(the "empty" barriers count two) and storing its own rows: Triton puts a barrier across a partition's warps
-at every mbarrier wait and arrive, so in one 8-warp partition the two warpgroups would promote in lockstep,
-with no product of theirs in flight; apart, one may promote while the other's product runs (the overlap
+:func:`~llm_speed.gluon.gemm.tma_producer`) fills a ring of A and B tiles, two consumer warpgroups own 64 of a
+tile's 128 rows each, and the grid is persistent over the same grouped tile order. Here each consumer
+warpgroup is a partition of its own (the default one, and a worker), freeing each slot by its own arrival (the
+"empty" barriers count two) and storing its own rows: Triton puts a barrier across a partition's warps at
+every mbarrier wait and arrive, so in one 8-warp partition the two warpgroups would promote in lockstep, with
+no product of theirs in flight; apart, one may promote while the other's product runs (the overlap
 DeepSeek-V3's section 3.3.2 counts on for two warpgroups on the H800). What differs from the GEMM is the
-**promotion** (DeepSeek-V3, section 3.3.2, "Increasing
-Accumulation Precision"; deepseek-ai/DeepGEMM's README): Hopper's fp8 wgmma accumulates in fewer bits than
-fp32, so each K step of 128 (one scaling group) runs as its own wgmma into a fresh product, and once it has
-retired the consumers add it, times ``scale_a[row, step] * scale_b[n block, step]``, into a separate fp32
-accumulator in registers (an FMA per element). A tile is 128 x 128, so its columns lie in one block of
-``b``'s scales: one ``scale_b`` value per step.
+**promotion** (DeepSeek-V3, section 3.3.2, "Increasing Accumulation Precision"; deepseek-ai/DeepGEMM's
+README): Hopper's fp8 wgmma accumulates in fewer bits than fp32, so each K step of 128 (one scaling group)
+runs as its own wgmma into a fresh product, and once it has retired the consumers add it, times ``scale_a[row,
+step] * scale_b[n block, step]``, into a separate fp32 accumulator in registers (an FMA per element). A tile
+is 128 x 128, so its columns lie in one block of ``b``'s scales: one ``scale_b`` value per step.
 
 The scales are not in the ring: they are a few hundred bytes per tile, read by the consumers themselves
 with plain loads (two ``scale_a`` values and one ``scale_b`` per thread and step, from L2), issued before
