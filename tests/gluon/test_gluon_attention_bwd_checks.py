@@ -139,7 +139,7 @@ REFUSED = [
     ("not named by the policy", {}, {"policy": SHIPPED}, "not in the policy's gluon_"),
     ("head dim", {"d": 96}, {"policy": dataclasses.replace(ON, gluon_forward_head_dims=(96,),
                                                            gluon_backward_head_dims=(96,))},
-     "the Gluon kernels take"),
+     "the Gluon kernel takes"),
     ("float32", {"dtype": torch.float32}, {}, "fp16 or bf16"),
     ("fp8", {}, {"descales": (None, None, None)}, "no fp8"),
     ("window", {}, {"window": (100, 0)}, "sliding window"),
@@ -213,3 +213,18 @@ class torch_deterministic:
 
     def __exit__(self, *exc):
         torch.use_deterministic_algorithms(self.was)
+
+
+def test_d256_is_the_forwards_alone(monkeypatch):
+    # the forward takes d = 256; the backward (dK and dV of 64 keys x 256 would need 256 fp32 registers a
+    # lane) and the pair refuse it by name, and the selection keeps it to the forward under a policy naming it
+    q, k, v, out, lse, dout = _tensors(d=256)
+    with simulated_gpu(), pytest.raises(ValueError, match="head dim 256 is not supported; accepted: 64, 128"):
+        attention_bwd.backward(q, k, v, out, lse, dout)
+    with simulated_gpu(), pytest.raises(ValueError, match="head dim 256 is not supported"):
+        flash.flash_attention(q, k, v)
+    monkeypatch.setattr(select, "device_refusal", lambda device: None)  # as on an H100
+    both = dataclasses.replace(SHIPPED, gluon_forward_head_dims=(256,), gluon_backward_head_dims=(256,))
+    assert select.gluon_forward_applies(q, k, v, policy=both)
+    assert "the Gluon kernel takes (64, 128)" in select.gluon_backward_refusal(q, k, v, out, dout, policy=both)
+    assert "not in the policy's" in select.gluon_forward_refusal(q, k, v, policy=ON)  # off unless named

@@ -36,7 +36,7 @@ BAD = [
     ("3-D v", _swap(2, lambda x: x[0]), {}, ValueError, r"v must have 4 dims \[B, H, S, D\]"),
     ("strided k", _swap(1, lambda x: x.transpose(1, 2)), {}, ValueError, "k must be contiguous"),
     ("heads", lambda: _qkv(heads=3, heads_kv=2), {}, ValueError, "q's 3 heads must be a multiple of k's 2"),
-    ("head dim", lambda: _qkv(d=96), {}, ValueError, "head dim 96 is not supported; accepted: 64, 128"),
+    ("head dim", lambda: _qkv(d=96), {}, ValueError, "head dim 96 is not supported; accepted: 64, 128, 256"),
     ("k/v differ", _swap(2, lambda x: x[:, :, :10].contiguous()), {}, ValueError, "k and v must both be"),
     ("causal flag", _qkv, {"is_causal": 1}, TypeError, "is_causal must be a bool"),
     ("scale", _qkv, {"scale": float("nan")}, ValueError, "scale must be a finite number"),
@@ -57,7 +57,7 @@ def test_only_a_compute_capability_9_gpu_runs_it():
             attention.forward(*_qkv())
 
 
-@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64)])
+@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64), (256, 64)])
 def test_a_simulated_h100_launch_is_the_plan(d, block_n):
     seen = []
     remove = gluon_launch.add_observer(lambda plan, per_call: seen.append((plan, per_call)))

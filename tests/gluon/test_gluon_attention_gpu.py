@@ -1,5 +1,5 @@
 """GPU only (sm_90: H100, H200), run by the proof command: the Gluon forward attention itself against
-float64, under the 2x rule against plain PyTorch in the inputs' dtype, over head dims 64 and 128, causal or
+float64, under the 2x rule against plain PyTorch in the inputs' dtype, over head dims 64, 128 and 256, causal or
 not, MHA and GQA, ragged lengths both ways, fp16 and bf16, outputs poisoned with NaN first; the LSE against
 float64; rows that see no key. A broken mbarrier protocol (the ping-pong turns, the rings) hangs the GPU
 process: run it in its own process with a timeout."""
@@ -23,7 +23,7 @@ def _poison_outputs(nan_poisoned):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(("batch", "heads", "heads_kv", "seq_q", "seq_kv"), SHAPES)
 def test_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is_causal, dtype):
     from llm_speed.gluon.attention import forward

@@ -1,8 +1,8 @@
 """The schedule planned for the Gluon forward attention (issue 73, stage 1), modelled in PyTorch
 (:mod:`llm_speed.gluon.attention_schedule`), against float64: K/V rings filled by a producer, two consumer
 warpgroups in ping-pong, the next QK^T issued before this block's softmax, exp2 with the scale folded in,
-a persistent grid in longest-first causal order; ragged lengths both ways, GQA, head dims 64 / 128 / 256,
-fp16 and bf16, rows that see no key; and the protocol checks failing where the barriers are broken."""
+a persistent grid in longest-first causal order; ragged lengths both ways, GQA, head dims 64 / 128 / 256
+(each with the kernel's own plan), fp16 and bf16, rows that see no key; and the protocol checks failing where the barriers are broken."""
 
 from __future__ import annotations
 
@@ -51,10 +51,10 @@ def test_head_dims_gqa_and_dtypes(head_dim, heads_kv, dtype):
     _check(*_inputs(2, 4, heads_kv, 96, 80, head_dim, dtype), True, SMALL)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_the_kernels_plan_and_positive_inputs(head_dim):
-    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128; two ring
-    # slots), its grid cut to 3 programs so that each runs several work items
+    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128 and 256;
+    # two ring slots), its grid cut to 3 programs so that each runs several work items
     plan = attention._plan(1, 2, 1, 300, 260, head_dim, torch.bfloat16, True, Hardware.from_spec("h100-sxm"))
     planned = dataclasses.replace(model.from_plan(plan), programs=3)
     _check(*_inputs(1, 2, 1, 300, 260, head_dim, torch.bfloat16, positive=True), True, planned)

@@ -2,14 +2,14 @@
 :mod:`llm_speed.gluon.attention_schedule` (issue 73, stage 1): FlashAttention-3's structure (Shah et al.
 2024, arXiv:2407.08608, sections 3.1-3.2).
 
-- a **producer** warpgroup (one warp's work; 24 registers by ``setmaxnreg``) loads each work item's Q tile
-  and its K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a
-  slot is refilled once both consumer warpgroups have arrived on its "empty" one);
-- two **consumer warpgroups**, the default partition and a 4-warp worker, each own 64 of a tile's 128 query
-  rows and take turns (**ping-pong**) to issue their products, passing the turn through a pair of mbarriers
-  (Gluon has no named-barrier API), so one warpgroup's softmax runs under the other's wgmma. The worker
-  asks for :data:`CONSUMER_REGISTERS`; Triton gives the default partition the rest (256, sm_90a, Triton
-  3.6), and the three must fit the block's launch (docs/gluon.md: "register pool");
+- a **producer** warpgroup, the default partition (one warp's work), loads each work item's Q tile and its
+  K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a slot is
+  refilled once both consumer warpgroups have arrived on its "empty" one);
+- two **consumer warpgroups**, 4-warp workers at :data:`CONSUMER_REGISTERS` each (Triton gives the default
+  partition what the block's pool leaves, 24: FA3's 240 / 240 / 24 split, docs/gluon.md "register pool"),
+  each own 64 of a tile's 128 query rows and take turns (**ping-pong**) to issue their products, passing the
+  turn through a pair of mbarriers (Gluon has no named-barrier API), so one warpgroup's softmax runs under
+  the other's wgmma;
 - within a warpgroup, the next block's QK^T is issued beside the previous block's PV, **before this
   block's softmax** (``warpgroup_mma_wait(1)`` retires S and keeps the PV in flight); O is rescaled once the
   PV has retired; the softmax is base 2 with the scale folded into one multiply; P goes to wgmma from
@@ -41,16 +41,14 @@ from ..core import tensors
 from ..core.hardware import Hardware, hardware_of
 from ..core.launch import Kernel, cdiv
 from . import compat
-from .gemm import PRODUCER_REGISTERS
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
 
-# A whole warpgroup, as FlashAttention-3's producer (one warp issues the copies): the block is launched in
-# whole warpgroups whatever a worker declares.
-PRODUCER_WARPS = gl.constexpr(4)
-# 256 (the default partition, Triton's choice) + 224 + 24 = 504 = 12 warps x 168, the block's pool.
-CONSUMER_REGISTERS = gl.constexpr(224)
+# Both consumers at 240: 240 + 240 + 24 (the default partition, the producer warpgroup) = 504 = 12 warps x
+# 168, the block's pool. With a consumer as the default partition (256, Triton's choice) the other was held
+# to 224, where d = 256 spilled (17 LDL/STL in loops, 26 causal; sm_90a, Triton 3.6).
+CONSUMER_REGISTERS = gl.constexpr(240)
 LOG2E = gl.constexpr(math.log2(math.e))
 LN2 = gl.constexpr(math.log(2.0))
 WARPGROUP_ROWS = 64  # one warpgroup's rows: wgmma's M
@@ -80,10 +78,12 @@ def _work_item(index, n_blocks, pairs, section, LONGEST_FIRST: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(block, seq_q, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 IS_CAUSAL: gl.constexpr):  # fmt: skip
-    """Key blocks query block ``block`` reads (``attention_schedule.key_blocks``)."""
-    blocks = gl.cdiv(seq_kv, BLOCK_N)
+    """Key blocks query block ``block`` reads (``attention_schedule.key_blocks``); ``kv_blocks``: all of
+    them, cdiv(seq_kv, BLOCK_N), an argument (computed in the kernel, it was hoisted above the partitions'
+    split, held over ``setmaxnreg`` and spilled: d = 256, causal)."""
+    blocks = kv_blocks
     if IS_CAUSAL:
         last_key = gl.minimum((block + 1) * BLOCK_M, seq_q) - 1 + seq_kv - seq_q
         blocks = gl.maximum(0, gl.minimum(blocks, gl.cdiv(last_key + 1, BLOCK_N)))
@@ -92,8 +92,8 @@ def _key_blocks(block, seq_q, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready,
-              v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+              v_empty, seq_q, seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section,
+              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = k_ring.shape[0]
     filled = 0
     done = 0
@@ -105,7 +105,7 @@ def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty,
         for w in gl.static_range(2):  # each warpgroup's half of the tile
             compat.tma_load(q_desc, [pair * seq_q + block * BLOCK_M + w * (BLOCK_M // 2), 0], q_ready,
                             q_tiles.index(w))  # fmt: skip
-        for j in range(_key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)):
+        for j in range(_key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             slot = filled % STAGES
             parity = ((filled // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), parity)
@@ -136,7 +136,7 @@ def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.const
 
 @gluon.jit
 def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turn, out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2,
+              turn, out_ptr, lse_ptr, seq_q, seq_kv, kv_blocks, heads, n_blocks, pairs, section, scale2,
               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_DIM: gl.constexpr):  # fmt: skip
     """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile."""
@@ -154,7 +154,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
         block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
         rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=row_layout)
-        n = _key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        n = _key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)
         m = gl.full([HALF], -float("inf"), gl.float32, row_layout)
         l = gl.zeros([HALF], gl.float32, row_layout)
         o = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
@@ -228,8 +228,8 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
 
 
 @gluon.jit
-def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, seq_kv, heads, heads_kv,
-                               n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr,
+def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, seq_kv, kv_blocks, heads,
+                               heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr,
                                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                STAGES: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_M == 2 * 64)
@@ -255,16 +255,16 @@ def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, 
     fence_async_shared()
     # (the argument tuples are written out: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
-                       BLOCK_M, BLOCK_N, HEAD_DIM)),
-        (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
-                       BLOCK_M, BLOCK_N, HEAD_DIM)),
         (_producer, (q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL,
-                     BLOCK_M, BLOCK_N)),
-    ], [4, PRODUCER_WARPS], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
+                     v_ready, v_empty, seq_q, seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section,
+                     IS_CAUSAL, BLOCK_M, BLOCK_N)),
+        (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, seq_q, seq_kv, kv_blocks, heads, n_blocks, pairs, section, scale2,
+                       IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
+        (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, seq_q, seq_kv, kv_blocks, heads, n_blocks, pairs, section, scale2,
+                       IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM)),
+    ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])  # fmt: skip
 
 
 ATTENTION_FWD = Kernel(gluon_attention_fwd_kernel, "gluon_attention_fwd")
@@ -272,7 +272,9 @@ ATTENTION_FWD = Kernel(gluon_attention_fwd_kernel, "gluon_attention_fwd")
 # --- launcher -------------------------------------------------------------------------------------------
 
 DTYPES = (torch.float16, torch.bfloat16)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+# The backward's (llm_speed.gluon.attention_bwd): its dK and dV accumulators do not fit registers at 256.
+BACKWARD_HEAD_DIMS = (64, 128)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 BLOCK_M = 2 * WARPGROUP_ROWS
 STAGES = 2
@@ -281,8 +283,10 @@ SECTION = 8
 
 
 def key_block(head_dim: int) -> int:
-    """Keys per K/V block: 128 at d = 64; 64 at d = 128, where 128 keys spilled a consumer held to 224
-    registers (84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06: the register split above)."""
+    """Keys per K/V block: 128 at d = 64; 64 at d = 128 (where 128 keys spilled a consumer held to 224
+    registers, 84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06) and at d = 256. FA3 takes 80 keys at d = 256
+    (its ``hopper/tile_size.h``); Gluon's ``arange`` wants a power of two. At 64 keys and d = 256 the two
+    ring slots of K and V (128 KiB) and Q (64 KiB) take 192 KiB of the 227."""
     return 128 if head_dim <= 64 else 64
 
 
@@ -299,8 +303,8 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
     items = n_blocks * batch * heads
     return GluonPlan(
         ATTENTION_FWD, (min(items, hardware.sm_count), 1, 1),
-        dict(seq_q=seq_q, seq_kv=seq_kv, heads=heads, heads_kv=heads_kv, n_blocks=n_blocks,
-             pairs=batch * heads,
+        dict(seq_q=seq_q, seq_kv=seq_kv, kv_blocks=cdiv(seq_kv, block_n), heads=heads, heads_kv=heads_kv,
+             n_blocks=n_blocks, pairs=batch * heads,
              section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
              STAGES=STAGES),
         dict(q_desc=layout((WARPGROUP_ROWS, head_dim)), k_desc=layout((block_n, head_dim)),
@@ -312,10 +316,11 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
 # --- public function ------------------------------------------------------------------------------------
 
 
-def check_arguments(q, k, v, is_causal, scale) -> float:
+def check_arguments(q, k, v, is_causal, scale, head_dims: tuple[int, ...] = HEAD_DIMS) -> float:
     """The softmax scale (``1/sqrt(D)`` for None) once q, k, v, ``is_causal`` and ``scale`` are what the
-    Gluon attention kernels take (:func:`forward`); TypeError / ValueError naming the argument otherwise.
-    The device is checked apart (:func:`llm_speed.gluon.launch.check_device`)."""
+    Gluon attention kernels take (:func:`forward`; the backward passes its ``head_dims``); TypeError /
+    ValueError naming the argument otherwise. The device is checked apart
+    (:func:`llm_speed.gluon.launch.check_device`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, S, D]")
         if x.dtype != q.dtype:
@@ -334,8 +339,8 @@ def check_arguments(q, k, v, is_causal, scale) -> float:
     heads_kv = k.shape[1]
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"q's {heads} heads must be a multiple of k's {heads_kv}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
+    if head_dim not in head_dims:
+        raise ValueError(f"head dim {head_dim} is not supported; accepted: {', '.join(map(str, head_dims))}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
@@ -345,7 +350,7 @@ def check_arguments(q, k, v, is_causal, scale) -> float:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
-    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
+    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64, 128 or 256; causal masks aligned
     bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
     GPU only (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention`` launches it
     only under a launch policy naming it (candidate ``gluon-forward``)."""

@@ -555,12 +555,21 @@ def gluon_attention_problem(*, head_dim: int, dtype: str, seq: int, heads: int, 
     return Problem("gluon_attention_fwd", label + " causal" * is_causal, run)
 
 
+# The head dims each Gluon attention kernel takes (llm_speed.gluon.attention's HEAD_DIMS and
+# BACKWARD_HEAD_DIMS, restated: this module does not import Gluon).
+_GLUON_HEAD_DIMS = {"gluon_attention_fwd": (64, 128, 256), "gluon_attention_bwd": (64, 128)}
+
+
 def _gluon_attention(op: str, options: Options) -> Iterator[Problem]:
-    """Causal and not at each head dim (64 and 128 of ``options.head_dims``), in each 16-bit dtype: the
-    forward or (``gluon_attention_bwd``) the backward."""
+    """Causal and not at each head dim of ``options.head_dims`` the kernel takes (the forward also at 256
+    when the head dims are the default ones), in each 16-bit dtype: the forward or (``gluon_attention_bwd``)
+    the backward."""
     make = gluon_attention_bwd_problem if op == "gluon_attention_bwd" else gluon_attention_problem
+    head_dims = options.head_dims
+    if op == "gluon_attention_fwd" and head_dims == Options.head_dims:
+        head_dims = (*head_dims, 256)
     for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
-        for head_dim in [d for d in options.head_dims if d in (64, 128)]:
+        for head_dim in [d for d in head_dims if d in _GLUON_HEAD_DIMS[op]]:
             for is_causal in options.causal:
                 yield make(head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
                            is_causal=is_causal)  # fmt: skip
