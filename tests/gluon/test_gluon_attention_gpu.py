@@ -1,8 +1,10 @@
 """GPU only (sm_90: H100, H200), run by the proof command: the Gluon forward attention itself against
-float64, under the 2x rule against plain PyTorch in the inputs' dtype, over head dims 64, 128 and 256, causal or
-not, MHA and GQA, ragged lengths both ways, fp16 and bf16, outputs poisoned with NaN first; the LSE against
-float64; rows that see no key. A broken mbarrier protocol (the ping-pong turns, the rings) hangs the GPU
-process: run it in its own process with a timeout."""
+float64, under the 2x rule against plain PyTorch in the inputs' dtype, over head dims 64, 128 and 256,
+causal or not, MHA and GQA, ragged lengths both ways, fp16 and bf16, outputs poisoned with NaN first; the
+LSE against float64; rows that see no key. fp8 (e4m3 with descales of each shape): against float64 over the
+dequantized inputs, under the 2x rule against the fp8 reference (P rounded to e4m3 as the kernel does). A
+broken mbarrier protocol (the ping-pong turns, the rings) hangs the GPU process: run it in its own process
+with a timeout."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ import torch
 from gluon_cases import HOPPER_ONLY, SHAPES
 
 from accuracy_rule import OUTPUT_FACTOR, assert_error_rule, expect_launches, max_error
-from llm_speed.attention.reference import reference_attention
+from llm_speed.attention.reference import (
+    dequantize_attention_inputs,
+    reference_attention,
+    reference_forward,
+)
 
 pytestmark = HOPPER_ONLY
 
@@ -38,4 +44,40 @@ def test_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is_cau
     same_precision = reference_attention(q, k, v, is_causal=is_causal)
     assert not out.isnan().any(), "an output row no program wrote"
     assert_error_rule("gluon attention", out, same_precision, truth, OUTPUT_FACTOR, dtype)
+    assert max_error(lse, truth_lse) <= 1e-3 * max(1.0, truth_lse.nan_to_num(0, 0, 0).abs().max().item())
+
+
+# (batch, heads, heads_kv, seq_q, seq_kv): fp8's ragged keys (not a multiple of V^T's 16-byte rows) included
+FP8_SHAPES = [(2, 16, 16, 2048, 2048), (1, 8, 2, 300, 1000), (3, 4, 1, 113, 127), (2, 4, 2, 129, 17)]
+DESCALES = {"none": None, "tensor": lambda b, h: (), "head": lambda b, h: (h,), "batch": lambda b, h: (b, h)}
+
+
+@pytest.mark.parametrize("descale", list(DESCALES))
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(("batch", "heads", "heads_kv", "seq_q", "seq_kv"), FP8_SHAPES)
+def test_fp8_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is_causal, descale):
+    from llm_speed.gluon.attention import forward
+
+    shape = DESCALES[descale]
+    descales = tuple(None if shape is None else torch.rand(shape(batch, heads_kv), device="cuda") + 0.5
+                     for _ in range(3))  # fmt: skip
+    q = (torch.randn(batch, heads, seq_q, head_dim, device="cuda") * 2).to(torch.float8_e4m3fn)
+    k, v = ((torch.randn(batch, heads_kv, seq_kv, head_dim, device="cuda") * 2).to(torch.float8_e4m3fn)
+            for _ in range(2))  # fmt: skip
+    with expect_launches("gluon_attention_fwd", device=q.device):
+        out, lse = forward(q, k, v, is_causal=is_causal, descale_q=descales[0], descale_k=descales[1],
+                           descale_v=descales[2])  # fmt: skip
+    torch.cuda.synchronize()
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    cpu = [t.cpu() for t in (q, k, v)]
+    cpu_descales = tuple(None if d is None else d.cpu() for d in descales)
+    scale = head_dim**-0.5
+    truth, truth_lse = reference_attention(*dequantize_attention_inputs(*cpu, cpu_descales, torch.float64),
+                                           is_causal=is_causal, scale=scale, return_lse=True)  # fmt: skip
+    same, _ = reference_forward(*cpu, is_causal=is_causal, window=None, softcap=None, scale=scale,
+                                descales=cpu_descales)  # fmt: skip
+    assert_error_rule("gluon fp8 attention", out, same, truth, OUTPUT_FACTOR, torch.bfloat16)
+    # the fp8 tensor cores' accumulation keeps about 14 bits below the largest addend (tests/attention's fp8
+    # tests): about 1e-4 of a score of 1
     assert max_error(lse, truth_lse) <= 1e-3 * max(1.0, truth_lse.nan_to_num(0, 0, 0).abs().max().item())
