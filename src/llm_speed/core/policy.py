@@ -64,6 +64,9 @@ class LaunchPolicy:
     # Likewise the backward (llm_speed.gluon.attention_bwd: dQ by atomics, so never where a deterministic
     # backward is asked for).
     gluon_backward_head_dims: tuple[int, ...] = ()
+    # Head dims at which an fp8 (e4m3, descales) dense attention forward on a compute capability 9.0 GPU runs
+    # the Gluon forward (V transposed by one copy; llm_speed.gluon.select).
+    gluon_fp8_forward_head_dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -143,6 +146,7 @@ PROOFS: dict[str, Proof | None] = {
     # Never run on a GPU (issue 73; docs/gluon.md).
     "gluon_forward_head_dims": None,
     "gluon_backward_head_dims": None,
+    "gluon_fp8_forward_head_dims": None,
 }
 
 # Changes since the last GPU run that rewrote a kernel and left no switch: the proof's correctness step (the
@@ -182,6 +186,8 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("fp8-weights-gpu-cast", _FP8, fp8_weights_gpu_cast=True),
         _candidate("gluon-forward", _FWD_D128, gluon_forward_head_dims=(128,)),
         _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
+        _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128, family="fp8_attention"),
+                   gluon_fp8_forward_head_dims=(128,)),  # fmt: skip
     )
 }
 

@@ -13,7 +13,7 @@ import torch
 from ..core import runtime
 from ..core.hardware import hardware_of
 from ..core.policy import LaunchPolicy, current_policy
-from .attention import BACKWARD_HEAD_DIMS, DTYPES, HEAD_DIMS
+from .attention import BACKWARD_HEAD_DIMS, DTYPES, FP8_DTYPE, HEAD_DIMS
 from .launch import CAPABILITY
 
 
@@ -27,11 +27,14 @@ def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, kernel_dims: tuple
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "not dense [B, H, S, D] tensors (packed sequences or a paged cache)"
     head_dim = q.shape[-1]
-    if head_dim not in head_dims:
+    if head_dim not in head_dims:  # (first: as shipped every field is empty)
         return f"head dim {head_dim} not in the policy's {field} {head_dims}"
     if head_dim not in kernel_dims:
         return f"head dim {head_dim}: the Gluon kernel takes {kernel_dims}"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or descales is not None:
+    if field == "gluon_fp8_forward_head_dims":
+        if not q.dtype == k.dtype == v.dtype == FP8_DTYPE:
+            return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp8 takes e4m3 alike"
+    elif q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or descales is not None:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp16 or bf16 alike only (no fp8)"
     if window is not None and window != (None, None):
         return "a sliding window"
@@ -79,8 +82,14 @@ def gluon_forward_refusal(q, k, v, *, window=None, softcap=None, alibi_slopes=No
                           policy: LaunchPolicy | None = None) -> str | None:  # fmt: skip
     """Why :func:`llm_speed.gluon.attention.forward` does not take this dense attention forward under
     ``policy`` (None: the current one), or None when it does. ``window``: (left, right) or None; ``descales``:
-    fp8's, None for 16-bit."""
+    fp8's (descale_q, descale_k, descale_v), None for 16-bit. An fp8 call (descales given, or e4m3 q) is
+    taken only at the head dims of the policy's ``gluon_fp8_forward_head_dims``, a 16-bit one at those of
+    ``gluon_forward_head_dims``."""
     policy = current_policy() if policy is None else policy
+    if descales is not None or getattr(q, "dtype", None) == FP8_DTYPE:
+        return _refusal(q, k, v, policy.gluon_fp8_forward_head_dims, "gluon_fp8_forward_head_dims", HEAD_DIMS,
+                        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                        descales=descales, two_pass=two_pass)  # fmt: skip
     return _refusal(q, k, v, policy.gluon_forward_head_dims, "gluon_forward_head_dims", HEAD_DIMS,
                     window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
                     descales=descales, two_pass=two_pass)  # fmt: skip
