@@ -150,3 +150,19 @@ def test_a_simulated_fp8_launch_reads_v_transposed(d, block_n):
     assert torch.equal(per_call["qk_descale_ptr"], descale_q * descale_k[None])
     assert torch.equal(per_call["v_descale_ptr"], descale_v.expand(2, 2))
     assert per_call["qk_descale_ptr"].is_contiguous() and per_call["v_descale_ptr"].is_contiguous()
+
+
+def test_a_bad_descale_unchecked_turns_its_heads_outputs_into_nan(monkeypatch):
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)  # as on a GPU: no host read of the values
+    seen = []
+    remove = gluon_launch.add_observer(lambda plan, per_call: seen.append(per_call))
+    try:
+        with simulated_gpu():
+            bad_v = torch.tensor([[2.0, 1.0], [float("nan"), 1.0]])
+            attention.forward(*_fp8(), descale_k=torch.tensor([1.0, -2.0]), descale_v=bad_v)
+    finally:
+        remove()
+    ((per_call,),) = [seen]
+    nan = float("nan")
+    assert torch.equal(per_call["qk_descale_ptr"].isnan(), torch.tensor([[False, True], [True, True]]))
+    assert torch.allclose(per_call["v_descale_ptr"], torch.tensor([[2.0, nan], [nan, nan]]), equal_nan=True)

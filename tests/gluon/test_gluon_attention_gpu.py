@@ -81,3 +81,16 @@ def test_fp8_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is
     # the fp8 tensor cores' accumulation keeps about 14 bits below the largest addend (tests/attention's fp8
     # tests): about 1e-4 of a score of 1
     assert max_error(lse, truth_lse) <= 1e-3 * max(1.0, truth_lse.nan_to_num(0, 0, 0).abs().max().item())
+
+
+def test_fp8_a_bad_descale_gives_its_heads_nan(monkeypatch):
+    from llm_speed.core import runtime
+    from llm_speed.gluon.attention import forward
+
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)  # no host read of the values
+
+    q, k, v = ((torch.randn(2, 4, 100, 128, device="cuda")).to(torch.float8_e4m3fn) for _ in range(3))
+    descale_k = torch.tensor([1.0, 1.0, -1.0, 1.0], device="cuda")  # per K/V head: the third is bad
+    out, lse = forward(q, k, v, descale_k=descale_k)
+    torch.cuda.synchronize()
+    assert out[:, 2].isnan().all() and not out[:, [0, 1, 3]].isnan().any()

@@ -400,7 +400,9 @@ def check_arguments(q, k, v, is_causal, scale, head_dims: tuple[int, ...] = HEAD
 
 def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torch.Tensor] | None:
     """fp8's descales as the kernel reads them, float32 [B, H_kv] each: descale_q * descale_k (folded into
-    the scores' scale) and descale_v (on the output); None for 16-bit q. Bad ones: an error naming them."""
+    the scores' scale) and descale_v (on the output); None for 16-bit q. Bad ones: an error naming them;
+    values not finite and > 0 where values are not checked (a GPU): both NaN for that K/V head, so that its
+    output is NaN, as the Triton fp8 path's rows."""
     from ..attention.checks import check_descale, check_descale_values
     from ..attention.reference import descale_rows
 
@@ -420,7 +422,11 @@ def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torc
             rows.append(descale_rows(t, batch, heads_kv))
     if runtime.check_values(q.device):
         check_descale_values(*named.items())
-    return (rows[0] * rows[1]).contiguous(), rows[2].contiguous()
+    good = rows[0].isfinite() & (rows[0] > 0)
+    for row in rows[1:]:
+        good = good & row.isfinite() & (row > 0)
+    return (torch.where(good, rows[0] * rows[1], math.nan).contiguous(),
+            torch.where(good, rows[2], math.nan).contiguous())  # fmt: skip
 
 
 def transposed_values(v: torch.Tensor) -> torch.Tensor:
