@@ -70,13 +70,11 @@ def test_fp8_against_float64(batch, heads, heads_kv, seq_q, seq_kv, head_dim, is
                            descale_v=descales[2])  # fmt: skip
     torch.cuda.synchronize()
     assert out.dtype == torch.bfloat16 and not out.isnan().any()
-    cpu = [t.cpu() for t in (q, k, v)]
-    cpu_descales = tuple(None if d is None else d.cpu() for d in descales)
-    scale = head_dim**-0.5
-    truth, truth_lse = reference_attention(*dequantize_attention_inputs(*cpu, cpu_descales, torch.float64),
+    scale = head_dim**-0.5  # (the references on the GPU too: float64 and float32 maths, e4m3 rounding)
+    truth, truth_lse = reference_attention(*dequantize_attention_inputs(q, k, v, descales, torch.float64),
                                            is_causal=is_causal, scale=scale, return_lse=True)  # fmt: skip
-    same, _ = reference_forward(*cpu, is_causal=is_causal, window=None, softcap=None, scale=scale,
-                                descales=cpu_descales)  # fmt: skip
+    same, _ = reference_forward(q, k, v, is_causal=is_causal, window=None, softcap=None, scale=scale,
+                                descales=descales)  # fmt: skip
     assert_error_rule("gluon fp8 attention", out, same, truth, OUTPUT_FACTOR, torch.bfloat16)
     # the fp8 tensor cores' accumulation keeps about 14 bits below the largest addend (tests/attention's fp8
     # tests): about 1e-4 of a score of 1
