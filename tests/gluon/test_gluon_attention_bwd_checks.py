@@ -127,7 +127,8 @@ def test_flash_attention_pairs_the_forward_and_the_backward():
 
 # --- the choice (stage 3) -------------------------------------------------------------------------------
 
-ON = dataclasses.replace(SHIPPED, gluon_forward_head_dims=(64, 128), gluon_backward_head_dims=(64, 128))
+ON = dataclasses.replace(SHIPPED, gluon_forward_head_dims=(64, 128), gluon_backward_head_dims=(64, 128),
+                        gluon_fp8_forward_head_dims=(64, 128))  # fmt: skip
 
 
 def _call(**changes):
@@ -139,9 +140,9 @@ REFUSED = [
     ("not named by the policy", {}, {"policy": SHIPPED}, "not in the policy's gluon_"),
     ("head dim", {"d": 96}, {"policy": dataclasses.replace(ON, gluon_forward_head_dims=(96,),
                                                            gluon_backward_head_dims=(96,))},
-     "the Gluon kernels take"),
+     "the Gluon kernel takes"),
     ("float32", {"dtype": torch.float32}, {}, "fp16 or bf16"),
-    ("fp8", {}, {"descales": (None, None, None)}, "no fp8"),
+    ("fp8 descales, bf16 q", {}, {"descales": (None, None, None)}, "fp8 takes e4m3 alike"),
     ("window", {}, {"window": (100, 0)}, "sliding window"),
     ("softcap", {}, {"softcap": 30.0}, "softcap"),
     ("alibi", {}, {"alibi_slopes": torch.ones(4)}, "ALiBi"),
@@ -160,7 +161,7 @@ def test_each_call_the_gluon_kernels_do_not_take_is_refused_for_its_reason(case,
     backward_options = {n: x for n, x in options.items() if n not in ("descales", "two_pass")}
     assert reason in select.gluon_forward_refusal(q, k, v, **options)
     assert not select.gluon_forward_applies(q, k, v, **options)
-    if case not in ("fp8", "two-pass"):  # forward-only options
+    if case not in ("fp8 descales, bf16 q", "two-pass"):  # forward-only options
         assert reason in select.gluon_backward_refusal(q, k, v, out, dout, **backward_options)
         assert not select.gluon_backward_applies(q, k, v, out, dout, **backward_options)
 
@@ -213,3 +214,36 @@ class torch_deterministic:
 
     def __exit__(self, *exc):
         torch.use_deterministic_algorithms(self.was)
+
+
+def test_d256_is_the_forwards_alone(monkeypatch):
+    # the forward takes d = 256; the backward (dK and dV of 64 keys x 256 would need 256 fp32 registers a
+    # lane) and the pair refuse it by name, and the selection keeps it to the forward under a policy naming it
+    q, k, v, out, lse, dout = _tensors(d=256)
+    with simulated_gpu(), pytest.raises(ValueError, match="head dim 256 is not supported; accepted: 64, 128"):
+        attention_bwd.backward(q, k, v, out, lse, dout)
+    with simulated_gpu(), pytest.raises(ValueError, match="head dim 256 is not supported"):
+        flash.flash_attention(q, k, v)
+    monkeypatch.setattr(select, "device_refusal", lambda device: None)  # as on an H100
+    both = dataclasses.replace(SHIPPED, gluon_forward_head_dims=(256,), gluon_backward_head_dims=(256,))
+    assert select.gluon_forward_applies(q, k, v, policy=both)
+    why = select.gluon_backward_refusal(q, k, v, out, dout, policy=both)
+    assert "the Gluon kernel takes (64, 128)" in why
+    assert "not in the policy's" in select.gluon_forward_refusal(q, k, v, policy=ON)  # off unless named
+
+
+def test_fp8_only_under_its_own_field(monkeypatch):
+    monkeypatch.setattr(select, "device_refusal", lambda device: None)  # as on an H100
+    q, k, v = (x.float().to(torch.float8_e4m3fn) for x in _tensors()[:3])
+    descales = (torch.ones(()), None, torch.ones(2))
+    assert select.gluon_forward_applies(q, k, v, descales=descales, policy=ON)
+    assert select.gluon_forward_applies(q, k, v, policy=ON)  # e4m3 without descales: descales of 1
+    sixteen = dataclasses.replace(ON, gluon_fp8_forward_head_dims=())
+    why = select.gluon_forward_refusal(q, k, v, descales=descales, policy=sixteen)
+    assert "not in the policy's gluon_fp8_forward_head_dims" in why
+    fp8_alone = dataclasses.replace(SHIPPED, gluon_fp8_forward_head_dims=(64,))
+    assert "gluon_forward_head_dims" in select.gluon_forward_refusal(*_tensors()[:3], policy=fp8_alone)
+    assert "e4m3 alike" in select.gluon_forward_refusal(q, k.to(torch.float8_e5m2), v, policy=ON)
+    assert "softcap" in select.gluon_forward_refusal(q, k, v, descales=descales, softcap=5.0, policy=ON)
+    assert CANDIDATES["gluon-forward-fp8"].policy.gluon_fp8_forward_head_dims == (128,)
+    assert SHIPPED.gluon_fp8_forward_head_dims == ()

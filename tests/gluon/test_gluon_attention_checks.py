@@ -36,7 +36,7 @@ BAD = [
     ("3-D v", _swap(2, lambda x: x[0]), {}, ValueError, r"v must have 4 dims \[B, H, S, D\]"),
     ("strided k", _swap(1, lambda x: x.transpose(1, 2)), {}, ValueError, "k must be contiguous"),
     ("heads", lambda: _qkv(heads=3, heads_kv=2), {}, ValueError, "q's 3 heads must be a multiple of k's 2"),
-    ("head dim", lambda: _qkv(d=96), {}, ValueError, "head dim 96 is not supported; accepted: 64, 128"),
+    ("head dim", lambda: _qkv(d=96), {}, ValueError, "head dim 96 is not supported; accepted: 64, 128, 256"),
     ("k/v differ", _swap(2, lambda x: x[:, :, :10].contiguous()), {}, ValueError, "k and v must both be"),
     ("causal flag", _qkv, {"is_causal": 1}, TypeError, "is_causal must be a bool"),
     ("scale", _qkv, {"scale": float("nan")}, ValueError, "scale must be a finite number"),
@@ -57,7 +57,7 @@ def test_only_a_compute_capability_9_gpu_runs_it():
             attention.forward(*_qkv())
 
 
-@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64)])
+@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64), (256, 64)])
 def test_a_simulated_h100_launch_is_the_plan(d, block_n):
     seen = []
     remove = gluon_launch.add_observer(lambda plan, per_call: seen.append((plan, per_call)))
@@ -92,3 +92,77 @@ def test_no_keys_and_no_queries_launch_nothing():
         out, lse = attention.forward(*_qkv(seq_q=0))
         assert out.shape[2] == 0 and lse.shape[2] == 0
     assert runtime.launch_count("gluon_attention_fwd") == before
+
+
+# --- fp8 --------------------------------------------------------------------------------------------------
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _fp8(seq_kv=90, d=64):
+    return tuple(x.to(E4M3) for x in _qkv(seq_kv=seq_kv, d=d, dtype=torch.float32))
+
+
+FP8_BAD = [
+    ("descale with bf16", _qkv, {"descale_q": torch.ones(())}, ValueError,
+     "descale_q is for fp8 .e4m3. q, k and v only"),
+    ("e5m2", lambda: tuple(x.to(torch.float8_e5m2) for x in _fp8()), {}, TypeError, "q has dtype"),
+    ("fp8 q, bf16 k", lambda: (_fp8()[0], *_qkv()[1:]), {}, TypeError, "k has dtype torch.bfloat16"),
+    ("descale dtype", _fp8, {"descale_k": torch.ones((), dtype=torch.float64)}, TypeError,
+     "descale_k must be float32"),
+    ("descale shape", _fp8, {"descale_v": torch.ones(3)}, ValueError, r"descale_v must be \[\] or \[1\]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "make", "options", "error", "message"), FP8_BAD,
+                         ids=[c[0] for c in FP8_BAD])  # fmt: skip
+def test_bad_fp8_arguments_are_refused_by_name(case, make, options, error, message):
+    with simulated_gpu(), pytest.raises(error, match=message):
+        attention.forward(*make(), **options)
+
+
+def test_bad_descale_values_are_refused_where_values_are_checked(monkeypatch):
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", True)
+    with simulated_gpu(), pytest.raises(ValueError, match="descale_k must be finite and > 0"):
+        attention.forward(*_fp8(), descale_k=torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64), (256, 64)])
+def test_a_simulated_fp8_launch_reads_v_transposed(d, block_n):
+    seen = []
+    remove = gluon_launch.add_observer(lambda plan, per_call: seen.append((plan, per_call)))
+    q, k, v = _fp8(seq_kv=90, d=d)
+    descale_q, descale_k, descale_v = torch.rand(2, 2) + 0.5, torch.rand(2) + 0.5, torch.rand(()) + 0.5
+    try:
+        with simulated_gpu():
+            out, lse = attention.forward(q, k, v, descale_q=descale_q, descale_k=descale_k,
+                                         descale_v=descale_v)  # fmt: skip
+    finally:
+        remove()
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and out.shape == q.shape
+    ((plan, per_call),) = seen
+    assert plan.fixed["FP8"] and plan.fixed["BLOCK_N"] == block_n
+    v_t = per_call["v_desc"]  # V^T [B H_kv D, Skv], rows 16-byte aligned (96 bytes apart for 90 keys)
+    assert v_t.shape == (2 * 2 * d, 90) and v_t.stride() == (96, 1)
+    assert torch.equal(v_t.view(torch.uint8).unflatten(0, (2, 2, d)), v.view(torch.uint8).transpose(2, 3))
+    assert plan.arguments(per_call)["v_desc"].block_shape == [d, block_n]  # [D, keys]: K-major for fp8
+    # descale_q descale_k per K/V head (folded into the scale), descale_v per K/V head
+    assert torch.equal(per_call["qk_descale_ptr"], descale_q * descale_k[None])
+    assert torch.equal(per_call["v_descale_ptr"], descale_v.expand(2, 2))
+    assert per_call["qk_descale_ptr"].is_contiguous() and per_call["v_descale_ptr"].is_contiguous()
+
+
+def test_a_bad_descale_unchecked_turns_its_heads_outputs_into_nan(monkeypatch):
+    monkeypatch.setattr(runtime, "CHECK_INPUTS", False)  # as on a GPU: no host read of the values
+    seen = []
+    remove = gluon_launch.add_observer(lambda plan, per_call: seen.append(per_call))
+    try:
+        with simulated_gpu():
+            bad_v = torch.tensor([[2.0, 1.0], [float("nan"), 1.0]])
+            attention.forward(*_fp8(), descale_k=torch.tensor([1.0, -2.0]), descale_v=bad_v)
+    finally:
+        remove()
+    ((per_call,),) = [seen]
+    nan = float("nan")
+    assert torch.equal(per_call["qk_descale_ptr"].isnan(), torch.tensor([[False, True], [True, True]]))
+    assert torch.allclose(per_call["v_descale_ptr"], torch.tensor([[2.0, nan], [nan, nan]]), equal_nan=True)

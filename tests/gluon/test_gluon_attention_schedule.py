@@ -1,8 +1,10 @@
 """The schedule planned for the Gluon forward attention (issue 73, stage 1), modelled in PyTorch
 (:mod:`llm_speed.gluon.attention_schedule`), against float64: K/V rings filled by a producer, two consumer
 warpgroups in ping-pong, the next QK^T issued before this block's softmax, exp2 with the scale folded in,
-a persistent grid in longest-first causal order; ragged lengths both ways, GQA, head dims 64 / 128 / 256,
-fp16 and bf16, rows that see no key; and the protocol checks failing where the barriers are broken."""
+a persistent grid in longest-first causal order; ragged lengths both ways, GQA, head dims 64 / 128 / 256
+(each with the kernel's own plan), fp16 and bf16, rows that see no key; fp8 (e4m3 with descales, V^T
+tiles, P rounded to e4m3 at 2**8) against float64 over the dequantized inputs, under the 2x rule against
+the fp8 reference; and the protocol checks failing where the barriers are broken."""
 
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ import pytest
 import torch
 
 from accuracy_rule import ERROR_CAP, OUTPUT_FACTOR, assert_error_rule, max_error
-from llm_speed.attention.reference import reference_attention
+from llm_speed.attention.reference import (
+    dequantize_attention_inputs,
+    descale_rows,
+    reference_attention,
+    reference_forward,
+)
 from llm_speed.core.hardware import Hardware
 from llm_speed.gluon import attention, protocol
 from llm_speed.gluon import attention_schedule as model
@@ -51,10 +58,10 @@ def test_head_dims_gqa_and_dtypes(head_dim, heads_kv, dtype):
     _check(*_inputs(2, 4, heads_kv, 96, 80, head_dim, dtype), True, SMALL)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_the_kernels_plan_and_positive_inputs(head_dim):
-    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128; two ring
-    # slots), its grid cut to 3 programs so that each runs several work items
+    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128 and 256;
+    # two ring slots), its grid cut to 3 programs so that each runs several work items
     plan = attention._plan(1, 2, 1, 300, 260, head_dim, torch.bfloat16, True, Hardware.from_spec("h100-sxm"))
     planned = dataclasses.replace(model.from_plan(plan), programs=3)
     _check(*_inputs(1, 2, 1, 300, 260, head_dim, torch.bfloat16, positive=True), True, planned)
@@ -123,3 +130,75 @@ def test_the_exponent_is_base_2_with_the_scale_folded_in():
     assert max_error(out, truth) <= 4 * ERROR_CAP[torch.bfloat16]
     assert max_error(lse, truth_lse) <= 1e-4 * max(1.0, truth_lse.abs().max().item())
     assert math.isclose(model.LOG2E * model.LN2, 1.0)
+
+
+# --- fp8 (e4m3 q, k, v with descales) ---------------------------------------------------------------------
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _fp8_inputs(batch, heads, heads_kv, seq_q, seq_kv, head_dim, descale_shape):
+    """e4m3 q, k, v of values drawn in float64 and quantized by their descales (None: 1), and the descales."""
+    descales = []
+    for _ in range(3):
+        if descale_shape is None:
+            descales.append(None)
+        else:
+            descales.append(torch.rand(descale_shape(batch, heads_kv), dtype=torch.float64).float() + 0.5)
+    tensors = []
+    for shape, descale in zip([(batch, heads, seq_q, head_dim)] + [(batch, heads_kv, seq_kv, head_dim)] * 2,
+                              descales, strict=True):  # fmt: skip
+        x = torch.randn(shape, dtype=torch.float64) * 2
+        if descale is not None:
+            rows = descale_rows(descale, batch, heads_kv).double()
+            x = x / rows.repeat_interleave(shape[1] // heads_kv, dim=1)[:, :, None, None]
+        tensors.append(x.to(E4M3))
+    return (*tensors, tuple(descales))
+
+
+def _check_fp8(q, k, v, descales, is_causal, schedule, scale=None):
+    out, lse = model.forward(q, k, v, is_causal=is_causal, schedule=schedule, descales=descales, scale=scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    assert out.dtype == torch.bfloat16 and not out.isnan().any() and not lse.isnan().any()
+    wide = dequantize_attention_inputs(q, k, v, descales, torch.float64)
+    truth, truth_lse = reference_attention(*wide, is_causal=is_causal, scale=scale, return_lse=True)
+    same, _ = reference_forward(q, k, v, is_causal=is_causal, window=None, softcap=None, scale=scale,
+                                descales=descales)  # fmt: skip
+    assert_error_rule("fp8 attention schedule", out, same, truth, OUTPUT_FACTOR, torch.bfloat16)
+    assert max_error(lse, truth_lse) <= 1e-4 * max(1.0, truth_lse.nan_to_num(0, 0, 0).abs().max().item())
+    return out, lse
+
+
+DESCALE_SHAPES = {"none": None, "tensor": lambda b, h: (), "head": lambda b, h: (h,),
+                  "batch": lambda b, h: (b, h)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("descale", "is_causal"), [("none", True), ("tensor", False), ("head", True),
+                                                    ("batch", False)])  # fmt: skip
+def test_fp8_descales_ragged_and_gqa(descale, is_causal):
+    _check_fp8(*_fp8_inputs(2, 4, 2, 77, 93, 64, DESCALE_SHAPES[descale]), is_causal, SMALL)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_the_kernels_plan(head_dim):
+    # the kernel's fp8 plan (V^T tiles [D, block_n]), its grid cut to 3 programs; keys not a multiple of 16
+    plan = attention._plan(1, 2, 1, 200, 139, head_dim, E4M3, True, Hardware.from_spec("h100-sxm"))
+    planned = dataclasses.replace(model.from_plan(plan), programs=3)
+    _check_fp8(*_fp8_inputs(1, 2, 1, 200, 139, head_dim, DESCALE_SHAPES["head"]), True, planned)
+
+
+def test_fp8_rows_that_see_no_key_and_the_weights_offset(monkeypatch):
+    out, lse = _check_fp8(*_fp8_inputs(1, 2, 1, 70, 20, 64, DESCALE_SHAPES["batch"]), True, SMALL, scale=0.4)
+    assert torch.equal(out[:, :, :50].float(), torch.zeros(1, 2, 50, 64))
+    assert torch.isinf(lse[:, :, :50]).all() and (lse[:, :, :50] < 0).all()
+    # one key scores 7 above 255 others, whose weights e**-7 < 2**-10 round to 0 in e4m3 (its smallest
+    # subnormal is 2**-9) unless taken at 2**8 times their value: without the offset the output is 0, not 0.19
+    q = torch.ones(1, 1, 1, 64).to(E4M3)
+    k, v = torch.zeros(1, 1, 256, 64), torch.ones(1, 1, 256, 64)
+    k[:, :, 0], v[:, :, 0] = 7.0, 0.0
+    k, v = k.to(E4M3), v.to(E4M3)
+    out, _ = _check_fp8(q, k, v, (None, None, None), False, SMALL, scale=1 / 64)
+    assert out.float().mean().item() == pytest.approx(255 * math.exp(-7) / (1 + 255 * math.exp(-7)), rel=0.02)
+    monkeypatch.setattr(model, "P8_OFFSET", 0)
+    with pytest.raises(AssertionError, match="fp8 attention schedule"):
+        _check_fp8(q, k, v, (None, None, None), False, SMALL, scale=1 / 64)

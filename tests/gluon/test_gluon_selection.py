@@ -56,6 +56,30 @@ def test_the_gluon_forward_policy_launches_it_every_call(simulated, is_causal):
         assert _ran(lambda: flash_attention(q, k, v, scale=-0.1)) == {flash.FORWARD.name}
 
 
+def test_d256_only_under_a_policy_naming_it_and_forward_only(simulated):
+    q, k, v = _qkv(head_dim=256, grad=True)
+    with use_policy("gluon-forward"):  # the candidate names d = 128 alone
+        assert _ran(lambda: flash_attention(q, k, v)) == {flash.FORWARD.name}
+    with use_policy(gluon_forward_head_dims=(256,), gluon_backward_head_dims=(256,)):
+        assert _ran(lambda: flash_attention(q, k, v, is_causal=True)) == {ATTENTION_FWD.name}
+        ran = _ran(lambda: flash_attention(q, k, v).float().sum().backward())  # no Gluon backward at 256
+        assert ATTENTION_FWD.name in ran and ATTENTION_BWD.name not in ran
+
+
+def test_fp8_under_its_own_candidate(simulated):
+    q, k, v = (x.float().to(torch.float8_e4m3fn) for x in _qkv())
+    one = torch.ones(())
+    call = lambda **options: flash_attention(q, k, v, descale_q=one, descale_k=one, descale_v=one,  # noqa: E731
+                                             **options)  # fmt: skip
+    assert _ran(call) == {flash.FORWARD.name}  # as shipped
+    with use_policy("gluon-forward"):  # the 16-bit candidate leaves fp8 alone
+        assert _ran(call) == {flash.FORWARD.name}
+    with use_policy("gluon-forward-fp8"):
+        assert _ran(lambda: call(is_causal=True)) == {ATTENTION_FWD.name}
+        assert _ran(lambda: call(softcap=20.0)) == {flash.FORWARD.name}
+        assert _ran(lambda: flash_attention(*_qkv())) == {flash.FORWARD.name}  # 16-bit: the Triton forward
+
+
 def test_the_gluon_backward_policy_launches_it_unless_determinism_is_asked(simulated):
     q, k, v = _qkv(grad=True)
     with use_policy("gluon-backward"):

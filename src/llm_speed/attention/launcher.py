@@ -58,8 +58,10 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
     if gluon_forward_takes(q, k, v, scale, mods, two_pass, descales):
         from ..gluon import attention as gluon_attention
 
-        runtime.report_work("flash_attention", q=q, k=k, is_causal=mods.is_causal, window=None)
-        return gluon_attention.forward(q, k, v, is_causal=mods.is_causal, scale=scale)
+        work = "flash_attention" if descales is None else "flash_attention_fp8"
+        runtime.report_work(work, q=q, k=k, is_causal=mods.is_causal, window=None)
+        fp8 = {} if descales is None else dict(zip(("descale_q", "descale_k", "descale_v"), descales))
+        return gluon_attention.forward(q, k, v, is_causal=mods.is_causal, scale=scale, **fp8)
     name = "tiled_attention" if two_pass else "flash_attention" if descales is None else "flash_attention_fp8"
     runtime.report_work(name, q=q, k=k, is_causal=mods.is_causal, window=mods.window)
     if not runtime.triton_runs_on(device):
@@ -99,7 +101,10 @@ def gluon_forward_takes(q, k, v, scale: float, mods: ScoreMods, two_pass=False, 
     head dim (none as shipped: one attribute read, and the Gluon package is not imported) and
     :func:`llm_speed.gluon.select.gluon_forward_applies` takes the call; a positive scale (the Gluon
     forward's schedule model and GPU tests cover positive scales only)."""
-    if not current_policy().gluon_forward_head_dims or not scale > 0.0:
+    policy = current_policy()
+    if not (policy.gluon_forward_head_dims if descales is None else policy.gluon_fp8_forward_head_dims):
+        return False
+    if not scale > 0.0:
         return False
     from ..gluon.select import gluon_forward_applies
 

@@ -67,6 +67,9 @@ class LaunchPolicy:
     # Block-scaled (1x128 x 128x128) e4m3 GEMMs with b [N, K] on a compute capability 9.0 GPU run the
     # warp-specialized Gluon kernel (llm_speed.gluon.gemm_fp8; which calls: llm_speed.gluon.gemm_fp8_select).
     gluon_gemm_fp8: bool = False
+    # Head dims at which an fp8 (e4m3, descales) dense attention forward on a compute capability 9.0 GPU runs
+    # the Gluon forward (V transposed by one copy; llm_speed.gluon.select).
+    gluon_fp8_forward_head_dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -147,6 +150,7 @@ PROOFS: dict[str, Proof | None] = {
     "gluon_forward_head_dims": None,
     "gluon_backward_head_dims": None,
     "gluon_gemm_fp8": None,
+    "gluon_fp8_forward_head_dims": None,
 }
 
 # Changes since the last GPU run that rewrote a kernel and left no switch: the proof's correctness step (the
@@ -191,6 +195,8 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("gluon-forward", _FWD_D128, gluon_forward_head_dims=(128,)),
         _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
         _candidate("gluon-gemm-fp8", _FP8_BLOCK_GEMM, gluon_gemm_fp8=True),
+        _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128, family="fp8_attention"),
+                   gluon_fp8_forward_head_dims=(128,)),  # fmt: skip
     )
 }
 

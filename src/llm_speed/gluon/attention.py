@@ -2,14 +2,14 @@
 :mod:`llm_speed.gluon.attention_schedule` (issue 73, stage 1): FlashAttention-3's structure (Shah et al.
 2024, arXiv:2407.08608, sections 3.1-3.2).
 
-- a **producer** warpgroup (one warp's work; 24 registers by ``setmaxnreg``) loads each work item's Q tile
-  and its K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a
-  slot is refilled once both consumer warpgroups have arrived on its "empty" one);
-- two **consumer warpgroups**, the default partition and a 4-warp worker, each own 64 of a tile's 128 query
-  rows and take turns (**ping-pong**) to issue their products, passing the turn through a pair of mbarriers
-  (Gluon has no named-barrier API), so one warpgroup's softmax runs under the other's wgmma. The worker
-  asks for :data:`CONSUMER_REGISTERS`; Triton gives the default partition the rest (256, sm_90a, Triton
-  3.6), and the three must fit the block's launch (docs/gluon.md: "register pool");
+- a **producer** warpgroup, the default partition (one warp's work), loads each work item's Q tile and its
+  K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a slot is
+  refilled once both consumer warpgroups have arrived on its "empty" one);
+- two **consumer warpgroups**, 4-warp workers at :data:`CONSUMER_REGISTERS` each (Triton gives the default
+  partition what the block's pool leaves, 24: FA3's 240 / 240 / 24 split, docs/gluon.md "register pool"),
+  each own 64 of a tile's 128 query rows and take turns (**ping-pong**) to issue their products, passing the
+  turn through a pair of mbarriers (Gluon has no named-barrier API), so one warpgroup's softmax runs under
+  the other's wgmma;
 - within a warpgroup, the next block's QK^T is issued beside the previous block's PV, **before this
   block's softmax** (``warpgroup_mma_wait(1)`` retires S and keeps the PV in flight); O is rescaled once the
   PV has retired; the softmax is base 2 with the scale folded into one multiply; P goes to wgmma from
@@ -18,6 +18,12 @@
 
 The output and the LSE (natural log) are stored with masked stores (a TMA store of a 2-D view would write
 past a head's last row into the next head's).
+
+fp8 (``FP8``: e4m3 q, k, v, FA3's forward-only fp8, section 3.3): an fp8 wgmma reads both shared-memory
+operands K-major, so the PV product takes V^T: the host transposes V by one copy (:func:`transposed_values`)
+and the producer loads [D, BLOCK_N] tiles of it. P is computed at 2**8 times its value and converted to
+e4m3 in registers for the PV product; descale_q descale_k multiply the exp2's folded scale and descale_v
+the output (bfloat16), as llm-speed's Triton fp8 attention does.
 
 Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as shipped), not yet
 run on a GPU.
@@ -37,30 +43,31 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from ..core import tensors
+from ..attention.reference import FP8_WEIGHTS_OFFSET
+from ..core import runtime, tensors
 from ..core.hardware import Hardware, hardware_of
 from ..core.launch import Kernel, cdiv
 from . import compat
-from .gemm import PRODUCER_REGISTERS
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
 
-# A whole warpgroup, as FlashAttention-3's producer (one warp issues the copies): the block is launched in
-# whole warpgroups whatever a worker declares.
-PRODUCER_WARPS = gl.constexpr(4)
-# 256 (the default partition, Triton's choice) + 224 + 24 = 504 = 12 warps x 168, the block's pool.
-CONSUMER_REGISTERS = gl.constexpr(224)
+# Both consumers at 240: 240 + 240 + 24 (the default partition, the producer warpgroup) = 504 = 12 warps x
+# 168, the block's pool. With a consumer as the default partition (256, Triton's choice) the other was held
+# to 224, where d = 256 spilled (17 LDL/STL in loops, 26 causal; sm_90a, Triton 3.6).
+CONSUMER_REGISTERS = gl.constexpr(240)
 LOG2E = gl.constexpr(math.log2(math.e))
 LN2 = gl.constexpr(math.log(2.0))
+P8_OFFSET = gl.constexpr(float(FP8_WEIGHTS_OFFSET))
 WARPGROUP_ROWS = 64  # one warpgroup's rows: wgmma's M
 _HALF = gl.constexpr(WARPGROUP_ROWS)
 
 
 @constexpr_function
-def warpgroup_layout(columns):
-    """The register layout of one warpgroup's wgmma accumulator (64 rows x ``columns``)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
+def warpgroup_layout(columns, k=16):
+    """The register layout of one warpgroup's wgmma accumulator (64 rows x ``columns``; ``k``: the
+    instruction's K, 16 for 16-bit operands, 32 for fp8)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, k])
 
 
 @gluon.jit
@@ -80,10 +87,12 @@ def _work_item(index, n_blocks, pairs, section, LONGEST_FIRST: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(block, seq_q, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 IS_CAUSAL: gl.constexpr):  # fmt: skip
-    """Key blocks query block ``block`` reads (``attention_schedule.key_blocks``)."""
-    blocks = gl.cdiv(seq_kv, BLOCK_N)
+    """Key blocks query block ``block`` reads (``attention_schedule.key_blocks``); ``kv_blocks``: all of
+    them, cdiv(seq_kv, BLOCK_N), an argument (computed in the kernel, it was hoisted above the partitions'
+    split, held over ``setmaxnreg`` and spilled: d = 256, causal)."""
+    blocks = kv_blocks
     if IS_CAUSAL:
         last_key = gl.minimum((block + 1) * BLOCK_M, seq_q) - 1 + seq_kv - seq_q
         blocks = gl.maximum(0, gl.minimum(blocks, gl.cdiv(last_key + 1, BLOCK_N)))
@@ -92,20 +101,24 @@ def _key_blocks(block, seq_q, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready,
-              v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+              v_empty, seq_q, seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section,
+              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              V_TRANSPOSED: gl.constexpr):  # fmt: skip
+    """``V_TRANSPOSED`` (fp8): ``v_desc`` is over V^T's [B H_kv D, Skv] rows, its tiles [D, BLOCK_N]."""
     STAGES: gl.constexpr = k_ring.shape[0]
+    HEAD_DIM: gl.constexpr = k_ring.shape[2]
     filled = 0
     done = 0
     for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
         block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
-        kv_row = ((pair // heads) * heads_kv + (pair % heads) // (heads // heads_kv)) * seq_kv
+        kv_pair = (pair // heads) * heads_kv + (pair % heads) // (heads // heads_kv)
+        kv_row = kv_pair * seq_kv
         mbarrier.wait(q_empty, (done & 1) ^ 1)  # both warpgroups are done with the last tile's Q
         mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
         for w in gl.static_range(2):  # each warpgroup's half of the tile
             compat.tma_load(q_desc, [pair * seq_q + block * BLOCK_M + w * (BLOCK_M // 2), 0], q_ready,
                             q_tiles.index(w))  # fmt: skip
-        for j in range(_key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)):
+        for j in range(_key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             slot = filled % STAGES
             parity = ((filled // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), parity)
@@ -113,15 +126,20 @@ def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty,
             compat.tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), parity)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            compat.tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
+            if V_TRANSPOSED:
+                compat.tma_load(v_desc, [kv_pair * HEAD_DIM, j * BLOCK_N], v_ready.index(slot),
+                                v_ring.index(slot))  # fmt: skip
+            else:
+                compat.tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
             filled += 1
         done += 1
 
 
 @gluon.jit
 def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr):  # fmt: skip
-    """One block's base-2 online softmax: (weights, new maximum, rescale factor, new sum)."""
+                  IS_CAUSAL: gl.constexpr, P_OFFSET: gl.constexpr):  # fmt: skip
+    """One block's base-2 online softmax: (weights, new maximum, rescale factor, new sum). ``P_OFFSET``
+    (fp8): the weights times 2**P_OFFSET, in (0, 256] for e4m3 (FA3's Max_offset); the sum carries it."""
     keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     seen = gl.expand_dims(keys < seq_kv, 0)
     if IS_CAUSAL:
@@ -130,22 +148,40 @@ def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.const
     m_new = gl.maximum(m, gl.max(s, axis=1))
     base = gl.where(m_new == -float("inf"), 0.0, m_new)  # no key seen yet: no inf - inf
     alpha = gl.exp2(m - base)
-    p = gl.exp2(s - gl.expand_dims(base, 1))
+    if P_OFFSET != 0:
+        p = gl.exp2(s - gl.expand_dims(base - P_OFFSET, 1))
+    else:
+        p = gl.exp2(s - gl.expand_dims(base, 1))
     return p, m_new, alpha, l * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
+def _values(v_ring, slot, FP8: gl.constexpr):
+    """The PV product's B operand, [BLOCK_N, D]: V's tile, or under ``FP8`` V^T's tile read transposed."""
+    if FP8:
+        return v_ring.index(slot).permute((1, 0))
+    else:
+        return v_ring.index(slot)
+
+
+@gluon.jit
 def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turn, out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2,
-              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_DIM: gl.constexpr):  # fmt: skip
-    """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile."""
+              turn, out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
+              heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
+    """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile. ``FP8``: e4m3 Q, K and V^T (V's ring
+    holds [D, BLOCK_N] tiles, K-major as an fp8 wgmma's B operand must be), P rounded to e4m3 at 2**8
+    times its value, the descales of the item's K/V head (``qk_descale_ptr``: descale_q descale_k, folded
+    into the exp2's scale; ``v_descale_ptr``: descale_v, on the output), the output in ``out_ptr``'s
+    dtype."""
     STAGES: gl.constexpr = k_ring.shape[0]
     HALF: gl.constexpr = _HALF
     dtype: gl.constexpr = q_tiles.dtype
-    s_layout: gl.constexpr = warpgroup_layout(BLOCK_N)
-    o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    MMA_K: gl.constexpr = 32 if FP8 else 16
+    P_OFFSET: gl.constexpr = P8_OFFSET if FP8 else 0.0
+    s_layout: gl.constexpr = warpgroup_layout(BLOCK_N, MMA_K)
+    o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM, MMA_K)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q = q_tiles.index(w)
     used = 0
@@ -153,8 +189,12 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     done = 0
     for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
         block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
+        item_scale2 = scale2
+        if FP8:
+            kv_pair = (pair // heads) * heads_kv + (pair % heads) // (heads // heads_kv)
+            item_scale2 = scale2 * gl.load(qk_descale_ptr + kv_pair)
         rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=row_layout)
-        n = _key_blocks(block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        n = _key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)
         m = gl.full([HALF], -float("inf"), gl.float32, row_layout)
         l = gl.zeros([HALF], gl.float32, row_layout)
         o = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
@@ -176,7 +216,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             s = hopper.warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
             p, m, alpha, l = _softmax_step(
-                s, m, l, rows, 0, seq_q, seq_kv, scale2, s_layout, BLOCK_N, IS_CAUSAL
+                s, m, l, rows, 0, seq_q, seq_kv, item_scale2, s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET
             )
             used += 1
             for j in range(1, n):
@@ -190,13 +230,13 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                                   gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
                                   use_acc=False, is_async=True)  # fmt: skip
                 weights = gl.convert_layout(p.to(dtype), p_layout)
-                o = hopper.warpgroup_mma(weights, v_ring.index(before), o, is_async=True)
+                o = hopper.warpgroup_mma(weights, _values(v_ring, before, FP8), o, is_async=True)
                 mbarrier.arrive(turn.index(1 - w))
                 turns += 1
                 s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; the PV stays in flight
                 mbarrier.arrive(k_empty.index(slot))
-                p, m, alpha, l = _softmax_step(s, m, l, rows, j * BLOCK_N, seq_q, seq_kv, scale2, s_layout,
-                                               BLOCK_N, IS_CAUSAL)  # fmt: skip
+                p, m, alpha, l = _softmax_step(s, m, l, rows, j * BLOCK_N, seq_q, seq_kv, item_scale2,
+                                               s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
                 o = hopper.warpgroup_mma_wait(0, deps=(o,))
                 mbarrier.arrive(v_empty.index(before))
                 o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -206,7 +246,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
             mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
             weights = gl.convert_layout(p.to(dtype), p_layout)
-            o = hopper.warpgroup_mma(weights, v_ring.index(before), o, is_async=True)
+            o = hopper.warpgroup_mma(weights, _values(v_ring, before, FP8), o, is_async=True)
             mbarrier.arrive(turn.index(1 - w))
             turns += 1
             o = hopper.warpgroup_mma_wait(0, deps=(o,))
@@ -216,22 +256,24 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
         # out = O / l (0 where no key), LSE = (m + log2 l) ln 2 (-inf where no key)
         seen = l > 0
         inverse = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+        if FP8:
+            inverse = inverse * gl.load(v_descale_ptr + kv_pair)
         o = o * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1)
         out_rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
         columns = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         offsets = (pair * seq_q + gl.expand_dims(out_rows, 1)).to(gl.int64) * HEAD_DIM + gl.expand_dims(
             columns, 0
         )
-        gl.store(out_ptr + offsets, o.to(dtype), mask=gl.expand_dims(out_rows < seq_q, 1))
-        lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, -float("inf"))
+        gl.store(out_ptr + offsets, o.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < seq_q, 1))
+        lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0)) - P_OFFSET) * LN2, -float("inf"))
         gl.store(lse_ptr + pair.to(gl.int64) * seq_q + rows, lse, mask=rows < seq_q)
 
 
 @gluon.jit
-def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, seq_kv, heads, heads_kv,
-                               n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr,
-                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                               STAGES: gl.constexpr):  # fmt: skip
+def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q,
+                               seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section, scale2,
+                               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_M == 2 * 64)
     q_tiles = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -255,16 +297,18 @@ def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seq_q, 
     fence_async_shared()
     # (the argument tuples are written out: a tuple held in a variable turns its constexprs into tensors)
     gl.warp_specialize([
-        (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
-                       BLOCK_M, BLOCK_N, HEAD_DIM)),
-        (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                       out_ptr, lse_ptr, seq_q, seq_kv, heads, n_blocks, pairs, section, scale2, IS_CAUSAL,
-                       BLOCK_M, BLOCK_N, HEAD_DIM)),
         (_producer, (q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, seq_q, seq_kv, heads, heads_kv, n_blocks, pairs, section, IS_CAUSAL,
-                     BLOCK_M, BLOCK_N)),
-    ], [4, PRODUCER_WARPS], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
+                     v_ready, v_empty, seq_q, seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section,
+                     IS_CAUSAL, BLOCK_M, BLOCK_N, FP8)),
+        (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
+                       heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
+                       FP8)),
+        (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                       out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
+                       heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
+                       FP8)),
+    ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])  # fmt: skip
 
 
 ATTENTION_FWD = Kernel(gluon_attention_fwd_kernel, "gluon_attention_fwd")
@@ -272,8 +316,15 @@ ATTENTION_FWD = Kernel(gluon_attention_fwd_kernel, "gluon_attention_fwd")
 # --- launcher -------------------------------------------------------------------------------------------
 
 DTYPES = (torch.float16, torch.bfloat16)
-HEAD_DIMS = (64, 128)
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+HEAD_DIMS = (64, 128, 256)
+# The backward's (llm_speed.gluon.attention_bwd): its dK and dV accumulators do not fit registers at 256.
+BACKWARD_HEAD_DIMS = (64, 128)
+# fp8 (FlashAttention-3's forward-only fp8): e4m3 q, k, v with descales, output bfloat16.
+FP8_DTYPE = torch.float8_e4m3fn
+FORWARD_DTYPES = (*DTYPES, FP8_DTYPE)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, FP8_DTYPE: gl.float8e4nv}
+# V^T's rows (keys) start 16 bytes apart, as a TMA descriptor's strides must.
+V_T_ALIGN = 16
 BLOCK_M = 2 * WARPGROUP_ROWS
 STAGES = 2
 # Batch-head pairs per longest-first section (as the Triton forward's default section).
@@ -281,8 +332,10 @@ SECTION = 8
 
 
 def key_block(head_dim: int) -> int:
-    """Keys per K/V block: 128 at d = 64; 64 at d = 128, where 128 keys spilled a consumer held to 224
-    registers (84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06: the register split above)."""
+    """Keys per K/V block: 128 at d = 64; 64 at d = 128 (where 128 keys spilled a consumer held to 224
+    registers, 84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06) and at d = 256. FA3 takes 80 keys at d = 256
+    (its ``hopper/tile_size.h``); Gluon's ``arange`` wants a power of two. At 64 keys and d = 256 the two
+    ring slots of K and V (128 KiB) and Q (64 KiB) take 192 KiB of the 227."""
     return 128 if head_dim <= 64 else 64
 
 
@@ -290,6 +343,7 @@ def key_block(head_dim: int) -> int:
 def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_dim: int, dtype: torch.dtype,
           is_causal: bool, hardware: Hardware) -> GluonPlan:  # fmt: skip
     gl_dtype = _GL_DTYPES[dtype]
+    fp8 = dtype == FP8_DTYPE
 
     def layout(shape):
         return DescriptorLayout(shape, gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype))
@@ -299,12 +353,12 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
     items = n_blocks * batch * heads
     return GluonPlan(
         ATTENTION_FWD, (min(items, hardware.sm_count), 1, 1),
-        dict(seq_q=seq_q, seq_kv=seq_kv, heads=heads, heads_kv=heads_kv, n_blocks=n_blocks,
-             pairs=batch * heads,
+        dict(seq_q=seq_q, seq_kv=seq_kv, kv_blocks=cdiv(seq_kv, block_n), heads=heads, heads_kv=heads_kv,
+             n_blocks=n_blocks, pairs=batch * heads,
              section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
-             STAGES=STAGES),
+             STAGES=STAGES, FP8=fp8),
         dict(q_desc=layout((WARPGROUP_ROWS, head_dim)), k_desc=layout((block_n, head_dim)),
-             v_desc=layout((block_n, head_dim))),
+             v_desc=layout((head_dim, block_n) if fp8 else (block_n, head_dim))),
         4, STAGES,
     )  # fmt: skip
 
@@ -312,12 +366,14 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
 # --- public function ------------------------------------------------------------------------------------
 
 
-def check_arguments(q, k, v, is_causal, scale) -> float:
+def check_arguments(q, k, v, is_causal, scale, head_dims: tuple[int, ...] = HEAD_DIMS,
+                    dtypes: tuple[torch.dtype, ...] = DTYPES) -> float:  # fmt: skip
     """The softmax scale (``1/sqrt(D)`` for None) once q, k, v, ``is_causal`` and ``scale`` are what the
-    Gluon attention kernels take (:func:`forward`); TypeError / ValueError naming the argument otherwise.
-    The device is checked apart (:func:`llm_speed.gluon.launch.check_device`)."""
+    Gluon attention kernels take (:func:`forward` passes its ``dtypes``, the backward its ``head_dims``);
+    TypeError / ValueError naming the argument otherwise. The device is checked apart
+    (:func:`llm_speed.gluon.launch.check_device`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, S, D]")
+        tensors.check_tensor(name, x, dtypes=dtypes, dims=4, what="[B, H, S, D]")
         if x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}; it must match q's ({q.dtype})")
         if not x.is_contiguous():
@@ -334,33 +390,86 @@ def check_arguments(q, k, v, is_causal, scale) -> float:
     heads_kv = k.shape[1]
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"q's {heads} heads must be a multiple of k's {heads_kv}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
+    if head_dim not in head_dims:
+        raise ValueError(f"head dim {head_dim} is not supported; accepted: {', '.join(map(str, head_dims))}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     return float(scale)
 
 
+def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """fp8's descales as the kernel reads them, float32 [B, H_kv] each: descale_q * descale_k (folded into
+    the scores' scale) and descale_v (on the output); None for 16-bit q. Bad ones: an error naming them;
+    values not finite and > 0 where values are not checked (a GPU): both NaN for that K/V head, so that its
+    output is NaN, as the Triton fp8 path's rows."""
+    from ..attention.checks import check_descale, check_descale_values
+    from ..attention.reference import descale_rows
+
+    named = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v}
+    if q.dtype != FP8_DTYPE:
+        for name, t in named.items():
+            if t is not None:
+                raise ValueError(f"{name} is for fp8 (e4m3) q, k and v only; q is {q.dtype}")
+        return None
+    batch, heads_kv = q.shape[0], k.shape[1]
+    rows = []
+    for name, t in named.items():
+        if t is None:
+            rows.append(torch.ones((batch, heads_kv), dtype=torch.float32, device=q.device))
+        else:
+            check_descale(name, t, batch, heads_kv, q.device)
+            rows.append(descale_rows(t, batch, heads_kv))
+    if runtime.check_values(q.device):
+        check_descale_values(*named.items())
+    good = rows[0].isfinite() & (rows[0] > 0)
+    for row in rows[1:]:
+        good = good & row.isfinite() & (row > 0)
+    return (torch.where(good, rows[0] * rows[1], math.nan).contiguous(),
+            torch.where(good, rows[2], math.nan).contiguous())  # fmt: skip
+
+
+def transposed_values(v: torch.Tensor) -> torch.Tensor:
+    """fp8's V [B, H_kv, Skv, D] as the kernel reads it: V^T, 2-D [B H_kv D, Skv] with each row
+    ``cdiv(Skv, V_T_ALIGN) * V_T_ALIGN`` elements apart (TMA zero-fills past Skv; the padding is never
+    read). One copy per call: Skv * D bytes read and as many written per K/V head (FA3 transposes V in
+    shared memory instead)."""
+    batch, heads_kv, seq_kv, head_dim = v.shape
+    row = cdiv(seq_kv, V_T_ALIGN) * V_T_ALIGN
+    v_t = torch.empty((batch * heads_kv * head_dim, row), dtype=v.dtype, device=v.device)[:, :seq_kv]
+    v_t.unflatten(0, (batch, heads_kv, head_dim)).copy_(v.transpose(2, 3))
+    return v_t
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+            scale: float | None = None, descale_q: torch.Tensor | None = None,
+            descale_k: torch.Tensor | None = None,
+            descale_v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
-    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64 or 128; causal masks aligned
-    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. CUDA tensors on a compute capability 9.0
-    GPU only (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention`` launches it
-    only under a launch policy naming it (candidate ``gluon-forward``)."""
-    scale = check_arguments(q, k, v, is_causal, scale)
+    [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64, 128 or 256; causal masks aligned
+    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. fp8 (FlashAttention-3's, forward only):
+    q, k, v ``float8_e4m3fn`` and ``descale_q`` / ``descale_k`` / ``descale_v`` each None (1) or float32
+    ``[]``, ``[1]``, ``[H_kv]`` or ``[B, H_kv]`` (dequantized = fp8 value * descale); the weights go to the
+    PV product as e4m3 at 2**8 times their value, V is transposed by one copy first
+    (:func:`transposed_values`), and ``out`` is bfloat16. CUDA tensors on a compute capability 9.0 GPU only
+    (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention`` launches it only
+    under a launch policy naming it (candidate ``gluon-forward``; fp8: ``gluon_fp8_forward_head_dims``)."""
+    scale = check_arguments(q, k, v, is_causal, scale, dtypes=FORWARD_DTYPES)
+    descales = _descales(q, k, descale_q, descale_k, descale_v)
     batch, heads, seq_q, head_dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     check_device("q", q, "llm_speed.gluon.attention")
     device = q.device
-    out = tensors.new_output(q.shape, q.dtype, device)
+    out = tensors.new_output(q.shape, q.dtype if descales is None else torch.bfloat16, device)
     lse = tensors.new_output((batch, heads, seq_q), torch.float32, device)
     if out.numel() == 0:
         return out, lse
     if seq_kv == 0:
         return out.zero_(), lse.fill_(-math.inf)
     plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal, hardware_of(device))
-    plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=v.view(-1, head_dim),
-                out_ptr=out, lse_ptr=lse, scale2=float(scale) * math.log2(math.e))  # fmt: skip
+    values = v.view(-1, head_dim) if descales is None else transposed_values(v)
+    qk_descale, v_descale = (None, None) if descales is None else descales
+    plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=values, out_ptr=out,
+                lse_ptr=lse, qk_descale_ptr=qk_descale, v_descale_ptr=v_descale,
+                scale2=float(scale) * math.log2(math.e))  # fmt: skip
     return out, lse

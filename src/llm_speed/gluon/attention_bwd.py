@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..core import tensors
 from ..core.launch import Kernel, cdiv
 from . import compat
-from .attention import DTYPES, WARPGROUP_ROWS, check_arguments, warpgroup_layout
+from .attention import BACKWARD_HEAD_DIMS, DTYPES, WARPGROUP_ROWS, check_arguments, warpgroup_layout
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ from .launch import DescriptorLayout, GluonPlan, check_device
 LOG2E = gl.constexpr(math.log2(math.e))
 _HALF = gl.constexpr(WARPGROUP_ROWS)
 # Both consumers at 240: 240 + 240 + 24 (the default partition, the producer) = 504 = 12 warps x 168, the
-# block's pool. At 224 (the forward's split) dK, dV, S and dP (192 fp32 a lane) spilled.
+# block's pool. At 224 dK, dV, S and dP (192 fp32 a lane) spilled.
 BWD_CONSUMER_REGISTERS = gl.constexpr(240)
 
 
@@ -279,7 +279,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     added by fp32 atomics: not bitwise repeatable. CUDA tensors on a compute capability 9.0 GPU only
     (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention``'s backward launches
     it only under a launch policy naming it (candidate ``gluon-backward``)."""
-    scale = check_arguments(q, k, v, is_causal, scale)
+    scale = check_arguments(q, k, v, is_causal, scale, BACKWARD_HEAD_DIMS)
     batch, heads, seq_q, head_dim = q.shape
     for name, x in (("out", out), ("dout", dout)):
         tensors.check_tensor(name, x, dtypes=DTYPES, dims=4, what="[B, H, Sq, D]")

@@ -20,6 +20,10 @@ Per persistent program, three partitions run as agents interleaved by a seeded r
 - the grid is **persistent**: work items (query block, batch-head pair) in row order, or under a causal
   mask **longest first** (llm-speed's ``_longest_first``: sections of ``section`` pairs, block-major, the
   last query block first), program p taking items p, p + P, ...
+- **fp8** (e4m3 q, k, v with descales, FA3's forward-only fp8): the producer loads V^T's [D, block_n]
+  tiles (the host's transposed copy, zero past the keys), the scores take descale_q descale_k in the folded
+  scale, P is computed at 2**8 times its value (``P8_OFFSET``, the sum likewise) and rounded to e4m3 for
+  the PV product, the output is O / l times descale_v in bfloat16, and the LSE drops the 2**8 again.
 
 A slot read by a product is checked when the product retires (the latest a wgmma may read shared memory):
 a slot refilled too early, or every agent blocked (a hang on the GPU), raises
@@ -41,6 +45,8 @@ from . import protocol
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+# fp8: the weights' offset in the exponent (FA3's Max_offset; llm-speed's fp8 attention's)
+P8_OFFSET = 8
 WARPGROUPS = 2
 
 
@@ -94,8 +100,11 @@ def key_blocks(block: int, block_m: int, block_n: int, seq_q: int, seq_kv: int, 
 class _Program:
     """One persistent program's rings, barriers and partitions."""
 
-    def __init__(self, q, k, v, out, lse, items, schedule: Schedule, is_causal: bool, scale: float, program):
+    def __init__(self, q, k, v, out, lse, items, schedule: Schedule, is_causal: bool, scale: float, program,
+                 descales=None):  # fmt: skip
         self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
+        # fp8: (descale_q descale_k, descale_v), float32 [B, H_kv] each; V is then V^T [B, H_kv, D, Skv]
+        self.descales = descales
         self.items, self.s, self.is_causal, self.program = items, schedule, is_causal, program
         self.scale2 = scale * LOG2E  # the scale folded into the base-2 exponent
         self.heads, self.seq_q, self.seq_kv = q.shape[1], q.shape[2], k.shape[2]
@@ -112,8 +121,14 @@ class _Program:
 
     def _kv(self, x, pair: int, j: int) -> torch.Tensor:
         b, h = divmod(pair, self.heads)
-        box = torch.zeros(self.s.block_n, x.shape[-1], dtype=x.dtype)  # TMA zero-fills past seq_kv
-        part = x[b, h // self.group, j * self.s.block_n : (j + 1) * self.s.block_n]
+        n = self.s.block_n
+        if x is self.v and self.descales is not None:  # V^T's [D, block_n] tile, zero past seq_kv
+            box = torch.zeros(x.shape[2], n, dtype=x.dtype)
+            part = x[b, h // self.group, :, j * n : (j + 1) * n]
+            box[:, : part.shape[1]] = part
+            return box
+        box = torch.zeros(n, x.shape[-1], dtype=x.dtype)  # TMA zero-fills past seq_kv
+        part = x[b, h // self.group, j * n : (j + 1) * n]
         box[: part.shape[0]] = part
         return box
 
@@ -144,6 +159,9 @@ class _Program:
         half = s.block_m // WARPGROUPS
         for block, pair in self.items:
             b, h = divmod(pair, self.heads)
+            scale2, offset = self.scale2, 0
+            if self.descales is not None:  # fp8: the item's K/V head's descale_q descale_k in the scale
+                scale2, offset = scale2 * self.descales[0][b, h // self.group].item(), P8_OFFSET
             first = block * s.block_m + w * half
             rows = torch.arange(first, first + half)
             q = torch.zeros(half, self.q.shape[-1], dtype=self.q.dtype)  # TMA zero-fills past seq_q
@@ -151,7 +169,7 @@ class _Program:
             q[: part.shape[0]] = part
             m = torch.full((half,), -math.inf)
             l = torch.zeros(half)
-            o = torch.zeros(half, self.v.shape[-1])
+            o = torch.zeros(half, self.q.shape[-1])
             p = None  # the weights of the block whose PV is next
             blocks = self._blocks(block)
             for j in range(blocks + 1):  # step j: QK^T of block j (j < blocks) beside PV of block j - 1
@@ -170,20 +188,22 @@ class _Program:
                 if issued_s is not None:  # S retires first (the PV stays in flight): then the softmax
                     k_block = self._read("k", *issued_s)
                     self.empty["k"][issued_s[0]].arrive()
-                    scores = (q.float() @ k_block.float().T) * self.scale2
+                    scores = (q.float() @ k_block.float().T) * scale2
                     keys = torch.arange(j * s.block_n, (j + 1) * s.block_n)
                     seen = (keys < self.seq_kv)[None, :] & self._visible(rows, keys)
                     scores = scores.masked_fill(~seen, -math.inf)
                     m_new = torch.maximum(m, scores.amax(dim=1))
                     base = torch.where(m_new == -math.inf, 0.0, m_new)  # no key seen yet: no inf - inf
                     alpha = torch.exp2(m - base)
-                    p_next = torch.exp2(scores - base[:, None])
+                    p_next = torch.exp2(scores - (base - offset)[:, None])  # fp8: 2**8 times the weights
                     l = l * alpha + p_next.sum(dim=1)
                     m = m_new
                     yield True
                 if issued_pv is not None:  # then the PV, and only then O's rescale to the new maximum
                     at, tag, weights = issued_pv
                     v_block = self._read("v", at, tag)
+                    if self.descales is not None:  # V^T's tile read transposed
+                        v_block = v_block.T
                     o += weights.to(self.v.dtype).float() @ v_block.float()
                     self.empty["v"][at].arrive()
                 if alpha is not None:
@@ -191,40 +211,50 @@ class _Program:
                     p = p_next
                     used += 1
                 yield True
-            self._store(b, h, first, o, l, m)
+            self._store(b, h, first, o, l, m, offset)
 
     def _visible(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         if not self.is_causal:
             return torch.ones(len(rows), len(keys), dtype=torch.bool)
         return keys[None, :] <= rows[:, None] + (self.seq_kv - self.seq_q)
 
-    def _store(self, b, h, first, o, l, m) -> None:
+    def _store(self, b, h, first, o, l, m, offset) -> None:
         rows = slice(first, min(first + o.shape[0], self.seq_q))
         count = rows.stop - rows.start
         if count <= 0:
             return
         seen = l > 0
-        out = torch.where(seen[:, None], o / torch.where(seen, l, 1.0)[:, None], 0.0)
-        self.out[b, h, rows] = out[:count].to(self.out.dtype)
-        lse = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0))) * LN2, -math.inf)
+        inverse = torch.where(seen, 1.0 / torch.where(seen, l, 1.0), 0.0)
+        if self.descales is not None:  # fp8: descale_v on the output
+            inverse = inverse * self.descales[1][b, h // self.group]
+        self.out[b, h, rows] = (o * inverse[:, None])[:count].to(self.out.dtype)
+        lse = torch.where(seen, (m + torch.log2(torch.where(seen, l, 1.0)) - offset) * LN2, -math.inf)
         self.lse[b, h, rows] = lse[:count]
 
 
 def forward(q, k, v, *, is_causal: bool = False, scale: float | None = None, schedule: Schedule = Schedule(),
-            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+            seed: int = 0, descales=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out, lse) of attention over q [B, H, Sq, D], k and v [B, H_kv, Skv, D] (H a multiple of H_kv) as the
     schedule computes them on the CPU, ``out`` in q's dtype, ``lse`` float32 in natural-log units; causal
     masks aligned bottom-right (as :func:`llm_speed.attention.reference.visible`). Entries no program writes
-    stay NaN."""
+    stay NaN. fp8: e4m3 q, k, v and ``descales`` = (descale_q, descale_k, descale_v), each None (1) or a
+    float32 descale of ``llm_speed.gluon.attention.forward``'s shapes; ``out`` bfloat16."""
     batch, heads, seq_q, _ = q.shape
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    out = torch.full(q.shape, math.nan, dtype=q.dtype)
+    if descales is not None:  # as the kernel's launcher passes them: folded per K/V head, V transposed
+        from ..attention.reference import descale_rows
+
+        rows = [torch.ones(batch, k.shape[1]) if d is None else descale_rows(d, batch, k.shape[1])
+                for d in descales]  # fmt: skip
+        descales = (rows[0] * rows[1], rows[2])
+        v = v.transpose(2, 3)
+    out = torch.full(q.shape, math.nan, dtype=q.dtype if descales is None else torch.bfloat16)
     lse = torch.full((batch, heads, seq_q), math.nan)
     n_blocks = cdiv(seq_q, schedule.block_m)
     items = work_items(n_blocks, batch * heads, longest_first=is_causal, section=schedule.section)
     rng = random.Random(seed)
     for program in range(min(schedule.programs, len(items))):
         mine = items[program :: schedule.programs]
-        state = _Program(q, k, v, out, lse, mine, schedule, is_causal, scale, program)
+        state = _Program(q, k, v, out, lse, mine, schedule, is_causal, scale, program, descales)
         protocol.interleave([state.producer(), state.consumer(0), state.consumer(1)], rng, program)
     return out, lse

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import check_arguments, forward
+from .attention import BACKWARD_HEAD_DIMS, check_arguments, forward
 from .attention_bwd import backward
 from .launch import check_device
 
@@ -34,6 +34,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     aligned bottom-right; dK and dV summed over each query group; dQ added by atomics (not bitwise
     repeatable). CUDA tensors on a compute capability 9.0 GPU only. Bad arguments raise a TypeError or
     ValueError naming the argument before any work. Unproven on a GPU."""
-    scale = check_arguments(q, k, v, is_causal, scale)
+    scale = check_arguments(q, k, v, is_causal, scale, BACKWARD_HEAD_DIMS)  # the pair's: the backward's
     check_device("q", q, "llm_speed.gluon.flash.flash_attention")
     return _FlashAttention.apply(q, k, v, is_causal, scale)

@@ -13,24 +13,28 @@ import torch
 from ..core import runtime
 from ..core.hardware import hardware_of
 from ..core.policy import LaunchPolicy, current_policy
-from .attention import DTYPES, HEAD_DIMS
+from .attention import BACKWARD_HEAD_DIMS, DTYPES, FP8_DTYPE, HEAD_DIMS
 from .launch import CAPABILITY
 
 
-def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, *, window, softcap, alibi_slopes,
-             dropout_p: float, descales, two_pass: bool) -> str | None:  # fmt: skip
-    """Why the Gluon kernels do not take this call (shared by both directions), or None."""
+def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, kernel_dims: tuple[int, ...], *, window,
+             softcap, alibi_slopes, dropout_p: float, descales, two_pass: bool) -> str | None:  # fmt: skip
+    """Why the Gluon kernels do not take this call (shared by both directions: ``head_dims`` the policy's,
+    ``kernel_dims`` the kernel's), or None."""
     tensors = (q, k, v)
     if not all(isinstance(x, torch.Tensor) for x in tensors):
         return "q, k and v are not all tensors"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "not dense [B, H, S, D] tensors (packed sequences or a paged cache)"
     head_dim = q.shape[-1]
-    if head_dim not in head_dims:
+    if head_dim not in head_dims:  # (first: as shipped every field is empty)
         return f"head dim {head_dim} not in the policy's {field} {head_dims}"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim}: the Gluon kernels take {HEAD_DIMS}"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or descales is not None:
+    if head_dim not in kernel_dims:
+        return f"head dim {head_dim}: the Gluon kernel takes {kernel_dims}"
+    if field == "gluon_fp8_forward_head_dims":
+        if not q.dtype == k.dtype == v.dtype == FP8_DTYPE:
+            return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp8 takes e4m3 alike"
+    elif q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or descales is not None:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: fp16 or bf16 alike only (no fp8)"
     if window is not None and window != (None, None):
         return "a sliding window"
@@ -78,11 +82,17 @@ def gluon_forward_refusal(q, k, v, *, window=None, softcap=None, alibi_slopes=No
                           policy: LaunchPolicy | None = None) -> str | None:  # fmt: skip
     """Why :func:`llm_speed.gluon.attention.forward` does not take this dense attention forward under
     ``policy`` (None: the current one), or None when it does. ``window``: (left, right) or None; ``descales``:
-    fp8's, None for 16-bit."""
+    fp8's (descale_q, descale_k, descale_v), None for 16-bit. An fp8 call (descales given, or e4m3 q) is
+    taken only at the head dims of the policy's ``gluon_fp8_forward_head_dims``, a 16-bit one at those of
+    ``gluon_forward_head_dims``."""
     policy = current_policy() if policy is None else policy
-    return _refusal(q, k, v, policy.gluon_forward_head_dims, "gluon_forward_head_dims", window=window,
-                    softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, descales=descales,
-                    two_pass=two_pass)  # fmt: skip
+    if descales is not None or getattr(q, "dtype", None) == FP8_DTYPE:
+        return _refusal(q, k, v, policy.gluon_fp8_forward_head_dims, "gluon_fp8_forward_head_dims", HEAD_DIMS,
+                        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                        descales=descales, two_pass=two_pass)  # fmt: skip
+    return _refusal(q, k, v, policy.gluon_forward_head_dims, "gluon_forward_head_dims", HEAD_DIMS,
+                    window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                    descales=descales, two_pass=two_pass)  # fmt: skip
 
 
 def gluon_forward_applies(q, k, v, *, window=None, softcap=None, alibi_slopes=None, dropout_p: float = 0.0,
@@ -103,9 +113,9 @@ def gluon_backward_refusal(q, k, v, out, dout, *, deterministic: bool = False, w
     call's flag or ``torch.are_deterministic_algorithms_enabled()``; not a tier's default dQ kernel): the
     Gluon backward adds dQ by atomics, so it refuses."""
     policy = current_policy() if policy is None else policy
-    why = _refusal(q, k, v, policy.gluon_backward_head_dims, "gluon_backward_head_dims", window=window,
-                   softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, descales=None,
-                   two_pass=False)  # fmt: skip
+    why = _refusal(q, k, v, policy.gluon_backward_head_dims, "gluon_backward_head_dims", BACKWARD_HEAD_DIMS,
+                   window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                   descales=None, two_pass=False)  # fmt: skip
     if why is not None:
         return why
     if deterministic or torch.are_deterministic_algorithms_enabled():

@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--op", action="append", metavar="NAME",
                         help="an op-table row or a Gluon kernel (gluon_gemm, gluon_attention_fwd, "
-                        "gluon_attention_bwd) (repeat; default: every row with a kernel, and "
-                        "gluon_gemm)")  # fmt: skip
+                        "gluon_attention_fwd_fp8, gluon_attention_bwd) (repeat; default: every row with a "
+                        "kernel, and gluon_gemm)")  # fmt: skip
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip

@@ -567,26 +567,43 @@ def _gluon_gemm_fp8(op: str, options: Options) -> Iterator[Problem]:
 
 def gluon_attention_problem(*, head_dim: int, dtype: str, seq: int, heads: int, heads_kv: int | None = None,
                             is_causal: bool = False) -> Problem:  # fmt: skip
-    """:func:`llm_speed.gluon.attention.forward` over one sequence of ``seq`` tokens."""
+    """:func:`llm_speed.gluon.attention.forward` over one sequence of ``seq`` tokens (``dtype`` "fp8-e4m3":
+    e4m3 q, k, v with per-KV-head descales, op ``gluon_attention_fwd_fp8``)."""
     heads_kv = heads_kv or heads
+    fp8 = dtype == "fp8-e4m3"
 
     def run(recording: Recording) -> None:
+        import torch
+
         from llm_speed.gluon.attention import forward
 
-        q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, _torch_dtype(dtype))
+        q, k, v = _qkv(1, heads, heads_kv, seq, head_dim, None if fp8 else _torch_dtype(dtype), fp8=fp8)
+        descales = dict.fromkeys(("descale_q", "descale_k", "descale_v"), torch.ones(heads_kv)) if fp8 else {}
         with recording():
-            forward(q, k, v, is_causal=is_causal)
+            forward(q, k, v, is_causal=is_causal, **descales)
 
     label = f"d{head_dim} {dtype} s{seq} h{heads}" + (f"/{heads_kv}" if heads_kv != heads else "")
-    return Problem("gluon_attention_fwd", label + " causal" * is_causal, run)
+    return Problem("gluon_attention_fwd_fp8" if fp8 else "gluon_attention_fwd", label + " causal" * is_causal,
+                   run)  # fmt: skip
+
+
+# The head dims each Gluon attention kernel takes (llm_speed.gluon.attention's HEAD_DIMS and
+# BACKWARD_HEAD_DIMS, restated: this module does not import Gluon).
+_GLUON_HEAD_DIMS = {"gluon_attention_fwd": (64, 128, 256), "gluon_attention_fwd_fp8": (64, 128, 256),
+                    "gluon_attention_bwd": (64, 128)}
 
 
 def _gluon_attention(op: str, options: Options) -> Iterator[Problem]:
-    """Causal and not at each head dim (64 and 128 of ``options.head_dims``), in each 16-bit dtype: the
-    forward or (``gluon_attention_bwd``) the backward."""
+    """Causal and not at each head dim of ``options.head_dims`` the kernel takes (the forward also at 256
+    when the head dims are the default ones), in each 16-bit dtype: the forward or (``gluon_attention_bwd``)
+    the backward; ``gluon_attention_fwd_fp8``: the forward on e4m3 inputs."""
     make = gluon_attention_bwd_problem if op == "gluon_attention_bwd" else gluon_attention_problem
-    for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
-        for head_dim in [d for d in options.head_dims if d in (64, 128)]:
+    head_dims = options.head_dims
+    if op != "gluon_attention_bwd" and head_dims == Options.head_dims:
+        head_dims = (*head_dims, 256)
+    dtypes = [d for d in _floating(options) if d != "fp32"] or ["fp16"]
+    for dtype in ["fp8-e4m3"] if op == "gluon_attention_fwd_fp8" else dtypes:
+        for head_dim in [d for d in head_dims if d in _GLUON_HEAD_DIMS[op]]:
             for is_causal in options.causal:
                 yield make(head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
                            is_causal=is_causal)  # fmt: skip
@@ -617,6 +634,7 @@ GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "gluon_gemm": _gluon_gemm,
     "gluon_gemm_fp8": _gluon_gemm_fp8,
     "gluon_attention_fwd": _gluon_attention,
+    "gluon_attention_fwd_fp8": _gluon_attention,
     "gluon_attention_bwd": _gluon_attention,
 }
 # The Gluon kernels of the default set (and so of make test's shipped set). The forward attention takes

@@ -46,6 +46,7 @@ from ..core.dispatch import Op
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
+from ..core.policy import current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..core.tile_choice import choose_tile
 from . import reference
@@ -540,6 +541,17 @@ def planned_gemm(a, b, scale_a, scale_b, bias, out_dtype, trans_b, config=None) 
     )  # fmt: skip
 
 
+def _gluon_takes(a, b, scale_a, scale_b, out_dtype, trans_b) -> bool:
+    """Whether the warp-specialized Gluon kernel runs this call: only under a policy that turns it on (off as
+    shipped: one attribute read, the Gluon package not imported), and only for the calls
+    :func:`llm_speed.gluon.gemm_fp8_select.gluon_gemm_fp8_applies` takes (block scaling, b [N, K], sm_90)."""
+    if not current_policy().gluon_gemm_fp8:
+        return False
+    from ..gluon.gemm_fp8_select import gluon_gemm_fp8_applies
+
+    return gluon_gemm_fp8_applies(a, b, scale_a, scale_b, out_dtype, trans_b)
+
+
 def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tensor:
     """The unchecked forward behind ``llm_speed::gemm_fp8``; reports its work."""
     device = a.device
@@ -548,6 +560,10 @@ def gemm_forward(a, b, scale_a, scale_b, bias, out_dtype, trans_b) -> torch.Tens
     if not runtime.triton_runs_on(device):
         out = reference.gemm_fp8_reference(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
                                            trans_b=trans_b, compute_dtype=torch.float32)  # fmt: skip
+    elif _gluon_takes(a, b, scale_a, scale_b, out_dtype, trans_b):
+        from ..gluon.gemm_fp8 import gemm_fp8 as gluon_gemm_fp8
+
+        out = gluon_gemm_fp8(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
     else:
         if a.stride(1) != 1 or b.stride(1 if trans_b else 0) != 1:  # wgmma's 8-bit layout: K-major
             a, b = tensors.k_major(a, -1), tensors.k_major(b, -1 if trans_b else -2)
