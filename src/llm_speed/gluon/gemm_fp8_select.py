@@ -13,7 +13,7 @@ import torch
 from ..core import runtime
 from ..core.launch import TMA_ALIGN_BYTES
 from ..core.policy import LaunchPolicy, current_policy
-from .select import device_refusal
+from .launch import device_refusal
 
 E4M3 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)  # the kernel's (llm_speed.gluon.gemm_fp8.OUT_DTYPES)

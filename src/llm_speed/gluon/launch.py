@@ -25,6 +25,22 @@ from ..core.launch import Kernel
 CAPABILITY = (9, 0)
 
 
+def device_refusal(device: torch.device) -> str | None:
+    """Why the Gluon kernels do not run on ``device`` (not CUDA, or not compute capability 9.0), or None.
+    Under :func:`llm_speed.core.launch.simulated_gpu` a CPU device stands for the stand-in GPU (as
+    :func:`llm_speed.gluon.launch.check_device` takes it): the A/B's ``--check`` and the kernel report see
+    the launch a GPU would make."""
+    if device.type == "cpu" and runtime.SIMULATED_GPU:
+        capability = tuple(hardware_of(device).compute_capability)
+    elif device.type != "cuda":
+        return f"tensors on {device}, not CUDA"
+    else:
+        capability = tuple(torch.cuda.get_device_capability(device))
+    if capability != CAPABILITY:
+        return f"compute capability {capability}, not {CAPABILITY} (sm_90a)"
+    return None
+
+
 def check_device(name: str, tensor: torch.Tensor, function: str) -> None:
     """ValueError naming ``name`` unless ``tensor`` is on a CUDA device of compute capability
     :data:`CAPABILITY` (or, under :func:`llm_speed.core.launch.simulated_gpu`, a CPU tensor standing for one

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core import runtime
-from ..core.hardware import hardware_of
 from ..core.policy import LaunchPolicy, current_policy
 from .attention import BACKWARD_HEAD_DIMS, DTYPES, FP8_DTYPE, HEAD_DIMS
-from .launch import CAPABILITY
+from .launch import device_refusal
 
 
 def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, kernel_dims: tuple[int, ...], *, window,
@@ -59,22 +57,6 @@ def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, kernel_dims: tuple
     if len({x.device for x in tensors}) != 1:
         return "tensors on several devices"
     return device_refusal(q.device)
-
-
-def device_refusal(device: torch.device) -> str | None:
-    """Why the Gluon kernels do not run on ``device`` (not CUDA, or not compute capability 9.0), or None.
-    Under :func:`llm_speed.core.launch.simulated_gpu` a CPU device stands for the stand-in GPU (as
-    :func:`llm_speed.gluon.launch.check_device` takes it): the A/B's ``--check`` and the kernel report see
-    the launch a GPU would make."""
-    if device.type == "cpu" and runtime.SIMULATED_GPU:
-        capability = tuple(hardware_of(device).compute_capability)
-    elif device.type != "cuda":
-        return f"tensors on {device}, not CUDA"
-    else:
-        capability = tuple(torch.cuda.get_device_capability(device))
-    if capability != CAPABILITY:
-        return f"compute capability {capability}, not {CAPABILITY} (sm_90a)"
-    return None
 
 
 def gluon_forward_refusal(q, k, v, *, window=None, softcap=None, alibi_slopes=None, dropout_p: float = 0.0,

@@ -496,7 +496,6 @@ def gemm_fp8_config(m: int, n: int, k: int, scaling: int, hardware: Hardware) ->
     return pool[choose_tile(m, n, k, tiles, hardware.sm_count, element_bytes=1)]
 
 
-@functools.cache
 @plan_cache
 def _gemm_plan(a_shape, a_strides, b_shape, b_strides, trans_b, sa_layout, sb_layout, bias_stride, dtypes,
                device, config=None) -> Plan | None:  # fmt: skip
