@@ -133,8 +133,8 @@ FAMILIES = (
     Family(
         "gluon_attention",
         "the warp-specialized Gluon attention, forward (16-bit d 64/128/256, fp8) and backward (selected "
-        "only by the candidates gluon-forward / gluon-forward-fp8 / gluon-backward): a broken barrier hangs, so "
-        "they run apart from the shipped families",
+        "only by the candidates gluon-forward / gluon-forward-fp8 / gluon-backward): a broken barrier "
+        "hangs, so they run apart from the shipped families",
         ("tests/gluon/test_gluon_attention_gpu.py", "tests/gluon/test_gluon_attention_bwd_gpu.py"),
         cap_s=120,
     ),

@@ -60,7 +60,8 @@ def attention_forward(q, k, v, scale: float, mods: ScoreMods, two_pass=False, de
 
         work = "flash_attention" if descales is None else "flash_attention_fp8"
         runtime.report_work(work, q=q, k=k, is_causal=mods.is_causal, window=None)
-        fp8 = {} if descales is None else dict(zip(("descale_q", "descale_k", "descale_v"), descales, strict=True))
+        names = ("descale_q", "descale_k", "descale_v")
+        fp8 = {} if descales is None else dict(zip(names, descales, strict=True))
         return gluon_attention.forward(q, k, v, is_causal=mods.is_causal, scale=scale, **fp8)
     name = "tiled_attention" if two_pass else "flash_attention" if descales is None else "flash_attention_fp8"
     runtime.report_work(name, q=q, k=k, is_causal=mods.is_causal, window=mods.window)
