@@ -89,6 +89,10 @@ def test_the_gluon_backward_policy_launches_it_unless_determinism_is_asked(simul
         q.grad = k.grad = v.grad = None
         ran = _ran(lambda: flash_attention(q, k, v, deterministic=True).float().sum().backward())
         assert flash.BACKWARD_DKDV.name in ran and ATTENTION_BWD.name not in ran
+        for scale in (-0.3, 0.0):  # the backward at any scale (the forward at positive ones only)
+            q.grad = k.grad = v.grad = None
+            ran = _ran(lambda: flash_attention(q, k, v, scale=scale).float().sum().backward())  # noqa: B023
+            assert ran & {ATTENTION_BWD.name, flash.FORWARD.name} == {ATTENTION_BWD.name, flash.FORWARD.name}
 
 
 def test_cpu_tensors_outside_the_simulation_never_take_it():

@@ -117,8 +117,10 @@ def gluon_forward_takes(q, k, v, scale: float, mods: ScoreMods, two_pass=False, 
 def gluon_backward_takes(dout, q, k, v, out, scale: float, mods: ScoreMods, deterministic: bool) -> bool:
     """Whether this dense backward runs the Gluon backward: only where the launch policy names its head dim
     and :func:`llm_speed.gluon.select.gluon_backward_applies` takes the call (``deterministic``: the caller's
-    flag; a tier's default dQ kernel does not refuse it, an asked-for bitwise-repeatable backward does)."""
-    if not current_policy().gluon_backward_head_dims or not scale > 0.0:
+    flag; a tier's default dQ kernel does not refuse it, an asked-for bitwise-repeatable backward does).
+    Any scale: its schedule model and GPU tests cover negative and zero scales (the forward's, positive
+    ones only)."""
+    if not current_policy().gluon_backward_head_dims:
         return False
     from ..gluon.select import gluon_backward_applies
 
