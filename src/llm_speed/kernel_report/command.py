@@ -27,10 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory against the per-block limit, blocks and warps per SM, tensor-core instructions, the deepest "
         "wgmma wait inside loops, and TMA.",
     )
+    from llm_speed.kernel_report.problems import GLUON_BUILDERS, GLUON_DEFAULT  # torch-free
+
     parser.add_argument("--op", action="append", metavar="NAME",
-                        help="an op-table row or a Gluon kernel (gluon_gemm, gluon_attention_fwd, "
-                        "gluon_attention_fwd_fp8, gluon_attention_bwd) (repeat; default: every row with a "
-                        "kernel, and gluon_gemm)")  # fmt: skip
+                        help=f"an op-table row or a Gluon kernel ({', '.join(GLUON_BUILDERS)}) (repeat; "
+                        f"default: every row with a kernel, and {', '.join(GLUON_DEFAULT)})")  # fmt: skip
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip
