@@ -28,10 +28,10 @@ TMA zero-fills past M, N and K and clips the store, so M, N and K need no paddin
 of 128 (its last group is partial, as :func:`llm_speed.matmul.fp8.gemm_fp8` allows). TMA needs 16-byte rows:
 K a multiple of 16, N a multiple of 8 (the 16-bit output).
 
-Not selected as shipped (no GPU proof: docs/gluon.md, "GEMM fp8"); :mod:`llm_speed.gluon.gemm_fp8_select`
-says which calls it takes when the launch policy's ``gluon_gemm_fp8`` is on (``matmul.fp8.gemm_forward``
-asks). The schedule's maths is tested on CPU by :mod:`llm_speed.gluon.gemm_fp8_schedule`; the build by the kernel report (``llm-speed kernels --op
-gluon_gemm_fp8``).
+Not selected as shipped (no GPU proof: docs/gluon.md, "GEMM fp8"); :mod:`llm_speed.gluon.gemm_fp8_select` says
+which calls it takes when the launch policy's ``gluon_gemm_fp8`` is on (``matmul.fp8.gemm_forward`` asks). The
+schedule's maths is tested on CPU by :mod:`llm_speed.gluon.gemm_fp8_schedule`; the build by the kernel report
+(``llm-speed kernels --op gluon_gemm_fp8``).
 
 Layout: kernels, launcher (configuration, launch), public function.
 """

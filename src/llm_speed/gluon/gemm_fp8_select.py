@@ -1,10 +1,11 @@
-"""Whether an fp8 GEMM call may run the block-scaled Gluon kernel (:mod:`llm_speed.gluon.gemm_fp8`): a
-pure choice over the call's arguments and the launch policy, with no launch. The fp8 GEMM's forward
+"""Whether an fp8 GEMM call may run the block-scaled Gluon kernel (:mod:`llm_speed.gluon.gemm_fp8`): a pure
+choice over the call's arguments and the launch policy, with no launch. The fp8 GEMM's forward
 (:func:`llm_speed.matmul.fp8.gemm_forward`, under a policy with ``gluon_gemm_fp8`` on) asks
 :func:`gluon_gemm_fp8_applies` and runs its Triton kernel wherever the answer is False: the policy's
-``gluon_gemm_fp8`` off (as shipped: no GPU has proven the kernel; candidate ``gluon-gemm-fp8``), per-tensor or per-row scaling, b stored [K, N], e5m2 operands, a
-float32 output, layouts TMA cannot read, empty problems, the interpreter, and every device but a compute
-capability 9.0 GPU. :func:`gluon_gemm_fp8_refusal` says why not."""
+``gluon_gemm_fp8`` off (as shipped: no GPU has proven the kernel; candidate ``gluon-gemm-fp8``), per-tensor or
+per-row scaling, b stored [K, N], e5m2 operands, a float32 output, layouts TMA cannot read, empty problems,
+the interpreter, and every device but a compute capability 9.0 GPU. :func:`gluon_gemm_fp8_refusal` says why
+not."""
 
 from __future__ import annotations
 
