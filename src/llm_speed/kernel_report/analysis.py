@@ -197,8 +197,9 @@ def _is_instruction(line: str) -> bool:
 
 def wgmma_overlap(ptx: str) -> int | None:
     """The most PTX instructions a loop issues while one of its wgmma groups is in flight: from a
-    ``wgmma.commit_group`` to the first ``wgmma.wait_group`` after it, following the loop round its back edge
-    once; wgmma instructions themselves are not counted. None: no wgmma commit inside a loop.
+    ``wgmma.commit_group`` to the first ``wgmma.wait_group`` after it, along one path of the loop's control
+    flow, round its back edge at most once (:class:`_Cfg`); wgmma instructions themselves are not counted.
+    None: no wgmma commit inside a loop, or none waited for in it.
 
     This is what ``wgmma.wait_group N`` alone does not show: a product waited for with ``wait_group 0`` one
     iteration later (issued, then the softmax, then the wait) overlaps as much as one kept in flight with
@@ -400,8 +401,9 @@ def _plus(count: int, more: int | None) -> int | None:
 
 def wgmma_in_flight(ptx: str) -> int | None:
     """The most PTX instructions a loop issues after a ``wgmma.wait_group N`` with N >= 1 (a product left in
-    flight) and before the next ``wgmma.wait_group``, following the loop round its back edge once; wgmma
-    instructions themselves are not counted. None: no such wait inside a loop.
+    flight) and before the next ``wgmma.wait_group``, along one path of the loop's control flow, round its
+    back edge at most once (:class:`_Cfg`); wgmma instructions themselves are not counted. None: no such
+    wait inside a loop.
 
     :func:`wgmma_overlap` counts from a commit to the first wait after it; a kernel that commits two
     products and at once waits for all but the last (FlashAttention-3's intra-warpgroup overlap: S retired,
