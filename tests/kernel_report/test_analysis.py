@@ -194,3 +194,101 @@ $L__BB0_1:
     assert analysis.wgmma_in_flight(ptx) == 3  # the softmax runs beside the PV
     assert analysis.wgmma_in_flight(PTX) == 2  # the cp.async wait and the branch, round to the same wait
     assert analysis.wgmma_in_flight("") is None
+
+
+def test_in_flight_follows_one_arm_of_an_if_else():
+    # S masked on some blocks only: the masked arm (3 selects and its branch) or the unmasked one (a move),
+    # never both; 1 + 4 + 1 along the masked arm (counting both arms read 7).
+    ptx = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 1;
+	@%p2 bra 	$L__BB0_3;
+	selp.f32 	%f1, %f1, %f9, %p3;
+	selp.f32 	%f2, %f2, %f9, %p4;
+	selp.f32 	%f3, %f3, %f9, %p5;
+	bra.uni 	$L__BB0_4;
+$L__BB0_3:
+	mov.f32 	%f1, %f5;
+$L__BB0_4:
+	ex2.approx.f32 	%f4, %f1;
+	wgmma.wait_group.sync.aligned 0;
+	@%p1 bra 	$L__BB0_1;
+	ret;
+"""
+    assert analysis.wgmma_in_flight(ptx) == 6
+    assert analysis.wgmma_overlap(ptx) == 0
+
+
+def test_a_predicated_branch_may_skip_a_wait():
+    # taken, the branch skips the first wait: 1 + the two adds before the second
+    ptx = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	@%p2 bra 	$L__BB0_2;
+	wgmma.wait_group.sync.aligned 0;
+$L__BB0_2:
+	add.f32 	%f1, %f1, %f2;
+	add.f32 	%f3, %f3, %f2;
+	wgmma.wait_group.sync.aligned 0;
+	@%p1 bra 	$L__BB0_1;
+"""
+    assert analysis.wgmma_overlap(ptx) == 3
+
+
+def test_round_the_back_edge_once_and_not_out_of_the_loop():
+    # Triton's layout: the latch above the header. From the commit: the exp2 and the branch, the latch's
+    # add and branch, back to the header's wait: 4. Leaving the loop (to the wait after it) is not counted.
+    ptx = """
+	bra.uni 	$L__BB0_2;
+$L__BB0_1:
+	add.s32 	%r1, %r1, 1;
+	@%p1 bra 	$L__BB0_2;
+	bra.uni 	$L__BB0_3;
+$L__BB0_2:
+	wgmma.wait_group.sync.aligned 0;
+	wgmma.commit_group.sync.aligned;
+	ex2.approx.f32 	%f4, %f1;
+	bra.uni 	$L__BB0_1;
+$L__BB0_3:
+	wgmma.wait_group.sync.aligned 0;
+	ret;
+"""
+    assert analysis.wgmma_overlap(ptx) == 4
+
+
+def test_an_mbarrier_retry_loop_counts_once():
+    # Two inline-asm waits, each with its own local ``waitLoop`` label: each retry counts its two
+    # instructions once, and neither hides the wgmma wait after it.
+    retry = """
+	{
+	.reg .pred complete;
+	waitLoop:
+	mbarrier.try_wait.parity.shared.b64 complete, [%r1], %r2;
+	@!complete bra.uni waitLoop;
+	}
+"""
+    ptx = f"""
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 1;
+	add.s32 	%r2, %r2, 1;
+{retry}{retry}
+	ex2.approx.f32 	%f4, %f1;
+	wgmma.wait_group.sync.aligned 0;
+	@%p1 bra 	$L__BB0_1;
+"""
+    assert analysis.wgmma_in_flight(ptx) == 6
+    assert analysis.mbarrier_waits(ptx) == 2
+
+
+def test_no_wait_in_the_loop():
+    ptx = """
+$L__BB0_1:
+	wgmma.commit_group.sync.aligned;
+	add.s32 	%r2, %r2, 1;
+	@%p1 bra 	$L__BB0_1;
+	wgmma.wait_group.sync.aligned 0;
+"""
+    assert analysis.wgmma_overlap(ptx) is None  # waited for after the loop only

@@ -11,6 +11,7 @@ spills: Triton never puts arrays in local memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 # --- the ptxas log ------------------------------------------------------------------------------------------
@@ -196,8 +197,9 @@ def _is_instruction(line: str) -> bool:
 
 def wgmma_overlap(ptx: str) -> int | None:
     """The most PTX instructions a loop issues while one of its wgmma groups is in flight: from a
-    ``wgmma.commit_group`` to the first ``wgmma.wait_group`` after it, following the loop round its back edge
-    once; wgmma instructions themselves are not counted. None: no wgmma commit inside a loop.
+    ``wgmma.commit_group`` to the first ``wgmma.wait_group`` after it, along one path of the loop's control
+    flow, round its back edge at most once (:class:`_Cfg`); wgmma instructions themselves are not counted.
+    None: no wgmma commit inside a loop, or none waited for in it.
 
     This is what ``wgmma.wait_group N`` alone does not show: a product waited for with ``wait_group 0`` one
     iteration later (issued, then the softmax, then the wait) overlaps as much as one kept in flight with
@@ -207,30 +209,201 @@ def wgmma_overlap(ptx: str) -> int | None:
 
 
 def _most_before_a_wait(ptx: str, starts) -> int | None:
-    """The most non-wgmma PTX instructions a loop issues from a line where ``starts(line)`` to the next
-    ``wgmma.wait_group``, following the loop round its back edge once; None: no such line in a loop."""
+    """The most non-wgmma PTX instructions a loop issues on one path from a line where ``starts(line)`` to
+    the first ``wgmma.wait_group`` on that path (see :class:`_Cfg`); None: no such line in a loop, or no
+    path from one reaches a wait."""
     lines = ptx.splitlines()
+    cfg = _Cfg.parse(lines)
     best = None
-    for lo, hi in _ptx_loops(lines):
-        body = lines[lo : hi + 1]
-        for start, line in enumerate(body):
-            if not starts(line):
-                continue
-            count = 0
-            for step in range(1, len(body)):
-                later = body[(start + step) % len(body)]
-                if _WGMMA_WAIT.search(later):
-                    break
-                if _is_instruction(later) and "wgmma." not in later:
-                    count += 1
-            best = count if best is None else max(best, count)
+    for line, block in cfg.block_of.items():
+        if starts(lines[line]):
+            found = cfg.most_before_a_wait(line, block)
+            if found is not None:
+                best = found if best is None else max(best, found)
     return best
+
+
+_PTX_ANY_LABEL = re.compile(r"^([$\w]+):")
+_PTX_ANY_BRANCH = re.compile(r"^(@!?%?\w+\s+)?bra(?:\.uni)?\s+([$\w]+)\s*;")
+_PTX_RETURN = re.compile(r"^(@!?%?\w+\s+)?(?:ret|exit|trap)\s*;")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    """The basic blocks of a PTX listing: runs of lines that start at a label (``$L__BB0_12:``, or a label
+    local to an inline-asm ``{ }`` such as the ``waitLoop:`` of an mbarrier wait) or after a branch or a
+    return, and end at a ``bra`` (``@%p bra``: taken or falls through) or ``ret``/``exit``.
+
+    A loop is a branch back to a block on the depth-first search's path (a back edge: LLVM's PTX is
+    reducible) with the blocks that reach it without passing its header. The layout in the text does not
+    matter: Triton places a loop's header after its latch and an if/else's join above both arms.
+
+    The count from a start line follows the innermost loop holding it, along one path at a time: forward
+    through the loop's blocks (the if/else arm that issues more, never both), round its back edge at most
+    once and then no further than the start line, through any loop nested in it once (an mbarrier wait's
+    retry counts its two instructions once), and it ends at the first ``wgmma.wait_group`` on the path.
+    A path that leaves the loop, or comes back to its start line with no wait on the way, is not counted:
+    the product is not waited for in the loop."""
+
+    lines: tuple[str, ...]
+    blocks: tuple[tuple[int, ...], ...]  # the line numbers of each block's instructions, in order
+    successors: tuple[tuple[int, ...], ...]
+    block_of: dict[int, int]  # instruction line -> block
+
+    @classmethod
+    def parse(cls, lines: list[str]) -> _Cfg:
+        scopes, opened, labels, branches = [0], 0, {}, []
+        blocks: list[list[int]] = [[]]
+        ends: list[str] = [""]  # how each block ends: "bra", "cbra" (may fall through), "ret" or "" (falls)
+
+        def new_block() -> None:
+            blocks.append([])
+            ends.append("")
+
+        for i, line in enumerate(lines):
+            text = line.strip()
+            if text == "{":
+                opened += 1
+                scopes.append(opened)
+                continue
+            if text == "}":
+                if len(scopes) > 1:
+                    scopes.pop()
+                continue
+            label = _PTX_ANY_LABEL.match(text)
+            if label:
+                if blocks[-1]:
+                    new_block()
+                labels[(scopes[-1], label.group(1))] = len(blocks) - 1
+                continue
+            if not _is_instruction(line):
+                continue
+            if ends[-1]:
+                new_block()
+            blocks[-1].append(i)
+            branch, returns = _PTX_ANY_BRANCH.match(text), _PTX_RETURN.match(text)
+            if branch:
+                branches.append((len(blocks) - 1, branch.group(2), tuple(scopes)))
+                ends[-1] = "cbra" if branch.group(1) else "bra"
+            elif returns:
+                ends[-1] = "cbra" if returns.group(1) else "ret"
+        successors: list[list[int]] = [[] for _ in blocks]
+        for block, name, scope in branches:
+            target = next((labels[(s, name)] for s in reversed(scope) if (s, name) in labels), None)
+            if target is not None:
+                successors[block].append(target)
+        for block, end in enumerate(ends):
+            if end in ("", "cbra") and block + 1 < len(blocks):
+                successors[block].append(block + 1)
+        block_of = {line: b for b, block in enumerate(blocks) for line in block}
+        return cls(tuple(lines), tuple(map(tuple, blocks)), tuple(map(tuple, successors)), block_of)
+
+    @functools.cached_property
+    def back_edges(self) -> set[tuple[int, int]]:
+        """Edges to a block on the depth-first path (from each block not yet reached, in text order)."""
+        return _depth_first(range(len(self.blocks)), self.successors)[1]
+
+    @functools.cached_property
+    def loops(self) -> dict[int, set[int]]:
+        """Header -> the blocks of its loop."""
+        predecessors: list[list[int]] = [[] for _ in self.blocks]
+        for block, following in enumerate(self.successors):
+            for f in following:
+                predecessors[f].append(block)
+        loops: dict[int, set[int]] = {}
+        for latch, header in self.back_edges:
+            body = loops.setdefault(header, {header})
+            todo = [latch]
+            while todo:
+                block = todo.pop()
+                if block not in body:
+                    body.add(block)
+                    todo.extend(predecessors[block])
+        return loops
+
+    def most_before_a_wait(self, start: int, block: int) -> int | None:
+        holding = [(len(body), header, body) for header, body in self.loops.items() if block in body]
+        if not holding:
+            return None
+        _, header, body = min(holding, key=lambda loop: loop[0])
+        back = self.back_edges
+        forward = {b: [f for f in self.successors[b] if f in body and (b, f) not in back] for b in body}
+
+        def walk(b: int, lines) -> tuple[int, bool | None]:
+            """Instructions issued along ``lines`` of block b before a wait (True), the start line (None)
+            or the block's end (False)."""
+            count = 0
+            for i in lines:
+                if _WGMMA_WAIT.search(self.lines[i]):
+                    return count, True
+                if i == start:
+                    return count, None
+                count += "wgmma." not in self.lines[i]
+            return count, False
+
+        def most(values: list[int | None]) -> int | None:
+            found = [v for v in values if v is not None]
+            return max(found) if found else None
+
+        # the loop's blocks with no back edge form a DAG: each block's value from its successors' values
+        order = _depth_first(sorted(body), forward)[0]
+
+        def values(turn: int | None) -> dict[int, int | None]:
+            """From each block's top to a wait; ``turn``: the value of taking the back edge."""
+            found: dict[int, int | None] = {}
+            for b in order:
+                count, stopped = walk(b, self.blocks[b])
+                turns = [turn] if (b, header) in back else []
+                if stopped is False:
+                    found[b] = _plus(count, most([found[f] for f in forward[b]] + turns))
+                else:
+                    found[b] = count if stopped else None
+            return found
+
+        again = values(None)  # after the back edge: no second turn
+        first = values(again[header])
+        lines = self.blocks[block]
+        count, stopped = walk(block, lines[lines.index(start) + 1 :])
+        if stopped:
+            return count
+        turns = [again[header]] if (block, header) in back else []
+        return _plus(count, most([first[f] for f in forward[block]] + turns))
+
+
+def _depth_first(roots, successors) -> tuple[list[int], set[tuple[int, int]]]:
+    """Blocks in post-order (each after every block it reaches, back edges aside) and the back edges: those
+    to a block on the search's path, searching from each root not yet reached."""
+    state: dict[int, int] = {}  # 1: on the path, 2: done
+    order, back = [], set()
+    for root in roots:
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(successors[root]))]
+        while stack:
+            block, rest = stack[-1]
+            following = next(rest, None)
+            if following is None:
+                state[block] = 2
+                order.append(block)
+                stack.pop()
+            elif state.get(following) == 1:
+                back.add((block, following))
+            elif following not in state:
+                state[following] = 1
+                stack.append((following, iter(successors[following])))
+    return order, back
+
+
+def _plus(count: int, more: int | None) -> int | None:
+    return None if more is None else count + more
 
 
 def wgmma_in_flight(ptx: str) -> int | None:
     """The most PTX instructions a loop issues after a ``wgmma.wait_group N`` with N >= 1 (a product left in
-    flight) and before the next ``wgmma.wait_group``, following the loop round its back edge once; wgmma
-    instructions themselves are not counted. None: no such wait inside a loop.
+    flight) and before the next ``wgmma.wait_group``, along one path of the loop's control flow, round its
+    back edge at most once (:class:`_Cfg`); wgmma instructions themselves are not counted. None: no such
+    wait inside a loop.
 
     :func:`wgmma_overlap` counts from a commit to the first wait after it; a kernel that commits two
     products and at once waits for all but the last (FlashAttention-3's intra-warpgroup overlap: S retired,
