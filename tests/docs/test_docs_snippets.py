@@ -55,7 +55,17 @@ def shell_commands(page: str) -> list[str]:
     return commands
 
 
-COMMANDS = [(page, command) for page in PAGES for command in shell_commands(page)]
+def _first_appearances() -> list[tuple[str, str]]:
+    """(page, command) of each command on the first page that shows it: the same call on a second page
+    tests nothing more."""
+    seen: dict[str, str] = {}
+    for page in PAGES:
+        for command in shell_commands(page):
+            seen.setdefault(command, page)
+    return [(page, command) for command, page in seen.items()]
+
+
+COMMANDS = _first_appearances()
 
 
 def test_the_pages_have_snippets_to_test():
