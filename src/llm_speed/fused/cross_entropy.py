@@ -1039,7 +1039,10 @@ def _validate_linear(hidden, weight, target, bias, ce_weight, chunk_rows, *loss_
     numbers = _validate_loss(target, n, vocab, ce_weight, "ce_weight", *loss_args)
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias, ce_weight=ce_weight)
     if chunk_rows is None:
-        chunk_rows = default_chunk_rows(n, h, vocab)
+        # Traced by torch.compile, the cached wrapper makes dynamo warn users about lru_cache (it traces the
+        # function under it anyway): there the plain rule, the same number.
+        rule = linear_cross_entropy_chunk_rows if torch.compiler.is_compiling() else default_chunk_rows
+        chunk_rows = rule(n, h, vocab)
     return (*numbers, positive_int("chunk_rows", chunk_rows))
 
 
