@@ -20,10 +20,11 @@ The output and the LSE (natural log) are stored with masked stores (a TMA store 
 past a head's last row into the next head's).
 
 fp8 (``FP8``: e4m3 q, k, v, FA3's forward-only fp8, section 3.3): an fp8 wgmma reads both shared-memory
-operands K-major, so the PV product takes V^T: the host transposes V by one copy (:func:`transposed_values`)
-and the producer loads [D, BLOCK_N] tiles of it. P is computed at 2**8 times its value and converted to
-e4m3 in registers for the PV product; descale_q descale_k multiply the exp2's folded scale and descale_v
-the output (bfloat16), as llm-speed's Triton fp8 attention does.
+operands K-major, so the PV product takes V^T: the host transposes V by one copy
+(:func:`llm_speed.attention.plans.transposed_values`) and the producer loads [D, BLOCK_N] tiles of it. P is
+computed at 2**8 times its value and converted to e4m3 in registers for the PV product; descale_q descale_k
+multiply the exp2's folded scale and descale_v the output (bfloat16), as llm-speed's Triton fp8 attention
+does.
 
 Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as shipped), not yet
 run on a GPU.
@@ -43,6 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from ..attention.plans import transposed_values
 from ..attention.reference import FP8_WEIGHTS_OFFSET
 from ..core import runtime, tensors
 from ..core.hardware import Hardware, hardware_of
@@ -323,8 +325,6 @@ BACKWARD_HEAD_DIMS = (64, 128)
 FP8_DTYPE = torch.float8_e4m3fn
 FORWARD_DTYPES = (*DTYPES, FP8_DTYPE)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, FP8_DTYPE: gl.float8e4nv}
-# V^T's rows (keys) start 16 bytes apart, as a TMA descriptor's strides must.
-V_T_ALIGN = 16
 BLOCK_M = 2 * WARPGROUP_ROWS
 STAGES = 2
 # Batch-head pairs per longest-first section (as the Triton forward's default section).
@@ -429,31 +429,20 @@ def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torc
             torch.where(good, rows[2], math.nan).contiguous())  # fmt: skip
 
 
-def transposed_values(v: torch.Tensor) -> torch.Tensor:
-    """fp8's V [B, H_kv, Skv, D] as the kernel reads it: V^T, 2-D [B H_kv D, Skv] with each row
-    ``cdiv(Skv, V_T_ALIGN) * V_T_ALIGN`` elements apart (TMA zero-fills past Skv; the padding is never
-    read). One copy per call: Skv * D bytes read and as many written per K/V head (FA3 transposes V in
-    shared memory instead)."""
-    batch, heads_kv, seq_kv, head_dim = v.shape
-    row = cdiv(seq_kv, V_T_ALIGN) * V_T_ALIGN
-    v_t = torch.empty((batch * heads_kv * head_dim, row), dtype=v.dtype, device=v.device)[:, :seq_kv]
-    v_t.unflatten(0, (batch, heads_kv, head_dim)).copy_(v.transpose(2, 3))
-    return v_t
-
-
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
             scale: float | None = None, descale_q: torch.Tensor | None = None,
             descale_k: torch.Tensor | None = None,
             descale_v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out, lse) of softmax(q k^T * scale) v by the warp-specialized Gluon forward: q [B, H, Sq, D], k and v
     [B, H_kv, Skv, D] contiguous, H a multiple of H_kv, fp16 or bf16, D 64, 128 or 256; causal masks aligned
-    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. fp8 (FlashAttention-3's, forward only):
-    q, k, v ``float8_e4m3fn`` and ``descale_q`` / ``descale_k`` / ``descale_v`` each None (1) or float32
-    ``[]``, ``[1]``, ``[H_kv]`` or ``[B, H_kv]`` (dequantized = fp8 value * descale); the weights go to the
-    PV product as e4m3 at 2**8 times their value, V is transposed by one copy first
-    (:func:`transposed_values`), and ``out`` is bfloat16. CUDA tensors on a compute capability 9.0 GPU only
-    (anything else: ValueError before any work). Unproven on a GPU; ``flash_attention`` launches it only
-    under a launch policy naming it (candidate ``gluon-forward``; fp8: ``gluon_fp8_forward_head_dims``)."""
+    bottom-right; ``lse`` float32 [B, H, Sq] in natural-log units. fp8 (FlashAttention-3's, forward only): q,
+    k, v ``float8_e4m3fn`` and ``descale_q`` / ``descale_k`` / ``descale_v`` each None (1) or float32 ``[]``,
+    ``[1]``, ``[H_kv]`` or ``[B, H_kv]`` (dequantized = fp8 value * descale); the weights go to the PV product
+    as e4m3 at 2**8 times their value, V is transposed by one copy first
+    (:func:`llm_speed.attention.plans.transposed_values`), and ``out`` is bfloat16. CUDA tensors on a compute
+    capability 9.0 GPU only (anything else: ValueError before any work). Unproven on a GPU;
+    ``flash_attention`` launches it only under a launch policy naming it (candidate ``gluon-forward``; fp8:
+    ``gluon_fp8_forward_head_dims``)."""
     scale = check_arguments(q, k, v, is_causal, scale, dtypes=FORWARD_DTYPES)
     descales = _descales(q, k, descale_q, descale_k, descale_v)
     batch, heads, seq_q, head_dim = q.shape
@@ -467,7 +456,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     if seq_kv == 0:
         return out.zero_(), lse.fill_(-math.inf)
     plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal, hardware_of(device))
-    values = v.view(-1, head_dim) if descales is None else transposed_values(v)
+    # fp8: V^T [B H_kv D, Skv] by the Triton fp8 path's copy (rows 16-byte aligned, as TMA's strides must be)
+    values = v.view(-1, head_dim) if descales is None else transposed_values(v).flatten(0, 2)
     qk_descale, v_descale = (None, None) if descales is None else descales
     plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=values, out_ptr=out,
                 lse_ptr=lse, qk_descale_ptr=qk_descale, v_descale_ptr=v_descale,

@@ -58,6 +58,7 @@ from ..core.launch import TMA_ALIGN_BYTES, Kernel, cdiv
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from . import compat
 from .gemm import PRODUCER_REGISTERS, PRODUCER_WARPS, tile_coordinates, tma_producer
+from .gemm_fp8_select import FP8_DTYPE, OUT_DTYPES
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -163,8 +164,6 @@ GEMM_FP8 = Kernel(gluon_gemm_fp8_kernel, "gluon_gemm_fp8")
 
 # --- launcher -------------------------------------------------------------------------------------------
 
-FP8_DTYPE = torch.float8_e4m3fn
-OUT_DTYPES = (torch.bfloat16, torch.float16)
 _BARRIER_BYTES = 8
 MAX_STAGES = 8
 

@@ -16,8 +16,9 @@ from ..core.launch import TMA_ALIGN_BYTES
 from ..core.policy import LaunchPolicy, current_policy
 from .launch import device_refusal
 
-E4M3 = torch.float8_e4m3fn
-OUT_DTYPES = (torch.bfloat16, torch.float16)  # the kernel's (llm_speed.gluon.gemm_fp8.OUT_DTYPES)
+# The kernel's operand and output dtypes (llm_speed.gluon.gemm_fp8 reads them here: this module stays light)
+FP8_DTYPE = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def gluon_gemm_fp8_refusal(a, b, scale_a, scale_b, out_dtype: torch.dtype, trans_b: bool, *,
@@ -30,7 +31,7 @@ def gluon_gemm_fp8_refusal(a, b, scale_a, scale_b, out_dtype: torch.dtype, trans
         return "the policy's gluon_gemm_fp8 is off"
     if not trans_b:
         return "b is [K, N]: fp8 wgmma reads B K-major, the kernel takes b [N, K] (trans_b) only"
-    if a.dtype != E4M3 or b.dtype != E4M3:
+    if a.dtype != FP8_DTYPE or b.dtype != FP8_DTYPE:
         return f"dtypes {a.dtype}, {b.dtype}: e4m3 operands only"
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype {out_dtype}: bfloat16 or float16 only"

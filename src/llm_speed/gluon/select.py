@@ -68,13 +68,11 @@ def gluon_forward_refusal(q, k, v, *, window=None, softcap=None, alibi_slopes=No
     taken only at the head dims of the policy's ``gluon_fp8_forward_head_dims``, a 16-bit one at those of
     ``gluon_forward_head_dims``."""
     policy = current_policy() if policy is None else policy
-    if descales is not None or getattr(q, "dtype", None) == FP8_DTYPE:
-        return _refusal(q, k, v, policy.gluon_fp8_forward_head_dims, "gluon_fp8_forward_head_dims", HEAD_DIMS,
-                        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                        descales=descales, two_pass=two_pass)  # fmt: skip
-    return _refusal(q, k, v, policy.gluon_forward_head_dims, "gluon_forward_head_dims", HEAD_DIMS,
-                    window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                    descales=descales, two_pass=two_pass)  # fmt: skip
+    fp8 = descales is not None or getattr(q, "dtype", None) == FP8_DTYPE
+    field = "gluon_fp8_forward_head_dims" if fp8 else "gluon_forward_head_dims"
+    return _refusal(q, k, v, getattr(policy, field), field, HEAD_DIMS, window=window, softcap=softcap,
+                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, descales=descales,
+                    two_pass=two_pass)  # fmt: skip
 
 
 def gluon_forward_applies(q, k, v, *, window=None, softcap=None, alibi_slopes=None, dropout_p: float = 0.0,

@@ -139,8 +139,6 @@ def _opcode(body: str) -> str:
 
 # --- PTX ----------------------------------------------------------------------------------------------------
 
-_PTX_LABEL = re.compile(r"^(\$L__\w+):")
-_PTX_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
 _WGMMA_WAIT = re.compile(r"\bwgmma\.wait_group\.sync\.aligned\s+(\d+);")
 _CP_ASYNC_WAIT = re.compile(r"\bcp\.async\.wait_group\s+(\d+);")
 
@@ -156,31 +154,17 @@ class PtxWaits:
     wgmma_outside: int | None  # deepest wgmma wait anywhere (a kernel with no loop)
 
 
-def _ptx_loops(lines: list[str]) -> list[tuple[int, int]]:
-    """(label line, branch line) of every branch back to a label above it: the PTX's loops."""
-    labels: dict[str, int] = {}
-    loops: list[tuple[int, int]] = []
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        label = _PTX_LABEL.match(stripped)
-        if label:
-            labels[label.group(1)] = i
-        branch = _PTX_BRANCH.search(stripped)
-        if branch and branch.group(1) in labels:  # defined above: a loop
-            loops.append((labels[branch.group(1)], i))
-    return loops
-
-
 def ptx_waits(ptx: str) -> PtxWaits:
     lines = ptx.splitlines()
-    loops = _ptx_loops(lines)
+    cfg = _Cfg.parse(lines)
+    looping = set().union(*cfg.loops.values())  # the blocks of every loop (:class:`_Cfg`)
 
     def deepest(pattern: re.Pattern, inside: bool) -> int | None:
         found = [
             int(m.group(1))
             for i, line in enumerate(lines)
             for m in [pattern.search(line)]
-            if m and (not inside or any(lo <= i <= hi for lo, hi in loops))
+            if m and (not inside or cfg.block_of.get(i) in looping)
         ]
         return max(found) if found else None
 
