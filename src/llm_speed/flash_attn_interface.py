@@ -42,7 +42,7 @@ from .attention.checks import check_dropout, check_scale
 from .attention.decode import flash_attention_with_kvcache
 from .attention.flash import flash_attention
 from .attention.varlen import flash_attention_varlen
-from .core.dispatch import plain_inference
+from .core.dispatch import INFERENCE, plain_call
 
 __all__ = [
     "flash_attn_func",
@@ -145,12 +145,16 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     plain = (
         not return_attn_probs and not descales and alibi_slopes is None and type(dropout_p) is float
         and not dropout_p and (causal is True or causal is False)
+        and (deterministic is True or deterministic is False)
         and _no_window_or_softcap(window_size, softcap)
         and (softmax_scale is None or type(softmax_scale) is float and -math.inf < softmax_scale < math.inf)
-        and plain_inference(q, k, v)
+        and plain_call(q, k, v)
     )  # fmt: skip
-    if plain:  # a repeated plain inference call: no view made (flash.seq_major_inference)
-        out = flash.seq_major_inference(q, k, v, causal, softmax_scale)
+    if plain:  # a repeated plain call: no view made (flash.seq_major_inference, flash.seq_major_autograd)
+        if plain == INFERENCE:
+            out = flash.seq_major_inference(q, k, v, causal, softmax_scale)
+        else:
+            out = flash.seq_major_autograd(q, k, v, causal, softmax_scale, deterministic)
         if out is not None:
             return out
     window, cap = _window(window_size), _softcap(softcap)
@@ -168,7 +172,7 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
         )  # fmt: skip
     if not return_attn_probs:
         if plain:
-            flash.keep_seq_major((q, k, v), (qt, kt, vt), causal, softmax_scale)
+            flash.keep_seq_major((q, k, v), (qt, kt, vt), causal, softmax_scale, lse=plain != INFERENCE)
         return result.transpose(1, 2)  # contiguous: the kernel writes q's [batch, seq, heads, dim] order
     out, lse = result
     probs = None

@@ -105,7 +105,9 @@ from .launcher import (
     forward,
     gluon_forward_takes,
     keep_seq_major,
+    launch_seq_major,
     packed_forward,
+    seq_major_call,
     seq_major_inference,
     varlen_backward,
     varlen_forward,
@@ -141,6 +143,7 @@ __all__ = [
     "deterministic_backward",
     "keep_seq_major",
     "packed_forward",
+    "seq_major_autograd",
     "seq_major_inference",
     "varlen_backward",
     "varlen_forward",
@@ -239,6 +242,42 @@ def autograd_backward(ctx, dout, dlse):
 
 _forward_plain = Op(forward_op, forward, setup_context=setup_context, backward=autograd_backward)
 _forward_call = autocast.dispatch(_forward_plain, autocast.LOWER, (0, 1, 2))  # torch.autocast: as SDPA
+
+
+class _SeqMajorForward(torch.autograd.Function):
+    """The op's autograd node for a kept call on flash-attn's ``[batch, seq, heads, dim]`` tensors as given
+    (:func:`seq_major_autograd`): the node :func:`flash_attention` records on their ``transpose(1, 2)``
+    views, with the transposes made inside it, where autograd records none."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call, is_causal, scale, deterministic):
+        out, lse = launch_seq_major(call, q, k, v, scale, True)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (is_causal, scale, None, None, None, deterministic)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        if dout is None:
+            return (None,) * 7
+        q, k, v, out, lse = ctx.saved_tensors
+        views = (t.transpose(1, 2) for t in (dout, q, k, v, out))
+        dq, dk, dv = _backward_call(*views, lse, None, *ctx.args)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None, None
+
+
+def seq_major_autograd(q, k, v, is_causal: bool, scale: float | None, deterministic: bool):
+    """For flash-attn's interface: the ``[batch, seq_q, heads_q, dim]`` output, with the op's autograd node,
+    of a plain call with grad (:func:`llm_speed.core.dispatch.plain_call` says ``AUTOGRAD``) on ``[batch,
+    seq, heads, dim]`` tensors that an earlier call of the same metadata made through
+    :func:`flash_attention` (and :func:`keep_seq_major` with ``lse``); None when there is none. The
+    arguments as for :func:`seq_major_inference`, ``deterministic`` a bool."""
+    call = seq_major_call(q, k, v, is_causal, scale, True)
+    if call is None:
+        return None
+    scale = call.default_scale if scale is None else scale
+    return _SeqMajorForward.apply(q, k, v, call, is_causal, scale, deterministic)
 
 
 def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale: float, window_left=None,

@@ -205,10 +205,30 @@ def dense_call_key(q, k, v, is_causal, scale, lse) -> tuple:
 
 # The same calls made through flash-attn's interface (llm_speed.flash_attn_interface): q, k, v in its
 # [batch, seq, heads, dim] layout, keyed (by dense_call_key) on those tensors as given, so a repeated call
-# makes none of the four transposed views (q, k, v in, out back) that cost ~3 us of the development CPU; the
-# entry is the DENSE_CALLS entry its first call left (a sequence-major output, no LSE; a TMA plan's
-# descriptors are made over the tensors as given, the same memory as the views its plan was made for).
+# makes none of the four transposed views (q, k, v in, out back) that cost ~3 us of the development CPU, and
+# with grad ~10 us (each view records an autograd node); the entry is the DENSE_CALLS entry its first call
+# left (a sequence-major output; with grad, the LSE stored for the backward; a TMA plan's descriptors are
+# made over the tensors as given, the same memory as the views its plan was made for).
 _SEQ_MAJOR_CALLS = CallCache()
+
+
+def seq_major_call(q, k, v, is_causal: bool, scale: float | None, lse: bool) -> DenseCall | None:
+    """The call :func:`keep_seq_major` kept for flash-attn's ``[batch, seq, heads, dim]`` tensors ``q, k,
+    v`` with this metadata (``lse``: the LSE stored, a call with grad), or None."""
+    call = _SEQ_MAJOR_CALLS.get(dense_call_key(q, k, v, is_causal, scale, lse))
+    if call is not None and runtime.observed():  # a profiler listens: the report names [B, H, S, D] shapes
+        runtime.report_work("flash_attention", q=q.transpose(1, 2), k=k.transpose(1, 2), is_causal=is_causal,
+                            window=None)  # fmt: skip
+    return call
+
+
+def launch_seq_major(call: DenseCall, q, k, v, scale: float | None, lse: bool) -> tuple:
+    """(out, lse) of ``call`` launched on flash-attn's ``[batch, seq, heads, dim]`` tensors as given: out in
+    q's layout, lse ``[batch, heads_q, seq_q]`` float32 when ``lse`` (else None)."""
+    out = tensors.new_output(q.shape, q.dtype, q.device)  # the plan writes q's [B, S, H, D] order
+    stats = tensors.new_output((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device) if lse else None
+    _launch_dense(call.plan, q, k, v, out, stats, call.default_scale if scale is None else scale, 1.0, 0.0)
+    return out, stats
 
 
 def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.Tensor | None:
@@ -217,24 +237,18 @@ def seq_major_inference(q, k, v, is_causal: bool, scale: float | None) -> torch.
     :func:`flash_attention` (and :func:`keep_seq_major`); None when there is none (the caller takes the
     full path). ``is_causal`` a bool, ``scale`` None or a finite float, no grad to record: the caller's
     conditions."""
-    call = _SEQ_MAJOR_CALLS.get(dense_call_key(q, k, v, is_causal, scale, False))
-    if call is None:
-        return None
-    if runtime.observed():  # a profiler listens: the report names [B, H, S, D] shapes
-        runtime.report_work("flash_attention", q=q.transpose(1, 2), k=k.transpose(1, 2), is_causal=is_causal,
-                            window=None)  # fmt: skip
-    out = tensors.new_output(q.shape, q.dtype, q.device)  # the plan writes q's [B, S, H, D] order
-    _launch_dense(call.plan, q, k, v, out, None, call.default_scale if scale is None else scale, 1.0, 0.0)
-    return out
+    call = seq_major_call(q, k, v, is_causal, scale, False)
+    return None if call is None else launch_seq_major(call, q, k, v, scale, False)[0]
 
 
-def keep_seq_major(given: tuple, views: tuple, is_causal: bool, scale: float | None) -> None:
+def keep_seq_major(given: tuple, views: tuple, is_causal: bool, scale: float | None,
+                   lse: bool = False) -> None:  # fmt: skip
     """After :func:`flash_attention` ran on ``views``, the ``transpose(1, 2)`` of flash-attn's ``[batch, seq,
-    heads, dim]`` tensors ``given`` (q, k, v; no grad, no option): keep what it kept for the next such
-    call."""
-    call = DENSE_CALLS.get(dense_call_key(*views, is_causal, scale, False))
+    heads, dim]`` tensors ``given`` (q, k, v; no option; ``lse``: with grad, so the LSE was stored): keep
+    what it kept for the next such call."""
+    call = DENSE_CALLS.get(dense_call_key(*views, is_causal, scale, lse))
     if call is not None and call.seq_major:
-        _SEQ_MAJOR_CALLS.put(dense_call_key(*given, is_causal, scale, False), call)
+        _SEQ_MAJOR_CALLS.put(dense_call_key(*given, is_causal, scale, lse), call)
 
 
 def forward(
