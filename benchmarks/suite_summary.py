@@ -8,11 +8,15 @@ Standard library only, so the summary is written even when torch or llm_speed is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proof_targets  # noqa: E402 - a script beside this one, not a package
 
 TIMED_OUT = {"124", "137"}  # timeout's exit code, and SIGKILL's after the grace period
 PYTEST_LOG_TAIL_LINES = 25
@@ -255,6 +259,9 @@ def main(raw_dir: str, out_dir: str) -> int:
         "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest*.xml, demo/, environment.txt)",
     }
     summary["problems"] = problems(summary)
+    # the proof's headline: issue 74's targets as this run measured them (benchmarks/proof_targets.py)
+    targets = proof_targets.table(raw) if any(s["step"].startswith("headline_") for s in steps) else None
+    summary["targets"] = None if targets is None else [dataclasses.asdict(t) for t in targets]
     write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
 
     lines = [f"llm-speed GPU suite, {summary['date_utc']}, commit {summary['git_commit']}"]
@@ -276,6 +283,9 @@ def main(raw_dir: str, out_dir: str) -> int:
         )
         lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
     lines += proof_text(summary)
+    if targets is not None:
+        lines += ["", "issue 74's targets, from this run's JSON (yes / no; -: a part not measured):"]
+        lines += proof_targets.text_lines(targets)
     rows = headline(raw)
     if rows:
         lines += [

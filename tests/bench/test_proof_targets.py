@@ -1,0 +1,152 @@
+"""benchmarks/proof_targets.py: issue 74's target table from a proof run's JSON, and its place at the end of
+the proof's summary (benchmarks/suite_summary.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_bench  # noqa: E402 - scripts of benchmarks/, not a package
+import proof_targets  # noqa: E402
+
+from llm_speed.cli import main  # noqa: E402
+
+
+def _write(raw: Path, name: str, rows: list[dict]) -> None:
+    (raw / name).write_text(json.dumps({"results": rows}))
+
+
+def _timed(impl: str, ms: float, case: str = "seq=16384", **extra) -> dict:
+    return {"case": case, "impl": impl, "available": True, "timing": {"median_ms": ms}, **extra}
+
+
+def test_every_file_it_reads_is_one_the_proof_writes():
+    written = {"fused_kernel_time.json"}  # run_gpu_suite.sh's headline_fused writes it (below)
+    assert '--output "$RAW/fused_kernel_time.json"' in (REPO / "benchmarks" / "run_gpu_suite.sh").read_text()
+    for name in gpu_bench.PROOF_SETS:
+        for line in gpu_bench.proof_lines(name, "OUT"):
+            written |= set(re.findall(r"--output OUT/(\S+\.json)", line))
+    assert proof_targets.files_read() <= written, proof_targets.files_read() - written
+
+
+def _attention(raw: Path, *, flash_fwd: float, cudnn_fwd: float, flash_both: float, cudnn_both: float):
+    _write(raw, "attn_d128_fwd_full_mha_s16384.json", [
+        _timed("flash", flash_fwd, tflops=650.0 * 1.0 / flash_fwd, fastest_other="sdpa-cudnn",
+               speedup_vs_fastest_other=cudnn_fwd / flash_fwd),
+        _timed("sdpa-cudnn", cudnn_fwd),
+    ])  # fmt: skip
+    _write(raw, "attn_d128_fwd_bwd_full_mha_s16384.json", [
+        _timed("flash", flash_both), _timed("sdpa-cudnn", cudnn_both),
+    ])  # fmt: skip
+
+
+def test_attention_rows_hold_fail_or_say_what_was_not_measured(tmp_path):
+    # forward 1.0 ms at 650 TFLOP/s, cuDNN 1.1 ms; backward (fwd+bwd - fwd) 2.5 ms against cuDNN's 2.5
+    _attention(tmp_path, flash_fwd=1.0, cudnn_fwd=1.1, flash_both=3.5, cudnn_both=3.6)
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    forward = rows["attention forward, d=128, 16k tokens, non-causal"]
+    assert forward.holds is True and "650 TFLOP/s, 1.10x cuDNN" in forward.measured
+    backward = rows["attention backward, d=128, 16k"]
+    # 2.5 x the forward's FLOPs (650 TFLOP/s x 1 ms) in 2.5 ms: 650 TFLOP/s; cuDNN's backward 2.5 ms too
+    assert backward.holds is True and "650 TFLOP/s, 1.00x cuDNN" in backward.measured
+    # one point of nine measured, above 1x: not every point, so not "yes"
+    points = rows["attention forward, every point (d 64/128, seq 512-16k, causal or not, MHA/GQA)"]
+    assert points.holds is None and "1 of 9 points" in points.measured
+    # slower than cuDNN: the measured part fails the row
+    _attention(tmp_path, flash_fwd=1.2, cudnn_fwd=1.0, flash_both=4.0, cudnn_both=3.0)
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    assert rows["attention forward, d=128, 16k tokens, non-causal"].holds is False
+    assert rows["attention backward, d=128, 16k"].holds is False
+    every = "attention forward, every point (d 64/128, seq 512-16k, causal or not, MHA/GQA)"
+    assert rows[every].holds is False
+    # a row whose files the run did not write says so and holds nothing
+    guide = rows["attention forward + backward, guide's points (b2 h8 d64 fp16)"]
+    assert guide.holds is None and guide.measured.startswith("not measured (no attn_d64_fwd_bwd_s512.json")
+
+
+def test_gemm_geomean_and_lowest_shape(tmp_path):
+    names = [f"gemm_bf16_{size}.json" for size in proof_targets.GEMM_SQUARES]
+    names += [f"gemm_bf16_llama3_8b_m{tokens}.json" for tokens in proof_targets.GEMM_TOKENS]
+    for name in names:  # ours 1.0 ms against torch's 1.0 everywhere, one shape at 0.8x
+        slow = name == "gemm_bf16_512.json"
+        _write(tmp_path, name, [_timed("llm-speed", 1.25 if slow else 1.0, case="c"),
+                                _timed("torch", 1.0, case="c")])  # fmt: skip
+    (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+    assert row.holds is False and "lowest 0.80x (gemm_bf16_512 c)" in row.measured
+    _write(tmp_path, "gemm_bf16_512.json", [_timed(impl, 1.0, case="c") for impl in ("llm-speed", "torch")])
+    (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+    assert row.holds is True and "geomean 1.00x" in row.measured and "8 shapes" in row.measured
+    (tmp_path / "gemm_bf16_8192.json").unlink()  # a cut run: the geomean is not judged
+    (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+    assert row.holds is None and "not measured: gemm_bf16_8192.json" in row.measured
+
+
+def test_decode_fused_ce_and_train_step_rows(tmp_path):
+    for batch, ours in ((1, 0.02), (8, 0.03)):
+        rows = [_timed(impl, ours, case="c", graph_ms=0.01) for impl in ("kvcache", "kvcache-paged")]
+        _write(tmp_path, f"decode_bf16_b{batch}_c4096.json", [*rows, _timed("sdpa", 0.03, case="c")])
+    _write(tmp_path, "fused_kernel_time.json", [
+        {"op": op, "impl": impl, "available": True, "wall_ms": ms, "kernel_gbps": 2500.0}
+        for op in proof_targets.FUSED_OPS for impl, ms in (("llm_speed", 1.0), ("torch.compile", 1.2))
+    ])  # fmt: skip
+    _write(tmp_path, "linear_cross_entropy.json", [
+        _timed("llm_speed", 40.0, peak_memory_bytes=1), _timed("torch.compile", 38.0, peak_memory_bytes=9),
+        _timed("eager", 60.0, peak_memory_bytes=5),
+    ])  # fmt: skip
+    _write(tmp_path, "train_step_llama3_8b_2layers.json", [
+        _timed("llm_speed", 20.0, peak_memory_bytes=5), _timed("transformers", 28.0, peak_memory_bytes=10),
+    ])  # fmt: skip
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    decode = rows["decode, batch 1-8"]
+    assert decode.holds is True and "1.00-1.50x over 4 of 4 points" in decode.measured
+    assert "b1 kvcache 10.0 us" in decode.measured
+    fused = rows["rms_norm, rotary, swiglu fwd+bwd at kernel-dominated sizes"]
+    # faster than torch.compile; Liger not run and the copy bandwidth not measured: "-", not "yes"
+    assert fused.holds is None and "rms_norm 2500 GB/s (kernel), 1.20x torch.compile" in fused.measured
+    ce = rows["linear cross-entropy, V 128256, N 8192, H 4096"]
+    assert ce.holds is False and "0.95x torch.compile; peak 0.200 of eager's" in ce.measured
+    step = rows["train step, llama-3-8b 2 layers"]
+    assert step.holds is None and "1.40x transformers, not measured Liger, peak 0.50x" in step.measured
+
+
+def test_a_real_benchmark_json_reads(tmp_path, monkeypatch):
+    """The bench command's own JSON (run on the CPU, tiny), read as the proof's GEMM row reads it."""
+    from llm_speed.bench import cpu_budget
+
+    monkeypatch.setattr(cpu_budget, "CALL_SECONDS", 0.002)
+    code = main(["bench", "gemm", "--dtype", "bf16", "--sizes", "32x32x32", "--impl", "llm-speed", "torch",
+                 "--warmup", "0", "--iterations", "1", "--min-time", "0", "--no-progress", "--device", "cpu",
+                 "--output", str(tmp_path / "gemm_bf16_512.json")])  # fmt: skip
+    assert code == 0
+    (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+    assert "1 shapes" in row.measured and "not measured: gemm_bf16_1024.json" in row.measured, row
+
+
+def test_the_proof_summary_ends_with_the_targets(tmp_path):
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    out.mkdir()
+    (raw / "summary.tsv").write_text("step\tcode\tseconds\tcap\nheadline_gemm\t0\t3\t35\n")
+    _attention(raw, flash_fwd=1.0, cudnn_fwd=1.1, flash_both=3.5, cudnn_both=3.6)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
+                   check=True, timeout=60)  # fmt: skip
+    text = (out / "summary.txt").read_text()
+    assert "issue 74's targets" in text and "yes attention forward, d=128, 16k tokens, non-causal" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["targets"]) == 17 and summary["targets"][0]["holds"] is True
+
+
+@pytest.mark.parametrize("flag", [[], ["--markdown"]])
+def test_the_command_prints_the_table(tmp_path, flag, capsys):
+    assert proof_targets.main([*flag, str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "train step, llama-3-8b 2 layers" in printed and ("| what |" in printed) == bool(flag)
+    with pytest.raises(SystemExit):
+        proof_targets.main([str(tmp_path / "missing")])
