@@ -339,7 +339,8 @@ def table(raw: Path) -> list[Target]:
         _not_in_proof("per call, tiny problems (inference / autograd / training)",
                       "<= 1.3x PyTorch's equivalent", "`llm-speed bench overhead`, the suite's bench step"),
         _not_in_proof("flash-attn interface wrappers; head dims 80/96/111",
-                      "within 1.1x of llm-speed's entry points", "not timed by any step yet"),
+                      "within 1.1x of llm-speed's entry points",
+                      "the wrappers: `llm-speed bench overhead`, the suite's bench step; head dims: no step"),
     ]  # fmt: skip
 
 

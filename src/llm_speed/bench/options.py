@@ -62,5 +62,6 @@ MOE_MODES = ("fwd", "fwd+bwd")
 # --- bench overhead ---
 OVERHEAD_OPS = ("flash_attention", "tiled_attention", "naive_attention", "flash_attention_varlen",
                 "flash_attention_with_kvcache", "gemm", "tensor_core_gemm_int8", "rms_norm", "swiglu",
-                "apply_rotary", "fused_linear_cross_entropy")  # fmt: skip
+                "apply_rotary", "fused_linear_cross_entropy", "flash_attn_func", "flash_attn_varlen_func",
+                "flash_attn_with_kvcache")  # fmt: skip
 OVERHEAD_MODES = ("inference", "autograd", "training")
