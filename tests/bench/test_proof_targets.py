@@ -116,6 +116,34 @@ def test_decode_fused_ce_and_train_step_rows(tmp_path):
     assert step.holds is None and "1.40x transformers, not measured Liger, peak 0.50x" in step.measured
 
 
+def test_per_call_rows_from_the_bench_steps_overhead_json(tmp_path):
+    def overhead(device: str, rows: list[dict]) -> None:
+        document = {"environment": {"device_type": device}, "results": rows}
+        (tmp_path / "overhead.json").write_text(json.dumps(document))
+
+    def row(case, mode, meets, vs):
+        return {"case": case, "mode": mode, "meets_target": meets, "vs_baseline": vs}
+
+    overhead("cuda", [
+        row("sdpa", "inference", None, None), row("gemm", "inference", True, 1.0),
+        row("rms_norm", "inference", False, 1.5), row("rms_norm", "autograd", True, 1.2),
+        row("flash_attn_func", "inference", True, 0.9), row("flash_attn_func", "training", True, 1.05),
+    ])  # fmt: skip
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    calls = rows["per call, tiny problems (inference / autograd / training)"]
+    # the wrappers are judged against the entry point, not counted with PyTorch's equivalents
+    assert calls.holds is False and calls.measured == "inference 1/2 rows, autograd 1/1 rows meet it"
+    wrapped = rows["flash-attn interface wrappers; head dims 80/96/111"]
+    assert wrapped.holds is None and "0.90-1.05x over 2 of 2 points" in wrapped.measured  # head dims: no step
+    overhead("cuda", [row("flash_attn_func", "autograd", False, 1.3)])
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    assert rows["flash-attn interface wrappers; head dims 80/96/111"].holds is False
+    overhead("cpu", [row("gemm", "inference", True, 1.0)])  # a CPU run judges no GPU target
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    calls = rows["per call, tiny problems (inference / autograd / training)"]
+    assert calls.holds is None and "measured on cpu, not a GPU" in calls.measured
+
+
 def test_a_real_benchmark_json_reads(tmp_path, monkeypatch):
     """The bench command's own JSON (run on the CPU, tiny), read as the proof's GEMM row reads it."""
     from llm_speed.bench import cpu_budget
