@@ -16,6 +16,7 @@ from llm_speed.bench.options import OVERHEAD_OPS
 # CI's 2 shared cores are noisy: the guard allows this much over the issue's targets (2.5x / 3x SDPA). A
 # regression to Triton's generic launch path or to the custom-op dispatch costs 3-10x, far past it.
 NOISE = 1.6
+ROUNDS = 5
 CPU = torch.device("cpu")
 
 
@@ -64,12 +65,13 @@ def test_the_wrappers_are_measured_against_the_entry_point_on_the_cpu_path(monke
 def test_per_call_cost_stays_near_the_targets():
     # Busy neighbours (the other xdist worker, the kernel budgets' compile processes) slow wall time several-
     # fold; a regression costs CPU time. So the guard counts this thread's CPU time, measures each op right
-    # after its yardstick (SDPA) and baseline, and measures an op over its limit again, up to three rounds:
-    # its best ratio counts.
+    # after its yardstick (SDPA) and baseline, and measures an op over its limit again, up to ROUNDS rounds:
+    # its best ratio counts (three rounds failed once on a machine running a make test beside this one; a
+    # regression fails every round).
     seen = set()
     for op in OVERHEAD_OPS:
         best = float("inf")
-        for _ in range(3):
+        for _ in range(ROUNDS):
             rows = overhead.measure(
                 CPU, ops=(op,), modes=("inference",), calls=300, repeats=3, clock=time.thread_time
             )
@@ -83,7 +85,8 @@ def test_per_call_cost_stays_near_the_targets():
                 break
         else:
             limit = NOISE * row.target
-            pytest.fail(f"{op}: {best:.2f}x {row.target_of} a call in each of 3 rounds (limit {limit:.2f}x)")
+            pytest.fail(f"{op}: {best:.2f}x {row.target_of} a call in each of {ROUNDS} rounds "
+                        f"(limit {limit:.2f}x)")
         seen.add(op)
     assert seen == set(OVERHEAD_OPS)
 
