@@ -48,7 +48,7 @@ from ..core.hardware import Hardware, hardware_of
 from ..core.launch import TMA_ALIGN_BYTES, Kernel, cdiv
 from ..core.tensors import check_same_device, check_tensor
 from . import compat
-from .launch import DescriptorLayout, GluonPlan, check_device
+from .launch import DescriptorLayout, GluonPlan, check_device, tma_matrix
 
 # --- kernels --------------------------------------------------------------------------------------------
 
@@ -234,8 +234,7 @@ def _check(a, b, trans_b: bool) -> tuple[int, int, int]:
         raise ValueError(f"b must have K = {k} (a's columns) along its {'columns' if trans_b else 'rows'}, "
                          f"got shape {tuple(b.shape)}")  # fmt: skip
     for name, x in (("a", a), ("b", b)):
-        rows = x.stride(0) * x.element_size()
-        if x.numel() and (x.stride(1) != 1 or rows % TMA_ALIGN_BYTES or x.data_ptr() % TMA_ALIGN_BYTES):
+        if x.numel() and not tma_matrix(x):
             raise ValueError(
                 f"{name} must suit a TMA descriptor: unit stride along its last dim, rows and base address "
                 f"{TMA_ALIGN_BYTES}-byte aligned (rows a multiple of 8 elements apart); got strides "

@@ -59,7 +59,7 @@ from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_
 from . import compat
 from .gemm import PRODUCER_REGISTERS, PRODUCER_WARPS, tile_coordinates, tma_producer
 from .gemm_fp8_select import FP8_DTYPE, OUT_DTYPES
-from .launch import DescriptorLayout, GluonPlan, check_device
+from .launch import DescriptorLayout, GluonPlan, check_device, tma_matrix
 
 # --- kernels --------------------------------------------------------------------------------------------
 
@@ -236,8 +236,7 @@ def _check(a, b, scale_a, scale_b, out_dtype, bias) -> tuple[int, int, int]:
             raise ValueError(f"bias has {bias.shape[0]} elements; it must have N = {n}")
     check_same_device(a=a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
     for name, x in (("a", a), ("b", b)):
-        rows = x.stride(0) * x.element_size()
-        if x.numel() and (x.stride(1) != 1 or rows % TMA_ALIGN_BYTES or x.data_ptr() % TMA_ALIGN_BYTES):
+        if x.numel() and not tma_matrix(x):
             raise ValueError(
                 f"{name} must suit a TMA descriptor: K contiguous (unit stride along its last dim), rows and "
                 f"base address {TMA_ALIGN_BYTES}-byte aligned (K a multiple of 16 for a dense tensor); got "

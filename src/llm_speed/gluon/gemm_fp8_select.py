@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..core import runtime
-from ..core.launch import TMA_ALIGN_BYTES
 from ..core.policy import LaunchPolicy, current_policy
-from .launch import device_refusal
+from .launch import device_refusal, tma_matrix
 
 # The kernel's operand and output dtypes (llm_speed.gluon.gemm_fp8 reads them here: this module stays light)
 FP8_DTYPE = torch.float8_e4m3fn
@@ -43,7 +42,7 @@ def gluon_gemm_fp8_refusal(a, b, scale_a, scale_b, out_dtype: torch.dtype, trans
     if tuple(scale_a.shape) != (m, groups) or tuple(scale_b.shape) != (-(-n // 128), groups):
         return "not 1x128 x 128x128 block scaling"
     for name, x in (("a", a), ("b", b)):
-        if x.stride(1) != 1 or x.stride(0) % TMA_ALIGN_BYTES or x.data_ptr() % TMA_ALIGN_BYTES:
+        if not tma_matrix(x):
             return f"{name} is not K-contiguous with 16-byte aligned rows and base (TMA)"
     if n % 8:
         return f"N = {n}: the output's TMA store needs a multiple of 8"

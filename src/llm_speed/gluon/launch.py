@@ -18,7 +18,7 @@ import torch
 
 from ..core import runtime
 from ..core.hardware import hardware_of
-from ..core.launch import Kernel
+from ..core.launch import TMA_ALIGN_BYTES, Kernel
 
 # The capability the Gluon kernels are built for: wgmma and setmaxnreg exist on sm_90a only (Blackwell has
 # neither).
@@ -54,6 +54,13 @@ def check_device(name: str, tensor: torch.Tensor, function: str) -> None:
     if capability != CAPABILITY:
         raise ValueError(f"{name} is on {device} of compute capability {capability[0]}.{capability[1]}: "
                          f"{function} runs on {wanted} only (sm_90a: H100, H200)")  # fmt: skip
+
+
+def tma_matrix(x: torch.Tensor) -> bool:
+    """Whether a TMA descriptor reads the 2-D tensor ``x`` as it is: unit stride along its last dim, rows and
+    base address :data:`~llm_speed.core.launch.TMA_ALIGN_BYTES`-byte aligned (the Gluon GEMMs' operands)."""
+    rows = x.stride(0) * x.element_size()
+    return x.stride(1) == 1 and not rows % TMA_ALIGN_BYTES and not x.data_ptr() % TMA_ALIGN_BYTES
 
 
 # Called with (plan, per-call arguments) for every launch under a simulated GPU (the kernel report's capture).
