@@ -94,14 +94,15 @@ def _fmt(value: float | None, unit: str = "x", digits: int = 2) -> str:
     return "not measured" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def _span(ratios: dict[str, float], expected: int) -> tuple[str, float | None]:
-    """'lo-hi over n of m points (worst: name)' and the lowest, or 'not measured'."""
+def _span(ratios: dict[str, float], expected: int, at_least: float = 1.0) -> tuple[str, bool | None]:
+    """'lo-hi over n of m points (worst: name)' (or 'not measured'), and whether every point is ``at_least``:
+    False as soon as a measured one is below it, None while a point is missing."""
     if not ratios:
         return "not measured", None
     worst = min(ratios, key=ratios.get)
     low, high = ratios[worst], max(ratios.values())
     text = f"{low:.2f}-{high:.2f}x over {len(ratios)} of {expected} points (worst: {worst})"
-    return text, low
+    return text, False if low < at_least else (True if len(ratios) == expected else None)
 
 
 def attention_forward_16k(raw: Path) -> Target:
@@ -122,8 +123,7 @@ def attention_forward_points(raw: Path) -> Target:
         row = _row(_results(raw, name), "flash")
         if row is not None and row.get("speedup_vs_fastest_other") is not None:
             ratios[name.removesuffix(".json")] = row["speedup_vs_fastest_other"]
-    text, low = _span(ratios, len(names))
-    holds = _at_least(low, 1.0) if len(ratios) == len(names) or (low is not None and low < 1.0) else None
+    text, holds = _span(ratios, len(names))
     return Target("attention forward, every point (d 64/128, seq 512-16k, causal or not, MHA/GQA)",
                   ">= 1.0x fastest SDPA backend", text, holds)  # fmt: skip
 
@@ -153,8 +153,7 @@ def attention_forward_backward_guide(raw: Path) -> Target:
         row = _row(_results(raw, f"attn_d64_fwd_bwd_s{seq}.json"), "flash")
         if row is not None and row.get("speedup_vs_fastest_other") is not None:
             ratios[f"seq {seq}"] = row["speedup_vs_fastest_other"]
-    text, low = _span(ratios, len(GUIDE_SEQS))
-    holds = _at_least(low, 1.0) if len(ratios) == len(GUIDE_SEQS) or (low is not None and low < 1.0) else None
+    text, holds = _span(ratios, len(GUIDE_SEQS))
     return Target("attention forward + backward, guide's points (b2 h8 d64 fp16)", ">= 1.0x", text, holds)
 
 
@@ -232,10 +231,9 @@ def decode_small_batch(raw: Path) -> Target:
                 ratios[f"b{batch} {impl}"] = ratio
             if ours is not None and ours.get("graph_ms"):
                 graphs.append(f"b{batch} {impl} {ours['graph_ms'] * 1e3:.1f} us")
-    text, low = _span(ratios, 4)
+    text, faster = _span(ratios, 4)
     text += "; CUDA graph step: " + (", ".join(graphs) if graphs else "not measured")
-    holds = _all(_at_least(low, 1.0) if len(ratios) == 4 or (low is not None and low < 1.0) else None,
-                 True if len(graphs) == 4 else None)  # fmt: skip
+    holds = _all(faster, True if len(graphs) == 4 else None)
     return Target("decode, batch 1-8", ">= 1.0x SDPA; CUDA-graph step time reported", text, holds)
 
 
@@ -328,7 +326,7 @@ def wrappers(raw: Path) -> Target:
         return Target(what, target, f"wrappers {refused}; head dims: no step", None)
     ratios = {f"{row['case']} {row['mode']}": row["vs_baseline"] for row in rows
               if row.get("case") in WRAPPERS and row.get("vs_baseline") is not None}  # fmt: skip
-    text, low = _span(ratios, len(ratios))
+    text, _ = _span(ratios, len(ratios))
     high = max(ratios.values()) if ratios else None
     return Target(what, target, f"per call {text}; head dims: no step",
                   _all(None if high is None else high <= 1.1, None))  # fmt: skip
