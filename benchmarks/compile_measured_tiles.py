@@ -195,7 +195,7 @@ def compile_item(package: str, item: dict, target) -> dict:
             made = build.specialise(taken)
         plan = taken.plan
         compiled, log, seconds = build.compile_build(made)
-        sass, usage = build.disassemble(compiled.asm["cubin"])
+        sass, usage = build.disassemble(compiled.asm["cubin"], target.arch)
         read = build.analyse(compiled, log, sass, usage, target, plan)
     except Exception as error:  # a tile that does not compile is a finding
         return dict(row, error=f"{type(error).__name__}: {error}"[:2000])

@@ -568,32 +568,19 @@ def test_plan_and_split_count_depend_on_shapes_only_and_nothing_is_read(paged, m
 
 MAX_SPILL_BYTES = 4096  # per-thread stack (the dense kernels' budgets: tests/kernel_report)
 COMPILE_SCRIPT = r'''
-import json, pathlib, re, subprocess, sys, tempfile
+import json, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from llm_speed.attention import decode, decode_launch
 from llm_speed.attention.options import MaskKey
 from llm_speed.core.policy import CANDIDATES
-from llm_speed.kernel_report.analysis import Sass
+from llm_speed.kernel_report import analysis, build as kernel_build
 
 POLICY = CANDIDATES["decode-append"].policy  # the new tokens written by the attention kernel where they fit
 
 ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
-CUOBJDUMP = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-
-
-def stack_bytes(cubin):
-    """(per-thread stack bytes, local-memory instructions inside loops) of a cubin."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
-        file.write(cubin)
-        file.flush()
-        report = subprocess.run([str(CUOBJDUMP), "-res-usage", file.name], capture_output=True, text=True)
-        sass = subprocess.run([str(CUOBJDUMP), "-sass", file.name], capture_output=True, text=True).stdout
-    return int(re.search(r"\bSTACK:(\d+)", report.stdout).group(1)), Sass.parse(sass).spills_in_loops()
-
-
 def build(plan, pointers, target):
     signature, constexprs = {}, {}
     for name in plan.kernel.params:
@@ -607,9 +594,7 @@ def build(plan, pointers, target):
     source = ASTSource(fn=plan.kernel.fn, signature=signature, constexprs=constexprs)
     compiled = triton.compile(source, target=target, options={"num_warps": plan.num_warps,
                                                               "num_stages": plan.num_stages})
-    stack, loop_spills = stack_bytes(compiled.asm["cubin"])
-    return {"kernel": plan.kernel.name, "shared_bytes": compiled.metadata.shared, "stack_bytes": stack,
-            "loop_spills": loop_spills}
+    return compiled
 
 
 # (dtype, head_dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, window, softcap, flash-attn options):
@@ -635,8 +620,10 @@ PROBLEMS = [
     (torch.bfloat16, 128, 2, 32, 8, 16, 16, False, (None, 0), False,
      {"fp8": torch.float8_e4m3fn, "batch_idx": True, "rotary": (64, True, True)}),
 ]
-target = GPUTarget("cuda", int(sys.argv[1]), 32)
+gpu = kernel_build.target_of(sys.argv[1])  # a GPU of the table: "h100-sxm"
+target = GPUTarget("cuda", gpu.capability[0] * 10 + gpu.capability[1], 32)
 capacity, page = 4096, 256
+rows, cubins = [], []
 for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), softcap, options in PROBLEMS:
     element = ELEMENT[dtype]
     cache_element = ELEMENT[options.get("fp8", dtype)]
@@ -672,9 +659,16 @@ for dtype, dim, batch, heads_q, heads_kv, seq_q, seq_new, paged, (left, right), 
     ):
         if plan is None:
             continue
-        row = {"dtype": element, "cache": cache_element, "head_dim": dim, "softcap": softcap,
-               "options": sorted(options), **build(plan, pointers, target)}
-        print(json.dumps(row), flush=True)
+        compiled = build(plan, pointers, target)
+        rows.append({"dtype": element, "cache": cache_element, "head_dim": dim, "softcap": softcap,
+                     "options": sorted(options), "kernel": plan.kernel.name,
+                     "shared_bytes": compiled.metadata.shared})
+        cubins.append(compiled.asm["cubin"])
+# (per-thread stack bytes, local-memory instructions inside loops), the SASS of all from one nvdisasm run
+for row, (sass, usage) in zip(rows, kernel_build.disassemble_all(cubins, gpu.arch), strict=True):
+    row.update(stack_bytes=analysis.resource_usage(usage)["STACK"],
+               loop_spills=analysis.Sass.parse(sass).spills_in_loops())
+    print(json.dumps(row), flush=True)
 '''
 
 
@@ -687,9 +681,8 @@ def test_kernels_compile_for_h100_as_launched(tmp_path):
     known difference, and compiling the twenty kernels with it too cost `make test` 35 s."""
     pytest.importorskip("triton.backends.nvidia", reason="this Triton build has no NVIDIA backend")
     h100 = get_gpu("h100-sxm")
-    major, minor = h100.compute_capability
     env = environment(GPU_BUILD_ENV, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(major * 10 + minor)],
+    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, h100.id],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -37,23 +37,21 @@ from llm_speed.kernel_report.capture import Launch
 TARGET = build.target_of("h100-sxm")
 
 
-def compile_sm90(plan, per_call):
+compiled = []  # (compiled kernel, ptxas log, plan, row fields); their SASS read in one run at the end
+
+
+def compile_sm90(plan, per_call, **fields):
     # The kernel report's path: the launch replayed through Triton up to its compile, then read.
     with build.stand_in_driver(TARGET):
         made = build.specialise(Launch("fp8", "", plan, per_call))
-    compiled, log, _ = build.compile_build(made)
-    sass, usage = build.disassemble(compiled.asm["cubin"])
-    row = build.analyse(compiled, log, sass, usage, TARGET, plan)
-    return {"wgmma_fp8": len(re.findall(r"wgmma\.mma_async\S*\.(e4m3|e5m2)", compiled.asm["ptx"])),
-            "tensor_cores": row["tensor_cores"], "local": row["spill_instructions"],
-            "regs": row["registers"], "stack": row["stack_bytes"], "shared": row["shared_bytes"]}
+    kernel, log, _ = build.compile_build(made)
+    compiled.append((kernel, log, plan, fields))
 
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 h100 = Hardware.from_spec("h100-sxm")
 jobs = [(config, ("tensor", "row")[i % 2], i) for i, config in enumerate(fp8.GEMM_CONFIGS)]
 jobs += [(config, "block", i) for i, config in enumerate(fp8.candidate_gemm_configs(fp8.BLOCKWISE, h100))]
-rows = []
 for config, scaling, i in jobs:
     m, n, k = 2 * config.block_m, 2 * config.block_n, 4 * config.block_k
     a = torch.zeros(m, k, dtype=E4)
@@ -70,7 +68,7 @@ for config, scaling, i in jobs:
     assert plan.fixed["SCALING"] == ("tensor", "row", "block").index(scaling)
     per_call = dict(a_ptr=a, b_ptr=w, sa_ptr=sa, sb_ptr=sb, bias_ptr=out if bias is None else bias,
                     out_ptr=out)
-    rows.append(dict(compile_sm90(plan, per_call), kernel="gemm", scaling=scaling, config=config.name()))
+    compile_sm90(plan, per_call, kernel="gemm", scaling=scaling, config=config.name())
 size = 4096
 x = torch.zeros(size, size, dtype=torch.bfloat16)
 for name in ("tensor", "row", "1x128", "128x128"):
@@ -78,10 +76,16 @@ for name in ("tensor", "row", "1x128", "128x128"):
     q = torch.zeros(size, size, dtype=E4)
     scale, partials = torch.zeros(fp8.scale_shape(size, size, name)), torch.zeros(plans.partials)
     per_call = dict(x_ptr=x, q_ptr=q, scale_ptr=scale, partial_ptr=partials)
-    rows.append(dict(compile_sm90(plans.quantize, per_call), kernel="quantize", scaling=name, config=""))
+    compile_sm90(plans.quantize, per_call, kernel="quantize", scaling=name, config="")
     if plans.amax is not None:
-        rows.append(dict(compile_sm90(plans.amax, dict(x_ptr=x, partial_ptr=partials)), kernel="amax",
-                         scaling=name, config=""))
+        compile_sm90(plans.amax, dict(x_ptr=x, partial_ptr=partials), kernel="amax", scaling=name, config="")
+disassembled = build.disassemble_all([kernel.asm["cubin"] for kernel, *_ in compiled], TARGET.arch)
+rows = []
+for (kernel, log, plan, fields), (sass, usage) in zip(compiled, disassembled, strict=True):
+    row = build.analyse(kernel, log, sass, usage, TARGET, plan)
+    wgmma_fp8 = len(re.findall(r"wgmma\.mma_async\S*\.(e4m3|e5m2)", kernel.asm["ptx"]))
+    rows.append(dict(fields, wgmma_fp8=wgmma_fp8, tensor_cores=row["tensor_cores"], regs=row["registers"],
+                     local=row["spill_instructions"], stack=row["stack_bytes"], shared=row["shared_bytes"]))
 print(json.dumps(rows))
 """
 

@@ -74,14 +74,14 @@ class Sass:
         return cls(tuple((int(a, 16), body) for a, body in _SASS_LINE.findall(text)))
 
     def opcodes(self) -> list[str]:
-        return [_opcode(body) for _, body in self.instructions]
+        return [opcode(body) for _, body in self.instructions]
 
     def loops(self) -> list[tuple[int, int]]:
         """(first, last) address of each loop body: a branch back to an earlier (or its own) address, unless
         an unconditional ``EXIT`` lies between: that is a block placed after the function's end (TMA's
         mbarrier wait retries) jumping back into it, not a loop (counted as one, it spanned the rest of the
         main loop and the epilogue)."""
-        exits = [a for a, body in self.instructions if _opcode(body) == "EXIT" and "@" not in body]
+        exits = [a for a, body in self.instructions if opcode(body) == "EXIT" and "@" not in body]
         loops = []
         for address, body in self.instructions:
             match = _BRANCH.search(body)
@@ -116,7 +116,7 @@ class Sass:
         return sum(
             1
             for address, body in self.instructions
-            if _opcode(body) in ("LDL", "STL") and any(lo <= address <= hi for lo, hi in loops)
+            if opcode(body) in ("LDL", "STL") and any(lo <= address <= hi for lo, hi in loops)
         )
 
     def spill_instructions(self) -> int:
@@ -132,7 +132,9 @@ class Sass:
         return any(op in TMA_OPCODES for op in self.opcodes())
 
 
-def _opcode(body: str) -> str:
+def opcode(body: str) -> str:
+    """The opcode of a SASS instruction's text, without its predicate and modifiers (``@P0 BRA.DIV`` ->
+    ``BRA``)."""
     match = _OPCODE.match(body.strip())
     return match.group(1) if match else ""
 

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "kernels",
         help="compile every kernel for a GPU (no GPU needed): registers, spills, shared memory, tensor cores",
         description="Compile every op's kernels for a GPU of the table, exactly as the ops' launchers would "
-        "launch them for the given problems (no GPU needed: Triton's compiler and the ptxas/cuobjdump of its "
+        "launch them for the given problems (no GPU needed: Triton's compiler and the ptxas/nvdisasm of its "
         "wheel), and report per kernel: configuration, registers, spills (and LDL/STL inside loops), shared "
         "memory against the per-block limit, blocks and warps per SM, tensor-core instructions, the deepest "
         "wgmma wait inside loops, and TMA.",

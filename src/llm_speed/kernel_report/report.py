@@ -2,7 +2,8 @@
 
 The build: the GPU machine's Triton (3.6, torch 2.11's pin) when ``LLM_SPEED_TRITON_GPU`` names the
 directory ``make test`` unpacked it into, else the installed one (or a directory given explicitly). Its wheel
-ships ``ptxas`` and ``cuobjdump``, which is all the compile and the disassembly need: no GPU, no CUDA toolkit.
+ships ``ptxas``, ``nvdisasm`` and ``cuobjdump``, which is all the compile and the disassembly need: no GPU, no
+CUDA toolkit.
 """
 
 from __future__ import annotations
