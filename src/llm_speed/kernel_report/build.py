@@ -180,7 +180,7 @@ def disassemble_all(cubins: Sequence[bytes], arch: str) -> list[tuple[str, str]]
     if batch:
         try:
             sass = dict(zip(batch, _nvdisasm_raw([codes[i] for i in batch], arch), strict=True))
-        except (subprocess.CalledProcessError, ValueError):
+        except (OSError, subprocess.CalledProcessError, ValueError):  # no nvdisasm, or it refused
             sass = {}
     results = []
     for i, cubin in enumerate(cubins):
@@ -199,18 +199,21 @@ def _run_tool(name: str, *args: str) -> str:
 
 def _function_code(cubin: bytes) -> tuple[str, bytes] | None:
     """(name, machine code) of a cubin's one function (its one ``.text.<name>`` section of the ELF64
-    image), or None where it has another count of them."""
+    image), or None where it has another count of them or is not such an image."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         return None
-    section_offset = struct.unpack_from("<Q", cubin, 0x28)[0]
-    entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQ", cubin, section_offset + i * entry_size) for i in range(count)]
-    names = headers[names_index][4]
-    texts = []
-    for name_at, _, _, _, offset, size in headers:
-        name = cubin[names + name_at : cubin.index(b"\0", names + name_at)].decode()
-        if name.startswith(".text."):
-            texts.append((name.removeprefix(".text."), cubin[offset : offset + size]))
+    try:
+        start = struct.unpack_from("<Q", cubin, 0x28)[0]  # the section header table
+        entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", cubin, start + i * entry_size) for i in range(count)]
+        names = headers[names_index][4]
+        texts = []
+        for name_at, _, _, _, offset, size in headers:
+            name = cubin[names + name_at : cubin.index(b"\0", names + name_at)].decode()
+            if name.startswith(".text."):
+                texts.append((name.removeprefix(".text."), cubin[offset : offset + size]))
+    except (struct.error, IndexError, ValueError):  # a truncated or malformed image
+        return None
     return texts[0] if len(texts) == 1 else None
 
 
