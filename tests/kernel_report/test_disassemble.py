@@ -136,3 +136,19 @@ def test_a_cubin_nvdisasm_cannot_take_is_read_by_cuobjdump(monkeypatch):
     got = build.disassemble_all([b"one", b"two"], "sm_90a")
     assert [sass.count("EXIT") for sass, _ in got] == [1, 1] and all(usage == "REG:8" for _, usage in got)
     assert [arg for _, arg in calls] == ["-sass", "-res-usage"] * 2
+
+
+def test_the_report_keeps_each_kernels_listings(tmp_path):
+    """``llm-speed kernels --sass DIR``: each kernel's PTX, TTGIR and SASS, the SASS as the row read it."""
+    from llm_speed.kernel_report import analysis, report
+
+    result = report.run_report(gpu="h100-sxm", ops=["rms_norm"], workers=1, build=report.gpu_build(),
+                               sass_dir=str(tmp_path), timeout=300)  # fmt: skip
+    (row,) = result["rows"]
+    assert row["error"] is None, row["error"]
+    stem = tmp_path / f"000_{row['kernel']}"
+    sass = (tmp_path / f"{stem.name}.sass").read_text()
+    assert f"Function : _{row['kernel']}_kernel" in sass
+    assert analysis.Sass.parse(sass).instructions and row["spill_instructions"] == 0
+    assert ".visible .entry" in (tmp_path / f"{stem.name}.ptx").read_text()
+    assert "tt.func" in (tmp_path / f"{stem.name}.ttgir").read_text()
