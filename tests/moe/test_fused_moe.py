@@ -95,6 +95,27 @@ def test_int32_ids_row_strides_and_no_tokens(device):
     assert empty.grad.shape == (0, 40) and w.grad.abs().sum() == 0
 
 
+@pytest.mark.parametrize("layout", ["column stride 2", "transposed"])
+def test_hidden_with_a_non_unit_last_stride_forward_and_backward(layout, device):
+    """``hidden`` strided along its last dim (a slice every other column, a transposed view): the forward and
+    every gradient as for a contiguous one (the backward kernel steps hidden's columns by 1; it read this
+    layout's neighbours: dhidden off by 4, dW1 by 17, against float64)."""
+    storage = torch.randn(13, 64, device=device)
+    x = storage[:, ::2] if layout == "column stride 2" else torch.randn(32, 13, device=device).t()
+    w_gate_up, w_down = (w.to(device) for w in _weights(4, 32, 16, torch.float32))
+    weights, ids = (t.to(device) for t in _routing(13, 4, 2))
+    leaves = [t.detach().requires_grad_() for t in (x, w_gate_up, w_down, weights)]
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    dout = torch.randn(13, 32, device=device)
+    out = fused_moe(*leaves, ids)
+    expected = fused_moe_reference(*exact, ids)
+    got = torch.autograd.grad(out, leaves, dout)
+    truth = torch.autograd.grad(expected, exact, dout.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    for grad, true in zip(got, truth, strict=True):
+        torch.testing.assert_close(grad.double(), true, rtol=1e-4, atol=1e-4)
+
+
 def test_the_graph_keeps_no_activation(device):
     """What the autograd graph saves: the inputs and the int32 sort, nothing of [tokens * top_k, I] or 2I."""
     tokens, experts, top_k, hidden, inter = 16, 4, 2, 32, 24

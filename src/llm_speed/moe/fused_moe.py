@@ -304,7 +304,7 @@ def _combine(inverse, tokens, hidden, *, y=None, weights=None, out=None, partial
 
 
 def _unit_row_strides(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with a unit last stride (the backward kernel steps columns by 1)."""
+    """``t`` with a unit last stride (the backward kernel steps columns by 1): itself, else a copy."""
     return tensors.last_dim_contiguous(t)
 
 
@@ -371,6 +371,7 @@ def backward(dout, hidden, w_gate_up, w_down, topk_weights, topk_ids, order, off
         grads = _backward_torch(dout, hidden, w_gate_up, w_down, topk_weights, topk_ids)
         return tuple(g if need else g.new_empty(0) for g, need in zip(grads, needs, strict=False))
     dout = _unit_row_strides(dout if dout.dtype == dtype else dout.to(dtype))
+    hidden = _unit_row_strides(hidden)  # the backward kernel and dW1's product step its columns by 1
     copies = order.numel()
     dhidden = dw1 = dw2 = dtopw = None
     if copies == 0:
@@ -517,7 +518,8 @@ def fused_moe(
     activation in its epilogue, grouped down GEMM, weighted combine.
 
     Args:
-        hidden: ``[tokens, hidden]`` (float16, bfloat16, float32; any row stride).
+        hidden: ``[tokens, hidden]`` (float16, bfloat16, float32; any strides: the backward copies one whose
+            last stride is not 1).
         w_gate_up: ``[experts, 2 * intermediate, hidden]``, hidden's dtype: each expert's gate rows then its
             up rows (vLLM's ``w13``, Hugging Face's ``*Experts.gate_up_proj``).
         w_down: ``[experts, hidden, intermediate]`` (vLLM's ``w2``, ``*Experts.down_proj``).
