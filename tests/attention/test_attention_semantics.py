@@ -17,7 +17,7 @@ from attention_testing import (
     run_with_grads,
 )
 
-from llm_speed import flash_attention, naive_attention, tiled_attention
+from llm_speed import flash_attention, flash_attention_varlen, naive_attention, tiled_attention
 from llm_speed.attention import flash, launcher, plans
 from llm_speed.attention.checks import prepare_attention_inputs
 from llm_speed.attention.reference import causal_visible, reference_attention
@@ -129,6 +129,24 @@ def test_large_magnitudes_fp16(device):
     v = (torch.rand(1, 2, 65, 64) * 1.2e5 - 6e4).to(torch.float16).to(device)
     out = check_against_reference(flash_attention, q, k, v, is_causal=False, grads=False)[0]
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_negative_scale_in_16_bit_dtypes(dtype, device):
+    """A negative scale (its sign moved into q: ``NEG_SCALE``), dense forward and backward and a packed call:
+    the 2x/3x rule against float64. bfloat16 was 4.2 off in the output, its LSE 2.7e3, under the interpreter,
+    whose unary minus on a bfloat16 tile negates the raw bits as an integer (0.31 became -14.1)."""
+    q, k, v = make_qkv(1, 2, 2, 9, 11, 64, dtype, device)
+    check_against_reference(flash_attention, q, k, v, is_causal=True, scale=-0.2, dlse=True)
+    cu_q, cu_k = (torch.tensor([0, 4, n], dtype=torch.int32, device=device) for n in (9, 11))
+    packed = flash_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_q,
+                                    cu_k, 5, 7, is_causal=True, scale=-0.2)  # fmt: skip
+    for i, ((q0, q1), (k0, k1)) in enumerate(zip(((0, 4), (4, 9)), ((0, 4), (4, 11)), strict=True)):
+        part = [q[:, :, q0:q1].cpu(), k[:, :, k0:k1].cpu(), v[:, :, k0:k1].cpu()]
+        truth = reference_attention(*(t.double() for t in part), is_causal=True, scale=-0.2)
+        same = reference_attention(*part, is_causal=True, scale=-0.2)
+        got = packed[q0:q1].transpose(0, 1)[None]
+        assert_error_rule(f"packed sequence {i}", got, same, truth, 2.0, dtype)
 
 
 def test_adding_a_constant_to_a_rows_logits_changes_nothing(device):

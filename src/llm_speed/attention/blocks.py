@@ -194,9 +194,12 @@ def descale_in_range(d):
 
 @triton.jit
 def negated_tile(b_x):
-    """``-b_x``; an fp8 tile by flipping its sign bits (exact; fp8 has no arithmetic of its own)."""
+    """``-b_x``; an fp8 or bfloat16 tile by flipping its sign bits (exact; fp8 has no arithmetic of its own,
+    and Triton's interpreter negates a bfloat16 tile's raw bits as an integer: 0.31 became -14.1)."""
     if b_x.dtype.is_fp8():
         return (b_x.to(tl.uint8, bitcast=True) ^ 0x80).to(b_x.dtype, bitcast=True)
+    elif b_x.dtype.is_bf16():
+        return (b_x.to(tl.uint16, bitcast=True) ^ 0x8000).to(b_x.dtype, bitcast=True)
     else:
         return -b_x
 
