@@ -503,6 +503,27 @@ def test_cross_entropy_float32_softcap_is_within_2x_of_pytorch(softcap, device):
     assert_error_rule("dlogits", got[1], same[1], truth[1], GRAD_FACTOR, torch.float32)
 
 
+@pytest.mark.parametrize("offset", [50.0, 1e4])
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1, "weighted": True}], ids=["plain", "smoothed"])
+def test_cross_entropy_float32_logits_far_from_zero_are_within_2x_of_pytorch(offset, kw, device):
+    """A common offset in every logit (a bias, an unnormalised head): the loss and the softmax come from the
+    differences to the row's largest logit, as PyTorch's log_softmax. Computed from one float32 log-sum-exp
+    they carried half an ulp of it: 4.9x PyTorch's loss error and 3.1x its gradient's at 50, 1e4x at 1e4."""
+    logits = (torch.randn(16, 100) + offset).to(device)
+    target = torch.randint(0, 100, (16,)).to(device)
+    target[3] = -100
+    out_grad = torch.randn(16).double()
+    kw = dict(kw, reduction="none")
+    weight = (torch.rand(100) + 0.5).to(device) if kw.pop("weighted", False) else None
+    truth = _ce_run(cross_entropy_reference, *leaves(logits, dtype=torch.float64), target.cpu(), out_grad,
+                    weight=None if weight is None else weight.double().cpu(), **kw)  # fmt: skip
+    same = _ce_run(cross_entropy_reference, *leaves(logits), target, out_grad.to(device), weight=weight, **kw)
+    with expect_launches(*KERNELS, device=device):
+        got = _ce_run(cross_entropy, *leaves(logits), target, out_grad.to(device), weight=weight, **kw)
+    assert_error_rule("loss", got[0], same[0], truth[0], OUTPUT_FACTOR, torch.float32)
+    assert_error_rule("dlogits", got[1], same[1], truth[1], GRAD_FACTOR, torch.float32)
+
+
 def test_cross_entropy_unchecked_bad_target_gives_nan_rows(monkeypatch, device):
     monkeypatch.setattr(runtime, "CHECK_INPUTS", False)
     logits = torch.randn(5, 30, device=device, requires_grad=True)

@@ -8,7 +8,9 @@ A row's kernel computes its log-sum-exp with an online softmax over vocabulary b
 ``lse_square_scale * lse^2`` (PaLM, Chowdhery et al. 2022, arXiv:2204.02311, section 5; Liger-Kernel's
 ``lse_square_scale``). A "mean" or "sum" is taken by a second kernel (one launch, where PyTorch's reduction
 takes four to six), which keeps its divisors for the backward. The backward kernel writes ``d loss / d
-logits`` row by row, recomputing the softmax from the logits and the saved log-sum-exp.
+logits`` row by row, recomputing the softmax from the logits and the saved log-sum-exp (kept as the row's
+largest logit and the log of its sum of exponentials, so that a logit's difference to the largest is what
+rounds, as in PyTorch's ``log_softmax``: see the kernels' section).
 
 The fused linear version processes rows in chunks of ``C``: a chunk's logits ``[C, V]`` come from one GEMM,
 the forward kernel turns them into per-row losses and log-sum-exps, and the chunk is dropped. A reduced loss
@@ -60,9 +62,12 @@ REDUCTIONS = ("mean", "sum", "none")
 # A target outside [0, vocab) that is not ignore_index (possible when the host checks are off, see
 # _check_targets) is never used as an address: its row's loss and gradient become NaN.
 #
-# stats, float32, what the backward reads: each row's log-sum-exp [n]; for "mean" and "sum" followed by each
-# row's cross-entropy [n], each row's z-loss [n] (with a z-loss only) and the two divisors of the sums (the
-# cross-entropy's, the z-loss's; 1 for "sum").
+# stats, float32, what the backward reads: each row's log-sum-exp in two parts, its largest logit m [n] and
+# log(sum_j exp(z_j - m)) [n]; for "mean" and "sum" followed by each row's cross-entropy [n], each row's
+# z-loss [n] (with a z-loss only) and the two divisors of the sums (the cross-entropy's, the z-loss's; 1 for
+# "sum"). The loss and the softmax are computed from z - m, as PyTorch's log_softmax does: one float32
+# log-sum-exp m + log(s) would carry a rounding of half an ulp of m into both (4.9x PyTorch's loss error
+# at logits around 50, 3.1x its gradient's; 1e4x at 1e5).
 
 
 @triton.jit
@@ -79,7 +84,16 @@ def _ce_fwd_kernel(
     p_l = logits_ptr + i * stride_l
     m = tl.full([], float("-inf"), tl.float32)  # running max
     s = tl.full([], 0.0, tl.float32)  # running sum of exp(z - m)
-    sum_z = tl.full([], 0.0, tl.float32)  # sum of the logits (weighted by the class weights): smoothing
+    # The target's logit, and the sum of the logits less it (weighted by the class weights; for smoothing):
+    # differences of nearby logits, exact where a sum of the logits themselves would round at their size.
+    t = tl.load(target_ptr + row)
+    keep = t != ignore_index
+    valid = (t >= 0) & (t < vocab)
+    t_safe = tl.where(keep & valid, t, 0)
+    z_t = tl.load(p_l + t_safe).to(tl.float32)
+    if HAS_SOFTCAP:
+        z_t = softcap * tanh(z_t / softcap)
+    sum_z = tl.full([], 0.0, tl.float32)
     sum_w = tl.full([], 0.0, tl.float32)  # sum of the class weights
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
@@ -93,37 +107,34 @@ def _ce_fwd_kernel(
         m = m_new
         if HAS_WEIGHT:
             b_w = tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
-            sum_z += tl.sum(b_w * tl.where(m_v, b_z, 0.0), axis=0)
+            sum_z += tl.sum(b_w * tl.where(m_v, b_z - z_t, 0.0), axis=0)
             sum_w += tl.sum(b_w, axis=0)
         else:
-            sum_z += tl.sum(tl.where(m_v, b_z, 0.0), axis=0)
-    lse = m + tl.log(s)
-    t = tl.load(target_ptr + row)
-    keep = t != ignore_index
-    valid = (t >= 0) & (t < vocab)
-    t_safe = tl.where(keep & valid, t, 0)
-    z_t = tl.load(p_l + t_safe).to(tl.float32)
-    if HAS_SOFTCAP:
-        z_t = softcap * tanh(z_t / softcap)
-    # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j)
+            sum_z += tl.sum(tl.where(m_v, b_z - z_t, 0.0), axis=0)
+    log_s = tl.log(s)
+    lse = m + log_s
+    # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j), with
+    # lse - z_t = (m - z_t) + log_s and sum_j w_j (lse - z_j) = sum_w (lse - z_t) - sum_j w_j (z_j - z_t)
+    d_t = (m - z_t) + log_s
     if HAS_WEIGHT:
         w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
-        ce = (1.0 - smoothing) * w_t * (lse - z_t) + smoothing * (lse * (sum_w / vocab) - sum_z / vocab)
+        ce = (1.0 - smoothing) * w_t * d_t + smoothing * ((sum_w * d_t - sum_z) / vocab)
     else:
-        ce = lse - (1.0 - smoothing) * z_t - smoothing * (sum_z / vocab)
+        ce = d_t - smoothing * (sum_z / vocab)
     ce = tl.where(keep, tl.where(valid, ce, float("nan")), 0.0)
     z = tl.full([], 0.0, tl.float32)
     if HAS_Z:
         z = tl.where(keep, tl.where(valid, z_scale * lse * lse, float("nan")), 0.0)
     if REDUCED:
-        tl.store(stats_ptr + n + row, ce)
+        tl.store(stats_ptr + 2 * n + row, ce)
         if HAS_Z:
-            tl.store(stats_ptr + 2 * n + row, z)
+            tl.store(stats_ptr + 3 * n + row, z)
     else:
         tl.store(loss_ptr + row, cast(ce + z, loss_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
         if STORE_Z:
             tl.store(z_ptr + row, cast(z, z_ptr.dtype.element_ty, RNE_BY_HAND=RNE_BY_HAND))
-    tl.store(stats_ptr + row, lse)
+    tl.store(stats_ptr + row, m)
+    tl.store(stats_ptr + n + row, log_s)
 
 
 @triton.jit
@@ -145,16 +156,16 @@ def _ce_reduce_kernel(
         o = r0 + tl.arange(0, BLOCK)
         m = o < n
         if SUMS:
-            b_ce += tl.load(stats_ptr + n + o, mask=m, other=0.0)
+            b_ce += tl.load(stats_ptr + 2 * n + o, mask=m, other=0.0)
             if HAS_Z:
-                b_z += tl.load(stats_ptr + 2 * n + o, mask=m, other=0.0)
+                b_z += tl.load(stats_ptr + 3 * n + o, mask=m, other=0.0)
         t = tl.load(target_ptr + o, mask=m, other=0)
         kept = m & (t != ignore_index)
         b_kept += kept.to(tl.float32)
         if HAS_WEIGHT:
             ok = kept & (t >= 0) & (t < vocab)
             b_w += tl.load(weight_ptr + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32)
-    div_at = 2 * n
+    div_at = 3 * n
     if HAS_Z:
         div_at += n
     if MEAN:
@@ -194,13 +205,14 @@ def _ce_bwd_kernel(
     p_l = logits_ptr + i * stride_l
     p_d = dlogits_ptr + i * stride_d
     t = tl.load(target_ptr + row)
-    lse = tl.load(stats_ptr + row)
+    m = tl.load(stats_ptr + row)
+    log_s = tl.load(stats_ptr + n + row)
     if REDUCED:
         if UNIT_GRAD:
             g = tl.full([], 1.0, tl.float32)
         else:
             g = tl.load(grad_ptr).to(tl.float32)
-        div_at = 2 * n
+        div_at = 3 * n
         if HAS_Z:
             div_at += n
         g_ce = g / tl.load(stats_ptr + div_at)
@@ -228,7 +240,7 @@ def _ce_bwd_kernel(
         coef_p = g_ce
     coef_w = g_ce * (smoothing / vocab)
     if HAS_Z:
-        coef_p += g_z * (2.0 * z_scale) * lse
+        coef_p += g_z * (2.0 * z_scale) * (m + log_s)
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
@@ -238,7 +250,7 @@ def _ce_bwd_kernel(
             b_z = softcap * b_th
         else:
             b_z = b_l
-        b_dz = coef_p * tl.exp(b_z - lse) - tl.where(o_v == t, coef_t, 0.0)
+        b_dz = coef_p * tl.exp((b_z - m) - log_s) - tl.where(o_v == t, coef_t, 0.0)
         if HAS_WEIGHT:
             b_dz -= coef_w * tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
         else:
@@ -319,7 +331,7 @@ def _row_chunks(t: torch.Tensor, sizes: tuple[int, ...]):
 
 def stats_size(n: int, reduced: bool, has_z: bool) -> int:
     """Entries of the float32 statistics the forward keeps for the backward (see the kernels' section)."""
-    return (2 * n + (n if has_z else 0) + 2) if reduced else n
+    return (3 * n + (n if has_z else 0) + 2) if reduced else 2 * n
 
 
 @plan_cache
@@ -398,15 +410,16 @@ def _check_targets(target, vocab, ignore_index):
 
 
 def _rows_torch(logits, t, class_weight, ignore_index, smoothing, softcap, z_scale):
-    """(cross-entropy rows, z-loss rows, log-sum-exp) of a chunk, float32."""
+    """(cross-entropy rows, z-loss rows, largest logit m, log(sum exp(z - m))) of a chunk, float32."""
     z = softcapped(logits, softcap)
     w = None if class_weight is None else class_weight.to(z.dtype)
     ce = torch.nn.functional.cross_entropy(
         z, t, weight=w, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing
     )
-    lse = torch.logsumexp(z, -1)
-    zl = torch.where(t != ignore_index, z_scale * lse.square(), 0.0)
-    return ce.float(), zl.float(), lse.float()
+    m = z.amax(-1)
+    log_s = torch.logsumexp(z - m[:, None], -1)
+    zl = torch.where(t != ignore_index, z_scale * (m + log_s).square(), 0.0)
+    return ce.float(), zl.float(), m.float(), log_s.float()
 
 
 def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softcap, z_scale, reduction,
@@ -415,20 +428,20 @@ def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softca
     device = target.device
     ce_rows = torch.empty(n, dtype=torch.float32, device=device)
     z_rows = torch.empty(n, dtype=torch.float32, device=device)
-    lse = torch.empty(n, dtype=torch.float32, device=device)
+    lse = torch.empty(2, n, dtype=torch.float32, device=device)  # m, then log(s): the kernels' stats
     chunks = iter(chunks)  # one chunk alive at a time (see _forward)
-    for t, c, zz, ll in zip(
+    for t, c, zz, mm, ll in zip(
         _row_chunks(target, sizes), _row_chunks(ce_rows, sizes), _row_chunks(z_rows, sizes),
-        _row_chunks(lse, sizes), strict=True,
+        _row_chunks(lse[0], sizes), _row_chunks(lse[1], sizes), strict=True,
     ):  # fmt: skip
         logits = next(chunks)
-        for out, value in zip((c, zz, ll), _rows_torch(logits, t, class_weight, ignore_index, smoothing,
-                                                       softcap, z_scale), strict=True):  # fmt: skip
+        for out, value in zip((c, zz, mm, ll), _rows_torch(logits, t, class_weight, ignore_index, smoothing,
+                                                           softcap, z_scale), strict=True):  # fmt: skip
             out.copy_(value)
         del logits, value
     if reduction == "none":
         z = z_rows.to(loss_dtype) if return_z else z_rows.new_empty(0, dtype=loss_dtype)
-        return (ce_rows + z_rows).to(loss_dtype), z, lse
+        return (ce_rows + z_rows).to(loss_dtype), z, lse.reshape(-1)
     kept = target != ignore_index
     if reduction == "mean":
         ce_div = kept.sum().to(torch.float32)
@@ -442,14 +455,16 @@ def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softca
     z = z_rows.sum() / z_div
     loss = (ce_rows.sum() / ce_div + z).to(loss_dtype)
     has_z = z_scale > 0
-    stats = torch.cat((lse, ce_rows, *((z_rows,) if has_z else ()), ce_div.reshape(1), z_div.reshape(1)))
+    stats = torch.cat((lse.reshape(-1), ce_rows, *((z_rows,) if has_z else ()), ce_div.reshape(1),
+                       z_div.reshape(1)))  # fmt: skip
     return loss, (z.to(loss_dtype) if return_z else z.new_empty(0, dtype=loss_dtype)), stats
 
 
-def _dlogits_torch(logits, t, class_weight, lse, g_ce, g_z, ignore_index, smoothing, softcap, z_scale):
+def _dlogits_torch(logits, t, class_weight, m, log_s, g_ce, g_z, ignore_index, smoothing, softcap, z_scale):
     vocab = logits.shape[1]
     z = softcapped(logits, softcap)
-    p = torch.exp(z - lse[:, None].to(z.dtype))
+    p = torch.exp((z - m[:, None].to(z.dtype)) - log_s[:, None].to(z.dtype))
+    lse = m + log_s
     keep = t != ignore_index
     g_ce = torch.where(keep, g_ce, 0.0).to(z.dtype)[:, None]
     g_z = torch.where(keep, g_z, 0.0).to(z.dtype)[:, None]
@@ -472,7 +487,7 @@ def _torch_row_gradients(grad, stats, n, reduced, has_z):
     if not reduced:
         g = grad.float()
         return g, g
-    div_at = 2 * n + (n if has_z else 0)
+    div_at = 3 * n + (n if has_z else 0)
     g = grad.float()
     return (g / stats[div_at]).expand(n), (g / stats[div_at + 1]).expand(n)
 
@@ -552,8 +567,9 @@ def _dlogits(
         )  # fmt: skip
         return dlogits
     g_ce, g_z = g_rows
-    return _dlogits_torch(logits, target[rows], class_weight, stats[rows], g_ce[rows], g_z[rows],
-                          ignore_index, smoothing, softcap, z_scale)  # fmt: skip
+    n = target.shape[0]
+    return _dlogits_torch(logits, target[rows], class_weight, stats[:n][rows], stats[n : 2 * n][rows],
+                          g_ce[rows], g_z[rows], ignore_index, smoothing, softcap, z_scale)  # fmt: skip
 
 
 def _backward_setup(grad, n, vocab, strides, target, class_weight, stats, ignore_index, softcap, z_scale,
