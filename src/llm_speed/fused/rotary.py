@@ -207,8 +207,9 @@ def apply_rotary(
     """Rotate the first ``rotary_dim`` dims of every head of ``x`` by the angles whose cos/sin are given.
 
     Args:
-        x: ``[batch, heads, seq, head_dim]``, float16, bfloat16 or float32, any strides with a contiguous last
-            dim (a ``[B, S, H, D]`` tensor viewed with ``.transpose(1, 2)`` costs no copy).
+        x: ``[batch, heads, seq, head_dim]``, float16, bfloat16 or float32, any strides (a ``[B, S, H, D]``
+            tensor viewed with ``.transpose(1, 2)`` costs no copy; one whose last dim is not contiguous is
+            copied first).
         cos, sin: ``[seq, rotary_dim // 2]`` or ``[batch, seq, rotary_dim // 2]`` (batch 1 broadcasts), one
             value per pair and position, float16/bfloat16/float32; ``2 <= rotary_dim <= head_dim``. Hugging
             Face models carry cos/sin of width head_dim with both halves equal: pass ``cos[..., :half]``.
