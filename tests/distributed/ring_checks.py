@@ -271,6 +271,10 @@ def _check_subgroups(rank: int, world: int) -> None:
     expected.sum().backward()
     for a, b in zip(got, (expected.detach(), *(x.grad for x in expected_leaves)), strict=True):
         torch.testing.assert_close(a, b)
+    # The other ring's handle: what dist.new_group returned here, outside it (a sentinel, not a group).
+    other = groups[1 - rank % 2]
+    with pytest.raises(ValueError, match="not a member of the given process group"):
+        ring_attention(*full, group=other)
 
 
 def accuracy_and_subgroups(rank: int, world: int, cases: tuple[Case, ...]) -> None:

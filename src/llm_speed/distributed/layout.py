@@ -51,6 +51,12 @@ def resolve_group(group):
             "group: no process group is initialised; call torch.distributed.init_process_group() first "
             "(torchrun sets up the environment it reads)"
         )
+    # What dist.new_group returns on a rank outside the new group: a sentinel, not a group.
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            "group: this process is not a member of the given process group (torch.distributed.new_group "
+            "returned GroupMember.NON_GROUP_MEMBER here; call ring attention only on the group's ranks)"
+        )
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
     group = group if group is not None else dist.group.WORLD
