@@ -8,7 +8,7 @@ import pytest
 import torch
 from moe_testing import GRAD_FACTOR, OUTPUT_FACTOR, expect_launches, grads, leaves, rule
 
-from llm_speed import fused_moe
+from llm_speed import fused_moe, moe_route
 from llm_speed.core import runtime
 from llm_speed.moe import routing
 from llm_speed.moe.reference import fused_moe_reference
@@ -148,6 +148,30 @@ def test_opcheck(device):
     weights, ids = (t.to(device) for t in _routing(3, 2, 1))
     weights.requires_grad_()
     torch.library.opcheck(torch.ops.llm_speed.fused_moe.default, (x, w_gate_up, w_down, weights, ids))
+
+
+def test_compile_fullgraph_forward_and_backward(device):
+    """``torch.compile(fullgraph=True)`` of a routing and the layer, forward and backward, as eager. The
+    expert ids' value check (a host read on CPU tensors) made it fail: "Could not guard on data-dependent
+    expression"; while the call is traced it is skipped (``runtime.check_values``), as for CUDA tensors."""
+
+    def layer(x, w_gate_up, w_down, logits):
+        weights, ids = moe_route(logits, 2)
+        return fused_moe(x, w_gate_up, w_down, weights, ids)
+
+    x = torch.randn(6, 32, device=device)
+    w_gate_up, w_down = (w.to(device) for w in _weights(4, 32, 16, torch.float32))
+    logits = torch.randn(6, 4, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (layer, compiled):
+        inputs = [t.clone().requires_grad_() for t in (x, w_gate_up, w_down, logits)]
+        out = fn(*inputs)
+        out.square().sum().backward()
+        results.append((out.detach(), *(t.grad for t in inputs)))
+    for eager, traced in zip(*results, strict=True):
+        torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-6)
 
 
 def _problem(device):

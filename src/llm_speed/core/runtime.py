@@ -76,11 +76,16 @@ if _CHECK_SETTING not in ("", "0", "1"):
         "on the host), 0 (never), or unset (CPU tensors only)"
     )
 CHECK_INPUTS: bool | None = {"1": True, "0": False}.get(_CHECK_SETTING)
+_is_compiling = torch.compiler.is_compiling
 
 
 def check_values(device: torch.device) -> bool:
     """Whether an op reads index tensors on ``device`` to check their values before any work (see
-    ``CHECK_INPUTS``)."""
+    ``CHECK_INPUTS``). Never while torch.compile traces the call: a host read there would end the graph
+    (``fullgraph=True`` fails), so a compiled call is unchecked as a CUDA one is, invalid entries giving NaN
+    rows; checks inside an op's own body (opaque to the compiler) still run."""
+    if _is_compiling():
+        return False
     if CHECK_INPUTS is not None:
         return CHECK_INPUTS
     return device.type == "cpu" and not SIMULATED_GPU  # simulated: CPU tensors stand for CUDA ones
@@ -113,7 +118,6 @@ def launch_counts() -> collections.Counter[str]:
 # llm_speed.profiler); ops call report_work once per call, which costs a loop over an empty list when nobody
 # listens.
 _work_observers: list[Callable[[str, dict[str, Any]], None]] = []
-_is_compiling = torch.compiler.is_compiling
 
 
 def add_work_observer(observer: Callable[[str, dict[str, Any]], None]) -> None:
