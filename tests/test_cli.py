@@ -220,6 +220,24 @@ def test_kernels_progress_goes_to_stderr_as_the_workers_report(terminal):
     assert stream.getvalue().endswith("30/30 kernels compiled (0 s)\n")
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "mi300x", "--op", "rms_norm"], "--gpu: mi300x is an AMD GPU"),
+        (["--gpu", "a100-sxm-80gb", "--op", "gluon_gemm"], "--op gluon_gemm: the Gluon kernels are built"),
+        (["--op", "flash_attention", "--head-dim", "512", "--seq", "64", "--heads", "1"],
+         "the problems cannot be made: ValueError: q head_dim is 512"),
+        (["--op", "rms_norm", "--size", "99999999"], "CPU tensors do not fit this machine's memory"),
+    ],
+)
+def test_kernels_refuses_what_it_cannot_compile_in_one_line(argv, message, capsys):
+    """A GPU that is not NVIDIA's, a Gluon kernel off sm_90, a problem an op refuses or whose tensors do not
+    fit: one line and exit 2, not an LLVM crash or the workers' traceback (the report found all four)."""
+    assert cli.main(["kernels", "--workers", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
 def test_readme_attention_table_states_the_head_dims_the_code_accepts():
     from llm_speed.attention.checks import MAX_HEAD_DIM
 

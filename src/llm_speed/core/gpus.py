@@ -122,6 +122,11 @@ class GPUSpec:
         # The generated hash would fail on the dict fields; equal specs have equal ids.
         return hash(self.id)
 
+    @property
+    def vendor(self) -> str:
+        """The maker, the first word of the name: "NVIDIA", "AMD" (a user spec's: whatever its name says)."""
+        return self.name.split(" ", 1)[0]
+
     def peak_flops(self, dtype: Any) -> float:
         """Dense peak in FLOP/s (OP/s for int8) for ``dtype``: ``peak_tflops[dtype] * 1e12``.
 

@@ -73,7 +73,16 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     from llm_speed.core.gpus import get_gpu
     from llm_speed.kernel_report import budgets, problems, report
 
-    gpu = get_gpu(args.gpu).id  # ValueError naming the known GPUs
+    spec = get_gpu(args.gpu)  # ValueError naming the known GPUs
+    gpu = spec.id
+    if spec.vendor != "NVIDIA":
+        raise _cli.CommandError(f"--gpu: {gpu} is an {spec.vendor} GPU ({spec.name}); kernels compiles for "
+                                "NVIDIA GPUs only (Triton's NVIDIA backend, ptxas and nvdisasm)")  # fmt: skip
+    gluon = [name for name in args.op or () if name in problems.GLUON_BUILDERS]
+    if gluon and tuple(spec.compute_capability) != (9, 0):
+        major, minor = spec.compute_capability
+        raise _cli.CommandError(f"--op {gluon[0]}: the Gluon kernels are built for sm_90a only; --gpu {gpu} "
+                                f"is sm_{major}{minor} (use h100-sxm, h200, ...)")  # fmt: skip
     for name in args.op or ():
         if name not in problems.BUILDERS and name not in problems.GLUON_BUILDERS:
             row = ops.get(name)  # ValueError listing the rows for an unknown name

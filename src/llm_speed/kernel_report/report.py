@@ -75,6 +75,7 @@ def run_report(
         pathlib.Path(sass_dir).mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     totals: list[int] = []
+    problem_errors: list[str] = []
     lock = threading.Lock()
 
     def collect(stream) -> None:
@@ -86,6 +87,8 @@ def run_report(
             with lock:
                 if "kernels" in record:
                     totals.append(record["kernels"])
+                elif "problem_error" in record:
+                    problem_errors.append(record["problem_error"])
                 else:
                     rows.append(record)
                 if progress is not None:
@@ -124,6 +127,8 @@ def run_report(
             if process.returncode:
                 failures.append("".join(error)[-3000:])
     total = totals[0] if totals else None
+    if problem_errors:  # bad input (every worker makes the same problems: one says it for all)
+        raise ValueError(f"the problems cannot be made: {problem_errors[0]}")
     if failures:
         raise RuntimeError("the kernel report's workers failed:\n" + "\n".join(failures))
     rows.sort(key=lambda row: row["index"])

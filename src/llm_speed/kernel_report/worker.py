@@ -22,7 +22,13 @@ import sys
 import traceback
 
 
-def _problems(request: dict):
+class ProblemError(Exception):
+    """The request's problems cannot be made: an op refused its arguments (a head dim it does not take, a
+    Gluon kernel on a GPU it is not built for) or their tensors do not fit this CPU's memory. Bad input, not
+    a fault of the report: the worker prints it as ``{"problem_error": ...}`` and exits with 3."""
+
+
+def _problems(request: dict, capability: tuple[int, int]):
     from llm_speed.kernel_report import problems
 
     options = problems.Options(**{k: tuple(v) if isinstance(v, list) else v
@@ -35,7 +41,9 @@ def _problems(request: dict):
         return problems.shipped_problems(options.backward) + problems.default_problems(
             tuple(request["ops"]) if request.get("ops") else None, options, gluon=False
         ) + problems.candidate_problems()
-    return problems.default_problems(tuple(request["ops"]) if request.get("ops") else None, options)
+    # Every op by default, the Gluon kernels only for the sm_90 they are built for.
+    return problems.default_problems(tuple(request["ops"]) if request.get("ops") else None, options,
+                                     gluon=capability == (9, 0))  # fmt: skip
 
 
 def kernels(request: dict) -> list[dict]:
@@ -43,7 +51,16 @@ def kernels(request: dict) -> list[dict]:
     from llm_speed.kernel_report import build, capture
 
     target = build.target_of(request["gpu"])
-    launches = capture.capture(_problems(request), target.hardware)
+    try:
+        launches = capture.capture(_problems(request, target.capability), target.hardware)
+    except (ValueError, TypeError) as error:  # the ops' own argument checks
+        raise ProblemError(f"{type(error).__name__}: {error}") from error
+    except RuntimeError as error:
+        if "allocate" not in str(error):
+            raise
+        message = (f"the problems' CPU tensors do not fit this machine's memory ({error}); the launches are "
+                   "captured with real tensors: smaller --size / --seq / --heads")  # fmt: skip
+        raise ProblemError(message) from error
     groups: dict[str, dict] = {}
     with build.stand_in_driver(target):
         for launch in launches:
@@ -151,6 +168,9 @@ def main() -> int:
     request = json.loads(sys.argv[1])
     try:
         run(request, sys.stdout)
+    except ProblemError as error:
+        print(json.dumps({"problem_error": str(error)}), flush=True)
+        return 3
     except Exception:
         traceback.print_exc()
         return 1
