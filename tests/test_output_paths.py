@@ -129,3 +129,24 @@ def test_an_unwritable_output_stops_the_command_before_any_work(command, option,
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"llm-speed {command.split()[0]}: error: {option}: "), err
     assert not Path(path).exists()
+
+
+@pytest.mark.parametrize("command", sorted({c for c, option in _written_options() if option == "--plot"}))
+def test_a_plot_file_type_matplotlib_does_not_write_stops_the_command_before_any_work(
+    command, capsys, monkeypatch, tmp_path
+):
+    """``--plot x.txt`` was refused by matplotlib at the end, after the whole benchmark or analysis."""
+    from llm_speed.bench import timing
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a measurement started before --plot was checked")
+
+    monkeypatch.setattr(timing, "measure", no_work)
+    monkeypatch.chdir(tmp_path)
+    argv = [*command.split(), *REQUIRED.get(command, []), "--plot", "x.txt"]
+    if any(c == command and "--device" in a.option_strings for c, a in _options(cli.build_parser())):
+        argv += ["--device", "cpu"]
+    assert cli.main(argv) == 2, argv
+    out, err = capsys.readouterr()
+    assert out == "" and "--plot: x.txt ends in .txt, a file type matplotlib does not write" in err, err
+    assert not (tmp_path / "x.txt").exists()

@@ -96,6 +96,19 @@ def print_table(
     console.print(table)
 
 
+def prepare_plot_path(path: str | Path, *, argument: str = "--plot") -> Path:
+    """:func:`prepare_output_path` for a figure, whose extension must also be a file type matplotlib writes
+    (png, pdf, svg, ...): checked before the work, where matplotlib would refuse it only at the end."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().removeprefix(".")
+    if suffix not in supported:
+        what = f"ends in .{suffix}, a file type matplotlib does not write" if suffix else "has no extension"
+        raise ValueError(f"{argument}: {path} {what}; accepted: {', '.join(sorted(supported))}")
+    return prepare_output_path(path, argument=argument)
+
+
 def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool = False) -> Path:
     """Check an output path before any work starts, so a long run never ends by losing its results.
 

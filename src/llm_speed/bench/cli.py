@@ -331,12 +331,12 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path checked (and its folder made where allowed) before any work starts."""
-    from llm_speed._output import prepare_output_path
+    from llm_speed._output import prepare_output_path, prepare_plot_path
 
     for flag in ("output", "csv", "plot"):
         path = getattr(args, flag, None)
         if path is not None:
-            prepare_output_path(path, argument=f"--{flag}")
+            (prepare_plot_path if flag == "plot" else prepare_output_path)(path, argument=f"--{flag}")
 
 
 def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, console: Console):

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from llm_speed._cli import gemm_size
-from llm_speed._output import dump_json, prepare_output_path, print_table
+from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import add_gpu_arguments, gpu_from_args
@@ -171,7 +171,7 @@ def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, f
 
 
 def _roofline(args: argparse.Namespace) -> int:
-    plot_path = prepare_output_path(args.plot, argument="--plot") if args.plot else None
+    plot_path = prepare_plot_path(args.plot) if args.plot else None
     spec = gpu_from_args(args)
     dtype = normalize_dtype(args.dtype)
     spec.peak_flops(dtype)  # a dtype this GPU has no peak for is an error, even without a kernel

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from rich.console import Console
 
 from llm_speed._cli import console as new_console
-from llm_speed._output import dump_json, prepare_output_path, print_table
+from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import (
     DEFAULT_GPU_HELP,
@@ -280,7 +280,7 @@ def _plot_analysis(analysis: InferenceAnalysis, gpu, path) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    plot_path = prepare_output_path(args.plot, argument="--plot") if args.plot else None
+    plot_path = prepare_plot_path(args.plot) if args.plot else None
     gpu = gpu_from_args(args, default=True)
     config = resolve_model(args.model)
     analysis = analyze_inference(
