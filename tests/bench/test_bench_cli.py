@@ -231,6 +231,19 @@ def test_nothing_runnable_exits_1(capsys):
     assert "not run: flash_attn" in capsys.readouterr().out
 
 
+def test_a_run_where_nothing_ran_keeps_an_earlier_results_file(tmp_path, capsys):
+    """Exit 1 and the earlier run's files left as they were: a run of "not run" rows replaced them."""
+    earlier = tmp_path / "results.json"
+    earlier.write_text('{"earlier": true}')
+    table = tmp_path / "results.csv"
+    table.write_text("earlier,rows\n")
+    argv = ["bench", "attention", "--device", "cpu", "--seq-lengths", "16", "--impl", "flash_attn",
+            "--no-progress", "--output", str(earlier), "--csv", str(table)]  # fmt: skip
+    assert main(argv) == 1
+    assert earlier.read_text() == '{"earlier": true}' and table.read_text() == "earlier,rows\n"
+    assert f"nothing ran: {earlier} not written" in capsys.readouterr().out  # (stderr with --json)
+
+
 def test_doctor_reports_dispatch_and_backends(capsys):
     assert main(["doctor", "--device", "cpu", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -363,11 +363,13 @@ def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, 
 
 class _Writer:
     """Runs the benchmark (on a CPU between two yardstick timings, :mod:`llm_speed.bench.cpu_load`) and writes
-    the JSON and CSV files after every case (``complete: false``) and once at the end."""
+    the JSON and CSV files after every case (``complete: false``) and once at the end; never rows of which
+    none ran (an earlier run's file at that path is kept: a failed run loses no result)."""
 
     def __init__(self, args: argparse.Namespace, settings, payload_fn) -> None:
         self.args, self.settings, self.payload_fn = args, settings, payload_fn
         self.verdict = None
+        self.written = False
 
     def run(self, benchmark, *, partial: bool = True):
         """``benchmark(settings, ...)``'s rows (written after every case where ``partial``); on a busy CPU
@@ -396,10 +398,13 @@ class _Writer:
             "cpu_load": cpu_load.verdict_record(self.verdict),
             "complete": complete,
         }
+        if not any(row.available for row in rows):
+            return payload
         if self.args.output:
             dump_json(payload, self.args.output)
         if self.args.csv:
             report.write_csv(rows, self.args.csv)
+        self.written = True
         return payload
 
 
@@ -489,8 +494,10 @@ def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
     if writer.verdict is not None:
         side.print(f"note: {writer.verdict.note()}", highlight=False, markup=False)
     for flag in ("output", "csv"):
-        if getattr(args, flag):
-            side.print(f"results written to {getattr(args, flag)}", highlight=False)
+        path = getattr(args, flag)
+        if path:
+            said = f"results written to {path}" if writer.written else f"nothing ran: {path} not written"
+            side.print(said, highlight=False)
     if getattr(args, "plot", None):
         plot_rows(
             rows,
