@@ -51,10 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def attention_settings(device: torch.device, model_id: str) -> attention_bench.AttentionSettings:
     """The model's own attention shape on a GPU (heads, kv heads, head dim); a small GQA shape on a CPU."""
     from llm_speed.bench import attention as attention_bench
-    from llm_speed.perf.models import get_model
+    from llm_speed.perf.models import resolve_model
 
     if device.type == "cuda":
-        config = get_model(model_id)
+        config = resolve_model(model_id)
         shape = {
             "seq_lengths": (1024, 4096),
             "num_heads": config.num_attention_heads,
@@ -181,9 +181,11 @@ def run_demo(output_dir: str | Path, model_id: str, device: torch.device, consol
     from llm_speed.core.gpus import detect_gpu
     from llm_speed.perf.cli_models import print_inference_analysis
     from llm_speed.perf.inference import analyze_inference
+    from llm_speed.perf.models import resolve_model
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
+    resolve_model(model_id)  # an unknown model named before any folder is made or any step runs
     # The folder and both files checked (the folder made where allowed) before any work starts.
     prepare_output_folder(output_dir, argument="--output-dir")
     plot_path, json_path = (

@@ -273,6 +273,14 @@ def test_doctor_table(capsys):
         assert expected in text
 
 
+def test_demo_names_an_unknown_model_before_making_its_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--model", "nope", "--output-dir", "out", "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert "unknown model 'nope'" in err and out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_demo_runs_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "llm_speed.cli", "demo", "--device", "cpu", "--output-dir", str(tmp_path)],
