@@ -88,6 +88,33 @@ def test_gpu_spec_json_and_inline(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_gpu_spec_sm_count_and_model_fields_checked_up_front(tmp_path, capsys):
+    # sm_count 0 or negative crashed analyze deep in a prediction; 1.5 was accepted.
+    for bad in ("0", "-3", "1.5"):
+        with pytest.raises(ValueError, match="sm_count must be a positive integer"):
+            load_gpu_spec(f"based_on=h100-sxm,sm_count={bad}")
+    with pytest.raises(ValueError, match="boost_clock_mhz must be a number > 0"):
+        custom_gpu({"based_on": "h100", "boost_clock_mhz": 0})
+    assert load_gpu_spec("based_on=h100-sxm,sm_count=100").sm_count == 100
+    spec_file = tmp_path / "sm0.json"
+    spec_file.write_text(json.dumps({"based_on": "h100-sxm", "sm_count": 0}))
+    argv = ["analyze", "--model", "llama-3-8b", "--seq-len", "64", "--json", "--gpu-spec"]
+    for spec in (str(spec_file), "based_on=h100-sxm,sm_count=-3"):
+        assert main([*argv, spec]) == 2
+        assert "--gpu-spec: " in capsys.readouterr().err
+    # Without based_on the microarchitecture is unknown: predictions name what they need, before any work.
+    bare = "bf16=800,memory_gb=80,bandwidth_gbs=3000"
+    assert main([*argv, bare]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-spec: predictions" in err and "sm_count" in err and "fp32" in err and "based_on" in err
+    assert _json(capsys, [*argv, bare, "--implementation", "none"])["gpu"] == "user-gpu"
+    assert main(["roofline", "--gpu-spec", bare, "--json"]) == 0
+    capsys.readouterr()
+    full = f"{bare},fp32=60,sm_count=132,boost_clock_mhz=1980,l2_cache_mb=50,smem_per_sm_kb=228,"
+    payload = _json(capsys, [*argv, full + "register_file_per_sm_kb=256"])
+    assert payload["ttft_predicted_s"] > 0
+
+
 def test_new_gpus_are_sourced():
     for gpu_id in ("h800", "h100-nvl", "h100-pcie", "gh200", "l4", "t4", "mi300x"):
         spec = get_gpu(gpu_id)

@@ -889,14 +889,31 @@ _INLINE_KEYS = {
     "nvlink_gbs": "nvlink_bandwidth_gbs",
     "pcie_gbs": "pcie_bandwidth_gbs",
     "sm_count": "sm_count",
+    "boost_clock_mhz": "boost_clock_mhz",
+    "l2_cache_mb": "l2_cache_mb",
+    "smem_per_sm_kb": "smem_per_sm_kb",
+    "register_file_per_sm_kb": "register_file_per_sm_kb",
 }
+
+# The microarchitecture the prediction model (llm_speed.perf.predict) divides by: unknown (0) in a spec built
+# without based_on, so predictions need them given, as does "fp32" (the CUDA cores' rate for elementwise ops).
+MODEL_FIELDS = ("sm_count", "boost_clock_mhz", "l2_cache_mb", "smem_per_sm_kb", "register_file_per_sm_kb")
+
+
+def prediction_gaps(spec: GPUSpec) -> list[str]:
+    """The fields the prediction model needs that ``spec`` leaves unknown: :data:`MODEL_FIELDS` left at 0
+    and ``fp32`` when ``peak_tflops`` has no fp32 peak. Empty for every table entry."""
+    gaps = [name for name in MODEL_FIELDS if not getattr(spec, name)]
+    return gaps if "fp32" in spec.peak_tflops else [*gaps, "fp32"]
 
 
 def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
     """A :class:`GPUSpec` from a dict of GPUSpec field names (``peak_tflops`` a dict of dense TFLOP/s per
     dtype). ``based_on`` (a table id) fills every field not given from that entry; without it ``id``,
     ``peak_tflops``, ``hbm_capacity_gb`` and ``hbm_bandwidth_gbs`` are required and the rest defaults to
-    unknown (0, None). Every value given is recorded in ``sources`` as ``origin``. ValueError names a bad key.
+    unknown (0, None): enough for rooflines and MFU; the prediction model also needs :data:`MODEL_FIELDS`
+    and an fp32 peak (see :func:`prediction_gaps`). Every value given is recorded in ``sources`` as
+    ``origin``. ValueError names a bad key.
     """
     if not isinstance(fields, dict):
         raise ValueError(f"{origin}: expected a JSON object of GPUSpec fields, got {type(fields).__name__}")
@@ -955,6 +972,18 @@ def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
             isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
         ):
             raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
+    # The model divides by these (0 SMs was a ZeroDivisionError deep in a prediction): checked up front.
+    for key in MODEL_FIELDS:
+        if key not in fields:
+            continue
+        value = fields[key]
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+        if key == "sm_count":
+            if not number or value != int(value):
+                raise ValueError(f"{origin}: sm_count must be a positive integer, got {value!r}")
+            fields[key] = int(value)
+        elif not number:
+            raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
     if "compute_capability" in fields:
         fields["compute_capability"] = tuple(fields["compute_capability"])
     merged.update(fields)
@@ -966,7 +995,8 @@ def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
 def load_gpu_spec(spec: str) -> GPUSpec:
     """A user GPU from a JSON file of GPUSpec fields (see :func:`custom_gpu`), or from an inline list
     ``"based_on=h100-sxm,bf16=800,bandwidth_gbs=3000,memory_gb=96"``: dtype names set dense TFLOP/s;
-    memory_gb, bandwidth_gbs, nvlink_gbs, pcie_gbs, sm_count, id and based_on set those fields."""
+    memory_gb, bandwidth_gbs, nvlink_gbs, pcie_gbs, sm_count, boost_clock_mhz, l2_cache_mb, smem_per_sm_kb,
+    register_file_per_sm_kb, id and based_on set those fields."""
     from pathlib import Path
 
     if not isinstance(spec, str):
@@ -997,7 +1027,8 @@ def load_gpu_spec(spec: str) -> GPUSpec:
         except ValueError as error:
             raise ValueError(f"gpu spec item {item!r}: {key} needs a number") from error
         if key in _INLINE_KEYS:
-            fields[_INLINE_KEYS[key]] = int(value) if key == "sm_count" else value
+            # custom_gpu checks it (sm_count a positive integer): a whole number goes as an int.
+            fields[_INLINE_KEYS[key]] = int(value) if value.is_integer() else value
         elif key.lower().removeprefix("torch.") in _DTYPE_ALIASES:
             peaks[key] = value
         else:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec
+from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec, prediction_gaps
 from llm_speed.perf.efficiency import Efficiency, calibrate_from_bench
 
 GPU_SPEC_HELP = (
@@ -38,7 +38,25 @@ def gpu_from_args(args: argparse.Namespace, *, default: bool = False) -> GPUSpec
         if not default:
             raise ValueError("give one of --gpu ID and --gpu-spec FILE|K=V,...")
         return get_gpu(default_gpu(args.command))
-    return get_gpu(args.gpu) if args.gpu is not None else load_gpu_spec(args.gpu_spec)
+    if args.gpu is not None:
+        return get_gpu(args.gpu)
+    try:
+        return load_gpu_spec(args.gpu_spec)
+    except ValueError as error:  # name the flag: the spec's own messages name only its keys
+        raise ValueError(f"--gpu-spec: {error}") from error
+
+
+def check_predictable(spec: GPUSpec, implementation: str) -> None:
+    """ValueError, before any work, when ``--implementation`` asks for predictions on a ``--gpu-spec`` GPU
+    whose microarchitecture or fp32 peak the model needs but the spec leaves unknown (no based_on)."""
+    gaps = prediction_gaps(spec)
+    if implementation != "none" and gaps:
+        raise ValueError(
+            f"--gpu-spec: predictions (--implementation {implementation}) need {', '.join(gaps)}, which a "
+            "spec without based_on leaves unknown (the model's per-SM rates and the fp32 rate of elementwise "
+            "ops); "
+            "give them as KEY=VALUE (fp32 in TFLOP/s), or based_on=<table id>, or --implementation none"
+        )
 
 
 def driver_gpu_name(folder: Path | None = None) -> str | None:

@@ -18,6 +18,7 @@ from llm_speed.perf._cli_common import (
     DEFAULT_GPU_HELP,
     add_efficiency_arguments,
     add_gpu_arguments,
+    check_predictable,
     efficiency_from_args,
     gpu_from_args,
 )
@@ -282,6 +283,7 @@ def _plot_analysis(analysis: InferenceAnalysis, gpu, path) -> None:
 def _analyze(args: argparse.Namespace) -> int:
     plot_path = prepare_plot_path(args.plot) if args.plot else None
     gpu = gpu_from_args(args, default=True)
+    check_predictable(gpu, args.implementation)
     config = resolve_model(args.model)
     analysis = analyze_inference(
         config,

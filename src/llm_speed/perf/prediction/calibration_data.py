@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_speed.core.gpus import GPUSpec, get_gpu
+from llm_speed.core.gpus import GPUSpec, get_gpu, prediction_gaps
 
 CALIBRATION_FILE = Path(__file__).parent.parent / "calibration.json"  # beside llm_speed/perf/predict.py
 CALIBRATION_ENV = "LLM_SPEED_CALIBRATION"  # a calibration JSON that replaces the shipped one
@@ -81,8 +81,15 @@ def _gpu_entry(cal: dict[str, Any], spec: GPUSpec) -> tuple[dict[str, Any], bool
 
 
 def gpu_constants(gpu: str | GPUSpec, calibration: Any = None) -> GPUConstants:
-    """The :class:`GPUConstants` of ``gpu`` under ``calibration`` (see :func:`load_calibration`)."""
+    """The :class:`GPUConstants` of ``gpu`` under ``calibration`` (see :func:`load_calibration`); ValueError
+    when ``gpu`` (a user spec without based_on) leaves a field the model divides by unknown."""
     spec = get_gpu(gpu)
+    gaps = prediction_gaps(spec)
+    if gaps:
+        raise ValueError(
+            f"GPU {spec.id}: the prediction model needs {', '.join(gaps)} (unknown without based_on); "
+            "give them, or based_on=<table id>"
+        )
     cal = load_calibration(calibration)
     entry, calibrated = _gpu_entry(cal, spec)
     ceilings = entry.get("ceilings", {}) if calibrated else {}
