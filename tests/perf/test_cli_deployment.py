@@ -115,6 +115,16 @@ def test_gpu_spec_sm_count_and_model_fields_checked_up_front(tmp_path, capsys):
     assert payload["ttft_predicted_s"] > 0
 
 
+def test_analyze_on_a_gpu_without_bf16(capsys):
+    # The calibration probe ignored --dtype and asked for bf16, which a T4 has no peak for.
+    argv = ["analyze", "--model", "llama-3-8b", "--gpu", "t4", "--seq-len", "64", "--json"]
+    payload = _json(capsys, [*argv, "--dtype", "fp16"])
+    assert payload["dtype"] == "fp16" and payload["ttft_predicted_s"] > 0
+    assert _json(capsys, argv)["dtype"] == "fp16"  # the default: bf16 where the GPU has it, else fp16
+    assert main([*argv, "--dtype", "bf16"]) == 2
+    assert "--dtype bf16: t4 has no peak for it; accepted on t4: fp64, fp32, fp16" in capsys.readouterr().err
+
+
 def test_new_gpus_are_sourced():
     for gpu_id in ("h800", "h100-nvl", "h100-pcie", "gh200", "l4", "t4", "mi300x"):
         spec = get_gpu(gpu_id)

@@ -141,6 +141,15 @@ def test_mfu_seed_003_example(capsys):
     assert data["flops"] == 4 * 8 * 64 * (1024 * 1025 // 2)
 
 
+def test_default_dtype_is_one_the_gpu_has(capsys):
+    # The hidden default was bf16, which a T4 lacks: roofline --gpu t4 with no --dtype failed.
+    data = _json(capsys, ["roofline", "--gpu", "t4", "--json"])
+    assert data["dtype"] == "fp16"
+    assert _json(capsys, ["roofline", "--gpu", "h100", "--json"])["dtype"] == "bf16"
+    data = _json(capsys, ["mfu", "--gpu", "t4", "--ms", "1", "--flops", "65e9", "--json"])
+    assert round(data["mfu"], 3) == 1.0
+
+
 def test_waves_seed_001(capsys):
     data = _json(capsys, ["waves", "--gpu", "a100", "--gemm", f"{109 * 128},128,64", "--json"])
     assert (data["tiles"], data["waves"], data["sm_count"]) == (109, 2, 108)
@@ -154,7 +163,8 @@ def test_waves_seed_001(capsys):
         (["roofline", "--gpu", "h100", "--gemm", "8,8,8", "--attention", "1,1,8,8"], "only one of"),
         (["gpus", "--show", "tpu"], "valid ids"),
         (["roofline", "--gpu", "h100", "--flops", "-1", "--bytes", "2"], "flops must be"),
-        (["roofline", "--gpu", "a100", "--dtype", "fp8"], "accepted dtypes"),
+        (["roofline", "--gpu", "a100", "--dtype", "fp8"], "^llm-speed roofline: error: --dtype fp8:"),
+        (["mfu", "--gpu", "t4", "--ms", "1", "--flops", "1e9", "--dtype", "bf16"], "--dtype bf16: .*fp16"),
         (["vram", "--seq-len", "-5", "--num-heads", "8", "--head-dim", "64"], "batch|seq"),
         (
             ["vram", "--seq-len", "64", "--num-heads", "8", "--head-dim", "64", "--num-kv-heads", "3"],

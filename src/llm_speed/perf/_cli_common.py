@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec, prediction_gaps
+from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec, normalize_dtype, prediction_gaps
 from llm_speed.perf.efficiency import Efficiency, calibrate_from_bench
 
 GPU_SPEC_HELP = (
@@ -44,6 +44,26 @@ def gpu_from_args(args: argparse.Namespace, *, default: bool = False) -> GPUSpec
         return load_gpu_spec(args.gpu_spec)
     except ValueError as error:  # name the flag: the spec's own messages name only its keys
         raise ValueError(f"--gpu-spec: {error}") from error
+
+
+# --dtype's default: the first of these the GPU has a peak for (T4 and other pre-Ampere GPUs have no bf16).
+DEFAULT_DTYPES = ("bf16", "fp16", "fp32")
+DTYPE_DEFAULT_HELP = "default: bf16, or fp16 on a GPU without bf16 (T4)"
+
+
+def dtype_for_gpu(spec: GPUSpec, dtype: str | None) -> str:
+    """``--dtype`` (normalized), or when not given the first of :data:`DEFAULT_DTYPES` ``spec`` has a peak
+    for; ValueError naming ``--dtype`` and the GPU's dtypes when ``spec`` has no peak for the one given."""
+    if dtype is None:
+        fallback = next(iter(spec.peak_tflops))  # a user spec may give none of the defaults
+        return next((name for name in DEFAULT_DTYPES if name in spec.peak_tflops), fallback)
+    name = normalize_dtype(dtype)
+    if name not in spec.peak_tflops:
+        raise ValueError(
+            f"--dtype {dtype}: {spec.id} has no peak for it; accepted on {spec.id}: "
+            + ", ".join(spec.peak_tflops)
+        )
+    return name
 
 
 def check_predictable(spec: GPUSpec, implementation: str) -> None:

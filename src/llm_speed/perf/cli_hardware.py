@@ -9,9 +9,9 @@ from typing import Any
 
 from llm_speed._cli import gemm_size
 from llm_speed._output import dump_json, prepare_plot_path, print_table
-from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties, normalize_dtype
+from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties
 from llm_speed.perf._checks import size_warnings
-from llm_speed.perf._cli_common import add_gpu_arguments, gpu_from_args
+from llm_speed.perf._cli_common import DTYPE_DEFAULT_HELP, add_gpu_arguments, dtype_for_gpu, gpu_from_args
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.kernel_costs import ATTENTION_MODES, attention_cost, gemm_cost
 from llm_speed.perf.memory import attention_memory
@@ -173,8 +173,7 @@ def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, f
 def _roofline(args: argparse.Namespace) -> int:
     plot_path = prepare_plot_path(args.plot) if args.plot else None
     spec = gpu_from_args(args)
-    dtype = normalize_dtype(args.dtype)
-    spec.peak_flops(dtype)  # a dtype this GPU has no peak for is an error, even without a kernel
+    dtype = dtype_for_gpu(spec, args.dtype)  # one this GPU has no peak for is an error, even without a kernel
     kernels = _roofline_kernels(args, dtype)
     points = [(label, roofline(flops, bytes_moved, dtype, spec)) for label, flops, bytes_moved in kernels]
     if plot_path is not None:
@@ -283,7 +282,7 @@ def _vram(args: argparse.Namespace) -> int:
 
 def _mfu(args: argparse.Namespace) -> int:
     spec = gpu_from_args(args)
-    dtype = normalize_dtype(args.dtype)
+    dtype = dtype_for_gpu(spec, args.dtype)
     if args.model is not None or args.tokens_per_second is not None:
         return _training_mfu(args, spec, dtype)
     if args.ms is None:
@@ -410,7 +409,9 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser("roofline", help="a GPU's roofline, optionally with one kernel on it")
     add_gpu_arguments(parser, gpu_help=GPU_HELP)
-    parser.add_argument("--dtype", default="bf16", help="fp64, fp32, tf32, fp16, bf16, fp8, int8")
+    parser.add_argument(
+        "--dtype", default=None, help=f"fp64, fp32, tf32, fp16, bf16, fp8, int8 ({DTYPE_DEFAULT_HELP})"
+    )
     parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
     parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="place a GEMM (minimum traffic)")
@@ -448,7 +449,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--gpus", type=int, default=1, help="with --model: GPUs sharing the throughput")
     parser.add_argument("--seq-len", type=int, default=2048, help="with --model: training sequence length")
-    parser.add_argument("--dtype", default="bf16", help="dtype whose dense peak is the denominator")
+    parser.add_argument(
+        "--dtype", default=None, help=f"dtype whose dense peak is the denominator ({DTYPE_DEFAULT_HELP})"
+    )
     parser.add_argument("--flops", type=float, help="model FLOPs of the timed work")
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
     parser.add_argument("--attention", type=_attention_dims, metavar=ATTENTION_SPEC, help=ATTENTION_HELP)

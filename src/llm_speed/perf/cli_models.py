@@ -16,9 +16,11 @@ from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import (
     DEFAULT_GPU_HELP,
+    DTYPE_DEFAULT_HELP,
     add_efficiency_arguments,
     add_gpu_arguments,
     check_predictable,
+    dtype_for_gpu,
     efficiency_from_args,
     gpu_from_args,
 )
@@ -284,6 +286,7 @@ def _analyze(args: argparse.Namespace) -> int:
     plot_path = prepare_plot_path(args.plot) if args.plot else None
     gpu = gpu_from_args(args, default=True)
     check_predictable(gpu, args.implementation)
+    args.dtype = dtype_for_gpu(gpu, args.dtype)
     config = resolve_model(args.model)
     analysis = analyze_inference(
         config,
@@ -454,7 +457,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048, help="prompt length")
     parser.add_argument("--decode-tokens", type=int, default=256)
-    parser.add_argument("--dtype", default="bf16", help="activations/compute dtype (and weights by default)")
+    parser.add_argument(
+        "--dtype", default=None,
+        help=f"activations/compute dtype (and weights by default; {DTYPE_DEFAULT_HELP})",
+    )
     parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: --dtype)")
     parser.add_argument(
         "--weight-dtype", default=None, help="weight storage: int8, int4, fp8 (weight-only quantization)"

@@ -766,8 +766,10 @@ def analyze_inference(
         ttft_p = prefill.predicted_time_s + prefill_comm.realistic_s
         step_p = decode.predicted_time_s + decode_comm.realistic_s
         # Whether the GPU has measurements of its own: its GEMM entry says (the streaming rows never do).
+        # In the analysed dtype: predict's default (bf16) has no peak on a T4.
         probe = predict("gemm", spec, implementation=implementation, context=prediction_context,
-                        calibration=calibration, m=1, n=config.hidden_size, k=config.hidden_size)  # fmt: skip
+                        calibration=calibration, m=1, n=config.hidden_size, k=config.hidden_size,
+                        dtype=dtype_name)  # fmt: skip
         predicted = dict(
             implementation=probe.implementation if implementation != "vendor" else "vendor",
             prediction_context=prediction_context,
