@@ -125,6 +125,15 @@ def test_analyze_on_a_gpu_without_bf16(capsys):
     assert "--dtype bf16: t4 has no peak for it; accepted on t4: fp64, fp32, fp16" in capsys.readouterr().err
 
 
+def test_analyze_implementation_checked_by_argparse(capsys):
+    # 'nope' failed inside the calibration with a message naming neither the flag nor the accepted values.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "--model", "llama-3-8b", "--gpu", "h100", "--implementation", "nope"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--implementation: invalid choice: 'nope'" in err and "'llm-speed', 'vendor', 'none'" in err
+
+
 def test_new_gpus_are_sourced():
     for gpu_id in ("h800", "h100-nvl", "h100-pcie", "gh200", "l4", "t4", "mi300x"):
         spec = get_gpu(gpu_id)

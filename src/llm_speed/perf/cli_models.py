@@ -483,7 +483,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_efficiency_arguments(parser)
     group = parser.add_argument_group("calibrated prediction (llm_speed.perf.predict)")
     group.add_argument(
-        "--implementation", default="llm-speed",
+        "--implementation", default="llm-speed", choices=("llm-speed", "vendor", "none"),
         help="whose kernels: llm-speed, vendor (cuBLAS, torch SDPA, eager PyTorch), or none (no prediction)",
     )  # fmt: skip
     group.add_argument(
