@@ -51,6 +51,17 @@ def non_negative_int(text: str) -> int:
     return _integer(text, minimum=0, expected="an integer >= 0")
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (float("inf") parses, but no measured time or rate is infinite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
 def _integer(text: str, *, minimum: int, expected: str) -> int:
     try:
         value = int(text)

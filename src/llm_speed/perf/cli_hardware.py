@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
-from llm_speed._cli import gemm_size
+from llm_speed._cli import gemm_size, positive_float
 from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties
 from llm_speed.perf._checks import size_warnings
@@ -303,6 +304,8 @@ def _mfu(args: argparse.Namespace) -> int:
     seconds = args.ms / 1e3
     achieved = achieved_flops_per_s(flops, seconds)
     utilisation = mfu(flops, seconds, spec, dtype)
+    floor_ms = flops / spec.peak_flops(dtype) * 1e3
+    _warn_above_peak(utilisation, f"--ms {args.ms:g} is below the {floor_ms:.4g} ms the FLOPs take at the")
     result = {
         "label": label,
         "gpu": spec.id,
@@ -322,6 +325,17 @@ def _mfu(args: argparse.Namespace) -> int:
         [[flops, args.ms, achieved / 1e12, spec.peak_flops(dtype) / 1e12, utilisation * 100]],
     )
     return 0
+
+
+def _warn_above_peak(utilisation: float, why: str) -> None:
+    """MFU over 100% is physically impossible (mfu promises [0, 1] unless the inputs are wrong): say so on
+    stderr, keeping the figure, so a wrong time, throughput or FLOP count is not read as a result."""
+    if utilisation > 1:
+        print(
+            f"llm-speed mfu: warning: MFU {utilisation:.0%} is above 100%: {why} dense peak; "
+            "check the measured time or throughput and the FLOPs",
+            file=sys.stderr,
+        )
 
 
 def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
@@ -348,6 +362,12 @@ def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
                 ),
             }
         )
+    top = max(rows, key=lambda row: row["utilisation"])
+    _warn_above_peak(
+        top["utilisation"],
+        f"--tokens-per-second {args.tokens_per_second:g} ({top['convention']}) is above what {args.gpus} "
+        f"x {spec.id} reach at the",
+    )
     if args.json:
         dump_json(
             {
@@ -442,10 +462,10 @@ def register(subparsers: Any) -> None:
         "mfu", help="model FLOP utilisation from a measured time, or of a model's training throughput"
     )
     add_gpu_arguments(parser, gpu_help=GPU_HELP)
-    parser.add_argument("--ms", type=float, default=None, help="measured time in milliseconds")
+    parser.add_argument("--ms", type=positive_float, default=None, help="measured time in milliseconds")
     parser.add_argument("--model", default=None, help="training MFU of this model (zoo id or config.json)")
     parser.add_argument(
-        "--tokens-per-second", type=float, default=None, help="with --model: measured, all GPUs"
+        "--tokens-per-second", type=positive_float, default=None, help="with --model: measured, all GPUs"
     )
     parser.add_argument("--gpus", type=int, default=1, help="with --model: GPUs sharing the throughput")
     parser.add_argument("--seq-len", type=int, default=2048, help="with --model: training sequence length")
