@@ -104,6 +104,11 @@ def test_ring_plan_command(capsys):
     assert payload["kv_bytes_per_step"] == 2 * 8 * 128 * 16384 * 2 and payload["forward_hidden"] is True
     assert main([*argv[:-1], "l4"]) == 2
     assert "no NVLink" in capsys.readouterr().err
+    # the dtypes the ring's flash kernels take, as its help says (fp8 and fp64 were planned without a word)
+    for dtype in ("fp8", "fp64"):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--dtype", dtype])
+        assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 @pytest.fixture

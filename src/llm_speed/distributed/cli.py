@@ -82,7 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu", required=True, help="GPU id (see `llm-speed gpus`)")
     parser.add_argument("--link", default="nvlink", choices=LINKS)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--dtype", default="bf16", help="Q/K/V dtype: bf16, fp16, fp32")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                        help="Q/K/V dtype (what the ring's flash kernels take; default bf16)")  # fmt: skip
     parser.add_argument("--layout", default="zigzag", choices=LAYOUTS)
     parser.add_argument("--no-causal", action="store_true", help="bidirectional attention (default: causal)")
     parser.add_argument("--latency-us", type=float, default=0.0, help="fixed cost of one transfer, in us")
