@@ -166,6 +166,19 @@ def test_train_memory(capsys):
     assert _json(capsys, [*tp_sp, "--no-sequence-parallel"])["sequence_parallel"] is False
 
 
+@pytest.mark.parametrize("command", [["kv-cache", "--seq-len", "8"], ["analyze", "--gpu", "h100-sxm"],
+                                     ["train-memory", "--gpus", "8"]])  # fmt: skip
+def test_config_path_with_a_wrong_typed_key_is_one_line(tmp_path, capsys, command):
+    config = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 128,
+              "sliding_window": "4096"}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main([*command, "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sliding_window must be an integer >= 0 (or null), got '4096'" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

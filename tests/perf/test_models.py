@@ -296,6 +296,68 @@ def test_load_hf_rejects_non_positive_int_fields(tmp_path, field, value):
         load_hf_config(_write(tmp_path, "bad_field", {**raw, field: value}))
 
 
+_SMALL_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+    "max_position_embeddings": 128,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"model_type": "mistral", "sliding_window": "4096"}, "sliding_window must be an integer >= 0"),
+        ({"model_type": "mistral", "sliding_window": -1}, "sliding_window must be an integer >= 0"),
+        (
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
+             "max_window_layers": "x"},
+            "max_window_layers must be an integer >= 0",
+        ),
+        ({"model_type": "qwen2", "use_sliding_window": "yes"}, "use_sliding_window must be true or false"),
+        (
+            {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 32, "shared_expert_intermediate_size": "64"},
+            "shared_expert_intermediate_size must be an integer >= 0",
+        ),
+        ({"num_key_value_heads": "2"}, "num_key_value_heads must be a positive integer"),
+        ({"head_dim": 0}, "head_dim must be a positive integer"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+        ({"attention_bias": 1}, "attention_bias must be true or false"),
+        ({"hidden_act": 5}, "hidden_act must be a string"),
+        (
+            {"model_type": "deepseek_v3", "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+             "v_head_dim": 16, "n_routed_experts": "4"},
+            "n_routed_experts must be an integer >= 0",
+        ),
+    ],
+)  # fmt: skip
+def test_load_hf_rejects_wrong_typed_optional_keys(tmp_path, extra, message):
+    # These were used unchecked: a TypeError deep inside, or a string silently taken as true.
+    path = _write(tmp_path, "bad_optional", {**_SMALL_LLAMA, **extra})
+    with pytest.raises(ValueError, match=f"config '.*bad_optional.*': {message}"):
+        load_hf_config(path)
+
+
+def test_load_hf_optional_keys_null_or_ignored(tmp_path):
+    # null means absent; Llama ignores sliding_window, so its value is not checked.
+    nulls = {"num_key_value_heads": None, "head_dim": None, "tie_word_embeddings": None, "sliding_window": -1}
+    config = load_hf_config(_write(tmp_path, "nulls", {**_SMALL_LLAMA, **nulls}))
+    assert (config.num_kv_heads, config.head_dim, config.sliding_window) == (4, 16, None)
+    mistral = {**_SMALL_LLAMA, "model_type": "mistral", "sliding_window": None}
+    assert load_hf_config(_write(tmp_path, "mistral", mistral)).sliding_window is None
+
+
+def test_load_hf_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=f"config path '{path}' is not UTF-8"):
+        load_hf_config(path)
+
+
 def test_load_hf_qwen2_sliding_window_layers(tmp_path):
     raw = {
         "model_type": "qwen2",

@@ -113,8 +113,11 @@ class ModelConfig:
                 f"ModelConfig {self.name!r}: MLA (kv_lora_rank > 0) needs qk_rope_head_dim, qk_nope_head_dim "
                 "and v_head_dim > 0"
             )
-        if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ValueError(f"ModelConfig {self.name!r}: sliding_window must be None or > 0")
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+            raise ValueError(
+                f"ModelConfig {self.name!r}: sliding_window must be None or an int > 0, got {window!r}"
+            )
 
     # --- derived shape facts ---
     @property
@@ -439,8 +442,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     ``shared_expert_intermediate_size`` counts as that many experts of the routed width, which it is a
     multiple of in the released models), OLMo-2 and Granite (Llama's shapes: their q/k norms and scaling
     multipliers cost no modelled FLOPs), DeepSeek's ``n_routed_experts``, ``n_shared_experts``,
-    ``first_k_dense_replace`` and MLA ranks. Required size keys must be positive integers (ValueError naming
-    the key otherwise).
+    ``first_k_dense_replace`` and MLA ranks. Required size keys must be positive integers, and the optional
+    keys it reads must have their JSON type (integer, boolean or string) or be null, meaning absent;
+    ValueError naming the file and the key otherwise, as for a file that is not UTF-8 JSON.
 
     Gemma-2 and Gemma-3 mix sliding-window and global layers; ModelConfig windows all layers or none, so
     their layers are all counted as global: KV cache and attention costs past the window are overestimated (at
@@ -453,9 +457,14 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     if not file.is_file():
         raise ValueError(f"config path {str(path)!r}: no such config.json file")
     try:
-        raw = json.loads(file.read_text())
+        raw = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"config path {str(file)!r} is not valid JSON: {error}") from error
+    except UnicodeDecodeError as error:
+        # Its own message names neither the file nor what was expected of it.
+        raise ValueError(f"config path {str(file)!r} is not UTF-8 JSON text: {error}") from error
+    except OSError as error:
+        raise ValueError(f"config path {str(file)!r} cannot be read: {error.strerror or error}") from error
     if not isinstance(raw, dict):
         raise ValueError(f"config path {str(file)!r}: expected a JSON object")
     model_type = raw.get("model_type")
@@ -473,34 +482,64 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             raise ValueError(f"config {str(file)!r}: {key} must be a positive integer, got {value!r}")
         return value
 
+    # Optional keys are checked as strictly as required ones: used unchecked, a wrong type surfaced as a
+    # TypeError deep inside (or, for booleans, a string silently counted as true). JSON null means absent.
+    def optional_int(key: str, default: int | None, minimum: int = 1) -> int | None:
+        value = raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ValueError(f"config {str(file)!r}: {key} must be {expected} (or null), got {value!r}")
+        return value
+
+    def optional_bool(key: str, default: bool) -> bool:
+        value = raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValueError(f"config {str(file)!r}: {key} must be true or false (or null), got {value!r}")
+        return value
+
+    def optional_str(key: str) -> str | None:
+        value = raw.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"config {str(file)!r}: {key} must be a string (or null), got {value!r}")
+        return value or None
+
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
     layers = need("num_hidden_layers")
-    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    activation = optional_str("hidden_activation") or optional_str("hidden_act") or "silu"
     fields: dict = dict(
         name=str(raw.get("_name_or_path") or file.parent.name or file.stem),
         hidden_size=hidden,
         num_layers=layers,
         num_attention_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or hidden // heads,
+        num_kv_heads=optional_int("num_key_value_heads", heads),
+        head_dim=optional_int("head_dim", hidden // heads),
         intermediate_size=need("intermediate_size"),
         vocab_size=need("vocab_size"),
         max_position_embeddings=need("max_position_embeddings"),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
+        tie_embeddings=optional_bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT),
         gated_mlp=activation in _GATED_ACTIVATIONS,
         activation=activation,
-        attention_bias=bool(raw.get("attention_bias", False)) or model_type == "qwen2",
+        attention_bias=optional_bool("attention_bias", False) or model_type == "qwen2",
         source=str(file),
     )
+    # Read only by the model types that use it (Llama's and Gemma's are ignored); 0, like null, means none.
+    uses_window = model_type in ("mistral", "phi3", "mixtral") or (
+        model_type.startswith(("qwen2", "qwen3")) and optional_bool("use_sliding_window", False)
+    )
+    window = optional_int("sliding_window", None, minimum=0) or None if uses_window else None
     if model_type in ("mistral", "phi3"):
-        fields["sliding_window"] = raw.get("sliding_window") or None
-    windowed = raw.get("use_sliding_window") and raw.get("sliding_window")
-    if model_type.startswith(("qwen2", "qwen3")) and windowed:
+        fields["sliding_window"] = window
+    windowed = model_type.startswith(("qwen2", "qwen3")) and window
+    if windowed:
         # Qwen2 windows the layers from index max_window_layers on (transformers' Qwen2Config; default 28).
-        full_layers = raw.get("max_window_layers", 28)
-        if full_layers <= 0:
-            fields["sliding_window"] = raw["sliding_window"]
+        full_layers = optional_int("max_window_layers", 28, minimum=0)
+        if full_layers == 0:
+            fields["sliding_window"] = window
         elif full_layers < layers:
             raise ValueError(
                 f"config {str(file)!r}: {full_layers} full-attention layers then {layers - full_layers} "
@@ -508,13 +547,15 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 "or none"
             )
     if model_type in ("qwen2_moe", "qwen3_moe"):
-        if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
+        if optional_int("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
             raise ValueError(
                 f"config {str(file)!r}: decoder_sparse_step != 1 or mlp_only_layers is not supported; "
                 "ModelConfig makes every layer past the first dense ones an MoE layer"
             )
         width = need("moe_intermediate_size")
-        shared = raw.get("shared_expert_intermediate_size") or 0 if model_type == "qwen2_moe" else 0
+        shared = 0
+        if model_type == "qwen2_moe":
+            shared = optional_int("shared_expert_intermediate_size", 0, minimum=0)
         if shared % width:
             raise ValueError(
                 f"config {str(file)!r}: shared_expert_intermediate_size {shared} is not a multiple of "
@@ -532,20 +573,20 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             num_experts=need("num_local_experts"),
             experts_per_token=need("num_experts_per_tok"),
             moe_intermediate_size=fields["intermediate_size"],
-            sliding_window=raw.get("sliding_window") or None,
+            sliding_window=window,
         )
     if model_type in ("deepseek_v2", "deepseek_v3"):
-        if raw.get("moe_layer_freq", 1) != 1:
+        if optional_int("moe_layer_freq", 1) != 1:
             raise ValueError(f"config {str(file)!r}: moe_layer_freq != 1 is not supported")
         fields.update(
-            num_experts=raw.get("n_routed_experts") or 0,
-            experts_per_token=raw.get("num_experts_per_tok") or 0,
-            moe_intermediate_size=raw.get("moe_intermediate_size") or 0,
-            num_shared_experts=raw.get("n_shared_experts") or 0,
-            first_dense_layers=raw.get("first_k_dense_replace") or 0,
-            router_bias=raw.get("topk_method") == "noaux_tc",
+            num_experts=optional_int("n_routed_experts", 0, minimum=0),
+            experts_per_token=optional_int("num_experts_per_tok", 0, minimum=0),
+            moe_intermediate_size=optional_int("moe_intermediate_size", 0, minimum=0),
+            num_shared_experts=optional_int("n_shared_experts", 0, minimum=0),
+            first_dense_layers=optional_int("first_k_dense_replace", 0, minimum=0),
+            router_bias=optional_str("topk_method") == "noaux_tc",
             kv_lora_rank=need("kv_lora_rank"),
-            q_lora_rank=raw.get("q_lora_rank") or 0,
+            q_lora_rank=optional_int("q_lora_rank", 0, minimum=0),
             qk_rope_head_dim=need("qk_rope_head_dim"),
             qk_nope_head_dim=need("qk_nope_head_dim"),
             v_head_dim=need("v_head_dim"),
