@@ -55,6 +55,19 @@ def test_bad_input_exits_2_naming_it(capsys):
     assert code == 2 and "KEY=VALUE" in err
 
 
+def test_a_flag_that_is_not_true_or_false_is_refused(capsys):
+    # A misspelt flag was kept as a string and read by its truthiness: causal=flase predicted the causal time.
+    attention = ["flash_attention", "batch=1", "heads_q=16", "seq_q=4096", "head_dim=128"]
+    for word in ("flase", "maybe", "2", "1"):
+        code, out, err = _run(capsys, [*attention, f"causal={word}", "--gpu", "h100-sxm"])
+        assert code == 2 and not out
+        assert f"causal: expected true or false (or yes/no, on/off), got '{word}'" in err
+    code, _, err = _run(capsys, ["gemm", "m=64", "n=64", "k=64", "with_bias=ture", "--gpu", "h100-sxm"])
+    assert code == 2 and "with_bias: expected true or false" in err
+    code, out, _ = _run(capsys, [*attention, "causal=no", "--gpu", "h100-sxm", "--json"])
+    assert code == 0 and json.loads(out)["problem"]["causal"] is False
+
+
 def test_calibrate_refits_from_a_results_directory(tmp_path, capsys):
     """A copy of the square GEMMs and the ceilings: the cuBLAS and llm-speed GEMM entries are refitted, the
     new file records which files set them and the held-out errors, and predictions read it."""

@@ -224,6 +224,16 @@ def test_causal_launch_order_and_backward_paths_in_the_prediction():
         predict("flash_attention_backward", "h100-sxm", implementation="sdpa-flash", deterministic=1, **shape)
 
 
+@pytest.mark.parametrize("flag", ["causal", "is_causal", "deterministic", "atomic_dq"])
+def test_attention_flags_must_be_bools(flag):
+    # Truthiness read causal="false" (or 2) as causal.
+    shape = dict(batch=1, heads_q=16, seq_q=1024, head_dim=128)
+    with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+        predict("flash_attention_backward", "h100-sxm", **shape, **{flag: "false"})
+    with pytest.raises(TypeError, match="with_c must be a bool"):
+        predict("gemm", "h100-sxm", m=64, n=64, k=64, with_c=2)
+
+
 def test_compiled_kernels_replace_the_estimates():
     # af147ec's forward at 128x128 with 4 warps, as compiled for sm_90a (benchmarks/results/h100-sxm/
     # compiled-af147ec.json): 255 registers and 10 spill instructions in its loop; the same tile on a build

@@ -32,6 +32,9 @@ from llm_speed.perf.predict import (
 # A fitted launch cost below a nanosecond is the fit's lower bound, not a time: no launch term is shown.
 NO_LAUNCH_TERM_S = 1e-9
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+# predict's boolean problem arguments (perf/prediction: gemm's, attention's). Any other word in their place
+# would reach predict as a string (causal=flase); a number, as an int (causal=2).
+FLAGS = ("causal", "is_causal", "with_bias", "with_c", "deterministic", "atomic_dq")
 
 
 def parse_value(text: str) -> Any:
@@ -53,13 +56,17 @@ def parse_value(text: str) -> Any:
 
 
 def parse_problem(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` words -> predict's keyword arguments; ValueError naming a word without ``=``."""
+    """``KEY=VALUE`` words -> predict's keyword arguments; ValueError naming a word without ``=`` or a flag
+    (``FLAGS``) that is not true/false."""
     problem: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"problem: expected KEY=VALUE, got {item!r} (e.g. m=4096 n=4096 k=4096)")
-        problem[key.strip().replace("-", "_")] = parse_value(value)
+        key = key.strip().replace("-", "_")
+        problem[key] = parse_value(value)
+        if key in FLAGS and not isinstance(problem[key], bool):
+            raise ValueError(f"{key}: expected true or false (or yes/no, on/off), got {value!r}")
     return problem
 
 

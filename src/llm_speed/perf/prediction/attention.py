@@ -23,7 +23,14 @@ from llm_speed.perf.kernel_costs import (
 )
 from llm_speed.perf.prediction.calibration_data import THREADS_PER_WARP, load_calibration, parameters
 from llm_speed.perf.prediction.gemm import gemm_terms
-from llm_speed.perf.prediction.terms import KernelPass, Terms, in_sequence, memory_pass_terms, pass_terms
+from llm_speed.perf.prediction.terms import (
+    KernelPass,
+    Terms,
+    in_sequence,
+    memory_pass_terms,
+    pass_terms,
+    pop_flag,
+)
 
 
 def query_blocks(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> list[int]:
@@ -238,7 +245,7 @@ def _attention_tiles(
 def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[AttentionShape, Any]:
     """The checked shape of an attention problem, and its cost (kernel_costs) in the op's mode."""
     mode = "bwd" if op.endswith("_backward") else "fwd"
-    causal = bool(problem.pop("causal", problem.pop("is_causal", False)))
+    causal = pop_flag(problem, "causal", pop_flag(problem, "is_causal"))
     window = problem.pop("window", None)
     if window is not None:
         window = tuple(window)
@@ -442,9 +449,9 @@ def predict_attention(
         passes = 2 if op == "tiled_attention" else 1
         forward = _forward_pass(shape, forward_tile, passes=passes, section=section)
         return terms(forward, forward_tile), cost.flops, cost.bytes_moved
-    deterministic = bool(problem.pop("deterministic", False)) if llm_speed else False
+    deterministic = pop_flag(problem, "deterministic") if llm_speed else False
     # ``atomic_dq``: the five-matmul path forced where the build's default is the dQ kernel (an A/B row)
-    atomic_dq = bool(problem.pop("atomic_dq", False)) if llm_speed else False
+    atomic_dq = pop_flag(problem, "atomic_dq") if llm_speed else False
     # Backward: delta = rowsum(dO * O) first (O, dO read, delta written). Its copy of the LSE in base 2 (8
     # more bytes a row) is not priced yet: it moves the shipped fit's attention errors by 0.02%; the next
     # refit takes it in.

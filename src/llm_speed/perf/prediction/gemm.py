@@ -14,7 +14,14 @@ from llm_speed.perf.kernel_costs import (
     gemm_cost,
 )
 from llm_speed.perf.prediction.calibration_data import GPUConstants
-from llm_speed.perf.prediction.terms import Terms, makespan, memory_time, no_more, tensor_core_efficiency
+from llm_speed.perf.prediction.terms import (
+    Terms,
+    makespan,
+    memory_time,
+    no_more,
+    pop_flag,
+    tensor_core_efficiency,
+)
 
 
 def gemm_config_choice(m: int, n: int, k: int, tiles: Sequence[Sequence[int]], sms: int, batch: int = 1,
@@ -153,7 +160,7 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
         out_dtype = "fp32"  # int32 results: 4 bytes
     if dtype == "fp8" and out_dtype is None:
         out_dtype = "bf16"  # scaled fp8 GEMMs return bf16 by default
-    with_bias, with_c = bool(problem.pop("with_bias", False)), bool(problem.pop("with_c", False))
+    with_bias, with_c = pop_flag(problem, "with_bias"), pop_flag(problem, "with_c")
     weight_dtype = problem.pop("weight_dtype", None)
     group_size = problem.pop("group_size", None)
     scale_bytes = float(problem.pop("scale_bytes", 2.0))

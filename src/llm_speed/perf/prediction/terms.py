@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_speed.core.args import check_flag
 from llm_speed.core.gpus import GPUSpec
 from llm_speed.perf.prediction.calibration_data import (
     THREADS_PER_WARP,
@@ -168,6 +169,12 @@ class Problem(dict):
         if key not in self and default is Problem._MISSING:
             raise ValueError(f"{self.op}: missing problem argument {key!r}")
         return super().pop(key) if key in self else default
+
+
+def pop_flag(problem: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean problem argument: a real bool (TypeError naming it otherwise). Truthiness would read
+    ``causal="false"`` or ``causal=2`` as causal."""
+    return check_flag(key, problem.pop(key, default))
 
 
 def no_more(problem: dict[str, Any], op: str) -> None:
