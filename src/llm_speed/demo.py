@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"where roofline.png and demo.json go (default: ./{DEFAULT_OUTPUT_DIR})",
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"zoo model to analyse (default {DEFAULT_MODEL})"
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model to analyse: a zoo id or a config.json path (default {DEFAULT_MODEL})",
     )
     _cli.add_device_argument(parser)
     parser.set_defaults(func=run_demo_command)
@@ -54,7 +56,7 @@ def attention_settings(device: torch.device, model_id: str) -> attention_bench.A
     from llm_speed.perf.models import resolve_model
 
     if device.type == "cuda":
-        config = resolve_model(model_id)
+        config = resolve_model(model_id)  # a config.json path too, as step 1 (analyze_inference) takes
         shape = {
             "seq_lengths": (1024, 4096),
             "num_heads": config.num_attention_heads,

@@ -118,6 +118,26 @@ def test_old_project_gemm_flags_and_model_shapes():
     assert all(case.m == 8 for case in model.cases)
 
 
+def test_gemm_model_takes_a_config_json_path(tmp_path):
+    # --model said it took a config.json path but looked the name up in the zoo only.
+    from llm_speed.demo import attention_settings as demo_attention
+    from llm_speed.demo import gemm_settings as demo_gemm
+
+    config = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+              "max_position_embeddings": 128}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for model in (str(tmp_path), str(tmp_path / "config.json")):
+        settings = gemm_settings(parse("bench", "gemm", "--model", model, "--tokens", "8", "--device", "cpu"))
+        assert {(case.name, case.n, case.k) for case in settings.cases} >= {("down", 256, 512)}
+    # demo on a GPU takes the model's shapes the same way (only read here, nothing runs).
+    cuda = torch.device("cuda")
+    assert demo_attention(cuda, str(tmp_path)).head_dim == 64
+    assert demo_gemm(cuda, str(tmp_path)).cases == gemm_settings(
+        parse("bench", "gemm", "--model", str(tmp_path), "--tokens", "2048", "--device", "cpu")
+    ).cases
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

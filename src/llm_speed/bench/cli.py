@@ -112,7 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shapes.add_argument(
         "--sizes", type=_cli.gemm_size, nargs="+", metavar="MxNxK", help="GPU: 512^3 ... 4096^3"
     )
-    shapes.add_argument("--model", help="benchmark this zoo model's weight GEMM shapes (e.g. llama-3-8b)")
+    shapes.add_argument(
+        "--model",
+        help="benchmark this model's weight GEMM shapes: a zoo id (e.g. llama-3-8b) or a config.json path",
+    )
     gemm.add_argument("--tokens", type=positive_int, help="tokens (M) for --model: GPU 4096, CPU 16")
     gemm.add_argument("--dtype", choices=options.GEMM_DTYPES, help="GPU fp16, CPU fp32")
     gemm.add_argument(

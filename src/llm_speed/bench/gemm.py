@@ -103,11 +103,12 @@ def parse_size(text: str) -> tuple[int, int, int]:
     return parse_gemm_size(text, argument="--sizes")
 
 
-def model_cases(model_id: str, tokens: int) -> tuple[GemmCase, ...]:
-    """The weight GEMMs of one forward pass of a zoo model over ``tokens`` tokens."""
-    from llm_speed.perf.models import gemm_shapes, get_model
+def model_cases(model: str, tokens: int) -> tuple[GemmCase, ...]:
+    """The weight GEMMs of one forward pass of a model (a zoo id or a config.json path, as every --model
+    takes) over ``tokens`` tokens."""
+    from llm_speed.perf.models import gemm_shapes, resolve_model
 
-    return tuple(GemmCase(s.name, s.m, s.n, s.k, s.count) for s in gemm_shapes(get_model(model_id), tokens))
+    return tuple(GemmCase(s.name, s.m, s.n, s.k, s.count) for s in gemm_shapes(resolve_model(model), tokens))
 
 
 def baseline_impl(dtype: str) -> str:
