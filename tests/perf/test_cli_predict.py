@@ -6,7 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from llm_speed.cli import main
+from llm_speed.perf import calibrate
 from llm_speed.perf.predict import OPS, load_calibration, predict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +69,29 @@ def test_a_flag_that_is_not_true_or_false_is_refused(capsys):
     assert code == 2 and "with_bias: expected true or false" in err
     code, out, _ = _run(capsys, [*attention, "causal=no", "--gpu", "h100-sxm", "--json"])
     assert code == 0 and json.loads(out)["problem"]["causal"] is False
+
+
+def test_options_of_another_mode_are_refused(tmp_path, capsys):
+    # They were silently ignored: --output without --calibrate wrote nothing, --iterations -3 "refitted".
+    gemm = ["gemm", "m=64", "n=64", "k=64", "--gpu", "h100-sxm"]
+    out = tmp_path / "x.json"
+    for extra, message in (
+        (["--output", str(out)], "--output only applies with --calibrate DIR"),
+        (["--iterations", "5"], "--iterations only applies with --calibrate DIR"),
+        (["--points"], "--points only applies with --check DIR"),
+        (["--check", str(H100), "--output", str(out)], "--output only applies with --calibrate DIR"),
+        (["--calibrate", str(H100), "--check", str(H100)], "--calibrate and --check: give one"),
+    ):
+        code, text, err = _run(capsys, [*gemm, *extra])
+        assert code == 2 and not text and message in err and err.count("\n") == 1
+    assert not out.exists()
+    for bad in ("0", "-3"):
+        with pytest.raises(SystemExit) as parse_exit:
+            _run(capsys, ["--calibrate", str(H100), "--iterations", bad])
+        err = capsys.readouterr().err
+        assert parse_exit.value.code == 2 and "--iterations: expected a positive integer" in err
+    with pytest.raises(ValueError, match="iterations must be a positive int"):
+        calibrate.calibrate(H100, iterations=0)
 
 
 def test_calibrate_refits_from_a_results_directory(tmp_path, capsys):

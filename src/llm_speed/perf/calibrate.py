@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import get_gpu, normalize_dtype
 from llm_speed.perf.predict import (
     ALIASES,
@@ -894,6 +895,8 @@ def calibrate(
     current calibration), set the ceilings and host times the directory records, fit every (GPU,
     implementation, family) with points on the training split, and record each entry's provenance and its
     errors on both splits. Returns the new calibration data (write it with ``json.dump``)."""
+    # No simplex step would leave every entry at its start and still record it as refitted.
+    iterations = positive_int("iterations", iterations)
     results = load_results(directory, gpu=gpu)
     if not results.points:
         raise ValueError(f"results directory {str(directory)!r}: no GPU measurements found")

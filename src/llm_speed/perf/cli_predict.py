@@ -16,6 +16,7 @@ import re
 import statistics
 from typing import Any
 
+from llm_speed._cli import CommandError, positive_int
 from llm_speed._output import prepare_output_path
 from llm_speed.core.gpus import get_gpu
 from llm_speed.perf import calibrate
@@ -31,6 +32,7 @@ from llm_speed.perf.predict import (
 
 # A fitted launch cost below a nanosecond is the fit's lower bound, not a time: no launch term is shown.
 NO_LAUNCH_TERM_S = 1e-9
+DEFAULT_ITERATIONS = 400  # --calibrate's simplex steps per start
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 # predict's boolean problem arguments (perf/prediction: gemm's, attention's). Any other word in their place
 # would reach predict as a string (causal=flase); a number, as an int (causal=2).
@@ -206,7 +208,8 @@ def _summary_lines(entries: dict[str, Any]) -> list[str]:
 def _calibrate(args: argparse.Namespace) -> int:
     if args.output:
         prepare_output_path(args.output, argument="--output")
-    new = calibrate.calibrate(args.calibrate, base=args.calibration, gpu=args.gpu, iterations=args.iterations)
+    iterations = DEFAULT_ITERATIONS if args.iterations is None else args.iterations
+    new = calibrate.calibrate(args.calibrate, base=args.calibration, gpu=args.gpu, iterations=iterations)
     if args.output:
         from pathlib import Path
 
@@ -260,7 +263,23 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_mode_options(args: argparse.Namespace) -> None:
+    """Refuse the options of a mode that is not running: they were silently ignored (``--output`` without
+    ``--calibrate`` wrote nothing and said nothing), and ``--check`` next to ``--calibrate`` never ran."""
+    if args.calibrate and args.check:
+        raise CommandError("--calibrate and --check: give one of them (run predict twice for both)")
+    for flag, given, mode in (
+        ("--output", args.output is not None, args.calibrate),
+        ("--iterations", args.iterations is not None, args.calibrate),
+        ("--points", args.points, args.check),
+    ):
+        if given and not mode:
+            needed = "--calibrate DIR" if flag != "--points" else "--check DIR"
+            raise CommandError(f"{flag} only applies with {needed}")
+
+
 def _run(args: argparse.Namespace) -> int:
+    check_mode_options(args)
     if args.list:
         return _list(args)
     if args.calibrate:
@@ -322,7 +341,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--output", default=None, metavar="FILE", help="--calibrate: write the new calibration"
     )
     parser.add_argument("--points", action="store_true", help="--check: also list every held-out point")
-    parser.add_argument("--iterations", type=int, default=400, help="--calibrate: simplex steps per start")
+    parser.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=None,
+        help=f"--calibrate: simplex steps per start (default {DEFAULT_ITERATIONS})",
+    )
     parser.add_argument("--list", action="store_true", help="list the ops and implementations")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=_run)
