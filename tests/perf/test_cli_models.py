@@ -186,6 +186,16 @@ def test_config_path_with_a_wrong_typed_key_is_one_line(tmp_path, capsys, comman
         (["kv-cache", "--model", "llama-3-8b", "--seq-len", "0"], "seq_len must be a positive int"),
         (["analyze", "--model", "llama-3-8b", "--gpu", "v100x"], "h100"),
         (["train-memory", "--model", "llama-3-70b", "--gpus", "64", "--tp", "3"], "valid tp: 1, 2, 4, 8"),
+        (
+            ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--pp", "2", "--schedule", "interleaved",
+             "--virtual-stages", "32"],
+            "pp*virtual_stages (2*32 = 64) must be at most num_layers (32) of llama-3-8b",
+        ),
+        (
+            ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--pp", "8", "--schedule", "interleaved",
+             "--virtual-stages", "5"],
+            "valid virtual_stages for pp 8: 1..4",
+        ),
     ],
 )
 def test_errors_are_one_line(capsys, argv, message):

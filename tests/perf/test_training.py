@@ -172,6 +172,13 @@ def test_pipeline_activation_memory():
     assert interleaved.total_bytes == pytest.approx(four.total_bytes * (1 + 3 / 8))
     with pytest.raises(ValueError, match=r"pp \(33\) must be at most num_layers \(32\)"):
         activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=33)
+    # 2 x 32 model chunks for 32 layers: half a layer per chunk, a layout no framework builds.
+    with pytest.raises(ValueError, match=r"virtual_stages \(2\*32 = 64\) must be at most num_layers \(32\)"):
+        activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=2, schedule="interleaved",
+                          virtual_stages=32)  # fmt: skip
+    most = activation_memory("llama-3-8b", seq_len=2048, micro_batch_size=1, pp=2, schedule="interleaved",
+                             virtual_stages=16)  # fmt: skip
+    assert most.layers_per_stage == 16
 
 
 def test_microbatches_in_flight_by_stage():

@@ -26,6 +26,7 @@ from llm_speed.perf.models import ModelConfig, attention_params_per_layer, mlp_p
 from llm_speed.perf.training import (
     PIPELINE_SCHEDULES,
     activation_bytes_per_layer,
+    check_virtual_stages,
     microbatches_in_flight,
     stage_layer_mix,
 )
@@ -428,6 +429,7 @@ def train_memory(
         raise ValueError(f"tp*pp*dp*cp = {t}*{p}*{d}*{c} = {t * p * d * c} must equal gpus ({n})")
     if p > config.num_layers:
         raise ValueError(f"pp ({p}) must be at most num_layers ({config.num_layers}) of {config.name}")
+    check_virtual_stages(config, p, virtual_stages)
     if e > 1 and not config.is_moe:
         raise ValueError(f"ep ({e}) > 1 needs an MoE model; {config.name} is dense")
     if (d * c) % e or (config.is_moe and config.num_experts % e):

@@ -394,6 +394,21 @@ def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (1 if stage < extra else 0) for stage in range(p))
 
 
+def check_virtual_stages(config: ModelConfig, pp: int, virtual_stages: int) -> int:
+    """``virtual_stages`` if each of the pp * virtual_stages model chunks of the interleaved schedule gets at
+    least one of ``config``'s layers, else ValueError naming both: past that, half a layer per chunk would
+    shrink the modelled bubble for a layout no framework can build."""
+    v = positive_int("virtual_stages", virtual_stages)
+    p = positive_int("pp", pp)
+    if p * v > config.num_layers:
+        raise ValueError(
+            f"pp*virtual_stages ({p}*{v} = {p * v}) must be at most num_layers ({config.num_layers}) of "
+            f"{config.name}: every model chunk needs a layer; valid virtual_stages for pp {p}: "
+            f"1..{max(1, config.num_layers // p)}"
+        )
+    return v
+
+
 def stage_layer_mix(config: ModelConfig, stage: int, pp: int) -> tuple[int, int]:
     """(dense layers, MoE layers) on pipeline ``stage`` of ``pp`` (:func:`pipeline_stage_layers`); an MoE
     model's leading ``first_dense_layers`` dense layers sit on the first stages."""
@@ -450,9 +465,10 @@ def activation_memory(
     config = resolve_model(config)
     p = positive_int("pp", pp)
     m = positive_int("num_microbatches", num_microbatches)
-    v = positive_int("virtual_stages", virtual_stages)
     if schedule not in PIPELINE_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {schedule!r}")
+    pipeline_stage_layers(config.num_layers, p)  # pp <= num_layers, named, before the chunks
+    v = check_virtual_stages(config, p, virtual_stages)
 
     def layer_bytes(is_moe: bool) -> float:
         return activation_bytes_per_layer(
