@@ -283,17 +283,8 @@ def test_load_hf_bad_input(tmp_path):
     ("field", "value"), [("num_attention_heads", 0), ("hidden_size", "4096"), ("num_hidden_layers", 2.5)]
 )
 def test_load_hf_rejects_non_positive_int_fields(tmp_path, field, value):
-    raw = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "vocab_size": 100,
-        "max_position_embeddings": 128,
-    }
     with pytest.raises(ValueError, match=f"{field} must be a positive integer"):
-        load_hf_config(_write(tmp_path, "bad_field", {**raw, field: value}))
+        load_hf_config(_write(tmp_path, "bad_field", {**_SMALL_LLAMA, field: value}))
 
 
 _SMALL_LLAMA = {
