@@ -70,10 +70,9 @@ def test_gemm_percent_of_baseline_has_a_range_and_a_noise_flag(monkeypatch):
 def test_bad_output_path_fails_before_any_work(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(gemm_bench, "run_gemm", lambda *args, **kwargs: ran.append(1))
-    for flag in ("--output", "--csv", "--plot"):
-        code = main(
-            ["bench", "gemm", *FAST, "--sizes", "16x16x16", flag, "/nonexistent-llm-speed/dir/x.json"]
-        )
+    for flag, name in (("--output", "x.json"), ("--csv", "x.csv"), ("--plot", "x.png")):
+        path = f"/nonexistent-llm-speed/dir/{name}"
+        code = main(["bench", "gemm", *FAST, "--sizes", "16x16x16", flag, path])
         assert code == 2
         err = capsys.readouterr().err
         assert f"{flag}: folder /nonexistent-llm-speed/dir does not exist" in err
