@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the GEMM kernels for Hopper (sm90), no GPU needed.
 
-The interpreter never compiles; this checks that the installed Triton turns every configuration an H100
-gets (``tiled_configs`` / ``persistent_tma_configs`` of its table entry) into real Hopper code: wgmma
+The interpreter never compiles; this checks that the GPU machine's Triton (3.6) turns every configuration an
+H100 gets (``tiled_configs`` / ``persistent_tma_configs`` of its table entry) into real Hopper code: wgmma
 tensor-core instructions (fp16, bf16, int8 with int32 accumulation, fp32 with TF32; mma.sync for two-warp
 tiles, under a warpgroup), a cp.async software pipeline (tiled kernel), TMA bulk-tensor loads (persistent
 kernel), and shared memory at least the pipelined tiles' estimate and within the chip's 227 KB per block. The
@@ -120,7 +120,9 @@ print(json.dumps(rows))
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "int8": 1, "tf32": 4, "fp32": 4}
 
 
-@pytest.mark.parametrize("build", BUILDS)
+# The GPU machine's build only, as the fp8 and decode compile checks: compiling every configuration with the
+# dev pin too (which no GPU of ours runs) cost `make test` ~25 s on a cold Triton cache, as CI's is.
+@pytest.mark.parametrize("build", BUILDS[1:])
 def test_every_h100_config_compiles_to_hopper_code(build):
     env = environment(build, TRITON_INTERPRET="0")
     done = subprocess.run(
