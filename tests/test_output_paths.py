@@ -150,3 +150,19 @@ def test_a_plot_file_type_matplotlib_does_not_write_stops_the_command_before_any
     out, err = capsys.readouterr()
     assert out == "" and "--plot: x.txt ends in .txt, a file type matplotlib does not write" in err, err
     assert not (tmp_path / "x.txt").exists()
+
+
+@pytest.mark.parametrize(("command", "option"), _written_options())
+def test_an_empty_output_path_is_an_error_not_silence(command, option, capsys, monkeypatch, tmp_path):
+    """``--plot ''`` wrote and said nothing; ``demo --output-dir ''`` wrote into the working folder."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*command.split(), *REQUIRED.get(command, []), option, ""]
+    assert cli.main(argv) == 2, argv
+    out, err = capsys.readouterr()
+    assert out == "" and f"error: {option}: an empty path" in err, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_empty_path_check_knows_every_written_option():
+    assert {option for _, option in _written_options()} == {f"--{name.replace('_', '-')}"
+                                                          for name in cli.OUTPUT_OPTIONS}  # fmt: skip

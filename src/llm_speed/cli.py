@@ -90,9 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The options every command writes to (tests/test_output_paths.py holds each command's to this list).
+OUTPUT_OPTIONS = ("output", "csv", "plot", "output_dir", "sass")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        # An empty path would be skipped by the commands' "if args.output" (nothing written, no word said).
+        for name in OUTPUT_OPTIONS:
+            if getattr(args, name, None) == "":
+                raise ValueError(f"--{name.replace('_', '-')}: an empty path; give a file or folder name")
         return int(args.func(args) or 0)
     except ValueError as error:
         # Bad input, rejected where it is validated (always a ValueError naming the argument), reaches the
