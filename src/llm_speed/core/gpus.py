@@ -907,6 +907,11 @@ def prediction_gaps(spec: GPUSpec) -> list[str]:
     return gaps if "fp32" in spec.peak_tflops else [*gaps, "fp32"]
 
 
+def _positive_number(value: Any) -> bool:
+    """A finite real number > 0 (a bool is not one)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
 def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
     """A :class:`GPUSpec` from a dict of GPUSpec field names (``peak_tflops`` a dict of dense TFLOP/s per
     dtype). ``based_on`` (a table id) fills every field not given from that entry; without it ``id``,
@@ -960,30 +965,22 @@ def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
         raise ValueError(f"{origin}: peak_tflops must be a non-empty object of dtype -> dense TFLOP/s")
     checked: dict[str, float] = {}
     for dtype, value in peaks.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        if not _positive_number(value):
             raise ValueError(f"{origin}: peak_tflops[{dtype!r}] must be a number > 0, got {value!r}")
         checked[normalize_dtype(dtype)] = float(value)
     fields["peak_tflops"] = checked
-    for key in ("hbm_capacity_gb", "hbm_bandwidth_gbs", "pcie_bandwidth_gbs", "nvlink_bandwidth_gbs"):
-        value = fields.get(key)
-        if value is None and key == "nvlink_bandwidth_gbs":
+    # The sizes, and the microarchitecture the model divides by (0 SMs was a ZeroDivisionError deep in a
+    # prediction): checked up front.
+    for key in ("hbm_capacity_gb", "hbm_bandwidth_gbs", "pcie_bandwidth_gbs", "nvlink_bandwidth_gbs",
+                *MODEL_FIELDS):  # fmt: skip
+        if key not in fields or (key == "nvlink_bandwidth_gbs" and fields[key] is None):
             continue
-        if key in fields and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-        ):
-            raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
-    # The model divides by these (0 SMs was a ZeroDivisionError deep in a prediction): checked up front.
-    for key in MODEL_FIELDS:
-        if key not in fields:
-            continue
-        value = fields[key]
-        number = not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
-        if key == "sm_count":
-            if not number or value != int(value):
-                raise ValueError(f"{origin}: sm_count must be a positive integer, got {value!r}")
+        value, whole = fields[key], key == "sm_count"
+        if not _positive_number(value) or (whole and value != int(value)):
+            expected = "a positive integer" if whole else "a number > 0"
+            raise ValueError(f"{origin}: {key} must be {expected}, got {value!r}")
+        if whole:
             fields[key] = int(value)
-        elif not number:
-            raise ValueError(f"{origin}: {key} must be a number > 0, got {value!r}")
     if "compute_capability" in fields:
         fields["compute_capability"] = tuple(fields["compute_capability"])
     merged.update(fields)
