@@ -21,29 +21,10 @@ INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 launch_counter: collections.Counter[str] = collections.Counter()
 
 
-def _interpreter_index_of_one_element_blocks() -> None:
-    """Triton 3.6's interpreter (torch 2.11's pin) converts a scalar to a Python int with ``int(array)``, and
-    its scalars are one-element arrays of one dimension, which NumPy 2.4 no longer converts: every ``range``
-    over a computed bound (all our kernels' loops) fails. Later Triton squeezes the array first; this does
-    the same for the interpreter's patched ``tl.tensor``, in this process, and only under the interpreter."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # a Triton without the interpreter: nothing to fix
-        return
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "squeezes_index", False):
-        return
+if INTERPRETED:  # a fix and three launch costs of Triton's interpreter (llm_speed.core.interpreter_patches)
+    from llm_speed.core import interpreter_patches
 
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    patch_lang_tensor.squeezes_index = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-
-
-if INTERPRETED:
-    _interpreter_index_of_one_element_blocks()
+    interpreter_patches.apply()
 
 
 # Set by llm_speed.core.launch.simulated_gpu(): CPU tensors then take the code path of CUDA ones (the compiled

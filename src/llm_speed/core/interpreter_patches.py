@@ -1,0 +1,151 @@
+"""What llm-speed changes in Triton's interpreter (``TRITON_INTERPRET=1``), in this process, applied by
+:mod:`llm_speed.core.runtime` when the interpreter is on: one fix, and three costs of every launch that do
+not change what a kernel computes. Each checks that the interpreter has what it replaces (Triton 3.6, the GPU
+machine's, and 3.9, the dev pin, do) and otherwise leaves it alone.
+
+Measured on this repository's interpreted attention tests (accuracy and overlap, 54 tests, one process,
+2-core development CPU): 43.4 s as Triton ships, 28.7 s with :func:`patch_language_once_a_launch`, 23.8 s
+with :func:`scan_builtins_once` too, 22.6 s with :func:`cache_numpy_types` too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def _interpreter():
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # a Triton without the interpreter: nothing to change
+        return None
+    return interpreter
+
+
+def apply() -> None:
+    """All of them (each once)."""
+    squeeze_scalar_index()
+    patch_language_once_a_launch()
+    scan_builtins_once()
+    cache_numpy_types()
+
+
+def squeeze_scalar_index() -> None:
+    """Triton 3.6's interpreter (torch 2.11's pin) converts a scalar to a Python int with ``int(array)``, and
+    its scalars are one-element arrays of one dimension, which NumPy 2.4 no longer converts: every ``range``
+    over a computed bound (all our kernels' loops) fails. Later Triton squeezes the array first; this does
+    the same for the interpreter's patched ``tl.tensor``."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "squeezes_index", False):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.squeezes_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def patch_language_once_a_launch() -> None:
+    """The interpreter swaps ``triton.language``'s builtins for interpreted ones when a kernel launches and
+    puts them back when it returns (``GridExecutor.__call__``); it swaps them again on every call of a
+    ``@triton.jit`` helper inside the kernel (``_patch_lang``), each time scanning the language's members to
+    find them swapped already: ~0.6 ms a call, paid per program per loop iteration, 40% of an interpreted
+    attention test. Here a helper's call skips it when the launch running it has swapped every language
+    module the helper sees; a launch's own swap, and the first call of a helper that sees a module not swapped
+    yet, are done as before (Triton never puts a helper's swap back: the next calls find it done)."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if None in (original, executor, scope_type) or getattr(original, "once_a_launch", False):
+        return
+    import triton.language as tl
+
+    languages: dict[Any, frozenset] = {}  # a jit function -> the language modules its globals see
+    launches: list[frozenset | None] = []  # per running launch: the modules it swapped (None: not yet)
+
+    def languages_of(fn) -> frozenset:
+        found = languages.get(fn)
+        if found is None:
+            seen = fn.__globals__.values()
+            found = languages[fn] = frozenset(v for v in seen if inspect.ismodule(v) and v in (tl, tl.core))
+        return found
+
+    def patch_lang(fn):
+        if launches and launches[-1] is not None and languages_of(fn) <= launches[-1]:
+            return scope_type()  # swapped already: the launch's own scope puts everything back
+        scope = original(fn)
+        if launches:  # the launch's own swap, or a helper's of a module the launch had not swapped (such as
+            # triton.language.core for triton.language's own jit functions): swapped from here on
+            launches[-1] = languages_of(fn) | (launches[-1] or frozenset())
+        return scope
+
+    run_launch = executor.__call__
+
+    def call(self, *args, **kwargs):
+        launches.append(None)
+        try:
+            return run_launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_lang.once_a_launch = True
+    interpreter._patch_lang = patch_lang
+    executor.__call__ = call
+
+
+def scan_builtins_once() -> None:
+    """A launch's swap finds the builtins of ``tl``, ``tl.core``, ``tl.tensor``, ``tl.math`` and tensor
+    descriptors with ``inspect.getmembers`` (which sorts a few hundred members: ~0.15 ms each, five a
+    launch); here from the names the first scan of each found, checked to be builtins still."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_patch_builtin", None)
+    patch_attr = getattr(interpreter, "_patch_attr", None)
+    if original is None or patch_attr is None or getattr(original, "names_once", False):
+        return
+    import triton.language as tl
+
+    names_of: dict[Any, tuple[str, ...]] = {}  # a module or class -> its builtins' names
+
+    def patch_builtin(pkg, builder, scope) -> None:
+        names = names_of.get(pkg)
+        if names is None:
+            names = names_of[pkg] = tuple(
+                name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)
+            )
+        for name in names:
+            member = getattr(pkg, name, None)
+            if tl.core.is_builtin(member):
+                patch_attr(pkg, name, member, builder, scope)
+
+    patch_builtin.names_once = True
+    interpreter._patch_builtin = patch_builtin
+
+
+def cache_numpy_types() -> None:
+    """The interpreter's NumPy type of a Triton type builds its 19-entry table on every call (one an
+    operation of every program); here each type's answer is kept. A block's type is its element's (a block of
+    pointers: a pointer's, uint64), as the interpreter answers."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or getattr(original, "cached", False):
+        return
+    import triton.language as tl
+
+    found: dict[Any, Any] = {}
+
+    def get_np_dtype(tt_dtype):
+        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        try:
+            return found[element]
+        except KeyError:
+            answer = found[element] = original(element)
+            return answer
+        except TypeError:  # an unhashable type: asked each time, as the interpreter does
+            return original(tt_dtype)
+
+    get_np_dtype.cached = True
+    interpreter._get_np_dtype = get_np_dtype

@@ -1,0 +1,121 @@
+"""llm_speed.core.interpreter_patches: the launch costs of the interpreter cut, what kernels compute kept."""
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from llm_speed.core import runtime
+
+pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="installed under the interpreter only")
+
+
+@triton.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton.jit
+def _add_twice_kernel(x_ptr, out_ptr, n, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in range(STEPS):
+        acc += _twice(x)  # a helper called STEPS times in each program
+    tl.store(out_ptr + offsets, acc, mask=mask)
+
+
+@triton.jit
+def _failing_kernel(x_ptr):
+    tl.store(x_ptr + tl.arange(0, 4), _twice(tl.load(x_ptr + tl.arange(0, 8))))
+
+
+def _swaps(monkeypatch) -> list:
+    """Each language module the interpreter swaps builtins of (its ``_patch_lang_core``, called once a module
+    by a swap that is really done)."""
+    from triton.runtime import interpreter
+
+    swaps = []
+    original = interpreter._patch_lang_core
+
+    def counted(lang, scope):
+        swaps.append(lang)
+        original(lang, scope)
+
+    monkeypatch.setattr(interpreter, "_patch_lang_core", counted)
+    return swaps
+
+
+def test_a_launch_swaps_the_language_a_fixed_number_of_times_and_computes_the_same(monkeypatch):
+    """As Triton ships, every helper call swaps again: 1 + 18 swaps for 3 programs of 5 calls and a tl.zeros
+    (one of triton.language's own jit functions). Here the launch's own swap and the first call's of a helper
+    that sees a module not swapped yet (tl.zeros sees triton.language.core), whatever the number of programs
+    and calls (the first launch is left out: it finds the language as Triton imported it)."""
+    counts = []
+    for programs, steps in ((1, 1), (3, 5), (5, 9)):
+        swaps = _swaps(monkeypatch)
+        x = torch.randn(128 * programs)
+        out = torch.empty_like(x)
+        _add_twice_kernel[(programs,)](x, out, x.numel(), STEPS=steps, BLOCK=128)
+        torch.testing.assert_close(out, x * 2.0 * steps)
+        counts.append(len(swaps))
+    assert counts[1] == counts[2] <= 4, counts  # (tl, tl.core), twice at most
+    # put back once the launch returned: tl.load is Triton's builtin again, not the interpreter's
+    assert tl.core.is_builtin(tl.load)
+
+
+def test_a_failing_launch_leaves_the_next_one_swapped_in_full(monkeypatch):
+    with pytest.raises(Exception, match="shape|incompatible|4|8"):
+        _failing_kernel[(1,)](torch.zeros(8))
+    assert tl.core.is_builtin(tl.load)
+    swaps = _swaps(monkeypatch)
+    x = torch.randn(64)
+    out = torch.empty(64)
+    _add_twice_kernel[(1,)](x, out, 64, STEPS=2, BLOCK=64)
+    torch.testing.assert_close(out, x * 4.0)
+    assert swaps  # the launch after a failure swaps the language itself
+
+
+def test_the_patches_are_installed_once_each():
+    from triton.runtime import interpreter
+
+    from llm_speed.core import interpreter_patches
+
+    installed = (interpreter._patch_lang, interpreter._patch_builtin, interpreter._get_np_dtype,
+                 interpreter.GridExecutor.__call__)  # fmt: skip
+    assert interpreter._patch_lang.once_a_launch and interpreter._patch_builtin.names_once
+    assert interpreter._get_np_dtype.cached
+    interpreter_patches.apply()  # again: nothing is wrapped twice
+    assert installed == (interpreter._patch_lang, interpreter._patch_builtin, interpreter._get_np_dtype,
+                         interpreter.GridExecutor.__call__)  # fmt: skip
+
+
+def test_numpy_types_are_the_interpreters():
+    from triton.runtime import interpreter
+
+    from llm_speed.core import interpreter_patches
+
+    calls = []
+
+    def shipped(tt_dtype):  # stands in for Triton's own, to see what it is asked
+        calls.append(tt_dtype)
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):
+            return np.dtype(np.uint64)
+        return {tl.float32: np.dtype(np.float32), tl.bfloat16: np.dtype(np.uint16)}[tt_dtype]
+
+    saved = interpreter._get_np_dtype
+    try:
+        interpreter._get_np_dtype = shipped
+        interpreter_patches.cache_numpy_types()
+        cached = interpreter._get_np_dtype
+        assert cached(tl.float32) == np.float32 and cached(tl.block_type(tl.float32, [4, 8])) == np.float32
+        assert cached(tl.block_type(tl.bfloat16, [16])) == np.uint16
+        assert cached(tl.block_type(tl.pointer_type(tl.float16), [16])) == np.uint64
+        assert cached(tl.float32) == np.float32
+        assert calls.count(tl.float32) == 1  # asked once a type
+    finally:
+        interpreter._get_np_dtype = saved
