@@ -53,12 +53,26 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (float("inf") parses, but no measured time or rate is infinite)."""
+    return _number(text, lambda value: 0 < value < float("inf"), "a finite number > 0")
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(text, lambda value: 0 <= value < float("inf"), "a finite number >= 0")
+
+
+def fraction(text: str) -> float:
+    """argparse type: a share of a peak, in (0, 1]."""
+    return _number(text, lambda value: 0 < value <= 1, "a number in (0, 1]")
+
+
+def _number(text: str, accepted, expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not accepted(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 

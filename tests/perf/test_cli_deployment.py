@@ -29,8 +29,9 @@ def test_analyze_across_gpus_with_quantized_weights(capsys, monkeypatch):
     assert main([*argv, "--tp", "3"]) == 2
     assert "valid tp: 1, 2, 4, 8" in capsys.readouterr().err
     assert main([*argv, "--tp", "2", "--sweep"]) == 2
-    assert main([*argv, "--memory-efficiency", "1.5"]) == 2
-    assert "memory must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "--memory-efficiency", "1.5"])
+    assert "argument --memory-efficiency: expected a number in (0, 1], got '1.5'" in capsys.readouterr().err
 
 
 def test_analyze_plot_path_checked_before_work(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from llm_speed._cli import non_negative_float, positive_int
 from llm_speed._output import dump_json, print_table
 from llm_speed.core.sequence_split import LAYOUTS
 from llm_speed.perf.context_parallel import ring_attention_plan
@@ -77,15 +78,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ring-plan", help="context-parallel ring attention: bytes per rank per step, compute per block"
     )
     parser.add_argument("--model", required=True, help="zoo id (see `llm-speed models`) or config.json path")
-    parser.add_argument("--seq-len", type=int, required=True, help="tokens of the whole sequence")
-    parser.add_argument("--world-size", type=int, required=True, help="ranks in the ring (context parallel)")
+    parser.add_argument("--seq-len", type=positive_int, required=True, help="tokens of the whole sequence")
+    parser.add_argument("--world-size", type=positive_int, required=True,
+                        help="ranks in the ring (context parallel)")
     parser.add_argument("--gpu", required=True, help="GPU id (see `llm-speed gpus`)")
     parser.add_argument("--link", default="nvlink", choices=LINKS)
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
                         help="Q/K/V dtype (what the ring's flash kernels take; default bf16)")  # fmt: skip
     parser.add_argument("--layout", default="zigzag", choices=LAYOUTS)
     parser.add_argument("--no-causal", action="store_true", help="bidirectional attention (default: causal)")
-    parser.add_argument("--latency-us", type=float, default=0.0, help="fixed cost of one transfer, in us")
+    parser.add_argument("--latency-us", type=non_negative_float, default=0.0,
+                        help="fixed cost of one transfer, in us")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_ring_plan)

@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from llm_speed._cli import fraction, non_negative_float
 from llm_speed.core.gpus import GPUSpec, get_gpu, load_gpu_spec, normalize_dtype, prediction_gaps
 from llm_speed.perf.efficiency import Efficiency, calibrate_from_bench
 
@@ -118,25 +119,25 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("realistic estimate (llm_speed.perf.efficiency)")
     group.add_argument(
         "--compute-efficiency",
-        type=float,
+        type=fraction,
         default=None,
         help=f"share of peak FLOP/s (default {defaults.compute})",
     )
     group.add_argument(
         "--memory-efficiency",
-        type=float,
+        type=fraction,
         default=None,
         help=f"share of DRAM bandwidth (default {defaults.memory})",
     )
     group.add_argument(
         "--collective-efficiency",
-        type=float,
+        type=fraction,
         default=None,
         help=f"ring/tree bus bandwidth / line rate (default {defaults.collective}, NCCL on NVLink)",
     )
     group.add_argument(
         "--collective-latency-us",
-        type=float,
+        type=non_negative_float,
         default=None,
         help=f"fixed cost per collective call (default {defaults.collective_latency_s * 1e6:g} us)",
     )

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from llm_speed._cli import gemm_size, positive_float
+from llm_speed._cli import gemm_size, positive_float, positive_int
 from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties
 from llm_speed.perf._checks import size_warnings
@@ -432,8 +432,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--dtype", default=None, help=f"fp64, fp32, tf32, fp16, bf16, fp8, int8 ({DTYPE_DEFAULT_HELP})"
     )
-    parser.add_argument("--flops", type=float, help="the kernel's FLOPs")
-    parser.add_argument("--bytes", type=float, help="the kernel's DRAM bytes")
+    parser.add_argument("--flops", type=positive_float, help="the kernel's FLOPs")
+    parser.add_argument("--bytes", type=positive_float, help="the kernel's DRAM bytes")
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="place a GEMM (minimum traffic)")
     parser.add_argument(
         "--attention",
@@ -448,11 +448,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_roofline)
 
     parser = subparsers.add_parser("vram", help="attention memory: standard vs FlashAttention")
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--num-heads", type=int, required=True)
-    parser.add_argument("--head-dim", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--num-kv-heads", type=int, default=None, help="GQA/MQA key-value heads")
+    parser.add_argument("--seq-len", type=positive_int, required=True)
+    parser.add_argument("--num-heads", type=positive_int, required=True)
+    parser.add_argument("--head-dim", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
+    parser.add_argument("--num-kv-heads", type=positive_int, default=None, help="GQA/MQA key-value heads")
     parser.add_argument("--dtype", default="fp16")
     parser.add_argument("--training", action="store_true", help="include saved tensors and the backward")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -467,12 +467,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--tokens-per-second", type=positive_float, default=None, help="with --model: measured, all GPUs"
     )
-    parser.add_argument("--gpus", type=int, default=1, help="with --model: GPUs sharing the throughput")
-    parser.add_argument("--seq-len", type=int, default=2048, help="with --model: training sequence length")
+    parser.add_argument("--gpus", type=positive_int, default=1,
+                        help="with --model: GPUs sharing the throughput")
+    parser.add_argument("--seq-len", type=positive_int, default=2048,
+                        help="with --model: training sequence length")
     parser.add_argument(
         "--dtype", default=None, help=f"dtype whose dense peak is the denominator ({DTYPE_DEFAULT_HELP})"
     )
-    parser.add_argument("--flops", type=float, help="model FLOPs of the timed work")
+    parser.add_argument("--flops", type=positive_float, help="model FLOPs of the timed work")
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
     parser.add_argument("--attention", type=_attention_dims, metavar=ATTENTION_SPEC, help=ATTENTION_HELP)
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
@@ -483,9 +485,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("waves", help="tiles and wave quantization of a GEMM on a GPU's SMs")
     parser.add_argument("--gpu", required=True, help=GPU_HELP)
     parser.add_argument("--gemm", type=gemm_size, required=True, metavar="M,N,K")
-    parser.add_argument("--tile-m", type=int, default=128)
-    parser.add_argument("--tile-n", type=int, default=128)
-    parser.add_argument("--tiles-per-sm", type=int, default=1, help="thread blocks resident per SM")
+    parser.add_argument("--tile-m", type=positive_int, default=128)
+    parser.add_argument("--tile-n", type=positive_int, default=128)
+    parser.add_argument("--tiles-per-sm", type=positive_int, default=1, help="thread blocks resident per SM")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_waves)
 

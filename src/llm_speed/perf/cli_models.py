@@ -12,6 +12,7 @@ from dataclasses import asdict
 from rich.console import Console
 
 from llm_speed._cli import console as new_console
+from llm_speed._cli import non_negative_float, positive_int
 from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import (
@@ -437,14 +438,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser("kv-cache", help="KV-cache size (MHA/MQA/GQA/MLA, sliding window)")
     parser.add_argument("--model", required=True, help=model_help)
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bf16", help="cache dtype: fp32, bf16, fp16, fp8, int8, int4")
     parser.add_argument(
-        "--quant-group-size", type=int, default=None, help="elements sharing one quantization scale"
+        "--quant-group-size", type=positive_int, default=None, help="elements sharing one quantization scale"
     )
     parser.add_argument(
-        "--scale-bytes", type=float, default=2.0, help="bytes per group (2: fp16 scale; 4: + zero point)"
+        "--scale-bytes", type=non_negative_float, default=2.0,
+        help="bytes per group (2: fp16 scale; 4: + zero point)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_kv_cache)
@@ -454,9 +456,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, help=model_help)
     add_gpu_arguments(parser, gpu_help=DEFAULT_GPU_HELP)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=2048, help="prompt length")
-    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
+    parser.add_argument("--seq-len", type=positive_int, default=2048, help="prompt length")
+    parser.add_argument("--decode-tokens", type=positive_int, default=256)
     parser.add_argument(
         "--dtype", default=None,
         help=f"activations/compute dtype (and weights by default; {DTYPE_DEFAULT_HELP})",
@@ -466,16 +468,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--weight-dtype", default=None, help="weight storage: int8, int4, fp8 (weight-only quantization)"
     )
     parser.add_argument(
-        "--weight-group-size", type=int, default=None, help="weights sharing one scale (default: per channel)"
+        "--weight-group-size", type=positive_int, default=None,
+        help="weights sharing one scale (default: per channel)",
     )
     parser.add_argument(
         "--weight-scale-bytes",
-        type=float,
+        type=non_negative_float,
         default=2.0,
         help="bytes per group (2: fp16 scale; 4: + zero point)",
     )
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (2 all-reduces per layer)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="tensor-parallel GPUs (2 all-reduces per layer)")
+    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
     parser.add_argument("--link", default="nvlink", choices=LINKS, help="GPU-to-GPU link for --tp/--pp")
     parser.add_argument(
         "--collective", default="ring", choices=ALGORITHMS, help="all-reduce algorithm (nvls: NVLink SHARP)"
@@ -498,18 +502,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser("train-memory", help="per-GPU training memory for a TP/PP/DP/EP/CP layout")
     parser.add_argument("--model", required=True, help=model_help)
-    parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    parser.add_argument("--ep", type=int, default=1)
-    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--gpus", type=positive_int, required=True)
+    parser.add_argument("--tp", type=positive_int, default=1)
+    parser.add_argument("--pp", type=positive_int, default=1)
+    parser.add_argument("--dp", type=positive_int, default=None, help="default: gpus / (tp*pp*cp)")
+    parser.add_argument("--ep", type=positive_int, default=1)
+    parser.add_argument("--cp", type=positive_int, default=1)
     parser.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES)
-    parser.add_argument("--micro-batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--num-microbatches", type=int, default=None, help="default: pp")
+    parser.add_argument("--micro-batch-size", type=positive_int, default=1)
+    parser.add_argument("--seq-len", type=positive_int, default=4096)
+    parser.add_argument("--num-microbatches", type=positive_int, default=None, help="default: pp")
     parser.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES)
-    parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--virtual-stages", type=positive_int, default=1)
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE_MODES)
     parser.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (default: on)"
