@@ -166,3 +166,11 @@ def test_an_empty_output_path_is_an_error_not_silence(command, option, capsys, m
 def test_the_empty_path_check_knows_every_written_option():
     assert {option for _, option in _written_options()} == {f"--{name.replace('_', '-')}"
                                                           for name in cli.OUTPUT_OPTIONS}  # fmt: skip
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_doctor_refuses_a_device_that_is_not_here_before_making_a_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["doctor", "--device", "cuda", "--output", "new/report.json"]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -230,9 +230,10 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     """``llm-speed doctor``: exit 0, or 1 when any op's probe failed."""
     from llm_speed._output import dump_json, prepare_output_path
 
+    device = _cli.resolve_device(args.device)  # a device that is not here: refused before a folder is made
     if args.output:
         prepare_output_path(args.output, argument="--output")
-    info = doctor_report(_cli.resolve_device(args.device))
+    info = doctor_report(device)
     if args.output:
         dump_json(info, args.output)
     if args.json:

@@ -165,6 +165,12 @@ def test_train_memory(capsys):
     tp_sp = ["train-memory", "--model", "llama-3-8b", "--gpus", "2", "--tp", "2", "--json"]
     assert _json(capsys, tp_sp)["sequence_parallel"] is True
     assert _json(capsys, [*tp_sp, "--no-sequence-parallel"])["sequence_parallel"] is False
+    # the interleaved schedule's chunks per stage are in the record beside the bubble they shrink
+    interleaved = ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--pp", "4", "--json"]
+    plain = _json(capsys, interleaved)
+    chunked = _json(capsys, [*interleaved, "--schedule", "interleaved", "--virtual-stages", "2"])
+    assert (plain["virtual_stages"], chunked["virtual_stages"]) == (1, 2)
+    assert chunked["bubble_fraction"] < plain["bubble_fraction"]
 
 
 @pytest.mark.parametrize("command", [["kv-cache", "--seq-len", "8"], ["analyze", "--gpu", "h100-sxm"],

@@ -331,6 +331,7 @@ class TrainMemory:
     seq_len: int
     num_microbatches: int
     schedule: str
+    virtual_stages: int  # model chunks per pipeline stage (interleaved schedule; 1 otherwise)
     recompute: str
     sequence_parallel: bool
     stage: int  # pipeline stage of the most loaded GPU
@@ -429,7 +430,7 @@ def train_memory(
         raise ValueError(f"tp*pp*dp*cp = {t}*{p}*{d}*{c} = {t * p * d * c} must equal gpus ({n})")
     if p > config.num_layers:
         raise ValueError(f"pp ({p}) must be at most num_layers ({config.num_layers}) of {config.name}")
-    check_virtual_stages(config, p, virtual_stages)
+    virtual_stages = check_virtual_stages(config, p, virtual_stages)
     if e > 1 and not config.is_moe:
         raise ValueError(f"ep ({e}) > 1 needs an MoE model; {config.name} is dense")
     if (d * c) % e or (config.is_moe and config.num_experts % e):
@@ -506,6 +507,7 @@ def train_memory(
         seq_len=seq_len,
         num_microbatches=m,
         schedule=schedule,
+        virtual_stages=virtual_stages,
         recompute=recompute,
         sequence_parallel=sp,
         stage=stage,
