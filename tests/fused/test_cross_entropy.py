@@ -9,13 +9,15 @@ import torch
 from fused_testing import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_error_rule, expect_launches, leaves
 
 import llm_speed.fused.cross_entropy as ce
+import llm_speed.fused.cross_entropy_kernels as ck
+import llm_speed.fused.cross_entropy_launch as ce_launch
 from llm_speed import cross_entropy, fused_linear_cross_entropy
 from llm_speed.core import runtime
 from llm_speed.core.launch import CallCache
 from llm_speed.fused.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
 
-KERNELS = (ce.FORWARD.name, ce.BACKWARD.name)
-REDUCE = ce.REDUCE.name
+KERNELS = (ck.FORWARD.name, ck.BACKWARD.name)
+REDUCE = ck.REDUCE.name
 
 
 def _problem(n, h, vocab, dtype, device, *, bias=True, ignored=(), magnitude=1.0):
@@ -91,14 +93,14 @@ def test_no_rows_gives_zero_loss(device):
 
 def test_chunks_never_hold_full_logits_and_memory_formula(monkeypatch, device):
     shapes = []
-    original = ce._chunk_logits
+    original = ce_launch._chunk_logits
 
     def recording(*args):
         out = original(*args)
         shapes.append(tuple(out.shape))
         return out
 
-    monkeypatch.setattr(ce, "_chunk_logits", recording)
+    monkeypatch.setattr(ce_launch, "_chunk_logits", recording)
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
     hidden.requires_grad_()
     fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
@@ -123,7 +125,7 @@ def test_one_chunk_of_logits_at_a_time(monkeypatch, device):
     # whose name still holds the last chunk while the next is made keeps two (+1 chunk at the peak: 263 MB at
     # Llama-3-8B's head, N = 8192).
     alive_at_each_chunk, made = [], []
-    original = ce._chunk_logits
+    original = ce_launch._chunk_logits
 
     def recording(*args):
         alive_at_each_chunk.append(sum(ref() is not None for ref in made))
@@ -131,7 +133,7 @@ def test_one_chunk_of_logits_at_a_time(monkeypatch, device):
         made.append(weakref.ref(out))
         return out
 
-    monkeypatch.setattr(ce, "_chunk_logits", recording)
+    monkeypatch.setattr(ce_launch, "_chunk_logits", recording)
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device)
     hidden.requires_grad_()
     fused_linear_cross_entropy(hidden, weight, target, bias=b, chunk_rows=8).backward()
@@ -146,15 +148,15 @@ def test_a_reduced_loss_with_grad_makes_its_gradients_in_the_forward(device):
     hidden, weight, b, target = _problem(23, 40, 160, torch.float32, device, ignored=(5,))
     for reduction in ("mean", "sum"):
         h, w, bb = leaves(hidden, weight, b)
-        counts = {k: runtime.launch_count(k) for k in (ce.BACKWARD.name, ce.SCALE.name, ce.REDUCE.name)}
+        counts = {k: runtime.launch_count(k) for k in (ck.BACKWARD.name, ck.SCALE.name, ck.REDUCE.name)}
         loss = fused_linear_cross_entropy(h, w, target, bias=bb, chunk_rows=8, reduction=reduction)
         after_forward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
         (loss * 0.7).backward()
         after_backward = {k: runtime.launch_count(k) - c for k, c in counts.items()}
         if runtime.triton_runs_on(device):
             # 3 chunks; the divisors before the first chunk's gradients, the sums after the last chunk's row
-            assert after_forward == {ce.BACKWARD.name: 3, ce.SCALE.name: 0, ce.REDUCE.name: 2}
-            assert after_backward == {ce.BACKWARD.name: 3, ce.SCALE.name: 3, ce.REDUCE.name: 2}  # dh, dw, db
+            assert after_forward == {ck.BACKWARD.name: 3, ck.SCALE.name: 0, ck.REDUCE.name: 2}
+            assert after_backward == {ck.BACKWARD.name: 3, ck.SCALE.name: 3, ck.REDUCE.name: 2}  # dh, dw, db
         # the path that makes the logits again (the backward of reduction="none" with the same gradient)
         h2, w2, b2 = leaves(hidden, weight, b)
         rows = fused_linear_cross_entropy(h2, w2, target, bias=b2, chunk_rows=8, reduction="none")
@@ -194,10 +196,10 @@ def test_a_frozen_input_gets_no_gradient_and_costs_no_gemm(frozen, device):
     assert other.grad is None
     torch.testing.assert_close(kept[0].grad, kept[1].grad, rtol=1e-5, atol=1e-6)
     args = (hidden, weight, target, None, None, -100, 0.0, 0.0, 0.0, 4, "mean", torch.float32, False)
-    *_, dh, dw, db = ce.linear_forward_grads(*args, frozen == "weight", frozen == "hidden", False)
+    *_, dh, dw, db = ce_launch.linear_forward_grads(*args, frozen == "weight", frozen == "hidden", False)
     assert (dh.numel() > 0, dw.numel() > 0, db.numel()) == (frozen == "weight", frozen == "hidden", 0)
     with pytest.raises(ValueError, match="reduction='none' takes its per-row gradient in the backward"):
-        ce.linear_forward_grads(*args[:10], "none", *args[11:], True, True, False)
+        ce_launch.linear_forward_grads(*args[:10], "none", *args[11:], True, True, False)
 
 
 def test_shifting_logits_changes_nothing(device):
@@ -615,15 +617,15 @@ def test_a_repeated_linear_call_skips_the_metadata_checks_not_the_values(device,
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_a_repeated_one_chunk_call_equals_the_checked_one(device, monkeypatch, reduction, grad):
-    """A repeated call whose rows make one chunk takes a lean one-chunk path (ce._LinearCall: called for
+    """A repeated call whose rows make one chunk takes a lean one-chunk path (ce_launch.LinearCall: called for
     inference, its forward with grad and a reduced loss): the same loss, z-loss and gradients, bit for bit,
     as the first (checked) call, which ran the chunk loop; with grad one reduction launch (the gradients read
     the divisors it writes), not two."""
     ran = []
     for name in ("__call__", "forward"):
-        real = getattr(ce._LinearCall, name)
+        real = getattr(ce_launch.LinearCall, name)
         monkeypatch.setattr(
-            ce._LinearCall, name, lambda *args, real=real, name=name: ran.append(name) or real(*args)
+            ce_launch.LinearCall, name, lambda *args, real=real, name=name: ran.append(name) or real(*args)
         )
     monkeypatch.setattr(ce, "_LINEAR_CALLS", CallCache())
     hidden = torch.randn(12, 32, device=device)
@@ -634,10 +636,10 @@ def test_a_repeated_one_chunk_call_equals_the_checked_one(device, monkeypatch, r
     results = []
     for _ in range(2):
         h, w = leaves(hidden, weight) if grad else (hidden, weight)
-        reduces = runtime.launch_count(ce.REDUCE.name)
+        reduces = runtime.launch_count(ck.REDUCE.name)
         with torch.set_grad_enabled(grad):
             loss, z = fused_linear_cross_entropy(h, w, target, **options)
-        reduces = runtime.launch_count(ce.REDUCE.name) - reduces
+        reduces = runtime.launch_count(ck.REDUCE.name) - reduces
         if grad:
             loss.sum().backward()
         results.append((loss.detach(), z, *((h.grad, w.grad) if grad else ())))

@@ -19,7 +19,7 @@ from hf_families import CONFIGS, VOCAB, models  # noqa: E402
 
 from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402
-from llm_speed.fused import cross_entropy, rms_norm, rotary_qk, swiglu  # noqa: E402
+from llm_speed.fused import cross_entropy_kernels, rms_norm, rotary_qk, swiglu  # noqa: E402
 from llm_speed.integrations import transformers as hf  # noqa: E402
 from llm_speed.moe import routing  # noqa: E402
 from llm_speed.nn import GatedMLP, RMSNorm  # noqa: E402
@@ -91,7 +91,8 @@ def test_family_matches_float64(model_type, device):
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
     kernels = [rms_norm.FORWARD.name, rms_norm.BACKWARD.name, rotary_qk.KERNEL.name, flash.FORWARD.name,
-               flash.BACKWARD_DKDV.name, cross_entropy.FORWARD.name, cross_entropy.BACKWARD.name]  # fmt: skip
+               flash.BACKWARD_DKDV.name, cross_entropy_kernels.FORWARD.name,
+               cross_entropy_kernels.BACKWARD.name]  # fmt: skip
     if report["mlp"]:
         kernels += [swiglu.FORWARD.name, swiglu.BACKWARD.name]
     if report["moe"]:
