@@ -13,7 +13,7 @@ from llm_speed.core.gpus import list_gpus
 from llm_speed.core.hardware import KIB, Hardware, default_hardware, hardware_of
 
 # the module: the package's attribute ``gemm`` is the function
-gemm_configs = importlib.import_module("llm_speed.matmul.gemm")
+gemm_configs = importlib.import_module("llm_speed.matmul.gemm_configs")
 
 
 def test_b200_gets_the_large_tiles_and_tma_like_the_h100():

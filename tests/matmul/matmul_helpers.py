@@ -42,9 +42,10 @@ def record_gemm_launches(monkeypatch) -> list:
     """(plan, per-call arguments) of every ``llm_speed.matmul.gemm`` launch from here on: each recipe's plan
     gets its launch wrapped (call ``launch.clear_plans()`` afterwards, so no later test launches a wrapped
     plan); the kept calls are forgotten first, so the next call of each makes its recipe here."""
-    gemm = importlib.import_module("llm_speed.matmul.gemm")  # (the package's ``gemm`` is the function)
+    gemm_op = importlib.import_module("llm_speed.matmul.gemm")  # (the package's ``gemm`` is the function)
+    gemm_launch = importlib.import_module("llm_speed.matmul.gemm_launch")
     launches = []
-    recipe_of = gemm._recipe_of
+    recipe_of = gemm_launch._recipe_of
 
     def recording(*args):
         recipe = recipe_of(*args)
@@ -58,6 +59,6 @@ def record_gemm_launches(monkeypatch) -> list:
         plan.launch = launch
         return recipe
 
-    monkeypatch.setattr(gemm, "_recipe_of", recording)
-    gemm._GEMM_CALLS.clear()
+    monkeypatch.setattr(gemm_launch, "_recipe_of", recording)
+    gemm_op._GEMM_CALLS.clear()
     return launches

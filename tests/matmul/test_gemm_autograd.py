@@ -7,7 +7,7 @@ from matmul_helpers import assert_error_rule, matmul_cap, torch_same_precision
 import llm_speed
 from llm_speed.core import runtime
 from llm_speed.matmul import gemm_reference
-from llm_speed.matmul.gemm import TILED_KERNEL
+from llm_speed.matmul.gemm_kernels import TILED_KERNEL
 from llm_speed.matmul.reference import ACTIVATIONS
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")

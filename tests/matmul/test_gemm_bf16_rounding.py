@@ -9,7 +9,7 @@ from matmul_helpers import assert_gemm_accurate
 
 from llm_speed import gemm
 from llm_speed.core import runtime
-from llm_speed.matmul.gemm import PERSISTENT_TMA_KERNEL, TILED_KERNEL
+from llm_speed.matmul.gemm_kernels import PERSISTENT_TMA_KERNEL, TILED_KERNEL
 
 
 def test_bf16_output_rounds_to_nearest_even_on_positive_inputs(device):

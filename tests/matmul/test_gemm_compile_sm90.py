@@ -21,7 +21,12 @@ import pytest
 import torch
 
 from llm_speed.core.hardware import Hardware
-from llm_speed.matmul.gemm import candidate_configs, persistent_tma_configs, shared_bytes, tiled_configs
+from llm_speed.matmul.gemm_configs import (
+    candidate_configs,
+    persistent_tma_configs,
+    shared_bytes,
+    tiled_configs,
+)
 from triton_builds import BUILDS, environment
 
 pytest.importorskip(
@@ -37,7 +42,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-gemm = importlib.import_module("llm_speed.matmul.gemm")
+gemm_configs = importlib.import_module("llm_speed.matmul.gemm_configs")
+gemm_kernels = importlib.import_module("llm_speed.matmul.gemm_kernels")
+gemm_launch = importlib.import_module("llm_speed.matmul.gemm_launch")
 from llm_speed.core.hardware import Hardware
 
 POINTEE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int8: "i8",
@@ -102,18 +109,18 @@ variants = [("fp16", torch.float16, torch.float16, False, True),
             ("int8", torch.int8, torch.int32, False, False),
             ("tf32", torch.float32, torch.float32, True, True)]
 jobs = [("tiled", config, *variants[i % len(variants)], False)
-        for i, config in enumerate(gemm.tiled_configs(h100))]
+        for i, config in enumerate(gemm_configs.tiled_configs(h100))]
 jobs += [("tiled", config, "fp32", torch.float32, torch.float32, False, False, True)
-         for config in gemm.candidate_configs("tiled", torch.float32, h100)]
+         for config in gemm_configs.candidate_configs("tiled", torch.float32, h100)]
 jobs += [("persistent_tma", config, ("fp16", "bf16")[i % 2], (torch.float16, torch.bfloat16)[i % 2],
           (torch.float16, torch.bfloat16)[i % 2], False, True, i % 3 != 1)
-         for i, config in enumerate(gemm.persistent_tma_configs(h100))]
+         for i, config in enumerate(gemm_configs.persistent_tma_configs(h100))]
 rows = []
 for path, config, name, dtype, out_dtype, tf32, epilogue, b_k_major in jobs:
     matmul.fp32_precision = "tf32" if tf32 else "ieee"
     a, b, out, kwargs = problem(config, dtype, out_dtype, b_k_major and path == "persistent_tma", epilogue)
-    plan, per_call = gemm.planned_launch(a, b, out, path=path, config=config, **kwargs)
-    assert plan.kernel is (gemm.PERSISTENT_TMA if path == "persistent_tma" else gemm.TILED)
+    plan, per_call = gemm_launch.planned_launch(a, b, out, path=path, config=config, **kwargs)
+    assert plan.kernel is (gemm_kernels.PERSISTENT_TMA if path == "persistent_tma" else gemm_kernels.TILED)
     rows.append(dict(compile_sm90(plan, per_call), kernel=path, dtype=name, config=config.name()))
 print(json.dumps(rows))
 """

@@ -16,21 +16,19 @@ from llm_speed.core import launch, runtime, tensors
 from llm_speed.core.gpus import list_gpus
 from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.matmul import gemm_config
-from llm_speed.matmul.gemm import (
+from llm_speed.matmul.gemm_configs import (
     INTERPRETER_PERSISTENT_PROGRAMS,
     LARGE,
     MEDIUM,
-    PERSISTENT_TMA_KERNEL,
     SMALL,
     TIERS,
-    TILED_KERNEL,
     candidate_configs,
     has_tma,
-    launch_gemm,
-    planned_launch,
     shared_bytes,
     shipped_configs,
 )
+from llm_speed.matmul.gemm_kernels import PERSISTENT_TMA_KERNEL, TILED_KERNEL
+from llm_speed.matmul.gemm_launch import launch_gemm, planned_launch
 
 TILES_PER_SM = 4  # on a GPU: at least this many tiles per SM, so persistent programs loop
 H100 = Hardware.from_spec("h100-sxm")

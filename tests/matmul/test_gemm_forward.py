@@ -13,7 +13,10 @@ from llm_speed.core import launch, runtime, tensors
 from llm_speed.core.hardware import Hardware, hardware_of
 from llm_speed.matmul.reference import ACTIVATIONS, gemm_reference
 
-ops = importlib.import_module("llm_speed.matmul.gemm")  # the module (llm_speed.matmul.gemm is the function)
+gemm_op = importlib.import_module("llm_speed.matmul.gemm")
+gemm_configs = importlib.import_module("llm_speed.matmul.gemm_configs")
+gemm_kernels = importlib.import_module("llm_speed.matmul.gemm_kernels")
+gemm_launch = importlib.import_module("llm_speed.matmul.gemm_launch")
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
@@ -90,7 +93,7 @@ def test_transposes_are_strides_not_views(device):
     a, b = rand(50, 40, device=device), rand(36, 50, device=device)
     out = llm_speed.gemm(a, b, trans_a=True, trans_b=True)
     assert_gemm_accurate(out, a, b, trans_a=True, trans_b=True)
-    recipe = ops._recipe_of(a, b, a.dtype, True, True, None, None, None, None, None, None, a.device)
+    recipe = gemm_launch._recipe_of(a, b, a.dtype, True, True, None, None, None, None, None, None, a.device)
     plan, per_call = recipe.arguments(a, b, None, None, out, 1.0, 0.0)
     assert per_call["a_ptr"] is a and per_call["b_ptr"] is b
     assert (plan.fixed["M"], plan.fixed["N"], plan.fixed["K"]) == (40, 36, 50)
@@ -101,15 +104,15 @@ def test_transposes_are_strides_not_views(device):
 @pytest.mark.parametrize("path", ["tiled", "persistent_tma"])
 def test_a_launch_passes_what_planned_launch_reports(device, path, monkeypatch):
     """``planned_launch`` (what the sm90 compile test compiles) and the launch agree on every argument."""
-    if path == "persistent_tma" and device.type == "cuda" and not ops.has_tma(hardware_of(device)):
+    if path == "persistent_tma" and device.type == "cuda" and not gemm_configs.has_tma(hardware_of(device)):
         pytest.skip("the TMA kernel is not used on this GPU")
     a, w = rand(40, 48, dtype=torch.float16, device=device), rand(32, 48, dtype=torch.float16, device=device)
     b = w.mT  # the x @ W^T layout
     bias, out = rand(32, device=device), torch.empty(40, 32, dtype=torch.float16, device=device)
-    plan, planned = ops.planned_launch(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    plan, planned = gemm_launch.planned_launch(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
     launched = []
     monkeypatch.setattr(plan, "launch", lambda **per_call: launched.append(per_call))
-    ops.launch_gemm(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
+    gemm_launch.launch_gemm(a, b, out, alpha=0.5, bias=bias, activation="silu", path=path)
     assert launched and launched[0].keys() == planned.keys()
     for name, value in planned.items():
         got = launched[0][name]
@@ -123,19 +126,19 @@ def test_batches_beyond_the_grid_limit_launch_in_chunks(device, monkeypatch):
     """CUDA caps grid dim 1 at 65535: a larger batch runs in chunks (here the cap is lowered to 4, so a
     batch of 6 runs as 4 + 2: a full chunk and the remainder's plan), every operand layout sliced or
     broadcast as it must be."""
-    monkeypatch.setattr(ops, "MAX_GRID_Y", 4)
+    monkeypatch.setattr(gemm_launch, "MAX_GRID_Y", 4)  # read where the batch is chunked
     launch.clear_plans()
     a, b = rand(6, 20, 30, device=device), rand(30, 25, device=device)  # b broadcast over the batch
     c = rand(6, 1, 25, device=device)  # c sliced per chunk, broadcast over rows
     bias = rand(25, device=device)
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(gemm_kernels.TILED_KERNEL)
     kwargs = dict(beta=0.5, c=c, bias=bias, activation="relu")
     out = llm_speed.gemm(a, b, **kwargs)
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 2
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before + 2
     assert_gemm_accurate(out, a, b, **kwargs)
     a1, b3 = rand(1, 20, 30, device=device), rand(6, 30, 25, device=device).mT.contiguous().mT
     out = llm_speed.gemm(a1, b3)  # a broadcast, b column-major per batch
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 4
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before + 4
     assert_gemm_accurate(out, a1, b3)
     launch.clear_plans()
 
@@ -190,10 +193,10 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero(device):
     assert_gemm_accurate(out, a, b, alpha=2.0)
 
 
-@pytest.mark.parametrize("path", ops.PATHS)
+@pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_strided_bias_and_c(device, path):
     """A bias view with a stride (a column of a matrix) and a transposed c are read through their strides."""
-    if path == "persistent_tma" and device.type == "cuda" and not ops.has_tma(hardware_of(device)):
+    if path == "persistent_tma" and device.type == "cuda" and not gemm_configs.has_tma(hardware_of(device)):
         pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 70, 40, 48
     a, b = rand(m, k, dtype=torch.float16, device=device), rand(k, n, dtype=torch.float16, device=device)
@@ -201,7 +204,7 @@ def test_strided_bias_and_c(device, path):
     c = rand(n, m, device=device).mT  # column-major
     kwargs = dict(beta=0.5, c=c, bias=bias, activation="relu")
     out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
-    ops.launch_gemm(a, b, out, path=path, **kwargs)
+    gemm_launch.launch_gemm(a, b, out, path=path, **kwargs)
     assert_gemm_accurate(out, a, b, **kwargs)
 
 
@@ -278,16 +281,16 @@ def test_tensor_core_gemm_returns_fp32(device, dtype):
 
 def test_zero_sizes(device):
     """M or N of 0: an empty output, no launch. K of 0: the product is 0, so out = act(beta*c + bias)."""
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(gemm_kernels.TILED_KERNEL)
     assert llm_speed.gemm(rand(0, 5, device=device), rand(5, 7, device=device)).shape == (0, 7)
     assert llm_speed.gemm(rand(4, 5, device=device), rand(5, 0, device=device)).shape == (4, 0)
     assert llm_speed.gemm(rand(0, 4, 5, device=device), rand(5, 7, device=device)).shape == (0, 4, 7)
-    assert runtime.launch_count(ops.TILED_KERNEL) == before
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before
     c, bias = rand(4, 7, device=device), rand(7, device=device)
     out = llm_speed.gemm(rand(4, 0, device=device), rand(0, 7, device=device), beta=2.0, c=c, bias=bias,
                          activation="relu")  # fmt: skip
     torch.testing.assert_close(out, torch.relu(2.0 * c + bias))
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 1
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before + 1
 
 
 def test_inputs_are_not_modified(device):
@@ -306,20 +309,20 @@ def test_repeated_calls_are_bitwise_identical(device):
 
 def test_dispatch_runs_the_triton_kernel(device):
     assert runtime.triton_runs_on(device)
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(gemm_kernels.TILED_KERNEL)
     llm_speed.gemm(rand(8, 8, device=device), rand(8, 8, device=device))
     ones = torch.ones(8, 8, dtype=torch.int8, device=device)
     llm_speed.tensor_core_gemm_int8(ones, ones)
-    assert runtime.launch_count(ops.TILED_KERNEL) == before + 2
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before + 2
 
 
 def test_cpu_fallback_without_triton(monkeypatch):
     """Where Triton cannot run (CPU without the interpreter), the PyTorch path computes the same function."""
     monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
-    before = runtime.launch_count(ops.TILED_KERNEL)
+    before = runtime.launch_count(gemm_kernels.TILED_KERNEL)
     a, b, bias = rand(12, 20), rand(20, 9), rand(9)
     out = llm_speed.gemm(a, b, bias=bias, activation="gelu_tanh")
-    assert runtime.launch_count(ops.TILED_KERNEL) == before
+    assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before
     assert_gemm_accurate(out, a, b, bias=bias, activation="gelu_tanh")
     a8, b8 = (
         torch.randint(-128, 128, (5, 40), dtype=torch.int8),
@@ -332,17 +335,17 @@ def test_cpu_fallback_without_triton(monkeypatch):
 @pytest.mark.parametrize("b_k_major", [False, True])
 def test_persistent_tma_kernel(device, dtype, b_k_major):
     """The Hopper kernel (tensor descriptors, persistent loop), run directly; programs walk several tiles."""
-    if device.type == "cuda" and not ops.has_tma(hardware_of(device)):
+    if device.type == "cuda" and not gemm_configs.has_tma(hardware_of(device)):
         pytest.skip("the TMA kernel is not used on this GPU")
     m, n, k = 150, 72, 136  # 3 x 2 tiles of 64 for 3 programs; K and M not multiples of the block
     a = rand(m, k, dtype=dtype, device=device)
     b = rand(n, k, dtype=dtype, device=device).mT if b_k_major else rand(k, n, dtype=dtype, device=device)
     c, bias = rand(m, n, device=device), rand(n, device=device)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    before = runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL)
     kwargs = dict(alpha=1.5, beta=0.5, c=c, bias=bias, activation="gelu_tanh")
-    ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
-    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    gemm_launch.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
+    assert runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL) == before + 1
     assert_gemm_accurate(out, a, b, **kwargs)
 
 
@@ -350,54 +353,57 @@ def test_path_choice_without_a_gpu():
     a, b = rand(64, 64, dtype=torch.float16), rand(64, 64, dtype=torch.float16)
     out = torch.empty(64, 64, dtype=torch.float16)
     if runtime.INTERPRETED:  # the interpreter runs the tiled kernel unless a test forces the other
-        assert ops.planned_launch(a, b, out)[0].kernel is ops.TILED
+        assert gemm_launch.planned_launch(a, b, out)[0].kernel is gemm_kernels.TILED
     with launch.simulated_gpu():  # the GPU code path, on an H100 (the stand-in hardware): TMA
-        assert ops.planned_launch(a, b, out)[0].kernel is ops.PERSISTENT_TMA
+        assert gemm_launch.planned_launch(a, b, out)[0].kernel is gemm_kernels.PERSISTENT_TMA
         shifted = rand(64 * 64 + 1, dtype=torch.float16)[1:].view(64, 64)  # base 2 bytes past alignment
-        assert ops.planned_launch(shifted, b, out)[0].kernel is ops.TILED
-        assert ops.planned_launch(a.float(), b.float(), out.float())[0].kernel is ops.TILED
-    assert ops._tma_layout(a, b) is False
-    assert ops._tma_layout(a, b.T.contiguous().mT) is True
-    assert ops._tma_layout(a.mT, b) is None  # A must be row-major
+        assert gemm_launch.planned_launch(shifted, b, out)[0].kernel is gemm_kernels.TILED
+        assert gemm_launch.planned_launch(a.float(), b.float(), out.float())[0].kernel is gemm_kernels.TILED
+    assert gemm_launch._tma_layout(a, b) is False
+    assert gemm_launch._tma_layout(a, b.T.contiguous().mT) is True
+    assert gemm_launch._tma_layout(a.mT, b) is None  # A must be row-major
     unaligned_a = rand(64, 71, dtype=torch.float16)[:, :64]  # rows of 71 fp16 values: not 16-byte aligned
-    assert ops._tma_layout(unaligned_a, b) is None
+    assert gemm_launch._tma_layout(unaligned_a, b) is None
     overlapping_rows = rand(64 * 8 + 64, dtype=torch.float16).as_strided((64, 64), (8, 1))
-    assert ops._tma_layout(overlapping_rows, b) is None
-    assert ops._tma_layout(a, overlapping_rows) is None and ops._tma_layout(a, overlapping_rows.mT) is None
+    assert gemm_launch._tma_layout(overlapping_rows, b) is None
+    assert gemm_launch._tma_layout(a, overlapping_rows) is None
+    assert gemm_launch._tma_layout(a, overlapping_rows.mT) is None
 
 
 def test_tma_path_rules():
     """Which problems the TMA kernel would take (decided without a GPU from the hardware description)."""
     hopper, ampere = HOPPER, Hardware.from_spec("a100-sxm-80gb")
     a, b = rand(64, 48, dtype=torch.float16), rand(48, 32, dtype=torch.float16)
-    assert ops._tma_suits(a, b, hopper) and ops._tma_suits(a, rand(32, 48, dtype=torch.float16).mT, hopper)
-    assert not ops._tma_suits(a, b, ampere)
-    assert not ops._tma_suits(a.float(), b.float(), hopper)  # fp32 takes the tiled kernel
-    assert not ops._tma_suits(a.unsqueeze(0), b, hopper)  # batched
-    assert not ops._tma_suits(a[:, :0], b[:0], hopper)  # K == 0
-    assert not ops._tma_suits(rand(48, 64, dtype=torch.float16).mT, b, hopper)  # column-major A
+    assert gemm_launch._tma_suits(a, b, hopper)
+    assert gemm_launch._tma_suits(a, rand(32, 48, dtype=torch.float16).mT, hopper)
+    assert not gemm_launch._tma_suits(a, b, ampere)
+    assert not gemm_launch._tma_suits(a.float(), b.float(), hopper)  # fp32 takes the tiled kernel
+    assert not gemm_launch._tma_suits(a.unsqueeze(0), b, hopper)  # batched
+    assert not gemm_launch._tma_suits(a[:, :0], b[:0], hopper)  # K == 0
+    assert not gemm_launch._tma_suits(rand(48, 64, dtype=torch.float16).mT, b, hopper)  # column-major A
 
 
 def test_simulated_gpu_calls_reuse_one_plan_and_read_no_tensor(monkeypatch):
     """On the GPU code path (CPU tensors, launches stubbed), a second call of a problem class makes no new
     plan, and no call reads a tensor's values on the host (CUDA-graph ready)."""
     with launch.simulated_gpu():
-        for dtype, kernel in ((torch.float32, ops.TILED_KERNEL), (torch.bfloat16, ops.PERSISTENT_TMA_KERNEL)):
+        for dtype, kernel in ((torch.float32, gemm_kernels.TILED_KERNEL),
+                              (torch.bfloat16, gemm_kernels.PERSISTENT_TMA_KERNEL)):
             a, b = rand(16, 16, dtype=dtype), rand(16, 16, dtype=dtype)
             before = runtime.launch_count(kernel)
             llm_speed.gemm(a, b)
-            misses = ops._recipe.cache_info().misses
+            misses = gemm_launch._recipe.cache_info().misses
             with host_reads_raise(monkeypatch):
                 llm_speed.gemm(rand(16, 16, dtype=dtype), rand(16, 16, dtype=dtype), alpha=0.5)
-            assert ops._recipe.cache_info().misses == misses
+            assert gemm_launch._recipe.cache_info().misses == misses
             assert runtime.launch_count(kernel) == before + 2
         a, b = rand(16, 16).requires_grad_(), rand(16, 16).requires_grad_()
         llm_speed.gemm(a, b).sum().backward()
         assert a.grad is not None and b.grad is not None
         i8 = torch.ones(16, 16, dtype=torch.int8)
-        before = runtime.launch_count(ops.TILED_KERNEL)
+        before = runtime.launch_count(gemm_kernels.TILED_KERNEL)
         assert llm_speed.tensor_core_gemm_int8(i8, i8).dtype == torch.int32
-        assert runtime.launch_count(ops.TILED_KERNEL) == before + 1
+        assert runtime.launch_count(gemm_kernels.TILED_KERNEL) == before + 1
 
 
 def test_plan_key_follows_what_fixes_the_launch(device):
@@ -405,7 +411,7 @@ def test_plan_key_follows_what_fixes_the_launch(device):
 
     def plan_of(a, b, **kwargs):
         out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
-        return ops.planned_launch(a, b, out, **kwargs)[0]
+        return gemm_launch.planned_launch(a, b, out, **kwargs)[0]
 
     a, b = rand(32, 48, dtype=torch.float16, device=device), rand(48, 40, dtype=torch.float16, device=device)
     first = plan_of(a, b)
@@ -432,7 +438,7 @@ def test_fp32_precision_follows_torch_switch():
             (lambda: setattr(matmul, "fp32_precision", "none"), "ieee"),  # PyTorch's default
         ]:
             setting()
-            assert ops.fp32_input_precision() == expected
+            assert gemm_configs.fp32_input_precision() == expected
     finally:
         matmul.fp32_precision = previous
 
@@ -446,7 +452,7 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
     """The second 16-bit inference call with the same metadata (and alignment) is served from the calls
     checked before: no check, one launch, the same values; a call with another alignment, autograd or
     fp32 is checked."""
-    checked = record_checks(monkeypatch, device, ops, "check_operands")
+    checked = record_checks(monkeypatch, device, gemm_op, "check_operands")
     x, w = (rand(rows, 48, dtype=torch.bfloat16, device=device) for rows in (33, 40))
     bias = rand(40, dtype=torch.bfloat16, device=device)
     with torch.no_grad():
@@ -454,7 +460,7 @@ def test_a_repeated_inference_call_skips_the_checks(device, monkeypatch):
         before = runtime.launch_counts()
         again = llm_speed.gemm(x.clone(), w, trans_b=True, bias=bias, activation="silu", alpha=0.5)
         assert sum((runtime.launch_counts() - before).values()) == 1
-        assert len(checked) == 1 and len(ops._GEMM_CALLS) == 1
+        assert len(checked) == 1 and len(gemm_op._GEMM_CALLS) == 1
         assert_gemm_accurate(again, x, w, trans_b=True, bias=bias, activation="silu", alpha=0.5)
         shifted = torch.empty(33 * 48 + 4, dtype=torch.bfloat16, device=device)[4:].view(33, 48).copy_(x)
         llm_speed.gemm(shifted, w, trans_b=True, bias=bias, activation="silu")  # 8-byte aligned: another key
@@ -468,7 +474,7 @@ def test_a_repeated_call_with_grad_records_the_node_around_the_kept_launch(devic
     """With grad, the second call with the same metadata skips the checks and the op's layers and records the
     op's autograd node around the kept launch: the same output and gradients as the checked call, and only
     the inputs that require grad get one."""
-    checked = record_checks(monkeypatch, device, ops, "check_operands")
+    checked = record_checks(monkeypatch, device, gemm_op, "check_operands")
     x, w = (rand(rows, 32, dtype=torch.float16, device=device) for rows in (24, 40))
     bias = rand(40, dtype=torch.float16, device=device)
     dy = rand(24, 40, dtype=torch.float16, device=device)
@@ -478,7 +484,7 @@ def test_a_repeated_call_with_grad_records_the_node_around_the_kept_launch(devic
         out = llm_speed.gemm(leaves[0], leaves[1], trans_b=True, bias=leaves[2], activation="gelu", alpha=0.5)
         out.backward(dy)
         results.append((out.detach(), *(leaf.grad for leaf in leaves)))
-    assert len(checked) == 1 and len(ops._GEMM_CALLS) == 1  # the second call was not checked
+    assert len(checked) == 1 and len(gemm_op._GEMM_CALLS) == 1  # the second call was not checked
     for first, second in zip(*results, strict=True):
         assert torch.equal(first, second)
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, bias))
@@ -508,7 +514,7 @@ def test_the_checked_calls_never_skip_a_check(device):
 
 
 def test_a_repeated_int8_call_skips_the_checks(device, monkeypatch):
-    checked = record_checks(monkeypatch, device, ops, "check_operands")
+    checked = record_checks(monkeypatch, device, gemm_op, "check_operands")
     a = torch.randint(-128, 128, (17, 40), dtype=torch.int8, device=device)
     b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, device=device)
     expected = (a.cpu().long() @ b.cpu().long()).int().to(device)  # (no int64 matmul on CUDA)

@@ -13,7 +13,9 @@ from llm_speed.core.hardware import hardware_of
 from llm_speed.matmul import gemm_int8_reference
 from llm_speed.matmul.reference import gemm_reference
 
-ops = importlib.import_module("llm_speed.matmul.gemm")  # the module (llm_speed.matmul.gemm is the function)
+gemm_configs = importlib.import_module("llm_speed.matmul.gemm_configs")
+gemm_kernels = importlib.import_module("llm_speed.matmul.gemm_kernels")
+gemm_launch = importlib.import_module("llm_speed.matmul.gemm_launch")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,22 +54,22 @@ def test_rectangular_linear_layer(m, n, k, trans_b):
     assert_as_accurate_as_torch(out, expected, torch_out, k)
 
 
-@pytest.mark.parametrize("path", ops.PATHS)
+@pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_both_paths_agree_with_float64(path):
     if path == "persistent_tma" and not has_tma():
         pytest.skip("the TMA kernel is not used on this GPU")
     a = torch.randn(2048, 1536, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(1536, 2560, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(2048, 2560, device="cuda", dtype=torch.bfloat16)
-    name = ops.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else ops.TILED_KERNEL
+    name = gemm_kernels.PERSISTENT_TMA_KERNEL if path == "persistent_tma" else gemm_kernels.TILED_KERNEL
     before = runtime.launch_count(name)
-    ops.launch_gemm(a, b, out, path=path)
+    gemm_launch.launch_gemm(a, b, out, path=path)
     assert runtime.launch_count(name) == before + 1
     assert_as_accurate_as_torch(out, a.double() @ b.double(), torch.matmul(a, b), 1536)
 
 
 def has_tma():
-    return ops.has_tma(hardware_of(torch.device("cuda")))
+    return gemm_configs.has_tma(hardware_of(torch.device("cuda")))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -83,9 +85,9 @@ def test_persistent_tma_with_edges_and_epilogue(dtype, b_k_major):
     c, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda", dtype=dtype)
     kwargs = dict(alpha=0.5, beta=-1.5, c=c, bias=bias, activation="gelu_tanh")
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
-    ops.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
-    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    before = runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL)
+    gemm_launch.launch_gemm(a, b, out, path="persistent_tma", **kwargs)
+    assert runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL) == before + 1
     expected = gemm_reference(a, b, out_dtype=torch.float64, **kwargs)
     torch_out = torch_same_precision(a, b, **kwargs)
     assert not out.isnan().any()
@@ -97,9 +99,9 @@ def test_linear_layer_layout_takes_the_tma_kernel_on_hopper():
         pytest.skip("the TMA kernel is not used on this GPU")
     x = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
-    before = runtime.launch_count(ops.PERSISTENT_TMA_KERNEL)
+    before = runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL)
     out = llm_speed.gemm(x, w, trans_b=True)
-    assert runtime.launch_count(ops.PERSISTENT_TMA_KERNEL) == before + 1
+    assert runtime.launch_count(gemm_kernels.PERSISTENT_TMA_KERNEL) == before + 1
     assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
 
 
@@ -108,13 +110,13 @@ def test_one_plan_per_problem_class():
     b = torch.randn(512, 640, device="cuda", dtype=torch.float32)
     x = torch.randn(1500, 512, device="cuda")
     llm_speed.gemm(x, b)
-    misses = ops._recipe.cache_info().misses
+    misses = gemm_launch._recipe.cache_info().misses
     x2 = torch.randn(1500, 512, device="cuda")
     out = llm_speed.gemm(x2, b)
-    assert ops._recipe.cache_info().misses == misses
+    assert gemm_launch._recipe.cache_info().misses == misses
     assert_as_accurate_as_torch(out, x2.double() @ b.double(), x2 @ b, 512)
     llm_speed.gemm(torch.randn(1900, 512, device="cuda"), b)  # another M: another plan
-    assert ops._recipe.cache_info().misses == misses + 1
+    assert gemm_launch._recipe.cache_info().misses == misses + 1
 
 
 def test_native_launch_over_many_addresses():
@@ -132,12 +134,13 @@ def test_native_launch_over_many_addresses():
         out = llm_speed.gemm(x, w, trans_b=True)
         assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 512)
     # the recipe of the calls above (the public call's key: b with trans_b, a fresh output)
-    recipe = ops._recipe_of(xs[0], w, out.dtype, False, True, None, None, None, None, None, None, out.device)
+    recipe = gemm_launch._recipe_of(xs[0], w, out.dtype, False, True, None, None, None, None, None, None,
+                                    out.device)
     plan = recipe.plan
     assert plan.direct and plan.native == triton.__version__.startswith("3.6.")
 
 
-@pytest.mark.parametrize("path", ops.PATHS)
+@pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_the_chosen_config_of_every_tile_runs(path):
     """Problems that make gemm_config pick each of its tiles on this GPU, run and checked."""
     hardware = hardware_of(torch.device("cuda"))
@@ -145,16 +148,16 @@ def test_the_chosen_config_of_every_tile_runs(path):
         pytest.skip("the TMA kernel is not used on this GPU")
     seen = set()
     for m, n in [(16, 4096), (16, 8192), (16, 16384), (128, 4096), (1024, 1024), (2048, 2048), (4096, 4096)]:
-        config = ops.gemm_config(m, n, 1024, torch.float16, path, True, hardware)
+        config = gemm_configs.gemm_config(m, n, 1024, torch.float16, path, True, hardware)
         if config in seen:
             continue
         seen.add(config)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.float16)
         w = torch.randn(n, 1024, device="cuda", dtype=torch.float16)
         out = torch.empty(m, n, device="cuda", dtype=torch.float16)
-        plan, _ = ops.planned_launch(x, w.mT, out, path=path)
+        plan, _ = gemm_launch.planned_launch(x, w.mT, out, path=path)
         assert (plan.fixed["BLOCK_M"], plan.fixed["BLOCK_N"]) == (config.block_m, config.block_n)
-        ops.launch_gemm(x, w.mT, out, path=path)
+        gemm_launch.launch_gemm(x, w.mT, out, path=path)
         assert_as_accurate_as_torch(out, x.double() @ w.double().T, x @ w.T, 1024)
     assert len(seen) >= 3
 

@@ -363,7 +363,7 @@ def test_gemm_tile_rule_is_the_launchers():
     import torch
 
     from llm_speed.core.hardware import Hardware
-    from llm_speed.matmul.gemm import LARGE, gemm_config
+    from llm_speed.matmul.gemm_configs import LARGE, gemm_config
 
     hardware = Hardware.from_spec("h100-sxm")
     tiles, decode = ([(c.block_m, c.block_n, c.block_k, c.num_warps) for c in listed]

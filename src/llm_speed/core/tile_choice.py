@@ -1,6 +1,6 @@
 """How a GEMM launch picks its tile among a tier's candidates: one rule, shared by the 16-bit and fp8 GEMM
-launchers (:func:`llm_speed.matmul.gemm.gemm_config`, :func:`llm_speed.matmul.fp8.gemm_fp8_config`) and the
-analytic model that restates their choice (:mod:`llm_speed.perf.predict`). Torch-free.
+launchers (:func:`llm_speed.matmul.gemm_configs.gemm_config`, :func:`llm_speed.matmul.fp8.gemm_fp8_config`)
+and the analytic model that restates their choice (:mod:`llm_speed.perf.predict`). Torch-free.
 
 A tile is ``(block_m, block_n, block_k)``. The rule, in three steps:
 

@@ -1,8 +1,10 @@
 """The GEMM family in Triton: ``gemm`` (fused epilogue, autograd), ``tensor_core_gemm``,
 ``tensor_core_gemm_int8``.
 
-Layout: ``gemm.py`` (kernels, configuration choice, plans, torch.library ops, autograd, public functions),
-``checks.py`` (argument checks), ``reference.py`` (plain PyTorch). Design notes: docs/gemm.md.
+Layout: the GEMM by role, ``gemm_kernels.py`` (the kernels), ``gemm_configs.py`` (tiers and the tile
+choice), ``gemm_launch.py`` (recipes, plans, launch, the implementations) and ``gemm.py`` (torch.library ops,
+autograd, public functions); ``checks.py`` (argument checks), ``reference.py`` (plain PyTorch), ``fp8.py``.
+Design notes: docs/gemm.md.
 
 The package's ``gemm`` attribute is the function (``llm_speed.gemm`` reads it from here), which hides the
 submodule of the same name from attribute access: reach the module with

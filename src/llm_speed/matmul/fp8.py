@@ -50,7 +50,8 @@ from ..core.policy import current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..core.tile_choice import choose_tile
 from . import reference
-from .gemm import gemm_tile, grouped_tile, shared_bytes
+from .gemm_configs import gemm_tile, shared_bytes
+from .gemm_kernels import grouped_tile
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

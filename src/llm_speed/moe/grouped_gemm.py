@@ -43,7 +43,7 @@ from ..core.kernel_math import cast, dot, dot_switches, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
 from ..core.tile_choice import SMALLEST_TILE_SIDE
-from ..matmul.gemm import fp32_input_precision
+from ..matmul.gemm_configs import fp32_input_precision
 from . import reference
 from .checks import check_offsets
 

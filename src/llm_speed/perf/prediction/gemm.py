@@ -27,7 +27,7 @@ from llm_speed.perf.prediction.terms import (
 def gemm_config_choice(m: int, n: int, k: int, tiles: Sequence[Sequence[int]], sms: int, batch: int = 1,
                        element_bytes: int = 2, decode_tiles: Sequence[Sequence[int]] = ()):  # fmt: skip
     """The tile llm-speed's launcher picks among ``tiles`` and its ``decode_tiles``
-    (``llm_speed.matmul.gemm.gemm_config``'s rule, :func:`llm_speed.core.tile_choice.choose_tile`)."""
+    (``llm_speed.matmul.gemm_configs.gemm_config``'s rule, :func:`llm_speed.core.tile_choice.choose_tile`)."""
     pool = [tuple(t) for t in tiles] + [tuple(t) for t in decode_tiles]
     decode_only = range(len(tiles), len(pool))
     return pool[choose_tile(m, n, k, pool, sms, batch=batch, element_bytes=element_bytes,
