@@ -192,7 +192,7 @@ def test_waves_seed_001(capsys):
         (["vram", "--seq-len", "-5", "--num-heads", "8", "--head-dim", "64"], "--seq-len: expected a pos"),
         (
             ["vram", "--seq-len", "64", "--num-heads", "8", "--head-dim", "64", "--num-kv-heads", "3"],
-            "valid heads_kv: 1, 2, 4, 8",
+            "--num-kv-heads 3 must divide --num-heads 8; valid: 1, 2, 4, 8",
         ),
         (["mfu", "--gpu", "h100", "--ms", "1"], "give --flops"),
     ],

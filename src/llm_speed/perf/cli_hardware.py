@@ -11,7 +11,7 @@ from typing import Any
 from llm_speed._cli import gemm_size, positive_float, positive_int
 from llm_speed._output import dump_json, prepare_plot_path, print_table
 from llm_speed.core.gpus import get_gpu, list_gpus, live_device_properties
-from llm_speed.perf._checks import size_warnings
+from llm_speed.perf._checks import divisors_text, size_warnings
 from llm_speed.perf._cli_common import DTYPE_DEFAULT_HELP, add_gpu_arguments, dtype_for_gpu, gpu_from_args
 from llm_speed.perf.gemm_tiling import wave_quantization
 from llm_speed.perf.kernel_costs import ATTENTION_MODES, attention_cost, gemm_cost
@@ -228,6 +228,9 @@ def _roofline(args: argparse.Namespace) -> int:
 
 
 def _vram(args: argparse.Namespace) -> int:
+    if args.num_kv_heads is not None and args.num_heads % args.num_kv_heads:  # named by the options
+        h, kv = args.num_heads, args.num_kv_heads
+        raise ValueError(f"--num-kv-heads {kv} must divide --num-heads {h}; valid: {divisors_text(h)}")
     common: dict[str, Any] = {"heads_kv": args.num_kv_heads, "dtype": args.dtype, "training": args.training}
     shape = (args.batch_size, args.num_heads, args.seq_len, args.seq_len, args.head_dim)
     standard = attention_memory(*shape, impl="standard", **common)
