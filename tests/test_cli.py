@@ -80,6 +80,25 @@ def test_typos_get_a_suggestion(argv, suggestion, capsys):
     assert suggestion in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # the command the word was given to reports it, with its own options only: --op is kernels', and
+        # predict takes the op as a word (the top parser suggested --op to predict, from every command)
+        (["predict", "--op", "gemm"], "llm-speed predict: error: unrecognized arguments: --op"),
+        (["kernels", "--gpu", "h100", "--ops", "gemm"],
+         "llm-speed kernels: error: unrecognized arguments: --ops gemm (did you mean --op?)"),  # fmt: skip
+        (["bench", "overhead", "--iterations", "3"],
+         "llm-speed bench overhead: error: unrecognized arguments: --iterations 3"),  # fmt: skip
+    ],
+)
+def test_an_unknown_option_is_reported_by_its_command(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == line
+
+
 def test_no_suggestion_for_a_word_far_from_every_option(capsys):
     with pytest.raises(SystemExit):
         cli.main(["gpus", "--zzzzzz"])

@@ -46,6 +46,25 @@ class SuggestingParser(argparse.ArgumentParser):
             message += _suggestion(self, message)
         super().error(message)
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse reports a sub-command's unknown words from the top parser ("llm-speed: error"), where a
+        # suggestion drawn from every command's options proposed --op to `predict`, which has none.
+        words = sys.argv[1:] if args is None else list(args)
+        parsed, extras = self.parse_known_args(words, namespace)
+        if extras:
+            _command_parser(self, words).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def _command_parser(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
+    """The (sub-)command parser ``words`` reach: the one whose options they are meant for."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for i, word in enumerate(words):
+                if word in action.choices:
+                    return _command_parser(action.choices[word], words[i + 1:])
+    return parser
+
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     """Every option string of ``parser`` and of all its sub-commands, recursively."""
@@ -65,7 +84,8 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
         options = sorted(set(_option_strings(parser)))
         for word in unknown.group(1).split():
             if word.startswith("-"):
-                close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1)
+                # 0.75: a typo (--casual, --epilouge), not an option sharing two letters (--op, --gpu)
+                close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.75)
                 if close:
                     return f" (did you mean {close[0]}?)"
         return ""
