@@ -119,3 +119,22 @@ def test_numpy_types_are_the_interpreters():
         assert calls.count(tl.float32) == 1  # asked once a type
     finally:
         interpreter._get_np_dtype = saved
+
+
+def test_an_interpreter_function_of_other_parameters_is_left_alone(monkeypatch):
+    """A Triton whose interpreter changed what a replacement was written against keeps its own."""
+    from triton.runtime import interpreter
+
+    from llm_speed.core import interpreter_patches
+
+    def other_np_dtype(tt_dtype, layout):  # another signature than (tt_dtype)
+        return np.dtype(np.float32)
+
+    def other_patch_builtin(pkg, scope):  # another signature than (pkg, builder, scope)
+        return None
+
+    monkeypatch.setattr(interpreter, "_get_np_dtype", other_np_dtype)
+    monkeypatch.setattr(interpreter, "_patch_builtin", other_patch_builtin)
+    interpreter_patches.cache_numpy_types()
+    interpreter_patches.scan_builtins_once()
+    assert interpreter._get_np_dtype is other_np_dtype and interpreter._patch_builtin is other_patch_builtin

@@ -1,7 +1,7 @@
 """What llm-speed changes in Triton's interpreter (``TRITON_INTERPRET=1``), in this process, applied by
 :mod:`llm_speed.core.runtime` when the interpreter is on: one fix, and three costs of every launch that do
-not change what a kernel computes. Each checks that the interpreter has what it replaces (Triton 3.6, the GPU
-machine's, and 3.9, the dev pin, do) and otherwise leaves it alone.
+not change what a kernel computes. Each checks that the interpreter has what it replaces, with the same
+parameters (Triton 3.6, the GPU machine's, and 3.9, the dev pin, do), and otherwise leaves it alone.
 
 Measured on this repository's interpreted attention tests (accuracy and overlap, 54 tests, one process,
 2-core development CPU): 43.4 s as Triton ships, 28.7 s with :func:`patch_language_once_a_launch`, 23.8 s
@@ -22,6 +22,15 @@ def _interpreter():
     return interpreter
 
 
+def _takes(function, *names: str) -> bool:
+    """Whether ``function`` exists and takes exactly these parameters: a replacement is only put where the
+    interpreter's function is the one it was written against (another Triton keeps its own)."""
+    try:
+        return tuple(inspect.signature(function).parameters) == names
+    except (TypeError, ValueError):  # None, or not introspectable
+        return False
+
+
 def apply() -> None:
     """All of them (each once)."""
     squeeze_scalar_index()
@@ -37,7 +46,7 @@ def squeeze_scalar_index() -> None:
     the same for the interpreter's patched ``tl.tensor``."""
     interpreter = _interpreter()
     original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "squeezes_index", False):
+    if getattr(original, "squeezes_index", False) or not _takes(original, "tensor", "scope"):
         return
 
     def patch_lang_tensor(tensor, scope):
@@ -60,7 +69,8 @@ def patch_language_once_a_launch() -> None:
     original = getattr(interpreter, "_patch_lang", None)
     executor = getattr(interpreter, "GridExecutor", None)
     scope_type = getattr(interpreter, "_LangPatchScope", None)
-    if None in (original, executor, scope_type) or getattr(original, "once_a_launch", False):
+    done = getattr(original, "once_a_launch", False)
+    if done or None in (executor, scope_type) or not _takes(original, "fn"):
         return
     import triton.language as tl
 
@@ -104,7 +114,10 @@ def scan_builtins_once() -> None:
     interpreter = _interpreter()
     original = getattr(interpreter, "_patch_builtin", None)
     patch_attr = getattr(interpreter, "_patch_attr", None)
-    if original is None or patch_attr is None or getattr(original, "names_once", False):
+    fits = _takes(original, "pkg", "builder", "scope") and _takes(
+        patch_attr, "obj", "name", "member", "builder", "scope"
+    )
+    if getattr(original, "names_once", False) or not fits:
         return
     import triton.language as tl
 
@@ -131,7 +144,7 @@ def cache_numpy_types() -> None:
     pointers: a pointer's, uint64), as the interpreter answers."""
     interpreter = _interpreter()
     original = getattr(interpreter, "_get_np_dtype", None)
-    if original is None or getattr(original, "cached", False):
+    if getattr(original, "cached", False) or not _takes(original, "tt_dtype"):
         return
     import triton.language as tl
 
