@@ -92,7 +92,7 @@ def test_the_patches_are_installed_once_each():
                          interpreter.GridExecutor.__call__)  # fmt: skip
 
 
-def test_numpy_types_are_the_interpreters():
+def test_numpy_types_are_the_interpreters(monkeypatch):
     from triton.runtime import interpreter
 
     from llm_speed.core import interpreter_patches
@@ -107,18 +107,14 @@ def test_numpy_types_are_the_interpreters():
             return np.dtype(np.uint64)
         return {tl.float32: np.dtype(np.float32), tl.bfloat16: np.dtype(np.uint16)}[tt_dtype]
 
-    saved = interpreter._get_np_dtype
-    try:
-        interpreter._get_np_dtype = shipped
-        interpreter_patches.cache_numpy_types()
-        cached = interpreter._get_np_dtype
-        assert cached(tl.float32) == np.float32 and cached(tl.block_type(tl.float32, [4, 8])) == np.float32
-        assert cached(tl.block_type(tl.bfloat16, [16])) == np.uint16
-        assert cached(tl.block_type(tl.pointer_type(tl.float16), [16])) == np.uint64
-        assert cached(tl.float32) == np.float32
-        assert calls.count(tl.float32) == 1  # asked once a type
-    finally:
-        interpreter._get_np_dtype = saved
+    monkeypatch.setattr(interpreter, "_get_np_dtype", shipped)  # the installed cache comes back at teardown
+    interpreter_patches.cache_numpy_types()
+    cached = interpreter._get_np_dtype
+    assert cached(tl.float32) == np.float32 and cached(tl.block_type(tl.float32, [4, 8])) == np.float32
+    assert cached(tl.block_type(tl.bfloat16, [16])) == np.uint16
+    assert cached(tl.block_type(tl.pointer_type(tl.float16), [16])) == np.uint64
+    assert cached(tl.float32) == np.float32
+    assert calls.count(tl.float32) == 1  # asked once a type
 
 
 def test_an_interpreter_function_of_other_parameters_is_left_alone(monkeypatch):
