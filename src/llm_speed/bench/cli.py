@@ -182,7 +182,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ops_parser.add_argument("--dtype", choices=options.OPS_DTYPES, help="GPU bf16, CPU fp32")
     ops_parser.add_argument("--impl", nargs="+", choices=options.OPS_IMPLS, help="default: all of them")
-    _add_common(ops_parser, "GPU 0.2, CPU 0", full_size=False, runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
+    _add_common(ops_parser, "GPU 0.2, CPU 0", runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
     ops_parser.set_defaults(func=run_ops_command)
     train = kinds.add_parser(
         "train-step",
@@ -544,12 +544,33 @@ def run_op_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_oversized_ops(settings) -> None:
+    """On a CPU, a ValueError naming the sizes when an op's inputs, outputs and gradients alone would not fit
+    in the memory available (the system would kill the run, and its results with it)."""
+    from llm_speed.bench import cpu_budget
+    from llm_speed.bench import ops as ops_bench
+
+    if settings.device.startswith("cpu"):
+        reason = ops_bench.memory_refusal(settings, cpu_budget.available_memory())
+        if reason is not None:
+            raise ValueError(reason)
+
+
 def run_ops_command(args: argparse.Namespace) -> int:
     """``llm-speed bench ops``."""
+    from llm_speed.bench import cpu_budget
     from llm_speed.bench import ops as ops_bench
 
     _check_outputs(args)
     settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
+    if args.full_size:  # the sizes are final: refused before the calibration calls
+        _refuse_oversized_ops(settings)
+    if cpu_budget.ops_calibrated(settings):
+        settings = _fit_to_cpu(
+            args, settings, cpu_budget.calibrate_ops, cpu_budget.scale_ops, cpu_budget.ops_estimate,
+            _side_console(args),
+        )  # fmt: skip
+    _refuse_oversized_ops(settings)
     writer = _Writer(args, settings, ops_bench.results_payload)
     rows = writer.run(ops_bench.run_ops)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
@@ -238,3 +240,136 @@ def duration_text(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h" if math.isfinite(seconds) else "forever"
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process can still take: the kernel's MemAvailable, or less where a cgroup (v2)
+    limits the process; the free pages where there is no /proc/meminfo; None when neither says."""
+    found = []
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path(cgroup, "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path(cgroup, "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            return None
+    return max(0, min(found))
+
+
+# --- bench ops ---------------------------------------------------------------------------------------------
+
+# The calibration calls of ``bench ops``: each size cut to this (the tokens also at half of it). The widths
+# stay near a model's, so that the cost per byte is measured where the kernels' blocks are as wide as the
+# runs' (a 128-wide row costs the interpreter mostly its per-program overhead); about 0.1 s per call there.
+CALIBRATION_OPS = {
+    "tokens": 16, "hidden": 2048, "intermediate": 4096, "num_heads": 4, "num_kv_heads": 2, "head_dim": 128,
+    "vocab": 1024,
+}  # fmt: skip
+# What is halved of each op once the tokens are down to MIN_SIZE and one call is still too slow: the first
+# group with a size left to halve, its largest size first (the heads before the head dimension).
+OPS_WIDTHS = {
+    "rms_norm": (("hidden",),),
+    "swiglu": (("intermediate",),),
+    "rotary": (("num_heads", "num_kv_heads"), ("head_dim",)),
+    "linear_cross_entropy": (("vocab", "hidden"),),
+}
+HEAD_FIELDS = ("num_heads", "num_kv_heads")
+# bench ops' costs: op -> implementation -> its measured cost per unit of ops_work.
+OpsCosts = Mapping[str, Costs]
+
+
+def ops_work(op: str, settings) -> float:
+    """The measure a call of ``op`` is costed by: FLOPs for the linear cross-entropy (its matmuls), bytes
+    for the memory-bound rest (both the op table's forward + backward figures)."""
+    from llm_speed.bench.ops import op_cost
+
+    flops, moved = op_cost(op, settings)
+    return flops if op == "linear_cross_entropy" else moved
+
+
+def calibrate_ops(settings, run: Callable | None = None) -> dict[str, dict[str, CallCost]]:
+    """Each op's and implementation's cost per call here, from one timed call with every size cut to
+    :data:`CALIBRATION_OPS` and one at half the tokens. ``run``: the benchmark (default: run_ops)."""
+    from llm_speed.bench.ops import run_ops
+
+    capped = {name: min(getattr(settings, name), cap) for name, cap in CALIBRATION_OPS.items()}
+    points: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for tokens in dict.fromkeys((max(1, capped["tokens"] // 2), capped["tokens"])):
+        small = dataclasses.replace(settings, **{**capped, "tokens": tokens}, **_CALIBRATION_RUNS)
+        for row in (run or run_ops)(small, show_progress=False):
+            if row.median_ms is not None:
+                found = points.setdefault(row.op, {}).setdefault(row.impl, [])
+                found.append((ops_work(row.op, small), row.median_ms * 1e-3))
+    return {op: {impl: fit_cost(found) for impl, found in impls.items()} for op, impls in points.items()}
+
+
+def _halvable(name: str, value: int) -> bool:
+    return value > 1 if name in HEAD_FIELDS else value > MIN_SIZE
+
+
+def _halved_field(name: str, value: int) -> int:
+    return max(1, value // 2) if name in HEAD_FIELDS else _halved(value)
+
+
+def _width_to_halve(op: str, settings) -> str | None:
+    """The size of ``op`` halved next (:data:`OPS_WIDTHS`), None when each is at its smallest."""
+    for names in OPS_WIDTHS[op]:
+        left = [name for name in names if _halvable(name, getattr(settings, name))]
+        if left:
+            # ties: the key heads first, so the query heads never fall below them
+            return max(left, key=lambda name: (getattr(settings, name), name == "num_kv_heads"))
+    return None
+
+
+def scale_ops(settings, costs: OpsCosts) -> tuple[object, list[str]]:
+    """``bench ops`` sizes scaled until the part of a call that grows with them takes about
+    :data:`CALL_SECONDS` for each op's slowest implementation (``costs``, measured with
+    :func:`calibrate_ops`): the tokens halved first (every op has them), then each op's own widths
+    (:data:`OPS_WIDTHS`); the note says what changed."""
+
+    def too_slow(op: str, current) -> bool:
+        # the part of a call that shrinks with the sizes (torch.compile's fixed cost here is about a second)
+        work = ops_work(op, current)
+        return any(cost.seconds_per_flop * work > CALL_SECONDS for cost in costs.get(op, {}).values())
+
+    scaled = settings
+    while scaled.tokens > MIN_SIZE and any(too_slow(op, scaled) for op in scaled.ops):
+        scaled = dataclasses.replace(scaled, tokens=_halved(scaled.tokens))
+    for op in scaled.ops:
+        while too_slow(op, scaled) and (name := _width_to_halve(op, scaled)) is not None:
+            scaled = dataclasses.replace(scaled, **{name: _halved_field(name, getattr(scaled, name))})
+    widths = dict.fromkeys(name for groups in OPS_WIDTHS.values() for names in groups for name in names)
+    fields = ("tokens", *widths)
+    changes = [f"{name} {getattr(settings, name)} -> {getattr(scaled, name)}" for name in fields
+               if getattr(settings, name) != getattr(scaled, name)]  # fmt: skip
+    notes = []
+    if changes:
+        notes.append(
+            f"CPU run: sizes scaled ({', '.join(changes)}) so one call of each op takes about "
+            f"{CALL_SECONDS:g} s here beyond its fixed cost (both measured by calibration calls); "
+            "--full-size keeps them"
+        )
+    return scaled, notes
+
+
+def ops_calibrated(settings) -> bool:
+    """Whether ``bench ops`` on a CPU calibrates (and may scale) ``settings``: only when a size is larger
+    than the calibration call's (:data:`CALIBRATION_OPS`); a problem within them takes a fraction of a
+    second per call even in the interpreter, and calibrating it (torch.compile compiles each of its rows,
+    seconds apiece) would take longer than the run."""
+    return any(getattr(settings, name) > cap for name, cap in CALIBRATION_OPS.items())
+
+
+def ops_estimate(settings, costs: OpsCosts) -> float:
+    """Estimated seconds for a ``bench ops`` run on this CPU at the measured ``costs``."""
+    return sum(estimate_seconds([ops_work(op, settings)], costs.get(op, {}), settings) for op in settings.ops)

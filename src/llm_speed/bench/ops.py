@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -253,6 +254,55 @@ def op_cost(op: str, s: OpsSettings) -> tuple[float, float]:
     return sum(w.flops for w in works), sum(w.bytes_moved for w in works)
 
 
+# The inputs of each op that take a gradient (cos, sin and the targets do not).
+GRAD_INPUTS = {
+    "rms_norm": ("x", "weight"), "swiglu": ("gate", "up"), "rotary": ("q", "k"),
+    "linear_cross_entropy": ("hidden", "weight"),
+}  # fmt: skip
+# Each op's outputs, by the input whose shape they have (the loss is one number).
+OUTPUT_LIKE = {"rms_norm": ("x",), "swiglu": ("gate",), "rotary": ("q", "k"), "linear_cross_entropy": ()}
+# The size options each op's memory depends on, for the message that refuses a size too large.
+SIZE_OPTIONS = {
+    "rms_norm": ("tokens", "hidden"), "swiglu": ("tokens", "intermediate"),
+    "rotary": ("tokens", "num_heads", "num_kv_heads", "head_dim"),
+    "linear_cross_entropy": ("tokens", "hidden", "vocab"),
+}  # fmt: skip
+
+
+def memory_floor(op: str, s: OpsSettings, impl: str | None = None) -> int:
+    """Bytes one forward + backward of ``op`` holds at least: its inputs, their gradients, its outputs and
+    theirs (the ones the step passes). With ``impl``, the linear cross-entropy's memory beyond those too, by
+    :func:`llm_speed.fused.cross_entropy.memory_estimate` (eager's logits, llm-speed's chunk); a floor, not
+    the peak (eager's float32 copies and the allocator's slack come on top)."""
+    from llm_speed.fused.cross_entropy import memory_estimate
+
+    itemsize = report.TORCH_DTYPES[s.dtype].itemsize
+    numel = {name: math.prod(shape) for name, shape in shapes(op, s).items()}
+    total = sum(count * (8 if name == "target" else itemsize) for name, count in numel.items())
+    total += sum(numel[name] for name in (*GRAD_INPUTS[op], *OUTPUT_LIKE[op], *OUTPUT_LIKE[op])) * itemsize
+    if op == "linear_cross_entropy" and impl in ("llm_speed", "eager", "torch.compile"):
+        estimate = memory_estimate(s.tokens, s.hidden, s.vocab, itemsize)
+        total += estimate["fused_bytes" if impl == "llm_speed" else "unfused_bytes"]
+    return total
+
+
+def memory_refusal(s: OpsSettings, available: int | None) -> str | None:
+    """Why the run cannot start on a CPU with ``available`` bytes free (None when it can): an op whose
+    inputs, outputs and gradients alone exceed them. (A process that asks a CPU for more than it has is
+    killed by the system, results and all; a GPU's out-of-memory error is reported in the row.)"""
+    if available is None:
+        return None
+    for op in s.ops:
+        need = memory_floor(op, s)
+        if need > available:
+            sizes = " ".join(f"--{name.replace('_', '-')} {getattr(s, name)}" for name in SIZE_OPTIONS[op])
+            return (
+                f"sizes: {op} at {sizes} needs at least {_bytes_text(need)} (its inputs, outputs and their "
+                f"gradients), {_bytes_text(available)} of memory is available here; give smaller sizes"
+            )
+    return None
+
+
 def _inputs(op: str, s: OpsSettings, device: torch.device) -> tuple:
     dtype = report.TORCH_DTYPES[s.dtype]
     shape = shapes(op, s)
@@ -303,6 +353,12 @@ def step_builder(op: str, impl: str, s: OpsSettings, device: torch.device) -> Ca
     return build
 
 
+def _cpu_memory() -> int | None:
+    from llm_speed.bench.cpu_budget import available_memory
+
+    return available_memory()
+
+
 def run_ops(
     settings: OpsSettings,
     *,
@@ -314,6 +370,8 @@ def run_ops(
     device = torch.device(settings.device)
     gpu, reason = report.prediction_gpu(device)
     liger_reason = liger_unavailable(device) if "liger" in settings.impls else None
+    # On a CPU a row that cannot fit is not run: the system would kill the process, every result with it.
+    available = _cpu_memory() if device.type == "cpu" else None
     rows: list[OpsMeasurement] = []
     total = len(settings.ops) * len(settings.impls)
     progress = report.progress(total, "ops") if show_progress else contextlib.nullcontext(None)
@@ -327,6 +385,11 @@ def run_ops(
                 )  # fmt: skip
                 if impl == "liger" and liger_reason is not None:
                     row.reason = liger_reason
+                elif available is not None and (need := memory_floor(op, settings, impl)) > available:
+                    row.reason = (
+                        f"needs at least {_bytes_text(need)} of memory, {_bytes_text(available)} available "
+                        "on this CPU"
+                    )
                 else:
                     report.run_measurement(
                         row,
