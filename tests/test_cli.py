@@ -278,3 +278,17 @@ def test_readme_model_commands_stay_within_the_models_context(capsys):
         assert cli.main(argv) == 0, command
         out, err = capsys.readouterr()
         assert "exceed" not in out + err and "Warning" not in out + err, (command, out[-800:], err)
+
+
+def test_a_library_error_names_the_option_and_the_command_it_was_given_to(capsys):
+    assert cli.main(["bench", "decode", "--device", "cpu", "--page-size", "17"]) == 2
+    err = capsys.readouterr().err
+    assert err == "llm-speed bench decode: error: --page-size: expected a multiple of 16, got 17\n"
+    parser = cli._command_parser(cli.build_parser(), ["bench", "attention"])
+    assert parser.prog == "llm-speed bench attention"
+    assert cli.in_option_terms("min_time_s: expected seconds", parser) == "--min-time: expected seconds"
+    assert cli.in_option_terms("num_kv_heads: must divide", parser) == "--num-kv-heads: must divide"
+    # no such option, or no leading name: the message as the library wrote it
+    assert cli.in_option_terms("sizes: too large", parser) == "sizes: too large"
+    assert cli.in_option_terms("gemm: m must be an int", parser) == "gemm: m must be an int"
+    assert cli.in_option_terms("--output: folder x", parser) == "--output: folder x"

@@ -127,7 +127,7 @@ def test_an_unwritable_output_stops_the_command_before_any_work(command, option,
     assert out == "", f"{argv}: work started before the check: {out[:500]}"
     assert "Traceback" not in err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"llm-speed {command.split()[0]}: error: {option}: "), err
+    assert len(lines) == 1 and lines[0].startswith(f"llm-speed {command}: error: {option}: "), err
     assert not Path(path).exists()
 
 

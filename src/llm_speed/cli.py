@@ -114,8 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
 OUTPUT_OPTIONS = ("output", "csv", "plot", "output_dir", "sass")
 
 
+# Settings fields whose command-line option has another name.
+_FIELD_OPTIONS = {"min_time_s": "min_time", "impls": "impl"}
+_LEADING_NAME = re.compile(r"([a-z][a-z0-9_]*): ")
+
+
+def in_option_terms(message: str, parser: argparse.ArgumentParser) -> str:
+    """A library check names its parameter (``num_kv_heads: must divide ...``, for Python callers); at the
+    command line the error names the option instead (``--num-kv-heads: ...``) where ``parser`` has one."""
+    match = _LEADING_NAME.match(message)
+    if match is None:
+        return message
+    option = "--" + _FIELD_OPTIONS.get(match[1], match[1]).replace("_", "-")
+    if not any(option in action.option_strings for action in parser._actions):
+        return message
+    return option + message[len(match[1]) :]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(words)
     try:
         # An empty path would be skipped by the commands' "if args.output" (nothing written, no word said).
         for name in OUTPUT_OPTIONS:
@@ -125,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         # Bad input, rejected where it is validated (always a ValueError naming the argument), reaches the
         # user as one readable line; any other exception is a bug and keeps its traceback.
-        print(f"llm-speed {args.command}: error: {error}", file=sys.stderr)
+        command = _command_parser(parser, words)  # `llm-speed bench attention`, not `llm-speed bench`
+        print(f"{command.prog}: error: {in_option_terms(str(error), command)}", file=sys.stderr)
         return 2
 
 

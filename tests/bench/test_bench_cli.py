@@ -149,10 +149,10 @@ def test_gemm_model_takes_a_config_json_path(tmp_path):
         (["bench", "attention", "--batch-size", "0"], "--batch-size"),
         (
             ["bench", "attention", "--device", "cpu", "--num-heads", "4", "--num-kv-heads", "3"],
-            "num_kv_heads",
+            "llm-speed bench attention: error: --num-kv-heads: must divide",
         ),
         (["bench", "gemm", "--device", "cpu", "--tokens", "4"], "--model"),
-        (["bench", "gemm", "--device", "cpu", "--dtype", "int8", "--epilogue", "bias"], "epilogue"),
+        (["bench", "gemm", "--device", "cpu", "--dtype", "int8", "--epilogue", "bias"], ": --epilogue: "),
         (["bench", "gemm", "--device", "cpu", "--model", "no-such-model"], "no-such-model"),
     ],
 )

@@ -168,7 +168,7 @@ def train_step_settings(args: argparse.Namespace, device: torch.device) -> Train
         return defaults[name] if value is None else value
 
     if importlib.util.find_spec("transformers") is None:
-        raise ValueError("model: bench train-step needs transformers (pip install llm-speed[hf])")
+        raise ValueError("bench train-step needs the transformers package: pip install llm-speed[hf]")
     config = resolve_model(args.model)
     family = args.family or default_family(config, args.model)
     family_config(config, family, args.layers)  # ValueError now for a model it cannot build
