@@ -76,12 +76,23 @@ def _number(text: str, accepted, expected: str) -> float:
     return value
 
 
-def _integer(text: str, *, minimum: int, expected: str) -> int:
+def bounded_int(minimum: int, maximum: int):
+    """argparse type: an integer from ``minimum`` to ``maximum`` (a run count past which nothing changes)."""
+
+    def parse(text: str) -> int:
+        expected = f"an integer from {minimum} to {maximum}"
+        return _integer(text, minimum=minimum, maximum=maximum, expected=expected)
+
+    parse.__name__ = f"integer from {minimum} to {maximum}"
+    return parse
+
+
+def _integer(text: str, *, minimum: int, expected: str, maximum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 

@@ -1,6 +1,7 @@
 """A user's first hour with ``bench`` and the demo on a CPU: honest ratios, no lost results, fitting sizes."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from llm_speed import demo
 from llm_speed.bench import cpu_budget, plots, report
 from llm_speed.bench import gemm as gemm_bench
 from llm_speed.bench.cli import attention_settings, gemm_settings
+from llm_speed.bench.options import MAX_ITERATIONS
 from llm_speed.bench.timing import HOST_TIMER, summarize
 from llm_speed.cli import build_parser, main
 
@@ -156,6 +158,36 @@ def test_timing_defaults_are_a_minimum_time_not_three_runs():
         assert settings.iterations >= 5 and settings.min_time_s >= 0.5
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "gemm", "--min-time", "-1"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "attention", "--iterations", "10001"],
+        ["bench", "gemm", "--warmup", "99999999999"],
+        ["bench", "ops", "--iterations", "0"],
+        ["bench", "overhead", "--calls", "100001"],
+        ["bench", "overhead", "--repeats", "10001"],
+    ],
+)
+def test_run_counts_past_the_timer_s_cap_are_refused(argv, capsys):
+    # the timer stops at MAX_ITERATIONS timed runs: more was cut silently, and estimated at 250,000 hours
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {argv[2]}: expected an integer from " in capsys.readouterr().err
+    largest = 100_000 if argv[2] == "--calls" else MAX_ITERATIONS  # the bound itself is taken
+    parsed = build_parser().parse_args([*argv[:2], argv[2], str(largest)])
+    assert getattr(parsed, argv[2][2:]) == largest
+
+
+def test_the_estimate_counts_no_more_timed_runs_than_the_timer_makes():
+    argv = ["bench", "gemm", "--device", "cpu", "--sizes", "64x64x64"]
+    gemm = gemm_settings(build_parser().parse_args(argv))
+    cost = cpu_budget.CallCost(fixed_s=1e-3, seconds_per_flop=0.0)  # 1 ms a call
+    long = dataclasses.replace(gemm, min_time_s=1e9)  # asks for 30 years of runs
+    per_impl = (1 + gemm.warmup) * 1e-3 + MAX_ITERATIONS * 1e-3
+    assert cpu_budget.gemm_estimate(long, {"torch": cost}) == pytest.approx(per_impl)
 
 
 README_ATTENTION = [

@@ -16,8 +16,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli, ops
-from llm_speed._cli import non_negative_int, positive_int
+from llm_speed._cli import bounded_int, non_negative_int, positive_int
 from llm_speed.bench import options
+from llm_speed.bench.options import MAX_ITERATIONS
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
     from llm_speed.bench import attention as attention_bench
     from llm_speed.bench import gemm as gemm_bench
+
+
+# bench overhead: calls per timed run at most (100k calls of a host path of ~50 us: 5 s per run).
+MAX_OVERHEAD_CALLS = 100_000
 
 
 def _seconds(text: str) -> float:
@@ -49,8 +54,13 @@ def _add_common(
     ``full_size`` ``--full-size``, for the benchmarks that time to a minimum duration and scale their sizes
     on a CPU. ``plot`` adds ``--plot`` (benchmarks whose rows have a roofline); ``runs`` is the text of the
     warm-up and iteration defaults."""
-    parser.add_argument("--warmup", type=non_negative_int, help=f"untimed runs first ({runs[0]})")
-    parser.add_argument("--iterations", type=positive_int, help=f"timed runs, at least ({runs[1]})")
+    # Run counts up to the timer's cap on timed runs: more would be cut there, or only burn time.
+    parser.add_argument(
+        "--warmup", type=bounded_int(0, MAX_ITERATIONS), help=f"untimed runs first ({runs[0]})"
+    )
+    parser.add_argument(
+        "--iterations", type=bounded_int(1, MAX_ITERATIONS), help=f"timed runs, at least ({runs[1]})"
+    )
     if min_time is not None:
         parser.add_argument(
             "--min-time",
@@ -240,9 +250,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     overhead.add_argument(
         "--modes", nargs="+", choices=options.OVERHEAD_MODES, help="default: inference autograd"
     )
-    overhead.add_argument("--calls", type=positive_int, help="calls per timed run (GPU 1000, CPU 2000)")
     overhead.add_argument(
-        "--repeats", type=positive_int, default=5, help="timed runs; the fastest counts (5)"
+        "--calls", type=bounded_int(1, MAX_OVERHEAD_CALLS), help="calls per timed run (GPU 1000, CPU 2000)"
+    )
+    overhead.add_argument(
+        "--repeats", type=bounded_int(1, MAX_ITERATIONS), default=5, help="timed runs; the fastest counts (5)"
     )
     _cli.add_device_argument(overhead)
     overhead.add_argument("--json", action="store_true", help="print the results as JSON")

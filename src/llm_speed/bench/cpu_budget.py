@@ -20,6 +20,7 @@ from pathlib import Path
 
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
+from llm_speed.bench.options import MAX_ITERATIONS
 
 # One call of the slowest implementation should take about this long.
 CALL_SECONDS = 1.0
@@ -125,12 +126,14 @@ def _halved(size: int) -> int:
 
 def estimate_seconds(call_flops: list[float], costs: Costs, settings) -> float:
     """Estimated run time: per case and implementation, the availability call, the warm-up and the timed
-    runs (at least ``min_time_s``), at each implementation's measured cost."""
+    runs (at least ``min_time_s``, at most :data:`MAX_ITERATIONS` of them), at each implementation's
+    measured cost."""
     total = 0.0
     for flops in call_flops:
         for cost in costs.values():
             call = cost.seconds(flops)
-            total += (1 + settings.warmup) * call + max(settings.iterations * call, settings.min_time_s)
+            timed = min(max(settings.iterations * call, settings.min_time_s), MAX_ITERATIONS * call)
+            total += (1 + settings.warmup) * call + timed
     return total
 
 

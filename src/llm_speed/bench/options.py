@@ -10,6 +10,10 @@ from __future__ import annotations
 from llm_speed import ops
 from llm_speed.perf.kernel_costs import ATTENTION_MODES
 
+# The most timed runs of one measurement, whatever min_time_s asks (a workload of microseconds would
+# otherwise run millions of times); also the most runs --warmup and --iterations take.
+MAX_ITERATIONS = 10_000
+
 # --- bench attention ---
 ATTENTION_LLM_SPEED_IMPLS = ops.bench_names("attention")  # flash, tiled, naive
 ATTENTION_IMPLS = ops.bench_impls("attention")  # ... then sdpa (each backend) and flash_attn

@@ -21,15 +21,13 @@ from typing import Any
 import torch
 
 from llm_speed.bench.cpu_load import CPU_TIMING_THREADS, pinned_threads
+from llm_speed.bench.options import MAX_ITERATIONS
 from llm_speed.core.runtime import resolve_device
 
 CUDA_TIMER = "cuda-events"
 GRAPH_TIMER = "cuda-events, CUDA graph replay"
 HOST_TIMER = "host (CPU timer)"
 
-# The most timed runs of one measurement, whatever min_time_s asks (a workload of microseconds would
-# otherwise run millions of times).
-MAX_ITERATIONS = 10_000
 
 # Writing twice the L2's capacity evicts every line even though the replacement policy is not a strict LRU.
 L2_FLUSH_FACTOR = 2
@@ -95,11 +93,16 @@ def l2_cache_bytes(device: torch.device) -> int:
 
 
 def check_run_counts(warmup: int, iterations: int, min_time_s: float) -> None:
-    """ValueError naming the count when warmup, iterations or min_time_s is out of range."""
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations: expected an integer >= 1, got {iterations!r}")
+    """ValueError naming the count when warmup, iterations or min_time_s is out of range (the counts at most
+    :data:`MAX_ITERATIONS`, which caps the timed runs whatever is asked)."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_ITERATIONS:
+        raise ValueError(f"warmup: expected an integer from 0 to {MAX_ITERATIONS}, got {warmup!r}")
+    if (
+        isinstance(iterations, bool)
+        or not isinstance(iterations, int)
+        or not 1 <= iterations <= MAX_ITERATIONS
+    ):
+        raise ValueError(f"iterations: expected an integer from 1 to {MAX_ITERATIONS}, got {iterations!r}")
     if (
         isinstance(min_time_s, bool)
         or not isinstance(min_time_s, (int, float))
