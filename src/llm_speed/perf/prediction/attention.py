@@ -25,12 +25,20 @@ from llm_speed.perf.prediction.calibration_data import THREADS_PER_WARP, load_ca
 from llm_speed.perf.prediction.gemm import gemm_terms
 from llm_speed.perf.prediction.terms import (
     KernelPass,
+    ProgramOrder,
+    Runs,
+    ScheduleTooLong,
     Terms,
     in_sequence,
     memory_pass_terms,
+    order_blocks,
     pass_terms,
     pop_flag,
 )
+
+# The most query (or key) blocks of one causal sequence the model lists: 2**19, 67M tokens in blocks of 128
+# (a full mask's blocks are all equal and only counted).
+MAX_CAUSAL_BLOCKS = 2**19
 
 
 def query_blocks(seq_q: int, seq_kv: int, rows: int, cols: int, causal: bool) -> list[int]:
@@ -117,14 +125,63 @@ def _pad_dim(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
-def _query_programs(shape: AttentionShape, rows: int, cols: int, section: int | None) -> tuple[int, ...]:
+def _block_runs(blocks: list[int] | tuple[int, int]) -> Runs:
+    """Runs (blocks, count) of equal neighbours in a list of block counts (a pair: n, count times)."""
+    if isinstance(blocks, tuple):
+        return (blocks,) if blocks[1] else ()
+    runs: list[list[int]] = []
+    for n in blocks:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return tuple((n, c) for n, c in runs)
+
+
+def _pair_runs(shape: AttentionShape, keys: bool, rows: int, cols: int, scale: int = 1) -> Runs:
+    """One (batch, head) pair's programs as runs: every sequence's blocks (:func:`query_blocks`, ``keys``:
+    :func:`key_blocks`), thinned by the window, times ``scale``. A full mask's are all equal and counted; a
+    causal one's differ and are listed, up to :data:`MAX_CAUSAL_BLOCKS` a sequence."""
+    runs: list[tuple[int, int]] = []
+    for q, kv in shape.sequences:
+        programs, walked = (cdiv(kv, cols), cdiv(q, rows)) if keys else (cdiv(q, rows), cdiv(kv, cols))
+        if not shape.causal:
+            n = _thinned([walked], shape.window_fraction)[0]
+            runs.extend(_block_runs((n * scale, programs)))
+            continue
+        if programs > MAX_CAUSAL_BLOCKS:
+            name, value, size = ("seq_kv", kv, cols) if keys else ("seq_q", q, rows)
+            if len(shape.sequences) > 1:
+                name = "lengths_k entry" if keys else "lengths_q entry"
+            raise ValueError(
+                f"{name}={value:,} is past the longest causal sequence the model schedules: {programs:,} "
+                f"blocks of {size} (at most {MAX_CAUSAL_BLOCKS:,} a sequence: "
+                f"{MAX_CAUSAL_BLOCKS * size:,} tokens)"
+            )
+        walk = key_blocks if keys else query_blocks
+        blocks = _thinned(walk(q, kv, rows, cols, True), shape.window_fraction)
+        runs.extend((n * scale, c) for n, c in _block_runs(blocks))
+    return tuple(runs)
+
+
+def launch_runs(per_pair: Runs, pairs: int, section: int | None) -> ProgramOrder:
+    """:func:`launch_order` as a :data:`ProgramOrder`: row order repeats the pair's runs ``pairs`` times;
+    longest first, sections of ``section`` pairs (a last, narrower one), each run ``width`` times wider."""
+    if section is None:
+        return ((per_pair, pairs),)
+    full, rest = divmod(pairs, section)
+    order = []
+    for width, repeats in ((min(section, pairs), full), (rest, 1 if rest else 0)):
+        if repeats:
+            order.append((tuple((n, c * width) for n, c in reversed(per_pair)), repeats))
+    return tuple(order)
+
+
+def _query_programs(shape: AttentionShape, rows: int, cols: int, section: int | None) -> ProgramOrder:
     """Programs of ``rows`` query rows per (sequence, query head) over key blocks of ``cols``, in launch
-    order (:func:`launch_order`; packed sequences: a head's blocks run over the sequences in turn)."""
-    per_pair = [
-        n for q, kv in shape.sequences for n in _thinned(query_blocks(q, kv, rows, cols, shape.causal),
-                                                         shape.window_fraction)
-    ]  # fmt: skip
-    return launch_order(per_pair, shape.batch * shape.heads_q, section)
+    order (:func:`launch_runs`; packed sequences: a head's blocks run over the sequences in turn)."""
+    per_pair = _pair_runs(shape, False, rows, cols)
+    return launch_runs(per_pair, shape.batch * shape.heads_q, section)
 
 
 def _forward_pass(
@@ -166,11 +223,7 @@ def _dkdv_pass(
     # Programs of BN keys per (sequence, kv head), in row order, each walking the group's query heads
     # (llm-speed's); ``per_query_head``: one per query head instead, dK/dV summed over the group after.
     group = 1 if per_query_head else shape.group
-    per_pair = [
-        n * group
-        for q, kv in shape.sequences
-        for n in _thinned(key_blocks(q, kv, bm, bn, shape.causal), shape.window_fraction)
-    ]
+    per_pair = _pair_runs(shape, True, bm, bn, group)
     one = 2.0 * bm * bn * d
     matmuls = [(bm, bn, one), (bm, bn, one), (bn, d, one), (bn, d, one)]
     if matmuls_per_block == 5:
@@ -182,7 +235,7 @@ def _dkdv_pass(
     stages = int(tile[3]) if len(tile) > 3 else 2
     return KernelPass(
         "dkdv",
-        launch_order(per_pair, shape.batch * shape.heads_kv * shape.group // group, None),
+        launch_runs(per_pair, shape.batch * shape.heads_kv * shape.group // group, None),
         tuple(matmuls),
         exps=float(bm * bn),
         warps=warps,
@@ -419,6 +472,17 @@ def _predict_kvcache(spec, consts, impl, params, problem) -> tuple[Terms, float,
 def predict_attention(
     op, spec, consts, impl, params, build, problem, calibration
 ) -> tuple[Terms, float, float]:
+    sizes = ("batch", "heads_q", "seq_q", "lengths_q")
+    given = ", ".join(f"{key}={problem[key]}" for key in sizes if key in problem)
+    try:
+        return _predict_attention(op, spec, consts, impl, params, build, problem, calibration)
+    except ScheduleTooLong as error:  # name the problem's sizes, which the kernel pass does not know
+        raise ValueError(f"{op}: {given}: {error}; fewer (batch, head) pairs or shorter sequences") from None
+
+
+def _predict_attention(
+    op, spec, consts, impl, params, build, problem, calibration
+) -> tuple[Terms, float, float]:
     if op == "attention_kvcache_fwd":
         return _predict_kvcache(spec, consts, impl, params, problem)
     dtype = normalize_dtype(problem.pop("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
@@ -476,7 +540,7 @@ def predict_attention(
         # d=128 fp16, against 14.3 for the dQ kernel's seven matmuls).
         atomic_s = (
             float(params.get("atomic_s", 0.0))
-            * sum(dkdv.programs)
+            * order_blocks(dkdv.programs)
             * backward_tile[0]
             * _pad_dim(shape.head_dim)
         )

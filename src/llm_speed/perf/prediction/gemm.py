@@ -16,11 +16,11 @@ from llm_speed.perf.kernel_costs import (
 from llm_speed.perf.prediction.calibration_data import GPUConstants
 from llm_speed.perf.prediction.terms import (
     Terms,
-    makespan,
     memory_time,
     no_more,
     pop_flag,
     tensor_core_efficiency,
+    uniform_makespan,
 )
 
 
@@ -67,7 +67,7 @@ def gemm_terms(
     per_sm = peak / sms
     tile_s = 2.0 * bm * bn * bk * (k_steps + float(params.get("tile_steps", 0.0))) / (per_sm * eta)
     tile_s += float(params.get("tile_s", 0.0))
-    compute, programs, waves, wave_eff = makespan([tile_s] * tiles, sms) if tiles else (0.0, 0, 0.0, 1.0)
+    compute, programs, waves, wave_eff = uniform_makespan(tile_s, tiles, sms)
     # Traffic: A and B once, the output once (the minimum); A re-read per column of tiles, B per row of
     # tiles: what misses the L2 goes to DRAM, the rest is served by the L2.
     a_bytes = batch * m * k * in_bytes

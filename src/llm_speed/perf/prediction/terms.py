@@ -39,6 +39,98 @@ def list_schedule(costs: tuple[float, ...], slots: int) -> float:
     return float(max(free))
 
 
+# A launch order too long to list: segments of (unit, repeats), a unit a tuple of runs (blocks, count) of
+# programs of equal length (:func:`order_schedule`); a dense attention's order repeats one unit per pair.
+Runs = tuple[tuple[int, int], ...]
+ProgramOrder = tuple[tuple[Runs, int], ...]
+
+# The most programs :func:`order_schedule` places one by one (unequal ones that no repeated pattern covers);
+# past it the caller's problem is refused (about a second of Python).
+MAX_SCHEDULED_PROGRAMS = 2**22
+
+
+class ScheduleTooLong(ValueError):
+    """A launch order :func:`order_schedule` would place past :data:`MAX_SCHEDULED_PROGRAMS` programs."""
+
+
+def order_programs(order: ProgramOrder) -> int:
+    return sum(repeats * sum(count for _, count in unit) for unit, repeats in order)
+
+
+def order_blocks(order: ProgramOrder) -> int:
+    return sum(repeats * sum(blocks * count for blocks, count in unit) for unit, repeats in order)
+
+
+def _place_run(free: list[int], blocks: int, count: int) -> None:
+    """Programs ``count`` of ``blocks`` each onto the heap ``free`` as :func:`list_schedule` places them one
+    by one: they start at the ``count`` earliest of the times ``f + j * blocks`` (the SMs' free times ``f``);
+    which of tied SMs takes one does not change the free times' multiset."""
+    if blocks == 0 or count == 0:
+        return  # a program of no blocks frees its SM at once
+    if count <= len(free):
+        for _ in range(count):
+            heapq.heapreplace(free, free[0] + blocks)
+        return
+
+    def starts(t: int) -> int:  # programs that start at or before t
+        return sum((t - f) // blocks + 1 for f in free if f <= t)
+
+    low, high = free[0], free[0] + count * blocks
+    while low < high:  # the last program's start: the first t with count starts by then
+        mid = (low + high) // 2
+        if starts(mid) >= count:
+            high = mid
+        else:
+            low = mid + 1
+    before = [(low - 1 - f) // blocks + 1 if f < low else 0 for f in free]
+    left = count - sum(before)
+    new = []
+    for f, k in zip(free, before, strict=True):
+        end = f + k * blocks
+        if left and end == low:  # an SM free exactly at the last start takes one of the rest
+            end, left = end + blocks, left - 1
+        new.append(end)
+    free[:] = new
+    heapq.heapify(free)
+
+
+@functools.lru_cache(maxsize=256)
+def order_schedule(order: ProgramOrder, slots: int, limit: int = MAX_SCHEDULED_PROGRAMS) -> int | None:
+    """:func:`list_schedule` of a :data:`ProgramOrder`, exactly (integer block counts), without listing it:
+    equal programs in bulk, and a unit repeated until the SMs' free times, less their minimum, come back
+    to a pattern seen before, then the rest of the repeats by that period's shift. None when more than
+    ``limit`` programs would be placed one by one."""
+    free = [0] * slots
+    placed = 0
+    replace = heapq.heapreplace
+    for unit, repeats in order:
+        cost = sum(min(count, slots + 1) for _, count in unit)  # a long run is placed in bulk
+        seen: dict[tuple[int, ...], tuple[int, int]] = {}
+        done = 0
+        while done < repeats:
+            key = tuple(f - free[0] for f in sorted(free))
+            if key in seen:
+                first, low = seen[key]
+                period, shift = done - first, free[0] - low
+                jumps = (repeats - done) // period
+                free[:] = [f + jumps * shift for f in free]
+                done += jumps * period
+                seen.clear()
+                if done >= repeats:
+                    break
+            seen[key] = (done, free[0])
+            placed += cost
+            if placed > limit:
+                return None
+            for blocks, count in unit:
+                if count == 1:  # a causal kernel's programs: mostly one of each length
+                    replace(free, free[0] + blocks)
+                else:
+                    _place_run(free, blocks, count)
+            done += 1
+    return max(free)
+
+
 def makespan(program_times: Iterable[float], slots: int) -> tuple[float, int, float, float]:
     """(time, programs, waves, wave efficiency) of programs of the given durations on ``slots`` SMs taken in
     launch order by whichever SM frees first (:func:`list_schedule`; equal programs: ``ceil(programs /
@@ -49,6 +141,17 @@ def makespan(program_times: Iterable[float], slots: int) -> tuple[float, int, fl
     time = list_schedule(times, slots)
     efficiency = sum(times) / (slots * time) if time > 0 else 1.0
     return time, len(times), len(times) / slots, efficiency
+
+
+def uniform_makespan(program_s: float, programs: int, slots: int) -> tuple[float, int, float, float]:
+    """:func:`makespan` of ``programs`` programs of ``program_s`` each, by arithmetic: a GEMM's tile count
+    can be far too large to list (the list's efficiency summed the times; the product differs from that sum
+    only in rounding)."""
+    if programs <= 0:
+        return 0.0, 0, 0.0, 1.0
+    time = float(-(-programs // slots) * program_s)  # whole waves, in integers (exact at any count)
+    efficiency = programs * program_s / (slots * time) if time > 0 else 1.0
+    return time, programs, programs / slots, efficiency
 
 
 def tensor_core_efficiency(params: dict[str, Any], rows: float, width: float, warps: int) -> float:
@@ -185,16 +288,16 @@ def no_more(problem: dict[str, Any], op: str) -> None:
 @dataclass(frozen=True)
 class KernelPass:
     """One kernel of an attention call, as the model sees it: its programs (``programs``: the block
-    iterations of each, in launch order), what one block iteration does (tensor-core matmuls as (rows,
-    width, FLOPs), exponentials), the registers its fp32 tiles need per thread, and its traffic (the minimum
-    DRAM bytes it must move, the bytes one block iteration loads, which the L2 serves when they are
-    re-reads). What the compiler made of it, where the calibration has the build compiled
+    iterations of each, in launch order, a :data:`ProgramOrder`), what one block iteration does (tensor-core
+    matmuls as (rows, width, FLOPs), exponentials), the registers its fp32 tiles need per thread, and its
+    traffic (the minimum DRAM bytes it must move, the bytes one block iteration loads, which the L2 serves
+    when they are re-reads). What the compiler made of it, where the calibration has the build compiled
     (``compiled_resources``): ``resident`` programs per SM and ``loop_spills``, the local-memory
     instructions (register spills) inside its loops; without, the occupancy is estimated from ``regs`` and
     no spill is assumed (the kernel budgets of ``make test`` hold every shipped configuration to none)."""
 
     name: str
-    programs: tuple[int, ...]
+    programs: ProgramOrder
     matmuls: tuple[tuple[float, float, float], ...]
     exps: float
     warps: int
@@ -264,11 +367,17 @@ def pass_terms(params, consts: GPUConstants, peak: float, kernel: KernelPass) ->
     per_sm = peak / sms
     block_s, matmul_s, exp_s = block_time(params, consts, peak, kernel)
     program_s = float(params.get("program_s", 0.0))
-    count = len(kernel.programs)
-    blocks = sum(kernel.programs)
+    count = order_programs(kernel.programs)
+    blocks = order_blocks(kernel.programs)
     total = blocks * block_s + count * program_s
     waves = count / sms
-    compute = list_schedule(kernel.programs, sms) * block_s + math.ceil(waves) * program_s
+    last = order_schedule(kernel.programs, sms)
+    if last is None:
+        raise ScheduleTooLong(
+            f"{count:,} programs of unequal length in no repeating pattern: more than the "
+            f"{MAX_SCHEDULED_PROGRAMS:,} the model schedules one by one"
+        )
+    compute = float(last) * block_s + math.ceil(waves) * program_s
     loads = blocks * kernel.block_load_bytes
     rereads = max(0.0, loads - kernel.unique_load_bytes)
     miss = float(params.get("l2_miss", 0.0))
