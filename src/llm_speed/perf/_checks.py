@@ -26,6 +26,21 @@ def attention_shape(
     return batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
 
 
+def missing_path(path: Any, want: str) -> str:
+    """Why ``path`` is not the ``want`` ("file" or "folder") an argument needs: "not found", or what it is
+    instead (a folder given for a file says so rather than "file not found")."""
+    from pathlib import Path
+
+    found = Path(path).expanduser()
+    if found.is_dir() and want == "file":
+        return "is a folder, not a file"
+    if found.exists() and want == "folder":
+        return "is a file, not a folder" if found.is_file() else "is not a folder"
+    if found.exists() and not found.is_file():
+        return "is not a regular file"
+    return f"{want} not found"
+
+
 def divisors_text(value: int) -> str:
     """The divisors of ``value`` as "1, 2, 4, 8" (for error messages that list the valid choices)."""
     return ", ".join(str(x) for x in range(1, value + 1) if value % x == 0)

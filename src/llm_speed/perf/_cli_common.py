@@ -41,6 +41,8 @@ def gpu_from_args(args: argparse.Namespace, *, default: bool = False) -> GPUSpec
         return get_gpu(default_gpu(args.command))
     if args.gpu is not None:
         return get_gpu(args.gpu)
+    if Path(args.gpu_spec).expanduser().is_dir():  # else the spec's own message says "not found"
+        raise ValueError(f"--gpu-spec: {args.gpu_spec!r} is a folder; expected a JSON file or K=V,... list")
     try:
         return load_gpu_spec(args.gpu_spec)
     except ValueError as error:  # name the flag: the spec's own messages name only its keys
@@ -153,7 +155,10 @@ def efficiency_from_args(args: argparse.Namespace) -> Efficiency:
     """Efficiency from --calibrate (if given), then the explicit factors on top."""
     efficiency = Efficiency()
     if args.calibrate is not None:
-        efficiency = calibrate_from_bench(args.calibrate).apply(efficiency)
+        try:
+            efficiency = calibrate_from_bench(args.calibrate).apply(efficiency)
+        except ValueError as error:  # name the flag: the bench reader's messages name only the file
+            raise ValueError(f"--calibrate: {error}") from error
     changes = {
         "compute": args.compute_efficiency,
         "memory": args.memory_efficiency,

@@ -41,6 +41,7 @@ from typing import Any
 
 from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import get_gpu, normalize_dtype
+from llm_speed.perf._checks import missing_path
 from llm_speed.perf.predict import (
     ALIASES,
     OPS,
@@ -547,7 +548,8 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
     sweeps' JSON lines, the ceilings); default the GPU the directory's path names."""
     root = Path(directory)
     if not root.is_dir():
-        raise ValueError(f"results directory {str(root)!r}: not found")
+        why = missing_path(root, "folder")
+        raise ValueError(f"results directory {str(root)!r}: {why} (expected a folder of results)")
     results = Results()
     fallback = get_gpu(gpu).id if gpu is not None else _gpu_of_directory(root.resolve())
     for path in sorted(root.rglob("*")):

@@ -520,6 +520,10 @@ def _attention_dims(text: str) -> AttentionSpec:
     """Parse 'B,H,S,D' with optional 'kv=HKV' and 'q=SQ' items (GQA and decode)."""
     parts = [part.strip() for part in text.split(",")]
     positional = [part for part in parts if "=" not in part]
+    keys = [part.split("=", 1)[0] for part in parts if "=" in part]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:  # the last one silently won
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice in {text!r}; give each once")
     named = dict(part.split("=", 1) for part in parts if "=" in part)
     unknown = sorted(set(named) - {"kv", "q"})
     if len(positional) != 4 or unknown:

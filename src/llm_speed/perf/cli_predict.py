@@ -14,12 +14,14 @@ import argparse
 import json
 import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 from llm_speed._cli import CommandError, positive_int
 from llm_speed._output import prepare_output_path
 from llm_speed.core.gpus import get_gpu
 from llm_speed.perf import calibrate
+from llm_speed.perf._checks import missing_path
 from llm_speed.perf._cli_common import DEFAULT_GPU_HELP, default_gpu
 from llm_speed.perf.predict import (
     CALIBRATION_ENV,
@@ -66,6 +68,8 @@ def parse_problem(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ValueError(f"problem: expected KEY=VALUE, got {item!r} (e.g. m=4096 n=4096 k=4096)")
         key = key.strip().replace("-", "_")
+        if key in problem:  # the last one silently won (m=4096 m=8 ran m=8)
+            raise ValueError(f"problem: {key} given twice ({item!r} after {key}={problem[key]!r})")
         problem[key] = parse_value(value)
         if key in FLAGS and not isinstance(problem[key], bool):
             raise ValueError(f"{key}: expected true or false (or yes/no, on/off), got {value!r}")
@@ -211,8 +215,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     iterations = DEFAULT_ITERATIONS if args.iterations is None else args.iterations
     new = calibrate.calibrate(args.calibrate, base=args.calibration, gpu=args.gpu, iterations=iterations)
     if args.output:
-        from pathlib import Path
-
         Path(args.output).write_text(json.dumps(new, indent=1) + "\n")
     if args.json:
         print(json.dumps(new["last_fit"], indent=1))
@@ -265,7 +267,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def check_mode_options(args: argparse.Namespace) -> None:
     """Refuse the options of a mode that is not running: they were silently ignored (``--output`` without
-    ``--calibrate`` wrote nothing and said nothing), and ``--check`` next to ``--calibrate`` never ran."""
+    ``--calibrate`` wrote nothing and said nothing), ``--check`` next to ``--calibrate`` never ran, and an op
+    next to either was dropped while the refit walked DIR."""
     if args.calibrate and args.check:
         raise CommandError("--calibrate and --check: give one of them (run predict twice for both)")
     for flag, given, mode in (
@@ -276,6 +279,16 @@ def check_mode_options(args: argparse.Namespace) -> None:
         if given and not mode:
             needed = "--calibrate DIR" if flag != "--points" else "--check DIR"
             raise CommandError(f"{flag} only applies with {needed}")
+    mode, folder = ("--calibrate", args.calibrate) if args.calibrate else ("--check", args.check)
+    if folder and (args.op is not None or args.problem):
+        # The refit reads every result under DIR; an op beside it was silently dropped.
+        given = " ".join([args.op or "", *args.problem]).strip()
+        raise CommandError(
+            f"{mode} DIR and an op (got {given!r}): {mode} takes no op or KEY=VALUE problem; run "
+            f"`predict OP KEY=VALUE ...` on its own"
+        )
+    if folder and not Path(folder).expanduser().is_dir():
+        raise CommandError(f"{mode}: {folder!r} {missing_path(folder, 'folder')} (expected a results folder)")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ from typing import Any
 
 from llm_speed.core.args import non_negative_number, positive_int
 from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.perf._checks import missing_path
 
 ALGORITHMS = ("ring", "tree", "nvls")
 
@@ -184,7 +185,8 @@ def calibrate_from_bench(path: str | Path, gpu: str | GPUSpec | None = None) -> 
 
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"bench JSON {str(file)!r}: file not found")
+        why = missing_path(file, "file")
+        raise ValueError(f"bench JSON {str(file)!r}: {why} (expected a bench JSON file)")
     try:
         document = json.loads(file.read_text())
     except json.JSONDecodeError as error:

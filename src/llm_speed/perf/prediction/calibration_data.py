@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_speed.core.gpus import GPUSpec, get_gpu, prediction_gaps
+from llm_speed.perf._checks import missing_path
 
 CALIBRATION_FILE = Path(__file__).parent.parent / "calibration.json"  # beside llm_speed/perf/predict.py
 CALIBRATION_ENV = "LLM_SPEED_CALIBRATION"  # a calibration JSON that replaces the shipped one
@@ -35,7 +36,8 @@ THREADS_PER_WARP = 32
 def _read_calibration(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"calibration {path!r}: file not found")
+        why = missing_path(file, "file")
+        raise ValueError(f"calibration {path!r}: {why} (expected a calibration JSON file)")
     try:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as error:

@@ -1,0 +1,63 @@
+"""Bad input to the performance-model commands is refused before any work, naming the flag or KEY and what
+is accepted: an op next to a refit, repeated keys, paths of the wrong kind."""
+
+from __future__ import annotations
+
+import pytest
+from cli_exit import exit_code, one_error_line
+
+from llm_speed.perf.cli_predict import parse_problem
+
+H100 = "benchmarks/results/h100-sxm"
+
+
+def _refused(capsys, argv) -> str:
+    assert exit_code(argv) == 2
+    captured = capsys.readouterr()
+    assert not captured.out
+    return one_error_line(captured.err)
+
+
+@pytest.mark.parametrize("mode", ["--calibrate", "--check"])
+def test_an_op_next_to_a_refit_is_refused(capsys, tmp_path, mode):
+    # The op was dropped while the refit walked the whole folder.
+    line = _refused(capsys, ["predict", "gemm", "m=4096", "n=4096", "k=4096", mode, str(tmp_path)])
+    assert line == (
+        f"llm-speed predict: error: {mode} DIR and an op (got 'gemm m=4096 n=4096 k=4096'): {mode} takes no "
+        "op or KEY=VALUE problem; run `predict OP KEY=VALUE ...` on its own"
+    )
+
+
+def test_a_repeated_problem_key_is_refused(capsys):
+    line = _refused(capsys, ["predict", "gemm", "m=4096", "m=8", "n=4096", "k=4096", "--gpu", "h100-sxm"])
+    assert line == "llm-speed predict: error: problem: m given twice ('m=8' after m=4096)"
+    with pytest.raises(ValueError, match="causal given twice"):
+        parse_problem(["causal=true", "causal=false"])
+
+
+def test_a_repeated_attention_item_is_refused(capsys):
+    line = _refused(capsys, ["roofline", "--gpu", "h100-sxm", "--attention", "1,8,1024,128,kv=2,kv=4"])
+    assert line.endswith("argument --attention: kv given twice in '1,8,1024,128,kv=2,kv=4'; give each once")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["predict", "--calibrate", "/etc/passwd"],
+         "llm-speed predict: error: --calibrate: '/etc/passwd' is a file, not a folder "
+         "(expected a results folder)"),
+        (["predict", "--check", "/nonexistent/results"],
+         "llm-speed predict: error: --check: '/nonexistent/results' folder not found "
+         "(expected a results folder)"),
+        (["analyze", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--calibrate", "/tmp"],
+         "llm-speed analyze: error: --calibrate: bench JSON '/tmp': is a folder, not a file "
+         "(expected a bench JSON file)"),
+        (["analyze", "--model", "llama-3-8b", "--gpu-spec", "/tmp"],
+         "llm-speed analyze: error: --gpu-spec: '/tmp' is a folder; expected a JSON file or K=V,... list"),
+        (["predict", "gemm", "m=1", "n=1", "k=1", "--gpu", "h100-sxm", "--calibration", "/tmp"],
+         "llm-speed predict: error: calibration '/tmp': is a folder, not a file "
+         "(expected a calibration JSON file)"),
+    ],
+)  # fmt: skip
+def test_a_path_of_the_wrong_kind_says_what_it_is(capsys, argv, expected):
+    assert _refused(capsys, argv) == expected
