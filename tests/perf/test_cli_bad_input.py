@@ -61,3 +61,35 @@ def test_a_repeated_attention_item_is_refused(capsys):
 )  # fmt: skip
 def test_a_path_of_the_wrong_kind_says_what_it_is(capsys, argv, expected):
     assert _refused(capsys, argv) == expected
+
+
+ATTENTION = "--attention B,H,S,D[,kv=HKV][,q=SQ]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["roofline", "--gpu", "h100-sxm", "--causal", "--mode", "bwd"],
+         f"llm-speed roofline: error: --causal and --mode only apply with {ATTENTION}"),
+        (["roofline", "--gpu", "h100-sxm", "--gemm", "64,64,64", "--causal"],
+         f"llm-speed roofline: error: --causal only applies with {ATTENTION}"),
+        (["mfu", "--gpu", "h100-sxm", "--ms", "1", "--flops", "1e12", "--gpus", "8", "--seq-len", "8"],
+         "llm-speed mfu: error: --gpus and --seq-len only apply with --model and --tokens-per-second"),
+        (["mfu", "--gpu", "h100-sxm", "--ms", "1", "--gemm", "64,64,64", "--mode", "fwd"],
+         f"llm-speed mfu: error: --mode only applies with {ATTENTION}"),
+        (["mfu", "--gpu", "h100-sxm", "--model", "llama-3-8b", "--tokens-per-second", "1000", "--causal"],
+         "llm-speed mfu: error: --causal: with --attention only, which --model replaces"),
+    ],
+)  # fmt: skip
+def test_options_of_an_absent_input_are_refused(capsys, argv, expected):
+    assert _refused(capsys, argv) == expected
+
+
+def test_the_options_still_apply_with_their_input(capsys):
+    assert exit_code(["roofline", "--gpu", "h100-sxm", "--attention", "1,8,1024,128", "--causal", "--mode",
+                      "bwd", "--json"]) == 0  # fmt: skip
+    assert "bwd causal" in capsys.readouterr().out
+    assert exit_code(["mfu", "--gpu", "h100-sxm", "--model", "llama-3-8b", "--tokens-per-second", "1000",
+                      "--gpus", "8", "--json"]) == 0  # fmt: skip
+    assert '"gpus": 8' in capsys.readouterr().out and exit_code(["mfu", "--gpu", "h100-sxm", "--ms", "1",
+                                                                 "--flops", "1e12"]) == 0  # fmt: skip

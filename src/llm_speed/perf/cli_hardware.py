@@ -140,6 +140,19 @@ def _gpus(args: argparse.Namespace) -> int:
     return 0
 
 
+MFU_SEQ_LEN = 2048  # mfu --model's default --seq-len
+
+
+def _attention_only(args: argparse.Namespace) -> None:
+    """Refuse --causal and --mode without --attention (they were silently ignored), then default --mode."""
+    if args.attention is None:
+        given = [flag for flag, value in (("--causal", args.causal), ("--mode", args.mode)) if value]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise ValueError(f"{' and '.join(given)} only {verb} with --attention {ATTENTION_SPEC}")
+    args.mode = args.mode or "fwd"
+
+
 def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, float, float]]:
     """(label, FLOPs, bytes) of the kernels the roofline command should place."""
     given = [
@@ -149,6 +162,7 @@ def _roofline_kernels(args: argparse.Namespace, dtype: str) -> list[tuple[str, f
     ]
     if sum(given) > 1:
         raise ValueError("give only one of --flops/--bytes, --gemm, --attention")
+    _attention_only(args)
     if args.gemm is not None:
         m, n, k = args.gemm
         cost = gemm_cost(m, n, k, dtype=dtype)
@@ -289,6 +303,12 @@ def _mfu(args: argparse.Namespace) -> int:
     dtype = dtype_for_gpu(spec, args.dtype)
     if args.model is not None or args.tokens_per_second is not None:
         return _training_mfu(args, spec, dtype)
+    sizes = (("--gpus", args.gpus), ("--seq-len", args.seq_len))
+    given = [flag for flag, value in sizes if value is not None]
+    if given:  # they size a model's training step; a kernel's MFU silently ignored them
+        verb = "apply" if len(given) > 1 else "applies"
+        raise ValueError(f"{' and '.join(given)} only {verb} with --model and --tokens-per-second")
+    _attention_only(args)
     if args.ms is None:
         raise ValueError("give --ms with --flops/--gemm/--attention, or --model with --tokens-per-second")
     flops, label = args.flops, "kernel"
@@ -347,6 +367,11 @@ def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
         raise ValueError("--model and --tokens-per-second go together")
     if args.ms is not None or args.flops is not None or args.gemm is not None or args.attention is not None:
         raise ValueError("--model/--tokens-per-second replace --ms/--flops/--gemm/--attention; give one set")
+    given = [flag for flag, value in (("--causal", args.causal), ("--mode", args.mode)) if value]
+    if given:
+        raise ValueError(f"{' and '.join(given)}: with --attention only, which --model replaces")
+    args.gpus = 1 if args.gpus is None else args.gpus
+    args.seq_len = MFU_SEQ_LEN if args.seq_len is None else args.seq_len
     config = resolve_model(args.model)
     rows = []
     for convention in MFU_CONVENTIONS:
@@ -445,7 +470,8 @@ def register(subparsers: Any) -> None:
         help="place attention's flash, tiled and naive implementations; " + ATTENTION_HELP,
     )
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
-    parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
+    parser.add_argument("--mode", default=None, choices=ATTENTION_MODES,
+                        help="with --attention (default fwd)")  # fmt: skip
     parser.add_argument("--plot", metavar="FILE.png", help="draw the roofline (and the kernels) to FILE")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=_roofline)
@@ -470,10 +496,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--tokens-per-second", type=positive_float, default=None, help="with --model: measured, all GPUs"
     )
-    parser.add_argument("--gpus", type=positive_int, default=1,
-                        help="with --model: GPUs sharing the throughput")
-    parser.add_argument("--seq-len", type=positive_int, default=2048,
-                        help="with --model: training sequence length")
+    parser.add_argument("--gpus", type=positive_int, default=None,
+                        help="with --model: GPUs sharing the throughput (default 1)")
+    parser.add_argument("--seq-len", type=positive_int, default=None,
+                        help=f"with --model: training sequence length (default {MFU_SEQ_LEN})")
     parser.add_argument(
         "--dtype", default=None, help=f"dtype whose dense peak is the denominator ({DTYPE_DEFAULT_HELP})"
     )
@@ -481,7 +507,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--gemm", type=gemm_size, metavar="M,N,K", help="FLOPs of an M,N,K GEMM (2MNK)")
     parser.add_argument("--attention", type=_attention_dims, metavar=ATTENTION_SPEC, help=ATTENTION_HELP)
     parser.add_argument("--causal", action="store_true", help="with --attention: causal mask")
-    parser.add_argument("--mode", default="fwd", choices=ATTENTION_MODES, help="with --attention")
+    parser.add_argument("--mode", default=None, choices=ATTENTION_MODES,
+                        help="with --attention (default fwd)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_mfu)
 
