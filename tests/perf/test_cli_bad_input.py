@@ -93,3 +93,21 @@ def test_the_options_still_apply_with_their_input(capsys):
                       "--gpus", "8", "--json"]) == 0  # fmt: skip
     assert '"gpus": 8' in capsys.readouterr().out and exit_code(["mfu", "--gpu", "h100-sxm", "--ms", "1",
                                                                  "--flops", "1e12"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--dtype", "bf16", "--quant-group-size", "64"],
+         "llm-speed kv-cache: error: --quant-group-size only applies to a quantized cache "
+         "(--dtype fp8, int8 or int4), not --dtype bf16"),
+        (["--dtype", "bf16", "--scale-bytes", "3"],
+         "llm-speed kv-cache: error: --scale-bytes only applies with --quant-group-size "
+         "(the bytes of a group's scale)"),
+    ],
+)  # fmt: skip
+def test_kv_cache_scales_only_on_a_quantized_cache(capsys, extra, expected):
+    assert _refused(capsys, ["kv-cache", "--model", "llama-3-8b", "--seq-len", "10", *extra]) == expected
+    assert exit_code(["kv-cache", "--model", "llama-3-8b", "--seq-len", "10", "--dtype", "int4",
+                      "--quant-group-size", "64", "--scale-bytes", "4"]) == 0  # fmt: skip
+    assert "--scale-bytes 4" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from rich.console import Console
 from llm_speed._cli import console as new_console
 from llm_speed._cli import non_negative_float, positive_int
 from llm_speed._output import dump_json, prepare_plot_path, print_table
+from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf._checks import size_warnings
 from llm_speed.perf._cli_common import (
     DEFAULT_GPU_HELP,
@@ -83,6 +84,15 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _kv_cache(args: argparse.Namespace) -> int:
+    # Scales belong to a quantized cache: on a 16/32-bit one they added bytes no cache stores.
+    if args.quant_group_size is not None and dtype_bytes(normalize_dtype(args.dtype)) >= 2:
+        raise ValueError(
+            "--quant-group-size only applies to a quantized cache (--dtype fp8, int8 or int4), "
+            f"not --dtype {args.dtype}"
+        )
+    if args.scale_bytes is not None and args.quant_group_size is None:
+        raise ValueError("--scale-bytes only applies with --quant-group-size (the bytes of a group's scale)")
+    args.scale_bytes = 2.0 if args.scale_bytes is None else args.scale_bytes
     config = resolve_model(args.model)
     size = kv_cache_size(
         config,
@@ -442,11 +452,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bf16", help="cache dtype: fp32, bf16, fp16, fp8, int8, int4")
     parser.add_argument(
-        "--quant-group-size", type=positive_int, default=None, help="elements sharing one quantization scale"
+        "--quant-group-size", type=positive_int, default=None,
+        help="quantized --dtype: elements sharing one quantization scale",
     )
     parser.add_argument(
-        "--scale-bytes", type=non_negative_float, default=2.0,
-        help="bytes per group (2: fp16 scale; 4: + zero point)",
+        "--scale-bytes", type=non_negative_float, default=None,
+        help="with --quant-group-size: bytes per group (default 2: fp16 scale; 4: + zero point)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_kv_cache)
