@@ -292,3 +292,37 @@ def test_a_library_error_names_the_option_and_the_command_it_was_given_to(capsys
     assert cli.in_option_terms("sizes: too large", parser) == "sizes: too large"
     assert cli.in_option_terms("gemm: m must be an int", parser) == "gemm: m must be an int"
     assert cli.in_option_terms("--output: folder x", parser) == "--output: folder x"
+
+
+RING_PLAN = ["ring-plan", "--model", "llama-3-8b", "--world-size", "8"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--pp", "2", "--virtual-stages", "2"],
+            "llm-speed train-memory: error: --virtual-stages > 1 needs --schedule interleaved, got "
+            "--schedule 1f1b",
+        ),
+        (
+            ["train-memory", "--model", "llama-3-8b", "--gpus", "8", "--tp", "3"],
+            "llm-speed train-memory: error: --tp (3) must divide num_attention_heads (32)",
+        ),
+        (
+            ["train-memory", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "3"],
+            "llm-speed train-memory: error: --ep (3) must divide dp*cp (8)",  # a product's terms stay
+        ),
+        (
+            [*RING_PLAN, "--seq-len", "8", "--gpu", "h100-sxm"],
+            "llm-speed ring-plan: error: --seq-len (8) must be at least 16",
+        ),
+        (
+            [*RING_PLAN, "--seq-len", "8192", "--gpu", "l4"],
+            "llm-speed ring-plan: error: l4 has no NVLink; use --link pcie",
+        ),
+    ],
+)
+def test_a_model_s_error_names_the_options_of_the_command(argv, error, capsys):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith(error)

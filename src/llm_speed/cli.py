@@ -119,16 +119,28 @@ _FIELD_OPTIONS = {"min_time_s": "min_time", "impls": "impl"}
 _LEADING_NAME = re.compile(r"([a-z][a-z0-9_]*): ")
 
 
+# A parameter inside a model's message: given a value (schedule='1f1b') or quoted with one (tp (3),
+# seq_len (8), virtual_stages > 1); not a term of a product (dp*cp (8)).
+_ASSIGNED = re.compile(r"(?<![\w.*-])([a-z][a-z0-9_]*)='?([\w.-]+)'?")
+_QUOTED = re.compile(r"(?<![\w.*-])([a-z][a-z0-9_]*)(?= \(-?\d| > )")
+
+
 def in_option_terms(message: str, parser: argparse.ArgumentParser) -> str:
-    """A library check names its parameter (``num_kv_heads: must divide ...``, for Python callers); at the
-    command line the error names the option instead (``--num-kv-heads: ...``) where ``parser`` has one."""
+    """A library check names its parameters (``num_kv_heads: must divide ...``, ``tp (3) must divide ...``,
+    ``needs schedule='interleaved'``: for Python callers); at the command line the error names the options
+    instead (``--num-kv-heads: ...``, ``--tp (3) ...``, ``--schedule interleaved``) where ``parser`` has
+    them."""
+    options = {string for action in parser._actions for string in action.option_strings}
+
+    def option(name: str) -> str | None:
+        flag = "--" + _FIELD_OPTIONS.get(name, name).replace("_", "-")
+        return flag if flag in options else None
+
     match = _LEADING_NAME.match(message)
-    if match is None:
-        return message
-    option = "--" + _FIELD_OPTIONS.get(match[1], match[1]).replace("_", "-")
-    if not any(option in action.option_strings for action in parser._actions):
-        return message
-    return option + message[len(match[1]) :]
+    if match is not None and option(match[1]):
+        message = option(match[1]) + message[len(match[1]) :]
+    message = _ASSIGNED.sub(lambda m: f"{option(m[1])} {m[2]}" if option(m[1]) else m[0], message)
+    return _QUOTED.sub(lambda m: option(m[1]) or m[0], message)
 
 
 def main(argv: list[str] | None = None) -> int:
