@@ -80,6 +80,25 @@ def test_typos_get_a_suggestion(argv, suggestion, capsys):
     assert suggestion in capsys.readouterr().err
 
 
+def test_a_word_sharing_letters_with_a_command_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bogus"])  # "gpus" shares three letters; a suggestion of it misleads
+    assert "did you mean" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["analyze", "--model", ""], "llm-speed analyze: error: --model: an empty name; give a zoo id ("),
+        (["analyze", "--model", "llama-3-8b", "--plot", "/tmp"],
+         "llm-speed analyze: error: --plot: /tmp is a folder; give a file name in it, e.g. /tmp/plot.png"),
+    ],
+)
+def test_an_empty_model_and_a_folder_for_a_plot_are_named_as_such(argv, line, capsys):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(line)
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [

@@ -29,6 +29,8 @@ def test_import_is_lazy_touches_no_gpu_and_every_public_name_resolves():
         "from llm_speed import flash_attention, gemm\n"
         "assert flash_attention is llm_speed.attention.flash_attention and callable(gemm)\n"
         "assert set(llm_speed.__all__) <= set(dir(llm_speed))\n"
+        "public = {name for name in dir(llm_speed) if not name.startswith('__')}\n"
+        "assert public == set(llm_speed.__all__) - {'__version__'}, public ^ set(llm_speed.__all__)\n"
         "import torch\n"
         "assert not torch.cuda.is_initialized()\n"
         "print(llm_speed.__version__)\n"

@@ -71,4 +71,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # the public names and the module's own dunders, not its imports (importlib, Any, annotations)
+    return sorted({name for name in globals() if name.startswith("__")} | set(__all__))

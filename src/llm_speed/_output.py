@@ -103,6 +103,9 @@ def prepare_plot_path(path: str | Path, *, argument: str = "--plot") -> Path:
 
     supported = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(path).suffix.lower().removeprefix(".")
+    if Path(path).is_dir():
+        example = Path(path) / "plot.png"
+        raise ValueError(f"{argument}: {path} is a folder; give a file name in it, e.g. {example}")
     if suffix not in supported:
         what = f"ends in .{suffix}, a file type matplotlib does not write" if suffix else "has no extension"
         raise ValueError(f"{argument}: {path} {what}; accepted: {', '.join(sorted(supported))}")

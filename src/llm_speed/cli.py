@@ -92,7 +92,8 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     invalid = _INVALID_CHOICE.search(message)
     if invalid:
         choices = [choice.strip().strip("'") for choice in invalid.group(2).split(",")]
-        close = difflib.get_close_matches(invalid.group(1), choices, n=1)
+        # 0.75 as for options: "bogus" is not a typo of "gpus"
+        close = difflib.get_close_matches(invalid.group(1), choices, n=1, cutoff=0.75)
         if close:
             return f" (did you mean {close[0]}?)"
     return ""

@@ -390,6 +390,9 @@ def resolve_model(model: ModelConfig | str) -> ModelConfig:
     any other str is looked up with :func:`get_model`."""
     if isinstance(model, ModelConfig):
         return model
+    if isinstance(model, str) and not model.strip():  # Path("") is the current folder
+        ids = ", ".join(list_models())
+        raise ValueError(f"model: an empty name; give a zoo id ({ids}) or a config.json path")
     if isinstance(model, (str, Path)) and Path(model).exists():
         return load_hf_config(model)
     if isinstance(model, Path) or (
