@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from llm_speed.bench import decode as decode_bench
 from llm_speed.cli import build_parser, main
@@ -124,3 +125,37 @@ def test_bad_settings_are_refused(flags, match):
     args = build_parser().parse_args(["bench", "decode", "--device", "cpu", *flags])
     with pytest.raises(ValueError, match=match):
         decode_bench.decode_settings(args, decode_bench.torch.device("cpu"))
+
+
+DECODE = "bench decode --device cpu --num-heads 4 --num-kv-heads 2 --head-dim 16 --page-size 16".split()
+RUNS = "--warmup 0 --iterations 1 --no-progress --json".split()
+CPU = torch.device("cpu")
+
+
+def test_memory_floor_is_the_caches_with_whole_pages_and_the_fp8_draw():
+    settings = decode_bench.decode_settings(build_parser().parse_args([*DECODE, "--dtype", "fp16"]), CPU)
+    elements = 2 * 20 * 2 * 16  # batch 2, context 20, 2 key/value heads of 16
+    assert decode_bench.memory_floor(settings, 2, 20, "kvcache") == 2 * elements * 2  # K and V, fp16
+    assert decode_bench.memory_floor(settings, 2, 20, "sdpa") == 2 * elements * 2
+    assert decode_bench.memory_floor(settings, 2, 20, "kvcache-paged") == 2 * (elements // 20 * 32) * 2
+    assert decode_bench.memory_floor(settings, 2, 20, "kvcache-fp8") == 2 * elements + 4 * elements
+
+
+def test_rows_that_cannot_fit_a_cpu_are_not_run_and_a_sweep_of_none_is_refused(monkeypatch, capsys):
+    from llm_speed.bench import report
+
+    argv = [*DECODE, "--batch-sizes", "1", "--contexts", "16", "64", "--impl", "kvcache", *RUNS]
+    settings = decode_bench.decode_settings(build_parser().parse_args(argv), CPU)
+    small = decode_bench.memory_floor(settings, 1, 16, "kvcache")
+    monkeypatch.setattr(report, "cpu_memory", lambda device: small)  # the 16-token cache fits, no other
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["context"], r["available"]) for r in rows] == [(16, True), (64, False)]
+    assert rows[1]["reason"].startswith("needs at least ") and rows[1]["reason"].endswith("on this CPU")
+    monkeypatch.setattr(report, "cpu_memory", lambda device: small - 1)
+    ran = []
+    monkeypatch.setattr(decode_bench, "run_decode", lambda *a, **k: ran.append(1))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "llm-speed bench decode: error: --batch-sizes/--contexts: no case fits in the memory" in err
+    assert not ran

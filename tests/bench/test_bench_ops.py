@@ -305,7 +305,7 @@ def test_on_a_cpu_a_row_that_cannot_fit_is_not_run_and_the_others_are(monkeypatc
     s = dataclasses.replace(_settings(), ops=("linear_cross_entropy",), impls=("llm_speed", "eager"))
     fused = ops_bench.memory_floor("linear_cross_entropy", s, "llm_speed")
     assert fused < ops_bench.memory_floor("linear_cross_entropy", s, "eager")
-    monkeypatch.setattr(ops_bench, "_cpu_memory", lambda: fused)
+    monkeypatch.setattr(report, "cpu_memory", lambda device: fused)
     ours, eager = ops_bench.run_ops(s, show_progress=False)
     assert ours.available, ours.reason
     assert not eager.available and eager.reason.startswith("needs at least ")

@@ -56,7 +56,7 @@ def test_grouped_mm_version_is_right():
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--top-k", "5"], "top_k: every value"), (["--dtype", "int8"], "invalid choice"),
+    [(["--top-k", "5"], "--top-k: every value"), (["--dtype", "int8"], "invalid choice"),
      (["--mode", "bwd"], "invalid choice")],
 )  # fmt: skip
 def test_bad_settings_are_refused_before_any_work(flags, message, capsys):
@@ -67,3 +67,22 @@ def test_bad_settings_are_refused_before_any_work(flags, message, capsys):
         code = exit_.code
     assert code != 0 and message in capsys.readouterr().err
     assert runtime.launch_counts() == before
+
+
+def test_a_case_that_cannot_fit_a_cpu_is_not_run_and_a_sweep_of_none_is_refused(monkeypatch, capsys):
+    from llm_speed.bench import report
+
+    settings = moe_bench.moe_settings(build_parser().parse_args(["bench", "moe", *FAST]), torch.device("cpu"))
+    weights = 3 * 2 * 16 * 16  # 2 experts' gate/up and down, 16 x 16
+    draw = 4 * 2 * 2 * 16 * 16  # the float32 gate/up weight drawn first
+    # fp32 tokens, output and weights with their gradients (fwd+bwd), the output's gradient
+    floor = ((2 * 5 * 16 + weights) * 2 + 5 * 16) * 4 + draw
+    assert moe_bench.memory_floor((5, 2, 1), settings) == floor
+    monkeypatch.setattr(report, "cpu_memory", lambda device: floor)  # 2 experts fit, 4 do not
+    assert main(["bench", "moe", *FAST, "--impl", "llm_speed", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["experts"], r["available"]) for r in rows] == [(2, True), (4, False), (4, False)]
+    assert rows[1]["reason"].startswith("needs at least ")
+    monkeypatch.setattr(report, "cpu_memory", lambda device: floor - 1)
+    assert main(["bench", "moe", *FAST, "--impl", "llm_speed"]) == 2
+    assert "--tokens/--experts/--hidden/--intermediate: no case fits" in capsys.readouterr().err

@@ -425,10 +425,16 @@ class _Writer:
 
 def run_decode_command(args: argparse.Namespace) -> int:
     """``llm-speed bench decode``."""
+    import torch
+
     from llm_speed.bench import decode as decode_bench
+    from llm_speed.bench import report
 
     _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
+    available = report.cpu_memory(torch.device(settings.device))
+    needs = decode_bench.memory_needs(settings)
+    report.refuse_when_nothing_fits(needs, available, "--batch-sizes/--contexts")
     writer = _Writer(args, settings, decode_bench.results_payload)
     rows = writer.run(decode_bench.run_decode, partial=False)
     return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")
@@ -590,10 +596,16 @@ def run_ops_command(args: argparse.Namespace) -> int:
 
 def run_moe_command(args: argparse.Namespace) -> int:
     """``llm-speed bench moe``."""
+    import torch
+
     from llm_speed.bench import moe as moe_bench
+    from llm_speed.bench import report
 
     _check_outputs(args)
     settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
+    needs = [moe_bench.memory_floor(case, settings) for case in settings.cases()]
+    available = report.cpu_memory(torch.device(settings.device))
+    report.refuse_when_nothing_fits(needs, available, "--tokens/--experts/--hidden/--intermediate")
     writer = _Writer(args, settings, moe_bench.results_payload)
     rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"

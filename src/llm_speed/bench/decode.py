@@ -151,12 +151,31 @@ def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: 
     return build
 
 
+def memory_floor(settings: DecodeSettings, batch: int, context: int, impl: str) -> int:
+    """Bytes a (batch, context) row of ``impl`` holds at least: its K and V caches (whole pages for a paged
+    cache), and for an fp8 cache the float32 draw it is quantized from."""
+    tokens = context
+    if impl.startswith("kvcache-paged"):
+        tokens = -(-context // settings.page_size) * settings.page_size
+    elements = batch * tokens * settings.num_kv_heads * settings.head_dim
+    if impl in FP8_IMPLS:
+        return 2 * elements + 4 * elements
+    return 2 * elements * report.TORCH_DTYPES[settings.dtype].itemsize
+
+
+def memory_needs(settings: DecodeSettings) -> list[int]:
+    """:func:`memory_floor` of every row the run makes."""
+    return [memory_floor(settings, b, c, impl) for b in settings.batch_sizes for c in settings.contexts
+            for impl in settings.impls]  # fmt: skip
+
+
 def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[DecodeMeasurement]:
     """Measure every implementation at every (batch, context)."""
     from llm_speed.perf.kernel_costs import kvcache_decode_cost
 
     check_settings(settings)
     device = torch.device(settings.device)
+    available = report.cpu_memory(device)  # a row that cannot fit there is not run
     rows: list[DecodeMeasurement] = []
     cases = [(b, c) for b in settings.batch_sizes for c in settings.contexts]
     total = len(cases) * len(settings.impls)
@@ -178,14 +197,18 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
                     flops=cost.flops,
                     bytes_moved=cost.bytes_moved,
                 )
-                report.run_measurement(
-                    row,
-                    _workload_builder(impl, settings, batch, context, device),
-                    device=device,
-                    warmup=settings.warmup,
-                    iterations=settings.iterations,
-                    then=_graph_timer(row, settings, device),
-                )
+                shortfall = report.memory_shortfall(memory_floor(settings, batch, context, impl), available)
+                if shortfall:
+                    row.reason = shortfall
+                else:
+                    report.run_measurement(
+                        row,
+                        _workload_builder(impl, settings, batch, context, device),
+                        device=device,
+                        warmup=settings.warmup,
+                        iterations=settings.iterations,
+                        then=_graph_timer(row, settings, device),
+                    )
                 rows.append(row)
                 if advance is not None:
                     advance(f"{row.case} {impl}")

@@ -169,6 +169,18 @@ def _inputs(case: tuple[int, int, int], s: MoeSettings, device: torch.device, gr
     return hidden, w_gate_up, w_down, weights, ids.to(torch.int32)
 
 
+def memory_floor(case: tuple[int, int, int], s: MoeSettings) -> int:
+    """Bytes a case holds at least: the tokens, both expert weights and the output (with their gradients and
+    the output's in fwd+bwd), and the float32 draw the larger weight is made from."""
+    tokens, experts, _ = case
+    activations = 2 * tokens * s.hidden  # hidden, out
+    weights = 3 * experts * s.intermediate * s.hidden  # w_gate_up, w_down
+    elements = (activations + weights) * (2 if s.mode == "fwd+bwd" else 1)
+    if s.mode == "fwd+bwd":
+        elements += tokens * s.hidden  # dout
+    return elements * report.TORCH_DTYPES[s.dtype].itemsize + 4 * 2 * experts * s.intermediate * s.hidden
+
+
 def case_cost(case: tuple[int, int, int], s: MoeSettings) -> tuple[float, float]:
     """(FLOPs, bytes) of the op table's ``fused_moe`` (+ ``fused_moe_backward`` in fwd+bwd) rows, read off
     meta tensors of the case's shapes."""
@@ -223,6 +235,7 @@ def run_moe(
     check_settings(settings)
     device = torch.device(settings.device)
     gpu, reason = report.prediction_gpu(device)
+    available = report.cpu_memory(device)  # a case that cannot fit there is not run
     rows: list[MoeMeasurement] = []
     cases = settings.cases()
     progress = report.progress(len(cases) * len(settings.impls), "moe") if show_progress else None
@@ -235,10 +248,14 @@ def run_moe(
                     case=f"T={tokens} E={experts} k={top_k}", impl=impl, available=False, flops=flops,
                     bytes_moved=moved, tokens=tokens, experts=experts, top_k=top_k,
                 )  # fmt: skip
-                report.run_measurement(
-                    row, _builder(impl, case, settings, device), device=device, warmup=settings.warmup,
-                    iterations=settings.iterations, min_time_s=settings.min_time_s,
-                )  # fmt: skip
+                shortfall = report.memory_shortfall(memory_floor(case, settings), available)
+                if shortfall:
+                    row.reason = shortfall
+                else:
+                    report.run_measurement(
+                        row, _builder(impl, case, settings, device), device=device, warmup=settings.warmup,
+                        iterations=settings.iterations, min_time_s=settings.min_time_s,
+                    )  # fmt: skip
                 rows.append(row)
                 report.add_comparisons(rows, gpu, settings.dtype, reason, predictor(settings, gpu))
                 if on_case is not None:

@@ -37,7 +37,7 @@ from llm_speed.bench.options import OPS_DTYPES as DTYPES
 from llm_speed.bench.options import OPS_IMPLS as IMPLS
 from llm_speed.bench.options import OPS_NAMES as OP_NAMES
 from llm_speed.bench.options import OPS_TRITON_IMPLS as TRITON_IMPLS
-from llm_speed.bench.report import Measurement
+from llm_speed.bench.report import Measurement, bytes_text
 
 # GPU: a Llama-3-8B layer and head at 8192 tokens. CPU: sizes the interpreter runs in about a second.
 GPU_DEFAULTS = {
@@ -297,8 +297,8 @@ def memory_refusal(s: OpsSettings, available: int | None) -> str | None:
         if need > available:
             sizes = " ".join(f"--{name.replace('_', '-')} {getattr(s, name)}" for name in SIZE_OPTIONS[op])
             return (
-                f"sizes: {op} at {sizes} needs at least {_bytes_text(need)} (its inputs, outputs and their "
-                f"gradients), {_bytes_text(available)} of memory is available here; give smaller sizes"
+                f"sizes: {op} at {sizes} needs at least {bytes_text(need)} (its inputs, outputs and their "
+                f"gradients), {bytes_text(available)} of memory is available here; give smaller sizes"
             )
     return None
 
@@ -353,12 +353,6 @@ def step_builder(op: str, impl: str, s: OpsSettings, device: torch.device) -> Ca
     return build
 
 
-def _cpu_memory() -> int | None:
-    from llm_speed.bench.cpu_budget import available_memory
-
-    return available_memory()
-
-
 def run_ops(
     settings: OpsSettings,
     *,
@@ -370,8 +364,7 @@ def run_ops(
     device = torch.device(settings.device)
     gpu, reason = report.prediction_gpu(device)
     liger_reason = liger_unavailable(device) if "liger" in settings.impls else None
-    # On a CPU a row that cannot fit is not run: the system would kill the process, every result with it.
-    available = _cpu_memory() if device.type == "cpu" else None
+    available = report.cpu_memory(device)  # a row that cannot fit there is not run
     rows: list[OpsMeasurement] = []
     total = len(settings.ops) * len(settings.impls)
     progress = report.progress(total, "ops") if show_progress else contextlib.nullcontext(None)
@@ -385,11 +378,8 @@ def run_ops(
                 )  # fmt: skip
                 if impl == "liger" and liger_reason is not None:
                     row.reason = liger_reason
-                elif available is not None and (need := memory_floor(op, settings, impl)) > available:
-                    row.reason = (
-                        f"needs at least {_bytes_text(need)} of memory, {_bytes_text(available)} available "
-                        "on this CPU"
-                    )
+                elif shortfall := report.memory_shortfall(memory_floor(op, settings, impl), available):
+                    row.reason = shortfall
                 else:
                     report.run_measurement(
                         row,
@@ -481,29 +471,22 @@ def cross_entropy_memory(settings: OpsSettings, rows: Sequence[OpsMeasurement]) 
     }
 
 
-def _bytes_text(value: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
 def _memory_caption(memory: dict[str, Any] | None) -> str | None:
     if memory is None:
         return None
     est = memory["estimate"]
     text = (
         f"linear cross-entropy memory beyond inputs and gradients, by the formula: eager "
-        f"{_bytes_text(est['unfused_bytes'])}, llm-speed {_bytes_text(est['fused_bytes'])} "
+        f"{bytes_text(est['unfused_bytes'])}, llm-speed {bytes_text(est['fused_bytes'])} "
         f"(chunks of {est['chunk_rows']} rows, {est['saving']:.3g}x less)"
     )
     if memory["measured_saving_bytes"] is not None:
         peaks = memory["measured_peak_bytes"]
         text += (
-            f"; measured CUDA peaks (inputs and gradients included): eager {_bytes_text(peaks['eager'])}, "
-            f"llm-speed {_bytes_text(peaks['llm_speed'])} (difference "
-            f"{_bytes_text(memory['measured_saving_bytes'])} against "
-            f"{_bytes_text(memory['estimated_saving_bytes'])} by the formula)"
+            f"; measured CUDA peaks (inputs and gradients included): eager {bytes_text(peaks['eager'])}, "
+            f"llm-speed {bytes_text(peaks['llm_speed'])} (difference "
+            f"{bytes_text(memory['measured_saving_bytes'])} against "
+            f"{bytes_text(memory['estimated_saving_bytes'])} by the formula)"
         )
     elif memory["measured_reason"]:
         text += f"; not measured: {memory['measured_reason']}"

@@ -236,6 +236,42 @@ def prediction_gpu(device: torch.device):
     return gpu, None
 
 
+def bytes_text(value: float) -> str:
+    """``38.4 TB``, ``4.2 GB``, ``263 MB``, ``12 kB``, ``512 B`` (decimal units)."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def cpu_memory(device: torch.device) -> int | None:
+    """Bytes a run on ``device`` may still take when it is the CPU (None elsewhere, or when unknown). A
+    process that asks a CPU for more than there is gets killed by the system, every result with it; a GPU's
+    out-of-memory error is caught and reported in the row."""
+    if device.type != "cpu":
+        return None
+    from llm_speed.bench.cpu_budget import available_memory
+
+    return available_memory()
+
+
+def memory_shortfall(need: int, available: int | None) -> str | None:
+    """Why a row needing at least ``need`` bytes is not run with ``available`` free (None: it can run)."""
+    if available is None or need <= available:
+        return None
+    return f"needs at least {bytes_text(need)} of memory, {bytes_text(available)} available on this CPU"
+
+
+def refuse_when_nothing_fits(needs: Sequence[int], available: int | None, sizes: str) -> None:
+    """ValueError naming the size options (``sizes``) when not one case of a sweep, each needing at least
+    ``needs[i]`` bytes, fits in ``available`` (a sweep where some do runs those, the others reported)."""
+    if available is not None and needs and min(needs) > available:
+        raise ValueError(
+            f"{sizes}: no case fits in the memory available here (the smallest needs at least "
+            f"{bytes_text(min(needs))}, {bytes_text(available)} available); give smaller sizes"
+        )
+
+
 def run_measurement(
     row: Measurement,
     build: Callable[[], Callable[[], Any]],
