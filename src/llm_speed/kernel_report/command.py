@@ -4,6 +4,7 @@ them, and what the compiler made of each (docs/guides/kernel-report.md)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -95,6 +96,9 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     build = args.triton or report.gpu_build()
     if args.triton and not (pathlib.Path(args.triton) / "triton").is_dir():
         raise _cli.CommandError(f"--triton: {args.triton} holds no triton package")
+    size_refusal = unrepresentable_sizes(args)
+    if size_refusal:
+        raise _cli.CommandError(size_refusal)
     options = dict(seq=args.seq, heads=args.heads, size=args.size)
     if args.dtype:
         options["dtypes"] = list(dict.fromkeys(args.dtype))
@@ -117,6 +121,36 @@ def run_kernels_command(args: argparse.Namespace) -> int:
         print(f"llm-speed kernels: {len(failing)} budget breaches", file=sys.stderr)
         return 1
     return 0
+
+
+# PyTorch counts a tensor's bytes in an int64: a problem tensor past this is refused ("Storage size
+# calculation overflowed") before anything is allocated; 4 bytes an element (fp32, the widest operand).
+MAX_TENSOR_BYTES = 2**63 - 1
+MAX_ELEMENTS = MAX_TENSOR_BYTES // 4
+MAX_SIZE = math.isqrt(MAX_ELEMENTS)  # the GEMM and fused problems' [size, size] tensors
+# The decode problem's KV cache: 8 sequences x 8 KV heads over --seq tokens (problems.decode_problem).
+DECODE_CACHE_HEADS = 64
+
+
+def unrepresentable_sizes(args: argparse.Namespace) -> str | None:
+    """Why the size options make a problem tensor too large for PyTorch to describe at all (None when they
+    do not): refused here, before the workers start. Sizes that are representable but do not fit this CPU's
+    memory are found by the workers when they allocate (their tensors are real: the launches are captured
+    with them)."""
+    from llm_speed.kernel_report import problems  # torch-free
+
+    if args.size > MAX_SIZE:
+        return (f"--size: {args.size} is too large: the GEMM and fused ops' [size, size] tensors would take "
+                f"over 2^63 bytes, more than PyTorch can represent; accepted: 1 to {MAX_SIZE} (and what fits "
+                "this machine's memory)")  # fmt: skip
+    head_dim = max(args.head_dim or problems.Options.head_dims)
+    elements = max(args.heads, DECODE_CACHE_HEADS) * args.seq * head_dim
+    if elements > MAX_ELEMENTS:
+        return (f"--seq {args.seq}, --heads {args.heads}, --head-dim {head_dim}: the attention problems' "
+                f"tensors (max(heads, {DECODE_CACHE_HEADS}) x seq x head dim = {elements} elements) would "
+                "take over 2^63 bytes, more than PyTorch can represent; accepted: max(--heads, "
+                f"{DECODE_CACHE_HEADS}) x --seq x --head-dim up to {MAX_ELEMENTS}")  # fmt: skip
+    return None
 
 
 class Progress:
