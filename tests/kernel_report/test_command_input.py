@@ -60,3 +60,52 @@ def test_a_worker_reports_a_tensor_pytorch_cannot_represent_as_bad_input():
     request = {"gpu": "h100-sxm", "set": "default", "ops": ["gemm"], "options": {"size": 99999999999}}
     with pytest.raises(worker.ProblemError, match="overflow"):
         worker.kernels(request)
+
+
+def test_the_compile_processes_never_outnumber_the_kernels_nor_the_first_ones_the_cpus():
+    assert report.shards(99999, 1) == 1 and report.shards(64, 121) == 64 and report.shards(3, 0) == 1
+    assert report.first_workers(99999, cpus=2) == 2 and report.first_workers(64, cpus=64) == 64
+    assert report.first_workers(1, cpus=16) == 1
+
+
+def test_a_worker_past_the_shard_count_it_is_told_compiles_nothing(tmp_path):
+    """Started before the kernels were counted (``"shards": null``), a worker reads the count on stdin once
+    it has captured them: past it, it exits having printed only the count."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia", reason="compiles for sm_90a: no NVIDIA backend here")
+    request = {"gpu": "h100-sxm", "ops": ["gemm"], "options": {"dtypes": ["fp16"]}, "shard": 1,
+               "shards": None}
+    done = subprocess.run(
+        [sys.executable, "-m", "llm_speed.kernel_report.worker", json.dumps(request)],
+        input=json.dumps({"shards": 1}) + "\n", capture_output=True, text=True, timeout=300,
+        env=report.worker_environment(report.gpu_build(), str(tmp_path)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [{"kernels": 1}], done.stdout
+
+
+def test_the_report_starts_no_more_workers_than_the_cpus_and_compiles_in_no_more_than_the_kernels(
+    monkeypatch,
+):
+    """``--workers 99999`` for one kernel: the workers started before the count are the CPUs' (2 here), one
+    of them compiles, none is started after (the sweep found 136 processes for 1 kernel on 2 cores)."""
+    import subprocess
+
+    pytest.importorskip("triton.backends.nvidia", reason="compiles for sm_90a: no NVIDIA backend here")
+    started = []
+
+    class Popen(subprocess.Popen):
+        def __init__(self, args, **kwargs):
+            started.append(args)
+            super().__init__(args, **kwargs)
+
+    monkeypatch.setattr(report.subprocess, "Popen", Popen)
+    monkeypatch.setattr(report.os, "cpu_count", lambda: 2)
+    result = report.run_report(gpu="h100-sxm", ops=["gemm"], options={"dtypes": ["fp16"]}, workers=99999,
+                               build=report.gpu_build(), timeout=300)  # fmt: skip
+    assert len(started) == 2 and result["workers"] == 1, (len(started), result["workers"])
+    (row,) = result["rows"]
+    assert row["error"] is None, row["error"]

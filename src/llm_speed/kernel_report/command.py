@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--triton", metavar="DIR",
                         help="directory holding the Triton build to compile with (default: "
                         "$LLM_SPEED_TRITON_GPU when it holds one, else the installed Triton)")  # fmt: skip
-    parser.add_argument("--workers", type=_cli.positive_int, help="compile processes (default: CPU count)")
+    parser.add_argument("--workers", type=_cli.positive_int,
+                        help="compile processes (default: CPU count; never more than there are kernels)")
     parser.add_argument("--sass", metavar="DIR", help="keep each kernel's PTX and SASS in DIR")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--output", metavar="FILE.json", help="also write the report as JSON to this file")

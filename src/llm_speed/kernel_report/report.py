@@ -42,6 +42,18 @@ def worker_environment(build: str | None, cache_dir: str) -> dict[str, str]:
     return env
 
 
+def first_workers(workers: int, cpus: int | None = None) -> int:
+    """The workers started before the kernel count is known: ``workers``, but no more than the CPUs (each
+    captures every problem; more would only wait for a CPU, and a count past the kernels' would start
+    processes with nothing to compile)."""
+    return max(1, min(workers, cpus or os.cpu_count() or 1))
+
+
+def shards(workers: int, kernels: int) -> int:
+    """The processes that compile: ``workers``, but never more than there are ``kernels`` (at least one)."""
+    return max(1, min(workers, kernels))
+
+
 def _drain(stream, into: list[str]) -> None:
     into.append(stream.read())
 
@@ -66,7 +78,8 @@ def run_report(
     tier's attention configurations only).
 
     Returns ``{"gpu", "triton_build", "rows": [...]}`` with one row per distinct kernel, in the order the
-    problems first launch them. ``workers`` processes share the compiles (default: the CPU count).
+    problems first launch them. ``workers`` processes share the compiles (default: the CPU count; never more
+    than there are kernels: the result's ``workers`` says how many compiled).
     ``progress(compiled, total)`` is called as the workers report: once the kernel count is known (total
     None until then), and after each kernel."""
     workers = max(1, workers or os.cpu_count() or 1)
@@ -77,6 +90,7 @@ def run_report(
     totals: list[int] = []
     problem_errors: list[str] = []
     lock = threading.Lock()
+    counted = threading.Event()  # a worker has counted the kernels
 
     def collect(stream) -> None:
         # Each worker prints its kernel count first, then one row per compiled kernel, as it goes.
@@ -87,6 +101,7 @@ def run_report(
             with lock:
                 if "kernels" in record:
                     totals.append(record["kernels"])
+                    counted.set()
                 elif "problem_error" in record:
                     problem_errors.append(record["problem_error"])
                 else:
@@ -96,24 +111,49 @@ def run_report(
 
     with tempfile.TemporaryDirectory(prefix="llm-speed-kernels-") as cache:
         processes, readers, errors = [], [], []
-        for shard in range(workers):
+
+        def start(shard: int, shards: int | None) -> subprocess.Popen:
             env = worker_environment(build, os.path.join(cache, str(shard)))
             process = subprocess.Popen(
                 [sys.executable, "-m", "llm_speed.kernel_report.worker",
-                 json.dumps(dict(request, shard=shard, shards=workers))],
+                 json.dumps(dict(request, shard=shard, shards=shards))],
+                stdin=subprocess.PIPE if shards is None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             )  # fmt: skip
             error: list[str] = []
-            readers += [
+            readers.extend([
                 threading.Thread(target=collect, args=(process.stdout,), daemon=True),
                 threading.Thread(target=_drain, args=(process.stderr, error), daemon=True),
-            ]
+            ])  # fmt: skip
             readers[-2].start()
             readers[-1].start()
             processes.append(process)
             errors.append(error)
+            return process
+
         deadline = time.monotonic() + timeout
+        # The kernel count is known only once a worker has captured the problems: the first workers (no more
+        # than the CPUs, which their captures keep busy) start at once and learn the compile processes' count
+        # from the first count, then the rest start (shards(): never more than there are kernels).
+        early = [start(shard, None) for shard in range(first_workers(workers))]
+        while not counted.wait(0.05):
+            if all(p.poll() is not None for p in early) or time.monotonic() > deadline:
+                break
+        with lock:
+            compile_processes = shards(workers, totals[0]) if totals else 0
         failures = []
+        if not totals and any(p.poll() is None for p in early):  # past the deadline before a count
+            failures.append(f"a worker ran past {timeout:g} s")
+            for process in early:
+                process.kill()
+        for process in early:
+            try:
+                process.stdin.write(json.dumps({"shards": compile_processes}) + "\n")
+                process.stdin.close()
+            except OSError:  # the worker has already exited (its error is read below)
+                pass
+        for shard in range(len(early), compile_processes):
+            start(shard, compile_processes)
         for process in processes:
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -135,4 +175,5 @@ def run_report(
     if total is not None and len(rows) != total:
         raise RuntimeError(f"the kernel report's workers returned {len(rows)} of {total} kernels")
     version = rows[0]["triton"] if rows else None
-    return {"gpu": gpu, "triton_build": build or "installed", "triton": version, "rows": rows}
+    return {"gpu": gpu, "triton_build": build or "installed", "triton": version, "workers": compile_processes,
+            "rows": rows}

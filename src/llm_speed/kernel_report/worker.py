@@ -10,7 +10,8 @@ order and compiles the kernels ``shard``, ``shard + shards``, ... of them.
 
 Request (the "shipped" set includes the candidate launch choices' problems): ``{"gpu": "h100-sxm", "set":
 "default" | "shipped" | "tier", "ops": [...] | null, "options": {...},
-"shard": 0, "shards": 2, "sass_dir": null | "DIR"}``.
+"shard": 0, "shards": 2, "sass_dir": null | "DIR"}``; ``"shards": null``: the count is read from stdin
+(``{"shards": N}``) once the kernels are counted, and a worker whose shard is past it compiles nothing.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def kernels(request: dict) -> list[dict]:
 DISASSEMBLE_BATCH = 16
 
 
-def run(request: dict, out) -> None:
+def run(request: dict, out, stdin=None) -> None:
     import triton
 
     from llm_speed.kernel_report import build
@@ -87,6 +88,11 @@ def run(request: dict, out) -> None:
     sass_dir = pathlib.Path(request["sass_dir"]) if request.get("sass_dir") else None
     out.write(json.dumps({"kernels": len(groups)}) + "\n")
     out.flush()
+    if shards is None:  # the report chooses the compile processes' count once it knows the kernels'
+        line = (stdin if stdin is not None else sys.stdin).readline()
+        shards = json.loads(line)["shards"] if line.strip() else 0
+        if shard >= shards:  # more workers started than there are kernels: nothing for this one
+            return
     pending: list[tuple[dict, object, str, float]] = []  # (row, compiled, ptxas log, seconds)
 
     def read_pending() -> None:
