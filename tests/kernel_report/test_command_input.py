@@ -109,3 +109,11 @@ def test_the_report_starts_no_more_workers_than_the_cpus_and_compiles_in_no_more
     assert len(started) == 2 and result["workers"] == 1, (len(started), result["workers"])
     (row,) = result["rows"]
     assert row["error"] is None, row["error"]
+
+
+def test_a_dtype_the_gpu_has_no_peak_for_is_refused_as_roofline_refuses_it(no_workers, capsys):
+    # T4 has no bf16 tensor cores: roofline and analyze refuse bf16 there, and so does the kernel report.
+    err = _refused(["--gpu", "t4", "--dtype", "bf16", "--op", "gemm"], capsys)
+    assert "--dtype bf16: t4" in err and "accepted on t4: fp16, fp32" in err, err
+    assert cli.main(["roofline", "--gpu", "t4", "--dtype", "bf16"]) == 2
+    assert "--dtype bf16" in capsys.readouterr().err

@@ -16,6 +16,8 @@ COLUMNS = (
     "partitions warps x regs",
 )  # fmt: skip
 
+DTYPES = ("fp16", "bf16", "fp32")  # problems.DTYPE_NAMES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Register ``llm-speed kernels``."""
@@ -36,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip
-    parser.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
-                        help="operand dtype (repeat for several; default fp16)")  # fmt: skip
+    parser.add_argument("--dtype", action="append", choices=DTYPES,
+                        help="operand dtype (repeat for several; default fp16; one the GPU has a peak for: "
+                        "no bf16 on a T4)")  # fmt: skip
     parser.add_argument("--head-dim", action="append", type=_cli.positive_int, metavar="D",
                         help="attention head dim (repeat; default 64 and 128)")  # fmt: skip
     parser.add_argument("--seq", type=_cli.positive_int, default=4096,
@@ -80,6 +83,13 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     if spec.vendor != "NVIDIA":
         raise _cli.CommandError(f"--gpu: {gpu} is an {spec.vendor} GPU ({spec.name}); kernels compiles for "
                                 "NVIDIA GPUs only (Triton's NVIDIA backend, ptxas and nvdisasm)")  # fmt: skip
+    # As roofline and analyze do: a dtype the GPU has no peak for (bf16 on a T4: no bf16 tensor cores) is
+    # refused, not compiled into kernels that GPU cannot run.
+    accepted = [name for name in DTYPES if name in spec.peak_tflops]
+    for dtype in args.dtype or ():
+        if dtype not in spec.peak_tflops:
+            raise _cli.CommandError(f"--dtype {dtype}: {gpu} ({spec.name}) has no {dtype} peak: it does not "
+                                    f"run {dtype}; accepted on {gpu}: {', '.join(accepted)}")  # fmt: skip
     gluon = [name for name in args.op or () if name in problems.GLUON_BUILDERS]
     if gluon and tuple(spec.compute_capability) != (9, 0):
         major, minor = spec.compute_capability
