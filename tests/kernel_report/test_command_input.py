@@ -117,3 +117,51 @@ def test_a_dtype_the_gpu_has_no_peak_for_is_refused_as_roofline_refuses_it(no_wo
     assert "--dtype bf16: t4" in err and "accepted on t4: fp16, fp32" in err, err
     assert cli.main(["roofline", "--gpu", "t4", "--dtype", "bf16"]) == 2
     assert "--dtype bf16" in capsys.readouterr().err
+
+
+def test_the_options_each_op_reads_are_those_its_builder_reads():
+    """problems.OPTIONS_READ (restated to keep the command torch-free) against the Options fields each
+    builder reads while making its problems."""
+    from llm_speed.kernel_report import problems
+
+    read: set[str] = set()
+
+    class Reading(problems.Options):
+        def __getattribute__(self, name):
+            if name in command.OPTION_FLAGS:
+                read.add(name)
+            return super().__getattribute__(name)
+
+    builders = {**problems.BUILDERS, **problems.GLUON_BUILDERS}
+    assert set(problems.OPTIONS_READ) == set(builders)
+    for name, builder in builders.items():
+        read.clear()
+        assert list(builder(name, Reading())), name
+        # Read and then not used: _fused hands the cross-entropies --size, fused_problem gives them fixed
+        # shapes; _gluon_attention lists the 16-bit dtypes, its fp8 forward takes e4m3 whatever they are.
+        if "cross_entropy" in name:
+            read.discard("size")
+        if name == "gluon_attention_fwd_fp8":
+            read.discard("dtypes")
+        assert read == problems.OPTIONS_READ[name], name
+
+
+def test_options_no_chosen_op_reads_are_refused_naming_them(no_workers, capsys):
+    # The sweep's case: attention-only options beside a GEMM were ignored without a word.
+    err = _refused(["--op", "gemm", "--backward", "deterministic", "--head-dim", "64"], capsys)
+    assert "--head-dim, --backward: do not apply to --op gemm (whose problems take --dtype, --size)" in err
+    err = _refused(["--op", "flash_attention", "--size", "1024"], capsys)
+    assert "--size: does not apply to --op flash_attention" in err and "--head-dim, --seq" in err, err
+
+
+def test_options_one_chosen_op_reads_are_accepted():
+    def args(*argv):
+        parser = argparse.ArgumentParser()
+        command.register(parser.add_subparsers())
+        return parser.parse_args(["kernels", *argv])
+
+    assert command.inapplicable_options(args("--size", "64", "--head-dim", "64")) is None  # every op
+    assert command.inapplicable_options(args("--op", "gemm", "--op", "flash_attention_backward", "--size",
+                                             "64", "--backward", "default")) is None  # fmt: skip
+    assert command.inapplicable_options(args("--op", "gemm", "--shipped", "--backward", "default")) is None
+    assert "--heads" in command.inapplicable_options(args("--op", "attention_kvcache_fwd", "--heads", "8"))

@@ -43,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "no bf16 on a T4)")  # fmt: skip
     parser.add_argument("--head-dim", action="append", type=_cli.positive_int, metavar="D",
                         help="attention head dim (repeat; default 64 and 128)")  # fmt: skip
-    parser.add_argument("--seq", type=_cli.positive_int, default=4096,
+    parser.add_argument("--seq", type=_cli.positive_int,
                         help="attention tokens per sequence, decode cache length (default 4096)")  # fmt: skip
-    parser.add_argument("--heads", type=_cli.positive_int, default=16, help="attention heads (default 16)")
-    parser.add_argument("--size", type=_cli.positive_int, default=4096,
+    parser.add_argument("--heads", type=_cli.positive_int, help="attention heads (default 16)")
+    parser.add_argument("--size", type=_cli.positive_int,
                         help="GEMM M=N=K and fused ops' rows and hidden size (default 4096)")  # fmt: skip
     parser.add_argument("--backward", action="append", choices=("default", "deterministic"),
                         help="attention backward path (repeat; default both)")  # fmt: skip
@@ -100,6 +100,12 @@ def run_kernels_command(args: argparse.Namespace) -> int:
             row = ops.get(name)  # ValueError listing the rows for an unknown name
             raise _cli.CommandError(f"--op: {name} has no kernel to compile"
                                     + (" (plain PyTorch)" if row.plain_pytorch else ""))  # fmt: skip
+    refusal = inapplicable_options(args)
+    if refusal:
+        raise _cli.CommandError(refusal)
+    for name, default in SIZE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.output:
         prepare_output_path(args.output, argument="--output")
     if args.sass:
@@ -132,6 +138,38 @@ def run_kernels_command(args: argparse.Namespace) -> int:
         print(f"llm-speed kernels: {len(failing)} budget breaches", file=sys.stderr)
         return 1
     return 0
+
+
+# The problems' sizes when not given (problems.Options); None in the parser, to tell an option given from one
+# left alone.
+SIZE_DEFAULTS = {"seq": 4096, "heads": 16, "size": 4096}
+# Options field -> its flag, in the order of the help.
+OPTION_FLAGS = {"dtypes": "--dtype", "head_dims": "--head-dim", "seq": "--seq", "heads": "--heads",
+                "size": "--size", "backward": "--backward"}  # fmt: skip
+
+
+def inapplicable_options(args: argparse.Namespace) -> str | None:
+    """Why options given do not apply to the ``--op`` chosen (None when each is read by one of them): an
+    attention option for a GEMM, ``--size`` for attention, ``--dtype`` for the int8 GEMM, would otherwise be
+    ignored without a word. Without ``--op`` every row runs and every option applies; ``--shipped`` reads
+    ``--backward`` (its attention tier runs both paths by default)."""
+    from llm_speed.kernel_report import problems  # torch-free
+
+    if not args.op:
+        return None
+    values = {"dtypes": args.dtype, "head_dims": args.head_dim, "seq": args.seq, "heads": args.heads,
+              "size": args.size, "backward": args.backward}  # fmt: skip
+    chosen = list(dict.fromkeys(args.op))
+    read = set().union(*(problems.OPTIONS_READ[name] for name in chosen))
+    if args.shipped:
+        read.add("backward")
+    unread = [flag for name, flag in OPTION_FLAGS.items() if values[name] is not None and name not in read]
+    if not unread:
+        return None
+    taken = [flag for name, flag in OPTION_FLAGS.items() if name in read]
+    takes = ", ".join(taken) if taken else "no size or dtype option: fixed shapes"
+    return (f"{', '.join(unread)}: {'does' if len(unread) == 1 else 'do'} not apply to --op "
+            f"{', '.join(chosen)} (whose problems take {takes})")
 
 
 # PyTorch counts a tensor's bytes in an int64: a problem tensor past this is refused ("Storage size

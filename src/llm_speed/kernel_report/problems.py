@@ -513,6 +513,32 @@ BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
 }
 
 
+# The Options fields each builder's problems read (the rest do not change them: `llm-speed kernels` refuses an
+# option that no chosen op reads). Restated, not traced, to keep the command torch-free;
+# tests/kernel_report/test_command_input.py checks it against what the builders read.
+_ATTENTION = frozenset({"seq", "heads", "head_dims", "dtypes"})
+_SIZED = frozenset({"size", "dtypes"})
+OPTIONS_READ: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("flash_attention", "tiled_attention", "flash_attention_varlen", "gluon_attention_fwd",
+                     "gluon_attention_bwd"), _ATTENTION),
+    **dict.fromkeys(("flash_attention_backward", "flash_attention_varlen_backward"),
+                    _ATTENTION | {"backward"}),
+    **dict.fromkeys(("flash_attention_fp8", "gluon_attention_fwd_fp8"), _ATTENTION - {"dtypes"}),
+    "attention_kvcache_fwd": _ATTENTION - {"heads"},  # the decode step's 32/8 heads are fixed
+    **dict.fromkeys(("gemm", "tensor_core_gemm", "gluon_gemm", "rms_norm", "rms_norm_backward", "swiglu",
+                     "swiglu_backward", "apply_rotary", "geglu", "geglu_backward", "apply_rotary_qk",
+                     "apply_rotary_qk_backward"), _SIZED),
+    **dict.fromkeys(("tensor_core_gemm_int8", "quantize_fp8", "gemm_fp8", "gluon_gemm_fp8"),
+                    frozenset({"size"})),
+    # fixed vocabularies and rows; the MoE layer's shapes are fixed (moe_sort's ids are int32)
+    **dict.fromkeys(("cross_entropy", "cross_entropy_backward", "fused_linear_cross_entropy",
+                     "fused_linear_cross_entropy_backward", "grouped_gemm", "grouped_gemm_backward",
+                     "moe_route", "moe_route_backward", "fused_moe", "fused_moe_backward"),
+                    frozenset({"dtypes"})),
+    "moe_sort": frozenset(),
+}
+
+
 # --- Gluon kernels (not op-table rows: reached explicitly until a GPU proof selects them) -------------------
 
 
