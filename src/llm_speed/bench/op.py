@@ -56,13 +56,84 @@ def examples() -> tuple[str, ...]:
     return tuple(op.name for op in ops.OPS if op.example is not None)
 
 
+# PyTorch counts a tensor's bytes in an int64: a tensor past this cannot be made on any device.
+MAX_TENSOR_BYTES = 2**63 - 1
+
+
+def input_bytes(name: str, size: int, dtype: torch.dtype) -> int | None:
+    """Bytes of the example problem's tensors at ``size``, counted on the meta device (nothing allocated);
+    None when a tensor's size overflows what PyTorch can count."""
+    try:
+        args, kwargs = ops.get(name).example_problem(torch.device("meta"), dtype, size)
+    except RuntimeError as error:  # "numel: integer multiplication overflow", "Storage size ... overflowed"
+        if "overflow" not in str(error):
+            raise
+        return None
+    # Counted here, in Python's integers: some meta factories (randn) skip the storage size's check.
+    sizes = [t.numel() * t.element_size() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    return None if any(n > MAX_TENSOR_BYTES for n in sizes) else sum(sizes)
+
+
+def _needed_bytes(name: str, size: int, dtype: torch.dtype) -> int | None:
+    """What the run needs at least: the inputs, and outputs as large as them (the op's and its baseline's
+    results, a GEMM's C beside A and B); None when a tensor's size overflows."""
+    inputs = input_bytes(name, size, dtype)
+    return None if inputs is None else 2 * inputs
+
+
+def _largest_size(name: str, dtype: torch.dtype, available: int | None) -> int:
+    """The largest ``--size`` whose tensors PyTorch can represent and (``available`` not None) fit in it:
+    the needed bytes grow with the size, so a bisection of meta-device problems (a millisecond each)."""
+
+    def fits(size: int) -> bool:
+        need = _needed_bytes(name, size, dtype)
+        return need is not None and (available is None or need <= available)
+
+    low, high = 0, 1
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def size_refusal(name: str, *, size: int, dtype: Any, device: torch.device,
+                 available: int | None = None) -> str | None:  # fmt: skip
+    """Why the example problem of ``size`` cannot run (None when it can): a tensor whose size PyTorch cannot
+    count, or, on a CPU, more than the ``available`` bytes of memory (default: what
+    :func:`llm_speed.bench.cpu_budget.available_memory` finds; the system kills a process that takes more,
+    while a GPU's out-of-memory error is reported by the harness)."""
+    torch_dtype = ops.default_dtype(device, dtype)
+    need = _needed_bytes(name, size, torch_dtype)
+    if device.type != "cpu":
+        available = None
+    elif available is None:
+        from llm_speed.bench import cpu_budget
+
+        available = cpu_budget.available_memory()
+    if need is not None and (available is None or need <= available):
+        return None
+    largest = _largest_size(name, torch_dtype, available)
+    accepted = f"accepted{' here' if available is not None else ''}: 1 to {largest}"
+    if need is None:
+        return (f"--size: {size} is too large: {name}'s example tensors would not be representable (their "
+                f"sizes overflow PyTorch's 64-bit byte counts); {accepted}")  # fmt: skip
+    return (f"--size: {name} at {size} needs at least {need / 1e9:.3g} GB (its inputs and outputs), "
+            f"{available / 1e9:.3g} GB of memory is available here; {accepted}")
+
+
 def run_op(
     name: str, *, size: int, dtype: Any, device: torch.device, warmup: int, iterations: int
 ) -> list[OpMeasurement]:
-    """Time the op ``name`` (and its baseline, when the row has one) on its example problem of ``size``."""
+    """Time the op ``name`` (and its baseline, when the row has one) on its example problem of ``size``;
+    ValueError, before anything is allocated, when the problem cannot be made (:func:`size_refusal`)."""
     row = ops.get(name)
     if row.example is None:
         raise ValueError(f"op: {name} has no example problem to benchmark; ops that have one: {examples()}")
+    refusal = size_refusal(name, size=size, dtype=dtype, device=device)
+    if refusal:
+        raise ValueError(refusal)
     torch_dtype = ops.default_dtype(device, dtype)
     args, kwargs = row.example_problem(device, torch_dtype, size)
     function = row.load()
