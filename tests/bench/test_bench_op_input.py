@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llm_speed import cli, ops
-from llm_speed.bench import cpu_budget
+from llm_speed.bench import cpu_load
 from llm_speed.bench import op as op_bench
 
 
@@ -47,7 +47,7 @@ def test_the_memory_refusal_names_the_largest_size_that_fits():
 
 
 def test_the_memory_available_on_this_cpu_is_what_bounds_the_run(monkeypatch, built_on, capsys):
-    monkeypatch.setattr(cpu_budget, "available_memory", lambda: 16 * 100**2)
+    monkeypatch.setattr(cpu_load, "available_memory", lambda: 16 * 100**2)
     assert cli.main(["bench", "op", "gemm", "--size", "128", "--device", "cpu"]) == 2
     assert "accepted here: 1 to 100" in capsys.readouterr().err
     assert set(built_on) == {"meta"}, built_on

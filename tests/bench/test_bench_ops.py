@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llm_speed import fused_linear_cross_entropy, ops
-from llm_speed.bench import cpu_budget, report
+from llm_speed.bench import cpu_budget, cpu_load, report
 from llm_speed.bench import ops as ops_bench
 from llm_speed.cli import build_parser, main
 from llm_speed.core import runtime
@@ -290,7 +290,7 @@ def test_the_memory_floor_is_inputs_outputs_and_gradients():
 
 
 def test_a_size_that_cannot_fit_is_refused_before_any_work(monkeypatch, capsys):
-    monkeypatch.setattr(cpu_budget, "available_memory", lambda: 10**6)
+    monkeypatch.setattr(cpu_load, "available_memory", lambda: 10**6)
     ran = []
     monkeypatch.setattr(cpu_budget, "calibrate_ops", lambda *a, **k: ran.append("calibration"))
     monkeypatch.setattr(ops_bench, "run_ops", lambda *a, **k: ran.append("run"))
@@ -334,10 +334,10 @@ def test_available_memory_is_the_smaller_of_the_system_s_and_the_cgroup_s(tmp_pa
     meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   2000000 kB\n")
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
-    assert cpu_budget.available_memory(str(meminfo), str(cgroup)) == 2000000 * 1024
+    assert cpu_load.available_memory(str(meminfo), str(cgroup)) == 2000000 * 1024
     (cgroup / "memory.max").write_text("max\n")
-    assert cpu_budget.available_memory(str(meminfo), str(cgroup)) == 2000000 * 1024
+    assert cpu_load.available_memory(str(meminfo), str(cgroup)) == 2000000 * 1024
     (cgroup / "memory.max").write_text("1000000000\n")
     (cgroup / "memory.current").write_text("400000000\n")
-    assert cpu_budget.available_memory(str(meminfo), str(cgroup)) == 600000000
-    assert cpu_budget.available_memory(str(tmp_path / "none"), str(tmp_path / "none")) > 0  # sysconf's
+    assert cpu_load.available_memory(str(meminfo), str(cgroup)) == 600000000
+    assert cpu_load.available_memory(str(tmp_path / "none"), str(tmp_path / "none")) > 0  # sysconf's

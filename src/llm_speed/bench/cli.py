@@ -549,6 +549,9 @@ def run_op_command(args: argparse.Namespace) -> int:
         key: value if value is not None else _OP_DEFAULTS[key][0 if on_gpu else 1]
         for key, value in chosen.items()
     }
+    refusal = op_bench.size_refusal(args.name, size=chosen["size"], dtype=args.dtype, device=device)
+    if refusal:  # before the CPU's load check, the first work the command does
+        raise ValueError(refusal)
     rows, verdict = cpu_load.watched_run(
         device, lambda: op_bench.run_op(args.name, dtype=args.dtype, device=device, **chosen)
     )
@@ -565,11 +568,11 @@ def run_op_command(args: argparse.Namespace) -> int:
 def _refuse_oversized_ops(settings) -> None:
     """On a CPU, a ValueError naming the sizes when an op's inputs, outputs and gradients alone would not fit
     in the memory available (the system would kill the run, and its results with it)."""
-    from llm_speed.bench import cpu_budget
+    from llm_speed.bench import cpu_load
     from llm_speed.bench import ops as ops_bench
 
     if settings.device.startswith("cpu"):
-        reason = ops_bench.memory_refusal(settings, cpu_budget.available_memory())
+        reason = ops_bench.memory_refusal(settings, cpu_load.available_memory())
         if reason is not None:
             raise ValueError(reason)
 

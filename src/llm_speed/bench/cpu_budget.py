@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from llm_speed.bench.attention import COST_CLASS, SCORE_DTYPES, AttentionSettings
 from llm_speed.bench.gemm import GemmCase, GemmSettings
@@ -243,30 +241,6 @@ def duration_text(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h" if math.isfinite(seconds) else "forever"
-
-
-def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes of memory this process can still take: the kernel's MemAvailable, or less where a cgroup (v2)
-    limits the process; the free pages where there is no /proc/meminfo; None when neither says."""
-    found = []
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path(cgroup, "memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path(cgroup, "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    if not found:
-        try:
-            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (OSError, ValueError, AttributeError):
-            return None
-    return max(0, min(found))
 
 
 # --- bench ops ---------------------------------------------------------------------------------------------

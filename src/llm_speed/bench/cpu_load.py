@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -210,3 +212,27 @@ def withhold_ratios(rows: Sequence[Any]) -> None:
 def verdict_record(verdict: LoadVerdict | None) -> dict[str, Any] | None:
     """The verdict as JSON values (None for a GPU run)."""
     return None if verdict is None else dataclasses.asdict(verdict)
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process can still take: the kernel's MemAvailable, or less where a cgroup (v2)
+    limits the process; the free pages where there is no /proc/meminfo; None when neither says."""
+    found = []
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path(cgroup, "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path(cgroup, "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            return None
+    return max(0, min(found))

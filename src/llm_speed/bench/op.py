@@ -15,6 +15,7 @@ import torch
 
 from llm_speed import ops
 from llm_speed._output import print_table
+from llm_speed.bench.report import bytes_text
 from llm_speed.bench.timing import measure
 from llm_speed.profiler import CUDAProfiler
 
@@ -102,16 +103,16 @@ def size_refusal(name: str, *, size: int, dtype: Any, device: torch.device,
                  available: int | None = None) -> str | None:  # fmt: skip
     """Why the example problem of ``size`` cannot run (None when it can): a tensor whose size PyTorch cannot
     count, or, on a CPU, more than the ``available`` bytes of memory (default: what
-    :func:`llm_speed.bench.cpu_budget.available_memory` finds; the system kills a process that takes more,
+    :func:`llm_speed.bench.cpu_load.available_memory` finds; the system kills a process that takes more,
     while a GPU's out-of-memory error is reported by the harness)."""
     torch_dtype = ops.default_dtype(device, dtype)
     need = _needed_bytes(name, size, torch_dtype)
     if device.type != "cpu":
         available = None
     elif available is None:
-        from llm_speed.bench import cpu_budget
+        from llm_speed.bench import cpu_load
 
-        available = cpu_budget.available_memory()
+        available = cpu_load.available_memory()
     if need is not None and (available is None or need <= available):
         return None
     largest = _largest_size(name, torch_dtype, available)
@@ -119,8 +120,8 @@ def size_refusal(name: str, *, size: int, dtype: Any, device: torch.device,
     if need is None:
         return (f"--size: {size} is too large: {name}'s example tensors would not be representable (their "
                 f"sizes overflow PyTorch's 64-bit byte counts); {accepted}")  # fmt: skip
-    return (f"--size: {name} at {size} needs at least {need / 1e9:.3g} GB (its inputs and outputs), "
-            f"{available / 1e9:.3g} GB of memory is available here; {accepted}")
+    return (f"--size: {name} at {size} needs at least {bytes_text(need)} (its inputs and outputs), "
+            f"{bytes_text(available)} of memory is available here; {accepted}")
 
 
 def run_op(

@@ -250,9 +250,9 @@ def cpu_memory(device: torch.device) -> int | None:
     out-of-memory error is caught and reported in the row."""
     if device.type != "cpu":
         return None
-    from llm_speed.bench.cpu_budget import available_memory
+    from llm_speed.bench import cpu_load
 
-    return available_memory()
+    return cpu_load.available_memory()
 
 
 def memory_shortfall(need: int, available: int | None) -> str | None:
