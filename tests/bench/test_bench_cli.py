@@ -154,6 +154,12 @@ def test_gemm_model_takes_a_config_json_path(tmp_path):
         (["bench", "gemm", "--device", "cpu", "--tokens", "4"], "--model"),
         (["bench", "gemm", "--device", "cpu", "--dtype", "int8", "--epilogue", "bias"], ": --epilogue: "),
         (["bench", "gemm", "--device", "cpu", "--model", "no-such-model"], "no-such-model"),
+        # nothing asked for can run: a usage error before the calibration, not a run of "not run" rows
+        (["bench", "attention", "--device", "cpu", "--mode", "bwd", "--impl", "flash-fp8"],
+         "--impl: none of the implementations asked for can run here (flash-fp8: fp8 attention is forward"),
+        (["bench", "attention", "--device", "cpu", "--impl", "sdpa-cudnn"],
+         "(sdpa-cudnn: SDPA's cuDNN backend runs on CUDA devices only)"),
+        (["bench", "ops", "--device", "cpu", "--impl", "liger"], "--impl: none of the implementations asked"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
@@ -243,12 +249,12 @@ def test_nothing_runnable_exits_1(capsys):
             "--seq-lengths",
             "16",
             "--impl",
-            "flash_attn",
+            "sdpa-efficient",  # no CPU kernel, known once tried (flash_attn alone is refused before)
             "--no-progress",
         ]
     )
     assert code == 1
-    assert "not run: flash_attn" in capsys.readouterr().out
+    assert "not run: sdpa-efficient" in capsys.readouterr().out
 
 
 def test_a_run_where_nothing_ran_keeps_an_earlier_results_file(tmp_path, capsys):
@@ -257,7 +263,7 @@ def test_a_run_where_nothing_ran_keeps_an_earlier_results_file(tmp_path, capsys)
     earlier.write_text('{"earlier": true}')
     table = tmp_path / "results.csv"
     table.write_text("earlier,rows\n")
-    argv = ["bench", "attention", "--device", "cpu", "--seq-lengths", "16", "--impl", "flash_attn",
+    argv = ["bench", "attention", "--device", "cpu", "--seq-lengths", "16", "--impl", "sdpa-efficient",
             "--no-progress", "--output", str(earlier), "--csv", str(table)]  # fmt: skip
     assert main(argv) == 1
     assert earlier.read_text() == '{"earlier": true}' and table.read_text() == "earlier,rows\n"

@@ -186,7 +186,7 @@ def _workload_builder(impl: str, settings: AttentionSettings, seq_len: int, devi
     return build
 
 
-def _unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
+def unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
     """Why ``impl`` cannot run here at all (before trying), or None."""
     if impl == FP8_IMPL and settings.mode != "fwd":
         return "fp8 attention is forward-only (as FlashAttention-3's)"
@@ -197,6 +197,8 @@ def _unavailable_reason(impl: str, device: torch.device, settings: AttentionSett
             return "flash_attn runs on CUDA devices only"
         if settings.dtype == "fp32":
             return "flash_attn supports fp16 and bf16 only"
+    if impl == "sdpa-cudnn" and device.type != "cuda":
+        return "SDPA's cuDNN backend runs on CUDA devices only"
     return None
 
 
@@ -256,7 +258,7 @@ def run_attention(
                     flops=cost.flops,
                     bytes_moved=cost.bytes_moved,
                 )
-                reason = _unavailable_reason(impl, device, settings)
+                reason = unavailable_reason(impl, device, settings)
                 if reason is not None:
                     row.reason = reason
                 else:

@@ -285,6 +285,7 @@ def _pick(value: Any, device: torch.device, key: str, gpu: dict, cpu: dict) -> A
 def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSettings:
     """Settings from parsed flags, defaults filled for the device."""
     from llm_speed.bench import attention as attention_bench
+    from llm_speed.bench import report
 
     device = _cli.resolve_device(args.device)
     gpu, cpu = attention_bench.GPU_DEFAULTS, attention_bench.CPU_DEFAULTS
@@ -305,6 +306,9 @@ def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSet
         min_time_s=_pick(args.min_time, device, "min_time", gpu, cpu),
     )
     attention_bench.check_settings(settings)
+    report.refuse_when_no_impl_can_run(
+        settings.impls, lambda impl: attention_bench.unavailable_reason(impl, device, settings)
+    )
     return settings
 
 
@@ -579,11 +583,15 @@ def _refuse_oversized_ops(settings) -> None:
 
 def run_ops_command(args: argparse.Namespace) -> int:
     """``llm-speed bench ops``."""
-    from llm_speed.bench import cpu_budget
+    import torch
+
+    from llm_speed.bench import cpu_budget, report
     from llm_speed.bench import ops as ops_bench
 
     _check_outputs(args)
     settings = ops_bench.ops_settings(args, _cli.resolve_device(args.device))
+    liger = ops_bench.liger_unavailable(torch.device(settings.device))
+    report.refuse_when_no_impl_can_run(settings.impls, lambda impl: liger if impl == "liger" else None)
     if args.full_size:  # the sizes are final: refused before the calibration calls
         _refuse_oversized_ops(settings)
     if cpu_budget.ops_calibrated(settings):

@@ -236,6 +236,16 @@ def prediction_gpu(device: torch.device):
     return gpu, None
 
 
+def refuse_when_no_impl_can_run(impls: Sequence[str], reason: Callable[[str], str | None]) -> None:
+    """ValueError naming --impl when not one implementation asked for can run here, each for a reason known
+    before any work (``reason(impl)``: fp8 attention's backward, a package not installed, a CUDA-only
+    backend on a CPU): a run would only list them as not run."""
+    reasons = {impl: reason(impl) for impl in impls}
+    if impls and all(reasons.values()):
+        said = "; ".join(f"{impl}: {why}" for impl, why in reasons.items())
+        raise ValueError(f"impl: none of the implementations asked for can run here ({said})")
+
+
 def bytes_text(value: float) -> str:
     """``38.4 TB``, ``4.2 GB``, ``263 MB``, ``12 kB``, ``512 B`` (decimal units)."""
     for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
