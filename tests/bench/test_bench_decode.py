@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from llm_speed.bench import cpu_budget
 from llm_speed.bench import decode as decode_bench
 from llm_speed.cli import build_parser, main
 
@@ -154,8 +155,76 @@ def test_rows_that_cannot_fit_a_cpu_are_not_run_and_a_sweep_of_none_is_refused(m
     assert rows[1]["reason"].startswith("needs at least ") and rows[1]["reason"].endswith("on this CPU")
     monkeypatch.setattr(report, "cpu_memory", lambda device: small - 1)
     ran = []
+    monkeypatch.setattr(cpu_budget, "calibrate_decode", lambda *a, **k: ran.append(1))
     monkeypatch.setattr(decode_bench, "run_decode", lambda *a, **k: ran.append(1))
-    assert main(argv) == 2
+    assert main([*argv, "--full-size"]) == 2  # the sizes final: refused before the calibration calls
     err = capsys.readouterr().err
     assert "llm-speed bench decode: error: --batch-sizes/--contexts: no case fits in the memory" in err
     assert not ran
+
+
+# Costs per step at batch 1 as the interpreter gives them: ~30 ms of a sequence's programs, then ~25 MB/s.
+STEP = cpu_budget.CallCost(3e-2, 4e-8)
+
+
+def test_gpu_sized_decode_is_scaled_batch_then_context_on_a_cpu():
+
+    argv = [*DECODE, "--batch-sizes", "1", "8", "128", "--contexts", "1024", "4096", "16384"]
+    settings = decode_bench.decode_settings(build_parser().parse_args(argv), CPU)
+    costs = {impl: STEP for impl in settings.impls}
+    scaled, notes = cpu_budget.scale_decode(settings, costs)
+    slowest = {(b, c): max(cpu_budget.decode_seconds(scaled, STEP, b, c, impl) for impl in scaled.impls)
+               for b in scaled.batch_sizes for c in scaled.contexts}  # fmt: skip
+    assert max(slowest.values()) <= cpu_budget.CALL_SECONDS  # every case fits the budget
+    # 128 sequences at 30 ms each cannot fit at any context: the batch goes first, then the contexts
+    assert max(scaled.batch_sizes) < 128 and scaled.batch_sizes[:2] == (1, 8)
+    batch, longer = max(scaled.batch_sizes), 2 * max(scaled.contexts)
+    doubled = max(cpu_budget.decode_seconds(scaled, STEP, batch, longer, i) for i in scaled.impls)
+    assert doubled > cpu_budget.CALL_SECONDS  # halved no further than needed
+    assert [note.split(" (")[0] for note in notes] == [
+        "CPU run: contexts scaled", "CPU run: batch sizes scaled"
+    ]  # fmt: skip
+    assert cpu_budget.decode_estimate(settings, costs) > 10 * cpu_budget.decode_estimate(scaled, costs)
+    assert cpu_budget.scale_decode(scaled, costs) == (scaled, [])
+
+
+def test_decode_is_calibrated_at_batch_1_and_two_contexts():
+
+    argv = [*DECODE, "--batch-sizes", "4", "--contexts", "100", "4096"]
+    settings = decode_bench.decode_settings(build_parser().parse_args(argv), CPU)
+    calls = []
+
+    def fake_run(small, show_progress):
+        calls.append(small)
+        return [decode_bench.DecodeMeasurement(
+            case="", impl=impl, available=True, batch=1, context=c, flops=0, bytes_moved=0,
+            timing=_timing(1e-4 + 1e-6 * cpu_budget.decode_bytes(small, 1, c, impl)),
+        ) for c in small.contexts for impl in small.impls]  # fmt: skip
+
+    costs = cpu_budget.calibrate_decode(settings, run=fake_run)
+    (small,) = calls
+    top = cpu_budget.CALIBRATION_CONTEXT
+    assert (small.batch_sizes, small.contexts, small.graph) == ((1,), (top // 2, top), False)
+    assert (small.warmup, small.iterations) == (0, 1)
+    assert set(costs) == set(small.impls)
+    assert all(cost.fixed_s == pytest.approx(1e-4) for cost in costs.values())
+    assert all(cost.seconds_per_flop == pytest.approx(1e-6) for cost in costs.values())
+
+
+def _timing(seconds):
+    from llm_speed.bench.timing import Timing
+
+    ms = 1e3 * seconds
+    return Timing(median_ms=ms, mean_ms=ms, min_ms=ms, max_ms=ms, p20_ms=ms, p80_ms=ms, iterations=1,
+                  timer="host", times_ms=[ms])  # fmt: skip
+
+
+def test_a_gpu_sized_cpu_decode_prints_its_scaling_and_estimate_first(monkeypatch, capsys):
+
+    monkeypatch.setattr(cpu_budget, "calibrate_decode", lambda settings: {"sdpa": STEP})
+    argv = [*DECODE, "--batch-sizes", "2", "--contexts", "999999", "--impl", "sdpa", *RUNS]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)["results"]
+    assert "CPU run: contexts scaled (999999 -> " in captured.err and "estimated run time" in captured.err
+    assert len(rows) == 1 and rows[0]["context"] < 999999 and rows[0]["available"]

@@ -50,10 +50,10 @@ def _add_common(
     plot: bool = True,
     runs: tuple[str, str] = ("GPU 10, CPU 1", "GPU 50, CPU 5"),
 ) -> None:
-    """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time``, and with
-    ``full_size`` ``--full-size``, for the benchmarks that time to a minimum duration and scale their sizes
-    on a CPU. ``plot`` adds ``--plot`` (benchmarks whose rows have a roofline); ``runs`` is the text of the
-    warm-up and iteration defaults."""
+    """The flags every benchmark shares; ``min_time`` (the defaults' text) adds ``--min-time``, and
+    ``full_size`` ``--full-size``, for the benchmarks that scale their sizes on a CPU. ``plot`` adds
+    ``--plot`` (benchmarks whose rows have a roofline); ``runs`` is the text of the warm-up and iteration
+    defaults."""
     # Run counts up to the timer's cap on timed runs: more would be cut there, or only burn time.
     parser.add_argument(
         "--warmup", type=bounded_int(0, MAX_ITERATIONS), help=f"untimed runs first ({runs[0]})"
@@ -76,7 +76,7 @@ def _add_common(
             metavar="FILE.png",
             help="roofline of the GPU with the measured kernels (CPU runs: the model's GPU predictions)",
         )
-    if min_time is not None and full_size:
+    if full_size:
         parser.add_argument(
             "--full-size",
             action="store_true",
@@ -431,14 +431,20 @@ def run_decode_command(args: argparse.Namespace) -> int:
     """``llm-speed bench decode``."""
     import torch
 
+    from llm_speed.bench import cpu_budget, report
     from llm_speed.bench import decode as decode_bench
-    from llm_speed.bench import report
 
     _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
     available = report.cpu_memory(torch.device(settings.device))
-    needs = decode_bench.memory_needs(settings)
-    report.refuse_when_nothing_fits(needs, available, "--batch-sizes/--contexts")
+    sizes = "--batch-sizes/--contexts"
+    if args.full_size:  # the sizes are final: refused before the calibration calls
+        report.refuse_when_nothing_fits(decode_bench.memory_needs(settings), available, sizes)
+    settings = _fit_to_cpu(
+        args, settings, cpu_budget.calibrate_decode, cpu_budget.scale_decode, cpu_budget.decode_estimate,
+        _side_console(args),
+    )  # fmt: skip
+    report.refuse_when_nothing_fits(decode_bench.memory_needs(settings), available, sizes)
     writer = _Writer(args, settings, decode_bench.results_payload)
     rows = writer.run(decode_bench.run_decode, partial=False)
     return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")

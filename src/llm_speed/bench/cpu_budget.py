@@ -350,3 +350,97 @@ def ops_calibrated(settings) -> bool:
 def ops_estimate(settings, costs: OpsCosts) -> float:
     """Estimated seconds for a ``bench ops`` run on this CPU at the measured ``costs``."""
     return sum(estimate_seconds([ops_work(op, settings)], costs.get(op, {}), settings) for op in settings.ops)
+
+
+# --- bench decode ------------------------------------------------------------------------------------------
+
+# The calibration calls of ``bench decode``: batch 1, the longest context asked for cut to this, and half
+# of it.
+CALIBRATION_CONTEXT = 256
+
+
+def decode_bytes(settings, batch: int, context: int, impl: str) -> float:
+    """The bytes one decode step of ``impl`` reads and writes (the op table's cost, as the benchmark's rows
+    carry it): what its time here grows with (the cache)."""
+    from llm_speed.bench.decode import FP8_IMPLS
+    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+
+    return kvcache_decode_cost(
+        batch, settings.num_heads, 1, context, settings.head_dim, heads_kv=settings.num_kv_heads,
+        dtype=settings.dtype, kv_dtype="fp8" if impl in FP8_IMPLS else None,
+    ).bytes_moved  # fmt: skip
+
+
+def calibrate_decode(settings, run: Callable | None = None) -> dict[str, CallCost]:
+    """Each implementation's cost per call here, from one timed step at batch 1 with the longest context
+    asked for cut to :data:`CALIBRATION_CONTEXT`, and at half of it (no CUDA-graph replay). ``run``: the
+    benchmark (default: run_decode)."""
+    from llm_speed.bench.decode import run_decode
+
+    longest = min(max(settings.contexts), CALIBRATION_CONTEXT)
+    small = dataclasses.replace(
+        settings, batch_sizes=(1,), contexts=tuple(dict.fromkeys((max(1, longest // 2), longest))),
+        warmup=0, iterations=1, graph=False,
+    )  # fmt: skip
+    rows = (run or run_decode)(small, show_progress=False)
+    return _calibrated(rows, lambda row: decode_bytes(small, row.batch, row.context, row.impl))
+
+
+def decode_seconds(settings, cost: CallCost, batch: int, context: int, impl: str) -> float:
+    """One step's time here: ``batch`` times a sequence's, the interpreter running every sequence's programs
+    one after another (calibrated at batch 1: its fixed cost is a sequence's, not only the launch's)."""
+    return batch * cost.seconds(decode_bytes(settings, 1, context, impl))
+
+
+def _decode_slowest(settings, costs: Costs, batch: int, context: int) -> float:
+    seconds = (decode_seconds(settings, cost, batch, context, impl) for impl, cost in costs.items())
+    return max(seconds, default=0.0)
+
+
+def _halve_batches(settings, costs: Costs, batches: list[int], context: int, budget: float) -> list[int]:
+    halved = []
+    for size in batches:
+        while size > 1 and _decode_slowest(settings, costs, size, context) > budget:
+            size //= 2
+        halved.append(size)
+    return halved
+
+
+def scale_decode(settings, costs: Costs) -> tuple[object, list[str]]:
+    """Sizes scaled until one step of the slowest implementation (``costs``, measured with
+    :func:`calibrate_decode`) takes about :data:`CALL_SECONDS` in every case: first the batch sizes that
+    would not fit even at the shortest context (half the budget: the contexts keep the other half), then
+    the contexts at the largest batch left, then the batch sizes again; the notes say what changed."""
+    shortest = min(MIN_SIZE, *settings.contexts)
+    batches = _halve_batches(settings, costs, list(settings.batch_sizes), shortest, CALL_SECONDS / 2)
+    contexts = []
+    for context in settings.contexts:
+        while context > MIN_SIZE and _decode_slowest(settings, costs, max(batches), context) > CALL_SECONDS:
+            context = _halved(context)
+        contexts.append(context)
+    batches = _halve_batches(settings, costs, batches, max(contexts), CALL_SECONDS)
+    notes = []
+    swept = (("contexts", settings.contexts, contexts), ("batch sizes", settings.batch_sizes, batches))
+    for name, old, new in swept:
+        if list(old) != new:
+            changes = ", ".join(f"{a} -> {b}" for a, b in zip(old, new, strict=True) if a != b)
+            notes.append(
+                f"CPU run: {name} scaled ({changes}) so one step takes about {CALL_SECONDS:g} s here "
+                "(measured by calibration calls); --full-size keeps them"
+            )
+    scaled = dataclasses.replace(
+        settings, contexts=tuple(dict.fromkeys(contexts)), batch_sizes=tuple(dict.fromkeys(batches))
+    )
+    return scaled, notes
+
+
+def decode_estimate(settings, costs: Costs) -> float:
+    """Estimated seconds for a decode benchmark on this CPU at the measured ``costs`` (the availability
+    call, the warm-up and the timed steps of every case and implementation)."""
+    total = 0.0
+    for batch in settings.batch_sizes:
+        for context in settings.contexts:
+            for impl, cost in costs.items():
+                step = decode_seconds(settings, cost, batch, context, impl)
+                total += (1 + settings.warmup + settings.iterations) * step
+    return total
