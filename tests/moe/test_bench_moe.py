@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from llm_speed import ops
+from llm_speed.bench import cpu_budget
 from llm_speed.bench import moe as moe_bench
+from llm_speed.bench.timing import HOST_TIMER, summarize
 from llm_speed.cli import build_parser, main
 from llm_speed.core import runtime
 from llm_speed.moe.reference import fused_moe_reference
@@ -86,3 +88,80 @@ def test_a_case_that_cannot_fit_a_cpu_is_not_run_and_a_sweep_of_none_is_refused(
     monkeypatch.setattr(report, "cpu_memory", lambda device: floor - 1)
     assert main(["bench", "moe", *FAST, "--impl", "llm_speed"]) == 2
     assert "--tokens/--experts/--hidden/--intermediate: no case fits" in capsys.readouterr().err
+
+
+# --- on a CPU: GPU-sized sweeps scaled to the calibration calls' costs -----------------------------------
+
+# The interpreter's fused layer as measured here: ~1 us per expert weight element, ~1.6 ns per FLOP.
+FUSED = cpu_budget.MoeCost(fixed_s=0.0, per_weight_s=1e-6, seconds_per_flop=1.6e-9)
+GPU_SIZED = ("--tokens 2048 8192 --experts 8 64 128 --top-k 2 8 --hidden 2048 --intermediate 768 "
+             "--device cpu --no-progress").split()  # fmt: skip
+
+
+def _gpu_sized():
+    args = build_parser().parse_args(["bench", "moe", *GPU_SIZED])
+    return moe_bench.moe_settings(args, torch.device("cpu"))
+
+
+def test_the_cost_per_flop_and_per_weight_are_fitted_from_three_calls():
+    truth = cpu_budget.MoeCost(fixed_s=2e-3, per_weight_s=1e-6, seconds_per_flop=2e-9)
+    points = [(w, f, truth.seconds(w, f)) for w, f in ((1e6, 1e8), (1e6, 2e8), (2e6, 2e8))]
+    fitted = cpu_budget.fit_moe_cost(points)
+    assert fitted.per_weight_s == pytest.approx(1e-6) and fitted.seconds_per_flop == pytest.approx(2e-9)
+    assert fitted.fixed_s == pytest.approx(2e-3)
+    one_count = cpu_budget.fit_moe_cost(points[:2])  # one weight count: its cost is all fixed
+    assert one_count.per_weight_s == 0 and one_count.seconds(1e6, 2e8) == pytest.approx(points[1][2])
+
+
+def test_moe_is_calibrated_at_capped_sizes_two_token_counts_and_two_expert_counts():
+    settings = _gpu_sized()
+    calls = []
+
+    def fake_run(small, show_progress):
+        calls.append(small)
+        rows = []
+        for tokens, experts, top_k in small.cases():
+            weights, flops = cpu_budget.moe_work(small, (tokens, experts, top_k))
+            seconds = FUSED.seconds(weights, flops)
+            rows.append(moe_bench.MoeMeasurement(
+                case="", impl="llm_speed", available=True, flops=flops, bytes_moved=0, tokens=tokens,
+                experts=experts, top_k=top_k, timing=summarize([1e3 * seconds], HOST_TIMER),
+            ))  # fmt: skip
+        return rows
+
+    costs = cpu_budget.calibrate_moe(settings, run=fake_run)
+    caps = cpu_budget.CALIBRATION_MOE
+    assert [(c.tokens, c.experts, c.top_k) for c in calls] == [((16, 32), (8,), (8,)), ((32,), (16,), (8,))]
+    widths = {(c.hidden, c.intermediate, c.iterations) for c in calls}
+    assert widths == {(caps["hidden"], caps["intermediate"], 1)}
+    assert costs["llm_speed"].per_weight_s == pytest.approx(1e-6)
+    assert costs["llm_speed"].seconds_per_flop == pytest.approx(1.6e-9)
+
+
+def test_gpu_sized_moe_is_scaled_tokens_widths_then_experts():
+    settings = _gpu_sized()
+    costs = {"llm_speed": FUSED}
+    scaled, (note,) = cpu_budget.scale_moe(settings, costs)
+    caps = cpu_budget.CALIBRATION_MOE
+    assert scaled.tokens == (16,) and scaled.top_k == settings.top_k
+    # the widths stop at the calibration's, the experts at the largest top_k: every top_k keeps its cases
+    assert (scaled.hidden, scaled.intermediate) == (caps["hidden"], 384) and min(scaled.experts) >= 8
+    assert {k for _, _, k in scaled.cases()} == {2, 8}
+    assert note.startswith("CPU run: sizes scaled (tokens 2048/8192 -> 16, experts 8/64/128 -> ")
+    assert cpu_budget.moe_estimate(settings, costs) > 100 * cpu_budget.moe_estimate(scaled, costs)
+    # a sweep that fits is left as it is
+    tiny = moe_bench.moe_settings(build_parser().parse_args(["bench", "moe", *FAST]), torch.device("cpu"))
+    assert cpu_budget.scale_moe(tiny, costs) == (tiny, [])
+
+
+def test_a_gpu_sized_cpu_moe_prints_its_scaling_and_estimate_first(monkeypatch, capsys):
+    slow = cpu_budget.MoeCost(fixed_s=0.0, per_weight_s=0.0, seconds_per_flop=1e-6)
+    monkeypatch.setattr(cpu_budget, "calibrate_moe", lambda settings: {"grouped_mm": slow})
+    argv = ["bench", "moe", "--tokens", "4096", "--experts", "4", "--top-k", "2", "--hidden", "64",
+            "--intermediate", "32", "--device", "cpu", "--impl", "grouped_mm", "--warmup", "0",
+            "--iterations", "1", "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)["results"]
+    assert "CPU run: sizes scaled (tokens 4096 -> " in captured.err and "estimated run time" in captured.err
+    assert len(rows) == 1 and rows[0]["tokens"] < 4096 and rows[0]["available"]

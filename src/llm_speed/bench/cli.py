@@ -234,7 +234,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     moe.add_argument("--dtype", choices=options.MOE_DTYPES, help="GPU bf16, CPU fp32")
     moe.add_argument("--mode", choices=options.MOE_MODES, default="fwd+bwd", help="what is timed (fwd+bwd)")
     moe.add_argument("--impl", nargs="+", choices=options.MOE_IMPLS, help="default: all of them")
-    _add_common(moe, "GPU 0.2, CPU 0", full_size=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
+    _add_common(moe, "GPU 0.2, CPU 0", runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
     moe.set_defaults(func=run_moe_command)
 
     overhead = kinds.add_parser(
@@ -615,14 +615,25 @@ def run_moe_command(args: argparse.Namespace) -> int:
     """``llm-speed bench moe``."""
     import torch
 
+    from llm_speed.bench import cpu_budget, report
     from llm_speed.bench import moe as moe_bench
-    from llm_speed.bench import report
 
     _check_outputs(args)
     settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
-    needs = [moe_bench.memory_floor(case, settings) for case in settings.cases()]
     available = report.cpu_memory(torch.device(settings.device))
-    report.refuse_when_nothing_fits(needs, available, "--tokens/--experts/--hidden/--intermediate")
+    sizes = "--tokens/--experts/--hidden/--intermediate"
+
+    def refuse_when_nothing_fits(settings) -> None:
+        needs = [moe_bench.memory_floor(case, settings) for case in settings.cases()]
+        report.refuse_when_nothing_fits(needs, available, sizes)
+
+    if args.full_size:  # the sizes are final: refused before the calibration calls
+        refuse_when_nothing_fits(settings)
+    settings = _fit_to_cpu(
+        args, settings, cpu_budget.calibrate_moe, cpu_budget.scale_moe, cpu_budget.moe_estimate,
+        _side_console(args),
+    )  # fmt: skip
+    refuse_when_nothing_fits(settings)
     writer = _Writer(args, settings, moe_bench.results_payload)
     rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"

@@ -444,3 +444,140 @@ def decode_estimate(settings, costs: Costs) -> float:
                 step = decode_seconds(settings, cost, batch, context, impl)
                 total += (1 + settings.warmup + settings.iterations) * step
     return total
+
+
+# --- bench moe ---------------------------------------------------------------------------------------------
+
+# The calibration calls of ``bench moe``: tokens, experts, hidden and intermediate cut to these; the tokens
+# also at half, the experts also at twice. The interpreter runs the fused layer's programs over every
+# expert's weights whatever few tokens reach it (and the Hugging Face loop visits every expert): a cost per
+# weight element beside the cost per FLOP.
+CALIBRATION_MOE = {"tokens": 32, "experts": 8, "hidden": 256, "intermediate": 256}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeCost:
+    """Seconds one call of an implementation takes here: ``fixed_s + weights * per_weight_s + flops *
+    seconds_per_flop`` (``weights``: the experts' weight elements, experts x 3 x hidden x intermediate)."""
+
+    fixed_s: float
+    per_weight_s: float
+    seconds_per_flop: float
+
+    def seconds(self, weights: float, flops: float) -> float:
+        return self.fixed_s + self.per_weight_s * weights + self.seconds_per_flop * flops
+
+
+def moe_work(settings, case: tuple[int, int, int]) -> tuple[float, float]:
+    """(weight elements, FLOPs) of a case: what its time here grows with."""
+    from llm_speed.bench.moe import case_cost
+
+    return 3.0 * case[1] * settings.hidden * settings.intermediate, case_cost(case, settings)[0]
+
+
+def fit_moe_cost(points: list[tuple[float, float, float]]) -> MoeCost:
+    """The cost through measured calls ``[(weights, flops, seconds)]``: the cost per weight element from the
+    calls with the most FLOPs at two weight counts (none when only one count ran), then the cost per FLOP
+    and the fixed cost through the calls with the fewest weights, less their weights' cost
+    (:func:`fit_cost`, with its floor against noise)."""
+    fewest = min(w for w, _, _ in points)
+    same = sorted((f, t) for w, f, t in points if w == fewest)
+    (f_first, t_first), (f_last, t_last) = same[0], same[-1]
+    slope = max(0.0, (t_last - t_first) / (f_last - f_first)) if f_last > f_first else 0.0
+    most = max(f for _, f, _ in points)
+    by_weights = sorted((w, f, t) for w, f, t in points if f == most)
+    per_weight = 0.0
+    if len(by_weights) > 1:
+        (w_small, f_small, t_small), (w_large, f_large, t_large) = by_weights[0], by_weights[-1]
+        per_weight = max(0.0, (t_large - t_small - slope * (f_large - f_small)) / (w_large - w_small))
+    line = fit_cost([(f, max(0.0, t - per_weight * fewest)) for f, t in same])
+    return MoeCost(fixed_s=line.fixed_s, per_weight_s=per_weight, seconds_per_flop=line.seconds_per_flop)
+
+
+def calibrate_moe(settings, run: Callable | None = None) -> dict[str, MoeCost]:
+    """Each implementation's cost per call here (:class:`MoeCost`), from one timed call at the sizes cut to
+    :data:`CALIBRATION_MOE`, one at half the tokens and one at twice the experts (when more were asked for),
+    with the largest top_k that fits. ``run``: the benchmark (default: run_moe)."""
+    from llm_speed.bench.moe import run_moe
+
+    caps = CALIBRATION_MOE
+    tokens = min(max(settings.tokens), caps["tokens"])
+    experts = min(max(settings.experts), caps["experts"])
+    more = min(max(settings.experts), 2 * caps["experts"])
+    base = dataclasses.replace(
+        settings, hidden=min(settings.hidden, caps["hidden"]),
+        intermediate=min(settings.intermediate, caps["intermediate"]),
+        top_k=(min(max(settings.top_k), experts),), **_CALIBRATION_RUNS,
+    )  # fmt: skip
+    calls = [dataclasses.replace(base, tokens=tuple(dict.fromkeys((max(1, tokens // 2), tokens))),
+                                 experts=(experts,))]  # fmt: skip
+    if more > experts:
+        calls.append(dataclasses.replace(base, tokens=(tokens,), experts=(more,)))
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    for small in calls:
+        for row in (run or run_moe)(small, show_progress=False):
+            if row.median_ms is not None:
+                weights, flops = moe_work(small, (row.tokens, row.experts, row.top_k))
+                points.setdefault(row.impl, []).append((weights, flops, row.median_ms * 1e-3))
+    return {impl: fit_moe_cost(found) for impl, found in points.items()}
+
+
+def _moe_too_slow(settings, costs: Mapping[str, MoeCost]) -> bool:
+    for case in settings.cases():
+        weights, flops = moe_work(settings, case)
+        if any(cost.seconds(weights, flops) > CALL_SECONDS for cost in costs.values()):
+            return True
+    return False
+
+
+def scale_moe(settings, costs: Mapping[str, MoeCost]) -> tuple[object, list[str]]:
+    """``bench moe`` sizes scaled until one call of the slowest implementation (``costs``, measured with
+    :func:`calibrate_moe`) takes about :data:`CALL_SECONDS` in every case: the token counts first (to 16),
+    then the larger of hidden and intermediate (to the calibration's widths), then the expert counts (never
+    below the largest top_k, so every top_k keeps its cases); the note says what changed."""
+    scaled, tokens = settings, []
+    for count in settings.tokens:
+        while count > MIN_SIZE and _moe_too_slow(dataclasses.replace(settings, tokens=(count,)), costs):
+            count = _halved(count)
+        tokens.append(count)
+    scaled = dataclasses.replace(scaled, tokens=tuple(dict.fromkeys(tokens)))
+    # The widths no narrower than the calibration's: below it a call's cost per expert no longer shrinks
+    # with them (the programs' fixed share), so the model would promise what halving cannot give.
+    floor = {name: CALIBRATION_MOE[name] for name in ("hidden", "intermediate")}
+    while _moe_too_slow(scaled, costs):
+        wide = [name for name in floor if getattr(scaled, name) // 2 >= floor[name]]
+        if not wide:
+            break
+        name = max(wide, key=lambda name: getattr(scaled, name))
+        scaled = dataclasses.replace(scaled, **{name: getattr(scaled, name) // 2})
+    least = max(settings.top_k)
+    while _moe_too_slow(scaled, costs) and max(scaled.experts) // 2 >= least:
+        scaled = dataclasses.replace(
+            scaled, experts=tuple(dict.fromkeys(max(least, count // 2) for count in scaled.experts))
+        )
+    changes = [f"{name} {_sizes_text(getattr(settings, name))} -> {_sizes_text(getattr(scaled, name))}"
+               for name in ("tokens", "experts", "hidden", "intermediate")
+               if getattr(settings, name) != getattr(scaled, name)]  # fmt: skip
+    notes = []
+    if changes:
+        notes.append(
+            f"CPU run: sizes scaled ({', '.join(changes)}) so one call takes about {CALL_SECONDS:g} s here "
+            "(measured by calibration calls); --full-size keeps them"
+        )
+    return scaled, notes
+
+
+def _sizes_text(value) -> str:
+    return "/".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def moe_estimate(settings, costs: Mapping[str, MoeCost]) -> float:
+    """Estimated seconds for a ``bench moe`` run on this CPU at the measured ``costs``."""
+    total = 0.0
+    for case in settings.cases():
+        weights, flops = moe_work(settings, case)
+        for cost in costs.values():
+            call = cost.seconds(weights, flops)
+            timed = min(max(settings.iterations * call, settings.min_time_s), MAX_ITERATIONS * call)
+            total += (1 + settings.warmup) * call + timed
+    return total
