@@ -3,6 +3,7 @@ it did not run; every patched family builds; a family that does not fit the mode
 work."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -130,3 +131,31 @@ def test_too_many_layers_and_a_bad_output_are_refused(tmp_path, capsys):
     assert "layers: " in capsys.readouterr().err
     assert main(_argv(tmp_path, "--output", "/nonexistent-llm-speed/dir/t.json")) == 2
     assert "--output: folder" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_fit_the_host_is_refused_with_the_layers_that_would(monkeypatch, capsys):
+    from llm_speed.bench import cpu_load
+    from llm_speed.perf.models import param_count
+
+    settings = train_step.TrainStepSettings(
+        model="llama-3-8b", family="llama", layers=None, batch=1, seq=16, dtype="bf16",
+        impls=("transformers",), warmup=0, iterations=1, min_time_s=0.0, device="cuda",
+    )  # fmt: skip
+    # the weights kept in host memory, counted as param_count counts them (the first N layers too)
+    assert train_step.host_memory_floor(settings) == 2 * param_count("llama-3-8b").total
+    two = param_count(dataclasses.replace(get_model("llama-3-8b"), num_layers=2)).total
+    assert train_step.host_memory_floor(settings, layers=2) == 2 * two
+    on_cpu = dataclasses.replace(settings, device="cpu")
+    # on a CPU the variant's model and its gradients live there too
+    assert train_step.host_memory_floor(on_cpu) == 3 * train_step.host_memory_floor(settings)
+    assert train_step.memory_refusal(settings, 2 * param_count("llama-3-8b").total) is None
+    reason = train_step.memory_refusal(settings, 2 * two)
+    assert reason.startswith("model: llama-3-8b with 32 layers needs at least 16.1 GB of host memory")
+    assert reason.endswith("give --layers 2 or fewer")
+    ran = []
+    monkeypatch.setattr(cpu_load, "available_memory", lambda: 10**6)
+    monkeypatch.setattr(train_step, "run_train_step", lambda *a, **k: ran.append(1))
+    assert main(["bench", "train-step", "--model", "llama-3-8b", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "llm-speed bench train-step: error: --model: llama-3-8b with 32 layers needs at least" in err
+    assert "even one layer does not fit" in err and not ran

@@ -642,10 +642,14 @@ def run_moe_command(args: argparse.Namespace) -> int:
 
 def run_train_step_command(args: argparse.Namespace) -> int:
     """``llm-speed bench train-step``."""
+    from llm_speed.bench import cpu_load
     from llm_speed.bench import train_step as train_step_bench
 
     _check_outputs(args)
     settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
+    refusal = train_step_bench.memory_refusal(settings, cpu_load.available_memory())
+    if refusal:
+        raise ValueError(refusal)
     writer = _Writer(args, settings, train_step_bench.results_payload)
     rows = writer.run(train_step_bench.run_train_step)
     return _finish(

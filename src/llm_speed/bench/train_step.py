@@ -237,6 +237,41 @@ def _patch(variant: str, model, family: str) -> None:
         liger_patch(family)(model=model)
 
 
+def host_memory_floor(settings: TrainStepSettings, layers: int | None = None) -> int:
+    """Bytes of host memory a run holds at least: the starting weights kept there between variants, and on a
+    CPU also the variant's model and its gradients (``layers``: instead of the settings')."""
+    from llm_speed.perf.models import param_count
+
+    config = resolve_model(settings.model)
+    count = param_count(config)
+    kept = layers or settings.layers or config.num_layers
+    # the first ``kept`` layers: the dense ones come first (DeepSeek's first_k_dense_replace), then MoE ones
+    dense = min(kept, config.num_dense_layers)
+    per_layer = (count.attention + count.norms - config.hidden_size) / config.num_layers
+    dense_mlp = count.dense_mlp / max(1, config.num_dense_layers)
+    moe_mlp = (count.routed_experts + count.shared_experts + count.router) / max(1, config.num_moe_layers)
+    params = (count.embedding + count.lm_head + config.hidden_size + kept * per_layer + dense * dense_mlp
+              + (kept - dense) * moe_mlp)  # fmt: skip
+    copies = 3 if torch.device(settings.device).type == "cpu" else 1
+    return int(copies * params * report.TORCH_DTYPES[settings.dtype].itemsize)
+
+
+def memory_refusal(settings: TrainStepSettings, available: int | None) -> str | None:
+    """Why the run cannot start with ``available`` bytes of host memory (None when it can), with the most
+    layers that fit: the system kills a process that takes more, every result with it."""
+    need = host_memory_floor(settings)
+    if available is None or need <= available:
+        return None
+    layers = settings.layers or resolve_model(settings.model).num_layers
+    fits = next((n for n in range(layers - 1, 0, -1) if host_memory_floor(settings, n) <= available), None)
+    hint = f"give --layers {fits} or fewer" if fits else "even one layer does not fit; give a smaller --model"
+    return (
+        f"model: {settings.model} with {layers} layers needs at least {report.bytes_text(need)} of host "
+        f"memory (its weights, and on a CPU the model and its gradients), {report.bytes_text(available)} "
+        f"available; {hint}"
+    )
+
+
 def _costs(config: ModelConfig, settings: TrainStepSettings, params: int) -> tuple[float, float]:
     from llm_speed.perf.mfu import training_flops_per_token
 
