@@ -7,6 +7,7 @@ import torch
 
 from llm_speed.bench import cpu_budget
 from llm_speed.bench import decode as decode_bench
+from llm_speed.bench.timing import HOST_TIMER, summarize
 from llm_speed.cli import build_parser, main
 
 
@@ -196,10 +197,15 @@ def test_decode_is_calibrated_at_batch_1_and_two_contexts():
 
     def fake_run(small, show_progress):
         calls.append(small)
-        return [decode_bench.DecodeMeasurement(
-            case="", impl=impl, available=True, batch=1, context=c, flops=0, bytes_moved=0,
-            timing=_timing(1e-4 + 1e-6 * cpu_budget.decode_bytes(small, 1, c, impl)),
-        ) for c in small.contexts for impl in small.impls]  # fmt: skip
+        rows = []
+        for c in small.contexts:
+            for impl in small.impls:
+                moved = cpu_budget.decode_bytes(small, 1, c, impl)  # as run_decode's rows carry it
+                rows.append(decode_bench.DecodeMeasurement(
+                    case="", impl=impl, available=True, batch=1, context=c, flops=0, bytes_moved=moved,
+                    timing=summarize([1e3 * (1e-4 + 1e-6 * moved)], HOST_TIMER),
+                ))  # fmt: skip
+        return rows
 
     costs = cpu_budget.calibrate_decode(settings, run=fake_run)
     (small,) = calls
@@ -209,14 +215,6 @@ def test_decode_is_calibrated_at_batch_1_and_two_contexts():
     assert set(costs) == set(small.impls)
     assert all(cost.fixed_s == pytest.approx(1e-4) for cost in costs.values())
     assert all(cost.seconds_per_flop == pytest.approx(1e-6) for cost in costs.values())
-
-
-def _timing(seconds):
-    from llm_speed.bench.timing import Timing
-
-    ms = 1e3 * seconds
-    return Timing(median_ms=ms, mean_ms=ms, min_ms=ms, max_ms=ms, p20_ms=ms, p80_ms=ms, iterations=1,
-                  timer="host", times_ms=[ms])  # fmt: skip
 
 
 def test_a_gpu_sized_cpu_decode_prints_its_scaling_and_estimate_first(monkeypatch, capsys):

@@ -11,6 +11,7 @@ import torch
 from llm_speed import fused_linear_cross_entropy, ops
 from llm_speed.bench import cpu_budget, cpu_load, report
 from llm_speed.bench import ops as ops_bench
+from llm_speed.bench.timing import HOST_TIMER, summarize
 from llm_speed.cli import build_parser, main
 from llm_speed.core import runtime
 from llm_speed.fused import cross_entropy, cross_entropy_kernels, rms_norm, rotary, swiglu
@@ -243,7 +244,7 @@ def test_ops_are_calibrated_at_capped_sizes_and_two_token_counts():
         return [
             ops_bench.OpsMeasurement(
                 case=op, impl=impl, available=True, op=op, shape="", flops=0, bytes_moved=0,
-                timing=_timing(1e-3 + per * cpu_budget.ops_work(op, small)),
+                timing=summarize([1e3 * (1e-3 + per * cpu_budget.ops_work(op, small))], HOST_TIMER),
             )
             for op in small.ops for impl, per in seconds.items()
         ]  # fmt: skip
@@ -262,14 +263,6 @@ def test_ops_are_calibrated_at_capped_sizes_and_two_token_counts():
         assert costs[op]["eager"].seconds_per_flop * work >= (1e-3 + 1e-12 * work) / 2
     # the CPU defaults are smaller than the calibration call: not calibrated, not scaled
     assert not cpu_budget.ops_calibrated(_settings())
-
-
-def _timing(seconds):
-    from llm_speed.bench.timing import Timing
-
-    ms = 1e3 * seconds
-    return Timing(median_ms=ms, mean_ms=ms, min_ms=ms, max_ms=ms, p20_ms=ms, p80_ms=ms, iterations=1,
-                  timer="host", times_ms=[ms])  # fmt: skip
 
 
 def test_the_memory_floor_is_inputs_outputs_and_gradients():

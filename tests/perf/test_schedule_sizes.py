@@ -11,7 +11,7 @@ import pytest
 from cli_exit import exit_code, one_error_line
 
 from llm_speed.perf.predict import launch_order, list_schedule, predict
-from llm_speed.perf.prediction.attention import MAX_CAUSAL_BLOCKS, launch_runs
+from llm_speed.perf.prediction.attention import MAX_CAUSAL_BLOCKS, _block_runs, launch_runs
 from llm_speed.perf.prediction.terms import (
     MAX_SCHEDULED_PROGRAMS,
     makespan,
@@ -34,16 +34,6 @@ def test_uniform_makespan_of_no_programs():
     assert uniform_makespan(1.0, 0, 132) == makespan([], 132) == (0.0, 0, 0.0, 1.0)
 
 
-def _runs(blocks):
-    runs = []
-    for n in blocks:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    return tuple((n, c) for n, c in runs)
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_order_schedule_is_list_schedule(seed):
     # Random per-pair blocks (zeros, repeats, long runs past the SM count), pairs, sections and SMs: the
@@ -56,13 +46,13 @@ def test_order_schedule_is_list_schedule(seed):
     pairs = rng.randint(1, 60)
     section = rng.choice([None, 1, 2, 3, 7, 64])
     listed = list_schedule(launch_order(per_pair, pairs, section), slots)
-    assert order_schedule(launch_runs(_runs(per_pair), pairs, section), slots) == listed
+    assert order_schedule(launch_runs(_block_runs(per_pair), pairs, section), slots) == listed
 
 
 def test_launch_runs_is_launch_order():
     per_pair = [1, 2, 2, 4]
     for pairs, section in [(3, None), (3, 2), (5, 2), (4, 4), (2, 8)]:
-        order = launch_runs(_runs(per_pair), pairs, section)
+        order = launch_runs(_block_runs(per_pair), pairs, section)
         flat = tuple(n for unit, repeats in order for _ in range(repeats) for n, c in unit for _ in range(c))
         assert flat == launch_order(per_pair, pairs, section)
 

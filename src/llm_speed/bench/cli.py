@@ -578,13 +578,14 @@ def run_op_command(args: argparse.Namespace) -> int:
 def _refuse_oversized_ops(settings) -> None:
     """On a CPU, a ValueError naming the sizes when an op's inputs, outputs and gradients alone would not fit
     in the memory available (the system would kill the run, and its results with it)."""
-    from llm_speed.bench import cpu_load
-    from llm_speed.bench import ops as ops_bench
+    import torch
 
-    if settings.device.startswith("cpu"):
-        reason = ops_bench.memory_refusal(settings, cpu_load.available_memory())
-        if reason is not None:
-            raise ValueError(reason)
+    from llm_speed.bench import ops as ops_bench
+    from llm_speed.bench import report
+
+    reason = ops_bench.memory_refusal(settings, report.cpu_memory(torch.device(settings.device)))
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def run_ops_command(args: argparse.Namespace) -> int:

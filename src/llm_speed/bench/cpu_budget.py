@@ -122,17 +122,17 @@ def _halved(size: int) -> int:
     return max(MIN_SIZE, size // 2 // MIN_SIZE * MIN_SIZE)
 
 
+def row_seconds(call: float, settings) -> float:
+    """One row's time at ``call`` seconds a call: the availability call, the warm-up and the timed runs (at
+    least ``min_time_s`` where the benchmark has one, at most :data:`MAX_ITERATIONS` of them)."""
+    timed = max(settings.iterations * call, getattr(settings, "min_time_s", 0.0))
+    return (1 + settings.warmup) * call + min(timed, MAX_ITERATIONS * call)
+
+
 def estimate_seconds(call_flops: list[float], costs: Costs, settings) -> float:
-    """Estimated run time: per case and implementation, the availability call, the warm-up and the timed
-    runs (at least ``min_time_s``, at most :data:`MAX_ITERATIONS` of them), at each implementation's
+    """Estimated run time: :func:`row_seconds` per case and implementation, at each implementation's
     measured cost."""
-    total = 0.0
-    for flops in call_flops:
-        for cost in costs.values():
-            call = cost.seconds(flops)
-            timed = min(max(settings.iterations * call, settings.min_time_s), MAX_ITERATIONS * call)
-            total += (1 + settings.warmup) * call + timed
-    return total
+    return sum(row_seconds(cost.seconds(flops), settings) for flops in call_flops for cost in costs.values())
 
 
 def _attention_flops(settings: AttentionSettings, seq_len: int) -> float:
@@ -360,15 +360,11 @@ CALIBRATION_CONTEXT = 256
 
 
 def decode_bytes(settings, batch: int, context: int, impl: str) -> float:
-    """The bytes one decode step of ``impl`` reads and writes (the op table's cost, as the benchmark's rows
-    carry it): what its time here grows with (the cache)."""
-    from llm_speed.bench.decode import FP8_IMPLS
-    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+    """The bytes one decode step of ``impl`` reads and writes (:func:`llm_speed.bench.decode.step_cost`, as
+    the benchmark's rows carry it): what its time here grows with (the cache)."""
+    from llm_speed.bench.decode import step_cost
 
-    return kvcache_decode_cost(
-        batch, settings.num_heads, 1, context, settings.head_dim, heads_kv=settings.num_kv_heads,
-        dtype=settings.dtype, kv_dtype="fp8" if impl in FP8_IMPLS else None,
-    ).bytes_moved  # fmt: skip
+    return step_cost(settings, batch, context, impl).bytes_moved
 
 
 def calibrate_decode(settings, run: Callable | None = None) -> dict[str, CallCost]:
@@ -383,7 +379,7 @@ def calibrate_decode(settings, run: Callable | None = None) -> dict[str, CallCos
         warmup=0, iterations=1, graph=False,
     )  # fmt: skip
     rows = (run or run_decode)(small, show_progress=False)
-    return _calibrated(rows, lambda row: decode_bytes(small, row.batch, row.context, row.impl))
+    return _calibrated(rows, lambda row: row.bytes_moved)  # decode_bytes of the row's step
 
 
 def decode_seconds(settings, cost: CallCost, batch: int, context: int, impl: str) -> float:
@@ -437,13 +433,10 @@ def scale_decode(settings, costs: Costs) -> tuple[object, list[str]]:
 def decode_estimate(settings, costs: Costs) -> float:
     """Estimated seconds for a decode benchmark on this CPU at the measured ``costs`` (the availability
     call, the warm-up and the timed steps of every case and implementation)."""
-    total = 0.0
-    for batch in settings.batch_sizes:
-        for context in settings.contexts:
-            for impl, cost in costs.items():
-                step = decode_seconds(settings, cost, batch, context, impl)
-                total += (1 + settings.warmup + settings.iterations) * step
-    return total
+    return sum(
+        row_seconds(decode_seconds(settings, cost, batch, context, impl), settings)
+        for batch in settings.batch_sizes for context in settings.contexts for impl, cost in costs.items()
+    )  # fmt: skip
 
 
 # --- bench moe ---------------------------------------------------------------------------------------------
@@ -573,11 +566,5 @@ def _sizes_text(value) -> str:
 
 def moe_estimate(settings, costs: Mapping[str, MoeCost]) -> float:
     """Estimated seconds for a ``bench moe`` run on this CPU at the measured ``costs``."""
-    total = 0.0
-    for case in settings.cases():
-        weights, flops = moe_work(settings, case)
-        for cost in costs.values():
-            call = cost.seconds(weights, flops)
-            timed = min(max(settings.iterations * call, settings.min_time_s), MAX_ITERATIONS * call)
-            total += (1 + settings.warmup) * call + timed
-    return total
+    works = [moe_work(settings, case) for case in settings.cases()]
+    return sum(row_seconds(cost.seconds(*work), settings) for work in works for cost in costs.values())

@@ -151,6 +151,16 @@ def _workload_builder(impl: str, settings: DecodeSettings, batch: int, context: 
     return build
 
 
+def step_cost(settings: DecodeSettings, batch: int, context: int, impl: str):
+    """The op table's cost (FLOPs, bytes) of one decode step of ``impl`` at (batch, context)."""
+    from llm_speed.perf.kernel_costs import kvcache_decode_cost
+
+    return kvcache_decode_cost(
+        batch, settings.num_heads, 1, context, settings.head_dim, heads_kv=settings.num_kv_heads,
+        dtype=settings.dtype, kv_dtype="fp8" if impl in FP8_IMPLS else None,
+    )  # fmt: skip
+
+
 def memory_floor(settings: DecodeSettings, batch: int, context: int, impl: str) -> int:
     """Bytes a (batch, context) row of ``impl`` holds at least: its K and V caches (whole pages for a paged
     cache), and for an fp8 cache the float32 draw it is quantized from."""
@@ -171,8 +181,6 @@ def memory_needs(settings: DecodeSettings) -> list[int]:
 
 def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[DecodeMeasurement]:
     """Measure every implementation at every (batch, context)."""
-    from llm_speed.perf.kernel_costs import kvcache_decode_cost
-
     check_settings(settings)
     device = torch.device(settings.device)
     available = report.cpu_memory(device)  # a row that cannot fit there is not run
@@ -183,11 +191,7 @@ def run_decode(settings: DecodeSettings, *, show_progress: bool = True) -> list[
     with progress as advance:
         for batch, context in cases:
             for impl in settings.impls:
-                cost = kvcache_decode_cost(
-                    batch, settings.num_heads, 1, context, settings.head_dim,
-                    heads_kv=settings.num_kv_heads, dtype=settings.dtype,
-                    kv_dtype="fp8" if impl in FP8_IMPLS else None,
-                )  # fmt: skip
+                cost = step_cost(settings, batch, context, impl)
                 row = DecodeMeasurement(
                     case=f"batch={batch} context={context}",
                     impl=impl,

@@ -15,7 +15,7 @@ import torch
 
 from llm_speed import ops
 from llm_speed._output import print_table
-from llm_speed.bench.report import bytes_text
+from llm_speed.bench.report import bytes_text, cpu_memory
 from llm_speed.bench.timing import measure
 from llm_speed.profiler import CUDAProfiler
 
@@ -103,16 +103,14 @@ def size_refusal(name: str, *, size: int, dtype: Any, device: torch.device,
                  available: int | None = None) -> str | None:  # fmt: skip
     """Why the example problem of ``size`` cannot run (None when it can): a tensor whose size PyTorch cannot
     count, or, on a CPU, more than the ``available`` bytes of memory (default: what
-    :func:`llm_speed.bench.cpu_load.available_memory` finds; the system kills a process that takes more,
+    :func:`llm_speed.bench.report.cpu_memory` finds; the system kills a process that takes more,
     while a GPU's out-of-memory error is reported by the harness)."""
     torch_dtype = ops.default_dtype(device, dtype)
     need = _needed_bytes(name, size, torch_dtype)
     if device.type != "cpu":
         available = None
     elif available is None:
-        from llm_speed.bench import cpu_load
-
-        available = cpu_load.available_memory()
+        available = cpu_memory(device)
     if need is not None and (available is None or need <= available):
         return None
     largest = _largest_size(name, torch_dtype, available)

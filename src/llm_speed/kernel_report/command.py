@@ -16,8 +16,6 @@ COLUMNS = (
     "partitions warps x regs",
 )  # fmt: skip
 
-DTYPES = ("fp16", "bf16", "fp32")  # problems.DTYPE_NAMES
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Register ``llm-speed kernels``."""
@@ -30,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory against the per-block limit, blocks and warps per SM, tensor-core instructions, the deepest "
         "wgmma wait inside loops, and TMA.",
     )
-    from llm_speed.kernel_report.problems import GLUON_BUILDERS, GLUON_DEFAULT  # torch-free
+    from llm_speed.kernel_report.problems import DTYPE_NAMES, GLUON_BUILDERS, GLUON_DEFAULT  # torch-free
 
     parser.add_argument("--op", action="append", metavar="NAME",
                         help=f"an op-table row or a Gluon kernel ({', '.join(GLUON_BUILDERS)}) (repeat; "
@@ -38,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU table entry to compile for and to choose configurations for "
                         "(default h100-sxm: sm_90a)")  # fmt: skip
-    parser.add_argument("--dtype", action="append", choices=DTYPES,
+    parser.add_argument("--dtype", action="append", choices=DTYPE_NAMES,
                         help="operand dtype (repeat for several; default fp16; one the GPU has a peak for: "
                         "no bf16 on a T4)")  # fmt: skip
     parser.add_argument("--head-dim", action="append", type=_cli.positive_int, metavar="D",
@@ -85,7 +83,7 @@ def run_kernels_command(args: argparse.Namespace) -> int:
                                 "NVIDIA GPUs only (Triton's NVIDIA backend, ptxas and nvdisasm)")  # fmt: skip
     # As roofline and analyze do: a dtype the GPU has no peak for (bf16 on a T4: no bf16 tensor cores) is
     # refused, not compiled into kernels that GPU cannot run.
-    accepted = [name for name in DTYPES if name in spec.peak_tflops]
+    accepted = [name for name in problems.DTYPE_NAMES if name in spec.peak_tflops]
     for dtype in args.dtype or ():
         if dtype not in spec.peak_tflops:
             raise _cli.CommandError(f"--dtype {dtype}: {gpu} ({spec.name}) has no {dtype} peak: it does not "
@@ -103,9 +101,9 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     refusal = inapplicable_options(args)
     if refusal:
         raise _cli.CommandError(refusal)
-    for name, default in SIZE_DEFAULTS.items():
+    for name in SIZE_OPTIONS:  # None in the parser, to tell an option given from one left alone
         if getattr(args, name) is None:
-            setattr(args, name, default)
+            setattr(args, name, getattr(problems.Options, name))
     if args.output:
         prepare_output_path(args.output, argument="--output")
     if args.sass:
@@ -140,9 +138,8 @@ def run_kernels_command(args: argparse.Namespace) -> int:
     return 0
 
 
-# The problems' sizes when not given (problems.Options); None in the parser, to tell an option given from one
-# left alone.
-SIZE_DEFAULTS = {"seq": 4096, "heads": 16, "size": 4096}
+# The size options whose defaults are problems.Options'.
+SIZE_OPTIONS = ("seq", "heads", "size")
 # Options field -> its flag, in the order of the help.
 OPTION_FLAGS = {"dtypes": "--dtype", "head_dims": "--head-dim", "seq": "--seq", "heads": "--heads",
                 "size": "--size", "backward": "--backward"}  # fmt: skip
