@@ -19,15 +19,18 @@ import test_attention_kvcache_features as features
 import test_attention_kvcache_fp8 as fp8
 import torch
 
-from llm_speed.core import runtime
+from llm_speed.core import launch, runtime
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture
 def without_triton(monkeypatch):
-    """Triton unavailable on the CPU; the test fails if a Triton kernel launches anyway."""
+    """Triton unavailable on the CPU; the test fails if a Triton kernel launches anyway. The calls an earlier
+    test left kept (``_DECODE_CALLS``: served without asking where Triton runs, which never changes in a real
+    process) are forgotten first."""
     monkeypatch.setattr(runtime, "triton_runs_on", lambda device: False)
+    launch.clear_plans()
     before = runtime.launch_counts()
     yield
     assert runtime.launch_counts() == before, "a Triton kernel ran"
