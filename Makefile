@@ -14,7 +14,7 @@ TRITON_GPU_STAMP := $(TRITON_GPU_DIR)/.installed
 # Two workers match CI's two cores; the Triton interpreter is single-threaded.
 TEST_WORKERS ?= 2
 
-.PHONY: setup test demo lint clean gpu-quick gpu-proof
+.PHONY: setup test demo lint clean gpu-quick gpu-proof test-gpu-stack
 
 setup: $(STAMP)
 
@@ -51,8 +51,21 @@ GPU_PROOF_OUT ?= gpu-proof-out
 gpu-proof:
 	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh proof $(GPU_PROOF_OUT)
 
+# The whole suite on the GPU machine's software (torch 2.11, its CUDA build from PyPI, about 3 GB; Triton 3.6;
+# Python 3.12 where there is one) on the CPU, in its own venv: API drift between torch 2.11 and the dev pin shows
+# here, not in a lease. Not part of `make test` (20 minutes on 2 cores). numpy < 2.4: Triton 3.6's interpreter
+# fails on a runtime loop bound with numpy 2.4.
+GPU_STACK_VENV := .venv-gpu-stack
+GPU_STACK_PYTHON ?= $(shell python3.12 -c 1 >/dev/null 2>&1 && echo python3.12 || echo $(PYTHON))
+GPU_STACK_TESTS ?=  # pytest arguments (files, -k ...); default the whole suite
+test-gpu-stack:
+	test -x $(GPU_STACK_VENV)/bin/python || $(GPU_STACK_PYTHON) -m venv $(GPU_STACK_VENV)
+	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile torch==2.11.0 triton==3.6.0 "numpy<2.4"
+	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile -e ".[dev]"
+	$(GPU_STACK_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q -p no:cacheprovider $(GPU_STACK_TESTS)
+
 lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(GPU_STACK_VENV) .cache build *.egg-info src/*.egg-info
