@@ -441,6 +441,45 @@ def test_matches_torch_cross_entropy_with_weights_and_smoothing(device):
         torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("vocab", [10, 4100], ids=["one-block", "first-block-masked"])
+def test_minus_infinity_logits_give_pytorchs_loss_and_gradient(vocab, device):
+    """Masked classes (-inf logits) as F.cross_entropy treats them: finite loss and gradient without
+    smoothing, inf with it, inf for a -inf target, NaN for a row with no finite logit. With vocab 4100 the
+    first 4096 (one block) of rows 0-2 are -inf: the online softmax's running max is -inf for a whole
+    block."""
+    logits = torch.randn(5, vocab, dtype=torch.float64) * 2
+    masked = slice(0, 4096) if vocab > 4096 else slice(6, 8)
+    logits[:3, masked] = float("-inf")
+    logits[4] = float("-inf")
+    target = torch.tensor([vocab - 1, vocab - 3, masked.start, vocab - 2, 1])
+    weight = torch.rand(vocab, dtype=torch.float64) + 0.1
+    out_grad = torch.randn(5, dtype=torch.float64)
+    for kw in ({}, {"label_smoothing": 0.1}, {"weight": weight}, {"weight": weight, "label_smoothing": 0.2}):
+        x, y = logits.float().to(device).requires_grad_(), logits.clone().requires_grad_()
+        given = {k: v.float().to(device) if torch.is_tensor(v) else v for k, v in kw.items()}
+        with expect_launches(*KERNELS, device=device):
+            got = cross_entropy(x, target.to(device), reduction="none", **given)
+            got.backward(out_grad.float().to(device))
+        expected = torch.nn.functional.cross_entropy(y, target, reduction="none", **kw)
+        expected.backward(out_grad)
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+        torch.testing.assert_close(x.grad.double().cpu(), y.grad, rtol=1e-4, atol=1e-6, equal_nan=True)
+        if not kw:  # the reduced loss over the rows with a finite loss
+            keep = torch.tensor([True, True, False, True, False])
+            mean = cross_entropy(x.detach()[keep.to(device)], target[keep].to(device))
+            torch.testing.assert_close(mean.double().cpu(), expected[keep].mean(), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_linear_masked_classes_by_a_minus_infinity_bias(device):
+    hidden, weight, b, target = _problem(7, 32, 50, torch.float32, device)
+    b = b.clone()
+    b[-5:] = float("-inf")  # classes the head never predicts
+    target = target.clamp(max=44)
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias=b)
+    expected = torch.nn.functional.cross_entropy(hidden.double() @ weight.double().T + b.double(), target)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_linear_class_weights_and_z_loss_match_the_reference(device):
     hidden, weight, b, target = _problem(21, 40, 90, torch.float32, device, ignored=(3, 4))
     ce_weight = (torch.rand(90) + 0.5).to(device)

@@ -44,8 +44,9 @@ def _ce_fwd_kernel(
     z_t = tl.load(p_l + t_safe).to(tl.float32)
     if HAS_SOFTCAP:
         z_t = softcap * tanh(z_t / softcap)
-    sum_z = tl.full([], 0.0, tl.float32)
+    sum_z = tl.full([], 0.0, tl.float32)  # over the finite logits
     sum_w = tl.full([], 0.0, tl.float32)  # sum of the class weights
+    n_inf = tl.full([], 0.0, tl.float32)  # the class weights (1 each without) of the -inf logits
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
@@ -54,24 +55,32 @@ def _ce_fwd_kernel(
             b_z = softcap * tanh(b_z / softcap)
         b_zm = tl.where(m_v, b_z, float("-inf"))
         m_new = tl.maximum(m, tl.max(b_zm, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(b_zm - m_new), axis=0)
+        # -inf logits (masked classes): while every logit so far is -inf the shift is 0, not -inf - -inf
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_shift) + tl.sum(tl.exp(b_zm - m_shift), axis=0)
         m = m_new
+        finite = m_v & (b_z != float("-inf"))
         if HAS_WEIGHT:
             b_w = tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
-            sum_z += tl.sum(b_w * tl.where(m_v, b_z - z_t, 0.0), axis=0)
+            sum_z += tl.sum(b_w * tl.where(finite, b_z - z_t, 0.0), axis=0)
             sum_w += tl.sum(b_w, axis=0)
+            n_inf += tl.sum(tl.where(m_v & ~finite, b_w, 0.0), axis=0)
         else:
-            sum_z += tl.sum(tl.where(m_v, b_z - z_t, 0.0), axis=0)
+            sum_z += tl.sum(tl.where(finite, b_z - z_t, 0.0), axis=0)
+            n_inf += tl.sum(tl.where(m_v & ~finite, 1.0, 0.0), axis=0)
     log_s = tl.log(s)
     lse = m + log_s
     # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j), with
-    # lse - z_t = (m - z_t) + log_s and sum_j w_j (lse - z_j) = sum_w (lse - z_t) - sum_j w_j (z_j - z_t)
+    # lse - z_t = (m - z_t) + log_s and sum_j w_j (lse - z_j) = sum_w (lse - z_t) - sum_j w_j (z_j - z_t).
+    # A -inf logit z_j makes its term +inf (PyTorch's loss is inf with smoothing), and no term without it.
     d_t = (m - z_t) + log_s
     if HAS_WEIGHT:
         w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
         ce = (1.0 - smoothing) * w_t * d_t + smoothing * ((sum_w * d_t - sum_z) / vocab)
+        ce = tl.where(smoothing == 0.0, w_t * d_t, ce)
     else:
-        ce = d_t - smoothing * (sum_z / vocab)
+        ce = tl.where(smoothing == 0.0, d_t, d_t - smoothing * (sum_z / vocab))
+    ce = tl.where((smoothing != 0.0) & (n_inf > 0.0) & (m != float("-inf")), float("inf"), ce)
     ce = tl.where(keep, tl.where(valid, ce, float("nan")), 0.0)
     z = tl.full([], 0.0, tl.float32)
     if HAS_Z:
