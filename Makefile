@@ -55,12 +55,13 @@ gpu-proof:
 # Python 3.12 where there is one) on the CPU, in its own venv: API drift between torch 2.11 and the dev pin shows
 # here, not in a lease. Not part of `make test` (20 minutes on 2 cores). numpy < 2.4: Triton 3.6's interpreter
 # fails on a runtime loop bound with numpy 2.4.
-GPU_STACK_VENV := .venv-gpu-stack
+GPU_STACK_VENV ?= .venv-gpu-stack
+GPU_STACK_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4"  # another stack: GPU_STACK_PINS="torch==2.13.0"
 GPU_STACK_PYTHON ?= $(shell python3.12 -c 1 >/dev/null 2>&1 && echo python3.12 || echo $(PYTHON))
 GPU_STACK_TESTS ?=  # pytest arguments (files, -k ...); default the whole suite
 test-gpu-stack:
 	test -x $(GPU_STACK_VENV)/bin/python || $(GPU_STACK_PYTHON) -m venv $(GPU_STACK_VENV)
-	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile torch==2.11.0 triton==3.6.0 "numpy<2.4"
+	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile $(GPU_STACK_PINS)
 	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile -e ".[dev]"
 	$(GPU_STACK_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q -p no:cacheprovider $(GPU_STACK_TESTS)
 
