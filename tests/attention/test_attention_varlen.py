@@ -100,6 +100,22 @@ def test_strided_packed_qkv(device):
     check_varlen(q, k, v, cu, cu, is_causal=True)
 
 
+def test_strided_cu_seqlens_and_seqused_k(device):
+    # Columns of [batch, 2] int32 tables: the same values with stride 2 give the same outputs and gradients
+    # as contiguous ones (the kernels read them with unit stride: they are copied), the repeated call too.
+    def column(t):
+        return torch.stack([t, torch.full_like(t, 99)], 1)[:, 0]
+
+    q, k, v, cu_q, cu_k = packed_inputs([5, 0, 9], [7, 4, 11], 2, 1, 16, torch.float32, device)
+    for _ in range(2):  # the second call with the same metadata may be served as a kept call
+        check_varlen(q, k, v, column(cu_q), column(cu_k), is_causal=True)
+    used = torch.tensor([7, 2, 6], dtype=torch.int32, device=device)
+    with torch.no_grad():
+        expected = flash_attention_varlen(q, k, v, cu_q, cu_k, 9, 11, seqused_k=used, is_causal=True)
+        out = flash_attention_varlen(q, k, v, cu_q, cu_k, 9, 11, seqused_k=column(used), is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_grid_grows_with_tokens_not_batch_times_longest(device, monkeypatch):
     # One long sequence and many short ones: the grid is bounded by cdiv(total, block) + batch per head,
     # far below batch x cdiv(max_seqlen, block); each program finds its sequence's block on the device.

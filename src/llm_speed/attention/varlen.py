@@ -227,7 +227,8 @@ def flash_attention_varlen(
         k, v: ``[total_k, heads_kv, head_dim]``; heads_q a multiple of heads_kv (MHA, GQA, MQA).
         cu_seqlens_q, cu_seqlens_k: int32 ``[batch + 1]`` on q's device: sequence b is rows
             ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``; 0 first, non-decreasing, last = total. Empty
-            sequences are allowed.
+            sequences are allowed. Any stride (a strided one, seqused_k too, is copied: the kernels read
+            them with unit stride).
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence, the caller's (flash-attn's arguments,
             never computed from ``cu_seqlens``): checked where the values are, otherwise unused (the grid is
             sized from the totals).
@@ -327,6 +328,15 @@ def flash_attention_varlen(
                 "with q, k, v that do not require grad"
             )
         kv_extra = (seqused_k, block_table)
+    # the kernels read the index vectors with unit stride: a strided one (a column of a table) is copied
+    given_cu = cu_seqlens_q, cu_seqlens_k
+    if not cu_seqlens_q.is_contiguous():
+        cu_seqlens_q = cu_seqlens_q.contiguous()
+    if cu_seqlens_k is not None and not cu_seqlens_k.is_contiguous():
+        cu_seqlens_k = cu_seqlens_k.contiguous()
+    if seqused_k is not None and not seqused_k.is_contiguous():
+        seqused_k = seqused_k.contiguous()
+        kv_extra = (seqused_k, block_table)
     given = q, k, v
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)
@@ -349,7 +359,8 @@ def flash_attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, left, right,
         softcap, deterministic, *extra,
     )  # fmt: skip
-    if known is not None and given[0] is q and given[1] is k and given[2] is v:  # nothing copied
+    if (known is not None and given[0] is q and given[1] is k and given[2] is v
+            and given_cu[0] is cu_seqlens_q and given_cu[1] is cu_seqlens_k):  # nothing copied
         _VARLEN_CALLS.put(known, flash.VarlenCall(q, k, v, cu_seqlens_q, is_causal, scale < 0.0))
     return (out, lse) if return_lse else out
 
