@@ -15,6 +15,7 @@ from llm_speed import cross_entropy, fused_linear_cross_entropy
 from llm_speed.core import runtime
 from llm_speed.core.launch import CallCache
 from llm_speed.fused.reference import cross_entropy_reference, fused_linear_cross_entropy_reference
+from llm_speed.nn import FusedLinearCrossEntropyLoss
 
 KERNELS = (ck.FORWARD.name, ck.BACKWARD.name)
 REDUCE = ck.REDUCE.name
@@ -226,9 +227,14 @@ def test_opcheck_and_compile_fullgraph(device):
             torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
             (*grad_args, -100, 0.1, 2.0, 1e-3, 2, reduction),
         )
+        torch.library.opcheck(  # dweight summed in float32 (accum_dtype)
+            torch.ops.llm_speed.fused_linear_cross_entropy_backward.default,
+            (*grad_args, -100, 0.1, 2.0, 1e-3, 2, reduction, True),
+        )
         if reduction != "none":  # a reduced loss with grad: the gradients made in the forward, then scaled
             args = (*args[:-3], True, True, True)
             torch.library.opcheck(forward.default, args)
+            torch.library.opcheck(forward.default, (*args, True))
             grads = forward(*(a.detach() if torch.is_tensor(a) else a for a in args))[3:]
             torch.library.opcheck(
                 torch.ops.llm_speed.fused_linear_cross_entropy_scale_grads.default,
@@ -288,6 +294,7 @@ def _bad(**changes):
         (_bad(lse_square_scale=-1e-4), ValueError, "lse_square_scale must be >= 0"),
         (_bad(return_z_loss=1), TypeError, "return_z_loss must be a bool"),
         (_bad(loss_dtype=torch.float64), TypeError, "loss_dtype is torch.float64"),
+        (_bad(accum_dtype=torch.float64), TypeError, r"accum_dtype is torch.float64; accepted: None"),
     ],
 )
 def test_bad_input(args, error, match):
@@ -439,6 +446,35 @@ def test_matches_torch_cross_entropy_with_weights_and_smoothing(device):
             logits.float().to(device), target.to(device), **{**kw, "weight": weight.float().to(device)}
         )
         torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_accumulation_keeps_pytorchs_weight_gradient_error_over_many_chunks(reduction, dtype, device):
+    # 64 chunks: summed in the weight's 16-bit dtype, dweight's error grows with their number (4-6x PyTorch's
+    # here); accum_dtype=torch.float32 (Liger's option) rounds each chunk's product once into a float32 sum:
+    # within the 3x rule, and the gradient in weight's dtype, the module's option too
+    n, vocab, h = 1024, 64, 16
+    hidden = torch.randn(n, h).to(dtype).to(device)
+    weight = (torch.randn(vocab, h) / 4).to(dtype).to(device)
+    target = torch.randint(0, vocab, (n,)).to(device)
+    out_grad = torch.randn(n) if reduction == "none" else torch.tensor(1.0)
+    w64 = weight.detach().cpu().double().requires_grad_()
+    F, t = torch.nn.functional, target.cpu()
+    F.cross_entropy(hidden.cpu().double() @ w64.T, t, reduction=reduction).backward(out_grad.double())
+    same = weight.detach().cpu().clone().requires_grad_()
+    F.cross_entropy(F.linear(hidden.cpu(), same).float(), t, reduction=reduction).backward(out_grad)
+    loss_module = FusedLinearCrossEntropyLoss(reduction=reduction, chunk_rows=16, accum_dtype=torch.float32)
+    for run in (fused_linear_cross_entropy, loss_module):
+        w = weight.detach().clone().requires_grad_()
+        with expect_launches(*KERNELS, device=device):
+            if run is loss_module:
+                loss = run(hidden, w, target)
+            else:
+                loss = run(hidden, w, target, reduction=reduction, chunk_rows=16, accum_dtype=torch.float32)
+            loss.backward(out_grad.to(device))
+        assert w.grad.dtype == dtype
+        assert_error_rule("dweight", w.grad, same.grad, w64.grad, GRAD_FACTOR, dtype)
 
 
 @pytest.mark.parametrize("vocab", [10, 4100], ids=["one-block", "first-block-masked"])

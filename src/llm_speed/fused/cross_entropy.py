@@ -97,17 +97,18 @@ def _linear_forward_op(
     need_dhidden: bool,
     need_dweight: bool,
     need_dbias: bool,
+    accum_float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return linear_forward_grads(
         hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap, z_scale,
-        chunk_rows, reduction, loss_dtype, return_z, need_dhidden, need_dweight, need_dbias,
+        chunk_rows, reduction, loss_dtype, return_z, need_dhidden, need_dweight, need_dbias, accum_float32,
     )  # fmt: skip
 
 
 @_linear_forward_op.register_fake
 def _linear_forward_fake(hidden, weight, target, bias, class_weight, ignore_index, label_smoothing, softcap,
                          z_scale, chunk_rows, reduction, loss_dtype, return_z, need_dhidden, need_dweight,
-                         need_dbias):  # fmt: skip
+                         need_dbias, accum_float32=False):  # fmt: skip
     loss = _loss_fake(hidden.shape[0], reduction != "none", return_z, loss_dtype, hidden, z_scale)
     dhidden = torch.empty_like(hidden) if need_dhidden else hidden.new_empty(0)
     dweight = torch.empty_like(weight) if need_dweight else weight.new_empty(0)
@@ -130,10 +131,11 @@ def _linear_backward_op(
     z_scale: float,
     chunk_rows: int,
     reduction: str,
+    accum_float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return linear_backward(
         grad, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, softcap,
-        z_scale, chunk_rows, reduction,
+        z_scale, chunk_rows, reduction, accum_float32,
     )  # fmt: skip
 
 
@@ -216,8 +218,10 @@ _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 def _linear_setup_context(ctx, inputs, output):
     hidden, weight, target, bias, class_weight, ignore_index, smoothing, softcap, z_scale, chunk_rows, \
         reduction, _loss_dtype, _return_z, *needs = inputs  # fmt: skip
+    accum_float32 = bool(needs[3]) if len(needs) > 3 else False
+    needs = needs[:3]
     ctx.mark_non_differentiable(*output[1:])
-    ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction)
+    ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction, accum_float32)
     grads = output[3:] if any(needs) else None  # the gradients made in the forward (a reduced loss)
     if grads is None or all(type(t) is torch.Tensor for t in grads):
         # Eager: the gradients are kept for one backward, which scales them in place and hands them over (no
@@ -240,7 +244,7 @@ def _linear_backward(ctx, grad, *_):
         dhidden, dweight, dbias = _linear_backward_call(grad, *saved, *ctx.args)
     need = ctx.needs_input_grad
     return (dhidden if need[0] else None, dweight if need[1] else None, None,
-            dbias if need[3] else None, *((None,) * 12))  # fmt: skip
+            dbias if need[3] else None, *((None,) * (len(need) - 4)))  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):
@@ -331,6 +335,7 @@ def fused_linear_cross_entropy(
     return_z_loss: bool = False,
     loss_dtype: torch.dtype = torch.float32,
     chunk_rows: int | None = None,
+    accum_dtype: torch.dtype | None = None,
 ):
     """``cross_entropy(hidden @ weight.T + bias, target)`` computed in row chunks, never holding ``[N, V]``.
 
@@ -348,14 +353,20 @@ def fused_linear_cross_entropy(
             :func:`cross_entropy`.
         chunk_rows: rows per chunk ``C``; default ``next_pow2(ceil(N / ceil(V / H)))``, a chunk of logits as
             large as ``hidden``, at least 2^16 logits and 1024 rows (:func:`default_chunk_rows`).
+        accum_dtype: what the weight gradient is summed in over the chunks (Liger's ``accum_dtype``):
+            ``None``, the weight's dtype (each chunk's GEMM adds into it, the sum rounded at every chunk: with
+            16-bit weights its error grows with the number of chunks, 4x PyTorch's at 64), or
+            ``torch.float32`` (each chunk's product rounded once and added to a float32 sum, rounded once at
+            the end: PyTorch's precision, for V x H x 4 bytes more while the gradient is made and one
+            elementwise add a chunk). The bias gradient is summed in float32 either way.
 
     Returns the loss in ``loss_dtype`` (float32 by default): a scalar, or ``[N]`` for ``reduction="none"``;
     with ``return_z_loss``, ``(loss, z_loss)``. Logits come from GEMMs in the inputs' dtype (under
     ``torch.autocast``, the autocast dtype, as ``F.linear`` would); log-sum-exp, loss and ``d loss / d
-    logits`` in float32. Differentiable in hidden, weight and bias; the weight gradient is accumulated in
-    weight's dtype, one GEMM per chunk. A "mean" or "sum" with grad makes the gradients in the forward (three
-    GEMMs a chunk, none for a frozen input; the backward multiplies them by the loss gradient, and a second
-    backward of the same graph makes them again), so they are held from the forward to the backward;
+    logits`` in float32. Differentiable in hidden, weight and bias; the weight gradient is accumulated as
+    ``accum_dtype`` says, one GEMM per chunk. A "mean" or "sum" with grad makes the gradients in the forward
+    (three GEMMs a chunk, none for a frozen input; the backward multiplies them by the loss gradient, and a
+    second backward of the same graph makes them again), so they are held from the forward to the backward;
     ``"none"``'s backward makes each chunk's logits again (four GEMMs a chunk in all).
 
     Memory: ``O(C x V)`` beyond inputs and gradients, against at least ``2 N V`` elements unfused; for
@@ -365,7 +376,8 @@ def fused_linear_cross_entropy(
     """
     known = None  # the key of a call that _LINEAR_CALLS may serve: no bias, class weights or softcap
     if (
-        bias is None and ce_weight is None and softcap is None and type(ignore_index) is int
+        bias is None and ce_weight is None and softcap is None and accum_dtype is None
+        and type(ignore_index) is int
         and type(reduction) is str and type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0
         and type(lse_square_scale) is float and 0.0 <= lse_square_scale < math.inf
         and (return_z_loss is True or return_z_loss is False) and type(loss_dtype) is torch.dtype
@@ -394,12 +406,19 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
         softcap, lse_square_scale, return_z_loss, loss_dtype,
     )  # fmt: skip
+    if accum_dtype not in (None, torch.float32):
+        raise TypeError(
+            f"accum_dtype is {accum_dtype!r}; accepted: None (the weight's dtype) or torch.float32"
+        )
     args = (hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale,
             chunk_rows, reduction, loss_dtype, return_z_loss)  # fmt: skip
     needs = _NO_GRADS  # the gradients the forward makes (a reduced loss with grad: see the docstring)
     if reduction != "none" and torch.is_grad_enabled():
         needs = (hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
-    loss, z, *_ = _linear_forward_call(*args, *needs)
+    if accum_dtype is None:
+        loss, z, *_ = _linear_forward_call(*args, *needs)
+    else:
+        loss, z, *_ = _linear_forward_call(*args, *needs, True)
     if known is not None:
         numbers = (ignore_index, label_smoothing, softcap, z_scale, chunk_rows)
         call = LinearCall(hidden, weight, target, numbers, reduction, loss_dtype, return_z_loss)

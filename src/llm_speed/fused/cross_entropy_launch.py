@@ -360,9 +360,11 @@ def linear_backward(
     grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: torch.Tensor | None, class_weight: torch.Tensor | None, stats: torch.Tensor, ignore_index: int,
     label_smoothing: float, softcap: float, z_scale: float, chunk_rows: int, reduction: str,
+    accum_float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dhidden, dweight, dbias) of :func:`linear_forward` for the gradient ``grad`` of its loss; reports its
-    work. Without a bias, dbias is an empty tensor (nobody reads it: no memset of ``[vocab]``)."""
+    work. Without a bias, dbias is an empty tensor (nobody reads it: no memset of ``[vocab]``).
+    ``accum_float32``: dweight summed over the chunks in float32 (:func:`add_chunk`)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     target = target.contiguous()
@@ -387,20 +389,32 @@ def linear_backward(
         dlogits = _dlogits(plans[i], logits, logits, rows, target, class_weight, stats, grad, g_rows,
                            ignore_index, label_smoothing, softcap, z_scale)  # fmt: skip
         torch.mm(dlogits, weight, out=dh)
-        # accumulated in weight's dtype, one GEMM epilogue per chunk (fp32 inside, rounded once), like Liger
-        dweight = torch.mm(dlogits.t(), h) if dweight is None else dweight.addmm_(dlogits.t(), h)
+        dweight = add_chunk(dweight, dlogits, h, accum_float32)
         if bias is not None:
             part = dlogits.sum(0, dtype=torch.float32)
             dbias = part if dbias is None else dbias.add_(part)
         del logits, dlogits  # before the next chunk's GEMM (else two chunks are alive at it)
+    dweight = dweight.to(weight.dtype)  # (accumulated in float32: one rounding at the end)
     return dhidden, dweight, zero_bias_grad(weight, bias) if bias is None else dbias.to(weight.dtype)
+
+
+def add_chunk(summed: torch.Tensor | None, dlogits: torch.Tensor, h: torch.Tensor,
+              accum_float32: bool) -> torch.Tensor:  # fmt: skip
+    """The weight gradient summed over the chunks so far plus this chunk's ``dlogits^T h``. In weight's dtype
+    (Liger's default): one GEMM epilogue a chunk (float32 inside), the sum rounded to 16 bits at every chunk,
+    so its error grows with their number. ``accum_float32`` (Liger's ``accum_dtype=torch.float32``): each
+    chunk's product rounded once, added to a float32 sum (V x H x 4 bytes more while it is made)."""
+    if accum_float32 and h.dtype != torch.float32:
+        part = torch.mm(dlogits.t(), h)
+        return part.float() if summed is None else summed.add_(part)
+    return torch.mm(dlogits.t(), h) if summed is None else summed.addmm_(dlogits.t(), h)
 
 
 def linear_forward_grads(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float, softcap: float,
     z_scale: float, chunk_rows: int, reduction: str, loss_dtype: torch.dtype, return_z: bool,
-    need_dhidden: bool, need_dweight: bool, need_dbias: bool,
+    need_dhidden: bool, need_dweight: bool, need_dbias: bool, accum_float32: bool = False,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(loss, z-loss, stats, dhidden, dweight, dbias): :func:`linear_forward`'s three, and for a reduced loss
     the gradients asked for (``need_*``) of a loss gradient of 1, made chunk by chunk while each chunk's
@@ -429,7 +443,7 @@ def linear_forward_grads(
         one = torch.ones((), dtype=loss_dtype, device=device)
         dhidden, dweight, dbias = linear_backward(
             one, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, softcap,
-            z_scale, chunk_rows, reduction,
+            z_scale, chunk_rows, reduction, accum_float32,
         )  # fmt: skip
         return (loss, z, stats, dhidden if need_dhidden else hidden.new_empty(0),
                 dweight if need_dweight else weight.new_empty(0),
@@ -455,9 +469,8 @@ def linear_forward_grads(
                  label_smoothing, softcap, z_scale)  # fmt: skip
         if need_dhidden:
             torch.mm(logits, weight, out=dhidden_rows[i])
-        if need_dweight:  # in weight's dtype, one GEMM epilogue a chunk, as linear_backward
-            h = hidden_rows[i]
-            summed[0] = torch.mm(logits.t(), h) if summed[0] is None else summed[0].addmm_(logits.t(), h)
+        if need_dweight:  # as linear_backward
+            summed[0] = add_chunk(summed[0], logits, hidden_rows[i], accum_float32)
         if need_dbias:
             part = logits.sum(0, dtype=torch.float32)
             summed[1] = part if summed[1] is None else summed[1].add_(part)
@@ -468,7 +481,7 @@ def linear_forward_grads(
         chunks, n, vocab, vocab, hidden.dtype, target, class_weight, ignore_index, label_smoothing, softcap,
         z_scale, chunk_rows, reduction, loss_dtype, return_z, device, after_chunk=gradients,
     )  # fmt: skip
-    dweight = summed[0] if need_dweight else weight.new_empty(0)
+    dweight = summed[0].to(weight.dtype) if need_dweight else weight.new_empty(0)
     dbias = summed[1] if need_dbias else weight.new_empty(0, dtype=torch.float32)
     return loss, z, stats, dhidden, dweight, dbias
 
