@@ -53,7 +53,7 @@ gpu-proof:
 
 # The whole suite on the GPU machine's software (torch 2.11, its CUDA build from PyPI, about 3 GB; Triton 3.6;
 # Python 3.12 where there is one) on the CPU, in its own venv: API drift between torch 2.11 and the dev pin shows
-# here, not in a lease. Not part of `make test` (20 minutes on 2 cores). numpy < 2.4: Triton 3.6's interpreter
+# here, not in a lease. Not part of `make test` (6 minutes on 2 idle cores). numpy < 2.4: Triton 3.6's interpreter
 # fails on a runtime loop bound with numpy 2.4.
 GPU_STACK_VENV ?= .venv-gpu-stack
 GPU_STACK_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4"  # another stack: GPU_STACK_PINS="torch==2.13.0"
