@@ -44,9 +44,9 @@ def _ce_fwd_kernel(
     z_t = tl.load(p_l + t_safe).to(tl.float32)
     if HAS_SOFTCAP:
         z_t = softcap * tanh(z_t / softcap)
-    sum_z = tl.full([], 0.0, tl.float32)  # over the finite logits
+    sum_z = tl.full([], 0.0, tl.float32)  # (with class weights: over the finite logits)
     sum_w = tl.full([], 0.0, tl.float32)  # sum of the class weights
-    n_inf = tl.full([], 0.0, tl.float32)  # the class weights (1 each without) of the -inf logits
+    n_inf = tl.full([], 0.0, tl.float32)  # with class weights: the weights of the -inf logits
     for v0 in range(0, vocab, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
         m_v = o_v < vocab
@@ -59,15 +59,14 @@ def _ce_fwd_kernel(
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         s = s * tl.exp(m - m_shift) + tl.sum(tl.exp(b_zm - m_shift), axis=0)
         m = m_new
-        finite = m_v & (b_z != float("-inf"))
         if HAS_WEIGHT:
+            finite = m_v & (b_z != float("-inf"))
             b_w = tl.load(weight_ptr + o_v, mask=m_v, other=0.0).to(tl.float32)
             sum_z += tl.sum(b_w * tl.where(finite, b_z - z_t, 0.0), axis=0)
             sum_w += tl.sum(b_w, axis=0)
             n_inf += tl.sum(tl.where(m_v & ~finite, b_w, 0.0), axis=0)
-        else:
-            sum_z += tl.sum(tl.where(finite, b_z - z_t, 0.0), axis=0)
-            n_inf += tl.sum(tl.where(m_v & ~finite, 1.0, 0.0), axis=0)
+        else:  # a -inf logit makes sum_z -inf (NaN for a -inf target): told apart after the loop, no count
+            sum_z += tl.sum(tl.where(m_v, b_z - z_t, 0.0), axis=0)
     log_s = tl.log(s)
     lse = m + log_s
     # F.cross_entropy per row: (1 - eps) * w_t * (lse - z_t) + eps / V * sum_j w_j (lse - z_j), with
@@ -78,9 +77,11 @@ def _ce_fwd_kernel(
         w_t = tl.load(weight_ptr + t_safe).to(tl.float32)
         ce = (1.0 - smoothing) * w_t * d_t + smoothing * ((sum_w * d_t - sum_z) / vocab)
         ce = tl.where(smoothing == 0.0, w_t * d_t, ce)
+        masked = n_inf > 0.0
     else:
         ce = tl.where(smoothing == 0.0, d_t, d_t - smoothing * (sum_z / vocab))
-    ce = tl.where((smoothing != 0.0) & (n_inf > 0.0) & (m != float("-inf")), float("inf"), ce)
+        masked = (sum_z == float("-inf")) | (d_t == float("inf"))  # a -inf logit, or a -inf target
+    ce = tl.where((smoothing != 0.0) & masked & (m != float("-inf")), float("inf"), ce)
     ce = tl.where(keep, tl.where(valid, ce, float("nan")), 0.0)
     z = tl.full([], 0.0, tl.float32)
     if HAS_Z:
