@@ -327,16 +327,14 @@ def flash_attention_varlen(
                 "block_table (paged K/V) is forward-only (as in flash-attn): call under torch.no_grad() or "
                 "with q, k, v that do not require grad"
             )
+        if seqused_k is not None:  # read with unit stride, as cu_seqlens below
+            seqused_k = last_dim_contiguous(seqused_k)
         kv_extra = (seqused_k, block_table)
     # the kernels read the index vectors with unit stride: a strided one (a column of a table) is copied
     given_cu = cu_seqlens_q, cu_seqlens_k
-    if not cu_seqlens_q.is_contiguous():
-        cu_seqlens_q = cu_seqlens_q.contiguous()
-    if cu_seqlens_k is not None and not cu_seqlens_k.is_contiguous():
-        cu_seqlens_k = cu_seqlens_k.contiguous()
-    if seqused_k is not None and not seqused_k.is_contiguous():
-        seqused_k = seqused_k.contiguous()
-        kv_extra = (seqused_k, block_table)
+    cu_seqlens_q = last_dim_contiguous(cu_seqlens_q)
+    if cu_seqlens_k is not None:
+        cu_seqlens_k = last_dim_contiguous(cu_seqlens_k)
     given = q, k, v
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     scale = check_scale(scale, q)

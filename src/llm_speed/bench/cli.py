@@ -623,18 +623,13 @@ def run_moe_command(args: argparse.Namespace) -> int:
     settings = moe_bench.moe_settings(args, _cli.resolve_device(args.device))
     available = report.cpu_memory(torch.device(settings.device))
     sizes = "--tokens/--experts/--hidden/--intermediate"
-
-    def refuse_when_nothing_fits(settings) -> None:
-        needs = [moe_bench.memory_floor(case, settings) for case in settings.cases()]
-        report.refuse_when_nothing_fits(needs, available, sizes)
-
     if args.full_size:  # the sizes are final: refused before the calibration calls
-        refuse_when_nothing_fits(settings)
+        report.refuse_when_nothing_fits(moe_bench.memory_needs(settings), available, sizes)
     settings = _fit_to_cpu(
         args, settings, cpu_budget.calibrate_moe, cpu_budget.scale_moe, cpu_budget.moe_estimate,
         _side_console(args),
     )  # fmt: skip
-    refuse_when_nothing_fits(settings)
+    report.refuse_when_nothing_fits(moe_bench.memory_needs(settings), available, sizes)
     writer = _Writer(args, settings, moe_bench.results_payload)
     rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"

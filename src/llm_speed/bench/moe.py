@@ -181,6 +181,11 @@ def memory_floor(case: tuple[int, int, int], s: MoeSettings) -> int:
     return elements * report.TORCH_DTYPES[s.dtype].itemsize + 4 * 2 * experts * s.intermediate * s.hidden
 
 
+def memory_needs(settings: MoeSettings) -> list[int]:
+    """:func:`memory_floor` of every case the run makes."""
+    return [memory_floor(case, settings) for case in settings.cases()]
+
+
 def case_cost(case: tuple[int, int, int], s: MoeSettings) -> tuple[float, float]:
     """(FLOPs, bytes) of the op table's ``fused_moe`` (+ ``fused_moe_backward`` in fwd+bwd) rows, read off
     meta tensors of the case's shapes."""

@@ -17,6 +17,7 @@ from llm_speed import ops
 from llm_speed._output import print_table
 from llm_speed.bench.report import bytes_text, cpu_memory
 from llm_speed.bench.timing import measure
+from llm_speed.core.intmath import MAX_TENSOR_BYTES
 from llm_speed.profiler import CUDAProfiler
 
 LLM_SPEED = "llm-speed"
@@ -55,10 +56,6 @@ class OpMeasurement:
 def examples() -> tuple[str, ...]:
     """The ops ``bench op`` can time (their row has an ``example``)."""
     return tuple(op.name for op in ops.OPS if op.example is not None)
-
-
-# PyTorch counts a tensor's bytes in an int64: a tensor past this cannot be made on any device.
-MAX_TENSOR_BYTES = 2**63 - 1
 
 
 def input_bytes(name: str, size: int, dtype: torch.dtype) -> int | None:

@@ -3,6 +3,10 @@ re-exports them) and the analytic model (:mod:`llm_speed.perf`) share one defini
 
 from __future__ import annotations
 
+# PyTorch counts a tensor's bytes in an int64: a tensor past this cannot be made on any device ("Storage size
+# calculation overflowed"); the benchmarks and the kernel report refuse such sizes before any work.
+MAX_TENSOR_BYTES = 2**63 - 1
+
 
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for ints, b > 0."""

@@ -218,8 +218,8 @@ _backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)
 def _linear_setup_context(ctx, inputs, output):
     hidden, weight, target, bias, class_weight, ignore_index, smoothing, softcap, z_scale, chunk_rows, \
         reduction, _loss_dtype, _return_z, *needs = inputs  # fmt: skip
-    accum_float32 = bool(needs[3]) if len(needs) > 3 else False
-    needs = needs[:3]
+    # (a kept call, Op.checked, passes the op's arguments without the trailing accum_float32: False)
+    needs, accum_float32 = needs[:3], len(needs) > 3 and needs[3]
     ctx.mark_non_differentiable(*output[1:])
     ctx.args = (ignore_index, smoothing, softcap, z_scale, chunk_rows, reduction, accum_float32)
     grads = output[3:] if any(needs) else None  # the gradients made in the forward (a reduced loss)
@@ -415,10 +415,7 @@ def fused_linear_cross_entropy(
     needs = _NO_GRADS  # the gradients the forward makes (a reduced loss with grad: see the docstring)
     if reduction != "none" and torch.is_grad_enabled():
         needs = (hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
-    if accum_dtype is None:
-        loss, z, *_ = _linear_forward_call(*args, *needs)
-    else:
-        loss, z, *_ = _linear_forward_call(*args, *needs, True)
+    loss, z, *_ = _linear_forward_call(*args, *needs, accum_dtype is not None)
     if known is not None:
         numbers = (ignore_index, label_smoothing, softcap, z_scale, chunk_rows)
         call = LinearCall(hidden, weight, target, numbers, reduction, loss_dtype, return_z_loss)

@@ -9,6 +9,7 @@ import sys
 import time
 
 from llm_speed import _cli
+from llm_speed.core.intmath import MAX_TENSOR_BYTES
 
 COLUMNS = (
     "#", "kernel", "op", "config", "variant", "regs", "spill B (st/ld)", "LDL/STL in loops (inner)",
@@ -169,9 +170,8 @@ def inapplicable_options(args: argparse.Namespace) -> str | None:
             f"{', '.join(chosen)} (whose problems take {takes})")
 
 
-# PyTorch counts a tensor's bytes in an int64: a problem tensor past this is refused ("Storage size
-# calculation overflowed") before anything is allocated; 4 bytes an element (fp32, the widest operand).
-MAX_TENSOR_BYTES = 2**63 - 1
+# A problem tensor past PyTorch's byte count is refused before anything is allocated; 4 bytes an element
+# (fp32, the widest operand).
 MAX_ELEMENTS = MAX_TENSOR_BYTES // 4
 MAX_SIZE = math.isqrt(MAX_ELEMENTS)  # the GEMM and fused problems' [size, size] tensors
 # The decode problem's KV cache: 8 sequences x 8 KV heads over --seq tokens (problems.decode_problem).
