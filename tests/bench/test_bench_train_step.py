@@ -159,3 +159,27 @@ def test_a_model_that_cannot_fit_the_host_is_refused_with_the_layers_that_would(
     err = capsys.readouterr().err
     assert "llm-speed bench train-step: error: --model: llama-3-8b with 32 layers needs at least" in err
     assert "even one layer does not fit" in err and not ran
+
+
+def test_the_first_layers_of_a_dense_first_moe_model():
+    # DeepSeek-V3's first 3 layers are dense: --layers 2 keeps a dense model (a ModelConfig with 2 layers of
+    # which 3 dense cannot exist: the costs raised after the model was built), --layers 5 two MoE layers
+    from llm_speed.perf.mfu import training_flops_per_token
+    from llm_speed.perf.models import param_count
+
+    config = get_model("deepseek-v3")
+    two = train_step.first_layers(config, 2)
+    assert two.num_layers == 2 and not two.is_moe and two.uses_mla
+    five = train_step.first_layers(config, 5)
+    assert (five.num_dense_layers, five.num_moe_layers) == (3, 2)
+    assert train_step.first_layers(config, None) == config
+    per_dense = param_count(train_step.first_layers(config, 3)).total - param_count(two).total
+    assert per_dense == param_count(two).total - param_count(train_step.first_layers(config, 1)).total > 0
+    assert param_count(five).total > param_count(train_step.first_layers(config, 3)).total + 2 * per_dense
+    settings = train_step.TrainStepSettings(
+        model="deepseek-v3", family="deepseek_v3", layers=2, batch=1, seq=16, dtype="bf16",
+        impls=("transformers",), warmup=0, iterations=1, min_time_s=0.0, device="cuda",
+    )  # fmt: skip
+    flops, _ = train_step._costs(config, settings, param_count(two).total)
+    assert flops == training_flops_per_token(two, 16, "causal") * 16 > 0
+    assert train_step.host_memory_floor(settings) == 2 * param_count(two).total

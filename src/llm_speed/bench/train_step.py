@@ -237,23 +237,26 @@ def _patch(variant: str, model, family: str) -> None:
         liger_patch(family)(model=model)
 
 
+def first_layers(config: ModelConfig, layers: int | None) -> ModelConfig:
+    """The model's first ``layers`` layers (None: all), as ``--layers`` builds it: DeepSeek-style dense layers
+    come first (``first_k_dense_replace``), so keeping no more than them leaves a dense model."""
+    kept = layers or config.num_layers
+    if config.is_moe and kept <= config.first_dense_layers:
+        return dataclasses.replace(
+            config, num_layers=kept, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+            num_shared_experts=0, first_dense_layers=0, router_bias=False,
+        )  # fmt: skip
+    return dataclasses.replace(config, num_layers=kept)
+
+
 def host_memory_floor(settings: TrainStepSettings, layers: int | None = None) -> int:
     """Bytes of host memory a run holds at least: the starting weights kept there between variants, and on a
     CPU also the variant's model and its gradients (``layers``: instead of the settings')."""
     from llm_speed.perf.models import param_count
 
-    config = resolve_model(settings.model)
-    count = param_count(config)
-    kept = layers or settings.layers or config.num_layers
-    # the first ``kept`` layers: the dense ones come first (DeepSeek's first_k_dense_replace), then MoE ones
-    dense = min(kept, config.num_dense_layers)
-    per_layer = (count.attention + count.norms - config.hidden_size) / config.num_layers
-    dense_mlp = count.dense_mlp / max(1, config.num_dense_layers)
-    moe_mlp = (count.routed_experts + count.shared_experts + count.router) / max(1, config.num_moe_layers)
-    params = (count.embedding + count.lm_head + config.hidden_size + kept * per_layer + dense * dense_mlp
-              + (kept - dense) * moe_mlp)  # fmt: skip
+    params = param_count(first_layers(resolve_model(settings.model), layers or settings.layers)).total
     copies = 3 if torch.device(settings.device).type == "cpu" else 1
-    return int(copies * params * report.TORCH_DTYPES[settings.dtype].itemsize)
+    return copies * params * report.TORCH_DTYPES[settings.dtype].itemsize
 
 
 def memory_refusal(settings: TrainStepSettings, available: int | None) -> str | None:
@@ -275,7 +278,7 @@ def memory_refusal(settings: TrainStepSettings, available: int | None) -> str | 
 def _costs(config: ModelConfig, settings: TrainStepSettings, params: int) -> tuple[float, float]:
     from llm_speed.perf.mfu import training_flops_per_token
 
-    layered = dataclasses.replace(config, num_layers=settings.layers or config.num_layers)
+    layered = first_layers(config, settings.layers)
     tokens = settings.batch * settings.seq
     flops = training_flops_per_token(layered, settings.seq, "causal") * tokens
     return flops, 5.0 * params * report.TORCH_DTYPES[settings.dtype].itemsize
