@@ -273,3 +273,33 @@ def test_attn_implementation_name_and_apply_checks(device):
         hf.apply(model, rotary=1)
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         hf.apply(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)))
+
+
+def test_cross_entropy_accum_dtype_reaches_the_fused_loss(device, monkeypatch):
+    """``apply(model, cross_entropy_accum_dtype=torch.float32)``: the fused loss gets ``accum_dtype`` (the
+    lm_head gradient summed in float32 over the chunks), the report says so, and loss and gradients stay
+    those of the default patch (one chunk here: the same sums); bad values are refused before anything is
+    patched."""
+    seen = []
+    real = hf.fused_linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("accum_dtype"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "fused_linear_cross_entropy", spy)
+    plain, accum, _ = _models("llama", device)
+    ids = torch.randint(0, 97, (2, 7), device=device)
+    assert hf.apply(plain)["cross_entropy_accum_dtype"] is None
+    assert hf.apply(accum, cross_entropy_accum_dtype=torch.float32)["cross_entropy_accum_dtype"] == "float32"
+    loss, grads = _loss_and_grads(plain, ids, ids)
+    loss32, grads32 = _loss_and_grads(accum, ids, ids)
+    assert seen == [None, torch.float32]
+    torch.testing.assert_close(loss32, loss, rtol=0, atol=0)
+    torch.testing.assert_close(grads32["lm_head.weight"], grads["lm_head.weight"], rtol=1e-6, atol=1e-7)
+    fresh = _models("llama", device)[0]
+    with pytest.raises(ValueError, match="cross_entropy_accum_dtype is torch.bfloat16; accepted: None"):
+        hf.apply(fresh, cross_entropy_accum_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cross_entropy_accum_dtype needs cross_entropy=True"):
+        hf.apply(fresh, cross_entropy=False, cross_entropy_accum_dtype=torch.float32)
+    assert getattr(fresh, "_llm_speed_report", None) is None  # refused before anything was patched

@@ -29,6 +29,8 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
   ``shift_labels``, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as transformers'
   ``ForCausalLMLoss``; the final logit softcap of Gemma-2/3, Granite's ``logits_scaling``, the MoE router's
   auxiliary loss when ``output_router_logits``) and ``logits=None``. Without labels the forward is unchanged.
+  ``apply(model, cross_entropy_accum_dtype=torch.float32)`` sums the ``lm_head`` weight's gradient over the
+  token chunks in float32 (Liger's ``accum_dtype``; :func:`llm_speed.fused_linear_cross_entropy`).
 
 Padding: left, right (or inner, without a sliding window spanning it) padding of any lengths. The mask
 function registered for ``"llm_speed"`` hands the attention the 2-D padding mask when transformers would use
@@ -660,6 +662,7 @@ def _fused_loss_forward(self, *args, **kwargs):
         hidden, self.lm_head.weight, shift.reshape(-1).to(hidden.device), bias=bias,
         reduction="mean" if num_items is None else "sum",
         softcap=getattr(self.config, "final_logit_softcapping", None),
+        accum_dtype=self._llm_speed_accum_dtype,
     )  # fmt: skip
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
@@ -684,6 +687,7 @@ def apply(
     rotary: bool = True,
     attention: bool | None = None,
     cross_entropy: bool = True,
+    cross_entropy_accum_dtype: torch.dtype | None = None,
 ) -> dict:
     """Patch ``model`` (a causal LM of one of :data:`SUPPORTED` families from transformers) in place; see the
     module docstring for what each switch swaps. Returns what was patched: ``{"model_type": str, "rms_norm":
@@ -700,9 +704,13 @@ def apply(
     a static cache its valid keys; ``output_attentions=True`` and masks the kernels cannot compute (custom
     patterns, biases) the replaced attention, with one warning (module docstring).
 
-    ``cross_entropy`` needs a ``*ForCausalLM`` model (``lm_head`` and ``model``). Calling apply twice returns
-    the first report and patches nothing more. ValueError for other model types; ImportError without
-    transformers.
+    ``cross_entropy`` needs a ``*ForCausalLM`` model (``lm_head`` and ``model``).
+    ``cross_entropy_accum_dtype``: None (the weight's dtype) or ``torch.float32``, what the ``lm_head``
+    weight's gradient is summed in over the loss's token chunks (the ``accum_dtype`` of
+    :func:`llm_speed.fused_linear_cross_entropy`: a bfloat16 weight's gradient then rounds once instead of
+    once per chunk); the report says it as ``"cross_entropy_accum_dtype"`` (``"float32"`` or None). Calling
+    apply twice returns the first report and patches nothing more. ValueError for other model types;
+    ImportError without transformers.
     """
     _require_transformers()
     switches = dict(rms_norm=rms_norm, mlp=mlp, moe=moe, rotary=rotary, attention=attention,
@@ -711,6 +719,11 @@ def apply(
         if not isinstance(value, bool) and not (name == "attention" and value is None):
             accepted = "a bool or None" if name == "attention" else "a bool"
             raise TypeError(f"{name} must be {accepted}, got {type(value).__name__}")
+    if cross_entropy_accum_dtype not in (None, torch.float32):
+        raise ValueError(f"cross_entropy_accum_dtype is {cross_entropy_accum_dtype!r}; accepted: None (the "
+                         "weight's dtype) or torch.float32")  # fmt: skip
+    if cross_entropy_accum_dtype is not None and not cross_entropy:
+        raise ValueError("cross_entropy_accum_dtype needs cross_entropy=True (it is the fused loss's option)")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         kind = type(model).__name__
         raise TypeError(f"model must be a transformers model (an nn.Module with .config), got {kind}")
@@ -724,7 +737,7 @@ def apply(
     skipped: dict[str, str] = {}
     report = {"model_type": model_type, "rms_norm": 0, "mlp": 0, "moe": 0, "rotary": False,
               "attention": False, "attention_replaced": None, "cross_entropy": False,
-              "skipped": skipped}  # fmt: skip
+              "cross_entropy_accum_dtype": None, "skipped": skipped}  # fmt: skip
     if rms_norm:
         report["rms_norm"] = _swap_norms(model, family)
     if moe and family.moe:  # before the MLPs: the shared experts then become GatedMLPs like any MLP
@@ -754,11 +767,14 @@ def apply(
             report["attention_replaced"] = current
     if cross_entropy:
         if hasattr(model, "lm_head") and hasattr(model, "model"):
+            model._llm_speed_accum_dtype = cross_entropy_accum_dtype
             replace_forward(model, _fused_loss_forward)
             model.model._llm_speed_capture = False
             model.model._llm_speed_captured = None
             model.model.register_forward_hook(_capture_output)
             report["cross_entropy"] = True
+            if cross_entropy_accum_dtype is not None:
+                report["cross_entropy_accum_dtype"] = "float32"
         else:
             skipped["cross_entropy"] = f"{type(model).__name__} has no lm_head (not a *ForCausalLM model)"
     model._llm_speed_report = report
