@@ -2,6 +2,7 @@
 time. A CPU run has no GPU to predict for, so these tests make the benches believe they run on an H100 (the
 times are the CPU's: the errors are meaningless, their presence and arithmetic are what is checked)."""
 
+import importlib
 import json
 
 import pytest
@@ -121,3 +122,30 @@ def test_the_gemm_prediction_is_the_models(on_h100, capsys):
     for impl, name in (("torch", "cublas"), ("llm-speed", "llm-speed")):
         expected = predict("gemm", "h100-sxm", implementation=name, dtype="fp32", m=16, n=16, k=16)
         assert rows[impl]["prediction_ms"] == pytest.approx(expected.milliseconds)
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT"])
+def test_the_fp8_gemm_prediction_takes_the_rows_scaling_and_layout(layout, on_h100, capsys, monkeypatch):
+    """An fp8 file's rows are predicted at their own granularity and the run's layout (gemm_fp8's model:
+    block scaling its own kernel, a b that is not K-major copied first), bf16 torch.matmul as a bf16 GEMM."""
+    predict_module = importlib.import_module("llm_speed.perf.predict")  # the package exports the function
+    asked = []
+
+    def spy(op, gpu, **kwargs):
+        asked.append((op, kwargs.get("implementation"), kwargs.get("scaling"), kwargs.get("layout")))
+        return predict(op, gpu, **kwargs)
+
+    monkeypatch.setattr(predict_module, "predict", spy)
+    args = ["--dtype", "fp8", "--sizes", "32x32x128", "--layout", layout, "--min-time", "0"]
+    assert main(["bench", "gemm", "--device", "cpu", *args, *TIMING, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    ours = {r["case"].split()[-1]: r for r in rows if r["impl"] == "llm-speed"}
+    assert set(ours) == {"tensor", "row", "block"}
+    assert {("gemm_fp8", "llm-speed", s, layout) for s in ours} <= set(asked)
+    for scaling, row in ours.items():
+        expected = predict("gemm_fp8", "h100-sxm", m=32, n=32, k=128, scaling=scaling, layout=layout)
+        assert row["prediction_ms"] == pytest.approx(expected.milliseconds)
+        assert row["prediction_calibrated"] == expected.calibrated == (scaling != "block")
+    bf16 = next(r for r in rows if r["impl"] == "torch")
+    expected = predict("gemm", "h100-sxm", implementation="cublas", dtype="bf16", m=32, n=32, k=128)
+    assert bf16["prediction_ms"] == pytest.approx(expected.milliseconds)

@@ -51,7 +51,9 @@ def test_each_compile_and_cache_load_is_logged(build, tmp_path):
     cold, warm = (json.loads(line) for line in log.read_text().splitlines())
     assert cold["kernel"] == warm["kernel"] == "add_one" and cold["hash"] == warm["hash"]
     assert (cold["cache_hit"], warm["cache_hit"]) == (False, True)
-    assert cold["compile_us"] > warm["compile_us"] >= 0
+    # Both are Triton's own timing of the call. Not compared: a cache hit still computes the key (ptxas's
+    # version among it), 350 ms here against 420-460 for the cold compile, so a busy machine can invert them.
+    assert cold["compile_us"] > 0 and warm["compile_us"] >= 0
 
 
 def test_without_the_variable_nothing_is_logged_or_imported(tmp_path):

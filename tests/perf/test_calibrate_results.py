@@ -33,10 +33,16 @@ def test_a_results_commit_is_the_build_that_names_it():
     assert current["host_path_of"] == "0cce093"  # the second 2026-11-25 lease measured this launch path
     second = build_entry("llm-speed", "0cce093")
     assert second is not current and second["commit"] == "d1b0227" and "host_path_of" not in second
-    assert build_entry("llm-speed", "b9171ef") is second and build_entry("llm-speed", "f4de76f") is current
+    assert build_entry("llm-speed", "5e051eb") is second and build_entry("llm-speed", "f4de76f") is current
+    # eafec86 ran 0cce093's build but for gemm_fp8's per-tensor kernel (its wgmma no longer serialized)
+    fixed = build_entry("llm-speed", "eafec86")
+    assert build_entry("llm-speed", "b9171ef") is fixed and fixed is not second
+    assert {key: value for key, value in fixed.items() if key not in ("fp8_gemm", "runs", "source")} == {
+        key: value for key, value in second.items() if key not in ("fp8_gemm", "runs", "source")}
+    assert (second["fp8_gemm"]["tensor"], fixed["fp8_gemm"]["tensor"]) == ("serialized", "pipelined")
     assert build_entry("llm-speed", "af147ec")["attention_backward"] == "dq_kernel"
     with pytest.raises(ValueError, match=r"build '1234567' of llm-speed is not described; known: current "
-                                         r"\(f4de76f\), 0cce093 \(5e051eb, eafec86, b9171ef\), d1b0227 "
+                                         r"\(f4de76f\), 0cce093 \(5e051eb\), eafec86 \(b9171ef\), d1b0227 "
                                          r"\(2b2a055, 4c378d4\), af147ec"):  # fmt: skip
         build_entry("llm-speed", "1234567")
     twice = copy.deepcopy(load_calibration())

@@ -335,14 +335,15 @@ def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] |
     gpu_id = report.prediction_gpu_id(gpu)
 
     def predict_row(row: GemmMeasurement):
-        if settings.dtype == "fp8":  # gemm_fp8's model is uncalibrated (says so); bf16 torch.matmul's is not
+        if settings.dtype == "fp8":  # gemm_fp8 and torch._scaled_mm at the row's scaling; bf16 torch.matmul
             with_bias = settings.epilogue != "none"
             if row.impl == "torch":
                 return predict("gemm", gpu_id, implementation="cublas", m=row.m, n=row.n, k=row.k,
                                dtype="bf16", with_bias=with_bias)  # fmt: skip
             implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
+            scaling = row.case.split()[-1]  # "4096x4096x4096 row": the case's granularity
             return predict("gemm_fp8", gpu_id, implementation=implementation, m=row.m, n=row.n, k=row.k,
-                           with_bias=with_bias)  # fmt: skip
+                           with_bias=with_bias, scaling=scaling, layout=settings.layout)  # fmt: skip
         op = "tensor_core_gemm_int8" if settings.dtype == "int8" else "gemm"
         implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
         epilogue = settings.epilogue != "none"

@@ -16,9 +16,10 @@ are checked on the same shapes. Points that differ only in their size (a sequenc
 a square GEMM's side) or in their tile form a group; sorted by that size, every second one is held out
 (the 2nd, 4th, ...). On the 2026-11-22 H100 baseline that holds out the sequence lengths 1k, 4k and 16k of
 every attention group, the token counts 16 and 2048 of every model GEMM, the 1024^3 and 4096^3 squares, and
-every second tile of the block-size sweeps. Points of kinds the parameters do not describe (:func:`kind_of`:
-8-bit kernels, the eager attention, a forward and its backward under one timer) are always held out: checked,
-never fitted.
+every second tile of the block-size sweeps; of the fp8 GEMMs in NT (their own family, "gemm fp8"),
+8192x8192x4096 of each scaling. Points of kinds the parameters do not describe (:func:`kind_of`: int8
+kernels, fp8 attention, fp8 GEMMs with b N-major, the eager attention, a forward and its backward under one
+timer) are always held out: checked, never fitted.
 
 ``fit(points, calibration)``: per (implementation, family) the parameters listed in :data:`FITTED` are
 moved (Nelder-Mead on the log of each, minimising the squared log error over the training points); the rest
@@ -44,6 +45,7 @@ from llm_speed.core.gpus import get_gpu, normalize_dtype
 from llm_speed.perf._checks import missing_path
 from llm_speed.perf.predict import (
     ALIASES,
+    FP8_GEMM_SECTION,
     OPS,
     REFERENCE_GPU,
     SDPA_BACKENDS,
@@ -99,11 +101,20 @@ FITTED: dict[tuple[str, str], tuple[str, ...]] = {
         "memory_overlap",
         "l2_miss",
     ),
+    # fp8 GEMMs (gemm_fp8, torch._scaled_mm): the tensor cores' fraction of the fp8 peak, and the seconds per
+    # K step of block scaling (the product waited for and rescaled); llm-speed's builds before eafec86 also
+    # ptxas's serialized per-tensor kernel (prediction.gemm.fp8_step_seconds). Memory and latency terms are
+    # the 16-bit GEMM's (the fp8 points are all compute-bound).
+    ("gemm fp8", "vendor"): ("eta", "block_step_s"),
+    ("gemm fp8", "llm-speed"): ("eta", "block_step_s", "serialized_step_s"),
 }
+# The kinds of point (:func:`kind_of`) a fit uses; every other kind is checked, never fitted.
+FITTED_KINDS = ("gemm", "attention", FP8_GEMM_SECTION)
 # Parameters an llm-speed fit takes from the vendor's fit on the same GPU (not identifiable from the measured
 # build, whose host path hid them; the hardware they describe is the same): (family) -> (vendor, names).
 SHARED: dict[str, tuple[str, tuple[str, ...]]] = {
     "gemm": ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth")),
+    FP8_GEMM_SECTION: ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth")),
 }
 # Nelder-Mead restarts from the best point so far (the simplex collapses on long valleys).
 RESTARTS = 2
@@ -122,10 +133,10 @@ ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive"
                              "flash-fp8": "llm-speed"}  # fmt: skip
 BENCH_ATTENTION_OPS = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention",
                  "flash-fp8": "flash_attention_fp8"}  # fmt: skip
-# The dtypes whose points the fit uses. The parameters are the 16-bit tensor-core paths' (every point of the
-# 2026-11-22 fit is fp16 or bf16); 8-bit kernels (int8, fp8) run other instructions, and the GEMMs measured so
-# far had b N-major (2026-11-25, layout NN), which 8-bit wgmma cannot read from shared memory (it takes
-# K-major operands only): their points are checked, never fitted.
+# The dtypes whose points the 16-bit families use. 8-bit kernels run other instructions: fp8 GEMMs with both
+# operands K-major (layout NT) have their own family ("gemm fp8"); fp8 GEMMs with b N-major (2026-11-25,
+# layout NN, read N-major by the kernel of that build: 8-bit wgmma takes K-major operands only), int8 GEMMs
+# (NN too) and fp8 attention are checked, never fitted.
 FITTED_DTYPES = ("fp16", "bf16")
 
 
@@ -158,10 +169,11 @@ class Point:
 
     @property
     def fitted(self) -> bool:
-        """Whether a fit may use this point: it is checked in its op's own family (:func:`kind_of`): one op
-        (not a forward and its backward under one timer, whose backward's host path no GPU run has measured),
-        of a dtype of :data:`FITTED_DTYPES`, and not the eager attention (no parameter of its own)."""
-        return kind_of(self) == _family_of(self.op)
+        """Whether a fit may use this point: its kind (:func:`kind_of`) is one of :data:`FITTED_KINDS`: one
+        op (not a forward and its backward under one timer, whose backward's host path no GPU run has
+        measured), of a dtype of :data:`FITTED_DTYPES` (or an fp8 GEMM with K-major operands), and not the
+        eager attention (no parameter of its own)."""
+        return kind_of(self) in FITTED_KINDS
 
 
 @dataclass
@@ -285,18 +297,23 @@ def _gemm_points(document: dict, path: Path, gpu: str, build: str | None) -> lis
             op, row_dtype = FP8_FILE_ROWS[impl]
         m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
         problem = dict(m=m, n=n, k=k, dtype=row_dtype, with_bias=settings.get("epilogue", "none") != "none")
-        if op == "gemm_fp8":
-            problem["out_dtype"] = "bf16"
         square = m == n == k
         group = ("gemm", row_dtype, "square") if square else ("gemm", row_dtype, n, k)
+        size: tuple = (m,)
         source = f"{_short(path)}: {row['case']}"
         if dtype == "fp8":
+            granularity = row["case"].split()[-1]  # "4096x4096x4096 row": the granularity
             # each granularity its own group (a different kernel); the bf16 rows apart from every bf16 GEMM
-            group = (*group, "fp8 file", row["case"].split()[-1])  # "4096x4096x4096 row": the granularity
+            group = (*group, "fp8 file", granularity)
             if row_dtype != dtype:
                 source += f" ({row_dtype})"
+        if op == "gemm_fp8":
+            layout = settings.get("layout", "NN")
+            problem.update(out_dtype="bf16", scaling=granularity, layout=layout)
+            # one group per granularity and layout, sized by the FLOPs: 4096^3 fitted, 8192x8192x4096 held out
+            group, size = ("gemm", "fp8", granularity, layout), (m * n * k,)
         points.append(
-            _point(op, implementation, gpu, problem, seconds, source, build, group, (m,), case=row["case"],
+            _point(op, implementation, gpu, problem, seconds, source, build, group, size, case=row["case"],
                    row=impl)  # fmt: skip
         )
     return points
@@ -891,7 +908,7 @@ def calibrate(
     base: Any = None,
     gpu: str | None = None,
     iterations: int = 400,
-    families: Sequence[str] = ("gemm", "attention"),
+    families: Sequence[str] = FITTED_KINDS,
 ) -> dict[str, Any]:
     """Refit the calibration from the measurements under ``directory``: start from ``base`` (default: the
     current calibration), set the ceilings and host times the directory records, fit every (GPU,
@@ -926,7 +943,7 @@ def calibrate(
     train, test = split(results.points)
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for point in train:
-        family = _family_of(point.op)
+        family = kind_of(point)
         if family in families and point.fitted:
             groups.setdefault((point.gpu, point.implementation, family), []).append(point)
     # Vendors first: llm-speed's fits take the SHARED parameters from theirs.
@@ -966,7 +983,11 @@ def kind_of(point: Point) -> str:
     decode" for a decode over a KV cache (another kernel: split-KV streaming, whose only GPU figures, of
     2026-11-25, are host-bound up to batch 8), with " fwd+bwd" for a forward and its backward under one
     timer and the dtype for 8-bit kernels and caches ("gemm int8", "attention fp8", "attention decode
-    fp8"). Only the plain families are fitted (:attr:`Point.fitted`)."""
+    fp8"); an fp8 GEMM is "gemm fp8" with both operands K-major (layout NT), else "gemm fp8 N-major". Only
+    :data:`FITTED_KINDS` are fitted (:attr:`Point.fitted`)."""
+    if point.op == "gemm_fp8":
+        k_major = point.problem.get("layout", "NT") == "NT"
+        return FP8_GEMM_SECTION if k_major else f"{FP8_GEMM_SECTION} N-major"
     if point.op == "naive_attention":
         family = "eager attention"
     elif point.op == "attention_kvcache_fwd":

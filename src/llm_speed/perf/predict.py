@@ -111,6 +111,7 @@ from llm_speed.perf.prediction.names import (
     CONTEXTS,
     CROSS_ENTROPY_OPS,
     ELEMENTWISE_OPS,
+    FP8_GEMM_SECTION,
     GEMM_OPS,
     MOE_OPS,
     NOT_FITTED,
@@ -159,6 +160,7 @@ __all__ = [
     "DEQUANT_METHODS",
     "EAGER_SOFTMAX_PASSES",
     "ELEMENTWISE_OPS",
+    "FP8_GEMM_SECTION",
     "GEMM_OPS",
     "GPUConstants",
     "KernelPass",
@@ -232,7 +234,9 @@ def predict(
       (out[m, n] = A[m, k] @ B[k, n]), ``batch``,
       ``dtype`` (bf16), ``out_dtype``, ``with_bias``, ``with_c``; weight-only quantized B: ``weight_dtype``
       ("int8", "int4"), ``group_size``, ``scale_bytes`` (2), ``dequant`` ("convert" or "lop3"); ``tile``
-      (BM, BN, BK, warps) to force one.
+      (BM, BN, BK, warps) to force one. gemm_fp8 also: ``scaling`` ("tensor", "row", "block": 1x128 A and
+      128x128 B blocks), ``layout`` ("NT": both operands K-major, as torch._scaled_mm and ``x @ W^T``; "NN",
+      "TN", "TT": llm-speed copies the operand that is not K-major first).
     * attention rows: ``batch, heads_q, seq_q, seq_kv`` (= seq_q), ``head_dim``, ``heads_kv``, ``dtype``
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
       tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
@@ -280,11 +284,14 @@ def predict(
             problem=recorded,
         )
     section = {"cross_entropy": "elementwise", "moe": "gemm"}.get(family, family)
+    if op == "gemm_fp8":  # its own fit (calibrate.FITTED: "gemm fp8")
+        section = FP8_GEMM_SECTION
     params, calibrated, source = parameters(spec, impl, section, calibration)
     built = build_entry(impl, build, calibration)
+    why_not = None
     if family == "gemm":
         terms, flops, moved, info = predict_gemm(op, spec, consts, impl, params, built, work)
-        dtype = info["dtype"]
+        dtype, why_not = info["dtype"], info.get("uncalibrated")
     elif family == "attention":
         dtype = normalize_dtype(work.get("dtype", "fp16"))
         terms, flops, moved = predict_attention(op, spec, consts, impl, params, built, work, calibration)
@@ -311,7 +318,10 @@ def predict(
     measured = (
         "fitted" in params and family != "cross_entropy" and op not in UNMEASURED_OPS and op not in NOT_FITTED
     )
-    if not measured:
+    if measured and why_not:
+        measured = False
+        source = f"UNCALIBRATED for {op} here ({why_not}): {source}"
+    elif not measured:
         why = NOT_FITTED.get(op, "no measurement of it on any GPU")
         source = f"UNCALIBRATED for {op} ({why}): {source}"
     elif op == "attention_kvcache_fwd" and normalize_dtype(problem.get("kv_dtype") or "fp16") == "fp8":

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from llm_speed.core.args import positive_int
@@ -50,9 +51,11 @@ def gemm_terms(
     tile: Sequence[int],
     split: int,
     dequant: dict[str, float] | None,
+    step_s: float = 0.0,
 ) -> Terms:
     """One GEMM (one tile shape, split-K ``split``): the tiles' waves on the tensor cores, the DRAM and L2
-    traffic, and (weight-only quantized B) the dequantization on the CUDA cores."""
+    traffic, and (weight-only quantized B) the dequantization on the CUDA cores. ``step_s``: seconds a
+    program spends per K step beyond its products (:func:`fp8_step_seconds`)."""
     bm, bn, bk = int(tile[0]), int(tile[1]), int(tile[2])
     warps = int(tile[3]) if len(tile) > 3 else 8
     sms = consts.spec.sm_count
@@ -66,7 +69,7 @@ def gemm_terms(
     )
     per_sm = peak / sms
     tile_s = 2.0 * bm * bn * bk * (k_steps + float(params.get("tile_steps", 0.0))) / (per_sm * eta)
-    tile_s += float(params.get("tile_s", 0.0))
+    tile_s += float(params.get("tile_s", 0.0)) + step_s * k_steps
     compute, programs, waves, wave_eff = uniform_makespan(tile_s, tiles, sms)
     # Traffic: A and B once, the output once (the minimum); A re-read per column of tiles, B per row of
     # tiles: what misses the L2 goes to DRAM, the rest is served by the L2.
@@ -148,6 +151,57 @@ def with_dequant(memory_s: float, dequant_s: float, overlap: float) -> float:
     return max(memory_s, dequant_s) + (1.0 - overlap) * min(memory_s, dequant_s)
 
 
+# fp8 GEMMs (gemm_fp8, torch._scaled_mm): the scaling granularities (llm_speed.bench's names: per tensor, per
+# row, 1x128 / 128x128 blocks) and the operand layouts (NT: A row-major, B [N, K], both K-major as 8-bit wgmma
+# reads them: nn.Linear's x @ W^T and torch._scaled_mm's layout).
+FP8_SCALINGS = ("tensor", "row", "block")
+FP8_LAYOUTS = ("NN", "NT", "TN", "TT")
+# What a build's fp8 GEMM runs (calibration "builds": "fp8_gemm"), where its entry does not say:
+# "tensor": "pipelined" (the per-row kernel with stride-0 scales, since eafec86) or "serialized" (ptxas
+# serialized the wgmma of the earlier per-tensor epilogue: ``serialized_step_s`` per K step); "block":
+# "serial" (each K step's product waited for and scaled on the CUDA cores before it joins the accumulator:
+# ``block_step_s`` per K step) or "halves" (5c18b0d: the tile's two column halves alternate so one half's
+# scaling runs beside the other's product; priced as "serial", an upper bound, until a GPU measures it);
+# "operands": "copied" (an operand that is not K-major is copied K-major first, since 6abe431) or "in_kernel"
+# (read N-major by the kernel: not modelled).
+FP8_GEMM_DEFAULTS = {"tensor": "pipelined", "block": "serial", "operands": "copied"}
+
+
+def fp8_kernel(build: dict[str, Any]) -> dict[str, str]:
+    """The fp8 GEMM kernel a build runs (:data:`FP8_GEMM_DEFAULTS` completed by its ``fp8_gemm``)."""
+    return {**FP8_GEMM_DEFAULTS, **build.get("fp8_gemm", {})}
+
+
+def fp8_step_seconds(params: dict[str, Any], kernel: dict[str, str], scaling: str) -> float:
+    """Seconds per K step per program an fp8 GEMM spends beyond its products: block scaling's wait and rescale
+    (``block_step_s``), or a per-tensor kernel whose wgmma ptxas serialized (``serialized_step_s``)."""
+    if scaling == "block":
+        return float(params.get("block_step_s", 0.0))
+    if scaling == "tensor" and kernel["tensor"] == "serialized":
+        return float(params.get("serialized_step_s", 0.0))
+    return 0.0
+
+
+def fp8_uncalibrated(kernel: dict[str, str], scaling: str, layout: str) -> str | None:
+    """Why an llm-speed fp8 GEMM's prediction is not calibrated for this build, scaling and layout (None:
+    it is)."""
+    if layout != "NT" and kernel["operands"] == "in_kernel":
+        return ("the build reads an operand that is not K-major in the kernel (8-bit wgmma reads K-major "
+                "only): not modelled")  # fmt: skip
+    if scaling == "block" and kernel["block"] == "halves":
+        return ("the block-scaled kernel with alternating column halves (5c18b0d) has not run on a GPU: "
+                "priced as the measured serial one, an upper bound")  # fmt: skip
+    return None
+
+
+def k_major_copies(m: int, n: int, k: int, batch: int, layout: str) -> float:
+    """Bytes an fp8 GEMM's copies of non-K-major operands read and write (A column-major: layout T.; B [K, N]
+    row-major: layout .N), one byte per element, each read once and written once."""
+    a = batch * m * k if layout[0] == "T" else 0
+    b = k * n * (batch if batch > 1 else 1) if layout[1] == "N" else 0
+    return 2.0 * (a + b)
+
+
 def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms, float, float, dict]:
     m = positive_int("m", problem.pop("m"))
     n = positive_int("n", problem.pop("n"))
@@ -166,6 +220,15 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     scale_bytes = float(problem.pop("scale_bytes", 2.0))
     dequant_method = problem.pop("dequant", None)
     tile_override = problem.pop("tile", None)
+    scaling, layout, kernel = None, "NT", None
+    if op == "gemm_fp8":
+        scaling = problem.pop("scaling", "tensor")
+        if scaling not in FP8_SCALINGS:
+            raise ValueError(f"scaling is {scaling!r}; accepted: {', '.join(FP8_SCALINGS)}")
+        layout = problem.pop("layout", "NT")
+        if layout not in FP8_LAYOUTS:
+            raise ValueError(f"layout is {layout!r}; accepted: {', '.join(FP8_LAYOUTS)}")
+        kernel = fp8_kernel(build)
     no_more(problem, op)
     cost = gemm_cost(
         m, n, k, dtype=dtype, batch=batch, out_dtype=out_dtype, with_c=with_c, with_bias=with_bias
@@ -190,6 +253,12 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     peak = spec.peak_flops(dtype)
     sms = spec.sm_count
     candidates = [tuple(t) for t in params["tiles"]]
+    if scaling == "block" and params.get("block_acc_registers"):
+        # the kernel's rule: two fp32 tiles live, so an accumulator of at most this many registers per thread
+        limit = int(params["block_acc_registers"]) * 32
+        fits = [t for t in candidates if t[0] * t[1] <= limit * (t[3] if len(t) > 3 else 8)]
+        candidates = fits or candidates
+    step_s = fp8_step_seconds(params, kernel, scaling) if kernel else 0.0
     rule = build.get("gemm_tile_rule", params.get("tile_rule", "best"))
     if tile_override is not None:
         candidates = [tuple(int(x) for x in tile_override)]
@@ -224,8 +293,19 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
                 tile=tile,
                 split=split,
                 dequant=dequant,
+                step_s=step_s,
             )
             total = terms.device
             if best is None or total < best[0]:
                 best = (total, terms)
-    return best[1], cost.flops, cost.bytes_moved, {"dtype": dtype}
+    terms, info = best[1], {"dtype": dtype}
+    if kernel is not None:
+        copies = k_major_copies(m, n, k, batch, layout)
+        if copies and kernel["operands"] == "copied":  # one more kernel before the GEMM, at the copy rate
+            copy_s = copies / (consts.copy_bytes_per_s * float(params.get("bandwidth_efficiency", 1.0)))
+            notes = (*terms.notes, f"{copies / 1e6:.1f} MB of K-major operand copies: {copy_s * 1e6:.1f} us")
+            latency = terms.latency_s + copy_s + float(params.get("latency_s", 0.0))
+            terms = replace(terms, latency_s=latency, dram_bytes=terms.dram_bytes + copies,
+                            kernels=terms.kernels + 1, notes=notes)  # fmt: skip
+        info["uncalibrated"] = fp8_uncalibrated(kernel, scaling, layout) if impl == "llm-speed" else None
+    return terms, cost.flops, cost.bytes_moved, info

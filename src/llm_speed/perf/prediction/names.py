@@ -63,11 +63,11 @@ UNMEASURED_OPS = (
     "moe_route_backward",
     "moe_sort",
 ) + MOE_OPS
+# gemm_fp8's parameters: their own calibration section (an fp8 fit: llm_speed.perf.calibrate.FITTED).
+FP8_GEMM_SECTION = "gemm fp8"
 # Rows measured on a GPU but modelled with the 16-bit kernels' parameters, no fit using their points
 # (llm_speed.perf.calibrate.FITTED_DTYPES): ``calibrated=False`` too, with the reason.
 NOT_FITTED: dict[str, str] = {
-    "gemm_fp8": "the GEMM model at fp8 peaks and bytes; measured on the H100 2026-11-25 with b N-major (NN), "
-    "which the kernel transposes every K step, at 9-13x the model's time: not fitted",
     "flash_attention_fp8": "the flash forward's model at fp8 peaks and 1-byte inputs; measured on the H100 "
     "2026-11-25 at 2-4x the model's time (slower than the 16-bit kernel from seq 2048 on): not fitted",
     "tensor_core_gemm_int8": "the GEMM model at int8 peaks; measured on the H100 2026-11-25 with b N-major "
