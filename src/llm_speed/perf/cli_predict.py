@@ -84,7 +84,8 @@ def describe(prediction: Prediction) -> list[str]:
     """A prediction as text: the time and bound, then one line per term."""
     b = prediction.breakdown
     spec = get_gpu(prediction.gpu)
-    where = "calibrated on its own measurements" if prediction.calibrated else "NOT calibrated on this GPU"
+    # Not calibrated: another GPU's parameters, an op or kernel no GPU measured (the source line says which)
+    where = "calibrated on its own measurements" if prediction.calibrated else "NOT calibrated: see source"
     lines = [
         f"{prediction.op} on {prediction.gpu}, {prediction.implementation} "
         f"({where}; context {prediction.context})",
