@@ -164,7 +164,9 @@ OURS = ("flash", "flash-fp8", "llm-speed", "llm_speed", "kvcache", "kvcache-page
 def headline(raw: Path) -> list[str]:
     """One line per row of ours in every benchmark JSON: its median, and how it compares with the fastest
     other implementation of the same case (the bench commands' own ``speedup_vs_fastest_other``); decode rows
-    also replayed from a CUDA graph; the fused kernels with the profiler's kernel time and GB/s."""
+    also replayed from a CUDA graph; the performance model's prediction and its error where the bench gave
+    one ("uncalibrated" where the model says so: predict, then confirm); the fused kernels with the
+    profiler's kernel time and GB/s."""
     lines = []
     for path in sorted(raw.glob("*.json")):
         try:
@@ -185,6 +187,9 @@ def headline(raw: Path) -> list[str]:
                     text += f", {row['speedup_vs_fastest_other']:.2f}x {row['fastest_other']}"
                 if row.get("graph_ms"):
                     text += f"; graph {row['graph_ms']:.4g} ms"
+                if row.get("prediction_ms") is not None and row.get("prediction_error") is not None:
+                    text += f"; predicted {row['prediction_ms']:.4g} ms ({row['prediction_error']:+.0%}"
+                    text += ")" if row.get("prediction_calibrated", True) else ", uncalibrated)"
                 lines.append(text)
     return lines
 

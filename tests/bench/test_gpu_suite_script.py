@@ -357,12 +357,23 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
          "fastest_other": "torch", "speedup_vs_fastest_other": 0.8},
         {"case": "512x512x512", "impl": "torch", "available": True, "timing": {"median_ms": 0.0098}},
     ]}))  # fmt: skip
+    (raw / "gemm_fp8_4096.json").write_text(json.dumps({"results": [
+        {"case": "4096x4096x4096 row", "impl": "llm-speed", "available": True,
+         "timing": {"median_ms": 0.112}, "prediction_ms": 0.1128, "prediction_error": 0.00714,
+         "prediction_calibrated": True},
+        {"case": "4096x4096x4096 block", "impl": "llm-speed", "available": True,
+         "timing": {"median_ms": 0.15}, "prediction_ms": 0.2398, "prediction_error": 0.5987,
+         "prediction_calibrated": False},
+    ]}))  # fmt: skip
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
                    check=True, timeout=60)  # fmt: skip
     text = (out / "summary.txt").read_text()
     assert "  fused_kernel_time: rms_norm llm_speed: wall 1.250 ms, kernel 0.900 ms, 2978 GB/s" in text
     assert "  gemm_bf16_512: 512x512x512 llm-speed: 0.0123 ms, 0.80x torch" in text
     assert "torch: 0.0098" not in text  # the alternatives are the ratio's other side, not rows of their own
+    # the model's prediction beside the measurement, labelled where the model says it is not calibrated
+    assert "  gemm_fp8_4096: 4096x4096x4096 row llm-speed: 0.112 ms; predicted 0.1128 ms (+1%)" in text
+    assert "4096x4096x4096 block llm-speed: 0.15 ms; predicted 0.2398 ms (+60%, uncalibrated)" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["problems"] == [
         "correct_decode: timed out after 120 s",
