@@ -160,8 +160,9 @@ FP8_LAYOUTS = ("NN", "NT", "TN", "TT")
 # "tensor": "pipelined" (the per-row kernel with stride-0 scales, since eafec86) or "serialized" (ptxas
 # serialized the wgmma of the earlier per-tensor epilogue: ``serialized_step_s`` per K step); "block":
 # "serial" (each K step's product waited for and scaled on the CUDA cores before it joins the accumulator:
-# ``block_step_s`` per K step) or "halves" (5c18b0d: the tile's two column halves alternate so one half's
-# scaling runs beside the other's product; priced as "serial", an upper bound, until a GPU measures it);
+# ``block_step_s`` per K step) or "halves" (5c18b0d: the tile's two column halves alternate so the left
+# half's scaling runs beside the right half's product in flight, the right half's still alone: the serial
+# cost less ``halves_hidden`` of it, an assumption read off the schedule, not fitted; docs/fp8.md);
 # "operands": "copied" (an operand that is not K-major is copied K-major first, since 6abe431) or "in_kernel"
 # (read N-major by the kernel: not modelled).
 FP8_GEMM_DEFAULTS = {"tensor": "pipelined", "block": "serial", "operands": "copied"}
@@ -176,7 +177,8 @@ def fp8_step_seconds(params: dict[str, Any], kernel: dict[str, str], scaling: st
     """Seconds per K step per program an fp8 GEMM spends beyond its products: block scaling's wait and rescale
     (``block_step_s``), or a per-tensor kernel whose wgmma ptxas serialized (``serialized_step_s``)."""
     if scaling == "block":
-        return float(params.get("block_step_s", 0.0))
+        hidden = float(params.get("halves_hidden", 0.0)) if kernel["block"] == "halves" else 0.0
+        return float(params.get("block_step_s", 0.0)) * (1.0 - hidden)
     if scaling == "tensor" and kernel["tensor"] == "serialized":
         return float(params.get("serialized_step_s", 0.0))
     return 0.0
@@ -190,7 +192,8 @@ def fp8_uncalibrated(kernel: dict[str, str], scaling: str, layout: str) -> str |
                 "only): not modelled")  # fmt: skip
     if scaling == "block" and kernel["block"] == "halves":
         return ("the block-scaled kernel with alternating column halves (5c18b0d) has not run on a GPU: "
-                "priced as the measured serial one, an upper bound")  # fmt: skip
+                "priced as the measured serial one with half its rescale hidden, as its schedule "
+                "reads")  # fmt: skip
     return None
 
 
