@@ -51,6 +51,12 @@ def make_call(target: dict, device: str) -> Callable[[], object]:
         b, s_b = quantize_fp8(torch.randn(target["n"], target["k"], device=device), granularity=(128, 128))
         out_dtype = _dtype(target["out_dtype"])
         return lambda: gemm_fp8(a, b, s_a, s_b, out_dtype=out_dtype, trans_b=True)
+    if op == "tensor_core_gemm_int8":  # a [M, K], b an nn.Linear weight [N, K] read as its [K, N] view
+        from llm_speed.matmul.gemm import tensor_core_gemm_int8
+
+        a = torch.randint(-128, 128, (target["m"], target["k"]), dtype=torch.int8, device=device)
+        w = torch.randint(-128, 128, (target["n"], target["k"]), dtype=torch.int8, device=device)
+        return lambda: tensor_core_gemm_int8(a, w.T)
     dtype = _dtype(target["dtype"])
     heads, kv_heads, head_dim = target["heads"], target.get("kv_heads", target["heads"]), target["head_dim"]
 

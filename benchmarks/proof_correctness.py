@@ -140,9 +140,11 @@ FAMILIES = (
     ),
     Family(
         "gluon_gemm",
-        "the warp-specialized Gluon GEMMs, 16-bit and block-scaled fp8 (the second selected only by the "
-        "candidate gluon-gemm-fp8): apart from the shipped families for the same reason",
-        ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_gemm_fp8_gpu.py"),
+        "the warp-specialized Gluon GEMMs, 16-bit, int8 and block-scaled fp8 (the last two selected only by "
+        "the candidates gluon-gemm-int8 and gluon-gemm-fp8): apart from the shipped families for the same "
+        "reason",
+        ("tests/gluon/test_gluon_gemm_gpu.py", "tests/gluon/test_gluon_gemm_int8_gpu.py",
+         "tests/gluon/test_gluon_gemm_fp8_gpu.py"),
         cap_s=120,
     ),
     Family(

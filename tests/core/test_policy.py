@@ -23,7 +23,7 @@ OFF = {"forward_overlap_head_dims": (), "forward_tma_kv_head_dims": (), "backwar
        "backward_dq_kernel_tiers": (), "backward_tma_dq_add": False, "lpt_min_rows": None,
        "rows32": False, "uniform_bounds": False, "decode_append_in_attention": False,
        "fp8_weights_gpu_cast": False, "gluon_forward_head_dims": (),
-       "gluon_backward_head_dims": (), "gluon_gemm_fp8": False,
+       "gluon_backward_head_dims": (), "gluon_gemm_fp8": False, "gluon_gemm_int8": False,
        "gluon_fp8_forward_head_dims": ()}  # fmt: skip
 
 

@@ -94,3 +94,37 @@ def test_the_schedule_reads_what_the_launch_fixes():
     tiles = -(-1000 // 128) * (4096 // 256)
     assert schedule == model.Schedule(128, 256, 64, 3, 8, min(tiles, H100.sm_count), False)
     assert plan.fixed["INSTR_N"] == 256 and plan.num_warps == 8
+
+
+def _int8(*shape, generator):
+    return torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(300, 520, 272), (128, 128, 128), (1, 4, 16), (129, 132, 400)])
+def test_int8_the_shipped_plan_is_exact(m, n, k):
+    """int8 (:func:`llm_speed.gluon.gemm.gemm_int8`): the plan's 128 x 128 x 128 tile over four slots, b
+    [N, K], every output the exact integer product (int32 accumulation is exact where the sum fits)."""
+    plan = gluon_gemm._plan(m, n, k, torch.int8, True, H100)
+    schedule = model.from_plan(plan)
+    assert (schedule.block_m, schedule.block_n, schedule.block_k, schedule.stages, schedule.trans_b) == (
+        128, 128, 128, 4, True)
+    assert plan.fixed["ACC_INT32"] and plan.fixed["INSTR_N"] == 128
+    generator = torch.Generator().manual_seed(m * n + k)
+    a, b = _int8(m, k, generator=generator), _int8(n, k, generator=generator)
+    out = model.gemm(a, b, schedule)
+    assert out.dtype == torch.int32
+    assert torch.equal(out, (a.long() @ b.long().T).to(torch.int32))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_int8_small_tiles_over_many_programs_and_int32_wraparound(seed):
+    """Ragged 32 x 16 tiles over 3 programs; and sums past int32 wrap as the kernel's int32 accumulator
+    (and torch._int_mm) does: -128 * -128 * 131072 = 2**31 comes out as -2**31."""
+    schedule = model.Schedule(32, 16, 16, 3, group_m=2, programs=3, trans_b=True)
+    generator = torch.Generator().manual_seed(seed)
+    a, b = _int8(70, 48, generator=generator), _int8(50, 48, generator=generator)
+    assert torch.equal(model.gemm(a, b, schedule, seed=seed), (a.long() @ b.long().T).to(torch.int32))
+    k = 131072
+    a, b = torch.full((1, k), -128, dtype=torch.int8), torch.full((4, k), -128, dtype=torch.int8)
+    wide = model.Schedule(32, 16, 4096, 2, group_m=1, programs=1, trans_b=True)
+    assert model.gemm(a, b, wide).tolist() == [[-(2**31)] * 4]

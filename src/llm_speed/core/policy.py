@@ -67,6 +67,10 @@ class LaunchPolicy:
     # Block-scaled (1x128 x 128x128) e4m3 GEMMs with b [N, K] on a compute capability 9.0 GPU run the
     # warp-specialized Gluon kernel (llm_speed.gluon.gemm_fp8; which calls: llm_speed.gluon.gemm_fp8_select).
     gluon_gemm_fp8: bool = False
+    # 2-D int8 GEMMs (tensor_core_gemm_int8) on a compute capability 9.0 GPU run the warp-specialized Gluon
+    # kernel, whose int32 products stay in flight (Triton waits for each: llm_speed.gluon.gemm; which calls:
+    # llm_speed.gluon.gemm_int8_select).
+    gluon_gemm_int8: bool = False
     # Head dims at which an fp8 (e4m3, descales) dense attention forward on a compute capability 9.0 GPU runs
     # the Gluon forward (V transposed by one copy; llm_speed.gluon.select).
     gluon_fp8_forward_head_dims: tuple[int, ...] = ()
@@ -150,6 +154,7 @@ PROOFS: dict[str, Proof | None] = {
     "gluon_forward_head_dims": None,
     "gluon_backward_head_dims": None,
     "gluon_gemm_fp8": None,
+    "gluon_gemm_int8": None,
     "gluon_fp8_forward_head_dims": None,
 }
 
@@ -174,6 +179,9 @@ _FP8 = {"op": "flash_attention_fp8", "pass": "forward", "batch": 1, "heads": 16,
 _FP8_BLOCK_GEMM = {"op": "gemm_fp8", "pass": "forward", "m": 4096, "n": 4096, "k": 4096,
                    "dtype": "float8_e4m3fn", "scaling": "block", "trans_b": True, "out_dtype": "bfloat16",
                    "family": "gemm_fp8"}  # fmt: skip
+# W8A8 int8 at 4096^3: a [M, K], b an nn.Linear weight (b [K, N] K-major: the kernel reads b.mT), int32 out.
+_INT8_GEMM = {"op": "tensor_core_gemm_int8", "pass": "forward", "m": 4096, "n": 4096, "k": 4096,
+              "dtype": "int8", "trans_b": True, "family": "gemm"}  # fmt: skip
 
 
 def _candidate(name: str, target: dict, **on) -> Candidate:
@@ -195,6 +203,7 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("gluon-forward", _FWD_D128, gluon_forward_head_dims=(128,)),
         _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
         _candidate("gluon-gemm-fp8", _FP8_BLOCK_GEMM, gluon_gemm_fp8=True),
+        _candidate("gluon-gemm-int8", _INT8_GEMM, gluon_gemm_int8=True),
         _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128, family="fp8_attention"),
                    gluon_fp8_forward_head_dims=(128,)),  # fmt: skip
     )

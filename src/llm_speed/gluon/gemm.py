@@ -1,5 +1,13 @@
 """A warp-specialized persistent GEMM in Gluon for Hopper (sm_90a): ``c = a @ b`` (or ``a @ b.T``), fp16 or
-bf16 operands, fp32 accumulation, the output in the operands' dtype.
+bf16 operands, fp32 accumulation, the output in the operands' dtype; and ``c = a @ b.T`` of int8 operands,
+int32 accumulation and output (:func:`gemm_int8`, candidate ``gluon-gemm-int8``).
+
+Why int8 is here: Triton's software pipeliner keeps a wgmma in flight across loop iterations only when its
+accumulator is fp32 (Triton 3.6, ``WGMMAPipeline.cpp``, "Rule 2.1: We don't make the dot async if the
+accumulator is not fp32"), so every int32-accumulating ``tl.dot`` on Hopper is waited for at once
+(``wgmma.wait_group 0`` in the loop: ``llm-speed kernels --op tensor_core_gemm_int8``), which llm-speed's
+Triton int8 GEMM pays at about a quarter of the int8 peak (0cce093, H100: 461 TOPS at 4096^3). Gluon issues
+and waits for its wgmma itself, so the int8 product stays in flight like the 16-bit one.
 
 The structure is the one CUTLASS calls "warp-specialized cooperative" (CUTLASS 3.x,
 ``include/cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_cooperative.hpp``) and FlashAttention-3 builds on
@@ -100,8 +108,10 @@ def tma_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n,
 
 @gluon.jit
 def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k_steps,
-               GROUP_M: gl.constexpr, TRANS_B: gl.constexpr, INSTR_N: gl.constexpr):  # fmt: skip
-    """Two warpgroups: wgmma over each slot with one product in flight, then the tile out by TMA."""
+               GROUP_M: gl.constexpr, TRANS_B: gl.constexpr, INSTR_N: gl.constexpr,
+               ACC_INT32: gl.constexpr):  # fmt: skip
+    """Two warpgroups: wgmma over each slot with one product in flight, then the tile out by TMA. The
+    accumulator is int32 for int8 operands (``ACC_INT32``: exact, wrapping as int32 does), else fp32."""
     STAGES: gl.constexpr = a_ring.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -112,7 +122,10 @@ def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k
     used = 0  # slots consumed so far by this program (the producer's count, one behind or more)
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         row, column = tile_coordinates(tile, tiles_m, tiles_n, GROUP_M)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        if ACC_INT32:
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, acc_layout)
+        else:
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         for step in range(k_steps):
             slot = used % STAGES
             mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
@@ -137,7 +150,7 @@ def _consumers(c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k
 @gluon.jit
 def gluon_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                      TRANS_B: gl.constexpr, INSTR_N: gl.constexpr):  # fmt: skip
+                      TRANS_B: gl.constexpr, INSTR_N: gl.constexpr, ACC_INT32: gl.constexpr):  # fmt: skip
     gl.static_assert(c_desc.block_type.shape[0] == BLOCK_M and c_desc.block_type.shape[1] == BLOCK_N)
     gl.static_assert(a_desc.block_type.shape[1] == BLOCK_K)
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -154,7 +167,7 @@ def gluon_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: gl.constexpr, BL
     k_steps = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (_consumers, (c_desc, a_ring, b_ring, ready, empty, c_tile, tiles_m, tiles_n, k_steps, GROUP_M,
-                      TRANS_B, INSTR_N)),
+                      TRANS_B, INSTR_N, ACC_INT32)),
         (tma_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, tiles_m, tiles_n, k_steps, GROUP_M,
                      TRANS_B)),
     ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])  # fmt: skip
@@ -168,21 +181,37 @@ GEMM = Kernel(gluon_gemm_kernel, "gluon_gemm")
 # --- launcher -------------------------------------------------------------------------------------------
 
 DTYPES = (torch.float16, torch.bfloat16)
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+INT8_DTYPES = (torch.int8,)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8,
+              torch.int32: gl.int32}  # fmt: skip
 _BARRIER_BYTES = 8
+# The output of each operand dtype (int8: int32, the exact accumulator).
+OUT_DTYPES = {torch.float16: torch.float16, torch.bfloat16: torch.bfloat16, torch.int8: torch.int32}
+
+
+def _stages(block_m: int, block_n: int, block_k: int, in_bytes: int, out_bytes: int,
+            hardware: Hardware) -> int:  # fmt: skip
+    """Ring slots (1 to 4) that shared memory holds beside the output tile."""
+    slot = (block_m + block_n) * block_k * in_bytes + 2 * _BARRIER_BYTES
+    out = block_m * block_n * out_bytes
+    return max(s for s in (1, 2, 3, 4) if s == 1 or out + s * slot <= hardware.smem_per_block_bytes)
 
 
 @functools.cache
-def gemm_config(n: int, hardware: Hardware) -> KernelConfig:
+def gemm_config(n: int, hardware: Hardware, dtype: torch.dtype = torch.float16) -> KernelConfig:
     """The tile of a problem with ``n`` output columns on ``hardware``: 128 rows (64 per consumer warpgroup)
-    by 256 columns (128 where N is that small), 64 along K, and as many ring slots (2 to 4) as shared memory
-    holds beside the output tile. 128 x 256 x 64 is CUTLASS's default tile for its Hopper cooperative
-    fp16/bf16 kernels; untimed here (docs/gluon.md)."""
-    block_m, block_n, block_k = 128, (256 if n > 128 else 128), 64
-    element = 2
-    slot = (block_m + block_n) * block_k * element + 2 * _BARRIER_BYTES
-    out = block_m * block_n * element
-    stages = max(s for s in (1, 2, 3, 4) if s == 1 or out + s * slot <= hardware.smem_per_block_bytes)
+    by 256 columns (128 where N is that small), 128 bytes along K (64 16-bit elements, 128 int8 ones), and as
+    many ring slots (2 to 4) as shared memory holds beside the output tile. 128 x 256 x 64 is CUTLASS's
+    default tile for its Hopper cooperative fp16/bf16 kernels; int8's int32 output tile is twice as large,
+    so there 256 columns leave two slots and the tile is 128 x 128 x 128 with four. Untimed here
+    (docs/gluon.md)."""
+    in_bytes, out_bytes = dtype.itemsize, OUT_DTYPES[dtype].itemsize
+    block_m, block_k = 128, 128 // in_bytes
+    block_n = 256 if n > 128 else 128
+    if block_n == 256 and _stages(block_m, block_n, block_k, in_bytes, out_bytes, hardware) < 3 <= _stages(
+            block_m, 128, block_k, in_bytes, out_bytes, hardware):  # fmt: skip
+        block_n = 128
+    stages = _stages(block_m, block_n, block_k, in_bytes, out_bytes, hardware)
     if stages < 2:
         raise ValueError(
             f"{hardware.name}: {hardware.smem_per_block_bytes} B of shared memory per block do "
@@ -193,26 +222,27 @@ def gemm_config(n: int, hardware: Hardware) -> KernelConfig:
 
 def instruction_n(block_n: int) -> int:
     """wgmma's N per instruction: the largest multiple of 8 up to 256 dividing ``block_n`` (PTX ISA,
-    "wgmma.mma_async": N is 8 to 256 in steps of 8 for 16-bit operands)."""
+    "wgmma.mma_async": N is 8 to 256 in steps of 8 for 16-bit operands; int8 takes 128 and 256 too, the only
+    widths its tiles have)."""
     return max(n for n in range(8, 257, 8) if block_n % n == 0)
 
 
 @functools.cache
 def _plan(m: int, n: int, k: int, dtype: torch.dtype, trans_b: bool, hardware: Hardware) -> GluonPlan:
-    config = gemm_config(n, hardware)
+    config = gemm_config(n, hardware, dtype)
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    gl_dtype = _GL_DTYPES[dtype]
 
-    def layout(shape):
-        return DescriptorLayout(shape, gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype))
+    def layout(shape, of=dtype):
+        return DescriptorLayout(shape, gl.NVMMASharedLayout.get_default_for(list(shape), _GL_DTYPES[of]))
 
     tiles = cdiv(m, bm) * cdiv(n, bn)
     return GluonPlan(
         GEMM, (min(tiles, hardware.sm_count), 1, 1),
         dict(M=m, N=n, K=k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
-             GROUP_M=config.group_m, TRANS_B=trans_b, INSTR_N=instruction_n(bn)),
+             GROUP_M=config.group_m, TRANS_B=trans_b, INSTR_N=instruction_n(bn),
+             ACC_INT32=dtype == torch.int8),
         dict(a_desc=layout((bm, bk)), b_desc=layout((bn, bk) if trans_b else (bk, bn)),
-             c_desc=layout((bm, bn))),
+             c_desc=layout((bm, bn), OUT_DTYPES[dtype])),
         config.num_warps, config.num_stages,
     )  # fmt: skip
 
@@ -220,9 +250,9 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, trans_b: bool, hardware: H
 # --- public function ------------------------------------------------------------------------------------
 
 
-def _check(a, b, trans_b: bool) -> tuple[int, int, int]:
-    check_tensor("a", a, dtypes=DTYPES, dims=2, what="[M, K]")
-    check_tensor("b", b, dtypes=DTYPES, dims=2, what="[N, K]" if trans_b else "[K, N]")
+def _check(a, b, trans_b, dtypes=DTYPES, function: str = "llm_speed.gluon.gemm") -> tuple[int, int, int]:
+    check_tensor("a", a, dtypes=dtypes, dims=2, what="[M, K]")
+    check_tensor("b", b, dtypes=dtypes, dims=2, what="[N, K]" if trans_b else "[K, N]")
     if type(trans_b) is not bool:
         raise TypeError(f"trans_b must be a bool, got {type(trans_b).__name__}")
     if b.dtype != a.dtype:
@@ -237,13 +267,26 @@ def _check(a, b, trans_b: bool) -> tuple[int, int, int]:
         if x.numel() and not tma_matrix(x):
             raise ValueError(
                 f"{name} must suit a TMA descriptor: unit stride along its last dim, rows and base address "
-                f"{TMA_ALIGN_BYTES}-byte aligned (rows a multiple of 8 elements apart); got strides "
-                f"{tuple(x.stride())}"
+                f"{TMA_ALIGN_BYTES}-byte aligned (rows a multiple of {TMA_ALIGN_BYTES // x.element_size()} "
+                f"elements apart); got strides {tuple(x.stride())}"
             )
-    if n * a.element_size() % TMA_ALIGN_BYTES:
-        raise ValueError(f"b: N = {n} output columns must be a multiple of 8 (the output's TMA store)")
-    check_device("a", a, "llm_speed.gluon.gemm")
+    out_bytes = OUT_DTYPES[a.dtype].itemsize
+    if n * out_bytes % TMA_ALIGN_BYTES:
+        raise ValueError(f"b: N = {n} output columns must be a multiple of {TMA_ALIGN_BYTES // out_bytes} "
+                         "(the output's TMA store)")  # fmt: skip
+    check_device("a", a, function)
     return m, n, k
+
+
+def _run(a, b, trans_b: bool, m: int, n: int, k: int) -> torch.Tensor:
+    """The checked call: the output (zeros for K = 0), and the launch unless it is empty."""
+    out_dtype = OUT_DTYPES[a.dtype]
+    if k == 0:
+        return torch.zeros(m, n, dtype=out_dtype, device=a.device)
+    out = tensors.new_output((m, n), out_dtype, a.device)
+    if m and n:
+        _plan(m, n, k, a.dtype, trans_b, hardware_of(a.device)).launch(a_desc=a, b_desc=b, c_desc=out)
+    return out
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, trans_b: bool = False) -> torch.Tensor:
@@ -251,11 +294,14 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, trans_b: bool = False) -> torch.Te
     persistent Gluon kernel: fp16 or bf16 operands of one dtype, fp32 accumulation, the output [M, N] in the
     operands' dtype. CUDA tensors on a compute capability 9.0 GPU only (anything else: ValueError, before
     any work); no autograd. Not used by any other llm-speed function (unproven on a GPU: docs/gluon.md)."""
-    m, n, k = _check(a, b, trans_b)
-    if k == 0:
-        return torch.zeros(m, n, dtype=a.dtype, device=a.device)
-    out = tensors.new_output((m, n), a.dtype, a.device)
-    if m == 0 or n == 0:
-        return out
-    _plan(m, n, k, a.dtype, trans_b, hardware_of(a.device)).launch(a_desc=a, b_desc=b, c_desc=out)
-    return out
+    return _run(a, b, trans_b, *_check(a, b, trans_b))
+
+
+def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` of int8 ``a`` [M, K] and int8 ``b`` [N, K] (an ``nn.Linear`` weight: 8-bit wgmma reads
+    both operands K-major) by the same warp-specialized persistent kernel, int32 accumulation, the int32
+    output [M, N]: exact, wrapping as ``torch._int_mm``'s int32 does. K a multiple of 16 and N of 4 (TMA's
+    16-byte rows), 16-byte aligned bases. CUDA tensors on a compute capability 9.0 GPU only (anything else:
+    ValueError, before any work); no autograd. Selected by ``tensor_core_gemm_int8`` only under a launch
+    policy with ``gluon_gemm_int8`` (candidate ``gluon-gemm-int8``; unproven on a GPU: docs/gluon.md)."""
+    return _run(a, b, True, *_check(a, b, True, INT8_DTYPES, "llm_speed.gluon.gemm.gemm_int8"))

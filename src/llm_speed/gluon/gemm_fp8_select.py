@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import runtime
 from ..core.policy import LaunchPolicy, current_policy
-from .launch import device_refusal, tma_matrix
+from .launch import launch_refusal, tma_matrix
 
 # The kernel's operand and output dtypes (llm_speed.gluon.gemm_fp8 reads them here: this module stays light)
 FP8_DTYPE = torch.float8_e4m3fn
@@ -46,10 +45,7 @@ def gluon_gemm_fp8_refusal(a, b, scale_a, scale_b, out_dtype: torch.dtype, trans
             return f"{name} is not K-contiguous with 16-byte aligned rows and base (TMA)"
     if n % 8:
         return f"N = {n}: the output's TMA store needs a multiple of 8"
-    why = device_refusal(a.device)
-    if why is None and runtime.INTERPRETED:
-        return "Triton's interpreter runs the kernels (Gluon has none)"
-    return why
+    return launch_refusal(a.device)
 
 
 def gluon_gemm_fp8_applies(a, b, scale_a, scale_b, out_dtype: torch.dtype, trans_b: bool, *,

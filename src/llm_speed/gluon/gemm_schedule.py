@@ -2,7 +2,8 @@
 no interpreter: the same persistent programs over the same tiles in the same grouped order, the same ring of
 ``STAGES`` slots with its "ready" and "empty" mbarriers and their phase parities, the same producer and
 consumer steps (one wgmma kept in flight, a slot released once the product reading it has retired), the same
-split of each tile's rows between the two consumer warpgroups, fp32 accumulation and the output rounded once.
+split of each tile's rows between the two consumer warpgroups, fp32 accumulation and the output rounded once
+(int8 operands: exact integer accumulation, the int32 output wrapping as the kernel's int32 accumulator does).
 
 The producer and the consumers of each program run as two agents interleaved by a seeded random scheduler,
 so a protocol fault shows on a CPU: a consumer reading a slot the producer has refilled (the product
@@ -113,7 +114,10 @@ class Program:
         s, used = self.s, 0
         half = s.block_m // WARPGROUPS
         in_flight: deque = deque()  # (slot, tag) of each product issued and not yet retired
-        acc = torch.zeros(WARPGROUPS, half, s.block_n)
+        # int8: exact in int64; the kernel's int32 sums wrap, and the int32 output of these wraps the same
+        # (addition modulo 2**32 does not depend on the order)
+        exact = self.a.dtype == torch.int8
+        acc = torch.zeros(WARPGROUPS, half, s.block_n, dtype=torch.int64 if exact else torch.float32)
 
         def retire() -> None:  # a product reads its slot when it retires: the latest it may
             slot, tag = in_flight.popleft()
@@ -124,7 +128,8 @@ class Program:
                     f"with {got}"
                 )
             for w in range(WARPGROUPS):  # each warpgroup its own rows, one shared B box
-                acc[w] += box_a[w * half : (w + 1) * half].float() @ box_b.float()
+                rows = box_a[w * half : (w + 1) * half]
+                acc[w] += rows.long() @ box_b.long() if exact else rows.float() @ box_b.float()
 
         for tile in self.tiles:
             row, column = tile_coordinates(tile, self.tiles_m, self.tiles_n, s.group_m)
@@ -149,12 +154,19 @@ class Program:
             yield True
 
 
+# What an entry no program writes holds: NaN, or for int8's int32 output its most negative value.
+UNWRITTEN_INT32 = torch.iinfo(torch.int32).min
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, schedule: Schedule, *, seed: int = 0) -> torch.Tensor:
     """``a @ b`` (``a @ b.T`` with ``schedule.trans_b``) computed as the kernel's schedule computes it, on the
-    CPU, in the operands' dtype; the two partitions of each program interleaved by ``random.Random(seed)``.
-    Entries no program writes stay NaN."""
+    CPU, in the operands' dtype (int8: int32); the two partitions of each program interleaved by
+    ``random.Random(seed)``. Entries no program writes stay NaN (int32: :data:`UNWRITTEN_INT32`)."""
     n = b.shape[0] if schedule.trans_b else b.shape[1]
-    out = torch.full((a.shape[0], n), float("nan"), dtype=a.dtype)
+    if a.dtype == torch.int8:
+        out = torch.full((a.shape[0], n), UNWRITTEN_INT32, dtype=torch.int32)
+    else:
+        out = torch.full((a.shape[0], n), float("nan"), dtype=a.dtype)
     rng = random.Random(seed)
     for program in range(schedule.programs):
         state = Program(a, b, out, schedule, program)

@@ -41,6 +41,15 @@ def device_refusal(device: torch.device) -> str | None:
     return None
 
 
+def launch_refusal(device: torch.device) -> str | None:
+    """Why a Gluon kernel is not launched for tensors on ``device``: :func:`device_refusal`'s reasons, or
+    Triton's interpreter running the kernels (Gluon has none); None where it is."""
+    why = device_refusal(device)
+    if why is None and runtime.INTERPRETED:
+        return "Triton's interpreter runs the kernels (Gluon has none)"
+    return why
+
+
 def check_device(name: str, tensor: torch.Tensor, function: str) -> None:
     """ValueError naming ``name`` unless ``tensor`` is on a CUDA device of compute capability
     :data:`CAPABILITY` (or, under :func:`llm_speed.core.launch.simulated_gpu`, a CPU tensor standing for one

@@ -528,8 +528,8 @@ OPTIONS_READ: dict[str, frozenset[str]] = {
     **dict.fromkeys(("gemm", "tensor_core_gemm", "gluon_gemm", "rms_norm", "rms_norm_backward", "swiglu",
                      "swiglu_backward", "apply_rotary", "geglu", "geglu_backward", "apply_rotary_qk",
                      "apply_rotary_qk_backward"), _SIZED),
-    **dict.fromkeys(("tensor_core_gemm_int8", "quantize_fp8", "gemm_fp8", "gluon_gemm_fp8"),
-                    frozenset({"size"})),
+    **dict.fromkeys(("tensor_core_gemm_int8", "quantize_fp8", "gemm_fp8", "gluon_gemm_fp8",
+                     "gluon_gemm_int8"), frozenset({"size"})),
     # fixed vocabularies and rows; the MoE layer's shapes are fixed (moe_sort's ids are int32)
     **dict.fromkeys(("cross_entropy", "cross_entropy_backward", "fused_linear_cross_entropy",
                      "fused_linear_cross_entropy_backward", "grouped_gemm", "grouped_gemm_backward",
@@ -563,6 +563,26 @@ def _gluon_gemm(op: str, options: Options) -> Iterator[Problem]:
     for dtype in [d for d in _floating(options) if d != "fp32"] or ["fp16"]:
         yield gluon_gemm_problem(size=options.size, dtype=dtype)
     yield gluon_gemm_problem(size=options.size, dtype="bf16", trans_b=True)
+
+
+def gluon_gemm_int8_problem(*, size: int) -> Problem:
+    """:func:`llm_speed.gluon.gemm.gemm_int8` at size^3: int8 ``a`` and ``b`` [N, K], int32 out."""
+
+    def run(recording: Recording) -> None:
+        import torch
+
+        from llm_speed.gluon.gemm import gemm_int8
+
+        a = torch.empty(size, size, dtype=torch.int8)
+        b = torch.empty(size, size, dtype=torch.int8)
+        with recording():
+            gemm_int8(a, b)
+
+    return Problem("gluon_gemm_int8", f"{size}^3 int8 b^T -> int32", run)
+
+
+def _gluon_gemm_int8(op: str, options: Options) -> Iterator[Problem]:
+    yield gluon_gemm_int8_problem(size=options.size)
 
 
 def gluon_gemm_fp8_problem(*, size: int, out_dtype: str = "bf16", bias: bool = False) -> Problem:
@@ -659,6 +679,7 @@ def gluon_attention_bwd_problem(*, head_dim: int, dtype: str, seq: int, heads: i
 GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
     "gluon_gemm": _gluon_gemm,
     "gluon_gemm_fp8": _gluon_gemm_fp8,
+    "gluon_gemm_int8": _gluon_gemm_int8,
     "gluon_attention_fwd": _gluon_attention,
     "gluon_attention_fwd_fp8": _gluon_attention,
     "gluon_attention_bwd": _gluon_attention,

@@ -31,9 +31,10 @@ from ..core.launch import (
     CallCache,
     tma_aligned,
 )  # fmt: skip
+from ..core.policy import current_number
 from .checks import FLOAT_DTYPES, INT8_DTYPES, TENSOR_CORE_DTYPES, check_epilogue, check_operands
 from .gemm_configs import fp32_input_precision, gemm_config
-from .gemm_launch import GemmCall, forward, forward_int8, k_major_int8, launch_gemm
+from .gemm_launch import GemmCall, forward, forward_int8, gluon_takes_int8, k_major_int8, launch_gemm
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -176,9 +177,12 @@ _GEMM_CALLS = CallCache()
 
 
 def _gemm_call_key(a, b, trans_a, trans_b, bias, activation) -> tuple:
+    # the launch policy's number: a call kept under one policy is not served under another (int8: the Gluon
+    # kernel of the candidate gluon-gemm-int8)
     return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device, trans_a, trans_b,
             tma_aligned(a, b), activation,
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device))  # fmt: skip
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            current_number())  # fmt: skip
 
 
 def gemm(
@@ -264,7 +268,8 @@ def tensor_core_gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if runtime.triton_runs_on(a.device):
         a, b = k_major_int8(a, b)  # once here: the op's forward and the kept call see them K-major
     out = _gemm_int8_call(a, b)
-    if known is not None and runtime.triton_runs_on(a.device):
+    # (a call the Gluon kernel takes is not kept: the kept call would launch the Triton kernel)
+    if known is not None and runtime.triton_runs_on(a.device) and not gluon_takes_int8(a, b):
         copies = a is not given[0] or b is not given[1]
         _GEMM_CALLS.put(known, GemmCall(a, b, torch.int32, copies=copies))
     return out

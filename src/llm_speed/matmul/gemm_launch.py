@@ -21,6 +21,7 @@ from ..core.launch import (
     plan_cache,
     tma_aligned,
 )  # fmt: skip
+from ..core.policy import current_policy
 from . import reference
 from .checks import TENSOR_CORE_DTYPES
 from .gemm_configs import (
@@ -398,10 +399,30 @@ def k_major_int8(a, b) -> tuple[torch.Tensor, torch.Tensor]:
     return tensors.k_major(a, -1), tensors.k_major(b, -2)
 
 
+def gluon_takes_int8(a, b) -> bool:
+    """Whether the warp-specialized Gluon kernel runs this int8 call (``a`` and ``b`` K-major): only under a
+    policy that turns it on (off as shipped: one attribute read, the Gluon package not imported), and only
+    for the calls :func:`llm_speed.gluon.gemm_int8_select.gluon_gemm_int8_applies` takes (2-D, TMA rows,
+    sm_90)."""
+    if not current_policy().gluon_gemm_int8:
+        return False
+    from ..gluon.gemm_int8_select import gluon_gemm_int8_applies
+
+    return gluon_gemm_int8_applies(a, b)
+
+
 def forward_int8(a, b) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm_int8`` op; reports its work."""
     device = a.device
     if runtime.triton_runs_on(device):
+        a, b = k_major_int8(a, b)
+        if gluon_takes_int8(a, b):
+            from ..gluon.gemm import gemm_int8
+
+            out = gemm_int8(a, b.mT)  # b K-major: b.mT is [N, K] row-major, the nn.Linear layout
+            if runtime.observed():
+                _report(a, b, False, False, out)
+            return out
         return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None, device)
     out = reference.gemm_int8_reference(a, b)
     if out.numel():
