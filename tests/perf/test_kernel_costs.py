@@ -168,3 +168,37 @@ def test_hardware_flops_by_implementation():
         attention_hardware_flops(**shape, impl="cudnn")
     with pytest.raises(TypeError, match="seq_q"):
         attention_hardware_flops(1, 1, 2.0, 2, 8)
+
+
+def test_window_pairs_are_counted_not_listed():
+    """window_visible_pairs against the row-by-row count of reference.visible's rule (causal, either side
+    unbounded, windows wider than the keys, more queries than keys and fewer), and at 10**12 tokens at once
+    (it looped over the rows: a long windowed or packed sequence hung the model)."""
+    import random
+    import time
+
+    from llm_speed.perf.kernel_costs import window_visible_pairs
+
+    def rows(seq_q, seq_kv, causal, window):
+        left, right = window if window is not None else (None, None)
+        right = 0 if causal else right
+        total = 0
+        for i in range(seq_q):
+            p = i + seq_kv - seq_q
+            first = 0 if left is None else max(0, p - left)
+            last = seq_kv - 1 if right is None else min(seq_kv - 1, p + right)
+            total += max(0, last - first + 1)
+        return total
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        seq_q, seq_kv = rng.randint(0, 40), rng.randint(0, 40)
+        sides = [rng.choice([None, rng.randint(0, 50)]) for _ in range(2)]
+        window, causal = rng.choice([None, tuple(sides)]), rng.random() < 0.4
+        expected = rows(seq_q, seq_kv, causal, window)
+        assert window_visible_pairs(seq_q, seq_kv, is_causal=causal, window=window) == expected
+    start = time.perf_counter()
+    n = 10**12
+    assert window_visible_pairs(n, n, is_causal=True) == n * (n + 1) // 2
+    assert window_visible_pairs(n, n, window=(128, 128)) == 257 * n - 2 * (128 * 129 // 2)
+    assert time.perf_counter() - start < 0.1

@@ -120,6 +120,8 @@ def test_rows_without_measurements_say_uncalibrated():
     assert predict("gemm_fp8", "h100-sxm", **shape, scaling="block", build="eafec86").calibrated
     assert predict("gemm_fp8", "h100-sxm", implementation="vendor", **shape, scaling="block").calibrated
     assert not predict("gemm_fp8", "h100-sxm", **shape, layout="NN", build="d1b0227").calibrated
+    older = predict("gemm_fp8", "h100-sxm", **shape, build="af147ec")  # before any fp8 kernel was measured
+    assert not older.calibrated and "does not say which fp8 GEMM kernels it ran" in older.source
 
 
 def test_an_unknown_row_names_the_modelled_ones():
@@ -364,6 +366,15 @@ def test_moe_predictions_scale_as_the_experts_hit():
     assert weights / 3.0e12 < decode.seconds < 3 * weights / 3.0e12
     backward = predict("fused_moe_backward", "h100-sxm", tokens=16384, **shape)
     assert 2.0 < backward.seconds / prefill.seconds < 4.0  # 16 of 6 matmul FLOPs per element
+    # A decode-sized backward writes every expert's weight gradients, zeros for the experts no token picked
+    # (the wgrad kernels run over all experts): not faster than its floor, which counts those bytes.
+    for problem in (dict(tokens=1, hidden=4096, intermediate=14336, experts=128, top_k=8),
+                    dict(tokens=2, hidden=4089, intermediate=807, experts=128, top_k=4)):  # fmt: skip
+        for gpu in ("h100-sxm", "l4"):
+            few = predict("fused_moe_backward", gpu, **problem)
+            assert few.seconds >= few.floor_s, (gpu, problem)
+    with pytest.raises(ValueError, match="top_k = 9 exceeds experts = 8: a token picks top_k distinct"):
+        predict("fused_moe", "h100-sxm", tokens=4, hidden=64, intermediate=64, experts=8, top_k=9)
 
 
 def test_gemm_tile_rule_is_the_launchers():

@@ -291,19 +291,31 @@ def window_visible_pairs(
     seq_q: int, seq_kv: int, *, is_causal: bool = False, window: tuple[int | None, int | None] | None = None
 ) -> int:
     """(query, key) pairs a head computes under ``is_causal`` and ``window`` (``reference.visible``'s rule:
-    query i sees keys ``p - left <= j <= p + right`` with ``p = i + seq_kv - seq_q``). Closed form per row,
-    summed over the rows: O(seq_q) integer work."""
+    query i sees keys ``p - left <= j <= p + right`` with ``p = i + seq_kv - seq_q``). Counted, not listed:
+    the keys a row sees are a piecewise-linear function of ``p`` (it changes slope only where the window
+    meets either end of the keys or sees none), so each piece is an arithmetic series; O(1) at any length."""
     seq_q = positive_int("seq_q", seq_q, allow_zero=True)
     seq_kv = positive_int("seq_kv", seq_kv, allow_zero=True)
     left, right = window if window is not None else (None, None)
     if is_causal:
         right = 0
+    if not seq_q or not seq_kv:
+        return 0
+    first_p, end_p = seq_kv - seq_q, seq_kv  # p over [first_p, end_p)
+    # an unbounded side as a bound past every row (the first key, or the last, for every p)
+    left = end_p if left is None else left
+    right = seq_kv - first_p if right is None else right
+
+    def seen(p: int) -> int:
+        return max(0, min(seq_kv - 1, p + right) - max(0, p - left) + 1)
+
+    # where the count may change slope: the window's start reaches key 0, its end the last key, and where
+    # it begins and stops seeing any key
+    kinks = {left, seq_kv - 1 - right, -right, seq_kv - 1 + left}
+    cuts = sorted({first_p, end_p, *(c for c in kinks for c in (c, c + 1) if first_p < c < end_p)})
     pairs = 0
-    for i in range(seq_q):
-        p = i + seq_kv - seq_q
-        first = 0 if left is None else max(0, p - left)
-        last = seq_kv - 1 if right is None else min(seq_kv - 1, p + right)
-        pairs += max(0, last - first + 1)
+    for start, stop in zip(cuts, cuts[1:], strict=False):  # [start, stop): linear in p
+        pairs += (seen(start) + seen(stop - 1)) * (stop - start) // 2
     return pairs
 
 

@@ -169,8 +169,11 @@ FP8_GEMM_DEFAULTS = {"tensor": "pipelined", "block": "serial", "operands": "copi
 
 
 def fp8_kernel(build: dict[str, Any]) -> dict[str, str]:
-    """The fp8 GEMM kernel a build runs (:data:`FP8_GEMM_DEFAULTS` completed by its ``fp8_gemm``)."""
-    return {**FP8_GEMM_DEFAULTS, **build.get("fp8_gemm", {})}
+    """The fp8 GEMM kernel a build runs (:data:`FP8_GEMM_DEFAULTS` completed by its ``fp8_gemm``; a build
+    whose entry has none, one older than the measured fp8 kernels, is priced as the defaults and labelled
+    uncalibrated: ``described`` "no")."""
+    described = "yes" if "fp8_gemm" in build else "no"
+    return {**FP8_GEMM_DEFAULTS, "described": described, **build.get("fp8_gemm", {})}
 
 
 def fp8_step_seconds(params: dict[str, Any], kernel: dict[str, str], scaling: str) -> float:
@@ -187,6 +190,9 @@ def fp8_step_seconds(params: dict[str, Any], kernel: dict[str, str], scaling: st
 def fp8_uncalibrated(kernel: dict[str, str], scaling: str, layout: str) -> str | None:
     """Why an llm-speed fp8 GEMM's prediction is not calibrated for this build, scaling and layout (None:
     it is)."""
+    if kernel["described"] == "no":
+        return ("the build's entry does not say which fp8 GEMM kernels it ran (none measured: priced as "
+                "today's)")  # fmt: skip
     if layout != "NT" and kernel["operands"] == "in_kernel":
         return ("the build reads an operand that is not K-major in the kernel (8-bit wgmma reads K-major "
                 "only): not modelled")  # fmt: skip

@@ -43,8 +43,8 @@ def predict_moe(op, spec, consts, impl, params, problem) -> tuple[Terms, float, 
     ``tokens, hidden, intermediate, experts, top_k``. FLOPs and bytes are the op table's
     (``grouped_gemm_work``, ``fused_moe_work``); the time is the kernels' sequence: forward the SwiGLU
     gate/up GEMM, the down GEMM and the combine; backward the gate/up GEMM again, d(act), d(hidden) and the
-    two weight gradients (a GEMM over each expert's rows). The forward also sorts the copies by expert
-    (two short kernels)."""
+    two weight gradients (a GEMM over each expert's rows, and the zeros of the experts no token picked). The
+    forward also sorts the copies by expert (two short kernels)."""
     dtype = normalize_dtype(problem.pop("dtype", "bf16"))
     e = dtype_bytes(dtype)
     peak = spec.peak_flops(dtype)
@@ -70,6 +70,8 @@ def predict_moe(op, spec, consts, impl, params, problem) -> tuple[Terms, float, 
     inter = positive_int("intermediate", problem.pop("intermediate"))
     experts = positive_int("experts", problem.pop("experts"))
     top_k = positive_int("top_k", problem.pop("top_k"))
+    if top_k > experts:
+        raise ValueError(f"top_k = {top_k} exceeds experts = {experts}: a token picks top_k distinct experts")
     no_more(problem, op)
     copies = tokens * top_k
     hit = expected_experts_hit(experts, top_k, tokens)
@@ -102,12 +104,17 @@ def predict_moe(op, spec, consts, impl, params, problem) -> tuple[Terms, float, 
             combine,
         ]
     else:
+        # The weight-gradient kernels run over every expert, an expert no token picked writing its zeros
+        # (grouped_gemm's wgrad: "an empty group writes zeros"): a stream of those experts' gradients.
+        unhit = memory_pass_terms(params, consts, "zero gradients", (experts - groups) * expert_bytes,
+                                  spec.sm_count)  # fmt: skip
         passes = [
             grouped(rows, 2 * inter, size, swiglu=True),  # gate/up again (the activations were not kept)
             grouped(rows, inter, size),  # d(act) = dy @ W_down
             grouped(size, inter, rows),  # dW_down = dy^T @ act, per expert
             grouped(rows, size, 2 * inter),  # d(hidden) = dh @ W_gate_up
             grouped(2 * inter, size, rows),  # dW_gate_up = dh^T @ hidden, per expert
+            unhit,
             combine,
         ]
     return in_sequence(passes), flops, moved, dtype
