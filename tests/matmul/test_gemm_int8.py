@@ -74,8 +74,11 @@ def test_inputs_not_modified(device):
 def test_operands_reach_the_kernel_k_major(device, monkeypatch):
     """wgmma reads 8-bit tiles K-major only (Triton moves any other layout through registers at every K
     step): a [K, N] row-major b, a column-major a and a broadcast batch are copied K-major once before the
-    launch, on the first call and on a repeated one; K-major operands go to the kernel as they are."""
+    launch, on the first call and on a repeated one; K-major operands go to the kernel as they are. (The
+    Triton kernel's launches: under the candidate gluon-gemm-int8 a GPU run would hand 2-D calls to the Gluon
+    kernel, so the policy keeps it off here.)"""
     from llm_speed.core import launch
+    from llm_speed.core.policy import use_policy
 
     launches = record_gemm_launches(monkeypatch)
     m, n, k = 24, 20, 48
@@ -87,7 +90,8 @@ def test_operands_reach_the_kernel_k_major(device, monkeypatch):
     try:
         for a, b in cases:
             for _ in range(2):  # the checked call, then the kept one
-                out = llm_speed.tensor_core_gemm_int8(a, b)
+                with use_policy(gluon_gemm_int8=False):
+                    out = llm_speed.tensor_core_gemm_int8(a, b)
                 assert torch.equal(out.cpu(), gemm_int8_reference(a.cpu(), b.cpu()))
                 plan, per_call = launches[-1]
                 assert plan.fixed["stride_ak"] == 1 and plan.fixed["stride_bk"] == 1
