@@ -4,6 +4,7 @@ accepted; the accepted spellings (one int for one packed sequence, NumPy numbers
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -55,6 +56,17 @@ def test_a_well_formed_tile_is_used_as_given():
 def test_all_reduce_size_bytes_is_a_finite_number(value, error):
     with pytest.raises(error, match="size_bytes must be a"):
         predict("all_reduce", GPU, implementation="ring", size_bytes=value, num_gpus=8)
+
+
+def test_numpy_sizes_give_plain_json():
+    p = predict("gemm", GPU, m=np.int64(4096), n=np.int32(4096), k=4096, scale_bytes=np.float32(2.0),
+                weight_dtype="int4", group_size=np.int64(128), with_bias=np.bool_(True))  # fmt: skip
+    assert type(p.problem["m"]) is int and type(p.problem["scale_bytes"]) is float
+    assert p.problem["with_bias"] is True
+    json.dumps(p.to_dict(), allow_nan=False)
+    varlen = predict("flash_attention_varlen", GPU, lengths_q=np.array([100, 200]), heads_q=8, head_dim=64)
+    assert varlen.problem["lengths_q"] == [100, 200] and type(varlen.problem["lengths_q"][0]) is int
+    json.dumps(varlen.to_dict(), allow_nan=False)
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ here.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -271,7 +272,7 @@ def predict(
     context = check_context(context)
     spec = get_gpu(gpu)
     consts = gpu_constants(spec, calibration)
-    recorded = {key: (list(value) if isinstance(value, tuple) else value) for key, value in problem.items()}
+    recorded = {key: _plain(value) for key, value in problem.items()}
     work = Problem(op, _checked_gemm_arguments(problem) if family == "gemm" else problem)
     host_s = 0.0
     dtype = "bf16"
@@ -348,6 +349,21 @@ def predict(
         source=source,
         problem=recorded,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A problem value as plain JSON: NumPy numbers as Python ones, tuples (and NumPy arrays) as lists."""
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "ndarray":
+        return [_plain(entry) for entry in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if getattr(value, "dtype", None) is not None and value.dtype.kind == "b":  # numpy.bool_
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def _checked_gemm_arguments(problem: dict[str, Any]) -> dict[str, Any]:
