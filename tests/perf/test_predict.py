@@ -635,3 +635,14 @@ def test_sdpa_backends_rank_as_measured():
     times = {impl: predict("flash_attention", "h100-sxm", implementation=impl, **shape).seconds
              for impl in SDPA_BACKENDS}  # fmt: skip
     assert times["sdpa-cudnn"] < times["sdpa-flash"] < times["sdpa-efficient"]
+
+
+@pytest.mark.parametrize("op", ["flash_attention_fp8", "tiled_attention", "naive_attention"])
+def test_vendor_is_not_listed_where_it_is_refused(op):
+    with pytest.raises(ValueError, match="vendor") as refusal:
+        predict(op, "h100-sxm", implementation="vendor", batch=1, heads_q=8, seq_q=128, head_dim=64)
+    message = str(refusal.value)
+    assert message.endswith("accepted: llm-speed") and "vendor means sdpa-flash" in message
+    with pytest.raises(ValueError, match="nvls, which implementation 'vendor' means for all_reduce"):
+        predict("all_reduce", "a100-sxm", implementation="vendor", size_bytes=2**20, num_gpus=8)
+    assert resolve_implementation("flash_attention", "vendor") == "sdpa-flash"

@@ -46,8 +46,9 @@ def predict_all_reduce(spec, consts, impl, params, problem) -> tuple[Terms, floa
     elif impl == "nvls":
         if not nvls_ok:
             raise ValueError(
-                f"NVLink SHARP (nvls) needs third-generation NVSwitch (H100/H200/B200 SXM systems) and "
-                f"link='nvlink'; {spec.id} over {link} has none: use ring, tree or auto"
+                "NVLink SHARP (nvls, which implementation 'vendor' means for all_reduce) needs "
+                f"third-generation NVSwitch (H100/H200/B200 SXM systems) and link='nvlink'; {spec.id} over "
+                f"{link} has none: use ring, tree or auto"
             )
         seconds = nvls()
     else:
