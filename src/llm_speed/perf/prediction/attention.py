@@ -519,6 +519,8 @@ def _predict_attention(
     if op == "attention_kvcache_fwd":
         return _predict_kvcache(spec, consts, impl, params, problem)
     _check_overrides(problem)
+    if op == "sdpa_attention" and impl != "llm-speed":
+        op = "flash_attention"  # F.scaled_dot_product_attention on a backend: that backend's fused kernel
     dtype = normalize_dtype(problem.pop("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
     peak = _attention_peak(spec, dtype)
     shape, cost = _attention_shape(op, dtype, problem)
