@@ -111,3 +111,34 @@ def test_kv_cache_scales_only_on_a_quantized_cache(capsys, extra, expected):
     assert exit_code(["kv-cache", "--model", "llama-3-8b", "--seq-len", "10", "--dtype", "int4",
                       "--quant-group-size", "64", "--scale-bytes", "4"]) == 0  # fmt: skip
     assert "--scale-bytes 4" in capsys.readouterr().out
+
+
+ATTENTION_PROBLEM = ["batch=1", "heads_q=8", "seq_q=128", "head_dim=64"]
+
+
+@pytest.mark.parametrize(
+    ("problem", "expected"),
+    [
+        (["gemm", "m=64", "n=64", "k=64", "tile=0,0,0,0"],
+         "tile must be 3 or 4 positive ints (BM, BN, BK[, warps]), got 0 in (0, 0, 0, 0)"),
+        (["gemm", "m=64", "n=64", "k=64", "tile=128,128"],
+         "tile must be 3 or 4 positive ints (BM, BN, BK[, warps]), got 2: [128, 128]"),
+        (["flash_attention", *ATTENTION_PROBLEM, "config=64,64"],
+         "config must be 3 or 4 positive ints (BM, BN, warps[, stages]), got 2: [64, 64]"),
+        (["attention_kvcache_fwd", "batch=1", "heads_q=8", "seq_kv=16", "head_dim=64", "seq_new=17"],
+         "seq_new (17) cannot exceed seq_kv (16): appended keys are attended"),  # not the --context option
+        (["flash_attention", *ATTENTION_PROBLEM, "causal=true", "launch_order=fifo"],
+         "launch_order is 'fifo'; accepted: 'lpt', 'row'"),
+        (["flash_attention", *ATTENTION_PROBLEM, "window=-1,none"],
+         "window left must be >= 0 or None, got -1"),
+        (["all_reduce", "size_bytes=nan", "num_gpus=8", "--implementation", "ring", "--json"],
+         "size_bytes must be a finite number >= 0, got nan"),
+    ],
+)  # fmt: skip
+def test_a_malformed_problem_value_is_one_line_naming_its_key(capsys, problem, expected):
+    line = _refused(capsys, ["predict", *problem, "--gpu", "h100-sxm"])
+    assert line == f"llm-speed predict: error: {expected}"
+
+
+def test_none_and_one_int_are_problem_values():
+    assert parse_problem(["window=128,none", "lengths_q=4096"]) == {"window": [128, None], "lengths_q": 4096}

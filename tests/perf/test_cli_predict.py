@@ -131,3 +131,18 @@ def test_the_calibration_note_is_the_check_output(capsys):
     # 183 of families never fitted (int8, fp8 GEMMs in NN, fp8 attention, eager attention, forward+backward,
     # decode; calibrate.kind_of).
     assert points.count("\n") == 230 + 183
+
+
+@pytest.mark.parametrize(
+    ("words", "problem"),
+    [
+        (["flash_attention", "batch=1", "heads_q=8", "seq_q=4096", "head_dim=64", "window=128,none"],
+         dict(batch=1, heads_q=8, seq_q=4096, head_dim=64, window=(128, None))),
+        (["flash_attention_varlen", "lengths_q=4096", "heads_q=8", "head_dim=64"],
+         dict(lengths_q=[4096], heads_q=8, head_dim=64)),
+    ],
+)  # fmt: skip
+def test_a_left_window_and_one_packed_sequence_are_written_as_such(capsys, words, problem):
+    code, out, _ = _run(capsys, [*words, "--gpu", "h100-sxm", "--json"])
+    assert code == 0
+    assert json.loads(out)["seconds"] == predict(words[0], "h100-sxm", **problem).seconds

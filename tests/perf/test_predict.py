@@ -646,3 +646,28 @@ def test_sdpa_backends_rank_as_measured():
     times = {impl: predict("flash_attention", "h100-sxm", implementation=impl, **shape).seconds
              for impl in SDPA_BACKENDS}  # fmt: skip
     assert times["sdpa-cudnn"] < times["sdpa-flash"] < times["sdpa-efficient"]
+
+
+@pytest.mark.parametrize("impl", [*SDPA_BACKENDS, "vendor"])
+def test_sdpa_attention_on_a_backend_is_that_backends_fused_kernel(impl):
+    """sdpa_attention is F.scaled_dot_product_attention: on a backend it is that backend's fused kernel, the
+    call whose measurements set the backend's parameters (flash_attention's), not the eager 3-kernel path."""
+    shape = dict(batch=2, heads_q=16, seq_q=4096, head_dim=128, causal=True)
+    sdpa = predict("sdpa_attention", "h100-sxm", implementation=impl, context="graph", **shape)
+    fused = predict("flash_attention", "h100-sxm", implementation=impl, context="graph", **shape)
+    assert sdpa.seconds == fused.seconds and sdpa.breakdown.kernels == fused.breakdown.kernels == 1
+    assert sdpa.breakdown.bytes_moved == fused.breakdown.bytes_moved
+    assert sdpa.calibrated == fused.calibrated is True
+    eager = predict("sdpa_attention", "h100-sxm", context="graph", **shape)  # llm-speed: the eager path
+    assert eager.breakdown.kernels > 1 and eager.seconds > 5 * sdpa.seconds
+
+
+@pytest.mark.parametrize("op", ["flash_attention_fp8", "tiled_attention", "naive_attention"])
+def test_vendor_is_not_listed_where_it_is_refused(op):
+    with pytest.raises(ValueError, match="vendor") as refusal:
+        predict(op, "h100-sxm", implementation="vendor", batch=1, heads_q=8, seq_q=128, head_dim=64)
+    message = str(refusal.value)
+    assert message.endswith("accepted: llm-speed") and "vendor means sdpa-flash" in message
+    with pytest.raises(ValueError, match="nvls, which implementation 'vendor' means for all_reduce"):
+        predict("all_reduce", "a100-sxm", implementation="vendor", size_bytes=2**20, num_gpus=8)
+    assert resolve_implementation("flash_attention", "vendor") == "sdpa-flash"

@@ -16,7 +16,7 @@ import numbers
 
 import torch
 
-from ..core.args import check_flag, check_real
+from ..core.args import check_flag, check_real, check_window  # check_window: torch-free, shared
 from ..core.tensors import FLOAT_DTYPES, check_tensor, dtype_names, last_dim_contiguous
 from ..matmul.fp8 import FP8_DTYPES as ANY_FP8_DTYPES  # routed to fp8 attention (whose checks name its own)
 
@@ -401,34 +401,6 @@ def unknown_keywords(fn, unknown: dict) -> None:
     accepted = ", ".join(sorted(inspect.signature(fn).parameters))
     hint = _KNOWN_NAMES.get(name, f"accepted keywords: {accepted}")
     raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}: {hint}")
-
-
-def check_window(window) -> tuple[int | None, int | None] | None:
-    """``window``: None, or ``(left, right)`` with each an int >= 0 or None (unbounded on that side).
-
-    Returns it as a tuple of plain ints / None (NumPy integers accepted); anything else is a clear error.
-    """
-    if window is None:
-        return None
-    if type(window) is tuple and len(window) == 2:  # the common spelling, checked at the cost of a lookup
-        left, right = window
-        if (left is None or type(left) is int and left >= 0) and (
-            right is None or type(right) is int and right >= 0
-        ):
-            return window
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be None or a pair (left, right), got {window!r}")
-    sides = []
-    for name, side in zip(("left", "right"), window, strict=True):
-        if side is None:
-            sides.append(None)
-            continue
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise TypeError(f"window {name} must be an int >= 0 or None, got {type(side).__name__}")
-        if side < 0:
-            raise ValueError(f"window {name} must be >= 0 or None, got {side}")
-        sides.append(int(side))
-    return sides[0], sides[1]
 
 
 def check_softcap(softcap) -> float | None:

@@ -97,6 +97,53 @@ def non_negative_number(name: str, value: Any) -> float:
     return float(value)
 
 
+def positive_ints(name: str, value: Any, *, lengths: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints > 0 if it is a tuple or list of one of ``lengths`` (NumPy integers
+    accepted; bools, floats and strings refused, never truncated): a tile or a kernel configuration. TypeError
+    (not a sequence of ints) or ValueError (wrong length, an entry <= 0) naming ``name`` and what is accepted
+    (``what``: the entries' names, as "BM, BN, BK[, warps]")."""
+    accepted = f"{' or '.join(map(str, lengths))} positive ints ({what})"
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be {accepted}, got {type_name(value)} {reprlib.repr(value)}")
+    if len(value) not in lengths:
+        raise ValueError(f"{name} must be {accepted}, got {len(value)}: {reprlib.repr(value)}")
+    for entry in value:
+        if isinstance(entry, bool) or not isinstance(entry, numbers.Integral):
+            raise TypeError(f"{name} must be {accepted}, got {type_name(entry)} {entry!r} in {value!r}")
+        if entry <= 0:
+            raise ValueError(f"{name} must be {accepted}, got {entry} in {tuple(value)!r}")
+    return tuple(int(entry) for entry in value)
+
+
+def check_window(window: Any) -> tuple[int | None, int | None] | None:
+    """``window``: None, or ``(left, right)`` with each an int >= 0 or None (unbounded on that side).
+
+    Returns it as a tuple of plain ints / None (NumPy integers accepted); anything else is a clear error
+    naming ``window``. Torch-free: the attention kernels and the analytic model check it alike.
+    """
+    if window is None:
+        return None
+    if type(window) is tuple and len(window) == 2:  # the common spelling, checked at the cost of a lookup
+        left, right = window
+        if (left is None or type(left) is int and left >= 0) and (
+            right is None or type(right) is int and right >= 0
+        ):
+            return window
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right), got {window!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window, strict=True):
+        if side is None:
+            sides.append(None)
+            continue
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window {name} must be an int >= 0 or None, got {type(side).__name__}")
+        if side < 0:
+            raise ValueError(f"window {name} must be >= 0 or None, got {side}")
+        sides.append(int(side))
+    return sides[0], sides[1]
+
+
 def check_choice(name: str, value: Any, choices: tuple) -> Any:
     """``value`` if it is one of ``choices``, else ValueError listing them."""
     if value not in choices:

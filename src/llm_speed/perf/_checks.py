@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_speed.core.args import positive_int
+from llm_speed.core.gpus import normalize_dtype
 
 
 def attention_shape(
@@ -18,12 +19,27 @@ def attention_shape(
     seq_q = positive_int("seq_q", seq_q)
     seq_kv = positive_int("seq_kv", seq_kv)
     head_dim = positive_int("head_dim", head_dim)
+    return batch, heads_q, seq_q, seq_kv, head_dim, grouped_heads(heads_q, heads_kv)
+
+
+def grouped_heads(heads_q: int, heads_kv: Any) -> int:
+    """Checked ``heads_kv`` of ``heads_q`` query heads: a positive int dividing it (GQA/MQA), None giving
+    ``heads_q``."""
     heads_kv = heads_q if heads_kv is None else positive_int("heads_kv", heads_kv)
     if heads_q % heads_kv:
         raise ValueError(
             f"heads_kv ({heads_kv}) must divide heads_q ({heads_q}); valid heads_kv: {divisors_text(heads_q)}"
         )
-    return batch, heads_q, seq_q, seq_kv, head_dim, heads_kv
+    return heads_kv
+
+
+def check_dtype(name: str, value: Any) -> str:
+    """``value`` (a dtype of an argument other than ``dtype``: ``out_dtype``, ``kv_dtype``) as its canonical
+    name; ValueError naming ``name`` and the accepted dtypes."""
+    try:
+        return normalize_dtype(value)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def missing_path(path: Any, want: str) -> str:

@@ -42,13 +42,15 @@ FLAGS = ("causal", "is_causal", "with_bias", "with_c", "deterministic", "atomic_
 
 
 def parse_value(text: str) -> Any:
-    """A problem value from the command line: true/false, an int, a float, a comma list of those, else the
-    text itself (a dtype name)."""
+    """A problem value from the command line: true/false, none (None: ``window=128,none``, a window open on
+    the right), an int, a float, a comma list of those, else the text itself (a dtype name)."""
     lowered = text.strip().lower()
     if lowered in _TRUE[:3]:
         return True
     if lowered in _FALSE[:3]:
         return False
+    if lowered == "none":
+        return None
     if "," in text:
         return [parse_value(part) for part in text.split(",") if part.strip()]
     for kind in (int, float):

@@ -49,11 +49,14 @@ here.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from llm_speed.core.args import non_negative_number, positive_ints, type_name
 from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
+from llm_speed.perf._checks import check_dtype
 from llm_speed.perf.prediction.attention import (
     BACKWARD_FACTOR,
     EAGER_SOFTMAX_PASSES,
@@ -241,7 +244,11 @@ def predict(
       (fp16), ``causal``, ``window``; ``config`` / ``backward_config`` (BM, BN, warps, stages) to force
       tiles, ``launch_order`` ("lpt", "row") the query-block kernels' order, ``deterministic`` the dQ
       kernel's backward, ``atomic_dq`` the five-matmul backward where the build's default is the dQ
-      kernel. Varlen: ``lengths_q``, ``lengths_k`` instead of batch and sequence lengths.
+      kernel. Varlen: ``lengths_q``, ``lengths_k`` (lists, or one int: one sequence) instead of batch and
+      sequence lengths. ``window``: None or (left, right), each side an int >= 0 or None.
+      ``sdpa_attention`` on an SDPA backend (or "vendor") is that backend's fused kernel, priced and labelled
+      as ``flash_attention`` on it (the same call, whose measurements set the backend's parameters:
+      calibrated); with "llm-speed", the eager three-kernel path.
       KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
       + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
       per cache element, labelled uncalibrated).
@@ -258,13 +265,18 @@ def predict(
     """
     if not isinstance(op, str):
         raise TypeError(f"op must be a string, got {type(op).__name__}")
+    if build is not None and not isinstance(build, str):
+        raise TypeError(
+            f"build must be a string (a commit or an entry of the calibration's builds) or None, got "
+            f"{type_name(build)} {build!r}"
+        )
     family = family_of(op)
     impl = resolve_implementation(op, implementation)
     context = check_context(context)
     spec = get_gpu(gpu)
     consts = gpu_constants(spec, calibration)
-    recorded = {key: (list(value) if isinstance(value, tuple) else value) for key, value in problem.items()}
-    work = Problem(op, problem)
+    recorded = {key: _plain(value) for key, value in problem.items()}
+    work = Problem(op, _checked_gemm_arguments(problem) if family == "gemm" else problem)
     host_s = 0.0
     dtype = "bf16"
     if family == "collective":
@@ -340,6 +352,35 @@ def predict(
         source=source,
         problem=recorded,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A problem value as plain JSON: NumPy numbers as Python ones, tuples (and NumPy arrays) as lists."""
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "ndarray":
+        return [_plain(entry) for entry in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if getattr(value, "dtype", None) is not None and value.dtype.kind == "b":  # numpy.bool_
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def _checked_gemm_arguments(problem: dict[str, Any]) -> dict[str, Any]:
+    """The GEMM rows' optional arguments checked before any work, each error naming its key: ``tile`` (3 or
+    4 positive ints), ``scale_bytes`` (a finite number >= 0), ``out_dtype`` and ``weight_dtype``."""
+    checked = dict(problem)
+    if checked.get("tile") is not None:
+        checked["tile"] = positive_ints("tile", checked["tile"], lengths=(3, 4), what="BM, BN, BK[, warps]")
+    if "scale_bytes" in checked:
+        checked["scale_bytes"] = non_negative_number("scale_bytes", checked["scale_bytes"])
+    for key in ("out_dtype", "weight_dtype"):
+        if checked.get(key) is not None:
+            checked[key] = check_dtype(key, checked[key])
+    return checked
 
 
 def predict_call(

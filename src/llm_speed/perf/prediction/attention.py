@@ -5,15 +5,16 @@ backward passes, decode over a KV cache, and the eager attention."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import check_choice, check_window, positive_int, positive_ints, type_name
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv, next_power_of_2
 from llm_speed.core.policy import SHIPPED
-from llm_speed.perf._checks import attention_shape
+from llm_speed.perf._checks import attention_shape, check_dtype
 from llm_speed.perf.kernel_costs import (
     attention_cost,
     kvcache_decode_cost,
@@ -295,19 +296,44 @@ def _attention_tiles(
     )
 
 
+def _lengths(name: str, value: Any) -> list[int]:
+    """A packed problem's sequence lengths: a list of positive ints, or one int (a single sequence)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{name} must be a list of sequence lengths (positive ints) or one int, got "
+            f"{type_name(value)} {value!r}"
+        )
+    lengths = [positive_int(f"{name} entry", x) for x in value]
+    if not lengths:
+        raise ValueError(f"{name} must hold at least one sequence length, got {value!r}")
+    return lengths
+
+
+# The forms of the tile overrides of the attention rows (``config``, ``backward_config``).
+ATTENTION_CONFIG = "BM, BN, warps[, stages]"
+
+
+def _check_overrides(problem: dict[str, Any]) -> None:
+    """The attention rows' optional overrides checked before any work, each error naming its key:
+    ``config`` and ``backward_config`` (3 or 4 positive ints), ``launch_order`` ("lpt" or "row")."""
+    for key in ("config", "backward_config"):
+        if problem.get(key) is not None:
+            problem[key] = positive_ints(key, problem[key], lengths=(3, 4), what=ATTENTION_CONFIG)
+    if problem.get("launch_order") is not None:
+        check_choice("launch_order", problem["launch_order"], LAUNCH_ORDERS)
+
+
 def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[AttentionShape, Any]:
     """The checked shape of an attention problem, and its cost (kernel_costs) in the op's mode."""
     mode = "bwd" if op.endswith("_backward") else "fwd"
     causal = pop_flag(problem, "causal", pop_flag(problem, "is_causal"))
-    window = problem.pop("window", None)
-    if window is not None:
-        window = tuple(window)
+    window = check_window(problem.pop("window", None))
     if op.startswith("flash_attention_varlen"):
-        lengths_q = [positive_int("lengths_q entry", x) for x in problem.pop("lengths_q")]
+        lengths_q = _lengths("lengths_q", problem.pop("lengths_q"))
         lengths_k = problem.pop("lengths_k", None)
-        lengths_k = (
-            lengths_q if lengths_k is None else [positive_int("lengths_k entry", x) for x in lengths_k]
-        )
+        lengths_k = lengths_q if lengths_k is None else _lengths("lengths_k", lengths_k)
         if len(lengths_k) != len(lengths_q):
             raise ValueError("lengths_k must have one entry per sequence of lengths_q")
         heads_q = positive_int("heads_q", problem.pop("heads_q"))
@@ -377,6 +403,8 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
 
 
 BACKWARD_FACTOR = {"fwd": 1.0, "bwd": 2.5}
+# The query-block kernels' launch orders ``launch_order`` names: longest first, or row order.
+LAUNCH_ORDERS = ("lpt", "row")
 # Longest first only from this many query rows per sequence (packed: in all); llm_speed.attention.flash's
 # The kernels' rule, read from the shipped launch policy (torch-free), not restated.
 LPT_MIN_ROWS = SHIPPED.lpt_min_rows
@@ -429,6 +457,11 @@ def _predict_kvcache(spec, consts, impl, params, problem) -> tuple[Terms, float,
     context, head_dim = problem.pop("seq_kv"), problem.pop("head_dim")
     heads_kv, seq_new = problem.pop("heads_kv", None), problem.pop("seq_new", 0)
     kv_dtype = problem.pop("kv_dtype", None)
+    kv_dtype = None if kv_dtype is None else check_dtype("kv_dtype", kv_dtype)
+    context = positive_int("seq_kv", context)
+    seq_new = positive_int("seq_new", seq_new, allow_zero=True)
+    if seq_new > context:  # named here: the cost's own check calls seq_kv "context"
+        raise ValueError(f"seq_new ({seq_new}) cannot exceed seq_kv ({context}): appended keys are attended")
     problem.pop("page_size", None)
     cost = kvcache_decode_cost(
         batch,
@@ -485,6 +518,9 @@ def _predict_attention(
 ) -> tuple[Terms, float, float]:
     if op == "attention_kvcache_fwd":
         return _predict_kvcache(spec, consts, impl, params, problem)
+    _check_overrides(problem)
+    if op == "sdpa_attention" and impl != "llm-speed":
+        op = "flash_attention"  # F.scaled_dot_product_attention on a backend: that backend's fused kernel
     dtype = normalize_dtype(problem.pop("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
     peak = _attention_peak(spec, dtype)
     shape, cost = _attention_shape(op, dtype, problem)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import non_negative_number, positive_int
 from llm_speed.perf.prediction.names import Prediction
 from llm_speed.perf.prediction.terms import Terms, no_more
 
@@ -17,9 +17,7 @@ def predict_all_reduce(spec, consts, impl, params, problem) -> tuple[Terms, floa
     D back), or "auto" (the faster of ring and nvls, as NCCL's tuner picks)."""
     from llm_speed.perf.distributed import link_bandwidth
 
-    size = float(problem.pop("size_bytes"))
-    if size < 0:
-        raise ValueError(f"size_bytes must be >= 0, got {size}")
+    size = non_negative_number("size_bytes", problem.pop("size_bytes"))
     n = positive_int("num_gpus", problem.pop("num_gpus"))
     link = problem.pop("link", "nvlink")
     no_more(problem, "all_reduce")
@@ -48,8 +46,9 @@ def predict_all_reduce(spec, consts, impl, params, problem) -> tuple[Terms, floa
     elif impl == "nvls":
         if not nvls_ok:
             raise ValueError(
-                f"NVLink SHARP (nvls) needs third-generation NVSwitch (H100/H200/B200 SXM systems) and "
-                f"link='nvlink'; {spec.id} over {link} has none: use ring, tree or auto"
+                "NVLink SHARP (nvls, which implementation 'vendor' means for all_reduce) needs "
+                f"third-generation NVSwitch (H100/H200/B200 SXM systems) and link='nvlink'; {spec.id} over "
+                f"{link} has none: use ring, tree or auto"
             )
         seconds = nvls()
     else:

@@ -9,6 +9,7 @@ from llm_speed.core.args import positive_int
 from llm_speed.core.chunking import linear_cross_entropy_chunk_rows
 from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv
+from llm_speed.perf._checks import grouped_heads
 from llm_speed.perf.prediction.calibration_data import parameters
 from llm_speed.perf.prediction.gemm import gemm_terms
 from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more
@@ -63,16 +64,27 @@ def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, st
     if op.startswith("apply_rotary_qk"):  # rotary_qk_work: cos and sin [seq, rotary_dim]
         batch, seq = positive_int("batch", problem.pop("batch", 1)), positive_int("seq", problem.pop("seq"))
         heads_q = positive_int("heads_q", problem.pop("heads_q"))
-        heads_kv = positive_int("heads_kv", problem.pop("heads_kv", heads_q))
+        heads_kv = grouped_heads(heads_q, problem.pop("heads_kv", None))
         head_dim = positive_int("head_dim", problem.pop("head_dim"))
-        rotary_dim = positive_int("rotary_dim", problem.pop("rotary_dim", head_dim))
+        rotary_dim = _rotary_dim(problem.pop("rotary_dim", head_dim), head_dim)
         rows = batch * (heads_q + heads_kv) * seq
         return 6.0 * rows * (rotary_dim // 2), 2 * rows * head_dim * e + 2 * seq * rotary_dim * e, dtype
     batch, heads = positive_int("batch", problem.pop("batch", 1)), positive_int("heads", problem.pop("heads"))
     seq, head_dim = positive_int("seq", problem.pop("seq")), positive_int("head_dim", problem.pop("head_dim"))
-    rotary_dim = positive_int("rotary_dim", problem.pop("rotary_dim", head_dim))
+    rotary_dim = _rotary_dim(problem.pop("rotary_dim", head_dim), head_dim)
     pairs = batch * heads * seq * (rotary_dim // 2)
     return 6.0 * pairs, 2 * batch * heads * seq * head_dim * e + 2 * seq * (rotary_dim // 2) * e, dtype
+
+
+def _rotary_dim(value: Any, head_dim: int) -> int:
+    """The rotated dims of a rotary row, as its kernels accept them (``llm_speed.fused.rotary`` and
+    ``rotary_qk``: cos and sin give one angle per pair): an even number from 2 to ``head_dim``."""
+    rotary_dim = positive_int("rotary_dim", value)
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(
+            f"rotary_dim must be an even number from 2 to head_dim ({head_dim}), got {rotary_dim}"
+        )
+    return rotary_dim
 
 
 def predict_elementwise(op, spec, consts, impl, params, problem) -> tuple[Terms, float, float, str]:

@@ -142,19 +142,22 @@ def resolve_implementation(op: str, implementation: str) -> str:
     if not isinstance(implementation, str):
         raise TypeError(f"implementation must be a string, got {type(implementation).__name__}")
     family = family_of(op)
+    vendor = "pytorch" if family == "cross_entropy" else VENDOR[family]
     name = implementation.strip().lower()
     if name == "vendor":
-        name = VENDOR["gemm" if family == "cross_entropy" else family]
-        if family == "cross_entropy":
-            name = "pytorch"
+        name = vendor
     elif name == "sdpa":
         name = VENDOR["attention"]
     name = ALIASES.get(name, name)
     accepted = implementations(op)
     if name not in accepted:
+        # "vendor" is accepted only where the vendor's implementation of the op is modelled
+        listed = ", ".join(accepted) + (", vendor" if vendor in accepted else "")
+        why = ""
+        if implementation.strip().lower() == "vendor":
+            why = f" (vendor means {name} for the {family} rows, which {op} has no model of)"
         raise ValueError(
-            f"implementation {implementation!r} is not modelled for {op}; accepted: "
-            f"{', '.join(accepted)}, vendor"
+            f"implementation {implementation!r} is not modelled for {op}{why}; accepted: {listed}"
         )
     return name
 
