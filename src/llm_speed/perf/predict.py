@@ -248,7 +248,8 @@ def predict(
       sequence lengths. ``window``: None or (left, right), each side an int >= 0 or None.
       ``sdpa_attention`` on an SDPA backend (or "vendor") is that backend's fused kernel, priced and labelled
       as ``flash_attention`` on it (the same call, whose measurements set the backend's parameters:
-      calibrated); with "llm-speed", the eager three-kernel path.
+      calibrated); "llm-speed" names torch's default backend there (``llm_speed.helpers.sdpa_attention``
+      calls ``F.scaled_dot_product_attention``).
       KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
       + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
       per cache element, labelled uncalibrated).

@@ -126,7 +126,9 @@ def implementations(op: str) -> tuple[str, ...]:
     if family in ("gemm", "cross_entropy", "moe"):
         return ("llm-speed", "pytorch") if family == "cross_entropy" else ("llm-speed", "cublas")
     if family == "attention":
-        if op in ("flash_attention", "flash_attention_backward", "sdpa_attention"):
+        if op == "sdpa_attention":  # torch's SDPA: its backends ("llm-speed" names the default one)
+            return SDPA_BACKENDS
+        if op in ("flash_attention", "flash_attention_backward"):
             return ("llm-speed", *SDPA_BACKENDS)
         if op in ("flash_attention_varlen", "flash_attention_varlen_backward", "attention_kvcache_fwd"):
             return ("llm-speed", "sdpa-flash")
@@ -149,6 +151,9 @@ def resolve_implementation(op: str, implementation: str) -> str:
     elif name == "sdpa":
         name = VENDOR["attention"]
     name = ALIASES.get(name, name)
+    if op == "sdpa_attention" and name == "llm-speed":
+        # llm_speed.helpers.sdpa_attention is torch's SDPA: its default backend runs it, no llm-speed kernel
+        name = VENDOR["attention"]
     accepted = implementations(op)
     if name not in accepted:
         # "vendor" is accepted only where the vendor's implementation of the op is modelled
