@@ -375,6 +375,9 @@ def test_moe_predictions_scale_as_the_experts_hit():
             assert few.seconds >= few.floor_s, (gpu, problem)
     with pytest.raises(ValueError, match="top_k = 9 exceeds experts = 8: a token picks top_k distinct"):
         predict("fused_moe", "h100-sxm", tokens=4, hidden=64, intermediate=64, experts=8, top_k=9)
+    for op in ("moe_route", "moe_route_backward", "moe_sort"):
+        with pytest.raises(ValueError, match="top_k = 100 exceeds experts = 8"):
+            predict(op, "h100-sxm", tokens=4, experts=8, top_k=100)
 
 
 def test_gemm_tile_rule_is_the_launchers():

@@ -33,6 +33,13 @@ def grouped_heads(heads_q: int, heads_kv: Any) -> int:
     return heads_kv
 
 
+def distinct_experts(top_k: int, experts: int) -> int:
+    """``top_k``, refused (ValueError naming it) past ``experts``: a token picks top_k distinct experts."""
+    if top_k > experts:
+        raise ValueError(f"top_k = {top_k} exceeds experts = {experts}: a token picks top_k distinct experts")
+    return top_k
+
+
 def check_dtype(name: str, value: Any) -> str:
     """``value`` (a dtype of an argument other than ``dtype``: ``out_dtype``, ``kv_dtype``) as its canonical
     name; ValueError naming ``name`` and the accepted dtypes."""

@@ -9,7 +9,7 @@ from llm_speed.core.args import positive_int
 from llm_speed.core.chunking import linear_cross_entropy_chunk_rows
 from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv
-from llm_speed.perf._checks import grouped_heads
+from llm_speed.perf._checks import distinct_experts, grouped_heads
 from llm_speed.perf.prediction.calibration_data import parameters
 from llm_speed.perf.prediction.gemm import gemm_terms
 from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more
@@ -32,14 +32,16 @@ def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, st
     if op.startswith("moe_route"):  # moe_route_work
         tokens = positive_int("tokens", problem.pop("tokens"))
         experts = positive_int("experts", problem.pop("experts"))
-        top_k = positive_int("top_k", problem.pop("top_k"))
+        top_k = distinct_experts(positive_int("top_k", problem.pop("top_k")), experts)
         logits = tokens * experts * e
         if op == "moe_route_backward":
             return 6.0 * tokens * experts, 2.0 * logits + 8.0 * tokens * top_k, dtype
         return (4.0 + top_k) * tokens * experts, logits + 8.0 * tokens * top_k, dtype
     if op == "moe_sort":  # moe_sort_work: int32 ids by default
-        copies = positive_int("tokens", problem.pop("tokens")) * positive_int("top_k", problem.pop("top_k"))
+        tokens = positive_int("tokens", problem.pop("tokens"))
+        top_k = positive_int("top_k", problem.pop("top_k"))
         experts = positive_int("experts", problem.pop("experts"))
+        copies = tokens * distinct_experts(top_k, experts)
         id_bytes = positive_int("id_bytes", problem.pop("id_bytes", 4))
         return 0.0, 2.0 * copies * id_bytes + 8.0 * copies + 4.0 * experts, dtype
     if op.startswith("rms_norm"):

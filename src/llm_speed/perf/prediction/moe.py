@@ -7,6 +7,7 @@ from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv, next_power_of_2
 from llm_speed.core.tile_choice import SMALLEST_TILE_SIDE
+from llm_speed.perf._checks import distinct_experts
 from llm_speed.perf.kernel_costs import (
     expected_experts_hit,
 )
@@ -69,9 +70,7 @@ def predict_moe(op, spec, consts, impl, params, problem) -> tuple[Terms, float, 
     size = positive_int("hidden", problem.pop("hidden"))
     inter = positive_int("intermediate", problem.pop("intermediate"))
     experts = positive_int("experts", problem.pop("experts"))
-    top_k = positive_int("top_k", problem.pop("top_k"))
-    if top_k > experts:
-        raise ValueError(f"top_k = {top_k} exceeds experts = {experts}: a token picks top_k distinct experts")
+    top_k = distinct_experts(positive_int("top_k", problem.pop("top_k")), experts)
     no_more(problem, op)
     copies = tokens * top_k
     hit = expected_experts_hit(experts, top_k, tokens)
