@@ -298,7 +298,7 @@ def test_cross_entropy_accum_dtype_reaches_the_fused_loss(device, monkeypatch):
     torch.testing.assert_close(loss32, loss, rtol=0, atol=0)
     torch.testing.assert_close(grads32["lm_head.weight"], grads["lm_head.weight"], rtol=1e-6, atol=1e-7)
     fresh = _models("llama", device)[0]
-    with pytest.raises(ValueError, match="cross_entropy_accum_dtype is torch.bfloat16; accepted: None"):
+    with pytest.raises(TypeError, match="cross_entropy_accum_dtype is torch.bfloat16; accepted: None"):
         hf.apply(fresh, cross_entropy_accum_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="cross_entropy_accum_dtype needs cross_entropy=True"):
         hf.apply(fresh, cross_entropy=False, cross_entropy_accum_dtype=torch.float32)

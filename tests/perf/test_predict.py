@@ -406,6 +406,7 @@ def test_fp8_gemm_terms_scaling_layout_and_build():
     its smaller accumulators), a fitted cost per K step for block scaling and for the per-tensor kernel
     ptxas serialized (builds before eafec86), one copy kernel per operand that is not K-major (builds since
     6abe431); bad scaling or layout names the argument."""
+    from llm_speed.core import tile_choice
     from llm_speed.core.hardware import Hardware
     from llm_speed.matmul import fp8
 
@@ -413,7 +414,7 @@ def test_fp8_gemm_terms_scaling_layout_and_build():
     shipped = load_calibration()["gpus"]["h100-sxm"]["implementations"]["llm-speed"]["gemm fp8"]
     assert [tuple(t) for t in shipped["tiles"]] == [
         (c.block_m, c.block_n, c.block_k, c.num_warps) for c in fp8.GEMM_CONFIGS]
-    assert shipped["block_acc_registers"] == fp8.BLOCK_SCALED_ACC_REGISTERS
+    assert fp8.fits_block_scaling is tile_choice.fits_block_scaling  # one rule: launcher and model
     names = {"tensor": fp8.TENSOR, "row": fp8.ROW, "block": fp8.BLOCKWISE}
     for m, n, k in ((4096, 4096, 4096), (8192, 8192, 4096), (16, 4096, 4096), (512, 1024, 4096)):
         for scaling, mode in names.items():
@@ -436,9 +437,9 @@ def test_fp8_gemm_terms_scaling_layout_and_build():
     assert copied.breakdown.kernels == 2 and "33.6 MB of K-major operand copies" in copied.breakdown.notes[-1]
     assert ms(layout="TT") == pytest.approx(copied.milliseconds)  # A [K, M] copied: as many bytes as B's
     assert ms(layout="TN") > copied.milliseconds > row  # both
-    with pytest.raises(ValueError, match="scaling is 'blockwise'; accepted: tensor, row, block"):
+    with pytest.raises(ValueError, match="scaling is 'blockwise'; accepted: 'tensor', 'row', 'block'"):
         predict("gemm_fp8", "h100-sxm", m=64, n=64, k=64, scaling="blockwise")
-    with pytest.raises(ValueError, match="layout is 'nt'; accepted: NN, NT, TN, TT"):
+    with pytest.raises(ValueError, match="layout is 'nt'; accepted: 'NN', 'NT', 'TN', 'TT'"):
         predict("gemm_fp8", "h100-sxm", m=64, n=64, k=64, layout="nt")
     with pytest.raises(ValueError, match="gemm: unknown problem argument"):
         predict("gemm", "h100-sxm", m=64, n=64, k=64, scaling="row")  # fp8's keys only

@@ -38,6 +38,17 @@ TILE_INTENSITY_AT_HALF = 32
 # (~1 us) at an SM's share of the bandwidth (H100 SXM: 3.35 TB/s over 132 SMs, ~25 GB/s). An estimate, not
 # yet measured.
 TILE_START_BYTES = 32 * 1024
+# Block-scaled fp8 GEMMs keep two fp32 tiles live (the step's product and the accumulator): a tile whose
+# accumulator takes more than this many registers per thread would need 2x that and spill (seen compiling for
+# sm_90a: 128x128 on 4 warps and 128x256 on 8 reach 255 registers and a 224-344 byte stack).
+BLOCK_SCALED_ACC_REGISTERS = 64
+
+
+def fits_block_scaling(block_m: int, block_n: int, warps: int) -> bool:
+    """Whether a ``block_m x block_n`` tile on ``warps`` warps holds block scaling's two fp32 tiles
+    (:data:`BLOCK_SCALED_ACC_REGISTERS` per thread for one): the fp8 GEMM launcher's candidates and the
+    analytic model's."""
+    return block_m * block_n <= BLOCK_SCALED_ACC_REGISTERS * 32 * warps
 
 
 def tile_efficiency(block_m: int, block_n: int) -> float:

@@ -66,8 +66,8 @@ from .cross_entropy_launch import (
 )
 
 # the public names (memory_estimate and default_chunk_rows live with the launcher)
-__all__ = ["REDUCTIONS", "cross_entropy", "default_chunk_rows", "fused_linear_cross_entropy",
-           "memory_estimate"]  # fmt: skip
+__all__ = ["REDUCTIONS", "check_accum_dtype", "cross_entropy", "default_chunk_rows",
+           "fused_linear_cross_entropy", "memory_estimate"]  # fmt: skip
 
 # --- op registration ------------------------------------------------------------------------------------
 
@@ -320,6 +320,13 @@ def _validate_linear(hidden, weight, target, bias, ce_weight, chunk_rows, *loss_
     return (*numbers, positive_int("chunk_rows", chunk_rows))
 
 
+def check_accum_dtype(name: str, accum_dtype) -> None:
+    """:func:`fused_linear_cross_entropy`'s ``accum_dtype`` (passed on as ``name``): None or torch.float32,
+    else a TypeError naming it."""
+    if accum_dtype not in (None, torch.float32):
+        raise TypeError(f"{name} is {accum_dtype!r}; accepted: None (the weight's dtype) or torch.float32")
+
+
 def fused_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -406,10 +413,7 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ce_weight, chunk_rows, ignore_index, reduction, label_smoothing,
         softcap, lse_square_scale, return_z_loss, loss_dtype,
     )  # fmt: skip
-    if accum_dtype not in (None, torch.float32):
-        raise TypeError(
-            f"accum_dtype is {accum_dtype!r}; accepted: None (the weight's dtype) or torch.float32"
-        )
+    check_accum_dtype("accum_dtype", accum_dtype)
     args = (hidden, weight, target, bias, ce_weight, ignore_index, label_smoothing, softcap, z_scale,
             chunk_rows, reduction, loss_dtype, return_z_loss)  # fmt: skip
     needs = _NO_GRADS  # the gradients the forward makes (a reduced loss with grad: see the docstring)

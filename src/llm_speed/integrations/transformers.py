@@ -79,7 +79,7 @@ from torch import nn
 
 from ..attention import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 from ..core.tensors import FLOAT_DTYPES
-from ..fused.cross_entropy import fused_linear_cross_entropy
+from ..fused.cross_entropy import check_accum_dtype, fused_linear_cross_entropy
 from ..fused.rotary_qk import apply_rotary_qk
 from ..nn import GatedMLP, RMSNorm
 from .forwards import replace_forward
@@ -719,9 +719,7 @@ def apply(
         if not isinstance(value, bool) and not (name == "attention" and value is None):
             accepted = "a bool or None" if name == "attention" else "a bool"
             raise TypeError(f"{name} must be {accepted}, got {type(value).__name__}")
-    if cross_entropy_accum_dtype not in (None, torch.float32):
-        raise ValueError(f"cross_entropy_accum_dtype is {cross_entropy_accum_dtype!r}; accepted: None (the "
-                         "weight's dtype) or torch.float32")  # fmt: skip
+    check_accum_dtype("cross_entropy_accum_dtype", cross_entropy_accum_dtype)
     if cross_entropy_accum_dtype is not None and not cross_entropy:
         raise ValueError("cross_entropy_accum_dtype needs cross_entropy=True (it is the fused loss's option)")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):

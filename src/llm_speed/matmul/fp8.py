@@ -48,7 +48,7 @@ from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import Kernel, Plan, cdiv, next_power_of_2, plan_cache
 from ..core.policy import current_policy
 from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
-from ..core.tile_choice import choose_tile
+from ..core.tile_choice import choose_tile, fits_block_scaling
 from . import reference
 from .gemm_configs import gemm_tile, shared_bytes
 from .gemm_kernels import grouped_tile
@@ -471,19 +471,13 @@ GEMM_CONFIGS = (
 INTERPRETER_GEMM = KernelConfig(64, 64, num_warps=4, num_stages=1, block_k=64, group_m=4)
 
 
-# Block scaling keeps two fp32 tiles live (the step's product and the accumulator): a tile whose accumulator
-# takes more than this many registers per thread would need 2x that and spill (seen compiling for sm_90a:
-# 128x128 on 4 warps and 128x256 on 8 reach 255 registers and a 224-344 byte stack).
-BLOCK_SCALED_ACC_REGISTERS = 64
-
-
 def candidate_gemm_configs(scaling: int, hardware: Hardware) -> tuple[KernelConfig, ...]:
     """The configurations :func:`gemm_fp8_config` chooses among: :data:`GEMM_CONFIGS` whose pipelined operands
     fit the shared memory per block (one byte per element), and for block scaling whose accumulator fits
-    :data:`BLOCK_SCALED_ACC_REGISTERS`; the smallest one if none is left."""
+    :func:`llm_speed.core.tile_choice.fits_block_scaling`; the smallest one if none is left."""
     pool = [c for c in GEMM_CONFIGS if shared_bytes(c, 1) <= hardware.smem_per_block_bytes]
     if scaling == BLOCKWISE:
-        pool = [c for c in pool if c.block_m * c.block_n <= BLOCK_SCALED_ACC_REGISTERS * 32 * c.num_warps]
+        pool = [c for c in pool if fits_block_scaling(c.block_m, c.block_n, c.num_warps)]
     return tuple(pool) or (min(GEMM_CONFIGS, key=lambda c: shared_bytes(c, 1)),)
 
 

@@ -415,14 +415,15 @@ def forward_int8(a, b) -> torch.Tensor:
     """The unchecked forward behind the ``llm_speed::gemm_int8`` op; reports its work."""
     device = a.device
     if runtime.triton_runs_on(device):
-        a, b = k_major_int8(a, b)
-        if gluon_takes_int8(a, b):
-            from ..gluon.gemm import gemm_int8
+        if current_policy().gluon_gemm_int8:  # (as shipped: off, and the operands go to _launch as given)
+            a, b = k_major_int8(a, b)
+            if gluon_takes_int8(a, b):
+                from ..gluon.gemm import gemm_int8
 
-            out = gemm_int8(a, b.mT)  # b K-major: b.mT is [N, K] row-major, the nn.Linear layout
-            if runtime.observed():
-                _report(a, b, False, False, out)
-            return out
+                out = gemm_int8(a, b.mT)  # b K-major: b.mT is [N, K] row-major, the nn.Linear layout
+                if runtime.observed():
+                    _report(a, b, False, False, out)
+                return out
         return _launch(a, b, torch.int32, False, False, None, None, 1.0, 0.0, None, device)
     out = reference.gemm_int8_reference(a, b)
     if out.numel():

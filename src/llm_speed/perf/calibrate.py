@@ -112,10 +112,9 @@ FITTED: dict[tuple[str, str], tuple[str, ...]] = {
 FITTED_KINDS = ("gemm", "attention", FP8_GEMM_SECTION)
 # Parameters an llm-speed fit takes from the vendor's fit on the same GPU (not identifiable from the measured
 # build, whose host path hid them; the hardware they describe is the same): (family) -> (vendor, names).
-SHARED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "gemm": ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth")),
-    FP8_GEMM_SECTION: ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth")),
-}
+_CUBLAS_HARDWARE = ("cublas", ("latency_s", "memory_latency_s", "sm_bandwidth"))
+SHARED: dict[str, tuple[str, tuple[str, ...]]] = {"gemm": _CUBLAS_HARDWARE,
+                                                  FP8_GEMM_SECTION: _CUBLAS_HARDWARE}
 # Nelder-Mead restarts from the best point so far (the simplex collapses on long valleys).
 RESTARTS = 2
 # Parameters that are fractions (fitted through a logistic map, kept in (0, 1)).

@@ -49,14 +49,12 @@ here.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from llm_speed.core.args import non_negative_number, positive_ints, type_name
+from llm_speed.core.args import type_name
 from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
-from llm_speed.perf._checks import check_dtype
 from llm_speed.perf.prediction.attention import (
     BACKWARD_FACTOR,
     EAGER_SOFTMAX_PASSES,
@@ -277,7 +275,7 @@ def predict(
     spec = get_gpu(gpu)
     consts = gpu_constants(spec, calibration)
     recorded = {key: _plain(value) for key, value in problem.items()}
-    work = Problem(op, _checked_gemm_arguments(problem) if family == "gemm" else problem)
+    work = Problem(op, problem)
     host_s = 0.0
     dtype = "bf16"
     if family == "collective":
@@ -356,32 +354,12 @@ def predict(
 
 
 def _plain(value: Any) -> Any:
-    """A problem value as plain JSON: NumPy numbers as Python ones, tuples (and NumPy arrays) as lists."""
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "ndarray":
+    """A problem value as plain JSON: tuples as lists, NumPy scalars and arrays as Python values."""
+    if isinstance(value, (tuple, list)):
         return [_plain(entry) for entry in value]
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if getattr(value, "dtype", None) is not None and value.dtype.kind == "b":  # numpy.bool_
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # NumPy: tolist gives Python ints, floats, bools
+        return value.tolist()
     return value
-
-
-def _checked_gemm_arguments(problem: dict[str, Any]) -> dict[str, Any]:
-    """The GEMM rows' optional arguments checked before any work, each error naming its key: ``tile`` (3 or
-    4 positive ints), ``scale_bytes`` (a finite number >= 0), ``out_dtype`` and ``weight_dtype``."""
-    checked = dict(problem)
-    if checked.get("tile") is not None:
-        checked["tile"] = positive_ints("tile", checked["tile"], lengths=(3, 4), what="BM, BN, BK[, warps]")
-    if "scale_bytes" in checked:
-        checked["scale_bytes"] = non_negative_number("scale_bytes", checked["scale_bytes"])
-    for key in ("out_dtype", "weight_dtype"):
-        if checked.get(key) is not None:
-            checked[key] = check_dtype(key, checked[key])
-    return checked
 
 
 def predict_call(

@@ -376,7 +376,7 @@ def _attention_shape(op: str, dtype: str, problem: dict[str, Any]) -> tuple[Atte
     batch, heads_q, seq_q, seq_kv, head_dim, heads_kv = attention_shape(
         batch, heads_q, seq_q, seq_q if seq_kv is None else seq_kv, head_dim, heads_kv
     )
-    impl_class = {"tiled_attention": "tiled", "naive_attention": "naive", "sdpa_attention": "naive"}
+    impl_class = {"tiled_attention": "tiled", "naive_attention": "naive"}
     cost = attention_cost(
         batch,
         heads_q,
@@ -519,15 +519,15 @@ def _predict_attention(
     if op == "attention_kvcache_fwd":
         return _predict_kvcache(spec, consts, impl, params, problem)
     _check_overrides(problem)
-    if op == "sdpa_attention" and impl != "llm-speed":
-        op = "flash_attention"  # F.scaled_dot_product_attention on a backend: that backend's fused kernel
+    if op == "sdpa_attention":  # F.scaled_dot_product_attention on a backend: that backend's fused kernel
+        op = "flash_attention"
     dtype = normalize_dtype(problem.pop("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
     peak = _attention_peak(spec, dtype)
     shape, cost = _attention_shape(op, dtype, problem)
     forward_tile, backward_tile = _attention_tiles(params, build, shape.head_dim, dtype, problem)
     backward = op.endswith("_backward")
     e = shape.element
-    if op in ("naive_attention", "sdpa_attention"):
+    if op == "naive_attention":
         return (
             _predict_eager_attention(op, spec, consts, shape, dtype, calibration),
             cost.flops,

@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import check_choice, non_negative_number, positive_int, positive_ints
 from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.core.intmath import cdiv
-from llm_speed.core.tile_choice import choose_tile
+from llm_speed.core.tile_choice import choose_tile, fits_block_scaling
+from llm_speed.perf._checks import check_dtype
 from llm_speed.perf.kernel_costs import (
     gemm_cost,
 )
@@ -219,24 +220,24 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     default_dtype = {"tensor_core_gemm_int8": "int8", "gemm_fp8": "fp8"}.get(op, "bf16")
     dtype = normalize_dtype(problem.pop("dtype", default_dtype))
     out_dtype = problem.pop("out_dtype", None)
+    out_dtype = None if out_dtype is None else check_dtype("out_dtype", out_dtype)
     if dtype == "int8" and out_dtype is None:
         out_dtype = "fp32"  # int32 results: 4 bytes
     if dtype == "fp8" and out_dtype is None:
         out_dtype = "bf16"  # scaled fp8 GEMMs return bf16 by default
     with_bias, with_c = pop_flag(problem, "with_bias"), pop_flag(problem, "with_c")
     weight_dtype = problem.pop("weight_dtype", None)
+    weight_dtype = None if weight_dtype is None else check_dtype("weight_dtype", weight_dtype)
     group_size = problem.pop("group_size", None)
-    scale_bytes = float(problem.pop("scale_bytes", 2.0))
+    scale_bytes = non_negative_number("scale_bytes", problem.pop("scale_bytes", 2.0))
     dequant_method = problem.pop("dequant", None)
     tile_override = problem.pop("tile", None)
+    if tile_override is not None:
+        tile_override = positive_ints("tile", tile_override, lengths=(3, 4), what="BM, BN, BK[, warps]")
     scaling, layout, kernel = None, "NT", None
     if op == "gemm_fp8":
-        scaling = problem.pop("scaling", "tensor")
-        if scaling not in FP8_SCALINGS:
-            raise ValueError(f"scaling is {scaling!r}; accepted: {', '.join(FP8_SCALINGS)}")
-        layout = problem.pop("layout", "NT")
-        if layout not in FP8_LAYOUTS:
-            raise ValueError(f"layout is {layout!r}; accepted: {', '.join(FP8_LAYOUTS)}")
+        scaling = check_choice("scaling", problem.pop("scaling", "tensor"), FP8_SCALINGS)
+        layout = check_choice("layout", problem.pop("layout", "NT"), FP8_LAYOUTS)
         kernel = fp8_kernel(build)
     no_more(problem, op)
     cost = gemm_cost(
@@ -262,15 +263,13 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     peak = spec.peak_flops(dtype)
     sms = spec.sm_count
     candidates = [tuple(t) for t in params["tiles"]]
-    if scaling == "block" and params.get("block_acc_registers"):
-        # the kernel's rule: two fp32 tiles live, so an accumulator of at most this many registers per thread
-        limit = int(params["block_acc_registers"]) * 32
-        fits = [t for t in candidates if t[0] * t[1] <= limit * (t[3] if len(t) > 3 else 8)]
+    if scaling == "block" and impl == "llm-speed":  # the launcher's rule: two fp32 tiles live
+        fits = [t for t in candidates if fits_block_scaling(t[0], t[1], t[3] if len(t) > 3 else 8)]
         candidates = fits or candidates
     step_s = fp8_step_seconds(params, kernel, scaling) if kernel else 0.0
     rule = build.get("gemm_tile_rule", params.get("tile_rule", "best"))
     if tile_override is not None:
-        candidates = [tuple(int(x) for x in tile_override)]
+        candidates = [tile_override]
     elif rule == "gemm_config":
         candidates = [
             gemm_config_choice(
