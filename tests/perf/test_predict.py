@@ -678,3 +678,39 @@ def test_vendor_is_not_listed_where_it_is_refused(op):
     with pytest.raises(ValueError, match="nvls, which implementation 'vendor' means for all_reduce"):
         predict("all_reduce", "a100-sxm", implementation="vendor", size_bytes=2**20, num_gpus=8)
     assert resolve_implementation("flash_attention", "vendor") == "sdpa-flash"
+
+
+def test_gemm_rows_price_only_the_dtypes_they_compute_in():
+    """llm_speed.gemm refuses int8 and fp8 operands: its row is not an 8-bit GEMM at the 16-bit fit (it was,
+    labelled calibrated), and a dtype no row takes is refused before any work; fp32 and tf32 are priced at
+    their peaks with the 16-bit parameters and say so; an analysis in an 8-bit dtype prices its GEMMs as the
+    row that computes in it."""
+    from llm_speed.core.gpus import get_gpu
+    from llm_speed.perf.inference import Predictor
+    from llm_speed.perf.kernel_costs import KernelCost
+    from llm_speed.perf.prediction.names import GEMM_OP_DTYPES, gemm_op_for
+
+    shape = dict(m=4096, n=4096, k=4096)
+    refused = r"dtype 'int8' is not one gemm \(llm-speed\) computes in; accepted: fp16, bf16, fp32, tf32; "
+    with pytest.raises(ValueError, match=refused + "int8 is tensor_core_gemm_int8's"):
+        predict("gemm", "h100-sxm", dtype="int8", **shape)
+    with pytest.raises(ValueError, match="accepted: fp16, bf16; fp32 is gemm's"):
+        predict("tensor_core_gemm", "h100-sxm", dtype="fp32", **shape)
+    with pytest.raises(ValueError, match="accepted: fp8; bf16 is gemm's"):
+        predict("gemm_fp8", "h100-sxm", dtype="bf16", **shape)
+    with pytest.raises(ValueError, match="accepted: fp16, bf16, fp32, tf32$"):
+        predict("gemm", "h100-sxm", dtype="fp64", **shape)  # llm_speed.gemm has no fp64 kernel; cuBLAS has
+    assert predict("gemm", "h100-sxm", implementation="cublas", dtype="fp64", **shape).milliseconds > 0
+    for op, dtypes in GEMM_OP_DTYPES.items():
+        for dtype in dtypes:
+            prediction = predict(op, "h100-sxm", dtype=dtype, **shape)
+            fitted = dtype in ("fp16", "bf16", "fp8")  # int8: NOT_FITTED
+            assert prediction.calibrated is fitted, (op, dtype, prediction.source)
+    assert "the GEMM fit uses fp16 and bf16 points only: fp32 priced at its peak" in predict(
+        "gemm", "h100-sxm", dtype="fp32", **shape).source
+    assert [gemm_op_for(d) for d in ("fp8", "int8", "bf16", "fp4")] == [
+        "gemm_fp8", "tensor_core_gemm_int8", "gemm", "gemm"]
+    predictor = Predictor(get_gpu("h100-sxm"))  # as analyze builds it
+    cost = KernelCost(2.0 * 4096**3, 3 * 4096**2)
+    for dtype, op in (("int8", "tensor_core_gemm_int8"), ("fp8", "gemm_fp8"), ("bf16", "gemm")):
+        assert predictor(dtype, cost, ("gemm", dict(shape), "gemm")).op == op

@@ -57,6 +57,7 @@ from llm_speed.perf.predict import (
     predict_call,
     same_commit,
 )
+from llm_speed.perf.prediction.names import FITTED_DTYPES
 
 # What each fit moves, per (family, whose kernel); every other parameter keeps its stated value. llm-speed's
 # GEMM latencies are not fitted: at the build measured on the H100 (af147ec) its host path (~218 us per
@@ -132,11 +133,10 @@ ATTENTION_IMPLEMENTATIONS = {"flash": "llm-speed", "tiled": "llm-speed", "naive"
                              "flash-fp8": "llm-speed"}  # fmt: skip
 BENCH_ATTENTION_OPS = {"flash": "flash_attention", "tiled": "tiled_attention", "naive": "naive_attention",
                  "flash-fp8": "flash_attention_fp8"}  # fmt: skip
-# The dtypes whose points the 16-bit families use. 8-bit kernels run other instructions: fp8 GEMMs with both
-# operands K-major (layout NT) have their own family ("gemm fp8"); fp8 GEMMs with b N-major (2026-11-25,
-# layout NN, read N-major by the kernel of that build: 8-bit wgmma takes K-major operands only), int8 GEMMs
-# (NN too) and fp8 attention are checked, never fitted.
-FITTED_DTYPES = ("fp16", "bf16")
+# FITTED_DTYPES (prediction.names): the dtypes whose points the 16-bit families use. 8-bit kernels run other
+# instructions: fp8 GEMMs with both operands K-major (layout NT) have their own family ("gemm fp8"); fp8
+# GEMMs with b N-major (2026-11-25, layout NN, read N-major by the kernel of that build: 8-bit wgmma takes
+# K-major operands only), int8 GEMMs and fp8 attention are checked, never fitted.
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from llm_speed.perf.kernel_costs import (
 from llm_speed.perf.kv_cache import kv_cache_size
 from llm_speed.perf.models import ModelConfig, gemm_shapes, param_count, resolve_model
 from llm_speed.perf.predict import Prediction, dequant_model, predict, predict_work, with_dequant
+from llm_speed.perf.prediction.names import gemm_op_for
 from llm_speed.perf.roofline import roofline
 from llm_speed.perf.training import attention_pairs
 
@@ -290,6 +291,8 @@ class Predictor:
         family = "elementwise"
         if predict_as is not None:
             op, problem, family = predict_as
+            if op == "gemm":  # the row computing in the analysed dtype (fp8: gemm_fp8, int8: ...int8)
+                op = gemm_op_for(normalize_dtype(dtype))
             if op is not None:
                 try:
                     return predict(op, self.gpu, implementation=self.implementation, context=self.context,
@@ -394,8 +397,12 @@ class _OpBuilder:
         second of its DRAM time; 0 for weights in the compute dtype."""
         if not self.storage:
             return 0.0
-        terms = predict("gemm", self.gpu, implementation="vendor", context="graph",
-                        calibration=self.calibration, dtype=self.dtype, **problem).breakdown  # fmt: skip
+        try:
+            terms = predict(gemm_op_for(normalize_dtype(self.dtype)), self.gpu, implementation="vendor",
+                            context="graph", calibration=self.calibration, dtype=self.dtype,
+                            **problem).breakdown  # fmt: skip
+        except ValueError:
+            return 0.0  # no GEMM row computes in this dtype: no dequantization modelled (by FLOPs and bytes)
         return terms.dequant_s / (terms.dram_bytes / terms.achievable_bandwidth)
 
 
@@ -765,11 +772,13 @@ def analyze_inference(
         peak = spec.peak_flops(dtype_name)
         ttft_p = prefill.predicted_time_s + prefill_comm.realistic_s
         step_p = decode.predicted_time_s + decode_comm.realistic_s
-        # Whether the GPU has measurements of its own: its GEMM entry says (the streaming rows never do).
-        # In the analysed dtype: predict's default (bf16) has no peak on a T4.
-        probe = predict("gemm", spec, implementation=implementation, context=prediction_context,
-                        calibration=calibration, m=1, n=config.hidden_size, k=config.hidden_size,
-                        dtype=dtype_name)  # fmt: skip
+        # Whether the GPU has measurements of its own: its 16-bit GEMM entry says (the streaming rows never
+        # do; another dtype's GEMM is uncalibrated on any GPU). fp16 or bf16, whichever the GPU has a peak
+        # for (a T4 has no bf16, a user's spec may have neither: then the analysed dtype's row).
+        probe_dtype = next((name for name in ("fp16", "bf16") if name in spec.peak_tflops), dtype_name)
+        probe = predict(gemm_op_for(probe_dtype), spec, implementation=implementation,
+                        context=prediction_context, calibration=calibration, m=1, n=config.hidden_size,
+                        k=config.hidden_size, dtype=probe_dtype)  # fmt: skip
         predicted = dict(
             implementation=probe.implementation if implementation != "vendor" else "vendor",
             prediction_context=prediction_context,

@@ -16,6 +16,7 @@ from llm_speed.perf.kernel_costs import (
     gemm_cost,
 )
 from llm_speed.perf.prediction.calibration_data import GPUConstants
+from llm_speed.perf.prediction.names import FITTED_DTYPES, GEMM_OP_DTYPES, gemm_op_for
 from llm_speed.perf.prediction.terms import (
     Terms,
     memory_time,
@@ -219,6 +220,12 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     batch = positive_int("batch", problem.pop("batch", 1))
     default_dtype = {"tensor_core_gemm_int8": "int8", "gemm_fp8": "fp8"}.get(op, "bf16")
     dtype = normalize_dtype(problem.pop("dtype", default_dtype))
+    accepted = GEMM_OP_DTYPES[op] + (("fp64",) if op == "gemm" and impl == "cublas" else ())
+    if dtype not in accepted:
+        other = gemm_op_for(dtype)
+        hint = f"; {dtype} is {other}'s" if dtype in GEMM_OP_DTYPES[other] else ""
+        raise ValueError(f"dtype {dtype!r} is not one {op} ({impl}) computes in; accepted: "
+                         f"{', '.join(accepted)}{hint}")  # fmt: skip
     out_dtype = problem.pop("out_dtype", None)
     out_dtype = None if out_dtype is None else check_dtype("out_dtype", out_dtype)
     if dtype == "int8" and out_dtype is None:
@@ -307,6 +314,9 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
             if best is None or total < best[0]:
                 best = (total, terms)
     terms, info = best[1], {"dtype": dtype}
+    if op in ("gemm", "tensor_core_gemm") and dtype not in FITTED_DTYPES:
+        info["uncalibrated"] = (f"the GEMM fit uses fp16 and bf16 points only: {dtype} priced at its peak "
+                                "with their parameters")  # fmt: skip
     if kernel is not None:
         copies = k_major_copies(m, n, k, batch, layout)
         if copies and kernel["operands"] == "copied":  # one more kernel before the GEMM, at the copy rate

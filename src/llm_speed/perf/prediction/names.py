@@ -13,6 +13,23 @@ BOUNDS = ("compute", "memory", "latency")
 
 # Ops of the table, by family.
 GEMM_OPS = ("gemm", "tensor_core_gemm", "tensor_core_gemm_int8", "gemm_fp8")
+# The dtypes each GEMM row computes in (llm_speed.gemm: fp16, bf16, fp32, tf32 under torch's fp32 precision;
+# tensor_core_gemm fp16 and bf16; the 8-bit rows theirs); cuBLAS's gemm (torch.matmul) takes fp64 as well.
+GEMM_OP_DTYPES = {
+    "gemm": ("fp16", "bf16", "fp32", "tf32"),
+    "tensor_core_gemm": ("fp16", "bf16"),
+    "tensor_core_gemm_int8": ("int8",),
+    "gemm_fp8": ("fp8",),
+}
+# The dtypes whose measurements the GEMM and attention fits use (llm_speed.perf.calibrate.kind_of): another
+# dtype's call of a 16-bit row is priced at its peak with their parameters, uncalibrated.
+FITTED_DTYPES = ("fp16", "bf16")
+
+
+def gemm_op_for(dtype: str) -> str:
+    """The GEMM row of the op table that computes in ``dtype`` (a normalized name): gemm_fp8 for fp8,
+    tensor_core_gemm_int8 for int8, else gemm (which refuses a dtype it does not take)."""
+    return {"fp8": "gemm_fp8", "int8": "tensor_core_gemm_int8"}.get(dtype, "gemm")
 ATTENTION_OPS = (
     "flash_attention",
     "flash_attention_fp8",
@@ -66,12 +83,14 @@ UNMEASURED_OPS = (
 # gemm_fp8's parameters: their own calibration section (an fp8 fit: llm_speed.perf.calibrate.FITTED).
 FP8_GEMM_SECTION = "gemm fp8"
 # Rows measured on a GPU but modelled with the 16-bit kernels' parameters, no fit using their points
-# (llm_speed.perf.calibrate.FITTED_DTYPES): ``calibrated=False`` too, with the reason.
+# (FITTED_DTYPES): ``calibrated=False`` too, with the reason.
 NOT_FITTED: dict[str, str] = {
     "flash_attention_fp8": "the flash forward's model at fp8 peaks and 1-byte inputs; measured on the H100 "
     "2026-11-25 at 2-4x the model's time (slower than the 16-bit kernel from seq 2048 on): not fitted",
-    "tensor_core_gemm_int8": "the GEMM model at int8 peaks; measured on the H100 2026-11-25 with b N-major "
-    "(NN), llm-speed's and torch._int_mm alike at about a tenth of the model's rate: not fitted",
+    "tensor_core_gemm_int8": "the GEMM model at int8 peaks; measured on the H100 2026-11-25 (0cce093, "
+    "benchmarks/results/h100-sxm/0cce093-tests-bench) at 2.5-2.9x the model's time (4096^3 0.298 ms, "
+    "461 TOPS: the Triton kernel waits for every int32 product, as Triton's pipeliner keeps a wgmma in "
+    "flight only with an fp32 accumulator) and torch._int_mm at 6-11x (121-127 TOPS): not fitted",
 }
 
 # Implementation names, and what each alias means.
