@@ -162,7 +162,8 @@ BY_NAME = {f.name: f for f in FAMILIES}
 _CANDIDATE_WORDS = (
     (("decode", "kvcache", "append"), ("decode", "cuda_graph")),
     (("varlen", "packed", "uniform"), ("varlen",)),
-    (("fp8_attention", "fp8 attention", "weight_cast", "fp8_weight"), ("fp8_attention",)),
+    (("fp8_attention", "fp8 attention", "attention_fp8", "weight_cast", "fp8_weight", "weights-gpu-cast"),
+     ("fp8_attention",)),
     (("gemm", "matmul", "linear"), ("gemm", "gemm_fp8")),
     (("backward", "bwd", "dq"), ("flash_bwd",)),
     (("forward", "fwd", "overlap"), ("flash",)),

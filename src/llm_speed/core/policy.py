@@ -174,7 +174,7 @@ _PACKED = {"op": "flash_attention_varlen", "pass": "forward+backward",
 _DECODE = {"op": "flash_attention_with_kvcache", "pass": "forward", "batch": 8, "heads": 32, "kv_heads": 8,
            "cache": 4096, "new_tokens": 1, "head_dim": 128, "dtype": "bfloat16"}  # fmt: skip
 _FP8 = {"op": "flash_attention_fp8", "pass": "forward", "batch": 1, "heads": 16, "seq": 16384, "head_dim": 64,
-        "dtype": "float8_e4m3fn", "causal": False}  # fmt: skip
+        "dtype": "float8_e4m3fn", "causal": False, "family": "fp8_attention"}  # fmt: skip
 # DeepSeek-V3's block scaling at 4096^3: e4m3 a with 1x128 scales, b an nn.Linear weight [N, K] with 128x128.
 _FP8_BLOCK_GEMM = {"op": "gemm_fp8", "pass": "forward", "m": 4096, "n": 4096, "k": 4096,
                    "dtype": "float8_e4m3fn", "scaling": "block", "trans_b": True, "out_dtype": "bfloat16",
@@ -204,8 +204,7 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("gluon-backward", _BWD_D128, gluon_backward_head_dims=(128,)),
         _candidate("gluon-gemm-fp8", _FP8_BLOCK_GEMM, gluon_gemm_fp8=True),
         _candidate("gluon-gemm-int8", _INT8_GEMM, gluon_gemm_int8=True),
-        _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128, family="fp8_attention"),
-                   gluon_fp8_forward_head_dims=(128,)),  # fmt: skip
+        _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128), gluon_fp8_forward_head_dims=(128,)),
     )
 }
 
