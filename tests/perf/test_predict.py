@@ -714,3 +714,46 @@ def test_gemm_rows_price_only_the_dtypes_they_compute_in():
     cost = KernelCost(2.0 * 4096**3, 3 * 4096**2)
     for dtype, op in (("int8", "tensor_core_gemm_int8"), ("fp8", "gemm_fp8"), ("bf16", "gemm")):
         assert predictor(dtype, cost, ("gemm", dict(shape), "gemm")).op == op
+
+
+def test_attention_rows_price_only_the_dtypes_they_compute_in():
+    """q, k, v in a dtype the row's kernel does not take are refused by name (int8 attention, fp8 through the
+    16-bit row, fp32 on SDPA's flash backend), fp8 pointing at flash_attention_fp8 and a decode's kv_dtype;
+    fp32 is priced with the 16-bit parameters and says so; flash_attention_fp8's floor is at the fp8 peak.
+    An fp8 analysis prices its prefill attention as flash_attention_fp8 and its decode as a bfloat16 query
+    over an fp8 cache."""
+    from llm_speed.perf.inference import analysed_row
+
+    shape = dict(batch=1, heads_q=16, seq_q=4096, head_dim=128)
+    refused = r"dtype 'int8' is not one flash_attention \(llm-speed\) computes in; accepted: fp16, bf16, fp32"
+    with pytest.raises(ValueError, match=refused + "$"):
+        predict("flash_attention", "h100-sxm", dtype="int8", **shape)
+    with pytest.raises(ValueError, match="fp8 q, k, v are flash_attention_fp8's$"):
+        predict("flash_attention_backward", "h100-sxm", dtype="fp8", **shape)
+    with pytest.raises(ValueError, match=r"\(sdpa-flash\) computes in; accepted: fp16, bf16$"):
+        predict("flash_attention", "h100-sxm", implementation="sdpa-flash", dtype="fp32", **shape)
+    decode = dict(batch=1, heads_q=32, heads_kv=8, seq_kv=4096, head_dim=128)
+    with pytest.raises(ValueError, match="an fp8 cache is kv_dtype$"):
+        predict("attention_kvcache_fwd", "h100-sxm", dtype="fp8", **decode)
+    assert predict("attention_kvcache_fwd", "h100-sxm", kv_dtype="fp8", **decode).milliseconds > 0
+    fp32 = predict("flash_attention", "h100-sxm", dtype="fp32", **shape)
+    assert not fp32.calibrated and "the attention fit uses fp16 and bf16 points only: fp32" in fp32.source
+    assert predict("flash_attention", "h100-sxm", implementation="sdpa-efficient", dtype="fp32", **shape)
+    asked = (("flash_attention", "vendor"), ("flash_attention", "sdpa"), ("sdpa_attention", "llm-speed"))
+    for op, implementation in asked:
+        # SDPA's default backend: flash for 16-bit inputs, memory-efficient for fp32 (flash has no fp32)
+        backends = [predict(op, "h100-sxm", implementation=implementation, dtype=dtype, **shape)
+                    for dtype in ("bf16", "fp32")]  # fmt: skip
+        backends = [prediction.implementation for prediction in backends]
+        assert backends == ["sdpa-flash", "sdpa-efficient"], (op, implementation)
+    assert predict("flash_attention", "h100-sxm", dtype="bf16", **shape).calibrated
+    fp8 = predict("flash_attention_fp8", "h100-sxm", **shape)
+    assert fp8.floor_s == pytest.approx(predict("flash_attention", "h100-sxm", **shape).floor_s / 2, rel=0.01)
+    problem = dict(shape, seq_kv=4096, causal=True)
+    fp8_row = ("flash_attention_fp8", dict(problem, dtype="fp8"))
+    assert analysed_row("flash_attention", "fp8", problem) == fp8_row
+    assert analysed_row("attention_kvcache_fwd", "fp8", decode) == (
+        "attention_kvcache_fwd", dict(decode, dtype="bf16", kv_dtype="fp8"))
+    bf16_row = ("flash_attention", dict(problem, dtype="bf16"))
+    assert analysed_row("flash_attention", "bf16", problem) == bf16_row
+    assert analysed_row("gemm", "int8", {"m": 1}) == ("tensor_core_gemm_int8", {"m": 1, "dtype": "int8"})

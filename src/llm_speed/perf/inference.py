@@ -276,6 +276,20 @@ def tp_shard(config: ModelConfig, tp: int) -> ModelConfig:
     )
 
 
+def analysed_row(op: str, dtype: str, problem: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The op-table row, and its problem with the dtype, that computes ``op`` of an analysis in ``dtype``:
+    an 8-bit GEMM its own row (:func:`~llm_speed.perf.prediction.names.gemm_op_for`), fp8 prefill attention
+    flash_attention_fp8, an fp8 decode step a bfloat16 query over the fp8 cache (the query is not stored);
+    a dtype no row computes in is refused by predict (and the analysis prices it by FLOPs and bytes)."""
+    if op == "gemm":
+        return gemm_op_for(dtype), {**problem, "dtype": dtype}
+    if dtype == "fp8" and op == "flash_attention":
+        return "flash_attention_fp8", {**problem, "dtype": dtype}
+    if dtype == "fp8" and op == "attention_kvcache_fwd":
+        return op, {**problem, "dtype": "bf16", "kv_dtype": dtype}
+    return op, {**problem, "dtype": dtype}
+
+
 @dataclass(frozen=True)
 class Predictor:
     """Calibrated predictions (:func:`llm_speed.perf.predict.predict`) of the ops of an analysis, as
@@ -291,12 +305,11 @@ class Predictor:
         family = "elementwise"
         if predict_as is not None:
             op, problem, family = predict_as
-            if op == "gemm":  # the row computing in the analysed dtype (fp8: gemm_fp8, int8: ...int8)
-                op = gemm_op_for(normalize_dtype(dtype))
             if op is not None:
+                op, problem = analysed_row(op, normalize_dtype(dtype), problem)
                 try:
                     return predict(op, self.gpu, implementation=self.implementation, context=self.context,
-                                   calibration=self.calibration, dtype=dtype, **problem)  # fmt: skip
+                                   calibration=self.calibration, **problem)  # fmt: skip
                 except ValueError:
                     pass  # not modelled for this implementation or shape: by its FLOPs and bytes
         return predict_work(

@@ -112,6 +112,7 @@ from llm_speed.perf.prediction.names import (
     CONTEXTS,
     CROSS_ENTROPY_OPS,
     ELEMENTWISE_OPS,
+    FITTED_DTYPES,
     FP8_GEMM_SECTION,
     GEMM_OPS,
     MOE_OPS,
@@ -123,9 +124,11 @@ from llm_speed.perf.prediction.names import (
     VENDOR,
     Breakdown,
     Prediction,
+    attention_dtypes,
     family_of,
     implementations,
     resolve_implementation,
+    sdpa_default_backend,
 )
 from llm_speed.perf.prediction.terms import (
     KernelPass,
@@ -271,6 +274,10 @@ def predict(
         )
     family = family_of(op)
     impl = resolve_implementation(op, implementation)
+    asked = ALIASES.get(str(implementation).strip().lower(), str(implementation).strip().lower())
+    sdpa_default = asked in ("vendor", "sdpa") or (op == "sdpa_attention" and asked == "llm-speed")
+    if impl == VENDOR["attention"] and sdpa_default:
+        impl = sdpa_default_backend(problem.get("dtype", "fp16"))  # SDPA's default backend for that dtype
     context = check_context(context)
     spec = get_gpu(gpu)
     consts = gpu_constants(spec, calibration)
@@ -304,7 +311,15 @@ def predict(
         terms, flops, moved, info = predict_gemm(op, spec, consts, impl, params, built, work)
         dtype, why_not = info["dtype"], info.get("uncalibrated")
     elif family == "attention":
-        dtype = normalize_dtype(work.get("dtype", "fp16"))
+        dtype = normalize_dtype(work.get("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
+        accepted = attention_dtypes(op, impl)
+        if dtype not in accepted:
+            hint = "; fp8 q, k, v are flash_attention_fp8's" if dtype == "fp8" else ""
+            hint += "; an fp8 cache is kv_dtype" if dtype == "fp8" and op == "attention_kvcache_fwd" else ""
+            raise ValueError(f"dtype {dtype!r} is not one {op} ({impl}) computes in; accepted: "
+                             f"{', '.join(accepted)}{hint}")  # fmt: skip
+        if dtype not in FITTED_DTYPES and op != "flash_attention_fp8":  # (fp8: NOT_FITTED says why)
+            why_not = f"the attention fit uses fp16 and bf16 points only: {dtype} priced with theirs"
         terms, flops, moved = predict_attention(op, spec, consts, impl, params, built, work, calibration)
         no_more(work, op)
     elif family == "elementwise":

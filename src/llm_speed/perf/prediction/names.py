@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llm_speed.core.gpus import normalize_dtype
+
 # How a call is timed (the docstring of llm_speed.perf.predict) and which term bounds it.
 CONTEXTS = ("bench", "stream", "isolated", "graph")
 BOUNDS = ("compute", "memory", "latency")
@@ -24,6 +26,27 @@ GEMM_OP_DTYPES = {
 # The dtypes whose measurements the GEMM and attention fits use (llm_speed.perf.calibrate.kind_of): another
 # dtype's call of a 16-bit row is priced at its peak with their parameters, uncalibrated.
 FITTED_DTYPES = ("fp16", "bf16")
+
+
+# The dtypes attention rows compute in (q, k, v): llm-speed's kernels fp16, bf16 and fp32, fp8 through
+# flash_attention_fp8 only (a decode's fp8 cache is ``kv_dtype``); SDPA's fused backends as torch documents
+# them (flash and cuDNN 16-bit only, memory-efficient fp32 too).
+ATTENTION_DTYPES = {"llm-speed": ("fp16", "bf16", "fp32"), "sdpa-flash": ("fp16", "bf16"),
+                    "sdpa-cudnn": ("fp16", "bf16"), "sdpa-efficient": ("fp16", "bf16", "fp32")}  # fmt: skip
+
+
+def attention_dtypes(op: str, implementation: str) -> tuple[str, ...]:
+    """The dtypes of q, k, v that ``implementation``'s ``op`` computes in (``implementation`` resolved)."""
+    if op == "flash_attention_fp8":
+        return ("fp8",)
+    return ATTENTION_DTYPES.get(implementation, ATTENTION_DTYPES["llm-speed"])
+
+
+def sdpa_default_backend(dtype: Any) -> str:
+    """The fused backend F.scaled_dot_product_attention dispatches to on Hopper for q, k, v in ``dtype`` (its
+    order: flash, memory-efficient, cuDNN, math): flash for 16-bit inputs, memory-efficient for fp32 (flash
+    takes 16-bit only); another dtype's is refused later by name."""
+    return "sdpa-efficient" if normalize_dtype(dtype) == "fp32" else VENDOR["attention"]
 
 
 def gemm_op_for(dtype: str) -> str:
