@@ -757,3 +757,16 @@ def test_attention_rows_price_only_the_dtypes_they_compute_in():
     bf16_row = ("flash_attention", dict(problem, dtype="bf16"))
     assert analysed_row("flash_attention", "bf16", problem) == bf16_row
     assert analysed_row("gemm", "int8", {"m": 1}) == ("tensor_core_gemm_int8", {"m": 1, "dtype": "int8"})
+
+
+def test_gradients_is_a_flag_and_page_size_a_positive_int():
+    """gradients=1 passed as True (a membership test), and page_size was popped unchecked, whatever it was."""
+    ce = dict(tokens=8, hidden=64, vocab=128)
+    with pytest.raises(TypeError, match="gradients must be a bool"):
+        predict("fused_linear_cross_entropy", "h100-sxm", gradients=1, **ce)
+    assert predict("fused_linear_cross_entropy", "h100-sxm", gradients=True, **ce).milliseconds > 0
+    decode = dict(batch=1, heads_q=8, seq_kv=64, head_dim=64)
+    dense = predict("attention_kvcache_fwd", "h100-sxm", **decode).milliseconds
+    assert predict("attention_kvcache_fwd", "h100-sxm", page_size=16, **decode).milliseconds == dense
+    with pytest.raises(ValueError, match="page_size must be a positive int, got 0"):
+        predict("attention_kvcache_fwd", "h100-sxm", page_size=0, **decode)

@@ -253,7 +253,7 @@ def predict(
       calls ``F.scaled_dot_product_attention``).
       KV-cache decode: ``batch, heads_q, seq_q`` (1), ``seq_kv`` (the keys each sequence attends to: cached
       + new), ``head_dim, heads_kv, seq_new``, ``kv_dtype`` (the cache's, default ``dtype``; "fp8": 1 byte
-      per cache element, labelled uncalibrated).
+      per cache element, labelled uncalibrated), ``page_size`` (a paged cache: priced as the dense one).
     * rms_norm(_backward): ``rows, hidden``; swiglu(_backward): ``rows, width`` (or ``elements``);
       apply_rotary: ``batch, heads, seq, head_dim, rotary_dim``; fused_linear_cross_entropy(_backward):
       ``tokens, hidden, vocab``; geglu(_backward): as swiglu; apply_rotary_qk(_backward): ``batch,

@@ -462,7 +462,10 @@ def _predict_kvcache(spec, consts, impl, params, problem) -> tuple[Terms, float,
     seq_new = positive_int("seq_new", seq_new, allow_zero=True)
     if seq_new > context:  # named here: the cost's own check calls seq_kv "context"
         raise ValueError(f"seq_new ({seq_new}) cannot exceed seq_kv ({context}): appended keys are attended")
-    problem.pop("page_size", None)
+    # a paged cache (page_size) streams the same bytes, one block-table read per page aside: priced as dense
+    page_size = problem.pop("page_size", None)
+    if page_size is not None:
+        positive_int("page_size", page_size)
     cost = kvcache_decode_cost(
         batch,
         heads_q,

@@ -12,7 +12,7 @@ from llm_speed.core.intmath import cdiv
 from llm_speed.perf._checks import distinct_experts, grouped_heads
 from llm_speed.perf.prediction.calibration_data import parameters
 from llm_speed.perf.prediction.gemm import gemm_terms
-from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more
+from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more, pop_flag
 
 
 def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, str]:
@@ -113,10 +113,8 @@ def predict_cross_entropy(op, spec, consts, impl, params, problem, calibration):
     tokens = positive_int("tokens", problem.pop("tokens"))
     hidden = positive_int("hidden", problem.pop("hidden"))
     vocab = positive_int("vocab", problem.pop("vocab"))
-    gradients = problem.pop("gradients", False)
+    gradients = pop_flag(problem, "gradients")  # a real bool: 1 or 0.0 are refused, as every flag
     no_more(problem, op)
-    if gradients not in (True, False):
-        raise TypeError(f"gradients is {gradients!r}; accepted: True or False")
     if gradients and impl != "llm-speed":
         raise ValueError(f"gradients=True is llm-speed's forward (a reduced loss with grad), not {impl}'s")
     e = dtype_bytes(dtype)
