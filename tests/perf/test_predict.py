@@ -770,3 +770,16 @@ def test_gradients_is_a_flag_and_page_size_a_positive_int():
     assert predict("attention_kvcache_fwd", "h100-sxm", page_size=16, **decode).milliseconds == dense
     with pytest.raises(ValueError, match="page_size must be a positive int, got 0"):
         predict("attention_kvcache_fwd", "h100-sxm", page_size=0, **decode)
+
+
+@pytest.mark.parametrize("op, problem", [
+    ("rms_norm", dict(rows=64, hidden=64)), ("cross_entropy", dict(tokens=8, vocab=64)),
+    ("fused_linear_cross_entropy", dict(tokens=8, hidden=64, vocab=128)),
+    ("fused_moe", dict(tokens=64, hidden=64, intermediate=32, experts=8, top_k=2)),
+])  # fmt: skip
+def test_streaming_cross_entropy_and_moe_rows_compute_in_float_dtypes(op, problem):
+    """Their kernels take float16, bfloat16 and float32: an 8-bit dtype was priced at one byte an element."""
+    assert predict(op, "h100-sxm", dtype="fp32", **problem).milliseconds > 0
+    with pytest.raises(ValueError, match=f"dtype 'int8' is not one {op}( \\(llm-speed\\))? computes in; "
+                                         "accepted: fp16, bf16, fp32$"):  # fmt: skip
+        predict(op, "h100-sxm", dtype="int8", **problem)

@@ -125,6 +125,7 @@ from llm_speed.perf.prediction.names import (
     Breakdown,
     Prediction,
     attention_dtypes,
+    check_computes_in,
     family_of,
     implementations,
     resolve_implementation,
@@ -312,12 +313,9 @@ def predict(
         dtype, why_not = info["dtype"], info.get("uncalibrated")
     elif family == "attention":
         dtype = normalize_dtype(work.get("dtype", "fp8" if op == "flash_attention_fp8" else "fp16"))
-        accepted = attention_dtypes(op, impl)
-        if dtype not in accepted:
-            hint = "; fp8 q, k, v are flash_attention_fp8's" if dtype == "fp8" else ""
-            hint += "; an fp8 cache is kv_dtype" if dtype == "fp8" and op == "attention_kvcache_fwd" else ""
-            raise ValueError(f"dtype {dtype!r} is not one {op} ({impl}) computes in; accepted: "
-                             f"{', '.join(accepted)}{hint}")  # fmt: skip
+        hint = "; fp8 q, k, v are flash_attention_fp8's" if dtype == "fp8" else ""
+        hint += "; an fp8 cache is kv_dtype" if dtype == "fp8" and op == "attention_kvcache_fwd" else ""
+        check_computes_in(op, impl, dtype, attention_dtypes(op, impl), hint)
         if dtype not in FITTED_DTYPES and op != "flash_attention_fp8":  # (fp8: NOT_FITTED says why)
             why_not = f"the attention fit uses fp16 and bf16 points only: {dtype} priced with theirs"
         terms, flops, moved = predict_attention(op, spec, consts, impl, params, built, work, calibration)

@@ -12,13 +12,14 @@ from llm_speed.core.intmath import cdiv
 from llm_speed.perf._checks import distinct_experts, grouped_heads
 from llm_speed.perf.prediction.calibration_data import parameters
 from llm_speed.perf.prediction.gemm import gemm_terms
+from llm_speed.perf.prediction.names import FLOAT_DTYPES, check_computes_in
 from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more, pop_flag
 
 
 def elementwise_cost(op: str, problem: dict[str, Any]) -> tuple[float, float, str]:
     """(FLOPs, minimum bytes, dtype) of an elementwise row, by the op table's formulas (``llm_speed.ops``:
     ``rms_norm_work``, ``swiglu_work``, ``rotary_work``; restated here without torch, tests compare them)."""
-    dtype = normalize_dtype(problem.pop("dtype", "bf16"))
+    dtype = check_computes_in(op, None, normalize_dtype(problem.pop("dtype", "bf16")), FLOAT_DTYPES)
     e = dtype_bytes(dtype)
     if op in ("cross_entropy", "cross_entropy_backward"):  # logits_cross_entropy_work
         tokens, vocab = (
@@ -109,7 +110,7 @@ def predict_cross_entropy(op, spec, consts, impl, params, problem, calibration):
     eager 4NVH (it kept the logits). ``gradients=True`` (llm-speed, a reduced loss with grad): the forward
     makes dhidden and dweight with the logits (6NVH) and the backward only scales them by the loss
     gradient (one pass over them)."""
-    dtype = normalize_dtype(problem.pop("dtype", "bf16"))
+    dtype = check_computes_in(op, impl, normalize_dtype(problem.pop("dtype", "bf16")), FLOAT_DTYPES)
     tokens = positive_int("tokens", problem.pop("tokens"))
     hidden = positive_int("hidden", problem.pop("hidden"))
     vocab = positive_int("vocab", problem.pop("vocab"))

@@ -16,7 +16,7 @@ from llm_speed.perf.kernel_costs import (
     gemm_cost,
 )
 from llm_speed.perf.prediction.calibration_data import GPUConstants
-from llm_speed.perf.prediction.names import FITTED_DTYPES, GEMM_OP_DTYPES, gemm_op_for
+from llm_speed.perf.prediction.names import FITTED_DTYPES, GEMM_OP_DTYPES, check_computes_in, gemm_op_for
 from llm_speed.perf.prediction.terms import (
     Terms,
     memory_time,
@@ -221,11 +221,9 @@ def predict_gemm(op, spec, consts, impl, params, build, problem) -> tuple[Terms,
     default_dtype = {"tensor_core_gemm_int8": "int8", "gemm_fp8": "fp8"}.get(op, "bf16")
     dtype = normalize_dtype(problem.pop("dtype", default_dtype))
     accepted = GEMM_OP_DTYPES[op] + (("fp64",) if op == "gemm" and impl == "cublas" else ())
-    if dtype not in accepted:
-        other = gemm_op_for(dtype)
-        hint = f"; {dtype} is {other}'s" if dtype in GEMM_OP_DTYPES[other] else ""
-        raise ValueError(f"dtype {dtype!r} is not one {op} ({impl}) computes in; accepted: "
-                         f"{', '.join(accepted)}{hint}")  # fmt: skip
+    other = gemm_op_for(dtype)
+    hint = f"; {dtype} is {other}'s" if dtype in GEMM_OP_DTYPES[other] else ""
+    check_computes_in(op, impl, dtype, accepted, hint)
     out_dtype = problem.pop("out_dtype", None)
     out_dtype = None if out_dtype is None else check_dtype("out_dtype", out_dtype)
     if dtype == "int8" and out_dtype is None:

@@ -12,6 +12,7 @@ from llm_speed.perf.kernel_costs import (
     expected_experts_hit,
 )
 from llm_speed.perf.prediction.gemm import gemm_terms
+from llm_speed.perf.prediction.names import FLOAT_DTYPES, check_computes_in
 from llm_speed.perf.prediction.terms import Terms, in_sequence, memory_pass_terms, no_more
 
 
@@ -46,7 +47,7 @@ def predict_moe(op, spec, consts, impl, params, problem) -> tuple[Terms, float, 
     gate/up GEMM, the down GEMM and the combine; backward the gate/up GEMM again, d(act), d(hidden) and the
     two weight gradients (a GEMM over each expert's rows, and the zeros of the experts no token picked). The
     forward also sorts the copies by expert (two short kernels)."""
-    dtype = normalize_dtype(problem.pop("dtype", "bf16"))
+    dtype = check_computes_in(op, impl, normalize_dtype(problem.pop("dtype", "bf16")), FLOAT_DTYPES)
     e = dtype_bytes(dtype)
     peak = spec.peak_flops(dtype)
     backward = op.endswith("_backward")

@@ -49,6 +49,21 @@ def sdpa_default_backend(dtype: Any) -> str:
     return "sdpa-efficient" if normalize_dtype(dtype) == "fp32" else VENDOR["attention"]
 
 
+# What the streaming, cross-entropy and MoE rows compute in (their kernels take float16, bfloat16, float32).
+FLOAT_DTYPES = ("fp16", "bf16", "fp32")
+
+
+def check_computes_in(op: str, implementation: str | None, dtype: str, accepted: tuple[str, ...],
+                      hint: str = "") -> str:  # fmt: skip
+    """``dtype`` if ``op`` (by ``implementation``, where it matters) computes in it; else a ValueError naming
+    the dtype, the row and what it takes (``hint``: where the dtype is computed instead)."""
+    if dtype not in accepted:
+        by = f" ({implementation})" if implementation else ""
+        listed = ", ".join(accepted)
+        raise ValueError(f"dtype {dtype!r} is not one {op}{by} computes in; accepted: {listed}{hint}")
+    return dtype
+
+
 def gemm_op_for(dtype: str) -> str:
     """The GEMM row of the op table that computes in ``dtype`` (a normalized name): gemm_fp8 for fp8,
     tensor_core_gemm_int8 for int8, else gemm (which refuses a dtype it does not take)."""
