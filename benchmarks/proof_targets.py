@@ -44,11 +44,26 @@ class Target:
     holds: bool | None  # None: not every part measured
 
 
-def _results(raw: Path, name: str) -> list[dict]:
-    """The rows of ``raw/name`` (empty when the run did not write it or it does not parse)."""
+def _device(raw: Path, name: str) -> str | None:
+    """Where ``raw/name`` was measured (its environment's ``device_type``; None: no file, or it does not
+    say). Only a GPU's rows judge a target: a CPU run of the suite (``SUITE_ALLOW_CPU=1``) writes the same
+    files with CPU times and CPU-scaled sizes."""
     try:
-        results = json.loads((raw / name).read_text()).get("results", [])
+        document = json.loads((raw / name).read_text())
+        return (document.get("environment") or {}).get("device_type")
     except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _results(raw: Path, name: str) -> list[dict]:
+    """The rows of ``raw/name`` (empty when the run did not write it, it does not parse, or it was measured
+    on another device than a GPU)."""
+    try:
+        document = json.loads((raw / name).read_text())
+        results = document.get("results", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    if (document.get("environment") or {}).get("device_type", "cuda") != "cuda":
         return []
     return [row for row in results if isinstance(row, dict)] if isinstance(results, list) else []
 
@@ -397,9 +412,13 @@ def table(raw: Path) -> list[Target]:
     measured = []
     for row, names in _files().items():
         found = row(raw)
-        if not any((raw / name).is_file() for name in names):
-            shown = names[0] if len(names) == 1 else f"{names[0]} ... ({len(names)} files)"
+        shown = names[0] if len(names) == 1 else f"{names[0]} ... ({len(names)} files)"
+        devices = {_device(raw, name) for name in names if (raw / name).is_file()}
+        if not devices:
             found = dataclasses.replace(found, measured=f"not measured (no {shown})", holds=None)
+        elif "cuda" not in devices and None not in devices:
+            where = ", ".join(sorted(devices))
+            found = dataclasses.replace(found, measured=f"{shown} measured on {where}, not a GPU", holds=None)
         measured.append(found)
     return [
         *measured[:7],

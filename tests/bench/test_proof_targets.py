@@ -155,6 +155,12 @@ def test_a_real_benchmark_json_reads(tmp_path, monkeypatch):
                  "--output", str(tmp_path / "gemm_bf16_512.json")])  # fmt: skip
     assert code == 0
     (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+    assert row.measured.endswith("measured on cpu, not a GPU") and row.holds is None, row  # judges nothing
+    path = tmp_path / "gemm_bf16_512.json"  # the same document as a GPU's: its rows are read
+    document = json.loads(path.read_text())
+    document["environment"]["device_type"] = "cuda"
+    path.write_text(json.dumps(document))
+    (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
     assert "1 shapes" in row.measured and "not measured: gemm_bf16_1024.json" in row.measured, row
 
 
@@ -207,3 +213,21 @@ def test_head_dims_each_against_the_next_multiple_of_16(tmp_path):
     (tmp_path / "attn_hdim112_fwd_s4096.json").unlink()  # cut before the last line: 96 and 111 unjudged
     text, holds = proof_targets.head_dims(tmp_path)
     assert holds is None and text == "d80 1.00x d96, d96 not measured, d111 not measured"
+
+
+def test_a_cpu_run_of_the_suite_judges_no_target(tmp_path):
+    """SUITE_ALLOW_CPU=1 writes the same files with CPU times and CPU-scaled sizes: they were judged as if a
+    GPU had measured them ("no: 0.34-0.59x"). Rows measured elsewhere than on a GPU say so, "-"."""
+    def document(device):
+        ours = _timed("flash", 2.0, case="seq=512", fastest_other="sdpa-flash", speedup_vs_fastest_other=0.5)
+        rows = [ours, _timed("sdpa-flash", 1.0, case="seq=512")]
+        return {"environment": {"device_type": device}, "results": rows}
+
+    what = "attention forward, every point (d 64/128, seq 512-16k, causal or not, MHA/GQA)"
+    (tmp_path / "attn_d64_fwd_s512.json").write_text(json.dumps(document("cpu")))
+    row = {row.what: row for row in proof_targets.table(tmp_path)}[what]
+    assert row.holds is None
+    assert row.measured == "attn_d64_fwd_s512.json ... (9 files) measured on cpu, not a GPU"
+    (tmp_path / "attn_d64_fwd_s512.json").write_text(json.dumps(document("cuda")))
+    row = {row.what: row for row in proof_targets.table(tmp_path)}[what]
+    assert row.holds is False and "0.50-0.50x over 1 of 9 points" in row.measured
