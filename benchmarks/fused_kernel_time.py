@@ -7,7 +7,9 @@ installed), each row with its wall time beside the profiler's kernel time and GB
 0.527 ms of wall time, its per-call cost in training mode (``bench overhead``), so its ratios compared Python
 overheads. Here the tokens are 8x that, and the kernel time (``torch.profiler``: the device time of every
 CUDA kernel the step launched, per step) says what the kernels did; bytes are the op table's (each input
-read once, each output written once, as ``bench ops`` counts them).
+read once, each output written once, as ``bench ops`` counts them). First, the yardstick of the targets
+(issue 74: the fused kernels and the large-batch decode at >= 85% of it): the device's copy bandwidth,
+``dst.copy_(src)`` of 1 GiB, bytes read plus written over the median time, in the same process.
 
     python benchmarks/fused_kernel_time.py --output fused.json [--tokens 65536] [--impl llm_speed eager]
     python benchmarks/fused_kernel_time.py --check           parse and size the problems, run nothing
@@ -18,6 +20,7 @@ Writes the JSON after every row (a cut run keeps its rows). Needs CUDA except wi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -26,6 +29,7 @@ from pathlib import Path
 
 OPS = ("rms_norm", "swiglu", "rotary")
 IMPLS = ("llm_speed", "eager", "torch.compile", "liger")
+COPY_BYTES = 1 << 30  # the copy's source: 1 GiB, hundreds of microseconds on an H100 (~3 TB/s read + write)
 
 
 def settings_for(args: argparse.Namespace):
@@ -63,6 +67,27 @@ def _wall_ms(step, iterations: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def measure_copy(device, iterations: int, warmup: int, source_bytes: int = COPY_BYTES) -> dict:
+    """The device's copy bandwidth: ``dst.copy_(src)`` of ``source_bytes``, read + written bytes over the
+    median wall time (CUDA events) and over the profiler's kernel time."""
+    import torch
+
+    from llm_speed.bench.overhead import kernel_us
+
+    src = torch.empty(source_bytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    step = functools.partial(torch.empty_like(src).copy_, src)
+    for _ in range(warmup):
+        step()
+    wall = _wall_ms(step, iterations)
+    kernel = kernel_us(step, iterations) / 1000.0
+    del src, step
+    torch.cuda.empty_cache()
+    moved = 2 * source_bytes
+    return {"what": "dst.copy_(src), bytes read + written", "bytes": moved, "wall_ms": wall,
+            "kernel_ms": kernel, "wall_gbps": moved / wall / 1e6,
+            "kernel_gbps": moved / kernel / 1e6 if kernel > 0 else None}  # fmt: skip
 
 
 def measure_row(op: str, impl: str, settings, device) -> dict:
@@ -120,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         from llm_speed.bench.ops import op_cost, shape_label
 
+        print(f"copy {COPY_BYTES >> 30} GiB: {2 * COPY_BYTES / 1e9:.2f} GB read + written (the yardstick)")
         for op in settings.ops:
             flops, moved = op_cost(op, settings)
             print(f"{op} {shape_label(op, settings)}: {moved / 1e9:.2f} GB, {flops / 1e9:.1f} GFLOP per step")
@@ -140,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         "time per step), wall_ms between CUDA events (median)",
         "results": [],
     }
+    try:  # never run on a GPU yet: a failure here must not cost the ops' rows
+        document["copy"] = measure_copy(device, settings.iterations, settings.warmup)
+        print(f"copy      {COPY_BYTES >> 30} GiB      wall {document['copy']['wall_ms']:8.3f} ms  "
+              f"{document['copy']['wall_gbps']:7.0f} GB/s (read + write)", flush=True)  # fmt: skip
+    except Exception as error:  # noqa: BLE001
+        document["copy"] = {"error": f"{type(error).__name__}: {error}"}
+        print(f"copy not measured: {document['copy']['error']}", flush=True)
     failed = 0
     # implementations outer: every op's own kernels are timed before torch.compile's compiles (the slowest
     # rows) start, so a run cut by its cap keeps them
