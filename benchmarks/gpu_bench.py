@@ -58,6 +58,13 @@ def proof_lines(name: str, out: str) -> list[str]:
                         f"--impl flash {SDPA_BACKENDS} "
                         f"--output {out}/attn_d128_{mode.replace('+', '_')}_{label}_s16384.json"
                     )
+        # fp8 attention (e4m3 q, k, v, per-tensor descales) against our bf16 forward at the same point, in
+        # its own file: beside the SDPA rows above it would be the flash row's "fastest other"
+        lines.append(
+            f"bench attention {PROOF} --dtype bf16 --mode fwd --batch-size 1 --num-heads 16 --head-dim 128 "
+            f"--seq-lengths 16384 --impl flash flash-fp8 "
+            f"--output {out}/attn_d128_fp8_fwd_full_mha_s16384.json"
+        )
         # head dims real models use or flash-attn's tests take (issue 37: 80, 96, 111), each against the next
         # multiple of 16 above it, forward, bf16, 16 heads x 4096 tokens, ours only (two compiles: the head
         # dim and the row stride specialize on divisibility by 16); last, so a cut part loses only these
@@ -91,6 +98,13 @@ def proof_lines(name: str, out: str) -> list[str]:
                 f"--batch-sizes {batch} --page-size 16 --impl kvcache kvcache-paged sdpa "
                 f"--output {out}/decode_bf16_b{batch}_c4096.json"
             )
+        # the fp8 cache (e4m3, per-head descales) against the 16-bit one at batch 64, dense and paged: its own
+        # file, the 16-bit rows timed again beside it (each fp8 row's vs_16bit_cache)
+        lines.append(
+            "bench decode --warmup 3 --iterations 20 --no-progress --dtype bf16 --contexts 4096 "
+            "--batch-sizes 64 --page-size 16 --impl kvcache kvcache-paged kvcache-fp8 kvcache-paged-fp8 "
+            f"--output {out}/decode_fp8_cache_b64_c4096.json"
+        )
     elif name == "proof-ce":
         # V = 128256, N = 8192, H = 4096 (the GPU defaults): time and peak memory, every implementation
         lines.append(

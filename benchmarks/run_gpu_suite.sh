@@ -48,11 +48,12 @@ PROOF_BUDGETS=(
     "setup 15"              # versions, the carried wheels, packing the summaries between parts
     "correctness 150"       # every family against float64, then each candidate launch choice
     "headline_attention 85" # d=64 guide points fwd and fwd+bwd, d=128 16k, against every SDPA backend;
-                            # then head dims 80/96/111/112, ours only
+                            # then fp8 against bf16 at d=128 16k, head dims 80/96/111/112, ours only
     "headline_gemm 25"      # bf16 squares 512^3..8192^3, Llama-3-8B weights at M = 1, 16, 4096 (the
                             # suite's 8-call gemm set took 14 s on the 2026-11-25 H100, cold)
     "headline_fp8 15"       # fp8 4096^3 per tensor / row / block against torch._scaled_mm
-    "headline_decode 25"    # bf16 batch 1/8/64 x 4k, dense and 16-token pages, eager and graph, SDPA
+    "headline_decode 25"    # bf16 batch 1/8/64 x 4k, dense and 16-token pages, eager and graph, SDPA;
+                            # the fp8 cache against the 16-bit one at batch 64
     "headline_fused 40"     # rms_norm, SwiGLU, rotary at 65536 tokens: wall, kernel time and GB/s
     "headline_ce 15"        # linear cross-entropy V=128256 N=8192 H=4096: time, peak memory
     "headline_train_step 35" # bench train-step llama-3-8b, 2 layers

@@ -284,3 +284,24 @@ def test_the_copy_bandwidth_is_measured_on_a_gpu():
     copy = fused_kernel_time.measure_copy(torch.device("cuda"), iterations=3, warmup=1, source_bytes=64 << 20)
     assert copy["bytes"] == 128 << 20 and copy["wall_ms"] > 0 and copy["kernel_ms"] > 0
     assert 10 < copy["wall_gbps"] < 20_000 and 10 < copy["kernel_gbps"] < 20_000  # GB/s of any GPU
+
+
+def test_fp8_attention_and_the_fp8_cache_from_their_own_files(tmp_path):
+    """Both were "not measured by the proof"; the proof now times them beside our 16-bit kernels in their
+    own files (beside the SDPA rows, an fp8 row would be the 16-bit row's "fastest other")."""
+    rows = lambda: {row.what: row for row in proof_targets.table(tmp_path)}  # noqa: E731
+    fp8, cache = "fp8 attention forward, d=128 16k", "fp8-cache decode, batch >= 64 x 4k"
+    assert rows()[fp8].measured == "not measured (no attn_d128_fp8_fwd_full_mha_s16384.json)"
+    assert rows()[cache].holds is None
+    _write(tmp_path, "attn_d128_fp8_fwd_full_mha_s16384.json", [
+        _timed("flash", 4.0), _timed("flash-fp8", 2.5, vs_flash=1.6, tflops=880.0),
+    ])  # fmt: skip
+    _write(tmp_path, "decode_fp8_cache_b64_c4096.json", [
+        _timed("kvcache", 1.0, case="b64"), _timed("kvcache-fp8", 0.55, case="b64", vs_16bit_cache=1.82),
+        _timed("kvcache-paged", 1.1, case="b64"),
+        _timed("kvcache-paged-fp8", 0.8, case="b64", vs_16bit_cache=1.38),
+    ])  # fmt: skip
+    assert rows()[fp8].holds is True and rows()[fp8].measured == "1.60x our bf16 forward (880 TFLOP/s)"
+    assert rows()[cache].holds is False  # the paged fp8 cache misses 1.7x
+    assert rows()[cache].measured == "kvcache-fp8 1.82x, kvcache-paged-fp8 1.38x the 16-bit cache (batch 64)"
+    assert len(proof_targets.table(tmp_path)) == 17
