@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -274,12 +275,9 @@ def test_memory_bound_rows_against_the_copy_the_proof_measured(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_copy_bandwidth_is_measured_on_a_gpu():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import fused_kernel_time
+    import fused_kernel_time  # benchmarks/, on the path above
 
     copy = fused_kernel_time.measure_copy(torch.device("cuda"), iterations=3, warmup=1, source_bytes=64 << 20)
     assert copy["bytes"] == 128 << 20 and copy["wall_ms"] > 0 and copy["kernel_ms"] > 0
