@@ -15,6 +15,38 @@ BOUNDS = ("compute", "memory", "latency")
 
 # Ops of the table, by family.
 GEMM_OPS = ("gemm", "tensor_core_gemm", "tensor_core_gemm_int8", "gemm_fp8")
+ATTENTION_OPS = (
+    "flash_attention",
+    "flash_attention_fp8",
+    "flash_attention_backward",
+    "tiled_attention",
+    "naive_attention",
+    "sdpa_attention",
+    "flash_attention_varlen",
+    "flash_attention_varlen_backward",
+    "attention_kvcache_fwd",
+)
+ELEMENTWISE_OPS = (
+    "rms_norm",
+    "rms_norm_backward",
+    "swiglu",
+    "swiglu_backward",
+    "apply_rotary",
+    "geglu",
+    "geglu_backward",
+    "apply_rotary_qk",
+    "apply_rotary_qk_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "moe_route",
+    "moe_route_backward",
+    "moe_sort",
+)
+CROSS_ENTROPY_OPS = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
+MOE_OPS = ("grouped_gemm", "grouped_gemm_backward", "fused_moe", "fused_moe_backward")
+COLLECTIVE_OPS = ("all_reduce",)
+OPS = GEMM_OPS + ATTENTION_OPS + ELEMENTWISE_OPS + CROSS_ENTROPY_OPS + MOE_OPS + COLLECTIVE_OPS
+
 # The dtypes each GEMM row computes in (llm_speed.gemm: fp16, bf16, fp32, tf32 under torch's fp32 precision;
 # tensor_core_gemm fp16 and bf16; the 8-bit rows theirs); cuBLAS's gemm (torch.matmul) takes fp64 as well.
 GEMM_OP_DTYPES = {
@@ -68,37 +100,8 @@ def gemm_op_for(dtype: str) -> str:
     """The GEMM row of the op table that computes in ``dtype`` (a normalized name): gemm_fp8 for fp8,
     tensor_core_gemm_int8 for int8, else gemm (which refuses a dtype it does not take)."""
     return {"fp8": "gemm_fp8", "int8": "tensor_core_gemm_int8"}.get(dtype, "gemm")
-ATTENTION_OPS = (
-    "flash_attention",
-    "flash_attention_fp8",
-    "flash_attention_backward",
-    "tiled_attention",
-    "naive_attention",
-    "sdpa_attention",
-    "flash_attention_varlen",
-    "flash_attention_varlen_backward",
-    "attention_kvcache_fwd",
-)
-ELEMENTWISE_OPS = (
-    "rms_norm",
-    "rms_norm_backward",
-    "swiglu",
-    "swiglu_backward",
-    "apply_rotary",
-    "geglu",
-    "geglu_backward",
-    "apply_rotary_qk",
-    "apply_rotary_qk_backward",
-    "cross_entropy",
-    "cross_entropy_backward",
-    "moe_route",
-    "moe_route_backward",
-    "moe_sort",
-)
-CROSS_ENTROPY_OPS = ("fused_linear_cross_entropy", "fused_linear_cross_entropy_backward")
-MOE_OPS = ("grouped_gemm", "grouped_gemm_backward", "fused_moe", "fused_moe_backward")
-COLLECTIVE_OPS = ("all_reduce",)
-OPS = GEMM_OPS + ATTENTION_OPS + ELEMENTWISE_OPS + CROSS_ENTROPY_OPS + MOE_OPS + COLLECTIVE_OPS
+
+
 # Op-table rows predict knows it has no model for, with the reason (the error names it). Every row of
 # ``llm_speed.ops`` is in OPS or here (tests/perf/test_predict.py checks it): a new row gets a model or an
 # entry, never silence.
