@@ -204,7 +204,8 @@ def test_candidates_are_proven_through_the_families_they_change():
 
     expected = {
         "forward-overlap": ("flash",), "forward-tma-kv": ("flash",), "forward-overlap-tma-kv": ("flash",),
-        "backward-tma": ("flash_bwd",), "rows32": ("flash_bwd",), "uniform-bounds": ("varlen",),
+        "backward-tma": ("flash_bwd",), "backward-atomic-dq": ("flash_bwd",), "rows32": ("flash_bwd",),
+        "uniform-bounds": ("varlen",),
         "decode-append": ("decode", "cuda_graph"), "fp8-weights-gpu-cast": ("fp8_attention",),
         "gluon-forward": ("flash",), "gluon-backward": ("flash_bwd",), "gluon-gemm-fp8": ("gemm_fp8",),
         "gluon-gemm-int8": ("gemm",), "gluon-forward-fp8": ("fp8_attention",),

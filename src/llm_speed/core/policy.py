@@ -196,6 +196,7 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("forward-overlap-tma-kv", _FWD_D128, forward_overlap_head_dims=(128,),
                    forward_tma_kv_head_dims=(128, 256)),  # fmt: skip
         _candidate("backward-tma", _BWD_D128, backward_tma_head_dims=(128,)),
+        _candidate("backward-atomic-dq", _BWD_D128, backward_dq_kernel_tiers=()),  # a RETEST
         _candidate("rows32", dict(_BWD_D128, head_dim=64), rows32=True),
         _candidate("uniform-bounds", _PACKED, uniform_bounds=True),
         _candidate("decode-append", _DECODE, decode_append_in_attention=True),
@@ -206,6 +207,15 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("gluon-gemm-int8", _INT8_GEMM, gluon_gemm_int8=True),
         _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128), gluon_fp8_forward_head_dims=(128,)),
     )
+}
+
+
+# Candidates that time a proven choice against its alternative again, because the alternative's kernel changed
+# after the proof's run (the proof compared the kernels as they were): candidate -> what changed.
+RETESTS: dict[str, str] = {
+    "backward-atomic-dq": "the five-matmul backward (dQ by atomics from the dK/dV kernel) takes the d = 128 "
+    "head dim in halves since 6a2b66b (two blocks per SM, no spills; docs/guides/attention-hopper.md "
+    "predicts 11-13.5 ms against the dQ kernel's 14.30), after the proof's run at 4c378d4",
 }
 
 
