@@ -54,6 +54,13 @@ def test_every_candidate_differs_from_shipped_in_unproven_choices_only():
         assert changed and (not proven or (name in policy.RETESTS and len(changed) == 1)), (name, changed)
 
 
+def test_doctor_names_the_retest_beside_the_proof():
+    lines = {field: text for field, _, text in policy.proof_lines()}
+    assert lines["backward_dq_kernel_tiers"].endswith(
+        "; to be retimed by backward-atomic-dq (its alternative changed since)")
+    assert "retimed" not in lines["lpt_min_rows"]
+
+
 def test_use_policy_selects_and_restores():
     start = current_policy()  # SHIPPED, or the candidate LLM_SPEED_POLICY names
     with use_policy("forward-overlap") as chosen:

@@ -307,6 +307,10 @@ def proof_lines() -> list[tuple[str, str, str]]:
             text = "unproven (off)"
         else:
             text = f"{proof.device}, commit {proof.commit}, {proof.ratio:.2f}x: {proof.results}"
+            shipped = getattr(SHIPPED, field.name)
+            retests = [name for name in RETESTS if getattr(CANDIDATES[name].policy, field.name) != shipped]
+            if retests:
+                text += f"; to be retimed by {', '.join(retests)} (its alternative changed since)"
         rows.append((field.name, value, text))
     rows += [(name, "-", text) for name, text in NOT_SWITCHES.items()]
     return rows
