@@ -5,8 +5,9 @@ Each candidate is the shipped policy with one unproven choice on (the forward's 
 row offsets, packed sequences' bounds in uniform registers, the decode step's append in the attention kernel,
 fp8 attention's weight cast, ...). Per round, every candidate's target is timed under the shipped policy and
 under the candidate's, back to back (rounds interleave, so clock drift hits both alike); the JSON keeps every
-round's time and the medians over every round, and is rewritten after each round, so a run cut short keeps
-what it measured. Plans are keyed on the policy: switching never reuses a plan made under the other.
+round's time and the medians over every round, and is rewritten after each candidate, so a run cut short
+keeps what it measured; no candidate starts after ``--budget-s`` (the first always runs). Plans are keyed
+on the policy: switching never reuses a plan made under the other.
 
     python benchmarks/attention_ab.py --rounds 3 --budget-s 120 --json ab.json
     python benchmarks/attention_ab.py --candidates forward-overlap rows32 --json ab.json
@@ -185,32 +186,73 @@ def _small(target: dict) -> dict:
     return small
 
 
-def run(candidates: list[Candidate], rounds: int, budget_s: float, path: str) -> int:
-    start = time.monotonic()
-    calls = {c.name: make_call(c.target, "cuda") for c in candidates}
-    record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": _commit(),
-              "rounds_asked": rounds, "budget_s": budget_s, "rounds_done": 0, "candidates": {}}  # fmt: skip
+def run(candidates: list[Candidate], rounds: int, budget_s: float, path: str, *, device: str = "cuda",
+        timer: Callable[[Callable[[], object]], float] = time_ms,
+        clock: Callable[[], float] = time.monotonic) -> int:  # fmt: skip
+    """Time every candidate against the shipped policy, ``rounds`` times; the JSON is rewritten after every
+    candidate, so a run cut anywhere keeps what it measured. No candidate starts after ``budget_s`` seconds
+    (the first always runs): the first round alone compiles every candidate's kernels, which can outlast a
+    short budget. A candidate that raises gets an ``error`` and is not timed again; the rest go on. A SIGINT
+    (the suite's time cap) writes the record and returns 124."""
+    start = clock()
+    calls: dict[str, Callable[[], object]] = {}  # each target's inputs made when its candidate first runs
+    name = torch.cuda.get_device_name() if device == "cuda" else device
+    record = {"device": name, "torch": torch.__version__, "commit": _commit(), "rounds_asked": rounds,
+              "budget_s": budget_s, "rounds_done": 0, "stopped": None, "candidates": {}}  # fmt: skip
     for c in candidates:
         record["candidates"][c.name] = {"target": c.target, "shipped_ms": [], "candidate_ms": []}
-    for round_index in range(rounds):
-        if round_index and time.monotonic() - start > budget_s:
-            print(f"budget of {budget_s:.0f} s spent after {round_index} rounds", flush=True)
-            break
-        for c in candidates:
-            entry = record["candidates"][c.name]
-            for policy, key in ((SHIPPED, "shipped_ms"), (c.policy, "candidate_ms")):
-                with use_policy(policy):
-                    calls[c.name]()  # the plans (and compiles) outside the timing
-                    entry[key].append(time_ms(calls[c.name]))
-            shipped, chosen = statistics.median(entry["shipped_ms"]), statistics.median(entry["candidate_ms"])
-            entry.update(shipped_median_ms=shipped, candidate_median_ms=chosen, ratio=shipped / chosen)
-            print(f"round {round_index + 1} {c.name}: shipped {entry['shipped_ms'][-1]:.4f} ms, "
-                  f"candidate {entry['candidate_ms'][-1]:.4f} ms; medians ratio {entry['ratio']:.3f}",
-                  flush=True)  # fmt: skip
-        record["rounds_done"] = round_index + 1
-        with open(path, "w") as file:
-            json.dump(record, file, indent=1)
+    timed = 0
+    try:
+        for round_index in range(rounds):
+            for c in candidates:
+                if timed and clock() - start > budget_s:
+                    entries = record["candidates"].items()
+                    left = [n for n, e in entries
+                            if len(e["candidate_ms"]) <= round_index and "error" not in e]
+                    record["stopped"] = (f"budget of {budget_s:.0f} s spent in round {round_index + 1}; not "
+                                         f"timed in it: {', '.join(left)}")  # fmt: skip
+                    print(record["stopped"], flush=True)
+                    _write(record, path)
+                    return 0
+                entry = record["candidates"][c.name]
+                if "error" in entry:
+                    continue
+                try:
+                    if c.name not in calls:
+                        calls[c.name] = make_call(c.target, device)
+                    times = []
+                    for policy in (SHIPPED, c.policy):
+                        with use_policy(policy):
+                            calls[c.name]()  # the plans (and compiles) outside the timing
+                            times.append(timer(calls[c.name]))
+                except Exception as error:  # a candidate that fails to build or run: the others still time
+                    entry["error"] = f"round {round_index + 1}: {type(error).__name__}: {error}"[:2000]
+                    print(f"{c.name}: {entry['error']}", flush=True)
+                    _write(record, path)
+                    continue
+                entry["shipped_ms"].append(times[0])
+                entry["candidate_ms"].append(times[1])
+                timed += 1
+                shipped = statistics.median(entry["shipped_ms"])
+                chosen = statistics.median(entry["candidate_ms"])
+                entry.update(shipped_median_ms=shipped, candidate_median_ms=chosen, ratio=shipped / chosen)
+                print(f"round {round_index + 1} {c.name}: shipped {entry['shipped_ms'][-1]:.4f} ms, "
+                      f"candidate {entry['candidate_ms'][-1]:.4f} ms; medians ratio {entry['ratio']:.3f}",
+                      flush=True)  # fmt: skip
+                _write(record, path)
+            record["rounds_done"] = round_index + 1
+            _write(record, path)
+    except KeyboardInterrupt:  # the suite's cap (timeout -s INT): keep what was timed
+        record["stopped"] = f"interrupted after {clock() - start:.0f} s"
+        print(record["stopped"], flush=True)
+        _write(record, path)
+        return 124
     return 0
+
+
+def _write(record: dict, path: str) -> None:
+    with open(path, "w") as file:
+        json.dump(record, file, indent=1)
 
 
 def main(argv=None) -> int:

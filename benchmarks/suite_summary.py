@@ -134,7 +134,7 @@ def benchmark_files(raw: Path) -> dict:
     decode rows, which implementations' CUDA-graph capture failed (``graph_failed``, first reason)."""
     found = {}
     for path in sorted(raw.glob("*.json")):
-        if path.name in ("versions.json", "doctor.json", "candidates.json"):
+        if path.name in ("versions.json", "doctor.json", "candidates.json", "attention_ab.json"):
             continue
         try:
             results = json.loads(path.read_text()).get("results", [])
@@ -155,6 +155,64 @@ def benchmark_files(raw: Path) -> dict:
         if graph_failed:
             found[path.name]["graph_failed"] = graph_failed
     return found
+
+
+def candidate_verdicts(raw: Path, candidates: dict | None) -> list[dict]:
+    """Per candidate launch choice (in the order the proof ran them): its families' junit counts under
+    ``LLM_SPEED_POLICY=<name>`` and its A/B (RAW/attention_ab.json: rounds, medians, ratio, error), and what
+    they say together: a choice goes on in ``SHIPPED`` only correct on every family it changes and not slower
+    (core.policy: record its ``Proof``)."""
+    try:
+        ab = json.loads((raw / "attention_ab.json").read_text())
+    except (OSError, ValueError):
+        ab = {}
+    timed = ab.get("candidates") if isinstance(ab.get("candidates"), dict) else {}
+    verdicts = []
+    for name, info in ((candidates or {}).get("candidates") or {}).items():
+        families = info.get("families") or []
+        paths = [raw / f"pytest_cand_{name}_{family}.xml" for family in families]
+        counts = pytest_counts_of([p for p in paths if p.exists()])
+        missing = [f for f, p in zip(families, paths, strict=True) if not p.exists()]
+        entry = timed.get(name) or {}
+        rounds = len(entry.get("candidate_ms") or [])
+        verdict = {"name": name, "families": families, "families_not_run": missing,
+                   "passed": None if counts is None else counts["passed"],
+                   "failed": None if counts is None else counts["failures"] + counts["errors"],
+                   "rounds": rounds, "shipped_median_ms": entry.get("shipped_median_ms"),
+                   "candidate_median_ms": entry.get("candidate_median_ms"), "ratio": entry.get("ratio"),
+                   "ab_error": entry.get("error")}  # fmt: skip
+        if verdict["failed"]:
+            word = "off: fails correctness"
+        elif not families or missing or not verdict["passed"]:
+            word = "unproven: correctness not run on every family it changes"
+        elif entry.get("error"):
+            word = "off: its A/B raised"
+        elif not rounds:
+            word = "unproven: not timed"
+        elif verdict["ratio"] < 1.0:
+            word = f"off: slower ({verdict['ratio']:.2f}x)"
+        elif rounds < 2:
+            word = f"unproven: {verdict['ratio']:.2f}x in one round"
+        else:
+            word = f"proven: correct, {verdict['ratio']:.2f}x over {rounds} rounds (record its Proof)"
+        verdict["verdict"] = word
+        verdicts.append(verdict)
+    return verdicts
+
+
+def verdict_lines(verdicts: list[dict]) -> list[str]:
+    lines = []
+    for v in verdicts:
+        correct = "not run" if v["passed"] is None else f"{v['passed']} passed, {v['failed']} failed"
+        if v["ab_error"]:
+            timing = f"A/B error: {v['ab_error'][:160]}"
+        elif v["rounds"]:
+            timing = (f"{v['shipped_median_ms']:.4g} -> {v['candidate_median_ms']:.4g} ms, "
+                      f"{v['ratio']:.2f}x, {v['rounds']} rounds")  # fmt: skip
+        else:
+            timing = "not timed"
+        lines.append(f"  {v['name']:<24} {v['verdict']}; correctness {correct}; {timing}")
+    return lines
 
 
 OURS = ("flash", "flash-fp8", "llm-speed", "llm_speed", "kvcache", "kvcache-paged", "kvcache-fp8",
@@ -202,6 +260,8 @@ def problems(summary: dict) -> list[str]:
     for name, info in summary["benchmarks"].items():
         if "error" in info:
             found.append(f"{name}: {info['error']}")
+    found += [f"A/B of {v['name']}: {v['ab_error'][:200]}" for v in summary.get("candidate_verdicts") or []
+              if v["ab_error"]]  # fmt: skip
     return found
 
 
@@ -261,6 +321,7 @@ def main(raw_dir: str, out_dir: str) -> int:
         "candidates": candidates,
         "triton_compiles": compiles(raw),
         "benchmarks": benchmark_files(raw),
+        "candidate_verdicts": candidate_verdicts(raw, candidates),
         "archive": "results.tar.gz (every log, benchmark JSON and plot, pytest*.xml, demo/, environment.txt)",
     }
     summary["problems"] = problems(summary)
@@ -288,6 +349,9 @@ def main(raw_dir: str, out_dir: str) -> int:
         )
         lines.extend(f"  FAILED {name}" for name in counts["failed_tests"])
     lines += proof_text(summary)
+    if summary["candidate_verdicts"]:
+        lines += ["", "candidate launch choices: verdict; correctness; A/B (shipped -> candidate):"]
+        lines += verdict_lines(summary["candidate_verdicts"])
     if targets is not None:
         lines += ["", "issue 74's targets, from this run's JSON (yes / no; -: a part not measured):"]
         lines += proof_targets.text_lines(targets)

@@ -245,6 +245,13 @@ def _raw_run(tmp_path, steps: str) -> tuple[Path, Path]:
     return raw, out
 
 
+def _summarise(raw: Path, out: Path) -> dict:
+    """benchmarks/suite_summary.py run as the suite runs it (its own process); its summary.json."""
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
+                   check=True, timeout=60)  # fmt: skip
+    return json.loads((out / "summary.json").read_text())
+
+
 def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
     raw, out = _raw_run(
         tmp_path, "doctor\t0\t9\t60\npytest\t1\t150\t200\nattention_fwd\t124\t45\t45\ndemo\tskipped\t0\t3\n"
@@ -280,12 +287,7 @@ def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
         )
     )
     (raw / "pytest.log").write_text("FAILED tests/a.py::test_bad\n1 failed, 1 passed, 1 skipped\n")
-    subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
-        check=True,
-        timeout=60,
-    )
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _summarise(raw, out)
     statuses = {s["step"]: s["status"] for s in summary["steps"]}
     assert statuses == {
         "doctor": "passed",
@@ -379,8 +381,7 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
          "timing": {"median_ms": 0.15}, "prediction_ms": 0.2398, "prediction_error": 0.5987,
          "prediction_calibrated": False},
     ]}))  # fmt: skip
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
-                   check=True, timeout=60)  # fmt: skip
+    _summarise(raw, out)
     text = (out / "summary.txt").read_text()
     assert "  fused_kernel_time: rms_norm llm_speed: wall 1.250 ms, kernel 0.900 ms, 2978 GB/s" in text
     assert "  gemm_bf16_512: 512x512x512 llm-speed: 0.0123 ms, 0.80x torch" in text
@@ -405,3 +406,46 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
     assert lines[1] == "PROBLEMS (4):" and lines[2] == "  correct_decode: timed out after 120 s"
     assert any("candidate launch choices: none run (no policy module)" in line for line in lines)
     assert any(line.startswith("Triton: 2 kernels compiled here (3.0 s") for line in lines)
+
+
+def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
+    """Each candidate's correctness (its families' junit under LLM_SPEED_POLICY) beside its A/B in
+    attention_ab.json, one verdict a line: proven only correct everywhere and not slower over 2+ rounds."""
+    raw, out = _raw_run(tmp_path, "correct_flash\t0\t40\t120\nab\t0\t60\t75\n")
+
+    def junit(name, failures=0):
+        (raw / f"pytest_{name}.xml").write_text(
+            f'<testsuite tests="3" failures="{failures}" errors="0" skipped="0"></testsuite>')
+
+    junit("cand_fast_flash")
+    junit("cand_broken_flash", failures=1)
+    junit("cand_slow_flash")
+    junit("cand_raises_flash")
+    junit("cand_half_flash")  # its second family never ran
+    (raw / "candidates.json").write_text(json.dumps({"skipped_reason": None, "candidates": {
+        name: {"target": {}, "families": ["flash", "flash_bwd"] if name == "half" else ["flash"]}
+        for name in ("fast", "broken", "slow", "raises", "half", "late")}}))  # fmt: skip
+
+    def timed(shipped, candidate):
+        return {"shipped_ms": shipped, "candidate_ms": candidate, "shipped_median_ms": shipped[0],
+                "candidate_median_ms": candidate[0], "ratio": shipped[0] / candidate[0]}  # fmt: skip
+
+    (raw / "attention_ab.json").write_text(json.dumps({"stopped": "budget", "candidates": {
+        "fast": timed([2.0, 2.0], [1.6, 1.6]), "broken": timed([2.0, 2.0], [1.0, 1.0]),
+        "slow": timed([2.0, 2.0], [2.5, 2.5]), "half": timed([2.0, 2.0], [1.0, 1.0]),
+        "raises": {"shipped_ms": [], "candidate_ms": [], "error": "round 1: RuntimeError: no"},
+        "late": {"shipped_ms": [], "candidate_ms": []}}}))  # fmt: skip
+    summary = _summarise(raw, out)
+    assert [(v["name"], v["verdict"]) for v in summary["candidate_verdicts"]] == [
+        ("fast", "proven: correct, 1.25x over 2 rounds (record its Proof)"),
+        ("broken", "off: fails correctness"),
+        ("slow", "off: slower (0.80x)"),
+        ("raises", "off: its A/B raised"),
+        ("half", "unproven: correctness not run on every family it changes"),
+        ("late", "unproven: correctness not run on every family it changes"),
+    ]  # in the proof's order
+    assert "A/B of raises: round 1: RuntimeError: no" in summary["problems"]
+    text = (out / "summary.txt").read_text()
+    assert ("  fast                     proven: correct, 1.25x over 2 rounds (record its Proof); "
+            "correctness 3 passed, 0 failed; 2 -> 1.6 ms, 1.25x, 2 rounds") in text
+    assert "attention_ab.json: 0/0 rows" not in text

@@ -74,7 +74,7 @@ def test_use_policy_selects_and_restores():
 
 
 def test_bad_choices_are_refused_naming_what_is_accepted():
-    with pytest.raises(ValueError, match="not a candidate; accepted: shipped, forward-overlap"):
+    with pytest.raises(ValueError, match="not a candidate; accepted: shipped, backward-atomic-dq, forward-overlap"):
         with use_policy("fast"):
             pass
     with pytest.raises(TypeError, match="unknown launch choice.*rows_32"):
@@ -163,7 +163,7 @@ def test_the_ab_script_plans_a_candidate_on_the_cpu(capsys):
     assert "OVERLAP: False -> True" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         module.main(["--check", "--candidates", "faster"])
-    assert "accepted: forward-overlap" in capsys.readouterr().err
+    assert "accepted: backward-atomic-dq, forward-overlap" in capsys.readouterr().err
 
 
 def test_calls_already_checked_are_keyed_on_the_policy():
