@@ -3,11 +3,12 @@ policy, each at its own target problem, on a CUDA GPU.
 
 Each candidate is the shipped policy with one unproven choice on (the forward's overlap, TMA loads, 32-bit
 row offsets, packed sequences' bounds in uniform registers, the decode step's append in the attention kernel,
-fp8 attention's weight cast, ...). Per round, every candidate's target is timed under the shipped policy and
-under the candidate's, back to back (rounds interleave, so clock drift hits both alike); the JSON keeps every
-round's time and the medians over every round, and is rewritten after each candidate, so a run cut short
-keeps what it measured; no candidate starts after ``--budget-s`` (the first always runs). Plans are keyed
-on the policy: switching never reuses a plan made under the other.
+fp8 attention's weight cast, ...). One candidate after the other (in ``CANDIDATES``' order: the largest
+predicted gains first), its target is timed under the shipped policy and under the candidate's, back to back,
+``--rounds`` times, the pairs alternating which goes first (so drift hits both alike); the JSON keeps every
+round's time and the medians over every round, and is rewritten after each pair, so a run cut short keeps
+what it measured; no candidate starts after ``--budget-s`` (the first always runs). Plans are keyed on the
+policy: switching never reuses a plan made under the other.
 
     python benchmarks/attention_ab.py --rounds 3 --budget-s 120 --json ab.json
     python benchmarks/attention_ab.py --candidates forward-overlap rows32 --json ab.json
@@ -189,65 +190,61 @@ def _small(target: dict) -> dict:
 def run(candidates: list[Candidate], rounds: int, budget_s: float, path: str, *, device: str = "cuda",
         timer: Callable[[Callable[[], object]], float] = time_ms,
         clock: Callable[[], float] = time.monotonic) -> int:  # fmt: skip
-    """Time every candidate against the shipped policy, ``rounds`` times; the JSON is rewritten after every
-    candidate, so a run cut anywhere keeps what it measured. No candidate starts after ``budget_s`` seconds
-    (the first always runs): the first round alone compiles every candidate's kernels, which can outlast a
-    short budget. A candidate that raises gets an ``error`` and is not timed again; the rest go on. A SIGINT
-    (the suite's time cap) writes the record and returns 124."""
+    """Time each candidate against the shipped policy, ``rounds`` pairs in a row, one candidate after the
+    other, the JSON rewritten after every pair: a run cut anywhere keeps what it measured, and each candidate
+    it started has all its rounds (its kernels' cold compile, not the timing, is what a short budget pays
+    for). The pairs alternate which policy runs first, so drift and warm-up order hit both alike. No
+    candidate starts after ``budget_s`` seconds (the first always runs); one that raises gets an ``error``
+    and the rest go on. A SIGINT (the suite's time cap) writes the record and returns 124."""
     start = clock()
-    calls: dict[str, Callable[[], object]] = {}  # each target's inputs made when its candidate first runs
     name = torch.cuda.get_device_name() if device == "cuda" else device
     record = {"device": name, "torch": torch.__version__, "commit": _commit(), "rounds_asked": rounds,
-              "budget_s": budget_s, "rounds_done": 0, "stopped": None, "candidates": {}}  # fmt: skip
+              "budget_s": budget_s, "stopped": None, "candidates": {}}  # fmt: skip
     for c in candidates:
         record["candidates"][c.name] = {"target": c.target, "shipped_ms": [], "candidate_ms": []}
-    timed = 0
     try:
-        for round_index in range(rounds):
-            for c in candidates:
-                if timed and clock() - start > budget_s:
-                    entries = record["candidates"].items()
-                    left = [n for n, e in entries
-                            if len(e["candidate_ms"]) <= round_index and "error" not in e]
-                    record["stopped"] = (f"budget of {budget_s:.0f} s spent in round {round_index + 1}; not "
-                                         f"timed in it: {', '.join(left)}")  # fmt: skip
-                    print(record["stopped"], flush=True)
-                    _write(record, path)
-                    return 0
-                entry = record["candidates"][c.name]
-                if "error" in entry:
-                    continue
-                try:
-                    if c.name not in calls:
-                        calls[c.name] = make_call(c.target, device)
-                    times = []
-                    for policy in (SHIPPED, c.policy):
-                        with use_policy(policy):
-                            calls[c.name]()  # the plans (and compiles) outside the timing
-                            times.append(timer(calls[c.name]))
-                except Exception as error:  # a candidate that fails to build or run: the others still time
-                    entry["error"] = f"round {round_index + 1}: {type(error).__name__}: {error}"[:2000]
-                    print(f"{c.name}: {entry['error']}", flush=True)
-                    _write(record, path)
-                    continue
-                entry["shipped_ms"].append(times[0])
-                entry["candidate_ms"].append(times[1])
-                timed += 1
-                shipped = statistics.median(entry["shipped_ms"])
-                chosen = statistics.median(entry["candidate_ms"])
-                entry.update(shipped_median_ms=shipped, candidate_median_ms=chosen, ratio=shipped / chosen)
-                print(f"round {round_index + 1} {c.name}: shipped {entry['shipped_ms'][-1]:.4f} ms, "
-                      f"candidate {entry['candidate_ms'][-1]:.4f} ms; medians ratio {entry['ratio']:.3f}",
-                      flush=True)  # fmt: skip
-                _write(record, path)
-            record["rounds_done"] = round_index + 1
-            _write(record, path)
+        for index, c in enumerate(candidates):
+            if index and clock() - start > budget_s:
+                left = [n.name for n in candidates[index:]]
+                record["stopped"] = f"budget of {budget_s:.0f} s spent; not timed: {', '.join(left)}"
+                print(record["stopped"], flush=True)
+                break
+            entry = record["candidates"][c.name]
+            _time_candidate(c, rounds, entry, device, timer, lambda: _write(record, path))
     except KeyboardInterrupt:  # the suite's cap (timeout -s INT): keep what was timed
         record["stopped"] = f"interrupted after {clock() - start:.0f} s"
         print(record["stopped"], flush=True)
         _write(record, path)
         return 124
+    _write(record, path)
     return 0
+
+
+def _time_candidate(c: Candidate, rounds: int, entry: dict, device: str, timer,
+                    save: Callable[[], None]) -> None:  # fmt: skip
+    """``rounds`` pairs (shipped, candidate; then candidate, shipped; ...) into ``entry``, saved after each;
+    an exception recorded as the entry's ``error``, the pairs before it kept."""
+    try:
+        call = make_call(c.target, device)  # inputs made here and dropped after: one target in memory at once
+        for round_index in range(rounds):
+            times = {}
+            order = ((SHIPPED, "shipped_ms"), (c.policy, "candidate_ms"))
+            for policy, key in order if round_index % 2 == 0 else order[::-1]:
+                with use_policy(policy):
+                    call()  # the plans (and compiles) outside the timing
+                    times[key] = timer(call)
+            for key, value in times.items():
+                entry[key].append(value)
+            shipped, chosen = statistics.median(entry["shipped_ms"]), statistics.median(entry["candidate_ms"])
+            entry.update(shipped_median_ms=shipped, candidate_median_ms=chosen, ratio=shipped / chosen)
+            print(f"{c.name} round {round_index + 1}: shipped {times['shipped_ms']:.4f} ms, "
+                  f"candidate {times['candidate_ms']:.4f} ms; medians ratio {entry['ratio']:.3f}",
+                  flush=True)  # fmt: skip
+            save()
+    except Exception as error:  # a candidate that fails to build or run: the others still time
+        entry["error"] = f"round {len(entry['candidate_ms']) + 1}: {type(error).__name__}: {error}"[:2000]
+        print(f"{c.name}: {entry['error']}", flush=True)
+        save()
 
 
 def _write(record: dict, path: str) -> None:
@@ -259,10 +256,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", nargs="*", metavar="NAME",
                         help=f"candidates to time (default: all): {', '.join(CANDIDATES)}")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, each timing every candidate and the "
-                        "shipped policy once (default 3)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="pairs per candidate, each timing its target "
+                        "under the shipped policy and under the candidate's (default 3)")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=float("inf"),
-                        help="start no round after this many seconds (the first always runs)")
+                        help="start no candidate after this many seconds (the first always runs)")
     parser.add_argument("--json", metavar="OUT", help="where the results go (required unless --check)")
     parser.add_argument("--check", action="store_true", help="plan each target on the CPU, no timing")
     args = parser.parse_args(argv)

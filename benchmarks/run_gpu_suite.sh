@@ -13,7 +13,7 @@
 #           Liger-Kernel), `bench train-step` (llama-3-8b, 2 layers: transformers, llm-speed, Liger) and
 #           `bench moe` (fused MoE forward + backward against torch._grouped_mm code and the HF loop)
 #   probe   the launch policy's A/B (benchmarks/attention_ab.py: every candidate of llm_speed.core.policy
-#           against the shipped policy at its own target, rounds interleaved) and host time against kernel
+#           against the shipped policy at its own target, its rounds in a row) and host time against kernel
 #           time inside the bench loop (benchmarks/host_in_bench.py: GEMMs, decode steps)
 # OUTDIR then holds three files, flat (a device command sends back at most 8):
 #   summary.json / summary.txt  device, versions, commit, every sub-step with exit code and seconds, the

@@ -1,7 +1,7 @@
 """benchmarks/attention_ab.py's timing loop on the CPU, its calls and timer stood in: what it records when it
-runs to the end, when its budget runs out in the first round (which compiles every candidate's kernels), and
-when the suite's cap interrupts it. Before, the JSON was written once per round: a first round cut by the
-cap left nothing."""
+runs to the end, when its budget runs out, when a candidate raises and when the suite's cap interrupts it.
+Before, the JSON was written once per round of every candidate: a first round cut by the cap (the round that
+compiles every candidate's kernels) left nothing, and a short budget left no candidate with two rounds."""
 
 from __future__ import annotations
 
@@ -52,38 +52,47 @@ def _clock(step):
 def test_every_round_of_every_candidate(ab, tmp_path):
     names = ["forward-overlap", "rows32", "backward-atomic-dq"]
     path = tmp_path / "ab.json"
-    code = ab.run([CANDIDATES[n] for n in names], 2, float("inf"), str(path), device="cpu",
-                  timer=_timer(), clock=_clock(0.0))  # fmt: skip
+    order = []
+
+    def timer(fn):
+        order.append("shipped" if current_policy() == SHIPPED else "candidate")
+        return 2.0 if order[-1] == "shipped" else 1.0
+
+    code = ab.run([CANDIDATES[n] for n in names], 3, float("inf"), str(path), device="cpu", timer=timer,
+                  clock=_clock(0.0))  # fmt: skip
     record = json.loads(path.read_text())
-    assert code == 0 and record["rounds_done"] == 2 and record["stopped"] is None
-    assert record["device"] == "cpu"
+    assert code == 0 and record["stopped"] is None and record["device"] == "cpu"
     for name in names:
         entry = record["candidates"][name]
-        assert entry["shipped_ms"] == [2.0, 2.0] and entry["candidate_ms"] == [1.0, 1.0]
+        assert entry["shipped_ms"] == [2.0] * 3 and entry["candidate_ms"] == [1.0] * 3
         assert entry["ratio"] == 2.0
-    assert len(ab.made) == 3  # each target's inputs made once
+    assert len(ab.made) == 3  # each target's inputs made once, when its candidate starts
+    # one candidate's rounds after the other, the pairs alternating which policy runs first
+    assert order[:6] == ["shipped", "candidate", "candidate", "shipped", "shipped", "candidate"]
 
 
 def test_the_budget_stops_between_candidates_and_keeps_what_was_timed(ab, tmp_path):
     names = ["forward-overlap", "rows32", "backward-atomic-dq"]
     path = tmp_path / "ab.json"
-    # every clock read advances 10 s: the first candidate always runs, the budget of 5 s stops the second
+    # every clock read advances 10 s: the first candidate always runs (all its rounds), the budget of 5 s
+    # stops the second from starting
     code = ab.run([CANDIDATES[n] for n in names], 3, 5.0, str(path), device="cpu", timer=_timer(),
                   clock=_clock(10.0))  # fmt: skip
     record = json.loads(path.read_text())
-    assert code == 0 and record["rounds_done"] == 0
-    assert record["candidates"]["forward-overlap"]["ratio"] == 2.0
+    assert code == 0
+    first = record["candidates"]["forward-overlap"]
+    assert first["ratio"] == 2.0 and len(first["candidate_ms"]) == 3
     assert record["candidates"]["rows32"]["candidate_ms"] == []
-    stopped = "budget of 5 s spent in round 1; not timed in it: rows32, backward-atomic-dq"
-    assert record["stopped"] == stopped
+    assert record["stopped"] == "budget of 5 s spent; not timed: rows32, backward-atomic-dq"
+    assert len(ab.made) == 1
 
 
 def test_an_interrupt_writes_what_was_timed(ab, tmp_path):
     path = tmp_path / "ab.json"
     names = ["forward-overlap", "rows32"]
-    # the third timing (rows32 under the shipped policy) is interrupted by the suite's cap
+    # the seventh timing (rows32's first, after forward-overlap's three pairs) is interrupted by the cap
     code = ab.run([CANDIDATES[n] for n in names], 3, float("inf"), str(path), device="cpu",
-                  timer=_timer(interrupt_at=3), clock=_clock(1.0))  # fmt: skip
+                  timer=_timer(interrupt_at=7), clock=_clock(1.0))  # fmt: skip
     record = json.loads(path.read_text())
     assert code == 124 and record["stopped"].startswith("interrupted after")
     assert record["candidates"]["forward-overlap"]["ratio"] == 2.0
@@ -103,7 +112,7 @@ def test_a_candidate_that_raises_is_recorded_and_the_rest_go_on(ab, tmp_path):
     code = ab.run([CANDIDATES[n] for n in names], 2, float("inf"), str(path), device="cpu", timer=timer,
                   clock=_clock(0.0))  # fmt: skip
     record = json.loads(path.read_text())
-    assert code == 0 and record["rounds_done"] == 2
+    assert code == 0 and record["stopped"] is None
     failed = record["candidates"]["gluon-forward"]
     assert failed["error"] == "round 1: RuntimeError: PassManager::run failed"
     assert failed["shipped_ms"] == [] and failed["candidate_ms"] == []  # no half-timed pair kept

@@ -74,7 +74,8 @@ def test_use_policy_selects_and_restores():
 
 
 def test_bad_choices_are_refused_naming_what_is_accepted():
-    with pytest.raises(ValueError, match="not a candidate; accepted: shipped, backward-atomic-dq, forward-overlap"):
+    accepted = "not a candidate; accepted: shipped, backward-atomic-dq, forward-overlap"
+    with pytest.raises(ValueError, match=accepted):
         with use_policy("fast"):
             pass
     with pytest.raises(TypeError, match="unknown launch choice.*rows_32"):
