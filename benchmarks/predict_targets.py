@@ -248,7 +248,8 @@ def _split(points, folder: str) -> list[str]:
     """Each point's split in the shipped calibration's fit: "fit", "held out", or "not fitted" (a kind no fit
     uses: 8-bit, eager, forward+backward), over the directory it was fitted on (its ``last_fit``) when
     ``folder`` is in it (the held-out rule ranks sizes across every file there), else over ``folder``."""
-    from llm_speed.perf.calibrate import held_out, load_results
+    from llm_speed.perf.calibrate import held_out
+    from llm_speed.perf.measurements import load_results
     from llm_speed.perf.predict import load_calibration
 
     fitted_on = load_calibration().get("last_fit", {}).get("directory")
@@ -268,7 +269,8 @@ def _split(points, folder: str) -> list[str]:
 def _predictions(folder: str) -> dict[tuple[str, str, str], tuple[float, float, str]]:
     """(file stem, case, impl) -> (measured s, predicted s, split) for every point llm_speed.perf can read in
     ``folder`` (its calibration's predictions: llm_speed.perf.predict)."""
-    from llm_speed.perf.calibrate import load_results, prediction_of
+    from llm_speed.perf.calibrate import prediction_of
+    from llm_speed.perf.measurements import load_results
 
     points = load_results(folder).points
     found = {}

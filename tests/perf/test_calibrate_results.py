@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_speed.perf import calibrate
+from llm_speed.perf import calibrate, measurements
 from llm_speed.perf.predict import build_entry, load_calibration, predict, predict_call
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_an_atomic_dq_row_is_the_five_matmul_path_whatever_the_build():
     document = {"results": {f"backward full 1x16384 fp16 shipped {path}": {"median_ms": 12.0}
                             for path in ("atomic-dq", "atomic", "deterministic")}}  # fmt: skip
     document["results"]["backward causal 1x16384 d64 fp16 shipped atomic-dq"] = {"median_ms": 3.0}
-    points = calibrate.attention_ab_points(document, Path("attention_ab.json"), "h100-sxm", None)
+    points = measurements.attention_ab_points(document, Path("attention_ab.json"), "h100-sxm", None)
     problems = {p.case.removeprefix("backward full 1x16384 fp16 shipped "): p.problem for p in points}
     assert problems["atomic-dq"].get("atomic_dq") and "deterministic" not in problems["atomic-dq"]
     assert "atomic_dq" not in problems["atomic"] and problems["deterministic"]["deterministic"]
@@ -118,7 +118,7 @@ def test_attention_ab_files_as_points_of_the_build_that_ran_them():
     """benchmarks/attention_ab.py's JSON of 2026-11-25 has no environment: its GPU and commit are the bench
     files' beside it (the same GPU call). Each variant is its patch: row order, a backward tile, the dQ
     kernel; cuDNN's rows are sdpa-cudnn's."""
-    points = calibrate.load_results(REPO / "benchmarks" / "results" / "h100-sxm" / "4c378d4-ab-fp8").points
+    points = measurements.load_results(REPO / "benchmarks" / "results" / "h100-sxm" / "4c378d4-ab-fp8").points
     by_case = {p.case: p for p in points if p.source.endswith(p.case) and "attention_ab" in p.source}
     assert len(by_case) == 24
     row = by_case["causal fwd 2x8192 row"]
@@ -137,10 +137,10 @@ def test_attention_ab_files_as_points_of_the_build_that_ran_them():
 
 def test_decode_points_are_their_own_kind():
     """Decode over a KV cache is checked in its own family, fp8 caches apart, never fitted."""
-    points = calibrate.load_results(SUITE.parent / "2b2a055-ab-fp8-decode").points
+    points = measurements.load_results(SUITE.parent / "2b2a055-ab-fp8-decode").points
     decode = [p for p in points if p.op == "attention_kvcache_fwd"]
     assert decode and not any(p.fitted for p in decode)
-    kinds = {p.row or p.source.rsplit(" ", 1)[-1]: calibrate.kind_of(p) for p in decode}
+    kinds = {p.row or p.source.rsplit(" ", 1)[-1]: measurements.kind_of(p) for p in decode}
     assert kinds["kvcache"] == "attention decode" and kinds["kvcache-paged-fp8"] == "attention decode fp8"
 
 
@@ -156,7 +156,7 @@ def test_overhead_wall_time_is_the_host_path():
         {"case": "sdpa", "mode": "inference", "us_per_call": 20.0, "kernel_us": 5.0},
         {"case": "torch.matmul", "mode": "inference", "us_per_call": 18.0, "kernel_us": 2.0},
     ]
-    ours, theirs = calibrate.overhead_host_s({"results": rows})
+    ours, theirs = measurements.overhead_host_s({"results": rows})
     assert ours == pytest.approx({"flash_attention": 40e-6, "flash_attention_backward": 110e-6,
                                   "default": 40e-6})  # fmt: skip
     assert theirs["sdpa"]["default"] == theirs["sdpa"]["flash_attention"] == pytest.approx(20e-6)
@@ -213,24 +213,24 @@ def test_the_suite_files_as_points():
     """2026-11-25: fwd+bwd rows are one point of two ops; tiled, naive and fp8 attention rows say so in their
     label; the fp8 GEMM file's rows are gemm_fp8 (ours) and bf16 torch.matmul; 8-bit, eager and fwd+bwd
     points are checked in their own families and never fitted."""
-    points = calibrate.load_results(SUITE, gpu="h100-sxm").points
+    points = measurements.load_results(SUITE, gpu="h100-sxm").points
     by_label = {p.label: p for p in points}
     both = by_label["d1b0227-quick-tests-bench/attn_fwd_bwd_fp16_s4096.json: seq=4096 [llm-speed]"]
     assert (both.op, both.then, both.build) == ("flash_attention", "flash_attention_backward", "d1b0227")
-    assert calibrate.kind_of(both) == "attention fwd+bwd" and not both.fitted
+    assert measurements.kind_of(both) == "attention fwd+bwd" and not both.fitted
     tiled = by_label["d1b0227-quick-tests-bench/attn_fwd_fp16_s2048.json: seq=2048 [llm-speed tiled]"]
     assert tiled.op == "tiled_attention" and tiled.fitted
     naive = by_label["d1b0227-quick-tests-bench/attn_fwd_fp16_s2048.json: seq=2048 [llm-speed naive]"]
-    assert calibrate.kind_of(naive) == "eager attention" and not naive.fitted
+    assert measurements.kind_of(naive) == "eager attention" and not naive.fitted
     fp8 = by_label["d1b0227-quick-tests-bench/attn_fwd_fp16_s2048.json: seq=2048 [llm-speed flash-fp8]"]
-    assert (fp8.op, fp8.problem["dtype"], calibrate.kind_of(fp8)) == ("flash_attention_fp8", "fp8",
+    assert (fp8.op, fp8.problem["dtype"], measurements.kind_of(fp8)) == ("flash_attention_fp8", "fp8",
                                                                       "attention fp8")  # fmt: skip
     ours = by_label["d1b0227-quick-tests-bench/gemm_fp8_4096.json: 4096x4096x4096 row [llm-speed]"]
     bf16 = by_label["d1b0227-quick-tests-bench/gemm_fp8_4096.json: 4096x4096x4096 row (bf16) [cublas]"]
     assert (ours.op, ours.problem["dtype"], ours.fitted) == ("gemm_fp8", "fp8", False)
     assert (bf16.op, bf16.problem["dtype"], bf16.fitted) == ("gemm", "bf16", True)
     int8 = by_label["d1b0227-quick-tests-bench/gemm_int8_4096.json: 4096x4096x4096 [cublas]"]
-    assert calibrate.kind_of(int8) == "gemm int8" and int8.op == "tensor_core_gemm_int8"
+    assert measurements.kind_of(int8) == "gemm int8" and int8.op == "tensor_core_gemm_int8"
     assert not any(p.source.startswith("d1b0227-quick-tests-bench/attn_fwd_bwd") and p.op == "naive_attention"
                    for p in points)  # fmt: skip
 

@@ -129,7 +129,7 @@ def test_the_calibration_note_is_the_check_output(capsys):
     # 28 of the 2026-11-25 suite's net, its 4096-token Llama-3 8B GEMMs moving the 8192-token ones out of the
     # fit, 11 of its A/B runs; 20 of the second 2026-11-25 suite's; 22 fp8 GEMMs in NT at 8192x8192x4096) and
     # 183 of families never fitted (int8, fp8 GEMMs in NN, fp8 attention, eager attention, forward+backward,
-    # decode; calibrate.kind_of).
+    # decode; measurements.kind_of).
     assert points.count("\n") == 230 + 183
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_speed.perf import calibrate
+from llm_speed.perf import calibrate, measurements
 from llm_speed.perf.predict import (
     BOUNDS,
     NOT_FITTED,
@@ -75,7 +75,7 @@ PROBLEMS = {
 
 @pytest.fixture(scope="module")
 def results():
-    return calibrate.load_results(H100)
+    return measurements.load_results(H100)
 
 
 def test_every_op_table_row_has_a_prediction():
@@ -546,7 +546,7 @@ def test_held_out_errors_on_the_h100(results):
     missed = {}
     for (implementation, family), (median, worst) in HELD_OUT.items():
         # the points of the family the fit describes (not 8-bit, eager, or forward+backward: their own rows)
-        points = [p for p in test if p.implementation == implementation and calibrate.kind_of(p) == family]
+        points = [p for p in test if p.implementation == implementation and measurements.kind_of(p) == family]
         errors = calibrate.errors(points, None)
         assert statistics.median(map(abs, errors)) <= median, (implementation, family)
         assert statistics.median(map(abs, errors)) <= 0.15  # the target for the median
@@ -570,7 +570,7 @@ def test_shipped_calibration_records_its_fit(results):
     train, test = calibrate.split(results.points)
     for key, fit in cal["last_fit"]["entries"].items():
         gpu, implementation, family = key.split("/")
-        held = [p for p in test if p.implementation == implementation and calibrate.kind_of(p) == family]
+        held = [p for p in test if p.implementation == implementation and measurements.kind_of(p) == family]
         summary = calibrate.summarize(held, None)
         assert summary.count == fit["held_out"]["points"]
         assert summary.median == pytest.approx(fit["held_out"]["median_abs_error"], rel=1e-6), key
@@ -619,9 +619,9 @@ def test_a_results_directory_carries_compiled_kernels(tmp_path):
            "tensor_cores": "HGMMA", "error": None}  # fmt: skip
     broken = dict(row, config=[128, 128, 8, 4], error="OutOfResources: shared memory")
     document = {"commit": "abc1234", "target": "sm_90a", "triton": "3.6.0", "kernels": [row, broken],
-                "generated_by": calibrate.COMPILED_BY}  # fmt: skip
+                "generated_by": measurements.COMPILED_BY}  # fmt: skip
     (tmp_path / "compiled-abc1234.json").write_text(json.dumps(document))
-    table = calibrate.load_results(tmp_path, gpu="h100-sxm").compiled["abc1234"]
+    table = measurements.load_results(tmp_path, gpu="h100-sxm").compiled["abc1234"]
     key = compiled_key("forward", True, 64, "fp16", (128, 64, 4, 3))
     assert list(table["kernels"]) == [key]
     assert table["kernels"][key] == {"registers": 237, "loop_spills": 3, "blocks_per_sm": 2,

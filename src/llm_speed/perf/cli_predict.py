@@ -20,7 +20,7 @@ from typing import Any
 from llm_speed._cli import CommandError, positive_int
 from llm_speed._output import prepare_output_path
 from llm_speed.core.gpus import get_gpu
-from llm_speed.perf import calibrate
+from llm_speed.perf import calibrate, measurements
 from llm_speed.perf._checks import missing_path
 from llm_speed.perf._cli_common import DEFAULT_GPU_HELP, default_gpu
 from llm_speed.perf.predict import (
@@ -231,7 +231,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str]:
-    """``--check``'s table: median and worst |error| per implementation, family (``calibrate.kind_of``) and
+    """``--check``'s table: median and worst |error| per implementation, family (``measurements.kind_of``) and
     split; with ``points``, then every point not fitted (held out, or of a kind no fit uses) with its
     measured and predicted time."""
     order = {"training": 0, "held-out": 1, "unfitted": 2}
@@ -257,7 +257,7 @@ def check_lines(records: list[dict[str, Any]], points: bool = False) -> list[str
 
 
 def _check(args: argparse.Namespace) -> int:
-    results = calibrate.load_results(args.check, gpu=args.gpu)
+    results = measurements.load_results(args.check, gpu=args.gpu)
     if not results.points:
         raise ValueError(f"results directory {args.check!r}: no GPU measurements found")
     records = calibrate.fit_report(results.points, args.calibration)

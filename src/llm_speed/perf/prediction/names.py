@@ -55,7 +55,7 @@ GEMM_OP_DTYPES = {
     "tensor_core_gemm_int8": ("int8",),
     "gemm_fp8": ("fp8",),
 }
-# The dtypes whose measurements the GEMM and attention fits use (llm_speed.perf.calibrate.kind_of): another
+# The dtypes whose measurements the GEMM and attention fits use (llm_speed.perf.measurements.kind_of): another
 # dtype's call of a 16-bit row is priced at its peak with their parameters, uncalibrated.
 FITTED_DTYPES = ("fp16", "bf16")
 
