@@ -41,8 +41,12 @@ _op = Op(_scaled_product_op, _impl, setup_context=_setup_context, backward=_back
 def test_plain_call_tells_inference_autograd_and_the_rest():
     x, y = torch.randn(3), torch.randn(3)
     leaf = torch.randn(3, requires_grad=True)
-    assert plain_call(x, y) == INFERENCE and plain_call(x, None) == INFERENCE and plain_inference(x, None)
+    assert plain_call(x, y) == INFERENCE and plain_call(x, optional=(None,)) == INFERENCE
+    assert plain_inference(x, optional=(None,))
+    # a required tensor that is None: the op's full path, whose checks name it
+    assert plain_call(x, None) == 0 and not plain_inference(None, optional=(x,))
     assert plain_call(x, leaf) == AUTOGRAD and not plain_inference(x, leaf)
+    assert plain_call(x, optional=(leaf,)) == AUTOGRAD and plain_call(x, optional=(3,)) == 0
     with torch.no_grad():
         assert plain_call(x, leaf) == INFERENCE
     assert plain_call(x, torch.nn.Parameter(torch.randn(3))) == AUTOGRAD

@@ -16,6 +16,7 @@ import numbers
 
 import torch
 
+from ..core import runtime
 from ..core.args import check_flag, check_real, check_window  # check_window: torch-free, shared
 from ..core.tensors import FLOAT_DTYPES, check_tensor, dtype_names, last_dim_contiguous
 from ..matmul.fp8 import FP8_DTYPES as ANY_FP8_DTYPES  # routed to fp8 attention (whose checks name its own)
@@ -113,6 +114,9 @@ def validate_varlen_inputs(
     as the dense rules, ``cu_seqlens_*`` 1-D int32 ``[batch + 1]`` on q's device, max_seqlen_* ints >= 0
     (returned as ints)."""
     check_qkv(q, k, v, "[total, heads, head_dim]", dtypes)
+    if cu_seqlens_k is None:
+        raise TypeError("cu_seqlens_k must be a torch.Tensor (int32 [batch + 1]); it may be None only with a "
+                        "block_table and seqused_k (paged keys)")  # fmt: skip
     return _check_seqlens_metadata(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
@@ -306,17 +310,6 @@ def check_descale(name: str, t, batch: int, heads_kv: int, device) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
-def check_descale_values(*named) -> None:
-    """Descales ``(name, tensor or None)`` finite and > 0 (a host read: only under
-    ``runtime.check_values``)."""
-    for name, t in named:
-        if t is None:
-            continue
-        bad = ~(torch.isfinite(t) & (t > 0))
-        if bool(bad.any()):
-            raise ValueError(f"{name} must be finite and > 0, got {t.reshape(-1)[bad.reshape(-1)][0].item()}")
-
-
 DESCALE_NAMES = ("descale_q", "descale_k", "descale_v")
 
 
@@ -418,12 +411,14 @@ def check_softcap(softcap) -> float | None:
 
 def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
     """``alibi_slopes``: None, or float32 ``[heads_q]`` or ``[batch, heads_q]`` on q's device (flash-attn's
-    rule); returned contiguous (every attention entry point with ALiBi checks it here)."""
+    rule), finite where values are checked (``runtime.check_values``); returned contiguous (every attention
+    entry point with ALiBi checks it here)."""
     if alibi_slopes is None:
         return None
     if (type(alibi_slopes) is torch.Tensor and alibi_slopes.dtype is torch.float32
             and (alibi_slopes.shape == (heads_q,) or alibi_slopes.shape == (batch, heads_q))
             and alibi_slopes.device == device and alibi_slopes.is_contiguous()):  # fmt: skip
+        _check_slope_values(alibi_slopes)
         return alibi_slopes  # the common case in a few comparisons (the checks below explain the others)
     check_tensor("alibi_slopes", alibi_slopes, dtypes=(torch.float32,))
     if alibi_slopes.shape != (heads_q,) and alibi_slopes.shape != (batch, heads_q):
@@ -433,7 +428,14 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.
         )
     if alibi_slopes.device != device:
         raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {device}")
+    _check_slope_values(alibi_slopes)
     return alibi_slopes.contiguous()
+
+
+def _check_slope_values(alibi_slopes: torch.Tensor) -> None:
+    # a NaN or infinite slope makes every score of its head NaN: refused where values are read
+    if runtime.check_values(alibi_slopes.device):
+        runtime.check_finite("alibi_slopes", alibi_slopes)
 
 
 def check_dropout(dropout_p, device) -> tuple[float, torch.Tensor | None]:

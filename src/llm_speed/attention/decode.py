@@ -88,13 +88,12 @@ from ..core.args import check_flag, check_real, positive_int
 from ..core.dispatch import Op, plain_inference
 from ..core.launch import CallCache
 from ..core.policy import current_number, current_policy
-from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, dtype_names
-from ..matmul.fp8 import FP8_DTYPES
+from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, check_written_in_place, dtype_names
+from ..matmul.fp8 import FP8_DTYPES, check_scale_values
 from .checks import (
     MAX_HEAD_DIM,
     check_alibi_slopes,
     check_descale,
-    check_descale_values,
     check_scale,
     check_softcap,
     check_window,
@@ -196,9 +195,10 @@ def _check_tensors(q, k_cache, v_cache, k, v, block_table) -> bool:
     fp8 = False
     for name, t, cache in (("k_cache", k_cache, True), ("v_cache", v_cache, True), ("k", k, False),
                            ("v", v, False)):  # fmt: skip
-        if t is not None and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
+        if (cache or t is not None) and (not isinstance(t, _Tensor) or t.dtype is not dtype or t.dim() != 4
                               or t.device != device):  # fmt: skip
-            if cache and (t.dtype is _E4M3 or t.dtype is _E5M2) and t.dim() == 4 and t.device == device:
+            if cache and isinstance(t, _Tensor) and (t.dtype is _E4M3 or t.dtype is _E5M2) and t.dim() == 4 \
+                    and t.device == device:  # fmt: skip
                 fp8 = True
             else:
                 _refuse_tensor(name, t, dtype, device)
@@ -272,6 +272,7 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table, indexed: bool) -> int:
         name = "k_cache" if k_cache.stride()[3] != 1 else "v_cache"
         raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
     if k is not None:
+        check_written_in_place(k_cache=k_cache, v_cache=v_cache)  # the new tokens go into the caches
         k_shape, v_shape = k.shape, v.shape
         if k_shape != v_shape or k_shape[0] != batch or k_shape[2] != heads_kv or k_shape[3] != head_dim:
             expected = (batch, k_shape[1], heads_kv, head_dim)
@@ -539,7 +540,9 @@ def flash_attention_with_kvcache(
         k, v: optional ``[batch, seq_new, heads_kv, head_dim]``, written into the caches in place at
             positions ``cache_seqlens .. cache_seqlens + seq_new - 1`` (through the block table if paged). No
             other slot is written. Attention then runs over the keys up to ``cache_seqlens + seq_new``.
-            ``cache_seqlens`` itself is not advanced (the caller owns it, as in flash-attn).
+            ``cache_seqlens`` itself is not advanced (the caller owns it, as in flash-attn). Caches written
+            this way must hold each element once and not share memory (an expanded cache, or one tensor
+            for both, is refused: the appends would overwrite each other).
         block_table: int32 ``[batch, max_pages]``: physical page of each logical page of each sequence (vLLM's
             and flash-attn's paged layout). Only the entries of pages in use (the first
             ``cdiv(cache_seqlens + seq_new, page_size)``) are read.
@@ -634,7 +637,8 @@ def flash_attention_with_kvcache(
         and (is_causal is True or is_causal is False) and (return_lse is True or return_lse is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and type(cache_seqlens) is torch.Tensor and (k is None) == (v is None)
-        and plain_inference(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
+        and plain_inference(q, k_cache, v_cache, cache_seqlens,
+                            optional=(k, v, block_table, k_descale, v_descale))
         and not runtime.check_values(q.device)
     ):  # fmt: skip
         known = _decode_call_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, num_splits,
@@ -679,7 +683,7 @@ def flash_attention_with_kvcache(
         _check_values(cache_seqlens, seq_new, capacity, k_cache, block_table, cache_batch_idx, cache_leftpad,
                       rotary_limit)  # fmt: skip
         if fp8:
-            check_descale_values(("k_descale", k_descale), ("v_descale", v_descale))
+            check_scale_values(("k_descale", k_descale), ("v_descale", v_descale))
     given = q, k, v  # (the calls already checked keep only steps that copy none of them)
     if q.stride()[3] != 1:  # the kernels read the last dim with unit stride
         q = tensors.last_dim_contiguous(q)

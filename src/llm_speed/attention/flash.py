@@ -58,6 +58,7 @@ from ..core import (
 )
 from ..core.args import check_flag
 from ..core.dispatch import INFERENCE, Op, plain_call
+from ..matmul.fp8 import check_scale_values
 from .backward_kernels import (
     ATOMIC_BACKWARD_KERNELS,
     BACKWARD_DKDV,
@@ -70,7 +71,6 @@ from .checks import (
     DESCALE_NAMES,
     FP8_DTYPES,
     check_alibi_slopes,
-    check_descale_values,
     check_dropout,
     check_fp8_options,
     check_options,
@@ -286,7 +286,7 @@ def fp8_forward(q, k, v, descale_q, descale_k, descale_v, is_causal: bool, scale
     values (finite, > 0) are checked on the host where ``runtime.check_values`` allows; elsewhere the kernel
     writes NaN over the rows a bad one scales."""
     if runtime.check_values(q.device):
-        check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
+        check_scale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
     mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes)
     return attention_forward(q, k, v, scale, mods, descales=(descale_q, descale_k, descale_v))
 

@@ -22,13 +22,13 @@ from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.launch import CallCache, tma_aligned
 from ..core.policy import current_number
 from ..core.tensors import last_dim_contiguous
+from ..matmul.fp8 import check_scale_values
 from . import flash
 from .checks import (
     DESCALE_NAMES,
     FP8_DTYPES,
     SUPPORTED_DTYPES,
     check_alibi_slopes,
-    check_descale_values,
     check_dropout,
     check_fp8_options,
     check_options,
@@ -148,7 +148,7 @@ def _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     """(out bfloat16, lse) of fp8 attention over packed sequences; the fp8 op's implementation (the
     descales' values checked on the host where ``runtime.check_values`` allows, like cu_seqlens')."""
     if runtime.check_values(q.device):
-        check_descale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
+        check_scale_values(*zip(DESCALE_NAMES, (descale_q, descale_k, descale_v), strict=True))
     mods = from_op(is_causal, window_left, window_right, softcap, alibi_slopes)
     return flash.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mods,
                                 seqused_k, block_table, (descale_q, descale_k, descale_v))  # fmt: skip
@@ -287,7 +287,7 @@ def flash_attention_varlen(
         and (return_lse is True or return_lse is False) and (deterministic is True or deterministic is False)
         and (scale is None or type(scale) is float and -math.inf < scale < math.inf)
         and type(max_seqlen_q) is int and type(max_seqlen_k) is int
-        and (mode := plain_call(q, k, v, cu_seqlens_q, cu_seqlens_k))
+        and (mode := plain_call(q, k, v, cu_seqlens_q, optional=(cu_seqlens_k,)))
     ):  # fmt: skip
         known = _varlen_call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                                  scale)  # fmt: skip

@@ -138,20 +138,28 @@ INFERENCE = 1  # plain_call: a plain call with no autograd graph to record
 AUTOGRAD = 2  # ... one that records one
 
 
-def plain_call(*tensors: Any) -> int:
+def plain_call(*tensors: Any, optional: tuple = ()) -> int:
     """What :class:`Op` and :class:`llm_speed.core.autocast.AutocastOp` would do with a call on ``tensors``
-    (None for an optional tensor not given), where an op's calls already checked
+    (each required) and ``optional`` (None where not given), where an op's calls already checked
     (:class:`llm_speed.core.launch.CallCache`) may serve it: :data:`INFERENCE`, run the implementation with
     nothing around it (nothing compiled or traced, no dispatch mode, no functorch transform, no autocast,
     plain tensors, no autograd graph to record); :data:`AUTOGRAD`, the same but an input requires grad (none
-    a functorch wrapper): :meth:`Op.checked`; 0, anything else (the op's full path)."""
+    a functorch wrapper): :meth:`Op.checked`; 0, anything else (the op's full path, whose checks name a
+    required tensor that is None or not a tensor)."""
     if _is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast():
         return 0
     grad = _grad_enabled()
     mode = INFERENCE
     for tensor in tensors:
         if type(tensor) not in _PLAIN_TENSORS:
-            if tensor is None:  # an optional tensor not given
+            return 0
+        if grad and tensor.requires_grad:
+            if _functorch_wrapped(tensor):
+                return 0
+            mode = AUTOGRAD
+    for tensor in optional:
+        if type(tensor) not in _PLAIN_TENSORS:
+            if tensor is None:  # not given
                 continue
             return 0
         if grad and tensor.requires_grad:
@@ -161,7 +169,7 @@ def plain_call(*tensors: Any) -> int:
     return mode
 
 
-def plain_inference(*tensors: Any) -> bool:
-    """Whether :func:`plain_call` finds a call on ``tensors`` :data:`INFERENCE` (for the ops whose calls
-    already checked serve inference only)."""
-    return plain_call(*tensors) == INFERENCE
+def plain_inference(*tensors: Any, optional: tuple = ()) -> bool:
+    """Whether :func:`plain_call` finds a call on ``tensors`` (and ``optional``) :data:`INFERENCE` (for the
+    ops whose calls already checked serve inference only)."""
+    return plain_call(*tensors, optional=optional) == INFERENCE

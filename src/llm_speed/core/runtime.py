@@ -72,6 +72,15 @@ def check_values(device: torch.device) -> bool:
     return device.type == "cpu" and not SIMULATED_GPU  # simulated: CPU tensors stand for CUDA ones
 
 
+def check_finite(name: str, t: torch.Tensor, why: str = "") -> None:
+    """ValueError naming ``name`` and its first non-finite element unless every element of ``t`` is finite
+    (``why``: what a non-finite one would break). A host read: call it only where :func:`check_values`."""
+    flat = t.reshape(-1)
+    bad = ~torch.isfinite(flat)
+    if bool(bad.any()):
+        raise ValueError(f"{name} must be finite{why}, got {flat[bad][0].item()}")
+
+
 def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     """Triton launches on the *current* CUDA device: make it ``tensor``'s for the launch (a tensor on cuda:1
     while cuda:0 is current would otherwise be read by a kernel on the wrong GPU). No-op off CUDA."""

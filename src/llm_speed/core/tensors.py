@@ -38,6 +38,46 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{', '.join(present)} must be on one device, got {listed}")
 
 
+def internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share one memory location for certain: a stride of 0 on a dim of more
+    than one element (what ``expand`` makes). PyTorch's in-place ops refuse to write into such a tensor."""
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+def check_written_in_place(**tensors: torch.Tensor) -> None:
+    """ValueError unless every tensor an op writes into holds each element once (:func:`internal_overlap`)
+    and shares no memory with another of them: the same first element, or contiguous ones whose bytes meet
+    (PyTorch's rule for in-place writes; views interleaved in one buffer, e.g. k and v of a packed cache,
+    pass)."""
+    for name, t in tensors.items():
+        if internal_overlap(t):
+            raise ValueError(
+                f"{name} is written in place but has a stride of 0 (shape {tuple(t.shape)}, strides "
+                f"{t.stride()}: an expanded tensor) so several elements share one memory location: pass a "
+                f"tensor that holds each element once (e.g. .contiguous())"
+            )
+    items = list(tensors.items())
+    for i, (name, t) in enumerate(items):
+        for other, u in items[i + 1:]:
+            if t.numel() and u.numel() and _share_memory(t, u):
+                raise ValueError(f"{name} and {other} are written in place and share memory: pass separate "
+                                 "tensors")  # fmt: skip
+
+
+def _share_memory(t: torch.Tensor, u: torch.Tensor) -> bool:
+    if t.device.type == "meta" or torch.compiler.is_compiling():  # no memory, or fake tensors being traced
+        return False
+    if t.untyped_storage().data_ptr() != u.untyped_storage().data_ptr():
+        return False
+    if t.data_ptr() == u.data_ptr():
+        return True
+    if not (t.is_contiguous() and u.is_contiguous()):
+        return False  # interleaved views of one buffer: as PyTorch, not judged
+    t_end = t.data_ptr() + t.numel() * t.element_size()
+    u_end = u.data_ptr() + u.numel() * u.element_size()
+    return t.data_ptr() < u_end and u.data_ptr() < t_end
+
+
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its last dim is contiguous (stride 1, or a single element), else a contiguous copy:
     the kernels take any stride for the other dims but assume unit stride along the last."""

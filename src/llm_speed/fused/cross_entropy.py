@@ -236,7 +236,7 @@ def _linear_setup_context(ctx, inputs, output):
 def _linear_backward(ctx, grad, *_):
     saved = ctx.saved_tensors
     grads, ctx.grads = ctx.grads, None
-    if grads is not None and plain_call(grad, *grads) == INFERENCE:
+    if grads is not None and plain_call(grad, optional=grads) == INFERENCE:
         dhidden, dweight, dbias = scale_grads(grad, *grads, in_place=True)
     elif grads is not None or len(saved) > 6:
         dhidden, dweight, dbias = _scale_grads_call(grad, *(grads or saved[6:]))

@@ -27,7 +27,7 @@ from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.hardware import Hardware, hardware_of
 from ..core.kernel_math import cast, rne_by_hand
 from ..core.launch import CallCache, Kernel, Plan, cdiv, next_power_of_2, plan_cache
-from ..core.tensors import check_same_device, check_tensor
+from ..core.tensors import check_same_device, check_tensor, internal_overlap
 from .reference import compute_dtype
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -313,8 +313,10 @@ def backward_in_place(
 
 
 def can_write_into(dy: torch.Tensor, x2d: torch.Tensor) -> bool:
-    """Whether dx can be written over dy: same dtype and shape, a contiguous last dim."""
-    return dy.dtype == x2d.dtype and dy.shape == x2d.shape and (dy.stride(-1) == 1 or dy.shape[-1] <= 1)
+    """Whether dx can be written over dy: same dtype and shape, a contiguous last dim, and each element held
+    once (a reduction's backward hands an expanded dy, rows sharing memory)."""
+    return (dy.dtype == x2d.dtype and dy.shape == x2d.shape and (dy.stride(-1) == 1 or dy.shape[-1] <= 1)
+            and not internal_overlap(dy))  # fmt: skip
 
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -459,7 +461,7 @@ def rms_norm(
         type(eps) is float and 0.0 <= eps < math.inf
         and type(offset) is float and -math.inf < offset < math.inf
         and type(casting) is str and (in_place is True or in_place is False)
-        and (mode := plain_call(x, weight))
+        and (mode := plain_call(x, optional=(weight,)))
     ):  # fmt: skip
         known = _rms_norm_call_key(x, weight, casting, offset, mode)
         kept = _RMS_NORM_CALLS.get(known)

@@ -403,8 +403,9 @@ def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torc
     the scores' scale) and descale_v (on the output); None for 16-bit q. Bad ones: an error naming them;
     values not finite and > 0 where values are not checked (a GPU): both NaN for that K/V head, so that its
     output is NaN, as the Triton fp8 path's rows."""
-    from ..attention.checks import check_descale, check_descale_values
+    from ..attention.checks import check_descale
     from ..attention.reference import descale_rows
+    from ..matmul.fp8 import check_scale_values
 
     named = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v}
     if q.dtype != FP8_DTYPE:
@@ -421,7 +422,7 @@ def _descales(q, k, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torc
             check_descale(name, t, batch, heads_kv, q.device)
             rows.append(descale_rows(t, batch, heads_kv))
     if runtime.check_values(q.device):
-        check_descale_values(*named.items())
+        check_scale_values(*named.items())
     good = rows[0].isfinite() & (rows[0] > 0)
     for row in rows[1:]:
         good = good & row.isfinite() & (row > 0)

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..core import runtime, tensors
-from ..core.args import check_choice
+from ..core.args import check_choice, check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
 from ..core.hardware import Hardware, hardware_of
@@ -738,8 +738,9 @@ def quantize_fp8(
             128)]``). A last group narrower than 128 is scaled on its own elements.
 
     ``scale = max(amax, 1e-12) / fp8_max`` in float32 over each group; ``x_fp8 = saturate(x / scale)``,
-    rounded to nearest even: values beyond the range (never produced by the amax, but an inf or a user scale
-    could) clamp to +-fp8_max. One fused kernel (amax and cast) per call; "tensor" adds a first pass that
+    rounded to nearest even. ``x`` must be finite: an inf or NaN makes its group's scale non-finite (every
+    element of the group 0 or NaN), so where values are checked (``runtime.check_values``: CPU tensors) it is
+    refused. One fused kernel (amax and cast) per call; "tensor" adds a first pass that
     writes per-program partial amaxes (no host read, see the module docstring). Not differentiable. Returns
     ``x_fp8`` contiguous.
     """
@@ -747,7 +748,20 @@ def quantize_fp8(
     if dtype not in FP8_DTYPES:
         raise TypeError(f"dtype must be one of {dtype_names(FP8_DTYPES)}, got {dtype}")
     name = check_granularity(granularity)
+    if runtime.check_values(x.device):
+        runtime.check_finite("x", x, " (its amax sets the scale)")
     return _quantize_call(x, dtype, name)
+
+
+def check_scale_values(*named) -> None:
+    """Scales or descales ``(name, tensor or None)`` finite and > 0 (a host read: only where
+    ``runtime.check_values``)."""
+    for name, t in named:
+        if t is None:
+            continue
+        bad = ~(torch.isfinite(t) & (t > 0))
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be finite and > 0, got {t.reshape(-1)[bad.reshape(-1)][0].item()}")
 
 
 def _check_scale(name: str, scale) -> None:
@@ -786,8 +800,7 @@ def gemm_fp8(
     fp8 = FP8_DTYPES
     check_tensor("a", a, dtypes=fp8, dims=2, what="[M, K]")
     check_tensor("b", b, dtypes=fp8, dims=2, what="[N, K]" if trans_b else "[K, N]")
-    if not isinstance(trans_b, bool):
-        raise TypeError(f"trans_b must be a bool, got {type(trans_b).__name__}")
+    trans_b = check_flag("trans_b", trans_b)
     _check_scale("scale_a", scale_a)
     _check_scale("scale_b", scale_b)
     if out_dtype not in OUT_DTYPES:
@@ -804,6 +817,8 @@ def gemm_fp8(
             raise ValueError(f"bias has {bias.shape[0]} elements; it must have N = {n}")
     check_same_device(a=a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
     scaling_of(m, n, k, tuple(scale_a.shape), tuple(scale_b.shape), trans_b)  # ValueError before any work
+    if runtime.check_values(a.device):
+        check_scale_values(("scale_a", scale_a), ("scale_b", scale_b))
     return _gemm_call(a, b, scale_a, scale_b, bias, out_dtype, trans_b)
 
 

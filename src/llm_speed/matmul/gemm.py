@@ -215,7 +215,7 @@ def gemm(
         c is None and out_dtype is None and (activation is None or type(activation) is str)
         and type(alpha) is float and -math.inf < alpha < math.inf and type(beta) is float and beta == 0.0
         and (trans_a is True or trans_a is False) and (trans_b is True or trans_b is False)
-        and (mode := plain_call(a, b, bias)) and a.dtype in TENSOR_CORE_DTYPES
+        and (mode := plain_call(a, b, optional=(bias,))) and a.dtype in TENSOR_CORE_DTYPES
     ):  # fmt: skip
         known = _gemm_call_key(a, b, trans_a, trans_b, bias, activation)
         call = _GEMM_CALLS.get(known)

@@ -512,6 +512,10 @@ def moe_route(
         check_same_device(router_logits=router_logits, bias=bias)
         bias = bias.contiguous()
     n_group, topk_group = check_groups(experts, top_k, n_group, topk_group)
+    if runtime.check_values(router_logits.device):  # a NaN or inf score has no rank: no choice to make
+        runtime.check_finite("router_logits", router_logits)
+        if bias is not None:
+            runtime.check_finite("bias", bias)
     logits = tensors.last_dim_contiguous(router_logits)
     return _route_call(logits, bias, top_k, scoring, renormalize, n_group, topk_group, scale)
 
