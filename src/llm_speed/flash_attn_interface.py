@@ -42,6 +42,7 @@ from .attention.checks import check_dropout, check_scale
 from .attention.decode import flash_attention_with_kvcache
 from .attention.flash import flash_attention
 from .attention.varlen import flash_attention_varlen
+from .core.args import check_flag, check_real, type_name
 from .core.dispatch import INFERENCE, plain_call
 
 __all__ = [
@@ -99,6 +100,38 @@ def _softcap(softcap) -> float | None:
     return None if softcap is None or (real and softcap <= 0) else softcap
 
 
+def _options(causal, softmax_scale, flag_name: str, flag) -> tuple:
+    """``causal``, ``softmax_scale`` and the return flag (``flag_name``) checked under flash-attn's names
+    (llm-speed's entry points would name is_causal, scale, return_lse)."""
+    scale = None if softmax_scale is None else check_real("softmax_scale", softmax_scale)
+    return check_flag("causal", causal), scale, check_flag(flag_name, flag)
+
+
+def _options_fine(causal, softmax_scale, flag) -> bool:
+    """Whether :func:`_options` has nothing to say: bools, and None or a finite float (the common call)."""
+    return (
+        (causal is True or causal is False) and (flag is True or flag is False)
+        and (softmax_scale is None or type(softmax_scale) is float and -math.inf < softmax_scale < math.inf)
+    )  # fmt: skip
+
+
+def _check_seq_major(q, k, v) -> None:
+    """q, k, v in flash-attn's layout as the caller gave them, checked before they are transposed."""
+    for name, t, layout in (("q", q, _Q_LAYOUT), ("k", k, _KV_LAYOUT), ("v", v, _KV_LAYOUT)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type_name(t)}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims {layout}, got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape {_KV_LAYOUT}, got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+
+
+_Q_LAYOUT = "[batch, seq_q, heads_q, head_dim] (flash-attn's layout)"
+_KV_LAYOUT = "[batch, seq_k, heads_k, head_dim] (flash-attn's layout)"
+
+
 def _generator_state(device: torch.device):
     if device.type == "cuda":
         return torch.cuda.get_rng_state(device)
@@ -143,7 +176,7 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
            return_attn_probs, descales=None):  # fmt: skip
     """The dense functions on ``[batch, seq, heads, dim]`` views (read through their strides)."""
     plain = (
-        not return_attn_probs and not descales and alibi_slopes is None and type(dropout_p) is float
+        return_attn_probs is False and not descales and alibi_slopes is None and type(dropout_p) is float
         and not dropout_p and (causal is True or causal is False)
         and (deterministic is True or deterministic is False)
         and _no_window_or_softcap(window_size, softcap)
@@ -157,6 +190,10 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
             out = flash.seq_major_autograd(q, k, v, causal, softmax_scale, deterministic)
         if out is not None:
             return out
+    if not plain:  # the plain call's options are already bools and a finite scale
+        causal, softmax_scale, return_attn_probs = _options(causal, softmax_scale, "return_attn_probs",
+                                                            return_attn_probs)  # fmt: skip
+    _check_seq_major(q, k, v)
     window, cap = _window(window_size), _softcap(softcap)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     state = _generator_state(q.device) if return_attn_probs and dropout_p else None
@@ -326,6 +363,9 @@ def flash_attn_varlen_func(
     FlashAttention-3 and vLLM's build): sequence b uses only its first ``seqused_k[b]`` keys; with it and a
     block_table, ``cu_seqlens_k`` may be None. fp8: ``q_descale``, ``k_descale``, ``v_descale`` as
     :func:`flash_attn_func`'s. See :func:`llm_speed.flash_attention_varlen`."""
+    if not _options_fine(causal, softmax_scale, return_attn_probs):
+        causal, softmax_scale, return_attn_probs = _options(causal, softmax_scale, "return_attn_probs",
+                                                            return_attn_probs)  # fmt: skip
     if (
         not return_attn_probs and alibi_slopes is None and seqused_k is None and block_table is None
         and q_descale is None and k_descale is None and v_descale is None
@@ -445,9 +485,16 @@ def flash_attn_with_kvcache(
     seq_q])``. An fp8 cache (e4m3 or e5m2) takes FlashAttention-3's ``k_descale``/``v_descale`` (keywords;
     float32 ``[batch, heads_kv]`` as FA3, or ``[]``/``[1]``/``[heads_kv]``); q stays 16-bit (no
     ``q_descale``)."""
+    if not _options_fine(causal, softmax_scale, return_softmax_lse):
+        causal, softmax_scale, return_softmax_lse = _options(causal, softmax_scale, "return_softmax_lse",
+                                                             return_softmax_lse)  # fmt: skip
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("cache_seqlens is required when k/v are appended (where would they go?)")
+        if block_table is not None and not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+        if block_table is not None and block_table.dim() != 2:
+            raise ValueError(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
         if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
             pages = 1 if block_table is None else block_table.shape[1]
             cache_seqlens = pages * k_cache.shape[1]

@@ -3,6 +3,7 @@
 import copy
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from llm_speed.attention import flash  # noqa: E402
 from llm_speed.core import runtime  # noqa: E402
 from llm_speed.integrations import transformers as hf  # noqa: E402
 
+FLAG = r"a bool \(True or False\) or a numpy.bool_"  # core.args.check_flag's wording
 CAP = 1e-6  # about one float32 rounding unit at the size of the compared values
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
@@ -265,9 +267,9 @@ def test_attn_implementation_name_and_apply_checks(device):
     assert runtime.launch_count(flash.FORWARD.name) > before
     report = hf.apply(model)
     assert hf.apply(model) is report  # a second call patches nothing more
-    with pytest.raises(TypeError, match="rotary must be a bool, got int"):
+    with pytest.raises(TypeError, match=rf"rotary must be {FLAG}, got int 1"):
         hf.apply(model, rotary=1)
-    with pytest.raises(TypeError, match="attention must be a bool or None, got str"):
+    with pytest.raises(TypeError, match=rf"attention must be None \(the default\) or {FLAG}, got str"):
         hf.apply(model, attention="eager")
     with pytest.raises(TypeError, match="rotary must be a bool"):
         hf.apply(model, rotary=1)
@@ -303,3 +305,35 @@ def test_cross_entropy_accum_dtype_reaches_the_fused_loss(device, monkeypatch):
     with pytest.raises(ValueError, match="cross_entropy_accum_dtype needs cross_entropy=True"):
         hf.apply(fresh, cross_entropy=False, cross_entropy_accum_dtype=torch.float32)
     assert getattr(fresh, "_llm_speed_report", None) is None  # refused before anything was patched
+
+
+def test_apply_takes_numpy_bools_as_the_package_does():
+    """apply's switches go through core.args.check_flag: NumPy bools are bools, other values its error."""
+    model = _models("llama")[0]
+    with pytest.raises(TypeError, match=rf"^rms_norm must be {FLAG}, got str 'no'"):
+        hf.apply(model, rms_norm="no")
+    report = hf.apply(model, rms_norm=np.bool_(False), attention=np.bool_(True), rotary=np.True_)
+    assert report["rms_norm"] == 0 and report["attention"] is True and report["rotary"] is True
+
+
+_LAYOUT = r"\[batch, heads, q_len, head_dim\]"
+
+
+@pytest.mark.parametrize(
+    "query, mask, error, match",
+    [
+        (torch.randn(2, 8, 16), None, ValueError, rf"^query must have 4 dims {_LAYOUT}, got shape \(2, 8,"),
+        (None, None, TypeError, rf"^query must be a torch.Tensor {_LAYOUT}, got NoneType"),
+        (torch.randn(1, 2, 8, 16), [[1] * 8], TypeError,
+         r"^attention_mask must be None or a torch.Tensor, got list; accepted: None, a 2-D padding mask"),
+        (torch.randn(1, 2, 8, 16), torch.ones(1, 8, dtype=torch.bool, device="meta"), ValueError,
+         r"attention_mask it cannot read \(a mask on the meta device.*accepted: None, a 2-D padding mask"),
+    ],
+    ids=["3-D query", "query None", "mask list", "mask on meta"],
+)  # fmt: skip
+def test_attention_refuses_bad_query_and_mask_before_any_work(query, mask, error, match):
+    key = value = torch.randn(1, 1, 8, 16)
+    before = runtime.launch_count(flash.FORWARD.name)
+    with pytest.raises(error, match=match):
+        hf.llm_speed_attention(None, query, key, value, mask)
+    assert runtime.launch_count(flash.FORWARD.name) == before

@@ -78,6 +78,7 @@ import torch
 from torch import nn
 
 from ..attention import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
+from ..core.args import check_flag, type_name
 from ..core.tensors import FLOAT_DTYPES
 from ..fused.cross_entropy import check_accum_dtype, fused_linear_cross_entropy
 from ..fused.rotary_qk import apply_rotary_qk
@@ -200,6 +201,27 @@ def _refuse_mask(reason: str):
     raise ValueError(
         f"llm_speed attention got an attention_mask it cannot read ({reason}); accepted: {ACCEPTED_MASKS}"
     )
+
+
+def _check_inputs(query, key, value, attention_mask) -> None:
+    """The tensors of an attention call, checked before any work: q, k, v 4-D tensors, the mask None or a
+    tensor with values to read."""
+    for name, t, layout in (("query", query, "[batch, heads, q_len, head_dim]"),
+                            ("key", key, "[batch, kv_heads, kv_len, head_dim]"),
+                            ("value", value, "[batch, kv_heads, kv_len, head_dim]")):  # fmt: skip
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type_name(t)}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims {layout}, got shape {tuple(t.shape)}")
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(
+            f"attention_mask must be None or a torch.Tensor, got {type_name(attention_mask)}; accepted: "
+            f"{ACCEPTED_MASKS}"
+        )
+    if attention_mask.is_meta:  # its values are read to find the real tokens
+        _refuse_mask(f"a mask on the meta device, with no values; query is on {query.device}")
 
 
 def _inexpressible(reason: str):
@@ -411,6 +433,7 @@ def llm_speed_attention(
     ``output_attentions=True`` and masks the kernels cannot compute run the model's original attention, with
     one warning; ValueError for malformed masks, dropout and non-causal configs.
     """
+    _check_inputs(query, key, value, attention_mask)
     if dropout:
         raise ValueError(f"llm_speed attention has no dropout; got attention dropout {dropout} (set it to 0)")
     if getattr(getattr(module, "config", None), "is_causal", True) is False:
@@ -716,9 +739,15 @@ def apply(
     switches = dict(rms_norm=rms_norm, mlp=mlp, moe=moe, rotary=rotary, attention=attention,
                     cross_entropy=cross_entropy)  # fmt: skip
     for name, value in switches.items():
-        if not isinstance(value, bool) and not (name == "attention" and value is None):
-            accepted = "a bool or None" if name == "attention" else "a bool"
-            raise TypeError(f"{name} must be {accepted}, got {type(value).__name__}")
+        if name == "attention" and value is None:
+            continue
+        try:
+            switches[name] = check_flag(name, value)
+        except TypeError as error:
+            if name != "attention":
+                raise
+            raise TypeError(str(error).replace("must be", "must be None (the default) or", 1)) from None
+    rms_norm, mlp, moe, rotary, attention, cross_entropy = switches.values()
     check_accum_dtype("cross_entropy_accum_dtype", cross_entropy_accum_dtype)
     if cross_entropy_accum_dtype is not None and not cross_entropy:
         raise ValueError("cross_entropy_accum_dtype needs cross_entropy=True (it is the fused loss's option)")
