@@ -15,7 +15,7 @@ from typing import Any
 
 from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import normalize_dtype
-from llm_speed.perf.memory import checked_qkv_and_output, gb_breakdown
+from llm_speed.perf.memory import checked_qkv_and_output, gb_breakdown, positive_number
 
 # The old bandwidth table (bytes/s): an A100's shared memory and HBM, and the HBM figure again for L2.
 OLD_MEMORY_BANDWIDTH: dict[str, float] = {"shared_memory": 19e12, "l2_cache": 1.5e12, "hbm": 1.5e12}
@@ -34,7 +34,7 @@ def calculate_attention_vram(
 ) -> dict[str, float]:
     """Standard attention in decimal GB: qkv 3*s*h*d*e, attention_matrix s*s*e (one head), output s*h*d*e."""
     qkv, output = checked_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
-    attention_matrix = seq_len * seq_len * dtype_bytes
+    attention_matrix = int(seq_len) * int(seq_len) * positive_number("dtype_bytes", dtype_bytes)
     return gb_breakdown(qkv=qkv, attention_matrix=attention_matrix, output=output)
 
 

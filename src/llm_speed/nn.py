@@ -8,17 +8,33 @@ swaps a model's own modules for these, sharing their parameters.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
-from .core.args import check_choice, check_flag, check_real, positive_int
-from .fused.cross_entropy import cross_entropy, fused_linear_cross_entropy
+from .core.args import check_choice, check_flag, check_int, check_real, positive_int, type_name
+from .core.tensors import FLOAT_DTYPES, dtype_names
+from .fused.cross_entropy import REDUCTIONS, check_accum_dtype, cross_entropy, fused_linear_cross_entropy
 from .fused.geglu import geglu
 from .fused.rms_norm import CASTINGS, rms_norm
 from .fused.swiglu import swiglu
 
 INITS = ("ones", "zeros")
 ACTIVATIONS = {"silu": swiglu, "gelu_tanh": geglu}
+
+
+def check_module_dtype(dtype) -> None:
+    """A module's ``dtype``: None (torch's default dtype) or one the fused ops take; TypeError naming it."""
+    if dtype is None:
+        if torch.get_default_dtype() in FLOAT_DTYPES:
+            return
+        raise TypeError(
+            f"dtype is None, i.e. torch's default dtype, now {torch.get_default_dtype()}; pass one of "
+            f"{dtype_names(FLOAT_DTYPES)}"
+        )
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be None or one of ({dtype_names(FLOAT_DTYPES)}), got {dtype!r}")
 
 
 class RMSNorm(nn.Module):
@@ -50,6 +66,7 @@ class RMSNorm(nn.Module):
     ):
         super().__init__()
         self.hidden_size = positive_int("hidden_size", hidden_size)
+        check_module_dtype(dtype)
         self.eps = check_real("eps", eps, minimum=0.0)
         self.offset = check_real("offset", offset)
         self.casting = check_choice("casting", casting, CASTINGS)
@@ -71,6 +88,11 @@ class RMSNorm(nn.Module):
     ) -> RMSNorm:  # fmt: skip
         """A module around an existing ``weight`` (shared, not copied: an optimizer holding it keeps working),
         as :mod:`llm_speed.integrations.transformers` swaps a model's own norms."""
+        # the weight's dtype is rms_norm's to check: a model's own norm weight is wrapped as it is
+        if weight is not None and not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be None or a torch.Tensor [hidden], got {type_name(weight)}")
+        if weight is not None and weight.dim() != 1:
+            raise ValueError(f"weight must have 1 dim [hidden], got shape {tuple(weight.shape)}")
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.hidden_size = positive_int("hidden_size", weight.shape[0]) if weight is not None else 0
@@ -114,6 +136,7 @@ class GatedMLP(nn.Module):
         hidden_size = positive_int("hidden_size", hidden_size)
         self.intermediate_size = positive_int("intermediate_size", intermediate_size)
         bias = check_flag("bias", bias)
+        check_module_dtype(dtype)
         self.activation = check_choice("activation", activation, tuple(ACTIVATIONS))
         self.fused_gate_up = check_flag("fused_gate_up", fused_gate_up)
         kw = dict(bias=bias, device=device, dtype=dtype)
@@ -132,9 +155,20 @@ class GatedMLP(nn.Module):
         """A module around existing projections (shared, not copied), as
         :mod:`llm_speed.integrations.transformers` swaps a model's own MLPs: ``gate_proj`` and ``up_proj``, or
         Phi-3's ``gate_up_proj``."""
+        activation = check_choice("activation", activation, tuple(ACTIVATIONS))
+        projections = dict(gate_proj=gate_proj, up_proj=up_proj, gate_up_proj=gate_up_proj)
+        for name, projection in dict(down_proj=down_proj, **projections).items():
+            if (projection is not None or name == "down_proj") and not isinstance(projection, nn.Module):
+                raise TypeError(f"{name} must be a torch.nn.Module (nn.Linear), got {type_name(projection)}")
+        accepted = "GatedMLP.wrap takes gate_proj and up_proj, or gate_up_proj (Phi-3's), with down_proj"
+        if gate_up_proj is not None and (gate_proj is not None or up_proj is not None):
+            raise ValueError(f"gate_up_proj given with gate_proj or up_proj: {accepted}")
+        if gate_up_proj is None and (gate_proj is None or up_proj is None):
+            missing = " and ".join(name for name in ("gate_proj", "up_proj") if projections[name] is None)
+            raise TypeError(f"{missing} missing: {accepted}")
         module = GatedMLP.__new__(GatedMLP)
         nn.Module.__init__(module)
-        module.activation = check_choice("activation", activation, tuple(ACTIVATIONS))
+        module.activation = activation
         module.fused_gate_up = gate_up_proj is not None
         if module.fused_gate_up:
             module.gate_up_proj = gate_up_proj
@@ -169,12 +203,46 @@ class GeGLUMLP(GatedMLP):
         super().__init__(hidden_size, intermediate_size, bias, activation="gelu_tanh", **kwargs)
 
 
+# The value checks of the losses' options that need no tensor: those of cross_entropy's _validate_loss and
+# fused_linear_cross_entropy's own, run at construction.
+_LOSS_OPTION_CHECKS = {
+    "ignore_index": lambda v: check_int("ignore_index", v),
+    "reduction": lambda v: check_choice("reduction", v, REDUCTIONS),
+    "label_smoothing": lambda v: check_real("label_smoothing", v, minimum=0.0, maximum=1.0),
+    "softcap": lambda v: v is None or check_real("softcap", v, positive=True),
+    "lse_square_scale": lambda v: check_real("lse_square_scale", v, minimum=0.0),
+    "return_z_loss": lambda v: check_flag("return_z_loss", v),
+    "loss_dtype": lambda v: v in FLOAT_DTYPES or _refuse_loss_dtype(v),
+    "chunk_rows": lambda v: v is None or positive_int("chunk_rows", v),
+    "accum_dtype": lambda v: check_accum_dtype("accum_dtype", v),
+}
+
+
+def _refuse_loss_dtype(loss_dtype):
+    raise TypeError(f"loss_dtype is {loss_dtype!r}; accepted: {dtype_names(FLOAT_DTYPES)}")
+
+
+def check_loss_options(owner: str, function, options: dict, *, given_by_the_module: tuple) -> None:
+    """``options`` of a loss module: keyword arguments of ``function`` (less those the module passes itself),
+    each checked as ``function`` checks it; TypeError or ValueError naming the option."""
+    accepted = [
+        name for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in given_by_the_module
+    ]  # fmt: skip
+    for name, value in options.items():
+        if name not in accepted:
+            raise TypeError(f"{owner} has no option {name!r}; accepted: {', '.join(accepted)}")
+        if name in _LOSS_OPTION_CHECKS:
+            _LOSS_OPTION_CHECKS[name](value)
+
+
 class CrossEntropyLoss(nn.Module):
     """:func:`llm_speed.cross_entropy` as a module: ``loss(logits [N, V], target [N])``, the options fixed at
     construction (``weight`` is registered as a buffer)."""
 
     def __init__(self, weight: torch.Tensor | None = None, **options):
         super().__init__()
+        check_loss_options(type(self).__name__, cross_entropy, options, given_by_the_module=("weight",))
         self.register_buffer("weight", weight)
         self.options = options
 
@@ -189,6 +257,15 @@ class FusedLinearCrossEntropyLoss(nn.Module):
 
     def __init__(self, ce_weight: torch.Tensor | None = None, **options):
         super().__init__()
+        if "weight" in options:
+            raise TypeError(
+                "weight is forward's argument here (the [V, H] projection: loss(hidden, weight, target)); "
+                "pass the class weights [V] as ce_weight="
+            )
+        if "bias" in options:
+            raise TypeError("bias is forward's argument here: loss(hidden, weight, target, bias)")
+        check_loss_options(type(self).__name__, fused_linear_cross_entropy, options,
+                           given_by_the_module=("ce_weight", "bias"))  # fmt: skip
         self.register_buffer("ce_weight", ce_weight)
         self.options = options
 
@@ -215,6 +292,7 @@ class MoEExperts(nn.Module):
         self.num_experts = positive_int("num_experts", num_experts)
         self.hidden_size = positive_int("hidden_size", hidden_size)
         self.intermediate_size = positive_int("intermediate_size", intermediate_size)
+        check_module_dtype(dtype)
         kw = dict(device=device, dtype=dtype)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
@@ -273,6 +351,7 @@ class MoE(nn.Module):
         check_groups(num_experts, self.top_k, n_group, topk_group)
         self.n_group, self.topk_group = n_group, topk_group
         self.routed_scaling_factor = check_real("routed_scaling_factor", routed_scaling_factor, positive=True)
+        check_module_dtype(dtype)
         self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False, device=device, dtype=dtype)
         if check_flag("correction_bias", correction_bias):

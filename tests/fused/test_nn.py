@@ -13,6 +13,8 @@ from llm_speed.nn import (
     FusedLinearCrossEntropyLoss,
     GatedMLP,
     GeGLUMLP,
+    MoE,
+    MoEExperts,
     RMSNorm,
     SwiGLUMLP,
 )
@@ -59,6 +61,81 @@ def test_swiglu_mlp_matches_plain_mlp_and_trains(device):
 def test_bad_arguments(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+LINEAR = torch.nn.Linear
+DTYPES = r"dtype must be None or one of \(float16, bfloat16, float32\), got torch"
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        # dtypes the fused ops refuse: torch's own error (int32), or the first forward's (float64; after two
+        # GEMMs for the MLP, after the router GEMM for MoE)
+        (lambda: RMSNorm(16, dtype=torch.int32), TypeError, DTYPES + ".int32"),
+        (lambda: RMSNorm(16, dtype=torch.float64), TypeError, DTYPES + ".float64"),
+        (lambda: GatedMLP(16, 32, dtype=torch.float64), TypeError, DTYPES),
+        (lambda: SwiGLUMLP(16, 32, dtype=torch.float64), TypeError, DTYPES),
+        (lambda: GeGLUMLP(16, 32, dtype=torch.float64), TypeError, DTYPES),
+        (lambda: MoE(16, 32, 4, 2, dtype=torch.float64), TypeError, DTYPES),
+        (lambda: MoEExperts(4, 16, 32, dtype=torch.float64), TypeError, DTYPES),
+        (lambda: RMSNorm(16, dtype="float32"), TypeError, "dtype must be None or one of .* got 'float32'"),
+        # wrap: AttributeError on a list; a GatedMLP without gate_proj failed only at forward
+        (lambda: RMSNorm.wrap([1.0] * 16, 1e-6), TypeError,
+         r"weight must be None or a torch.Tensor \[hidden\], got list"),
+        (lambda: RMSNorm.wrap(torch.ones(2, 8), 1e-6), ValueError, r"weight must have 1 dim \[hidden\]"),
+        (lambda: GatedMLP.wrap(LINEAR(32, 16), up_proj=LINEAR(16, 32)), TypeError,
+         "gate_proj missing: GatedMLP.wrap takes gate_proj and up_proj, or gate_up_proj"),
+        (lambda: GatedMLP.wrap(LINEAR(32, 16)), TypeError, "gate_proj and up_proj missing"),
+        (lambda: GatedMLP.wrap(LINEAR(32, 16), gate_up_proj=LINEAR(16, 64),
+                               gate_proj=LINEAR(16, 32)), ValueError, "gate_up_proj given with"),
+        (lambda: GatedMLP.wrap(None, gate_up_proj=LINEAR(16, 64)), TypeError,
+         r"down_proj must be a torch.nn.Module \(nn.Linear\), got NoneType"),
+        (lambda: GatedMLP.wrap(LINEAR(32, 16), gate_proj=torch.ones(32, 16), up_proj=LINEAR(16, 32)),
+         TypeError, "gate_proj must be a torch.nn.Module"),
+        # loss options: refused only at the first forward before
+        (lambda: CrossEntropyLoss(reduction="avg"), ValueError, "reduction is 'avg'; accepted: 'mean'"),
+        (lambda: CrossEntropyLoss(ignore_idx=-1), TypeError,
+         "CrossEntropyLoss has no option 'ignore_idx'; accepted: ignore_index, reduction, label_smoothing"),
+        (lambda: CrossEntropyLoss(chunk_rows=4), TypeError, "no option 'chunk_rows'"),
+        (lambda: CrossEntropyLoss(ignore_index=True), TypeError, "ignore_index must be an int, got bool"),
+        (lambda: CrossEntropyLoss(label_smoothing=1.5), ValueError, "label_smoothing must be <= 1.0"),
+        (lambda: CrossEntropyLoss(softcap=0.0), ValueError, "softcap must be > 0"),
+        (lambda: CrossEntropyLoss(lse_square_scale=-1.0), ValueError, "lse_square_scale must be >= 0"),
+        (lambda: CrossEntropyLoss(return_z_loss="yes"), TypeError, "return_z_loss must be a bool"),
+        (lambda: CrossEntropyLoss(loss_dtype=torch.float64), TypeError, "loss_dtype is torch.float64;"),
+        (lambda: FusedLinearCrossEntropyLoss(chunk_rows=0), ValueError, "chunk_rows must be a positive int"),
+        (lambda: FusedLinearCrossEntropyLoss(accum_dtype=torch.float16), TypeError, "accum_dtype is torch"),
+        (lambda: FusedLinearCrossEntropyLoss(weight=torch.ones(8)), TypeError,
+         "weight is forward's argument here .* pass the class weights \\[V\\] as ce_weight="),
+        (lambda: FusedLinearCrossEntropyLoss(bias=torch.ones(8)), TypeError, "bias is forward's argument"),
+        (lambda: FusedLinearCrossEntropyLoss(ignore_idx=-1), TypeError,
+         "FusedLinearCrossEntropyLoss has no option 'ignore_idx'; accepted: .*chunk_rows, accum_dtype"),
+    ],
+)
+def test_bad_arguments_refused_at_construction(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_default_dtype_checked_and_valid_arguments_accepted():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(TypeError, match="dtype is None, i.e. torch's default dtype, now torch.float64"):
+            RMSNorm(16)
+    finally:
+        torch.set_default_dtype(previous)
+    for dtype in (None, torch.float16, torch.bfloat16, torch.float32):
+        assert RMSNorm(16, dtype=dtype).weight.dtype == (dtype or torch.float32)
+        assert GatedMLP(16, 32, dtype=dtype).down_proj.weight.dtype == (dtype or torch.float32)
+    wrapped = GatedMLP.wrap(LINEAR(32, 16), gate_proj=LINEAR(16, 32), up_proj=LINEAR(16, 32))
+    assert wrapped(torch.randn(2, 16)).shape == (2, 16)
+    options = dict(ignore_index=-1, reduction="sum", label_smoothing=0.1, softcap=30.0, lse_square_scale=1e-4,
+                   return_z_loss=True, loss_dtype=torch.bfloat16)  # fmt: skip
+    assert CrossEntropyLoss(**options).options == options
+    fused = FusedLinearCrossEntropyLoss(chunk_rows=None, accum_dtype=torch.float32, **options)
+    assert fused.options == dict(options, chunk_rows=None, accum_dtype=torch.float32)
 
 
 @pytest.mark.parametrize(("offset", "init", "start"), [(0.0, None, 1.0), (1.0, None, 0.0), (1.0, "ones", 1.0),
@@ -113,3 +190,15 @@ def test_loss_modules(device):
     fused = FusedLinearCrossEntropyLoss(lse_square_scale=1e-3)
     expected = fused_linear_cross_entropy(hidden, head, target, lse_square_scale=1e-3)
     assert torch.equal(fused(hidden, head, target), expected)
+
+
+def test_every_loss_option_has_a_construction_check():
+    """A new keyword of the loss functions needs its check in nn._LOSS_OPTION_CHECKS too."""
+    import inspect
+
+    import llm_speed.nn as lnn
+
+    for function in (cross_entropy, fused_linear_cross_entropy):
+        options = {name for name, parameter in inspect.signature(function).parameters.items()
+                   if parameter.kind is inspect.Parameter.KEYWORD_ONLY}  # fmt: skip
+        assert options - {"weight", "ce_weight", "bias"} <= set(lnn._LOSS_OPTION_CHECKS)

@@ -200,6 +200,9 @@ def _bad(**changes):
         (_bad(cos=torch.ones(2, 3, 8), sin=torch.ones(2, 3, 8)), ValueError, r"\[batch or 1, seq"),
         (_bad(cos=torch.ones(4, 8), sin=torch.ones(4, 8)), ValueError, "cover 4 positions"),
         (_bad(unsqueeze_dim=3), ValueError, "unsqueeze_dim is 3"),
+        # True == 1: check_choice's `in` accepted it (and 1.0) as 1
+        (_bad(unsqueeze_dim=True), TypeError, r"unsqueeze_dim must be an int \(1 or 2\), got bool"),
+        (_bad(unsqueeze_dim=1.0), TypeError, r"unsqueeze_dim must be an int \(1 or 2\), got float"),
         (_bad(interleaved=1), TypeError, "interleaved must be a bool"),
         (_bad(cos=torch.ones(9, 8), sin=torch.ones(9, 8), position_ids=torch.ones(2, 3, dtype=torch.int64)),
          ValueError, r"position_ids has shape \(2, 3\)"),

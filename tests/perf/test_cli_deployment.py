@@ -89,6 +89,17 @@ def test_gpu_spec_json_and_inline(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_gpu_spec_unknown_key_named_before_its_value():
+    # "sms=abc" said "sms needs a number", although sms is no key at all
+    for item in ("sms=abc", "sms=-4"):
+        with pytest.raises(ValueError, match=r"unknown key 'sms'; accepted: id, based_on, .*sm_count"):
+            load_gpu_spec(f"based_on=h100-sxm,{item}")
+    with pytest.raises(ValueError, match="sm_count needs a number"):
+        load_gpu_spec("based_on=h100-sxm,sm_count=abc")
+    with pytest.raises(ValueError, match="bf16 needs a number"):
+        load_gpu_spec("based_on=h100-sxm,bf16=abc")
+
+
 def test_gpu_spec_sm_count_and_model_fields_checked_up_front(tmp_path, capsys):
     # sm_count 0 or negative crashed analyze deep in a prediction; 1.5 was accepted.
     for bad in ("0", "-3", "1.5"):

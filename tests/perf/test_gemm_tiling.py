@@ -1,5 +1,6 @@
 """Tile counts, wave quantization (seed 001's 108-SM example), HBM traffic, Tensor Core alignment."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,8 @@ def test_pad_to_alignment_sizes_and_shapes():
     assert pad_to_alignment(100, alignment=8) == 104
     assert pad_to_alignment((3, 100, 17)) == (3, 112, 32)
     assert pad_to_alignment([5]) == [16]
+    assert pad_to_alignment(torch.Size([3, 100])) == (16, 112)
+    assert pad_to_alignment((np.int64(17), 3)) == (32, 16) and pad_to_alignment(np.int64(17)) == 32
 
 
 def test_pad_to_alignment_tensor_as_seed_002():
@@ -101,6 +104,12 @@ def test_pad_to_alignment_tensor_as_seed_002():
         (lambda: pad_to_alignment(-3), ValueError, "size"),
         (lambda: pad_to_alignment(10, alignment=0), ValueError, "alignment"),
         (lambda: pad_to_alignment("abc"), TypeError, "tensor_or_size"),
+        # shape entries: 16.5 was truncated to 16 (padded to 16, not 32); True and "16" read as sizes
+        (lambda: pad_to_alignment((16.5, 3)), TypeError, r"tensor_or_size must be an int, a shape \(a tuple "
+         r"or list of ints\) or a torch.Tensor, got float 16.5 in \(16.5, 3\)"),
+        (lambda: pad_to_alignment((True, 3)), TypeError, "tensor_or_size must be .* got bool True"),
+        (lambda: pad_to_alignment(["16", "3"]), TypeError, "tensor_or_size must be .* got str '16'"),
+        (lambda: pad_to_alignment(16.0), TypeError, "tensor_or_size must be .* got float"),
         (lambda: pad_to_alignment(torch.tensor(3.0)), ValueError, "dimension"),
         (lambda: tensor_core_alignment("fp9"), ValueError, "dtype"),
     ],

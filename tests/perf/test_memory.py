@@ -1,5 +1,8 @@
 """Seed 000's and seed 002's memory numbers under their own assumptions, and the precise attention model."""
 
+from fractions import Fraction
+
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +149,21 @@ def test_training_adds_saved_tensors_and_backward_peak():
         (lambda: calculate_attention_vram(512, 32, 128, dtype_bytes=0), ValueError, "dtype_bytes"),
         (lambda: estimate_attention_memory(2, 16, 8192, 64, dtype="fp5"), ValueError, "dtype"),
         (lambda: find_optimal_batch_size(16, 2048, 64, max_memory_gb=-1), ValueError, "max_memory_gb"),
+        # inf: inf GB returned (vram), OverflowError (batch size); NaN was refused, inf was not
+        (lambda: calculate_attention_vram(1024, 8, 64, dtype_bytes=float("inf")), ValueError,
+         "dtype_bytes must be finite, got inf"),
+        (lambda: calculate_flash_attention_vram(1024, 8, 64, dtype_bytes=float("inf")), ValueError,
+         "dtype_bytes must be finite"),
+        (lambda: calculate_attention_vram(1024, 8, 64, dtype_bytes=float("nan")), ValueError,
+         "dtype_bytes must be finite"),
+        (lambda: calculate_attention_vram(1024, 8, 64, dtype_bytes="2"), TypeError,
+         "dtype_bytes must be a real number, got str"),
+        (lambda: find_optimal_batch_size(16, 2048, 64, max_memory_gb=float("inf")), ValueError,
+         "max_memory_gb must be finite, got inf"),
+        (lambda: find_optimal_batch_size(16, 2048, 64, max_memory_gb=0), ValueError,
+         "max_memory_gb must be > 0"),
+        (lambda: find_optimal_batch_size(16, 2048, 64, max_memory_gb=True), TypeError,
+         "max_memory_gb must be a real number, got bool"),
         (lambda: attention_memory(1, 8, 16, 16, 64, heads_kv=3), ValueError, "heads_kv"),
         (lambda: attention_memory(1, 8, 16, 16, 64, impl="naive"), ValueError, "impl"),
         (lambda: attention_memory(1, 8, 16, 16.0, 64), TypeError, "seq_kv"),
@@ -154,6 +172,18 @@ def test_training_adds_saved_tensors_and_backward_peak():
 def test_bad_inputs(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_numpy_scalars_and_huge_finite_sizes():
+    # np.float32(24) was refused as "must be a number > 0"; 1e300 GiB raised OverflowError
+    assert find_optimal_batch_size(16, 2048, 64, max_memory_gb=np.float32(24)) == 1024
+    assert find_optimal_batch_size(16, 2048, 64, max_memory_gb=np.int64(24)) == 1024
+    huge = find_optimal_batch_size(16, 2048, 64, max_memory_gb=1e300)
+    fits = Fraction(1e300) * 1024**3 / (4 * 16 * 2048 * 64 * 2) / Fraction(1.2)  # samples that fit
+    assert huge.bit_count() == 1 and huge <= fits < 2 * huge
+    assert calculate_attention_vram(1024, 8, 64, dtype_bytes=np.float32(2)) == calculate_attention_vram(
+        1024, 8, 64, dtype_bytes=2
+    )
 
 
 @pytest.mark.gpu

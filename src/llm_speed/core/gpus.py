@@ -1019,20 +1019,21 @@ def load_gpu_spec(spec: str) -> GPUSpec:
         if key in ("id", "based_on"):
             fields[key] = text.strip()
             continue
-        try:
-            value = float(text)
-        except ValueError as error:
-            raise ValueError(f"gpu spec item {item!r}: {key} needs a number") from error
-        if key in _INLINE_KEYS:
-            # custom_gpu checks it (sm_count a positive integer): a whole number goes as an int.
-            fields[_INLINE_KEYS[key]] = int(value) if value.is_integer() else value
-        elif key.lower().removeprefix("torch.") in _DTYPE_ALIASES:
-            peaks[key] = value
-        else:
+        inline = key in _INLINE_KEYS  # the key checked before its value
+        if not inline and key.lower().removeprefix("torch.") not in _DTYPE_ALIASES:
             raise ValueError(
                 f"gpu spec item {item!r}: unknown key {key!r}; accepted: id, based_on, "
                 f"{', '.join(_INLINE_KEYS)} and dtype names ({', '.join(DTYPE_BYTES)}) in TFLOP/s"
             )
+        try:
+            value = float(text)
+        except ValueError as error:
+            raise ValueError(f"gpu spec item {item!r}: {key} needs a number") from error
+        if inline:
+            # custom_gpu checks it (sm_count a positive integer): a whole number goes as an int.
+            fields[_INLINE_KEYS[key]] = int(value) if value.is_integer() else value
+        else:
+            peaks[key] = value
     if peaks:
         fields["peak_tflops"] = peaks
     fields.setdefault("id", "user-gpu")

@@ -21,13 +21,14 @@ plain-PyTorch spec is :func:`llm_speed.fused.reference.apply_rotary_qk_reference
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 import triton
 import triton.language as tl
 
 from ..core import autocast, runtime, tensors
-from ..core.args import check_choice, check_flag
+from ..core.args import check_choice, check_flag, type_name
 from ..core.config import KernelConfig
 from ..core.dispatch import INFERENCE, Op, plain_call
 from ..core.kernel_math import cast, rne_by_hand
@@ -329,6 +330,8 @@ def _validate(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved):
     check_tensor("k", k, dims=4, what="[batch, heads_k, seq, head_dim] (unsqueeze_dim=1)")
     check_tensor("cos", cos)
     check_tensor("sin", sin)
+    if isinstance(unsqueeze_dim, bool) or not isinstance(unsqueeze_dim, numbers.Integral):  # True == 1
+        raise TypeError(f"unsqueeze_dim must be an int (1 or 2), got {type_name(unsqueeze_dim)}")
     check_choice("unsqueeze_dim", unsqueeze_dim, LAYOUTS)
     interleaved = check_flag("interleaved", interleaved)
     if q.dtype != k.dtype:

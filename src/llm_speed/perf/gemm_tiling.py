@@ -9,11 +9,12 @@ multiple of 8 for FP16, 16 for INT8); ``pad_to_alignment`` keeps the old cuda_ll
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import positive_int, type_name
 from llm_speed.core.gpus import GPUSpec, dtype_bytes, get_gpu
 
 # Tensor Core kernels (cuBLAS, CUTLASS) need every leading dimension to span a multiple of 16 bytes
@@ -158,13 +159,19 @@ def pad_to_alignment(tensor_or_size: Any, alignment: int = 16) -> Any:
       the useful reading).
     """
     alignment = positive_int("alignment", alignment)
+    accepted = "an int, a shape (a tuple or list of ints) or a torch.Tensor"
     if isinstance(tensor_or_size, bool):
-        raise TypeError("tensor_or_size must be an int, a shape or a tensor, got bool")
-    if isinstance(tensor_or_size, int):
+        raise TypeError(f"tensor_or_size must be {accepted}, got bool")
+    if isinstance(tensor_or_size, numbers.Integral):
         if tensor_or_size < 0:
             raise ValueError(f"size must be >= 0, got {tensor_or_size}")
-        return -(-tensor_or_size // alignment) * alignment
+        return -(-int(tensor_or_size) // alignment) * alignment
     if isinstance(tensor_or_size, Sequence) and not isinstance(tensor_or_size, str):
+        for s in tensor_or_size:  # int(s) would truncate 16.5 and read True or "16" as sizes
+            if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+                raise TypeError(
+                    f"tensor_or_size must be {accepted}, got {type_name(s)} {s!r} in {tensor_or_size!r}"
+                )
         shape = [int(s) for s in tensor_or_size]
         if any(s < 0 for s in shape):
             raise ValueError(f"shape sizes must be >= 0, got {tuple(shape)}")
@@ -175,9 +182,7 @@ def pad_to_alignment(tensor_or_size: Any, alignment: int = 16) -> Any:
     import torch
 
     if not isinstance(tensor_or_size, torch.Tensor):
-        raise TypeError(
-            f"tensor_or_size must be an int, a shape or a torch.Tensor, got {type(tensor_or_size).__name__}"
-        )
+        raise TypeError(f"tensor_or_size must be {accepted}, got {type_name(tensor_or_size)}")
     tensor = tensor_or_size
     if tensor.dim() == 0:
         raise ValueError("pad_to_alignment needs a tensor with at least one dimension")

@@ -15,10 +15,12 @@ live on, for code that depends on their numbers, in :mod:`cuda_llm_ops.memory` o
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import check_real, positive_int
 from llm_speed.core.gpus import dtype_bytes, normalize_dtype
 from llm_speed.perf._checks import attention_shape
 from llm_speed.perf.kernel_costs import SOFTMAX_STATS_BYTES
@@ -58,10 +60,19 @@ def checked_qkv_and_output(
     seq_len = positive_int("seq_len", seq_len)
     num_heads = positive_int("num_heads", num_heads)
     head_dim = positive_int("head_dim", head_dim)
-    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, (int, float)) or not dtype_bytes > 0:
-        raise ValueError(f"dtype_bytes must be a number > 0, got {dtype_bytes!r}")
+    dtype_bytes = positive_number("dtype_bytes", dtype_bytes)
     tensor = seq_len * num_heads * head_dim * dtype_bytes
     return 3 * tensor, tensor
+
+
+def positive_number(name: str, value: Any) -> float:
+    """``value`` if a finite real number > 0 (NumPy scalars accepted; :func:`check_real`'s errors naming
+    ``name``), an integer kept an int (exact arithmetic, as before), anything else as a float."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+        return int(value)
+    return check_real(name, value, positive=True)
 
 
 def gb_breakdown(**parts: float) -> dict[str, float]:
@@ -82,7 +93,8 @@ def calculate_attention_vram(
     :func:`attention_memory` counts those.)
     """
     qkv, output = checked_qkv_and_output(seq_len, num_heads, head_dim, dtype_bytes)
-    attention_matrix = num_heads * seq_len * seq_len * dtype_bytes
+    element = positive_number("dtype_bytes", dtype_bytes)  # NumPy scalars as Python numbers
+    attention_matrix = int(num_heads) * int(seq_len) * int(seq_len) * element
     return gb_breakdown(qkv=qkv, attention_matrix=attention_matrix, output=output)
 
 
@@ -132,15 +144,13 @@ def find_optimal_batch_size(heads: int, seq_len: int, head_dim: int, max_memory_
     heads = positive_int("heads", heads)
     seq_len = positive_int("seq_len", seq_len)
     head_dim = positive_int("head_dim", head_dim)
-    if (
-        isinstance(max_memory_gb, bool)
-        or not isinstance(max_memory_gb, (int, float))
-        or not max_memory_gb > 0
-    ):
-        raise ValueError(f"max_memory_gb must be a number > 0, got {max_memory_gb!r}")
+    max_memory_gb = positive_number("max_memory_gb", max_memory_gb)
     max_memory_bytes = max_memory_gb * 1024**3
     per_sample = 4 * heads * seq_len * head_dim * 2
-    max_batch = int(max_memory_bytes / per_sample / 1.2)
+    try:
+        max_batch = int(max_memory_bytes / per_sample / 1.2)
+    except OverflowError:  # a finite size past float range (1e300 GiB): exact arithmetic
+        max_batch = int(Fraction(max_memory_gb) * 1024**3 / per_sample / Fraction(1.2))
     if max_batch < 1:
         return 1
     return 2 ** (max_batch.bit_length() - 1)
