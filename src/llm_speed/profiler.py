@@ -35,9 +35,10 @@ import torch
 from llm_speed import ops
 from llm_speed.bench.timing import CUDA_TIMER, HOST_TIMER, Timing, measure
 from llm_speed.core import runtime
-from llm_speed.core.args import positive_int
+from llm_speed.core.args import check_real, positive_int, type_name
 from llm_speed.core.gpus import GPUSpec, get_gpu, normalize_dtype
 from llm_speed.core.runtime import resolve_device
+from llm_speed.core.tensors import FLOAT_DTYPES, dtype_names
 from llm_speed.perf.kernel_costs import attention_cost
 from llm_speed.perf.roofline import roofline
 
@@ -277,6 +278,69 @@ def kernel_metrics(
 # --- the profiler -------------------------------------------------------------------------------------------
 
 
+# The devices a profiler times on (what llm_speed.bench.timing.measure can time).
+DEVICE_TYPES = ("cpu", "cuda")
+ACCEPTED_DEVICES = "None, 'cpu', 'cuda' or 'cuda:N' (a str or a torch.device)"
+
+# profile_attention's input dtypes: the kernels' float dtypes, as torch.dtype or by the names the rest of the
+# profiler uses ("fp16", "bf16", "fp32", or any spelling normalize_dtype reads, e.g. "float16").
+_ATTENTION_DTYPES = {normalize_dtype(dtype): dtype for dtype in FLOAT_DTYPES}
+ACCEPTED_ATTENTION_DTYPES = (
+    f"{dtype_names(FLOAT_DTYPES)} (a torch.dtype, or its name: {', '.join(map(repr, _ATTENTION_DTYPES))})"
+)
+
+
+def _check_device(device: Any) -> torch.device | None:
+    """``device`` as a torch.device (None kept: resolved when first needed), or an error naming ``device``.
+
+    Only the type is checked here: whether a CUDA device is visible is asked on first use, so creating a
+    profiler touches no GPU.
+    """
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        index = type(device) is int and device >= 0
+        hint = f" (for CUDA device {device} pass 'cuda:{device}')" if index else ""
+        raise TypeError(f"device: expected {ACCEPTED_DEVICES}, got {type_name(device)} {device!r}{hint}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_TYPES:
+        raise ValueError(f"device: expected {ACCEPTED_DEVICES}, got {device!r}")
+    return parsed
+
+
+def _check_func(func: Any) -> None:
+    if not callable(func):
+        raise TypeError(f"func: expected a callable, got {type(func).__name__}")
+
+
+def _check_cost(name: str, value: Any) -> float | None:
+    """``flops`` / ``bytes_moved`` of a ``profile`` block: None (counted from the block's calls) or a finite
+    real number >= 0, as a float."""
+    if value is None:
+        return None
+    try:
+        return check_real(name, value, minimum=0.0)
+    except TypeError as error:
+        raise TypeError(f"{error} (or None: counted from the llm-speed calls made in the block)") from None
+
+
+def _attention_dtype(dtype: Any) -> torch.dtype:
+    """The torch.dtype of ``profile_attention``'s inputs; TypeError naming ``dtype`` and what is accepted."""
+    if isinstance(dtype, torch.dtype) and dtype in FLOAT_DTYPES:
+        return dtype
+    if isinstance(dtype, str):
+        try:
+            name = normalize_dtype(dtype)
+        except ValueError:
+            name = None
+        if name in _ATTENTION_DTYPES:
+            return _ATTENTION_DTYPES[name]
+    raise TypeError(f"dtype: expected one of {ACCEPTED_ATTENTION_DTYPES}, got {dtype!r}")
+
+
 def _first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -294,7 +358,7 @@ class CUDAProfiler:
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:
-        self._device = None if device is None else torch.device(device)
+        self._device = _check_device(device)
         self.history: list[KernelMetrics] = []  # every metric this profiler produced, oldest first
         self.last_timing: Timing | None = None  # the full statistics behind the last timed call
 
@@ -337,6 +401,10 @@ class CUDAProfiler:
         """
         if not isinstance(name, str):
             raise TypeError(f"name: expected a str, got {type(name).__name__}")
+        flops = _check_cost("flops", flops)
+        bytes_moved = _check_cost("bytes_moved", bytes_moved)
+        if dtype is not None:
+            normalize_dtype(dtype)  # ValueError naming dtype and the accepted names, before the block runs
         device = self.device
         calls: list[RecordedCall] = []
         token = _open_blocks.set((*_open_blocks.get(), calls))
@@ -388,8 +456,7 @@ class CUDAProfiler:
         Timed on the device of the first tensor argument (else the profiler's device) with
         :func:`llm_speed.bench.timing.measure`; the full statistics are kept in ``last_timing``.
         """
-        if not callable(func):
-            raise TypeError(f"func: expected a callable, got {type(func).__name__}")
+        _check_func(func)
         positive_int("warmup", warmup, allow_zero=True)
         positive_int("iterations", iterations)
         device = _first_tensor_device(args, kwargs) or self.device
@@ -430,12 +497,17 @@ class CUDAProfiler:
         With ``is_causal`` the call is ``func(q, k, v, is_causal=True)`` and only visible pairs count as
         FLOPs. ``num_kv_heads`` gives k and v fewer heads (GQA). ``impl`` ("flash", "tiled" or "naive") picks
         the DRAM-traffic model of :func:`llm_speed.perf.kernel_costs.attention_cost` ("naive" is
-        ``llm_speed.naive_attention``, whose score matrices are fp32).
+        ``llm_speed.naive_attention``, whose score matrices are fp32). ``dtype`` is torch.float16,
+        torch.bfloat16 or torch.float32, or the name the profiler reports it by ("fp16", "bf16", "fp32").
         """
+        _check_func(func)
+        positive_int("warmup", warmup, allow_zero=True)
+        positive_int("iterations", iterations)
         for arg, value in (("batch_size", batch_size), ("num_heads", num_heads), ("seq_len", seq_len),
                            ("head_dim", head_dim)):
             positive_int(arg, value)
         num_kv_heads = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+        dtype = _attention_dtype(dtype)
         cost = attention_cost(
             batch_size, num_heads, seq_len, seq_len, head_dim,
             heads_kv=num_kv_heads, dtype=dtype, causal=bool(is_causal), mode="fwd", impl=impl,
@@ -468,6 +540,9 @@ class CUDAProfiler:
 
         ``out_dtype`` (default: what the first call returns) sets the bytes written in the cost model.
         """
+        _check_func(func)
+        positive_int("warmup", warmup, allow_zero=True)
+        positive_int("iterations", iterations)
         for arg, value in (("M", M), ("N", N), ("K", K)):
             positive_int(arg, value)
         device = self.device

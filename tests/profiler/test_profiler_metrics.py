@@ -331,3 +331,102 @@ def test_profile_block_on_gpu_has_every_figure():
         assert isinstance(metrics.bottleneck, prof.Bottleneck)
     metrics = profiler.profile_attention(cuda_llm_ops.flash_attention, 2, 8, 1024, 64)
     assert metrics.timer == CUDA_TIMER and metrics.tflops > 0
+
+
+# --- bad arguments: an error naming the argument and what is accepted, before any work ----------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"flops": -1.0}, ValueError, r"flops must be >= 0"),
+        ({"flops": float("nan")}, ValueError, r"flops must be finite, got nan"),
+        ({"flops": float("inf")}, ValueError, r"flops must be finite"),
+        ({"flops": "abc"}, TypeError, r"flops must be a real number, got str 'abc' \(or None"),
+        ({"flops": True}, TypeError, r"flops must be a real number, got bool"),
+        ({"bytes_moved": -5.0}, ValueError, r"bytes_moved must be >= 0"),
+        ({"bytes_moved": float("nan")}, ValueError, r"bytes_moved must be finite"),
+        ({"bytes_moved": [1]}, TypeError, r"bytes_moved must be a real number"),
+        ({"dtype": "nonsense"}, ValueError, r"dtype 'nonsense' is not understood; accepted: "),
+    ],
+)
+def test_profile_refuses_bad_cost_before_the_block_runs(kwargs, error, match):
+    profiler = prof.CUDAProfiler("cpu")
+    ran = []
+    with pytest.raises(error, match=match):
+        with profiler.profile("bad", **kwargs):
+            ran.append(True)
+    assert not ran and not profiler.history and not prof.is_recording()
+
+
+def test_profile_accepts_zero_ints_and_numpy_costs():
+    np = pytest.importorskip("numpy")
+    profiler = prof.CUDAProfiler("cpu")
+    with profiler.profile("zero", flops=0, bytes_moved=np.float32(1024.0), dtype="fp32"):
+        torch.zeros(4) + 1
+    metrics = profiler.get_metrics()
+    assert metrics.flops == 0.0 and metrics.bytes_moved == 1024.0 and metrics.tflops == 0.0
+    assert type(metrics.flops) is float and type(metrics.bytes_moved) is float
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, "fp8", "int8", "nonsense", None, 16])
+def test_profile_attention_refuses_other_dtypes(dtype):
+    calls = []
+    accepted = r"dtype: expected one of float16, bfloat16, float32 \(a torch.dtype, or its name: "
+    with pytest.raises(TypeError, match=accepted + r"'fp16', 'bf16', 'fp32'\), got "):
+        prof.CUDAProfiler("cpu").profile_attention(
+            lambda *a, **k: calls.append(a), 1, 2, 8, 16, dtype=dtype, warmup=0, iterations=1
+        )
+    assert not calls
+
+
+def test_profile_attention_takes_the_profilers_dtype_names():
+    profiler = prof.CUDAProfiler("cpu")
+    common = dict(warmup=0, iterations=1, impl="naive")
+    by_name = profiler.profile_attention(cuda_llm_ops.naive_attention, 1, 2, 8, 16, dtype="fp16", **common)
+    by_dtype = profiler.profile_attention(cuda_llm_ops.naive_attention, 1, 2, 8, 16, torch.float16, **common)
+    assert by_name.dtype == by_dtype.dtype == "fp16"
+    assert (by_name.flops, by_name.bytes_moved) == (by_dtype.flops, by_dtype.bytes_moved)
+    long_name = profiler.profile_attention(cuda_llm_ops.naive_attention, 1, 2, 8, 16, "bfloat16", **common)
+    assert long_name.dtype == "bf16"
+
+
+@pytest.mark.parametrize("method", ["profile_gemm", "profile_attention"])
+def test_profile_gemm_and_attention_check_func_and_counts_first(method):
+    profiler = prof.CUDAProfiler("cpu")
+    sizes = (8, 8, 8) if method == "profile_gemm" else (1, 2, 8, 16)
+    with pytest.raises(TypeError, match=r"^func: expected a callable, got NoneType$"):
+        getattr(profiler, method)(None, *sizes, torch.float32, 0, 1)
+    calls = []
+    for kwargs, match in (({"iterations": 0}, "iterations must be a positive int"),
+                          ({"warmup": -1}, r"warmup must be an int >= 0")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            getattr(profiler, method)(lambda *a, **k: calls.append(a), *sizes, torch.float32, **kwargs)
+    assert not calls and not profiler.history
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [
+        (5, TypeError, r"device: expected None, 'cpu', 'cuda' or 'cuda:N' .*got int 5 \(for CUDA device 5 "
+         r"pass 'cuda:5'\)"),
+        (True, TypeError, r"device: expected .*got bool True"),
+        (0.0, TypeError, r"device: expected .*got float 0.0"),
+        ("bogus", ValueError, r"device: expected None, 'cpu', 'cuda' or 'cuda:N' .*got 'bogus'"),
+        ("cuda:x", ValueError, r"device: expected .*got 'cuda:x'"),
+        ("meta", ValueError, r"device: expected .*got 'meta'"),
+        (torch.device("meta"), ValueError, r"device: expected .*got device\(type='meta'\)"),
+    ],
+)
+def test_profiler_refuses_other_devices_at_construction(device, error, match):
+    with pytest.raises(error, match=match):
+        prof.CUDAProfiler(device)
+
+
+def test_profiler_device_spellings_still_accepted():
+    assert prof.CUDAProfiler("cpu").device == torch.device("cpu")
+    assert prof.CUDAProfiler(torch.device("cpu")).device == torch.device("cpu")
+    prof.CUDAProfiler("cuda:0")  # whether a GPU is visible is asked on first use, not at construction
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device: cuda was requested but no CUDA device is visible"):
+            _ = prof.CUDAProfiler("cuda").device
