@@ -75,3 +75,26 @@ def test_rms_norm_in_place_backward_does_not_write_into_an_expanded_gradient():
     y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.detach().double()
     (y64.sum(0) * column.double()).sum().backward()
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_one_tensor_for_both_caches_is_refused_under_torch_compile():
+    """Traced, the tensors have no addresses, but one tensor given twice is still the same object."""
+    q, k_new, v_new, lengths, cache, _ = _decode_inputs()
+    cache = cache.repeat(2, 1, 1, 1)
+
+    def step(q, k_cache, v_cache, lengths, k, v):
+        return llm_speed.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="k_cache and v_cache are written in place and share memory"):
+        torch.compile(step, backend="eager")(q, cache, cache, lengths, k_new, v_new)
+
+
+def test_a_query_in_the_memory_of_the_cache_it_appends_to_is_refused():
+    """The kernel reads q after writing the new tokens: a q viewed from the slot it appends into would be
+    the new key."""
+    _, k_new, v_new, lengths, k_base, v_base = _decode_inputs(heads=2)
+    k_cache, v_cache = k_base.repeat(2, 1, 1, 1), v_base.repeat(2, 1, 1, 1)
+    with pytest.raises(ValueError, match="q shares memory with k_cache, which this call writes"):
+        llm_speed.flash_attention_with_kvcache(k_cache[:, 5:6], k_cache, v_cache, cache_seqlens=lengths,
+                                               k=k_new, v=v_new)  # fmt: skip

@@ -1,7 +1,7 @@
-"""Every fused op and attention under torch.autocast: the inputs cast as PyTorch's own counterpart would
-(llm_speed.core.autocast), the same result whether the call runs the implementation directly (no grad),
-through the eager autograd function, through the registered op (torch.compile, a dispatch mode) or on inputs
-cast by hand outside autocast; the backward the same inside and outside the autocast region."""
+"""Every fused op, attention and matrix product under torch.autocast: the inputs cast as PyTorch's own
+counterpart would (llm_speed.core.autocast), the same result whether the call runs the implementation directly
+(no grad), through the eager autograd function, through the registered op (torch.compile, a dispatch mode)
+or on inputs cast by hand outside autocast; the backward the same inside and outside the autocast region."""
 
 import pytest
 import torch
@@ -55,6 +55,17 @@ CASES = {
         lambda: [_f32(14, 2, 16), _f32(14, 1, 16), _f32(14, 1, 16),
                  torch.tensor([0, 5, 14], dtype=torch.int32)],
         _varlen, (BF16, BF16, BF16, None), (BF16,)),
+    # the matrix products, as mm / linear: every float operand to the autocast dtype (mixed ones meet)
+    "gemm": (lambda: [_f32(8, 16), _f32(16, 12), _f32(12)],
+             lambda a, b, bias: llm_speed.gemm(a, b, bias=bias), (BF16, BF16, BF16), (BF16,)),
+    "gemm_mixed": (lambda: [_f32(8, 16), _f32(16, 12).to(BF16)], llm_speed.gemm, (BF16, BF16), (BF16,)),
+    "grouped_gemm": (lambda: [_f32(10, 16), _f32(2, 12, 16), torch.tensor([4, 10], dtype=torch.int32)],
+                     lambda a, b, offsets: llm_speed.grouped_gemm(a, b, offsets, trans_b=True),
+                     (BF16, BF16, None), (BF16,)),
+    # nn.MoE's case: float32 expert weights beside the 16-bit activations of an autocast model
+    "fused_moe": (lambda: [_f32(6, 16).to(BF16), _f32(3, 16, 16, scale=0.3), _f32(3, 16, 8, scale=0.3),
+                           _f32(6, 2).softmax(-1), torch.randint(0, 3, (6, 2), dtype=torch.int32)],
+                  llm_speed.fused_moe, (BF16, BF16, BF16, None, None), (BF16,)),
 }  # fmt: skip
 
 
@@ -119,7 +130,8 @@ class _Passthrough(TorchDispatchMode):
 
 
 @pytest.mark.parametrize(
-    "name", ["fused_linear_cross_entropy", "flash_attention", "flash_attention_mixed", "rms_norm"]
+    "name", ["fused_linear_cross_entropy", "flash_attention", "flash_attention_mixed", "rms_norm", "gemm",
+             "grouped_gemm", "fused_moe"]
 )
 def test_the_registered_op_applies_the_same_rule(name, device):
     # under a dispatch mode the call goes through the registered op, whose Autocast kernel casts

@@ -67,3 +67,21 @@ def test_bad_arguments(kwargs, error, message):
     arguments = dict(hidden_size=16, intermediate_size=8, num_experts=4, top_k=2) | kwargs
     with pytest.raises(error, match=message):
         MoE(**arguments)
+
+
+def test_layer_runs_under_autocast_as_the_expert_loop_would(device):
+    """AMP training: float32 parameters beside the 16-bit activations an autocast model hands the layer. The
+    router's and experts' products take the autocast dtype (as F.linear in the loop the layer replaces);
+    before, fused_moe refused float32 weights beside bfloat16 hidden states."""
+    torch.manual_seed(0)
+    layer = MoE(16, 8, 4, 2, device=device)
+    x = torch.randn(6, 16, device=device, requires_grad=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = layer(x.to(torch.bfloat16))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.float32
+    assert layer.experts.gate_up_proj.grad.dtype == torch.float32
+    with torch.no_grad():  # the same layer on operands cast by hand, outside autocast
+        bf16 = MoE(16, 8, 4, 2, device=device).to(torch.bfloat16)
+        bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in layer.state_dict().items()})
+        torch.testing.assert_close(out.detach(), bf16(x.detach().to(torch.bfloat16)), rtol=0, atol=0)

@@ -88,7 +88,14 @@ from ..core.args import check_flag, check_real, positive_int
 from ..core.dispatch import Op, plain_inference
 from ..core.launch import CallCache
 from ..core.policy import current_number, current_policy
-from ..core.tensors import FLOAT_DTYPES, check_same_device, check_tensor, check_written_in_place, dtype_names
+from ..core.tensors import (
+    FLOAT_DTYPES,
+    check_not_written,
+    check_same_device,
+    check_tensor,
+    check_written_in_place,
+    dtype_names,
+)
 from ..matmul.fp8 import FP8_DTYPES, check_scale_values
 from .checks import (
     MAX_HEAD_DIM,
@@ -273,6 +280,7 @@ def _check_shapes(q, k_cache, v_cache, k, v, block_table, indexed: bool) -> int:
         raise ValueError(f"{name} must have a contiguous last dim (it is written in place, not copied)")
     if k is not None:
         check_written_in_place(k_cache=k_cache, v_cache=v_cache)  # the new tokens go into the caches
+        check_not_written("q", q, k_cache=k_cache, v_cache=v_cache)  # q is read after the append
         k_shape, v_shape = k.shape, v.shape
         if k_shape != v_shape or k_shape[0] != batch or k_shape[2] != heads_kv or k_shape[3] != head_dim:
             expected = (batch, k_shape[1], heads_kv, head_dim)

@@ -9,7 +9,8 @@ an autocast region crashed this way, ``out=`` tensors no longer matching). Here 
 
 - :data:`LOWER`: floating tensors other than float64 go to the autocast dtype (``torch.get_autocast_dtype``),
   as for ``linear``, ``mm`` and ``scaled_dot_product_attention`` (the lower-precision list):
-  ``fused_linear_cross_entropy``'s hidden, weight and bias; ``flash_attention``'s q, k, v.
+  ``fused_linear_cross_entropy``'s hidden, weight and bias; ``flash_attention``'s q, k, v; ``gemm``'s
+  operands, addend and bias; ``grouped_gemm``'s operands; ``fused_moe``'s hidden and expert weights.
 - :data:`FLOAT32`: 16-bit floating tensors go to float32, as for ``layer_norm`` and ``rms_norm`` (the CUDA
   float32 list): ``rms_norm``'s x and weight.
 - :data:`KEEP`: no cast; autocast is only turned off inside: elementwise ops, which autocast leaves alone

@@ -64,8 +64,21 @@ def check_written_in_place(**tensors: torch.Tensor) -> None:
                                  "tensors")  # fmt: skip
 
 
+def check_not_written(name: str, t: torch.Tensor, **written: torch.Tensor) -> None:
+    """ValueError if ``t``, an input the op reads, lives in the memory of a tensor it writes (``written``):
+    the op could read what it has just written (a query that is a view of the KV cache it appends to)."""
+    if t.device.type == "meta" or torch.compiler.is_compiling():
+        return
+    for other, u in written.items():
+        if t.numel() and u.numel() and t.untyped_storage().data_ptr() == u.untyped_storage().data_ptr():
+            raise ValueError(f"{name} shares memory with {other}, which this call writes: pass {name} in "
+                             "memory of its own")  # fmt: skip
+
+
 def _share_memory(t: torch.Tensor, u: torch.Tensor) -> bool:
-    if t.device.type == "meta" or torch.compiler.is_compiling():  # no memory, or fake tensors being traced
+    if torch.compiler.is_compiling():  # fake tensors have no address; one given twice is seen
+        return t is u
+    if t.device.type == "meta":
         return False
     if t.untyped_storage().data_ptr() != u.untyped_storage().data_ptr():
         return False

@@ -443,8 +443,10 @@ def rms_norm(
             ``[rows, hidden]`` buffer; Liger's ``in_place``). Only safe when nothing else reads that gradient:
             the gradient of a norm whose output feeds linear layers is (pre-norm blocks, the final norm); the
             gradient reaching a post-norm through a residual sum is shared with the residual branch, and would
-            be overwritten (Gemma-2/3's and OLMo-2's post-norms: leave it False there). Ignored where dy's
-            dtype or layout does not fit (a new tensor is written then), and under ``torch.compile``.
+            be overwritten (Gemma-2/3's and OLMo-2's post-norms: leave it False there), and so is a gradient
+            the caller holds: ``y.backward(g)`` or ``torch.autograd.grad(y, x, g)`` overwrite ``g`` (a second
+            backward with it then differs). Ignored where dy's dtype or layout does not fit or it holds an
+            element twice (an expanded gradient: a new tensor is written then), and under ``torch.compile``.
 
     Returns ``[..., hidden]`` in x's dtype. Mean square, rstd and products in float32. Differentiable in x and
     weight: the weight gradient is summed over rows in float32 and returned in weight's dtype.

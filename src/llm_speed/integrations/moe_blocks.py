@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core import autocast
 from ..core.tensors import FLOAT_DTYPES
 from ..fused.swiglu import swiglu
 from ..moe.fused_moe import fused_moe
@@ -46,7 +47,12 @@ BLOCKS = {
 
 
 def _fusable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    return x.dtype in FLOAT_DTYPES and all(w.dtype == x.dtype for w in weights)
+    """Float x and weights of its dtype; under autocast any float dtypes (the ops cast them as F.linear)."""
+    if x.dtype not in FLOAT_DTYPES:
+        return False
+    if all(w.dtype == x.dtype for w in weights):
+        return True
+    return autocast.enabled(x.device.type) and all(w.dtype in FLOAT_DTYPES for w in weights)
 
 
 def _mixtral_router_forward(self, hidden_states):

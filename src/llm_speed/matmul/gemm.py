@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ..core import runtime
+from ..core import autocast, runtime
 from ..core.dispatch import INFERENCE, Op, plain_call, plain_inference
 from ..core.launch import (
     CallCache,
@@ -154,6 +154,8 @@ def _backward(ctx, grad_out):
 
 
 _gemm_call = Op(_gemm_op, forward, setup_context=_setup_context, backward=_backward)
+# Under torch.autocast (core.autocast): a, b, c and bias take the autocast dtype, as mm, addmm and linear do.
+_gemm_autocast = autocast.dispatch(_gemm_call, autocast.LOWER, (0, 1, 2, 3))
 
 
 # --- public functions -----------------------------------------------------------------------------------
@@ -161,13 +163,15 @@ _gemm_call = Op(_gemm_op, forward, setup_context=_setup_context, backward=_backw
 
 def _checked_gemm(a, b, dtypes, *, alpha, beta, c, trans_a, trans_b, bias, activation, out_dtype):
     """Check the arguments of a float GEMM (operand dtypes in ``dtypes``) and run the op."""
+    if isinstance(a, torch.Tensor):  # (as torch.mm: mixed float dtypes meet under autocast)
+        a, b, c, bias = autocast.cast_inputs(autocast.LOWER, a, b, c, bias)
     shape = check_operands(a, b, trans_a, trans_b, dtypes)
     alpha, beta = check_epilogue(
         shape, a, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, out_dtype=out_dtype
     )
     trans_a, trans_b = bool(trans_a), bool(trans_b)  # numpy bools: the op's schema takes Python bools
     c_used = c if beta != 0 else None  # with beta == 0, c is not an input: never read, no gradient
-    return _gemm_call(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
+    return _gemm_autocast(a, b, c_used, bias, alpha, beta, trans_a, trans_b, activation, out_dtype or a.dtype)
 
 
 # gemm calls already checked, by what the checks and the recipe read (the operands' 16-byte alignment too:

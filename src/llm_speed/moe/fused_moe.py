@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_choice
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
@@ -449,7 +449,7 @@ def _backward_fake(dout, hidden, w_gate_up, w_down, topk_weights, topk_ids, orde
     )
 
 
-_backward_call = Op(_backward_op, backward)
+_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)  # in the dtypes saved
 
 
 # --- autograd -------------------------------------------------------------------------------------------
@@ -467,7 +467,10 @@ def _backward(ctx, dout, *_index_grads):
     return (*(g if need else None for g, need in zip(grads, needs, strict=False)), None)
 
 
-_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+# Under torch.autocast (core.autocast): hidden and both weights take the autocast dtype, as the linear
+# layers of the expert loop it replaces would (the routing weights keep theirs).
+_forward_call = autocast.dispatch(Op(_forward_op, forward, setup_context=_setup_context, backward=_backward),
+                                  autocast.LOWER, (0, 1, 2))  # fmt: skip
 
 
 # --- public function ------------------------------------------------------------------------------------
@@ -534,6 +537,8 @@ def fused_moe(
     free (CPU tensors, or ``LLM_SPEED_CHECK_INPUTS=1``); unchecked, a token with an id out of range gets a
     NaN row. Reference: :func:`llm_speed.moe.reference.fused_moe_reference`.
     """
+    if isinstance(hidden, torch.Tensor):  # float32 weights beside autocast's 16-bit activations meet
+        hidden, w_gate_up, w_down = autocast.cast_inputs(autocast.LOWER, hidden, w_gate_up, w_down)
     _validate(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
     return _forward_call(hidden, w_gate_up, w_down, topk_weights.contiguous(), topk_ids.contiguous())[0]
 

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
@@ -512,7 +512,7 @@ def _backward_fake(dout, a, b, offsets, trans_b, need_a, need_b):
     )
 
 
-_backward_call = Op(_backward_op, backward)
+_backward_call = autocast.dispatch(Op(_backward_op, backward), autocast.KEEP)  # in the dtypes saved
 
 
 # --- autograd -------------------------------------------------------------------------------------------
@@ -531,7 +531,9 @@ def _backward(ctx, dout):
     return (da if need_a else None), (db if need_b else None), None, None, None
 
 
-_forward_call = Op(_forward_op, forward, setup_context=_setup_context, backward=_backward)
+# Under torch.autocast (core.autocast): a and b take the autocast dtype, as torch._grouped_mm and mm do.
+_forward_call = autocast.dispatch(Op(_forward_op, forward, setup_context=_setup_context, backward=_backward),
+                                  autocast.LOWER, (0, 1))  # fmt: skip
 
 
 # --- public function ------------------------------------------------------------------------------------
@@ -589,6 +591,8 @@ def grouped_gemm(
     Devices: CUDA tensors run the Triton kernels; CPU tensors run them through the interpreter under
     ``TRITON_INTERPRET=1``, else :func:`llm_speed.moe.reference.grouped_gemm_reference` in float32.
     """
+    if isinstance(a, torch.Tensor):  # mixed float dtypes meet under autocast, as for torch.mm
+        a, b = autocast.cast_inputs(autocast.LOWER, a, b)
     trans_b, out_dtype = _validate(a, b, offsets, trans_b, out_dtype)
     return _forward_call(a, b, offsets, trans_b, out_dtype)
 
