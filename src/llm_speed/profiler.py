@@ -284,10 +284,9 @@ ACCEPTED_DEVICES = "None, 'cpu', 'cuda' or 'cuda:N' (a str or a torch.device)"
 
 # profile_attention's input dtypes: the kernels' float dtypes, as torch.dtype or by the names the rest of the
 # profiler uses ("fp16", "bf16", "fp32", or any spelling normalize_dtype reads, e.g. "float16").
-_ATTENTION_DTYPES = {normalize_dtype(dtype): dtype for dtype in FLOAT_DTYPES}
-ACCEPTED_ATTENTION_DTYPES = (
-    f"{dtype_names(FLOAT_DTYPES)} (a torch.dtype, or its name: {', '.join(map(repr, _ATTENTION_DTYPES))})"
-)
+# The inputs profile_attention and profile_gemm make: a torch.dtype or the profiler's name of one.
+ATTENTION_INPUT_DTYPES = FLOAT_DTYPES
+GEMM_INPUT_DTYPES = (*FLOAT_DTYPES, torch.int8)
 
 
 def _check_device(device: Any) -> torch.device | None:
@@ -327,18 +326,21 @@ def _check_cost(name: str, value: Any) -> float | None:
         raise TypeError(f"{error} (or None: counted from the llm-speed calls made in the block)") from None
 
 
-def _attention_dtype(dtype: Any) -> torch.dtype:
-    """The torch.dtype of ``profile_attention``'s inputs; TypeError naming ``dtype`` and what is accepted."""
-    if isinstance(dtype, torch.dtype) and dtype in FLOAT_DTYPES:
+def _input_dtype(dtype: Any, accepted: tuple[torch.dtype, ...]) -> torch.dtype:
+    """The torch.dtype of a ``profile_*`` method's random inputs (``dtype`` a torch.dtype or its name, e.g.
+    ``'fp16'``); TypeError naming ``dtype`` and what is accepted."""
+    if isinstance(dtype, torch.dtype) and dtype in accepted:
         return dtype
+    names = {normalize_dtype(d): d for d in accepted}
     if isinstance(dtype, str):
         try:
             name = normalize_dtype(dtype)
         except ValueError:
             name = None
-        if name in _ATTENTION_DTYPES:
-            return _ATTENTION_DTYPES[name]
-    raise TypeError(f"dtype: expected one of {ACCEPTED_ATTENTION_DTYPES}, got {dtype!r}")
+        if name in names:
+            return names[name]
+    listed = f"{dtype_names(accepted)} (a torch.dtype, or its name: {', '.join(map(repr, names))})"
+    raise TypeError(f"dtype: expected one of {listed}, got {dtype!r}")
 
 
 def _first_tensor_device(args: tuple, kwargs: dict) -> torch.device | None:
@@ -507,7 +509,7 @@ class CUDAProfiler:
                            ("head_dim", head_dim)):
             positive_int(arg, value)
         num_kv_heads = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
-        dtype = _attention_dtype(dtype)
+        dtype = _input_dtype(dtype, ATTENTION_INPUT_DTYPES)
         cost = attention_cost(
             batch_size, num_heads, seq_len, seq_len, head_dim,
             heads_kv=num_kv_heads, dtype=dtype, causal=bool(is_causal), mode="fwd", impl=impl,
@@ -545,6 +547,9 @@ class CUDAProfiler:
         positive_int("iterations", iterations)
         for arg, value in (("M", M), ("N", N), ("K", K)):
             positive_int(arg, value)
+        dtype = _input_dtype(dtype, GEMM_INPUT_DTYPES)
+        if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+            raise TypeError(f"out_dtype: expected None or a torch.dtype, got {out_dtype!r}")
         device = self.device
         if dtype == torch.int8:
             a = torch.randint(-128, 128, (M, K), device=device, dtype=dtype)

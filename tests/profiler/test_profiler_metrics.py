@@ -380,6 +380,24 @@ def test_profile_attention_refuses_other_dtypes(dtype):
     assert not calls
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, "fp8", "nonsense", None])
+def test_profile_gemm_refuses_other_dtypes(dtype):
+    calls = []
+    accepted = r"dtype: expected one of float16, bfloat16, float32, int8 \(a torch.dtype, or its name: "
+    with pytest.raises(TypeError, match=accepted + r"'fp16', 'bf16', 'fp32', 'int8'\), got "):
+        prof.CUDAProfiler("cpu").profile_gemm(lambda a, b: calls.append(a), 8, 8, 8, dtype=dtype, warmup=0,
+                                              iterations=1)  # fmt: skip
+    with pytest.raises(TypeError, match="out_dtype: expected None or a torch.dtype, got 'fp32'"):
+        prof.CUDAProfiler("cpu").profile_gemm(torch.matmul, 8, 8, 8, out_dtype="fp32", warmup=0, iterations=1)
+    assert not calls
+
+
+def test_profile_gemm_takes_the_profilers_dtype_names():
+    profiler = prof.CUDAProfiler("cpu")
+    metrics = profiler.profile_gemm(torch.matmul, 8, 8, 8, dtype="fp32", warmup=0, iterations=1)
+    assert metrics.dtype == "fp32" and metrics.flops == 2 * 8 * 8 * 8
+
+
 def test_profile_attention_takes_the_profilers_dtype_names():
     profiler = prof.CUDAProfiler("cpu")
     common = dict(warmup=0, iterations=1, impl="naive")
