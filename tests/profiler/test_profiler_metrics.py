@@ -360,7 +360,7 @@ def test_profile_refuses_bad_cost_before_the_block_runs(kwargs, error, match):
 
 
 def test_profile_accepts_zero_ints_and_numpy_costs():
-    np = pytest.importorskip("numpy")
+    np = pytest.importorskip("numpy", reason="NumPy scalars need numpy")
     profiler = prof.CUDAProfiler("cpu")
     with profiler.profile("zero", flops=0, bytes_moved=np.float32(1024.0), dtype="fp32"):
         torch.zeros(4) + 1
