@@ -724,3 +724,29 @@ def test_a_repeated_one_chunk_call_equals_the_checked_one(device, monkeypatch, r
         assert reduces == (reduction != "none")
     for got, expected in zip(*results, strict=True):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("case", ["weights_zero", "weights_cancel"])
+def test_a_mean_over_class_weights_adding_up_to_zero_is_zero(case):
+    """The docstring's rule for a "mean" whose divisor is 0 (loss 0, zero gradients) holds when the divisor
+    is the kept rows' class weights: before, the kernel divided by 1 and returned the "sum" loss (found by
+    the edge-value audit of 2026-12-07). PyTorch gives NaN or -inf there."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 40, requires_grad=True)
+    target = torch.randint(0, 40, (6,))
+    weight = torch.rand(40)
+    options = {}
+    if case == "weights_zero":  # every target's class weighs 0; the smoothing term still sees the others
+        weight[target] = 0.0
+        options["label_smoothing"] = 0.1
+    else:  # two kept rows whose weights cancel
+        weight[target[0]], weight[target[1]] = 1.0, -1.0
+        target[2:] = -100
+    loss = cross_entropy(logits, target, weight=weight, **options)
+    loss.backward()
+    assert loss.item() == 0.0 and not logits.grad.any()
+    hidden = torch.randn(6, 16, requires_grad=True)
+    head = (torch.randn(40, 16) * 0.3).requires_grad_()
+    fused = fused_linear_cross_entropy(hidden, head, target, ce_weight=weight, **options)
+    fused.backward()
+    assert fused.item() == 0.0 and not hidden.grad.any() and not head.grad.any()

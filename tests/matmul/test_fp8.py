@@ -439,3 +439,18 @@ def test_opcheck():
     args = (a, b, s_a, s_b, None, torch.bfloat16, True)
     torch.library.opcheck(torch.ops.llm_speed.gemm_fp8.default, args, test_utils=utils)
     torch.library.opcheck(torch.ops.llm_speed.quantize_fp8.default, (torch.randn(8, 32), E4M3, "1x128"))
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_the_scales_product_comes_first_as_scaled_mm(granularity):
+    """a near float32's top (amax 1e37) times a tiny b: acc * scale_a alone overflows, the true products do
+    not; the epilogue multiplies by scale_a * scale_b, as torch._scaled_mm (found by the edge-value audit of
+    2026-12-07: 372 of 384 outputs were inf)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 48) * 1e37, torch.randn(24, 48) * 1e-10
+    qa, sa = fp8.quantize_fp8(a, granularity=granularity)
+    qb, sb = fp8.quantize_fp8(b, granularity=granularity)
+    out = fp8.gemm_fp8(qa, qb, sa, sb, trans_b=True, out_dtype=torch.float32)  # b [N, K]: scale_b [N, 1]
+    truth = gemm_fp8_reference(qa, qb, sa, sb, trans_b=True, out_dtype=torch.float32)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), truth.double(), rtol=1e-5, atol=0)

@@ -460,8 +460,8 @@ def cross_entropy(
         ignore_index: rows with this target add nothing to the loss or the gradients.
         reduction: ``"mean"`` (over the rows not ignored; weighted as above), ``"sum"``, or ``"none"``
             (``[N]``, 0 at ignored rows; differentiable with any output gradient). **A "mean" whose divisor
-            is 0 (every row ignored, or N = 0) gives loss 0 and zero gradients**, where PyTorch gives NaN (0 /
-            0).
+            is 0 (every row ignored, N = 0, or class weights of the kept rows adding up to 0) gives loss 0
+            and zero gradients** (the z-loss part aside), where PyTorch gives NaN or +-inf.
         label_smoothing: in ``[0, 1]``, as ``torch.nn.functional.cross_entropy`` defines it.
         softcap: ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` first (Gemma-2's final logit
             softcapping), with the accurate float32 tanh of :mod:`llm_speed.core.kernel_math`.

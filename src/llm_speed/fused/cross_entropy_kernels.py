@@ -135,7 +135,7 @@ def _ce_reduce_kernel(
             ce_div = tl.sum(b_w, axis=0)
         else:
             ce_div = kept_rows
-        ce_div = tl.where(ce_div == 0.0, 1.0, ce_div)
+        ce_div = tl.where(ce_div == 0.0, float("inf"), ce_div)  # a divisor of 0: loss 0, zero gradients
         z_div = tl.maximum(kept_rows, 1.0)
     else:
         ce_div = tl.full([], 1.0, tl.float32)

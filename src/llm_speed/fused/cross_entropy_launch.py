@@ -192,7 +192,7 @@ def _forward_torch(chunks, target, class_weight, ignore_index, smoothing, softca
         if class_weight is not None:
             safe = torch.where(kept, target, 0)
             ce_div = torch.where(kept, class_weight.float()[safe], 0.0).sum()
-        ce_div = torch.where(ce_div == 0, 1.0, ce_div)
+        ce_div = torch.where(ce_div == 0, float("inf"), ce_div)  # a divisor of 0: loss 0, zero gradients
         z_div = kept.sum().clamp(min=1).to(torch.float32)
     else:
         ce_div = z_div = torch.ones((), dtype=torch.float32, device=device)

@@ -138,8 +138,8 @@ def cross_entropy_reference(
 ):
     """Softcap, cross-entropy (PyTorch's, per row) and z-loss in float32 (float64 stays float64), reduced as
     :func:`llm_speed.cross_entropy` states: "mean" divides the cross-entropy by the class weights of the rows
-    not ignored (their number without weights) and the z-loss by that number, a divisor of 0 counting as 1
-    (PyTorch: 0 / 0 = NaN)."""
+    not ignored (their number without weights) and the z-loss by that number (at least 1); a cross-entropy
+    divisor of 0 gives a cross-entropy of 0 and no gradient through it (PyTorch: NaN or +-inf)."""
     z = softcapped(logits, softcap or 0.0)
     w = None if weight is None else weight.to(z.dtype)
     ce = torch.nn.functional.cross_entropy(
@@ -155,7 +155,7 @@ def cross_entropy_reference(
         if reduction == "mean":
             count = kept.sum().to(z.dtype)
             ce_div = count if w is None else torch.where(kept, w[torch.where(kept, target, 0)], 0.0).sum()
-            ce_div = torch.where(ce_div == 0, 1.0, ce_div)
+            ce_div = torch.where(ce_div == 0, float("inf"), ce_div)
             z_div = count.clamp(min=1)
         z_loss = zl.sum() / z_div
         loss = ce.sum() / ce_div + z_loss

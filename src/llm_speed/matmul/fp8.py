@@ -325,7 +325,8 @@ def _gemm_fp8_kernel(
         # (tensor: the plan's strides are 0, every lane reads the one scale)
         b_sa = tl.load(sa_ptr + offs_am * stride_sam)
         b_sb = tl.load(sb_ptr + offs_bn * stride_sbn)
-        acc = acc * b_sa[:, None] * b_sb[None, :]
+        # the scales' product first, as torch._scaled_mm: acc * scale_a alone can overflow (a ~ 1e37)
+        acc = acc * (b_sa[:, None] * b_sb[None, :])
         _gemm_fp8_epilogue(acc, offs_m, offs_n, M, N, bias_ptr, out_ptr, stride_om, stride_on, stride_bias,
                            HAS_BIAS=HAS_BIAS, RNE_BY_HAND=RNE_BY_HAND)  # fmt: skip
 
