@@ -83,8 +83,14 @@ def test_quantize_fp8_refuses_an_infinite_input():
         llm_speed.quantize_fp8(torch.tensor([[1.0, float("inf")], [2.0, 3.0]]))
 
 
-def test_router_logits_must_be_finite():
-    logits = torch.randn(2, 8)
+def test_router_logits_must_rank_every_row():
+    logits = torch.randn(3, 8)
     logits[0, 3] = float("nan")
-    with pytest.raises(ValueError, match="router_logits must be finite, got nan"):
+    with pytest.raises(ValueError, match=r"router_logits must not hold NaN or \+inf .*, got nan"):
+        llm_speed.moe_route(logits, 2)
+    logits[0, 3] = float("-inf")  # masks expert 3 out of row 0: allowed
+    weights, ids = llm_speed.moe_route(logits, 2)
+    assert 3 not in ids[0].tolist() and torch.isfinite(weights).all()
+    logits[1] = float("-inf")
+    with pytest.raises(ValueError, match="router_logits row 1 is -inf for every expert"):
         llm_speed.moe_route(logits, 2)

@@ -23,6 +23,7 @@ specs: :func:`llm_speed.moe.reference.moe_route_reference` and
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -466,6 +467,20 @@ def check_groups(experts: int, top_k: int, n_group, topk_group) -> tuple[int, in
     return n_group, topk_group
 
 
+def _check_logit_values(router_logits: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """A NaN or +inf logit has no rank; -inf masks an expert out, but a row of them leaves none to choose
+    (a host read: only where values are checked)."""
+    if bias is not None:
+        runtime.check_finite("bias", bias)
+    bad = torch.isnan(router_logits) | (router_logits == math.inf)
+    if bool(bad.any()):
+        raise ValueError(f"router_logits must not hold NaN or +inf (-inf masks an expert), got "
+                         f"{router_logits[bad][0].item()}")  # fmt: skip
+    if router_logits.shape[0] and bool((router_logits == -math.inf).all(1).any()):
+        row = int((router_logits == -math.inf).all(1).nonzero()[0, 0])
+        raise ValueError(f"router_logits row {row} is -inf for every expert: no expert can be chosen")
+
+
 def moe_route(
     router_logits: torch.Tensor,
     top_k: int,
@@ -481,6 +496,8 @@ def moe_route(
 
     Args:
         router_logits: ``[tokens, experts]`` (float16, bfloat16, float32; the last dim contiguous or copied).
+            ``-inf`` masks an expert out; NaN, ``+inf`` or a row of ``-inf`` only is refused where values
+            are checked (CPU tensors), and unchecked gives that row no meaningful choice.
         top_k: experts per token, 1 to experts.
         scoring: ``"softmax"`` (Mixtral, Qwen2/Qwen3-MoE) or ``"sigmoid"`` (DeepSeek-V3), in float32.
         renormalize: divide the k chosen scores by their sum (Mixtral; Qwen's ``norm_topk_prob``).
@@ -512,10 +529,8 @@ def moe_route(
         check_same_device(router_logits=router_logits, bias=bias)
         bias = bias.contiguous()
     n_group, topk_group = check_groups(experts, top_k, n_group, topk_group)
-    if runtime.check_values(router_logits.device):  # a NaN or inf score has no rank: no choice to make
-        runtime.check_finite("router_logits", router_logits)
-        if bias is not None:
-            runtime.check_finite("bias", bias)
+    if runtime.check_values(router_logits.device):
+        _check_logit_values(router_logits, bias)
     logits = tensors.last_dim_contiguous(router_logits)
     return _route_call(logits, bias, top_k, scoring, renormalize, n_group, topk_group, scale)
 
