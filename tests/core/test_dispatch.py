@@ -174,3 +174,25 @@ def test_checked_outputs_returns_the_leading_outputs_only():
     assert seen == [2] and grads_seen == [1]
     assert torch.equal(x.grad, y.detach()) and torch.equal(y.grad, x.detach())
     assert len(op(x.detach().requires_grad_(), y)) == 2
+
+
+def test_differentiations_without_a_rule_are_refused_by_name():
+    """Forward-mode AD gave zero tangents with no error (a custom op's default), and torch.func.grad failed
+    inside PyTorch naming neither the op nor why (audit of 2026-12-07): both refused, naming the op; vmap
+    and backward-mode autograd still work."""
+    import torch.autograd.forward_ad as forward_ad
+
+    import llm_speed
+
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with pytest.raises(NotImplementedError, match=r"gemm has no rule for torch.func.jvp / jacfwd"):
+        torch.func.jvp(lambda x: llm_speed.gemm(x, b), (a,), (torch.ones_like(a),))
+    with pytest.raises(NotImplementedError, match=r"gemm has no rule for torch.func.grad"):
+        torch.func.grad(lambda x: llm_speed.gemm(x, b).sum())(a)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(a, torch.ones_like(a))
+        with pytest.raises(NotImplementedError, match="gemm has no rule for forward-mode AD"):
+            llm_speed.gemm(dual, b)
+        assert llm_speed.gemm(a, b).shape == (4, 3)  # tensors without tangents are served as before
+    batched = torch.randn(2, 4, 8)
+    torch.testing.assert_close(torch.vmap(lambda x: llm_speed.gemm(x, b))(batched), batched @ b)

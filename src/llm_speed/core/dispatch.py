@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
+from torch._C._functorch import TransformType as _TransformType
 
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
@@ -72,8 +74,14 @@ class Op:
             self.apply_checked = super(torch.autograd.Function, checked).apply
 
     def __call__(self, *args: Any) -> Any:
-        if _is_compiling() or _dispatch_modes() or _functorch_level() is not None:
+        if _is_compiling() or _dispatch_modes():
             return self.library_op(*args)
+        transformed = _functorch_level() is not None
+        if transformed or _forward_ad._current_level >= 0:
+            if self.function is not None:  # (an op without gradients has no rule to lack)
+                check_differentiation(self.library_op, args)
+            if transformed:
+                return self.library_op(*args)
         grad = _grad_enabled()
         needs_grad = wrapped = False
         for arg in args:
@@ -94,6 +102,32 @@ class Op:
         ``run(*args)`` (what the implementation does for ``args``, minus what the op already knows of such a
         call) with the op's autograd node recorded, as its autograd function would."""
         return self.apply_checked(*args, run)
+
+
+# The differentiations the ops have no rule for. A custom op under forward-mode AD returns zero tangents with
+# no error (torch 2.13), and under torch.func.grad fails inside PyTorch naming neither the op nor why: both
+# are refused here, by name. vmap (PyTorch's per-sample fallback) and functionalization are fine.
+_UNSUPPORTED_TRANSFORMS = {
+    _TransformType.Grad: "torch.func.grad / vjp / jacrev / hessian",
+    _TransformType.Jvp: "torch.func.jvp / jacfwd (forward-mode AD)",
+}
+
+
+def check_differentiation(library_op: Any, args: tuple) -> None:
+    """NotImplementedError naming the op when the call is under a differentiation it does not implement:
+    a ``torch.func`` grad or jvp transform, or dual tensors of ``torch.autograd.forward_ad``. Backward-mode
+    autograd (``.backward()``, ``torch.autograd.grad``) and ``torch.func.vmap`` serve every op."""
+    name = getattr(library_op, "_name", "this op")
+    level = _functorch_level()
+    what = None if level is None else _UNSUPPORTED_TRANSFORMS.get(level.key())
+    if what is None and _forward_ad._current_level >= 0:
+        if any(isinstance(a, _Tensor) and _forward_ad.unpack_dual(a).tangent is not None for a in args):
+            what = "forward-mode AD (dual tensors of torch.autograd.forward_ad)"
+    if what is not None:
+        raise NotImplementedError(
+            f"{name} has no rule for {what}; its gradients come from backward-mode autograd: loss.backward() "
+            "or torch.autograd.grad (torch.func.vmap works too)"
+        )
 
 
 def _autograd_function(library_op: Any, impl: Callable, setup_context: Callable | None, backward: Callable,
@@ -146,7 +180,8 @@ def plain_call(*tensors: Any, optional: tuple = ()) -> int:
     plain tensors, no autograd graph to record); :data:`AUTOGRAD`, the same but an input requires grad (none
     a functorch wrapper): :meth:`Op.checked`; 0, anything else (the op's full path, whose checks name a
     required tensor that is None or not a tensor)."""
-    if _is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast():
+    if (_is_compiling() or _dispatch_modes() or _functorch_level() is not None or _any_autocast()
+            or _forward_ad._current_level >= 0):  # fmt: skip
         return 0
     grad = _grad_enabled()
     mode = INFERENCE
