@@ -163,6 +163,30 @@ def test_mfu_from_model_throughput(capsys):
     assert by_name["causal"] < by_name["non_causal"] < by_name["mosaicml_hfu"]
     assert main([*argv, "--ms", "3"]) == 2
     assert main(["mfu", "--gpu", "h100", "--model", "llama-3-8b"]) == 2
+    assert all(row["note"] is None for row in payload["conventions"])  # all conventions apply to dense models
+
+
+def test_mfu_of_a_mixture_of_experts_counts_active_parameters(capsys):
+    # Audit 7 item 1: mosaicml was 6 x total parameters (286.7 GFLOP/token for Mixtral, 160% MFU for
+    # DeepSeek-V3); the dense-only Megatron formulas read Mixtral 45% low.
+    argv = ["mfu", "--gpu", "h100", "--model", "mixtral-8x7b", "--tokens-per-second", "10000", "--gpus", "8"]
+    payload = _json(capsys, [*argv, "--seq-len", "4096", "--json"])
+    rows = {row["convention"]: row for row in payload["conventions"]}
+    active = param_count("mixtral-8x7b").active
+    expected = 6 * active + 12 * 32 * 4096 * 4096
+    assert rows["mosaicml"]["flops_per_token"] == pytest.approx(expected, rel=0.01)
+    non_causal = rows["non_causal"]["flops_per_token"]
+    assert rows["mosaicml"]["flops_per_token"] == pytest.approx(non_causal, rel=0.03)
+    for convention in ("megatron", "megatron_hfu_selective", "megatron_hfu_full"):
+        assert rows[convention]["flops_per_token"] is None and rows[convention]["utilisation"] is None
+        assert "mixture of experts" in rows[convention]["note"]
+    argv = ["mfu", "--gpu", "h100", "--model", "deepseek-v3", "--tokens-per-second", "1e5", "--gpus", "256"]
+    payload = _json(capsys, [*argv, "--seq-len", "4096", "--json"])
+    assert all(row["utilisation"] is None or row["utilisation"] < 1 for row in payload["conventions"])
+    assert "above 100%" not in capsys.readouterr().err
+    assert main([*argv, "--seq-len", "4096"]) == 0  # the table prints the n/a rows
+    out = capsys.readouterr().out
+    assert "megatron (n/a: MoE)" in out and "mosaicml_hfu" in out
 
 
 def test_attention_spec_gqa_and_decode(capsys):

@@ -20,8 +20,8 @@ import pytest
 from llm_speed.core.gpus import get_gpu
 from llm_speed.perf.efficiency import FLOOR, Efficiency, all_reduce_time, calibrate_from_bench
 from llm_speed.perf.inference import analyze_inference, tp_shard, weight_storage
-from llm_speed.perf.mfu import throughput_mfu, training_flops_per_token
-from llm_speed.perf.models import ModelConfig, get_model
+from llm_speed.perf.mfu import convention_not_applicable, throughput_mfu, training_flops_per_token
+from llm_speed.perf.models import ModelConfig, get_model, param_count
 
 # (model, tp, weight dtype, group size, published tokens/s). Efficiency's memory default comes from the bf16
 # Llama-2-7B single-GPU row, predict's dequantization overlap from the int8 one; the collective latency from
@@ -171,6 +171,48 @@ def test_causal_counting_under_reads_published_mfu_by_4_percent_at_2k_and_37_at_
         assert 1 - causal / published == pytest.approx(shortfall, abs=0.01)
     with pytest.raises(ValueError, match="convention"):
         training_flops_per_token(MPT_7B, 2048, "palm")
+
+
+def test_mosaicml_counts_active_parameters_of_a_mixture_of_experts():
+    # Audit 7 item 1: 6 x total parameters read Mixtral-8x7B 3.5x too high and DeepSeek-V3 at 160% MFU.
+    mixtral = get_model("mixtral-8x7b")
+    params = param_count(mixtral)
+    h, layers, s = mixtral.hidden_size, mixtral.num_layers, 4096
+    expected = 6 * params.active + 12 * layers * h * s  # 6 N_active + 12 l h s
+    assert params.active == pytest.approx(12.88e9, rel=0.01)
+    mosaicml = training_flops_per_token(mixtral, s, "mosaicml")
+    assert mosaicml == pytest.approx(expected, rel=0.01)
+    assert mosaicml / 1e9 == pytest.approx(83.7, rel=0.01)
+    # Within a few % of this library's exact non-causal count (82.93 GFLOP/token, checked by hand in audit 7).
+    non_causal = training_flops_per_token(mixtral, s, "non_causal")
+    assert non_causal / 1e9 == pytest.approx(82.93, rel=0.005)
+    assert mosaicml == pytest.approx(non_causal, rel=0.03)
+    hfu = training_flops_per_token(mixtral, s, "mosaicml_hfu")
+    assert hfu == pytest.approx(8 * params.active + 16 * layers * h * s, rel=1e-9)
+    # The audit's DeepSeek-V3 command (100k tokens/s on 256 H100s at 4k): was 160% (and 213% HFU).
+    deepseek = {
+        convention: throughput_mfu(
+            "deepseek-v3", 100_000, "h100-sxm", seq_len=4096, num_gpus=256, convention=convention
+        )
+        for convention in ("non_causal", "mosaicml", "mosaicml_hfu")
+    }
+    assert deepseek["mosaicml"] < deepseek["mosaicml_hfu"] < 1
+    assert deepseek["mosaicml"] == pytest.approx(deepseek["non_causal"], rel=0.15)
+    # A dense model's N is all of its parameters, as before.
+    assert param_count(MPT_7B).active == param_count(MPT_7B).total
+
+
+@pytest.mark.parametrize("convention", ["megatron", "megatron_hfu_selective", "megatron_hfu_full"])
+def test_megatron_formulas_refuse_a_mixture_of_experts(convention):
+    # The dense 4h-MLP formula read Mixtral 45% low; it has no term for routed experts, so it is not applied.
+    for model in ("mixtral-8x7b", "deepseek-v3"):
+        assert convention_not_applicable(model, convention) is not None
+        with pytest.raises(ValueError, match="dense GPT models"):
+            training_flops_per_token(model, 4096, convention)
+        with pytest.raises(ValueError, match="mixture of experts"):
+            throughput_mfu(model, 10_000, "h100-sxm", seq_len=4096, num_gpus=8, convention=convention)
+    assert convention_not_applicable(MPT_7B, convention) is None
+    assert convention_not_applicable("mixtral-8x7b", "mosaicml") is None
 
 
 def test_llama_3_70b_32k_batch_8_fp8_kv_on_8_h100s():

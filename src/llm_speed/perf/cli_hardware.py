@@ -19,6 +19,7 @@ from llm_speed.perf.memory import attention_memory
 from llm_speed.perf.mfu import (
     MFU_CONVENTIONS,
     achieved_flops_per_s,
+    convention_not_applicable,
     mfu,
     throughput_mfu,
     training_flops_per_token,
@@ -375,6 +376,14 @@ def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
     config = resolve_model(args.model)
     rows = []
     for convention in MFU_CONVENTIONS:
+        # A convention that does not apply (the dense-only Megatron formulas on a mixture of experts) is
+        # reported as None with the reason, not as a number.
+        note = convention_not_applicable(config, convention)
+        if note is not None:
+            rows.append(
+                {"convention": convention, "flops_per_token": None, "utilisation": None, "note": note}
+            )
+            continue
         rows.append(
             {
                 "convention": convention,
@@ -388,9 +397,10 @@ def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
                     dtype=dtype,
                     convention=convention,
                 ),
+                "note": None,
             }
         )
-    top = max(rows, key=lambda row: row["utilisation"])
+    top = max((row for row in rows if row["utilisation"] is not None), key=lambda row: row["utilisation"])
     _warn_above_peak(
         top["utilisation"],
         f"--tokens-per-second {args.tokens_per_second:g} ({top['convention']}) is above what {args.gpus} "
@@ -413,9 +423,16 @@ def _training_mfu(args: argparse.Namespace, spec, dtype: str) -> int:
         f"Training MFU of {config.name}: {args.tokens_per_second:g} tokens/s on {args.gpus} x {spec.id} "
         f"({dtype}), sequences of {args.seq_len}",
         ["convention", "GFLOP/token", "MFU/HFU %"],
-        [[r["convention"], r["flops_per_token"] / 1e9, r["utilisation"] * 100] for r in rows],
+        [
+            [r["convention"], r["flops_per_token"] / 1e9, r["utilisation"] * 100]
+            if r["note"] is None
+            else [f"{r['convention']} (n/a: MoE)", None, None]
+            for r in rows
+        ],
         caption="causal counts only the attention pairs a causal kernel computes; Megatron, MosaicML and "
-        "most papers count all s x s pairs (non_causal). *_hfu*: hardware FLOPs with recomputation.",
+        "most papers count all s x s pairs (non_causal). *_hfu*: hardware FLOPs with recomputation. "
+        "MosaicML's N is the active parameters for a mixture of experts (MoE); the Megatron formulas are for "
+        "dense models only.",
     )
     return 0
 
