@@ -130,3 +130,34 @@ def test_doctor_probes_every_probed_row():
         "fused_moe",
         "fused_moe_backward",
     ]
+
+
+def test_kvcache_flops_count_the_pairs_each_query_computes():
+    """A chunk of queries appended to a cache (causal arrives as window right = 0) computes only the pairs its
+    rows see: 16 queries after 0 cached tokens see 136 pairs, not 16 x 16; under a left window of 8, 4
+    queries see 9 keys each (audit of 2026-12-07: +88% and +33% before). One query is as before."""
+    import torch
+
+    def flops(seq_q, cached, window):
+        q, cache = torch.empty(1, seq_q, 32, 128), torch.empty(1, 128, 8, 128)
+        return ops.kvcache_work(q=q, k_cache=cache, cache_seqlens=torch.tensor([cached]), seq_new=seq_q,
+                                window=window).flops  # fmt: skip
+
+    per_pair = 4 * 32 * 128
+    assert flops(16, 0, (None, 0)) == per_pair * 136
+    assert flops(4, 60, (8, 0)) == per_pair * 4 * 9
+    assert flops(1, 20, (None, 0)) == flops(1, 20, None) == per_pair * 21
+
+
+def test_grouped_gemm_reads_the_weights_of_the_groups_rows_are_expected_to_hit():
+    """32 rows over 256 groups touch at most 32 of them: the forward reads those weights, not all 256
+    (audit of 2026-12-07: up to 8x at decode shapes before); the backward writes every group's gradient."""
+    import torch
+
+    a, b, out = torch.empty(32, 64), torch.empty(256, 64, 96), torch.empty(32, 96)
+    work = ops.grouped_gemm_work()(a=a, b=b, out=out)
+    hit = 256 * (1 - (1 - 1 / 256) ** 32)
+    expected = (a.numel() + b.numel() * hit / 256 + out.numel()) * 4
+    assert work.bytes_moved == pytest.approx(expected) and hit < 32
+    backward = ops.grouped_gemm_work(backward=True)(a=a, b=b, out=out)
+    assert backward.bytes_moved == pytest.approx(expected + (a.numel() + b.numel()) * 4)

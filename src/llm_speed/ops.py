@@ -35,6 +35,7 @@ from llm_speed.perf.kernel_costs import (
     kvcache_decode_cost,
     varlen_attention_cost,
     window_attention_cost,
+    window_visible_pairs,
 )
 
 # Score-matrix dtype of the attention implementations that materialise scores, when it differs from the
@@ -216,10 +217,12 @@ def kvcache_work(
     **_: Any,
 ) -> Work | None:
     """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
-    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
-    can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left window), the
-    cache at its own element size (1 byte for an fp8 cache). Reads the lengths on the host: only the profiler
-    calls it."""
+    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost`'s bytes over the sequences, each over the keys
+    its rows can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left
+    window), the cache at its own element size (1 byte for an fp8 cache); FLOPs over the (query, key) pairs
+    each computes (the queries are the last ``seq_q`` positions; ``window`` carries causal as right = 0:
+    :func:`llm_speed.perf.kernel_costs.window_visible_pairs`). Reads the lengths on the host: only the
+    profiler calls it."""
     _, seq_q, heads_q, head_dim = q.shape
     if q.numel() == 0:
         return None
@@ -236,7 +239,8 @@ def kvcache_work(
             1, heads_q, seq_q, visible, head_dim, heads_kv=k_cache.shape[2], dtype=q.dtype,
             seq_new=min(seq_new, visible), kv_dtype=k_cache.dtype,
         )  # fmt: skip
-        flops, moved = flops + cost.flops, moved + cost.bytes_moved
+        pairs = window_visible_pairs(seq_q, context, window=None if window is None else tuple(window))
+        flops, moved = flops + 4.0 * heads_q * head_dim * pairs, moved + cost.bytes_moved
     return Work(flops, moved, q.dtype, q.device) if moved else None
 
 
@@ -327,16 +331,24 @@ def logits_cross_entropy_work(backward: bool = False) -> Callable[..., Work | No
 def grouped_gemm_work(backward: bool = False) -> Callable[..., Work | None]:
     """Cost of a grouped GEMM ``(a=[total, K], b=[groups, K, N] or [groups, N, K], out=[total, N])`` (the
     backward reports ``out`` = the output's gradient): 2 * total * N * K FLOPs (x2 backward: da and db), and
-    a, b, out each moved once (backward: dout, a and b read, da and db written)."""
+    a, out each moved once, b read for the groups that have rows (empty groups have no tiles): the
+    ``G (1 - (1 - 1/G)^total)`` expected for rows spread uniformly, as the cost reads no offsets
+    (:func:`llm_speed.perf.kernel_costs.expected_experts_hit`). Backward: dout, a and those groups of b read,
+    da and every group's db written."""
 
     def cost(*, a: Any, b: Any, out: Any, **_: Any) -> Work | None:
+        from llm_speed.perf.kernel_costs import expected_experts_hit
+
         total, k = a.shape
         n = out.shape[1]
         if total == 0 or n == 0 or k == 0:
             return None
-        moved = a.numel() * a.element_size() + b.numel() * b.element_size() + out.numel() * out.element_size()
+        groups = b.shape[0]
+        b_bytes = b.numel() * b.element_size()
+        b_read = b_bytes * expected_experts_hit(groups, 1, total) / groups
+        moved = a.numel() * a.element_size() + b_read + out.numel() * out.element_size()
         if backward:
-            moved += a.numel() * a.element_size() + b.numel() * b.element_size()
+            moved += a.numel() * a.element_size() + b_bytes
         return Work((4.0 if backward else 2.0) * total * n * k, float(moved), a.dtype, a.device)
 
     return cost

@@ -130,3 +130,13 @@ def test_live_device_matches_the_table_when_a_gpu_is_present():
         assert math.isclose(live["l2_cache_mb"], spec.l2_cache_mb, rel_tol=0.05)
         if "memory_bandwidth_gbs" in live:
             assert math.isclose(live["memory_bandwidth_gbs"], spec.hbm_bandwidth_gbs, rel_tol=0.05)
+
+
+def test_h100_nvl_clock_agrees_with_its_fp32_peak():
+    """The NVL's datasheet FP32 peak (60 TFLOP/s) at 132 SMs x 128 lanes x 2 FLOP is 1,776 MHz; the SXM5's
+    1980 carried over gave 66.9 (audit of 2026-12-07), and the model derived 114.8 FP32 lanes per SM."""
+    from llm_speed.core.gpus import get_gpu
+
+    nvl = get_gpu("h100-nvl")
+    assert nvl.sm_count * 128 * 2 * nvl.boost_clock_mhz * 1e6 == pytest.approx(nvl.peak_tflops["fp32"] * 1e12,
+                                                                             rel=2e-3)  # fmt: skip

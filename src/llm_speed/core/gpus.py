@@ -574,6 +574,8 @@ def _gh100_variant(
     memory_type: str,
     datasheet: str,
     extra_sources: dict[str, str] | None = None,
+    boost_clock_mhz: int = 1980,
+    clock_source: str = "as H100 SXM5 (maximum SM clock nvidia-smi reports)",
 ) -> GPUSpec:
     """H100 variants (H800, H100 NVL, GH200) share the GH100 die's SMs, L2 and shared memory."""
     return GPUSpec(
@@ -583,7 +585,7 @@ def _gh100_variant(
         architecture="Hopper",
         compute_capability=(9, 0),
         sm_count=132,
-        boost_clock_mhz=1980,
+        boost_clock_mhz=boost_clock_mhz,
         peak_tflops=peaks,
         hbm_capacity_gb=capacity_gb,
         hbm_bandwidth_gbs=bandwidth_gbs,
@@ -600,7 +602,7 @@ def _gh100_variant(
             "nvlink_bandwidth_gbs": f"{datasheet}: NVLink {nvlink_gbs:g} GB/s",
             "pcie_bandwidth_gbs": f"{datasheet}: PCIe Gen5 128 GB/s",
             "sm_count": "GH100 with 132 SMs enabled (as H100 SXM5), " + _H100_WHITEPAPER,
-            "boost_clock_mhz": "as H100 SXM5 (maximum SM clock nvidia-smi reports)",
+            "boost_clock_mhz": clock_source,
             "l2_cache_mb": "GH100 L2, " + _H100_WHITEPAPER,
             "smem_per_sm_kb": _HOPPER_TUNING,
             "register_file_per_sm_kb": _HOPPER_TUNING,
@@ -650,6 +652,9 @@ _EXTRA_GPUS: tuple[GPUSpec, ...] = (
         nvlink_gbs=600.0,
         memory_type="HBM3",
         datasheet=_H100_NVL,
+        # its FP32 peak at 132 SMs x 128 lanes x 2 FLOP: the SXM5's 1980 MHz would give 66.9, not 60
+        boost_clock_mhz=1776,
+        clock_source=f"{_H100_NVL}: FP32 60 TFLOP/s / (132 SMs x 128 FP32 lanes x 2 FLOP) = 1,776 MHz",
     ),
     _gh100_variant(
         "gh200",
