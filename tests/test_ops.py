@@ -161,3 +161,13 @@ def test_grouped_gemm_reads_the_weights_of_the_groups_rows_are_expected_to_hit()
     assert work.bytes_moved == pytest.approx(expected) and hit < 32
     backward = ops.grouped_gemm_work(backward=True)(a=a, b=b, out=out)
     assert backward.bytes_moved == pytest.approx(expected + (a.numel() + b.numel()) * 4)
+
+
+def test_the_sdpa_fallback_is_priced_at_flash_traffic():
+    """SDPA on 16-bit CUDA tensors keeps no score matrix in DRAM (its flash or memory-efficient backend), as
+    `predict` prices the row; it was priced as the naive path's float32 scores (65x, audit of 2026-12-07)."""
+    import torch
+
+    q = torch.empty(1, 16, 4096, 128, dtype=torch.bfloat16)
+    sdpa, flash = ops.get("sdpa_attention"), ops.get("flash_attention")
+    assert sdpa.work(q=q, k=q, is_causal=True).bytes_moved == flash.work(q=q, k=q, is_causal=True).bytes_moved

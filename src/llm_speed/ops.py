@@ -793,10 +793,12 @@ OPS: tuple[Op, ...] = (
         "flash_attention_varlen_backward", "llm_speed.attention.varlen:flash_attention_varlen",
         varlen_work("bwd"),
     ),
-    # The out-of-memory fallback of safe_flash_attention, costed as a materialising kernel in q's dtype
-    # (SDPA's real traffic depends on the backend torch picks).
+    # The out-of-memory fallback of safe_flash_attention, costed at flash's minimum traffic: on CUDA, SDPA's
+    # flash or memory-efficient backend (its bottom-right causal mask included) keeps no score matrix in
+    # DRAM, as `predict` prices it; the math backend (CPU) moves more. It was priced as the naive path's
+    # float32 scores: 65x at 16 heads x 4096 x 128, bf16.
     Op(
-        "sdpa_attention", "llm_speed.helpers:sdpa_attention", attention_work("naive", "fwd"),
+        "sdpa_attention", "llm_speed.helpers:sdpa_attention", attention_work("flash", "fwd"),
         plain_pytorch=True,
     ),
     Op(
