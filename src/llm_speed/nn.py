@@ -13,9 +13,9 @@ import inspect
 import torch
 from torch import nn
 
-from .core.args import check_choice, check_flag, check_int, check_real, positive_int, type_name
+from .core.args import check_choice, check_flag, check_real, positive_int, type_name
 from .core.tensors import FLOAT_DTYPES, dtype_names
-from .fused.cross_entropy import REDUCTIONS, check_accum_dtype, cross_entropy, fused_linear_cross_entropy
+from .fused.cross_entropy import check_loss_options, cross_entropy, fused_linear_cross_entropy
 from .fused.geglu import geglu
 from .fused.rms_norm import CASTINGS, rms_norm
 from .fused.swiglu import swiglu
@@ -203,37 +203,17 @@ class GeGLUMLP(GatedMLP):
         super().__init__(hidden_size, intermediate_size, bias, activation="gelu_tanh", **kwargs)
 
 
-# The value checks of the losses' options that need no tensor: those of cross_entropy's _validate_loss and
-# fused_linear_cross_entropy's own, run at construction.
-_LOSS_OPTION_CHECKS = {
-    "ignore_index": lambda v: check_int("ignore_index", v),
-    "reduction": lambda v: check_choice("reduction", v, REDUCTIONS),
-    "label_smoothing": lambda v: check_real("label_smoothing", v, minimum=0.0, maximum=1.0),
-    "softcap": lambda v: v is None or check_real("softcap", v, positive=True),
-    "lse_square_scale": lambda v: check_real("lse_square_scale", v, minimum=0.0),
-    "return_z_loss": lambda v: check_flag("return_z_loss", v),
-    "loss_dtype": lambda v: v in FLOAT_DTYPES or _refuse_loss_dtype(v),
-    "chunk_rows": lambda v: v is None or positive_int("chunk_rows", v),
-    "accum_dtype": lambda v: check_accum_dtype("accum_dtype", v),
-}
-
-
-def _refuse_loss_dtype(loss_dtype):
-    raise TypeError(f"loss_dtype is {loss_dtype!r}; accepted: {dtype_names(FLOAT_DTYPES)}")
-
-
-def check_loss_options(owner: str, function, options: dict, *, given_by_the_module: tuple) -> None:
+def check_module_options(owner: str, function, options: dict, *, given_by_the_module: tuple) -> None:
     """``options`` of a loss module: keyword arguments of ``function`` (less those the module passes itself),
     each checked as ``function`` checks it; TypeError or ValueError naming the option."""
     accepted = [
         name for name, parameter in inspect.signature(function).parameters.items()
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in given_by_the_module
     ]  # fmt: skip
-    for name, value in options.items():
+    for name in options:
         if name not in accepted:
             raise TypeError(f"{owner} has no option {name!r}; accepted: {', '.join(accepted)}")
-        if name in _LOSS_OPTION_CHECKS:
-            _LOSS_OPTION_CHECKS[name](value)
+    check_loss_options(**options)  # the values, by the losses' own checks
 
 
 class CrossEntropyLoss(nn.Module):
@@ -242,7 +222,7 @@ class CrossEntropyLoss(nn.Module):
 
     def __init__(self, weight: torch.Tensor | None = None, **options):
         super().__init__()
-        check_loss_options(type(self).__name__, cross_entropy, options, given_by_the_module=("weight",))
+        check_module_options(type(self).__name__, cross_entropy, options, given_by_the_module=("weight",))
         self.register_buffer("weight", weight)
         self.options = options
 
@@ -264,7 +244,7 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             )
         if "bias" in options:
             raise TypeError("bias is forward's argument here: loss(hidden, weight, target, bias)")
-        check_loss_options(type(self).__name__, fused_linear_cross_entropy, options,
+        check_module_options(type(self).__name__, fused_linear_cross_entropy, options,
                            given_by_the_module=("ce_weight", "bias"))  # fmt: skip
         self.register_buffer("ce_weight", ce_weight)
         self.options = options

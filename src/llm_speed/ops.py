@@ -35,7 +35,6 @@ from llm_speed.perf.kernel_costs import (
     kvcache_decode_cost,
     varlen_attention_cost,
     window_attention_cost,
-    window_visible_pairs,
 )
 
 # Score-matrix dtype of the attention implementations that materialise scores, when it differs from the
@@ -217,12 +216,11 @@ def kvcache_work(
     **_: Any,
 ) -> Work | None:
     """Cost of a KV-cache call (row ``attention_kvcache_fwd``): the sum of
-    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost`'s bytes over the sequences, each over the keys
-    its rows can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left
-    window), the cache at its own element size (1 byte for an fp8 cache); FLOPs over the (query, key) pairs
-    each computes (the queries are the last ``seq_q`` positions; ``window`` carries causal as right = 0:
-    :func:`llm_speed.perf.kernel_costs.window_visible_pairs`). Reads the lengths on the host: only the
-    profiler calls it."""
+    :func:`llm_speed.perf.kernel_costs.kvcache_decode_cost` over the sequences, each over the keys its rows
+    can see (``cache_seqlens + seq_new - cache_leftpad``, at most ``left + seq_q`` under a left window) and
+    the (query, key) pairs they compute under ``window`` (which carries causal as right = 0), the cache at
+    its own element size (1 byte for an fp8 cache). Reads the lengths on the host: only the profiler calls
+    it."""
     _, seq_q, heads_q, head_dim = q.shape
     if q.numel() == 0:
         return None
@@ -235,12 +233,13 @@ def kvcache_work(
         visible = context if left is None else min(context, left + seq_q)
         if visible <= 0:
             continue
+        # (the last left + seq_q keys hold every pair a left window lets the queries compute)
         cost = kvcache_decode_cost(
             1, heads_q, seq_q, visible, head_dim, heads_kv=k_cache.shape[2], dtype=q.dtype,
             seq_new=min(seq_new, visible), kv_dtype=k_cache.dtype,
+            window=None if window is None else tuple(window),
         )  # fmt: skip
-        pairs = window_visible_pairs(seq_q, context, window=None if window is None else tuple(window))
-        flops, moved = flops + 4.0 * heads_q * head_dim * pairs, moved + cost.bytes_moved
+        flops, moved = flops + cost.flops, moved + cost.bytes_moved
     return Work(flops, moved, q.dtype, q.device) if moved else None
 
 

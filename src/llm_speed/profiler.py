@@ -282,9 +282,8 @@ def kernel_metrics(
 DEVICE_TYPES = ("cpu", "cuda")
 ACCEPTED_DEVICES = "None, 'cpu', 'cuda' or 'cuda:N' (a str or a torch.device)"
 
-# profile_attention's input dtypes: the kernels' float dtypes, as torch.dtype or by the names the rest of the
-# profiler uses ("fp16", "bf16", "fp32", or any spelling normalize_dtype reads, e.g. "float16").
-# The inputs profile_attention and profile_gemm make: a torch.dtype or the profiler's name of one.
+# The inputs profile_attention and profile_gemm make: a torch.dtype, or the name the rest of the profiler uses
+# ("fp16", "bf16", "fp32", "int8", or any spelling normalize_dtype reads, e.g. "float16").
 ATTENTION_INPUT_DTYPES = FLOAT_DTYPES
 GEMM_INPUT_DTYPES = (*FLOAT_DTYPES, torch.int8)
 

@@ -185,6 +185,7 @@ def plain_call(*tensors: Any, optional: tuple = ()) -> int:
         return 0
     grad = _grad_enabled()
     mode = INFERENCE
+    # two loops, not one with a flag per tensor: this runs before every kept call (host time is the point)
     for tensor in tensors:
         if type(tensor) not in _PLAIN_TENSORS:
             return 0

@@ -66,7 +66,7 @@ from .cross_entropy_launch import (
 )
 
 # the public names (memory_estimate and default_chunk_rows live with the launcher)
-__all__ = ["REDUCTIONS", "check_accum_dtype", "cross_entropy", "default_chunk_rows",
+__all__ = ["REDUCTIONS", "check_accum_dtype", "check_loss_options", "cross_entropy", "default_chunk_rows",
            "fused_linear_cross_entropy", "memory_estimate"]  # fmt: skip
 
 # --- op registration ------------------------------------------------------------------------------------
@@ -281,6 +281,18 @@ def _validate_loss(target, n, vocab, class_weight, weight_name, ignore_index, re
         check_tensor(weight_name, class_weight, dims=1, what="[V] (one weight per class)")
         if class_weight.shape[0] != vocab:
             raise ValueError(f"{weight_name} has {class_weight.shape[0]} entries; it must have V = {vocab}")
+    return check_loss_options(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+                              softcap=softcap, lse_square_scale=lse_square_scale, return_z_loss=return_z_loss,
+                              loss_dtype=loss_dtype)  # fmt: skip
+
+
+def check_loss_options(*, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+                       lse_square_scale=0.0, return_z_loss=False, loss_dtype=torch.float32, chunk_rows=None,
+                       accum_dtype=None) -> tuple:  # fmt: skip
+    """The losses' options that need no tensor (the fused one's ``chunk_rows`` and ``accum_dtype`` too),
+    checked, each error naming its option; returns ``(ignore_index, label_smoothing, softcap, z_scale,
+    return_z_loss)`` as the ops take them. :mod:`llm_speed.nn`'s loss modules check their options here at
+    construction."""
     ignore_index = check_int("ignore_index", ignore_index)  # any sign: -100 by default
     check_choice("reduction", reduction, REDUCTIONS)
     label_smoothing = check_real("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
@@ -289,6 +301,9 @@ def _validate_loss(target, n, vocab, class_weight, weight_name, ignore_index, re
     return_z_loss = check_flag("return_z_loss", return_z_loss)
     if loss_dtype not in FLOAT_DTYPES:
         raise TypeError(f"loss_dtype is {loss_dtype!r}; accepted: {dtype_names(FLOAT_DTYPES)}")
+    if chunk_rows is not None:  # (None: the rule of default_chunk_rows)
+        positive_int("chunk_rows", chunk_rows)
+    check_accum_dtype("accum_dtype", accum_dtype)
     return ignore_index, label_smoothing, softcap, z_scale, return_z_loss
 
 

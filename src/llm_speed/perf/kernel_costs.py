@@ -246,18 +246,21 @@ def kvcache_decode_cost(
     seq_new: int = 0,
     causal: bool = False,
     kv_dtype: Any = None,
+    window: tuple[int | None, int | None] | None = None,
 ) -> KernelCost:
     """FLOPs and minimum DRAM bytes of ``llm_speed.flash_attention_with_kvcache`` (decode over a KV cache).
 
     ``context`` is the number of keys each sequence attends to (``cache_seqlens + seq_new``), ``seq_new``
-    how many of them the call appends. FLOPs as :func:`attention_cost`'s forward over ``seq_q x context``
-    (causal: visible pairs only). Bytes, with e = element size: the visible cache read once,
-    ``2*e*batch*heads_kv*context*head_dim`` (K and V, whatever the page layout: pages are whole rows), Q read
-    and O written ``2*e*batch*heads_q*seq_q*head_dim``, the fp32 LSE ``4*batch*heads_q*seq_q``, and the
-    append (new K/V read, then written into the cache) ``4*e*batch*heads_kv*seq_new*head_dim``. Split-KV's
-    partial results and the int32 lengths/block table are not counted: they are small beside the cache and
-    not part of the minimum. At seq_q = 1 the intensity is about ``heads_q / heads_kv`` FLOP/byte: decode is
-    bound by memory bandwidth on every GPU in the table.
+    how many of them the call appends. FLOPs as :func:`attention_cost`'s forward over the (query, key) pairs
+    the queries (the last ``seq_q`` positions) compute: all ``seq_q x context``, or under ``causal`` or a
+    ``window`` (left, right; flash-attn's) those :func:`window_visible_pairs` counts. Bytes, with e =
+    element size: the visible cache read once, ``2*e*batch*heads_kv*context*head_dim`` (K and V, whatever
+    the page layout: pages are whole rows), Q read and O written ``2*e*batch*heads_q*seq_q*head_dim``, the
+    fp32 LSE ``4*batch*heads_q*seq_q``, and the append (new K/V read, then written into the cache)
+    ``4*e*batch*heads_kv*seq_new*head_dim``. Split-KV's partial results and the int32 lengths/block table
+    are not counted: they are small beside the cache and not part of the minimum. At seq_q = 1 the
+    intensity is about ``heads_q / heads_kv`` FLOP/byte: decode is bound by memory bandwidth on every GPU in
+    the table.
 
     ``kv_dtype``: the cache's dtype when it is not ``dtype`` (an fp8 cache: "fp8", ``torch.float8_e4m3fn``):
     the cache is read at its element size ``c`` (``2*c*batch*heads_kv*context*head_dim``), and the append
@@ -272,7 +275,8 @@ def kvcache_decode_cost(
         raise ValueError(f"seq_new ({seq_new}) cannot exceed context ({context}): appended keys are attended")
     element = dtype_bytes(dtype)
     cache_element = element if kv_dtype is None else dtype_bytes(kv_dtype)
-    flops = 4 * batch * heads_q * head_dim * visible_pairs(seq_q, context, causal)
+    pairs = window_visible_pairs(seq_q, context, is_causal=causal, window=window)
+    flops = 4 * batch * heads_q * head_dim * pairs
     # Q, O, the LSE and the visible cache are flash's forward traffic; the append comes on top.
     rows = batch * heads_q * seq_q
     q_bytes, _ = flash_attention_bytes(rows * head_dim, 0, rows, element)
