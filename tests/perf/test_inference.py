@@ -2,7 +2,7 @@
 
 import pytest
 
-from llm_speed.core.gpus import get_gpu
+from llm_speed.core.gpus import custom_gpu, get_gpu
 from llm_speed.perf.inference import (
     analyze_inference,
     decode_batch_sweep,
@@ -102,6 +102,24 @@ def test_totals_and_speed_bounds():
         longer = analyze_inference("llama-2-7b", "h100-sxm", seq_len=4000, decode_tokens=decode_tokens)
         assert longer.exceeds_max_position is exceeds
     assert not analyze_inference("llama-3.1-405b", "h100-sxm").fits_in_memory
+
+
+def test_fits_is_judged_against_the_memory_the_device_reports():
+    # Llama-3-8B, 58 x 8k tokens of bf16 KV cache: 80.3e9 bytes, over the H100's datasheet "80 GB" (80e9)
+    # but within the 85.02e9 bytes an H100 SXM reports (its 80 GiB of HBM3); it was "fits: no" before.
+    h100 = get_gpu("h100-sxm")
+    assert h100.usable_memory_bytes == 85_017_493_504 and h100.memory_capacity_bytes == 80e9
+    analysis = analyze_inference("llama-3-8b", "h100-sxm", batch_size=58, seq_len=8192)
+    assert 80e9 < analysis.memory_per_gpu_bytes < 85e9
+    assert analysis.fits_in_memory and analysis.gpu_memory_bytes == h100.usable_memory_bytes
+    assert not analyze_inference("llama-3-8b", "h100-sxm", batch_size=64, seq_len=8192).fits_in_memory
+    # A user spec that changes the capacity drops the base's measurement; one that does not keeps it.
+    capped = custom_gpu({"based_on": "h100-sxm", "hbm_capacity_gb": 80})
+    assert capped.device_memory_bytes is None and capped.usable_memory_bytes == 80e9
+    assert not analyze_inference("llama-3-8b", capped, batch_size=58, seq_len=8192).fits_in_memory
+    assert custom_gpu({"based_on": "h100-sxm", "sm_count": 100}).usable_memory_bytes == 85_017_493_504
+    with pytest.raises(ValueError, match="device_memory_bytes must be a number > 0"):
+        custom_gpu({"based_on": "h100-sxm", "device_memory_bytes": -1})
 
 
 def test_fp8_kv_cache_halves_decode_attention_bytes():

@@ -14,7 +14,10 @@ Conventions (read these before using a number):
 * Bandwidths are decimal: GB/s = 1e9 bytes/s. ``nvlink_bandwidth_gbs`` and ``pcie_bandwidth_gbs`` are the
   datasheet figures, which are **bidirectional totals** (both directions added); one direction carries half.
   :meth:`GPUSpec.nvlink_unidirectional_bytes_per_s` gives that half.
-* ``hbm_capacity_gb`` is the datasheet capacity in decimal GB (the device reports slightly less, in GiB).
+* ``hbm_capacity_gb`` is the datasheet capacity in decimal GB. What a device reports can differ either way
+  (HBM stacks come in GiB: the H100 SXM's "80 GB" is 80 GiB, of which the driver leaves 85.02e9 bytes;
+  ECC on GDDR takes a share). ``device_memory_bytes`` holds the reported figure where we measured it, and
+  :attr:`GPUSpec.usable_memory_bytes`, the one "fits" is judged against, prefers it.
 * ``smem_per_sm_kb`` is the largest shared-memory carve-out one SM can give (the opt-in maximum per block is
   1 KB less); ``register_file_per_sm_kb`` is 64K 32-bit registers = 256 KB on all of these.
 
@@ -117,6 +120,9 @@ class GPUSpec:
     pcie_bandwidth_gbs: float
     memory_type: str  # DRAM kind: HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X
     sources: dict[str, str] = field(default_factory=dict)
+    # torch.cuda.get_device_properties().total_memory as measured on one such device (its source says
+    # where); None where we never measured one.
+    device_memory_bytes: float | None = None
 
     def __hash__(self) -> int:
         # The generated hash would fail on the dict fields; equal specs have equal ids.
@@ -148,8 +154,15 @@ class GPUSpec:
 
     @property
     def memory_capacity_bytes(self) -> float:
-        """DRAM capacity in bytes: ``hbm_capacity_gb * 1e9``."""
+        """Datasheet DRAM capacity in bytes: ``hbm_capacity_gb * 1e9``."""
         return self.hbm_capacity_gb * 1e9
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """The memory a program can allocate from, in bytes: ``device_memory_bytes`` where it was measured,
+        else the datasheet capacity. "Fits" in the memory estimates is judged against this."""
+        measured = self.device_memory_bytes
+        return measured if measured is not None else self.memory_capacity_bytes
 
     def ridge_point(self, dtype: Any) -> float:
         """Roofline ridge point (machine balance) in FLOP/byte: ``peak_flops(dtype) / memory_bandwidth``.
@@ -313,9 +326,12 @@ _GPUS: tuple[GPUSpec, ...] = (
         nvlink_bandwidth_gbs=900.0,
         pcie_bandwidth_gbs=128.0,
         memory_type="HBM3",
+        device_memory_bytes=85_017_493_504.0,
         sources={
             "peak_tflops": _GH100_SXM_PEAK_SOURCE,
             "hbm_capacity_gb": f"{_H100_DATASHEET}, SXM: 80 GB",
+            "device_memory_bytes": "torch total_memory on our H100 SXM, 2026-11-25 "
+            "(benchmarks/results/h100-sxm/d1b0227-quick-tests-bench/doctor.json: memory_gb 85.017)",
             "hbm_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: 3.35 TB/s",
             "nvlink_bandwidth_gbs": f"{_H100_DATASHEET}, SXM: NVLink 900 GB/s",
             "pcie_bandwidth_gbs": f"{_H100_DATASHEET}: PCIe Gen5 128 GB/s",
@@ -944,6 +960,8 @@ def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
         sources = dict(base.sources)
         if "peak_tflops" in fields:  # dtypes given replace the base's, the others are kept
             fields["peak_tflops"] = {**base.peak_tflops, **fields["peak_tflops"]}
+        if "hbm_capacity_gb" in fields and "device_memory_bytes" not in fields:
+            merged["device_memory_bytes"] = None  # the base's measurement is of the base's memory
     else:
         missing = [
             k for k in ("id", "peak_tflops", "hbm_capacity_gb", "hbm_bandwidth_gbs") if k not in fields
@@ -977,8 +995,9 @@ def custom_gpu(fields: dict[str, Any], *, origin: str = "user spec") -> GPUSpec:
     # The sizes, and the microarchitecture the model divides by (0 SMs was a ZeroDivisionError deep in a
     # prediction): checked up front.
     for key in ("hbm_capacity_gb", "hbm_bandwidth_gbs", "pcie_bandwidth_gbs", "nvlink_bandwidth_gbs",
-                *MODEL_FIELDS):  # fmt: skip
-        if key not in fields or (key == "nvlink_bandwidth_gbs" and fields[key] is None):
+                "device_memory_bytes", *MODEL_FIELDS):  # fmt: skip
+        optional = key in ("nvlink_bandwidth_gbs", "device_memory_bytes")
+        if key not in fields or (optional and fields[key] is None):
             continue
         value, whole = fields[key], key == "sm_count"
         if not _positive_number(value) or (whole and value != int(value)):

@@ -264,7 +264,8 @@ def print_inference_analysis(analysis: InferenceAnalysis, console: Console | Non
             ]
         ],
         caption=f"{analysis.decode_tokens} decode tokens; KV cache in {analysis.kv_dtype}; weights "
-        f"{analysis.weight_dtype} ({analysis.weight_bytes_per_element:g} bytes each with scales)."
+        f"{analysis.weight_dtype} ({analysis.weight_bytes_per_element:g} bytes each with scales). GPU: the "
+        "memory the device reports where we measured one, else the datasheet's."
         + "".join(f" {note}" for note in notes),
         console=console,
     )

@@ -493,7 +493,7 @@ def train_memory(
             if e > 1
             else 0.0
         )
-    capacity = spec.memory_capacity_bytes if spec else None
+    capacity = spec.usable_memory_bytes if spec else None
     return TrainMemory(
         model=config.name,
         gpus=n,

@@ -835,8 +835,8 @@ def analyze_inference(
         weights_bytes=weights,
         kv_cache_bytes=kv_total,
         memory_required_bytes=required,
-        gpu_memory_bytes=spec.memory_capacity_bytes,
-        fits_in_memory=per_gpu <= spec.memory_capacity_bytes,
+        gpu_memory_bytes=spec.usable_memory_bytes,
+        fits_in_memory=per_gpu <= spec.usable_memory_bytes,
         max_position_embeddings=config.max_position_embeddings,
         exceeds_max_position=seq_len + decode_tokens > config.max_position_embeddings,
         weight_dtype=storage.dtype,
@@ -926,7 +926,7 @@ def decode_batch_sweep(
                 tokens_per_s=batch / totals.time_floor_s,
                 gemm_intensity=gemm_flops / gemm_bytes,
                 memory_required_bytes=required,
-                fits_in_memory=required <= spec.memory_capacity_bytes,
+                fits_in_memory=required <= spec.usable_memory_bytes,
             )
         )
     return rows
