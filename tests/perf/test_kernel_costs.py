@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils import flop_counter
 
+from llm_speed.core.policy import use_policy
 from llm_speed.perf.kernel_costs import (
     KernelCost,
     attention_cost,
@@ -154,13 +155,20 @@ def test_hardware_flops_by_implementation():
     shape = dict(batch=2, heads_q=4, seq_q=64, seq_kv=64, head_dim=32, causal=True)
     model_fwd = attention_cost(**shape).flops
     # Flash's forward executes exactly the model count; tiled recomputes QK^T in its second forward pass
-    # (1.5x); the default backward runs the model's 5 matmuls (2.5x), the deterministic one 7 (3.5x forward);
-    # naive keeps P, so its backward runs 4 matmuls (2x forward).
+    # (1.5x); the backward with dQ by atomics runs the model's 5 matmuls (2.5x), the one with its own dQ
+    # kernel 7 (3.5x forward); naive keeps P, so its backward runs 4 matmuls (2x forward).
     assert attention_hardware_flops(**shape) == model_fwd
-    assert attention_hardware_flops(**shape, mode="bwd") == 2.5 * model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd", deterministic=False) == 2.5 * model_fwd
     assert attention_hardware_flops(**shape, mode="bwd", deterministic=True) == 3.5 * model_fwd
+    # By default: what the backward runs on the GPU (an H100 without one): its own dQ kernel on the 227 KB
+    # tier (it counted the A100's 5 on an H100 before, HFU 29% low), atomics on an A100.
+    assert attention_hardware_flops(**shape, mode="bwd") == 3.5 * model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd", gpu="h200") == 3.5 * model_fwd
+    assert attention_hardware_flops(**shape, mode="bwd", gpu="a100-sxm-80gb") == 2.5 * model_fwd
+    with use_policy(backward_dq_kernel_tiers=()):  # the atomic-dQ candidate
+        assert attention_hardware_flops(**shape, mode="bwd", gpu="h100-sxm") == 2.5 * model_fwd
     assert attention_hardware_flops(**shape, impl="tiled") == 1.5 * model_fwd
-    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd") == 2.5 * model_fwd
+    assert attention_hardware_flops(**shape, impl="tiled", mode="bwd", gpu="l4") == 2.5 * model_fwd
     assert attention_hardware_flops(**shape, impl="tiled", mode="bwd", deterministic=True) == 3.5 * model_fwd
     assert attention_hardware_flops(**shape, impl="naive", mode="bwd") == 2 * model_fwd
     assert attention_hardware_flops(**shape, impl="naive", mode="fwd+bwd") == 3 * model_fwd

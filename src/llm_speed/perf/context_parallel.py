@@ -151,7 +151,7 @@ def ring_attention_plan(
     shape = (b, config.num_attention_heads, rows, max(cols, 1), config.head_dim)
     timed = {}
     for mode in ("fwd", "bwd"):
-        flops = attention_hardware_flops(*shape, causal=masked, mode=mode)
+        flops = attention_hardware_flops(*shape, causal=masked, mode=mode, gpu=spec)
         moved = attention_cost(
             *shape, heads_kv=config.num_kv_heads, dtype=dtype_name, causal=masked, mode=mode
         ).bytes_moved

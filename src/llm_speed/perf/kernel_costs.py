@@ -171,6 +171,19 @@ _EXECUTED_BACKWARD_MATMULS = {"flash": 5, "tiled": 5, "naive": 4}
 _DETERMINISTIC_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
 
 
+def backward_dq_kernel_by_default(gpu: Any = None) -> bool:
+    """Whether llm-speed's attention backward computes dQ in a kernel of its own by default on ``gpu`` (a
+    table id or GPUSpec; None: the stand-in H100 SXM), under the current launch policy
+    (``attention.configs.tier_dq_kernel``)."""
+    # Imported here: the cost model is torch-free at import (the CLI's model commands load it alone).
+    from llm_speed.attention.configs import tier_dq_kernel, tier_for
+    from llm_speed.core.hardware import Hardware, default_hardware
+    from llm_speed.core.policy import current_policy
+
+    hardware = default_hardware() if gpu is None else Hardware.from_spec(gpu)
+    return tier_dq_kernel(tier_for(hardware), current_policy())
+
+
 def attention_hardware_flops(
     batch: int,
     heads_q: int,
@@ -181,20 +194,26 @@ def attention_hardware_flops(
     causal: bool = False,
     mode: str = "fwd",
     impl: str = "flash",
-    deterministic: bool = False,
+    deterministic: bool | None = None,
+    gpu: Any = None,
 ) -> float:
     """Matmul FLOPs an implementation actually executes (for HFU), against :func:`attention_cost`'s model
     FLOPs (for MFU). Each (Q, K) or (P, V) matmul over the visible pairs costs 2 * batch * heads_q * head_dim
     * visible_pairs. Forward: flash and naive run 2 matmuls, tiled 3 (its second pass recomputes QK^T: 1.5x).
-    Backward: flash and tiled run the model's 5 (S, dP, dV, dK and dQ added by atomics from the dK/dV
-    kernel: 2.5x the forward); with ``deterministic`` (the path of ``deterministic=True`` or PyTorch's
-    deterministic mode) 7 (a separate dQ kernel recomputes S and dP, every dQ element has one writer: 3.5x);
-    naive 4 (P was kept: 2x the forward instead of 2.5x). Masked-out work inside partially visible tiles is
-    not counted; it depends on the tile size."""
+    Backward, flash and tiled: 5 when dQ is added by atomics from the dK/dV kernel (S, dP, dV, dK, dQ: 2.5x
+    the forward), 7 when dQ has a kernel of its own that recomputes S and dP (every dQ element has one
+    writer: 3.5x). ``deterministic`` True is that second path (``deterministic=True`` or PyTorch's
+    deterministic mode), False the first; None (the default) is what the backward runs by default on ``gpu``
+    (a table id or :class:`GPUSpec`; None: the H100 SXM that stands in without a device) under the current
+    launch policy: its own dQ kernel on the H100/H200's 227 KB tier, atomics on the smaller tiers. Naive: 4
+    (P was kept: 2x the forward instead of 2.5x). Masked-out work inside partially visible tiles is not
+    counted; it depends on the tile size."""
     batch, heads_q, seq_q, seq_kv, head_dim, _ = attention_shape(
         batch, heads_q, seq_q, seq_kv, head_dim, None
     )
     _check_mode_and_impl(mode, impl)
+    if deterministic is None:
+        deterministic = backward_dq_kernel_by_default(gpu)
     one_matmul = 2.0 * batch * heads_q * head_dim * visible_pairs(seq_q, seq_kv, causal)
     forward = _EXECUTED_FORWARD_MATMULS[impl] * one_matmul
     matmuls = _DETERMINISTIC_BACKWARD_MATMULS if deterministic else _EXECUTED_BACKWARD_MATMULS
