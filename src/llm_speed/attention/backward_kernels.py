@@ -130,7 +130,10 @@ def _probabilities(
     b_s, b_t = capped_scores(b_qk, scale, softcap, SOFTCAP=SOFTCAP)
     if HAS_ALIBI:
         b_s += alibi_bias(r_m, c_n, seq_q, seq_kv, slope2)
-    b_p = tl.exp2(b_s - b_lse2)
+    # P <= 1, as a probability is: at huge scaled scores (|s| ~ 1e8 and up) this recomputed s and the saved
+    # LSE round apart by more than 1, and exp2 of the difference was inf (dV inf, dQ/dK NaN). The min before
+    # the exp2 (one FMNMX per element) kept the Gluon backward free of spills, the min after it did not.
+    b_p = tl.exp2(tl.minimum(b_s - b_lse2, 0.0))
     if MASKED:
         m_visible = visible_mask(
             r_m, c_n, seq_q, seq_kv, window_left, window_right,

@@ -162,7 +162,7 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
                 s = gl.where(gl.expand_dims(key_index, 0) <= gl.expand_dims(last, 1), s, masked)
         else:
             s = gl.where(gl.expand_dims(keys < seq_kv, 0), s, masked)
-        p = gl.exp2(s * scale2 - gl.expand_dims(lse2, 1))
+        p = gl.exp2(gl.minimum(s * scale2 - gl.expand_dims(lse2, 1), 0.0))  # as the Triton backward: <= 1
         dp = hopper.warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(delta, 1))
         # P and dS reach the dK/dV products transposed, through shared memory

@@ -168,7 +168,7 @@ class _Program:
                     scores = torch.where(seen, scores, self.masked)
             else:
                 scores = torch.where((key0 + key_index < self.seq_kv)[None, :], scores, self.masked)
-            p = torch.exp2(scores * self.scale2 - lse2[:, None])
+            p = torch.exp2(scores * self.scale2 - lse2[:, None]).clamp(max=1.0)
             ds = p * (dp - delta[:, None])
             yield True  # S and dP retired: the softmax, and P and dS to shared memory
             p16, ds16 = p.to(dtype).float(), ds.to(dtype).float()
