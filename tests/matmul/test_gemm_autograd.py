@@ -181,3 +181,25 @@ def test_torch_compile_inductor_forward(device):
     torch.testing.assert_close(
         compiled(x, w), llm_speed.gemm(x, w, alpha=2.0, activation="relu"), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
+def test_double_backward_matches_float64(device, activation):
+    # create_graph=True through every activation (silu's failed in aten's silu_backward, which has no
+    # derivative), then a gradient of the gradients, against float64 autograd of the reference.
+    torch.manual_seed(0)
+    a, b, bias = (torch.randn(*shape, device=device) for shape in ((7, 12), (9, 12), (9,)))
+
+    def second_order(gemm, a, b, bias):
+        y = gemm(a, b, bias=bias, trans_b=True, activation=activation)
+        ga, gb = torch.autograd.grad(y.pow(2).sum(), (a, b), create_graph=True)
+        return torch.autograd.grad((ga.sin().sum() + gb.pow(2).sum()), (a, b, bias))
+
+    ours = second_order(llm_speed.gemm, *(leaf(x) for x in (a, b, bias)))
+    truth = second_order(gemm_reference, *(leaf(x, torch.float64) for x in (a, b, bias)))
+    same = second_order(gemm_reference, *(leaf(x) for x in (a, b, bias)))
+    for name, got, want, torch_grad in zip("a b bias".split(), ours, truth, same, strict=True):
+        assert got.isfinite().all(), name
+        cap = 1e-5 * want.abs().max()
+        assert_error_rule(f"second-order grad {name}", got, torch_grad, want, 3.0, cap=cap)
+

@@ -118,8 +118,17 @@ _ACTIVATION_BACKWARD = {
     "relu": lambda grad, z: torch.ops.aten.threshold_backward(grad, z, 0.0),
     "gelu": lambda grad, z: torch.ops.aten.gelu_backward(grad, z),
     "gelu_tanh": lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="tanh"),
-    "silu": lambda grad, z: torch.ops.aten.silu_backward(grad, z),
+    "silu": lambda grad, z: _silu_backward(grad, z),
 }
+
+
+def _silu_backward(grad, z):
+    """grad * silu'(z). Under ``create_graph`` (a gradient that requires grad) spelled in tensor ops: aten's
+    silu_backward has no derivative of its own, so a double backward failed there naming neither op."""
+    if torch.is_grad_enabled() and (grad.requires_grad or z.requires_grad):
+        s = torch.sigmoid(z)
+        return grad * s * (1 + z * (1 - s))
+    return torch.ops.aten.silu_backward(grad, z)
 
 
 def _backward(ctx, grad_out):
