@@ -37,6 +37,14 @@ def check_module_dtype(dtype) -> None:
         raise TypeError(f"dtype must be None or one of ({dtype_names(FLOAT_DTYPES)}), got {dtype!r}")
 
 
+def _set_fallback(module: nn.Module, fallback: nn.Module | None) -> None:
+    """``module``'s wrap fallback, outside nn.Module's registry (no submodule, no state_dict keys: the
+    fallback's parameters are the wrapper's own)."""
+    if fallback is not None and not isinstance(fallback, nn.Module):
+        raise TypeError(f"fallback must be None or a torch.nn.Module, got {type_name(fallback)}")
+    object.__setattr__(module, "_fallback", fallback)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over the last dim through :func:`llm_speed.rms_norm`: ``x * rsqrt(mean(x^2) + eps) * (offset +
     weight)``.
@@ -81,13 +89,17 @@ class RMSNorm(nn.Module):
                 raise ValueError(f"offset ({self.offset}) scales a weight; elementwise_affine=False has none")
             self.register_parameter("weight", None)
 
+    _fallback: nn.Module | None = None  # wrap's: what inputs of a dtype the kernel does not take run
+
     @classmethod
     def wrap(
         cls, weight: nn.Parameter | None, eps: float, offset: float = 0.0, *, casting: str = "float32",
-        in_place: bool = False,
+        in_place: bool = False, fallback: nn.Module | None = None,
     ) -> RMSNorm:  # fmt: skip
         """A module around an existing ``weight`` (shared, not copied: an optimizer holding it keeps working),
-        as :mod:`llm_speed.integrations.transformers` swaps a model's own norms."""
+        as :mod:`llm_speed.integrations.transformers` swaps a model's own norms. ``fallback``: the module
+        replaced, which inputs of a dtype the kernel does not take (float64) run instead of an error (kept
+        unregistered: its weight is this one, so state_dict and parameters are unchanged)."""
         # the weight's dtype is rms_norm's to check: a model's own norm weight is wrapped as it is
         if weight is not None and not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be None or a torch.Tensor [hidden], got {type_name(weight)}")
@@ -101,9 +113,12 @@ class RMSNorm(nn.Module):
         module.casting = check_choice("casting", casting, CASTINGS)
         module.in_place = check_flag("in_place", in_place)
         module.weight = weight
+        _set_fallback(module, fallback)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fallback is not None and x.dtype not in FLOAT_DTYPES:
+            return self._fallback(x)
         return rms_norm(
             x, self.weight, eps=self.eps, offset=self.offset, casting=self.casting, in_place=self.in_place
         )
@@ -147,14 +162,16 @@ class GatedMLP(nn.Module):
             self.up_proj = nn.Linear(hidden_size, self.intermediate_size, **kw)
         self.down_proj = nn.Linear(self.intermediate_size, hidden_size, **kw)
 
+    _fallback: nn.Module | None = None  # wrap's: what inputs of a dtype the kernel does not take run
+
     @classmethod
     def wrap(
         cls, down_proj: nn.Linear, *, gate_proj: nn.Linear | None = None, up_proj: nn.Linear | None = None,
-        gate_up_proj: nn.Linear | None = None, activation: str = "silu",
+        gate_up_proj: nn.Linear | None = None, activation: str = "silu", fallback: nn.Module | None = None,
     ) -> GatedMLP:  # fmt: skip
         """A module around existing projections (shared, not copied), as
         :mod:`llm_speed.integrations.transformers` swaps a model's own MLPs: ``gate_proj`` and ``up_proj``, or
-        Phi-3's ``gate_up_proj``."""
+        Phi-3's ``gate_up_proj``. ``fallback``: as :meth:`RMSNorm.wrap`'s (the MLP replaced)."""
         activation = check_choice("activation", activation, tuple(ACTIVATIONS))
         projections = dict(gate_proj=gate_proj, up_proj=up_proj, gate_up_proj=gate_up_proj)
         for name, projection in dict(down_proj=down_proj, **projections).items():
@@ -176,9 +193,12 @@ class GatedMLP(nn.Module):
             module.gate_proj, module.up_proj = gate_proj, up_proj
         module.down_proj = down_proj
         module.intermediate_size = down_proj.in_features
+        _set_fallback(module, fallback)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fallback is not None and x.dtype not in FLOAT_DTYPES:
+            return self._fallback(x)
         if self.fused_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

@@ -22,13 +22,17 @@ Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma, Gemma-2, Gemma-3 (text), Phi-3, OLMo-2, Gran
   packed batches (``attention_mask`` with zeros, position_ids that restart) run
   :func:`llm_speed.flash_attention_varlen` on the real tokens only, with zeros at padded positions; a static
   cache's decode steps under torch.compile :func:`llm_speed.flash_attention_with_kvcache`. All are causal
-  with the model's scaling, GQA, sliding window (Mistral, Qwen, Gemma-2/3's local layers, Phi-3) and
+  with the model's scaling, GQA, sliding window (Mistral, Qwen, Gemma-2/3's local layers, Phi-3; passed by
+  the layer, or the attention module's ``sliding_window`` where the layer leaves it to the mask) and
   attention logit softcap (Gemma-2); MLA's narrower values (DeepSeek) are padded to the query head dim;
 - the loss: with ``labels``, the causal-LM forward runs with no logits built and returns
   :func:`llm_speed.fused_linear_cross_entropy` of the last hidden states and ``lm_head`` (shifted labels or
   ``shift_labels``, ignore_index -100, mean over tokens or sum / ``num_items_in_batch`` as transformers'
   ``ForCausalLMLoss``; the final logit softcap of Gemma-2/3, Granite's ``logits_scaling``, the MoE router's
-  auxiliary loss when ``output_router_logits``) and ``logits=None``. Without labels the forward is unchanged.
+  auxiliary loss when ``output_router_logits``) and ``logits=None`` (``return_dict=False``: transformers'
+  tuple with None in the logits' place). A batch whose labels are all -100 has loss 0 and zero gradients
+  (transformers: NaN). Without labels, or with ``logits_to_keep`` other than 0 (logits asked for beside
+  the loss), the forward is unchanged.
   ``apply(model, cross_entropy_accum_dtype=torch.float32)`` sums the ``lm_head`` weight's gradient over the
   token chunks in float32 (Liger's ``accum_dtype``; :func:`llm_speed.fused_linear_cross_entropy`).
 
@@ -62,7 +66,8 @@ are asked for or for a softcap) runs, with one warning per reason per process, f
 and for masks the kernels cannot compute: other custom or bidirectional patterns, additive biases, a window
 spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank, a 2-D
 mask with values other than 0/1), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
-and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's original code.
+and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's original code
+(its norms, MLPs, attention and loss; the attention with one warning).
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ FAMILIES = {  # model_type: Family
     "qwen3": Family(_modeling("qwen3")),
     "qwen2_moe": Family(_modeling("qwen2_moe"), moe=True),
     "qwen3_moe": Family(_modeling("qwen3_moe"), moe=True),
-    "gemma": Family(_modeling("gemma"), 1.0, "float32", activation="hidden_activation"),
+    "gemma": Family(_modeling("gemma"), 1.0, "float32"),  # GemmaMLP reads hidden_act, Gemma-2/3's MLPs not
     "gemma2": Family(_modeling("gemma2"), 1.0, "float32", GEMMA_PRE_NORMS, "hidden_activation"),
     "gemma3_text": Family(_modeling("gemma3"), 1.0, "float32", GEMMA_PRE_NORMS, "hidden_activation"),
     "phi3": Family(_modeling("phi3")),
@@ -323,10 +328,12 @@ def _classify_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left
 def _unpadding(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, left: int | None):
     """:func:`_classify_mask`, cached on the mask tensor (an :class:`_Inexpressible` too): transformers passes
     one mask object to every layer of a forward, so the check and its host syncs happen once per forward (per
-    mask kind), not per layer."""
-    cache = getattr(mask, "_llm_speed_unpadding", None)
-    if cache is None:
-        cache = mask._llm_speed_unpadding = {}
+    mask kind), not per layer. Keyed on the tensor's version too: a user's mask buffer changed in place
+    between forwards is classified again."""
+    version, cache = getattr(mask, "_llm_speed_unpadding", (None, None))
+    if cache is None or version != mask._version:
+        cache = {}
+        mask._llm_speed_unpadding = (mask._version, cache)
     key = (batch, q_len, kv_len, left)
     if key not in cache:
         try:
@@ -381,7 +388,9 @@ def _original_attention(module, reason, query, key, value, attention_mask, scali
         left = None if sliding_window is None else sliding_window - 1
         mask = _dense_mask(mask, batch, q_len, kv_len, left, query.device)
     if name == "eager" and mask.dtype == torch.bool:  # eager adds the mask to the scores
-        mask = torch.where(mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(query.dtype).min
+        )  # (a where of Python floats would make a float32 mask: float64's min overflows it)
     options = {} if softcap is None else {"softcap": softcap}
     return function(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                     sliding_window=sliding_window, **options, **kwargs)  # fmt: skip
@@ -415,25 +424,39 @@ def _static_cache_attention(query, key, value, mask, options):
     return torch.where(one_run[:, None, None, None], out, float("nan"))
 
 
+_NOT_PASSED = object()
+
+
+def _layer_window(module, sliding_window):
+    """The layer's sliding window: as passed, else (a layer that leaves it to the mask, as Qwen2-MoE's) the
+    attention module's own ``sliding_window``. :func:`llm_speed_mask` builds no windowed mask, so a window
+    the attention is not told of would be lost."""
+    if sliding_window is _NOT_PASSED:
+        return getattr(module, "sliding_window", None)
+    return sliding_window
+
+
 def llm_speed_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
-    **kwargs,
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=_NOT_PASSED,
+    softcap=None, **kwargs,
 ):  # fmt: skip
     """transformers' attention-function signature over llm-speed's causal FlashAttention.
 
     query ``[batch, heads, q_len, head_dim]``, key/value ``[batch, kv_heads, kv_len, head_dim]`` (value's
     head_dim may differ: MLA's narrower values are padded with zeros, the output cropped, as transformers'
     flash-attention path does); returns ``([batch, q_len, heads, v_head_dim], None)``. GQA, the model's
-    ``scaling``, a ``sliding_window`` of W tokens (``window=(W - 1, 0)``) and attention logit ``softcap`` are
-    passed on. No mask, or a plain causal one: :func:`llm_speed.flash_attention`. A padding mask, or packed
-    sequences: the real tokens are packed and run through :func:`llm_speed.flash_attention_varlen` (causal per
-    sequence), and the output is scattered back with zeros at padded positions (as transformers'
-    flash-attention-2 path). A static cache: the keys up to the last query (eager), or
-    :func:`llm_speed.flash_attention_with_kvcache` over the cache (under torch.compile).
-    ``output_attentions=True`` and masks the kernels cannot compute run the model's original attention, with
-    one warning; ValueError for malformed masks, dropout and non-causal configs.
+    ``scaling``, a ``sliding_window`` of W tokens (``window=(W - 1, 0)``; not passed: the module's own
+    ``sliding_window`` attribute, if any) and attention logit ``softcap`` are passed on. No mask, or a plain
+    causal one: :func:`llm_speed.flash_attention`. A padding mask, or packed sequences: the real tokens are
+    packed and run through :func:`llm_speed.flash_attention_varlen` (causal per sequence), and the output is
+    scattered back with zeros at padded positions (as transformers' flash-attention-2 path). A static cache:
+    the keys up to the last query (eager), or :func:`llm_speed.flash_attention_with_kvcache` over the cache
+    (under torch.compile). ``output_attentions=True``, masks the kernels cannot compute and inputs of a dtype
+    they do not take (float64) run the model's original attention, with one warning; ValueError for
+    malformed masks, dropout and non-causal configs.
     """
     _check_inputs(query, key, value, attention_mask)
+    sliding_window = _layer_window(module, sliding_window)
     if dropout:
         raise ValueError(f"llm_speed attention has no dropout; got attention dropout {dropout} (set it to 0)")
     if getattr(getattr(module, "config", None), "is_causal", True) is False:
@@ -457,6 +480,9 @@ def llm_speed_attention(
         # q and k beside a bf16 v); the op's own autocast rule casts only after its dtype checks
         dtype = torch.get_autocast_dtype(device_type)
         query, key, value = (t.to(dtype) if t.dtype in FLOAT_DTYPES else t for t in (query, key, value))
+    if query.dtype not in FLOAT_DTYPES:
+        return _original_attention(module, f"{query.dtype} inputs, which the kernels do not take (float16, "
+                                   "bfloat16, float32)", *original[1:])  # fmt: skip
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     if q_len > kv_len:
@@ -607,7 +633,7 @@ def _swap_norms(model, family: Family) -> int:
         weight = getattr(norm, "weight", None)
         offset = family.offset if weight is not None else 0.0
         replacement = RMSNorm.wrap(weight, eps, offset, casting=family.casting,
-                                   in_place=attribute in family.in_place)  # fmt: skip
+                                   in_place=attribute in family.in_place, fallback=norm)  # fmt: skip
         setattr(parent, attribute, replacement)
         swapped += 1
     return swapped
@@ -623,10 +649,11 @@ def _swap_mlps(model, family: Family, skipped: dict) -> int:
             skipped["mlp"] = f"the MLP activation {act!r} has no fused kernel (accepted: {accepted})"
             return 0
         if hasattr(mlp, "gate_up_proj"):
-            replacement = GatedMLP.wrap(mlp.down_proj, gate_up_proj=mlp.gate_up_proj, activation=activation)
+            replacement = GatedMLP.wrap(mlp.down_proj, gate_up_proj=mlp.gate_up_proj, activation=activation,
+                                        fallback=mlp)  # fmt: skip
         else:
             replacement = GatedMLP.wrap(mlp.down_proj, gate_proj=mlp.gate_proj, up_proj=mlp.up_proj,
-                                        activation=activation)  # fmt: skip
+                                        activation=activation, fallback=mlp)  # fmt: skip
         setattr(parent, attribute, replacement)
         swapped += 1
     return swapped
@@ -651,21 +678,35 @@ def _capture_output(module: nn.Module, _args, output) -> None:
         module._llm_speed_captured = output
 
 
+def _keeps_every_logit(logits_to_keep) -> bool:
+    """Whether transformers' ``logits_to_keep`` keeps every position (0, its default)."""
+    return not torch.is_tensor(logits_to_keep) and logits_to_keep == 0
+
+
 def _fused_loss_forward(self, *args, **kwargs):
     bound = self._llm_speed_signature.bind(self, *args, **kwargs)
     arguments = dict(bound.arguments)
     arguments.pop("self")
     extra = arguments.pop("kwargs", {})
     labels = arguments.get("labels")
-    if labels is None:
+    keep_asked = extra.pop("logits_to_keep", arguments.pop("logits_to_keep", 0))
+    # Without labels, with logits asked for beside the loss (logits_to_keep other than 0: transformers then
+    # scores those positions only), or in a dtype the kernels do not take: the original forward.
+    if (labels is None or not _keeps_every_logit(keep_asked)
+            or self.lm_head.weight.dtype not in FLOAT_DTYPES):  # fmt: skip
         return self._llm_speed_original_forward(*args, **kwargs)
+    return_dict = extra.pop("return_dict", arguments.pop("return_dict", None))
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
     arguments["labels"] = None
     base_model = self.model
     base_model._llm_speed_capture = True
     try:
         device = self.lm_head.weight.device
         keep = _keep_no_logits(device)
-        outputs = self._llm_speed_original_forward(**arguments, **extra, logits_to_keep=keep)
+        outputs = self._llm_speed_original_forward(
+            **arguments, **extra, logits_to_keep=keep, return_dict=True
+        )
         base = base_model._llm_speed_captured
     finally:
         base_model._llm_speed_capture = False
@@ -689,13 +730,18 @@ def _fused_loss_forward(self, *args, **kwargs):
     )  # fmt: skip
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-    if not isinstance(outputs, ModelOutput):
-        return (loss, *outputs[1:])
     aux = outputs.get("aux_loss")
     if aux is not None:  # MoE: the router's load-balancing loss, as the original forward adds it
         loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
     fields = {name: value for name, value in outputs.items() if name not in ("loss", "logits")}
-    return type(outputs)(loss=loss, **fields)
+    result = type(outputs)(loss=loss, **fields)
+    if return_dict:
+        return result
+    # transformers' tuple (to_tuple: the fields that are set, in order), with None where the logits were:
+    # out[1] (out[2] beside an MoE's aux_loss) stays the logits' place
+    names = [field.name for field in dataclasses.fields(result)]
+    return tuple(result[name] if name in result else None for name in names
+                 if name in result or name == "logits")  # fmt: skip
 
 
 # --- apply ------------------------------------------------------------------------------------------------
