@@ -57,6 +57,33 @@ INDEX = (
 )  # fmt: skip
 
 
+# The backward path each attention_ab.py row of the old format ("results") timed. Its JSON holds only the
+# device, torch and the row labels, and a label names the option the row set, not the path that ran: a row
+# that forced no path (no suffix, or "atomic": deterministic=False) ran the build's default, which moved
+# between the leases. The first 2026-11-25 lease ran the kernels of d1b0227, where it was dQ by atomics; by
+# the second lease's A/B (unrecorded-ab-overhead) the H100's tier kept its dQ kernel, so those "atomic" rows
+# timed the dQ kernel (docs/h100-results.md, the correction under that lease's backward A/B; 6a2b66b).
+DEFAULT_BACKWARD_PATH = {
+    "2b2a055-ab-fp8-decode": "dQ by atomics",
+    "4c378d4-ab-fp8": "dQ by atomics",
+    "unrecorded-ab-overhead": "dQ kernel",
+}
+
+
+def backward_path(folder: str, label: str) -> str:
+    """The backward path an ``attention_ab.py`` row timed ('' for a forward row)."""
+    words = label.split()
+    if words[0] != "backward":
+        return ""
+    if "tma-dq-add" in words:
+        return "dQ by TMA tile adds"
+    if "atomic-dq" in words:  # forced since 6a2b66b
+        return "dQ by atomics"
+    if "deterministic" in words:
+        return "dQ kernel"
+    return DEFAULT_BACKWARD_PATH.get(folder, "the build's default for deterministic=False")
+
+
 def _display(path: Path) -> str:
     return str(path.relative_to(H100))
 
@@ -122,7 +149,8 @@ def ab_rows(root: Path = H100) -> list[dict]:
             cudnn = medians.get(f"{case} sdpa-cudnn", (None,))[0]
             rows.append({
                 "file": _display(path) if root == H100 else str(path.relative_to(root)),
-                "label": label, "rounds": rounds, "median_ms": median,
+                "label": label, "path": backward_path(path.parent.name, label), "rounds": rounds,
+                "median_ms": median,
                 "vs_cudnn": cudnn / median if cudnn else None,
             })  # fmt: skip
     return rows
@@ -143,15 +171,17 @@ def records_block() -> str:
     lines += [
         "",
         "`benchmarks/attention_ab.py` (every `attention_ab*.json` with its rounds): median over every round,",
-        "ms, and the same case's cuDNN median over this one (above 1x: faster than cuDNN).",
+        "ms, and the same case's cuDNN median over this one (above 1x: faster than cuDNN). The variant is",
+        "the JSON's label, which names the option a row set; \"path timed\" is the backward that ran: on",
+        "the second lease's build `deterministic=False` (\"atomic\") kept the dQ kernel.",
         "",
-        "| file | variant | rounds | median ms | vs cuDNN |",
-        "| --- | --- | --- | --- | --- |",
+        "| file | variant | path timed | rounds | median ms | vs cuDNN |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in ab_rows():
         ratio = f"{row['vs_cudnn']:.2f}x" if row["vs_cudnn"] else ""
         time = f"{row['rounds']} | {row['median_ms']:.2f}"
-        lines.append(f"| `{row['file']}` | {row['label']} | {time} | {ratio} |")
+        lines.append(f"| `{row['file']}` | {row['label']} | {row['path']} | {time} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -165,10 +195,11 @@ def readme_block() -> str:
     backward = [r for r in shipped if r["file"] == latest_file]
     low, high = min(r["vs_cudnn"] for r in backward), max(r["vs_cudnn"] for r in backward)
     files = [latest_file]
+    paths = " and ".join(sorted({r["path"] for r in backward}))
     return (
         f"> - The whole test suite on the GPU, latest run (`{latest['file']}`, commit {latest['commit']}): "
         f"{latest['passed']} passed, {latest['failed']} failed, {latest['skipped']} skipped; {state}.\n"
-        f"> - The d = 128 backward at 1 x 16 x 16384 (the shipped paths) against cuDNN: "
+        f"> - The d = 128 backward at 1 x 16 x 16384 (the shipped tile; path timed: {paths}) against cuDNN: "
         f"{low:.2f}-{high:.2f}x, medians over every round ({', '.join(f'`{f}`' for f in files)})."
     )
 

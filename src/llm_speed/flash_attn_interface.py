@@ -20,6 +20,11 @@ What differs from flash-attn (docs/attention.md, "Migrating from flash-attn", ha
   ``torch.manual_seed`` reproduces a call), not bit-identical to flash-attn's.
 - float32 inputs are accepted (flash-attn takes float16 and bfloat16 only), and CPU tensors (the kernels
   under ``TRITON_INTERPRET=1``, else the PyTorch reference, ``flash_attn_with_kvcache`` included).
+- ``softmax_lse`` of a row that sees no key (causal with ``seq_q > seq_k``, a window, an empty cache) is
+  ``-inf``; flash-attn writes ``+inf``. The output row is 0 in both.
+- With ``alibi_slopes`` under flash-attn's causal kernel (``causal=True``, no left window), in every function,
+  the output is the same and ``softmax_lse`` differs by a per-row constant: flash-attn adds ``slope * j``,
+  llm-speed ``-slope * |i + seq_k - seq_q - j|``.
 
 Arguments take flash-attn's forms: ``window_size`` any indexable pair of integers (a tuple, a list, a
 two-element integer tensor as flash-attn's tests draw it); a paged ``flash_attn_varlen_func`` whose inputs

@@ -48,3 +48,21 @@ def test_a_run_with_a_cut_chunk_did_not_finish_and_ratios_use_every_round(tmp_pa
     assert (found["commit"], found["passed"], found["failed"]) == ("abc1234", 10, 1)
     [row] = results_tables.ab_rows(tmp_path)  # the cuDNN row is the reference, not a row of its own
     assert row["rounds"] == 3 and row["median_ms"] == 16.0 and row["vs_cudnn"] == 10.0 / 16.0
+
+
+def test_each_ab_row_names_the_backward_path_it_timed():
+    """A label names the option a row set: the second lease's "atomic" rows (deterministic=False) kept the
+    H100's dQ kernel, the first lease's added dQ by atomics; forced paths are named by their labels."""
+    path = results_tables.backward_path
+    assert path("unrecorded-ab-overhead", "backward full 1x16384 fp16 shipped atomic") == "dQ kernel"
+    assert path("unrecorded-ab-overhead", "backward causal 1x16384 fp16 64x64 w4 s3 atomic") == "dQ kernel"
+    tma = path("unrecorded-ab-overhead", "backward full 1x16384 fp16 shipped tma-dq-add")
+    assert tma == "dQ by TMA tile adds"
+    assert path("4c378d4-ab-fp8", "backward full 1x16384 fp16 shipped atomic") == "dQ by atomics"
+    assert path("4c378d4-ab-fp8", "backward full 1x16384 fp16 shipped deterministic") == "dQ kernel"
+    assert path("2b2a055-ab-fp8-decode", "backward full 1x16384 fp16 64x64 w4") == "dQ by atomics"
+    assert path("abc1234-tests", "backward full 1x16384 fp16 shipped atomic-dq") == "dQ by atomics"
+    assert path("abc1234-tests", "causal fwd 1x16384 lpt") == ""
+    rows = {(r["file"], r["label"]): r["path"] for r in results_tables.ab_rows()}
+    second_lease = ("unrecorded-ab-overhead/attention_ab.json", "backward full 1x16384 fp16 shipped atomic")
+    assert rows[second_lease] == "dQ kernel"

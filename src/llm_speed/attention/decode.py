@@ -36,10 +36,12 @@ float32); new k/v are quantized with the same descales as they are written (by t
 attention kernel).
 An option left out is a None pointer, a constexpr: its code is compiled out.
 
-Kernels. In a decode step (the query rows of a KV head fit one tile, :func:`appends_in_attention`) the
-attention kernel writes the new k/v rows itself: each (sequence, KV head, split) program writes those of its
-split's key range, then a block barrier, then reads its keys (flash-attn 2's ``Append_KV``); otherwise the
-append kernel (one program per new token and block of KV heads) writes them before. The attention kernel has
+Kernels. New k/v rows are written by the append kernel (one program per new token and block of KV heads)
+before the attention kernel runs. Under the launch policy's ``decode_append_in_attention`` (the
+``decode-append`` candidate: unproven on a GPU, off as shipped), a decode step whose query rows of a KV head
+fit one tile (:func:`appends_in_attention`) has the attention kernel write them itself instead: each
+(sequence, KV head, split) program writes those of its split's key range, then a block barrier, then reads
+its keys (flash-attn 2's ``Append_KV``). The attention kernel has
 one program per (query-row block, split, batch * kv head), on a 1-D grid. The rows of a program are the
 ``group = heads_q / heads_kv`` query heads that share its KV head times the ``seq_q`` query positions, row
 ``r`` being position ``r // group`` of head ``r % group``: with GQA a decode step reads each K/V tile once for

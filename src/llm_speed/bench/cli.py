@@ -171,7 +171,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip timing each step replayed from a CUDA graph (the 'graph ms' column; GPU only)",
     )
-    _add_common(decode, None)
+    # The run counts of bench/decode.py's GPU_DEFAULTS and CPU_DEFAULTS, as text: importing them here would
+    # import torch to build the parser.
+    _add_common(decode, None, runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
     decode.set_defaults(func=run_decode_command)
     ops_parser = kinds.add_parser(
         "ops",

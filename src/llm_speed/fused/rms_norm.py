@@ -452,7 +452,8 @@ def rms_norm(
     weight: the weight gradient is summed over rows in float32 and returned in weight's dtype.
 
     Under ``torch.autocast`` x and weight are computed in float32 and the output is float32, as
-    ``torch.nn.functional.rms_norm`` (on autocast's float32 list) does.
+    ``torch.nn.functional.rms_norm`` (on CUDA autocast's float32 list) does on CUDA; under CPU autocast too,
+    where PyTorch's ``rms_norm`` keeps 16-bit inputs in their dtype.
 
     Devices: CUDA tensors run the Triton kernels; CPU tensors run them through the interpreter under
     ``TRITON_INTERPRET=1``, else the same formulas in PyTorch. Reference:

@@ -64,8 +64,9 @@ no earlier key begins a sequence.
 The model's original attention (SDPA if ``apply`` replaced it, else eager; eager where the attention weights
 are asked for or for a softcap) runs, with one warning per reason per process, for ``output_attentions=True``
 and for masks the kernels cannot compute: other custom or bidirectional patterns, additive biases, a window
-spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank, a 2-D
-mask with values other than 0/1), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
+spanning an inner pad. ValueError naming what is accepted for malformed masks (a wrong shape or rank; a 2-D
+mask with values other than 0/1 where it reaches the attention as such: through a model, transformers casts a
+2-D mask to bool first), flash-attn style ``cu_seq_lens_*`` arguments, attention dropout in training
 and non-causal configs. Inputs in dtypes the kernels do not take (float64) run the model's original code
 (its norms, MLPs, attention and loss; the attention with one warning).
 """
