@@ -6,11 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils import flop_counter
 
-from llm_speed.core.policy import use_policy
+from llm_speed.attention.configs import tier_dq_kernel, tier_for
+from llm_speed.core.gpus import list_gpus
+from llm_speed.core.hardware import Hardware
+from llm_speed.core.policy import current_policy, use_policy
 from llm_speed.perf.kernel_costs import (
     KernelCost,
     attention_cost,
     attention_hardware_flops,
+    backward_dq_kernel_by_default,
     gemm_cost,
     visible_pairs,
 )
@@ -176,6 +180,15 @@ def test_hardware_flops_by_implementation():
         attention_hardware_flops(**shape, impl="cudnn")
     with pytest.raises(TypeError, match="seq_q"):
         attention_hardware_flops(1, 1, 2.0, 2, 8)
+
+
+def test_the_models_dq_path_is_the_launchers():
+    # the torch-free model reads the tiers' floors from core; the launcher decides from attention.configs
+    for changes in ({}, {"backward_dq_kernel_tiers": ()}, {"backward_tma_dq_add": True}):
+        with use_policy(**changes):
+            for gpu in list_gpus():
+                launcher = tier_dq_kernel(tier_for(Hardware.from_spec(gpu)), current_policy())
+                assert backward_dq_kernel_by_default(gpu) is launcher, (gpu.id, changes)
 
 
 def test_window_pairs_are_counted_not_listed():

@@ -10,12 +10,12 @@ from typing import NamedTuple
 import torch
 
 from ..core.config import KernelConfig
-from ..core.hardware import KIB, Hardware
+from ..core.hardware import Hardware
 from ..core.launch import (
     next_power_of_2,
 )
 from ..core.policy import LaunchPolicy
-from ..core.tiers import Tier, first_fitting
+from ..core.tiers import ATTENTION_TIER_FLOORS, Tier, first_fitting
 from ..core.tile_choice import SMALLEST_TILE_SIDE as MIN_DOT_DIM  # tl.dot needs every tile dim >= 16
 from .checks import (
     FP8_DTYPES,
@@ -70,8 +70,7 @@ def _row(entries: dict) -> dict:
 
 # Per padded head_dim: (block_m, block_n, num_warps, num_stages).
 FULL = AttentionTier(
-    "99 KB",
-    99 * KIB,
+    *dataclasses.astuple(ATTENTION_TIER_FLOORS[1]),
     {
         "forward": {
             torch.float16: _row({64: (128, 64, 4, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 1)}),
@@ -102,8 +101,7 @@ def _with(tier_table: dict, changes: dict) -> dict:
 # overlapped loop's two score tiles spill there), backward d=128 64x64 w4 s2. Whether the tier's backward
 # computes dQ in its own kernel is a launch choice (core.policy: ``backward_dq_kernel_tiers``).
 LARGE = AttentionTier(
-    "227 KB",
-    227 * KIB,
+    *dataclasses.astuple(ATTENTION_TIER_FLOORS[0]),
     _with(
         FULL.table,
         {
@@ -120,8 +118,7 @@ def _compact(config: KernelConfig) -> KernelConfig:
 
 
 COMPACT = AttentionTier(
-    "under 99 KB",
-    0,
+    *dataclasses.astuple(ATTENTION_TIER_FLOORS[2]),
     {
         direction: {
             dtype: {dim: _compact(cfg) for dim, cfg in row.items()} for dtype, row in by_dtype.items()

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TypeVar
 
-from .hardware import Hardware
+from .hardware import KIB, Hardware
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +19,11 @@ class Tier:
 
 
 T = TypeVar("T", bound=Tier)
+
+
+# The attention tiers' names and floors, largest first (llm_speed.attention.configs holds their tables; the
+# launch policy names them; the torch-free performance model reads which one a GPU takes from here).
+ATTENTION_TIER_FLOORS = (Tier("227 KB", 227 * KIB), Tier("99 KB", 99 * KIB), Tier("under 99 KB", 0))
 
 
 def first_fitting(tiers: Sequence[T], hardware: Hardware) -> T:

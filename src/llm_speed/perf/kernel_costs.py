@@ -18,6 +18,9 @@ from typing import Any
 
 from llm_speed.core.args import positive_int
 from llm_speed.core.gpus import dtype_bytes
+from llm_speed.core.hardware import Hardware, default_hardware
+from llm_speed.core.policy import current_policy
+from llm_speed.core.tiers import ATTENTION_TIER_FLOORS, first_fitting
 from llm_speed.perf._checks import attention_shape
 
 ATTENTION_MODES = ("fwd", "bwd", "fwd+bwd")
@@ -173,15 +176,12 @@ _DETERMINISTIC_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
 
 def backward_dq_kernel_by_default(gpu: Any = None) -> bool:
     """Whether llm-speed's attention backward computes dQ in a kernel of its own by default on ``gpu`` (a
-    table id or GPUSpec; None: the stand-in H100 SXM), under the current launch policy
-    (``attention.configs.tier_dq_kernel``)."""
-    # Imported here: the cost model is torch-free at import (the CLI's model commands load it alone).
-    from llm_speed.attention.configs import tier_dq_kernel, tier_for
-    from llm_speed.core.hardware import Hardware, default_hardware
-    from llm_speed.core.policy import current_policy
-
+    table id or GPUSpec; None: the stand-in H100 SXM), under the current launch policy: the rule of
+    ``attention.configs.tier_dq_kernel`` on the GPU's attention tier (``core.tiers``' floors)."""
     hardware = default_hardware() if gpu is None else Hardware.from_spec(gpu)
-    return tier_dq_kernel(tier_for(hardware), current_policy())
+    policy = current_policy()
+    tier = first_fitting(ATTENTION_TIER_FLOORS, hardware)
+    return tier.name in policy.backward_dq_kernel_tiers and not policy.backward_tma_dq_add
 
 
 def attention_hardware_flops(
