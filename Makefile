@@ -41,13 +41,14 @@ demo: setup
 # The quick GPU proof (budget 150 s; on the first H100 run, cold, its tests had not finished in 85 s):
 # versions, doctor, ~30 GPU tests -> GPU_OUT.
 # Uses $(PYTHON) as is (the GPU machine's own torch), not the CPU venv.
-GPU_OUT ?= gpu-quick-out
+GPU_OUT ?= $(or $(OUT),gpu-quick-out)
 gpu-quick:
 	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh quick $(GPU_OUT)
 
 # The one-lease proof (budget 480 s, issue 70): every family and candidate launch choice against float64,
 # the headline rows, the A/B with the time left -> GPU_PROOF_OUT (summary.txt, summary.json, results.tar.gz).
-GPU_PROOF_OUT ?= gpu-proof-out
+# On the device machine $OUT is the folder that comes back: the default there.
+GPU_PROOF_OUT ?= $(or $(OUT),gpu-proof-out)
 gpu-proof:
 	PYTHON=$(PYTHON) bash benchmarks/run_gpu_suite.sh proof $(GPU_PROOF_OUT)
 

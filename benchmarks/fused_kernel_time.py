@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 import time
@@ -126,6 +127,30 @@ def measure_row(op: str, impl: str, settings, device) -> dict:
     }
 
 
+def row_line(op: str, impl: str, row: dict) -> str:
+    """A row's printed line; '-' for a figure not measured (``kernel_gbps`` is None when the profiler saw
+    no kernel: formatting it as a number stopped the step at its first row, before the row was written)."""
+    if not row["available"]:
+        return f"{op:<9} {impl:<14} not run: {row['reason']}"
+
+    def figure(key: str, spec: str) -> str:
+        return "-".rjust(int(spec.split(".")[0])) if row.get(key) is None else format(row[key], spec)
+
+    times = f"wall {figure('wall_ms', '8.3f')} ms  kernel {figure('kernel_ms', '8.3f')} ms"
+    return f"{op:<9} {impl:<14} {times}  {figure('kernel_gbps', '7.0f')} GB/s (kernel)"
+
+
+def write_json(path: Path, document: dict) -> None:
+    """``document`` to ``path`` through a temporary file beside it: a run cut during the write keeps the
+    previous rows whole rather than a truncated file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(document, indent=1) + "\n")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -165,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "forward + backward per step; kernel_ms from torch.profiler (CUDA kernels' device "
         "time per step), wall_ms between CUDA events (median)",
         "results": [],
+        "complete": False,  # true after the last row: a cut run's file says it is partial
     }
     try:  # never run on a GPU yet: a failure here must not cost the ops' rows
         document["copy"] = measure_copy(device, settings.iterations, settings.warmup)
@@ -181,16 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             row = measure_row(op, impl, settings, device)
             document["results"].append(row)
             failed += not row["available"] and impl != "liger"
-            if row["available"]:
-                print(
-                    f"{op:<9} {impl:<14} wall {row['wall_ms']:8.3f} ms  kernel {row['kernel_ms']:8.3f} ms  "
-                    f"{row['kernel_gbps']:7.0f} GB/s (kernel)",
-                    flush=True,
-                )
-            else:
-                print(f"{op:<9} {impl:<14} not run: {row['reason']}", flush=True)
+            print(row_line(op, impl, row), flush=True)
             if args.output is not None:
-                args.output.write_text(json.dumps(document, indent=1) + "\n")
+                write_json(args.output, document)
+    document["complete"] = True
+    if args.output is not None:
+        write_json(args.output, document)
     return 1 if failed else 0
 
 

@@ -4,9 +4,14 @@ family in its own pytest process with its own timeout, several at once, then eac
 (``llm_speed.core.policy.CANDIDATES``) through the families it changes, with ``LLM_SPEED_POLICY=<name>``.
 
 A hang or a fault costs its own family only: every process has a deadline (its cap, and never past the
-part's end), gets SIGINT at it (pytest still writes its junit XML) and SIGKILL a grace period later. Each
-job appends its row to RAW/summary.tsv (as ``run_gpu_suite.sh``'s sub-steps do) and writes
-RAW/<job>.log and RAW/pytest_<job>.xml; RAW/candidates.json says which candidates ran where, or why none did.
+part's end, counted from this process's start), gets SIGINT at it (pytest still writes its junit XML) and
+SIGKILL a grace period later. Stopped itself (SIGINT, SIGTERM, or an error here), the part stops every
+family the same way, with one grace period for all. Each job appends a ``running`` row to RAW/summary.tsv
+when it starts and its result row when it ends (as ``run_gpu_suite.sh``'s sub-steps do) and writes
+RAW/<job>.log and RAW/pytest_<job>.xml; RAW/correctness_pgids.txt lists the running families' process
+groups (each its own group: the suite kills any left over); RAW/candidates.json says which candidates ran
+where, or why none did. The exit code counts the shipped families only: a candidate that fails is its
+verdict in the summary.
 
     python benchmarks/proof_correctness.py RAW_DIR --budget-s 150 [--parallel 8] [--workers 2]
     python benchmarks/proof_correctness.py RAW_DIR --check      collect every selection on the CPU (one
@@ -18,15 +23,18 @@ Standard library only in this process (the families import torch in their own).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+STARTED = time.monotonic()  # the part's budget counts from here (reading the candidates takes seconds)
 REPO = Path(__file__).resolve().parents[1]
 
 # Tests that check the host side, the CPU interpreter, or compile for a GPU that is not there: they prove
@@ -210,6 +218,16 @@ class Job:
     interrupted: bool = False
 
 
+def xdist_available(python: str) -> bool:
+    """Whether pytest-xdist imports in the families' Python: without it ``-n`` is an unknown option and
+    every family fails in a second."""
+    try:
+        done = subprocess.run([python, "-c", "import xdist"], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 def pytest_command(python: str, raw: Path, job: Job, workers: int, check: bool) -> list[str]:
     family = job.family
     keyword = f"not ({HOST_ONLY})" + (f" and ({family.keyword})" if family.keyword else "")
@@ -217,6 +235,8 @@ def pytest_command(python: str, raw: Path, job: Job, workers: int, check: bool) 
     if check:
         return [*command, "--collect-only", "-q", "-p", "no:xdist"]
     command += ["-q", "--durations=5", f"--junitxml={raw / f'pytest_{job.name}.xml'}"]
+    if workers > 1 and os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        command += ["-p", "xdist.plugin"]  # not loaded by itself then: -n would be unknown
     command += ["-n", str(workers)] if workers > 1 else ["-p", "no:xdist"]
     return command
 
@@ -270,6 +290,42 @@ def _record(raw: Path, name: str, code: str, seconds: float, cap: float) -> None
         table.write(f"{name}\t{code}\t{int(seconds)}\t{int(cap)}\n")
 
 
+def _shipped(job: Job) -> bool:
+    """A shipped family's job (the part's exit code counts these only), not a candidate's rerun."""
+    return not job.name.startswith("cand_")
+
+
+def _kill(job: Job, signum: int) -> None:
+    """``signum`` to the job's whole process group (its own: pytest and its xdist workers)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group has ended
+        os.killpg(job.process.pid, signum)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM ignored while the families are being stopped: a second one must not cut that
+    short (the families left would run on)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+
+
+class Terminated(BaseException):
+    """SIGTERM (the suite stopped, the lease's end): raised by :func:`raise_terminated`, stops the part as
+    KeyboardInterrupt does."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """main's SIGTERM handler."""
+    raise Terminated
+
+
 @dataclass
 class Runner:
     """Runs jobs in order, ``parallel`` at a time, each until its family's cap or the part's end."""
@@ -281,6 +337,8 @@ class Runner:
     workers: int
     grace_s: float = 8.0
     min_start_s: float = 10.0
+    started: float | None = None  # the budget counts from here (main: the process's start); None: run()'s
+    xdist: bool | None = None  # pytest-xdist importable by ``python``; None: checked when run() starts
 
     @property
     def threads(self) -> int:
@@ -288,26 +346,51 @@ class Runner:
         return max(1, (os.cpu_count() or 1) // (self.parallel * self.workers))
 
     def run(self, jobs: list[Job]) -> int:
-        """The number of jobs that did not pass (failed, cut or never started)."""
-        self.end = time.monotonic() + self.budget_s
+        """The number of shipped families' jobs that did not pass (failed, cut or never started)."""
+        self.end = (time.monotonic() if self.started is None else self.started) + self.budget_s
+        if self.workers > 1 and self.xdist is None:
+            self.xdist = xdist_available(self.python)
+            if not self.xdist:
+                print(f"[proof] pytest-xdist does not import in {self.python}: each family runs in one "
+                      f"process (-p no:xdist), not -n {self.workers}", flush=True)  # fmt: skip
         waiting, running, bad = list(jobs), [], 0
         try:
             while waiting or running:
                 bad += self._start(waiting, running)
                 time.sleep(0.2)
                 bad += self._poll(running)
-        except KeyboardInterrupt:  # the suite's cap: stop every family, keep what each wrote, record the cut
-            for job in running:
-                os.killpg(job.process.pid, signal.SIGINT)
-            for job in running:
-                try:
-                    job.process.wait(timeout=self.grace_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(job.process.pid, signal.SIGKILL)
-                job.log.close()
-                _record(self.raw, job.name, "124", time.monotonic() - job.began, job.deadline - job.began)
+        except BaseException:  # the suite's cap (SIGINT), SIGTERM, an error here: no family may outlive this
+            self._stop(running)
             raise
         return bad
+
+    def _stop(self, running: list[Job]) -> None:
+        """Every running family stopped as its cap would (SIGINT: pytest writes its junit), one grace period
+        for all of them, then SIGKILL to every group; each recorded as cut. (A grace period per job, in turn,
+        outlasted the suite's own kill, and the families left ran on.)"""
+        with _signals_held():
+            for job in running:
+                _kill(job, signal.SIGINT)
+            deadline = time.monotonic() + self.grace_s
+            for job in running:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            for job in running:
+                _kill(job, signal.SIGKILL)  # the whole group, its workers too, even where pytest has exited
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.process.wait(timeout=5)
+                job.log.close()
+                _record(self.raw, job.name, "124", time.monotonic() - job.began, job.deadline - job.began)
+            running.clear()
+            self._write_pgids(running)
+
+    def _write_pgids(self, running: list[Job]) -> None:
+        """RAW/correctness_pgids.txt: the running families' process groups, for the suite to kill should
+        this process be killed before it could stop them."""
+        path = self.raw / "correctness_pgids.txt"
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text("".join(f"{job.process.pid}\n" for job in running))
+        os.replace(temporary, path)
 
     def _start(self, waiting: list[Job], running: list[Job]) -> int:
         skipped = 0
@@ -320,24 +403,30 @@ class Runner:
                     flush=True,
                 )
                 _record(self.raw, job.name, "skipped", 0, max(left, 0))
-                skipped += 1
+                skipped += _shipped(job)
                 continue
             job.began = time.monotonic()
             job.deadline = job.began + min(job.family.cap_s, left)
-            command = pytest_command(self.python, self.raw, job, self.workers, False)
+            workers = self.workers if self.xdist else 1
+            command = pytest_command(self.python, self.raw, job, workers, False)
             print(
                 f"[proof/{job.name}] (cap {job.deadline - job.began:.0f} s) {' '.join(command)}", flush=True
             )
             job.log = open(self.raw / f"{job.name}.log", "w")  # noqa: SIM115 - closed when the job ends
+            # replaced by its result row; left as the last row, the summary says the job was cut
+            _record(self.raw, job.name, "running", 0, job.deadline - job.began)
             job.process = subprocess.Popen(
                 command,
                 stdout=job.log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
                 env={**os.environ, "OMP_NUM_THREADS": str(self.threads), **job.env},
-                start_new_session=True,
+                # a process group of its own (signalled whole), not a session: the device kills what a command
+                # leaves running in its session when the command returns, not what started a session
+                preexec_fn=os.setpgrp,
             )
             running.append(job)
+            self._write_pgids(running)
         return skipped
 
     def _poll(self, running: list[Job]) -> int:
@@ -347,17 +436,19 @@ class Runner:
             now = time.monotonic()
             if code is None:
                 if now >= job.deadline and not job.interrupted:
-                    os.killpg(job.process.pid, signal.SIGINT)  # pytest writes its junit on SIGINT
+                    _kill(job, signal.SIGINT)  # pytest writes its junit on SIGINT
                     job.interrupted = True
                 elif now >= job.deadline + self.grace_s:
-                    os.killpg(job.process.pid, signal.SIGKILL)
+                    _kill(job, signal.SIGKILL)
                 continue
             running.remove(job)
+            _kill(job, signal.SIGKILL)  # a worker its pytest left behind (a kernel that never returns)
+            self._write_pgids(running)
             job.log.close()
             status = "124" if job.interrupted else str(code)
             _record(self.raw, job.name, status, now - job.began, job.deadline - job.began)
             print(f"[proof/{job.name}] exit {status} after {now - job.began:.0f} s", flush=True)
-            bad += status != "0"
+            bad += status != "0" and _shipped(job)
         return bad
 
 
@@ -401,11 +492,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[proof] candidate launch choices not run: {record['skipped_reason']}", flush=True)
     if args.check:
         return 1 if check_jobs(python, args.raw, jobs, args.budget_s) else 0
-    runner = Runner(args.raw, python, args.budget_s, args.parallel, args.workers)
+    runner = Runner(args.raw, python, args.budget_s, args.parallel, args.workers, started=STARTED)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         bad = runner.run(jobs)
-    except KeyboardInterrupt:  # the suite's cap: each running family was already told (see run_jobs)
+    except KeyboardInterrupt:  # the suite's cap: each running family was already stopped (Runner._stop)
         return 124
+    except Terminated:
+        return 128 + signal.SIGTERM
     return 1 if bad else 0
 
 

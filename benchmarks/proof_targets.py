@@ -12,7 +12,9 @@ one measured on a GPU):
     python benchmarks/proof_targets.py --markdown benchmarks/results/h100-sxm/<commit>-proof a table
 
 "holds": ``yes`` when every part of the target was measured and holds, ``no`` when a measured part does
-not, ``-`` when a part was not measured (the proof does not time it, or the run did not reach it). Ratios
+not, ``-`` when a part was not measured (the proof does not time it, or the run did not reach it; a value that
+is not a finite number counts as not measured; a file cut before its last case, ``complete: false``, is
+named, and its row is never ``yes``). Ratios
 are the other implementation's median time over ours (above 1: ours faster), from the same process.
 The backward is not timed alone: its time is the forward + backward median minus the forward median, for
 ours and cuDNN alike, its FLOPs 2.5x the forward's (FlashAttention-2's count: five matmuls to two).
@@ -55,15 +57,36 @@ def _device(raw: Path, name: str) -> str | None:
         return None
 
 
+def _num(value: object) -> float | None:
+    """``value`` as a finite float; None when it is missing, not a number, NaN or infinite (not measured:
+    NaN compares False both ways, so it would pass every bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _document(raw: Path, name: str) -> dict:
+    """``raw/name`` as a JSON object ({} when it is missing, does not parse, or is not an object)."""
+    try:
+        document = json.loads((raw / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def _partial(raw: Path, name: str) -> bool:
+    """Whether ``raw/name`` was cut before its last case (the bench commands write ``complete: false``
+    after every case, ``true`` after the last)."""
+    return _document(raw, name).get("complete") is False
+
+
 def _results(raw: Path, name: str) -> list[dict]:
     """The rows of ``raw/name`` (empty when the run did not write it, it does not parse, or it was measured
     on another device than a GPU)."""
-    try:
-        document = json.loads((raw / name).read_text())
-        results = document.get("results", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    if (document.get("environment") or {}).get("device_type", "cuda") != "cuda":
+    document = _document(raw, name)
+    results = document.get("results", [])
+    environment = document.get("environment")
+    if (environment if isinstance(environment, dict) else {}).get("device_type", "cuda") != "cuda":
         return []
     return [row for row in results if isinstance(row, dict)] if isinstance(results, list) else []
 
@@ -81,17 +104,21 @@ def _row(rows: list[dict], impl: str, case_end: str | None = None) -> dict | Non
 
 
 def _ms(row: dict | None) -> float | None:
+    """The row's time, when it is a positive finite number (else not measured)."""
     if row is None:
         return None
     if "wall_ms" in row:  # fused_kernel_time.py
-        return row["wall_ms"]
-    return (row.get("timing") or {}).get("median_ms")
+        value = _num(row["wall_ms"])
+    else:
+        timing = row.get("timing")
+        value = _num(timing.get("median_ms")) if isinstance(timing, dict) else None
+    return value if value is not None and value > 0 else None
 
 
 def _ratio(other: dict | None, ours: dict | None) -> float | None:
     """other's median over ours (above 1: ours faster); None unless both were measured."""
     a, b = _ms(other), _ms(ours)
-    return a / b if a and b else None
+    return a / b if a is not None and b is not None else None
 
 
 def _all(*parts: bool | None) -> bool | None:
@@ -102,16 +129,19 @@ def _all(*parts: bool | None) -> bool | None:
 
 
 def _at_least(value: float | None, bound: float) -> bool | None:
+    value = _num(value)
     return None if value is None else value >= bound
 
 
 def _fmt(value: float | None, unit: str = "x", digits: int = 2) -> str:
+    value = _num(value)
     return "not measured" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def _span(ratios: dict[str, float], expected: int, at_least: float = 1.0) -> tuple[str, bool | None]:
     """'lo-hi over n of m points (worst: name)' (or 'not measured'), and whether every point is ``at_least``:
-    False as soon as a measured one is below it, None while a point is missing."""
+    False as soon as a measured one is below it, None while a point is missing (or not a finite number)."""
+    ratios = {name: _num(ratio) for name, ratio in ratios.items() if _num(ratio) is not None}
     if not ratios:
         return "not measured", None
     worst = min(ratios, key=ratios.get)
@@ -123,7 +153,7 @@ def _span(ratios: dict[str, float], expected: int, at_least: float = 1.0) -> tup
 def attention_forward_16k(raw: Path) -> Target:
     rows = _results(raw, "attn_d128_fwd_full_mha_s16384.json")
     ours, cudnn = _row(rows, "flash"), _row(rows, "sdpa-cudnn")
-    tflops = ours.get("tflops") if ours else None
+    tflops = _num(ours.get("tflops")) if ours else None
     ratio = _ratio(cudnn, ours)
     return Target("attention forward, d=128, 16k tokens, non-causal", ">= 620 TFLOP/s, >= 1.0x cuDNN",
                   f"{_fmt(tflops, ' TFLOP/s', 0)}, {_fmt(ratio)} cuDNN",
@@ -154,7 +184,7 @@ def attention_backward_16k(raw: Path) -> Target:
     ours, cudnn = backward_ms("flash"), backward_ms("sdpa-cudnn")
     flash = _row(forward, "flash")
     tflops = None
-    if ours and flash and flash.get("tflops"):
+    if ours and flash and _num(flash.get("tflops")):
         tflops = BACKWARD_FLOPS_FACTOR * flash["tflops"] * _ms(flash) / ours
     ratio = cudnn / ours if ours and cudnn else None
     measured = f"{_fmt(tflops, ' TFLOP/s', 0)}, {_fmt(ratio)} cuDNN (fwd+bwd - fwd)"
@@ -235,7 +265,8 @@ def _copy(raw: Path) -> dict:
         document = json.loads((raw / "fused_kernel_time.json").read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(document, dict) or (document.get("environment") or {}).get("device_type") != "cuda":
+    environment = document.get("environment") if isinstance(document, dict) else None
+    if not isinstance(environment, dict) or environment.get("device_type") != "cuda":
         return {}
     copy = document.get("copy")
     return copy if isinstance(copy, dict) else {}
@@ -244,6 +275,7 @@ def _copy(raw: Path) -> dict:
 def _share_of_copy(gbps: float | None, copy_gbps: float | None) -> tuple[str, bool | None]:
     """'2900 GB/s, 97% of copy' ('not measured'; no share without the copy) and whether the share is
     >= COPY_SHARE (None: either figure missing)."""
+    gbps, copy_gbps = _num(gbps), _num(copy_gbps)
     if gbps is None:
         return "not measured", None
     if not copy_gbps:
@@ -274,7 +306,7 @@ def decode_small_batch(raw: Path) -> Target:
             ratio = _ratio(sdpa, ours)
             if ratio is not None:
                 ratios[f"b{batch} {impl}"] = ratio
-            if ours is not None and ours.get("graph_ms"):
+            if ours is not None and _num(ours.get("graph_ms")):
                 graphs.append(f"b{batch} {impl} {ours['graph_ms'] * 1e3:.1f} us")
     text, faster = _span(ratios, 4)
     text += "; CUDA graph step: " + (", ".join(graphs) if graphs else "not measured")
@@ -313,7 +345,7 @@ def linear_cross_entropy(raw: Path) -> Target:
     ratio = _ratio(_row(rows, "torch.compile"), ours)
     eager = _row(rows, "eager")
     peak = None
-    if ours and eager and ours.get("peak_memory_bytes") and eager.get("peak_memory_bytes"):
+    if ours and eager and _num(ours.get("peak_memory_bytes")) and _num(eager.get("peak_memory_bytes")):
         peak = ours["peak_memory_bytes"] / eager["peak_memory_bytes"]
     return Target("linear cross-entropy, V 128256, N 8192, H 4096",
                   "time <= torch.compile's; peak <= 1/4 of unfused",
@@ -326,7 +358,7 @@ def train_step(raw: Path) -> Target:
     ours, base, liger = _row(rows, "llm_speed"), _row(rows, "transformers"), _row(rows, "liger")
     speed, vs_liger = _ratio(base, ours), _ratio(liger, ours)
     peak = None
-    if ours and base and ours.get("peak_memory_bytes") and base.get("peak_memory_bytes"):
+    if ours and base and _num(ours.get("peak_memory_bytes")) and _num(base.get("peak_memory_bytes")):
         peak = ours["peak_memory_bytes"] / base["peak_memory_bytes"]
     measured = f"{_fmt(speed)} transformers, {_fmt(vs_liger)} Liger, peak {_fmt(peak)}"
     return Target("train step, llama-3-8b 2 layers", ">= 1.3x unpatched transformers, >= Liger; peak <= 0.6x",
@@ -340,12 +372,13 @@ WRAPPERS = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcach
 def _overhead(raw: Path) -> tuple[list[dict], str | None]:
     """``overhead.json`` of the suite's bench step (``llm-speed bench overhead``): its rows, and why they
     judge no GPU target (None when they do: measured on a GPU)."""
-    try:
-        document = json.loads((raw / "overhead.json").read_text())
-    except (OSError, ValueError):
+    document = _document(raw, "overhead.json")
+    if not document:
         return [], "not measured by the proof (`llm-speed bench overhead`, the suite's bench step)"
-    device = (document.get("environment") or {}).get("device_type")
-    rows = [row for row in document.get("results", []) if isinstance(row, dict)]
+    environment = document.get("environment")
+    device = (environment if isinstance(environment, dict) else {}).get("device_type")
+    results = document.get("results")
+    rows = [row for row in results if isinstance(row, dict)] if isinstance(results, list) else []
     return rows, None if device == "cuda" else f"overhead.json was measured on {device}, not a GPU"
 
 
@@ -387,7 +420,8 @@ def head_dims(raw: Path) -> tuple[str, bool | None]:
             parts.append(f"d{head_dim} not measured")
             holds.append(None)
             continue
-        spread = (theirs.get("timing") or {}).get("p80_ms") or _ms(theirs)
+        timing = theirs.get("timing") if isinstance(theirs.get("timing"), dict) else {}
+        spread = _num(timing.get("p80_ms")) or _ms(theirs)
         parts.append(f"d{head_dim} {ratio:.2f}x d{other}")
         holds.append(_ms(ours) <= spread)
     return ", ".join(parts), _all(*holds)
@@ -400,8 +434,8 @@ def wrappers(raw: Path) -> Target:
     rows, refused = _overhead(raw)
     if refused:
         return Target(what, target, f"wrappers {refused}; head dims {dims}", _all(None, dims_hold))
-    ratios = {f"{row['case']} {row['mode']}": row["vs_baseline"] for row in rows
-              if row.get("case") in WRAPPERS and row.get("vs_baseline") is not None}  # fmt: skip
+    ratios = {f"{row['case']} {row.get('mode')}": _num(row.get("vs_baseline")) for row in rows
+              if row.get("case") in WRAPPERS and _num(row.get("vs_baseline")) is not None}  # fmt: skip
     text, _ = _span(ratios, len(ratios))
     high = max(ratios.values()) if ratios else None
     return Target(what, target, f"per call {text}; head dims {dims}",
@@ -411,8 +445,8 @@ def wrappers(raw: Path) -> Target:
 def attention_fp8(raw: Path) -> Target:
     """The fp8 forward's ``vs_flash`` (our bf16 forward's median over its own, same process)."""
     fp8 = _row(_results(raw, "attn_d128_fp8_fwd_full_mha_s16384.json"), "flash-fp8")
-    ratio = None if fp8 is None else fp8.get("vs_flash")
-    tflops = None if fp8 is None else fp8.get("tflops")
+    ratio = None if fp8 is None else _num(fp8.get("vs_flash"))
+    tflops = None if fp8 is None else _num(fp8.get("tflops"))
     return Target("fp8 attention forward, d=128 16k", ">= 1.4x our bf16 forward",
                   f"{_fmt(ratio)} our bf16 forward ({_fmt(tflops, ' TFLOP/s', 0)})",
                   _at_least(ratio, 1.4))  # fmt: skip
@@ -425,7 +459,7 @@ def decode_fp8_cache(raw: Path) -> Target:
     parts, holds = [], []
     for impl in ("kvcache-fp8", "kvcache-paged-fp8"):
         row = _row(rows, impl)
-        ratio = None if row is None else row.get("vs_16bit_cache")
+        ratio = None if row is None else _num(row.get("vs_16bit_cache"))
         parts.append(f"{impl} {_fmt(ratio)}")
         holds.append(_at_least(ratio, 1.7))
     return Target("fp8-cache decode, batch >= 64 x 4k", ">= 1.7x tokens/s of the 16-bit cache",
@@ -478,6 +512,10 @@ def table(raw: Path) -> list[Target]:
         elif "cuda" not in devices and None not in devices:
             where = ", ".join(sorted(devices))
             found = dataclasses.replace(found, measured=f"{shown} measured on {where}, not a GPU", holds=None)
+        partial = [name for name in names if _partial(raw, name)]
+        if partial:  # judged on the cases it has: a failing one still fails, but "yes" needs every case
+            text = f"{found.measured}; partial file: cut before its last case ({', '.join(partial)})"
+            found = dataclasses.replace(found, measured=text, holds=False if found.holds is False else None)
         measured.append(found)
     return [
         *measured,

@@ -33,7 +33,11 @@
 # GPU (tests of this script only).
 # Wheels: every .whl in ROOT/.whl (git-excluded; liger_kernel's, say: docs/guides/gpu-plan.md gives
 # the download command) is installed offline into /tmp/site, which joins PYTHONPATH after ROOT/src.
-# Exit code: 0 when every sub-step passed, 1 when one failed, timed out or was skipped, 2 on bad use.
+# Exit code: 0 when every sub-step passed, 1 when one failed, timed out or was skipped, 2 on bad use or no GPU
+# (the summary says why), 143/130/129 when stopped by SIGTERM/SIGINT/SIGHUP (the step in flight is cut, its
+# output and the summary packed first). The budget's clock starts with the script: the set-up before the first
+# sub-step counts against `setup`, and each cap keeps back the kill grace and a pack, so a step that ignores
+# its SIGINT still ends within the budget.
 set -u
 
 MODE=run
@@ -84,12 +88,15 @@ if [ "$MODE" = dry ]; then OUT=OUTDIR; echo "[$STEP] budget ${BUDGET}s"; elif [ 
     exit 2
 else
     OUT=$2
+    case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac  # relative to the caller, not to ROOT
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 WORKERS=${PYTEST_WORKERS:-$DEFAULT_WORKERS}
 KILL_GRACE_S=15  # after its cap a sub-step gets SIGINT (pytest writes its junit), and SIGKILL this much later
 MIN_STEP_S=10    # a sub-step with less time than this left is skipped rather than started
+PACK_S=5         # kept back after every cap for packing the summaries
+START=0          # the budget counts from the script's start (bash's SECONDS)
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # One CPU thread pool per pytest worker: workers x all cores oversubscribed the 16-core machine.
@@ -106,15 +113,18 @@ if [ "$MODE" != dry ]; then
         exit 2
     fi
     OUT=$(cd "$OUT" && pwd)
-    if [ "$MODE" = run ] && [ "${SUITE_ALLOW_CPU:-0}" != 1 ] \
-        && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-        echo "run_gpu_suite.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is False)" >&2
-        exit 2
-    fi
     # Raw files live outside OUTDIR and travel packed; OUTDIR only ever holds the three files above.
     RAW=$(mktemp -d "${TMPDIR:-/tmp}/llm-speed-suite.XXXXXX") || exit 2
     printf "step\texit_code\tseconds\tcap_s\n" > "$RAW/summary.tsv"
-    COMMIT=${LLM_SPEED_GIT_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null)}
+    COMMIT=${LLM_SPEED_GIT_COMMIT:-}
+    # git's commit only where ROOT is its repository's top (a copy inside another repository would record that
+    # one's HEAD), marked +dirty when the tree differs from it (the device runs the tree as it is)
+    if [ -z "$COMMIT" ] && [ "$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null)" = "$ROOT" ]; then
+        COMMIT=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null)
+        if [ -n "$COMMIT" ] && [ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null)" ]; then
+            COMMIT="$COMMIT+dirty"
+        fi
+    fi
     if [ -n "$COMMIT" ]; then
         export LLM_SPEED_GIT_COMMIT=$COMMIT  # the benchmark JSONs record the same commit
     else
@@ -124,7 +134,7 @@ if [ "$MODE" != dry ]; then
         echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "git_commit: $COMMIT"
         echo "suite_step: $STEP ($MODE)"
-        nvidia-smi 2>&1 || echo "nvidia-smi: not available"
+        timeout -s KILL 20 nvidia-smi 2>&1 || echo "nvidia-smi: not available (or no answer in 20 s)"
     } > "$RAW/environment.txt"
 else
     RAW=OUTDIR
@@ -144,8 +154,8 @@ for wheel in "$ROOT"/.whl/*.whl; do [ -e "$wheel" ] && WHEELS+=("$wheel"); done
 if [ ${#WHEELS[@]} -gt 0 ]; then
     WHEEL_NAMES=$(for wheel in "${WHEELS[@]}"; do basename "$wheel"; done | tr '\n' ' ')
     if [ "$MODE" = run ]; then
-        if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site "${WHEELS[@]}"; then
+        if timeout -s KILL 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target /tmp/site "${WHEELS[@]}"; then
             export PYTHONPATH="$PYTHONPATH:/tmp/site"
             echo "wheels installed into /tmp/site: $WHEEL_NAMES" | tee -a "$RAW/environment.txt"
         else
@@ -156,16 +166,76 @@ if [ ${#WHEELS[@]} -gt 0 ]; then
     fi
 fi
 
-START=$SECONDS
 FAILED=0
+ARCHIVE_MAX_BYTES=$((15 * 1024 * 1024))  # a device command returns files of at most 16 MiB
 
-# Rewrite OUTDIR's summaries and archive from RAW (atomically: a reader never sees half a file).
+# Rewrite OUTDIR's summaries and archive from RAW (atomically: a reader never sees half a file). The summary
+# writer runs with -E -s (no PYTHONPATH: not the compile listener's sitecustomize, standard library only);
+# should it fail, summary.txt says so on its first line rather than stand as it was. An archive over the
+# return limit is rebuilt without the largest logs (the JSON, junit and summaries kept), and says so.
 pack() {
-    "$PY" "$ROOT/benchmarks/suite_summary.py" "$RAW" "$OUT" > /dev/null 2>> "$RAW/pack_errors.log" \
-        || echo "run_gpu_suite.sh: writing the summaries failed (see pack_errors.log in the archive)" >&2
+    if ! timeout -s KILL 60 "$PY" -E -s "$ROOT/benchmarks/suite_summary.py" "$RAW" "$OUT" > /dev/null \
+        2>> "$RAW/pack_errors.log"; then
+        echo "run_gpu_suite.sh: writing the summaries failed (see pack_errors.log in the archive)" >&2
+        local stale="$OUT/.summary.txt.$BASHPID.tmp"
+        { echo "SUMMARY STALE: the summary writer failed after the last step below (pack_errors.log in"
+          echo "results.tar.gz says why); summary.tsv in the archive has every step's exit code"
+          cat "$OUT/summary.txt" 2>/dev/null; } > "$stale" && mv -f "$stale" "$OUT/summary.txt"
+    fi
     if [ ! -s "$RAW/pack_errors.log" ]; then rm -f "$RAW/pack_errors.log"; fi
     local tmp="$OUT/.results.tar.gz.$BASHPID.tmp"  # one per process: a background sub-step packs too
-    tar -czf "$tmp" -C "$RAW" . && mv -f "$tmp" "$OUT/results.tar.gz"
+    timeout -s KILL 60 tar -czf "$tmp" -C "$RAW" . || { rm -f "$tmp"; return; }
+    if [ "$(stat -c %s "$tmp" 2>/dev/null || echo 0)" -gt "$ARCHIVE_MAX_BYTES" ]; then
+        local big
+        big=$(cd "$RAW" && find . -name '*.log' -size +256k)
+        echo "logs left out of this archive (it was over $ARCHIVE_MAX_BYTES bytes): $big" > "$RAW/ARCHIVE_CUT.txt"
+        # shellcheck disable=SC2086
+        timeout -s KILL 60 tar -czf "$tmp" -C "$RAW" $(for f in $big; do printf -- "--exclude=%s " "$f"; done) . \
+            || { rm -f "$tmp"; return; }
+    fi
+    mv -f "$tmp" "$OUT/results.tar.gz"
+}
+
+STEP_PID=""   # the running sub-step's timeout process, for the signal trap
+STEP_NAME=""
+STEP_BEGAN=0
+STEP_CAP=0
+# SIGTERM/SIGINT/SIGHUP (the lease's limit, a user): the step in flight is stopped as its cap would (SIGINT:
+# pytest writes its junit, the benchmarks their JSON), a few seconds allowed, then its row, a row saying the
+# run was cut, the summaries and archive; the correctness families' process groups are killed.
+on_signal() {
+    local signal=$1 code=$2
+    trap - TERM INT HUP
+    if [ "$MODE" != run ] && [ "$MODE" != check ]; then exit "$code"; fi
+    echo "[$STEP] stopped by SIG$signal after ${SECONDS}s" >&2
+    if [ -n "$STEP_PID" ]; then  # run_capped.py stops its command (SIGINT, 4 s, SIGKILL) and exits
+        kill -TERM "$STEP_PID" 2>/dev/null
+        local i
+        for i in $(seq 1 24); do
+            kill -0 "$STEP_PID" 2>/dev/null || break
+            sleep 0.25
+        done
+        printf "%s\tcut-by-SIG%s\t%s\t%s\n" "$STEP_NAME" "$signal" "$((SECONDS - STEP_BEGAN))" "$STEP_CAP" \
+            >> "$RAW/summary.tsv"
+    fi
+    kill_families
+    printf "run\tcut-by-SIG%s\t%s\t%s\n" "$signal" "$SECONDS" "$BUDGET" >> "$RAW/summary.tsv"
+    pack
+    exit "$code"
+}
+trap 'on_signal TERM 143' TERM
+trap 'on_signal INT 130' INT
+trap 'on_signal HUP 129' HUP
+
+# The correctness families run in sessions of their own (so a cut kills each whole family); any left when the
+# correctness part ends (it was killed before it could stop them) are killed here.
+kill_families() {
+    local pgid
+    if [ -f "$RAW/correctness_pgids.txt" ]; then
+        while read -r pgid; do
+            [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null
+        done < "$RAW/correctness_pgids.txt"
+    fi
 }
 
 # sub NAME CAP_SECONDS COMMAND...: run COMMAND with its output in NAME.log (and on stdout), at most CAP s.
@@ -173,23 +243,33 @@ pack() {
 sub() {
     local name=$1 cap=$2
     shift 2
-    local left=$((BUDGET - (SECONDS - START)))
-    if [ "$cap" -gt "$left" ]; then cap=$left; fi
+    # what is left once a step that ignores its SIGINT has been killed and the summaries packed
+    local left=$((BUDGET - (SECONDS - START) - KILL_GRACE_S - PACK_S))
+    if [ "$MODE" != dry ] && [ "$cap" -gt "$left" ]; then cap=$left; fi
     if [ "$MODE" = dry ]; then  # one write per line: a background sub-step prints beside this one
         echo "$(printf "[%s/%s] cap %ss:" "$STEP" "$name" "$cap"; printf " %q" "$@")"
         return
     fi
     if [ "$cap" -lt "$MIN_STEP_S" ]; then
-        echo "[$STEP/$name] skipped: only ${left}s of the ${BUDGET}s budget left"
-        printf "%s\tskipped\t0\t%s\n" "$name" "$cap" >> "$RAW/summary.tsv"
+        echo "[$STEP/$name] skipped: only $((left > 0 ? left : 0))s of the ${BUDGET}s budget left"
+        printf "%s\tskipped\t0\t%s\n" "$name" "$((cap > 0 ? cap : 0))" >> "$RAW/summary.tsv"
         FAILED=1
         return 1
     fi
     echo "[$STEP/$name] (cap ${cap}s) $*"
     local began=$SECONDS
-    # SIGINT first: pytest and gpu_bench.py stop cleanly and keep what they finished.
-    timeout -s INT --kill-after="$KILL_GRACE_S" "$cap" "$@" 2>&1 | tee "$RAW/$name.log"
-    local rc=${PIPESTATUS[0]}
+    # A row saying it runs, packed: if the whole command is killed now, the summary names this step.
+    printf "%s\trunning\t0\t%s\n" "$name" "$cap" >> "$RAW/summary.tsv"
+    pack
+    # SIGINT first: pytest and gpu_bench.py stop cleanly and keep what they finished (benchmarks/run_capped.py:
+    # the cap, the kill grace, the output bounded in NAME.log). In the background with a wait, so that a signal
+    # to this script is handled at once (bash runs a trap only between commands).
+    "$PY" -E -s "$ROOT/benchmarks/run_capped.py" --cap "$cap" --grace "$KILL_GRACE_S" --log "$RAW/$name.log" \
+        -- "$@" &
+    STEP_PID=$! STEP_NAME=$name STEP_BEGAN=$began STEP_CAP=$cap
+    wait "$STEP_PID"
+    local rc=$?
+    STEP_PID=""
     printf "%s\t%s\t%s\t%s\n" "$name" "$rc" "$((SECONDS - began))" "$cap" >> "$RAW/summary.tsv"
     echo "[$STEP/$name] exit $rc after $((SECONDS - began))s"
     pack
@@ -213,8 +293,14 @@ xdist() {
     fi
 }
 
+if [ "$STEP" = proof ] && [ "$MODE" != dry ]; then  # what the summary names as not reached if the run is cut
+    for row in "${PROOF_BUDGETS[@]}"; do
+        if [ "${row%% *}" != setup ]; then echo "${row%% *}"; fi
+    done > "$RAW/planned_steps.txt"
+fi
 if [ "$MODE" != dry ]; then
-    "$PY" - > "$RAW/versions.json" 2> "$RAW/versions.log" <<'EOF'
+    # capped: a sick driver can hang CUDA's start; what it printed is in versions.log
+    timeout -s KILL 60 "$PY" - > "$RAW/versions.json" 2> "$RAW/versions.log" <<'EOF'
 import json, platform, torch, triton
 import llm_speed
 info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
@@ -236,6 +322,18 @@ print(json.dumps(info, indent=1))
 EOF
     echo "versions: $(tr -d '\n ' < "$RAW/versions.json")"
     pack
+    # Refused without a GPU, after the environment, nvidia-smi and the versions are packed: a lease whose
+    # torch sees no GPU is the one that needs them (the versions step's own torch import says it).
+    if [ "$MODE" = run ] && [ "${SUITE_ALLOW_CPU:-0}" != 1 ] \
+        && ! grep -q '"cuda_available": true' "$RAW/versions.json"; then
+        echo "run_gpu_suite.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is not True: versions.json," \
+            "versions.log and nvidia-smi in $OUT/results.tar.gz)" >&2
+        printf "cuda\tno-gpu\t0\t0\n" >> "$RAW/summary.tsv"
+        pack
+        rm -rf "$RAW" "$RAW.triton-cache"
+        cat "$OUT/summary.txt" 2>/dev/null
+        exit 2
+    fi
 fi
 
 # The ~30 GPU tests of the quick proof: attention forward (fp16, bf16, causal or not, GQA, seq 1024) and
@@ -261,6 +359,7 @@ proof)
     CAP=$(proof_budget correctness)
     sub correctness "$CAP" "$PY" benchmarks/proof_correctness.py "$RAW" --budget-s $((CAP - 12)) \
         --parallel 8 --workers "$WORKERS" "${CHECK[@]}"
+    kill_families  # any family the part could not stop (it was killed first) stops holding the GPU here
     # b. the headline: each set one process, each row against its alternatives, each JSON written as soon
     # as its shape is measured (a cut part keeps them)
     for SET in attention gemm fp8 decode; do
@@ -275,14 +374,16 @@ proof)
     # c. A/B with the time left (a final pack's seconds kept back): each candidate against the shipped
     # policy at its own target, rounds interleaved, medians over every round
     AB_CAP=$(proof_budget ab)
-    if [ "$MODE" = run ]; then AB_CAP=$((BUDGET - (SECONDS - START) - 5)); fi
-    if [ "$MODE" = dry ] || "$PY" benchmarks/attention_ab.py --help 2>/dev/null | grep -q -- --candidates; then
+    if [ "$MODE" = run ]; then AB_CAP=$((BUDGET - (SECONDS - START) - KILL_GRACE_S - PACK_S)); fi
+    # read from the source, not by importing it: an import error is the A/B's failure, not its absence
+    if [ "$MODE" = dry ] || grep -q -- "--candidates" benchmarks/attention_ab.py 2>/dev/null; then
         sub ab "$AB_CAP" "$PY" benchmarks/attention_ab.py --candidates --budget-s $((AB_CAP - 20 > 10 ? AB_CAP - 20 : 10)) \
             --json "$RAW/attention_ab.json" "${CHECK[@]}"
     else
         echo "benchmarks/attention_ab.py has no --candidates option (the launch policy's A/B is not in this tree)" \
             | tee "$RAW/ab.log"
         printf "ab\tabsent\t0\t%s\n" "$AB_CAP" >> "$RAW/summary.tsv"
+        FAILED=1
     fi
     ;;
 quick)
@@ -339,8 +440,12 @@ probe)
 esac
 
 if [ "$MODE" = dry ]; then exit 0; fi
+trap - TERM INT HUP
 pack
 rm -rf "$RAW" "$RAW.triton-cache"
 echo "step $STEP ($MODE): $((SECONDS - START))s; results in $OUT: summary.txt, summary.json, results.tar.gz"
 cat "$OUT/summary.txt" 2>/dev/null
+# the device returns the output's last 12,000 characters: the summary's head (problems first) once more
+echo "=== the top of summary.txt again ==="
+head -n 30 "$OUT/summary.txt" 2>/dev/null
 exit "$FAILED"

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -51,8 +52,19 @@ def dump_json(obj: Any, path: str | Path | None = None) -> None:
     text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
     if path is None:
         sys.stdout.write(text + "\n")
-    else:
-        Path(path).write_text(text + "\n")
+        return
+    # through a temporary file beside it: a run cut during the write (the bench commands rewrite their JSON
+    # after every case) keeps the previous file whole rather than a truncated one
+    path = Path(path).resolve()  # a link's target, not the link, is replaced
+    if path.exists() and not path.is_file():  # /dev/stdout, a pipe: nothing to replace
+        path.write_text(text + "\n")
+        return
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text + "\n")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def format_value(value: Any, precision: int = 3) -> str:

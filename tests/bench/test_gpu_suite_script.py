@@ -232,8 +232,114 @@ def test_sub_step_caps_fit_each_device_command(tmp_path):
 @needs_bash
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_a_real_run_without_a_gpu_is_refused(tmp_path):
+    # refused after the environment (nvidia-smi) and the versions are packed: the summary says why
     result = _suite(tmp_path, "quick", str(tmp_path / "out"))
     assert result.returncode == 2 and "no CUDA GPU" in result.stderr
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["results.tar.gz", "summary.json", "summary.txt"]
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as archive:
+        names = {Path(n).name for n in archive.getnames()}
+        rows = archive.extractfile("./summary.tsv").read().decode()
+    assert {"versions.json", "environment.txt"} <= names and "cuda\tno-gpu" in rows
+    assert not list(tmp_path.glob("llm-speed-suite.*"))
+
+
+RUN_CAPPED = REPO / "benchmarks" / "run_capped.py"
+# A command that records how it ended: a KeyboardInterrupt (SIGINT at its default) or nothing (killed).
+_STEP = """
+import pathlib, sys, time
+mark = pathlib.Path(sys.argv[1])
+print("started", flush=True)
+for i in range(int(sys.argv[2])):
+    print(f"line {i} " + "x" * 60, flush=False)
+sys.stdout.flush()
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    mark.write_text("interrupted")
+"""
+
+
+def _ignoring_sigint():
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as bash starts a background command
+
+
+@pytest.mark.parametrize("how", ["cap", "sigterm"])
+def test_run_capped_interrupts_a_command_started_with_sigint_ignored(tmp_path, how):
+    """A sub-step is stopped at its cap (exit 124), or by a SIGTERM to the runner (the suite's trap: 143),
+    with SIGINT, which the command receives at its default although bash started the runner with it ignored
+    (a backgrounded `timeout` passed the ignore on: Python then never raises KeyboardInterrupt, and the cap
+    had to kill it, its junit and JSON lost); its output is bounded: the head and the last lines, a note."""
+    import signal
+
+    mark, log = tmp_path / "mark", tmp_path / "step.log"
+    command = [sys.executable, str(RUN_CAPPED), "--cap", "2" if how == "cap" else "30", "--grace", "5",
+               "--log", str(log), "--max-bytes", "2000", "--tail-lines", "5", "--",
+               sys.executable, "-c", _STEP, str(mark), "500"]  # fmt: skip
+    began = time.monotonic()
+    runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              preexec_fn=_ignoring_sigint)  # fmt: skip
+    if how == "sigterm":
+        time.sleep(1.5)
+        runner.send_signal(signal.SIGTERM)
+    output, _ = runner.communicate(timeout=30)
+    assert runner.returncode == (124 if how == "cap" else 143), output[-500:]
+    assert time.monotonic() - began < 10
+    assert mark.read_text() == "interrupted"
+    text = log.read_text()
+    assert text.startswith("started") and "bytes (" in text and "line 499" in text and len(text) < 3000
+    assert output.decode() == text  # stdout holds what the log holds
+
+
+def test_run_capped_passes_the_exit_code_and_kills_what_is_left_in_its_group(tmp_path):
+    log = tmp_path / "step.log"
+    code = "import subprocess, sys; subprocess.Popen(['sleep', '317.5']); print('done'); sys.exit(3)"
+    command = [sys.executable, str(RUN_CAPPED), "--cap", "30", "--log", str(log), "--",
+               sys.executable, "-c", code]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 3 and log.read_text() == "done\n"
+    left = subprocess.run(["pgrep", "-f", "sleep 317.5"], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "the command's leftover process outlived it"
+
+
+@needs_bash
+def test_a_signal_to_the_suite_packs_the_step_in_flight_and_says_the_run_was_cut(tmp_path):
+    """SIGTERM at the lease's limit while a sub-step runs: that step is stopped (SIGINT) and recorded, a row
+    says the run was cut, and the summaries and archive are packed at once (exit 143)."""
+    import signal
+
+    fake = tmp_path / "python"
+    python = sys.executable
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'case "${{1:-}}" in benchmarks/*.py) exec "{python}" -c "import time; print(\'step\', flush=True); '
+        'time.sleep(600)" ;; esac\n'
+        f'exec "{python}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(fake), "LLM_SPEED_GIT_COMMIT": "0123abc", "TMPDIR": str(tmp_path),
+           "SUITE_ALLOW_CPU": "1"}  # fmt: skip
+    suite = subprocess.Popen(["bash", str(SCRIPT), "proof", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, env=env, text=True)  # fmt: skip
+    lines = []
+    for line in suite.stdout:  # until the correctness part runs
+        lines.append(line)
+        if line.startswith("[proof/correctness] (cap"):
+            break
+    time.sleep(2)
+    began = time.monotonic()
+    suite.send_signal(signal.SIGTERM)
+    rest, _ = suite.communicate(timeout=60)
+    assert suite.returncode == 143, "".join(lines) + rest
+    assert time.monotonic() - began < 15
+    with tarfile.open(out / "results.tar.gz") as archive:
+        rows = archive.extractfile("./summary.tsv").read().decode().splitlines()
+        planned = archive.extractfile("./planned_steps.txt").read().decode().split()
+    assert rows[-3].startswith("correctness\trunning") and rows[-2].startswith("correctness\tcut-by-SIGTERM")
+    assert rows[-1].startswith("run\tcut-by-SIGTERM") and planned[0] == "correctness" and "ab" in planned
 
 
 def _raw_run(tmp_path, steps: str) -> tuple[Path, Path]:
@@ -411,7 +517,10 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
 def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
     """Each candidate's correctness (its families' junit under LLM_SPEED_POLICY) beside its A/B in
     attention_ab.json, one verdict a line: proven only correct everywhere and not slower over 2+ rounds."""
-    raw, out = _raw_run(tmp_path, "correct_flash\t0\t40\t120\nab\t0\t60\t75\n")
+    # each candidate job's row: proven needs its jobs to have ended with 0, not cut (audit 10)
+    names = ("fast", "broken", "slow", "raises", "half")
+    jobs = "".join(f"cand_{name}_flash\t0\t30\t120\n" for name in names)
+    raw, out = _raw_run(tmp_path, "correct_flash\t0\t40\t120\n" + jobs + "ab\t0\t60\t75\n")
 
     def junit(name, failures=0):
         (raw / f"pytest_{name}.xml").write_text(
@@ -437,7 +546,7 @@ def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
         "late": {"shipped_ms": [], "candidate_ms": []}}}))  # fmt: skip
     summary = _summarise(raw, out)
     assert [(v["name"], v["verdict"]) for v in summary["candidate_verdicts"]] == [
-        ("fast", "proven: correct, 1.25x over 2 rounds (record its Proof)"),
+        ("fast", "proven: correct, 1.25x over 2 rounds (>= 1.02x, every round faster; record its Proof)"),
         ("broken", "off: fails correctness"),
         ("slow", "off: slower (0.80x)"),
         ("raises", "off: its A/B raised"),
@@ -446,6 +555,7 @@ def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
     ]  # in the proof's order
     assert "A/B of raises: round 1: RuntimeError: no" in summary["problems"]
     text = (out / "summary.txt").read_text()
-    assert ("  fast                     proven: correct, 1.25x over 2 rounds (record its Proof); "
+    assert ("  fast                     proven: correct, 1.25x over 2 rounds (>= 1.02x, every round faster; "
+            "record its Proof); "
             "correctness 3 passed, 0 failed; 2 -> 1.6 ms, 1.25x, 2 rounds") in text
     assert "attention_ab.json: 0/0 rows" not in text

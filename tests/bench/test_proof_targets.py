@@ -303,3 +303,43 @@ def test_fp8_attention_and_the_fp8_cache_from_their_own_files(tmp_path):
     assert rows()[cache].holds is False  # the paged fp8 cache misses 1.7x
     assert rows()[cache].measured == "kvcache-fp8 1.82x, kvcache-paged-fp8 1.38x the 16-bit cache (batch 64)"
     assert len(proof_targets.table(tmp_path)) == 17
+
+
+def test_values_that_are_not_finite_numbers_are_not_measured(tmp_path):
+    """NaN compares False both ways: a NaN ratio passed `< 1.0` and read "yes ... nan-nanx" (audit 10, M3);
+    a negative or string median crashed the geomean (math.log). Each is a part not measured, "-"."""
+    nan, inf = float("nan"), float("inf")
+    every = "attention forward, every point (d 64/128, seq 512-16k, causal or not, MHA/GQA)"
+    names = [f"attn_d64_fwd_s{seq}.json" for seq in proof_targets.GUIDE_SEQS]
+    names += [f"attn_d128_fwd_{label}_s16384.json" for label in proof_targets.D128_LABELS]
+    for name in names:  # every point 1.2x but one NaN
+        speedup = nan if name == names[0] else 1.2
+        _write(tmp_path, name, [_timed("flash", 1.0, speedup_vs_fastest_other=speedup, tflops=700.0),
+                                _timed("sdpa-cudnn", 1.2)])  # fmt: skip
+    rows = {row.what: row for row in proof_targets.table(tmp_path)}
+    assert rows[every].holds is None and "1.20-1.20x over 8 of 9 points" in rows[every].measured
+    forward = "attention forward, d=128, 16k tokens, non-causal"
+    for cudnn, tflops in ((nan, 700.0), (inf, nan), ("1.2", 700.0), (-1.0, 700.0)):
+        _write(tmp_path, "attn_d128_fwd_full_mha_s16384.json",
+               [_timed("flash", 1.0, tflops=tflops), _timed("sdpa-cudnn", cudnn)])  # fmt: skip
+        row = {row.what: row for row in proof_targets.table(tmp_path)}[forward]
+        assert row.holds is None and "not measured cuDNN" in row.measured and "nan" not in row.measured, row
+    for ours in (nan, -0.01, "0.01", None):  # the geomean's log never sees them
+        rows = [_timed("llm-speed", ours, case="c"), _timed("torch", 0.01, case="c")]
+        _write(tmp_path, "gemm_bf16_512.json", rows)
+        (row,) = [r for r in proof_targets.table(tmp_path) if r.what.startswith("bf16 GEMM")]
+        assert row.holds is None and row.measured == "not measured", row
+
+
+def test_a_file_cut_before_its_last_case_is_named_and_never_yes(tmp_path):
+    """The bench commands write ``complete: false`` after every case (true after the last): a file cut
+    between cases is judged on the cases it has (a failing one still fails), but says so, and is never "yes"
+    (audit 10, M11)."""
+    what = "fp8 attention forward, d=128 16k"
+    name = "attn_d128_fp8_fwd_full_mha_s16384.json"
+    for vs_flash, complete, holds in ((1.6, True, True), (1.6, False, None), (1.2, False, False)):
+        rows = [_timed("flash", 4.0), _timed("flash-fp8", 2.5, vs_flash=vs_flash, tflops=880.0)]
+        (tmp_path / name).write_text(json.dumps({"results": rows, "complete": complete}))
+        row = {row.what: row for row in proof_targets.table(tmp_path)}[what]
+        assert row.holds is holds, row
+        assert ("partial file: cut before its last case (" + name + ")" in row.measured) == (not complete)
