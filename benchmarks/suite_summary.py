@@ -439,6 +439,8 @@ def problems(summary: dict) -> list[str]:
             lead.append("no CUDA GPU visible: nothing ran; see nvidia-smi and versions in the archive")
         elif s["status"] != "passed" and not s["step"].startswith("cand_"):
             found.append(f"{s['step']}: {s['status']}")
+    if str(summary.get("git_commit") or "unknown").startswith("unknown"):
+        found.append("commit unknown: these results name no commit (pass LLM_SPEED_GIT_COMMIT)")
     found += summary.get("steps_notes") or []
     if summary.get("not_reached"):
         found.append(f"not reached: {', '.join(summary['not_reached'])}")

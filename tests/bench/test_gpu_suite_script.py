@@ -348,6 +348,7 @@ def _raw_run(tmp_path, steps: str) -> tuple[Path, Path]:
     raw.mkdir()
     out.mkdir()
     (raw / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n" + steps)
+    (raw / "environment.txt").write_text("date_utc: 2026-12-07T00:00:00Z\ngit_commit: 0123abc\n")
     return raw, out
 
 

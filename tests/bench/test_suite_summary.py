@@ -26,6 +26,7 @@ def _raw_run(tmp_path: Path, steps: str | None, **files: object) -> tuple[Path, 
     out.mkdir()
     if steps is not None:
         (raw / "summary.tsv").write_text(HEADER + steps)
+    files.setdefault("environment__txt", "date_utc: 2026-12-07T00:00:00Z\ngit_commit: 0123abc\n")
     for name, content in files.items():
         text = content if isinstance(content, str) else json.dumps(content)
         (raw / name.replace("__", ".")).write_text(text)
@@ -308,3 +309,12 @@ def test_a_section_that_fails_is_a_problem_and_costs_only_itself(tmp_path, monke
 def test_numbers_print_through_one_helper():
     assert [suite_summary.fmt(v, ".2f") for v in (1.234, None, NAN, float("inf"), "1.2", True)] == [
         "1.23", "-", "-", "-", "-", "-"]  # fmt: skip
+
+
+def test_an_unknown_commit_is_a_problem(tmp_path):
+    # results that name no commit cannot be filed under <commit>-proof (audit 10, M10)
+    raw, out = _raw_run(tmp_path, "correctness\t0\t100\t150\n",
+                        environment__txt="git_commit: unknown (no .git here: pass LLM_SPEED_GIT_COMMIT)\n")
+    assert "commit unknown: these results name no commit (pass LLM_SPEED_GIT_COMMIT)" in _summarise(raw, out)[
+        "problems"
+    ]
