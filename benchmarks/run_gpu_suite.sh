@@ -196,7 +196,7 @@ pack() {
     mv -f "$tmp" "$OUT/results.tar.gz"
 }
 
-STEP_PID=""   # the running sub-step's timeout process, for the signal trap
+STEP_PID=""   # the running sub-step's run_capped.py, for the signal trap
 STEP_NAME=""
 STEP_BEGAN=0
 STEP_CAP=0
@@ -227,8 +227,8 @@ trap 'on_signal TERM 143' TERM
 trap 'on_signal INT 130' INT
 trap 'on_signal HUP 129' HUP
 
-# The correctness families run in sessions of their own (so a cut kills each whole family); any left when the
-# correctness part ends (it was killed before it could stop them) are killed here.
+# The correctness families run in process groups of their own (so a cut kills each whole family); any left
+# when the correctness part ends (it was killed before it could stop them) are killed here.
 kill_families() {
     local pgid
     if [ -f "$RAW/correctness_pgids.txt" ]; then

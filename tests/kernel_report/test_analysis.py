@@ -52,11 +52,38 @@ def test_spills_between_nested_loops_are_not_inner():
     assert code.innermost_loop_lengths() == [3]  # what one inner iteration issues
 
 
-def test_loop_lengths_leave_out_the_closing_self_branch():
+def test_the_closing_self_branch_is_no_loop():
+    # every kernel ends so; it was counted as a loop (a loop-free rms_norm read "loops: 1"; audit 11)
     closing = "        /*0080*/                   BRA 0x80 ;\n"
     code = analysis.Sass.parse(SASS + closing)
-    assert sorted(code.innermost_loops()) == [(0x20, 0x40), (0x80, 0x80)]
+    assert code.loops() == code.innermost_loops() == [(0x20, 0x40)]
     assert code.innermost_loop_lengths() == [3]
+
+
+def test_a_retry_block_after_a_predicated_exit_is_no_loop_and_spins_are_not_work():
+    # The persistent TMA GEMM's layout (audit 11): its tile loop ends in a predicated EXIT and a branch back,
+    # the K loop's mbarrier retry sits after it and jumps back into the K loop. It was a "loop" spanning the
+    # K loop's second half and the whole epilogue (spills there would have read as in a loop), and the retry
+    # spin was listed among the innermost loops.
+    code = analysis.Sass.parse("""
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*0020*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ ;
+        /*0030*/              @!P3 BRA 0x90 ;
+        /*0040*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24 ;
+        /*0050*/              @P3  BRA 0x20 ;
+        /*0060*/                   STL [R1], R24 ;
+        /*0070*/              @P4  EXIT ;
+        /*0080*/                   BRA 0x10 ;
+        /*0090*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR4], R2 ;
+        /*00a0*/              @!P3 BRA 0x90 ;
+        /*00b0*/                   BRA 0x40 ;
+        /*00c0*/                   BRA 0xc0 ;
+""")
+    assert code.loops() == [(0x10, 0x80), (0x20, 0x50), (0x90, 0xA0)]
+    assert code.is_spin((0x90, 0xA0)) and not code.is_spin((0x20, 0x50))
+    assert code.innermost_loops() == [(0x20, 0x50)] and code.innermost_loop_lengths() == [4]
+    assert code.spills_in_loops() == 1 and code.spills_in_loops(code.innermost_loops()) == 0
 
 
 def test_out_of_line_blocks_jumping_back_are_not_loops():

@@ -137,8 +137,9 @@ def tier_for(hardware: Hardware) -> AttentionTier:
 
 @functools.cache
 def attention_config(direction: str, block_d: int, dtype: torch.dtype, hardware: Hardware) -> KernelConfig:
-    """The blocks of the ``direction`` ("forward": the forward and dQ kernels; "backward": dK/dV) kernels for
-    head_dim padded to ``block_d`` in ``dtype`` on ``hardware``: its tier's row, with ``block_d`` set."""
+    """The blocks of the ``direction`` ("forward": the forward kernels and the backward's preprocess;
+    "backward": the dK/dV kernel, whose row the dQ kernel takes with M and N swapped) kernels for head_dim
+    padded to ``block_d`` in ``dtype`` on ``hardware``: its tier's row, with ``block_d`` set."""
     by_dtype = tier_for(hardware).table[direction]
     row = by_dtype[torch.float32 if dtype == torch.float32 else torch.float16]
     return dataclasses.replace(row[max(64, block_d)], block_d=block_d)

@@ -2,10 +2,11 @@
 them, tensor-core instructions, TMA), the PTX (how deep the asynchronous waits in the loops are) and the
 occupancy that registers, shared memory and warps allow. Pure text processing, no Triton and no torch.
 
-Loops are found in SASS as ``cuobjdump -sass`` prints it: every branch to an address at or before its own
-(``@P0 BRA 0x2af0`` at 0x4a60) closes a loop whose body is ``[target, branch]``. In PTX a branch to a label
-defined above it does the same. Local-memory instructions (``LDL``, ``STL``) in a Triton kernel are register
-spills: Triton never puts arrays in local memory.
+Loops are found in SASS as ``cuobjdump -sass`` prints it: a branch back to an instruction on the path of a
+depth-first walk of the control flow from the function's entry (``@P0 BRA 0x2af0`` at 0x4a60) closes a loop
+whose body is ``[target, branch]``; wait loops of a few instructions (an mbarrier's try-wait) are loops, not
+work loops. In PTX a branch to a label defined above it does the same. Local-memory instructions (``LDL``,
+``STL``) in a Triton kernel are register spills: Triton never puts arrays in local memory.
 """
 
 from __future__ import annotations
@@ -76,25 +77,56 @@ class Sass:
     def opcodes(self) -> list[str]:
         return [opcode(body) for _, body in self.instructions]
 
+    def _functions(self) -> list[tuple[tuple[int, str], ...]]:
+        """The instructions of each function (its addresses restart at 0)."""
+        functions, start = [], 0
+        for i in range(1, len(self.instructions) + 1):
+            if i == len(self.instructions) or self.instructions[i][0] <= self.instructions[i - 1][0]:
+                functions.append(self.instructions[start:i])
+                start = i
+        return functions
+
     def loops(self) -> list[tuple[int, int]]:
-        """(first, last) address of each loop body: a branch back to an earlier (or its own) address, unless
-        an unconditional ``EXIT`` lies between: that is a block placed after the function's end (TMA's
-        mbarrier wait retries) jumping back into it, not a loop (counted as one, it spanned the rest of the
-        main loop and the epilogue)."""
-        exits = [a for a, body in self.instructions if opcode(body) == "EXIT" and "@" not in body]
+        """(first, last) address of each loop body: the back edges of a depth-first walk of each function's
+        control flow from its entry (a branch to an instruction on the walk's path). So a block placed after
+        the function's end (TMA's mbarrier wait retries) that jumps back into it is no loop, whatever ends the
+        function (counted as one, it spanned the rest of the main loop and the epilogue), and neither is the
+        function's closing branch to itself (never reached; an unconditional self-branch is never a loop)."""
         loops = []
-        for address, body in self.instructions:
-            match = _BRANCH.search(body)
-            if match and match.group(1):
-                target = int(match.group(1), 16)
-                if target <= address and not any(target < e < address for e in exits):
-                    loops.append((target, address))
-        return loops
+        for code in self._functions():
+            index = {address: i for i, (address, _) in enumerate(code)}
+            successors = [_successors(i, body, index, len(code)) for i, (_, body) in enumerate(code)]
+            state = [0] * len(code)  # 0: not seen, 1: on the walk's path, 2: done
+            if not code:
+                continue
+            state[0], path = 1, [(0, iter(successors[0]))]
+            while path:
+                node, following = path[-1]
+                nxt = next(following, None)
+                if nxt is None:
+                    state[node] = 2
+                    path.pop()
+                elif state[nxt] == 1:
+                    first, last = code[nxt][0], code[node][0]
+                    conditional = code[node][1].lstrip().startswith("@")
+                    if first <= last and (first < last or conditional):
+                        loops.append((first, last))
+                elif state[nxt] == 0:
+                    state[nxt] = 1
+                    path.append((nxt, iter(successors[nxt])))
+        return sorted(loops)
+
+    def is_spin(self, loop: tuple[int, int]) -> bool:
+        """A wait loop (an mbarrier's try-wait, setmaxnreg's retry): at most 4 instructions, one of them a
+        wait. Real loops, but not where a kernel spends its work."""
+        lo, hi = loop
+        body = [opcode(text) for address, text in self.instructions if lo <= address <= hi]
+        return len(body) <= 4 and any(op in _SPIN_OPCODES for op in body)
 
     def innermost_loops(self) -> list[tuple[int, int]]:
-        """The loop bodies that hold no other loop: where a kernel spends its iterations (an attention
-        kernel's loops over blocks, inside its loop over a GQA group's heads)."""
-        loops = self.loops()
+        """The work loops (not :meth:`is_spin`) that hold no other work loop: where a kernel spends its
+        iterations (an attention kernel's loops over blocks, inside its loop over a GQA group's heads)."""
+        loops = [loop for loop in self.loops() if not self.is_spin(loop)]
 
         def holds_another(lo: int, hi: int) -> bool:
             return any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)
@@ -103,11 +135,10 @@ class Sass:
 
     def innermost_loop_lengths(self) -> list[int]:
         """The SASS instructions of each innermost loop body, in address order: what one iteration issues
-        per warp (the function's closing self-branch, a one-instruction loop, left out)."""
+        per warp."""
         return [
             sum(1 for address, _ in self.instructions if lo <= address <= hi)
             for lo, hi in sorted(self.innermost_loops())
-            if lo < hi
         ]
 
     def spills_in_loops(self, loops: list[tuple[int, int]] | None = None) -> int:
@@ -130,6 +161,25 @@ class Sass:
 
     def uses_tma(self) -> bool:
         return any(op in TMA_OPCODES for op in self.opcodes())
+
+
+# Opcodes of a wait that spins: an mbarrier's try-wait, setmaxnreg's allocation retry, a back-off.
+_SPIN_OPCODES = ("SYNCS", "USETMAXREG", "NANOSLEEP", "YIELD")
+
+
+def _successors(i: int, body: str, index: dict[int, int], count: int) -> list[int]:
+    """The instructions control can reach from instruction ``i`` (``index``: address -> position): a branch's
+    target, and the next one unless ``i`` is an unconditional branch or exit."""
+    op, conditional = opcode(body), body.lstrip().startswith("@")
+    following = [i + 1] if i + 1 < count else []
+    if op in ("EXIT", "RET"):
+        return following if conditional else []
+    if op == "BRA":
+        match = _BRANCH.search(body)
+        target = index.get(int(match.group(1), 16)) if match and match.group(1) else None
+        taken = [] if target is None else [target]
+        return taken + following if conditional else taken
+    return following
 
 
 def opcode(body: str) -> str:

@@ -96,8 +96,8 @@ _DROPOUT_DKDV = (
     "with atomic dQ, 10 on the deterministic path). Tried: dP before dV (70 and 0); scalar and vector "
     "counters (no change); one draw per four queries interleaved by join/reshape (worse, the interleave's "
     "layout conversion). Since the H100's backward went to 4 warps with the dQ kernel (2026-11-25) the "
-    "causal ALiBi+dropout dK/dV kernel spilled 151 LDL/STL in its loops; 78, all in its per-block loops, "
-    "in the 2026-11-26 report (fp16 d=128, 4096 tokens, both backward paths). Not measured on a GPU with "
+    "causal ALiBi+dropout dK/dV kernel spills 263 LDL/STL, 151 in its loops (126 and 25 in its two "
+    "per-block loops; fp16 d=128, 4096 tokens, 2026-12-07 report, Triton 3.6). Not measured on a GPU with "
     "dropout. To fix in the kernel (fewer bits per entry, as flash-attn's "
     "8-bit threshold, or a smaller query block for this variant, measured first), then drop this entry."
 )
