@@ -180,7 +180,8 @@ pack() {
         local stale="$OUT/.summary.txt.$BASHPID.tmp"
         { echo "SUMMARY STALE: the summary writer failed after the last step below (pack_errors.log in"
           echo "results.tar.gz says why); summary.tsv in the archive has every step's exit code"
-          cat "$OUT/summary.txt" 2>/dev/null; } > "$stale" && mv -f "$stale" "$OUT/summary.txt"
+          sed '/^SUMMARY STALE/,+1d' "$OUT/summary.txt" 2>/dev/null; } > "$stale" \
+            && mv -f "$stale" "$OUT/summary.txt"
     fi
     if [ ! -s "$RAW/pack_errors.log" ]; then rm -f "$RAW/pack_errors.log"; fi
     local tmp="$OUT/.results.tar.gz.$BASHPID.tmp"  # one per process: a background sub-step packs too
@@ -188,10 +189,11 @@ pack() {
     if [ "$(stat -c %s "$tmp" 2>/dev/null || echo 0)" -gt "$ARCHIVE_MAX_BYTES" ]; then
         local big
         big=$(cd "$RAW" && find . -name '*.log' -size +256k)
-        echo "logs left out of this archive (it was over $ARCHIVE_MAX_BYTES bytes): $big" > "$RAW/ARCHIVE_CUT.txt"
+        echo "logs left out of this archive (it was over $ARCHIVE_MAX_BYTES bytes): $big" \
+            > "$RAW/ARCHIVE_CUT.txt"
         # shellcheck disable=SC2086
-        timeout -s KILL 60 tar -czf "$tmp" -C "$RAW" $(for f in $big; do printf -- "--exclude=%s " "$f"; done) . \
-            || { rm -f "$tmp"; return; }
+        timeout -s KILL 60 tar -czf "$tmp" -C "$RAW" \
+            $(for f in $big; do printf -- "--exclude=%s " "$f"; done) . || { rm -f "$tmp"; return; }
     fi
     mv -f "$tmp" "$OUT/results.tar.gz"
 }
@@ -261,9 +263,9 @@ sub() {
     # A row saying it runs, packed: if the whole command is killed now, the summary names this step.
     printf "%s\trunning\t0\t%s\n" "$name" "$cap" >> "$RAW/summary.tsv"
     pack
-    # SIGINT first: pytest and gpu_bench.py stop cleanly and keep what they finished (benchmarks/run_capped.py:
-    # the cap, the kill grace, the output bounded in NAME.log). In the background with a wait, so that a signal
-    # to this script is handled at once (bash runs a trap only between commands).
+    # SIGINT first: pytest and gpu_bench.py stop cleanly and keep what they finished
+    # (benchmarks/run_capped.py: the cap, the kill grace, the output bounded in NAME.log). In the background
+    # with a wait, so that a signal to this script is handled at once (bash runs a trap only between commands).
     "$PY" -E -s "$ROOT/benchmarks/run_capped.py" --cap "$cap" --grace "$KILL_GRACE_S" --log "$RAW/$name.log" \
         -- "$@" &
     STEP_PID=$! STEP_NAME=$name STEP_BEGAN=$began STEP_CAP=$cap
@@ -326,8 +328,8 @@ EOF
     # torch sees no GPU is the one that needs them (the versions step's own torch import says it).
     if [ "$MODE" = run ] && [ "${SUITE_ALLOW_CPU:-0}" != 1 ] \
         && ! grep -q '"cuda_available": true' "$RAW/versions.json"; then
-        echo "run_gpu_suite.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is not True: versions.json," \
-            "versions.log and nvidia-smi in $OUT/results.tar.gz)" >&2
+        echo "run_gpu_suite.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is not True:" \
+            "versions.json, versions.log and nvidia-smi in $OUT/results.tar.gz)" >&2
         printf "cuda\tno-gpu\t0\t0\n" >> "$RAW/summary.tsv"
         pack
         rm -rf "$RAW" "$RAW.triton-cache"

@@ -207,6 +207,13 @@ def test_each_budget_is_read_from_the_row():
     assert budgets.breaches(_row()) == []
     found = {b.budget for b in budgets.breaches(_row(shared_bytes=4096))}
     assert found == {"shared memory"}
+    # Triton's launcher leaves the dynamic part the limit less the cubin's static 1 KB (audit 11): within
+    # that KB the kernel compiles (Triton checks against the whole limit) and then fails to launch
+    edge = _row(shared_bytes=1536, static_shared_bytes=1024)
+    assert [(b.budget, b.detail) for b in budgets.breaches(edge)] == [
+        ("shared memory", "1536 B > 2048 B per block less 1024 B static")
+    ]
+    assert budgets.breaches(_row(shared_bytes=1024, static_shared_bytes=1024)) == []
     assert {b.budget for b in budgets.breaches(_row(loop_spill_instructions=3))} == {"no spills in loops"}
     assert {b.budget for b in budgets.breaches(_row(tensor_cores="HMMA", wgmma=False))} == {"wgmma"}
     serialized = budgets.breaches(_row(wgmma_serialized="non wgmma instructions defining accumulators"))

@@ -336,6 +336,10 @@ def analyse(compiled: Any, log: str, sass: str, usage: str, target: Target, plan
         "inner_loop_instructions": code.innermost_loop_lengths(),
         "shared_bytes": shared,
         "shared_limit": target.hardware.smem_per_block_bytes,
+        # the cubin's static shared memory (cuobjdump -res-usage; 1 KB on every sm_90a kernel read so far):
+        # Triton's launcher allows the dynamic part the per-block limit less this (driver.c's
+        # cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, optin - static))
+        "static_shared_bytes": res.get("SHARED"),
         "launched_warps": warps,
         "blocks_per_sm": occupancy.blocks,
         "warps_per_sm": occupancy.warps,
