@@ -178,6 +178,12 @@ _CANDIDATE_WORDS = (
 )
 
 
+# A candidate whose target's op is one of these changes only that op's launches: its rerun of the family
+# keeps the tests that call it (the int8 GEMM's candidate left the gemm family's ~110 16-bit and fp32 tests
+# running the shipped kernels unchanged, in the part's short budget).
+_OP_KEYWORDS = {"tensor_core_gemm_int8": "int8"}
+
+
 def candidate_families(name: str, target: object) -> tuple[str, ...]:
     """The families a candidate launch choice is proven through (see ``_CANDIDATE_WORDS``)."""
     if isinstance(target, dict) and target.get("family") in BY_NAME:
@@ -211,6 +217,7 @@ class Job:
     name: str  # correct_<family> or cand_<candidate>_<family>
     family: Family
     env: dict[str, str] = field(default_factory=dict)
+    keyword: str = ""  # a candidate's narrowing of its family's selection (-k ... and (keyword))
     process: subprocess.Popen | None = None
     log: object = None
     began: float = 0.0
@@ -231,6 +238,7 @@ def xdist_available(python: str) -> bool:
 def pytest_command(python: str, raw: Path, job: Job, workers: int, check: bool) -> list[str]:
     family = job.family
     keyword = f"not ({HOST_ONLY})" + (f" and ({family.keyword})" if family.keyword else "")
+    keyword += f" and ({job.keyword})" if job.keyword else ""
     command = [python, "-m", "pytest", *family.paths, "-k", keyword, "-p", "no:cacheprovider", "-rfE"]
     if check:
         return [*command, "--collect-only", "-q", "-p", "no:xdist"]
@@ -460,8 +468,10 @@ def plan(python: str, check: bool, only: list[str] | None) -> tuple[list[Job], d
     record: dict = {"candidates": {}, "skipped_reason": reason}
     for name, target in candidates.items():
         chosen = [f for f in candidate_families(name, target) if f in {x.name for x in families}]
-        record["candidates"][name] = {"target": target, "families": chosen}
-        jobs += [Job(f"cand_{name}_{f}", BY_NAME[f], {"LLM_SPEED_POLICY": name}) for f in chosen]
+        narrowed = _OP_KEYWORDS.get(target.get("op")) if isinstance(target, dict) else None
+        record["candidates"][name] = {"target": target, "families": chosen, "keyword": narrowed}
+        jobs += [Job(f"cand_{name}_{f}", BY_NAME[f], {"LLM_SPEED_POLICY": name}, narrowed or "")
+                 for f in chosen]  # fmt: skip
     if check:  # a CPU check collects each selection once: a candidate's run is its family's with one variable
         jobs = [job for job in jobs if not job.env]
     return jobs, record

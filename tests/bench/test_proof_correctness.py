@@ -201,3 +201,19 @@ def test_the_parts_end_counts_from_the_process_start(tmp_path, monkeypatch):
     assert proof_correctness.main([str(raw), "--budget-s", "105", "--workers", "1"]) == 1
     assert _rows(raw) == {"correct_ok": "skipped"}
     assert (signal.SIGTERM, proof_correctness.raise_terminated) in installed
+
+
+def test_the_int8_gemm_candidate_reruns_only_the_int8_tests(tmp_path):
+    """A candidate that changes one op's launches reruns the tests of its family that call that op: the int8
+    GEMM's reran the whole gemm family, ~110 tests of kernels it leaves unchanged."""
+    jobs, record = proof_correctness.plan(sys.executable, False, ["gemm"])
+    assert record["candidates"]["gluon-gemm-int8"]["keyword"] == "int8"
+    job = next(j for j in jobs if j.name == "cand_gluon-gemm-int8_gemm")
+    command = proof_correctness.pytest_command(sys.executable, tmp_path, job, 1, True)
+    listed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    tests = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert tests and all("int8" in test for test in tests), listed.stdout[-2000:]
+    shipped = next(j for j in jobs if j.name == "correct_gemm")
+    assert shipped.keyword == "" and "and (int8)" not in " ".join(
+        proof_correctness.pytest_command(sys.executable, tmp_path, shipped, 1, True)
+    )
