@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import statistics
 import sys
 import time
@@ -140,17 +138,6 @@ def row_line(op: str, impl: str, row: dict) -> str:
     return f"{op:<9} {impl:<14} {times}  {figure('kernel_gbps', '7.0f')} GB/s (kernel)"
 
 
-def write_json(path: Path, document: dict) -> None:
-    """``document`` to ``path`` through a temporary file beside it: a run cut during the write keeps the
-    previous rows whole rather than a truncated file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(document, indent=1) + "\n")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    from llm_speed._output import dump_json
     from llm_speed.bench.report import environment
 
     if not torch.cuda.is_available():
@@ -208,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             document["results"].append(row)
             failed += not row["available"] and impl != "liger"
             print(row_line(op, impl, row), flush=True)
-            if args.output is not None:
-                write_json(args.output, document)
+            if args.output is not None:  # (whole or not at all: a run cut during the write keeps the last)
+                dump_json(document, args.output)
     document["complete"] = True
     if args.output is not None:
-        write_json(args.output, document)
+        dump_json(document, args.output)
     return 1 if failed else 0
 
 

@@ -57,9 +57,9 @@ def _device(raw: Path, name: str) -> str | None:
         return None
 
 
-def _num(value: object) -> float | None:
-    """``value`` as a finite float; None when it is missing, not a number, NaN or infinite (not measured:
-    NaN compares False both ways, so it would pass every bound)."""
+def number(value: object) -> float | None:
+    """``value`` as a finite float; None when it is missing, not a number (a str, a bool), NaN or infinite
+    (not measured: NaN compares False both ways, so it would pass every bound). suite_summary's too."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
@@ -108,10 +108,10 @@ def _ms(row: dict | None) -> float | None:
     if row is None:
         return None
     if "wall_ms" in row:  # fused_kernel_time.py
-        value = _num(row["wall_ms"])
+        value = number(row["wall_ms"])
     else:
         timing = row.get("timing")
-        value = _num(timing.get("median_ms")) if isinstance(timing, dict) else None
+        value = number(timing.get("median_ms")) if isinstance(timing, dict) else None
     return value if value is not None and value > 0 else None
 
 
@@ -129,19 +129,19 @@ def _all(*parts: bool | None) -> bool | None:
 
 
 def _at_least(value: float | None, bound: float) -> bool | None:
-    value = _num(value)
+    value = number(value)
     return None if value is None else value >= bound
 
 
 def _fmt(value: float | None, unit: str = "x", digits: int = 2) -> str:
-    value = _num(value)
+    value = number(value)
     return "not measured" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def _span(ratios: dict[str, float], expected: int, at_least: float = 1.0) -> tuple[str, bool | None]:
     """'lo-hi over n of m points (worst: name)' (or 'not measured'), and whether every point is ``at_least``:
     False as soon as a measured one is below it, None while a point is missing (or not a finite number)."""
-    ratios = {name: _num(ratio) for name, ratio in ratios.items() if _num(ratio) is not None}
+    ratios = {name: number(ratio) for name, ratio in ratios.items() if number(ratio) is not None}
     if not ratios:
         return "not measured", None
     worst = min(ratios, key=ratios.get)
@@ -153,7 +153,7 @@ def _span(ratios: dict[str, float], expected: int, at_least: float = 1.0) -> tup
 def attention_forward_16k(raw: Path) -> Target:
     rows = _results(raw, "attn_d128_fwd_full_mha_s16384.json")
     ours, cudnn = _row(rows, "flash"), _row(rows, "sdpa-cudnn")
-    tflops = _num(ours.get("tflops")) if ours else None
+    tflops = number(ours.get("tflops")) if ours else None
     ratio = _ratio(cudnn, ours)
     return Target("attention forward, d=128, 16k tokens, non-causal", ">= 620 TFLOP/s, >= 1.0x cuDNN",
                   f"{_fmt(tflops, ' TFLOP/s', 0)}, {_fmt(ratio)} cuDNN",
@@ -184,7 +184,7 @@ def attention_backward_16k(raw: Path) -> Target:
     ours, cudnn = backward_ms("flash"), backward_ms("sdpa-cudnn")
     flash = _row(forward, "flash")
     tflops = None
-    if ours and flash and _num(flash.get("tflops")):
+    if ours and flash and number(flash.get("tflops")):
         tflops = BACKWARD_FLOPS_FACTOR * flash["tflops"] * _ms(flash) / ours
     ratio = cudnn / ours if ours and cudnn else None
     measured = f"{_fmt(tflops, ' TFLOP/s', 0)}, {_fmt(ratio)} cuDNN (fwd+bwd - fwd)"
@@ -275,7 +275,7 @@ def _copy(raw: Path) -> dict:
 def _share_of_copy(gbps: float | None, copy_gbps: float | None) -> tuple[str, bool | None]:
     """'2900 GB/s, 97% of copy' ('not measured'; no share without the copy) and whether the share is
     >= COPY_SHARE (None: either figure missing)."""
-    gbps, copy_gbps = _num(gbps), _num(copy_gbps)
+    gbps, copy_gbps = number(gbps), number(copy_gbps)
     if gbps is None:
         return "not measured", None
     if not copy_gbps:
@@ -306,7 +306,7 @@ def decode_small_batch(raw: Path) -> Target:
             ratio = _ratio(sdpa, ours)
             if ratio is not None:
                 ratios[f"b{batch} {impl}"] = ratio
-            if ours is not None and _num(ours.get("graph_ms")):
+            if ours is not None and number(ours.get("graph_ms")):
                 graphs.append(f"b{batch} {impl} {ours['graph_ms'] * 1e3:.1f} us")
     text, faster = _span(ratios, 4)
     text += "; CUDA graph step: " + (", ".join(graphs) if graphs else "not measured")
@@ -345,7 +345,7 @@ def linear_cross_entropy(raw: Path) -> Target:
     ratio = _ratio(_row(rows, "torch.compile"), ours)
     eager = _row(rows, "eager")
     peak = None
-    if ours and eager and _num(ours.get("peak_memory_bytes")) and _num(eager.get("peak_memory_bytes")):
+    if ours and eager and number(ours.get("peak_memory_bytes")) and number(eager.get("peak_memory_bytes")):
         peak = ours["peak_memory_bytes"] / eager["peak_memory_bytes"]
     return Target("linear cross-entropy, V 128256, N 8192, H 4096",
                   "time <= torch.compile's; peak <= 1/4 of unfused",
@@ -358,7 +358,7 @@ def train_step(raw: Path) -> Target:
     ours, base, liger = _row(rows, "llm_speed"), _row(rows, "transformers"), _row(rows, "liger")
     speed, vs_liger = _ratio(base, ours), _ratio(liger, ours)
     peak = None
-    if ours and base and _num(ours.get("peak_memory_bytes")) and _num(base.get("peak_memory_bytes")):
+    if ours and base and number(ours.get("peak_memory_bytes")) and number(base.get("peak_memory_bytes")):
         peak = ours["peak_memory_bytes"] / base["peak_memory_bytes"]
     measured = f"{_fmt(speed)} transformers, {_fmt(vs_liger)} Liger, peak {_fmt(peak)}"
     return Target("train step, llama-3-8b 2 layers", ">= 1.3x unpatched transformers, >= Liger; peak <= 0.6x",
@@ -421,7 +421,7 @@ def head_dims(raw: Path) -> tuple[str, bool | None]:
             holds.append(None)
             continue
         timing = theirs.get("timing") if isinstance(theirs.get("timing"), dict) else {}
-        spread = _num(timing.get("p80_ms")) or _ms(theirs)
+        spread = number(timing.get("p80_ms")) or _ms(theirs)
         parts.append(f"d{head_dim} {ratio:.2f}x d{other}")
         holds.append(_ms(ours) <= spread)
     return ", ".join(parts), _all(*holds)
@@ -434,8 +434,8 @@ def wrappers(raw: Path) -> Target:
     rows, refused = _overhead(raw)
     if refused:
         return Target(what, target, f"wrappers {refused}; head dims {dims}", _all(None, dims_hold))
-    ratios = {f"{row['case']} {row.get('mode')}": _num(row.get("vs_baseline")) for row in rows
-              if row.get("case") in WRAPPERS and _num(row.get("vs_baseline")) is not None}  # fmt: skip
+    ratios = {f"{row['case']} {row.get('mode')}": number(row.get("vs_baseline")) for row in rows
+              if row.get("case") in WRAPPERS and number(row.get("vs_baseline")) is not None}  # fmt: skip
     text, _ = _span(ratios, len(ratios))
     high = max(ratios.values()) if ratios else None
     return Target(what, target, f"per call {text}; head dims {dims}",
@@ -445,8 +445,8 @@ def wrappers(raw: Path) -> Target:
 def attention_fp8(raw: Path) -> Target:
     """The fp8 forward's ``vs_flash`` (our bf16 forward's median over its own, same process)."""
     fp8 = _row(_results(raw, "attn_d128_fp8_fwd_full_mha_s16384.json"), "flash-fp8")
-    ratio = None if fp8 is None else _num(fp8.get("vs_flash"))
-    tflops = None if fp8 is None else _num(fp8.get("tflops"))
+    ratio = None if fp8 is None else number(fp8.get("vs_flash"))
+    tflops = None if fp8 is None else number(fp8.get("tflops"))
     return Target("fp8 attention forward, d=128 16k", ">= 1.4x our bf16 forward",
                   f"{_fmt(ratio)} our bf16 forward ({_fmt(tflops, ' TFLOP/s', 0)})",
                   _at_least(ratio, 1.4))  # fmt: skip
@@ -459,7 +459,7 @@ def decode_fp8_cache(raw: Path) -> Target:
     parts, holds = [], []
     for impl in ("kvcache-fp8", "kvcache-paged-fp8"):
         row = _row(rows, impl)
-        ratio = None if row is None else _num(row.get("vs_16bit_cache"))
+        ratio = None if row is None else number(row.get("vs_16bit_cache"))
         parts.append(f"{impl} {_fmt(ratio)}")
         holds.append(_at_least(ratio, 1.7))
     return Target("fp8-cache decode, batch >= 64 x 4k", ">= 1.7x tokens/s of the 16-bit cache",

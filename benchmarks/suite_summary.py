@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 import sys
@@ -21,17 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proof_targets  # noqa: E402 - a script beside this one, not a package
+from proof_targets import number  # noqa: E402 - a finite float, or None: not measured
 
 PYTEST_LOG_TAIL_LINES = 25
 PROVEN_RATIO = 1.02  # a candidate's median speed-up below this is within the A/B's round-to-round noise
 NOT_BENCHMARKS = ("versions.json", "doctor.json", "candidates.json", "attention_ab.json")
-
-
-def number(value: object) -> float | None:
-    """``value`` as a finite float; None when it is missing, not a number (a str, a bool), NaN or infinite."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def fmt(value: object, spec: str = "") -> str:

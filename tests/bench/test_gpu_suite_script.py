@@ -18,6 +18,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import proof_correctness  # noqa: E402 - a script of benchmarks/, not a package
+from summary_runs import raw_run, summarise  # noqa: E402
 
 SCRIPT = REPO / "benchmarks" / "run_gpu_suite.sh"
 needs_bash = pytest.mark.skipif(
@@ -342,25 +343,8 @@ def test_a_signal_to_the_suite_packs_the_step_in_flight_and_says_the_run_was_cut
     assert rows[-1].startswith("run\tcut-by-SIGTERM") and planned[0] == "correctness" and "ab" in planned
 
 
-def _raw_run(tmp_path, steps: str) -> tuple[Path, Path]:
-    """(RAW, OUT) folders of a run whose summary.tsv holds ``steps`` (its rows, tab-separated)."""
-    raw, out = tmp_path / "raw", tmp_path / "out"
-    raw.mkdir()
-    out.mkdir()
-    (raw / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n" + steps)
-    (raw / "environment.txt").write_text("date_utc: 2026-12-07T00:00:00Z\ngit_commit: 0123abc\n")
-    return raw, out
-
-
-def _summarise(raw: Path, out: Path) -> dict:
-    """benchmarks/suite_summary.py run as the suite runs it (its own process); its summary.json."""
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
-                   check=True, timeout=60)  # fmt: skip
-    return json.loads((out / "summary.json").read_text())
-
-
 def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
-    raw, out = _raw_run(
+    raw, out = raw_run(
         tmp_path, "doctor\t0\t9\t60\npytest\t1\t150\t200\nattention_fwd\t124\t45\t45\ndemo\tskipped\t0\t3\n"
     )
     (raw / "environment.txt").write_text("date_utc: 2026-01-01T00:00:00Z\ngit_commit: abc\n")
@@ -394,7 +378,7 @@ def test_summary_names_failed_timed_out_and_skipped_steps(tmp_path):
         )
     )
     (raw / "pytest.log").write_text("FAILED tests/a.py::test_bad\n1 failed, 1 passed, 1 skipped\n")
-    summary = _summarise(raw, out)
+    summary = summarise(raw, out)
     statuses = {s["step"]: s["status"] for s in summary["steps"]}
     assert statuses == {
         "doctor": "passed",
@@ -451,7 +435,7 @@ def test_plan_lists_each_command_with_a_timeout_that_fits():
 def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
     """A cut family, a failed test and an absent A/B lead the summary; each family's junit gets a line;
     Triton's compiles are counted from the listener's log (compiled here vs loaded from the file cache)."""
-    raw, out = _raw_run(
+    raw, out = raw_run(
         tmp_path,
         "correct_flash\t0\t40\t120\ncorrect_decode\t124\t120\t120\ncorrect_gemm\t1\t30\t120\nab\tabsent\t0\t75\n",
     )
@@ -488,7 +472,7 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
          "timing": {"median_ms": 0.15}, "prediction_ms": 0.2398, "prediction_error": 0.5987,
          "prediction_calibrated": False},
     ]}))  # fmt: skip
-    _summarise(raw, out)
+    summarise(raw, out)
     text = (out / "summary.txt").read_text()
     assert "  fused_kernel_time: rms_norm llm_speed: wall 1.250 ms, kernel 0.900 ms, 2978 GB/s" in text
     assert "  gemm_bf16_512: 512x512x512 llm-speed: 0.0123 ms, 0.80x torch" in text
@@ -521,7 +505,7 @@ def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
     # each candidate job's row: proven needs its jobs to have ended with 0, not cut (audit 10)
     names = ("fast", "broken", "slow", "raises", "half")
     jobs = "".join(f"cand_{name}_flash\t0\t30\t120\n" for name in names)
-    raw, out = _raw_run(tmp_path, "correct_flash\t0\t40\t120\n" + jobs + "ab\t0\t60\t75\n")
+    raw, out = raw_run(tmp_path, "correct_flash\t0\t40\t120\n" + jobs + "ab\t0\t60\t75\n")
 
     def junit(name, failures=0):
         (raw / f"pytest_{name}.xml").write_text(
@@ -545,7 +529,7 @@ def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
         "slow": timed([2.0, 2.0], [2.5, 2.5]), "half": timed([2.0, 2.0], [1.0, 1.0]),
         "raises": {"shipped_ms": [], "candidate_ms": [], "error": "round 1: RuntimeError: no"},
         "late": {"shipped_ms": [], "candidate_ms": []}}}))  # fmt: skip
-    summary = _summarise(raw, out)
+    summary = summarise(raw, out)
     assert [(v["name"], v["verdict"]) for v in summary["candidate_verdicts"]] == [
         ("fast", "proven: correct, 1.25x over 2 rounds (>= 1.02x, every round faster; record its Proof)"),
         ("broken", "off: fails correctness"),

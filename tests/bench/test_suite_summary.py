@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,39 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import suite_summary  # noqa: E402 - a script of benchmarks/, not a package
-
-HEADER = "step\texit_code\tseconds\tcap_s\n"
-
-
-def _raw_run(tmp_path: Path, steps: str | None, **files: object) -> tuple[Path, Path]:
-    """(RAW, OUT) of a run whose summary.tsv holds ``steps`` (None: no summary.tsv) and RAW/``files``
-    (str as is, anything else as JSON; ``__`` in a keyword stands for '.')."""
-    raw, out = tmp_path / "raw", tmp_path / "out"
-    raw.mkdir()
-    out.mkdir()
-    if steps is not None:
-        (raw / "summary.tsv").write_text(HEADER + steps)
-    files.setdefault("environment__txt", "date_utc: 2026-12-07T00:00:00Z\ngit_commit: 0123abc\n")
-    for name, content in files.items():
-        text = content if isinstance(content, str) else json.dumps(content)
-        (raw / name.replace("__", ".")).write_text(text)
-    return raw, out
-
-
-def _summarise(raw: Path, out: Path) -> dict:
-    """The summary writer run as the suite runs it (its own process): it must exit 0 and write both files,
-    which say the same problems."""
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "suite_summary.py"), str(raw), str(out)],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    lines = (out / "summary.txt").read_text().splitlines()
-    if summary["problems"]:
-        assert lines[1] == f"PROBLEMS ({len(summary['problems'])}):", lines[:3]
-        assert lines[2 : 2 + len(summary["problems"])] == [f"  {p}" for p in summary["problems"]]
-    else:
-        assert lines[1] == "no failures: every step passed"
-    return summary
+from summary_runs import raw_run, summarise  # noqa: E402
 
 
 def _junit(tests: int, failures: int = 0, errors: int = 0, skipped: int = 0) -> str:
@@ -97,9 +64,9 @@ def test_a_candidate_is_proven_only_correct_to_the_end_and_faster_in_every_round
     steps += "cand_half_flash\t0\t30\t30\ncorrectness\t0\t140\t150\nab\t0\t60\t75\n"
     files["pytest_cand_half_flash__xml"] = _junit(3)
     ab = {name: timed for name, (_, _, timed) in cases.items()} | {"half": _timed([2.0, 2.0], [1.0, 1.0])}
-    raw, out = _raw_run(tmp_path, steps, candidates__json={"skipped_reason": None, "candidates": candidates},
+    raw, out = raw_run(tmp_path, steps, candidates__json={"skipped_reason": None, "candidates": candidates},
                         attention_ab__json={"candidates": ab}, **files)  # fmt: skip
-    summary = _summarise(raw, out)
+    summary = summarise(raw, out)
     verdicts = {v["name"]: v["verdict"] for v in summary["candidate_verdicts"]}
     assert verdicts == {
         "fast": "proven: correct, 1.25x over 2 rounds (>= 1.02x, every round faster; record its Proof)",
@@ -136,7 +103,7 @@ def test_a_candidate_is_proven_only_correct_to_the_end_and_faster_in_every_round
 def test_families_that_ran_no_test_are_problems(tmp_path):
     """All skipped (a capability probe that said no) "passed" and was no problem (audit 10, M2)."""
     steps = "".join(f"correct_{name}\t0\t10\t120\n" for name in ("flash", "gemm", "decode", "moe", "fused"))
-    raw, out = _raw_run(
+    raw, out = raw_run(
         tmp_path, steps + "correctness\t0\t40\t150\n",
         pytest_correct_flash__xml=_junit(5, skipped=5),
         pytest_correct_gemm__xml=_junit(0),
@@ -145,7 +112,7 @@ def test_families_that_ran_no_test_are_problems(tmp_path):
         pytest_correct_fused__xml='<testsuite tests="1" failures="0" errors="1" skipped="0"><testcase '
         'classname="" name="tests.fused"><error message="collection failure"/></testcase></testsuite>',
     )  # fmt: skip
-    summary = _summarise(raw, out)
+    summary = summarise(raw, out)
     assert summary["problems"] == [
         "FAILED ::tests.fused",
         "correct_flash: ran no test: 5 skipped",
@@ -178,8 +145,8 @@ def test_a_cut_run_says_so_first_and_names_what_it_did_not_reach(tmp_path):
         "correctness\trunning\t0\t150\ncorrect_flash\t0\t40\t120\ncorrect_flash\t124\t120\t120\n"
         "correctness\t0\t140\t150\nheadline_attention\trunning\t0\t85\nrun\tcut-by-SIGTERM\t260\t480\n"
     )
-    raw, out = _raw_run(tmp_path, steps, planned_steps__txt=planned)
-    summary = _summarise(raw, out)
+    raw, out = raw_run(tmp_path, steps, planned_steps__txt=planned)
+    summary = summarise(raw, out)
     assert summary["problems"] == [
         "the run was stopped by SIGTERM after 260 s of its 480 s budget",
         "correct_flash: timed out after 120 s",
@@ -193,8 +160,8 @@ def test_a_cut_run_says_so_first_and_names_what_it_did_not_reach(tmp_path):
 
 
 def test_no_gpu_is_the_first_problem(tmp_path):
-    raw, out = _raw_run(tmp_path, "cuda\tno-gpu\t0\t0\n", planned_steps__txt="correctness\nab\n")
-    summary = _summarise(raw, out)
+    raw, out = raw_run(tmp_path, "cuda\tno-gpu\t0\t0\n", planned_steps__txt="correctness\nab\n")
+    summary = summarise(raw, out)
     assert summary["problems"] == [
         "no CUDA GPU visible: nothing ran; see nvidia-smi and versions in the archive",
         "not reached: correctness, ab",
@@ -214,8 +181,8 @@ def test_candidate_results_are_counted_apart_from_the_shipped_code(tmp_path):
     files = {"pytest_correct_flash__xml": ok, "pytest_cand_gluon-forward_flash__xml": bad,
              "pytest_cand_gluon_flash__xml": ok,
              "candidates__json": {"skipped_reason": None, "candidates": candidates}}  # fmt: skip
-    raw, out = _raw_run(tmp_path, steps, **files)
-    summary = _summarise(raw, out)
+    raw, out = raw_run(tmp_path, steps, **files)
+    summary = summarise(raw, out)
     assert summary["problems"] == []
     assert summary["pytest"]["passed"] == 2 and summary["pytest"]["failed_tests"] == []
     assert summary["candidate_pytest"]["failed_tests"] == ["gluon-forward: tests.a::t1"]
@@ -228,8 +195,8 @@ def test_candidate_results_are_counted_apart_from_the_shipped_code(tmp_path):
 def test_an_unreadable_ab_json_is_a_problem(tmp_path):
     """A truncated attention_ab.json disappeared: no problem, candidates "not timed" (audit 10, M9)."""
     truncated = '{"candidates": {"x": {"shipped_ms": [2.'
-    raw, out = _raw_run(tmp_path, "ab\t0\t60\t75\n", attention_ab__json=truncated)
-    summary = _summarise(raw, out)
+    raw, out = raw_run(tmp_path, "ab\t0\t60\t75\n", attention_ab__json=truncated)
+    summary = summarise(raw, out)
     (problem,) = summary["problems"]
     assert problem.startswith("attention_ab.json unreadable: ")
 
@@ -237,9 +204,9 @@ def test_an_unreadable_ab_json_is_a_problem(tmp_path):
 def test_a_partial_benchmark_file_is_named(tmp_path):
     """``complete: false`` (cut between cases) was never read (audit 10, M11)."""
     rows = [{"case": "c", "impl": "llm-speed", "available": True, "timing": {"median_ms": 0.01}}]
-    raw, out = _raw_run(tmp_path, "headline_gemm\t124\t35\t35\n",
+    raw, out = raw_run(tmp_path, "headline_gemm\t124\t35\t35\n",
                         gemm_bf16_512__json={"results": rows, "complete": False})  # fmt: skip
-    summary = _summarise(raw, out)
+    summary = summarise(raw, out)
     assert summary["problems"] == ["headline_gemm: timed out after 35 s",
                                    "gemm_bf16_512.json: partial file: cut before its last case"]  # fmt: skip
     assert summary["benchmarks"]["gemm_bf16_512.json"]["partial"] is True
@@ -285,14 +252,14 @@ BROKEN = {  # audit 10's feed cases that crashed the writer (M4), and their kin
 def test_no_input_makes_the_summary_fail(tmp_path, case):
     """Any exception in the writer left the last summary standing, saying "no failures" (audit 10, M4)."""
     steps, files = BROKEN[case]
-    raw, out = _raw_run(tmp_path, steps, **files)
-    summary = _summarise(raw, out)
+    raw, out = raw_run(tmp_path, steps, **files)
+    summary = summarise(raw, out)
     assert not [p for p in summary["problems"] if p.startswith("summary section")], summary["problems"]
     assert not re.search(r"\bnan\b", (out / "summary.txt").read_text(), re.IGNORECASE)  # '-': not measured
 
 
 def test_a_section_that_fails_is_a_problem_and_costs_only_itself(tmp_path, monkeypatch):
-    raw, out = _raw_run(tmp_path, "correctness\t0\t100\t150\n", triton_compiles__jsonl="{}\n")
+    raw, out = raw_run(tmp_path, "correctness\t0\t100\t150\n", triton_compiles__jsonl="{}\n")
 
     def broken(raw: Path) -> dict:
         raise RuntimeError("boom")
@@ -313,8 +280,8 @@ def test_numbers_print_through_one_helper():
 
 def test_an_unknown_commit_is_a_problem(tmp_path):
     # results that name no commit cannot be filed under <commit>-proof (audit 10, M10)
-    raw, out = _raw_run(tmp_path, "correctness\t0\t100\t150\n",
+    raw, out = raw_run(tmp_path, "correctness\t0\t100\t150\n",
                         environment__txt="git_commit: unknown (no .git here: pass LLM_SPEED_GIT_COMMIT)\n")
-    assert "commit unknown: these results name no commit (pass LLM_SPEED_GIT_COMMIT)" in _summarise(raw, out)[
+    assert "commit unknown: these results name no commit (pass LLM_SPEED_GIT_COMMIT)" in summarise(raw, out)[
         "problems"
     ]

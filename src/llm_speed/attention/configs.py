@@ -219,5 +219,5 @@ def dq_in_halves(block_d: int, block_m: int, dtype: torch.dtype) -> bool:
 def tier_dq_kernel(tier: AttentionTier, policy: LaunchPolicy) -> bool:
     """Whether ``tier``'s default backward computes dQ in a kernel of its own (seven matmuls per tile,
     bitwise repeatable, as ``deterministic=True``) instead of adding it by atomics from the dK/dV kernel
-    (five): the policy's ``backward_dq_kernel_tiers``, not with its ``backward_tma_dq_add``."""
-    return tier.name in policy.backward_dq_kernel_tiers and not policy.backward_tma_dq_add
+    (five): :meth:`LaunchPolicy.dq_kernel_on` of the tier."""
+    return policy.dq_kernel_on(tier.name)

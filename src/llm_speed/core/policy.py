@@ -97,6 +97,13 @@ class LaunchPolicy:
     def __hash__(self) -> int:
         return self._hash
 
+    def dq_kernel_on(self, tier_name: str) -> bool:
+        """Whether the attention backward on a device of the attention tier ``tier_name`` computes dQ in a
+        kernel of its own by default (seven matmuls per tile, bitwise repeatable) instead of adding it by
+        atomics from the dK/dV kernel (five): ``backward_dq_kernel_tiers`` names the tier, and
+        ``backward_tma_dq_add`` does not replace it. (The launcher's rule and the performance model's.)"""
+        return tier_name in self.backward_dq_kernel_tiers and not self.backward_tma_dq_add
+
 
 class Proof(NamedTuple):
     """A GPU run that measured a choice against its alternative: ``ratio`` is the alternative's time over

@@ -741,8 +741,7 @@ def _fused_loss_forward(self, *args, **kwargs):
     # transformers' tuple (to_tuple: the fields that are set, in order), with None where the logits were:
     # out[1] (out[2] beside an MoE's aux_loss) stays the logits' place
     names = [field.name for field in dataclasses.fields(result)]
-    return tuple(result[name] if name in result else None for name in names
-                 if name in result or name == "logits")  # fmt: skip
+    return tuple(result.get(name) for name in names if name in result or name == "logits")
 
 
 # --- apply ------------------------------------------------------------------------------------------------

@@ -176,12 +176,10 @@ _DETERMINISTIC_BACKWARD_MATMULS = {"flash": 7, "tiled": 7, "naive": 4}
 
 def backward_dq_kernel_by_default(gpu: Any = None) -> bool:
     """Whether llm-speed's attention backward computes dQ in a kernel of its own by default on ``gpu`` (a
-    table id or GPUSpec; None: the stand-in H100 SXM), under the current launch policy: the rule of
-    ``attention.configs.tier_dq_kernel`` on the GPU's attention tier (``core.tiers``' floors)."""
+    table id or GPUSpec; None: the stand-in H100 SXM), under the current launch policy: the launcher's rule
+    (:meth:`LaunchPolicy.dq_kernel_on`) on the GPU's attention tier (``core.tiers``' floors)."""
     hardware = default_hardware() if gpu is None else Hardware.from_spec(gpu)
-    policy = current_policy()
-    tier = first_fitting(ATTENTION_TIER_FLOORS, hardware)
-    return tier.name in policy.backward_dq_kernel_tiers and not policy.backward_tma_dq_add
+    return current_policy().dq_kernel_on(first_fitting(ATTENTION_TIER_FLOORS, hardware).name)
 
 
 def attention_hardware_flops(
