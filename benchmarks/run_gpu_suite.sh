@@ -75,7 +75,7 @@ PROOF_TOTAL=0
 for row in "${PROOF_BUDGETS[@]}"; do PROOF_TOTAL=$((PROOF_TOTAL + ${row#* })); done
 
 case "$STEP" in
-proof) BUDGET=$PROOF_TOTAL; DEFAULT_WORKERS=2 ;;
+proof) BUDGET=$PROOF_TOTAL; DEFAULT_WORKERS=1 ;;  # correctness: a process per core
 quick) BUDGET=150; DEFAULT_WORKERS=8 ;;
 tests) BUDGET=510; DEFAULT_WORKERS=12 ;;
 bench) BUDGET=440; DEFAULT_WORKERS=1 ;;
@@ -356,11 +356,11 @@ case "$STEP" in
 proof)
     CHECK=()
     if [ "$MODE" = check ]; then CHECK=(--check); fi
-    # a. correctness: each family in its own pytest process with its own timeout, 8 at once, then each
-    # candidate launch choice through its families (benchmarks/proof_correctness.py)
+    # a. correctness: each family in parts, each part its own pytest process with its own timeout, one per
+    # core at once, then each candidate launch choice through its families (benchmarks/proof_correctness.py)
     CAP=$(proof_budget correctness)
     sub correctness "$CAP" "$PY" benchmarks/proof_correctness.py "$RAW" --budget-s $((CAP - 12)) \
-        --parallel 8 --workers "$WORKERS" "${CHECK[@]}"
+        --parallel "$CORES" --workers "$WORKERS" "${CHECK[@]}"
     kill_families  # any family the part could not stop (it was killed first) stops holding the GPU here
     # b. the headline: each set one process, each row against its alternatives, each JSON written as soon
     # as its shape is measured (a cut part keeps them)

@@ -198,15 +198,19 @@ def test_candidates_are_proven_through_the_families_they_change():
     assert families("warp_uniform_bounds", {"op": "varlen"}) == ("varlen",)
     assert families("fp8_weight_cast", {"op": "flash_attn_func fp8"}) == ("fp8_attention",)
     assert families("anything", {"family": "moe"}) == ("moe",)
+    # a list, as JSON carries a tuple; a name not a family: the words decide
+    assert families("anything", {"family": ["flash", "flash_bwd"]}) == ("flash", "flash_bwd")
+    assert families("anything backward", {"family": ["flash", "nope"]}) == ("flash_bwd",)
     assert families("lpt_min_rows", {"op": "attention"}) == ("flash", "flash_bwd")  # no word: both
     # the shipped table: each candidate through the families its switch changes (fp8-weights-gpu-cast went
-    # to "flash", whose tests have no fp8 input, so its own tests never ran)
+    # to "flash", whose tests have no fp8 input, so its own tests never ran; rows32 to flash_bwd alone,
+    # though 32-bit rows change the forward's kernels too)
     from llm_speed.core.policy import CANDIDATES
 
     expected = {
         "forward-overlap": ("flash",), "forward-tma-kv": ("flash",), "forward-overlap-tma-kv": ("flash",),
-        "backward-tma": ("flash_bwd",), "backward-atomic-dq": ("flash_bwd",), "rows32": ("flash_bwd",),
-        "uniform-bounds": ("varlen",),
+        "backward-tma": ("flash_bwd",), "backward-atomic-dq": ("flash_bwd",),
+        "rows32": ("flash", "flash_bwd"), "uniform-bounds": ("varlen",),
         "decode-append": ("decode", "cuda_graph"), "fp8-weights-gpu-cast": ("fp8_attention",),
         "gluon-forward": ("flash",), "gluon-backward": ("flash_bwd",), "gluon-gemm-fp8": ("gemm_fp8",),
         "gluon-gemm-int8": ("gemm",), "gluon-forward-fp8": ("fp8_attention",),

@@ -210,10 +210,94 @@ def test_the_int8_gemm_candidate_reruns_only_the_int8_tests(tmp_path):
     assert record["candidates"]["gluon-gemm-int8"]["keyword"] == "int8"
     job = next(j for j in jobs if j.name == "cand_gluon-gemm-int8_gemm")
     command = proof_correctness.pytest_command(sys.executable, tmp_path, job, 1, True)
-    listed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    listed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+                            env=proof_correctness.child_env())  # fmt: skip
     tests = [line for line in listed.stdout.splitlines() if "::" in line]
     assert tests and all("int8" in test for test in tests), listed.stdout[-2000:]
     shipped = next(j for j in jobs if j.name == "correct_gemm")
     assert shipped.keyword == "" and "and (int8)" not in " ".join(
         proof_correctness.pytest_command(sys.executable, tmp_path, shipped, 1, True)
     )
+
+
+MANY = "".join(f"def test_{i:02d}():\n    pass\n\n" for i in range(7))
+
+
+def test_the_shard_plugin_splits_the_selection_into_contiguous_disjoint_slices(tmp_path):
+    """LLM_SPEED_PROOF_SHARD=i/n keeps the i-th of n contiguous slices of what -k left: every selected test
+    in exactly one slice; a malformed value is an error naming the variable."""
+    sys.path.insert(0, str(proof_correctness.SITE))
+    try:
+        import proof_shard
+    finally:
+        sys.path.remove(str(proof_correctness.SITE))
+    for size in range(12):
+        for count in range(1, 6):
+            slices = [proof_shard.pick(list(range(size)), index, count) for index in range(1, count + 1)]
+            assert sum(slices, []) == list(range(size))
+            assert max(map(len, slices)) - min(map(len, slices)) <= 1
+    for bad in ("2", "0/3", "4/3", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="LLM_SPEED_PROOF_SHARD"):
+            proof_shard.parse(bad)
+    # in pytest: after -k's deselection
+    tests, _ = _tree(tmp_path, many=MANY)
+    command = [sys.executable, "-m", "pytest", str(tests / "test_many.py"), "-p", "proof_shard", "-p",
+               "no:cacheprovider", "--collect-only", "-q", "-k", "not test_03"]  # fmt: skip
+    env = proof_correctness.child_env({"LLM_SPEED_PROOF_SHARD": "2/3"})
+    listed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert [line.split("::")[1] for line in listed.stdout.splitlines() if "::" in line] == [
+        "test_02", "test_04"], listed.stdout  # fmt: skip
+    assert "2/7 tests collected (5 deselected)" in listed.stdout
+
+
+def test_a_family_split_across_processes_is_one_row_one_log_and_one_junit(tmp_path, capsys):
+    """A family of n parts: n processes, each its slice of the tests; one summary.tsv row once the last has
+    ended, one log (each part's under a header), one junit holding every part's tests; a candidate's part
+    starts after the shipped part of the same slice where another part can start instead."""
+    tests, raw = _tree(tmp_path, many=MANY, bad="def test_bad():\n    assert False\n")
+    family = proof_correctness.Family("many", "", (str(tests / "test_many.py"),), shards=2)
+    other = proof_correctness.Family("other", "", (str(tests / "test_bad.py"),))
+    jobs = [proof_correctness.Job("correct_many", family),
+            proof_correctness.Job("cand_x_many", family, {"LLM_SPEED_POLICY": "x"}),
+            proof_correctness.Job("correct_other", other)]  # fmt: skip
+    runner = proof_correctness.Runner(raw, sys.executable, budget_s=120, parallel=3, workers=1, min_start_s=1)
+    assert runner.run(jobs) == 1  # the failing shipped family, once
+    assert _rows(raw) == {"correct_many": "0", "cand_x_many": "0", "correct_other": "1"}
+    lines = (raw / "summary.tsv").read_text().splitlines()
+    assert sum(line.startswith("correct_many\t") for line in lines) == 2  # running, then its result
+    junit = (raw / "pytest_correct_many.xml").read_text()
+    assert 'tests="7"' in junit and junit.count("<testcase") == 7, junit
+    assert sorted(p.name for p in (raw / "parts").iterdir()) == sorted(
+        [f"pytest_{job}.{i}of2.xml" for job in ("correct_many", "cand_x_many") for i in (1, 2)]
+        + ["pytest_correct_other.1of1.xml"]
+    )  # the parts' logs were taken into their jobs'
+    log = (raw / "correct_many.log").read_text()
+    assert "=== part 1 of 2: exit 0" in log and "=== part 2 of 2: exit 0" in log, log
+    started = [line.split("]")[0].removeprefix("[proof/") for line in capsys.readouterr().out.splitlines()
+               if "(cap " in line]  # fmt: skip
+    # the third slot: not the candidate's first part (its shipped twin has just started) but the next family
+    assert started[:3] == ["correct_many.1of2", "correct_many.2of2", "correct_other.1of1"], started
+
+
+def test_a_part_cut_at_its_cap_cuts_its_family_and_keeps_the_other_parts_results(tmp_path):
+    """One part of three hangs: it is cut at the cap; the family's row says timed out (124), its junit holds
+    the tests the other parts ran, and a part with no time left to start is counted in the log."""
+    body = MANY + "def test_zz():\n    import time\n    time.sleep(600)\n"
+    tests, raw = _tree(tmp_path, many=body)
+    family = proof_correctness.Family("many", "", (str(tests / "test_many.py"),), cap_s=5, shards=2)
+    runner = proof_correctness.Runner(raw, sys.executable, budget_s=60, parallel=2, workers=1, grace_s=3,
+                                      min_start_s=1)  # fmt: skip
+    assert runner.run([proof_correctness.Job("correct_many", family)]) == 1
+    assert _rows(raw) == {"correct_many": "124"}
+    junit = (raw / "pytest_correct_many.xml").read_text()
+    assert junit.count("<testcase") >= 4, junit  # part 1's four tests at least (pytest writes on SIGINT)
+    assert "=== part 2 of 2: exit 124" in (raw / "correct_many.log").read_text()
+    # no time for the second part: the family is cut, not skipped, and the log says which part did not run
+    raw2 = tmp_path / "raw2"
+    raw2.mkdir()
+    (raw2 / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n")
+    quick = proof_correctness.Family("quick", "", (str(tests / "test_many.py"),), keyword="not zz", shards=2)
+    runner = proof_correctness.Runner(raw2, sys.executable, budget_s=4, parallel=1, workers=1, min_start_s=3)
+    assert runner.run([proof_correctness.Job("correct_quick", quick)]) == 1
+    assert _rows(raw2) == {"correct_quick": "124"}
+    assert "=== part 2 of 2: not started (budget spent) ===" in (raw2 / "correct_quick.log").read_text()

@@ -214,7 +214,8 @@ CANDIDATES: dict[str, Candidate] = {
         _candidate("forward-overlap-tma-kv", _FWD_D128, forward_overlap_head_dims=(128,),
                    forward_tma_kv_head_dims=(128, 256)),  # fmt: skip
         _candidate("backward-tma", _BWD_D128, backward_tma_head_dims=(128,)),
-        _candidate("rows32", dict(_BWD_D128, head_dim=64), rows32=True),
+        # (32-bit rows change the forward's kernels as well as the backward's: both families rerun)
+        _candidate("rows32", dict(_BWD_D128, head_dim=64, family=("flash", "flash_bwd")), rows32=True),
         _candidate("uniform-bounds", _PACKED, uniform_bounds=True),
         _candidate("decode-append", _DECODE, decode_append_in_attention=True),
         _candidate("gluon-forward-fp8", dict(_FP8, head_dim=128), gluon_fp8_forward_head_dims=(128,)),
