@@ -52,7 +52,8 @@ class RMSNorm(nn.Module):
     Args:
         hidden_size: the normalised (last) dim.
         eps, offset, casting, in_place: as :func:`llm_speed.rms_norm` (``casting="llama"`` reproduces Llama's
-            module to the bit; ``offset=1.0`` is Gemma's convention).
+            module to the bit where the weight has x's dtype; a float32 weight with 16-bit x gives x's dtype,
+            where Llama's module returns float32; ``offset=1.0`` is Gemma's convention).
         elementwise_affine: False for a norm without weight (OLMo's, T5's), as ``torch.nn.RMSNorm``.
         init: the weight's initial value, ``"ones"`` or ``"zeros"``; None (default) starts at scale 1 whatever
             the offset: ones with ``offset=0``, zeros with ``offset=1`` (Hugging Face's Gemma). Liger's

@@ -291,6 +291,8 @@ def _bad(**changes):
         (_bad(chunk_rows=2.0), TypeError, "chunk_rows must be an int"),
         (_bad(ce_weight=torch.ones(9)), ValueError, "ce_weight has 9 entries"),
         (_bad(ce_weight=torch.ones(10, dtype=torch.int64)), TypeError, "ce_weight has dtype"),
+        # (PyTorch refuses a weight that requires grad; accepted, it got none, silently)
+        (_bad(ce_weight=torch.ones(10, requires_grad=True)), ValueError, "ce_weight gets no gradient here"),
         (_bad(lse_square_scale=-1e-4), ValueError, "lse_square_scale must be >= 0"),
         (_bad(return_z_loss=1), TypeError, "return_z_loss must be a bool"),
         (_bad(loss_dtype=torch.float64), TypeError, "loss_dtype is torch.float64"),
@@ -640,6 +642,7 @@ def test_cross_entropy_compile_fullgraph(device):
         ({"logits": torch.ones(3, 4, dtype=torch.float64)}, TypeError, "logits has dtype"),
         ({"target": torch.tensor([0, 1])}, ValueError, "target has 2 entries"),
         ({"weight": torch.ones(5)}, ValueError, "weight has 5 entries"),
+        ({"weight": torch.ones(4, requires_grad=True)}, ValueError, "weight gets no gradient here"),
         ({"reduction": "batchmean"}, ValueError, "reduction is 'batchmean'"),
         ({"softcap": -1.0}, ValueError, "softcap must be > 0"),
         ({"target": torch.tensor([0, 4, 1])}, ValueError, "target holds 4"),

@@ -376,6 +376,25 @@ def test_float8_linear_gradients(granularity, device):
     assert torch.allclose(bias.grad, g.float().sum(0), rtol=0, atol=1e-4)
 
 
+def test_float8_linear_takes_autocasts_dtype_and_no_input_features(device):
+    """As nn.Linear: under autocast the output has the autocast dtype (x is cast, as torchao does; the weight
+    keeps its dtype and gets its gradient in it); in_features = 0 gives the bias rows and a bias gradient
+    (a reshape(-1, 0) failed there)."""
+    x = torch.randn(5, 32).to(device).requires_grad_()
+    weight = torch.randn(8, 32).to(device).requires_grad_()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = fp8.float8_linear(x, weight)
+        assert out.dtype == torch.bfloat16 == torch.nn.functional.linear(x, weight).dtype
+    out.float().sum().backward()
+    assert x.grad.dtype == weight.grad.dtype == torch.float32 and torch.isfinite(weight.grad).all()
+    empty = torch.randn(2, 3, 0).to(device).requires_grad_()
+    bias = torch.randn(4).to(device).requires_grad_()
+    out = fp8.float8_linear(empty, torch.randn(4, 0).to(device), bias)
+    assert out.shape == (2, 3, 4) and torch.equal(out, bias.detach().expand(2, 3, 4))
+    out.sum().backward()
+    assert torch.equal(bias.grad, torch.full((4,), 6.0, device=device)) and empty.grad.shape == (2, 3, 0)
+
+
 def test_convert_to_float8_swaps_and_skips():
     from llm_speed.nn import Float8Linear, convert_to_float8
 

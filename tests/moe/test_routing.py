@@ -60,6 +60,53 @@ def test_route_matches_the_spec(router, tokens, experts, top_k, dtype, device):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("router", ["mixtral", "deepseek-v3"])
+def test_a_chosen_expert_whose_weight_gets_no_gradient_still_renormalizes_the_others(router, device):
+    """With renormalize, every chosen weight's gradient reaches every chosen logit, a slot whose incoming
+    gradient is exactly 0 included (an expert whose down projection is zero, a loss on one slot): the
+    backward took a zero gradient for an unchosen column (router logits' gradient off by 0.19 of 0.25)."""
+    kwargs = dict(ROUTERS[router])
+    if router == "deepseek-v3":
+        kwargs["bias"] = torch.randn(16) * 0.1
+    logits = torch.randn(6, 16) * 2
+    dweights = torch.randn(6, 2)
+    dweights[:, 0] = 0.0
+    dweights[3] = 0.0
+    truth_logits = logits.double().requires_grad_()
+    truth_kwargs = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    truth_w, truth_ids = moe_route_reference(truth_logits, 2, **truth_kwargs)
+    (truth_w * dweights.double()).sum().backward()
+    same_logits = logits.clone().requires_grad_()
+    same_w, _ = moe_route_reference(same_logits, 2, **kwargs)
+    (same_w * dweights).sum().backward()
+    got_logits = logits.to(device).requires_grad_()
+    with expect_launches(routing.ROUTE_FORWARD.name, routing.ROUTE_BACKWARD.name, device=device):
+        got_w, got_ids = moe_route(got_logits, 2, **{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                                                      for k, v in kwargs.items()})  # fmt: skip
+        (got_w * dweights.to(device)).sum().backward()
+    assert torch.equal(got_ids.cpu(), truth_ids)
+    assert truth_logits.grad[:3].abs().amax() > 0.01  # the zero slot's expert is owed a gradient
+    accuracy_rule.assert_error_rule("dlogits", got_logits.grad, same_logits.grad, truth_logits.grad,
+                                    GRAD_FACTOR, cap=accuracy_rule.ERROR_CAP[torch.float32])  # fmt: skip
+
+
+def test_sigmoid_scores_that_are_all_zero_renormalize_to_zero_not_nan(device):
+    """DeepSeek-V3 divides the chosen sigmoid scores by their sum + 1e-20: logits below about -104 (scores 0
+    in float32) give weights 0 and a finite gradient, where a plain division gave 0/0 = NaN (and the MoE
+    layer a NaN row); ordinary rows are unchanged."""
+    logits = torch.tensor([[-200.0, -300.0, -250.0, -220.0], [0.5, -1.0, 2.0, 0.0]], device=device)
+    logits.requires_grad_()
+    weights, ids = moe_route(logits, 2, scoring="sigmoid")
+    weights.sum().backward()
+    assert ids.tolist() == [[0, 1], [2, 0]]  # (all 0 in row 0: ties, the lower ids)
+    assert weights[0].tolist() == [0.0, 0.0]
+    chosen = torch.sigmoid(torch.tensor([2.0, 0.5]))
+    torch.testing.assert_close(weights[1].cpu(), chosen / chosen.sum())
+    assert torch.isfinite(logits.grad).all()
+    truth, _ = moe_route_reference(logits.detach().cpu().double(), 2, scoring="sigmoid")
+    assert torch.isfinite(truth).all() and truth[0].abs().max() < 1e-60  # (float64: scores ~1e-87, not 0)
+
+
 def test_ties_go_to_the_lower_expert(device):
     logits = torch.zeros(3, 8, device=device)
     weights, ids = moe_route(logits, 3)

@@ -281,6 +281,9 @@ def _validate_loss(target, n, vocab, class_weight, weight_name, ignore_index, re
         check_tensor(weight_name, class_weight, dims=1, what="[V] (one weight per class)")
         if class_weight.shape[0] != vocab:
             raise ValueError(f"{weight_name} has {class_weight.shape[0]} entries; it must have V = {vocab}")
+        if torch.is_grad_enabled() and class_weight.requires_grad:  # (as PyTorch's cross_entropy refuses it)
+            raise ValueError(f"{weight_name} gets no gradient here; pass it detached "
+                             f"({weight_name}.detach())")  # fmt: skip
     return check_loss_options(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
                               softcap=softcap, lse_square_scale=lse_square_scale, return_z_loss=return_z_loss,
                               loss_dtype=loss_dtype)  # fmt: skip

@@ -34,12 +34,13 @@ functions. The plain-PyTorch spec: :mod:`llm_speed.matmul.reference` (``quantize
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from ..core import runtime, tensors
+from ..core import autocast, runtime, tensors
 from ..core.args import check_choice, check_flag
 from ..core.config import KernelConfig
 from ..core.dispatch import Op
@@ -709,6 +710,9 @@ def _backward(ctx, grad):
 
 
 _linear_call = Op(_linear_op, linear_forward, setup_context=_setup_context, backward=_backward)
+# Under torch.autocast x takes the autocast dtype (so the output does, as nn.Linear's); the weight keeps its
+# own, quantized from it as torchao's Float8Linear does (its "autocast logic for F.linear").
+_linear_autocast = autocast.dispatch(_linear_call, autocast.LOWER, (0,))
 
 
 # --- public functions -----------------------------------------------------------------------------------
@@ -828,9 +832,12 @@ def float8_linear(
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` in fp8, differentiable: x and weight quantized dynamically to e4m3 ("tensor" or
     "row" scaling), the output gradient to e5m2, grad_x and grad_weight through :func:`gemm_fp8`'s kernel
-    (torchao float8 training semantics). x ``[..., K]`` float16/bfloat16/float32 (the output has its dtype);
-    weight ``[N, K]`` any float dtype (the weight gradient has its dtype); bias ``[N]``."""
+    (torchao float8 training semantics). x ``[..., K]`` float16/bfloat16/float32 (the output has its dtype;
+    under ``torch.autocast`` x is cast to the autocast dtype first, as torchao does); weight ``[N, K]`` any
+    float dtype (the weight gradient has its dtype); bias ``[N]``. K of 0 gives the bias rows (zeros without
+    one)."""
     check_tensor("x", x)
+    x = autocast.cast_inputs(autocast.LOWER, x)[0]
     check_tensor("weight", weight, dims=2, what="[out_features, in_features]")
     if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x's last dim ({x.shape[-1] if x.dim() else None}) must be weight's in_features "
@@ -843,8 +850,9 @@ def float8_linear(
             )
     check_same_device(x=x, weight=weight, bias=bias)
     granularity = check_choice("granularity", granularity, LINEAR_GRANULARITIES)
-    x2d = tensors.last_dim_contiguous(x.reshape(-1, x.shape[-1]))
-    out = _linear_call(x2d, weight, bias, granularity)
+    # (rows named, not -1: with K = 0 a reshape cannot infer them)
+    x2d = tensors.last_dim_contiguous(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]))
+    out = _linear_autocast(x2d, weight, bias, granularity)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

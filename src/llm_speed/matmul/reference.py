@@ -96,8 +96,9 @@ def scaling_of(m: int, n: int, k: int, sa_shape: tuple, sb_shape: tuple, trans_b
     b_name = "[N, K]" if trans_b else "[K, N]"
     raise ValueError(
         f"scale_a {list(sa_shape)} and scale_b {list(sb_shape)} match no granularity for a [{m}, {k}] @ "
-        f"b {b_name} with N={n}; accepted: tensor x tensor ([] or [1] each), row x row (scale_a [{m}, 1], "
-        f"scale_b {list(row_b)}), 1x128 x 128x128 (scale_a [{m}, {groups_k}], scale_b {list(block_b)})"
+        f"b {b_name} with N={n}; accepted: tensor x tensor ([], [1] or [1, 1] each), row x row "
+        f"(scale_a [{m}, 1], scale_b {list(row_b)}), 1x128 x 128x128 (scale_a [{m}, {groups_k}], "
+        f"scale_b {list(block_b)})"
     )
 
 

@@ -526,7 +526,8 @@ def fused_moe(
         w_gate_up: ``[experts, 2 * intermediate, hidden]``, hidden's dtype: each expert's gate rows then its
             up rows (vLLM's ``w13``, Hugging Face's ``*Experts.gate_up_proj``).
         w_down: ``[experts, hidden, intermediate]`` (vLLM's ``w2``, ``*Experts.down_proj``).
-        topk_weights: ``[tokens, top_k]`` routing weights (any float dtype; :func:`llm_speed.moe_route`'s).
+        topk_weights: ``[tokens, top_k]`` routing weights (float16, bfloat16 or float32;
+            :func:`llm_speed.moe_route`'s).
         topk_ids: ``[tokens, top_k]`` int32 or int64 experts, in ``[0, experts)``.
         activation: ``"silu"`` (SwiGLU: ``silu(gate) * up``).
 

@@ -83,8 +83,8 @@ def moe_route_reference(
         choice = choice.masked_fill(~mask, float("-inf"))
     ids = choice.topk(top_k, dim=-1).indices
     weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
+    if renormalize:  # + 1e-20 as DeepSeek-V3: chosen sigmoid scores that are all 0 give 0, not 0/0
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return weights * routed_scaling_factor, ids.to(torch.int32)
 
 

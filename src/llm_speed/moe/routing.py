@@ -41,6 +41,10 @@ from . import reference
 from .checks import INDEX_DTYPES, check_expert_ids
 
 SCORINGS = ("softmax", "sigmoid")
+# Added to the chosen scores' sum before renormalizing, as DeepSeek-V3 does (modeling_deepseek.py's
+# ``topk_weight.sum(dim=-1, keepdim=True) + 1e-20``): nothing at a softmax's sum (>= 1/experts), and weights 0
+# instead of 0/0 where every chosen sigmoid score is 0 (logits below about -104 in float32).
+RENORMALIZE_EPS: tl.constexpr = tl.constexpr(1e-20)
 
 # --- kernels --------------------------------------------------------------------------------------------
 
@@ -113,8 +117,8 @@ def _route_fwd_kernel(
         w = tl.where(o_k[None, :] == j, tl.sum(tl.where(hit, scores, 0.0), axis=1)[:, None], w)
         ids = tl.where(o_k[None, :] == j, top[:, None].to(tl.int32), ids)
         choice = tl.where(hit, float("-inf"), choice)
-    if RENORMALIZE:
-        w = w / tl.sum(w, axis=1)[:, None]
+    if RENORMALIZE:  # + EPS as DeepSeek-V3: chosen sigmoid scores that are all 0 give weights 0, not 0/0
+        w = w / (tl.sum(w, axis=1) + RENORMALIZE_EPS)[:, None]
     m = (o_t < tokens)[:, None] & (o_k < TOP_K)[None, :]
     out = o_t.to(tl.int64)[:, None] * TOP_K + o_k[None, :]
     tl.store(weights_ptr + out, w * scale, mask=m)
@@ -131,7 +135,8 @@ def _route_bwd_kernel(
     """d(logits) of the weights of :func:`_route_fwd_kernel` (the choice itself has no gradient).
 
     With v_j the chosen scores and S their sum: dv_j = scale * dw_j, or with RENORMALIZE
-    ``scale * (dw_j - sum_i dw_i v_i / S) / S``; scattered to the experts as G, then through the scores:
+    ``scale * (dw_j - sum_i dw_i v_i / S) / S`` (S + RENORMALIZE_EPS, as the forward divides by) for every
+    chosen j, a chosen dw_j of 0 included; scattered to the experts as G, then through the scores:
     softmax ``p * (G - sum(G * p))``, sigmoid ``G * s * (1 - s)``.
     """
     o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -141,6 +146,7 @@ def _route_bwd_kernel(
     row_dw = dweights_ptr + o_t.to(tl.int64) * stride_dw
     row_ids = ids_ptr + o_t.to(tl.int64) * TOP_K
     g = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    picked = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)  # the chosen columns (a chosen dw may be 0)
     chosen = tl.zeros((BLOCK_T,), tl.float32)
     dot_wv = tl.zeros((BLOCK_T,), tl.float32)
     for j in tl.static_range(TOP_K):
@@ -151,9 +157,10 @@ def _route_bwd_kernel(
         chosen += v
         dot_wv += dw * v
         g = tl.where(hit, g + dw[:, None], g)
+        picked = tl.where(hit, 1, picked)
     if RENORMALIZE:
-        s = tl.where(chosen > 0, chosen, 1.0)
-        g = tl.where(g != 0, (g - (dot_wv / s)[:, None]) / s[:, None], 0.0)
+        s = chosen + RENORMALIZE_EPS
+        g = tl.where(picked > 0, (g - (dot_wv / s)[:, None]) / s[:, None], 0.0)
         # columns chosen twice cannot happen (top-k picks distinct experts); unchosen columns stay 0
     g = g * scale
     if SOFTMAX:
@@ -468,13 +475,13 @@ def check_groups(experts: int, top_k: int, n_group, topk_group) -> tuple[int, in
 
 
 def _check_logit_values(router_logits: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """A NaN or +inf logit has no rank; -inf masks an expert out, but a row of them leaves none to choose
-    (a host read: only where values are checked)."""
+    """A NaN or +inf logit has no rank; -inf is a score of 0 (softmax without a bias: masked), but a row of
+    them leaves none to choose (a host read: only where values are checked)."""
     if bias is not None:
         runtime.check_finite("bias", bias)
     bad = torch.isnan(router_logits) | (router_logits == math.inf)
     if bool(bad.any()):
-        raise ValueError(f"router_logits must not hold NaN or +inf (-inf masks an expert), got "
+        raise ValueError(f"router_logits must not hold NaN or +inf (-inf is a score of 0), got "
                          f"{router_logits[bad][0].item()}")  # fmt: skip
     if router_logits.shape[0] and bool((router_logits == -math.inf).all(1).any()):
         row = int((router_logits == -math.inf).all(1).nonzero()[0, 0])
@@ -496,8 +503,10 @@ def moe_route(
 
     Args:
         router_logits: ``[tokens, experts]`` (float16, bfloat16, float32; the last dim contiguous or copied).
-            ``-inf`` masks an expert out; NaN, ``+inf`` or a row of ``-inf`` only is refused where values
-            are checked (CPU tensors), and unchecked gives that row no meaningful choice.
+            ``-inf`` gives an expert the score 0: with softmax scoring and no ``bias`` that masks it out
+            (it is chosen only once every finite expert is); under sigmoid scoring, or with a ``bias``, 0 is
+            a score like any other. NaN, ``+inf`` or a row of ``-inf`` only is refused where values are
+            checked (CPU tensors), and unchecked gives that row no meaningful choice.
         top_k: experts per token, 1 to experts.
         scoring: ``"softmax"`` (Mixtral, Qwen2/Qwen3-MoE) or ``"sigmoid"`` (DeepSeek-V3), in float32.
         renormalize: divide the k chosen scores by their sum (Mixtral; Qwen's ``norm_topk_prob``).
