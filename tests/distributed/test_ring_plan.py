@@ -71,6 +71,24 @@ def test_plan_hides_long_blocks_not_short_ones():
     assert alone.forward_bytes_per_layer == alone.backward_bytes_per_layer == 0 and alone.forward_hidden
 
 
+def test_uneven_shards_price_the_longest_chunks_a_rank_meets():
+    """100 tokens on 8 ranks, zigzag: chunks 0-3 have 7 tokens, the rest 6; rank 3 (chunks 3 and 12: 13
+    tokens) meets rank 0's first chunk (7) with all its queries: 91 query-key pairs, where 13 x (13 // 2) =
+    78 were priced. Contiguous causal: only earlier ranks' shards, whole; the latency is in the plan."""
+    config = get_model("llama-3-8b")
+    per_pair = 4 * config.num_attention_heads * config.head_dim
+    zigzag = ring_attention_plan("llama-3-8b", seq_len=100, cp=8, gpu="h100-sxm", latency_s=1e-5)
+    assert zigzag.forward_block_flops == per_pair * 13 * 7
+    assert zigzag.latency_s == 1e-5 and zigzag.forward_transfer_s == pytest.approx(
+        1e-5 + zigzag.kv_bytes_per_step / zigzag.link_bytes_per_s)  # fmt: skip
+    contiguous = ring_attention_plan("llama-3-8b", seq_len=100, cp=8, gpu="h100-sxm", layout="contiguous")
+    assert contiguous.forward_block_flops == per_pair * 13 * 13  # ranks 0-3 hold 13, rank 1 meets rank 0
+    uneven = ring_attention_plan("llama-3-8b", seq_len=99, cp=8, gpu="h100-sxm", layout="contiguous")
+    assert uneven.forward_block_flops == per_pair * 13 * 13  # 99 = 3 x 13 + 5 x 12: ranks 1, 2 meet 0
+    lone = ring_attention_plan("llama-3-8b", seq_len=97, cp=8, gpu="h100-sxm", layout="contiguous")
+    assert lone.forward_block_flops == per_pair * 12 * 13  # 97: only rank 0 holds 13; rank 1 holds 12
+
+
 def test_plan_bad_input():
     with pytest.raises(ValueError, match="MLA"):
         ring_attention_plan("deepseek-v3", seq_len=4096, cp=2, gpu="h100-sxm")

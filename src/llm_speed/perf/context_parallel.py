@@ -21,7 +21,7 @@ from typing import Any
 
 from llm_speed.core.args import check_flag, non_negative_number, positive_int
 from llm_speed.core.gpus import dtype_bytes, get_gpu, normalize_dtype
-from llm_speed.core.sequence_split import check_layout, shard_lengths
+from llm_speed.core.sequence_split import check_layout, sequence_chunk_lengths, shard_lengths
 from llm_speed.perf.distributed import link_bandwidth
 from llm_speed.perf.kernel_costs import attention_cost, attention_hardware_flops
 from llm_speed.perf.models import ModelConfig, resolve_model
@@ -74,6 +74,7 @@ class RingAttentionPlan:
     forward_bytes_per_layer: float
     backward_bytes_per_layer: float
     link_bytes_per_s: float  # one direction
+    latency_s: float  # per transfer, added to each step's transfer time
     forward_transfer_s: float  # one step: latency + K/V over the link
     backward_transfer_s: float  # one step: latency + K/V and dK/dV over the link
     forward_block_flops: float  # executed matmul FLOPs of one step's block
@@ -94,11 +95,26 @@ class RingAttentionPlan:
         return self.backward_bytes_per_layer * self.num_layers
 
 
-def _block_shape(tokens: int, layout: str, causal: bool) -> tuple[int, int, bool]:
-    """(query rows, key columns, causal mask) of the busiest rank's block at one off-diagonal step."""
-    if causal and layout == "zigzag":
-        return tokens, tokens // 2, False
-    return tokens, tokens, False
+def _block_shape(seq_len: int, world: int, layout: str, causal: bool) -> tuple[int, int, bool]:
+    """(query rows, key columns, causal mask) of the busiest rank's block at one off-diagonal step, over
+    every (receiver, sender) pair, so uneven shards count the longest chunks they meet: causal zigzag,
+    rank r meets an earlier rank's first chunk with all its queries and a later rank's whole shard with its
+    own later chunk; causal contiguous, only earlier ranks' shards, whole; not causal, every shard whole."""
+    lengths = shard_lengths(seq_len, world, layout)
+    if world == 1:  # no off-diagonal step: the rank's own block, masked where causal
+        return lengths[0], lengths[0], causal
+    chunks = sequence_chunk_lengths(seq_len, world, layout)
+    blocks = []
+    for r in range(world):
+        for s in range(world):
+            if s == r or (causal and layout == "contiguous" and s > r):
+                continue
+            if causal and layout == "zigzag":
+                blocks.append((lengths[r], chunks[s]) if s < r else (chunks[2 * world - 1 - r], lengths[s]))
+            else:
+                blocks.append((lengths[r], lengths[s]))
+    rows, cols = max(blocks, key=lambda block: block[0] * block[1])
+    return rows, cols, False
 
 
 def ring_attention_plan(
@@ -147,7 +163,7 @@ def ring_attention_plan(
     forward_total = max(sum(s["forward_kv"]) for s in sends)
     backward_total = max(sum(s["backward_kv"]) + sum(s["backward_dkv"]) for s in sends)
 
-    rows, cols, masked = _block_shape(tokens, layout, causal)
+    rows, cols, masked = _block_shape(seq_len, c, layout, causal)
     shape = (b, config.num_attention_heads, rows, max(cols, 1), config.head_dim)
     timed = {}
     for mode in ("fwd", "bwd"):
@@ -175,6 +191,7 @@ def ring_attention_plan(
         forward_bytes_per_layer=float(forward_total),
         backward_bytes_per_layer=float(backward_total),
         link_bytes_per_s=bandwidth,
+        latency_s=latency,
         forward_transfer_s=forward_transfer,
         backward_transfer_s=backward_transfer,
         forward_block_flops=timed["fwd"][0],
