@@ -15,8 +15,8 @@ before a cut's 124); its parts' logs are appended to RAW/<job>.log as each ends,
 (each its own: the suite kills any left over); RAW/candidates.json says which candidates ran where, or why
 none did. The exit code counts the shipped families only: a candidate that fails is its verdict in the
 summary. Split across processes, a large family is no longer cut at its cap with two workers while the
-small ones' cores sit idle; and a candidate's part, started after the shipped part of the same tests, finds
-every kernel it leaves unchanged in Triton's cache.
+small ones' cores sit idle; and a candidate's rerun (in half as many parts) started after the shipped parts
+of the same tests finds every kernel it leaves unchanged in Triton's cache.
 
     python benchmarks/proof_correctness.py RAW_DIR --budget-s 150 [--parallel 16] [--workers 1]
     python benchmarks/proof_correctness.py RAW_DIR --check      collect every selection on the CPU (one
@@ -257,7 +257,8 @@ class Part:
 
     job: Job
     index: int  # 1-based
-    after: Part | None = None  # a candidate's part starts after the shipped part of the same tests if it can
+    # a candidate's part starts after the shipped parts of the same tests where it can (their kernels cached)
+    after: list[Part] = field(default_factory=list)
     process: subprocess.Popen | None = None
     log: object = None
     began: float = 0.0
@@ -482,8 +483,10 @@ class Runner:
             job.parts = [Part(job, index) for index in range(1, job.count + 1)]
             twin = shipped.get(job.family.name)
             if not _shipped(job) and twin is not None:
-                for part in job.parts:  # the same slice where both split alike; else the shipped job's last
-                    part.after = twin.parts[part.index - 1] if twin.count == job.count else twin.parts[-1]
+                n, m = job.count, twin.count
+                for part in job.parts:  # the shipped slices overlapping this one, [(i-1)/n, i/n) of the tests
+                    part.after = [p for p in twin.parts if (p.index - 1) * n < part.index * m
+                                  and (part.index - 1) * m < p.index * n]  # fmt: skip
             parts += job.parts
         return parts
 
@@ -522,7 +525,7 @@ class Runner:
     def _start(self, waiting: list[Part], running: list[Part]) -> int:
         bad = 0
         while waiting and len(running) < self.parallel:
-            part = next((p for p in waiting if p.after is None or p.after.ended), waiting[0])
+            part = next((p for p in waiting if all(twin.ended for twin in p.after)), waiting[0])
             waiting.remove(part)
             job = part.job
             left = self.end - time.monotonic()
@@ -626,9 +629,10 @@ def plan(python: str, check: bool, only: list[str] | None) -> tuple[list[Job], d
         chosen = [f for f in candidate_families(name, target) if f in {x.name for x in families}]
         narrowed = _OP_KEYWORDS.get(target.get("op")) if isinstance(target, dict) else None
         record["candidates"][name] = {"target": target, "families": chosen, "keyword": narrowed}
-        # (a narrowed rerun is a few tests: one process)
+        # half the family's processes (most of its kernels come from the cache the shipped run filled: each
+        # process costs its start, a few seconds), one for a narrowed rerun (a few tests)
         jobs += [Job(f"cand_{name}_{f}", BY_NAME[f], {"LLM_SPEED_POLICY": name}, narrowed or "",
-                     1 if narrowed else None) for f in chosen]  # fmt: skip
+                     1 if narrowed else -(-BY_NAME[f].shards // 2)) for f in chosen]  # fmt: skip
     if check:  # a CPU check collects each selection once: a candidate's run is its family's with one variable
         jobs = [job for job in jobs if not job.env]
     return jobs, record

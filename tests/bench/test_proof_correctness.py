@@ -301,3 +301,20 @@ def test_a_part_cut_at_its_cap_cuts_its_family_and_keeps_the_other_parts_results
     assert runner.run([proof_correctness.Job("correct_quick", quick)]) == 1
     assert _rows(raw2) == {"correct_quick": "124"}
     assert "=== part 2 of 2: not started (budget spent) ===" in (raw2 / "correct_quick.log").read_text()
+
+
+def test_a_candidates_parts_wait_for_the_shipped_parts_of_their_tests():
+    """A candidate reruns its family in half as many processes (most kernels come from the cache); each of
+    its parts waits (where another can start) for the shipped parts whose slices overlap its own."""
+    family = proof_correctness.Family("f", "", ("t.py",), shards=3)
+    jobs = [proof_correctness.Job("correct_f", family),
+            proof_correctness.Job("cand_x_f", family, {"LLM_SPEED_POLICY": "x"}, shards=2)]  # fmt: skip
+    parts = proof_correctness.Runner._parts(jobs)
+    after = {p.label: [a.label for a in p.after] for p in parts if p.job.name == "cand_x_f"}
+    assert after == {"cand_x_f.1of2": ["correct_f.1of3", "correct_f.2of3"],
+                     "cand_x_f.2of2": ["correct_f.2of3", "correct_f.3of3"]}  # fmt: skip
+    assert all(not p.after for p in parts if p.job.name == "correct_f")
+    planned, _ = proof_correctness.plan(sys.executable, False, ["flash", "gemm"])
+    counts = {job.name: job.count for job in planned}
+    assert counts["correct_flash"] == 8 and counts["cand_forward-overlap_flash"] == 4
+    assert counts["cand_gluon-gemm-int8_gemm"] == 1  # narrowed to its 13 int8 tests
