@@ -53,15 +53,21 @@ def dump_json(obj: Any, path: str | Path | None = None) -> None:
     if path is None:
         sys.stdout.write(text + "\n")
         return
-    # through a temporary file beside it: a run cut during the write (the bench commands rewrite their JSON
-    # after every case) keeps the previous file whole rather than a truncated one
-    path = Path(path).resolve()  # a link's target, not the link, is replaced
-    if path.exists() and not path.is_file():  # /dev/stdout, a pipe: nothing to replace
-        path.write_text(text + "\n")
+    write_text_atomic(path, text + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """``text`` (UTF-8, newlines as given) written to ``path`` through a temporary file beside it that then
+    replaces it: a run cut during the write (the bench commands rewrite their JSON and CSV after every case)
+    keeps the previous file whole rather than a truncated one. A link's target is replaced, not the link;
+    /dev/stdout or a pipe is written in place (nothing there to replace)."""
+    path = Path(path).resolve()
+    if path.exists() and not path.is_file():
+        path.write_text(text, encoding="utf-8", newline="")
         return
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(text + "\n")
+        temporary.write_text(text, encoding="utf-8", newline="")
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -108,7 +114,7 @@ def print_table(
     console.print(table)
 
 
-def prepare_plot_path(path: str | Path, *, argument: str = "--plot") -> Path:
+def prepare_plot_path(path: str | Path, *, argument: str = "--plot", made: list[Path] | None = None) -> Path:
     """:func:`prepare_output_path` for a figure, whose extension must also be a file type matplotlib writes
     (png, pdf, svg, ...): checked before the work, where matplotlib would refuse it only at the end."""
     from matplotlib.backend_bases import FigureCanvasBase
@@ -121,10 +127,12 @@ def prepare_plot_path(path: str | Path, *, argument: str = "--plot") -> Path:
     if suffix not in supported:
         what = f"ends in .{suffix}, a file type matplotlib does not write" if suffix else "has no extension"
         raise ValueError(f"{argument}: {path} {what}; accepted: {', '.join(sorted(supported))}")
-    return prepare_output_path(path, argument=argument)
+    return prepare_output_path(path, argument=argument, made=made)
 
 
-def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool = False) -> Path:
+def prepare_output_path(
+    path: str | Path, *, argument: str, create_parents: bool = False, made: list[Path] | None = None
+) -> Path:
     """Check an output path before any work starts, so a long run never ends by losing its results.
 
     One rule for every file a command writes: a missing parent folder is created only when it lies inside
@@ -132,12 +140,14 @@ def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool
     ``argument``. A path that is an existing folder, or that cannot be opened for writing, is an error too:
     the file is opened (for appending, so an existing file keeps its content) and removed again when it did
     not exist, since a permission check alone passes for root and for paths such as ``/proc/x``.
-    Returns the path, resolved.
+    Returns the path, resolved. ``made``: a list the folders created are appended to, outermost first, so
+    that a command refused after this check can remove them again (:func:`remove_made_folders`).
     """
     out = Path(path).expanduser().resolve()
     if out.is_dir():
         raise ValueError(f"{argument}: {path} is a folder; give a file name")
     parent = out.parent
+    created: list[Path] = []  # by this call, outermost first
     if not parent.exists():
         cwd = Path.cwd().resolve()
         if not (create_parents or parent.is_relative_to(cwd)):
@@ -145,11 +155,14 @@ def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool
                 f"{argument}: folder {parent} does not exist (folders are created only inside the current "
                 "directory); create it first or choose another path"
             )
+        missing = [folder for folder in (parent, *parent.parents) if not folder.exists()]
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
+            remove_made_folders([folder for folder in reversed(missing) if folder.exists()])
             reason = error.strerror or error
             raise ValueError(f"{argument}: cannot create folder {parent}: {reason}") from None
+        created = list(reversed(missing))
     elif not parent.is_dir():
         raise ValueError(f"{argument}: {parent} is not a folder")
     existed = out.exists()
@@ -157,9 +170,12 @@ def prepare_output_path(path: str | Path, *, argument: str, create_parents: bool
         with open(out, "a"):
             pass
     except OSError as error:
+        remove_made_folders(created)
         raise ValueError(f"{argument}: cannot write {path}: {error.strerror or error}") from None
     if not existed:
         out.unlink(missing_ok=True)
+    if made is not None:
+        made.extend(created)
     return out
 
 
@@ -175,3 +191,15 @@ def prepare_output_folder(path: str | Path, *, argument: str) -> Path:
         raise ValueError(f"{argument}: {path} is a file; give a folder")
     prepare_output_path(out / ".llm-speed-write-check", argument=argument, create_parents=out.parent.is_dir())
     return out
+
+
+def remove_made_folders(made: list[Path]) -> None:
+    """Remove the folders :func:`prepare_output_path` created (``made``), innermost first, where they are
+    still empty: a command refused after its output check leaves no trace (a folder holding a result,
+    or anything else, stays)."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or already gone
+            pass
+    made.clear()

@@ -183,7 +183,7 @@ def test_gpu_sized_decode_is_scaled_batch_then_context_on_a_cpu():
     doubled = max(cpu_budget.decode_seconds(scaled, STEP, batch, longer, i) for i in scaled.impls)
     assert doubled > cpu_budget.CALL_SECONDS  # halved no further than needed
     assert [note.split(" (")[0] for note in notes] == [
-        "CPU run: contexts scaled", "CPU run: batch sizes scaled"
+        "CPU run: contexts scaled", "CPU run: contexts merged", "CPU run: batch sizes scaled"
     ]  # fmt: skip
     assert cpu_budget.decode_estimate(settings, costs) > 10 * cpu_budget.decode_estimate(scaled, costs)
     assert cpu_budget.scale_decode(scaled, costs) == (scaled, [])

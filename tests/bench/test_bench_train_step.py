@@ -48,7 +48,14 @@ def test_every_variant_has_a_row_and_the_losses_agree(tmp_path, monkeypatch):
         not liger["available"] and liger["reason"] == ops_bench.LIGER_NOT_INSTALLED and liger["loss"] is None
     )
     with table.open() as handle:
-        assert [r["impl"] for r in csv.DictReader(handle)] == ["transformers", "llm_speed", "liger"]
+        records = list(csv.DictReader(handle))
+    assert [r["impl"] for r in records] == ["transformers", "llm_speed", "liger"]
+    # no field that is null whatever the input: a whole step has no roofline floor nor prediction (the
+    # reason says so), and every row computes in the run's dtype
+    never = {"predicted_ms", "predicted_bound", "measured_over_predicted", "prediction_ms",
+             "prediction_bound", "prediction_error", "prediction_calibrated"}  # fmt: skip
+    assert all(never.isdisjoint(row) and row["dtype"] == "fp32" for row in payload["results"])
+    assert never.isdisjoint(records[0]) and records[0]["dtype"] == "fp32"
 
 
 def test_peak_beyond_the_weights_and_gradients(tmp_path, monkeypatch, capsys):
@@ -74,9 +81,20 @@ def test_peak_beyond_the_weights_and_gradients(tmp_path, monkeypatch, capsys):
 
 def test_liger_on_a_cpu_is_not_run_with_the_reason(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ops_bench, "liger_installed", lambda: True)
-    assert main(_argv(tmp_path, "--impl", "liger", "--json")) == 1  # nothing ran: a failure
-    (row,) = json.loads(capsys.readouterr().out)["results"]
-    assert not row["available"] and "need a CUDA device" in row["reason"]
+    built = []
+    monkeypatch.setattr(train_step, "run_train_step", lambda *a, **k: built.append(1))
+    # Liger alone: refused before the model is built (exit 2, as bench ops), with the reason
+    assert main(_argv(tmp_path, "--impl", "liger", "--json")) == 2
+    captured = capsys.readouterr()
+    assert "--impl: none of the implementations asked for can run here" in captured.err
+    assert "need a CUDA device" in captured.err and captured.out == "" and not built
+    monkeypatch.undo()
+    monkeypatch.setattr(ops_bench, "liger_installed", lambda: True)
+    # beside a variant that runs: Liger's row says why it did not
+    assert main(_argv(tmp_path, "--impl", "transformers", "liger", "--json")) == 0
+    rows = {row["impl"]: row for row in json.loads(capsys.readouterr().out)["results"]}
+    assert rows["transformers"]["available"]
+    assert not rows["liger"]["available"] and "need a CUDA device" in rows["liger"]["reason"]
 
 
 def test_a_family_that_does_not_fit_the_model_is_refused_before_any_work(monkeypatch, capsys):
@@ -89,6 +107,19 @@ def test_a_family_that_does_not_fit_the_model_is_refused_before_any_work(monkeyp
         train_step.family_config(get_model("llama-3-8b"), "qwen3_moe", layers=1)
     with pytest.raises(ValueError, match="MLA"):
         train_step.family_config(get_model("mixtral-8x7b"), "deepseek_v3", layers=1)
+
+
+def test_a_config_json_that_does_not_fit_the_family_is_named_by_its_path(tmp_path, capsys):
+    """The refusal names the --model given and --family, not the config.json's folder (``model 'out'``)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    path = folder / "tiny_config.json"
+    path.write_text(json.dumps(TINY))
+    argv = ["bench", "train-step", "--model", str(path), "--family", "mixtral", "--device", "cpu"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert f"--family: --model {path} is a dense model; family 'mixtral' needs an MoE one" in error
+    assert "'out'" not in error
 
 
 def test_every_patched_family_builds_from_the_zoo():

@@ -290,10 +290,14 @@ def test_attention_is_calibrated_on_one_head_group_at_short_lengths():
         [*README_ATTENTION, "--num-heads", "32", "--num-kv-heads", "8", "--batch-size", "2"]
     ))  # fmt: skip
     assert cpu_budget.calibrate_attention(settings, run=fake_run) == {}
-    (small,) = seen
-    assert small.seq_lengths == (cpu_budget.CALIBRATION_SEQ // 2, cpu_budget.CALIBRATION_SEQ)
-    assert (small.batch_size, small.num_heads, small.num_kv_heads, small.head_dim) == (1, 4, 1, 128)
-    assert (small.mode, small.causal, small.dtype) == (settings.mode, settings.causal, settings.dtype)
+    # one head group at the calibration length, and twice as many heads (batch 2) at half of it: the cost
+    # per head and the cost per FLOP apart
+    longest, shorter = seen
+    assert (longest.seq_lengths, longest.batch_size) == ((cpu_budget.CALIBRATION_SEQ,), 1)
+    assert (shorter.seq_lengths, shorter.batch_size) == ((cpu_budget.CALIBRATION_SEQ // 2,), 2)
+    for small in seen:
+        assert (small.num_heads, small.num_kv_heads, small.head_dim) == (4, 1, 128)
+        assert (small.mode, small.causal, small.dtype) == (settings.mode, settings.causal, settings.dtype)
 
 
 def test_the_readme_gemm_command_prints_the_scaling_and_estimate_first(capsys):
@@ -407,4 +411,4 @@ def test_heads_are_scaled_when_the_shortest_sequence_is_not_enough(monkeypatch):
     scaled, notes = cpu_budget.scale_attention(attention_settings(build_parser().parse_args(argv)), costs)
     assert scaled.seq_lengths == (cpu_budget.MIN_SIZE,)
     assert (scaled.num_heads, scaled.num_kv_heads) == (1, 1)
-    assert "heads scaled (32/8 -> 1/1" in notes[1]
+    assert "heads scaled (32/8 -> 1/1" in notes[-1]

@@ -125,7 +125,8 @@ def test_moe_is_calibrated_at_capped_sizes_two_token_counts_and_two_expert_count
             seconds = FUSED.seconds(weights, flops)
             rows.append(moe_bench.MoeMeasurement(
                 case="", impl="llm_speed", available=True, flops=flops, bytes_moved=0, tokens=tokens,
-                experts=experts, top_k=top_k, timing=summarize([1e3 * seconds], HOST_TIMER),
+                experts=experts, top_k=top_k, experts_hit=experts,
+                timing=summarize([1e3 * seconds], HOST_TIMER),
             ))  # fmt: skip
         return rows
 
@@ -141,13 +142,16 @@ def test_moe_is_calibrated_at_capped_sizes_two_token_counts_and_two_expert_count
 def test_gpu_sized_moe_is_scaled_tokens_widths_then_experts():
     settings = _gpu_sized()
     costs = {"llm_speed": FUSED}
-    scaled, (note,) = cpu_budget.scale_moe(settings, costs)
+    scaled, (note, *merged) = cpu_budget.scale_moe(settings, costs)
     caps = cpu_budget.CALIBRATION_MOE
     assert scaled.tokens == (16,) and scaled.top_k == settings.top_k
     # the widths stop at the calibration's, the experts at the largest top_k: every top_k keeps its cases
     assert (scaled.hidden, scaled.intermediate) == (caps["hidden"], 384) and min(scaled.experts) >= 8
     assert {k for _, _, k in scaled.cases()} == {2, 8}
     assert note.startswith("CPU run: sizes scaled (tokens 2048/8192 -> 16, experts 8/64/128 -> ")
+    # counts that became one are measured once, and the notes say so
+    assert merged[0].startswith("CPU run: token counts merged (2048 and 8192 -> 16)")
+    assert merged[1].startswith("CPU run: expert counts merged (8, 64 and 128 -> ") and len(merged) == 2
     assert cpu_budget.moe_estimate(settings, costs) > 100 * cpu_budget.moe_estimate(scaled, costs)
     # a sweep that fits is left as it is
     tiny = moe_bench.moe_settings(build_parser().parse_args(["bench", "moe", *FAST]), torch.device("cpu"))

@@ -186,6 +186,13 @@ def _workload_builder(impl: str, settings: AttentionSettings, seq_len: int, devi
     return build
 
 
+def refused_everywhere(impl: str, settings: AttentionSettings) -> bool:
+    """Whether ``impl`` cannot run in these settings on any device, a GPU's included (fp8 attention's
+    backward, flash_attn in fp32): a CPU run's plot draws no GPU prediction of it."""
+    fp8_backward = impl == FP8_IMPL and settings.mode != "fwd"
+    return fp8_backward or (impl == "flash_attn" and settings.dtype == "fp32")
+
+
 def unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
     """Why ``impl`` cannot run here at all (before trying), or None."""
     if impl == FP8_IMPL and settings.mode != "fwd":
@@ -252,11 +259,12 @@ def run_attention(
                 row = AttentionMeasurement(
                     case=f"seq={seq_len}",
                     impl=impl,
-                    dtype="fp8" if impl == FP8_IMPL else None,
+                    dtype="fp8" if impl == FP8_IMPL else settings.dtype,  # the dtype of its cost above
                     available=False,
                     seq_len=seq_len,
                     flops=cost.flops,
                     bytes_moved=cost.bytes_moved,
+                    refused_everywhere=refused_everywhere(impl, settings),
                 )
                 reason = unavailable_reason(impl, device, settings)
                 if reason is not None:
@@ -392,7 +400,7 @@ def print_attention(
         )
     full_rows = [
         [row.seq_len, row.impl, *report.common_cells(row), report.mib(row.memory_saved_vs_naive_bytes),
-         f"{row.vs_flash:.2f}x" if row.vs_flash is not None else None]
+         None if row.vs_flash is None else report.ratio_text(row.vs_flash, None)]  # 3 digits, never 0.00x
         for row in rows
         if row.available
     ]  # fmt: skip

@@ -4,8 +4,10 @@ The flags follow the old CUDA project's benchmark scripts (``--seq-lengths``, ``
 ``--num-heads``, ``--head-dim``, ``--dtype``, ``--warmup``, ``--iterations``, ``--output``, ``--sizes``).
 Unset sizes take the GPU defaults on a CUDA device and small CPU defaults otherwise; on a CPU, sizes that
 would take minutes per call are scaled down with a printed note (``--full-size`` keeps them), and the
-estimated run time is printed before the work starts. Output paths are checked before the work starts, and
-results are written after every case, so a failed or interrupted run keeps what it measured. The parser is
+estimated run time is printed before the work starts; the JSON keeps those notes and the sizes asked for
+(``settings.requested``). Output paths are checked before the work starts (a folder made for them is removed
+again when the command is then refused), and results are written after every case, so a failed or
+interrupted run keeps what it measured. The parser is
 built from the torch-free vocabulary in :mod:`llm_speed.bench.options`; the benchmarks (and torch) are
 imported when a command runs.
 """
@@ -13,6 +15,7 @@ imported when a command runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from llm_speed import _cli, ops
@@ -111,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     attention.add_argument("--mode", choices=options.ATTENTION_MODES, default="fwd", help="what is timed")
     attention.add_argument("--impl", nargs="+", choices=options.ATTENTION_IMPLS, help="default: all of them")
     _add_common(attention, "GPU 0.2, CPU 0.5")
-    attention.set_defaults(func=run_attention_command)
+    attention.set_defaults(func=_refusal_leaves_no_folder(run_attention_command))
 
     gemm = kinds.add_parser(
         "gemm",
@@ -147,7 +150,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="default: llm-speed and torch (int8: llm-speed and torch-int-mm)",
     )
     _add_common(gemm, "GPU 0.2, CPU 1")
-    gemm.set_defaults(func=run_gemm_command)
+    gemm.set_defaults(func=_refusal_leaves_no_folder(run_gemm_command))
     decode = kinds.add_parser(
         "decode",
         help="flash_attention_with_kvcache (dense and paged, 16-bit and fp8 caches) vs torch SDPA over a "
@@ -158,12 +161,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     decode.add_argument("--batch-sizes", type=positive_int, nargs="+", help="GPU: 1 8 32 128; CPU: 1 2")
     decode.add_argument(
-        "--contexts", type=positive_int, nargs="+", help="cached tokens (GPU: 1024 ... 16384)"
+        "--contexts", type=positive_int, nargs="+", help="cached tokens (GPU: 1024 4096 16384; CPU: 32 64)"
     )
     decode.add_argument("--num-heads", type=positive_int, help="query heads (GPU 32, CPU 4)")
     decode.add_argument("--num-kv-heads", type=positive_int, help="key/value heads (GPU 8, CPU 2)")
     decode.add_argument("--head-dim", type=positive_int, help="GPU 128, CPU 32")
-    decode.add_argument("--page-size", type=positive_int, help="tokens per page, a multiple of 16 (GPU 256)")
+    decode.add_argument(
+        "--page-size", type=positive_int, help="tokens per page, a multiple of 16 (GPU 256, CPU 16)"
+    )
     decode.add_argument("--dtype", choices=options.DECODE_DTYPES, help="GPU fp16, CPU fp32")
     decode.add_argument("--impl", nargs="+", choices=options.DECODE_IMPLS, help="default: all of them")
     decode.add_argument(
@@ -174,7 +179,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # The run counts of bench/decode.py's GPU_DEFAULTS and CPU_DEFAULTS, as text: importing them here would
     # import torch to build the parser.
     _add_common(decode, None, runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
-    decode.set_defaults(func=run_decode_command)
+    decode.set_defaults(func=_refusal_leaves_no_folder(run_decode_command))
     ops_parser = kinds.add_parser(
         "ops",
         help="fused ops (rms_norm, swiglu, rotary, linear cross-entropy) vs eager, torch.compile and Liger",
@@ -195,7 +200,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ops_parser.add_argument("--dtype", choices=options.OPS_DTYPES, help="GPU bf16, CPU fp32")
     ops_parser.add_argument("--impl", nargs="+", choices=options.OPS_IMPLS, help="default: all of them")
     _add_common(ops_parser, "GPU 0.2, CPU 0", runs=("GPU 10, CPU 1", "GPU 50, CPU 3"))
-    ops_parser.set_defaults(func=run_ops_command)
+    ops_parser.set_defaults(func=_refusal_leaves_no_folder(run_ops_command))
     train = kinds.add_parser(
         "train-step",
         help="tokens/s and peak memory of a training step: transformers, llm-speed and Liger patches",
@@ -219,7 +224,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--impl", nargs="+", choices=options.TRAIN_STEP_VARIANTS, help="variants (default: all of them)"
     )
     _add_common(train, "GPU 0, CPU 0", full_size=False, plot=False, runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
-    train.set_defaults(func=run_train_step_command)
+    train.set_defaults(func=_refusal_leaves_no_folder(run_train_step_command))
 
     moe = kinds.add_parser(
         "moe",
@@ -237,7 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     moe.add_argument("--mode", choices=options.MOE_MODES, default="fwd+bwd", help="what is timed (fwd+bwd)")
     moe.add_argument("--impl", nargs="+", choices=options.MOE_IMPLS, help="default: all of them")
     _add_common(moe, "GPU 0.2, CPU 0", runs=("GPU 3, CPU 1", "GPU 10, CPU 2"))
-    moe.set_defaults(func=run_moe_command)
+    moe.set_defaults(func=_refusal_leaves_no_folder(run_moe_command))
 
     overhead = kinds.add_parser(
         "overhead",
@@ -261,7 +266,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _cli.add_device_argument(overhead)
     overhead.add_argument("--json", action="store_true", help="print the results as JSON")
     overhead.add_argument("--output", metavar="PATH", help="also write the JSON results here")
-    overhead.set_defaults(func=run_overhead_command)
+    overhead.set_defaults(func=_refusal_leaves_no_folder(run_overhead_command))
 
     op = kinds.add_parser(
         "op",
@@ -308,10 +313,27 @@ def attention_settings(args: argparse.Namespace) -> attention_bench.AttentionSet
         min_time_s=_pick(args.min_time, device, "min_time", gpu, cpu),
     )
     attention_bench.check_settings(settings)
+    _refuse_head_dim(settings.head_dim, settings.impls, options.ATTENTION_LLM_SPEED_IMPLS)
     report.refuse_when_no_impl_can_run(
         settings.impls, lambda impl: attention_bench.unavailable_reason(impl, device, settings)
     )
     return settings
+
+
+def _refuse_head_dim(head_dim: int, impls, ours) -> None:
+    """ValueError naming --head-dim when one of llm-speed's implementations (``ours``) is asked for at a
+    head_dim none of them accepts: refused before any work (its inputs at such a head_dim were made, and
+    flash-fp8's quantized, before the kernel refused them: minutes of setup for a row that cannot run)."""
+    from llm_speed.attention.checks import MAX_HEAD_DIM
+
+    asked = [impl for impl in impls if impl in ours]
+    if asked and head_dim > MAX_HEAD_DIM:
+        others = [impl for impl in impls if impl not in ours]
+        alternative = f" (a larger one with --impl naming only others: {', '.join(others)})" if others else ""
+        raise ValueError(
+            f"head_dim: {head_dim} is more than llm-speed's {', '.join(asked)} accept; accepted: 1 to "
+            f"{MAX_HEAD_DIM}{alternative}"
+        )
 
 
 def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
@@ -351,24 +373,73 @@ def gemm_settings(args: argparse.Namespace) -> gemm_bench.GemmSettings:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output path checked (and its folder made where allowed) before any work starts."""
+    """Every output path checked (and its folder made where allowed) before any work starts; two flags
+    naming one file are refused (the later write would replace the earlier: the JSON lost under the CSV)."""
+    from pathlib import Path
+
     from llm_speed._output import prepare_output_path, prepare_plot_path
 
-    for flag in ("output", "csv", "plot"):
-        path = getattr(args, flag, None)
-        if path is not None:
-            (prepare_plot_path if flag == "plot" else prepare_output_path)(path, argument=f"--{flag}")
+    given = {flag: getattr(args, flag, None) for flag in ("output", "csv", "plot")}
+    given = {flag: path for flag, path in given.items() if path is not None}
+    by_file: dict[Path, list[str]] = {}
+    for flag, path in given.items():
+        by_file.setdefault(Path(path).expanduser().resolve(), []).append(flag)
+    for flags in by_file.values():
+        if len(flags) > 1:
+            raise ValueError(
+                f"{' and '.join(f'--{flag}' for flag in flags)} both name {given[flags[0]]}: each would "
+                "overwrite the other's file; give each its own path"
+            )
+    for flag, path in given.items():
+        prepare = prepare_plot_path if flag == "plot" else prepare_output_path
+        prepare(path, argument=f"--{flag}", made=_made_folders(args))
+
+
+def _made_folders(args: argparse.Namespace) -> list | None:
+    """The list the output checks record the folders they create in (:func:`_refusal_leaves_no_folder`)."""
+    return getattr(args, "made_folders", None)
+
+
+def _refusal_leaves_no_folder(command):
+    """``command`` run so that a refusal (a ValueError: exit 2) after its output check removes the folders
+    that check created, where still empty: the check comes first, so that a bad path is named before any
+    other work, and may have made a folder for a run that then never happens."""
+    import functools
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        from llm_speed._output import remove_made_folders
+
+        args.made_folders = []
+        try:
+            return command(args)
+        except ValueError:
+            remove_made_folders(args.made_folders)
+            raise
+
+    return run
+
+
+@dataclasses.dataclass
+class _Scaling:
+    """What a CPU run changed of the sizes asked for: its notes, and the settings' values as asked where they
+    changed (the JSON's ``settings.requested``; the other settings are the measured ones)."""
+
+    notes: list[str] = dataclasses.field(default_factory=list)
+    requested: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, console: Console):
     """On a CPU: time each implementation's calibration calls, scale the sizes to them (unless --full-size),
-    and print what changed and the estimated run time."""
+    and print what changed and the estimated run time. Returns the settings to run and the :class:`_Scaling`
+    the results must carry (a JSON that does not say its sizes were scaled reads as the sizes asked for)."""
     from llm_speed.bench import cpu_budget
 
     if not settings.device.startswith("cpu"):
-        return settings
+        return settings, _Scaling()
     costs = calibrate(settings)
     notes: list[str] = []
+    asked = settings
     if not args.full_size:
         settings, notes = scale(settings, costs)
     for note in notes:
@@ -379,7 +450,12 @@ def _fit_to_cpu(args: argparse.Namespace, settings, calibrate, scale, estimate, 
         highlight=False,
         markup=False,
     )
-    return settings
+    requested = {
+        field.name: getattr(asked, field.name)
+        for field in dataclasses.fields(asked)
+        if getattr(asked, field.name) != getattr(settings, field.name)
+    }
+    return settings, _Scaling(list(notes), requested)
 
 
 class _Writer:
@@ -387,8 +463,11 @@ class _Writer:
     the JSON and CSV files after every case (``complete: false``) and once at the end; never rows of which
     none ran (an earlier run's file at that path is kept: a failed run loses no result)."""
 
-    def __init__(self, args: argparse.Namespace, settings, payload_fn) -> None:
+    def __init__(
+        self, args: argparse.Namespace, settings, payload_fn, scaling: _Scaling | None = None
+    ) -> None:
         self.args, self.settings, self.payload_fn = args, settings, payload_fn
+        self.scaling = scaling or _Scaling()
         self.verdict = None
         self.written = False
 
@@ -419,6 +498,10 @@ class _Writer:
             "cpu_load": cpu_load.verdict_record(self.verdict),
             "complete": complete,
         }
+        if self.scaling.notes:
+            payload["notes"] = [*payload.get("notes", []), *self.scaling.notes]
+        if self.scaling.requested:
+            payload["settings"] = {**payload["settings"], "requested": self.scaling.requested}
         if not any(row.available for row in rows):
             return payload
         if self.args.output:
@@ -438,16 +521,17 @@ def run_decode_command(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     settings = decode_bench.decode_settings(args, _cli.resolve_device(args.device))
+    _refuse_head_dim(settings.head_dim, settings.impls, options.DECODE_TRITON_IMPLS)
     available = report.cpu_memory(torch.device(settings.device))
     sizes = "--batch-sizes/--contexts"
     if args.full_size:  # the sizes are final: refused before the calibration calls
         report.refuse_when_nothing_fits(decode_bench.memory_needs(settings), available, sizes)
-    settings = _fit_to_cpu(
+    settings, scaling = _fit_to_cpu(
         args, settings, cpu_budget.calibrate_decode, cpu_budget.scale_decode, cpu_budget.decode_estimate,
         _side_console(args),
     )  # fmt: skip
     report.refuse_when_nothing_fits(decode_bench.memory_needs(settings), available, sizes)
-    writer = _Writer(args, settings, decode_bench.results_payload)
+    writer = _Writer(args, settings, decode_bench.results_payload, scaling)
     rows = writer.run(decode_bench.run_decode, partial=False)
     return _finish(args, settings, rows, writer, decode_bench.print_decode, f"decode, {settings.dtype}")
 
@@ -459,7 +543,7 @@ def run_attention_command(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     settings = attention_settings(args)
-    settings = _fit_to_cpu(
+    settings, scaling = _fit_to_cpu(
         args,
         settings,
         cpu_budget.calibrate_attention,
@@ -467,7 +551,7 @@ def run_attention_command(args: argparse.Namespace) -> int:
         cpu_budget.attention_estimate,
         _side_console(args),
     )
-    writer = _Writer(args, settings, attention_bench.results_payload)
+    writer = _Writer(args, settings, attention_bench.results_payload, scaling)
     rows = writer.run(attention_bench.run_attention)
     return _finish(
         args,
@@ -486,7 +570,7 @@ def run_gemm_command(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     settings = gemm_settings(args)
-    settings = _fit_to_cpu(
+    settings, scaling = _fit_to_cpu(
         args,
         settings,
         cpu_budget.calibrate_gemm,
@@ -494,7 +578,16 @@ def run_gemm_command(args: argparse.Namespace) -> int:
         cpu_budget.gemm_estimate,
         _side_console(args),
     )
-    writer = _Writer(args, settings, gemm_bench.results_payload)
+    after = []
+    if settings.model and "cases" in scaling.requested:
+        # the summary's Σ median x count is no longer the time of a forward pass of the model asked for
+        after.append(
+            "the summary's weighted total (each shape's median x its count per pass) is of the shapes "
+            f"scaled on this CPU, not the time of one forward pass of {settings.model} at {settings.tokens} "
+            "tokens"
+        )
+        scaling.notes.extend(after)
+    writer = _Writer(args, settings, gemm_bench.results_payload, scaling)
     rows = writer.run(gemm_bench.run_gemm)
     return _finish(
         args,
@@ -503,6 +596,7 @@ def run_gemm_command(args: argparse.Namespace) -> int:
         writer,
         gemm_bench.print_gemm,
         f"GEMM {settings.dtype} {settings.layout} {settings.epilogue}",
+        notes_after=after,
     )
 
 
@@ -511,7 +605,8 @@ def _side_console(args: argparse.Namespace) -> Console:
     return _cli.console(stderr=True) if args.json else _cli.console()
 
 
-def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
+def _finish(args, settings, rows, writer: _Writer, print_fn, title: str, notes_after=()) -> int:
+    """Write and print the results (``notes_after``: printed under the table, about how to read it)."""
     import torch
 
     from llm_speed._output import dump_json
@@ -523,6 +618,8 @@ def _finish(args, settings, rows, writer: _Writer, print_fn, title: str) -> int:
         dump_json(payload)
     else:
         print_fn(settings, rows, console)
+        for note in notes_after:
+            console.print(f"note: {note}", highlight=False, markup=False)
     side = _side_console(args)
     if writer.verdict is not None:
         side.print(f"note: {writer.verdict.note()}", highlight=False, markup=False)
@@ -569,7 +666,8 @@ def run_op_command(args: argparse.Namespace) -> int:
     )
     busy = verdict is not None and verdict.busy
     if args.json:
-        dump_json({**op_bench.results_payload(rows), "cpu_load": cpu_load.verdict_record(verdict)})
+        settings = {"op": args.name, **chosen, "dtype": rows[0].dtype, "device": str(device)}
+        dump_json({**op_bench.results_payload(rows, settings), "cpu_load": cpu_load.verdict_record(verdict)})
     else:
         op_bench.print_op(rows, _cli.console(), ratios=not busy)
     if verdict is not None:
@@ -603,13 +701,14 @@ def run_ops_command(args: argparse.Namespace) -> int:
     report.refuse_when_no_impl_can_run(settings.impls, lambda impl: liger if impl == "liger" else None)
     if args.full_size:  # the sizes are final: refused before the calibration calls
         _refuse_oversized_ops(settings)
+    scaling = None
     if cpu_budget.ops_calibrated(settings):
-        settings = _fit_to_cpu(
+        settings, scaling = _fit_to_cpu(
             args, settings, cpu_budget.calibrate_ops, cpu_budget.scale_ops, cpu_budget.ops_estimate,
             _side_console(args),
         )  # fmt: skip
     _refuse_oversized_ops(settings)
-    writer = _Writer(args, settings, ops_bench.results_payload)
+    writer = _Writer(args, settings, ops_bench.results_payload, scaling)
     rows = writer.run(ops_bench.run_ops)
     return _finish(args, settings, rows, writer, ops_bench.print_ops, f"fused ops fwd+bwd, {settings.dtype}")
 
@@ -627,12 +726,12 @@ def run_moe_command(args: argparse.Namespace) -> int:
     sizes = "--tokens/--experts/--hidden/--intermediate"
     if args.full_size:  # the sizes are final: refused before the calibration calls
         report.refuse_when_nothing_fits(moe_bench.memory_needs(settings), available, sizes)
-    settings = _fit_to_cpu(
+    settings, scaling = _fit_to_cpu(
         args, settings, cpu_budget.calibrate_moe, cpu_budget.scale_moe, cpu_budget.moe_estimate,
         _side_console(args),
     )  # fmt: skip
     report.refuse_when_nothing_fits(moe_bench.memory_needs(settings), available, sizes)
-    writer = _Writer(args, settings, moe_bench.results_payload)
+    writer = _Writer(args, settings, moe_bench.results_payload, scaling)
     rows = writer.run(moe_bench.run_moe)
     title = f"MoE experts {settings.mode}, {settings.dtype}"
     return _finish(args, settings, rows, writer, moe_bench.print_moe, title)
@@ -640,11 +739,25 @@ def run_moe_command(args: argparse.Namespace) -> int:
 
 def run_train_step_command(args: argparse.Namespace) -> int:
     """``llm-speed bench train-step``."""
-    from llm_speed.bench import cpu_load
+    import torch
+
+    from llm_speed.bench import cpu_load, report
     from llm_speed.bench import train_step as train_step_bench
 
     _check_outputs(args)
     settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
+    device = torch.device(settings.device)
+
+    def liger_reason(impl: str) -> str | None:  # run_train_step's reasons, known before the model is built
+        if impl != "liger":
+            return None
+        if (reason := train_step_bench.liger_unavailable(device)) is not None:
+            return reason
+        if train_step_bench.liger_patch(settings.family) is None:
+            return f"Liger-Kernel has no apply_liger_kernel_to_{settings.family}"
+        return None
+
+    report.refuse_when_no_impl_can_run(settings.impls, liger_reason)
     refusal = train_step_bench.memory_refusal(settings, cpu_load.available_memory())
     if refusal:
         raise ValueError(refusal)
@@ -664,7 +777,7 @@ def run_overhead_command(args: argparse.Namespace) -> int:
 
     device = _cli.resolve_device(args.device)
     if args.output is not None:
-        prepare_output_path(args.output, argument="--output")
+        prepare_output_path(args.output, argument="--output", made=_made_folders(args))
     settings = {
         "ops": list(args.ops or overhead.OPS),
         "modes": list(args.modes or ("inference", "autograd")),
@@ -672,6 +785,7 @@ def run_overhead_command(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "device": str(device),
     }
+    overhead.refuse_when_nothing_runs(settings["ops"], settings["modes"])
     with cpu_load.pinned_threads() if device.type == "cpu" else contextlib.nullcontext():
         rows, verdict = cpu_load.watched_run(device, lambda: overhead.measure(
             device, ops=settings["ops"], modes=settings["modes"], calls=args.calls, repeats=args.repeats
@@ -683,7 +797,12 @@ def run_overhead_command(args: argparse.Namespace) -> int:
     if args.json:
         dump_json(payload)
     else:
-        overhead.print_rows(rows, _cli.console())
+        console = _cli.console()
+        overhead.print_rows(rows, console, device=device)
+        for skipped in payload["not_run"]:
+            console.print(f"  not run: {overhead.not_run_text(skipped)}", highlight=False, markup=False)
+        for note in payload["notes"]:  # what the figures are (on a CPU: no GPU launch, no GPU timing)
+            console.print(f"note: {note}", highlight=False, markup=False)
     if verdict is not None:
         _side_console(args).print(f"note: {verdict.note()}", highlight=False, markup=False)
     return 0

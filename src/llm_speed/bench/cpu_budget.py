@@ -5,7 +5,8 @@ GPU-sized problems on a CPU take hours: Triton's interpreter runs a kernel at ro
 fast each implementation runs here is measured, not assumed (an assumed 10 GFLOP/s for PyTorch's GEMM
 estimated "about 62 s" for a run that took 15 s): :func:`calibrate_attention` and :func:`calibrate_gemm` time
 one call of every implementation at two small sizes of the problem asked for, and fit a fixed cost plus a
-cost per FLOP (:class:`CallCost`). On a CPU the commands then halve the largest dimension until one call of
+cost per FLOP (:class:`CallCost`; for attention a cost per batch x head in place of the fixed cost, the
+interpreter's cost per program). On a CPU the commands then halve the largest dimension until one call of
 the slowest implementation takes about :data:`CALL_SECONDS`, print what they changed, and print the
 estimated run time before starting. ``--full-size`` keeps the sizes.
 """
@@ -32,13 +33,15 @@ CALIBRATION_GEMM_SIDE = 128
 
 @dataclasses.dataclass(frozen=True)
 class CallCost:
-    """Seconds one call of an implementation takes on this CPU: ``fixed_s + flops * seconds_per_flop``."""
+    """Seconds one call of an implementation takes on this CPU: ``fixed_s + flops * seconds_per_flop +
+    heads * per_head_s`` (``heads``: attention's batch x query heads, :func:`fit_attention_cost`)."""
 
     fixed_s: float
     seconds_per_flop: float
+    per_head_s: float = 0.0
 
-    def seconds(self, flops: float) -> float:
-        return self.fixed_s + flops * self.seconds_per_flop
+    def seconds(self, flops: float, heads: float = 0.0) -> float:
+        return self.fixed_s + flops * self.seconds_per_flop + heads * self.per_head_s
 
 
 def fit_cost(points: list[tuple[float, float]]) -> CallCost:
@@ -55,6 +58,42 @@ def fit_cost(points: list[tuple[float, float]]) -> CallCost:
             per_flop = max((t_large - t_small) / (f_large - f_small), through_origin / 2)
             return CallCost(fixed_s=max(0.0, t_large - per_flop * f_large), seconds_per_flop=per_flop)
     return CallCost(fixed_s=0.0, seconds_per_flop=through_origin)
+
+
+def fit_attention_cost(points: list[tuple[float, float, float]]) -> CallCost:
+    """The cost through measured attention calls ``[(heads, flops, seconds)]`` (``heads``: batch x query
+    heads) at two problems whose FLOPs are not proportional to their heads: a cost per head and a cost per
+    FLOP, no fixed cost. Triton's interpreter runs every (batch, head)'s programs one after another at a cost
+    per program that outweighs the FLOPs at the lengths a CPU runs (2 cores, fwd+bwd at head_dim 128: 32
+    heads at seq 32 took 3.8 s a call, 4 heads at seq 128 0.7 s): a cost per FLOP alone, fitted at one
+    head group, put the 32 heads at 0.4 s. Each cost is the line's through the two calls, the cost per
+    FLOP at least :func:`fit_cost`'s floor (half the call with the most FLOPs per head over its FLOPs: noise
+    must not make a long problem look cheap) and the cost per head at least 0."""
+    if len(points) > 1:
+        (h1, f1, t1), (h2, f2, t2) = sorted(points, key=lambda p: p[1] / p[0])[:: len(points) - 1]
+        determinant = h1 * f2 - h2 * f1
+        if determinant > 0:
+            per_flop = (h1 * t2 - h2 * t1) / determinant
+            per_head = (t1 * f2 - t2 * f1) / determinant
+            per_flop, per_head = max(per_flop, t2 / f2 / 2), max(0.0, per_head)
+            return CallCost(fixed_s=0.0, seconds_per_flop=per_flop, per_head_s=per_head)
+    # one call, or calls of one problem: the FLOPs carry it all (as fit_cost through the origin)
+    return CallCost(fixed_s=0.0, seconds_per_flop=max(t / f for _, f, t in points))
+
+
+def merged_note(what: str, asked, scaled) -> list[str]:
+    """A note when two or more sizes asked for (``asked``, in order) scale to one size (``scaled``, the same
+    order): that size is measured once, so the results hold fewer cases than were asked for."""
+    sources: dict[str, list[str]] = {}
+    for old, new in zip(asked, scaled, strict=True):
+        found = sources.setdefault(str(new), [])
+        if str(old) not in found:
+            found.append(str(old))
+    merged = [f"{', '.join(olds[:-1])} and {olds[-1]} -> {new}"
+              for new, olds in sources.items() if len(olds) > 1]  # fmt: skip
+    if not merged:
+        return []
+    return [f"CPU run: {what} merged ({'; '.join(merged)}): scaled to the same size, each is measured once"]
 
 
 # Implementation -> its measured cost per call.
@@ -75,18 +114,26 @@ _CALIBRATION_RUNS = {"warmup": 0, "iterations": 1, "min_time_s": 0.0}
 
 
 def calibrate_attention(settings: AttentionSettings, run: Callable | None = None) -> dict[str, CallCost]:
-    """Each implementation's cost per call here, from one timed call at :data:`CALIBRATION_SEQ` (or the
-    longest length asked for, when shorter) and at half of it, with batch 1 and one key/value head (its
-    query heads, head_dim, dtype, mode and mask as asked). ``run``: the benchmark (default: run_attention)."""
+    """Each implementation's cost per call here (:func:`fit_attention_cost`), from one timed call at
+    :data:`CALIBRATION_SEQ` (or the longest length asked for, when shorter) with batch 1, and one at half of
+    it with batch 2, both with one key/value head (its query heads, head_dim, dtype, mode and mask as
+    asked): two head counts, so the cost per head is measured too. ``run``: the benchmark (default:
+    run_attention)."""
     from llm_speed.bench.attention import run_attention
 
     longest = min(max(settings.seq_lengths), CALIBRATION_SEQ)
-    small = dataclasses.replace(
-        settings, seq_lengths=tuple(dict.fromkeys((max(1, longest // 2), longest))), batch_size=1,
-        num_heads=settings.num_heads // settings.num_kv_heads, num_kv_heads=1, **_CALIBRATION_RUNS,
-    )  # fmt: skip
-    rows = (run or run_attention)(small, show_progress=False)
-    return _calibrated(rows, lambda row: _attention_flops(small, row.seq_len))
+    group = dataclasses.replace(
+        settings, num_heads=settings.num_heads // settings.num_kv_heads, num_kv_heads=1, **_CALIBRATION_RUNS
+    )
+    calls = (dataclasses.replace(group, seq_lengths=(longest,), batch_size=1),
+             dataclasses.replace(group, seq_lengths=(max(1, longest // 2),), batch_size=2))  # fmt: skip
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    for small in calls:
+        for row in (run or run_attention)(small, show_progress=False):
+            if row.median_ms is not None:
+                work = _attention_work(small, row.seq_len)
+                points.setdefault(row.impl, []).append((*work, row.median_ms * 1e-3))
+    return {impl: fit_attention_cost(found) for impl, found in points.items()}
 
 
 def calibrate_gemm(settings: GemmSettings, run: Callable | None = None) -> dict[str, CallCost]:
@@ -110,10 +157,11 @@ def slowest_seconds(costs: Costs, flops: float) -> float:
     return max((cost.seconds(flops) for cost in costs.values()), default=0.0)
 
 
-def rates_text(costs: Costs, flops: float) -> str:
-    """``flash 0.05, torch 90 GFLOP/s``: each implementation's measured rate at ``flops`` per call."""
-    rates = [f"{impl} {flops / cost.seconds(flops) / 1e9:.2g}" for impl, cost in costs.items()
-             if cost.seconds(flops) > 0]  # fmt: skip
+def rates_text(costs: Costs, flops: float, heads: float = 0.0) -> str:
+    """``flash 0.05, torch 90 GFLOP/s``: each implementation's measured rate at ``flops`` per call (of
+    ``heads`` attention heads)."""
+    rates = [f"{impl} {flops / cost.seconds(flops, heads) / 1e9:.2g}" for impl, cost in costs.items()
+             if cost.seconds(flops, heads) > 0]  # fmt: skip
     return f"{', '.join(rates)} GFLOP/s" if rates else "no implementation ran"
 
 
@@ -148,6 +196,16 @@ def _attention_flops(settings: AttentionSettings, seq_len: int) -> float:
     )  # fmt: skip
 
 
+def _attention_work(settings: AttentionSettings, seq_len: int) -> tuple[float, float]:
+    """(batch x query heads, FLOPs) of one call at ``seq_len``: what its time here grows with."""
+    return settings.batch_size * settings.num_heads, _attention_flops(settings, seq_len)
+
+
+def _attention_slowest(costs: Costs, settings: AttentionSettings, seq_len: int) -> float:
+    heads, flops = _attention_work(settings, seq_len)
+    return max((cost.seconds(flops, heads) for cost in costs.values()), default=0.0)
+
+
 def _too_slow(costs: Costs, flops: float) -> bool:
     return slowest_seconds(costs, flops) > CALL_SECONDS
 
@@ -159,7 +217,7 @@ def scale_attention(settings: AttentionSettings, costs: Costs) -> tuple[Attentio
     scaled = []
     for seq_len in settings.seq_lengths:
         new = seq_len
-        while new > MIN_SIZE and _too_slow(costs, _attention_flops(settings, new)):
+        while new > MIN_SIZE and _attention_slowest(costs, settings, new) > CALL_SECONDS:
             new = _halved(new)
         scaled.append(new)
     notes = []
@@ -167,14 +225,15 @@ def scale_attention(settings: AttentionSettings, costs: Costs) -> tuple[Attentio
         changes = ", ".join(
             f"{old} -> {new}" for old, new in zip(settings.seq_lengths, scaled, strict=True) if old != new
         )
+        rates = rates_text(costs, *reversed(_attention_work(settings, max(scaled))))
         notes.append(
             f"CPU run: sequence lengths scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
-            f"(measured at seq {max(scaled)}: {rates_text(costs, _attention_flops(settings, max(scaled)))}); "
-            "--full-size keeps them"
+            f"(measured at seq {max(scaled)}: {rates}); --full-size keeps them"
         )
+        notes += merged_note("sequence lengths", settings.seq_lengths, scaled)
     scaled_settings = dataclasses.replace(settings, seq_lengths=tuple(dict.fromkeys(scaled)))
     # Still too big at the shortest length: halve the heads, keeping the query heads per K/V head.
-    while _too_slow(costs, _attention_flops(scaled_settings, max(scaled))):
+    while _attention_slowest(costs, scaled_settings, max(scaled)) > CALL_SECONDS:
         kv_heads = max(1, scaled_settings.num_kv_heads // 2)
         heads = max(kv_heads, scaled_settings.num_heads // 2 // kv_heads * kv_heads)
         if (heads, kv_heads) == (scaled_settings.num_heads, scaled_settings.num_kv_heads):
@@ -218,14 +277,22 @@ def scale_gemm(settings: GemmSettings, costs: Costs) -> tuple[GemmSettings, list
             f"CPU run: GEMM sizes scaled ({changes}) so one call takes about {CALL_SECONDS:g} s here "
             f"(measured: {rates_text(costs, largest)}); --full-size keeps them"
         )
+        notes += merged_note("GEMM sizes", [_case_text(case) for case in settings.cases],
+                             [_case_text(case) for case in cases])  # fmt: skip
     # Two sizes scaled to the same one are measured once.
     return dataclasses.replace(settings, cases=tuple(dict.fromkeys(cases))), notes
 
 
+def _case_text(case: GemmCase) -> str:
+    """``qkv 512x384x512``: a case as the notes name it (two named cases are never one size)."""
+    return f"{case.name + ' ' if case.name else ''}{case.m}x{case.n}x{case.k}"
+
+
 def attention_estimate(settings: AttentionSettings, costs: Costs) -> float:
     """Estimated seconds for an attention benchmark on this CPU at the measured ``costs``."""
-    flops = [_attention_flops(settings, seq_len) for seq_len in settings.seq_lengths]
-    return estimate_seconds(flops, costs, settings)
+    works = [_attention_work(settings, seq_len) for seq_len in settings.seq_lengths]
+    return sum(row_seconds(cost.seconds(flops, heads), settings)
+               for heads, flops in works for cost in costs.values())  # fmt: skip
 
 
 def gemm_estimate(settings: GemmSettings, costs: Costs) -> float:
@@ -424,6 +491,7 @@ def scale_decode(settings, costs: Costs) -> tuple[object, list[str]]:
                 f"CPU run: {name} scaled ({changes}) so one step takes about {CALL_SECONDS:g} s here "
                 "(measured by calibration calls); --full-size keeps them"
             )
+            notes += merged_note(name, old, new)
     scaled = dataclasses.replace(
         settings, contexts=tuple(dict.fromkeys(contexts)), batch_sizes=tuple(dict.fromkeys(batches))
     )
@@ -544,10 +612,10 @@ def scale_moe(settings, costs: Mapping[str, MoeCost]) -> tuple[object, list[str]
         name = max(wide, key=lambda name: getattr(scaled, name))
         scaled = dataclasses.replace(scaled, **{name: getattr(scaled, name) // 2})
     least = max(settings.top_k)
-    while _moe_too_slow(scaled, costs) and max(scaled.experts) // 2 >= least:
-        scaled = dataclasses.replace(
-            scaled, experts=tuple(dict.fromkeys(max(least, count // 2) for count in scaled.experts))
-        )
+    experts = list(settings.experts)  # each count asked for, as scaled (the notes say which ones merged)
+    while _moe_too_slow(scaled, costs) and max(experts) // 2 >= least:
+        experts = [max(least, count // 2) for count in experts]
+        scaled = dataclasses.replace(scaled, experts=tuple(dict.fromkeys(experts)))
     changes = [f"{name} {_sizes_text(getattr(settings, name))} -> {_sizes_text(getattr(scaled, name))}"
                for name in ("tokens", "experts", "hidden", "intermediate")
                if getattr(settings, name) != getattr(scaled, name)]  # fmt: skip
@@ -557,6 +625,8 @@ def scale_moe(settings, costs: Mapping[str, MoeCost]) -> tuple[object, list[str]
             f"CPU run: sizes scaled ({', '.join(changes)}) so one call takes about {CALL_SECONDS:g} s here "
             "(measured by calibration calls); --full-size keeps them"
         )
+        notes += merged_note("token counts", settings.tokens, tokens)
+        notes += merged_note("expert counts", settings.experts, experts)
     return scaled, notes
 
 

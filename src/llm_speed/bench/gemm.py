@@ -5,6 +5,10 @@ x 128x128 blocks) against ``torch._scaled_mm`` / ``F.scaled_mm`` with the same s
 percentages; tensor and row: ``use_fast_accum``, the kernel's accumulation) and against bf16 ``torch.matmul``
 of the same values. The fp8 operands are quantized once, before timing (``quantize_fp8``'s own cost is not in
 these rows).
+
+Each row's FLOPs and bytes are its own implementation's, in the dtype it computes in (:func:`row_cost`): an
+fp8 run's bf16 ``torch.matmul`` moves bf16 operands, and ``torch.matmul``'s bias and activation, separate
+passes over the output, add their bytes where ``llm_speed.gemm`` fuses them.
 """
 
 from __future__ import annotations
@@ -120,6 +124,41 @@ def baseline_impl(dtype: str) -> str:
 def accepted_impls(dtype: str) -> tuple[str, ...]:
     """The ``--impl`` values ``dtype`` takes, all the default (fp8: ours, ``torch._scaled_mm``, bf16)."""
     return {"int8": INT8_IMPLS, "fp8": FP8_IMPLS}.get(dtype, FLOAT_IMPLS)
+
+
+def row_dtype(impl: str, dtype: str) -> str:
+    """The dtype ``impl`` computes in in a run of ``dtype``: the run's, but bf16 for an fp8 run's
+    ``torch.matmul`` (of the same values, in bf16)."""
+    return "bf16" if dtype == "fp8" and impl == "torch" else dtype
+
+
+def unfused_epilogue_bytes(m: int, n: int, epilogue: str, element: int) -> float:
+    """DRAM bytes of ``torch.matmul``'s epilogue done as separate ops after it: ``+ bias`` reads the [m, n]
+    product and the bias and writes the sum; an activation reads that and writes its result."""
+    if epilogue == "none":
+        return 0.0
+    passes = 1 + ("+" in epilogue)
+    return float(passes * 2 * m * n * element + n * element)
+
+
+def row_cost(impl: str, case: GemmCase, settings: GemmSettings):
+    """FLOPs and minimum bytes (``KernelCost``) of ``impl`` on ``case``: ``gemm_cost`` in the row's dtype
+    (:func:`row_dtype`; int8 returns int32, 4 bytes like fp32; fp8 GEMMs return bf16), the bias read by a
+    fused epilogue, or ``torch.matmul``'s separate epilogue passes (:func:`unfused_epilogue_bytes`). FLOPs
+    are the GEMM's ``2 m n k`` for every row (the epilogue's O(m n) are not counted)."""
+    from llm_speed.core.gpus import dtype_bytes
+    from llm_speed.perf.kernel_costs import KernelCost, gemm_cost
+
+    dtype = row_dtype(impl, settings.dtype)
+    out_dtype = {"int8": "fp32", "fp8": "bf16"}.get(dtype)
+    fused = impl != "torch"  # llm_speed.gemm, gemm_fp8 and torch._scaled_mm take the bias in their epilogue
+    epilogue = settings.epilogue != "none"
+    cost = gemm_cost(case.m, case.n, case.k, dtype=dtype, out_dtype=out_dtype, with_bias=epilogue and fused)
+    if fused:
+        return cost
+    element = dtype_bytes(out_dtype or dtype)
+    extra = unfused_epilogue_bytes(case.m, case.n, settings.epilogue, element)
+    return KernelCost(cost.flops, cost.bytes_moved + extra)
 
 
 def check_settings(settings: GemmSettings) -> None:
@@ -257,39 +296,26 @@ def run_gemm(
     ``on_case(rows_so_far)`` is called after each case (the commands write partial results there, so an
     interrupted run keeps what it measured).
     """
-    from llm_speed.perf.kernel_costs import gemm_cost
-
     check_settings(settings)
     device = torch.device(settings.device)
-    out_dtype = "int32" if settings.dtype == "int8" else None
     rows: list[GemmMeasurement] = []
     cases = settings.cases
     if settings.dtype == "fp8":  # each shape at each granularity
         cases = tuple(dataclasses.replace(c, granularity=g) for c in cases for g in FP8_GRANULARITIES)
-        out_dtype = "bf16"
     total = len(cases) * len(settings.impls)
     progress = report.progress(total, "gemm") if show_progress else contextlib.nullcontext(None)
     with progress as advance:
         for case in cases:
-            cost = gemm_cost(
-                case.m,
-                case.n,
-                case.k,
-                dtype=settings.dtype,
-                # int32 output: 4 bytes, the same as fp32; fp8 GEMMs return bf16
-                out_dtype=out_dtype if settings.dtype == "fp8" else ("fp32" if out_dtype else None),
-                with_bias=settings.epilogue != "none",
-            )
             label = f"{case.name} {case.m}x{case.n}x{case.k}" if case.name else f"{case.m}x{case.n}x{case.k}"
             if case.granularity:
                 label = f"{label} {case.granularity}"
             case_rows = []
             for impl in settings.impls:
+                cost = row_cost(impl, case, settings)
                 row = GemmMeasurement(
                     case=label,
                     impl=impl,
-                    # an fp8 run's bf16 baseline (torch.matmul of the same values) computes in bf16
-                    dtype="bf16" if settings.dtype == "fp8" and impl == baseline_impl("bf16") else None,
+                    dtype=row_dtype(impl, settings.dtype),  # an fp8 run's torch.matmul computes in bf16
                     available=False,
                     name=case.name,
                     m=case.m,
@@ -335,27 +361,25 @@ def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] |
     gpu_id = report.prediction_gpu_id(gpu)
 
     def predict_row(row: GemmMeasurement):
-        if settings.dtype == "fp8":  # gemm_fp8 and torch._scaled_mm at the row's scaling; bf16 torch.matmul
-            with_bias = settings.epilogue != "none"
-            if row.impl == "torch":
-                return predict("gemm", gpu_id, implementation="cublas", m=row.m, n=row.n, k=row.k,
-                               dtype="bf16", with_bias=with_bias)  # fmt: skip
+        dtype = row_dtype(row.impl, settings.dtype)
+        epilogue = settings.epilogue != "none"
+        if dtype == "fp8":  # gemm_fp8 and torch._scaled_mm at the row's scaling (the bias fused)
             implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
             scaling = row.case.split()[-1]  # "4096x4096x4096 row": the case's granularity
             return predict("gemm_fp8", gpu_id, implementation=implementation, m=row.m, n=row.n, k=row.k,
-                           with_bias=with_bias, scaling=scaling, layout=settings.layout)  # fmt: skip
-        op = "tensor_core_gemm_int8" if settings.dtype == "int8" else "gemm"
+                           with_bias=epilogue, scaling=scaling, layout=settings.layout)  # fmt: skip
+        # an fp8 run's torch.matmul is a bf16 GEMM, its bias added after it as any torch row's
+        op = "tensor_core_gemm_int8" if dtype == "int8" else "gemm"
         implementation = "llm-speed" if row.impl == "llm-speed" else "cublas"
-        epilogue = settings.epilogue != "none"
         fused = epilogue and implementation == "llm-speed"
         prediction = predict(op, gpu_id, implementation=implementation, m=row.m, n=row.n, k=row.k,
-                             dtype=settings.dtype, with_bias=fused)  # fmt: skip
+                             dtype=dtype, with_bias=fused)  # fmt: skip
         if implementation == "cublas" and epilogue:
             passes = 1 + ("+" in settings.epilogue)
-            element = 4 if settings.dtype == "fp32" else (1 if settings.dtype == "int8" else 2)
+            element = 4 if dtype == "fp32" else (1 if dtype == "int8" else 2)
             extra = predict_work(gpu_id, flops=float(row.m * row.n * passes),
-                                 bytes_moved=2.0 * row.m * row.n * element * passes, dtype=settings.dtype,
-                                 implementation="vendor", kernels=passes)  # fmt: skip
+                                 bytes_moved=unfused_epilogue_bytes(row.m, row.n, settings.epilogue, element),
+                                 dtype=dtype, implementation="vendor", kernels=passes)  # fmt: skip
             from dataclasses import replace
 
             prediction = replace(prediction, seconds=prediction.seconds + extra.seconds,
@@ -460,12 +484,15 @@ def print_gemm(settings: GemmSettings, rows: Sequence[GemmMeasurement], console:
     report.print_rows("GEMM: every implementation", columns, full_rows, caption=config, console=console)
     report.print_unavailable(rows, console)
     totals = summary(settings, rows)["per_impl"]
+    # (a CPU run scales the model's shapes: their weighted total is then no forward pass of the model)
+    whole_pass = bool(settings.model) and settings.cases == model_cases(settings.model, settings.tokens)
     for impl, figures in totals.items():
         parts = [f"{figures['shapes_measured']}/{figures['shapes_total']} shapes ran"]
         if figures["geomean_percent_of_baseline"] is not None:
             parts.append(f"geometric mean {figures['geomean_percent_of_baseline']:.1f}% of {base}")
         if figures["weighted_total_ms"] is not None and settings.model:
-            parts.append(f"{figures['weighted_total_ms']:.3g} ms for one forward pass's weight GEMMs")
+            what = "one forward pass's weight GEMMs" if whole_pass else "the scaled shapes x their counts"
+            parts.append(f"{figures['weighted_total_ms']:.3g} ms for {what}")
         console.print(f"summary {impl}: " + ", ".join(parts), highlight=False, markup=False)
     for note in report.timing_notes(device, TRITON_IMPLS, rows):
         console.print(f"note: {note}", highlight=False, markup=False)

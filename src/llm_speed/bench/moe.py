@@ -13,8 +13,9 @@ Every implementation gets the same hidden states, weights and routing (top-k of 
 logits: the routing itself is not timed). ``--mode fwd`` times the forward (no autograd graph);
 ``fwd+bwd`` the forward and the backward for the hidden states, both weights and the routing weights.
 FLOPs and bytes are the op table's ``fused_moe`` (+ ``fused_moe_backward``) costs for every row, one
-yardstick; peak memory is measured on CUDA. On a CPU the times are of the interpreter (llm_speed) and of
-PyTorch's CPU kernels and say nothing about a GPU.
+yardstick, with the weights of the experts this routing hits (``experts_hit``) where the op table, which
+reads no ids, counts the expected number; peak memory is measured on CUDA. On a CPU the times are of the
+interpreter (llm_speed) and of PyTorch's CPU kernels and say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class MoeMeasurement(Measurement):
     tokens: int
     experts: int
     top_k: int
+    experts_hit: int  # the experts the case's routing sends at least one token to: their weights are read
 
 
 def check_settings(settings: MoeSettings) -> None:
@@ -163,10 +165,24 @@ def _inputs(case: tuple[int, int, int], s: MoeSettings, device: torch.device, gr
     hidden = randn(tokens, s.hidden)
     w_gate_up = randn(experts, 2 * s.intermediate, s.hidden, scale=s.hidden**-0.5)
     w_down = randn(experts, s.hidden, s.intermediate, scale=s.intermediate**-0.5)
-    logits = torch.randn(tokens, experts, generator=generator).to(device)
+    weights, ids = routing(case)
+    weights = weights.to(device).requires_grad_(grad)
+    return hidden, w_gate_up, w_down, weights, ids.to(device=device, dtype=torch.int32)
+
+
+def routing(case: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's routing on the CPU, (weights, ids) [tokens, top_k]: the top-k of a softmax over random
+    logits, renormalized. Drawn from a generator of its own, so the cost can count the experts it hits
+    without drawing the weights."""
+    tokens, experts, top_k = case
+    logits = torch.randn(tokens, experts, generator=torch.Generator(device="cpu").manual_seed(1))
     weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).requires_grad_(grad)
-    return hidden, w_gate_up, w_down, weights, ids.to(torch.int32)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def experts_hit(case: tuple[int, int, int]) -> int:
+    """How many experts the case's routing (:func:`routing`) sends at least one token to."""
+    return int(routing(case)[1].unique().numel())
 
 
 def memory_floor(case: tuple[int, int, int], s: MoeSettings) -> int:
@@ -188,7 +204,11 @@ def memory_needs(settings: MoeSettings) -> list[int]:
 
 def case_cost(case: tuple[int, int, int], s: MoeSettings) -> tuple[float, float]:
     """(FLOPs, bytes) of the op table's ``fused_moe`` (+ ``fused_moe_backward`` in fwd+bwd) rows, read off
-    meta tensors of the case's shapes."""
+    meta tensors of the case's shapes, with the experts the case's routing hits (:func:`experts_hit`) in the
+    weights each call reads: the op table reads no ids and counts the expected number
+    (:func:`llm_speed.perf.kernel_costs.expected_experts_hit`), a fraction; this run's routing is known."""
+    from llm_speed.perf.kernel_costs import expected_experts_hit
+
     tokens, experts, top_k = case
     dtype = report.TORCH_DTYPES[s.dtype]
     meta = dict(
@@ -199,7 +219,11 @@ def case_cost(case: tuple[int, int, int], s: MoeSettings) -> tuple[float, float]
     )
     names = ("fused_moe", "fused_moe_backward") if s.mode == "fwd+bwd" else ("fused_moe",)
     works = [ops.get(name).work(**meta) for name in names]
-    return sum(w.flops for w in works), sum(w.bytes_moved for w in works)
+    # each call reads the gate/up and down weights [3 I H] of the experts hit once
+    expert_bytes = 3 * s.intermediate * s.hidden * dtype.itemsize
+    hit_minus_expected = experts_hit(case) - expected_experts_hit(experts, top_k, tokens)
+    moved = sum(w.bytes_moved for w in works) + len(works) * hit_minus_expected * expert_bytes
+    return sum(w.flops for w in works), float(round(moved))  # whole bytes: the fraction was the expectation's
 
 
 def _builder(impl: str, case, s: MoeSettings, device: torch.device) -> Callable[[], Callable[[], Any]]:
@@ -248,10 +272,12 @@ def run_moe(
         for case in cases:
             flops, moved = case_cost(case, settings)
             tokens, experts, top_k = case
+            hit = experts_hit(case)
             for impl in settings.impls:
                 row = MoeMeasurement(
-                    case=f"T={tokens} E={experts} k={top_k}", impl=impl, available=False, flops=flops,
-                    bytes_moved=moved, tokens=tokens, experts=experts, top_k=top_k,
+                    case=f"T={tokens} E={experts} k={top_k}", impl=impl, dtype=settings.dtype,
+                    available=False, flops=flops, bytes_moved=moved, tokens=tokens, experts=experts,
+                    top_k=top_k, experts_hit=hit,
                 )  # fmt: skip
                 shortfall = report.memory_shortfall(memory_floor(case, settings), available)
                 if shortfall:

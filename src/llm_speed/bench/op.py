@@ -15,6 +15,7 @@ import torch
 
 from llm_speed import ops
 from llm_speed._output import print_table
+from llm_speed.bench import report
 from llm_speed.bench.report import bytes_text, cpu_memory
 from llm_speed.bench.timing import measure
 from llm_speed.core.intmath import MAX_TENSOR_BYTES
@@ -45,7 +46,7 @@ class OpMeasurement:
         return self.flops / (self.median_ms * 1e-3) / 1e12 if self.flops and self.median_ms > 0 else None
 
     @property
-    def gb_per_s(self) -> float | None:
+    def bandwidth_gb_s(self) -> float | None:
         return (
             self.bytes_moved / (self.median_ms * 1e-3) / 1e9
             if self.bytes_moved and self.median_ms > 0
@@ -165,12 +166,32 @@ def run_op(
     return results
 
 
-def results_payload(rows: Sequence[OpMeasurement]) -> dict[str, Any]:
-    """The JSON document: every measurement with its derived rates."""
+def timing_notes(rows: Sequence[OpMeasurement]) -> list[str]:
+    """What the times mean where they were taken (:func:`llm_speed.bench.report.timing_notes`, as every
+    benchmark says it): on a CPU, that they say nothing about a GPU, and whether llm-speed's row ran Triton's
+    interpreter or the PyTorch fallback."""
+    first = rows[0]
+    plain = ops.get(first.op).plain_pytorch  # naive_attention: plain PyTorch on purpose, no kernel
+    # (bench op measures no peak memory and predicts nothing: the other benchmarks' note on those is not its)
+    notes = report.timing_notes(torch.device(first.device), [] if plain else [f"{LLM_SPEED}'s {first.op}"],
+                                memory_and_predictions=False)  # fmt: skip
+    if plain:
+        notes.append(f"{first.op} is plain PyTorch by design: no Triton kernel runs in its row.")
+    return notes
+
+
+def results_payload(rows: Sequence[OpMeasurement], settings: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document, as the other benchmarks': provenance, ``settings``, what the times mean, and every
+    measurement with its derived rates."""
     return {
+        "benchmark": "op",
+        "environment": report.environment(torch.device(rows[0].device)),
+        "settings": settings,
+        "notes": timing_notes(rows),
         "results": [
-            {**dataclasses.asdict(row), "tflops": row.tflops, "gb_per_s": row.gb_per_s} for row in rows
-        ]
+            {**dataclasses.asdict(row), "tflops": row.tflops, "bandwidth_gb_s": row.bandwidth_gb_s}
+            for row in rows
+        ],
     }
 
 
@@ -181,7 +202,8 @@ def print_op(rows: Sequence[OpMeasurement], console: Any, *, ratios: bool = True
     first = rows[0]
     table = []
     for row in rows:
-        cells = [row.impl, row.median_ms, f"{row.p20_ms:.3g}-{row.p80_ms:.3g}", row.tflops, row.gb_per_s]
+        spread = f"{row.p20_ms:.3g}-{row.p80_ms:.3g}"
+        cells = [row.impl, row.median_ms, spread, row.tflops, row.bandwidth_gb_s]
         if ratios:
             cells.append(f"{baseline / row.median_ms:.3g}x" if baseline and row.median_ms > 0 else None)
         table.append(cells)
@@ -192,3 +214,5 @@ def print_op(rows: Sequence[OpMeasurement], console: Any, *, ratios: bool = True
         caption=f"{first.iterations} timed runs ({first.timer}); FLOPs and bytes from llm_speed.ops",
         console=console,
     )
+    for note in timing_notes(rows):
+        console.print(f"note: {note}", highlight=False, markup=False)

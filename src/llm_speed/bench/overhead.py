@@ -433,8 +433,35 @@ def measure(
     return rows
 
 
+def not_run(ops: Sequence[str], modes: Sequence[str]) -> list[dict[str, str]]:
+    """Each op asked for in a mode it cannot run in (no gradient: inference only), with the reason:
+    :func:`measure` skips those pairs, and the run must say so."""
+    by_name = {case.name: case for case in CASES}
+    return [
+        {"op": name, "mode": mode, "reason": "no gradient: it runs in inference only"}
+        for mode in dict.fromkeys(modes)
+        for name in dict.fromkeys(ops)
+        if mode != "inference" and not by_name[name].differentiable
+    ]
+
+
+def not_run_text(skipped: dict[str, str]) -> str:
+    """``tensor_core_gemm_int8 (autograd): no gradient: ...``."""
+    return f"{skipped['op']} ({skipped['mode']}): {skipped['reason']}"
+
+
+def refuse_when_nothing_runs(ops: Sequence[str], modes: Sequence[str]) -> None:
+    """ValueError naming --ops and --modes when not one op asked for runs in a mode asked for: the run would
+    time only the SDPA yardstick."""
+    skipped = not_run(ops, modes)
+    if len(skipped) == len(dict.fromkeys(ops)) * len(dict.fromkeys(modes)):
+        said = "; ".join(not_run_text(pair) for pair in skipped)
+        raise ValueError(f"--ops/--modes: none of the ops asked for runs in the modes asked for ({said})")
+
+
 def results_payload(rows: Sequence[Row], device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
-    """The run's JSON: provenance, settings, what the figures mean, and every row."""
+    """The run's JSON: provenance, settings, what the figures mean, every row, and each (op, mode) asked for
+    that did not run (``not_run``)."""
     from llm_speed.bench.report import environment
 
     meaning = (
@@ -449,11 +476,14 @@ def results_payload(rows: Sequence[Row], device: torch.device, settings: dict[st
         "settings": settings,
         "notes": [meaning, f"targets: {'GPU' if device.type == 'cuda' else 'CPU'}, llm_speed.bench.overhead"],
         "results": [dataclasses.asdict(row) for row in rows],
+        "not_run": not_run(settings["ops"], settings["modes"]),
     }
 
 
-def print_rows(rows: Sequence[Row], console: Any) -> None:
+def print_rows(rows: Sequence[Row], console: Any, *, device: torch.device | None = None) -> None:
+    """The table (titled with the device that ran it, when given)."""
     from llm_speed._output import print_table
+    from llm_speed.bench.report import environment_device_name
 
     on_gpu = any(row.kernel_us is not None for row in rows)
     columns = ["op", "mode", "us/call", *(["kernel us/call"] if on_gpu else []), "vs baseline", "vs SDPA",
@@ -465,4 +495,5 @@ def print_rows(rows: Sequence[Row], console: Any) -> None:
         sdpa = f"{row.vs_sdpa:.2f}x" if row.vs_sdpa is not None else None
         target = None if row.target is None else f"<= {row.target}x {row.target_of}"
         table.append([*cells, vs, sdpa, target, row.meets_target])
-    print_table("per-call cost on a tiny problem", columns, table, console=console)
+    title = "per-call cost on a tiny problem" + (f", {environment_device_name(device)}" if device else "")
+    print_table(title, columns, table, console=console)

@@ -39,8 +39,9 @@ def plot_rows(
     """Write the plot of ``rows`` to ``path`` (already checked with ``prepare_output_path``).
 
     On a GPU in the spec table: the measured rows on its roofline. On a CPU: the performance model's
-    predictions for :data:`MODELLED_GPU`, one point per distinct problem, labelled as predictions; the CPU's
-    own timings are not drawn (they do not belong on a GPU's roofline). Crowded points become a bar chart.
+    predictions for :data:`MODELLED_GPU`, one point per distinct problem, labelled as predictions, none for a
+    row refused on every device (``refused_everywhere``); the CPU's own timings are not drawn (they do not
+    belong on a GPU's roofline). Crowded points become a bar chart.
     Returns False, saying why, when there is nothing to plot.
     """
     from llm_speed.core.gpus import detect_gpu, get_gpu
@@ -63,9 +64,10 @@ def plot_rows(
     else:
         gpu = get_gpu(MODELLED_GPU)
         # One prediction per distinct problem: implementations with the same cost and dtype share a point.
+        # None for a row refused on every device (fp8 attention's backward): no GPU would run it either.
         distinct: dict[tuple[str, float, float, str | None], list[str]] = {}
         for row in rows:
-            if row.bytes_moved > 0:
+            if row.bytes_moved > 0 and not row.refused_everywhere:
                 distinct.setdefault((row.case, row.flops, row.bytes_moved, row.dtype), []).append(row.impl)
         firsts = {(r.case, r.flops, r.bytes_moved, r.dtype): r for r in reversed(rows)}
         plotted = [firsts[key] for key in distinct]

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llm_speed import __version__
+from llm_speed._output import write_text_atomic
 from llm_speed.bench.cpu_load import CPU_TIMING_THREADS
 from llm_speed.bench.timing import PeakMemory, Timing, check_run_counts, measure, peak_memory
 from llm_speed.core.runtime import INTERPRETED
@@ -86,15 +87,22 @@ class Measurement:
     RATIO_FIELDS: ClassVar[tuple[str, ...]] = (
         "fastest_other", "speedup_vs_fastest_other", "speedup_range", "speedup_within_noise",
     )  # fmt: skip
+    # The fields a bench's JSON and CSV rows leave out: internal ones, and ones its rows can never fill (a
+    # field null whatever the input says nothing).
+    NOT_WRITTEN: ClassVar[tuple[str, ...]] = ("refused_everywhere",)
     case: str  # short label of the shape, e.g. "seq=512" or "qkv 4096x6144x4096"
     impl: str
     available: bool
     reason: str | None = None  # why the implementation did not run (unavailable, refused the shape, OOM)
     flops: float
     bytes_moved: float  # the performance model's minimum DRAM traffic for this implementation
-    # The dtype the implementation computes in, where it is not the run's (an fp8 row of a bf16 run): the
-    # roof a plot puts the row under.
+    # The dtype the implementation computes in: the run's unless the row sets its own (an fp8 row of a bf16
+    # run, an fp8 GEMM run's bf16 baseline). Its FLOPs and bytes are of that dtype, the roofline floor takes
+    # that dtype's peak and a plot puts the row under its roof. None until add_comparisons fills the run's.
     dtype: str | None = None
+    # Refused for a reason that holds on every device (fp8 attention's backward), so no GPU prediction of it
+    # is drawn either; not written (``reason`` says why).
+    refused_everywhere: bool = False
     timing: Timing | None = None
     tflops: float | None = None
     bandwidth_gb_s: float | None = None
@@ -196,11 +204,15 @@ def environment_device_name(device: torch.device) -> str:
 
 
 def timing_notes(
-    device: torch.device, triton_ops: Sequence[str], rows: Sequence[Measurement] | None = None
+    device: torch.device,
+    triton_ops: Sequence[str],
+    rows: Sequence[Measurement] | None = None,
+    *,
+    memory_and_predictions: bool = True,
 ) -> list[str]:
     """Plain statements about what the timings mean on this device (printed and stored in the JSON).
     With ``rows``, only the Triton ops that were timed are named (one not asked for, or that could not run,
-    has no times)."""
+    has no times); ``memory_and_predictions=False`` for a benchmark that reports neither."""
     if rows is not None:
         timed = {row.impl for row in rows if row.available}
         triton_ops = [op for op in triton_ops if op in timed]
@@ -217,7 +229,8 @@ def timing_notes(
                 f"Without TRITON_INTERPRET, the times of {', '.join(triton_ops)} are of llm-speed's PyTorch "
                 "fallback for CPU tensors, not of the Triton kernels."
             )
-        notes.append("Peak memory is only measured on CUDA devices; the predictions are for GPUs only.")
+        if memory_and_predictions:
+            notes.append("Peak memory is only measured on CUDA devices; the predictions are for GPUs only.")
     elif INTERPRETED:
         notes.append("TRITON_INTERPRET=1 on a GPU: Triton kernels are interpreted; their times mean nothing.")
     return notes
@@ -354,14 +367,18 @@ def add_comparisons(
 ) -> None:
     """Fill speedup vs the fastest other implementation of the same case, the roofline floor and, with a
     ``predictor`` (row -> :class:`llm_speed.perf.predict.Prediction` or None for an implementation the
-    model does not cover), the calibrated prediction and its error."""
+    model does not cover), the calibrated prediction and its error. ``dtype`` is the run's: a row without a
+    dtype of its own gets it."""
     from llm_speed.perf.roofline import roofline
 
     for row in rows:
+        if row.dtype is None:
+            row.dtype = dtype
         if gpu is None:
             row.prediction_reason = prediction_reason
         else:
-            point = roofline(row.flops, row.bytes_moved, dtype, gpu)
+            # the row's own dtype: its FLOPs and bytes are of it (a bf16 row of an fp8 run is no fp8 GEMM)
+            point = roofline(row.flops, row.bytes_moved, row.dtype, gpu)
             row.predicted_ms = point.time_floor_s * 1e3
             row.predicted_bound = point.bound
             if row.median_ms:
@@ -445,12 +462,17 @@ def ratio_text(
 
 def to_record(row: Measurement) -> dict[str, Any]:
     """One row as JSON values, with the old scripts' ``latency_ms`` and ``throughput_tflops`` keys added."""
-    from llm_speed._output import to_jsonable
-
-    record = to_jsonable(row)
+    record = written_fields(row)
     record["latency_ms"] = row.median_ms
     record["throughput_tflops"] = row.tflops
     return record
+
+
+def written_fields(row: Measurement) -> dict[str, Any]:
+    """The row's fields as JSON values, less those its class does not write (``NOT_WRITTEN``)."""
+    from llm_speed._output import to_jsonable
+
+    return {key: value for key, value in to_jsonable(row).items() if key not in row.NOT_WRITTEN}
 
 
 def results_document(
@@ -573,12 +595,10 @@ CSV_TIMING_FIELDS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "itera
 
 def csv_records(rows: Sequence[Measurement]) -> list[dict[str, Any]]:
     """One flat record per row: the row's scalar fields, its timing statistics, ranges as low/high columns."""
-    from llm_speed._output import to_jsonable
-
     records = []
     for row in rows:
         record: dict[str, Any] = {}
-        for key, value in to_jsonable(row).items():
+        for key, value in written_fields(row).items():
             if key == "timing":
                 record.update({f: (value or {}).get(f) for f in CSV_TIMING_FIELDS})
             elif isinstance(value, list) and len(value) == 2:  # a (low, high) range
@@ -592,15 +612,20 @@ def csv_records(rows: Sequence[Measurement]) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: Sequence[Measurement], path: str | Path) -> None:
-    """Write one CSV line per row (the header from the first row's fields; empty cells for None)."""
+    """Write one CSV line per row (the header from the first row's fields; empty cells for None).
+
+    The file is rewritten after every case, atomically (``llm_speed._output.write_text_atomic``, as the
+    JSON): a run cut during the write keeps the previous file whole, not a truncated one."""
     import csv
+    import io
 
     records = csv_records(rows)
     fields = list(dict.fromkeys(key for record in records for key in record))
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(records)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(records)
+    write_text_atomic(path, text.getvalue())
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -73,6 +73,12 @@ class TrainStepSettings:
 class StepMeasurement(Measurement):
     """A :class:`Measurement` of one variant's training step."""
 
+    # No roofline floor nor calibrated prediction of a whole step (NO_PREDICTION, in prediction_reason): those
+    # fields would be null whatever the input, so its JSON and CSV rows leave them out.
+    NOT_WRITTEN: ClassVar[tuple[str, ...]] = (
+        *Measurement.NOT_WRITTEN, "predicted_ms", "predicted_bound", "measured_over_predicted",
+        "prediction_ms", "prediction_bound", "prediction_error", "prediction_calibrated",
+    )  # fmt: skip
     tokens: int
     tokens_per_s: float | None = None
     # peak_memory_bytes minus the weights and their gradients (which every variant holds once its backward
@@ -110,21 +116,25 @@ def default_family(model: ModelConfig, model_arg: str) -> str:
     return "mixtral" if model.num_experts else "llama"
 
 
-def family_config(model: ModelConfig, family: str, layers: int | None):
+def family_config(model: ModelConfig, family: str, layers: int | None, *, model_arg: str | None = None):
     """The transformers config of ``family`` with ``model``'s sizes. ValueError when the two do not fit: a
     gated MLP is needed (SwiGLU; the Gemma families use their GeGLU), MoE families need experts, DeepSeek-V3
-    MLA ranks, dense families a dense model."""
+    MLA ranks, dense families a dense model. ``model_arg``: the ``--model`` given, named in the errors (a
+    config.json's model is named after its folder)."""
     import transformers
 
     report.check_choice("family", family, tuple(FAMILIES))
+    # at the command line: the flag the error is about first, then the --model given
+    named = f"--model {model_arg}" if model_arg is not None else f"model {model.name!r}"
+    model_flag, family_flag = ("model: ", "family: ") if model_arg is not None else ("", "")
     if not model.gated_mlp or (family not in GEGLU_FAMILIES and model.activation not in ("silu", "swish")):
-        raise ValueError(f"model {model.name!r}: train-step builds gated (SwiGLU or Gemma's GeGLU) MLPs only")
+        raise ValueError(f"{model_flag}{named}: train-step builds gated (SwiGLU or Gemma's GeGLU) MLPs only")
     if (family in MOE_FAMILIES) != bool(model.num_experts):
         kind = "an MoE" if model.num_experts else "a dense"
-        raise ValueError(f"model {model.name!r} is {kind} model; family {family!r} needs "
+        raise ValueError(f"{family_flag}{named} is {kind} model; family {family!r} needs "
                          f"{'an MoE' if family in MOE_FAMILIES else 'a dense'} one")  # fmt: skip
     if (family == "deepseek_v3") != bool(model.kv_lora_rank):
-        raise ValueError(f"model {model.name!r}: MLA (kv_lora_rank) goes with family 'deepseek_v3' only")
+        raise ValueError(f"{family_flag}{named}: MLA (kv_lora_rank) goes with family 'deepseek_v3' only")
     kw = dict(
         vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
         num_hidden_layers=layers or model.num_layers, num_attention_heads=model.num_attention_heads,
@@ -171,7 +181,7 @@ def train_step_settings(args: argparse.Namespace, device: torch.device) -> Train
         raise ValueError("bench train-step needs the transformers package: pip install llm-speed[hf]")
     config = resolve_model(args.model)
     family = args.family or default_family(config, args.model)
-    family_config(config, family, args.layers)  # ValueError now for a model it cannot build
+    family_config(config, family, args.layers, model_arg=args.model)  # ValueError now for one it cannot build
     if args.layers is not None and args.layers > config.num_layers:
         raise ValueError(f"layers: {args.model} has {config.num_layers} layers, got {args.layers}")
     settings = TrainStepSettings(
@@ -319,8 +329,9 @@ def run_train_step(
     with progress if progress is not None else contextlib.nullcontext(None) as advance:
         for variant in settings.impls:
             row = StepMeasurement(
-                case=case, impl=variant, available=False, flops=flops, bytes_moved=moved, tokens=tokens
-            )
+                case=case, impl=variant, dtype=settings.dtype, available=False, flops=flops,
+                bytes_moved=moved, tokens=tokens,
+            )  # fmt: skip
             if variant == "liger" and liger_reason is not None:
                 row.reason = liger_reason
             else:

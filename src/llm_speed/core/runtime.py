@@ -148,9 +148,8 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
-                "device: cuda was requested but no CUDA device is visible; use cpu (--device cpu)"
-            )
+            # A library caller's words; the command line's main turns device='cpu' into "--device cpu".
+            raise ValueError("device: cuda was requested but no CUDA device is visible; use device='cpu'")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
