@@ -111,6 +111,9 @@ def test_the_proof_checks_on_the_cpu_in_under_two_minutes(tmp_path):
         # (pytest's "ERROR collecting ...", "1 error in ...", not a test named test_..._error_...)
         error = re.search(r"\berrors?\b", logs[f"{name}.log"], re.IGNORECASE)
         assert collected and int(collected.group(1)) > 0 and not error, (name, error)
+        # each of its parts gets a test: an empty slice is pytest's exit 5, read as the family failing
+        family = proof_correctness.BY_NAME[name.removeprefix("correct_")]
+        assert int(collected.group(1)) >= family.shards, (name, collected.group(1), family.shards)
     text = (out / "summary.txt").read_text()
     assert text.splitlines()[1].startswith(("PROBLEMS", "no failures")), text[:500]
 
