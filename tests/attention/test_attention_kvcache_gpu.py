@@ -112,3 +112,22 @@ def test_cuda_graph_replays_with_new_lengths_and_pages():
         torch.cuda.synchronize()
         assert torch.equal(captured_out, eager_out) and torch.equal(captured_lse, eager_lse)
         assert torch.equal(inputs["k_cache"], caches[0]) and torch.equal(inputs["v_cache"], caches[1])
+
+
+def test_new_tokens_whose_rows_pass_2_31_elements_land_in_their_cache_rows():
+    """The append reads the new keys' rows at j * stride: in 32 bits that wrapped once a row passed 2^31
+    elements (a prefill's keys as a view of a fused QKV projection, ~210k tokens at 64 + 2 x 8 heads of 128),
+    writing other memory's rows into the cache. Rows 2^30 elements apart, three of them: 4 GiB a tensor."""
+    heads_kv, dim, new, stride = 2, 64, 3, 2**30
+    dtype = torch.bfloat16
+    k_cache = torch.zeros(1, 16, heads_kv, dim, device=DEVICE, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    shape, strides = (1, new, heads_kv, dim), ((new - 1) * stride + heads_kv * dim, stride, dim, 1)
+    k, v = (torch.empty(strides[0], device=DEVICE, dtype=dtype).as_strided(shape, strides) for _ in range(2))
+    k.copy_(torch.randn(shape, device=DEVICE, dtype=dtype))
+    v.copy_(torch.randn(shape, device=DEVICE, dtype=dtype))
+    q = torch.randn(1, new, 4, dim, device=DEVICE, dtype=dtype)
+    lens = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    out = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, k=k, v=v, is_causal=True)
+    assert torch.equal(k_cache[0, 5:8], k[0]) and torch.equal(v_cache[0, 5:8], v[0])
+    assert torch.isfinite(out).all()

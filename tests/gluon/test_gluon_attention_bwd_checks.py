@@ -181,6 +181,13 @@ def test_layouts_and_devices_the_kernels_do_not_take(monkeypatch):
     with torch_deterministic():
         assert not select.gluon_backward_applies(q, k, v, out, dout, policy=ON)
     assert "out is not" in select.gluon_backward_refusal(q, k, v, out[:, :2], dout, policy=ON)
+    # a misaligned dout that is contiguous: the backward's dout.contiguous() keeps it, and its TMA
+    # descriptor asserted inside autograd's backward instead of the Triton kernels taking the call
+    shifted_dout = torch.empty(dout.numel() + 1, dtype=BF16)[1:].view(dout.shape)
+    assert "dout is contiguous but not 16-byte" in select.gluon_backward_refusal(q, k, v, out, shifted_dout,
+                                                                                 policy=ON)  # fmt: skip
+    assert select.gluon_backward_applies(q, k, v, out, dout.transpose(1, 2).contiguous().transpose(1, 2),
+                                         policy=ON)  # (not contiguous: copied, aligned)  # fmt: skip
     # the current policy when none is given: the candidates turn on d = 128 only
     from llm_speed.core.policy import use_policy
 

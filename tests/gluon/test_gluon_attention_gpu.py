@@ -51,7 +51,7 @@ DESCALES = {"none": None, "tensor": lambda b, h: (), "head": lambda b, h: (h,), 
 # (batch, heads, heads_kv, seq_q, seq_kv, descale shape): fp8's ragged keys (not a multiple of V^T's 16-byte
 # rows) included; each shape with one kind of descale (the family's time cap)
 FP8_SHAPES = [(2, 16, 16, 2048, 2048, "head"), (1, 8, 2, 300, 1000, "batch"), (3, 4, 1, 113, 127, "tensor"),
-              (2, 4, 2, 129, 17, "none")]  # fmt: skip
+              (2, 4, 2, 129, 17, "none"), (1, 4, 2, 400, 50, "head")]  # fmt: skip  (the last: no-key tiles)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -131,4 +131,6 @@ def test_the_build_that_ran_keeps_no_local_memory():
     built = list(GEMM_FP8.fn.device_caches[torch.cuda.current_device()][0].values())
     assert len(built) >= 2
     for kernel in built:
-        assert kernel.n_spills == 0 and kernel.metadata.num_warps == 4
+        # (Triton 3.6 records a warp-specialized kernel's warps over every partition: 4 + 4 + a producer
+        # warpgroup, 12; the default partition's 4 are in its TTGIR)
+        assert kernel.n_spills == 0 and kernel.metadata.num_warps == 12

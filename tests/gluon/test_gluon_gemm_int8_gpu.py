@@ -44,7 +44,8 @@ def test_wraps_as_int_mm_and_is_repeatable():
     """(Not poisoned: the wrapped sum is int32's minimum itself.)"""
     from llm_speed.gluon.gemm import gemm_int8
 
-    a = torch.full((16, 131072), -128, dtype=torch.int8, device="cuda")
+    # (32 rows: torch._int_mm on CUDA takes more than 16)
+    a = torch.full((32, 131072), -128, dtype=torch.int8, device="cuda")
     b = torch.full((16, 131072), -128, dtype=torch.int8, device="cuda")
     out = gemm_int8(a, b)
     assert torch.equal(out, torch._int_mm(a, b.T.contiguous().T))  # 2**31 wraps to -2**31 in both

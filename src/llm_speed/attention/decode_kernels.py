@@ -80,8 +80,10 @@ def _append_rows(
         o_slot = o_pos.to(tl.int64)
     o_d = tl.arange(0, BLOCK_D)
     m = m_row[:, None] & (o_d < head_dim)[None, :]
-    p_k = K + i_b.to(tl.int64) * stride_kb + (o_j * stride_ks + o_h * stride_kh)[:, None]
-    p_v = V + i_b.to(tl.int64) * stride_vb + (o_j * stride_vs + o_h * stride_vh)[:, None] + o_d[None, :]
+    # (64-bit rows: a prefill's new keys as a fused QKV view pass 2^31 elements at ~210k tokens)
+    p_k = K + i_b.to(tl.int64) * stride_kb + (o_j.to(tl.int64) * stride_ks + o_h * stride_kh)[:, None]
+    p_v = V + i_b.to(tl.int64) * stride_vb + (o_j.to(tl.int64) * stride_vs + o_h * stride_vh)[:, None]
+    p_v += o_d[None, :]
     p_kc = K_CACHE + (o_row * stride_kcb + o_slot * stride_kcs + o_h * stride_kch)[:, None] + o_d[None, :]
     p_vc = V_CACHE + (o_row * stride_vcb + o_slot * stride_vcs + o_h * stride_vch)[:, None] + o_d[None, :]
     if COS is not None:

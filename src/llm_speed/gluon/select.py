@@ -106,6 +106,8 @@ def gluon_backward_refusal(q, k, v, out, dout, *, deterministic: bool = False, w
             return f"{name} is not a {tuple(q.shape)} {q.dtype} tensor on q's device"
     if not out.is_contiguous() or out.data_ptr() % 16:
         return "out is not contiguous and 16-byte aligned"
+    if dout.is_contiguous() and dout.data_ptr() % 16:  # (contiguous() keeps its storage: TMA refuses it)
+        return "dout is contiguous but not 16-byte aligned"
     return None
 
 

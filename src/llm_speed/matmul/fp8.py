@@ -167,7 +167,9 @@ def _quantize_fp8_kernel(
             b_amax = tl.maximum(b_amax, tl.max(tl.abs(b_x), axis=1))
         if MODE == 3:
             b_amax = tl.zeros((BLOCK_R,), dtype=tl.float32) + tl.max(b_amax, axis=0)
-    b_scale = tl.maximum(b_amax, AMAX_FLOOR) / FP8_MAX  # [BR]
+    # div_rn, not `/`: compiled Triton divides float32 approximately (div.full.f32, up to 2 ulp), and the
+    # scale and the bytes are to be PyTorch's (torch divides rounded to nearest)
+    b_scale = tl.div_rn(tl.maximum(b_amax, AMAX_FLOOR), FP8_MAX)  # [BR]
     if MODE == 0:
         # program (0, 0) writes the one scale
         tl.store(scale_ptr + tl.arange(0, BLOCK_R), b_scale, mask=(tl.arange(0, BLOCK_R) + pid_r + pid_c) < 1)
@@ -181,9 +183,9 @@ def _quantize_fp8_kernel(
         m = m_r[:, None] & (o < c_end)[None, :]
         p_x = x_ptr + o_r[:, None] * stride_xr + o.to(tl.int64)[None, :] * stride_xc
         b_x = tl.load(p_x, mask=m, other=0.0).to(tl.float32)
-        b_q = to_fp8(b_x / b_scale[:, None], FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND, SHIFT=SHIFT,
-                      ROUND_MASK=ROUND_MASK, MIN_NORMAL=MIN_NORMAL, SUBNORMAL_MAGIC=SUBNORMAL_MAGIC,
-                      dtype=q_ptr.dtype.element_ty)  # fmt: skip
+        b_q = to_fp8(tl.div_rn(b_x, b_scale[:, None]), FP8_MAX=FP8_MAX, ROUND_BY_HAND=ROUND_BY_HAND,
+                     SHIFT=SHIFT, ROUND_MASK=ROUND_MASK, MIN_NORMAL=MIN_NORMAL,
+                     SUBNORMAL_MAGIC=SUBNORMAL_MAGIC, dtype=q_ptr.dtype.element_ty)  # fmt: skip
         tl.store(q_ptr + o_r[:, None] * stride_qr + o.to(tl.int64)[None, :], b_q, mask=m)
 
 
