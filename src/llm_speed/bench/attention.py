@@ -186,27 +186,31 @@ def _workload_builder(impl: str, settings: AttentionSettings, seq_len: int, devi
     return build
 
 
+def refusal_on_every_device(impl: str, settings: AttentionSettings) -> str | None:
+    """Why ``impl`` cannot run in these settings on any device, a GPU's included, or None."""
+    if impl == FP8_IMPL and settings.mode != "fwd":
+        return "fp8 attention is forward-only (as FlashAttention-3's)"
+    if impl == "flash_attn" and settings.dtype == "fp32":
+        return "flash_attn supports fp16 and bf16 only"
+    return None
+
+
 def refused_everywhere(impl: str, settings: AttentionSettings) -> bool:
-    """Whether ``impl`` cannot run in these settings on any device, a GPU's included (fp8 attention's
-    backward, flash_attn in fp32): a CPU run's plot draws no GPU prediction of it."""
-    fp8_backward = impl == FP8_IMPL and settings.mode != "fwd"
-    return fp8_backward or (impl == "flash_attn" and settings.dtype == "fp32")
+    """Whether ``impl`` cannot run in these settings on any device (:func:`refusal_on_every_device`): a CPU
+    run's plot draws no GPU prediction of it."""
+    return refusal_on_every_device(impl, settings) is not None
 
 
 def unavailable_reason(impl: str, device: torch.device, settings: AttentionSettings) -> str | None:
     """Why ``impl`` cannot run here at all (before trying), or None."""
-    if impl == FP8_IMPL and settings.mode != "fwd":
-        return "fp8 attention is forward-only (as FlashAttention-3's)"
     if impl == "flash_attn":
         if importlib.util.find_spec("flash_attn") is None:
             return "the flash_attn package is not installed"
         if device.type != "cuda":
             return "flash_attn runs on CUDA devices only"
-        if settings.dtype == "fp32":
-            return "flash_attn supports fp16 and bf16 only"
     if impl == "sdpa-cudnn" and device.type != "cuda":
         return "SDPA's cuDNN backend runs on CUDA devices only"
-    return None
+    return refusal_on_every_device(impl, settings)
 
 
 def fill_memory_saved(case_rows: Sequence[AttentionMeasurement]) -> None:
@@ -400,7 +404,7 @@ def print_attention(
         )
     full_rows = [
         [row.seq_len, row.impl, *report.common_cells(row), report.mib(row.memory_saved_vs_naive_bytes),
-         None if row.vs_flash is None else report.ratio_text(row.vs_flash, None)]  # 3 digits, never 0.00x
+         report.ratio_cell(row.vs_flash)]
         for row in rows
         if row.available
     ]  # fmt: skip

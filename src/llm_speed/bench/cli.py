@@ -747,17 +747,9 @@ def run_train_step_command(args: argparse.Namespace) -> int:
     _check_outputs(args)
     settings = train_step_bench.train_step_settings(args, _cli.resolve_device(args.device))
     device = torch.device(settings.device)
-
-    def liger_reason(impl: str) -> str | None:  # run_train_step's reasons, known before the model is built
-        if impl != "liger":
-            return None
-        if (reason := train_step_bench.liger_unavailable(device)) is not None:
-            return reason
-        if train_step_bench.liger_patch(settings.family) is None:
-            return f"Liger-Kernel has no apply_liger_kernel_to_{settings.family}"
-        return None
-
-    report.refuse_when_no_impl_can_run(settings.impls, liger_reason)
+    report.refuse_when_no_impl_can_run(
+        settings.impls, lambda impl: train_step_bench.unavailable_reason(impl, device, settings.family)
+    )
     refusal = train_step_bench.memory_refusal(settings, cpu_load.available_memory())
     if refusal:
         raise ValueError(refusal)

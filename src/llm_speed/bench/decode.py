@@ -308,12 +308,6 @@ def results_payload(settings: DecodeSettings, rows: Sequence[DecodeMeasurement])
     )
 
 
-def ratio_cell(ratio: float | None) -> str | None:
-    """ "1.35x", to 3 significant digits as the speedup column (a much slower row reads 0.000318x, not
-    0.00x)."""
-    return None if ratio is None else report.ratio_text(ratio, None)
-
-
 def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], console: Console) -> None:
     """One table of every row that ran (GB/s and % of the HBM peak first), then what did not run."""
     device = torch.device(settings.device)
@@ -329,10 +323,10 @@ def print_decode(settings: DecodeSettings, rows: Sequence[DecodeMeasurement], co
             row.context,
             row.impl,
             report.hbm_peak_cell(row),
-            ratio_cell(row.vs_16bit_cache),
-            ratio_cell(row.vs_sdpa),
+            report.ratio_cell(row.vs_16bit_cache),
+            report.ratio_cell(row.vs_sdpa),
             f"{row.graph_ms:.4g}" if row.graph_ms is not None else None,
-            ratio_cell(row.graph_vs_sdpa),
+            report.ratio_cell(row.graph_vs_sdpa),
             *report.common_cells(row),
         ]
         for row in rows

@@ -356,6 +356,7 @@ def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] |
     of its kernel; torch.matmul's bias and activation are each one more elementwise pass over the output."""
     if gpu is None:
         return None
+    from llm_speed.core.gpus import dtype_bytes
     from llm_speed.perf.predict import predict, predict_work
 
     gpu_id = report.prediction_gpu_id(gpu)
@@ -376,7 +377,7 @@ def predictor(settings: GemmSettings, gpu) -> Callable[[GemmMeasurement], Any] |
                              dtype=dtype, with_bias=fused)  # fmt: skip
         if implementation == "cublas" and epilogue:
             passes = 1 + ("+" in settings.epilogue)
-            element = 4 if dtype == "fp32" else (1 if dtype == "int8" else 2)
+            element = dtype_bytes(dtype)  # (no int8 epilogue: the settings refuse it)
             extra = predict_work(gpu_id, flops=float(row.m * row.n * passes),
                                  bytes_moved=unfused_epilogue_bytes(row.m, row.n, settings.epilogue, element),
                                  dtype=dtype, implementation="vendor", kernels=passes)  # fmt: skip

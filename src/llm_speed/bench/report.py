@@ -460,6 +460,12 @@ def ratio_text(
     return text
 
 
+def ratio_cell(ratio: float | None) -> str | None:
+    """A table's ratio cell, ``1.35x``: :func:`ratio_text` without a range (3 significant digits, so a much
+    slower row reads 0.000318x, not 0.00x), None where there is no ratio."""
+    return None if ratio is None else ratio_text(ratio, None)
+
+
 def to_record(row: Measurement) -> dict[str, Any]:
     """One row as JSON values, with the old scripts' ``latency_ms`` and ``throughput_tflops`` keys added."""
     record = written_fields(row)

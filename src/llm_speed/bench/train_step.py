@@ -228,6 +228,18 @@ def _family_module_restored(family: str) -> Iterator[None]:
             cls.forward = forward
 
 
+def unavailable_reason(impl: str, device: torch.device, family: str) -> str | None:
+    """Why variant ``impl`` cannot run here, known before any model is built (Liger missing, or without a
+    patch for ``family``), or None."""
+    if impl != "liger":
+        return None
+    if (reason := liger_unavailable(device)) is not None:
+        return reason
+    if liger_patch(family) is None:
+        return f"Liger-Kernel has no apply_liger_kernel_to_{family}"
+    return None
+
+
 def liger_patch(family: str):
     """Liger-Kernel's ``apply_liger_kernel_to_<family>`` (Gemma-3 text: ``..._gemma3_text``), or None where
     Liger has none (or is not installed)."""
@@ -321,9 +333,7 @@ def run_train_step(
     tokens = settings.batch * settings.seq
     layers = hf_config.num_hidden_layers
     case = f"{settings.model} ({settings.family}) layers={layers} batch={settings.batch} seq={settings.seq}"
-    liger_reason = liger_unavailable(device) if "liger" in settings.impls else None
-    if liger_reason is None and "liger" in settings.impls and liger_patch(settings.family) is None:
-        liger_reason = f"Liger-Kernel has no apply_liger_kernel_to_{settings.family}"
+    liger_reason = unavailable_reason("liger", device, settings.family) if "liger" in settings.impls else None
     rows: list[StepMeasurement] = []
     progress = report.progress(len(settings.impls), "train-step") if show_progress else None
     with progress if progress is not None else contextlib.nullcontext(None) as advance:
