@@ -98,8 +98,10 @@ def test_a_simulated_h100_launch_is_the_plan(d):
     assert torch.allclose(per_call["delta_ptr"], delta)
     assert per_call["scale2"] == pytest.approx(d**-0.5 * attention_bwd_schedule.LOG2E)
     descriptors = plan.arguments(per_call)
-    assert descriptors["q_desc"].block_shape == descriptors["do_desc"].block_shape == [64, d]
-    assert descriptors["k_desc"].block_shape == [64, d]  # one warpgroup's keys
+    # 3-D (batch x heads, seq, D): a partial block reads zeros, not the next head's rows
+    assert descriptors["q_desc"].block_shape == descriptors["do_desc"].block_shape == [1, 64, d]
+    assert descriptors["k_desc"].block_shape == [1, 64, d]  # one warpgroup's keys
+    assert descriptors["q_desc"].shape == [32, 1024, d] and descriptors["k_desc"].shape == [8, 1000, d]
     assert attention_bwd_schedule.from_plan(plan) == attention_bwd_schedule.Schedule(64, 128, 2)
 
 

@@ -75,6 +75,25 @@ def test_hidden_keys_stay_hidden_under_any_scale(is_causal, scale):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
+def test_a_neighbouring_heads_non_finite_values_stay_out(is_causal):
+    # 100 queries and keys: head 0's partial blocks read zeros through the 3-D descriptors, not head 1's NaN
+    # rows (P = 0 or dS = 0 times NaN would make head 0's dV and dQ NaN). One key block per head, so dQ's
+    # atomics add two values into zero: the same bits in either order
+    from llm_speed.gluon.attention import forward
+    from llm_speed.gluon.attention_bwd import backward
+
+    q, k, v, dout = (torch.randn(1, 2, 100, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = forward(q, k, v, is_causal=is_causal)
+    alone = backward(*(x[:, :1].contiguous() for x in (q, k, v, out, lse, dout)), is_causal=is_causal)
+    for x in (q, k, v, dout):
+        x[:, 1] = float("nan")
+    mixed = backward(q, k, v, out, lse, dout, is_causal=is_causal)
+    torch.cuda.synchronize()
+    for name, got, want in zip("qkv", mixed, alone, strict=True):
+        assert torch.equal(got[:, :1], want), f"d{name}: head 1's NaN reached head 0"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
 def test_flash_attention_pairs_them_under_autograd(is_causal):
     from llm_speed.gluon.flash import flash_attention
 

@@ -121,6 +121,21 @@ def test_query_blocks_are_those_that_see_a_key(seq_q, seq_kv, is_causal):
         assert list(range(first, first + count)) == wanted
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_neighbouring_heads_non_finite_values_stay_out(is_causal):
+    # partial query and key blocks (100 of 64 x 2, of 128) read TMA's zeros past a head's end, as the
+    # kernel's 3-D descriptors do: read as rows of [B H S, D], head 0's last blocks held head 1's NaN rows,
+    # and P = 0 (or dS = 0) times NaN made head 0's dV and dQ NaN
+    q, k, v, dout = _inputs(1, 2, 2, 100, 100, 64, torch.bfloat16)
+    out, lse = forward_model.forward(q, k, v, is_causal=is_causal, schedule=FORWARD)
+    alone = model.backward(*(x[:, :1] for x in (q, k, v, out, lse, dout)), is_causal=is_causal)
+    for x in (q, k, v, dout):
+        x[:, 1] = math.nan
+    mixed = model.backward(q, k, v, out, lse, dout, is_causal=is_causal)
+    for name, got, want in zip("qkv", mixed, alone, strict=True):
+        assert torch.equal(got[:, :1], want), f"d{name}: head 1's NaN reached head 0"
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_interleavings_do_not_change_the_result(seed):
     q, k, v, dout = _inputs(1, 2, 1, 100, 140, 64, torch.bfloat16)

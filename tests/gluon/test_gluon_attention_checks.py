@@ -79,8 +79,10 @@ def test_a_simulated_h100_launch_is_the_plan(d, block_n):
     assert per_call["out_ptr"] is out and per_call["lse_ptr"] is lse
     assert per_call["scale2"] == pytest.approx(d**-0.5 * attention_schedule.LOG2E)  # the folded scale
     descriptors = plan.arguments(per_call)
-    assert descriptors["q_desc"].block_shape == [64, d]  # one warpgroup's rows
-    assert descriptors["k_desc"].block_shape == [block_n, d]
+    # 3-D (batch x heads, seq, D): a head's partial last block reads zeros, not the next head's rows
+    assert descriptors["q_desc"].block_shape == [1, 64, d]  # one warpgroup's rows
+    assert descriptors["k_desc"].block_shape == descriptors["v_desc"].block_shape == [1, block_n, d]
+    assert descriptors["q_desc"].shape == [32, 4096, d] and descriptors["v_desc"].shape == [8, 4096, d]
     assert attention_schedule.from_plan(plan) == attention_schedule.Schedule(128, block_n, 2, 132, 8)
 
 

@@ -94,3 +94,18 @@ def test_fp8_a_negative_descale_gives_its_heads_nan(monkeypatch):
     out, lse = forward(q, k, v, descale_k=descale_k)
     torch.cuda.synchronize()
     assert out[:, 2].isnan().all() and not out[:, [0, 1, 3]].isnan().any()
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_neighbouring_heads_non_finite_values_stay_out(is_causal):
+    # 100 rows: head 0's last query and key blocks are partial; through the 3-D descriptors they read zeros,
+    # not head 1's rows (through a [B H S, D] view its weight-0 keys' inf values made head 0's rows NaN)
+    from llm_speed.gluon.attention import forward
+
+    q, k, v = (torch.randn(1, 2, 100, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    alone = forward(q[:, :1].contiguous(), k[:, :1].contiguous(), v[:, :1].contiguous(), is_causal=is_causal)
+    q[:, 1], k[:, 1], v[:, 1] = float("nan"), float("inf"), float("inf")
+    mixed = forward(q, k, v, is_causal=is_causal)
+    torch.cuda.synchronize()
+    for got, want in zip(mixed, alone, strict=True):
+        assert torch.equal(got[:, :1], want)

@@ -4,7 +4,8 @@
 
 - a **producer** warpgroup, the default partition (one warp's work), loads each work item's Q tile and its
   K and V blocks by TMA into rings of ``STAGES`` slots ("ready" / "empty" mbarriers per slot; a slot is
-  refilled once both consumer warpgroups have arrived on its "empty" one);
+  refilled once both consumer warpgroups have arrived on its "empty" one). Q's buffer is freed once both
+  warpgroups' last QK^T of the item has retired, so the next item's Q loads under the last PV and stores;
 - two **consumer warpgroups**, 4-warp workers at :data:`CONSUMER_REGISTERS` each (Triton gives the default
   partition what the block's pool leaves, 24: FA3's 240 / 240 / 24 split, docs/gluon.md "register pool"),
   each own 64 of a tile's 128 query rows and take turns (**ping-pong**) to issue their products, passing the
@@ -16,8 +17,9 @@
   registers in the inputs' dtype;
 - a **persistent** grid, work items in row order or, under a causal mask, longest first.
 
-The output and the LSE (natural log) are stored with masked stores (a TMA store of a 2-D view would write
-past a head's last row into the next head's).
+Q, K and V are read through 3-D descriptors over [B H, S, D] views: a head's partial last block is TMA's
+zeros, never the next head's rows (a weight of 0 times an inf there is NaN). The output and the LSE
+(natural log) are stored with masked stores.
 
 fp8 (``FP8``: e4m3 q, k, v, FA3's forward-only fp8, section 3.3): an fp8 wgmma reads both shared-memory
 operands K-major, so the PV product takes V^T: the host transposes V by one copy
@@ -108,31 +110,30 @@ def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty,
               V_TRANSPOSED: gl.constexpr):  # fmt: skip
     """``V_TRANSPOSED`` (fp8): ``v_desc`` is over V^T's [B H_kv D, Skv] rows, its tiles [D, BLOCK_N]."""
     STAGES: gl.constexpr = k_ring.shape[0]
-    HEAD_DIM: gl.constexpr = k_ring.shape[2]
+    HEAD_DIM: gl.constexpr = k_ring.shape[3]
     filled = 0
     done = 0
     for index in range(gl.program_id(0), n_blocks * pairs, gl.num_programs(0)):
         block, pair = _work_item(index, n_blocks, pairs, section, IS_CAUSAL)
         kv_pair = (pair // heads) * heads_kv + (pair % heads) // (heads // heads_kv)
-        kv_row = kv_pair * seq_kv
-        mbarrier.wait(q_empty, (done & 1) ^ 1)  # both warpgroups are done with the last tile's Q
+        mbarrier.wait(q_empty, (done & 1) ^ 1)  # both warpgroups' QK^Ts of the last item have retired
         mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
         for w in gl.static_range(2):  # each warpgroup's half of the tile
-            compat.tma_load(q_desc, [pair * seq_q + block * BLOCK_M + w * (BLOCK_M // 2), 0], q_ready,
+            compat.tma_load(q_desc, [pair, block * BLOCK_M + w * (BLOCK_M // 2), 0], q_ready,
                             q_tiles.index(w))  # fmt: skip
         for j in range(_key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)):
             slot = filled % STAGES
             parity = ((filled // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), parity)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            compat.tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
+            compat.tma_load(k_desc, [kv_pair, j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), parity)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             if V_TRANSPOSED:
                 compat.tma_load(v_desc, [kv_pair * HEAD_DIM, j * BLOCK_N], v_ready.index(slot),
                                 v_ring.index(slot))  # fmt: skip
             else:
-                compat.tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
+                compat.tma_load(v_desc, [kv_pair, j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
             filled += 1
         done += 1
 
@@ -158,12 +159,19 @@ def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.const
 
 
 @gluon.jit
+def tile_matrix(tile):
+    """A [1, rows, D] tile of a 3-D (batch x heads, seq, D) descriptor as the [rows, D] matrix wgmma reads
+    (the same bytes and swizzle)."""
+    return tile.reshape([tile.shape[1], tile.shape[2]])
+
+
+@gluon.jit
 def _values(v_ring, slot, FP8: gl.constexpr):
     """The PV product's B operand, [BLOCK_N, D]: V's tile, or under ``FP8`` V^T's tile read transposed."""
     if FP8:
         return v_ring.index(slot).permute((1, 0))
     else:
-        return v_ring.index(slot)
+        return tile_matrix(v_ring.index(slot))
 
 
 @gluon.jit
@@ -185,7 +193,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM, MMA_K)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q = q_tiles.index(w)
+    q = tile_matrix(q_tiles.index(w))
     used = 0
     turns = 0  # turns taken: the turn barriers' phases
     done = 0
@@ -205,12 +213,13 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
             mbarrier.arrive(turn.index(1 - w))
             turns += 1
+            mbarrier.arrive(q_empty)
         else:
             # block 0: QK^T alone
             slot = used % STAGES
             mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
             mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
-            s = hopper.warpgroup_mma(q, k_ring.index(slot).permute((1, 0)),
+            s = hopper.warpgroup_mma(q, tile_matrix(k_ring.index(slot)).permute((1, 0)),
                               gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
                               use_acc=False, is_async=True)  # fmt: skip
             mbarrier.arrive(turn.index(1 - w))
@@ -228,7 +237,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                 mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
                 mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
                 mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
-                s = hopper.warpgroup_mma(q, k_ring.index(slot).permute((1, 0)),
+                s = hopper.warpgroup_mma(q, tile_matrix(k_ring.index(slot)).permute((1, 0)),
                                   gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
                                   use_acc=False, is_async=True)  # fmt: skip
                 weights = gl.convert_layout(p.to(dtype), p_layout)
@@ -243,6 +252,9 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                 mbarrier.arrive(v_empty.index(before))
                 o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                 used += 1
+            # every QK^T has retired: Q's buffer is free, and the next item's Q loads under this last PV
+            # and the stores
+            mbarrier.arrive(q_empty)
             # the last block's PV
             before = (used - 1) % STAGES
             mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
@@ -253,7 +265,6 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             turns += 1
             o = hopper.warpgroup_mma_wait(0, deps=(o,))
             mbarrier.arrive(v_empty.index(before))
-        mbarrier.arrive(q_empty)
         done += 1
         # out = O / l (0 where no key), LSE = (m + log2 l) ln 2 (-inf where no key)
         seen = l > 0
@@ -357,8 +368,8 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
              n_blocks=n_blocks, pairs=batch * heads,
              section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
              STAGES=STAGES, FP8=fp8),
-        dict(q_desc=layout((WARPGROUP_ROWS, head_dim)), k_desc=layout((block_n, head_dim)),
-             v_desc=layout((head_dim, block_n) if fp8 else (block_n, head_dim))),
+        dict(q_desc=layout((1, WARPGROUP_ROWS, head_dim)), k_desc=layout((1, block_n, head_dim)),
+             v_desc=layout((head_dim, block_n) if fp8 else (1, block_n, head_dim))),
         4, STAGES,
     )  # fmt: skip
 
@@ -377,7 +388,7 @@ def check_arguments(q, k, v, is_causal, scale, head_dims: tuple[int, ...] = HEAD
         if x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype}; it must match q's ({q.dtype})")
         if not x.is_contiguous():
-            raise ValueError(f"{name} must be contiguous [B, H, S, D] (its 2-D view feeds a TMA descriptor)")
+            raise ValueError(f"{name} must be contiguous [B, H, S, D] (TMA reads its [B H, S, D] view)")
         if x.data_ptr() % 16:
             raise ValueError(f"{name} must start 16-byte aligned (a TMA descriptor's base)")
     if type(is_causal) is not bool:
@@ -457,10 +468,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     if seq_kv == 0:
         return out.zero_(), lse.fill_(-math.inf)
     plan = _plan(batch, heads, heads_kv, seq_q, seq_kv, head_dim, q.dtype, is_causal, hardware_of(device))
-    # fp8: V^T [B H_kv D, Skv] by the Triton fp8 path's copy (rows 16-byte aligned, as TMA's strides must be)
-    values = v.view(-1, head_dim) if descales is None else transposed_values(v).flatten(0, 2)
+    # 3-D views (batch x heads, seq, D): a head's partial last block reads TMA's zeros, not the next head's
+    # rows (0 weight x an inf there would be NaN). fp8: V^T [B H_kv D, Skv] by the Triton fp8 path's copy
+    # (rows 16-byte aligned, as TMA's strides must be), its partial blocks past Skv in the last dim: zeros.
+    values = v.flatten(0, 1) if descales is None else transposed_values(v).flatten(0, 2)
     qk_descale, v_descale = (None, None) if descales is None else descales
-    plan.launch(q_desc=q.view(-1, head_dim), k_desc=k.view(-1, head_dim), v_desc=values, out_ptr=out,
+    plan.launch(q_desc=q.flatten(0, 1), k_desc=k.flatten(0, 1), v_desc=values, out_ptr=out,
                 lse_ptr=lse, qk_descale_ptr=qk_descale, v_descale_ptr=v_descale,
                 scale2=float(scale) * math.log2(math.e))  # fmt: skip
     return out, lse

@@ -41,7 +41,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..core import tensors
 from ..core.launch import Kernel, cdiv
 from . import compat
-from .attention import BACKWARD_HEAD_DIMS, DTYPES, WARPGROUP_ROWS, check_arguments, warpgroup_layout
+from .attention import (
+    BACKWARD_HEAD_DIMS,
+    DTYPES,
+    WARPGROUP_ROWS,
+    check_arguments,
+    tile_matrix,
+    warpgroup_layout,
+)
 from .launch import DescriptorLayout, GluonPlan, check_device
 
 # --- kernels --------------------------------------------------------------------------------------------
@@ -75,19 +82,20 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_tiles, v_tiles, q_ring, do_ring
     group = heads // heads_kv
     mbarrier.expect(kv_ready, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for w in gl.static_range(2):  # each warpgroup's 64 keys
-        row = kv_pair * seq_kv + key_block * BLOCK_N + w * (BLOCK_N // 2)
-        compat.tma_load(k_desc, [row, 0], kv_ready, k_tiles.index(w))
-        compat.tma_load(v_desc, [row, 0], kv_ready, v_tiles.index(w))
+        key = key_block * BLOCK_N + w * (BLOCK_N // 2)
+        compat.tma_load(k_desc, [kv_pair, key, 0], kv_ready, k_tiles.index(w))
+        compat.tma_load(v_desc, [kv_pair, key, 0], kv_ready, v_tiles.index(w))
     first, per_head = _query_blocks(key_block, seq_q, seq_kv, BLOCK_M, BLOCK_N, IS_CAUSAL)
     q_pair0 = (kv_pair // heads_kv) * heads + (kv_pair % heads_kv) * group
     for t in range(group * per_head):
         slot = t % STAGES
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
-        row = (q_pair0 + t // per_head) * seq_q + (first + t % per_head) * BLOCK_M
+        q_pair = q_pair0 + t // per_head
+        row = (first + t % per_head) * BLOCK_M
         mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
-        compat.tma_load(q_desc, [row, 0], q_ready.index(slot), q_ring.index(slot))
+        compat.tma_load(q_desc, [q_pair, row, 0], q_ready.index(slot), q_ring.index(slot))
         mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
-        compat.tma_load(do_desc, [row, 0], do_ready.index(slot), do_ring.index(slot))
+        compat.tma_load(do_desc, [q_pair, row, 0], do_ready.index(slot), do_ring.index(slot))
 
 
 @gluon.jit
@@ -110,8 +118,8 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
     key_block = gl.program_id(0) // kv_pairs
     kv_pair = gl.program_id(0) % kv_pairs
     group = heads // heads_kv
-    k_tile = k_tiles.index(w)
-    v_tile = v_tiles.index(w)
+    k_tile = tile_matrix(k_tiles.index(w))
+    v_tile = tile_matrix(v_tiles.index(w))
     p_tile = p_tiles.index(w)
     ds_tile = ds_tiles.index(w)
     key_index = gl.arange(0, HALF, layout=gl.SliceLayout(0, s_layout))
@@ -130,8 +138,8 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
     for t in range(group * per_head):  # each query head of the group, its query blocks in order
         slot = t % STAGES
         phase = (t // STAGES) & 1
-        q_tile = q_ring.index(slot)
-        do_tile = do_ring.index(slot)
+        q_tile = tile_matrix(q_ring.index(slot))
+        do_tile = tile_matrix(do_ring.index(slot))
         # S = Q K^T and dP = dO V^T issued together; the softmax runs while dP is in flight
         mbarrier.wait(q_ready.index(slot), phase)
         s = hopper.warpgroup_mma(q_tile, k_tile.permute((1, 0)),
@@ -144,7 +152,7 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
         # scalar bases and int32 offsets within them (64-bit addresses per row spilled at d = 128)
         first_row = q_pair.to(gl.int64) * seq_q + start
         in_q = rows < seq_q - start
-        # rows past seq_q (the next head's, or TMA's zeros) get LSE +inf: P = 0 there with no mask
+        # rows past seq_q (TMA's zeros) get LSE +inf: P = 0 there with no mask
         lse2 = gl.load(lse_ptr + first_row + rows, mask=in_q, other=float("inf")) * LOG2E
         # a row that sees no key (LSE -inf) takes +inf too: its hidden scores' exponent is not -inf - -inf
         lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
@@ -258,8 +266,8 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
         ATTENTION_BWD, (cdiv(seq_kv, BLOCK_N) * kv_pairs, 1, 1),
         dict(seq_q=seq_q, seq_kv=seq_kv, heads=heads, heads_kv=heads_kv, kv_pairs=kv_pairs,
              IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES),
-        dict(q_desc=layout((BLOCK_M, head_dim)), k_desc=layout((WARPGROUP_ROWS, head_dim)),
-             v_desc=layout((WARPGROUP_ROWS, head_dim)), do_desc=layout((BLOCK_M, head_dim))),
+        dict(q_desc=layout((1, BLOCK_M, head_dim)), k_desc=layout((1, WARPGROUP_ROWS, head_dim)),
+             v_desc=layout((1, WARPGROUP_ROWS, head_dim)), do_desc=layout((1, BLOCK_M, head_dim))),
         4, STAGES,
     )  # fmt: skip
 
@@ -314,8 +322,10 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     # makes every score 0 whatever Q is, so Q is read as zeros with a positive scale2 (dQ and dK still take
     # the zero scale)
     scores_q = torch.zeros_like(q) if scale == 0 else q
-    plan.launch(q_desc=scores_q.view(-1, head_dim), k_desc=k.view(-1, head_dim),
-                v_desc=v.view(-1, head_dim), do_desc=dout.view(-1, head_dim), dq_ptr=dq, dk_ptr=dk, dv_ptr=dv,
+    # 3-D views (batch x heads, seq, D): a partial block reads TMA's zeros, not the next head's rows (0 x an
+    # inf there would be NaN in this head's gradients)
+    plan.launch(q_desc=scores_q.flatten(0, 1), k_desc=k.flatten(0, 1), v_desc=v.flatten(0, 1),
+                do_desc=dout.flatten(0, 1), dq_ptr=dq, dk_ptr=dk, dv_ptr=dv,
                 lse_ptr=lse, delta_ptr=delta, scale=scale,
                 scale2=(scale if scale != 0 else 1.0) * math.log2(math.e),
                 masked=-math.inf if scale >= 0 else math.inf)  # fmt: skip

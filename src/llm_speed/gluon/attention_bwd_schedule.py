@@ -15,8 +15,8 @@ random scheduler:
   P = 0 there); dS = P (dP - delta); P and dS rounded to the inputs' dtype (the kernel stores them to
   shared memory for the transposed products); dV += P^T dO, dK += dS^T Q; dQ += scale * dS K, this
   warpgroup's keys' share, added in fp32 (atomics in the kernel); the slot is freed once dV and dK retire;
-- the tiles are read as the kernel's TMA reads them: rows of the [B * H * S, D] view, so rows past a head's
-  length are the next head's (zeros past the tensor's end), and the masks keep them out;
+- the tiles are read as the kernel's TMA reads them: boxes of the [B * H, S, D] view, so rows past a head's
+  length are zeros (never the next head's: 0 x an inf there would be NaN), and the masks keep them out;
 - causal masks are bottom-right aligned: row r sees key c iff c <= r + seq_kv - seq_q; a key block starts
   at the first query block that sees any of its keys. A hidden key's score is replaced (-inf, or +inf
   under a negative scale) before the exp2, under a causal mask only in the query blocks that cross the
@@ -71,11 +71,11 @@ def query_blocks(key_block: int, block_m: int, block_n: int, seq_q: int, seq_kv:
     return first, n_q - first
 
 
-def _rows(x: torch.Tensor, first: int, count: int) -> torch.Tensor:
-    """Rows [first, first + count) of ``x``'s [rows, D] view, zeros past its end (what TMA reads)."""
-    flat = x.reshape(-1, x.shape[-1])
+def _rows(x: torch.Tensor, pair: int, first: int, count: int) -> torch.Tensor:
+    """Rows [first, first + count) of (batch x head) ``pair`` of ``x`` [B, H, S, D], zeros past S (what
+    TMA reads through the [B * H, S, D] view)."""
     box = torch.zeros(count, x.shape[-1], dtype=x.dtype)
-    part = flat[first : first + count]
+    part = x.flatten(0, 1)[pair, first : first + count]
     box[: part.shape[0]] = part
     return box
 
@@ -109,17 +109,16 @@ class _Program:
 
     def producer(self) -> Iterator[bool]:
         s = self.s
-        row = self.kv_pair * self.seq_kv + self.key_block * s.block_n
-        halves = [row + w * self.half for w in range(WARPGROUPS)]
-        self.kv = [(_rows(self.k, at, self.half), _rows(self.v, at, self.half)) for at in halves]
+        halves = [self.key_block * s.block_n + w * self.half for w in range(WARPGROUPS)]
+        self.kv = [(_rows(self.k, self.kv_pair, at, self.half), _rows(self.v, self.kv_pair, at, self.half))
+                   for at in halves]  # fmt: skip
         self.kv_ready.arrive()
         yield True
         for t, (q_pair, block) in enumerate(self.steps()):
             slot, parity = t % s.stages, ((t // s.stages) & 1) ^ 1
             yield from protocol.wait(self.empty[slot], parity)
-            first_row = q_pair * self.seq_q + block * s.block_m
             for name, x in (("q", self.q), ("do", self.dout)):  # Q first: S needs it first
-                self.rings[name][slot] = ((q_pair, block), _rows(x, first_row, s.block_m))
+                self.rings[name][slot] = ((q_pair, block), _rows(x, q_pair, block * s.block_m, s.block_m))
                 self.ready[name][slot].arrive()
                 yield True
 

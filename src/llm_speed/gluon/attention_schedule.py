@@ -4,12 +4,16 @@ sections 3.1-3.2), block by block, checked against float64 where the kernel itse
 
 Per persistent program, three partitions run as agents interleaved by a seeded random scheduler:
 
-- a **producer** loads K and V blocks into two rings of ``stages`` slots (TMA), each slot with a "ready"
-  mbarrier and an "empty" one that both consumer warpgroups must arrive on before it is refilled;
+- a **producer** loads each work item's Q tile (both warpgroups' halves, one buffer with a "ready"
+  mbarrier and an "empty" one both warpgroups arrive on) and its K and V blocks into two rings of ``stages``
+  slots (TMA), each slot with a "ready" mbarrier and an "empty" one that both consumer warpgroups must
+  arrive on before it is refilled. A warpgroup frees Q once its item's last QK^T has retired, before the
+  last PV and the stores, so the next item's Q loads under them;
 - two **consumer warpgroups**, each owning half of the query tile's rows (64 of 128), in **ping-pong**: a
   warpgroup issues its pair of products for a block only on its turn, then hands the turn to the other
-  (FA3's inter-warpgroup schedule, named barriers in the kernel), so one warpgroup's softmax runs under the
-  other's matrix products;
+  (FA3's inter-warpgroup schedule), through the kernel's two turn mbarriers and parity rule (warpgroup w
+  waits on its own with parity ``(turns & 1) ^ (1 - w)`` and arrives on the other's), so one warpgroup's
+  softmax runs under the other's matrix products;
 - within a warpgroup (FA3's Algorithm 2, intra-warpgroup overlap): the **next block's QK^T is issued before
   this block's softmax** is finished with, beside the previous block's PV; the softmax of block j then
   runs while PV of block j - 1 is in flight, and O is rescaled once that product has retired;
@@ -113,7 +117,9 @@ class _Program:
         self.rings = {name: [None] * s.stages for name in ("k", "v")}  # (tag, block) per slot
         self.ready = {name: [protocol.Barrier() for _ in range(s.stages)] for name in ("k", "v")}
         self.empty = {name: [protocol.Barrier(WARPGROUPS) for _ in range(s.stages)] for name in ("k", "v")}
-        self.turn = 0  # the warpgroup whose turn it is to issue its products
+        self.q_tiles = None  # (tag, [each warpgroup's half]) once loaded
+        self.q_ready, self.q_empty = protocol.Barrier(), protocol.Barrier(WARPGROUPS)
+        self.turns = [protocol.Barrier() for _ in range(WARPGROUPS)]  # warpgroup w waits on turns[w]
 
     def _blocks(self, block: int) -> int:
         s = self.s
@@ -132,9 +138,25 @@ class _Program:
         box[: part.shape[0]] = part
         return box
 
+    def _q_halves(self, block: int, pair: int) -> list[torch.Tensor]:
+        b, h = divmod(pair, self.heads)
+        half = self.s.block_m // WARPGROUPS
+        halves = []
+        for w in range(WARPGROUPS):
+            first = block * self.s.block_m + w * half
+            tile = torch.zeros(half, self.q.shape[-1], dtype=self.q.dtype)  # TMA zero-fills past seq_q
+            part = self.q[b, h, first : first + half]
+            tile[: part.shape[0]] = part
+            halves.append(tile)
+        return halves
+
     def producer(self) -> Iterator[bool]:
         s, filled = self.s, 0
-        for block, pair in self.items:
+        for done, (block, pair) in enumerate(self.items):
+            yield from protocol.wait(self.q_empty, (done & 1) ^ 1)  # both warpgroups are done with Q
+            self.q_tiles = ((block, pair), self._q_halves(block, pair))
+            self.q_ready.arrive()
+            yield True
             for j in range(self._blocks(block)):
                 slot, parity = filled % s.stages, ((filled // s.stages) & 1) ^ 1
                 for name, x in (("k", self.k), ("v", self.v)):  # K first: QK^T needs it first
@@ -153,20 +175,27 @@ class _Program:
             )
         return block
 
+    def _read_q(self, w: int, tag: tuple) -> torch.Tensor:
+        """Warpgroup ``w``'s half of the Q buffer, which must hold item ``tag``'s tile (read as a QK^T
+        retires)."""
+        got, halves = self.q_tiles or (None, None)
+        if got != tag:
+            raise protocol.ScheduleError(f"program {self.program}: a QK^T of item {tag} read Q holding {got}")
+        return halves[w]
+
     def consumer(self, w: int) -> Iterator[bool]:
         """Warpgroup ``w``: rows [w * block_m / 2, (w + 1) * block_m / 2) of each query tile."""
         s, used = self.s, 0  # used: K/V blocks this warpgroup has taken from the rings
+        turns = 0  # turns taken: the turn barriers' phases
         half = s.block_m // WARPGROUPS
-        for block, pair in self.items:
+        for done, (block, pair) in enumerate(self.items):
             b, h = divmod(pair, self.heads)
             scale2, offset = self.scale2, 0
             if self.descales is not None:  # fp8: the item's K/V head's descale_q descale_k in the scale
                 scale2, offset = scale2 * self.descales[0][b, h // self.group].item(), P8_OFFSET
             first = block * s.block_m + w * half
             rows = torch.arange(first, first + half)
-            q = torch.zeros(half, self.q.shape[-1], dtype=self.q.dtype)  # TMA zero-fills past seq_q
-            part = self.q[b, h, first : first + half]
-            q[: part.shape[0]] = part
+            yield from protocol.wait(self.q_ready, done & 1)
             m = torch.full((half,), -math.inf)
             l = torch.zeros(half)
             o = torch.zeros(half, self.q.shape[-1])
@@ -174,19 +203,24 @@ class _Program:
             blocks = self._blocks(block)
             for j in range(blocks + 1):  # step j: QK^T of block j (j < blocks) beside PV of block j - 1
                 here, before = used % s.stages, (used - 1) % s.stages
+                if j == blocks and blocks > 0:  # every QK^T has retired: Q is free for the next item
+                    self.q_empty.arrive()
+                    yield True
                 if j < blocks:
                     yield from protocol.wait(self.ready["k"][here], (used // s.stages) & 1)
                 if j > 0:
                     yield from protocol.wait(self.ready["v"][before], ((used - 1) // s.stages) & 1)
-                while self.turn != w:  # ping-pong: wait for the other warpgroup to issue its products
-                    yield False
+                # ping-pong: wait for the other warpgroup to have issued its products
+                yield from protocol.wait(self.turns[w], (turns & 1) ^ (1 - w))
                 issued_s = (here, (block, pair, j)) if j < blocks else None
                 issued_pv = (before, (block, pair, j - 1), p) if j > 0 else None
-                self.turn = 1 - w
+                self.turns[1 - w].arrive()
+                turns += 1
                 yield True
                 alpha = None
                 if issued_s is not None:  # S retires first (the PV stays in flight): then the softmax
                     k_block = self._read("k", *issued_s)
+                    q = self._read_q(w, (block, pair))
                     self.empty["k"][issued_s[0]].arrive()
                     scores = (q.float() @ k_block.float().T) * scale2
                     keys = torch.arange(j * s.block_n, (j + 1) * s.block_n)
@@ -210,6 +244,9 @@ class _Program:
                     o *= alpha[:, None]
                     p = p_next
                     used += 1
+                yield True
+            if blocks == 0:  # no key for any row: Q freed after the one turn
+                self.q_empty.arrive()
                 yield True
             self._store(b, h, first, o, l, m, offset)
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+# Arrivals on any barrier so far: a step that arrived made progress, whatever it yielded after (an agent may
+# arrive and then block in one step).
+_arrivals = 0
+
 
 class ScheduleError(RuntimeError):
     """The schedule broke its protocol: data overwritten before use, or every agent blocked."""
@@ -22,6 +26,8 @@ class Barrier:
         self.completed = 0
 
     def arrive(self) -> None:
+        global _arrivals
+        _arrivals += 1
         self.pending -= 1
         if self.pending == 0:
             self.completed += 1
@@ -44,8 +50,9 @@ def interleave(agents: list[Iterator[bool]], rng: random.Random, program: int) -
     blocked: set[int] = set()
     while live:
         index = rng.randrange(len(live))
+        before = _arrivals
         try:
-            progressed = next(live[index])
+            progressed = next(live[index]) or _arrivals != before
         except StopIteration:
             live.pop(index)
             blocked = set()

@@ -51,7 +51,7 @@ def _refusal(q, k, v, head_dims: tuple[int, ...], field: str, kernel_dims: tuple
     if q.numel() == 0 or k.shape[2] == 0:
         return "an empty batch, query or key sequence"
     if not all(x.is_contiguous() for x in tensors):
-        return "not contiguous [B, H, S, D] (the kernels read a 2-D view by TMA)"
+        return "not contiguous [B, H, S, D] (the kernels read a [B H, S, D] view by TMA)"
     if any(x.data_ptr() % 16 for x in tensors):
         return "a base that is not 16-byte aligned (TMA)"
     if len({x.device for x in tensors}) != 1:
