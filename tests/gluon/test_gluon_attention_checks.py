@@ -57,8 +57,9 @@ def test_only_a_compute_capability_9_gpu_runs_it():
             attention.forward(*_qkv())
 
 
-@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64), (256, 64)])
-def test_a_simulated_h100_launch_is_the_plan(d, block_n):
+@pytest.mark.parametrize(("d", "block_n", "split_mask"),
+                         [(64, 128, False), (128, 64, True), (256, 64, False)])  # fmt: skip
+def test_a_simulated_h100_launch_is_the_plan(d, block_n, split_mask):
     seen = []
     remove = gluon_launch.add_observer(lambda plan, per_call: seen.append((plan, per_call)))
     q, k, v = _qkv(heads=16, heads_kv=4, seq_q=4096, seq_kv=4096, d=d)
@@ -76,6 +77,7 @@ def test_a_simulated_h100_launch_is_the_plan(d, block_n):
     assert {
         k: plan.fixed[k] for k in ("BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "IS_CAUSAL", "heads_kv")
     } == (dict(BLOCK_M=128, BLOCK_N=block_n, HEAD_DIM=d, STAGES=2, IS_CAUSAL=True, heads_kv=4))
+    assert plan.fixed["SPLIT_MASK"] is split_mask  # causal: split at d = 128 only
     assert per_call["out_ptr"] is out and per_call["lse_ptr"] is lse
     assert per_call["scale2"] == pytest.approx(d**-0.5 * attention_schedule.LOG2E)  # the folded scale
     descriptors = plan.arguments(per_call)
@@ -83,7 +85,8 @@ def test_a_simulated_h100_launch_is_the_plan(d, block_n):
     assert descriptors["q_desc"].block_shape == [1, 64, d]  # one warpgroup's rows
     assert descriptors["k_desc"].block_shape == descriptors["v_desc"].block_shape == [1, block_n, d]
     assert descriptors["q_desc"].shape == [32, 4096, d] and descriptors["v_desc"].shape == [8, 4096, d]
-    assert attention_schedule.from_plan(plan) == attention_schedule.Schedule(128, block_n, 2, 132, 8)
+    wanted = attention_schedule.Schedule(128, block_n, 2, 132, 8, split_mask)
+    assert attention_schedule.from_plan(plan) == wanted
 
 
 def test_no_keys_and_no_queries_launch_nothing():
@@ -129,7 +132,7 @@ def test_bad_descale_values_are_refused_where_values_are_checked(monkeypatch):
         attention.forward(*_fp8(), descale_k=torch.tensor([1.0, -2.0]))
 
 
-@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 64), (256, 64)])
+@pytest.mark.parametrize(("d", "block_n"), [(64, 128), (128, 128), (256, 64)])  # (not causal)
 def test_a_simulated_fp8_launch_reads_v_transposed(d, block_n):
     seen = []
     remove = gluon_launch.add_observer(lambda plan, per_call: seen.append((plan, per_call)))

@@ -118,6 +118,25 @@ def test_causal_key_blocks():
     assert model.key_blocks(0, 32, 32, 70, 20, True) == 0  # rows 0..31: no key
 
 
+def _needs_mask(j, block_n, first_row, seq_q, seq_kv, is_causal):
+    last_seen = first_row + seq_kv - seq_q if is_causal else seq_kv - 1
+    return any(key >= seq_kv or key > last_seen for key in range(j * block_n, (j + 1) * block_n))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_only_the_blocks_that_need_a_mask_are_masked(is_causal):
+    # against brute force: every block before first_masked_block is whole and visible to the warpgroup's
+    # first row (so to all its rows), and the block it names needs the mask
+    for seq_q, seq_kv, block_n in [(129, 17, 32), (300, 260, 64), (260, 300, 64), (1, 129, 128),
+                                   (512, 512, 128), (200, 200, 64), (64, 64, 64)]:  # fmt: skip
+        blocks = -(-seq_kv // block_n)
+        for first_row in range(0, seq_q, 16):
+            first = model.first_masked_block(first_row, block_n, seq_q, seq_kv, is_causal)
+            case = (block_n, first_row, seq_q, seq_kv, is_causal)
+            assert not any(_needs_mask(j, *case) for j in range(min(first, blocks))), case
+            assert first >= blocks or _needs_mask(first, *case), (case, first)
+
+
 def test_an_arrival_then_a_wait_in_one_step_is_progress():
     # an agent that arrives and blocks in one step (a consumer freeing Q, then waiting on the next item's)
     # has made progress: the other agent passes that barrier next; no hang is reported

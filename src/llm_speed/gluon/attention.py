@@ -15,7 +15,9 @@
   block's softmax** (``warpgroup_mma_wait(1)`` retires S and keeps the PV in flight); O is rescaled once the
   PV has retired; the softmax is base 2 with the scale folded into one multiply; P goes to wgmma from
   registers in the inputs' dtype;
-- a **persistent** grid, work items in row order or, under a causal mask, longest first.
+- a **persistent** grid, work items in row order or, under a causal mask, longest first;
+- only the key blocks that need it are masked where the build allows (``SPLIT_MASK``: the blocks every
+  row sees whole in a loop of their own, then the rest; :func:`split_mask`).
 
 Q, K and V are read through 3-D descriptors over [B H, S, D] views: a head's partial last block is TMA's
 zeros, never the next head's rows (a weight of 0 times an inf there is NaN). The output and the LSE
@@ -139,15 +141,30 @@ def _producer(q_desc, k_desc, v_desc, q_tiles, k_ring, v_ring, q_ready, q_empty,
 
 
 @gluon.jit
-def _softmax_step(s, m, l, rows, key0, seq_q, seq_kv, scale2, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, P_OFFSET: gl.constexpr):  # fmt: skip
-    """One block's base-2 online softmax: (weights, new maximum, rescale factor, new sum). ``P_OFFSET``
-    (fp8): the weights times 2**P_OFFSET, in (0, 256] for e4m3 (FA3's Max_offset); the sum carries it."""
-    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    seen = gl.expand_dims(keys < seq_kv, 0)
+def _first_masked_block(first_row, seq_q, seq_kv, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The first key block a warpgroup whose rows start at ``first_row`` masks
+    (``attention_schedule.first_masked_block``): the earlier ones are whole and visible to all its rows."""
+    first = seq_kv // BLOCK_N
     if IS_CAUSAL:
-        seen = seen & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows + (seq_kv - seq_q), 1))
-    s = gl.where(seen, s * scale2, -float("inf"))
+        first = gl.minimum(first, gl.maximum(0, first_row + seq_kv - seq_q + 1) // BLOCK_N)
+    return first
+
+
+@gluon.jit
+def _softmax_step(s, m, l, rows, key0, masked, seq_q, seq_kv, scale2, s_layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, P_OFFSET: gl.constexpr):  # fmt: skip
+    """One block's base-2 online softmax: (weights, new maximum, rescale factor, new sum). ``masked``: the
+    block needs the mask (keys past ``seq_kv``, or under a causal mask keys some row does not see); the other
+    blocks skip its compares and selects (FA3 masks only these). ``P_OFFSET`` (fp8): the weights times
+    2**P_OFFSET, in (0, 256] for e4m3 (FA3's Max_offset); the sum carries it."""
+    if masked:
+        keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        seen = gl.expand_dims(keys < seq_kv, 0)
+        if IS_CAUSAL:
+            seen = seen & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows + (seq_kv - seq_q), 1))
+        s = gl.where(seen, s * scale2, -float("inf"))
+    else:
+        s = s * scale2
     m_new = gl.maximum(m, gl.max(s, axis=1))
     base = gl.where(m_new == -float("inf"), 0.0, m_new)  # no key seen yet: no inf - inf
     alpha = gl.exp2(m - base)
@@ -175,10 +192,41 @@ def _values(v_ring, slot, FP8: gl.constexpr):
 
 
 @gluon.jit
+def _key_block(j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m, l, o,
+               rows, seq_q, seq_kv, scale2, s_layout: gl.constexpr, p_layout: gl.constexpr,
+               o_layout: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, P_OFFSET: gl.constexpr,
+               FP8: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+    """Key block ``j`` >= 1 of warpgroup ``w``'s item: its QK^T issued beside the previous block's PV, both
+    before this block's softmax; ``MASKED``: the block needs the mask (``_first_masked_block``). Returns
+    the state carried to the next block (weights, maximum, sum, O, ring blocks used, turns taken)."""
+    STAGES: gl.constexpr = k_ring.shape[0]
+    slot = used % STAGES
+    before = (used - 1) % STAGES
+    mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
+    mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
+    mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
+    s = hopper.warpgroup_mma(q, tile_matrix(k_ring.index(slot)).permute((1, 0)),
+                             gl.zeros([_HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                             is_async=True)  # fmt: skip
+    weights = gl.convert_layout(p.to(q.dtype), p_layout)
+    o = hopper.warpgroup_mma(weights, _values(v_ring, before, FP8), o, is_async=True)
+    mbarrier.arrive(turn.index(1 - w))
+    s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; the PV stays in flight
+    mbarrier.arrive(k_empty.index(slot))
+    p, m, alpha, l = _softmax_step(s, m, l, rows, j * BLOCK_N, MASKED, seq_q, seq_kv, scale2, s_layout,
+                                   BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
+    o = hopper.warpgroup_mma_wait(0, deps=(o,))
+    mbarrier.arrive(v_empty.index(before))
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    return p, m, l, o, used + 1, turns + 1
+
+
+@gluon.jit
 def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               turn, out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
               heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr,
+              SPLIT_MASK: gl.constexpr):  # fmt: skip
     """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile. ``FP8``: e4m3 Q, K and V^T (V's ring
     holds [D, BLOCK_N] tiles, K-major as an fp8 wgmma's B operand must be), P rounded to e4m3 at 2**8
     times its value, the descales of the item's K/V head (``qk_descale_ptr``: descale_q descale_k, folded
@@ -205,6 +253,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             item_scale2 = scale2 * gl.load(qk_descale_ptr + kv_pair)
         rows = block * BLOCK_M + w * HALF + gl.arange(0, HALF, layout=row_layout)
         n = _key_blocks(block, seq_q, seq_kv, kv_blocks, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        masked_from = _first_masked_block(block * BLOCK_M + w * HALF, seq_q, seq_kv, BLOCK_N, IS_CAUSAL)
         m = gl.full([HALF], -float("inf"), gl.float32, row_layout)
         l = gl.zeros([HALF], gl.float32, row_layout)
         o = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
@@ -226,32 +275,33 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
             turns += 1
             s = hopper.warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
-            p, m, alpha, l = _softmax_step(
-                s, m, l, rows, 0, seq_q, seq_kv, item_scale2, s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET
-            )
-            used += 1
-            for j in range(1, n):
-                # the next QK^T beside the previous PV, both before this block's softmax
-                slot = used % STAGES
-                before = (used - 1) % STAGES
-                mbarrier.wait(k_ready.index(slot), (used // STAGES) & 1)
-                mbarrier.wait(v_ready.index(before), ((used - 1) // STAGES) & 1)
-                mbarrier.wait(turn.index(w), (turns & 1) ^ (1 - w))
-                s = hopper.warpgroup_mma(q, tile_matrix(k_ring.index(slot)).permute((1, 0)),
-                                  gl.zeros([HALF, BLOCK_N], gl.float32, s_layout),
-                                  use_acc=False, is_async=True)  # fmt: skip
-                weights = gl.convert_layout(p.to(dtype), p_layout)
-                o = hopper.warpgroup_mma(weights, _values(v_ring, before, FP8), o, is_async=True)
-                mbarrier.arrive(turn.index(1 - w))
-                turns += 1
-                s = hopper.warpgroup_mma_wait(1, deps=(s,))  # S retires; the PV stays in flight
-                mbarrier.arrive(k_empty.index(slot))
-                p, m, alpha, l = _softmax_step(s, m, l, rows, j * BLOCK_N, seq_q, seq_kv, item_scale2,
+            if SPLIT_MASK:
+                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, masked_from == 0, seq_q, seq_kv, item_scale2,
                                                s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
-                o = hopper.warpgroup_mma_wait(0, deps=(o,))
-                mbarrier.arrive(v_empty.index(before))
-                o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                used += 1
+            else:
+                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, True, seq_q, seq_kv, item_scale2, s_layout,
+                                               BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
+            used += 1
+            if SPLIT_MASK:
+                # the blocks every row sees whole, then those that need the mask (two loops: a branch on the
+                # mask inside one spilled at d = 256)
+                whole = gl.maximum(1, gl.minimum(masked_from, n))
+                for j in range(1, whole):
+                    p, m, l, o, used, turns = _key_block(
+                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
+                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
+                        IS_CAUSAL, P_OFFSET, FP8, False)  # fmt: skip
+                for j in range(whole, n):
+                    p, m, l, o, used, turns = _key_block(
+                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
+                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
+                        IS_CAUSAL, P_OFFSET, FP8, True)  # fmt: skip
+            else:  # every block masked (two loops spilled in the item loop at d = 64 causal and d = 256)
+                for j in range(1, n):
+                    p, m, l, o, used, turns = _key_block(
+                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
+                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
+                        IS_CAUSAL, P_OFFSET, FP8, True)  # fmt: skip
             # every QK^T has retired: Q's buffer is free, and the next item's Q loads under this last PV
             # and the stores
             mbarrier.arrive(q_empty)
@@ -286,7 +336,8 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
 def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q,
                                seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section, scale2,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr,
+                               SPLIT_MASK: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_M == 2 * 64)
     q_tiles = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -316,11 +367,11 @@ def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, qk_desc
         (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                        out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
                        heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
-                       FP8)),
+                       FP8, SPLIT_MASK)),
         (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                        out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
                        heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
-                       FP8)),
+                       FP8, SPLIT_MASK)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])  # fmt: skip
 
 
@@ -342,12 +393,26 @@ STAGES = 2
 SECTION = 8
 
 
-def key_block(head_dim: int) -> int:
-    """Keys per K/V block: 128 at d = 64; 64 at d = 128 (where 128 keys spilled a consumer held to 224
-    registers, 84 LDL/STL, sm_90a, Triton 3.6, 2026-12-06) and at d = 256. FA3 takes 80 keys at d = 256
-    (its ``hopper/tile_size.h``); Gluon's ``arange`` wants a power of two. At 64 keys and d = 256 the two
-    ring slots of K and V (128 KiB) and Q (64 KiB) take 192 KiB of the 227."""
-    return 128 if head_dim <= 64 else 64
+def key_block(head_dim: int, is_causal: bool) -> int:
+    """Keys per K/V block: 128 at d = 64; at d = 128, 128 without a causal mask and 64 with one (split
+    masking, :func:`split_mask`); 64 at d = 256. FA3 takes 128 x 176 (not causal) and 128 x 128 (causal)
+    tiles at d = 128 and 80 keys at d = 256 (its ``hopper/tile_size.h``); Gluon's ``arange`` wants a power
+    of two. At 64 keys and d = 256 the two ring slots of K and V (128 KiB) and Q (64 KiB) take 192 KiB of
+    the 227. The sm_90a builds (Triton 3.6, 2026-12-07; instructions of the key-block loop per key): d = 128
+    not causal, 128 keys 617 / 128 = 4.8, 64 keys 390 / 64 = 6.1 (5.4 with split masking), both without a
+    spill; causal, 64 keys split 347 / 64 = 5.4 in the unmasked loop, 128 keys 764 / 128 = 6.0 with 2
+    LDL/STL in the loop (split at 128 keys: 235)."""
+    if head_dim <= 64:
+        return 128
+    return 128 if head_dim <= 128 and not is_causal else 64
+
+
+def split_mask(head_dim: int, is_causal: bool) -> bool:
+    """Whether the forward runs the key blocks every row sees whole in a loop of their own, without the
+    mask's compares and selects, and masks the rest in a second loop (FA3 masks only the blocks that need
+    it): at d = 128 under a causal mask only, where it builds without a spill (sm_90a, Triton 3.6); the
+    second loop spilled in the item loop at d = 64 causal and d = 256, and at 128 keys."""
+    return head_dim == 128 and is_causal
 
 
 @functools.cache
@@ -359,7 +424,7 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
     def layout(shape):
         return DescriptorLayout(shape, gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype))
 
-    block_n = key_block(head_dim)
+    block_n = key_block(head_dim, is_causal)
     n_blocks = cdiv(seq_q, BLOCK_M)
     items = n_blocks * batch * heads
     return GluonPlan(
@@ -367,7 +432,7 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
         dict(seq_q=seq_q, seq_kv=seq_kv, kv_blocks=cdiv(seq_kv, block_n), heads=heads, heads_kv=heads_kv,
              n_blocks=n_blocks, pairs=batch * heads,
              section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
-             STAGES=STAGES, FP8=fp8),
+             STAGES=STAGES, FP8=fp8, SPLIT_MASK=split_mask(head_dim, is_causal)),
         dict(q_desc=layout((1, WARPGROUP_ROWS, head_dim)), k_desc=layout((1, block_n, head_dim)),
              v_desc=layout((head_dim, block_n) if fp8 else (1, block_n, head_dim))),
         4, STAGES,

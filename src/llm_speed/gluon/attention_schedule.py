@@ -57,20 +57,23 @@ WARPGROUPS = 2
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """The forward's tile (``block_m`` query rows per program, split between the two warpgroups;
-    ``block_n`` keys per K/V block), ring depth, persistent grid and longest-first section width."""
+    ``block_n`` keys per K/V block), ring depth, persistent grid and longest-first section width;
+    ``split_mask``: only the key blocks from :func:`first_masked_block` on are masked (the kernel's
+    ``SPLIT_MASK``), else every block."""
 
     block_m: int = 128
     block_n: int = 128
     stages: int = 2
     programs: int = 132
     section: int = 8
+    split_mask: bool = True
 
 
 def from_plan(plan) -> Schedule:
     """The :class:`Schedule` of a Gluon forward plan (:func:`llm_speed.gluon.attention._plan`): its tile,
     ring depth, persistent grid and section width."""
     f = plan.fixed
-    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"])
+    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"], f["SPLIT_MASK"])
 
 
 def work_items(n_blocks: int, pairs: int, *, longest_first: bool, section: int) -> list[tuple[int, int]]:
@@ -99,6 +102,18 @@ def key_blocks(block: int, block_m: int, block_n: int, seq_q: int, seq_kv: int, 
     last_row = min((block + 1) * block_m, seq_q) - 1
     last_key = last_row + seq_kv - seq_q
     return max(0, min(blocks, cdiv(last_key + 1, block_n)))
+
+
+def first_masked_block(first_row: int, block_n: int, seq_q: int, seq_kv: int, is_causal: bool) -> int:
+    """The first key block whose scores a warpgroup whose rows start at ``first_row`` must mask: every key
+    of every earlier block is below ``seq_kv`` and, under a causal mask (bottom-right aligned), visible to
+    the warpgroup's first row, hence to all of its rows (FlashAttention-3 masks only the blocks that need
+    it). The mask's compares and selects are left out of the other blocks."""
+    first = seq_kv // block_n  # a partial last block
+    if is_causal:
+        # block j is wholly visible to row r iff (j + 1) block_n - 1 <= r + seq_kv - seq_q
+        first = min(first, max(0, first_row + seq_kv - seq_q + 1) // block_n)
+    return first
 
 
 class _Program:
@@ -195,6 +210,7 @@ class _Program:
                 scale2, offset = scale2 * self.descales[0][b, h // self.group].item(), P8_OFFSET
             first = block * s.block_m + w * half
             rows = torch.arange(first, first + half)
+            masked_from = first_masked_block(first, s.block_n, self.seq_q, self.seq_kv, self.is_causal)
             yield from protocol.wait(self.q_ready, done & 1)
             m = torch.full((half,), -math.inf)
             l = torch.zeros(half)
@@ -223,9 +239,10 @@ class _Program:
                     q = self._read_q(w, (block, pair))
                     self.empty["k"][issued_s[0]].arrive()
                     scores = (q.float() @ k_block.float().T) * scale2
-                    keys = torch.arange(j * s.block_n, (j + 1) * s.block_n)
-                    seen = (keys < self.seq_kv)[None, :] & self._visible(rows, keys)
-                    scores = scores.masked_fill(~seen, -math.inf)
+                    if j >= masked_from or not s.split_mask:  # the blocks that need it only
+                        keys = torch.arange(j * s.block_n, (j + 1) * s.block_n)
+                        seen = (keys < self.seq_kv)[None, :] & self._visible(rows, keys)
+                        scores = scores.masked_fill(~seen, -math.inf)
                     m_new = torch.maximum(m, scores.amax(dim=1))
                     base = torch.where(m_new == -math.inf, 0.0, m_new)  # no key seen yet: no inf - inf
                     alpha = torch.exp2(m - base)
