@@ -1,11 +1,12 @@
 """The Gluon forward attention compiled for sm_90a on this CPU, exactly as
 :func:`llm_speed.gluon.attention.forward` launches it on an H100 (the kernel report), by the GPU machine's
-Triton 3.6: the two d = 128 variants (4-20 s of compile each), which keep every budget and have the
-structure they are built for: a producer warpgroup (the default partition) at 24 registers and two consumer
-warpgroups (4-warp workers) at 240, within the block's register pool; wgmma with the PV kept in flight
-(``wait_group 1``) over the softmax; TMA loads; mbarrier waits; no spills. Not causal: 128 keys a block, one
-key-block loop, every block masked (only past the keys); causal: 64 keys a block, the blocks every row sees
-whole in a loop of their own without the mask (``SPLIT_MASK``), then the masked ones."""
+Triton 3.6: the two d = 128 variants at 4096 tokens (4-20 s of compile each), which keep every budget and
+have the structure they are built for: a producer warpgroup (the default partition) at 24 registers and
+two consumer warpgroups (4-warp workers) at 240, within the block's register pool; wgmma with the PV kept
+in flight (``wait_group 1``) over the softmax; TMA loads; mbarrier waits; no spills. Not causal: 128 keys a
+block, one key-block loop, no mask (the keys fill whole blocks: ``WHOLE_BLOCKS``); causal: 64 keys a
+block, the blocks every row sees whole in a loop of their own without the mask (``SPLIT_MASK``), then the
+masked ones."""
 
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ def test_it_keeps_every_budget(rows, is_causal):
 
 def test_the_tiles_and_the_split_masking(rows):
     plain, causal = rows[False], rows[True]
-    assert plain["config"] == "M128 N128 w4 s2" and plain["variant"] == ""
+    assert plain["config"] == "M128 N128 w4 s2" and plain["variant"] == "WHOLE_BLOCKS"  # 4096 keys: no mask
     assert causal["config"] == "M128 N64 w4 s2" and causal["variant"] == "IS_CAUSAL SPLIT_MASK"
     # one key-block loop a consumer (and the producer's) against two a consumer: the unmasked one shorter
     assert len(plain["inner_loop_instructions"]) == 3 and len(causal["inner_loop_instructions"]) == 5
     unmasked, masked = sorted(causal["inner_loop_instructions"])[2:4]
     assert unmasked + 50 < masked  # the causal mask's compares and selects: in the second loop only
+    # not causal over whole blocks: no mask at all, under 4.5 instructions a key (4.8 masked, 6.1 at 64 keys)
+    assert max(plain["inner_loop_instructions"]) < 4.5 * 128
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -74,6 +74,24 @@ def test_hidden_keys_stay_hidden_under_any_scale(is_causal, scale):
         assert_error_rule(f"gluon d{name}", got, torch_grad, exact, GRAD_FACTOR, torch.bfloat16)
 
 
+@pytest.mark.parametrize("seq_kv", [1, 5, 70])
+def test_keys_past_the_end_stay_masked_where_fp16_would_overflow(seq_kv):
+    # fp16 with delta = 76800: an unmasked key past seq_kv would round dS = -exp(-LSE) delta to -inf, and
+    # -inf x its zero K row is NaN in dQ (tests/gluon/test_gluon_attention_bwd_schedule.py); the true dQ is 0
+    from llm_speed.gluon.attention import forward
+    from llm_speed.gluon.attention_bwd import backward
+
+    q = torch.full((1, 1, 3, 64), 0.5, device="cuda", dtype=torch.float16)
+    k = torch.full((1, 1, seq_kv, 64), -0.5, device="cuda", dtype=torch.float16)
+    v = torch.full((1, 1, seq_kv, 64), 4.0, device="cuda", dtype=torch.float16)
+    dout = torch.full((1, 1, 3, 64), 300.0, device="cuda", dtype=torch.float16)
+    out, lse = forward(q, k, v)
+    dq, dk, dv = backward(q, k, v, out, lse, dout)
+    torch.cuda.synchronize()
+    assert torch.equal(dq, torch.zeros_like(dq)), dq
+    assert dk.isfinite().all() and dv.isfinite().all()
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_a_neighbouring_heads_non_finite_values_stay_out(is_causal):
     # 100 queries and keys: head 0's partial blocks read zeros through the 3-D descriptors, not head 1's NaN

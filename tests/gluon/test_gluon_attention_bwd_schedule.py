@@ -121,6 +121,21 @@ def test_query_blocks_are_those_that_see_a_key(seq_q, seq_kv, is_causal):
         assert list(range(first, first + count)) == wanted
 
 
+@pytest.mark.parametrize("seq_kv", [1, 5, 70])
+def test_keys_past_the_end_stay_masked_where_fp16_would_overflow(seq_kv):
+    # fp16, delta = rowsum(dO * O) = 64 * 300 * 4 = 76800: a key past seq_kv left unmasked (score 0 on TMA's
+    # zero K row) gets P = exp(-LSE) and dS = -P delta, which fp16 rounds to -inf, and -inf x the zero K row
+    # is NaN in dQ (audit 18); masked, its P and dS are 0. The true dQ is 0: every key has the same V row.
+    q = torch.full((1, 1, 3, 64), 0.5, dtype=torch.float16)
+    k = torch.full((1, 1, seq_kv, 64), -0.5, dtype=torch.float16)
+    v = torch.full((1, 1, seq_kv, 64), 4.0, dtype=torch.float16)
+    dout = torch.full((1, 1, 3, 64), 300.0, dtype=torch.float16)
+    out, lse = forward_model.forward(q, k, v, schedule=FORWARD)
+    dq, dk, dv = model.backward(q, k, v, out, lse, dout)
+    assert torch.equal(dq, torch.zeros_like(dq)), dq
+    assert dk.isfinite().all() and dv.isfinite().all()
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_a_neighbouring_heads_non_finite_values_stay_out(is_causal):
     # partial query and key blocks (100 of 64 x 2, of 128) read TMA's zeros past a head's end, as the

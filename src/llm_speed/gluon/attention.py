@@ -17,7 +17,8 @@
   registers in the inputs' dtype;
 - a **persistent** grid, work items in row order or, under a causal mask, longest first;
 - only the key blocks that need it are masked where the build allows (``SPLIT_MASK``: the blocks every
-  row sees whole in a loop of their own, then the rest; :func:`split_mask`).
+  row sees whole in a loop of their own, then the rest; :func:`split_mask`), and none without a causal
+  mask where the keys fill whole blocks (``WHOLE_BLOCKS``: a plan value, as the plan is per length).
 
 Q, K and V are read through 3-D descriptors over [B H, S, D] views: a head's partial last block is TMA's
 zeros, never the next head's rows (a weight of 0 times an inf there is NaN). The output and the LSE
@@ -226,7 +227,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
               turn, out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
               heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr,
-              SPLIT_MASK: gl.constexpr):  # fmt: skip
+              SPLIT_MASK: gl.constexpr, WHOLE_BLOCKS: gl.constexpr):  # fmt: skip
     """Warpgroup ``w``: rows [64 w, 64 w + 64) of each query tile. ``FP8``: e4m3 Q, K and V^T (V's ring
     holds [D, BLOCK_N] tiles, K-major as an fp8 wgmma's B operand must be), P rounded to e4m3 at 2**8
     times its value, the descales of the item's K/V head (``qk_descale_ptr``: descale_q descale_k, folded
@@ -237,6 +238,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     dtype: gl.constexpr = q_tiles.dtype
     MMA_K: gl.constexpr = 32 if FP8 else 16
     P_OFFSET: gl.constexpr = P8_OFFSET if FP8 else 0.0
+    MASK_ALL: gl.constexpr = not WHOLE_BLOCKS
     s_layout: gl.constexpr = warpgroup_layout(BLOCK_N, MMA_K)
     o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM, MMA_K)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
@@ -279,8 +281,8 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                 p, m, alpha, l = _softmax_step(s, m, l, rows, 0, masked_from == 0, seq_q, seq_kv, item_scale2,
                                                s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
             else:
-                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, True, seq_q, seq_kv, item_scale2, s_layout,
-                                               BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
+                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, MASK_ALL, seq_q, seq_kv, item_scale2,
+                                               s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
             used += 1
             if SPLIT_MASK:
                 # the blocks every row sees whole, then those that need the mask (two loops: a branch on the
@@ -296,12 +298,13 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                         j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
                         l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
                         IS_CAUSAL, P_OFFSET, FP8, True)  # fmt: skip
-            else:  # every block masked (two loops spilled in the item loop at d = 64 causal and d = 256)
+            else:  # every block masked (two loops spilled in the item loop at d = 64 causal and d = 256), or
+                # none where every block is whole and seen by every row (WHOLE_BLOCKS)
                 for j in range(1, n):
                     p, m, l, o, used, turns = _key_block(
                         j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
                         l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
-                        IS_CAUSAL, P_OFFSET, FP8, True)  # fmt: skip
+                        IS_CAUSAL, P_OFFSET, FP8, MASK_ALL)  # fmt: skip
             # every QK^T has retired: Q's buffer is free, and the next item's Q loads under this last PV
             # and the stores
             mbarrier.arrive(q_empty)
@@ -337,7 +340,7 @@ def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, qk_desc
                                seq_kv, kv_blocks, heads, heads_kv, n_blocks, pairs, section, scale2,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr,
-                               SPLIT_MASK: gl.constexpr):  # fmt: skip
+                               SPLIT_MASK: gl.constexpr, WHOLE_BLOCKS: gl.constexpr):  # fmt: skip
     gl.static_assert(BLOCK_M == 2 * 64)
     q_tiles = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -367,11 +370,11 @@ def gluon_attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, qk_desc
         (_consumer, (0, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                        out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
                        heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
-                       FP8, SPLIT_MASK)),
+                       FP8, SPLIT_MASK, WHOLE_BLOCKS)),
         (_consumer, (1, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                        out_ptr, lse_ptr, qk_descale_ptr, v_descale_ptr, seq_q, seq_kv, kv_blocks, heads,
                        heads_kv, n_blocks, pairs, section, scale2, IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM,
-                       FP8, SPLIT_MASK)),
+                       FP8, SPLIT_MASK, WHOLE_BLOCKS)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])  # fmt: skip
 
 
@@ -399,9 +402,9 @@ def key_block(head_dim: int, is_causal: bool) -> int:
     tiles at d = 128 and 80 keys at d = 256 (its ``hopper/tile_size.h``); Gluon's ``arange`` wants a power
     of two. At 64 keys and d = 256 the two ring slots of K and V (128 KiB) and Q (64 KiB) take 192 KiB of
     the 227. The sm_90a builds (Triton 3.6, 2026-12-07; instructions of the key-block loop per key): d = 128
-    not causal, 128 keys 617 / 128 = 4.8, 64 keys 390 / 64 = 6.1 (5.4 with split masking), both without a
-    spill; causal, 64 keys split 347 / 64 = 5.4 in the unmasked loop, 128 keys 764 / 128 = 6.0 with 2
-    LDL/STL in the loop (split at 128 keys: 235)."""
+    not causal, 128 keys 617 / 128 = 4.8 (533 / 128 = 4.2 where the keys fill whole blocks, no mask), 64
+    keys 390 / 64 = 6.1 (5.4 with split masking), all without a spill; causal, 64 keys split 347 / 64 = 5.4
+    in the unmasked loop, 128 keys 764 / 128 = 6.0 with 2 LDL/STL in the loop (split at 128 keys: 235)."""
     if head_dim <= 64:
         return 128
     return 128 if head_dim <= 128 and not is_causal else 64
@@ -432,7 +435,8 @@ def _plan(batch: int, heads: int, heads_kv: int, seq_q: int, seq_kv: int, head_d
         dict(seq_q=seq_q, seq_kv=seq_kv, kv_blocks=cdiv(seq_kv, block_n), heads=heads, heads_kv=heads_kv,
              n_blocks=n_blocks, pairs=batch * heads,
              section=SECTION, IS_CAUSAL=is_causal, BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim,
-             STAGES=STAGES, FP8=fp8, SPLIT_MASK=split_mask(head_dim, is_causal)),
+             STAGES=STAGES, FP8=fp8, SPLIT_MASK=split_mask(head_dim, is_causal),
+             WHOLE_BLOCKS=not is_causal and seq_kv % block_n == 0),
         dict(q_desc=layout((1, WARPGROUP_ROWS, head_dim)), k_desc=layout((1, block_n, head_dim)),
              v_desc=layout((head_dim, block_n) if fp8 else (1, block_n, head_dim))),
         4, STAGES,

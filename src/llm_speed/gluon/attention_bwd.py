@@ -19,11 +19,11 @@
 - delta = rowsum(dO * O) is computed by PyTorch before the launch (two elementwise ops).
 
 Causal masks are aligned bottom-right and applied, as FA3 does, only to the query blocks that cross the
-diagonal (a hidden key's score -inf before the exp2); without one nothing is masked (keys past the end are
-TMA's zero K and V rows: nothing reaches dQ, and their dK and dV rows are not stored); a key block starts at the first query block that sees
-any of its keys. Key blocks are launched first to last over every K/V head: under a causal mask the
-longest first. Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as
-shipped), not yet run on a GPU.
+diagonal (a hidden key's score -inf before the exp2); without one only the warpgroup whose keys run past
+the end masks them (the others see whole blocks). A key block starts
+at the first query block that sees any of its keys. Key blocks are launched first to last over every K/V
+head: under a causal mask the longest first. Compiled for sm_90a by the kernel report (tests/gluon); a
+candidate launch choice (off as shipped), not yet run on a GPU.
 
 Layout: kernels, launcher, public function.
 """
@@ -124,6 +124,8 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
     p_tile = p_tiles.index(w)
     ds_tile = ds_tiles.index(w)
     key_index = gl.arange(0, HALF, layout=gl.SliceLayout(0, s_layout))
+    keys = key_block * BLOCK_N + w * HALF + key_index
+    partial = key_block * BLOCK_N + w * HALF + HALF > seq_kv  # this warpgroup holds keys past seq_kv
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
     dq_columns = gl.arange(0, DQ_COLUMNS, layout=gl.SliceLayout(0, dq_layout))
@@ -165,11 +167,15 @@ def _consumer(w, k_tiles, v_tiles, q_ring, do_ring, p_tiles, ds_tiles, kv_ready,
         # The mask replaces S before the one multiply-add, and under a causal mask only on the blocks that
         # cross the diagonal (FlashAttention-3 masks those alone): elsewhere (where(P) after the exp2, on
         # S * scale2, on every block) it spilled 4-10 LDL/STL in the loop at d = 128 (docs/gluon.md)
-        # Without a causal mask nothing is masked: keys past seq_kv read TMA's zero K and V rows, so their
-        # P (and dS) enter dQ = dS K times zeros, and their dK and dV rows are never stored
+        # Without a causal mask only the warpgroup holding keys past seq_kv masks: there S = 0 (TMA's zero
+        # K rows) would give P = exp(-LSE) and dS = -P delta, which fp16 rounds to inf past 65504, and
+        # inf x the zero K row is NaN in dQ (audit 18)
         if IS_CAUSAL:
             if start + diagonal < HALF - 1:  # row 0 misses the last key: a block on the diagonal
                 s = gl.where(gl.expand_dims(key_index, 0) <= gl.expand_dims(last, 1), s, masked)
+        else:
+            if partial:
+                s = gl.where(gl.expand_dims(keys < seq_kv, 0), s, masked)
         p = gl.exp2(gl.minimum(s * scale2 - gl.expand_dims(lse2, 1), 0.0))  # as the Triton backward: <= 1
         dp = hopper.warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(delta, 1))

@@ -17,8 +17,8 @@ random scheduler:
   warpgroup's keys' share, added in fp32 (atomics in the kernel); the slot is freed once dV and dK retire;
 - the tiles are read as the kernel's TMA reads them: boxes of the [B * H, S, D] view, so rows past a head's
   length are zeros (never the next head's: 0 x an inf there would be NaN); rows past seq_q take LSE +inf
-  (P = 0), and keys past seq_kv are not masked without a causal mask: their zero K rows add nothing to dQ
-  and their dK and dV rows are not stored;
+  (P = 0); without a causal mask only a warpgroup holding keys past seq_kv masks them (a zero score would
+  give P = exp(-LSE), and dS = -P delta rounded to fp16 can be inf: inf x a zero K row is NaN in dQ);
 - causal masks are bottom-right aligned: row r sees key c iff c <= r + seq_kv - seq_q; a key block starts
   at the first query block that sees any of its keys. A hidden key's score is replaced (-inf, or +inf
   under a negative scale) before the exp2, under a causal mask only in the query blocks that cross the
@@ -163,12 +163,12 @@ class _Program:
             scores = q_tile.float() @ k_tile.float().T
             dp = do_tile.float() @ v_tile.float().T
             diagonal = self.seq_kv - self.seq_q - key0  # row r sees key index <= r + start + diagonal
-            # without a causal mask nothing is masked: keys past seq_kv are TMA's zero K and V rows, which
-            # add nothing to dQ, and their dK and dV rows are not stored
             if self.is_causal:
                 if start + diagonal < self.half - 1:  # only blocks crossing the diagonal are masked
                     seen = key_index[None, :] <= (rows + (start + diagonal))[:, None]
                     scores = torch.where(seen, scores, self.masked)
+            elif key0 + self.half > self.seq_kv:  # only a warpgroup holding keys past seq_kv masks them
+                scores = torch.where((key0 + key_index < self.seq_kv)[None, :], scores, self.masked)
             p = torch.exp2(scores * self.scale2 - lse2[:, None]).clamp(max=1.0)
             ds = p * (dp - delta[:, None])
             yield True  # S and dP retired: the softmax, and P and dS to shared memory

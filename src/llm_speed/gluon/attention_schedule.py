@@ -73,7 +73,9 @@ def from_plan(plan) -> Schedule:
     """The :class:`Schedule` of a Gluon forward plan (:func:`llm_speed.gluon.attention._plan`): its tile,
     ring depth, persistent grid and section width."""
     f = plan.fixed
-    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"], f["SPLIT_MASK"])
+    # WHOLE_BLOCKS: no block needs the mask, which is what masking from first_masked_block on does there
+    split = f["SPLIT_MASK"] or f["WHOLE_BLOCKS"]
+    return Schedule(f["BLOCK_M"], f["BLOCK_N"], f["STAGES"], plan.grid[0], f["section"], split)
 
 
 def work_items(n_blocks: int, pairs: int, *, longest_first: bool, section: int) -> list[tuple[int, int]]:
