@@ -60,12 +60,21 @@ def test_head_dims_gqa_and_dtypes(head_dim, heads_kv, dtype):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_the_kernels_plan_and_positive_inputs(head_dim):
-    # the kernel's own plan (128 query rows, 64 per warpgroup; 128 keys at d = 64, 64 at d = 128 and 256;
-    # two ring slots), its grid cut to 3 programs so that each runs several work items
-    plan = attention._plan(1, 2, 1, 300, 260, head_dim, torch.bfloat16, True, Hardware.from_spec("h100-sxm"))
-    planned = dataclasses.replace(model.from_plan(plan), programs=3)
-    _check(*_inputs(1, 2, 1, 300, 260, head_dim, torch.bfloat16, positive=True), True, planned)
-    _check(*_inputs(1, 2, 2, 300, 260, head_dim, torch.float16), False, planned, seed=1)
+    # the kernel's own plans (128 query rows, 64 per warpgroup; 128 keys at d = 64 and at d = 128 without a
+    # causal mask, else 64; two ring slots; the split masking, or none over whole blocks), each grid cut to 3
+    # programs so that each runs several work items
+    h100 = Hardware.from_spec("h100-sxm")
+
+    def planned(heads_kv, seq_kv, is_causal):
+        plan = attention._plan(1, 2, heads_kv, 300, seq_kv, head_dim, torch.bfloat16, is_causal, h100)
+        return dataclasses.replace(model.from_plan(plan), programs=3)
+
+    _check(*_inputs(1, 2, 1, 300, 260, head_dim, torch.bfloat16, positive=True), True, planned(1, 260, True))
+    _check(*_inputs(1, 2, 2, 300, 260, head_dim, torch.float16), False, planned(2, 260, False), seed=1)
+    whole = planned(2, 256, False)  # 256 keys: whole blocks, nothing masked
+    blocks = 256 // whole.block_n
+    assert whole.split_mask and model.first_masked_block(0, whole.block_n, 300, 256, False) == blocks
+    _check(*_inputs(1, 2, 2, 300, 256, head_dim, torch.float16), False, whole, seed=2)
 
 
 def test_rows_that_see_no_key_give_zero_and_minus_infinity():
