@@ -238,7 +238,7 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
     dtype: gl.constexpr = q_tiles.dtype
     MMA_K: gl.constexpr = 32 if FP8 else 16
     P_OFFSET: gl.constexpr = P8_OFFSET if FP8 else 0.0
-    MASK_ALL: gl.constexpr = not WHOLE_BLOCKS
+    MASK_REST: gl.constexpr = SPLIT_MASK or not WHOLE_BLOCKS  # the blocks past the unmasked loop
     s_layout: gl.constexpr = warpgroup_layout(BLOCK_N, MMA_K)
     o_layout: gl.constexpr = warpgroup_layout(HEAD_DIM, MMA_K)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
@@ -281,30 +281,25 @@ def _consumer(w, q_tiles, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_
                 p, m, alpha, l = _softmax_step(s, m, l, rows, 0, masked_from == 0, seq_q, seq_kv, item_scale2,
                                                s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
             else:
-                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, MASK_ALL, seq_q, seq_kv, item_scale2,
+                p, m, alpha, l = _softmax_step(s, m, l, rows, 0, MASK_REST, seq_q, seq_kv, item_scale2,
                                                s_layout, BLOCK_N, IS_CAUSAL, P_OFFSET)  # fmt: skip
             used += 1
+            # SPLIT_MASK: the blocks every row sees whole in a loop without the mask, then the rest masked;
+            # else one loop (a second spilled in the item loop at d = 64 causal and d = 256: its bounds are
+            # then constants, and the first loop folds away), every block masked or, over WHOLE_BLOCKS, none
+            whole = 1
             if SPLIT_MASK:
-                # the blocks every row sees whole, then those that need the mask (two loops: a branch on the
-                # mask inside one spilled at d = 256)
                 whole = gl.maximum(1, gl.minimum(masked_from, n))
-                for j in range(1, whole):
-                    p, m, l, o, used, turns = _key_block(
-                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
-                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
-                        IS_CAUSAL, P_OFFSET, FP8, False)  # fmt: skip
-                for j in range(whole, n):
-                    p, m, l, o, used, turns = _key_block(
-                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
-                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
-                        IS_CAUSAL, P_OFFSET, FP8, True)  # fmt: skip
-            else:  # every block masked (two loops spilled in the item loop at d = 64 causal and d = 256), or
-                # none where every block is whole and seen by every row (WHOLE_BLOCKS)
-                for j in range(1, n):
-                    p, m, l, o, used, turns = _key_block(
-                        j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
-                        l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
-                        IS_CAUSAL, P_OFFSET, FP8, MASK_ALL)  # fmt: skip
+            for j in range(1, whole):
+                p, m, l, o, used, turns = _key_block(
+                    j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
+                    l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
+                    IS_CAUSAL, P_OFFSET, FP8, False)  # fmt: skip
+            for j in range(whole, n):
+                p, m, l, o, used, turns = _key_block(
+                    j, q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, w, used, turns, p, m,
+                    l, o, rows, seq_q, seq_kv, item_scale2, s_layout, p_layout, o_layout, BLOCK_N,
+                    IS_CAUSAL, P_OFFSET, FP8, MASK_REST)  # fmt: skip
             # every QK^T has retired: Q's buffer is free, and the next item's Q loads under this last PV
             # and the stores
             mbarrier.arrive(q_empty)

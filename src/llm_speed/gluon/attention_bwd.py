@@ -20,10 +20,10 @@
 
 Causal masks are aligned bottom-right and applied, as FA3 does, only to the query blocks that cross the
 diagonal (a hidden key's score -inf before the exp2); without one only the warpgroup whose keys run past
-the end masks them (the others see whole blocks). A key block starts
-at the first query block that sees any of its keys. Key blocks are launched first to last over every K/V
-head: under a causal mask the longest first. Compiled for sm_90a by the kernel report (tests/gluon); a
-candidate launch choice (off as shipped), not yet run on a GPU.
+the end masks them (the others see whole blocks). A key block starts at the first query block that sees
+any of its keys. Key blocks are launched first to last over every K/V head: under a causal mask the
+longest first. Compiled for sm_90a by the kernel report (tests/gluon); a candidate launch choice (off as
+shipped), not yet run on a GPU.
 
 Layout: kernels, launcher, public function.
 """

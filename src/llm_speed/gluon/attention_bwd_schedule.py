@@ -41,6 +41,7 @@ import torch
 
 from ..core.launch import cdiv
 from . import protocol
+from .attention_schedule import tma_rows
 
 LOG2E = math.log2(math.e)
 WARPGROUPS = 2
@@ -73,15 +74,6 @@ def query_blocks(key_block: int, block_m: int, block_n: int, seq_q: int, seq_kv:
     return first, n_q - first
 
 
-def _rows(x: torch.Tensor, pair: int, first: int, count: int) -> torch.Tensor:
-    """Rows [first, first + count) of (batch x head) ``pair`` of ``x`` [B, H, S, D], zeros past S (what
-    TMA reads through the [B * H, S, D] view)."""
-    box = torch.zeros(count, x.shape[-1], dtype=x.dtype)
-    part = x.flatten(0, 1)[pair, first : first + count]
-    box[: part.shape[0]] = part
-    return box
-
-
 class _Program:
     """One program's rings, barriers and partitions: key block ``key_block`` of K/V pair ``kv_pair``."""
 
@@ -112,15 +104,14 @@ class _Program:
     def producer(self) -> Iterator[bool]:
         s = self.s
         halves = [self.key_block * s.block_n + w * self.half for w in range(WARPGROUPS)]
-        self.kv = [(_rows(self.k, self.kv_pair, at, self.half), _rows(self.v, self.kv_pair, at, self.half))
-                   for at in halves]  # fmt: skip
+        self.kv = [tuple(tma_rows(x, self.kv_pair, at, self.half) for x in (self.k, self.v)) for at in halves]
         self.kv_ready.arrive()
         yield True
         for t, (q_pair, block) in enumerate(self.steps()):
             slot, parity = t % s.stages, ((t // s.stages) & 1) ^ 1
             yield from protocol.wait(self.empty[slot], parity)
             for name, x in (("q", self.q), ("do", self.dout)):  # Q first: S needs it first
-                self.rings[name][slot] = ((q_pair, block), _rows(x, q_pair, block * s.block_m, s.block_m))
+                self.rings[name][slot] = ((q_pair, block), tma_rows(x, q_pair, block * s.block_m, s.block_m))
                 self.ready[name][slot].arrive()
                 yield True
 

@@ -118,6 +118,15 @@ def first_masked_block(first_row: int, block_n: int, seq_q: int, seq_kv: int, is
     return first
 
 
+def tma_rows(x: torch.Tensor, pair: int, first: int, count: int) -> torch.Tensor:
+    """Rows [first, first + count) of (batch x head) ``pair`` of ``x`` [B, H, S, D], zeros past S: the box
+    the kernels' TMA reads through the [B * H, S, D] view (never the next head's rows)."""
+    box = torch.zeros(count, x.shape[-1], dtype=x.dtype)
+    part = x.flatten(0, 1)[pair, first : first + count]
+    box[: part.shape[0]] = part
+    return box
+
+
 class _Program:
     """One persistent program's rings, barriers and partitions."""
 
@@ -150,22 +159,11 @@ class _Program:
             part = x[b, h // self.group, :, j * n : (j + 1) * n]
             box[:, : part.shape[1]] = part
             return box
-        box = torch.zeros(n, x.shape[-1], dtype=x.dtype)  # TMA zero-fills past seq_kv
-        part = x[b, h // self.group, j * n : (j + 1) * n]
-        box[: part.shape[0]] = part
-        return box
+        return tma_rows(x, b * x.shape[1] + h // self.group, j * n, n)
 
     def _q_halves(self, block: int, pair: int) -> list[torch.Tensor]:
-        b, h = divmod(pair, self.heads)
         half = self.s.block_m // WARPGROUPS
-        halves = []
-        for w in range(WARPGROUPS):
-            first = block * self.s.block_m + w * half
-            tile = torch.zeros(half, self.q.shape[-1], dtype=self.q.dtype)  # TMA zero-fills past seq_q
-            part = self.q[b, h, first : first + half]
-            tile[: part.shape[0]] = part
-            halves.append(tile)
-        return halves
+        return [tma_rows(self.q, pair, block * self.s.block_m + w * half, half) for w in range(WARPGROUPS)]
 
     def producer(self) -> Iterator[bool]:
         s, filled = self.s, 0
