@@ -296,7 +296,10 @@ def test_a_part_cut_at_its_cap_cuts_its_family_and_keeps_the_other_parts_results
     raw2 = tmp_path / "raw2"
     raw2.mkdir()
     (raw2 / "summary.tsv").write_text("step\texit_code\tseconds\tcap_s\n")
-    quick = proof_correctness.Family("quick", "", (str(tests / "test_many.py"),), keyword="not zz", shards=2)
+    # part 1 (the first of two tests) takes 2 s at least, so fewer than 3 s of the 4 are left after it
+    nap = tests / "test_nap.py"
+    nap.write_text("def test_0():\n    import time\n    time.sleep(2)\n\ndef test_1():\n    pass\n")
+    quick = proof_correctness.Family("quick", "", (str(nap),), shards=2)
     runner = proof_correctness.Runner(raw2, sys.executable, budget_s=4, parallel=1, workers=1, min_start_s=3)
     assert runner.run([proof_correctness.Job("correct_quick", quick)]) == 1
     assert _rows(raw2) == {"correct_quick": "124"}
