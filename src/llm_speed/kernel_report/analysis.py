@@ -75,7 +75,12 @@ class Sass:
         return cls(tuple((int(a, 16), body) for a, body in _SASS_LINE.findall(text)))
 
     def opcodes(self) -> list[str]:
-        return [opcode(body) for _, body in self.instructions]
+        return list(self._opcodes)
+
+    # Each listing is read by several of the questions below: its opcodes and loops are worked out once.
+    @functools.cached_property
+    def _opcodes(self) -> tuple[str, ...]:
+        return tuple(opcode(body) for _, body in self.instructions)
 
     def _functions(self) -> list[tuple[tuple[int, str], ...]]:
         """The instructions of each function (its addresses restart at 0)."""
@@ -92,6 +97,10 @@ class Sass:
         the function's end (TMA's mbarrier wait retries) that jumps back into it is no loop, whatever ends the
         function (counted as one, it spanned the rest of the main loop and the epilogue), and neither is the
         function's closing branch to itself (never reached; an unconditional self-branch is never a loop)."""
+        return list(self._loops)
+
+    @functools.cached_property
+    def _loops(self) -> tuple[tuple[int, int], ...]:
         loops = []
         for code in self._functions():
             index = {address: i for i, (address, _) in enumerate(code)}
@@ -114,13 +123,14 @@ class Sass:
                 elif state[nxt] == 0:
                     state[nxt] = 1
                     path.append((nxt, iter(successors[nxt])))
-        return sorted(loops)
+        return tuple(sorted(loops))
 
     def is_spin(self, loop: tuple[int, int]) -> bool:
         """A wait loop (an mbarrier's try-wait, setmaxnreg's retry): at most 4 instructions, one of them a
         wait. Real loops, but not where a kernel spends its work."""
         lo, hi = loop
-        body = [opcode(text) for address, text in self.instructions if lo <= address <= hi]
+        body = [op for (address, _), op in zip(self.instructions, self._opcodes, strict=True)
+                if lo <= address <= hi]  # fmt: skip
         return len(body) <= 4 and any(op in _SPIN_OPCODES for op in body)
 
     def innermost_loops(self) -> list[tuple[int, int]]:
@@ -146,21 +156,21 @@ class Sass:
         loops = self.loops() if loops is None else loops
         return sum(
             1
-            for address, body in self.instructions
-            if opcode(body) in ("LDL", "STL") and any(lo <= address <= hi for lo, hi in loops)
+            for (address, _), op in zip(self.instructions, self._opcodes, strict=True)
+            if op in ("LDL", "STL") and any(lo <= address <= hi for lo, hi in loops)
         )
 
     def spill_instructions(self) -> int:
-        return sum(1 for op in self.opcodes() if op in ("LDL", "STL"))
+        return sum(1 for op in self._opcodes if op in ("LDL", "STL"))
 
     def tensor_cores(self) -> list[str]:
         """The tensor-core opcodes used, wgmma kinds first (HGMMA: fp16/bf16 wgmma; QGMMA: fp8 wgmma;
         IGMMA: int8 wgmma; HMMA / IMMA: mma.sync)."""
-        used = set(self.opcodes())
+        used = set(self._opcodes)
         return [op for op in TENSOR_CORE_OPCODES if op in used]
 
     def uses_tma(self) -> bool:
-        return any(op in TMA_OPCODES for op in self.opcodes())
+        return any(op in TMA_OPCODES for op in self._opcodes)
 
 
 # Opcodes of a wait that spins: an mbarrier's try-wait, setmaxnreg's allocation retry, a back-off.
@@ -207,8 +217,8 @@ class PtxWaits:
 
 
 def ptx_waits(ptx: str) -> PtxWaits:
-    lines = ptx.splitlines()
-    cfg = _Cfg.parse(lines)
+    cfg = _Cfg.of(ptx)
+    lines = cfg.lines
     looping = set().union(*cfg.loops.values())  # the blocks of every loop (:class:`_Cfg`)
 
     def deepest(pattern: re.Pattern, inside: bool) -> int | None:
@@ -248,8 +258,8 @@ def _most_before_a_wait(ptx: str, starts) -> int | None:
     """The most non-wgmma PTX instructions a loop issues on one path from a line where ``starts(line)`` to
     the first ``wgmma.wait_group`` on that path (see :class:`_Cfg`); None: no such line in a loop, or no
     path from one reaches a wait."""
-    lines = ptx.splitlines()
-    cfg = _Cfg.parse(lines)
+    cfg = _Cfg.of(ptx)
+    lines = cfg.lines
     best = None
     for line, block in cfg.block_of.items():
         if starts(lines[line]):
@@ -285,6 +295,12 @@ class _Cfg:
     blocks: tuple[tuple[int, ...], ...]  # the line numbers of each block's instructions, in order
     successors: tuple[tuple[int, ...], ...]
     block_of: dict[int, int]  # instruction line -> block
+
+    @staticmethod
+    @functools.lru_cache(maxsize=2)
+    def of(ptx: str) -> _Cfg:
+        """The graph of a listing, parsed once for the several questions asked of one kernel's PTX."""
+        return _Cfg.parse(ptx.splitlines())
 
     @classmethod
     def parse(cls, lines: list[str]) -> _Cfg:
