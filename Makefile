@@ -17,7 +17,8 @@ TEST_WORKERS ?= 2
 # PYTHONDONTWRITEBYTECODE (container images often do) writes none, and each of the suite's hundreds of Python
 # processes compiled torch's modules again: 2.4 s of CPU a process. The suite writes its byte code under
 # .cache/pycache (not beside the sources), whatever that variable says.
-TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
+PYCACHE := $(CURDIR)/.cache/pycache
+TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(PYCACHE)
 
 .PHONY: setup test demo lint clean gpu-quick gpu-proof test-gpu-stack
 
@@ -38,6 +39,8 @@ $(TRITON_GPU_STAMP): Makefile | $(STAMP)
 	touch $(TRITON_GPU_STAMP)
 
 test: setup $(TRITON_GPU_STAMP)
+	# the byte code of the last run's temporary files (its tests' scripts, the wheel's fresh venv) is not kept
+	rm -rf "$(PYCACHE)$$($(BIN)/python -c 'import tempfile; print(tempfile.gettempdir())')"
 	$(TEST_ENV) LLM_SPEED_TRITON_GPU=$(CURDIR)/$(TRITON_GPU_DIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q
 
 demo: setup
