@@ -83,13 +83,16 @@ def test_the_patches_are_installed_once_each():
 
     from llm_speed.core import interpreter_patches
 
-    installed = (interpreter._patch_lang, interpreter._patch_builtin, interpreter._get_np_dtype,
-                 interpreter.GridExecutor.__call__)  # fmt: skip
+    def installed():
+        return (interpreter._patch_lang, interpreter._patch_builtin, interpreter._get_np_dtype,
+                interpreter.GridExecutor.__call__, tl.core.block_type.__new__, tl.core.block_type.__init__,
+                tl.core.tensor.__init__)  # fmt: skip
+
+    before = installed()
     assert interpreter._patch_lang.once_a_launch and interpreter._patch_builtin.names_once
-    assert interpreter._get_np_dtype.cached
+    assert interpreter._get_np_dtype.cached and tl.core.block_type.shared
     interpreter_patches.apply()  # again: nothing is wrapped twice
-    assert installed == (interpreter._patch_lang, interpreter._patch_builtin, interpreter._get_np_dtype,
-                         interpreter.GridExecutor.__call__)  # fmt: skip
+    assert before == installed()
 
 
 def test_numpy_types_are_the_interpreters(monkeypatch):
@@ -134,3 +137,34 @@ def test_an_interpreter_function_of_other_parameters_is_left_alone(monkeypatch):
     interpreter_patches.cache_numpy_types()
     interpreter_patches.scan_builtins_once()
     assert interpreter._get_np_dtype is other_np_dtype and interpreter._patch_builtin is other_patch_builtin
+
+
+def test_block_types_are_shared_and_equal_to_tritons_and_its_errors_kept():
+    """A block type of a scalar or pointer element is made once (equal to the one Triton makes, its shape a
+    tuple of ints); each tensor gets a shape of its own; a bad shape is still Triton's error."""
+    core = tl.core
+    assert core.block_type.shared
+    a = tl.block_type(tl.float16, [16, 32])
+    assert tl.block_type(tl.float16, [tl.constexpr(16), 32]) is a
+    assert a.shape == [16, 32] and a.numel == 512 and a.name == "<['16', '32'], fp16>"
+    assert tl.block_type(tl.bfloat16, [16, 32]) is not a and tl.block_type(tl.float16, [32, 16]) is not a
+    pointers = tl.block_type(tl.pointer_type(tl.float16), [16])
+    assert pointers is not tl.block_type(tl.pointer_type(tl.float16, const=True), [16])
+    assert pointers.element_ty == tl.pointer_type(tl.float16)
+    with pytest.raises(TypeError, match="0d block_type"):
+        tl.block_type(tl.float16, [])
+    with pytest.raises(ValueError, match="power of 2"):
+        tl.block_type(tl.float16, [3])
+    first, second = core.tensor(None, a), core.tensor(None, a)
+    assert first.shape == second.shape and first.shape is not second.shape
+    assert [int(d) for d in first.shape] == [16, 32] and first.numel == 512 and first.dtype == tl.float16
+    scalar = core.tensor(None, tl.float32)
+    assert len(scalar.shape) == 0 and scalar.numel == 1 and scalar.type is tl.float32
+
+    class Sub(core.block_type):  # a subclass (as Gluon's distributed types are) is made as Triton makes it
+        def __init__(self, element_ty, shape, tag):
+            super().__init__(element_ty, shape)
+            self.tag = tag
+
+    sub = Sub(tl.float16, [16, 32], "x")
+    assert sub is not a and sub.tag == "x" and sub.shape == [16, 32] and isinstance(sub, Sub)

@@ -21,7 +21,7 @@ INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 launch_counter: collections.Counter[str] = collections.Counter()
 
 
-if INTERPRETED:  # a fix and three launch costs of Triton's interpreter (llm_speed.core.interpreter_patches)
+if INTERPRETED:  # a fix and four launch costs of Triton's interpreter (llm_speed.core.interpreter_patches)
     from llm_speed.core import interpreter_patches
 
     interpreter_patches.apply()
