@@ -210,38 +210,3 @@ def test_only_the_atomic_path_takes_the_head_dim_in_halves(monkeypatch, policy):
     dkdv = [plans[1] for plans in made]
     assert [plan.fixed["ATOMIC_DQ"] for plan in dkdv] == [False, False, True]
     assert not any(plan.fixed["D_HALVES"] for plan in dkdv)
-
-
-ATOMIC_COMPILE_SCRIPT = r"""
-import sys
-from llm_speed.core.policy import use_policy
-from llm_speed.kernel_report import worker
-with use_policy(backward_dq_kernel_tiers=()):
-    worker.run({"gpu": "h100-sxm", "ops": ["flash_attention_backward"], "shard": 0, "shards": 1,
-                "options": {"head_dims": [128], "backward": ["default"], "seq": 4096}}, sys.stdout)
-"""
-
-
-def test_the_atomic_path_builds_for_sm90a_at_two_blocks_per_sm(tmp_path):
-    """Compiled by the GPU machine's Triton for the H100 as launched on the atomic path (the tier's dQ kernel
-    off): the d = 128 dK/dV kernels take the head dim in halves and fit two blocks of 4 warps per SM, as the
-    dQ-kernel path's does (whole, dQ's tile took 129 KiB: one block), and the non-causal one keeps no spill
-    in its loop (it had 28 local-memory instructions there)."""
-    import json
-    import subprocess
-    import sys
-
-    from triton_builds import GPU_BUILD_ENV, environment
-
-    env = environment(GPU_BUILD_ENV, TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", ATOMIC_COMPILE_SCRIPT], capture_output=True, text=True,
-                          env=env, timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"index"')]
-    dkdv = [row for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name]
-    assert len(dkdv) >= 2 and not any(row["error"] for row in dkdv), rows
-    assert all(row["constexprs"]["ATOMIC_DQ"] and row["constexprs"]["D_HALVES"] for row in dkdv)
-    assert all(row["blocks_per_sm"] == 2 and row["shared_bytes"] <= row["shared_limit"] for row in dkdv), dkdv
-    masks = ("HAS_LEFT", "HAS_RIGHT", "HAS_ALIBI", "DROPOUT", "SOFTCAP")
-    (full,) = [row for row in dkdv if not any(row["constexprs"][name] for name in masks)]
-    assert full["loop_spill_instructions"] == 0 and full["wgmma"], full

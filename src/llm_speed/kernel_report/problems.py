@@ -779,6 +779,8 @@ def candidate_problems() -> list[Problem]:
     packed = dict(dtype="fp16", heads_kv=4, is_causal=True, sequences=4)
     bwd = dict(backward="deterministic")
     chosen = {
+        "backward-atomic-dq": [attention_problem("flash_attention_backward", **d128, is_causal=c,
+                                                 backward="default") for c in (False, True)],  # fmt: skip
         "forward-overlap": [attention_problem("flash_attention", **d128)],
         "forward-tma-kv": [attention_problem("flash_attention", **d128)],
         "forward-overlap-tma-kv": [attention_problem("flash_attention", **d128, is_causal=c)
