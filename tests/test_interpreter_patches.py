@@ -168,3 +168,19 @@ def test_block_types_are_shared_and_equal_to_tritons_and_its_errors_kept():
 
     sub = Sub(tl.float16, [16, 32], "x")
     assert sub is not a and sub.tag == "x" and sub.shape == [16, 32] and isinstance(sub, Sub)
+
+
+def test_only_tritons_own_element_types_and_shapes_it_takes_are_shared():
+    """An element Triton checks by identity keeps its identity (a block over an equal dtype made elsewhere
+    is not shared); a pointer to a pointer (its pointee's address space is not in its name) and a shape
+    Triton refuses (a Python tuple) are made as Triton makes them."""
+    other_bf16 = tl.dtype("bf16")
+    assert other_bf16 == tl.bfloat16 and other_bf16 is not tl.bfloat16
+    assert tl.block_type(other_bf16, [8]).element_ty is other_bf16
+    assert tl.block_type(tl.bfloat16, [8]).element_ty is tl.bfloat16
+    shared = tl.block_type(tl.pointer_type(tl.pointer_type(tl.float16, "shared")), [8])
+    plain = tl.block_type(tl.pointer_type(tl.pointer_type(tl.float16)), [8])
+    assert shared is not plain and shared.element_ty.element_ty.address_space == "shared"
+    tl.block_type(tl.float16, [8, 8])
+    with pytest.raises(AssertionError):
+        tl.block_type(tl.float16, (8, 8))
