@@ -123,9 +123,14 @@ def test_both_backward_paths_and_every_kernel_row_are_compiled(reports):
     reported = {entry.split(":")[0] for row in rows for entry in row["problems"]}
     assert reported == set(problems.BUILDERS)  # every op-table row; no Gluon kernel ships
     dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name
-            and not any(p.endswith("[backward-atomic-dq]") for p in row["problems"])]  # fmt: skip
+            and not _under(row, "backward-atomic-dq")]  # fmt: skip
     l4_dkdv = [row["constexprs"]["ATOMIC_DQ"] for row in l4_rows if row["kernel"] == flash.BACKWARD_DKDV.name]
     assert set(dkdv) == {False} and True in l4_dkdv
+
+
+def _under(row: dict, candidate: str) -> bool:
+    """Whether a problem of ``row`` is made under that candidate's policy (its label ends in ``[name]``)."""
+    return any(problem.endswith(f"[{candidate}]") for problem in row["problems"])
 
 
 def test_the_atomic_dq_candidate_takes_the_head_dim_in_halves_at_two_blocks_per_sm(reports):
@@ -134,8 +139,8 @@ def test_the_atomic_dq_candidate_takes_the_head_dim_in_halves_at_two_blocks_per_
     path's does (whole, dQ's tile took 129 KiB: one block), and the non-causal one keeps no spill in its loop
     (it had 28 local-memory instructions there); the causal one's 26 are a named exception (budgets)."""
     rows = reports("h100-sxm")["rows"]
-    dkdv = [row for row in rows if row["kernel"] == flash.BACKWARD_DKDV.name
-            and any(p.endswith("[backward-atomic-dq]") for p in row["problems"])]  # fmt: skip
+    dkdv = [row for row in rows
+            if row["kernel"] == flash.BACKWARD_DKDV.name and _under(row, "backward-atomic-dq")]  # fmt: skip
     assert len(dkdv) == 2 and not any(row["error"] for row in dkdv), dkdv
     assert all(row["constexprs"]["ATOMIC_DQ"] and row["constexprs"]["D_HALVES"] for row in dkdv)
     assert all(row["blocks_per_sm"] == 2 and row["shared_bytes"] <= row["shared_limit"] for row in dkdv), dkdv

@@ -129,7 +129,8 @@ EXCEPTIONS: tuple[Exception_, ...] = (
         "no spills in loops",
         _HALVES_CAUSAL_DKDV,
         gpu="h100-sxm",
-        match=(("D_HALVES", True), ("HAS_RIGHT", True), ("HAS_LEFT", False), ("DROPOUT", False)),
+        match=(("D_HALVES", True), ("HAS_RIGHT", True), ("HAS_LEFT", False), ("SOFTCAP", False),
+               ("HAS_ALIBI", False), ("DROPOUT", False), ("IS_VARLEN", False)),
     ),  # fmt: skip
     Exception_(
         "flash_attention_bwd_dkdv",
