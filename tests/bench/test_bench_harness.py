@@ -323,3 +323,32 @@ def test_attention_and_gemm_on_the_gpu():
     )
     assert all(row.available for row in gemm_rows), [row.reason for row in gemm_rows]
     assert gemm_rows[0].percent_of_baseline > 0
+
+
+def test_git_commit_of_a_copy_inside_another_repository_is_none(tmp_path, monkeypatch):
+    """A wheel installed in a venv inside the user's own repository (``project/.venv``, ignored) is in that
+    work tree: its HEAD is the user's commit, not llm_speed's (audit 21)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    monkeypatch.delenv("LLM_SPEED_GIT_COMMIT", raising=False)
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    (tmp_path / "tracked").mkdir()
+    (tmp_path / "tracked" / "a.py").write_text("x = 1\n")
+    installed = tmp_path / ".venv" / "site-packages" / "llm_speed"
+    installed.mkdir(parents=True)
+    (installed / "report.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "user's project")
+    commit, reason = report.git_commit(installed)
+    assert commit is None and "another git work tree" in reason
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert report.git_commit(tmp_path / "tracked") == (head.strip(), None)

@@ -132,8 +132,9 @@ class Measurement:
 
 
 def git_commit(source_dir: str | Path | None = None) -> tuple[str | None, str | None]:
-    """(commit hash, None) when ``source_dir`` (default: llm_speed's own directory) is in a git checkout, else
-    (None, reason). Uncommitted changes to tracked files add "+uncommitted-changes" to the hash.
+    """(commit hash, None) when ``source_dir`` (default: llm_speed's own directory) is tracked by a git
+    checkout, else (None, reason): an installed copy inside another repository's work tree is not.
+    Uncommitted changes to tracked files add "+uncommitted-changes" to the hash.
 
     ``LLM_SPEED_GIT_COMMIT`` in the environment wins: a working tree copied to another machine has no .git,
     so whoever copied it says which commit it is (benchmarks/run_gpu_suite.sh passes it on)."""
@@ -153,6 +154,18 @@ def git_commit(source_dir: str | Path | None = None) -> tuple[str | None, str | 
         return None, f"git could not be run: {error}"
     if result.returncode != 0:
         return None, "llm_speed is not running from a git checkout"
+    # A wheel installed in a venv inside the user's own repository sits in that work tree (ignored): its
+    # HEAD is the user's commit, not llm_speed's. Only a checkout that tracks the source is llm_speed's.
+    tracked = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", "--", "."],
+        cwd=source_dir,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    if tracked.returncode != 0:
+        return None, "llm_speed is installed inside another git work tree, not running from its own checkout"
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         cwd=source_dir,
