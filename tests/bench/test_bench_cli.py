@@ -159,6 +159,8 @@ def test_gemm_model_takes_a_config_json_path(tmp_path):
          "--impl: none of the implementations asked for can run here (flash-fp8: fp8 attention is forward"),
         (["bench", "attention", "--device", "cpu", "--impl", "sdpa-cudnn"],
          "(sdpa-cudnn: SDPA's cuDNN backend runs on CUDA devices only)"),
+        (["bench", "attention", "--device", "cpu", "--impl", "sdpa-efficient"],  # not PyTorch's raw error
+         "(sdpa-efficient: SDPA's memory-efficient backend runs on CUDA devices only)"),
         (["bench", "ops", "--device", "cpu", "--impl", "liger"], "--impl: none of the implementations asked"),
     ],
 )
@@ -239,7 +241,18 @@ def test_bench_attention_json_to_stdout(capsys):
     assert payload["settings"]["seq_lengths"] == [16]
 
 
-def test_nothing_runnable_exits_1(capsys):
+@pytest.fixture
+def efficient_tried_on_cpu(monkeypatch):
+    """SDPA's memory-efficient backend tried on the CPU, where PyTorch has none: known once tried (the bench
+    refuses it before any work, so these tests let it through to fail as it runs)."""
+    from llm_speed.bench import attention as attention_bench
+
+    refuse = attention_bench.unavailable_reason
+    monkeypatch.setattr(attention_bench, "unavailable_reason",
+                        lambda impl, *rest: None if impl == "sdpa-efficient" else refuse(impl, *rest))  # fmt: skip
+
+
+def test_nothing_runnable_exits_1(capsys, efficient_tried_on_cpu):
     code = main(
         [
             "bench",
@@ -249,7 +262,7 @@ def test_nothing_runnable_exits_1(capsys):
             "--seq-lengths",
             "16",
             "--impl",
-            "sdpa-efficient",  # no CPU kernel, known once tried (flash_attn alone is refused before)
+            "sdpa-efficient",  # no CPU kernel, known once tried (efficient_tried_on_cpu)
             "--no-progress",
         ]
     )
@@ -257,7 +270,7 @@ def test_nothing_runnable_exits_1(capsys):
     assert "not run: sdpa-efficient" in capsys.readouterr().out
 
 
-def test_a_run_where_nothing_ran_keeps_an_earlier_results_file(tmp_path, capsys):
+def test_a_run_where_nothing_ran_keeps_an_earlier_results_file(tmp_path, capsys, efficient_tried_on_cpu):
     """Exit 1 and the earlier run's files left as they were: a run of "not run" rows replaced them."""
     earlier = tmp_path / "results.json"
     earlier.write_text('{"earlier": true}')

@@ -210,6 +210,8 @@ def unavailable_reason(impl: str, device: torch.device, settings: AttentionSetti
             return "flash_attn runs on CUDA devices only"
     if impl == "sdpa-cudnn" and device.type != "cuda":
         return "SDPA's cuDNN backend runs on CUDA devices only"
+    if impl == "sdpa-efficient" and device.type != "cuda":  # PyTorch has no CPU build of it
+        return "SDPA's memory-efficient backend runs on CUDA devices only"
     return refusal_on_every_device(impl, settings)
 
 
