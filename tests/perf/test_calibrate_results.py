@@ -193,6 +193,30 @@ def test_calibrate_reads_the_host_path_of_the_build_measured(tmp_path):
     assert prediction.breakdown.host_s == table["flash_attention"]
 
 
+def test_a_later_run_sets_the_host_path_whatever_its_folder_is_called(tmp_path):
+    """Folders are named by commit (benchmarks/results), so their names say nothing of time: the host table
+    takes the latest run's figures, by the times their JSON record (the rename of 2026-12-06 had made the
+    2026-11-25 morning's run, d1b0227, replace the evening's, 0cce093)."""
+    document = json.loads((SUITE / "overhead.json").read_text())
+    for name, stamp, scale in (("a-late", "2026-11-25T17:00:00+00:00", 1.0),
+                               ("z-early", "2026-11-25T07:00:00+00:00", 3.0)):  # fmt: skip
+        folder = tmp_path / "h100-sxm" / name
+        folder.mkdir(parents=True)
+        rows = [dict(row, us_per_call=row["us_per_call"] * scale) for row in document["results"]]
+        environment = dict(document["environment"], timestamp_utc=stamp)
+        run = dict(document, results=rows, environment=environment)
+        (folder / "overhead.json").write_text(json.dumps(run))
+    (tmp_path / "h100-sxm" / "no-time").mkdir()
+    (tmp_path / "h100-sxm" / "no-time" / "host_overhead.txt").write_text("")
+    order = [path.parent.name for path in measurements._in_run_order(tmp_path)]
+    assert order == ["no-time", "z-early", "a-late"]
+    results = measurements.load_results(tmp_path)
+    late, _ = measurements.overhead_host_s(json.loads((tmp_path / "h100-sxm" / "a-late" / "overhead.json")
+                                                      .read_text()))  # fmt: skip
+    assert results.build_host_s[document["environment"]["git_commit"][:7]]["flash_attention"] == (
+        pytest.approx(late["flash_attention"]))
+
+
 def test_forward_and_backward_under_one_timer():
     """A fwd+bwd row: device times add, host paths add and overlap the device once (one L2 flush)."""
     shape = dict(batch=2, heads_q=8, seq_q=4096, head_dim=64)
