@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="attention backward path (repeat; default both)")  # fmt: skip
     parser.add_argument("--shipped", action="store_true",
                         help="also every shipped attention configuration of the GPU's tier, in rotating "
-                        "mask variants (what `make test` checks)")  # fmt: skip
+                        "mask variants, and the candidate launch choices' problems (`make test` checks this "
+                        "set on the H100; on the L4 only the attention tier)")  # fmt: skip
     parser.add_argument(
         "--check",
         action="store_true",
