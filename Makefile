@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 PYCACHE := $(CURDIR)/.cache/pycache
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(PYCACHE)
 
-.PHONY: setup test demo lint clean gpu-quick gpu-proof test-gpu-stack
+.PHONY: setup test demo lint clean gpu-quick gpu-proof test-gpu-stack triton-cache
 
 setup: $(STAMP)
 
@@ -74,8 +74,21 @@ test-gpu-stack:
 	$(GPU_STACK_VENV)/bin/python -m pip install --quiet --no-compile -e ".[dev]"
 	$(GPU_STACK_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q -p no:cacheprovider $(GPU_STACK_TESTS)
 
+# A Triton cache for the proof (issue 70, item 2), compiled here by the GPU machine's Python, torch and Triton
+# (3.12, 2.11, 3.6: a cache key hashes Triton's libtriton.so, which differs per Python) into
+# .cache/triton-carry/ (git-ignored: carry it with the device command, beside .whl); the proof unpacks it and
+# its summary says how many kernels it served. ~5 min on 2 cores.
+CACHE_VENV ?= .venv-cp312
+CACHE_PYTHON ?= $(shell python3.12 -c 1 >/dev/null 2>&1 && echo python3.12 || (test -x $(HOME)/.pyenv/versions/3.12.1/bin/python3.12 && echo $(HOME)/.pyenv/versions/3.12.1/bin/python3.12) || echo python3.12)
+CACHE_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4"
+triton-cache:
+	test -x $(CACHE_VENV)/bin/python || $(CACHE_PYTHON) -m venv $(CACHE_VENV)
+	$(CACHE_VENV)/bin/python -m pip install --quiet --no-compile $(CACHE_PINS)
+	$(CACHE_VENV)/bin/python benchmarks/triton_cache.py build .cache/triton-carry/h100-sxm.tar.gz --gpu h100-sxm \
+		--workers $(TEST_WORKERS)
+
 lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(GPU_STACK_VENV) .cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(GPU_STACK_VENV) $(CACHE_VENV) .cache build *.egg-info src/*.egg-info

@@ -146,6 +146,20 @@ if [ "$STEP" = proof ] && [ "$MODE" != dry ]; then
     mkdir -p "$TRITON_CACHE_DIR" || exit 2
     export LLM_SPEED_COMPILE_LOG="$RAW/triton_compiles.jsonl"
     export PYTHONPATH="$ROOT/benchmarks/proof_site:$PYTHONPATH"
+    # Unless a Triton cache compiled on a CPU by the GPU machine's Python and Triton is carried
+    # (ROOT/.cache/triton-carry/*.tar.gz: `make triton-cache`, benchmarks/triton_cache.py): its kernels are
+    # unpacked into the run's cache, and the summary counts how many it served (their hashes in
+    # carried_cache_*.json) and how many were compiled here all the same.
+    for archive in "$ROOT"/.cache/triton-carry/*.tar.gz; do
+        [ -e "$archive" ] || continue
+        if [ "$MODE" = run ]; then
+            timeout -s KILL 60 "$PY" "$ROOT/benchmarks/triton_cache.py" install "$archive" "$TRITON_CACHE_DIR" \
+                --manifest-out "$RAW/carried_cache_$(basename "$archive" .tar.gz).json" 2>&1 \
+                | tee -a "$RAW/environment.txt"
+        else
+            echo "Triton cache to unpack on a real run: $(basename "$archive")"
+        fi
+    done
 fi
 
 # Carried wheels (no network on the device machine): installed offline, never fetched.

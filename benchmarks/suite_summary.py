@@ -190,7 +190,13 @@ def compiles(raw: Path) -> dict | None:
     path = raw / "triton_compiles.jsonl"
     if not path.exists():
         return None
-    built, loaded, seconds, unreadable = 0, 0, 0.0, 0
+    carried, carried_keys_match = set(), []
+    for manifest_path in sorted(raw.glob("carried_cache_*.json")):  # benchmarks/triton_cache.py install
+        manifest, _ = read_json(manifest_path)
+        if isinstance(manifest, dict):
+            carried |= {str(k.get("hash")) for k in manifest.get("kernels", []) if isinstance(k, dict)}
+            carried_keys_match.append(manifest.get("key_matches"))
+    built, loaded, seconds, unreadable, served = 0, 0, 0.0, 0, set()
     kernels = set()
     for line in path.read_text(errors="replace").splitlines():
         try:
@@ -204,6 +210,8 @@ def compiles(raw: Path) -> dict | None:
         kernels.add(str(entry.get("hash")))
         if entry.get("cache_hit"):
             loaded += 1
+            if str(entry.get("hash")) in carried:
+                served.add(str(entry.get("hash")))
         else:
             built += 1
             seconds += (number(entry.get("compile_us")) or 0) / 1e6
@@ -213,6 +221,10 @@ def compiles(raw: Path) -> dict | None:
         "loaded_from_cache": loaded,
         "distinct_kernels": len(kernels),
         "unreadable_lines": unreadable,
+        # a Triton cache compiled before the lease (benchmarks/triton_cache.py): its kernels, how many of them
+        # this run loaded, and whether its builder's Triton (version, triton_key, ptxas) was this machine's
+        **({"carried_kernels": len(carried), "served_by_carried": len(served),
+            "carried_keys_match": carried_keys_match} if carried_keys_match else {}),  # fmt: skip
     }
 
 
@@ -479,6 +491,11 @@ def proof_text(summary: dict, table: dict) -> list[str]:
             f"compiler time, summed over processes), {c['loaded_from_cache']} loaded from the run's file "
             f"cache, {c['distinct_kernels']} distinct"
         )]  # fmt: skip
+        if "carried_kernels" in c:
+            matched = ", ".join(str(m) for m in c["carried_keys_match"])
+            text.append(f"Triton cache carried from the CPU: {c['served_by_carried']} of its "
+                        f"{c['carried_kernels']} kernels served here; its builder's Triton matched this "
+                        f"one's: {matched}")  # fmt: skip
     return text
 
 

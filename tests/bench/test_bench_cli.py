@@ -248,8 +248,10 @@ def efficient_tried_on_cpu(monkeypatch):
     from llm_speed.bench import attention as attention_bench
 
     refuse = attention_bench.unavailable_reason
-    monkeypatch.setattr(attention_bench, "unavailable_reason",
-                        lambda impl, *rest: None if impl == "sdpa-efficient" else refuse(impl, *rest))  # fmt: skip
+    def tried(impl, *rest):
+        return None if impl == "sdpa-efficient" else refuse(impl, *rest)
+
+    monkeypatch.setattr(attention_bench, "unavailable_reason", tried)
 
 
 def test_nothing_runnable_exits_1(capsys, efficient_tried_on_cpu):

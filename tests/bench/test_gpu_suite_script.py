@@ -506,6 +506,26 @@ def test_the_proof_summary_names_problems_first_and_counts_compiles(tmp_path):
     assert any(line.startswith("Triton: 2 kernels compiled here (3.0 s") for line in lines)
 
 
+def test_the_proof_summary_counts_what_a_carried_triton_cache_served(tmp_path):
+    """A Triton cache compiled on the CPU and carried (benchmarks/triton_cache.py install writes its
+    manifest): the summary says how many of its kernels the run loaded, and whether its builder's Triton was
+    the GPU machine's."""
+    raw, out = raw_run(tmp_path, "correct_flash\t0\t40\t120\n")
+    (raw / "carried_cache_h100-sxm.json").write_text(json.dumps({
+        "kernels": [{"kernel": "k1", "hash": "a"}, {"kernel": "k3", "hash": "c"}], "key_matches": True}))
+    (raw / "triton_compiles.jsonl").write_text(
+        '{"kernel": "k1", "hash": "a", "cache_hit": true, "compile_us": 900}\n'
+        '{"kernel": "k1", "hash": "a", "cache_hit": true, "compile_us": 800}\n'
+        '{"kernel": "k2", "hash": "b", "cache_hit": false, "compile_us": 2000000}\n'
+    )
+    summarise(raw, out)
+    compiles = json.loads((out / "summary.json").read_text())["triton_compiles"]
+    assert compiles["carried_kernels"] == 2 and compiles["served_by_carried"] == 1
+    assert compiles["carried_keys_match"] == [True] and compiles["compiled_here"] == 1
+    assert ("Triton cache carried from the CPU: 1 of its 2 kernels served here; its builder's Triton matched "
+            "this one's: True") in (out / "summary.txt").read_text()
+
+
 def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
     """Each candidate's correctness (its families' junit under LLM_SPEED_POLICY) beside its A/B in
     attention_ab.json, one verdict a line: proven only correct everywhere and not slower over 2+ rounds."""

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""A Triton cache for the GPU machine, compiled on a CPU before the lease and carried with the proof (issue
+70, item 2).
+
+    python benchmarks/triton_cache.py build OUT.tar.gz [--gpu h100-sxm] [--op OP ...] [--workers N]
+    python benchmarks/triton_cache.py install ARCHIVE CACHE_DIR [--manifest-out FILE]
+    python benchmarks/triton_cache.py verify ARCHIVE [--op OP ...]
+
+``build`` compiles the kernels ``llm-speed kernels`` compiles for the GPU (every op's problems at model sizes,
+each shipped attention configuration of the GPU's tier, the candidate launch choices', and on sm_90 the Gluon
+kernels), each replayed through Triton's own launch path for its specialisation and cache key, into a Triton
+file cache (cubins and metadata only: ``TRITON_STORE_BINARY_ONLY``), and packs it with a manifest (Triton's
+version, the sha256 of its ``triton_key()``, ptxas's version, each kernel's name and hash). A kernel hits
+on the GPU only where the cache key matches, which hashes ``triton_key()`` (Triton's own files, its
+``libtriton.so`` included: the wheel of the GPU machine's Python, cp312 there), the kernel's source and
+specialisation, ptxas's version and the options: so ``build`` must run under the GPU machine's Python and
+Triton (``make triton-cache``: Python 3.12, torch 2.11, Triton 3.6 in ``.venv-cp312``). The proof's summary
+counts what the carried cache served (the compile log's cache hits of its hashes) and what was compiled
+there.
+
+``install`` unpacks an archive into a Triton cache directory and points each kernel's group file at its new
+place (Triton records absolute paths there). ``verify`` installs into a fresh directory and compiles every
+kernel of ``--op`` again through ``triton.compile``: each must be a hit (exit 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = "llm-speed-manifest.json"
+
+
+def _environment(cache_dir: str) -> dict[str, str]:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, TRITON_STORE_BINARY_ONLY="1")
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _builds(gpu: str, ops: list[str] | None) -> list[dict]:
+    """The distinct kernels of the report's problems, in capture order: (key, launches) groups of
+    ``kernel_report.worker``. Every op: its "shipped" set and the Gluon kernels; ``ops``: their problems."""
+    from llm_speed.kernel_report import worker
+
+    requests = [{"gpu": gpu, "set": "default", "ops": ops}]
+    if not ops:
+        requests.insert(0, {"gpu": gpu, "set": "shipped", "ops": None})
+    groups: dict[str, dict] = {}
+    for request in requests:
+        try:
+            found = worker.kernels(request)
+        except worker.ProblemError:  # e.g. a Gluon --op off sm_90: the other request has the rest
+            continue
+        for group in found:
+            groups.setdefault(group["build"].key, group)
+    return list(groups.values())
+
+
+def triton_identity() -> dict[str, str]:
+    """What a cache key starts with, for the Triton imported here."""
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas_version
+    from triton.runtime.cache import triton_key
+
+    return {
+        "triton": triton.__version__,
+        "triton_key_sha256": hashlib.sha256(triton_key().encode()).hexdigest(),
+        "ptxas": get_ptxas_version(90).strip().splitlines()[-1],
+        "python": sys.version.split()[0],
+    }
+
+
+def _compile_shard(gpu: str, ops: list[str] | None, shard: int, shards: int, out) -> None:
+    """Compile kernels ``shard``, ``shard + shards``, ... into $TRITON_CACHE_DIR; one JSON line each."""
+    import triton
+
+    groups = _builds(gpu, ops)
+    for index in range(shard, len(groups), shards):
+        build = groups[index]["build"]
+        start = time.perf_counter()
+        row = {"index": index, "kernel": groups[index]["launches"][0].plan.kernel.name}
+        try:
+            compiled = triton.compile(build.source, target=build.target, options=build.options)
+            row.update(hash=compiled.hash, seconds=round(time.perf_counter() - start, 2))
+        except Exception as error:  # a kernel that does not compile is left out, and said so
+            row["error"] = f"{type(error).__name__}: {error}"[:500]
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+
+def _group_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*/__grp__*.json"))
+
+
+def build(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="llm-speed-triton-cache-") as scratch:
+        cache = Path(scratch) / "cache"
+        cache.mkdir()
+        env = _environment(str(cache))
+        command = [sys.executable, str(Path(__file__).resolve()), "_shard", "--gpu", args.gpu]
+        for op in args.op or ():
+            command += ["--op", op]
+        start = time.monotonic()
+        workers = [subprocess.Popen([*command, "--shard", str(i), "--shards", str(args.workers)],
+                                    env=env, stdout=subprocess.PIPE, text=True)
+                   for i in range(args.workers)]  # fmt: skip
+        rows = []
+        for process in workers:
+            out, _ = process.communicate()
+            rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if process.returncode != 0:
+                print(f"triton_cache.py build: a compile worker exited {process.returncode}", file=sys.stderr)
+                return 1
+        rows.sort(key=lambda row: row["index"])
+        failed = [row for row in rows if "error" in row]
+        for row in failed:
+            print(f"not compiled: {row['kernel']}: {row['error']}", file=sys.stderr)
+        manifest = {
+            "gpu": args.gpu,
+            "ops": args.op,
+            "commit": _commit(),
+            **json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "_identity"], env=env,
+                                        capture_output=True, text=True, check=True).stdout),  # fmt: skip
+            "kernels": [{"kernel": row["kernel"], "hash": row["hash"]} for row in rows if "hash" in row],
+            "compile_seconds": round(time.monotonic() - start, 1),
+        }
+        (cache / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(out, "w:gz") as archive:
+            archive.add(cache, arcname=".")
+    print(f"{out}: {len(manifest['kernels'])} kernels ({len(failed)} not compiled), "
+          f"{out.stat().st_size / 2**20:.1f} MiB, {manifest['compile_seconds']} s; Triton "
+          f"{manifest['triton']}, Python {manifest['python']}, "
+          f"triton_key {manifest['triton_key_sha256'][:12]}")
+    return 1 if failed else 0
+
+
+def _commit() -> str | None:
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    return done.stdout.strip() or None
+
+
+def install(archive: Path, cache_dir: Path) -> dict:
+    """Unpack ``archive`` into ``cache_dir`` and point its group files there; the manifest, with the local
+    Triton's identity beside the builder's where one imports."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]  # no links, no devices
+        for member in members:
+            if member.name.startswith("/") or ".." in Path(member.name).parts:
+                raise ValueError(f"{archive}: member {member.name!r} leaves the cache directory")
+        tar.extractall(cache_dir, members=members)  # noqa: S202 - names checked above
+    for group in _group_files(cache_dir):
+        data = json.loads(group.read_text())
+        data["child_paths"] = {name: str(group.parent / name) for name in data["child_paths"]
+                               if (group.parent / name).is_file()}  # fmt: skip
+        group.write_text(json.dumps(data))
+    manifest = json.loads((cache_dir / MANIFEST).read_text())
+    manifest["installed_into"] = str(cache_dir)
+    manifest["groups"] = len(_group_files(cache_dir))
+    try:
+        here = triton_identity()
+    except Exception as error:  # no Triton, or one without these names: the compile log will say
+        manifest["here"] = {"error": f"{type(error).__name__}: {error}"}
+    else:
+        manifest["here"] = here
+        fields = ("triton", "triton_key_sha256", "ptxas")
+        manifest["key_matches"] = all(here[k] == manifest[k] for k in fields)
+    return manifest
+
+
+def verify(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="llm-speed-triton-cache-verify-") as scratch:
+        manifest = install(Path(args.archive), Path(scratch))
+        command = [sys.executable, str(Path(__file__).resolve()), "_hits", "--gpu", manifest["gpu"]]
+        for op in args.op or manifest.get("ops") or ():
+            command += ["--op", op]
+        done = subprocess.run(command, env=_environment(scratch), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(done.stderr, file=sys.stderr)
+            return 1
+        hits = json.loads(done.stdout)
+    print(json.dumps({"key_matches": manifest.get("key_matches"), **hits}))
+    return 0 if hits["missed"] == 0 and hits["hit"] > 0 else 1
+
+
+def _hits(gpu: str, ops: list[str] | None) -> dict:
+    """Compile every kernel of ``ops`` again: how many Triton's file cache served."""
+    import triton
+    from triton import knobs
+
+    seen: list[bool] = []
+    knobs.compilation.listener = lambda *, cache_hit, **_: seen.append(bool(cache_hit))
+    missed = []
+    for group in _builds(gpu, ops):
+        build = group["build"]
+        with contextlib.redirect_stdout(io.StringIO()):
+            triton.compile(build.source, target=build.target, options=build.options)
+        if not seen[-1]:
+            missed.append(f"{group['launches'][0].op}: {group['launches'][0].plan.kernel.name}")
+    return {"hit": sum(seen), "missed": len(missed), "missed_kernels": missed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("build", help="compile the report's kernels into a packed Triton cache")
+    p.add_argument("output", metavar="OUT.tar.gz")
+    p.add_argument("--gpu", default="h100-sxm")
+    p.add_argument("--op", action="append", help="only these ops (repeat); default every op")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p = sub.add_parser("install", help="unpack an archive into a Triton cache directory")
+    p.add_argument("archive")
+    p.add_argument("cache_dir")
+    p.add_argument("--manifest-out", metavar="FILE", help="write the manifest (with this Triton's) here")
+    p = sub.add_parser("verify", help="install into a fresh directory; every kernel must be a cache hit")
+    p.add_argument("archive")
+    p.add_argument("--op", action="append")
+    for name in ("_shard", "_hits"):
+        p = sub.add_parser(name)
+        p.add_argument("--gpu", required=True)
+        p.add_argument("--op", action="append")
+        p.add_argument("--shard", type=int, default=0)
+        p.add_argument("--shards", type=int, default=1)
+    sub.add_parser("_identity")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        if args.workers < 1:
+            parser.error(f"--workers: {args.workers}: at least 1")
+        return build(args)
+    if args.command == "install":
+        try:
+            manifest = install(Path(args.archive), Path(args.cache_dir))
+        except (OSError, ValueError, KeyError, tarfile.TarError) as error:
+            print(f"triton_cache.py install: {error}", file=sys.stderr)
+            return 2
+        text = json.dumps(manifest, indent=1) + "\n"
+        if args.manifest_out:
+            Path(args.manifest_out).write_text(text)
+        print(f"{args.archive}: {manifest['groups']} kernels into {args.cache_dir}; built by Triton "
+              f"{manifest['triton']} (triton_key {manifest['triton_key_sha256'][:12]}), here "
+              f"{manifest['here'].get('triton', '?')} (triton_key "
+              f"{manifest['here'].get('triton_key_sha256', '?')[:12]}): "
+              f"{'keys can match' if manifest.get('key_matches') else 'KEYS DIFFER: every kernel will miss'}")
+        return 0
+    if args.command == "verify":
+        return verify(args)
+    if args.command == "_shard":
+        _compile_shard(args.gpu, args.op, args.shard, args.shards, sys.stdout)
+        return 0
+    if args.command == "_hits":
+        print(json.dumps(_hits(args.gpu, args.op)))
+        return 0
+    print(json.dumps(triton_identity()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
