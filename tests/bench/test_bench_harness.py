@@ -332,7 +332,7 @@ def test_git_commit_of_a_copy_inside_another_repository_is_none(tmp_path, monkey
     import subprocess
 
     if shutil.which("git") is None:
-        pytest.skip("needs git")
+        pytest.skip("git is not installed: the test makes a repository of its own")
     monkeypatch.delenv("LLM_SPEED_GIT_COMMIT", raising=False)
 
     def git(*args):

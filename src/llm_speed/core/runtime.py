@@ -25,6 +25,10 @@ if INTERPRETED:  # a fix and four launch costs of Triton's interpreter (llm_spee
     from llm_speed.core import interpreter_patches
 
     interpreter_patches.apply()
+else:  # compiled kernels: cache keys that do not depend on the order they were hashed in (core.cache_keys)
+    from llm_speed.core import cache_keys
+
+    cache_keys.hash_callees_first()
 
 
 # Set by llm_speed.core.launch.simulated_gpu(): CPU tensors then take the code path of CUDA ones (the compiled
