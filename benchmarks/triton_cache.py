@@ -49,12 +49,17 @@ def _environment(cache_dir: str) -> dict[str, str]:
     return env
 
 
-def _builds(gpu: str, ops: list[str] | None) -> list[dict]:
+DTYPES = ("fp16", "bf16")  # the proof's headline GEMMs, decode and fused ops are bf16, its attention fp16
+
+
+def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) -> list[dict]:
     """The distinct kernels of the report's problems, in capture order: (key, launches) groups of
-    ``kernel_report.worker``. Every op: its "shipped" set and the Gluon kernels; ``ops``: their problems."""
+    ``kernel_report.worker``. Every op: its "shipped" set and the Gluon kernels; ``ops``: their problems;
+    the ops' problems in each of ``dtypes`` (default :data:`DTYPES`)."""
     from llm_speed.kernel_report import worker
 
-    requests = [{"gpu": gpu, "set": "default", "ops": ops}]
+    options = {"dtypes": list(dtypes or DTYPES)}
+    requests = [{"gpu": gpu, "set": "default", "ops": ops, "options": options}]
     if not ops:
         requests.insert(0, {"gpu": gpu, "set": "shipped", "ops": None})
     groups: dict[str, dict] = {}
@@ -82,11 +87,12 @@ def triton_identity() -> dict[str, str]:
     }
 
 
-def _compile_shard(gpu: str, ops: list[str] | None, shard: int, shards: int, out) -> None:
+def _compile_shard(gpu: str, ops: list[str] | None, dtypes: list[str] | None, shard: int, shards: int,
+                   out) -> None:  # fmt: skip
     """Compile kernels ``shard``, ``shard + shards``, ... into $TRITON_CACHE_DIR; one JSON line each."""
     import triton
 
-    groups = _builds(gpu, ops)
+    groups = _builds(gpu, ops, dtypes)
     for index in range(shard, len(groups), shards):
         build = groups[index]["build"]
         start = time.perf_counter()
@@ -112,6 +118,8 @@ def build(args: argparse.Namespace) -> int:
         command = [sys.executable, str(Path(__file__).resolve()), "_shard", "--gpu", args.gpu]
         for op in args.op or ():
             command += ["--op", op]
+        for dtype in args.dtype or ():
+            command += ["--dtype", dtype]
         start = time.monotonic()
         workers = [subprocess.Popen([*command, "--shard", str(i), "--shards", str(args.workers)],
                                     env=env, stdout=subprocess.PIPE, text=True)
@@ -130,6 +138,7 @@ def build(args: argparse.Namespace) -> int:
         manifest = {
             "gpu": args.gpu,
             "ops": args.op,
+            "dtypes": args.dtype or list(DTYPES),
             "commit": _commit(),
             **json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "_identity"], env=env,
                                         capture_output=True, text=True, check=True).stdout),  # fmt: skip
@@ -189,6 +198,8 @@ def verify(args: argparse.Namespace) -> int:
         command = [sys.executable, str(Path(__file__).resolve()), "_hits", "--gpu", manifest["gpu"]]
         for op in args.op or manifest.get("ops") or ():
             command += ["--op", op]
+        for dtype in manifest.get("dtypes") or ():
+            command += ["--dtype", dtype]
         done = subprocess.run(command, env=_environment(scratch), capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(done.stderr, file=sys.stderr)
@@ -198,7 +209,7 @@ def verify(args: argparse.Namespace) -> int:
     return 0 if hits["missed"] == 0 and hits["hit"] > 0 else 1
 
 
-def _hits(gpu: str, ops: list[str] | None) -> dict:
+def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None) -> dict:
     """Compile every kernel of ``ops`` again: how many Triton's file cache served."""
     import triton
     from triton import knobs
@@ -206,7 +217,7 @@ def _hits(gpu: str, ops: list[str] | None) -> dict:
     seen: list[bool] = []
     knobs.compilation.listener = lambda *, cache_hit, **_: seen.append(bool(cache_hit))
     missed = []
-    for group in _builds(gpu, ops):
+    for group in _builds(gpu, ops, dtypes):
         build = group["build"]
         with contextlib.redirect_stdout(io.StringIO()):
             triton.compile(build.source, target=build.target, options=build.options)
@@ -222,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("output", metavar="OUT.tar.gz")
     p.add_argument("--gpu", default="h100-sxm")
     p.add_argument("--op", action="append", help="only these ops (repeat); default every op")
+    p.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
+                   help=f"the ops' problems in these dtypes (repeat); default {' and '.join(DTYPES)}")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p = sub.add_parser("install", help="unpack an archive into a Triton cache directory")
     p.add_argument("archive")
@@ -234,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--gpu", required=True)
         p.add_argument("--op", action="append")
+        p.add_argument("--dtype", action="append")
         p.add_argument("--shard", type=int, default=0)
         p.add_argument("--shards", type=int, default=1)
     sub.add_parser("_identity")
@@ -260,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         return verify(args)
     if args.command == "_shard":
-        _compile_shard(args.gpu, args.op, args.shard, args.shards, sys.stdout)
+        _compile_shard(args.gpu, args.op, args.dtype, args.shard, args.shards, sys.stdout)
         return 0
     if args.command == "_hits":
-        print(json.dumps(_hits(args.gpu, args.op)))
+        print(json.dumps(_hits(args.gpu, args.op, args.dtype)))
         return 0
     print(json.dumps(triton_identity()))
     return 0
