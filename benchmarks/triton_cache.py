@@ -51,6 +51,17 @@ def _environment(cache_dir: str) -> dict[str, str]:
 
 DTYPES = ("fp16", "bf16")  # the proof's headline GEMMs, decode and fused ops are bf16, its attention fp16
 
+# The proof's headline sizes (run_gpu_suite.sh, PROOF_BUDGETS), where a launcher's choice (tiles, splits, a
+# tier) follows the size: the attention grid at d = 64 from 512 to 8192 tokens and d = 128 at 16k, the bf16
+# GEMM squares, the decode step at 4k tokens of cache.
+_ATTENTION = ("flash_attention", "flash_attention_backward")
+HEADLINE = (
+    *((_ATTENTION, {"seq": seq, "head_dims": [64], "heads": 8, "dtypes": ["fp16"]})
+      for seq in (512, 1024, 2048, 8192)),
+    (_ATTENTION, {"seq": 16384, "head_dims": [128], "heads": 16, "dtypes": ["fp16"]}),
+    *((("gemm",), {"size": size, "dtypes": ["bf16"]}) for size in (512, 1024, 2048, 8192)),
+)
+
 
 def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) -> list[dict]:
     """The distinct kernels of the report's problems, in capture order: (key, launches) groups of
@@ -62,6 +73,7 @@ def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) ->
     requests = [{"gpu": gpu, "set": "default", "ops": ops, "options": options}]
     if not ops:
         requests.insert(0, {"gpu": gpu, "set": "shipped", "ops": None})
+        requests += [{"gpu": gpu, "set": "default", "ops": list(o), "options": x} for o, x in HEADLINE]
     groups: dict[str, dict] = {}
     for request in requests:
         try:
