@@ -61,28 +61,49 @@ HEADLINE = (
     (_ATTENTION, {"seq": 16384, "head_dims": [128], "heads": 16, "dtypes": ["fp16"]}),
     *((("gemm",), {"size": size, "dtypes": ["bf16"]}) for size in (512, 1024, 2048, 8192)),
 )
+# The correctness families' sizes are small and odd (tests/): a length or size not divisible by 16 is
+# another specialisation of the same kernel, and a float32 one another kernel. Every op at such sizes.
+ODD = (
+    (None, {"seq": 1000 + 7, "size": 1000 + 7, "dtypes": ["fp16", "bf16", "fp32"]}),
+)
 
 
 def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) -> list[dict]:
     """The distinct kernels of the report's problems, in capture order: (key, launches) groups of
     ``kernel_report.worker``. Every op: its "shipped" set and the Gluon kernels; ``ops``: their problems;
     the ops' problems in each of ``dtypes`` (default :data:`DTYPES`)."""
-    from llm_speed.kernel_report import worker
 
     options = {"dtypes": list(dtypes or DTYPES)}
     requests = [{"gpu": gpu, "set": "default", "ops": ops, "options": options}]
     if not ops:
         requests.insert(0, {"gpu": gpu, "set": "shipped", "ops": None})
-        requests += [{"gpu": gpu, "set": "default", "ops": list(o), "options": x} for o, x in HEADLINE]
+        requests += [{"gpu": gpu, "set": "default", "ops": o and list(o), "options": x}
+                     for o, x in (*HEADLINE, *ODD)]  # fmt: skip
     groups: dict[str, dict] = {}
     for request in requests:
-        try:
-            found = worker.kernels(request)
-        except worker.ProblemError:  # e.g. a Gluon --op off sm_90: the other request has the rest
-            continue
-        for group in found:
-            groups.setdefault(group["build"].key, group)
+        for found in _kernels_of(request):
+            groups.setdefault(found["build"].key, found)
     return list(groups.values())
+
+
+def _kernels_of(request: dict) -> list[dict]:
+    """``worker.kernels(request)``; where an op refuses the request's sizes (a TMA GEMM an odd size, a
+    Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
+    from llm_speed import ops as table
+    from llm_speed.kernel_report import problems, worker
+
+    try:
+        return worker.kernels(request)
+    except worker.ProblemError:
+        if request.get("set") != "default":
+            return []
+    names = request.get("ops") or [name for name in table.names() if name in problems.BUILDERS]
+    if len(names) == 1:
+        return []
+    found = []
+    for name in names:
+        found += _kernels_of(dict(request, ops=[name]))
+    return found
 
 
 def triton_identity() -> dict[str, str]:
