@@ -150,6 +150,17 @@ if [ "$STEP" = proof ] && [ "$MODE" != dry ]; then
     # (ROOT/.cache/triton-carry/*.tar.gz: `make triton-cache`, benchmarks/triton_cache.py): its kernels are
     # unpacked into the run's cache, and the summary counts how many it served (their hashes in
     # carried_cache_*.json) and how many were compiled here all the same.
+    # A kernel's key hashes ptxas's version: pin Triton's own ptxas (the one the carried cache was built
+    # with) for every process, before torch.compile's first compile points Triton at torch's (CUDA 13.0's;
+    # it leaves a path already set alone). The proof's torch.compile rows then build with it too.
+    if [ -z "${TRITON_PTXAS_PATH:-}" ] && [ "$MODE" = run ]; then
+        BUNDLED_PTXAS=$(timeout -s KILL 60 "$PY" -c 'import os, triton
+print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))' 2>/dev/null)
+        if [ -x "$BUNDLED_PTXAS" ]; then
+            export TRITON_PTXAS_PATH="$BUNDLED_PTXAS"
+            echo "TRITON_PTXAS_PATH=$TRITON_PTXAS_PATH (Triton's own)" >> "$RAW/environment.txt"
+        fi
+    fi
     for archive in "$ROOT"/.cache/triton-carry/*.tar.gz; do
         [ -e "$archive" ] || continue
         if [ "$MODE" = run ]; then

@@ -186,16 +186,25 @@ def pytest_by_file(raw: Path) -> dict:
 def compiles(raw: Path) -> dict | None:
     """Triton's compiles in every process (RAW/triton_compiles.jsonl, benchmarks/proof_site): kernels built
     here and their compiler seconds (summed over processes, which compile side by side), and kernels loaded
-    from the file cache (a kernel another process of the run had built first)."""
+    from the file cache (a kernel another process of the run had built first, or a carried cache's: with
+    RAW/carried_cache_*.json, the manifests benchmarks/triton_cache.py install wrote, how many of its kernels
+    were loaded, whether its builder's Triton and kernel sources were this run's, and why one was not
+    installed)."""
     path = raw / "triton_compiles.jsonl"
     if not path.exists():
         return None
-    carried, carried_keys_match = set(), []
+    carried, carried_keys_match, carried_sources_match, carried_errors = set(), [], [], []
     for manifest_path in sorted(raw.glob("carried_cache_*.json")):  # benchmarks/triton_cache.py install
-        manifest, _ = read_json(manifest_path)
-        if isinstance(manifest, dict):
-            carried |= {str(k.get("hash")) for k in manifest.get("kernels", []) if isinstance(k, dict)}
-            carried_keys_match.append(manifest.get("key_matches"))
+        manifest, why = read_json(manifest_path)
+        if not isinstance(manifest, dict):
+            carried_errors.append(f"{manifest_path.name}: {why or 'not an object'}")
+            continue
+        if manifest.get("error"):
+            carried_errors.append(f"{manifest_path.name}: not installed: {manifest['error']}")
+            continue
+        carried |= {str(k.get("hash")) for k in manifest.get("kernels", []) if isinstance(k, dict)}
+        carried_keys_match.append(manifest.get("key_matches"))
+        carried_sources_match.append(manifest.get("sources_match"))
     built, loaded, seconds, unreadable, served = 0, 0, 0.0, 0, set()
     kernels = set()
     for line in path.read_text(errors="replace").splitlines():
@@ -224,7 +233,8 @@ def compiles(raw: Path) -> dict | None:
         # a Triton cache compiled before the lease (benchmarks/triton_cache.py): its kernels, how many of them
         # this run loaded, and whether its builder's Triton (version, triton_key, ptxas) was this machine's
         **({"carried_kernels": len(carried), "served_by_carried": len(served),
-            "carried_keys_match": carried_keys_match} if carried_keys_match else {}),  # fmt: skip
+            "carried_keys_match": carried_keys_match, "carried_sources_match": carried_sources_match,
+            "carried_errors": carried_errors} if carried_keys_match or carried_errors else {}),  # fmt: skip
     }
 
 
@@ -240,7 +250,7 @@ def benchmark_files(raw: Path) -> dict:
     it was cut before its last case (``partial``: the bench commands write ``complete: false`` until then)."""
     found = {}
     for path in sorted(raw.glob("*.json")):
-        if path.name in NOT_BENCHMARKS:
+        if path.name in NOT_BENCHMARKS or path.name.startswith("carried_cache_"):
             continue
         document, error = read_json(path)
         if error is None and not isinstance(document, dict):
@@ -406,7 +416,7 @@ def headline(raw: Path) -> list[str]:
     for path in sorted(raw.glob("*.json")):
         document, _ = read_json(path)
         partial = isinstance(document, dict) and document.get("complete") is False
-        if partial and path.name not in NOT_BENCHMARKS:
+        if partial and path.name not in NOT_BENCHMARKS and not path.name.startswith("carried_cache_"):
             lines.append(f"  {path.stem}: partial file: cut before its last case")
         for row in _rows(document):
             if not row.get("available"):
@@ -492,10 +502,12 @@ def proof_text(summary: dict, table: dict) -> list[str]:
             f"cache, {c['distinct_kernels']} distinct"
         )]  # fmt: skip
         if "carried_kernels" in c:
-            matched = ", ".join(str(m) for m in c["carried_keys_match"])
+            matched = ", ".join(str(m) for m in c["carried_keys_match"]) or "-"
+            sources = ", ".join(str(m) for m in c.get("carried_sources_match", [])) or "-"
             text.append(f"Triton cache carried from the CPU: {c['served_by_carried']} of its "
                         f"{c['carried_kernels']} kernels served here; its builder's Triton matched this "
-                        f"one's: {matched}")  # fmt: skip
+                        f"one's: {matched}; built from these kernel sources: {sources}")  # fmt: skip
+            text += [f"Triton cache carried from the CPU: {error}" for error in c.get("carried_errors", [])]
     return text
 
 

@@ -66,6 +66,12 @@ HEADLINE = (
 ODD = (
     (None, {"seq": 1000 + 7, "size": 1000 + 7, "dtypes": ["fp16", "bf16", "fp32"]}),
 )
+# The Gluon kernels the report leaves out of its defaults (long compiles), each a candidate the proof's
+# gluon families test: every head dim, both masks, at an even and an odd length.
+_GLUON_CANDIDATES = ("gluon_attention_fwd", "gluon_attention_fwd_fp8", "gluon_attention_bwd",
+                     "gluon_gemm_fp8", "gluon_gemm_int8")  # fmt: skip
+GLUON = tuple((_GLUON_CANDIDATES, {"seq": seq, "head_dims": [64, 128, 256], "dtypes": ["fp16", "bf16"]})
+              for seq in (4096, 1000 + 7))  # fmt: skip
 
 
 def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) -> list[dict]:
@@ -78,17 +84,20 @@ def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) ->
     if not ops:
         requests.insert(0, {"gpu": gpu, "set": "shipped", "ops": None})
         requests += [{"gpu": gpu, "set": "default", "ops": o and list(o), "options": x}
-                     for o, x in (*HEADLINE, *ODD)]  # fmt: skip
+                     for o, x in (*HEADLINE, *ODD, *GLUON)]  # fmt: skip
     groups: dict[str, dict] = {}
     for request in requests:
         for found in _kernels_of(request):
-            groups.setdefault(found["build"].key, found)
+            # the build and names only: a launch holds its problem's CPU tensors (GBs over every request)
+            first = found["launches"][0]
+            groups.setdefault(found["build"].key,
+                              {"build": found["build"], "kernel": first.plan.kernel.name, "op": first.op})
     return list(groups.values())
 
 
 def _kernels_of(request: dict) -> list[dict]:
-    """``worker.kernels(request)``; where an op refuses the request's sizes (a TMA GEMM an odd size, a
-    Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
+    """``worker.kernels(request)``; where an op refuses the request's sizes (a Gluon GEMM's TMA an odd
+    size, a Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
     from llm_speed import ops as table
     from llm_speed.kernel_report import problems, worker
 
@@ -97,7 +106,8 @@ def _kernels_of(request: dict) -> list[dict]:
     except worker.ProblemError:
         if request.get("set") != "default":
             return []
-    names = request.get("ops") or [name for name in table.names() if name in problems.BUILDERS]
+    names = request.get("ops") or [*(name for name in table.names() if name in problems.BUILDERS),
+                                   *problems.GLUON_DEFAULT]  # fmt: skip
     if len(names) == 1:
         return []
     found = []
@@ -129,7 +139,7 @@ def _compile_shard(gpu: str, ops: list[str] | None, dtypes: list[str] | None, sh
     for index in range(shard, len(groups), shards):
         build = groups[index]["build"]
         start = time.perf_counter()
-        row = {"index": index, "kernel": groups[index]["launches"][0].plan.kernel.name}
+        row = {"index": index, "kernel": groups[index]["kernel"]}
         try:
             compiled = triton.compile(build.source, target=build.target, options=build.options)
             row.update(hash=compiled.hash, seconds=round(time.perf_counter() - start, 2))
@@ -173,6 +183,7 @@ def build(args: argparse.Namespace) -> int:
             "ops": args.op,
             "dtypes": args.dtype or list(DTYPES),
             "commit": _commit(),
+            "sources_sha256": sources_sha256(),
             **json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "_identity"], env=env,
                                         capture_output=True, text=True, check=True).stdout),  # fmt: skip
             "kernels": [{"kernel": row["kernel"], "hash": row["hash"]} for row in rows if "hash" in row],
@@ -188,6 +199,15 @@ def build(args: argparse.Namespace) -> int:
           f"{manifest['triton']}, Python {manifest['python']}, "
           f"triton_key {manifest['triton_key_sha256'][:12]}")
     return 1 if failed else 0
+
+
+def sources_sha256(root: Path = ROOT) -> str:
+    """The sha256 of llm-speed's Python sources under ``root`` (src/llm_speed): a kernel's key hashes its
+    source, so an archive built from other sources misses where they differ."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "src" / "llm_speed").rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _commit() -> str | None:
@@ -209,11 +229,13 @@ def install(archive: Path, cache_dir: Path) -> dict:
     for group in _group_files(cache_dir):
         data = json.loads(group.read_text())
         data["child_paths"] = {name: str(group.parent / name) for name in data["child_paths"]
-                               if (group.parent / name).is_file()}  # fmt: skip
+                               if Path(name).name == name and (group.parent / name).is_file()}  # fmt: skip
         group.write_text(json.dumps(data))
     manifest = json.loads((cache_dir / MANIFEST).read_text())
     manifest["installed_into"] = str(cache_dir)
-    manifest["groups"] = len(_group_files(cache_dir))
+    manifest["groups"] = len(manifest.get("kernels", []))
+    if manifest.get("sources_sha256"):  # this tree's kernels are the ones the archive was built from
+        manifest["sources_match"] = manifest["sources_sha256"] == sources_sha256()
     try:
         here = triton_identity()
     except Exception as error:  # no Triton, or one without these names: the compile log will say
@@ -255,7 +277,7 @@ def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None) -> dict:
         with contextlib.redirect_stdout(io.StringIO()):
             triton.compile(build.source, target=build.target, options=build.options)
         if not seen[-1]:
-            missed.append(f"{group['launches'][0].op}: {group['launches'][0].plan.kernel.name}")
+            missed.append(f"{group['op']}: {group['kernel']}")
     return {"hit": sum(seen), "missed": len(missed), "missed_kernels": missed}
 
 
@@ -268,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op", action="append", help="only these ops (repeat); default every op")
     p.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
                    help=f"the ops' problems in these dtypes (repeat); default {' and '.join(DTYPES)}")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="compile processes (default 2: each captures every problem with real CPU tensors)")
     p = sub.add_parser("install", help="unpack an archive into a Triton cache directory")
     p.add_argument("archive")
     p.add_argument("cache_dir")
@@ -292,8 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "install":
         try:
             manifest = install(Path(args.archive), Path(args.cache_dir))
-        except (OSError, ValueError, KeyError, tarfile.TarError) as error:
-            print(f"triton_cache.py install: {error}", file=sys.stderr)
+        except Exception as error:  # a truncated or foreign archive: said, in the manifest the summary reads
+            why = f"{type(error).__name__}: {error}"[:500]
+            print(f"triton_cache.py install: {why}", file=sys.stderr)
+            if args.manifest_out:
+                Path(args.manifest_out).write_text(json.dumps({"error": why, "kernels": []}) + "\n")
             return 2
         text = json.dumps(manifest, indent=1) + "\n"
         if args.manifest_out:
@@ -302,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{manifest['triton']} (triton_key {manifest['triton_key_sha256'][:12]}), here "
               f"{manifest['here'].get('triton', '?')} (triton_key "
               f"{manifest['here'].get('triton_key_sha256', '?')[:12]}): "
-              f"{'keys can match' if manifest.get('key_matches') else 'KEYS DIFFER: every kernel will miss'}")
+              f"{'keys can match' if manifest.get('key_matches') else 'KEYS DIFFER: every kernel will miss'}"
+              f"{'' if manifest.get('sources_match', True) else '; OTHER SOURCES: changed kernels miss'}")
         return 0
     if args.command == "verify":
         return verify(args)

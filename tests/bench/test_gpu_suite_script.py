@@ -512,7 +512,10 @@ def test_the_proof_summary_counts_what_a_carried_triton_cache_served(tmp_path):
     the GPU machine's."""
     raw, out = raw_run(tmp_path, "correct_flash\t0\t40\t120\n")
     (raw / "carried_cache_h100-sxm.json").write_text(json.dumps({
-        "kernels": [{"kernel": "k1", "hash": "a"}, {"kernel": "k3", "hash": "c"}], "key_matches": True}))
+        "kernels": [{"kernel": "k1", "hash": "a"}, {"kernel": "k3", "hash": "c"}], "key_matches": True,
+        "sources_match": False}))
+    broken = {"error": "EOFError: truncated", "kernels": []}
+    (raw / "carried_cache_broken.json").write_text(json.dumps(broken))
     (raw / "triton_compiles.jsonl").write_text(
         '{"kernel": "k1", "hash": "a", "cache_hit": true, "compile_us": 900}\n'
         '{"kernel": "k1", "hash": "a", "cache_hit": true, "compile_us": 800}\n'
@@ -522,8 +525,12 @@ def test_the_proof_summary_counts_what_a_carried_triton_cache_served(tmp_path):
     compiles = json.loads((out / "summary.json").read_text())["triton_compiles"]
     assert compiles["carried_kernels"] == 2 and compiles["served_by_carried"] == 1
     assert compiles["carried_keys_match"] == [True] and compiles["compiled_here"] == 1
+    assert compiles["carried_errors"] == ["carried_cache_broken.json: not installed: EOFError: truncated"]
+    text = (out / "summary.txt").read_text()
     assert ("Triton cache carried from the CPU: 1 of its 2 kernels served here; its builder's Triton matched "
-            "this one's: True") in (out / "summary.txt").read_text()
+            "this one's: True; built from these kernel sources: False") in text
+    assert "Triton cache carried from the CPU: carried_cache_broken.json: not installed: EOFError" in text
+    assert "carried_cache_h100-sxm.json: 0/0" not in text  # a manifest, not a benchmark file
 
 
 def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):

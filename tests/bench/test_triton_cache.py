@@ -43,9 +43,23 @@ def test_a_packed_cache_is_served_where_it_is_unpacked(tmp_path):
     manifest = json.loads((tmp_path / "m.json").read_text())
     assert manifest["kernels"] and all(k["kernel"] == "rms_norm_fwd" for k in manifest["kernels"])
     assert manifest["here"]["triton_key_sha256"] == manifest["triton_key_sha256"]
+    assert manifest["sources_match"] is True and manifest["groups"] == len(manifest["kernels"])
     for group in cache.glob("*/__grp__*.json"):
         paths = json.loads(group.read_text())["child_paths"].values()
         assert paths and all(Path(p).parent == group.parent and Path(p).is_file() for p in paths)
+
+
+def test_a_truncated_archive_is_said_in_the_manifest_the_summary_reads(tmp_path):
+    archive = tmp_path / "cut.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        data = b"x" * 100000
+        member = tarfile.TarInfo("a/b.cubin")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    archive.write_bytes(archive.read_bytes()[:200])
+    done = _run("install", str(archive), str(tmp_path / "cache"), "--manifest-out", str(tmp_path / "m.json"))
+    assert done.returncode == 2 and "triton_cache.py install:" in done.stderr
+    assert json.loads((tmp_path / "m.json").read_text())["error"]
 
 
 def test_install_refuses_an_archive_that_writes_outside_the_cache(tmp_path):
