@@ -191,8 +191,8 @@ def compiles(raw: Path) -> dict | None:
     were loaded, whether its builder's Triton and kernel sources were this run's, and why one was not
     installed)."""
     path = raw / "triton_compiles.jsonl"
-    if not path.exists():
-        return None
+    if not path.exists() and not any(raw.glob("carried_cache_*.json")):
+        return None  # (a carried cache is reported even where no process compiled or loaded a kernel)
     carried, carried_keys_match, carried_sources_match, carried_errors = set(), [], [], []
     for manifest_path in sorted(raw.glob("carried_cache_*.json")):  # benchmarks/triton_cache.py install
         manifest, why = read_json(manifest_path)
@@ -207,7 +207,7 @@ def compiles(raw: Path) -> dict | None:
         carried_sources_match.append(manifest.get("sources_match"))
     built, loaded, seconds, unreadable, served = 0, 0, 0.0, 0, set()
     kernels = set()
-    for line in path.read_text(errors="replace").splitlines():
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else ():
         try:
             entry = json.loads(line)
         except ValueError:

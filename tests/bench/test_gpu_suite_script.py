@@ -531,6 +531,10 @@ def test_the_proof_summary_counts_what_a_carried_triton_cache_served(tmp_path):
             "this one's: True; built from these kernel sources: False") in text
     assert "Triton cache carried from the CPU: carried_cache_broken.json: not installed: EOFError" in text
     assert "carried_cache_h100-sxm.json: 0/0" not in text  # a manifest, not a benchmark file
+    (raw / "triton_compiles.jsonl").unlink()  # no process compiled: the carried cache is still reported
+    summarise(raw, out)
+    text = (out / "summary.txt").read_text()
+    assert "Triton cache carried from the CPU: 0 of its 2 kernels served here" in text
 
 
 def test_the_proof_summary_gives_each_candidate_a_verdict(tmp_path):
