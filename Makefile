@@ -85,6 +85,7 @@ CACHE_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4"
 triton-cache:
 	test -x $(CACHE_VENV)/bin/python || $(CACHE_PYTHON) -m venv $(CACHE_VENV)
 	$(CACHE_VENV)/bin/python -m pip install --quiet --no-compile $(CACHE_PINS)
+	$(CACHE_VENV)/bin/python -m pip install --quiet --no-compile -e .
 	$(CACHE_VENV)/bin/python benchmarks/triton_cache.py build .cache/triton-carry/h100-sxm.tar.gz --gpu h100-sxm \
 		--workers $(TEST_WORKERS)
 

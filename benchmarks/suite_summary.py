@@ -25,6 +25,12 @@ from proof_targets import number  # noqa: E402 - a finite float, or None: not me
 PYTEST_LOG_TAIL_LINES = 25
 PROVEN_RATIO = 1.02  # a candidate's median speed-up below this is within the A/B's round-to-round noise
 NOT_BENCHMARKS = ("versions.json", "doctor.json", "candidates.json", "attention_ab.json")
+CARRIED_CACHE = "carried_cache_*.json"  # benchmarks/triton_cache.py install's manifests
+
+
+def is_benchmark(path: Path) -> bool:
+    """Whether a JSON file of RAW holds benchmark rows (not the run's records, not a carried cache's)."""
+    return path.name not in NOT_BENCHMARKS and not path.match(CARRIED_CACHE)
 
 
 def fmt(value: object, spec: str = "") -> str:
@@ -191,10 +197,11 @@ def compiles(raw: Path) -> dict | None:
     were loaded, whether its builder's Triton and kernel sources were this run's, and why one was not
     installed)."""
     path = raw / "triton_compiles.jsonl"
-    if not path.exists() and not any(raw.glob("carried_cache_*.json")):
+    manifests = sorted(raw.glob(CARRIED_CACHE))
+    if not path.exists() and not manifests:
         return None  # (a carried cache is reported even where no process compiled or loaded a kernel)
     carried, carried_keys_match, carried_sources_match, carried_errors = set(), [], [], []
-    for manifest_path in sorted(raw.glob("carried_cache_*.json")):  # benchmarks/triton_cache.py install
+    for manifest_path in manifests:
         manifest, why = read_json(manifest_path)
         if not isinstance(manifest, dict):
             carried_errors.append(f"{manifest_path.name}: {why or 'not an object'}")
@@ -250,7 +257,7 @@ def benchmark_files(raw: Path) -> dict:
     it was cut before its last case (``partial``: the bench commands write ``complete: false`` until then)."""
     found = {}
     for path in sorted(raw.glob("*.json")):
-        if path.name in NOT_BENCHMARKS or path.name.startswith("carried_cache_"):
+        if not is_benchmark(path):
             continue
         document, error = read_json(path)
         if error is None and not isinstance(document, dict):
@@ -416,7 +423,7 @@ def headline(raw: Path) -> list[str]:
     for path in sorted(raw.glob("*.json")):
         document, _ = read_json(path)
         partial = isinstance(document, dict) and document.get("complete") is False
-        if partial and path.name not in NOT_BENCHMARKS and not path.name.startswith("carried_cache_"):
+        if partial and is_benchmark(path):
             lines.append(f"  {path.stem}: partial file: cut before its last case")
         for row in _rows(document):
             if not row.get("available"):

@@ -39,14 +39,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's llm_speed, also where it is not installed
 MANIFEST = "llm-speed-manifest.json"
 
 
 def _environment(cache_dir: str) -> dict[str, str]:
-    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, TRITON_STORE_BINARY_ONLY="1")
-    env.pop("TRITON_INTERPRET", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
-    return env
+    """A compile worker's: the kernel report's (this llm_speed, no interpreter, ``cache_dir`` as Triton's
+    cache), keeping cubins and metadata only."""
+    from llm_speed.kernel_report.report import worker_environment
+
+    return dict(worker_environment(None, cache_dir), TRITON_STORE_BINARY_ONLY="1")
 
 
 DTYPES = ("fp16", "bf16")  # the proof's headline GEMMs, decode and fused ops are bf16, its attention fp16
@@ -98,7 +100,6 @@ def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) ->
 def _kernels_of(request: dict) -> list[dict]:
     """``worker.kernels(request)``; where an op refuses the request's sizes (a Gluon GEMM's TMA an odd
     size, a Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
-    from llm_speed import ops as table
     from llm_speed.kernel_report import problems, worker
 
     try:
@@ -106,8 +107,7 @@ def _kernels_of(request: dict) -> list[dict]:
     except worker.ProblemError:
         if request.get("set") != "default":
             return []
-    names = request.get("ops") or [*(name for name in table.names() if name in problems.BUILDERS),
-                                   *problems.GLUON_DEFAULT]  # fmt: skip
+    names = request.get("ops") or problems.default_ops()
     if len(names) == 1:
         return []
     found = []
@@ -154,6 +154,8 @@ def _group_files(cache: Path) -> list[Path]:
 
 
 def build(args: argparse.Namespace) -> int:
+    from llm_speed.bench.report import git_commit
+
     with tempfile.TemporaryDirectory(prefix="llm-speed-triton-cache-") as scratch:
         cache = Path(scratch) / "cache"
         cache.mkdir()
@@ -182,7 +184,7 @@ def build(args: argparse.Namespace) -> int:
             "gpu": args.gpu,
             "ops": args.op,
             "dtypes": args.dtype or list(DTYPES),
-            "commit": _commit(),
+            "commit": git_commit(ROOT / "src" / "llm_speed")[0],  # "+uncommitted-changes" where the tree was
             "sources_sha256": sources_sha256(),
             **json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "_identity"], env=env,
                                         capture_output=True, text=True, check=True).stdout),  # fmt: skip
@@ -210,12 +212,6 @@ def sources_sha256(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def _commit() -> str | None:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    return done.stdout.strip() or None
-
-
 def install(archive: Path, cache_dir: Path) -> dict:
     """Unpack ``archive`` into ``cache_dir`` and point its group files there; the manifest, with the local
     Triton's identity beside the builder's where one imports."""
@@ -233,7 +229,6 @@ def install(archive: Path, cache_dir: Path) -> dict:
         group.write_text(json.dumps(data))
     manifest = json.loads((cache_dir / MANIFEST).read_text())
     manifest["installed_into"] = str(cache_dir)
-    manifest["groups"] = len(manifest.get("kernels", []))
     if manifest.get("sources_sha256"):  # this tree's kernels are the ones the archive was built from
         manifest["sources_match"] = manifest["sources_sha256"] == sources_sha256()
     try:
@@ -324,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps(manifest, indent=1) + "\n"
         if args.manifest_out:
             Path(args.manifest_out).write_text(text)
-        print(f"{args.archive}: {manifest['groups']} kernels into {args.cache_dir}; built by Triton "
+        print(f"{args.archive}: {len(manifest['kernels'])} kernels into {args.cache_dir}; built by Triton "
               f"{manifest['triton']} (triton_key {manifest['triton_key_sha256'][:12]}), here "
               f"{manifest['here'].get('triton', '?')} (triton_key "
               f"{manifest['here'].get('triton_key_sha256', '?')[:12]}): "

@@ -208,7 +208,7 @@ def test_a_later_run_sets_the_host_path_whatever_its_folder_is_called(tmp_path):
         (folder / "overhead.json").write_text(json.dumps(run))
     (tmp_path / "h100-sxm" / "no-time").mkdir()
     (tmp_path / "h100-sxm" / "no-time" / "host_overhead.txt").write_text("")
-    order = [path.parent.name for path in measurements._in_run_order(tmp_path)]
+    order = [path.parent.name for path, _ in measurements._in_run_order(tmp_path)]
     assert order == ["no-time", "z-early", "a-late"]
     results = measurements.load_results(tmp_path)
     late, _ = measurements.overhead_host_s(json.loads((tmp_path / "h100-sxm" / "a-late" / "overhead.json")

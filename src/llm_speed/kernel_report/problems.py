@@ -691,13 +691,21 @@ GLUON_BUILDERS: dict[str, Callable[[str, Options], Iterator[Problem]]] = {
 GLUON_DEFAULT = ("gluon_gemm",)
 
 
+def default_ops(*, gluon: bool = True) -> tuple[str, ...]:
+    """The ops of the default report: every op-table row with a builder, in table order, then, with
+    ``gluon``, the Gluon kernels of :data:`GLUON_DEFAULT`."""
+    from llm_speed import ops as table
+
+    return (*(name for name in table.names() if name in BUILDERS), *(GLUON_DEFAULT if gluon else ()))
+
+
 def default_problems(ops: tuple[str, ...] | None, options: Options, *, gluon: bool = True) -> list[Problem]:
-    """The problems of ``ops`` (op-table row names, or Gluon kernels of :data:`GLUON_BUILDERS`; None: every
-    row with a builder, in table order, then, with ``gluon``, the Gluon kernels of :data:`GLUON_DEFAULT`)."""
+    """The problems of ``ops`` (op-table row names, or Gluon kernels of :data:`GLUON_BUILDERS`; None:
+    :func:`default_ops`)."""
     from llm_speed import ops as table
 
     builders = {**BUILDERS, **GLUON_BUILDERS}
-    names = ops or (*(name for name in table.names() if name in BUILDERS), *(GLUON_DEFAULT if gluon else ()))
+    names = ops or default_ops(gluon=gluon)
     problems = []
     for name in names:
         if name not in builders:

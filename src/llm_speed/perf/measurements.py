@@ -464,28 +464,31 @@ def _add_host(table: dict[str, Any], values: dict[str, float], source: str) -> N
     table.setdefault("source", {}).update(dict.fromkeys(values, source))
 
 
-def _timestamp(path: Path) -> str:
-    """The UTC time a bench JSON records for its run (``environment.timestamp_utc``, ISO 8601), or ""."""
+_UNREADABLE = object()  # a .json file that is no JSON: skipped
+
+
+def _read_json(path: Path) -> Any:
     try:
-        document = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return ""
-    environment = document.get("environment") if isinstance(document, dict) else None
-    stamp = environment.get("timestamp_utc") if isinstance(environment, dict) else None
-    return stamp if isinstance(stamp, str) else ""
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _UNREADABLE
 
 
-def _in_run_order(root: Path) -> list[Path]:
-    """Every file under ``root``, the oldest run's folder first, so that a later run's figures replace an
-    earlier one's (the host times per call): folders by the latest time their bench JSON record (a folder
-    with none is older than any the bench commands wrote), files by path within each. Folder names say
-    nothing of time (benchmarks/results: a commit's hash, then its steps)."""
-    files = [path for path in sorted(root.rglob("*")) if path.is_file()]
+def _in_run_order(root: Path) -> list[tuple[Path, Any]]:
+    """Every file under ``root`` with its JSON document (read once; None for other files), the oldest run's
+    folder first, so that a later run's figures replace an earlier one's (the host times per call): folders
+    by the latest ``environment.timestamp_utc`` their bench JSON record (a folder with none is older than
+    any the bench commands wrote), files by path within each. Folder names say nothing of time
+    (benchmarks/results: a commit's hash, then its steps)."""
+    files = [(path, _read_json(path) if path.suffix == ".json" else None)
+             for path in sorted(root.rglob("*")) if path.is_file()]  # fmt: skip
     folder_latest: dict[Path, str] = {}
-    for path in files:
-        stamp = _timestamp(path) if path.suffix == ".json" else ""
+    for path, document in files:
+        environment = document.get("environment") if isinstance(document, dict) else None
+        stamp = environment.get("timestamp_utc") if isinstance(environment, dict) else None
+        stamp = stamp if isinstance(stamp, str) else ""
         folder_latest[path.parent] = max(folder_latest.get(path.parent, ""), stamp)
-    return sorted(files, key=lambda path: (folder_latest[path.parent], str(path)))
+    return sorted(files, key=lambda item: (folder_latest[item[0].parent], str(item[0])))
 
 
 def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
@@ -497,12 +500,10 @@ def load_results(directory: str | Path, *, gpu: str | None = None) -> Results:
         raise ValueError(f"results directory {str(root)!r}: {why} (expected a folder of results)")
     results = Results()
     fallback = get_gpu(gpu).id if gpu is not None else _gpu_of_directory(root.resolve())
-    for path in _in_run_order(root):
+    for path, document in _in_run_order(root):
         folder_gpu = fallback or _gpu_of_directory(path.parent.resolve())
         if path.suffix == ".json":
-            try:
-                document = json.loads(path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            if document is _UNREADABLE:
                 continue
             if isinstance(document, dict) and document.get("generated_by") == COMPILED_BY:
                 results.compiled[document["commit"]] = _compiled_table(document, path)
