@@ -3,6 +3,7 @@
 70, item 2).
 
     python benchmarks/triton_cache.py build OUT.tar.gz [--gpu h100-sxm] [--op OP ...] [--workers N]
+                                          [--proof-filter TEXT ...]
     python benchmarks/triton_cache.py install ARCHIVE CACHE_DIR [--manifest-out FILE]
     python benchmarks/triton_cache.py verify ARCHIVE [--op OP ...]
 
@@ -17,6 +18,13 @@ specialisation, ptxas's version and the options: so ``build`` must run under the
 Triton (``make triton-cache``: Python 3.12, torch 2.11, Triton 3.6 in ``.venv-cp312``). The proof's summary
 counts what the carried cache served (the compile log's cache hits of its hashes) and what was compiled
 there.
+
+The proof's own headline and A/B calls (``proof_problems.py``: its llm-speed rows as the GPU runs them, bf16,
+GQA, odd head dims, transposed weights, the decode's batches and pages, the fused ops at 65536 tokens, each
+candidate's target) are compiled after the report's, in a second round of workers, each capturing its share
+of them (the largest holds about 11 GB of CPU tensors), their kernels the report already compiled served
+from the cache being built; ``--proof-filter TEXT`` takes only those whose label holds TEXT (default: all of
+them in a build of every op, none with ``--op``).
 
 ``install`` unpacks an archive into a Triton cache directory and points each kernel's group file at its new
 place (Triton records absolute paths there). ``verify`` installs into a fresh directory and compiles every
@@ -97,6 +105,24 @@ def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) ->
     return list(groups.values())
 
 
+def _proof_problems(proof_filter: list[str] | None) -> list:
+    """The proof's headline and A/B problems whose label holds one of ``proof_filter`` (all: [""])."""
+    if not proof_filter:
+        return []
+    import proof_problems
+
+    return [p for p in proof_problems.proof_problems() if any(text in p.label for text in proof_filter)]
+
+
+def _proof_builds(gpu: str, problem) -> list[dict]:
+    """The distinct kernels one proof problem launches (captured alone: its tensors freed after)."""
+    from llm_speed.kernel_report import build, worker
+
+    target = build.target_of(gpu)
+    return [{"build": found["build"], "kernel": found["launches"][0].plan.kernel.name, "op": problem.op}
+            for found in worker.launch_groups([problem], target)]  # fmt: skip
+
+
 def _kernels_of(request: dict) -> list[dict]:
     """``worker.kernels(request)``; where an op refuses the request's sizes (a Gluon GEMM's TMA an odd
     size, a Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
@@ -130,65 +156,118 @@ def triton_identity() -> dict[str, str]:
     }
 
 
+def _compile(build, row: dict) -> dict:
+    import triton
+
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(build.source, target=build.target, options=build.options)
+        row.update(hash=compiled.hash, seconds=round(time.perf_counter() - start, 2))
+    except Exception as error:  # a kernel that does not compile is left out, and said so
+        row["error"] = f"{type(error).__name__}: {error}"[:500]
+    return row
+
+
 def _compile_shard(gpu: str, ops: list[str] | None, dtypes: list[str] | None, shard: int, shards: int,
                    out) -> None:  # fmt: skip
     """Compile kernels ``shard``, ``shard + shards``, ... into $TRITON_CACHE_DIR; one JSON line each."""
-    import triton
-
     groups = _builds(gpu, ops, dtypes)
     for index in range(shard, len(groups), shards):
-        build = groups[index]["build"]
-        start = time.perf_counter()
-        row = {"index": index, "kernel": groups[index]["kernel"]}
-        try:
-            compiled = triton.compile(build.source, target=build.target, options=build.options)
-            row.update(hash=compiled.hash, seconds=round(time.perf_counter() - start, 2))
-        except Exception as error:  # a kernel that does not compile is left out, and said so
-            row["error"] = f"{type(error).__name__}: {error}"[:500]
+        row = _compile(groups[index]["build"], {"index": [0, index], "kernel": groups[index]["kernel"]})
         out.write(json.dumps(row) + "\n")
         out.flush()
+
+
+def _compile_proof_shard(gpu: str, proof_filter: list[str], shard: int, shards: int, out) -> None:
+    """Capture the proof problems ``shard``, ``shard + shards``, ... one at a time and compile their
+    kernels (those compiled before are the cache's hits); one JSON line each, or one per problem that
+    could not be captured."""
+    problems = _proof_problems(proof_filter)
+    for index in range(shard, len(problems), shards):
+        problem = problems[index]
+        try:
+            groups = _proof_builds(gpu, problem)
+        except Exception as error:  # proof_problems.NotCaptured, or an op's own refusal
+            row = {"index": [1, index, 0], "kernel": "-", "problem": problem.label,
+                   "error": f"not captured: {type(error).__name__}: {error}"[:1000]}  # fmt: skip
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            continue
+        for k, group in enumerate(groups):
+            row = _compile(group["build"], {"index": [1, index, k], "kernel": group["kernel"],
+                                            "problem": problem.label})  # fmt: skip
+            out.write(json.dumps(row) + "\n")
+            out.flush()
 
 
 def _group_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("*/__grp__*.json"))
 
 
+def _run_workers(commands: list[list[str]], env: dict[str, str]) -> list[dict] | None:
+    """Run the compile workers side by side; their JSON rows, or None where one failed."""
+    workers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for command in commands]
+    rows, failed = [], False
+    for process in workers:
+        out, _ = process.communicate()
+        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if process.returncode != 0:
+            print(f"triton_cache.py build: a compile worker exited {process.returncode}", file=sys.stderr)
+            failed = True
+    return None if failed else rows
+
+
+def proof_filter_of(args: argparse.Namespace) -> list[str]:
+    """The proof problems a build takes: ``--proof-filter``'s, else all of them in a build of every op."""
+    return args.proof_filter if args.proof_filter is not None else ([] if args.op else [""])
+
+
 def build(args: argparse.Namespace) -> int:
     from llm_speed.bench.report import git_commit
 
+    proof_filter = proof_filter_of(args)
     with tempfile.TemporaryDirectory(prefix="llm-speed-triton-cache-") as scratch:
         cache = Path(scratch) / "cache"
         cache.mkdir()
         env = _environment(str(cache))
-        command = [sys.executable, str(Path(__file__).resolve()), "_shard", "--gpu", args.gpu]
+        script = str(Path(__file__).resolve())
+        command = [sys.executable, script, "_shard", "--gpu", args.gpu]
         for op in args.op or ():
             command += ["--op", op]
         for dtype in args.dtype or ():
             command += ["--dtype", dtype]
+        for text in proof_filter:
+            command += ["--proof-filter", text]
         start = time.monotonic()
-        workers = [subprocess.Popen([*command, "--shard", str(i), "--shards", str(args.workers)],
-                                    env=env, stdout=subprocess.PIPE, text=True)
-                   for i in range(args.workers)]  # fmt: skip
-        rows = []
-        for process in workers:
-            out, _ = process.communicate()
-            rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            if process.returncode != 0:
-                print(f"triton_cache.py build: a compile worker exited {process.returncode}", file=sys.stderr)
-                return 1
+        shards = [str(i) for i in range(args.workers)]
+        # the report's kernels, then the proof's (a second round: their kernels the first compiled are hits)
+        rows = _run_workers([[*command, "--shard", i, "--shards", str(args.workers)] for i in shards], env)
+        if rows is not None and proof_filter:
+            proof = [*command, "--part", "proof", "--shards", str(args.workers)]
+            more = _run_workers([[*proof, "--shard", i] for i in shards], env)
+            rows = None if more is None else rows + more
+        if rows is None:
+            return 1
         rows.sort(key=lambda row: row["index"])
         failed = [row for row in rows if "error" in row]
         for row in failed:
-            print(f"not compiled: {row['kernel']}: {row['error']}", file=sys.stderr)
+            where = f" ({row['problem']})" if "problem" in row else ""
+            print(f"not compiled: {row['kernel']}{where}: {row['error']}", file=sys.stderr)
+        kernels: dict[str, str] = {}  # hash -> name: a kernel two problems launch, once
+        for row in rows:
+            if "hash" in row:
+                kernels.setdefault(row["hash"], row["kernel"])
         manifest = {
             "gpu": args.gpu,
             "ops": args.op,
             "dtypes": args.dtype or list(DTYPES),
+            "proof_filter": proof_filter,
             "commit": git_commit(ROOT / "src" / "llm_speed")[0],  # "+uncommitted-changes" where the tree was
             "sources_sha256": sources_sha256(),
-            **json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "_identity"], env=env,
+            **json.loads(subprocess.run([sys.executable, script, "_identity"], env=env,
                                         capture_output=True, text=True, check=True).stdout),  # fmt: skip
-            "kernels": [{"kernel": row["kernel"], "hash": row["hash"]} for row in rows if "hash" in row],
+            "kernels": [{"kernel": name, "hash": digest} for digest, name in kernels.items()],
+            "proof_problems": sorted({row["problem"] for row in rows if "problem" in row}),
             "compile_seconds": round(time.monotonic() - start, 1),
         }
         (cache / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -197,6 +276,7 @@ def build(args: argparse.Namespace) -> int:
         with tarfile.open(out, "w:gz") as archive:
             archive.add(cache, arcname=".")
     print(f"{out}: {len(manifest['kernels'])} kernels ({len(failed)} not compiled), "
+          f"{len(manifest['proof_problems'])} of the proof's problems, "
           f"{out.stat().st_size / 2**20:.1f} MiB, {manifest['compile_seconds']} s; Triton "
           f"{manifest['triton']}, Python {manifest['python']}, "
           f"triton_key {manifest['triton_key_sha256'][:12]}")
@@ -250,6 +330,8 @@ def verify(args: argparse.Namespace) -> int:
             command += ["--op", op]
         for dtype in manifest.get("dtypes") or ():
             command += ["--dtype", dtype]
+        for text in manifest.get("proof_filter") or () if not args.op else ():
+            command += ["--proof-filter", text]
         done = subprocess.run(command, env=_environment(scratch), capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(done.stderr, file=sys.stderr)
@@ -259,20 +341,28 @@ def verify(args: argparse.Namespace) -> int:
     return 0 if hits["missed"] == 0 and hits["hit"] > 0 else 1
 
 
-def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None) -> dict:
-    """Compile every kernel of ``ops`` again: how many Triton's file cache served."""
+def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None, proof_filter: list[str]) -> dict:
+    """Compile every kernel of ``ops`` and of the proof problems ``proof_filter`` takes again: how many
+    Triton's file cache served."""
     import triton
     from triton import knobs
 
     seen: list[bool] = []
     knobs.compilation.listener = lambda *, cache_hit, **_: seen.append(bool(cache_hit))
     missed = []
-    for group in _builds(gpu, ops, dtypes):
+
+    def again(group: dict) -> None:
         build = group["build"]
         with contextlib.redirect_stdout(io.StringIO()):
             triton.compile(build.source, target=build.target, options=build.options)
         if not seen[-1]:
             missed.append(f"{group['op']}: {group['kernel']}")
+
+    for group in _builds(gpu, ops, dtypes):
+        again(group)
+    for problem in _proof_problems(proof_filter):
+        for group in _proof_builds(gpu, problem):
+            again(group)
     return {"hit": sum(seen), "missed": len(missed), "missed_kernels": missed}
 
 
@@ -287,18 +377,23 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"the ops' problems in these dtypes (repeat); default {' and '.join(DTYPES)}")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="compile processes (default 2: each captures every problem with real CPU tensors)")
+    p.add_argument("--proof-filter", action="append", metavar="TEXT",
+                   help="the proof's headline and A/B problems whose label holds TEXT (repeat; '' for all); "
+                        "default all of them without --op, none with it")  # fmt: skip
     p = sub.add_parser("install", help="unpack an archive into a Triton cache directory")
     p.add_argument("archive")
     p.add_argument("cache_dir")
     p.add_argument("--manifest-out", metavar="FILE", help="write the manifest (with this Triton's) here")
     p = sub.add_parser("verify", help="install into a fresh directory; every kernel must be a cache hit")
     p.add_argument("archive")
-    p.add_argument("--op", action="append")
+    p.add_argument("--op", action="append", help="only these ops' kernels (none of the proof's)")
     for name in ("_shard", "_hits"):
         p = sub.add_parser(name)
         p.add_argument("--gpu", required=True)
         p.add_argument("--op", action="append")
         p.add_argument("--dtype", action="append")
+        p.add_argument("--proof-filter", action="append", default=[])
+        p.add_argument("--part", choices=("report", "proof"), default="report")
         p.add_argument("--shard", type=int, default=0)
         p.add_argument("--shards", type=int, default=1)
     sub.add_parser("_identity")
@@ -329,10 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         return verify(args)
     if args.command == "_shard":
-        _compile_shard(args.gpu, args.op, args.dtype, args.shard, args.shards, sys.stdout)
+        if args.part == "proof":
+            _compile_proof_shard(args.gpu, args.proof_filter, args.shard, args.shards, sys.stdout)
+        else:
+            _compile_shard(args.gpu, args.op, args.dtype, args.shard, args.shards, sys.stdout)
         return 0
     if args.command == "_hits":
-        print(json.dumps(_hits(args.gpu, args.op, args.dtype)))
+        print(json.dumps(_hits(args.gpu, args.op, args.dtype, args.proof_filter)))
         return 0
     print(json.dumps(triton_identity()))
     return 0

@@ -23,10 +23,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_packed_cache_is_served_where_it_is_unpacked(tmp_path):
-    """rms_norm's kernels for the H100, compiled and packed; unpacked in another directory (the group files
-    pointed there), every kernel compiled again is Triton's cache hit; the manifest names each."""
+    """rms_norm's kernels for the H100 and those of one of the proof's headline lines (its decode step at
+    batch 1: proof_problems.py), compiled and packed; unpacked in another directory (the group files pointed
+    there), every kernel compiled again is Triton's cache hit; the manifest names each."""
     archive = tmp_path / "sm90.tar.gz"
-    built = _run("build", str(archive), "--op", "rms_norm", "--workers", "1")
+    built = _run("build", str(archive), "--op", "rms_norm", "--workers", "1",
+                 "--proof-filter", "decode_bf16_b1_")
     assert built.returncode == 0, built.stderr[-2000:]
     with tarfile.open(archive) as tar:
         names = tar.getnames()
@@ -41,7 +43,9 @@ def test_a_packed_cache_is_served_where_it_is_unpacked(tmp_path):
     installed = _run("install", str(archive), str(cache), "--manifest-out", str(tmp_path / "m.json"))
     assert installed.returncode == 0, installed.stderr
     manifest = json.loads((tmp_path / "m.json").read_text())
-    assert manifest["kernels"] and all(k["kernel"] == "rms_norm_fwd" for k in manifest["kernels"])
+    names = [k["kernel"] for k in manifest["kernels"]]
+    assert set(names) == {"rms_norm_fwd", "kvcache_attention_fwd", "kvcache_attention_combine"}, names
+    assert manifest["proof_problems"] == ["proof-decode decode_bf16_b1_c4096.json"]
     assert manifest["here"]["triton_key_sha256"] == manifest["triton_key_sha256"]
     assert manifest["sources_match"] is True
     assert len(list(cache.glob("*/__grp__*.json"))) == len(manifest["kernels"])

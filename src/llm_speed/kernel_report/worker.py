@@ -49,11 +49,19 @@ def _problems(request: dict, capability: tuple[int, int]):
 
 def kernels(request: dict) -> list[dict]:
     """The distinct kernels of the request's problems, in capture order: (key, launches) groups."""
-    from llm_speed.kernel_report import build, capture
+    from llm_speed.kernel_report import build
 
     target = build.target_of(request["gpu"])
+    return launch_groups(_problems(request, target.capability), target)
+
+
+def launch_groups(problems: list, target) -> list[dict]:
+    """The distinct kernels ``problems`` launch on ``target`` (``build.target_of``), in capture order:
+    {"build": its ``build.specialise``, "launches": the launches that share its key} groups."""
+    from llm_speed.kernel_report import build, capture
+
     try:
-        launches = capture.capture(_problems(request, target.capability), target.hardware)
+        launches = capture.capture(problems, target.hardware)
     except (ValueError, TypeError) as error:  # the ops' own argument checks
         raise ProblemError(f"{type(error).__name__}: {error}") from error
     except RuntimeError as error:
