@@ -22,9 +22,10 @@ there.
 The proof's own headline and A/B calls (``proof_problems.py``: its llm-speed rows as the GPU runs them, bf16,
 GQA, odd head dims, transposed weights, the decode's batches and pages, the fused ops at 65536 tokens, each
 candidate's target) are compiled after the report's, in a second round of workers, each capturing its share
-of them (the largest holds about 11 GB of CPU tensors), their kernels the report already compiled served
-from the cache being built; ``--proof-filter TEXT`` takes only those whose label holds TEXT (default: all of
-them in a build of every op, none with ``--op``).
+of them (a worker peaks at about 13 GB: the fused ops' CPU tensors at 65536 tokens), their kernels the
+report already compiled served from the cache being built; ``--proof-filter TEXT`` takes only those whose
+label holds TEXT (default: all of them in a build of every op, none with ``--op``). ``verify`` compiles
+the archive's proof problems again too (none with ``--op``).
 
 ``install`` unpacks an archive into a Triton cache directory and points each kernel's group file at its new
 place (Triton records absolute paths there). ``verify`` installs into a fresh directory and compiles every
