@@ -11,14 +11,15 @@ GPU defaults where the line leaves one out, and run by the benchmark's own loop 
 ``run_gemm``, ``run_decode``, ``run_ops``) over llm-speed's implementations only, each workload built by the
 benchmark's builder on CPU tensors and called once (``report.run_measurement`` replaced: no timing). Under
 ``capture`` (``simulated_gpu``: the CUDA code path with every launch a no-op, the H100 standing in) that
-records the launches the GPU run makes. The A/B's problems are each candidate's target made by
+records the launches the GPU run makes. ``bench train-step`` builds its Hugging Face model (Llama-3-8B's
+first two layers) on this CPU, its linear layers shape-only (:func:`shape_only_linear`: their matmuls are
+cuBLAS's on a GPU, minutes of CPU here). The A/B's problems are each candidate's target made by
 ``attention_ab.make_call`` at its full size, under the shipped policy and under the candidate's.
 
-Left out: ``bench train-step`` (a Hugging Face model's own matmuls would run on this CPU for minutes; its
-kernels are mostly those of the fused ops and attention here) and the rows of other libraries (SDPA,
-cuBLAS, ``torch.compile``, Liger), whose kernels are not Triton's cache's. The linear cross-entropy's own
-matmuls (``torch.mm`` over ``[N, V]`` chunks, cuBLAS on a GPU) are shape-only while its problem runs
-(:func:`shape_only_matmuls`): 26 TFLOP on two cores otherwise.
+Left out: the rows of other libraries (SDPA, cuBLAS, ``torch.compile``, Liger, the unpatched model), whose
+kernels are not in Triton's cache. The linear cross-entropy's own matmuls (``torch.mm`` over ``[N, V]``
+chunks, cuBLAS on a GPU) are shape-only while its problems run (:func:`shape_only_matmuls`): 26 TFLOP on
+two cores otherwise.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (ROOT / "src", ROOT / "benchmarks"):  # this checkout's llm_speed and its sibling scripts
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-# The headline's sets in gpu_bench.py whose lines are captured (proof-train-step: see above).
-HEADLINE_SETS = ("proof-attention", "proof-gemm", "proof-fp8", "proof-decode", "proof-ce")
+# The headline's sets in gpu_bench.py, in the proof's order.
+HEADLINE_SETS = ("proof-attention", "proof-gemm", "proof-fp8", "proof-decode", "proof-ce", "proof-train-step")
+# Problems that hold GBs of CPU tensors while captured (fused ops at 65536 tokens ~11 GB, the train step's
+# model ~8 GB): a build gives them to one worker, one after the other.
+HEAVY = ("fused_kernel_time", "proof-train-step")
 FUSED_TOKENS = 65536  # fused_kernel_time.py's default (run_gpu_suite.sh runs it without --tokens)
 
 
@@ -50,8 +56,6 @@ def shape_only_matmuls() -> Iterator[None]:
     """Inside the block, ``torch.mm``, ``torch.addmm`` and ``Tensor.addmm_`` return a tensor of the product's
     shape (``out`` where given) without computing it: the cross-entropy's chunked GEMMs are cuBLAS's on a
     GPU (no Triton kernel of theirs to cache), and its Triton kernels read only their shapes and strides."""
-    import torch
-
     saved = torch.mm, torch.addmm, torch.Tensor.addmm_
 
     def mm(a, b, *, out=None):
@@ -68,6 +72,34 @@ def shape_only_matmuls() -> Iterator[None]:
         yield
     finally:
         torch.mm, torch.addmm, torch.Tensor.addmm_ = saved
+
+
+class ShapeOnlyLinear(torch.autograd.Function):
+    """``F.linear`` that computes nothing: its output and gradients have the shapes and dtypes of the real
+    ones."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.inputs = x, weight, bias
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias = ctx.inputs
+        return torch.empty_like(x), torch.empty_like(weight), None if bias is None else torch.empty_like(bias)
+
+
+@contextlib.contextmanager
+def shape_only_linear() -> Iterator[None]:
+    """Inside the block, ``torch.nn.functional.linear`` (what ``nn.Linear`` calls) returns and back-propagates
+    tensors of the right shapes without computing them: a model's projections are cuBLAS's on a GPU."""
+    functional = torch.nn.functional
+    saved = functional.linear
+    functional.linear = lambda x, weight, bias=None: ShapeOnlyLinear.apply(x, weight, bias)
+    try:
+        yield
+    finally:
+        functional.linear = saved
 
 
 @contextlib.contextmanager
@@ -96,11 +128,9 @@ def call_once(calls: list, errors: list) -> Iterator[None]:
 
 def _settings(line: str):
     """(benchmark, settings) of one ``llm-speed bench ...`` line, on CPU tensors, llm-speed's rows only."""
-    import torch
-
     from llm_speed import cli
     from llm_speed.bench import cli as bench_cli
-    from llm_speed.bench import decode, ops, options
+    from llm_speed.bench import decode, ops, options, train_step
 
     args = cli.build_parser().parse_args(shlex.split(line))
     args.device = "cpu"
@@ -114,6 +144,8 @@ def _settings(line: str):
         settings, ours = decode.decode_settings(args, gpu), options.DECODE_TRITON_IMPLS
     elif kind == "ops":
         settings, ours = ops.ops_settings(args, gpu), ("llm_speed",)
+    elif kind == "train-step":
+        settings, ours = train_step.train_step_settings(args, gpu), ("llm_speed",)
     else:
         raise ValueError(f"{line!r}: no capture for bench {kind}")
     impls = tuple(impl for impl in settings.impls if impl in ours)
@@ -123,14 +155,15 @@ def _settings(line: str):
 
 
 def _run(kind: str, settings) -> None:
-    from llm_speed.bench import attention, decode, gemm, ops
+    from llm_speed.bench import attention, decode, gemm, ops, train_step
 
     calls: list = []
     errors: list[str] = []
     runner = {"attention": attention.run_attention, "gemm": gemm.run_gemm, "decode": decode.run_decode,
-              "ops": ops.run_ops}[kind]  # fmt: skip
-    matmuls = shape_only_matmuls() if kind == "ops" else contextlib.nullcontext()
-    with call_once(calls, errors), matmuls:
+              "ops": ops.run_ops, "train-step": train_step.run_train_step}[kind]  # fmt: skip
+    matmuls = shape_only_matmuls() if kind in ("ops", "train-step") else contextlib.nullcontext()
+    linear = shape_only_linear() if kind == "train-step" else contextlib.nullcontext()
+    with call_once(calls, errors), matmuls, linear:
         rows = runner(settings, show_progress=False)
     skipped = [f"{row.case} {row.impl}: {row.reason}" for row in rows if row not in calls]
     if errors or skipped:
@@ -207,3 +240,8 @@ def proof_problems() -> list:
         if name == "proof-decode":
             made.append(fused_problem())  # run_gpu_suite.sh: headline_fused after headline_decode
     return made + ab_problems()
+
+
+def heavy(problem) -> bool:
+    """Whether ``problem`` holds GBs of CPU tensors while captured (:data:`HEAVY`)."""
+    return any(text in problem.label for text in HEAVY)

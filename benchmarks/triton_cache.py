@@ -183,8 +183,12 @@ def _compile_proof_shard(gpu: str, proof_filter: list[str], shard: int, shards: 
     """Capture the proof problems ``shard``, ``shard + shards``, ... one at a time and compile their
     kernels (those compiled before are the cache's hits); one JSON line each, or one per problem that
     could not be captured."""
+    import proof_problems
+
     problems = _proof_problems(proof_filter)
-    for index in range(shard, len(problems), shards):
+    # the heavy ones (GBs of CPU tensors each) in the first worker, one after the other
+    mine = [i for i, p in enumerate(problems) if (0 if proof_problems.heavy(p) else i % shards) == shard]
+    for index in mine:
         problem = problems[index]
         try:
             groups = _proof_builds(gpu, problem)

@@ -29,10 +29,13 @@ def _kernels(pp, problems) -> list[str]:
     return [launch.plan.kernel.name for launch in capture.capture(problems, hardware)]
 
 
-def test_every_headline_set_but_the_train_step_is_captured(pp):
+def test_every_headline_set_is_captured(pp):
     import gpu_bench
 
-    assert set(pp.HEADLINE_SETS) == set(gpu_bench.PROOF_SETS) - {"proof-train-step"}
+    assert set(pp.HEADLINE_SETS) == set(gpu_bench.PROOF_SETS)
+    labels = [p.label for p in pp.proof_problems()]
+    assert sum(pp.HEAVY[0] in label for label in labels) == 1  # the fused ops' problem
+    assert sum(label.startswith(pp.HEAVY[1]) for label in labels) == 1  # the train step's
 
 
 def test_each_headline_line_names_the_sizes_it_runs_at(pp):
@@ -95,3 +98,15 @@ def test_shape_only_matmuls_give_the_products_shape_and_restore_torch(pp):
     assert torch.equal(torch.mm(a, b), torch.full((3, 7), 5.0))
     assert torch.zeros(5, 5).addmm_(a.t(), a).eq(3).all()
 
+
+
+def test_shape_only_linear_gives_shapes_forward_and_backward_and_restores_torch(pp):
+    x = torch.ones(2, 3, 4, requires_grad=True)
+    weight, bias = torch.ones(5, 4, requires_grad=True), torch.ones(5, requires_grad=True)
+    with pp.shape_only_linear():
+        out = torch.nn.Linear(4, 5)(x)
+        assert out.shape == (2, 3, 5)
+        out = torch.nn.functional.linear(x, weight, bias)
+        out.sum().backward()
+    assert x.grad.shape == x.shape and weight.grad.shape == weight.shape and bias.grad.shape == bias.shape
+    assert torch.equal(torch.nn.functional.linear(x, weight, bias), torch.full((2, 3, 5), 5.0))
