@@ -79,10 +79,11 @@ test-gpu-stack:
 # .cache/triton-carry/ (git-ignored: carry it with the device command, beside .whl); the proof unpacks it and
 # its summary says how many kernels it served. ~7 min on 2 cores (499 kernels, 21.4 MiB: the report's, then the
 # proof's own headline and A/B calls, benchmarks/proof_problems.py; a worker peaks at ~13 GB), after the first
-# run's download of torch's CUDA build from PyPI (about 3 GB).
+# run's download of torch's CUDA build from PyPI (about 3 GB). transformers as the GPU machine's 5.17.0: the
+# train step's model makes the calls whose kernels are captured.
 CACHE_VENV ?= .venv-cp312
 CACHE_PYTHON ?= $(shell python3.12 -c 1 >/dev/null 2>&1 && echo python3.12 || (test -x $(HOME)/.pyenv/versions/3.12.1/bin/python3.12 && echo $(HOME)/.pyenv/versions/3.12.1/bin/python3.12) || echo python3.12)
-CACHE_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4"
+CACHE_PINS ?= torch==2.11.0 triton==3.6.0 "numpy<2.4" transformers==5.17.0
 triton-cache:
 	test -x $(CACHE_VENV)/bin/python || $(CACHE_PYTHON) -m venv $(CACHE_VENV)
 	$(CACHE_VENV)/bin/python -m pip install --quiet --no-compile $(CACHE_PINS)
