@@ -286,3 +286,20 @@ def test_a_warp_specialized_kernel_keeps_its_register_split_and_tma():
     assert broken(too_many) == ["register pool"]  # 256 + 240 + 24 per lane, the 1-warp producer's whole group
     # a kernel without partitions is not held to them
     assert budgets.breaches(_row(tma_loads=0)) == []
+
+
+def test_the_gqa_exception_excuses_only_a_kernel_built_for_a_group():
+    """GQA is no constexpr (the group is an integer, specialised when 1): the report's variant names it, and
+    the dense GQA dK/dV kernel's exception reads it there; the MHA kernel with the same constexprs is held
+    to the budget."""
+    from types import SimpleNamespace
+
+    from llm_speed.kernel_report import build
+
+    fixed = {"HAS_RIGHT": True, "IS_VARLEN": False, "DOT_PRECISION": "tf32"}
+    assert build.variant_text(SimpleNamespace(fixed=dict(fixed, group=4))) == "HAS_RIGHT GQA"
+    assert build.variant_text(SimpleNamespace(fixed=dict(fixed, group=1))) == "HAS_RIGHT"
+    spilling = dict(kernel="flash_attention_bwd_dkdv", loop_spill_instructions=118, constexprs=fixed)
+    gqa, mha = _row(**spilling, variant="HAS_RIGHT GQA"), _row(**spilling, variant="HAS_RIGHT")
+    assert budgets.check([gqa])[0] == []
+    assert [b.budget for b in budgets.check([mha])[0]] == ["no spills in loops"]

@@ -289,7 +289,9 @@ _QUIET_SWITCHES = ("EVEN_", "RNE_BY_HAND", "DOT_IN_FP32")
 
 
 def variant_text(plan) -> str:
-    """The constexpr switches that are on (``HAS_RIGHT SOFTCAP``), and string constexprs (``ieee``)."""
+    """The constexpr switches that are on (``HAS_RIGHT SOFTCAP``), string constexprs (``ieee``), and ``GQA``
+    where the kernel's ``group`` of query heads per KV head is not 1 (Triton specialises an integer equal
+    to 1: the group's loop is gone from the MHA kernel)."""
     words = []
     for name, value in plan.fixed.items():
         if name.startswith(_QUIET_SWITCHES) or not name.isupper():
@@ -300,6 +302,9 @@ def variant_text(plan) -> str:
             words.append(f"{name}={value}")
         elif name == "DOT_PRECISION" and value == "ieee":
             words.append("ieee")
+    group = plan.fixed.get("group")
+    if isinstance(group, int) and group != 1:
+        words.append("GQA")
     return " ".join(words)
 
 

@@ -184,6 +184,14 @@ def _attention(op: str, options: Options, backward: bool = False) -> Iterator[Pr
                         op, head_dim=head_dim, dtype=dtype, seq=options.seq, heads=options.heads,
                         is_causal=is_causal, backward=path,
                     )  # fmt: skip
+        if op.startswith("flash") and options.heads % 4 == 0:
+            # GQA 4:1, causal (Llama's training): the dK/dV kernel then loops over the group's query heads
+            # (MHA's group of 1 is specialised away); once, at the largest head dim
+            for path in options.backward if backward else (None,):
+                yield attention_problem(
+                    op, head_dim=max(options.head_dims), dtype=dtype, seq=options.seq, heads=options.heads,
+                    heads_kv=options.heads // 4, is_causal=True, backward=path,
+                )  # fmt: skip
         if op.startswith("flash"):
             # flash-attn's options switch on kernel variants (HAS_ALIBI, DROPOUT): once, at the largest head
             # dim (`--head-dim` picks others), to keep make test's compile of the shipped set short
