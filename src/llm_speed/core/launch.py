@@ -246,6 +246,12 @@ class Plan:
     def _slow(self, **per_call: Any) -> None:
         self._triton(per_call)
 
+    def _simulated_slow(self, **per_call: Any) -> None:
+        """The slow path under :func:`simulated_gpu` (a call whose tensors lost the first launch's 16-byte
+        alignment): counted only, where a GPU would compile the call's own specialisation
+        (``kernel_report.capture`` records it as such)."""
+        runtime.record_launch(self.kernel.name)
+
     def _misuse(self, **per_call: Any) -> None:
         got = {n: v.dtype for n, v in per_call.items() if isinstance(v, torch.Tensor)}
         raise RuntimeError(
@@ -323,7 +329,7 @@ class Plan:
         else:
             run, cooperative, pdl = compiled.run, None, None
             descriptors = [_descriptor_maker(layout) for layout in self.descriptors.values()]
-        slow = self._slow if device is not None else _count_only(self.kernel.name)
+        slow = self._slow if device is not None else self._simulated_slow
         self.launch = namespace["_factory"](
             run, compiled.function, compiled.packed_metadata, stream, slow, self._misuse, dtypes,
             runtime.launch_counter, self.kernel.name, current, device, knobs_runtime, _idle, cooperative, pdl,
@@ -350,13 +356,6 @@ def _cuda_device_of(per_call: dict) -> int | None:
         if isinstance(value, torch.Tensor):
             return value.device.index if value.device.type == "cuda" else None
     return None
-
-
-def _count_only(name: str) -> Callable[..., None]:
-    def launch(**_: Any) -> None:
-        runtime.record_launch(name)
-
-    return launch
 
 
 class _Native(NamedTuple):

@@ -1,5 +1,7 @@
 """What the ops launch, read from their own launchers: the plans a problem makes under
-:func:`llm_speed.core.launch.simulated_gpu`, with the per-call arguments of their first launch.
+:func:`llm_speed.core.launch.simulated_gpu`, with the per-call arguments of their first launch, and of any
+later launch that takes the plan's slow path (its tensors lost the first launch's 16-byte alignment: on a GPU
+Triton compiles that call's own specialisation).
 
 A plan's first launch (``Plan._first``) is where it meets its per-call tensors; recording it there gives the
 plan (kernel, grid, fixed arguments, ``num_warps``, ``num_stages``) and the tensors and floats of the call,
@@ -46,19 +48,27 @@ def stand_in(hardware: Hardware) -> Iterator[None]:
 
 
 def capture(problems: list[Problem], hardware: Hardware) -> list[Launch]:
-    """The first launch of every plan each problem makes, in order, with ``hardware`` standing in."""
+    """The first launch of every plan each problem makes, and its slow-path launches, in order, with
+    ``hardware`` standing in."""
     import torch
 
     launches: list[Launch] = []
     current: list[Problem] = []
     on = [False]
-    original = launch.Plan._first
+    original, original_slow = launch.Plan._first, launch.Plan._simulated_slow
 
-    def first(plan: launch.Plan, **per_call: Any) -> None:
+    def record(plan, per_call: dict) -> None:  # also the Gluon plans' observer: they launch through their own
         if on[0]:
             problem = current[-1]
             launches.append(Launch(problem.op, problem.label, plan, dict(per_call)))
+
+    def first(plan: launch.Plan, **per_call: Any) -> None:
+        record(plan, per_call)
         return original(plan, **per_call)
+
+    def slow(plan: launch.Plan, **per_call: Any) -> None:
+        record(plan, per_call)
+        return original_slow(plan, **per_call)
 
     @contextlib.contextmanager
     def recording() -> Iterator[None]:
@@ -68,13 +78,9 @@ def capture(problems: list[Problem], hardware: Hardware) -> list[Launch]:
         finally:
             on[0] = False
 
-    def gluon(plan, per_call: dict) -> None:  # Gluon kernels launch through their own plans
-        if on[0]:
-            problem = current[-1]
-            launches.append(Launch(problem.op, problem.label, plan, dict(per_call)))
-
     launch.Plan._first = first
-    remove_gluon = gluon_launch.add_observer(gluon)
+    launch.Plan._simulated_slow = slow
+    remove_gluon = gluon_launch.add_observer(record)
     try:
         with stand_in(hardware), launch.simulated_gpu(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -84,5 +90,6 @@ def capture(problems: list[Problem], hardware: Hardware) -> list[Launch]:
                 problem.run(recording)
     finally:
         launch.Plan._first = original
+        launch.Plan._simulated_slow = original_slow
         remove_gluon()
     return launches
