@@ -22,8 +22,9 @@ there.
 The proof's own headline and A/B calls (``proof_problems.py``: its llm-speed rows as the GPU runs them, bf16,
 GQA, odd head dims, transposed weights, the decode's batches and pages, the fused ops at 65536 tokens, each
 candidate's target) are compiled after the report's, in a second round of workers, each capturing its share
-of them (a worker peaks at about 13 GB: the fused ops' CPU tensors at 65536 tokens), their kernels the
-report already compiled served from the cache being built; ``--proof-filter TEXT`` takes only those whose
+of them, and the two heavy ones (the fused ops at 65536 tokens, ~13 GB of CPU tensors; the train step's
+model, ~9 GB) each in a process of its own after it; their kernels the report already compiled are
+served from the cache being built; ``--proof-filter TEXT`` takes only those whose
 label holds TEXT (default: all of them in a build of every op, none with ``--op``). ``verify`` compiles
 the archive's proof problems again too (none with ``--op``).
 
@@ -179,15 +180,15 @@ def _compile_shard(gpu: str, ops: list[str] | None, dtypes: list[str] | None, sh
         out.flush()
 
 
-def _compile_proof_shard(gpu: str, proof_filter: list[str], shard: int, shards: int, out) -> None:
-    """Capture the proof problems ``shard``, ``shard + shards``, ... one at a time and compile their
-    kernels (those compiled before are the cache's hits); one JSON line each, or one per problem that
-    could not be captured."""
+def _compile_proof_shard(gpu: str, proof_filter: list[str], shard: int, shards: int, heavy: bool,
+                         out) -> None:  # fmt: skip
+    """Capture the light (or, ``heavy``, the heavy) proof problems ``shard``, ``shard + shards``, ... one at a
+    time and compile their kernels (those compiled before are the cache's hits); one JSON line each, or one
+    per problem that could not be captured."""
     import proof_problems
 
     problems = _proof_problems(proof_filter)
-    # the heavy ones (GBs of CPU tensors each) in the first worker, one after the other
-    mine = [i for i, p in enumerate(problems) if (0 if proof_problems.heavy(p) else i % shards) == shard]
+    mine = [i for i, p in enumerate(problems) if proof_problems.heavy(p) == heavy][shard::shards]
     for index in mine:
         problem = problems[index]
         try:
@@ -248,9 +249,17 @@ def build(args: argparse.Namespace) -> int:
         # the report's kernels, then the proof's (a second round: their kernels the first compiled are hits)
         rows = _run_workers([[*command, "--shard", i, "--shards", str(args.workers)] for i in shards], env)
         if rows is not None and proof_filter:
-            proof = [*command, "--part", "proof", "--shards", str(args.workers)]
-            more = _run_workers([[*proof, "--shard", i] for i in shards], env)
+            import proof_problems
+
+            proof = [*command, "--part", "proof"]
+            more = _run_workers([[*proof, "--shards", str(args.workers), "--shard", i] for i in shards], env)
             rows = None if more is None else rows + more
+            # the heavy ones (~13 GB of CPU tensors for the fused ops) each in a process of its own, one after
+            # the other: a worker holding both beside another worker was killed for memory once (23 GB)
+            heavy = sum(proof_problems.heavy(p) for p in _proof_problems(proof_filter))
+            for i in range(heavy if rows is not None else 0):
+                more = _run_workers([[*proof, "--heavy", "--shards", str(heavy), "--shard", str(i)]], env)
+                rows = None if more is None else rows + more
         if rows is None:
             return 1
         rows.sort(key=lambda row: row["index"])
@@ -399,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dtype", action="append")
         p.add_argument("--proof-filter", action="append", default=[])
         p.add_argument("--part", choices=("report", "proof"), default="report")
+        p.add_argument("--heavy", action="store_true", help="the proof problems proof_problems.heavy() names")
         p.add_argument("--shard", type=int, default=0)
         p.add_argument("--shards", type=int, default=1)
     sub.add_parser("_identity")
@@ -430,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         return verify(args)
     if args.command == "_shard":
         if args.part == "proof":
-            _compile_proof_shard(args.gpu, args.proof_filter, args.shard, args.shards, sys.stdout)
+            _compile_proof_shard(args.gpu, args.proof_filter, args.shard, args.shards, args.heavy, sys.stdout)
         else:
             _compile_shard(args.gpu, args.op, args.dtype, args.shard, args.shards, sys.stdout)
         return 0
