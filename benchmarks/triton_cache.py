@@ -46,6 +46,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,23 +126,21 @@ def _proof_builds(gpu: str, problem) -> list[dict]:
             for found in worker.launch_groups([problem], target)]  # fmt: skip
 
 
-def _kernels_of(request: dict) -> list[dict]:
-    """``worker.kernels(request)``; where an op refuses the request's sizes (a Gluon GEMM's TMA an odd
-    size, a Gluon kernel off sm_90), the other ops' kernels, each op asked alone."""
-    from llm_speed.kernel_report import problems, worker
+def _kernels_of(request: dict) -> Iterator[dict]:
+    """``worker.kernels(request)``, each problem captured alone and its groups yielded before the next (its
+    CPU tensors freed: all of a request's at once held 14 GB, two workers more than this machine's 23); a
+    problem whose op refuses it (a Gluon GEMM's TMA an odd size, a Gluon kernel off sm_90) is left out,
+    and said on stderr."""
+    from llm_speed.kernel_report import build, worker
 
-    try:
-        return worker.kernels(request)
-    except worker.ProblemError:
-        if request.get("set") != "default":
-            return []
-    names = request.get("ops") or problems.default_ops()
-    if len(names) == 1:
-        return []
-    found = []
-    for name in names:
-        found += _kernels_of(dict(request, ops=[name]))
-    return found
+    target = build.target_of(request["gpu"])
+    for problem in worker.problems_of(request, target.capability):
+        try:
+            groups = worker.launch_groups([problem], target)
+        except worker.ProblemError as error:
+            print(f"triton_cache.py: left out {problem.op} {problem.label}: {error}", file=sys.stderr)
+            continue
+        yield from groups
 
 
 def triton_identity() -> dict[str, str]:

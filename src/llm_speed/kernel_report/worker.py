@@ -29,7 +29,8 @@ class ProblemError(Exception):
     a fault of the report: the worker prints it as ``{"problem_error": ...}`` and exits with 3."""
 
 
-def _problems(request: dict, capability: tuple[int, int]):
+def problems_of(request: dict, capability: tuple[int, int]) -> list:
+    """The problems of a request (its "set", "ops" and "options") for a GPU of ``capability``."""
     from llm_speed.kernel_report import problems
 
     options = problems.Options(**{k: tuple(v) if isinstance(v, list) else v
@@ -52,7 +53,7 @@ def kernels(request: dict) -> list[dict]:
     from llm_speed.kernel_report import build
 
     target = build.target_of(request["gpu"])
-    return launch_groups(_problems(request, target.capability), target)
+    return launch_groups(problems_of(request, target.capability), target)
 
 
 def launch_groups(problems: list, target) -> list[dict]:
