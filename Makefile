@@ -77,8 +77,8 @@ test-gpu-stack:
 # A Triton cache for the proof (issue 70, item 2), compiled here by the GPU machine's Python, torch and Triton
 # (3.12, 2.11, 3.6: a cache key hashes Triton's libtriton.so, which differs per Python) into
 # .cache/triton-carry/ (git-ignored: carry it with the device command, beside .whl); the proof unpacks it and
-# its summary says how many kernels it served. ~7.5 min on 2 cores (526 kernels, 22.4 MiB: the report's, then the
-# proof's own headline and A/B calls, benchmarks/proof_problems.py; a worker peaks at ~13 GB), after the first
+# its summary says how many kernels it served. ~8 min on 2 cores (526 kernels, 22.4 MiB: the report's, then the
+# proof's own headline and A/B calls, benchmarks/proof_problems.py; ~13 GB of memory at most), after the first
 # run's download of torch's CUDA build from PyPI (about 3 GB). transformers as the GPU machine's 5.17.0: the
 # train step's model makes the calls whose kernels are captured.
 CACHE_VENV ?= .venv-cp312
