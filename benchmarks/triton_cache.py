@@ -101,10 +101,7 @@ def _builds(gpu: str, ops: list[str] | None, dtypes: list[str] | None = None) ->
     groups: dict[str, dict] = {}
     for request in requests:
         for found in _kernels_of(request):
-            # the build and names only: a launch holds its problem's CPU tensors (GBs over every request)
-            first = found["launches"][0]
-            groups.setdefault(found["build"].key,
-                              {"build": found["build"], "kernel": first.plan.kernel.name, "op": first.op})
+            groups.setdefault(found["build"].key, found)
     return list(groups.values())
 
 
@@ -117,30 +114,34 @@ def _proof_problems(proof_filter: list[str] | None) -> list:
     return [p for p in proof_problems.proof_problems() if any(text in p.label for text in proof_filter)]
 
 
-def _proof_builds(gpu: str, problem) -> list[dict]:
-    """The distinct kernels one proof problem launches (captured alone: its tensors freed after)."""
-    from llm_speed.kernel_report import build, worker
+def _problem_builds(problem, target) -> list[dict]:
+    """The distinct kernels one problem launches: {"build", "kernel", "op"} each (the names of its first
+    launch)."""
+    from llm_speed.kernel_report import worker
 
-    target = build.target_of(gpu)
-    return [{"build": found["build"], "kernel": found["launches"][0].plan.kernel.name, "op": problem.op}
-            for found in worker.launch_groups([problem], target)]  # fmt: skip
+    return [{"build": found["build"], "kernel": found["launches"][0].plan.kernel.name,
+             "op": found["launches"][0].op} for found in worker.launch_groups([problem], target)]  # fmt: skip
+
+
+def _proof_builds(gpu: str, problem) -> list[dict]:
+    """The distinct kernels one proof problem launches."""
+    from llm_speed.kernel_report import build
+
+    return _problem_builds(problem, build.target_of(gpu))
 
 
 def _kernels_of(request: dict) -> Iterator[dict]:
-    """``worker.kernels(request)``, each problem captured alone and its groups yielded before the next (its
-    CPU tensors freed: all of a request's at once held 14 GB, two workers more than this machine's 23); a
-    problem whose op refuses it (a Gluon GEMM's TMA an odd size, a Gluon kernel off sm_90) is left out,
-    and said on stderr."""
+    """``worker.kernels(request)`` as {"build", "kernel", "op"}, problem by problem, where a problem whose op
+    refuses it (a Gluon GEMM's TMA an odd size, a Gluon kernel off sm_90) is left out, and said on stderr,
+    and the rest still built."""
     from llm_speed.kernel_report import build, worker
 
     target = build.target_of(request["gpu"])
     for problem in worker.problems_of(request, target.capability):
         try:
-            groups = worker.launch_groups([problem], target)
+            yield from _problem_builds(problem, target)
         except worker.ProblemError as error:
             print(f"triton_cache.py: left out {problem.op} {problem.label}: {error}", file=sys.stderr)
-            continue
-        yield from groups
 
 
 def triton_identity() -> dict[str, str]:

@@ -58,26 +58,31 @@ def kernels(request: dict) -> list[dict]:
 
 def launch_groups(problems: list, target) -> list[dict]:
     """The distinct kernels ``problems`` launch on ``target`` (``build.target_of``), in capture order:
-    {"build": its ``build.specialise``, "launches": the launches that share its key} groups."""
+    {"build": its ``build.specialise``, "launches": the launches that share its key} groups. One problem at
+    a time: its launches are specialised and their per-call tensors dropped before the next is made (a
+    request's problems all at once held up to 14 GB of CPU tensors)."""
+    import dataclasses
+
     from llm_speed.kernel_report import build, capture
 
-    try:
-        launches = capture.capture(problems, target.hardware)
-    except (ValueError, TypeError) as error:  # the ops' own argument checks
-        raise ProblemError(f"{type(error).__name__}: {error}") from error
-    except RuntimeError as error:
-        # "allocate": a tensor past this CPU's memory; "overflow": past what PyTorch can count in bytes
-        if "allocate" not in str(error) and "overflow" not in str(error):
-            raise
-        message = (f"the problems' CPU tensors do not fit this machine's memory ({error}); the launches are "
-                   "captured with real tensors: smaller --size / --seq / --heads")  # fmt: skip
-        raise ProblemError(message) from error
     groups: dict[str, dict] = {}
-    with build.stand_in_driver(target):
-        for launch in launches:
-            made = build.specialise(launch)
-            group = groups.setdefault(made.key, {"build": made, "launches": []})
-            group["launches"].append(launch)
+    for problem in problems:
+        try:
+            launches = capture.capture([problem], target.hardware)
+        except (ValueError, TypeError) as error:  # the ops' own argument checks
+            raise ProblemError(f"{type(error).__name__}: {error}") from error
+        except RuntimeError as error:
+            # "allocate": a tensor past this CPU's memory; "overflow": past what PyTorch can count in bytes
+            if "allocate" not in str(error) and "overflow" not in str(error):
+                raise
+            message = (f"the problems' CPU tensors do not fit this machine's memory ({error}); the launches "
+                       "are captured with real tensors: smaller --size / --seq / --heads")  # fmt: skip
+            raise ProblemError(message) from error
+        with build.stand_in_driver(target):
+            for launch in launches:
+                made = build.specialise(launch)
+                group = groups.setdefault(made.key, {"build": made, "launches": []})
+                group["launches"].append(dataclasses.replace(launch, per_call={}))
     return list(groups.values())
 
 
