@@ -26,7 +26,7 @@ of them, and the two heavy ones (the fused ops at 65536 tokens, ~13 GB of CPU te
 model, ~9 GB) each in a process of its own after it; their kernels the report already compiled are
 served from the cache being built; ``--proof-filter TEXT`` takes only those whose
 label holds TEXT (default: all of them in a build of every op, none with ``--op``). ``verify`` compiles
-the archive's proof problems again too (none with ``--op``).
+the archive's proof problems again too (none with ``--op``), the heavy ones each in a process of its own.
 
 ``install`` unpacks an archive into a Triton cache directory and points each kernel's group file at its new
 place (Triton records absolute paths there). ``verify`` installs into a fresh directory and compiles every
@@ -337,6 +337,10 @@ def install(archive: Path, cache_dir: Path) -> dict:
 
 
 def verify(args: argparse.Namespace) -> int:
+    """Install into a fresh directory and compile every kernel again, in processes as ``build`` captures
+    them (the report's; the proof's light problems; each heavy one alone): each must be a hit."""
+    import proof_problems
+
     with tempfile.TemporaryDirectory(prefix="llm-speed-triton-cache-verify-") as scratch:
         manifest = install(Path(args.archive), Path(scratch))
         command = [sys.executable, str(Path(__file__).resolve()), "_hits", "--gpu", manifest["gpu"]]
@@ -344,20 +348,34 @@ def verify(args: argparse.Namespace) -> int:
             command += ["--op", op]
         for dtype in manifest.get("dtypes") or ():
             command += ["--dtype", dtype]
-        for text in manifest.get("proof_filter") or () if not args.op else ():
+        proof_filter = manifest.get("proof_filter") or [] if not args.op else []
+        for text in proof_filter:
             command += ["--proof-filter", text]
-        done = subprocess.run(command, env=_environment(scratch), capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            print(done.stderr, file=sys.stderr)
-            return 1
-        hits = json.loads(done.stdout)
+        parts = [command]
+        if proof_filter:
+            heavy = sum(proof_problems.heavy(p) for p in _proof_problems(proof_filter))
+            parts.append([*command, "--part", "proof"])
+            parts += [[*command, "--part", "proof", "--heavy", "--shards", str(heavy), "--shard", str(i)]
+                      for i in range(heavy)]  # fmt: skip
+        hits = {"hit": 0, "missed": 0, "missed_kernels": []}
+        for part in parts:
+            env = _environment(scratch)
+            done = subprocess.run(part, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+                return 1
+            for key, value in json.loads(done.stdout).items():
+                hits[key] += value
     print(json.dumps({"key_matches": manifest.get("key_matches"), **hits}))
     return 0 if hits["missed"] == 0 and hits["hit"] > 0 else 1
 
 
-def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None, proof_filter: list[str]) -> dict:
-    """Compile every kernel of ``ops`` and of the proof problems ``proof_filter`` takes again: how many
+def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None, proof_filter: list[str], part: str,
+          heavy: bool, shard: int, shards: int) -> dict:  # fmt: skip
+    """Compile again every kernel of ``ops`` (``part`` "report") or of the light (``heavy``: heavy) proof
+    problems ``proof_filter`` takes, ``shard``, ``shard + shards``, ... (``part`` "proof"): how many
     Triton's file cache served."""
+    import proof_problems
     import triton
     from triton import knobs
 
@@ -372,11 +390,14 @@ def _hits(gpu: str, ops: list[str] | None, dtypes: list[str] | None, proof_filte
         if not seen[-1]:
             missed.append(f"{group['op']}: {group['kernel']}")
 
-    for group in _builds(gpu, ops, dtypes):
-        again(group)
-    for problem in _proof_problems(proof_filter):
-        for group in _proof_builds(gpu, problem):
+    if part == "report":
+        for group in _builds(gpu, ops, dtypes):
             again(group)
+    else:
+        problems = [p for p in _proof_problems(proof_filter) if proof_problems.heavy(p) == heavy]
+        for problem in problems[shard::shards]:
+            for group in _proof_builds(gpu, problem):
+                again(group)
     return {"hit": sum(seen), "missed": len(missed), "missed_kernels": missed}
 
 
@@ -445,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
             _compile_shard(args.gpu, args.op, args.dtype, args.shard, args.shards, sys.stdout)
         return 0
     if args.command == "_hits":
-        print(json.dumps(_hits(args.gpu, args.op, args.dtype, args.proof_filter)))
+        hits = _hits(args.gpu, args.op, args.dtype, args.proof_filter, args.part, args.heavy, args.shard,
+                     args.shards)
+        print(json.dumps(hits))
         return 0
     print(json.dumps(triton_identity()))
     return 0
